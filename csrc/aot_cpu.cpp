@@ -1,0 +1,4 @@
+// AOT library for CPU: every CPU unit of python/opmux/kernels/jit/csrc in one shared object.
+// Build with -I python/opmux/kernels/jit/csrc -I python/opmux/kernels/jit/include.
+#include "layernorm_cpu.cpp"
+#include "activation_cpu.cpp"

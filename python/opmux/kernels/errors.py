@@ -1,0 +1,35 @@
+"""Exceptions that carry fields and a hint, and survive pickling (for worker processes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BackendUnavailable", "FallbackError"]
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend cannot run here (library missing, compile failed, JIT off).
+
+    Raised by backend glue on first use; dispatch catches it, records the backend as
+    failed and applies the fallback policy. Bad *input* is a ValueError/TypeError instead.
+    """
+
+    def __init__(self, backend: str, detail: str) -> None:
+        super().__init__(f"{backend}: {detail}")
+        self.backend = backend
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.backend, self.detail))
+
+
+class FallbackError(RuntimeError):
+    """The wanted backend cannot run and ``OPMUX_FALLBACK=error`` forbids falling back."""
+
+    def __init__(self, op: str, wanted: str, reason: str, trace: str) -> None:
+        hint = "set OPMUX_FALLBACK=warn to fall back, or choose a backend that can run (see the trace)"
+        super().__init__(f"{op}: backend {wanted!r} cannot run ({reason}); {hint}\n{trace}")
+        self.op, self.wanted, self.reason, self.trace = op, wanted, reason, trace
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.op, self.wanted, self.reason, self.trace))

@@ -1,0 +1,48 @@
+"""Explain: which backend runs for an op on this machine, and why each other one does not."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import _dispatch_state, facts, registry
+from .selector import Selection, select
+
+__all__ = ["explain", "op_instance"]
+
+
+def op_instance(name: str) -> Any:
+    """The live ``BaseFusedOp`` of ``name`` (imports the group's torch code)."""
+    spec = registry.get(name)
+    importlib.import_module(f"opmux.kernels.ops.{spec.group}.api")
+    for op in list(_dispatch_state._live):
+        if getattr(op, "op_name", None) == name:
+            return op
+    raise LookupError(f"{name}: its group module registered no op instance")
+
+
+def explain(
+    op: str,
+    *args: Any,
+    device: str | None = None,
+    dtype: str | None = None,
+    backend: str | None = None,
+    **kwargs: Any,
+) -> Selection:
+    """The selection for ``op``: with arguments, exactly what a call with them would do;
+    without, for ``device`` (default: this machine's accelerator, else cpu) and ``dtype``
+    (default bfloat16 on accelerators, float32 on cpu)."""
+    if args:
+        return op_instance(op).select_for(args, kwargs, backend)  # type: ignore[no-any-return]
+    spec = registry.get(op)
+    arch = None
+    if device is None or device != "cpu":
+        from . import platform
+
+        plat = platform.detect()
+        device = device or plat.device_type
+        if device == plat.device_type:
+            arch = plat.arch
+    dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
+    forced = _dispatch_state.forced(op, backend) if backend else _dispatch_state.backends_for(op)
+    return select(spec, facts.detect_facts(device, arch), dtype=dtype, forced=forced)

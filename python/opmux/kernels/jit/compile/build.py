@@ -1,0 +1,200 @@
+"""Run the compiler: one shared library from C++ or CUDA sources, linked against tvm-ffi.
+
+This is the one place that knows compiler flags. The JIT loader (into a private staging dir)
+and ``setup.py`` (the AOT libraries) both call :func:`build_shared_library`, so a kernel
+builds the same way in both delivery modes. :func:`compile_flags` gives the path-free part
+of the command line, which the cache key hashes.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .toolchain import Toolchain, find_cxx, find_nvcc, tvm_ffi_paths
+
+__all__ = [
+    "CompileError",
+    "CompileStats",
+    "build_shared_library",
+    "compile_flags",
+    "stats",
+]
+
+Device = Literal["cpu", "cuda"]
+
+_ARCH = re.compile(r"sm_\d+[af]?")
+_PTX = re.compile(r"compute_\d+[af]?")
+
+
+class CompileError(RuntimeError):
+    """The compiler failed. Carries the command, its exit status and its stderr; picklable,
+    so a failure in a prewarm worker process reaches the parent intact."""
+
+    def __init__(self, command: Sequence[str], returncode: int, stderr: str) -> None:
+        self.command = list(command)
+        self.returncode = returncode
+        self.stderr = stderr
+        tail = stderr if len(stderr) <= 8000 else "...\n" + stderr[-8000:]
+        super().__init__(
+            f"opmux: compile failed (exit {returncode}): {shlex.join(self.command)}\n{tail}"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[list[str], int, str]]:
+        return (type(self), (self.command, self.returncode, self.stderr))
+
+
+@dataclass
+class CompileStats:
+    """Process-wide counters, so tests can assert "one compile for ten calls".
+
+    ``compiles``: finished compiler runs (one per built library); ``hits``: loads served
+    from the on-disk cache; ``memo_hits``: calls answered from the per-process memo;
+    ``rebuilds``: entries rejected (digest mismatch) and rebuilt.
+    """
+
+    compiles: int = 0
+    hits: int = 0
+    memo_hits: int = 0
+    rebuilds: int = 0
+
+    def reset(self) -> None:
+        self.compiles = self.hits = self.memo_hits = self.rebuilds = 0
+
+
+#: The process-wide counters (re-exported as ``opmux.kernels.jit.compile.stats``).
+stats = CompileStats()
+
+
+def _check_archs(archs: Sequence[str], ptx_arch: str | None) -> None:
+    bad = [a for a in archs if not _ARCH.fullmatch(a)]
+    if bad:
+        raise ValueError(f"opmux: invalid CUDA arch {bad}; expected like 'sm_80', 'sm_90a'")
+    if ptx_arch is not None and not _PTX.fullmatch(ptx_arch):
+        raise ValueError(f"opmux: invalid ptx_arch {ptx_arch!r}; expected like 'compute_90'")
+    if not archs and ptx_arch is None:
+        raise ValueError("opmux: a CUDA build needs archs (e.g. ['sm_90a']) or a ptx_arch")
+
+
+def compile_flags(device: Device, *, archs: Sequence[str] = (),
+                  ptx_arch: str | None = None) -> list[str]:
+    """The flags that shape the output, with no paths in them (the cache key hashes these).
+
+    CPU: ``-std=c++17 -O3 -fPIC -shared -fopenmp`` (``-fopenmp`` is dropped at build time
+    when the compiler cannot link OpenMP). CUDA: one ``-gencode`` per arch plus PTX.
+    """
+    if device == "cpu":
+        return ["-std=c++17", "-O3", "-fPIC", "-shared", "-fopenmp"]
+    if device == "cuda":
+        _check_archs(archs, ptx_arch)
+        flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared"]
+        for arch in archs:
+            flags += ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
+        if ptx_arch is not None:
+            flags += ["-gencode", f"arch={ptx_arch},code={ptx_arch}"]
+        return flags
+    raise ValueError(f"opmux: unknown device {device!r}; valid: 'cpu', 'cuda'")
+
+
+@functools.lru_cache(maxsize=None)
+def _supports_openmp(cxx: str) -> bool:
+    # clang without libomp accepts -fopenmp when preprocessing but fails to link; try both.
+    with tempfile.TemporaryDirectory(prefix="opmux-omp-") as tmp:
+        src = Path(tmp) / "omp.cpp"
+        src.write_text("#include <omp.h>\nint f() { return omp_get_max_threads(); }\n")
+        proc = subprocess.run(
+            [cxx, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(tmp) / "omp.so")],
+            capture_output=True, check=False,
+        )
+        return proc.returncode == 0
+
+
+def _run(command: list[str], log: list[str]) -> None:
+    log.append(shlex.join(command))
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise CompileError(command, proc.returncode, proc.stderr + proc.stdout)
+
+
+def _link_flags(device: Device, lib: Path) -> list[str]:
+    rpath = f"-Wl,-rpath,{lib.parent}" if device == "cpu" else f"-Xlinker=-rpath,{lib.parent}"
+    return [f"-L{lib.parent}", "-ltvm_ffi", rpath]
+
+
+def _merge_depfiles(target: Path, parts: Sequence[Path], output: Path) -> None:
+    deps: list[str] = []
+    for part in parts:
+        text = part.read_text().replace("\\\n", " ")
+        _, _, rest = text.partition(": ")
+        deps.append(rest.strip())
+    target.write_text(f"{output}: " + " ".join(deps) + "\n")
+
+
+def build_shared_library(output: Path, *, sources: Sequence[Path], device: Device,
+                         archs: Sequence[str] = (), ptx_arch: str | None = None,
+                         include_dirs: Sequence[Path] = (), toolchain: Toolchain | None = None,
+                         depfile: Path | None = None) -> list[str]:
+    """Compile ``sources`` into the shared library ``output``; return the commands run.
+
+    ``include_dirs`` come first (the JIT loader passes ``KERNEL_PATH/include`` and
+    ``KERNEL_PATH/csrc``), then tvm-ffi's headers; the library links ``-ltvm_ffi`` with an
+    rpath to tvm-ffi's lib dir. ``depfile`` receives the make-style list of headers the
+    compiler read (``-MMD``), which the cache key needs. ``toolchain`` defaults to
+    :func:`find_cxx` / :func:`find_nvcc`. Prints one progress line to stderr.
+    Raises :class:`CompileError` with the compiler's output when it fails.
+    """
+    if not sources:
+        raise ValueError("opmux: build_shared_library needs at least one source")
+    flags = compile_flags(device, archs=archs, ptx_arch=ptx_arch)
+    if toolchain is None:
+        toolchain = find_cxx() if device == "cpu" else find_nvcc()
+    if device == "cpu" and not _supports_openmp(toolchain.path):
+        flags.remove("-fopenmp")
+    tvm_includes, libtvm = tvm_ffi_paths()
+    includes = [f"-I{d}" for d in [*include_dirs, *tvm_includes]]
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    commands: list[str] = []
+    start = time.monotonic()
+    label = f"opmux: compiling {output.stem} ({device}) ..."
+    try:
+        if len(sources) == 1:
+            dep = ["-MMD", "-MF", str(depfile)] if depfile is not None else []
+            _run([toolchain.path, *flags, *includes, *dep, str(sources[0]), "-o", str(output),
+                  *_link_flags(device, libtvm)], commands)
+        else:
+            # One depfile per translation unit, so compile separately and link at the end.
+            objdir = Path(tempfile.mkdtemp(prefix=".objs-", dir=output.parent))
+            try:
+                objects, deps = [], []
+                compile_only = [f for f in flags if f != "-shared"]
+                for index, source in enumerate(sources):
+                    obj = objdir / f"{index}.o"
+                    dep = objdir / f"{index}.d"
+                    _run([toolchain.path, *compile_only, *includes, "-MMD", "-MF", str(dep),
+                          "-c", str(source), "-o", str(obj)], commands)
+                    objects.append(str(obj))
+                    deps.append(dep)
+                _run([toolchain.path, *flags, *objects, "-o", str(output),
+                      *_link_flags(device, libtvm)], commands)
+                if depfile is not None:
+                    _merge_depfiles(Path(depfile), deps, output)
+            finally:
+                shutil.rmtree(objdir, ignore_errors=True)
+    except CompileError:
+        sys.stderr.write(f"{label} failed after {time.monotonic() - start:.1f} s\n")
+        raise
+    stats.compiles += 1
+    sys.stderr.write(f"{label} {time.monotonic() - start:.1f} s\n")
+    sys.stderr.flush()
+    return commands

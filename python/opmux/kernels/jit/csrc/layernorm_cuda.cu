@@ -1,0 +1,241 @@
+// RMSNorm and fused add + RMSNorm for CUDA tensors (float32 / float16 / bfloat16).
+//
+// Both ops are one kernel family over two row tensors `a` (written) and `b` (read):
+//   rmsnorm:            b = x,        a = out
+//   fused_add_rmsnorm:  b = residual, a = x;  b <- round(a + b) first, then a <- norm(b)
+// Layout: blockDim.x threads share a row (a multiple of 32); blockDim.y > 1 only when
+// blockDim.x == 32 (warp per row, several rows per block), so __syncthreads() is only used
+// in blocks that hold exactly one row and therefore never diverges.
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+
+#include "opmux/checks.h"
+#include "opmux/cuda_utils.cuh"
+
+namespace opmux {
+namespace layernorm_cuda {
+
+using cuda::from_float;
+using cuda::load_vec;
+using cuda::load_vec_ro;
+using cuda::store_vec;
+using cuda::to_float;
+using cuda::Vec;
+
+struct NormParams {
+  void* a;            // out (rmsnorm) or x (fused)
+  void* b;            // x (rmsnorm) or residual (fused)
+  const void* w;      // [hidden]
+  int64_t a_stride;   // row strides in elements
+  int64_t b_stride;
+  int64_t rows;
+  int hidden;
+  float eps;
+};
+
+// Sum of `v` over the threads of this row (all of blockDim.x); every thread gets the total.
+__device__ __forceinline__ float row_sum(float v) {
+  v = cuda::warp_sum(v);
+  if (blockDim.x > 32) {  // uniform per block: blockDim.y == 1 here
+    __shared__ float partial[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.f;
+    v = cuda::warp_sum(v);  // each warp reduces all partials itself: no second barrier
+  }
+  return v;
+}
+
+__device__ __forceinline__ float inv_rms(float sum, int hidden, float eps) {
+  return rsqrtf(sum / static_cast<float>(hidden) + eps);
+}
+
+// Row held in registers: thread t owns vectors t, t + T, ..., t + (PER-1) T of the row
+// (T = blockDim.x), so every load/store instruction of a warp is one contiguous 512-byte run.
+// Launch guarantees hidden / VEC <= PER * blockDim.x.
+template <typename T, int VEC, int PER, bool FUSED>
+__global__ void __launch_bounds__(512) norm_reg_kernel(NormParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= p.rows) return;  // whole warp (blockDim.x == 32 whenever blockDim.y > 1)
+  T* __restrict__ a = static_cast<T*>(p.a) + row * p.a_stride;
+  T* __restrict__ b = static_cast<T*>(p.b) + row * p.b_stride;
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const int nvec = p.hidden / VEC;
+  const int tid = threadIdx.x;
+
+  // Weights are prefetched with the row only while registers allow (no spills at PER >= 4).
+  constexpr bool kPreloadW = PER <= 2;
+  cuda::pdl_wait();
+  Vec<T, VEC> vb[PER], va[PER], vw[PER];
+  // All loads first so PER independent requests are in flight per thread.
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = i * blockDim.x + tid;
+    if (j < nvec) {
+      vb[i] = load_vec<T, VEC>(b + j * VEC);
+      if constexpr (FUSED) va[i] = load_vec<T, VEC>(a + j * VEC);
+      if constexpr (kPreloadW) vw[i] = load_vec_ro<T, VEC>(w + j * VEC);
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = i * blockDim.x + tid;
+    if (j < nvec) {
+      if constexpr (FUSED) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          vb[i].v[k] = from_float<T>(to_float(va[i].v[k]) + to_float(vb[i].v[k]));
+        store_vec(b + j * VEC, vb[i]);  // residual as stored; normalized below as stored
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float f = to_float(vb[i].v[k]);
+        sum += f * f;
+      }
+    }
+  }
+  const float rstd = inv_rms(row_sum(sum), p.hidden, p.eps);
+  cuda::pdl_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = i * blockDim.x + tid;
+    if (j < nvec) {
+      if constexpr (!kPreloadW) vw[i] = load_vec_ro<T, VEC>(w + j * VEC);
+      Vec<T, VEC> o;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        o.v[k] = from_float<T>((to_float(vb[i].v[k]) * rstd) * to_float(vw[i].v[k]));
+      store_vec(a + j * VEC, o);
+    }
+  }
+}
+
+// Any hidden size: two strided passes over the row, the second re-reads b (from L1/L2). For
+// the fused op the re-read sees this thread's own pass-1 store (same thread, same index).
+// VEC == 1 is the scalar path for odd sizes and misaligned rows.
+template <typename T, int VEC, bool FUSED>
+__global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= p.rows) return;
+  T* __restrict__ a = static_cast<T*>(p.a) + row * p.a_stride;
+  T* __restrict__ b = static_cast<T*>(p.b) + row * p.b_stride;
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const int nvec = p.hidden / VEC;
+
+  cuda::pdl_wait();
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
+    Vec<T, VEC> vb = load_vec<T, VEC>(b + j * VEC);
+    if constexpr (FUSED) {
+      const Vec<T, VEC> va = load_vec<T, VEC>(a + j * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        vb.v[k] = from_float<T>(to_float(va.v[k]) + to_float(vb.v[k]));
+      store_vec(b + j * VEC, vb);
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float f = to_float(vb.v[k]);
+      sum += f * f;
+    }
+  }
+  const float rstd = inv_rms(row_sum(sum), p.hidden, p.eps);
+  cuda::pdl_launch_dependents();
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
+    const Vec<T, VEC> vb = load_vec<T, VEC>(b + j * VEC);
+    const Vec<T, VEC> vw = load_vec_ro<T, VEC>(w + j * VEC);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      o.v[k] = from_float<T>((to_float(vb.v[k]) * rstd) * to_float(vw.v[k]));
+    store_vec(a + j * VEC, o);
+  }
+}
+
+constexpr int kMaxThreads = 512;
+// Register path up to 4 x 512 vectors per row: 16K bf16/fp16 or 8K fp32 elements. PER = 8
+// spills on sm_90 for the fused op (two row copies + addresses), so larger rows use the loop.
+constexpr int kMaxPer = 4;
+
+inline int round_up32(int64_t n) { return static_cast<int>((n + 31) / 32 * 32); }
+
+template <typename T, bool FUSED>
+void launch_norm(const char* op, const NormParams& p, int32_t device_id) {
+  constexpr int VEC = cuda::kVec16<T>;
+  // 16-byte path only if every row start of a, b and w is 16-byte aligned and rows are whole
+  // vectors: base % 16 == 0, stride * sizeof(T) % 16 == 0 and hidden % VEC == 0.
+  const bool vec_ok = p.hidden % VEC == 0 && cuda::aligned(p.a, 16) && cuda::aligned(p.b, 16) &&
+                      cuda::aligned(p.w, 16) && (p.a_stride * sizeof(T)) % 16 == 0 &&
+                      (p.b_stride * sizeof(T)) % 16 == 0;
+  const int vec = vec_ok ? VEC : 1;
+  const int64_t nvec = p.hidden / vec;
+
+  int per = 1;
+  while (per < kMaxPer && nvec > static_cast<int64_t>(per) * kMaxThreads) per *= 2;
+  const bool use_reg = vec_ok && nvec <= static_cast<int64_t>(per) * kMaxThreads;
+  const int threads_x =
+      use_reg ? round_up32((nvec + per - 1) / per) : round_up32(std::min<int64_t>(nvec, kMaxThreads));
+  // Small rows: one warp per row, 8 rows (256 threads) per block.
+  const int rows_per_block = threads_x == 32 ? 8 : 1;
+  const int64_t blocks = (p.rows + rows_per_block - 1) / rows_per_block;
+  if (blocks > 0x7fffffff) {
+    TVM_FFI_THROW(ValueError) << op << ": too many rows (" << p.rows << ")";
+  }
+  const dim3 grid(static_cast<unsigned>(blocks)), block(threads_x, rows_per_block);
+
+  void (*kernel)(NormParams) = nullptr;
+  if (use_reg) {
+    switch (per) {
+      case 1: kernel = norm_reg_kernel<T, VEC, 1, FUSED>; break;
+      case 2: kernel = norm_reg_kernel<T, VEC, 2, FUSED>; break;
+      default: kernel = norm_reg_kernel<T, VEC, 4, FUSED>; break;
+    }
+  } else {
+    kernel = vec_ok ? norm_loop_kernel<T, VEC, FUSED> : norm_loop_kernel<T, 1, FUSED>;
+  }
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  cuda::launch(op, device_id, props, kernel, grid, block, 0, cuda::current_stream(device_id), p);
+}
+
+template <bool FUSED>
+void run(const char* op, const char* a_name, TensorView a, const char* b_name, TensorView b,
+         TensorView weight, double eps) {
+  RowsArgs r = check_norm_args(op, kDLCUDA, a_name, a, b_name, b, weight, eps);
+  if (r.rows == 0 || r.hidden == 0) return;
+  if (r.hidden > (1 << 30)) {
+    TVM_FFI_THROW(ValueError) << op << ": hidden size " << r.hidden << " exceeds 2^30";
+  }
+  if (FUSED && data_ptr<char>(a) == data_ptr<char>(b)) {
+    TVM_FFI_THROW(ValueError) << op << ": x and residual must be different tensors (both are "
+                              << "updated in place)";
+  }
+  NormParams p;
+  p.a = data_ptr<void>(a);
+  p.b = data_ptr<void>(b);
+  p.w = data_ptr<const void>(weight);
+  p.a_stride = row_stride(op, a_name, a);
+  p.b_stride = row_stride(op, b_name, b);
+  p.rows = r.rows;
+  p.hidden = static_cast<int>(r.hidden);
+  p.eps = static_cast<float>(eps);
+  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_norm<scalar_t, FUSED>(op, p, r.device_id); });
+}
+
+void rmsnorm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
+  run<false>("opmux.rmsnorm", "out", out, "x", x, weight, eps);
+}
+
+void fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView weight, double eps) {
+  run<true>("opmux.fused_add_rmsnorm", "x", x, "residual", residual, weight, eps);
+}
+
+}  // namespace layernorm_cuda
+}  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_cuda, opmux::layernorm_cuda::rmsnorm_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_cuda, opmux::layernorm_cuda::fused_add_rmsnorm_cuda);

@@ -1,0 +1,66 @@
+// Portable float16 / bfloat16 storage types and float conversions for the CPU units.
+// No torch, no _Float16 and no -march: branch-free bit manipulation that the compiler can
+// vectorize with baseline SSE2. Rounding is round-to-nearest-even, like torch's .to(dtype).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace opmux {
+namespace cpu {
+
+struct half_t { uint16_t bits; };
+struct bf16_t { uint16_t bits; };
+
+inline float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+// IEEE half -> float (after M. Dukhan's FP16 library, MIT): normals are rebased by an
+// exponent offset and a power-of-two scale; subnormals go through a magic-number subtract.
+inline float half_to_float(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;  // drops the sign bit
+  const float normalized = bits_to_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = bits_to_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t mag = two_w < (1u << 27) ? f32_to_bits(denormalized) : f32_to_bits(normalized);
+  return bits_to_f32(sign | mag);
+}
+
+// float -> IEEE half, round to nearest even; overflow -> inf, NaN -> quiet NaN.
+inline uint16_t float_to_half(float f) {
+  float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;  // rounds, saturates to inf
+  const uint32_t w = f32_to_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = bits_to_f32((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = f32_to_bits(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+inline float bf16_to_float(uint16_t b) { return bits_to_f32(static_cast<uint32_t>(b) << 16); }
+
+// float -> bfloat16, round to nearest even; NaN stays a (quiet) NaN.
+inline uint16_t float_to_bf16(float f) {
+  const uint32_t u = f32_to_bits(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(half_t v) { return half_to_float(v.bits); }
+inline float to_float(bf16_t v) { return bf16_to_float(v.bits); }
+
+template <typename T> inline T from_float(float v);
+template <> inline float from_float<float>(float v) { return v; }
+template <> inline half_t from_float<half_t>(float v) { return half_t{float_to_half(v)}; }
+template <> inline bf16_t from_float<bf16_t>(float v) { return bf16_t{float_to_bf16(v)}; }
+
+}  // namespace cpu
+}  // namespace opmux

@@ -1,0 +1,176 @@
+// CUDA helpers shared by the opmux CUDA units: float conversion, 16-byte vectors,
+// warp/block reductions, stream and device queries, launch checks, PDL.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "opmux/common.h"
+
+namespace opmux {
+namespace cuda {
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// N elements of T moved as one aligned access (N * sizeof(T) == 16 gives ld/st.global.v4).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+// Read-only for the kernel's lifetime (weights): use the non-coherent path.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_ro(const T* p) {
+  if constexpr (sizeof(T) * N == 16) {
+    uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+    return *reinterpret_cast<Vec<T, N>*>(&u);
+  } else {
+    return *reinterpret_cast<const Vec<T, N>*>(p);
+  }
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// Elements per 16-byte vector.
+template <typename T>
+constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Programmatic dependent launch (sm_90+): wait for the previous kernel's memory before the
+// first global access, and let the next kernel start its prologue early. No-ops before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// ---- host side --------------------------------------------------------------------------
+
+inline void check_cuda(cudaError_t err, const char* op, const char* what) {
+  if (err != cudaSuccess) {
+    TVM_FFI_THROW(RuntimeError) << op << ": " << what << " failed: " << cudaGetErrorName(err)
+                                << ": " << cudaGetErrorString(err);
+  }
+}
+
+inline cudaStream_t current_stream(int32_t device_id) {
+  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device_id));
+}
+
+struct DeviceProps {
+  int sm_count = 0;
+  int cc_major = 0;
+};
+
+// Cached per device id (queried once; attribute queries are cheap but not free).
+inline DeviceProps device_props(const char* op, int32_t device_id) {
+  constexpr int kMaxDevices = 64;
+  static DeviceProps cache[kMaxDevices];
+  if (device_id >= 0 && device_id < kMaxDevices && cache[device_id].sm_count > 0) {
+    return cache[device_id];
+  }
+  DeviceProps p;
+  check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device_id), op,
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  check_cuda(cudaDeviceGetAttribute(&p.cc_major, cudaDevAttrComputeCapabilityMajor, device_id),
+             op, "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  if (device_id >= 0 && device_id < kMaxDevices) cache[device_id] = p;  // benign race: same value
+  return p;
+}
+
+// Makes `device_id` current for the launch and restores the previous device afterwards.
+class DeviceScope {
+ public:
+  DeviceScope(const char* op, int32_t device_id) : op_(op) {
+    check_cuda(cudaGetDevice(&prev_), op, "cudaGetDevice");
+    if (prev_ != device_id) check_cuda(cudaSetDevice(device_id), op, "cudaSetDevice");
+    target_ = device_id;
+  }
+  ~DeviceScope() {
+    if (prev_ != target_) cudaSetDevice(prev_);  // never throw from a destructor
+  }
+
+ private:
+  const char* op_;
+  int prev_ = 0;
+  int target_ = 0;
+};
+
+// PDL is safe only if the binary that runs contains griddepcontrol.wait, i.e. it was compiled
+// from PTX >= 9.0 (an sm_80 build JIT-ed on a newer GPU has no wait). Cached per (kernel, device).
+inline bool pdl_supported(const char* op, const void* kernel, int32_t device_id, int cc_major) {
+  if (cc_major < 9) return false;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int32_t>, bool> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(kernel, device_id);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaFuncAttributes attr;
+  check_cuda(cudaFuncGetAttributes(&attr, kernel), op, "cudaFuncGetAttributes");
+  return cache[key] = attr.ptxVersion >= 90;
+}
+
+// Launches `kernel` on `stream` (the current device must be `device_id`), with programmatic
+// stream serialization when supported (the kernels call pdl_wait() before touching global
+// memory), then surfaces any launch error as a RuntimeError.
+template <typename... KArgs, typename... Args>
+inline void launch(const char* op, int32_t device_id, const DeviceProps& props,
+                   void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs =
+      pdl_supported(op, reinterpret_cast<const void*>(kernel), device_id, props.cc_major) ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op,
+             "kernel launch");
+  check_cuda(cudaGetLastError(), op, "kernel launch");
+}
+
+// True when p is aligned to `bytes`.
+inline bool aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+}  // namespace cuda
+}  // namespace opmux

@@ -1,0 +1,53 @@
+"""Argument checks shared by backends that index memory themselves (Triton, C++).
+
+Each raises TypeError (wrong type or dtype) or ValueError (shape, device, layout) with
+the op name, the argument and what was expected, so a bad call never reaches a kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def tensor(op: str, name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def float_dtype(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        valid = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+        raise TypeError(f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: {valid}")
+
+
+def same_dtype(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
+    for name, t in others.items():
+        if t.dtype != ref.dtype:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}, expected {ref.dtype} like {ref_name}")
+
+
+def same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
+    for name, t in others.items():
+        if t.device != ref.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device")
+
+
+def rows(op: str, name: str, t: torch.Tensor, hidden: int) -> torch.Tensor:
+    """``t`` as a [rows, hidden] view with a contiguous last dim, never a copy."""
+    if t.dim() < 1 or t.shape[-1] != hidden:
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected [..., {hidden}]")
+    if hidden > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: {name} has a non-contiguous last dimension (stride {t.stride(-1)}); "
+            "kernels need stride 1 there: pass x.contiguous()"
+        )
+    try:
+        return t.view(-1, hidden)
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
+            f"[rows, {hidden}]; pass a tensor whose leading dims are contiguous (x.contiguous())"
+        ) from None

@@ -1,0 +1,38 @@
+"""Parity cases for silu_and_mul: made fresh per call, on the requested device."""
+
+from __future__ import annotations
+
+import torch
+
+from .._common import Sample
+
+_SHAPES = (
+    ("1-token", (1, 128)),
+    ("odd-d-7", (3, 14)),
+    ("odd-d-129", (5, 258)),
+    ("3d-leading", (2, 3, 192)),
+    ("d-4099", (2, 8198)),
+    ("empty-batch", (0, 64)),
+)
+
+
+def silu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(7)
+    out = [Sample(n, ((torch.randn(s, generator=g) * 2).to(dtype=dtype, device=device),)) for n, s in _SHAPES]
+    out.append(Sample("large-magnitude", ((torch.randn((4, 256), generator=g) * 30).to(dtype=dtype, device=device),)))
+    big = torch.randn((6, 640), generator=g).to(dtype=dtype, device=device)
+    out.append(Sample("strided-rows", (big[:, :320],)))
+    x = torch.randn((4, 96), generator=g).to(dtype=dtype, device=device)
+    out.append(Sample("with-out", (x,), {"out": torch.empty((4, 48), dtype=dtype, device=device)}))
+    return out
+
+
+def silu_and_mul_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    x = torch.randn(4, 16, device=device)
+    return [
+        ("odd-last-dim", (torch.randn(4, 15, device=device),), {}, ValueError, "must be even"),
+        ("int-dtype", (torch.ones(4, 16, dtype=torch.int64, device=device),), {}, TypeError, "dtype"),
+        ("out-shape", (x,), {"out": torch.empty(4, 16, device=device)}, ValueError, "out has shape"),
+        ("out-dtype", (x,), {"out": torch.empty(4, 8, dtype=torch.float16, device=device)}, TypeError, "out has dtype"),
+        ("non-contiguous", (torch.randn(16, 4, device=device).t(),), {}, ValueError, "non-contiguous"),
+    ]

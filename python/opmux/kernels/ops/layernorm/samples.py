@@ -1,0 +1,77 @@
+"""Parity cases for the layernorm ops: made fresh per call, on the requested device."""
+
+from __future__ import annotations
+
+import torch
+
+from .._common import Sample
+
+_SHAPES = (
+    ("1-token", (1, 64)),
+    ("odd-hidden-7", (3, 7)),
+    ("odd-hidden-129", (5, 129)),
+    ("3d-leading", (2, 3, 96)),
+    ("hidden-4099", (2, 4099)),
+    ("empty-batch", (0, 64)),
+)
+
+
+def _gen(device: str, dtype: torch.dtype, seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: str, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=g) * scale).to(dtype=dtype, device=device)
+
+
+def rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = []
+    for i, (name, shape) in enumerate(_SHAPES):
+        g = _gen(device, dtype, i)
+        x = _randn(shape, dtype, device, g)
+        w = _randn(shape[-1:], dtype, device, g)
+        out.append(Sample(name, (x, w), {"eps": 1e-6}))
+    g = _gen(device, dtype, 100)
+    out.append(Sample("large-magnitude", (_randn((4, 256), dtype, device, g, 1e3), _randn((256,), dtype, device, g)), {"eps": 1e-5}))
+    big = _randn((6, 320), dtype, device, g)
+    out.append(Sample("strided-rows", (big[:, :160], _randn((160,), dtype, device, g)), {}))
+    x = _randn((4, 96), dtype, device, g)
+    out.append(Sample("with-out", (x, _randn((96,), dtype, device, g)), {"out": torch.empty_like(x)}))
+    return out
+
+
+def fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = []
+    for i, (name, shape) in enumerate(_SHAPES):
+        g = _gen(device, dtype, 50 + i)
+        out.append(Sample(name, (_randn(shape, dtype, device, g), _randn(shape, dtype, device, g), _randn(shape[-1:], dtype, device, g)), {"eps": 1e-6}))
+    g = _gen(device, dtype, 200)
+    out.append(Sample("large-magnitude", (_randn((4, 256), dtype, device, g, 1e2), _randn((4, 256), dtype, device, g, 1e2), _randn((256,), dtype, device, g)), {}))
+    bx, br = _randn((5, 256), dtype, device, g), _randn((5, 384), dtype, device, g)
+    out.append(Sample("strided-rows", (bx[:, :128], br[:, :128], _randn((128,), dtype, device, g)), {}))
+    return out
+
+
+def rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    """(name, args, kwargs, exception type, message pattern) cases that must be rejected."""
+    f = torch.float32
+    x = torch.randn(4, 16, device=device)
+    return [
+        ("int-dtype", (torch.ones(4, 16, dtype=torch.int32, device=device), torch.ones(16, dtype=torch.int32, device=device)), {}, TypeError, "dtype"),
+        ("weight-shape", (x, torch.ones(15, device=device)), {}, ValueError, "weight has shape"),
+        ("dtype-mismatch", (x, torch.ones(16, dtype=torch.float16, device=device)), {}, TypeError, "weight has dtype"),
+        ("out-shape", (x, torch.ones(16, device=device)), {"out": torch.empty(4, 8, device=device)}, ValueError, "out has shape"),
+        ("non-contiguous", (torch.randn(16, 4, device=device, dtype=f).t(), torch.ones(16, device=device)), {}, ValueError, "non-contiguous"),
+        ("not-a-tensor", ([1.0, 2.0], torch.ones(2, device=device)), {}, TypeError, "Tensor"),
+    ]
+
+
+def fused_add_rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    x = torch.randn(4, 16, device=device)
+    w = torch.ones(16, device=device)
+    return [
+        ("residual-shape", (x, torch.randn(4, 8, device=device), w), {}, ValueError, "residual has shape"),
+        ("residual-dtype", (x, torch.randn(4, 16, device=device, dtype=torch.float16), w), {}, TypeError, "residual has dtype"),
+        ("non-contiguous", (torch.randn(16, 4, device=device).t(), torch.randn(4, 16, device=device), w), {}, ValueError, "non-contiguous"),
+        ("weight-shape", (x, torch.randn(4, 16, device=device), torch.ones(3, device=device)), {}, ValueError, "weight has shape"),
+    ]

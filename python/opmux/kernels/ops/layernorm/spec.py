@@ -1,0 +1,41 @@
+"""Specs of the layernorm group (torch-free: the CLI and the registry read them)."""
+
+from __future__ import annotations
+
+from ...spec import BackendSpec, OpSpec
+from .._common import AOT, JIT, PRIORITY, TOLERANCES, TORCH, TORCH_NPU, TRITON
+
+_M = "opmux.kernels.ops.layernorm.op"
+
+
+def _spec(name: str, cls: str, doc: str, mutates: tuple[str, ...]) -> OpSpec:
+    backends = [
+        BackendSpec("aot", f"{_M}:{cls}.forward_aot", AOT),
+        BackendSpec("jit", f"{_M}:{cls}.forward_jit", JIT),
+        BackendSpec("triton", f"{_M}:{cls}.forward_triton", TRITON),
+        BackendSpec("torch", f"{_M}:{cls}.forward_torch", TORCH),
+        BackendSpec("torch_npu", f"{_M}:{cls}.forward_torch_npu", TORCH_NPU),
+    ]
+    return OpSpec(
+        name=f"layernorm.{name}",
+        reference=f"{_M}:{cls}.forward_native",
+        backends=tuple(backends),
+        default_priority=("torch",),
+        priority=PRIORITY,
+        tolerances=TOLERANCES,
+        samples=f"opmux.kernels.ops.layernorm.samples:{name}_samples",
+        invalid_samples=f"opmux.kernels.ops.layernorm.samples:{name}_invalid",
+        mutates=mutates,
+        doc=doc,
+    )
+
+
+SPECS = (
+    _spec("rmsnorm", "RMSNorm", "y = x * rsqrt(mean(x^2) + eps) * weight, over the last dim", ("out",)),
+    _spec(
+        "fused_add_rmsnorm",
+        "FusedAddRMSNorm",
+        "in place: residual += x; x = rmsnorm(residual)",
+        ("x", "residual"),
+    ),
+)

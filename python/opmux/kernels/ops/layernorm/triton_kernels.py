@@ -1,0 +1,75 @@
+"""Triton RMSNorm kernels (imported only when the triton backend first runs).
+
+One program per row. Rows up to ``_ONE_PASS_MAX`` elements stay in registers (one read
+of x); longer rows loop twice over the row in ``_CHUNK`` pieces.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_ONE_PASS_MAX = 16384
+_CHUNK = 4096
+
+
+@triton.jit
+def _rmsnorm_row(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = x + tl.load(R + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
+        r_stored = r.to(R.dtype.element_ty)
+        tl.store(R + row * sr + cols, r_stored, mask=mask)
+        x = r_stored.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * sy + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_looped(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            r = x + tl.load(R + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
+            r_stored = r.to(R.dtype.element_ty)
+            tl.store(R + row * sr + cols, r_stored, mask=mask)
+            x = r_stored.to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    src = R if HAS_RES else X
+    ss = sr if HAS_RES else sx
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(src + row * ss + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + row * sy + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+
+
+def _num_warps(block: int) -> int:
+    return 4 if block <= 2048 else 8 if block <= 8192 else 16
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, y: torch.Tensor, residual: torch.Tensor | None) -> None:
+    """x, y, residual: [rows, N] with unit last stride (checked by the caller)."""
+    rows, n = x.shape
+    if rows == 0 or n == 0:
+        return
+    r = residual if residual is not None else x
+    sr = r.stride(0)
+    if n <= _ONE_PASS_MAX:
+        block = triton.next_power_of_2(n)
+        _rmsnorm_row[(rows,)](x, w, y, r, x.stride(0), y.stride(0), sr, n, eps,
+                              BLOCK=block, HAS_RES=residual is not None, num_warps=_num_warps(block))
+    else:
+        _rmsnorm_looped[(rows,)](x, w, y, r, x.stride(0), y.stride(0), sr, n, eps,
+                                 BLOCK=_CHUNK, HAS_RES=residual is not None, num_warps=8)

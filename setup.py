@@ -1,0 +1,220 @@
+"""Only what setuptools cannot declare: the AOT libraries, the build info and the wheel tag.
+
+The target comes from ``[tool.opmux] target`` in pyproject.toml (each pyproject_<target>.toml
+sets its own); what to build for it comes from targets.toml, which ships in the sdist.  The
+libraries are built with opmux's own ``opmux.kernels.jit.compile.build.build_shared_library``
+(torch-free), imported from this tree's python/ directory, into
+``build_lib/opmux/kernels/aot/``.
+
+A target whose AOT compiler is absent still builds a wheel (namespace + JIT sources) and says
+so; ``OPMUX_REQUIRE_AOT=1`` makes that an error (release builds set it).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_py import build_py
+
+SRC = Path(__file__).resolve().parent
+sys.path[:0] = [str(SRC / "python"), str(SRC)]  # opmux's torch-free build API and tools/
+
+from tools import targets as _targets  # noqa: E402
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+AOT_SOURCES = {"cpu": "csrc/aot_cpu.cpp", "cuda": "csrc/aot_cuda.cu", "rocm": "csrc/aot_cuda.cu"}
+JIT_DIR = SRC / "python" / "opmux" / "kernels" / "jit"
+HOW_TO_GET = {
+    "cxx": "install g++ or clang++ (e.g. apt-get install g++) or set CXX",
+    "nvcc": "install the CUDA toolkit or set CUDA_HOME",
+    "hipcc": "install ROCm or set ROCM_PATH",
+}
+
+
+def _log(msg: str) -> None:
+    print(f"opmux: {msg}", file=sys.stderr, flush=True)
+
+
+def _target() -> _targets.Target:
+    pyproject = tomllib.loads((SRC / "pyproject.toml").read_text(encoding="utf-8"))
+    name = pyproject.get("tool", {}).get("opmux", {}).get("target")
+    table = _targets.load(SRC / "targets.toml")
+    if name not in table:
+        raise SystemExit(f"opmux: pyproject.toml [tool.opmux] target = {name!r}; targets.toml has {list(table)}")
+    return table[name]
+
+
+def _require_aot() -> bool:
+    return os.environ.get("OPMUX_REQUIRE_AOT", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Heartbeat:
+    """Prints a line every 15 s while a long compile runs, so CI logs show progress."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.start, self.done = what, time.monotonic(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.done.wait(15):
+            _log(f"  still compiling {self.what} ({time.monotonic() - self.start:.0f} s)")
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def _find_toolchain(compiler: str):  # -> Toolchain
+    from opmux.kernels.jit.compile import toolchain  # torch-free; lives in this tree
+
+    return {"cxx": toolchain.find_cxx, "nvcc": toolchain.find_nvcc, "hipcc": toolchain.find_hipcc}[compiler]()
+
+
+def build_aot(target: _targets.Target, out_dir: Path) -> dict:
+    """Build the target's AOT libraries into ``out_dir``; return the build-info fields."""
+    info: dict = {"toolchains": {}, "aot": [], "aot_missing": {}}
+    libs = target.aot.libraries
+    if not libs:
+        _log(f"target {target.name!r} ships no AOT library (targets.toml: aot.compiler = 'none')")
+        return info
+    try:
+        from opmux.kernels.jit.compile import build as _build
+        from opmux.kernels.jit.compile import toolchain as _toolchain
+    except ImportError as exc:  # only while the tree is incomplete
+        for lib in libs:
+            info["aot_missing"][lib] = {"why": "build-api", "message": f"cannot import the build API: {exc}"}
+        _report_missing(target, info)
+        return info
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for i, lib in enumerate(libs, 1):
+        compiler = target.aot.compiler_for(lib)
+        filename = f"libopmux_aot_{lib}.so"
+        source = SRC / AOT_SOURCES[lib]
+        if not source.is_file():
+            info["aot_missing"][lib] = {"why": "source", "message": f"{AOT_SOURCES[lib]} not found in {SRC}"}
+            continue
+        try:
+            tc = _find_toolchain(compiler)
+        except _toolchain.ToolchainNotFound as exc:
+            msg = f"{compiler} not found ({exc}); {HOW_TO_GET[compiler]}"
+            info["aot_missing"][lib] = {"why": "toolchain", "message": msg}
+            continue
+        info["toolchains"][tc.kind] = {"path": tc.path, "version": tc.version}
+        archs = list(target.aot.archs) if lib != "cpu" else []
+        ptx = (target.aot.ptx or None) if lib != "cpu" else None
+        _log(f"[{i}/{len(libs)}] compiling {filename} with {tc.kind} ({tc.version})" + (f" for {archs}" if archs else "") + (f" + PTX {ptx}" if ptx else ""))
+        start = time.monotonic()
+        with _Heartbeat(filename):
+            commands = _build.build_shared_library(
+                out_dir / filename,
+                sources=[source],
+                device=lib,
+                archs=archs,
+                ptx_arch=ptx,
+                include_dirs=[JIT_DIR / "include", JIT_DIR / "csrc"],
+                toolchain=tc,
+            )
+        for cmd in commands or []:
+            _log(f"  $ {cmd if isinstance(cmd, str) else ' '.join(map(str, cmd))}")
+        size = (out_dir / filename).stat().st_size / 2**20
+        _log(f"[{i}/{len(libs)}] {filename}: {size:.1f} MiB in {time.monotonic() - start:.1f} s")
+        info["aot"].append(filename)
+    _report_missing(target, info)
+    return info
+
+
+def _report_missing(target: _targets.Target, info: dict) -> None:
+    for lib, why in info["aot_missing"].items():
+        _log(f"AOT library for {lib} left out: {why['message']}")
+    if info["aot_missing"] and _require_aot():
+        raise SystemExit(
+            f"opmux: OPMUX_REQUIRE_AOT=1 and the {target.name} wheel would lack "
+            f"{sorted(info['aot_missing'])}; see the messages above"
+        )
+
+
+def _git_commit() -> str | None:
+    if os.environ.get("OPMUX_GIT_COMMIT"):
+        return os.environ["OPMUX_GIT_COMMIT"]
+    if not (SRC / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(SRC), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _build_time() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc) if epoch else _dt.datetime.now(_dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_build_info(path: Path, fields: dict) -> None:
+    body = "".join(f"    {k!r}: {v!r},\n" for k, v in fields.items())
+    path.write_text(
+        '"""Build facts of this wheel, written by setup.py at build time (see targets.toml)."""\n\n'
+        f"BUILD_INFO = {{\n{body}}}\n",
+        encoding="utf-8",
+    )
+
+
+class BuildPy(build_py):
+    """build_py, then the AOT libraries and _build_info.py of the target."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:
+            return  # an editable install uses the tree: JIT only, tree _build_info
+        target = _target()
+        pkg = Path(self.build_lib) / "opmux"
+        _log(f"building target {target.name!r} (distribution {target.distribution!r})")
+        aot = build_aot(target, pkg / "kernels" / "aot")
+        self.distribution._opmux_aot = aot["aot"]  # read by BdistWheel for the wheel tag
+        fields = {
+            "target": target.name,
+            "distribution": target.distribution,
+            "version": self.distribution.get_version(),
+            "toolchains": aot["toolchains"],
+            "archs": list(target.aot.archs) if aot["aot"] and target.aot.archs else [],
+            "ptx": (target.aot.ptx or None) if aot["aot"] else None,
+            "aot": aot["aot"],
+            "aot_missing": aot["aot_missing"],
+            "commit": _git_commit(),
+            "build_time": _build_time(),
+        }
+        write_build_info(pkg / "_build_info.py", fields)
+
+
+class BdistWheel(bdist_wheel):
+    """Tag py3-none-<platform> when AOT libraries ship (they bind through tvm-ffi, not CPython)."""
+
+    def run(self) -> None:
+        if not self.skip_build:
+            self.run_command("build")
+        self.root_is_pure = not getattr(self.distribution, "_opmux_aot", [])
+        super().run()
+
+    def get_tag(self) -> tuple[str, str, str]:
+        impl, abi, plat = super().get_tag()
+        return ("py3", "none", plat) if not self.root_is_pure else (impl, abi, plat)
+
+
+setup(cmdclass={"build_py": BuildPy, "bdist_wheel": BdistWheel})

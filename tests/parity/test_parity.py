@@ -1,0 +1,115 @@
+"""Every backend of every op against the reference, driven by the op specs.
+
+A new backend is tested by registering it: cells come from the registry, cases from
+the op's ``samples``, tolerances from its spec. Each cell also checks against the
+reference computed in float64 on the CPU, and that inputs not meant to change did not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from opmux.kernels import registry
+from opmux.kernels.explain import op_instance
+
+DTYPES = ("float32", "float16", "bfloat16")
+CELLS = [(op, b.name, d) for op, spec in registry.all_ops().items() for b in spec.backends for d in DTYPES]
+_TORCH_DEVICE = {"cpu": "cpu", "cuda": "cuda", "hip": "cuda", "xpu": "xpu", "npu": "npu"}
+
+
+def _tensors(result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    out = [result] if isinstance(result, torch.Tensor) else []
+    out += [a for a in args if isinstance(a, torch.Tensor)]
+    out += [v for _, v in sorted(kwargs.items()) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _to64(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.is_floating_point():
+        return v.detach().to("cpu", torch.float64)
+    return v
+
+
+@pytest.mark.parametrize(("op_name", "backend", "dtype"), CELLS, ids=["-".join(c) for c in CELLS])
+def test_parity(op_name: str, backend: str, dtype: str, matrix: Any, device_type: str, request: pytest.FixtureRequest) -> None:
+    spec = registry.get(op_name)
+    req = spec.backend(backend).requires
+    if device_type not in req.devices:
+        matrix.add(op_name, backend, dtype, "n/a", f"runs on {'/'.join(req.devices)}")
+        pytest.skip(f"{backend} runs on {'/'.join(req.devices)}, not {device_type}")
+    if dtype not in req.dtypes:
+        matrix.add(op_name, backend, dtype, "n/a", "dtype not supported")
+        pytest.skip(f"{backend} does not support {dtype}")
+    op = op_instance(op_name)
+    samples = registry.resolve_target(spec.samples)
+    tdev, tdtype = _TORCH_DEVICE[device_type], getattr(torch, dtype)
+    atol, rtol = spec.tolerance(dtype)
+    cases = 0
+    try:
+        for i, sample in enumerate(samples(tdev, tdtype)):
+            if backend in dict(sample.skip):
+                continue
+            sel = op.select_for(sample.args, sample.kwargs, backend)
+            why = sel.decision(backend)
+            if sel.chosen != backend and request.config.getoption("--allow-tree") and why.reason and why.reason.is_environmental:
+                matrix.add(op_name, backend, dtype, "skipped", f"{why.reason.value}: {why.detail}")
+                pytest.skip(f"source tree: {why.reason.value}: {why.detail}")
+            assert sel.chosen == backend, f"{backend} was not selectable:\n{sel.trace_str()}"
+            kwargs = dict(sample.kwargs)
+            for k, v in kwargs.items():
+                if k == "out" and isinstance(v, torch.Tensor):
+                    v.fill_(float("nan"))  # every element must be written
+            got = _tensors(op.impl(backend)(*sample.args, **kwargs), sample.args, kwargs)
+            ref_sample = samples(tdev, tdtype)[i]
+            want = _tensors(op.forward_native(*ref_sample.args, **ref_sample.kwargs), ref_sample.args, ref_sample.kwargs)
+            o_sample = samples(tdev, tdtype)[i]
+            a64 = tuple(_to64(a) for a in o_sample.args)
+            k64 = {k: _to64(v) for k, v in o_sample.kwargs.items()}
+            oracle = _tensors(op.forward_native(*a64, **k64), a64, k64)
+            assert len(got) == len(want) == len(oracle), "backend and reference returned different outputs"
+            for j, (g, w, o) in enumerate(zip(got, want, oracle)):
+                msg = f"case {sample.name!r}, output {j}"
+                torch.testing.assert_close(g, w, atol=atol, rtol=rtol, msg=lambda m: f"{msg} vs reference: {m}")
+                torch.testing.assert_close(g.cpu().double(), o, atol=2 * atol, rtol=2 * rtol,
+                                           msg=lambda m: f"{msg} vs float64 oracle: {m}")
+            cases += 1
+    except Exception as exc:
+        matrix.add(op_name, backend, dtype, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}", cases)
+        raise
+    assert cases > 0, f"{op_name}: no sample applies to {backend}"
+    matrix.add(op_name, backend, dtype, "passed", "", cases)
+
+
+INVALID = [(op, b) for op, spec in registry.all_ops().items() for b in ("default", *[x.name for x in spec.backends if x.name in ("aot", "jit", "triton")])]
+
+
+@pytest.mark.parametrize(("op_name", "backend"), INVALID, ids=["-".join(c) for c in INVALID])
+def test_bad_input_is_rejected(op_name: str, backend: str, device_type: str) -> None:
+    """Wrong dtype, shape, device or layout: a clear error, never a crash or a silent result."""
+    spec = registry.get(op_name)
+    if backend != "default" and device_type not in spec.backend(backend).requires.devices:
+        pytest.skip(f"{backend} does not run on {device_type}")
+    op = op_instance(op_name)
+    cases = registry.resolve_target(spec.invalid_samples)(_TORCH_DEVICE[device_type])
+    assert len(cases) >= 3
+    for name, args, kwargs, exc_type, pattern in cases:
+        with pytest.raises(exc_type, match=pattern):
+            if backend == "default":
+                op(*args, **kwargs)
+            else:
+                op.impl(backend)(*args, **kwargs)
+        del name
+
+
+def test_mixed_devices_rejected(device_type: str) -> None:
+    if device_type == "cpu":
+        pytest.skip("needs a second device type")
+    from opmux.kernels.ops.layernorm import rmsnorm
+
+    x = torch.randn(2, 8, device=_TORCH_DEVICE[device_type])
+    for backend in ("triton", "jit", "aot"):
+        with pytest.raises(ValueError, match="is on"):
+            rmsnorm(x, torch.ones(8), backend=backend)

@@ -1,0 +1,1 @@
+"""Build and release tooling for opmux: imported by noxfile.py, setup.py and tests/packaging."""

@@ -1,0 +1,231 @@
+"""Load and validate targets.toml, the table of opmux platform targets.
+
+Every consumer (noxfile.py, setup.py, tools/variants.py, tools/wheel_check.py, the README
+table) reads the table through :func:`load`, so an unknown key, a missing field or a duplicate
+name fails everywhere with the same message.  Standard library only: setup.py imports this
+module inside the isolated build environment.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 floor
+    import tomli as tomllib
+
+__all__ = ["AOT", "Target", "TargetTableError", "load", "loads", "markdown_table"]
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = ROOT / "targets.toml"
+
+COMPILERS = ("nvcc", "cxx", "hipcc", "none")
+TRITON = ("yes", "no", "interpreter")
+DEVICES = ("cpu", "cuda", "rocm")  # devices that have an AOT entry point under csrc/
+_NAME = re.compile(r"^[a-z][a-z0-9]*$")
+_DIST = re.compile(r"^[a-z][a-z0-9-]*$")
+_ARCH = re.compile(r"^(sm_\d+[af]?|gfx[0-9a-f]+)$")
+_PTX = re.compile(r"^(compute_\d+[af]?)?$")
+
+_TOP_KEYS = {"default": str, "targets": dict}
+_TARGET_KEYS: dict[str, type | tuple[type, ...]] = {
+    "pyproject": str,
+    "distribution": str,
+    "torch": str,
+    "dependencies": list,
+    "aot": dict,
+    "jit": str,
+    "triton": str,
+    "vendor_backends": list,
+    "parity_device": str,
+    "wheel_size_mb": (int, float),
+}
+_AOT_KEYS: dict[str, type] = {"compiler": str, "libraries": list, "archs": list, "ptx": str}
+
+
+class TargetTableError(ValueError):
+    """targets.toml is malformed; the message names the file, the target and the key."""
+
+
+@dataclass(frozen=True)
+class AOT:
+    """The ahead-of-time library of one target."""
+
+    compiler: str
+    libraries: tuple[str, ...]
+    archs: tuple[str, ...]
+    ptx: str
+
+    @property
+    def filenames(self) -> tuple[str, ...]:
+        """File names of the shipped libraries, e.g. ``libopmux_aot_cuda.so``."""
+        return tuple(f"libopmux_aot_{lib}.so" for lib in self.libraries)
+
+    def compiler_for(self, library: str) -> str:
+        """The compiler of one library: the C++ compiler for cpu, the target's otherwise."""
+        return "cxx" if library == "cpu" else self.compiler
+
+
+@dataclass(frozen=True)
+class Target:
+    """One row of targets.toml."""
+
+    name: str
+    pyproject: str
+    distribution: str
+    torch: str
+    dependencies: tuple[str, ...]
+    aot: AOT
+    jit: str
+    triton: str
+    vendor_backends: tuple[str, ...]
+    parity_device: str
+    wheel_size_mb: float
+    default: bool
+
+    @property
+    def requirements(self) -> list[str]:
+        """Runtime requirements written into the wheel metadata, in a stable order."""
+        return ["apache-tvm-ffi>=0.1.15,<0.2", self.torch, *self.dependencies]
+
+
+def _fail(where: str, msg: str) -> TargetTableError:
+    return TargetTableError(f"{where}: {msg}")
+
+
+def _check_keys(where: str, data: dict[str, Any], spec: dict[str, Any]) -> None:
+    unknown = sorted(set(data) - set(spec))
+    if unknown:
+        raise _fail(where, f"unknown key(s) {unknown}; valid keys: {sorted(spec)}")
+    missing = sorted(set(spec) - set(data))
+    if missing:
+        raise _fail(where, f"missing field(s) {missing}")
+    for key, typ in spec.items():
+        value = data[key]
+        if not isinstance(value, typ) or isinstance(value, bool):
+            names = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+            raise _fail(where, f"{key} = {value!r} must be of type {names}")
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise _fail(where, f"{key} = {value!r} must be a list of strings")
+
+
+def _one_of(where: str, key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise _fail(where, f"{key} = {value!r} is not one of {list(choices)}")
+
+
+def _target(where: str, name: str, data: Any, default: str) -> Target:
+    if not _NAME.match(name):
+        raise _fail(where, "target names are lower-case letters and digits")
+    if not isinstance(data, dict):
+        raise _fail(where, "must be a table")
+    _check_keys(where, data, _TARGET_KEYS)
+    aot_where = f"{where}.aot"
+    _check_keys(aot_where, data["aot"], _AOT_KEYS)
+    aot = AOT(
+        compiler=data["aot"]["compiler"],
+        libraries=tuple(data["aot"]["libraries"]),
+        archs=tuple(data["aot"]["archs"]),
+        ptx=data["aot"]["ptx"],
+    )
+    _one_of(aot_where, "compiler", aot.compiler, COMPILERS)
+    for lib in aot.libraries:
+        _one_of(aot_where, "libraries entry", lib, DEVICES)
+    if aot.compiler == "none" and aot.libraries:
+        raise _fail(aot_where, "compiler 'none' cannot build libraries " + repr(list(aot.libraries)))
+    if aot.compiler != "none" and not aot.libraries:
+        raise _fail(aot_where, f"compiler {aot.compiler!r} given but libraries is empty")
+    for arch in aot.archs:
+        if not _ARCH.match(arch):
+            raise _fail(aot_where, f"arch {arch!r} is not like 'sm_90a' or 'gfx942'")
+    if not _PTX.match(aot.ptx):
+        raise _fail(aot_where, f"ptx = {aot.ptx!r} is not like 'compute_90' (or empty)")
+    if len(set(aot.libraries)) != len(aot.libraries) or len(set(aot.archs)) != len(aot.archs):
+        raise _fail(aot_where, "duplicate entry in libraries or archs")
+    _one_of(where, "jit", data["jit"], COMPILERS)
+    _one_of(where, "triton", data["triton"], TRITON)
+    if not _DIST.match(data["distribution"]):
+        raise _fail(where, f"distribution = {data['distribution']!r} is not a normalized name")
+    if not data["torch"].startswith("torch"):
+        raise _fail(where, f"torch = {data['torch']!r} must be a requirement on torch")
+    if data["wheel_size_mb"] <= 0:
+        raise _fail(where, "wheel_size_mb must be positive")
+    return Target(
+        name=name,
+        pyproject=data["pyproject"],
+        distribution=data["distribution"],
+        torch=data["torch"],
+        dependencies=tuple(data["dependencies"]),
+        aot=aot,
+        jit=data["jit"],
+        triton=data["triton"],
+        vendor_backends=tuple(data["vendor_backends"]),
+        parity_device=data["parity_device"],
+        wheel_size_mb=float(data["wheel_size_mb"]),
+        default=name == default,
+    )
+
+
+def loads(text: str, *, source: str = "targets.toml") -> dict[str, Target]:
+    """Parse and validate the table; return the targets by name, default first."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # e.g. a [targets.cpu] table declared twice
+        raise TargetTableError(f"{source}: not valid TOML (is a target declared twice?): {exc}") from None
+    _check_keys(source, raw, _TOP_KEYS)
+    default = raw["default"]
+    if default not in raw["targets"]:
+        raise _fail(source, f"default = {default!r} is not a target; targets: {sorted(raw['targets'])}")
+    targets = [_target(f"{source}: [targets.{n}]", n, d, default) for n, d in raw["targets"].items()]
+    for field in ("distribution", "pyproject"):
+        seen: dict[str, str] = {}
+        for t in targets:
+            value = getattr(t, field)
+            if value in seen:
+                raise _fail(source, f"duplicate {field} {value!r} in targets {seen[value]!r} and {t.name!r}")
+            seen[value] = t.name
+    for t in targets:
+        if t.default and t.pyproject != "pyproject.toml":
+            raise _fail(source, f"the default target {t.name!r} must build from pyproject.toml")
+        if not t.default and t.pyproject != f"pyproject_{t.name}.toml":
+            raise _fail(source, f"[targets.{t.name}] pyproject must be 'pyproject_{t.name}.toml'")
+    targets.sort(key=lambda t: not t.default)
+    return {t.name: t for t in targets}
+
+
+def load(path: Path | str = TABLE) -> dict[str, Target]:
+    """Read and validate a targets.toml file."""
+    path = Path(path)
+    return loads(path.read_text(encoding="utf-8"), source=str(path))
+
+
+def default_target(targets: dict[str, Target]) -> Target:
+    """The target whose pyproject is pyproject.toml."""
+    return next(t for t in targets.values() if t.default)
+
+
+def markdown_table(targets: dict[str, Target]) -> str:
+    """The README's target table, generated from the table (a test keeps them in sync)."""
+    rows = [
+        "| target | distribution | AOT libraries | archs | JIT | Triton | vendor backends | parity device | size budget |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in targets.values():
+        libs = ", ".join(f"`{f}`" for f in t.aot.filenames) or "none"
+        archs = ", ".join([*t.aot.archs, *([t.aot.ptx + " (PTX)"] if t.aot.ptx else [])]) or "-"
+        name = f"{t.name} (default)" if t.default else t.name
+        aot = f"{t.aot.compiler}: {libs}" if t.aot.compiler != "none" else "none"
+        rows.append(
+            f"| {name} | `{t.distribution}` | {aot} | {archs} | {t.jit} | {t.triton} | "
+            f"{', '.join(t.vendor_backends) or '-'} | {t.parity_device} | {t.wheel_size_mb:g} MB |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python tools/targets.py: validate and print the README table
+    print(markdown_table(load()), end="")
