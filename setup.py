@@ -210,6 +210,9 @@ class BdistWheel(bdist_wheel):
         if not self.skip_build:
             self.run_command("build")
         self.root_is_pure = not getattr(self.distribution, "_opmux_aot", [])
+        if not self.root_is_pure:
+            # install_lib then puts the package in platlib, the wheel's root, not in .data/purelib
+            self.distribution.has_ext_modules = lambda: True
         super().run()
 
     def get_tag(self) -> tuple[str, str, str]:

@@ -66,6 +66,8 @@ def stage(root: Path, dest: Path, *, pyproject: str = "pyproject.toml") -> Path:
     return dest
 
 
+# Tool caches that other processes (mypy, ruff, pytest) may rewrite while a build runs.
+CACHE_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".venv", ".ty_cache"}
 # Files of the checkout that a build could be tempted to write although they are not ignored.
 WATCHED = ("pyproject.toml", "python/opmux/_build_info.py", "setup.py", "targets.toml", "MANIFEST.in")
 
@@ -84,7 +86,7 @@ def fingerprint(root: Path, *, exclude: tuple[str, ...] = ("dist", ".nox", ".git
         rel_dir = Path(dirpath).relative_to(root)
         if rel_dir == Path("."):
             dirnames[:] = [d for d in dirnames if d not in exclude]
-        dirnames[:] = [d for d in dirnames if d not in ("__pycache__", ".pytest_cache", ".ruff_cache")]
+        dirnames[:] = [d for d in dirnames if d not in CACHE_DIRS]
         for f in filenames:
             p = Path(dirpath) / f
             rel = (rel_dir / f).as_posix()

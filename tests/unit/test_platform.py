@@ -314,6 +314,24 @@ def test_opmux_device_forces_type_and_keeps_facts() -> None:
     assert (p.device_type, p.arch) == ("cuda", "sm_90")
 
 
+def test_opmux_device_cuda_on_hip_build_is_noted() -> None:
+    cuda = fake_cuda(gcn="gfx942:sramecc+:xnack-")
+    p = detect(fake_torch(cuda=cuda, hip="6.2"), env={"OPMUX_DEVICE": "cuda"})
+    assert p.device_type == "cuda"
+    assert "OPMUX_DEVICE=cuda overrides the detected hip" in p.notes
+
+
+def test_torch_npu_import_fails_with_npus_hidden_is_cpu() -> None:
+    p = detect(
+        fake_torch(),
+        env={"ASCEND_RT_VISIBLE_DEVICES": "-1"},
+        load_module=boom("libascendcl.so not found"),
+        path_exists=ALL_DEV,
+    )
+    assert p.device_type == "cpu"
+    assert any("import torch_npu raised" in n for n in p.notes)
+
+
 def test_opmux_device_mismatch_is_noted() -> None:
     p = detect(fake_torch(), env={"OPMUX_DEVICE": "xpu"})
     assert p.device_type == "xpu"

@@ -8,6 +8,10 @@ torch-like object (:func:`detect_from`, tested with fakes) wrapped by a thin, ca
 :func:`detect` that imports torch lazily.
 
 No torch at import time: this module is part of the torch-free metadata layer.
+
+Why ~450 lines in one module: the probing rules for every vendor and their evidence table must
+be read together to check the one promise (never "cpu" on a GPU machine); split apart, a rule
+would hide in a file the reader did not open.
 """
 
 from __future__ import annotations
@@ -211,12 +215,10 @@ def detect_from(
     if found is None and forced in (None, "npu"):
         if probe.attr(torch, "npu") is None:
             ok, module = probe.call("import torch_npu", lambda: load_module("torch_npu"))
-            if not ok and path_exists("/dev/davinci0"):
+            npu_evidence = None if ok else _evidence("npu", environ, path_exists, None)
+            if npu_evidence is not None:
                 raise PlatformDetectionError(
-                    "npu",
-                    evidence=["/dev/davinci0 exists"],
-                    errors=probe.notes[-1:],
-                    hint=_HINT.format(forced="npu"),
+                    "npu", evidence=npu_evidence, errors=probe.notes[-1:], hint=_HINT.format(forced="npu")
                 )
             if module is not None and probe.attr(torch, "npu") is None:
                 probe.notes.append("torch_npu imported but torch.npu is still missing")
@@ -233,7 +235,9 @@ def detect_from(
     device_type = forced or found or "cpu"
     if forced is not None:
         probe.notes.append(f"device type forced by OPMUX_DEVICE={forced}")
-        if forced != "cpu" and found != forced:
+        if found is not None and found != forced:
+            probe.notes.append(f"OPMUX_DEVICE={forced} overrides the detected {found}")
+        elif found is None and forced != "cpu":
             probe.notes.append(f"OPMUX_DEVICE={forced} but no usable {forced} device was detected")
 
     if device_type == "cpu":
