@@ -72,12 +72,14 @@ def _wheel_session(target: targets.Target):
             out.mkdir(parents=True)
             for artifact in Path(tmp, "dist").iterdir():
                 shutil.copy2(artifact, out / artifact.name)
+            artifacts = sorted(out.iterdir())
+            wheels = [str(a) for a in artifacts if a.suffix == ".whl"]
+            # The golden list comes from the staged copy: exactly the files this build saw.
+            s.run("python", str(ROOT / "tools" / "wheel_check.py"), "--root", str(src), "--target", target.name,
+                  *map(str, artifacts))
         changed = stage.diff_fingerprints(before, stage.fingerprint(ROOT))
         if changed:
             s.error("the build modified the checkout:\n  " + "\n  ".join(changed))
-        artifacts = sorted(out.iterdir())
-        wheels = [str(a) for a in artifacts if a.suffix == ".whl"]
-        s.run("python", str(ROOT / "tools" / "wheel_check.py"), "--target", target.name, *map(str, artifacts))
         s.run("check-wheel-contents", "--ignore", "W002", *wheels)  # W002: duplicate files (empty __init__s)
         s.run("twine", "check", "--strict", *map(str, artifacts))
         for w in (w for w in wheels if not w.endswith("-any.whl")):

@@ -17,7 +17,7 @@ import importlib
 import re
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 __all__ = ["includes_of", "main", "module_sources"]
@@ -40,7 +40,7 @@ def includes_of(source: Path, include_dir: Path, seen: set[Path] | None = None) 
 
 
 def _entries(table: object) -> Iterable[tuple[str, object]]:
-    if isinstance(table, dict):
+    if isinstance(table, Mapping):
         return table.items()
     return ((getattr(e, "name", str(e)), e) for e in table)  # a list of module specs
 
@@ -68,6 +68,9 @@ def main() -> int:
 
     from opmux.kernels import registry
 
+    n_ops = len(registry.all_ops())
+    if n_ops == 0:
+        failures.append("the registry has no ops: nothing to verify")
     try:
         result = registry.verify_targets()
     except Exception as exc:  # report, do not crash: the message is the finding
@@ -77,7 +80,7 @@ def main() -> int:
         failures += [f"verify_targets(): {p}" for p in problems]
         if isinstance(result, bool) and not result:
             failures.append("verify_targets() returned False")
-        print(f"find-spec ok   verify_targets() -> {len(problems)} problem(s)")
+        print(f"find-spec {'ok  ' if not problems else 'FAIL'} verify_targets(): {n_ops} ops, {len(problems)} problem(s)")
 
     jit = importlib.import_module("opmux.kernels.jit")
     kernel_path = Path(jit.KERNEL_PATH).resolve()
@@ -92,6 +95,7 @@ def main() -> int:
     except LookupError as exc:
         failures.append(str(exc))
         table = {}
+    n_headers: dict[str, int] = {}
     for name, sources in table.items():
         for src in sources:
             path = Path(src) if Path(src).is_absolute() else kernel_path / src
@@ -105,7 +109,17 @@ def main() -> int:
                 failures.append(f"JIT module {name!r}: source {path} is outside KERNEL_PATH {kernel_path}")
             headers, missing = includes_of(path, kernel_path / "include")
             failures += [f"JIT module {name!r}: {m}" for m in missing]
-        print(f"find-spec ok   JIT module {name}: {len(sources)} source(s)")
+            n_headers[name] = n_headers.get(name, 0) + len(headers)
+        bad = any(f"JIT module {name!r}" in f for f in failures)
+        print(f"find-spec {'FAIL' if bad else 'ok  '} JIT module {name}: {', '.join(sources)} + {n_headers.get(name, 0)} opmux header(s)")
+    from opmux import _build_info
+
+    aot_dir = kernel_path.parent / "aot"
+    for lib in _build_info.BUILD_INFO.get("aot", []):
+        ok = (aot_dir / lib).is_file()
+        if not ok:
+            failures.append(f"_build_info lists AOT library {lib}, not found in {aot_dir}")
+        print(f"find-spec {'ok  ' if ok else 'FAIL'} AOT library {lib}")
     if not table and not failures:
         failures.append("the JIT module table is empty")
     for f in failures:

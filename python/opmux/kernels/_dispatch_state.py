@@ -47,15 +47,25 @@ def _env_overrides() -> Overrides:
     return _env
 
 
-def refresh() -> None:
-    """Re-read OPMUX_KERNEL_BACKEND (validated now) and drop every cached choice."""
+def _stale() -> None:
     global _env
     _env = None
-    _env_overrides()
     from . import facts
 
     facts.reset()
     invalidate_all()
+
+
+def refresh() -> None:
+    """Re-read OPMUX_KERNEL_BACKEND (validated now) and drop every cached choice.
+
+    Call it after changing ``os.environ`` in-process; ``config.scope`` does it for you.
+    """
+    _stale()
+    _env_overrides()
+
+
+config.on_change(_stale)
 
 
 def backends_for(op: str) -> tuple[str, ...] | None:

@@ -278,6 +278,19 @@ def jit_verbose() -> bool:
     return cast(bool, get("OPMUX_JIT_VERBOSE"))
 
 
+_listeners: list[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener`` when a ``scope`` starts or ends (values cached by readers go stale)."""
+    _listeners.append(listener)
+
+
+def _notify() -> None:
+    for listener in list(_listeners):
+        listener()
+
+
 @contextlib.contextmanager
 def scope(**overrides: Any) -> Iterator[None]:
     """Override knobs inside a ``with`` block, e.g. ``scope(OPMUX_FALLBACK="error")``.
@@ -292,6 +305,7 @@ def scope(**overrides: Any) -> Iterator[None]:
     saved_overrides = dict(_overrides_set)
     saved_env = {k: v for k, v in os.environ.items() if k.startswith("OPMUX_")}
     _overrides_set.update(coerced)
+    _notify()
     try:
         yield
     finally:
@@ -301,6 +315,7 @@ def scope(**overrides: Any) -> Iterator[None]:
             if key not in saved_env:
                 del os.environ[key]
         os.environ.update(saved_env)
+        _notify()
 
 
 def _jsonable(value: Any) -> Any:

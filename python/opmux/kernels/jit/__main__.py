@@ -67,7 +67,7 @@ def _kill(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait()
+    proc.communicate()  # reap it and close its pipes
 
 
 def prewarm(modules: Sequence[JitModule], *, kernel_path: Path, archs: Sequence[str] = (),

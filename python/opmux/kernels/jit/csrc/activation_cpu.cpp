@@ -1,4 +1,5 @@
-// silu_and_mul for CPU tensors: out = silu(x[:, :d]) * x[:, d:], computed in float.
+// Gated activations for CPU tensors: out = act(x[:, :d]) * x[:, d:], computed in float, for
+// act = silu, gelu (exact, erf) and gelu_tanh (tanh approximation).
 #include <tvm/ffi/function.h>
 
 #include <cmath>
@@ -14,9 +15,22 @@ using cpu::to_float;
 
 constexpr int64_t kParallelMinElems = 1 << 15;
 
-template <typename T>
-void silu_and_mul_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t rows,
-                       int64_t d) {
+struct Silu {
+  static float apply(float g) { return g / (1.0f + std::exp(-g)); }
+};
+struct Gelu {
+  static float apply(float g) { return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f)); }
+};
+struct GeluTanh {
+  static float apply(float g) {
+    const float inner = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
+    return 0.5f * g * (1.0f + std::tanh(inner));
+  }
+};
+
+template <typename T, typename Act>
+void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t rows,
+                int64_t d) {
   const bool parallel = rows > 1 && rows * d >= kParallelMinElems;
   (void)parallel;
 #ifdef _OPENMP
@@ -27,24 +41,31 @@ void silu_and_mul_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride,
     const T* b = a + d;             // up half
     T* o = out + r * out_stride;
     for (int64_t i = 0; i < d; ++i) {
-      const float g = to_float(a[i]);
-      o[i] = from_float<T>(g / (1.0f + std::exp(-g)) * to_float(b[i]));
+      o[i] = from_float<T>(Act::apply(to_float(a[i])) * to_float(b[i]));
     }
   }
 }
 
-void silu_and_mul_cpu(TensorView out, TensorView x) {
-  const char* op = "opmux.silu_and_mul";
+template <typename Act>
+void run(const char* op, TensorView out, TensorView x) {
   RowsArgs a = check_silu_and_mul_args(op, kDLCPU, out, x);
   if (a.rows == 0 || a.hidden == 0) return;
   const int64_t out_stride = row_stride(op, "out", out), x_stride = row_stride(op, "x", x);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    silu_and_mul_impl<scalar_t>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
-                                x_stride, a.rows, a.hidden);
+    gated_impl<scalar_t, Act>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
+                              x_stride, a.rows, a.hidden);
   });
+}
+
+void silu_and_mul_cpu(TensorView out, TensorView x) { run<Silu>("opmux.silu_and_mul", out, x); }
+void gelu_and_mul_cpu(TensorView out, TensorView x) { run<Gelu>("opmux.gelu_and_mul", out, x); }
+void gelu_tanh_and_mul_cpu(TensorView out, TensorView x) {
+  run<GeluTanh>("opmux.gelu_tanh_and_mul", out, x);
 }
 
 }  // namespace activation_cpu
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cpu, opmux::activation_cpu::silu_and_mul_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cpu, opmux::activation_cpu::gelu_and_mul_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cpu, opmux::activation_cpu::gelu_tanh_and_mul_cpu);
