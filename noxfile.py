@@ -19,7 +19,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from tools import stage, targets, variants, wheel_check  # noqa: E402
+from tools import stage, targets, variants  # noqa: E402
 
 nox.needs_version = ">=2025.2.9"
 # Plain virtualenv + pip on purpose: pip here reads the machine's pip config (local CPU torch
@@ -48,7 +48,9 @@ def _git(*args: str) -> str | None:
 def _build_env(session: nox.Session) -> dict[str, str]:
     """Version, commit and a reproducible timestamp, computed in the checkout for the staged copy."""
     env = {"OPMUX_GIT_COMMIT": _git("rev-parse", "HEAD") or "", "PYTHONDONTWRITEBYTECODE": "1"}
-    env["SOURCE_DATE_EPOCH"] = os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct") or "315532800"
+    env["SOURCE_DATE_EPOCH"] = (
+        os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct") or "315532800"
+    )
     version = session.run("python", "-m", "setuptools_scm", silent=True, success_codes=[0, 1], external=False)
     version = (version or "").strip().splitlines()[-1:] if version else []
     if version and version[0][:1].isdigit():
@@ -67,7 +69,17 @@ def _wheel_session(target: targets.Target):
             s.log(f"building {target.distribution} ({target.name}) from a staged copy in {src}")
             kinds = ["--wheel", "--sdist"] if target.default else ["--wheel"]
             for kind in kinds:
-                s.run("python", "-m", "build", kind, *s.posargs, "--outdir", str(Path(tmp) / "dist"), str(src), env=env)
+                s.run(
+                    "python",
+                    "-m",
+                    "build",
+                    kind,
+                    *s.posargs,
+                    "--outdir",
+                    str(Path(tmp) / "dist"),
+                    str(src),
+                    env=env,
+                )
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             for artifact in Path(tmp, "dist").iterdir():
@@ -75,8 +87,15 @@ def _wheel_session(target: targets.Target):
             artifacts = sorted(out.iterdir())
             wheels = [str(a) for a in artifacts if a.suffix == ".whl"]
             # The golden list comes from the staged copy: exactly the files this build saw.
-            s.run("python", str(ROOT / "tools" / "wheel_check.py"), "--root", str(src), "--target", target.name,
-                  *map(str, artifacts))
+            s.run(
+                "python",
+                str(ROOT / "tools" / "wheel_check.py"),
+                "--root",
+                str(src),
+                "--target",
+                target.name,
+                *map(str, artifacts),
+            )
         changed = stage.diff_fingerprints(before, stage.fingerprint(ROOT))
         if changed:
             s.error("the build modified the checkout:\n  " + "\n  ".join(changed))
@@ -84,9 +103,13 @@ def _wheel_session(target: targets.Target):
         s.run("twine", "check", "--strict", *map(str, artifacts))
         for w in (w for w in wheels if not w.endswith("-any.whl")):
             s.run("auditwheel", "show", w, success_codes=[0, 1])  # informational: it may not classify
-        s.log(f"{target.name}: " + ", ".join(f"{a.name} ({a.stat().st_size / 1e6:.2f} MB)" for a in artifacts))
+        s.log(
+            f"{target.name}: " + ", ".join(f"{a.name} ({a.stat().st_size / 1e6:.2f} MB)" for a in artifacts)
+        )
 
-    session.__doc__ = f"Build and check the {target.distribution} wheel (target {target.name}) into dist/{target.name}/."
+    session.__doc__ = (
+        f"Build and check the {target.distribution} wheel (target {target.name}) into dist/{target.name}/."
+    )
     return session
 
 
@@ -126,7 +149,16 @@ def _wheel_env(session: nox.Session, wheel: Path, *, extra: tuple[str, ...] = ()
         system_torch = os.environ.get("OPMUX_SYSTEM_TORCH") == "1"
         venv_args = ["--system-site-packages"] if system_torch else []
         session.run(sys.executable, "-m", "virtualenv", "-q", *venv_args, str(env), external=True)
-        session.run(str(py), "-m", "pip", "install", "-q", str(wheel), *([] if system_torch else [TORCH]), external=True)
+        session.run(
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            str(wheel),
+            *([] if system_torch else [TORCH]),
+            external=True,
+        )
         have = {str(wheel)}
     missing = [e for e in extra if e not in have]
     if missing:
@@ -143,7 +175,9 @@ def import_smoke(session: nox.Session) -> None:
         py = _wheel_env(session, wheel)
         session.log(f"import-smoke: {wheel.name}")
         with tempfile.TemporaryDirectory(prefix="opmux-smoke-") as tmp:
-            session.run(str(py), "-I", str(ROOT / "tools" / "import_smoke.py"), external=True, env={"HOME": tmp})
+            session.run(
+                str(py), "-I", str(ROOT / "tools" / "import_smoke.py"), external=True, env={"HOME": tmp}
+            )
 
 
 @nox.session(name="find-spec", python=False, default=False)
@@ -154,13 +188,17 @@ def find_spec(session: nox.Session) -> None:
         session.log(f"find-spec: {wheel.name}")
         with tempfile.TemporaryDirectory(prefix="opmux-findspec-") as tmp:
             session.chdir(tmp)
-            session.run(str(py), "-I", str(ROOT / "tools" / "find_spec_check.py"), external=True, env={"HOME": tmp})
+            session.run(
+                str(py), "-I", str(ROOT / "tools" / "find_spec_check.py"), external=True, env={"HOME": tmp}
+            )
         session.chdir(ROOT)
 
 
 def _parity(session: nox.Session, target: targets.Target) -> None:
     named = [Path(a).resolve() for a in session.posargs if a.endswith(".whl")]
-    wheels = [w for w in named if _target_of(w).name == target.name] or sorted((DIST / target.name).glob("*.whl"))
+    wheels = [w for w in named if _target_of(w).name == target.name] or sorted(
+        (DIST / target.name).glob("*.whl")
+    )
     if not wheels:
         session.error(f"no wheel in dist/{target.name}/: run `nox -s wheel-{target.name}` first")
     py = _wheel_env(session, wheels[-1], extra=("triton", "numpy", "pytest"))
@@ -183,19 +221,33 @@ def _parity(session: nox.Session, target: targets.Target) -> None:
     with tempfile.TemporaryDirectory(prefix=f"opmux-parity-{target.name}-") as tmp:
         session.chdir(tmp)
         session.run(
-            str(py), "-m", "pytest", str(ROOT / "tests" / "parity"), "--target", target.name,
-            "--matrix-out", str(matrix), "-p", "no:cacheprovider", "--import-mode=importlib", *args,
-            external=True, env={**env, "HOME": tmp},
+            str(py),
+            "-m",
+            "pytest",
+            str(ROOT / "tests" / "parity"),
+            "--target",
+            target.name,
+            "--matrix-out",
+            str(matrix),
+            "-p",
+            "no:cacheprovider",
+            "--import-mode=importlib",
+            *args,
+            external=True,
+            env={**env, "HOME": tmp},
         )
         session.chdir(ROOT)
 
 
 for _t in TARGETS.values():
+
     def _make(t: targets.Target):
         def session(s: nox.Session) -> None:
             _parity(s, t)
 
-        session.__doc__ = f"Parity of every backend vs the reference on {t.parity_device} with the {t.name} wheel."
+        session.__doc__ = (
+            f"Parity of every backend vs the reference on {t.parity_device} with the {t.name} wheel."
+        )
         return session
 
     nox.session(name=f"parity-{_t.name}", python=False, default=False)(_make(_t))
@@ -206,7 +258,10 @@ def tests(session: nox.Session) -> None:
     """Unit and packaging tests on the tree (python/ on PYTHONPATH, Triton interpreter)."""
     session.install(*TEST_DEPS)
     session.run(
-        "pytest", "tests/unit", "tests/packaging", *session.posargs,
+        "pytest",
+        "tests/unit",
+        "tests/packaging",
+        *session.posargs,
         env={"PYTHONPATH": str(ROOT / "python"), "TRITON_INTERPRET": "1"},
     )
 

@@ -52,7 +52,9 @@ def _target() -> _targets.Target:
     name = pyproject.get("tool", {}).get("opmux", {}).get("target")
     table = _targets.load(SRC / "targets.toml")
     if name not in table:
-        raise SystemExit(f"opmux: pyproject.toml [tool.opmux] target = {name!r}; targets.toml has {list(table)}")
+        raise SystemExit(
+            f"opmux: pyproject.toml [tool.opmux] target = {name!r}; targets.toml has {list(table)}"
+        )
     return table[name]
 
 
@@ -112,13 +114,19 @@ def build_aot(target: _targets.Target, out_dir: Path) -> dict:
         try:
             tc = _find_toolchain(compiler)
         except _toolchain.ToolchainNotFound as exc:
-            msg = f"{compiler} not found ({exc}); {HOW_TO_GET[compiler]}"
+            detail = str(exc).removeprefix("opmux: ").strip()
+            hint = "" if "install" in detail.lower() else f"; {HOW_TO_GET[compiler]}"
+            msg = f"{compiler} not found: {detail}{hint}"
             info["aot_missing"][lib] = {"why": "toolchain", "message": msg}
             continue
         info["toolchains"][tc.kind] = {"path": tc.path, "version": tc.version}
         archs = list(target.aot.archs) if lib != "cpu" else []
         ptx = (target.aot.ptx or None) if lib != "cpu" else None
-        _log(f"[{i}/{len(libs)}] compiling {filename} with {tc.kind} ({tc.version})" + (f" for {archs}" if archs else "") + (f" + PTX {ptx}" if ptx else ""))
+        _log(
+            f"[{i}/{len(libs)}] compiling {filename} with {tc.kind} ({tc.version})"
+            + (f" for {archs}" if archs else "")
+            + (f" + PTX {ptx}" if ptx else "")
+        )
         start = time.monotonic()
         with _Heartbeat(filename):
             commands = _build.build_shared_library(
@@ -155,7 +163,9 @@ def _git_commit() -> str | None:
     if not (SRC / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(SRC), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "-C", str(SRC), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        )
     except OSError:
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -163,7 +173,11 @@ def _git_commit() -> str | None:
 
 def _build_time() -> str:
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc) if epoch else _dt.datetime.now(_dt.timezone.utc)
+    when = (
+        _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc)
+        if epoch
+        else _dt.datetime.now(_dt.timezone.utc)
+    )
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -25,14 +25,16 @@ __all__ = ["includes_of", "main", "module_sources"]
 INCLUDE = re.compile(r'^\s*#\s*include\s*"(opmux/[^"]+)"', re.M)
 
 
-def includes_of(source: Path, include_dir: Path, seen: set[Path] | None = None) -> tuple[set[Path], list[str]]:
+def includes_of(
+    source: Path, include_dir: Path, seen: set[Path] | None = None
+) -> tuple[set[Path], list[str]]:
     """Every ``opmux/...`` header ``source`` reaches (transitively), and the ones missing."""
     seen = set() if seen is None else seen
     missing: list[str] = []
     for rel in INCLUDE.findall(source.read_text(encoding="utf-8", errors="replace")):
         header = include_dir / rel
         if not header.is_file():
-            missing.append(f"{source.name} includes \"{rel}\", not found in {include_dir}")
+            missing.append(f'{source.name} includes "{rel}", not found in {include_dir}')
         elif header not in seen:
             seen.add(header)
             missing += includes_of(header, include_dir, seen)[1]
@@ -48,7 +50,11 @@ def _entries(table: object) -> Iterable[tuple[str, object]]:
 def module_sources(modules_mod: object) -> dict[str, list[str]]:
     """name -> sources of the JIT module table, whatever container the table module uses."""
     table = next(
-        (getattr(modules_mod, a) for a in ("MODULES", "JIT_MODULES", "TABLE", "modules") if hasattr(modules_mod, a)),
+        (
+            getattr(modules_mod, a)
+            for a in ("MODULES", "JIT_MODULES", "TABLE", "modules")
+            if hasattr(modules_mod, a)
+        ),
         None,
     )
     if table is None:
@@ -80,7 +86,9 @@ def main() -> int:
         failures += [f"verify_targets(): {p}" for p in problems]
         if isinstance(result, bool) and not result:
             failures.append("verify_targets() returned False")
-        print(f"find-spec {'ok  ' if not problems else 'FAIL'} verify_targets(): {n_ops} ops, {len(problems)} problem(s)")
+        print(
+            f"find-spec {'ok  ' if not problems else 'FAIL'} verify_targets(): {n_ops} ops, {len(problems)} problem(s)"
+        )
 
     jit = importlib.import_module("opmux.kernels.jit")
     kernel_path = Path(jit.KERNEL_PATH).resolve()
@@ -111,7 +119,9 @@ def main() -> int:
             failures += [f"JIT module {name!r}: {m}" for m in missing]
             n_headers[name] = n_headers.get(name, 0) + len(headers)
         bad = any(f"JIT module {name!r}" in f for f in failures)
-        print(f"find-spec {'FAIL' if bad else 'ok  '} JIT module {name}: {', '.join(sources)} + {n_headers.get(name, 0)} opmux header(s)")
+        print(
+            f"find-spec {'FAIL' if bad else 'ok  '} JIT module {name}: {', '.join(sources)} + {n_headers.get(name, 0)} opmux header(s)"
+        )
     from opmux import _build_info
 
     aot_dir = kernel_path.parent / "aot"

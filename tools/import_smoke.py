@@ -21,7 +21,7 @@ from pathlib import Path
 
 __all__ = ["CHECKS", "main", "run_check"]
 
-_PRELUDE = r'''
+_PRELUDE = r"""
 import json, os, sys, sysconfig, threading
 def _maps():
     with open("/proc/self/maps") as f:
@@ -39,7 +39,7 @@ def _children():
     return sorted(kids)
 def _report(**kw):
     print("RESULT " + json.dumps(kw))
-'''
+"""
 
 # name -> (code run after the prelude, what it asserts)
 CHECKS: dict[str, str] = {
@@ -90,7 +90,7 @@ def run_check(name: str, *, python: str = sys.executable) -> tuple[dict, set[str
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             raise RuntimeError(f"{name}: no RESULT line in output:\n{proc.stdout}\n{proc.stderr}")
-        return json.loads(line[len("RESULT "):]), _files(home), _files(cwd)
+        return json.loads(line[len("RESULT ") :]), _files(home), _files(cwd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         if "file" in report:
             in_site = any(Path(report["file"]).is_relative_to(p) for p in report["site"])
             if not in_site:
-                fail(name, f"opmux was imported from {report['file']}, not from site-packages {report['site']}")
+                fail(
+                    name, f"opmux was imported from {report['file']}, not from site-packages {report['site']}"
+                )
             repo = Path(__file__).resolve().parent.parent
             if any(p and Path(p).resolve() in (repo, repo / "python") for p in report["path"]):
                 fail(name, f"the checkout is on sys.path: {report['path']}")
@@ -133,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"torch alone has {base['threads']} / {base['tasks']}",
             )
         if len(ops["children"]) > len(base["children"]):
-            fail("import-opmux.kernels.ops", f"started processes {ops['children']} (torch alone: {base['children']})")
+            fail(
+                "import-opmux.kernels.ops",
+                f"started processes {ops['children']} (torch alone: {base['children']})",
+            )
     for name in CHECKS:
         status = "FAIL" if any(f.startswith(name + ":") for f in failures) else "ok"
         print(f"import-smoke {status:4} {name}")

@@ -17,8 +17,17 @@ __all__ = ["fingerprint", "source_files", "stage"]
 
 # Without git, a plain walk skips these (directory names, anywhere in the tree).
 SKIP_DIRS = {
-    ".git", ".nox", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache",
-    ".ruff_cache", ".whl", ".eggs",
+    ".git",
+    ".nox",
+    ".venv",
+    "build",
+    "dist",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".whl",
+    ".eggs",
 }
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".o", ".egg-info")
 
@@ -28,7 +37,8 @@ def _git_files(root: Path) -> list[str] | None:
         return None
     out = subprocess.run(
         ["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
-        capture_output=True, check=False,
+        capture_output=True,
+        check=False,
     )
     if out.returncode != 0:
         return None
@@ -46,9 +56,7 @@ def source_files(root: Path) -> list[str]:
     if files is None:
         files = []
         for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(
-                d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
-            )
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info"))
             rel = Path(dirpath).relative_to(root)
             files += [(rel / f).as_posix() for f in filenames if not f.endswith(SKIP_SUFFIXES)]
     return sorted(p for p in files if (root / p).is_file() and not (root / p).is_symlink())

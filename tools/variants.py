@@ -90,7 +90,10 @@ def check(root: Path = ROOT) -> list[str]:
         if have != want:
             diff = "".join(
                 difflib.unified_diff(
-                    have.splitlines(True), want.splitlines(True), f"{path.name} (committed)", f"{path.name} (generated)"
+                    have.splitlines(True),
+                    want.splitlines(True),
+                    f"{path.name} (committed)",
+                    f"{path.name} (generated)",
                 )
             )
             what = "is missing" if not path.exists() else "differs from the generator's output"

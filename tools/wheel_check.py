@@ -47,7 +47,7 @@ STRAY = re.compile(r"(__pycache__|\.py[cod]$|\.git/|\.orig$|\.rej$|~$|\.egg-info
 def _package_tree(root: Path) -> list[str]:
     """Files of the package in the tree, relative to python/ (e.g. ``opmux/__init__.py``)."""
     prefix = PKG.rsplit("/", 1)[0] + "/"
-    return [p[len(prefix):] for p in _stage.source_files(root) if p.startswith(PKG + "/")]
+    return [p[len(prefix) :] for p in _stage.source_files(root) if p.startswith(PKG + "/")]
 
 
 def required_data_files(root: Path) -> set[str]:
@@ -133,7 +133,9 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
     dist, version, py_tag, abi_tag, plat_tag = name_part[0], name_part[1], *name_part[2:4], name_part[4][:-4]
     want_dist = target.distribution.replace("-", "_")
     if dist != want_dist:
-        problems.append(f"{wheel.name}: distribution {dist!r}, expected {want_dist!r} for target {target.name!r}")
+        problems.append(
+            f"{wheel.name}: distribution {dist!r}, expected {want_dist!r} for target {target.name!r}"
+        )
     with zipfile.ZipFile(wheel) as zf:
         names = [n for n in zf.namelist() if not n.endswith("/")]
         contents = {n: zf.read(n) for n in names if n.endswith(("_build_info.py", "METADATA", "WHEEL"))}
@@ -151,7 +153,9 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
     # AOT libraries: all of the target's, except those the build recorded as left out because
     # the compiler is absent (e.g. hipcc here); anything else missing is an error.
     missing_ok = {
-        lib for lib, why in info.get("aot_missing", {}).items() if isinstance(why, dict) and why.get("why") == "toolchain"
+        lib
+        for lib, why in info.get("aot_missing", {}).items()
+        if isinstance(why, dict) and why.get("why") == "toolchain"
     }
     aot_libs = {
         f"opmux/kernels/aot/libopmux_aot_{lib}.so" for lib in target.aot.libraries if lib not in missing_ok
@@ -177,7 +181,9 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
     if f"{dist_info}/WHEEL" in contents:
         purelib = b"Root-Is-Purelib: true" in contents[f"{dist_info}/WHEEL"]
         if purelib == has_so:
-            problems.append(f"{wheel.name}: {dist_info}/WHEEL Root-Is-Purelib does not match the presence of .so files")
+            problems.append(
+                f"{wheel.name}: {dist_info}/WHEEL Root-Is-Purelib does not match the presence of .so files"
+            )
 
     # Metadata: name and the torch requirement come from targets.toml.
     meta_raw = contents.get(f"{dist_info}/METADATA")
@@ -190,23 +196,35 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
             if _norm_req(req) not in requires:
                 problems.append(f"{wheel.name}: METADATA lacks Requires-Dist {req!r} (has {requires})")
         if meta["Requires-Python"] != ">=3.10":
-            problems.append(f"{wheel.name}: METADATA Requires-Python {meta['Requires-Python']!r}, expected '>=3.10'")
+            problems.append(
+                f"{wheel.name}: METADATA Requires-Python {meta['Requires-Python']!r}, expected '>=3.10'"
+            )
 
     # Build info: target, distribution, arch list and AOT list agree with the table and the files.
     if info:
-        for key, want in (("target", target.name), ("distribution", target.distribution), ("version", version)):
+        for key, want in (
+            ("target", target.name),
+            ("distribution", target.distribution),
+            ("version", version),
+        ):
             got = info.get(key)
             if key == "version":
                 got = (got or "").replace("-", "_")
             if got != want:
                 problems.append(f"{wheel.name}: {info_path} {key} = {info.get(key)!r}, expected {want!r}")
-        shipped = sorted(PurePosixPath(f).name for f in have if f.startswith("opmux/kernels/aot/") and f.endswith(".so"))
+        shipped = sorted(
+            PurePosixPath(f).name for f in have if f.startswith("opmux/kernels/aot/") and f.endswith(".so")
+        )
         if sorted(info.get("aot", [])) != shipped:
-            problems.append(f"{wheel.name}: {info_path} aot = {info.get('aot')!r} but the wheel ships {shipped}")
+            problems.append(
+                f"{wheel.name}: {info_path} aot = {info.get('aot')!r} but the wheel ships {shipped}"
+            )
         device_libs = [lib for lib in target.aot.libraries if lib != "cpu" and lib not in missing_ok]
         want_archs = list(target.aot.archs) if device_libs else []
         if list(info.get("archs", [])) != want_archs:
-            problems.append(f"{wheel.name}: {info_path} archs = {info.get('archs')!r}, expected {want_archs!r}")
+            problems.append(
+                f"{wheel.name}: {info_path} archs = {info.get('archs')!r}, expected {want_archs!r}"
+            )
         for lib in info.get("aot_missing", {}):
             if lib not in missing_ok:
                 problems.append(f"{wheel.name}: AOT library for {lib} left out: {info['aot_missing'][lib]}")
@@ -263,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(f"FAIL {p}", file=sys.stderr)
     if not problems:
-        print(f"wheel_check: {', '.join(a.name for a in args.artifacts)}: golden file list, metadata, tag, "
-              f"build info and size budget OK for target {target.name!r}")
+        print(
+            f"wheel_check: {', '.join(a.name for a in args.artifacts)}: golden file list, metadata, tag, "
+            f"build info and size budget OK for target {target.name!r}"
+        )
     return 1 if problems else 0
 
 

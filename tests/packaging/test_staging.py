@@ -26,7 +26,12 @@ def tree(tmp_path):
 
 
 def test_source_files_without_git(tree):
-    assert stage.source_files(tree) == [".gitignore", "pyproject.toml", "pyproject_cpu.toml", "python/opmux/__init__.py"]
+    assert stage.source_files(tree) == [
+        ".gitignore",
+        "pyproject.toml",
+        "pyproject_cpu.toml",
+        "python/opmux/__init__.py",
+    ]
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

@@ -13,8 +13,14 @@ GOOD = (targets.TABLE).read_text(encoding="utf-8")
 
 def test_repo_table_is_valid():
     table = targets.load()
-    assert list(table)[0] == "cuda" and table["cuda"].default
-    assert {t.distribution for t in table.values()} == {"opmux", "opmux-cpu", "opmux-rocm", "opmux-xpu", "opmux-npu"}
+    assert next(iter(table)) == "cuda" and table["cuda"].default
+    assert {t.distribution for t in table.values()} == {
+        "opmux",
+        "opmux-cpu",
+        "opmux-rocm",
+        "opmux-xpu",
+        "opmux-npu",
+    }
     assert table["cuda"].aot.filenames == ("libopmux_aot_cpu.so", "libopmux_aot_cuda.so")
     assert table["cpu"].aot.filenames == ("libopmux_aot_cpu.so",)
     assert table["cuda"].aot.compiler_for("cpu") == "cxx"
@@ -22,33 +28,41 @@ def test_repo_table_is_valid():
 
 
 def test_unknown_key_is_rejected():
-    text = GOOD.replace('[targets.cpu]\n', '[targets.cpu]\nwheel_size = 3\n')
-    with pytest.raises(targets.TargetTableError, match=r"\[targets\.cpu\]: unknown key\(s\) \['wheel_size'\]"):
+    text = GOOD.replace("[targets.cpu]\n", "[targets.cpu]\nwheel_size = 3\n")
+    with pytest.raises(
+        targets.TargetTableError, match=r"\[targets\.cpu\]: unknown key\(s\) \['wheel_size'\]"
+    ):
         targets.loads(text)
 
 
 def test_unknown_aot_key_is_rejected():
     text = GOOD.replace('ptx = "compute_90" }', 'ptx = "compute_90", cubin = true }')
-    with pytest.raises(targets.TargetTableError, match=r"\[targets\.cuda\]\.aot: unknown key\(s\) \['cubin'\]"):
+    with pytest.raises(
+        targets.TargetTableError, match=r"\[targets\.cuda\]\.aot: unknown key\(s\) \['cubin'\]"
+    ):
         targets.loads(text)
 
 
 def test_missing_field_is_rejected():
     head, tail = GOOD.split("[targets.xpu]\n")
     text = head + "[targets.xpu]\n" + tail.replace("wheel_size_mb = 2\n", "", 1)
-    with pytest.raises(targets.TargetTableError, match=r"\[targets\.xpu\]: missing field\(s\) \['wheel_size_mb'\]"):
+    with pytest.raises(
+        targets.TargetTableError, match=r"\[targets\.xpu\]: missing field\(s\) \['wheel_size_mb'\]"
+    ):
         targets.loads(text)
 
 
 def test_duplicate_target_name_is_rejected():
-    block = GOOD[GOOD.index("[targets.npu]"):]
+    block = GOOD[GOOD.index("[targets.npu]") :]
     with pytest.raises(targets.TargetTableError, match=r"not valid TOML \(is a target declared twice\?\)"):
         targets.loads(GOOD + "\n" + block)
 
 
 def test_duplicate_distribution_is_rejected():
     text = GOOD.replace('distribution = "opmux-npu"', 'distribution = "opmux-xpu"')
-    with pytest.raises(targets.TargetTableError, match=r"duplicate distribution 'opmux-xpu' in targets 'xpu' and 'npu'"):
+    with pytest.raises(
+        targets.TargetTableError, match=r"duplicate distribution 'opmux-xpu' in targets 'xpu' and 'npu'"
+    ):
         targets.loads(text)
 
 
@@ -59,8 +73,12 @@ def test_duplicate_distribution_is_rejected():
         ('triton = "interpreter"', 'triton = "maybe"', r"triton = 'maybe' is not one of"),
         ('"sm_90a",', '"hopper",', r"arch 'hopper' is not like"),
         ('default = "cuda"', 'default = "tpu"', r"default = 'tpu' is not a target"),
-        ('wheel_size_mb = 5\n', 'wheel_size_mb = "5"\n', r"wheel_size_mb = '5' must be of type int/float"),
-        ('pyproject = "pyproject_cpu.toml"', 'pyproject = "cpu.toml"', r"pyproject must be 'pyproject_cpu.toml'"),
+        ("wheel_size_mb = 5\n", 'wheel_size_mb = "5"\n', r"wheel_size_mb = '5' must be of type int/float"),
+        (
+            'pyproject = "pyproject_cpu.toml"',
+            'pyproject = "cpu.toml"',
+            r"pyproject must be 'pyproject_cpu.toml'",
+        ),
     ],
 )
 def test_bad_values_are_rejected(old, new, message):

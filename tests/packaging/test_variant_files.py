@@ -49,7 +49,9 @@ def test_drift_is_detected_and_fixed(root, tmp_path):
     (tree / "pyproject_npu.toml").unlink()
     problems = variants.check(tree)
     assert len(problems) == 2
-    assert problems[0].startswith("pyproject_cpu.toml differs from the generator's output; run `nox -s variants`")
+    assert problems[0].startswith(
+        "pyproject_cpu.toml differs from the generator's output; run `nox -s variants`"
+    )
     assert '-name = "opmux-cpu2"' in problems[0] and '+name = "opmux-cpu"' in problems[0]
     assert problems[1].startswith("pyproject_npu.toml is missing")
     assert variants.main(["--check", "--root", str(tree)]) == 1

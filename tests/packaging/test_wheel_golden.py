@@ -19,9 +19,12 @@ def _synthetic_wheel(root: Path, tmp_path: Path, target: targets.Target, *, drop
     has_so = bool(target.aot.libraries)
     wheel = tmp_path / f"{dist}-{version}-py3-none-{'linux_x86_64' if has_so else 'any'}.whl"
     info = {
-        "target": target.name, "distribution": target.distribution, "version": version,
+        "target": target.name,
+        "distribution": target.distribution,
+        "version": version,
         "archs": list(target.aot.archs) if [x for x in target.aot.libraries if x != "cpu"] else [],
-        "aot": list(target.aot.filenames), "aot_missing": {},
+        "aot": list(target.aot.filenames),
+        "aot_missing": {},
     }
     di = f"{dist}-{version}.dist-info"
     files = {f: b"" for f in wheel_check.expected_package_files(root)}
@@ -54,7 +57,9 @@ def test_golden_list_covers_the_kernel_sources(root):
     jit = root / "python" / "opmux" / "kernels" / "jit"
     on_disk = {
         "opmux/" + p.relative_to(root / "python" / "opmux").as_posix()
-        for d in ("csrc", "include") for p in (jit / d).rglob("*") if p.is_file()
+        for d in ("csrc", "include")
+        for p in (jit / d).rglob("*")
+        if p.is_file()
     }
     assert on_disk, "the tree has no kernel sources"
     assert on_disk <= files
@@ -126,7 +131,10 @@ def test_narrowed_glob_fails_naming_the_file(root, tmp_path):
     pyproject.write_text(text.replace('"kernels/jit/include/**/*"', '"kernels/jit/include/**/*.h"'))
     problems = wheel_check.check_package_data(pyproject, tree)
     assert problems, "a glob that skips .cuh headers must fail"
-    assert all("python/opmux/kernels/jit/include/" in p and p.endswith("(use globs like 'kernels/jit/include/**/*')") for p in problems)
+    assert all(
+        "python/opmux/kernels/jit/include/" in p and p.endswith("(use globs like 'kernels/jit/include/**/*')")
+        for p in problems
+    )
     assert any("python/opmux/kernels/jit/include/opmux/cuda_utils.cuh" in p for p in problems)
 
 

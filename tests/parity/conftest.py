@@ -48,7 +48,7 @@ class Matrix:
         }
         rows = [{"op": o, "backend": b, "dtype": d, **v} for (o, b, d), v in sorted(self.cells.items())]
         path.with_suffix(".json").write_text(json.dumps({"meta": meta, "cells": rows}, indent=1) + "\n")
-        dtypes = [d for d in ("float32", "float16", "bfloat16") if any(c[2] == d for c in self.cells)]
+        dtypes = [d for d in ("float32", "float16", "bfloat16", "int32") if any(c[2] == d for c in self.cells)]
         lines = [
             f"# Coverage matrix: target `{self.target}` on {meta['device']}",
             "",

@@ -196,6 +196,8 @@ def select(
         d = checked[name]
         if chosen is None and d.accepted:
             chosen = name
+        elif d.accepted and forced and name not in forced:
+            d = Decision(name, False, Reason.DISABLED_BY_USER, "not in the forced list")
         elif d.accepted:
             d = Decision(name, False, Reason.LOWER_PRIORITY, f"{chosen} ranks higher")
         decisions.append(d)

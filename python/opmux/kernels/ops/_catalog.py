@@ -3,4 +3,5 @@
 GROUPS: tuple[str, ...] = (
     "activation",
     "layernorm",
+    "quantization",
 )

@@ -51,3 +51,16 @@ def rows(op: str, name: str, t: torch.Tensor, hidden: int) -> torch.Tensor:
             f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
             f"[rows, {hidden}]; pass a tensor whose leading dims are contiguous (x.contiguous())"
         ) from None
+
+
+def exact_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+    """``t`` has exactly ``dtype`` (index tensors, scales)."""
+    if t.dtype != dtype:
+        want = str(dtype).removeprefix("torch.")
+        raise TypeError(f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}, expected {want}")
+
+
+def positive_int(op: str, name: str, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
+    return v

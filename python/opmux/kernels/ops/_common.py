@@ -16,6 +16,14 @@ TOLERANCES: tuple[tuple[str, tuple[float, float]], ...] = (
     ("bfloat16", (1.6e-2, 1.6e-2)),
 )
 
+#: fp8 e4m3fn outputs (quantization): one e4m3 ulp. A normal e4m3 value v has spacing at most
+#: v/8 (3 mantissa bits), so rtol 0.125 admits one ulp; atol 2**-9 is the subnormal spacing.
+#: Backends compute the same fp32 value before rounding, so they normally agree bit for bit;
+#: the ulp allows for a GPU compiler's different (but correctly rounded) fp32 arithmetic.
+FP8_E4M3_TOLERANCE: tuple[str, tuple[float, float]] = ("float8_e4m3fn", (2.0**-9, 0.125))
+#: Index outputs (expert ids, token positions) must match exactly.
+INT32_EXACT: tuple[str, tuple[float, float]] = ("int32", (0.0, 0.0))
+
 TORCH = Requirement(devices=("cpu", "cuda", "hip", "xpu", "npu", "mps"))
 TRITON = Requirement(devices=("cuda", "hip", "xpu", "cpu"), capabilities=("triton",))
 JIT = Requirement(devices=("cpu", "cuda"), capabilities=("jit:{device}",))

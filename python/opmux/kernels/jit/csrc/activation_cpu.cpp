@@ -18,13 +18,15 @@ constexpr int64_t kParallelMinElems = 1 << 15;
 struct Silu {
   static float apply(float g) { return g / (1.0f + std::exp(-g)); }
 };
+// 1 + erf(g / sqrt 2) and 1 + tanh(z) cancel for negative g; erfc and the sigmoid form
+// 0.5 * (1 + tanh(z)) == 1 / (1 + exp(-2z)) keep the tail's relative accuracy.
 struct Gelu {
-  static float apply(float g) { return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f)); }
+  static float apply(float g) { return 0.5f * g * std::erfc(g * -0.70710678118654752f); }
 };
 struct GeluTanh {
   static float apply(float g) {
-    const float inner = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
-    return 0.5f * g * (1.0f + std::tanh(inner));
+    const float z = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
+    return g / (1.0f + std::exp(-2.0f * z));
   }
 };
 

@@ -37,17 +37,18 @@ struct SiluParams {
 struct Silu {
   static __device__ __forceinline__ float apply(float g) { return g / (1.0f + __expf(-g)); }
 };
-// Full-precision erff / tanhf: the fast approximations (tanh.approx is ~2^-11 relative) would
-// miss float32 parity, and the kernel is bound by memory, not by these few instructions.
+// Full-precision erfcf / expf (the fast approximations would miss float32 parity; the kernel
+// is bound by memory). 1 + erf(g / sqrt 2) and 1 + tanh(z) cancel for negative g; erfc and
+// the sigmoid form 0.5 * (1 + tanh(z)) == 1 / (1 + exp(-2z)) keep the tail accurate.
 struct Gelu {
   static __device__ __forceinline__ float apply(float g) {
-    return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+    return 0.5f * g * erfcf(g * -0.70710678118654752f);
   }
 };
 struct GeluTanh {
   static __device__ __forceinline__ float apply(float g) {
-    const float inner = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
-    return 0.5f * g * (1.0f + tanhf(inner));
+    const float z = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
+    return g / (1.0f + expf(-2.0f * z));
   }
 };
 

@@ -1,4 +1,4 @@
-"""Gated activations (SwiGLU's SiLU-and-mul).
+"""Gated activations: ``act(x[..., :d]) * x[..., d:]`` for SiLU (SwiGLU), GELU and GELU-tanh (GeGLU).
 
 >>> import torch
 >>> from opmux.kernels.ops.activation import silu_and_mul
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["silu_and_mul"]
+__all__ = ["gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"]
 
 
 def __getattr__(name: str) -> Any:

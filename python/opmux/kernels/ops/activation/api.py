@@ -2,49 +2,71 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from .op import SiluAndMul, _check
+from ...fused_op import BaseFusedOp
+from .op import GeluAndMul, GeluTanhAndMul, SiluAndMul, _check
 
-__all__ = ["silu_and_mul"]
+__all__ = ["gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"]
 
-_op = SiluAndMul()
 # bound once: dynamo folds this function to True while tracing; eager pays one call
 _compiling = torch.compiler.is_compiling
+Backend = str | Sequence[str] | None
 
 
-@torch.library.custom_op("opmux::silu_and_mul", mutates_args=())
-def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
-    return _op(x)
+def _register(name: str, op: BaseFusedOp) -> tuple[Callable[..., torch.Tensor], Callable[..., None]]:
+    """Registers ``opmux::<name>`` (returns a new tensor) and ``opmux::<name>_out`` (writes
+    ``out``) with fake impls; returns their overloads, which is what a compiled graph calls."""
+
+    @torch.library.custom_op(f"opmux::{name}", mutates_args=())
+    def functional(x: torch.Tensor) -> torch.Tensor:
+        return op(x)
+
+    @functional.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return _check(op.op_name, x, None)[2]
+
+    @torch.library.custom_op(f"opmux::{name}_out", mutates_args=("out",))
+    def with_out(out: torch.Tensor, x: torch.Tensor) -> None:
+        op(x, out)
+
+    @with_out.register_fake
+    def _(out: torch.Tensor, x: torch.Tensor) -> None:
+        _check(op.op_name, x, out)
+
+    return getattr(torch.ops.opmux, name).default, getattr(torch.ops.opmux, f"{name}_out").default
 
 
-@_silu_and_mul_op.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return _check(x, None)[2]
+_silu = SiluAndMul()
+_gelu = GeluAndMul()
+_gelu_tanh = GeluTanhAndMul()
+_silu_ops = _register("silu_and_mul", _silu)
+_gelu_ops = _register("gelu_and_mul", _gelu)
+_gelu_tanh_ops = _register("gelu_tanh_and_mul", _gelu_tanh)
 
 
-@torch.library.custom_op("opmux::silu_and_mul_out", mutates_args=("out",))
-def _silu_and_mul_out_op(out: torch.Tensor, x: torch.Tensor) -> None:
-    _op(x, out)
-
-
-@_silu_and_mul_out_op.register_fake
-def _(out: torch.Tensor, x: torch.Tensor) -> None:
-    _check(x, out)
-
-
-def silu_and_mul(
-    x: torch.Tensor,
-    out: torch.Tensor | None = None,
-    *,
-    backend: str | Sequence[str] | None = None,
-) -> torch.Tensor:
-    """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2*d]``, computed in fp32."""
+def _call(op: BaseFusedOp, ops: tuple[Callable[..., torch.Tensor], Callable[..., None]], x: torch.Tensor,
+          out: torch.Tensor | None, backend: Backend) -> torch.Tensor:
     if _compiling():
         if out is None:
-            return torch.ops.opmux.silu_and_mul(x)
-        torch.ops.opmux.silu_and_mul_out(out, x)
+            return ops[0](x)
+        ops[1](out, x)
         return out
-    return _op(x, out, backend=backend)
+    return op(x, out, backend=backend)  # type: ignore[no-any-return]
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2*d]``, computed in fp32."""
+    return _call(_silu, _silu_ops, x, out, backend)
+
+
+def gelu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None) -> torch.Tensor:
+    """``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) gelu, computed in fp32."""
+    return _call(_gelu, _gelu_ops, x, out, backend)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None) -> torch.Tensor:
+    """``gelu(x[..., :d], approximate="tanh") * x[..., d:]``, computed in fp32."""
+    return _call(_gelu_tanh, _gelu_tanh_ops, x, out, backend)

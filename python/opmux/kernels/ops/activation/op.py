@@ -4,6 +4,7 @@ names its activation."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -61,12 +62,19 @@ def _compiled(kind: str, op: str, x: torch.Tensor, out: torch.Tensor | None) -> 
     return out
 
 
+# The references use tail-accurate forms: 1 + erf(x / sqrt 2) and 1 + tanh(z) cancel for
+# negative gates (F.gelu's fp32 CPU path is off by ~1e-5 there), erfc and sigmoid do not.
 def _gelu(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="none")
+    return 0.5 * x * torch.erfc(x * -math.sqrt(0.5))
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
+    # 0.5 * (1 + tanh(z)) == sigmoid(2z)
+    return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
+
+
+def _torch_gelu(approximate: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: F.gelu(x, approximate=approximate)
 
 
 class SiluAndMul(BaseFusedOp):
@@ -120,7 +128,7 @@ class GeluAndMul(BaseFusedOp):
 
     @staticmethod
     def forward_torch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return _gated(_gelu, x, out, fp32=False)
+        return _gated(_torch_gelu("none"), x, out, fp32=False)
 
     @staticmethod
     def forward_triton(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,7 +156,7 @@ class GeluTanhAndMul(BaseFusedOp):
 
     @staticmethod
     def forward_torch(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return _gated(_gelu_tanh, x, out, fp32=False)
+        return _gated(_torch_gelu("tanh"), x, out, fp32=False)
 
     @staticmethod
     def forward_triton(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

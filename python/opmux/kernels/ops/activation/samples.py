@@ -1,4 +1,7 @@
-"""Parity cases for silu_and_mul: made fresh per call, on the requested device."""
+"""Parity cases for the gated activations: made fresh per call, on the requested device.
+
+All three ops take the same inputs, so they share one case list; the gelu ops get extra
+gate values around the erf / tanh knees."""
 
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ _SHAPES = (
     ("empty-batch", (0, 64)),
 )
 
+Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]
 
-def silu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+
+def _samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator(device="cpu").manual_seed(7)
     out = [Sample(n, ((torch.randn(s, generator=g) * 2).to(dtype=dtype, device=device),)) for n, s in _SHAPES]
     out.append(Sample("large-magnitude", ((torch.randn((4, 256), generator=g) * 30).to(dtype=dtype, device=device),)))
@@ -27,7 +32,26 @@ def silu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     return out
 
 
-def silu_and_mul_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+def _gelu_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    gate = torch.linspace(-8.0, 8.0, 96)  # both tails and the knee of erf / tanh
+    up = torch.randn(96, generator=torch.Generator(device="cpu").manual_seed(11))
+    sweep = torch.stack([torch.cat([gate, up]), torch.cat([gate.flip(0), up])]).to(dtype=dtype, device=device)
+    return [*_samples(device, dtype), Sample("gate-sweep", (sweep,))]
+
+
+def silu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    return _samples(device, dtype)
+
+
+def gelu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    return _gelu_samples(device, dtype)
+
+
+def gelu_tanh_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    return _gelu_samples(device, dtype)
+
+
+def _invalid(device: str) -> Invalid:
     x = torch.randn(4, 16, device=device)
     return [
         ("odd-last-dim", (torch.randn(4, 15, device=device),), {}, ValueError, "must be even"),
@@ -36,3 +60,15 @@ def silu_and_mul_invalid(device: str) -> list[tuple[str, tuple[object, ...], dic
         ("out-dtype", (x,), {"out": torch.empty(4, 8, dtype=torch.float16, device=device)}, TypeError, "out has dtype"),
         ("non-contiguous", (torch.randn(16, 4, device=device).t(),), {}, ValueError, "non-contiguous"),
     ]
+
+
+def silu_and_mul_invalid(device: str) -> Invalid:
+    return _invalid(device)
+
+
+def gelu_and_mul_invalid(device: str) -> Invalid:
+    return _invalid(device)
+
+
+def gelu_tanh_and_mul_invalid(device: str) -> Invalid:
+    return _invalid(device)

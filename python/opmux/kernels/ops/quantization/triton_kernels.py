@@ -1,0 +1,117 @@
+"""Triton fp8 quantization kernels (imported only when the triton backend first runs).
+
+The fp8 rounding is done explicitly in fp32 (``_round_e4m3``: round to nearest even on the
+e4m3 grid) before the cast, so the cast only ever sees representable values. This gives the
+same bits on GPUs and in the CPU interpreter, whose own float->fp8 cast mis-rounds values
+that carry into the next binade (e.g. 7.8 -> 4.0).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0
+MIN_SCALE = 1.0 / (448.0 * 512.0)
+_ONE_PASS_MAX = 16384
+_CHUNK = 4096
+
+
+@triton.jit
+def _round_e4m3(y):
+    """y (fp32, |y| <= 448) rounded to nearest even on the e4m3 grid, still in fp32."""
+    bits = y.to(tl.int32, bitcast=True)
+    exp = (bits >> 23) & 0xFF
+    # quantum 2**(e-3) for normals (e >= -6), 2**-9 for subnormals
+    qexp = tl.maximum(exp - 3, 127 - 9)
+    quantum = (qexp << 23).to(tl.float32, bitcast=True)
+    magic = quantum * 12582912.0  # 1.5 * 2**23 quanta: the add rounds to a multiple (RNE)
+    r = (tl.abs(y) + magic) - magic
+    return tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def _quantize(x, inv):
+    y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
+    return _round_e4m3(y)
+
+
+@triton.jit
+def _per_token_row(X, Q, S, UB, sx, sq, N, HAS_UB: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    if HAS_UB:
+        amax = tl.minimum(amax, tl.load(UB))
+    scale = tl.maximum(tl.math.div_rn(amax, 448.0), MIN_SCALE)
+    inv = tl.math.div_rn(1.0, scale)
+    tl.store(S + row, scale)
+    tl.store(Q + row * sq + cols, _quantize(x, inv).to(Q.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _per_token_looped(X, Q, S, UB, sx, sq, N, HAS_UB: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row * sx + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, tl.abs(x))
+    amax = tl.max(acc, axis=0)
+    if HAS_UB:
+        amax = tl.minimum(amax, tl.load(UB))
+    scale = tl.maximum(tl.math.div_rn(amax, 448.0), MIN_SCALE)
+    inv = tl.math.div_rn(1.0, scale)
+    tl.store(S + row, scale)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Q + row * sq + cols, _quantize(x, inv).to(Q.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _per_group(X, Q, S, sx, sq, sst, ssg, G, GS, eps, GPP: tl.constexpr, BLOCK: tl.constexpr):
+    """GPP groups of one row per program: a [GPP, BLOCK] tile."""
+    row = tl.program_id(0).to(tl.int64)
+    grp = tl.program_id(1) * GPP + tl.arange(0, GPP)
+    cols = tl.arange(0, BLOCK)
+    mask = (grp[:, None] < G) & (cols[None, :] < GS)
+    off = grp[:, None] * GS + cols[None, :]
+    x = tl.load(X + row * sx + off, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), eps)
+    scale = tl.math.div_rn(amax, 448.0)
+    inv = tl.math.div_rn(tl.full([GPP], 1.0, tl.float32), scale)
+    tl.store(S + row * sst + grp * ssg, scale, mask=grp < G)
+    tl.store(Q + row * sq + off, _quantize(x, inv[:, None]).to(Q.dtype.element_ty), mask=mask)
+
+
+def per_token_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, ub: torch.Tensor) -> None:
+    """x, q: [rows, N] with unit last stride; s: [rows] contiguous; ub: 0 or 1 element."""
+    rows, n = x.shape
+    if rows == 0:
+        return
+    has_ub = ub.numel() == 1
+    if n <= _ONE_PASS_MAX:
+        block = triton.next_power_of_2(n)
+        _per_token_row[(rows,)](x, q, s, ub, x.stride(0), q.stride(0), n, HAS_UB=has_ub, BLOCK=block,
+                                num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16)
+    else:
+        _per_token_looped[(rows,)](x, q, s, ub, x.stride(0), q.stride(0), n, HAS_UB=has_ub, BLOCK=_CHUNK,
+                                   num_warps=8)
+
+
+def per_token_group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, gs: int, eps: float) -> None:
+    """x, q: [rows, G * gs] with unit last stride; s: [rows, G] with any strides."""
+    rows, n = x.shape
+    if rows == 0:
+        return
+    g = n // gs
+    block = triton.next_power_of_2(gs)
+    gpp = max(1, min(triton.next_power_of_2(g), 4096 // block))
+    grid = (rows, triton.cdiv(g, gpp))
+    _per_group[grid](x, q, s, x.stride(0), q.stride(0), s.stride(0), s.stride(1), g, gs, eps,
+                     GPP=gpp, BLOCK=block, num_warps=4)

@@ -1,0 +1,123 @@
+"""The dispatch contract on this machine: explain == what runs, overrides, fallback, tracing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from opmux.kernels import FallbackError, config, explain, tracing, use_backends
+from opmux.kernels.__main__ import main
+from opmux.kernels.ops.activation import silu_and_mul
+from opmux.kernels.ops.layernorm import fused_add_rmsnorm, rmsnorm
+
+
+def _x() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(3, 64), torch.randn(64)
+
+
+def test_explain_names_what_actually_runs() -> None:
+    x, w = _x()
+    sel = explain("layernorm.rmsnorm", x, w)
+    with tracing.capture() as calls:
+        rmsnorm(x, w)
+    assert [c.backend for c in calls] == [sel.chosen]
+    assert calls[0].op == "layernorm.rmsnorm" and calls[0].shapes == ((3, 64), (64,))
+    assert sel.chosen == explain("layernorm.rmsnorm", device="cpu").chosen
+
+
+def test_cli_explain_lists_every_backend_with_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--json", "explain", "layernorm.rmsnorm", "--device", "cpu"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    names = {d["backend"] for d in info["decisions"]}
+    assert names == {"aot", "jit", "triton", "torch", "torch_npu", "reference"}
+    for d in info["decisions"]:
+        assert d["backend"] == info["chosen"] or d["reason"], d
+
+
+def test_cli_in_a_subprocess_and_errors_to_stderr() -> None:
+    ok = subprocess.run([sys.executable, "-m", "opmux.kernels", "explain", "layernorm.rmsnorm"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "CHOSEN" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "opmux.kernels", "explain", "layernorm.rmsnrm"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "unknown op 'layernorm.rmsnrm'" in bad.stderr and "layernorm.rmsnorm" in bad.stderr
+    for cmd in ("list", "env"):
+        out = subprocess.run([sys.executable, "-m", "opmux.kernels", "--json", cmd], capture_output=True, text=True, check=True)
+        json.loads(out.stdout)
+
+
+def test_env_var_override_is_read_and_validated() -> None:
+    x, w = _x()
+    with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=torch"), tracing.capture() as calls:
+        rmsnorm(x, w)
+    assert calls[0].backend == "torch"
+    with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=tritn"), pytest.raises(ValueError, match="tritn.*triton"):
+        rmsnorm(x, w)
+
+
+def test_context_manager_and_per_call_override() -> None:
+    x, w = _x()
+    with use_backends("layernorm.*=reference"), tracing.capture() as calls:
+        rmsnorm(x, w)
+        fused_add_rmsnorm(x.clone(), x.clone(), w)
+        silu_and_mul(x)
+    assert [c.backend for c in calls[:2]] == ["reference", "reference"] and calls[2].backend != "reference"
+    with tracing.capture() as calls:
+        rmsnorm(x, w, backend="torch")
+        rmsnorm(x, w, backend=["triton", "torch"])
+    assert [c.backend for c in calls] == ["torch", "triton"]
+    with pytest.raises(ValueError, match="'cuda_graph'.*valid choices: aot, jit, reference, torch, torch_npu, triton"):
+        rmsnorm(x, w, backend="cuda_graph")
+    with pytest.raises(ValueError, match="nosuchgroup"):
+        with use_backends("nosuchgroup.*=torch"):
+            pass
+
+
+def test_fallback_policy_warn_once_error_and_silent() -> None:
+    x, w = _x()
+    ref = rmsnorm(x, w, backend="reference")
+    with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=torch_npu"):
+        with pytest.warns(RuntimeWarning, match="falls back from torch_npu"):
+            y = rmsnorm(x, w)
+        torch.testing.assert_close(y, ref)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rmsnorm(x, w)  # once per op and reason
+    with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=torch_npu", OPMUX_FALLBACK="error"):
+        with pytest.raises(FallbackError, match="torch_npu.*wrong-device"):
+            rmsnorm(x, w)
+    with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=torch_npu", OPMUX_FALLBACK="silent"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rmsnorm(x, w)
+    assert any(k[0] == "layernorm.rmsnorm" and k[1] == "torch_npu" for k in tracing.fallbacks())
+
+
+def test_jit_off_without_aot_falls_back_to_torch(tmp_path: object) -> None:
+    x, w = _x()
+    with config.scope(OPMUX_JIT="0", OPMUX_CACHE_DIR=str(tmp_path), OPMUX_FALLBACK="error"):
+        sel = explain("layernorm.rmsnorm", x, w)
+        assert sel.decision("jit").reason.value == "jit-disabled"
+        with pytest.raises(FallbackError):
+            rmsnorm(x, w)
+
+
+def test_tracing_counters_and_reset() -> None:
+    x, w = _x()
+    tracing.enable()
+    for _ in range(3):
+        silu_and_mul(x)
+    assert sum(n for (op, _), n in tracing.counters().items() if op == "activation.silu_and_mul") == 3
+    tracing.reset()
+    assert tracing.counters() == {} and tracing.records() == []
+    tracing.disable()
+
+
+def test_bad_dtype_and_type_errors_name_the_choices() -> None:
+    with pytest.raises(TypeError, match="unsupported dtype int32; supported: bfloat16, float16, float32"):
+        rmsnorm(torch.ones(2, 4, dtype=torch.int32), torch.ones(4, dtype=torch.int32))
+    with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+        rmsnorm([1.0], torch.ones(1))
