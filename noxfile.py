@@ -19,7 +19,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from tools import stage, targets, variants  # noqa: E402
+from tools import stage, targets  # noqa: E402
 
 nox.needs_version = ">=2025.2.9"
 # Plain virtualenv + pip on purpose: pip here reads the machine's pip config (local CPU torch

@@ -102,7 +102,8 @@ def bench(repeat: int, archs: str) -> dict[str, object]:
         rows.append(row)
         print(f"{module.name}: {row}", file=sys.stderr)
     return {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
+                   f"load average {os.getloadavg()[0]:.1f} at start",
         "cxx": cxx.version,
         "nvcc": nvcc.version if nvcc else None,
         "repeat": repeat,

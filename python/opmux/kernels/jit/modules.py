@@ -39,8 +39,14 @@ def _table(*modules: JitModule) -> Mapping[str, JitModule]:
 MODULES: Mapping[str, JitModule] = _table(
     JitModule("layernorm_cpu", ("layernorm_cpu.cpp",), "cpu"),
     JitModule("activation_cpu", ("activation_cpu.cpp",), "cpu"),
+    JitModule("quantization_cpu", ("quantization_cpu.cpp",), "cpu"),
+    JitModule("moe_cpu", ("moe_cpu.cpp",), "cpu"),
+    JitModule("kvcache_cpu", ("kvcache_cpu.cpp",), "cpu"),
     JitModule("layernorm_cuda", ("layernorm_cuda.cu",), "cuda"),
     JitModule("activation_cuda", ("activation_cuda.cu",), "cuda"),
+    JitModule("quantization_cuda", ("quantization_cuda.cu",), "cuda"),
+    JitModule("moe_cuda", ("moe_cuda.cu",), "cuda"),
+    JitModule("kvcache_cuda", ("kvcache_cuda.cu",), "cuda"),
 )
 
 

@@ -166,7 +166,8 @@ class Entry:
     def verify(self) -> str | None:
         """None when the library is intact and private; else why it must not be loaded."""
         try:
-            for p in (self.path, self.path / MANIFEST, self.library):
+            for p in (self.path.parent.parent, self.path.parent, self.path,
+                      self.path / MANIFEST, self.library):
                 check_secure(p)
             digest = file_digest(self.library)
         except FileNotFoundError as exc:

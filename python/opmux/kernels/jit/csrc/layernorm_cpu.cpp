@@ -1,4 +1,5 @@
-// RMSNorm and fused add + RMSNorm for CPU tensors (float32 / float16 / bfloat16).
+// RMSNorm, fused add + RMSNorm, their Gemma variants (weight applied as 1 + w, in float) and the
+// per-head qk_norm for CPU tensors (float32 / float16 / bfloat16).
 // One OpenMP task per row range; float accumulation; no temporaries beyond registers.
 #include <tvm/ffi/function.h>
 
@@ -6,6 +7,7 @@
 
 #include "opmux/checks.h"
 #include "opmux/cpu_types.h"
+#include "opmux/head_checks.h"
 
 namespace opmux {
 namespace layernorm_cpu {
@@ -37,17 +39,24 @@ inline float sum_squares(const T* v, int64_t n) {
   return sum;
 }
 
+// The weight factor: w, or 1 + w (Gemma) computed in float.
+template <bool GEMMA>
+inline float weight_factor(float w) {
+  return GEMMA ? 1.0f + w : w;
+}
+
 // out[i] = (x[i] * rstd) * w[i], same operation order as the torch reference.
-template <typename T>
+template <bool GEMMA, typename T>
 inline void scale_row(T* out, const T* x, const T* w, int64_t n, float rstd) {
-  for (int64_t i = 0; i < n; ++i) out[i] = from_float<T>((to_float(x[i]) * rstd) * to_float(w[i]));
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = from_float<T>((to_float(x[i]) * rstd) * weight_factor<GEMMA>(to_float(w[i])));
 }
 
 inline float inv_rms(float sum, int64_t n, float eps) {
   return 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
 }
 
-template <typename T>
+template <bool GEMMA, typename T>
 void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
                   int64_t rows, int64_t hidden, float eps) {
   const bool parallel = rows > 1 && rows * hidden >= kParallelMinElems;
@@ -58,11 +67,11 @@ void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, cons
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * x_stride;
     const float rstd = inv_rms(sum_squares(xr, hidden), hidden, eps);
-    scale_row(out + r * out_stride, xr, w, hidden, rstd);
+    scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, rstd);
   }
 }
 
-template <typename T>
+template <bool GEMMA, typename T>
 void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int64_t res_stride, const T* w,
                             int64_t rows, int64_t hidden, float eps) {
   const bool parallel = rows > 1 && rows * hidden >= kParallelMinElems;
@@ -94,24 +103,26 @@ void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int64_t res_stride, 
       sum += f * f;
     }
     // Pass 2: the row is hot in L1/L2.
-    scale_row(xr, rr, w, hidden, inv_rms(sum, hidden, eps));
+    scale_row<GEMMA>(xr, rr, w, hidden, inv_rms(sum, hidden, eps));
   }
 }
 
-void rmsnorm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
-  const char* op = "opmux.rmsnorm";
+template <bool GEMMA>
+void run_rmsnorm(const char* op, TensorView out, TensorView x, TensorView weight, double eps) {
   RowsArgs a = check_norm_args(op, kDLCPU, "out", out, "x", x, weight, eps);
   if (a.rows == 0 || a.hidden == 0) return;
   const int64_t out_stride = row_stride(op, "out", out), x_stride = row_stride(op, "x", x);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    rmsnorm_impl<scalar_t>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
-                           x_stride, data_ptr<const scalar_t>(weight), a.rows, a.hidden,
-                           static_cast<float>(eps));
+    rmsnorm_impl<GEMMA, scalar_t>(data_ptr<scalar_t>(out), out_stride,
+                                  data_ptr<const scalar_t>(x), x_stride,
+                                  data_ptr<const scalar_t>(weight), a.rows, a.hidden,
+                                  static_cast<float>(eps));
   });
 }
 
-void fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView weight, double eps) {
-  const char* op = "opmux.fused_add_rmsnorm";
+template <bool GEMMA>
+void run_fused_add(const char* op, TensorView x, TensorView residual, TensorView weight,
+                   double eps) {
   RowsArgs a = check_norm_args(op, kDLCPU, "x", x, "residual", residual, weight, eps);
   if (a.rows == 0 || a.hidden == 0) return;
   if (data_ptr<char>(x) == data_ptr<char>(residual)) {
@@ -120,9 +131,51 @@ void fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView weight,
   }
   const int64_t x_stride = row_stride(op, "x", x), r_stride = row_stride(op, "residual", residual);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    fused_add_rmsnorm_impl<scalar_t>(data_ptr<scalar_t>(x), x_stride, data_ptr<scalar_t>(residual),
-                                     r_stride, data_ptr<const scalar_t>(weight), a.rows, a.hidden,
-                                     static_cast<float>(eps));
+    fused_add_rmsnorm_impl<GEMMA, scalar_t>(data_ptr<scalar_t>(x), x_stride,
+                                            data_ptr<scalar_t>(residual), r_stride,
+                                            data_ptr<const scalar_t>(weight), a.rows, a.hidden,
+                                            static_cast<float>(eps));
+  });
+}
+
+// q [Tq, Hq, D] and k [Tk, Hk, D] in place. Heads of a token are D apart in the usual layout,
+// which makes each tensor plain rows of stride D; otherwise one pass per head over the tokens.
+template <typename T>
+void qk_norm_heads(T* x, const Heads& h, const T* w, int64_t d, float eps) {
+  if (h.tokens == 0 || h.heads == 0) return;
+  if (h.heads == 1 || h.token_stride == h.heads * h.head_stride) {
+    const int64_t stride = h.heads == 1 ? h.token_stride : h.head_stride;
+    rmsnorm_impl<false, T>(x, stride, x, stride, w, h.tokens * h.heads, d, eps);
+    return;
+  }
+  for (int64_t head = 0; head < h.heads; ++head) {
+    T* xh = x + head * h.head_stride;
+    rmsnorm_impl<false, T>(xh, h.token_stride, xh, h.token_stride, w, h.tokens, d, eps);
+  }
+}
+
+void rmsnorm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
+  run_rmsnorm<false>("opmux.rmsnorm", out, x, weight, eps);
+}
+void fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView weight, double eps) {
+  run_fused_add<false>("opmux.fused_add_rmsnorm", x, residual, weight, eps);
+}
+void gemma_rmsnorm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
+  run_rmsnorm<true>("opmux.gemma_rmsnorm", out, x, weight, eps);
+}
+void gemma_fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView weight,
+                                 double eps) {
+  run_fused_add<true>("opmux.gemma_fused_add_rmsnorm", x, residual, weight, eps);
+}
+
+void qk_norm_cpu(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
+                 double eps) {
+  QkNormArgs a = check_qk_norm_args("opmux.qk_norm", kDLCPU, q, k, q_weight, k_weight, eps);
+  if (a.head_dim == 0) return;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    const float e = static_cast<float>(eps);
+    qk_norm_heads(data_ptr<scalar_t>(q), a.q, data_ptr<const scalar_t>(q_weight), a.head_dim, e);
+    qk_norm_heads(data_ptr<scalar_t>(k), a.k, data_ptr<const scalar_t>(k_weight), a.head_dim, e);
   });
 }
 
@@ -131,3 +184,7 @@ void fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView weight,
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_cpu, opmux::layernorm_cpu::rmsnorm_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_cpu, opmux::layernorm_cpu::fused_add_rmsnorm_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cpu, opmux::layernorm_cpu::gemma_rmsnorm_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cpu,
+                              opmux::layernorm_cpu::gemma_fused_add_rmsnorm_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cpu, opmux::layernorm_cpu::qk_norm_cpu);

@@ -1,8 +1,14 @@
-// RMSNorm and fused add + RMSNorm for CUDA tensors (float32 / float16 / bfloat16).
+// RMSNorm, fused add + RMSNorm, their Gemma variants and qk_norm for CUDA tensors
+// (float32 / float16 / bfloat16).
 //
-// Both ops are one kernel family over two row tensors `a` (written) and `b` (read):
+// All ops are one kernel family over two row tensors `a` (written) and `b` (read):
 //   rmsnorm:            b = x,        a = out
 //   fused_add_rmsnorm:  b = residual, a = x;  b <- round(a + b) first, then a <- norm(b)
+//   qk_norm:            a = b = one (token, head) row of q or k, normalized in place; q's and
+//                       k's rows share one launch (QkParams). Every element is read before the
+//                       thread that owns it writes it, so a == b is safe.
+// GEMMA applies the weight as (1 + w) in float; the kernels' parameter type (NormParams or
+// QkParams) says where row `row` lives (row_ptrs).
 // Layout: blockDim.x threads share a row (a multiple of 32); blockDim.y > 1 only when
 // blockDim.x == 32 (warp per row, several rows per block), so __syncthreads() is only used
 // in blocks that hold exactly one row and therefore never diverges.
@@ -12,6 +18,7 @@
 
 #include "opmux/checks.h"
 #include "opmux/cuda_utils.cuh"
+#include "opmux/head_checks.h"
 
 namespace opmux {
 namespace layernorm_cuda {
@@ -34,6 +41,55 @@ struct NormParams {
   float eps;
 };
 
+// qk_norm: one of q / k, its rows being (token, head) pairs in token-major order.
+struct HeadRows {
+  void* x;
+  const void* w;          // [hidden]
+  int64_t token_stride;   // elements
+  int64_t head_stride;
+  int64_t heads;
+  int64_t rows;           // tokens * heads
+};
+
+// qk_norm in one launch: rows [0, q.rows) are q's, [q.rows, rows) k's.
+struct QkParams {
+  HeadRows q, k;
+  int64_t rows;
+  int hidden;
+  float eps;
+};
+
+template <typename T>
+struct RowPtrs {
+  T* a;
+  T* b;
+  const T* w;
+};
+
+template <typename T>
+__device__ __forceinline__ RowPtrs<T> row_ptrs(const NormParams& p, int64_t row) {
+  return {static_cast<T*>(p.a) + row * p.a_stride, static_cast<T*>(p.b) + row * p.b_stride,
+          static_cast<const T*>(p.w)};
+}
+
+// Field-wise selects rather than a reference to p.q or p.k: keeps the parameters in the
+// constant bank instead of copying the struct to local memory.
+template <typename T>
+__device__ __forceinline__ RowPtrs<T> row_ptrs(const QkParams& p, int64_t row) {
+  const bool is_q = row < p.q.rows;
+  const int64_t r = is_q ? row : row - p.q.rows;
+  const int64_t heads = is_q ? p.q.heads : p.k.heads;
+  const int64_t t = r / heads, h = r - t * heads;
+  T* x = static_cast<T*>(is_q ? p.q.x : p.k.x) + t * (is_q ? p.q.token_stride : p.k.token_stride) +
+         h * (is_q ? p.q.head_stride : p.k.head_stride);
+  return {x, x, static_cast<const T*>(is_q ? p.q.w : p.k.w)};
+}
+
+template <bool GEMMA>
+__device__ __forceinline__ float weight_factor(float w) {
+  return GEMMA ? 1.0f + w : w;
+}
+
 // Sum of `v` over the threads of this row (all of blockDim.x); every thread gets the total.
 __device__ __forceinline__ float row_sum(float v) {
   v = cuda::warp_sum(v);
@@ -55,13 +111,14 @@ __device__ __forceinline__ float inv_rms(float sum, int hidden, float eps) {
 // Row held in registers: thread t owns vectors t, t + T, ..., t + (PER-1) T of the row
 // (T = blockDim.x), so every load/store instruction of a warp is one contiguous 512-byte run.
 // Launch guarantees hidden / VEC <= PER * blockDim.x.
-template <typename T, int VEC, int PER, bool FUSED>
-__global__ void __launch_bounds__(512) norm_reg_kernel(NormParams p) {
+template <typename T, int VEC, int PER, bool FUSED, bool GEMMA, typename P>
+__global__ void __launch_bounds__(512) norm_reg_kernel(P p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= p.rows) return;  // whole warp (blockDim.x == 32 whenever blockDim.y > 1)
-  T* __restrict__ a = static_cast<T*>(p.a) + row * p.a_stride;
-  T* __restrict__ b = static_cast<T*>(p.b) + row * p.b_stride;
-  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const RowPtrs<T> rp = row_ptrs<T>(p, row);
+  T* __restrict__ a = rp.a;
+  T* __restrict__ b = rp.b;
+  const T* __restrict__ w = rp.w;
   const int nvec = p.hidden / VEC;
   const int tid = threadIdx.x;
 
@@ -107,7 +164,8 @@ __global__ void __launch_bounds__(512) norm_reg_kernel(NormParams p) {
       Vec<T, VEC> o;
 #pragma unroll
       for (int k = 0; k < VEC; ++k)
-        o.v[k] = from_float<T>((to_float(vb[i].v[k]) * rstd) * to_float(vw[i].v[k]));
+        o.v[k] = from_float<T>((to_float(vb[i].v[k]) * rstd) *
+                               weight_factor<GEMMA>(to_float(vw[i].v[k])));
       store_vec(a + j * VEC, o);
     }
   }
@@ -116,13 +174,14 @@ __global__ void __launch_bounds__(512) norm_reg_kernel(NormParams p) {
 // Any hidden size: two strided passes over the row, the second re-reads b (from L1/L2). For
 // the fused op the re-read sees this thread's own pass-1 store (same thread, same index).
 // VEC == 1 is the scalar path for odd sizes and misaligned rows.
-template <typename T, int VEC, bool FUSED>
-__global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
+template <typename T, int VEC, bool FUSED, bool GEMMA, typename P>
+__global__ void __launch_bounds__(512) norm_loop_kernel(P p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= p.rows) return;
-  T* __restrict__ a = static_cast<T*>(p.a) + row * p.a_stride;
-  T* __restrict__ b = static_cast<T*>(p.b) + row * p.b_stride;
-  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const RowPtrs<T> rp = row_ptrs<T>(p, row);
+  T* __restrict__ a = rp.a;
+  T* __restrict__ b = rp.b;
+  const T* __restrict__ w = rp.w;
   const int nvec = p.hidden / VEC;
 
   cuda::pdl_wait();
@@ -150,7 +209,7 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(NormParams p) {
     Vec<T, VEC> o;
 #pragma unroll
     for (int k = 0; k < VEC; ++k)
-      o.v[k] = from_float<T>((to_float(vb.v[k]) * rstd) * to_float(vw.v[k]));
+      o.v[k] = from_float<T>((to_float(vb.v[k]) * rstd) * weight_factor<GEMMA>(to_float(vw.v[k])));
     store_vec(a + j * VEC, o);
   }
 }
@@ -165,14 +224,30 @@ constexpr int kMaxPer = 4;
 
 inline int round_up32(int64_t n) { return static_cast<int>((n + 31) / 32 * 32); }
 
-template <typename T, bool FUSED>
-void launch_norm(const char* op, const NormParams& p, int32_t device_id) {
+// 16-byte path only if every row start of a, b and w is 16-byte aligned and rows are whole
+// vectors: base % 16 == 0, stride * sizeof(T) % 16 == 0 and hidden % VEC == 0.
+template <typename T>
+bool vec_aligned(const NormParams& p) {
+  return p.hidden % cuda::kVec16<T> == 0 && cuda::aligned(p.a, 16) && cuda::aligned(p.b, 16) &&
+         cuda::aligned(p.w, 16) && (p.a_stride * sizeof(T)) % 16 == 0 &&
+         (p.b_stride * sizeof(T)) % 16 == 0;
+}
+
+template <typename T>
+bool vec_aligned(const HeadRows& h) {
+  return cuda::aligned(h.x, 16) && cuda::aligned(h.w, 16) &&
+         (h.token_stride * sizeof(T)) % 16 == 0 && (h.head_stride * sizeof(T)) % 16 == 0;
+}
+
+template <typename T>
+bool vec_aligned(const QkParams& p) {
+  return p.hidden % cuda::kVec16<T> == 0 && vec_aligned<T>(p.q) && vec_aligned<T>(p.k);
+}
+
+template <typename T, bool FUSED, bool GEMMA, typename P>
+void launch_norm(const char* op, const P& p, int32_t device_id) {
   constexpr int VEC = cuda::kVec16<T>;
-  // 16-byte path only if every row start of a, b and w is 16-byte aligned and rows are whole
-  // vectors: base % 16 == 0, stride * sizeof(T) % 16 == 0 and hidden % VEC == 0.
-  const bool vec_ok = p.hidden % VEC == 0 && cuda::aligned(p.a, 16) && cuda::aligned(p.b, 16) &&
-                      cuda::aligned(p.w, 16) && (p.a_stride * sizeof(T)) % 16 == 0 &&
-                      (p.b_stride * sizeof(T)) % 16 == 0;
+  const bool vec_ok = vec_aligned<T>(p);
   const int vec = vec_ok ? VEC : 1;
   const int64_t nvec = p.hidden / vec;
 
@@ -189,22 +264,23 @@ void launch_norm(const char* op, const NormParams& p, int32_t device_id) {
   }
   const dim3 grid(static_cast<unsigned>(blocks)), block(threads_x, rows_per_block);
 
-  void (*kernel)(NormParams) = nullptr;
+  void (*kernel)(P) = nullptr;
   if (use_reg) {
     switch (per) {
-      case 1: kernel = norm_reg_kernel<T, VEC, 1, FUSED>; break;
-      case 2: kernel = norm_reg_kernel<T, VEC, 2, FUSED>; break;
-      default: kernel = norm_reg_kernel<T, VEC, 4, FUSED>; break;
+      case 1: kernel = norm_reg_kernel<T, VEC, 1, FUSED, GEMMA, P>; break;
+      case 2: kernel = norm_reg_kernel<T, VEC, 2, FUSED, GEMMA, P>; break;
+      default: kernel = norm_reg_kernel<T, VEC, 4, FUSED, GEMMA, P>; break;
     }
   } else {
-    kernel = vec_ok ? norm_loop_kernel<T, VEC, FUSED> : norm_loop_kernel<T, 1, FUSED>;
+    kernel = vec_ok ? norm_loop_kernel<T, VEC, FUSED, GEMMA, P>
+                    : norm_loop_kernel<T, 1, FUSED, GEMMA, P>;
   }
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
   cuda::launch(op, device_id, props, kernel, grid, block, 0, cuda::current_stream(device_id), p);
 }
 
-template <bool FUSED>
+template <bool FUSED, bool GEMMA>
 void run(const char* op, const char* a_name, TensorView a, const char* b_name, TensorView b,
          TensorView weight, double eps) {
   RowsArgs r = check_norm_args(op, kDLCUDA, a_name, a, b_name, b, weight, eps);
@@ -226,15 +302,47 @@ void run(const char* op, const char* a_name, TensorView a, const char* b_name, T
   p.hidden = static_cast<int>(r.hidden);
   p.eps = static_cast<float>(eps);
   OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
-                       [&] { launch_norm<scalar_t, FUSED>(op, p, r.device_id); });
+                       [&] { launch_norm<scalar_t, FUSED, GEMMA>(op, p, r.device_id); });
 }
 
 void rmsnorm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
-  run<false>("opmux.rmsnorm", "out", out, "x", x, weight, eps);
+  run<false, false>("opmux.rmsnorm", "out", out, "x", x, weight, eps);
 }
 
 void fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView weight, double eps) {
-  run<true>("opmux.fused_add_rmsnorm", "x", x, "residual", residual, weight, eps);
+  run<true, false>("opmux.fused_add_rmsnorm", "x", x, "residual", residual, weight, eps);
+}
+
+void gemma_rmsnorm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
+  run<false, true>("opmux.gemma_rmsnorm", "out", out, "x", x, weight, eps);
+}
+
+void gemma_fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView weight,
+                                  double eps) {
+  run<true, true>("opmux.gemma_fused_add_rmsnorm", "x", x, "residual", residual, weight, eps);
+}
+
+HeadRows head_rows(TensorView t, const Heads& h, TensorView weight) {
+  return {data_ptr<void>(t), data_ptr<const void>(weight), h.token_stride, h.head_stride,
+          h.heads, h.tokens * h.heads};
+}
+
+void qk_norm_cuda(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
+                  double eps) {
+  const char* op = "opmux.qk_norm";
+  QkNormArgs a = check_qk_norm_args(op, kDLCUDA, q, k, q_weight, k_weight, eps);
+  QkParams p;
+  p.q = head_rows(q, a.q, q_weight);
+  p.k = head_rows(k, a.k, k_weight);
+  p.rows = p.q.rows + p.k.rows;
+  if (p.rows == 0 || a.head_dim == 0) return;
+  if (a.head_dim > (1 << 30)) {
+    TVM_FFI_THROW(ValueError) << op << ": head_dim " << a.head_dim << " exceeds 2^30";
+  }
+  p.hidden = static_cast<int>(a.head_dim);
+  p.eps = static_cast<float>(eps);
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_norm<scalar_t, false, false>(op, p, a.device_id); });
 }
 
 }  // namespace layernorm_cuda
@@ -242,3 +350,7 @@ void fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView weight
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_cuda, opmux::layernorm_cuda::rmsnorm_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_cuda, opmux::layernorm_cuda::fused_add_rmsnorm_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cuda, opmux::layernorm_cuda::gemma_rmsnorm_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cuda,
+                              opmux::layernorm_cuda::gemma_fused_add_rmsnorm_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cuda, opmux::layernorm_cuda::qk_norm_cuda);

@@ -150,7 +150,7 @@ class PerTokenGroupQuantFP8(BaseFusedOp):
         x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         _, q, s, _, s2 = _check_group(x, group_size, eps, column_major_scales)
-        xg = x.float().view(*x.shape[:-1], -1, group_size)
+        xg = x.float().unflatten(-1, (x.shape[-1] // group_size, group_size))
         amax = torch.linalg.vector_norm(xg, float("inf"), dim=-1, keepdim=True)
         scale = torch.clamp_min(amax, eps) / FP8_MAX
         q.copy_(torch.clamp(xg * scale.reciprocal(), -FP8_MAX, FP8_MAX).view(x.shape))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...spec import BackendSpec, OpSpec
-from .._common import AOT, FP8_E4M3_TOLERANCE, JIT, PRIORITY, TORCH, TRITON
+from .._common import AOT, FP8_E4M3_TOLERANCE, JIT, TORCH, TRITON, priority_without
 
 _M = "opmux.kernels.ops.quantization.op"
 
@@ -30,7 +30,7 @@ def _spec(name: str, cls: str, doc: str) -> OpSpec:
             BackendSpec("torch", f"{_M}:{cls}.forward_torch", TORCH),
         ),
         default_priority=("torch",),
-        priority=PRIORITY,
+        priority=priority_without("torch_npu"),
         tolerances=_TOLERANCES,
         samples=f"opmux.kernels.ops.quantization.samples:{name}_samples",
         invalid_samples=f"opmux.kernels.ops.quantization.samples:{name}_invalid",

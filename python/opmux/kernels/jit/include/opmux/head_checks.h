@@ -93,7 +93,9 @@ inline RopeArgs check_rope_args(const char* op, int32_t device_type, const Tenso
                               {"cos_sin_cache", &cache}});
   const DLDataType pd = positions.dtype();
   if (!(pd.code == kDLInt && pd.bits == 64 && pd.lanes == 1)) {
-    TVM_FFI_THROW(ValueError) << op << ": positions has dtype " << dtype_name(pd) << int(pd.bits)
+    const bool integer = pd.code == kDLInt || pd.code == kDLUInt;
+    TVM_FFI_THROW(ValueError) << op << ": positions has dtype " << dtype_name(pd)
+                              << (integer ? std::to_string(pd.bits) : std::string())
                               << "; expected int64";
   }
   a.dtype = check_same_dtype(op, {{"query", &query}, {"key", &key}});

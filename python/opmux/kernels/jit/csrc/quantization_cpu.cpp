@@ -1,0 +1,158 @@
+// Dynamic fp8 (e4m3fn) quantization for CPU tensors (float32 / float16 / bfloat16 input).
+//   per_token_quant_fp8_cpu(q, scales, x, scale_ub):    scale per row
+//   per_token_group_quant_fp8_cpu(q, scales, x, group_size, eps): scale per group of a row
+// Same fp32 arithmetic as the torch reference (amax, IEEE division, q = x * (1 / scale)),
+// so scales match bit for bit and q matches up to the fp8 rounding, which is exact here.
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "opmux/checks.h"
+#include "opmux/dtype_checks.h"
+#include "opmux/fp8_cpu.h"
+
+namespace opmux {
+namespace quantization_cpu {
+
+using cpu::float_to_e4m3fn;
+using cpu::to_float;
+
+constexpr float kFp8Max = 448.0f;
+// vLLM's MIN_SCALING_FACTOR, rounded from double exactly as the Python reference rounds it.
+const float kMinScale = static_cast<float>(1.0 / (448.0 * 512.0));
+constexpr int64_t kParallelMinElems = 1 << 15;
+constexpr int kLanes = 16;
+
+template <typename T>
+inline float abs_max(const T* v, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], std::fabs(to_float(v[i + l])));
+  float m = 0.f;
+  for (int l = 0; l < kLanes; ++l) m = std::max(m, acc[l]);
+  for (; i < n; ++i) m = std::max(m, std::fabs(to_float(v[i])));
+  return m;
+}
+
+template <typename T>
+inline void quantize(uint8_t* q, const T* x, int64_t n, float inv) {
+  for (int64_t i = 0; i < n; ++i) q[i] = float_to_e4m3fn(to_float(x[i]) * inv);
+}
+
+struct QuantArgs {
+  DType dtype;
+  int64_t rows, hidden, x_stride, q_stride;
+};
+
+// q [rows, hidden] fp8 bytes, x [rows, hidden]; last dims dense, row strides >= 0.
+inline QuantArgs check_quant_args(const char* op, int32_t device_type, const TensorView& q,
+                                  const TensorView& x) {
+  check_ndim(op, "x", x, 2);
+  check_ndim(op, "q", q, 2);
+  QuantArgs a;
+  a.dtype = get_dtype(op, "x", x);
+  check_fp8_bytes(op, "q", q);
+  a.rows = x.size(0);
+  a.hidden = x.size(1);
+  check_size(op, "q", q, 0, a.rows, "rows of x");
+  check_size(op, "q", q, 1, a.hidden, "hidden size of x");
+  check_last_dim_contiguous(op, "x", x);
+  check_last_dim_contiguous(op, "q", q);
+  a.x_stride = row_stride(op, "x", x);
+  a.q_stride = row_stride(op, "q", q);
+  (void)device_type;
+  return a;
+}
+
+template <typename T>
+void per_token_impl(uint8_t* q, float* s, const T* x, const QuantArgs& a, const float* ub) {
+  const bool parallel = a.rows > 1 && a.rows * a.hidden >= kParallelMinElems;
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const T* xr = x + r * a.x_stride;
+    float amax = abs_max(xr, a.hidden);
+    if (ub != nullptr) amax = std::min(amax, *ub);
+    const float scale = std::max(amax / kFp8Max, kMinScale);
+    s[r] = scale;
+    quantize(q + r * a.q_stride, xr, a.hidden, 1.0f / scale);
+  }
+}
+
+template <typename T>
+void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T* x,
+                    const QuantArgs& a, int64_t gs, float eps) {
+  const int64_t groups = a.hidden / gs;
+  const bool parallel = a.rows > 1 && a.rows * a.hidden >= kParallelMinElems;
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t r = 0; r < a.rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const T* xg = x + r * a.x_stride + g * gs;
+      const float scale = std::max(abs_max(xg, gs), eps) / kFp8Max;
+      s[r * s_row + g * s_col] = scale;
+      quantize(q + r * a.q_stride + g * gs, xg, gs, 1.0f / scale);
+    }
+  }
+}
+
+void per_token_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, TensorView scale_ub) {
+  const char* op = "opmux.per_token_quant_fp8";
+  check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}, {"scale_ub", &scale_ub}});
+  QuantArgs a = check_quant_args(op, kDLCPU, q, x);
+  if (a.hidden == 0) TVM_FFI_THROW(ValueError) << op << ": x has hidden size 0";
+  check_float32(op, "scales", scales);
+  check_vector(op, "scales", scales, a.rows, "rows of x");
+  check_float32(op, "scale_ub", scale_ub);
+  check_ndim(op, "scale_ub", scale_ub, 1);
+  if (scale_ub.size(0) > 1) {
+    TVM_FFI_THROW(ValueError) << op << ": scale_ub must have 0 (none) or 1 element, got "
+                              << scale_ub.size(0);
+  }
+  if (a.rows == 0) return;
+  const float* ub = scale_ub.size(0) == 1 ? data_ptr<const float>(scale_ub) : nullptr;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    per_token_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<float>(scales),
+                             data_ptr<const scalar_t>(x), a, ub);
+  });
+}
+
+void per_token_group_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x,
+                                   int64_t group_size, double eps) {
+  const char* op = "opmux.per_token_group_quant_fp8";
+  check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  QuantArgs a = check_quant_args(op, kDLCPU, q, x);
+  if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
+    TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
+                              << " must be a positive multiple of group_size " << group_size;
+  }
+  check_eps(op, eps);
+  check_float32(op, "scales", scales);
+  check_ndim(op, "scales", scales, 2);
+  check_size(op, "scales", scales, 0, a.rows, "rows of x");
+  check_size(op, "scales", scales, 1, a.hidden / group_size, "hidden / group_size");
+  if (a.rows == 0) return;
+  const int64_t s_row = a.rows > 1 ? scales.stride(0) : 0;
+  const int64_t s_col = scales.size(1) > 1 ? scales.stride(1) : 0;
+  if (s_row < 0 || s_col < 0) {
+    TVM_FFI_THROW(ValueError) << op << ": scales must have non-negative strides";
+  }
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    per_group_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<float>(scales), s_row, s_col,
+                             data_ptr<const scalar_t>(x), a, group_size,
+                             static_cast<float>(eps));
+  });
+}
+
+}  // namespace quantization_cpu
+}  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cpu, opmux::quantization_cpu::per_token_quant_fp8_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cpu,
+                              opmux::quantization_cpu::per_token_group_quant_fp8_cpu);

@@ -1,0 +1,297 @@
+// Dynamic fp8 (e4m3fn) quantization for CUDA tensors (float32 / float16 / bfloat16 input).
+//
+// per_token_quant_fp8_cuda(q, scales, x, scale_ub): one block per row. When the row fits in
+// registers (16-byte aligned, up to 8 vectors per thread x 1024 threads: H <= 65536 for 16-bit
+// inputs, 32768 for fp32) x is read ONCE: load, block max, scale, convert from registers.
+// Otherwise a two-pass loop whose second pass re-reads the row from L1/L2.
+//
+// per_token_group_quant_fp8_cuda(q, scales, x, group_size, eps): L lanes (a power of two <= 32
+// dividing the group's vector count) per group, a shuffle max over those lanes; the first
+// vector of each lane stays in registers (for group_size 128 that is the whole group).
+//
+// Arithmetic matches the reference: amax, scale = IEEE fp32 division, q = e4m3(x * (1/scale))
+// with __NV_SATFINITE round-to-nearest-even. Build without --use_fast_math.
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+
+#include "opmux/checks.h"
+#include "opmux/cuda_fp8.cuh"
+#include "opmux/cuda_utils.cuh"
+#include "opmux/dtype_checks.h"
+
+namespace opmux {
+namespace quantization_cuda {
+
+using cuda::load_vec;
+using cuda::store_fp8;
+using cuda::to_float;
+using cuda::Vec;
+
+constexpr float kFp8Max = 448.0f;
+
+struct TokenParams {
+  uint8_t* q;
+  float* s;
+  const void* x;
+  const float* ub;    // nullptr: no upper bound
+  int64_t x_stride;   // elements
+  int64_t q_stride;   // bytes
+  int hidden;
+  float min_scale;
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ float vec_abs_max(const Vec<T, VEC>& v, float m) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) m = fmaxf(m, fabsf(to_float(v.v[k])));
+  return m;
+}
+
+__device__ __forceinline__ float token_scale(float amax, const TokenParams& p) {
+  if (p.ub != nullptr) amax = fminf(amax, __ldg(p.ub));
+  return fmaxf(amax / kFp8Max, p.min_scale);
+}
+
+// One pass: thread t holds vectors t, t + T, ..., t + (PER-1) T of the row (coalesced).
+template <typename T, int VEC, int PER>
+__global__ void __launch_bounds__(1024) per_token_reg_kernel(TokenParams p) {
+  const int64_t row = blockIdx.x;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
+  uint8_t* __restrict__ q = p.q + row * p.q_stride;
+  const int nvec = p.hidden / VEC;
+  const int tid = threadIdx.x;
+  cuda::pdl_wait();
+  Vec<T, VEC> v[PER];
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = i * blockDim.x + tid;
+    if (j < nvec) v[i] = load_vec<T, VEC>(x + j * VEC);
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i)
+    if (i * blockDim.x + tid < nvec) m = vec_abs_max(v[i], m);
+  const float scale = token_scale(cuda::block_max(m), p);
+  if (tid == 0) p.s[row] = scale;
+  const float inv = 1.0f / scale;
+  cuda::pdl_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = i * blockDim.x + tid;
+    if (j < nvec) store_fp8<T, VEC>(q + j * VEC, v[i], inv);
+  }
+}
+
+// Any size / alignment (VEC == 1 is the scalar path): two strided passes over the row.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(1024) per_token_loop_kernel(TokenParams p) {
+  const int64_t row = blockIdx.x;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
+  uint8_t* __restrict__ q = p.q + row * p.q_stride;
+  const int nvec = p.hidden / VEC;
+  cuda::pdl_wait();
+  float m = 0.f;
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x) m = vec_abs_max(load_vec<T, VEC>(x + j * VEC), m);
+  const float scale = token_scale(cuda::block_max(m), p);
+  if (threadIdx.x == 0) p.s[row] = scale;
+  const float inv = 1.0f / scale;
+  cuda::pdl_launch_dependents();
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x)
+    store_fp8<T, VEC>(q + j * VEC, load_vec<T, VEC>(x + j * VEC), inv);
+}
+
+template <typename T>
+void launch_per_token(const char* op, const TokenParams& p, int64_t rows, int32_t device_id) {
+  constexpr int VEC = cuda::kVec16<T>;
+  const bool vec_ok = p.hidden % VEC == 0 && cuda::aligned(p.x, 16) &&
+                      (p.x_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                      cuda::aligned(p.q, VEC) && p.q_stride % VEC == 0;
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  const cudaStream_t stream = cuda::current_stream(device_id);
+  const dim3 grid(static_cast<unsigned>(rows));
+  const int nvec = vec_ok ? p.hidden / VEC : p.hidden;
+  auto round32 = [](int n) { return std::max(32, (n + 31) / 32 * 32); };
+  if (vec_ok && nvec <= 8 * 1024) {
+    // ~256 threads with PER vectors each (more threads only when PER would exceed 8).
+    int per = 1;
+    while (per < 8 && per * 256 < nvec) per *= 2;
+    const dim3 block(round32((nvec + per - 1) / per));
+    switch (per) {
+      case 1: cuda::launch(op, device_id, props, per_token_reg_kernel<T, VEC, 1>, grid, block, 0, stream, p); break;
+      case 2: cuda::launch(op, device_id, props, per_token_reg_kernel<T, VEC, 2>, grid, block, 0, stream, p); break;
+      case 4: cuda::launch(op, device_id, props, per_token_reg_kernel<T, VEC, 4>, grid, block, 0, stream, p); break;
+      default: cuda::launch(op, device_id, props, per_token_reg_kernel<T, VEC, 8>, grid, block, 0, stream, p); break;
+    }
+    return;
+  }
+  const dim3 block(std::min(1024, round32((nvec + 3) / 4)));
+  if (vec_ok) {
+    cuda::launch(op, device_id, props, per_token_loop_kernel<T, VEC>, grid, block, 0, stream, p);
+  } else {
+    cuda::launch(op, device_id, props, per_token_loop_kernel<T, 1>, grid, block, 0, stream, p);
+  }
+}
+
+struct GroupParams {
+  uint8_t* q;
+  float* s;
+  const void* x;
+  int64_t x_stride;   // elements
+  int64_t q_stride;   // bytes
+  int64_t s_row;      // scale strides (elements): column-major scales have s_row == 1
+  int64_t s_col;
+  int64_t total;      // rows * groups
+  int groups;         // per row
+  int group_size;
+  int lanes;          // threads per group: power of two <= 32, divides group_size / VEC
+  float eps;
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) per_group_kernel(GroupParams p) {
+  const int lanes = p.lanes;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t gid = static_cast<int64_t>(blockIdx.x) * (blockDim.x / lanes) + threadIdx.x / lanes;
+  const bool valid = gid < p.total;
+  const int64_t row = valid ? gid / p.groups : 0;
+  const int g = valid ? static_cast<int>(gid - row * p.groups) : 0;
+  const int64_t goff = static_cast<int64_t>(g) * p.group_size;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride + goff;
+  uint8_t* __restrict__ q = p.q + row * p.q_stride + goff;
+  const int nvec = p.group_size / VEC;
+
+  cuda::pdl_wait();
+  Vec<T, VEC> first;
+  float m = 0.f;
+  if (valid) {
+    first = load_vec<T, VEC>(x + lane * VEC);  // lanes <= nvec: every lane has a first vector
+    m = vec_abs_max(first, m);
+    for (int j = lane + lanes; j < nvec; j += lanes) m = vec_abs_max(load_vec<T, VEC>(x + j * VEC), m);
+  }
+  // max over the group's lanes: an aligned power-of-two subset of the warp (all lanes shuffle)
+  for (int o = lanes >> 1; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  cuda::pdl_launch_dependents();
+  if (!valid) return;
+  const float scale = fmaxf(m, p.eps) / kFp8Max;
+  if (lane == 0) p.s[row * p.s_row + static_cast<int64_t>(g) * p.s_col] = scale;
+  const float inv = 1.0f / scale;
+  store_fp8<T, VEC>(q + lane * VEC, first, inv);
+  for (int j = lane + lanes; j < nvec; j += lanes)
+    store_fp8<T, VEC>(q + j * VEC, load_vec<T, VEC>(x + j * VEC), inv);
+}
+
+template <typename T>
+void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
+  constexpr int VEC = cuda::kVec16<T>;
+  const bool vec_ok = p.group_size % VEC == 0 && cuda::aligned(p.x, 16) &&
+                      (p.x_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                      cuda::aligned(p.q, VEC) && p.q_stride % VEC == 0;
+  const int nvec = vec_ok ? p.group_size / VEC : p.group_size;
+  int lanes = 1;
+  while (lanes < 32 && nvec % (lanes * 2) == 0) lanes *= 2;
+  p.lanes = lanes;
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  const cudaStream_t stream = cuda::current_stream(device_id);
+  constexpr int kThreads = 256;
+  const int64_t per_block = kThreads / lanes;
+  const dim3 grid(static_cast<unsigned>((p.total + per_block - 1) / per_block)), block(kThreads);
+  if (vec_ok) {
+    cuda::launch(op, device_id, props, per_group_kernel<T, VEC>, grid, block, 0, stream, p);
+  } else {
+    cuda::launch(op, device_id, props, per_group_kernel<T, 1>, grid, block, 0, stream, p);
+  }
+}
+
+struct QuantArgs {
+  DType dtype;
+  int32_t device_id;
+  int64_t rows, hidden, x_stride, q_stride;
+};
+
+inline QuantArgs check_quant_args(const char* op, const TensorView& q, const TensorView& x) {
+  check_ndim(op, "x", x, 2);
+  check_ndim(op, "q", q, 2);
+  QuantArgs a;
+  a.dtype = get_dtype(op, "x", x);
+  check_fp8_bytes(op, "q", q);
+  a.rows = x.size(0);
+  a.hidden = x.size(1);
+  check_size(op, "q", q, 0, a.rows, "rows of x");
+  check_size(op, "q", q, 1, a.hidden, "hidden size of x");
+  check_last_dim_contiguous(op, "x", x);
+  check_last_dim_contiguous(op, "q", q);
+  a.x_stride = row_stride(op, "x", x);
+  a.q_stride = row_stride(op, "q", q);
+  if (a.hidden > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": hidden size " << a.hidden << " too large";
+  if (a.rows > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": " << a.rows << " rows: at most 2^31 - 1";
+  return a;
+}
+
+void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, TensorView scale_ub) {
+  const char* op = "opmux.per_token_quant_fp8";
+  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}, {"scale_ub", &scale_ub}});
+  QuantArgs a = check_quant_args(op, q, x);
+  if (a.hidden == 0) TVM_FFI_THROW(ValueError) << op << ": x has hidden size 0";
+  check_float32(op, "scales", scales);
+  check_vector(op, "scales", scales, a.rows, "rows of x");
+  check_float32(op, "scale_ub", scale_ub);
+  check_ndim(op, "scale_ub", scale_ub, 1);
+  if (scale_ub.size(0) > 1) {
+    TVM_FFI_THROW(ValueError) << op << ": scale_ub must have 0 (none) or 1 element, got " << scale_ub.size(0);
+  }
+  if (a.rows == 0) return;
+  TokenParams p;
+  p.q = data_ptr<uint8_t>(q);
+  p.s = data_ptr<float>(scales);
+  p.x = data_ptr<const void>(x);
+  p.ub = scale_ub.size(0) == 1 ? data_ptr<const float>(scale_ub) : nullptr;
+  p.x_stride = a.x_stride;
+  p.q_stride = a.q_stride;
+  p.hidden = static_cast<int>(a.hidden);
+  p.min_scale = static_cast<float>(1.0 / (448.0 * 512.0));  // as the Python reference rounds it
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_per_token<scalar_t>(op, p, a.rows, dev); });
+}
+
+void per_token_group_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                                    double eps) {
+  const char* op = "opmux.per_token_group_quant_fp8";
+  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  QuantArgs a = check_quant_args(op, q, x);
+  if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
+    TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
+                              << " must be a positive multiple of group_size " << group_size;
+  }
+  check_eps(op, eps);
+  check_float32(op, "scales", scales);
+  check_ndim(op, "scales", scales, 2);
+  check_size(op, "scales", scales, 0, a.rows, "rows of x");
+  check_size(op, "scales", scales, 1, a.hidden / group_size, "hidden / group_size");
+  if (a.rows == 0) return;
+  GroupParams p;
+  p.q = data_ptr<uint8_t>(q);
+  p.s = data_ptr<float>(scales);
+  p.x = data_ptr<const void>(x);
+  p.x_stride = a.x_stride;
+  p.q_stride = a.q_stride;
+  p.s_row = a.rows > 1 ? scales.stride(0) : 0;
+  p.s_col = scales.size(1) > 1 ? scales.stride(1) : 0;
+  if (p.s_row < 0 || p.s_col < 0) TVM_FFI_THROW(ValueError) << op << ": scales must have non-negative strides";
+  p.groups = static_cast<int>(a.hidden / group_size);
+  p.group_size = static_cast<int>(group_size);
+  p.total = a.rows * p.groups;
+  p.lanes = 1;
+  p.eps = static_cast<float>(eps);
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_per_group<scalar_t>(op, p, dev); });
+}
+
+}  // namespace quantization_cuda
+}  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cuda, opmux::quantization_cuda::per_token_quant_fp8_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cuda,
+                              opmux::quantization_cuda::per_token_group_quant_fp8_cuda);

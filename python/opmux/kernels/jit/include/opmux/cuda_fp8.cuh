@@ -1,0 +1,61 @@
+// CUDA helpers for fp8 (e4m3fn) output: saturating round-to-nearest-even packing of VEC
+// floats into VEC bytes (one 1/2/4/8-byte store), and max reductions.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "opmux/cuda_utils.cuh"
+
+namespace opmux {
+namespace cuda {
+
+__device__ __forceinline__ uint16_t fp8x2(float a, float b) {
+  return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+}
+
+template <int N> struct ByteVec;  // N fp8 bytes as one store
+template <> struct ByteVec<1> { using type = uint8_t; };
+template <> struct ByteVec<2> { using type = uint16_t; };
+template <> struct ByteVec<4> { using type = uint32_t; };
+template <> struct ByteVec<8> { using type = uint2; };
+
+// q[0..VEC) = e4m3(v[k] * inv), saturated to +-448.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_fp8(uint8_t* q, const Vec<T, VEC>& v, float inv) {
+  if constexpr (VEC == 1) {
+    *q = static_cast<uint8_t>(__nv_cvt_float_to_fp8(to_float(v.v[0]) * inv, __NV_SATFINITE, __NV_E4M3));
+  } else {
+    uint16_t pairs[VEC / 2];
+#pragma unroll
+    for (int k = 0; k < VEC / 2; ++k)
+      pairs[k] = fp8x2(to_float(v.v[2 * k]) * inv, to_float(v.v[2 * k + 1]) * inv);
+    using B = typename ByteVec<VEC>::type;
+    B out;
+    static_assert(sizeof(B) == sizeof(pairs), "fp8 vector size");
+    memcpy(&out, pairs, sizeof(B));
+    *reinterpret_cast<B*>(q) = out;
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Max of v over the block (1-D, blockDim.x a multiple of 32); every thread gets it.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+  v = warp_max(v);
+  if (blockDim.x > 32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.f;
+    v = warp_max(v);
+  }
+  return v;
+}
+
+}  // namespace cuda
+}  // namespace opmux
