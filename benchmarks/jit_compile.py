@@ -61,6 +61,7 @@ def _run(code: str, *args: str, cache: Path) -> dict[str, float]:
 
 def bench(repeat: int, archs: str) -> dict[str, object]:
     from opmux.kernels.jit.compile.toolchain import ToolchainNotFound, find_cxx, find_nvcc
+    from opmux.kernels.jit import kernel_path
     from opmux.kernels.jit.modules import MODULES
 
     cxx = find_cxx()
@@ -70,6 +71,11 @@ def bench(repeat: int, archs: str) -> dict[str, object]:
         nvcc = None
     rows = []
     for module in MODULES.values():
+        missing = [s for s in module.sources if not (kernel_path() / "csrc" / s).is_file()]
+        if missing:
+            rows.append({"module": module.name, "device": module.device,
+                         "skipped": f"sources missing: {', '.join(missing)}"})
+            continue
         if module.device == "cuda" and nvcc is None:
             rows.append({"module": module.name, "device": "cuda", "skipped": "no nvcc"})
             continue

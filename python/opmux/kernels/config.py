@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from opmux.kernels.jit.compile.publish import DEFAULT_CACHE_DIR as _DEFAULT_CACHE_DIR
 from opmux.kernels.overrides import _parse_syntax
 
 __all__ = [
@@ -188,7 +189,7 @@ KNOBS: Mapping[str, Knob] = _knobs(
     Knob(
         "OPMUX_CACHE_DIR",
         "path",
-        "~/.cache/opmux",
+        _DEFAULT_CACHE_DIR,
         "Where JIT-compiled modules are cached (`~` is expanded).",
         _path,
     ),
@@ -298,13 +299,20 @@ def scope(**overrides: Any) -> Iterator[None]:
     Values are validated on entry (a str is parsed like the environment; ``None`` means "the
     default, ignoring the environment"). On exit both the Python overrides and every ``OPMUX_*``
     variable in ``os.environ`` are restored, so a test that sets the environment inside the
-    block leaks nothing. Overrides are not exported to ``os.environ`` (subprocesses do not see
-    them); set the environment for that.
+    block leaks nothing. Overrides are also exported to ``os.environ`` for the block, so the JIT
+    loader and child processes see them.
     """
     coerced = {name: _knob(name).coerce(value) for name, value in overrides.items()}
     saved_overrides = dict(_overrides_set)
     saved_env = {k: v for k, v in os.environ.items() if k.startswith("OPMUX_")}
     _overrides_set.update(coerced)
+    for name, value in overrides.items():
+        # export too: the JIT loader (which depends on nothing else in opmux) and child
+        # processes read the environment, and must see what this block sets
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = _to_env(coerced[name])
     _notify()
     try:
         yield
@@ -316,6 +324,12 @@ def scope(**overrides: Any) -> Iterator[None]:
                 del os.environ[key]
         os.environ.update(saved_env)
         _notify()
+
+
+def _to_env(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
 
 
 def _jsonable(value: Any) -> Any:

@@ -42,11 +42,13 @@ MODULES: Mapping[str, JitModule] = _table(
     JitModule("quantization_cpu", ("quantization_cpu.cpp",), "cpu"),
     JitModule("moe_cpu", ("moe_cpu.cpp",), "cpu"),
     JitModule("kvcache_cpu", ("kvcache_cpu.cpp",), "cpu"),
+    JitModule("rope_cpu", ("rope_cpu.cpp",), "cpu"),
     JitModule("layernorm_cuda", ("layernorm_cuda.cu",), "cuda"),
     JitModule("activation_cuda", ("activation_cuda.cu",), "cuda"),
     JitModule("quantization_cuda", ("quantization_cuda.cu",), "cuda"),
     JitModule("moe_cuda", ("moe_cuda.cu",), "cuda"),
     JitModule("kvcache_cuda", ("kvcache_cuda.cu",), "cuda"),
+    JitModule("rope_cuda", ("rope_cuda.cu",), "cuda"),
 )
 
 

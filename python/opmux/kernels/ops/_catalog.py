@@ -3,5 +3,8 @@
 GROUPS: tuple[str, ...] = (
     "activation",
     "layernorm",
+    "moe",
+    "kvcache",
     "quantization",
+    "rope",
 )

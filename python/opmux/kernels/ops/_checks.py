@@ -66,3 +66,20 @@ def positive_int(op: str, name: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
     return v
+
+
+def heads(op: str, name: str, t: torch.Tensor, tokens: int, num_heads: int, head_dim: int) -> torch.Tensor:
+    """``t`` as a [tokens, num_heads, head_dim] view with a dense last dim, never a copy (for
+    per-head ops: q / k of [..., H, D] or [..., H * D]; token and head strides stay free)."""
+    if head_dim > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: {name} has a non-contiguous last dimension (stride {t.stride(-1)}); "
+            "kernels need stride 1 there: pass x.contiguous()"
+        )
+    try:
+        return t.view(tokens, num_heads, head_dim)
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
+            f"[{tokens}, {num_heads}, {head_dim}]; pass a tensor whose leading dims are contiguous"
+        ) from None

@@ -127,8 +127,11 @@ def _run(command: list[str], log: list[str]) -> None:
 
 
 def _link_flags(device: Device, lib: Path) -> list[str]:
-    rpath = f"-Wl,-rpath,{lib.parent}" if device == "cpu" else f"-Xlinker=-rpath,{lib.parent}"
-    return [f"-L{lib.parent}", "-ltvm_ffi", rpath]
+    # No rpath: modules are only ever opened through tvm_ffi.load_module, after tvm_ffi has
+    # loaded libtvm_ffi.so, so the dependency resolves by soname. An rpath would bake the
+    # build machine's (often temporary) path into shipped libraries and break reproducibility.
+    del device
+    return [f"-L{lib.parent}", "-ltvm_ffi"]
 
 
 def _merge_depfiles(target: Path, parts: Sequence[Path], output: Path) -> None:

@@ -1,8 +1,8 @@
 // Dynamic fp8 (e4m3fn) quantization for CUDA tensors (float32 / float16 / bfloat16 input).
 //
 // per_token_quant_fp8_cuda(q, scales, x, scale_ub): one block per row. When the row fits in
-// registers (16-byte aligned, up to 8 vectors per thread x 1024 threads: H <= 65536 for 16-bit
-// inputs, 32768 for fp32) x is read ONCE: load, block max, scale, convert from registers.
+// registers (16-byte aligned, up to 8 vectors per thread x 512 threads: H <= 32768 for 16-bit
+// inputs, 16384 for fp32; 512 keeps PER = 8 within 128 registers, no spills) x is read ONCE: load, block max, scale, convert from registers.
 // Otherwise a two-pass loop whose second pass re-reads the row from L1/L2.
 //
 // per_token_group_quant_fp8_cuda(q, scales, x, group_size, eps): L lanes (a power of two <= 32
@@ -55,7 +55,7 @@ __device__ __forceinline__ float token_scale(float amax, const TokenParams& p) {
 
 // One pass: thread t holds vectors t, t + T, ..., t + (PER-1) T of the row (coalesced).
 template <typename T, int VEC, int PER>
-__global__ void __launch_bounds__(1024) per_token_reg_kernel(TokenParams p) {
+__global__ void __launch_bounds__(512) per_token_reg_kernel(TokenParams p) {
   const int64_t row = blockIdx.x;
   const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
   uint8_t* __restrict__ q = p.q + row * p.q_stride;
@@ -113,7 +113,7 @@ void launch_per_token(const char* op, const TokenParams& p, int64_t rows, int32_
   const dim3 grid(static_cast<unsigned>(rows));
   const int nvec = vec_ok ? p.hidden / VEC : p.hidden;
   auto round32 = [](int n) { return std::max(32, (n + 31) / 32 * 32); };
-  if (vec_ok && nvec <= 8 * 1024) {
+  if (vec_ok && nvec <= 8 * 512) {
     // ~256 threads with PER vectors each (more threads only when PER would exceed 8).
     int per = 1;
     while (per < 8 && per * 256 < nvec) per *= 2;

@@ -1,4 +1,4 @@
-"""RMSNorm and fused residual-add RMSNorm.
+"""RMSNorm, fused residual-add RMSNorm, their Gemma (1 + w) variants and per-head qk_norm.
 
 >>> import torch
 >>> from opmux.kernels.ops.layernorm import rmsnorm
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fused_add_rmsnorm", "rmsnorm"]
+__all__ = ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "gemma_rmsnorm", "qk_norm", "rmsnorm"]
 
 
 def __getattr__(name: str) -> Any:

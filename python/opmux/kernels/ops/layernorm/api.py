@@ -2,50 +2,103 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from .op import FusedAddRMSNorm, RMSNorm, _check_add, _check_rmsnorm
+from ...fused_op import BaseFusedOp
+from .op import (
+    FusedAddRMSNorm,
+    GemmaFusedAddRMSNorm,
+    GemmaRMSNorm,
+    QKNorm,
+    RMSNorm,
+    _check_add,
+    _check_qk,
+    _check_rmsnorm,
+)
 
-__all__ = ["fused_add_rmsnorm", "rmsnorm"]
+__all__ = ["fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "gemma_rmsnorm", "qk_norm", "rmsnorm"]
 
 _rms = RMSNorm()
 _add = FusedAddRMSNorm()
+_gemma_rms = GemmaRMSNorm()
+_gemma_add = GemmaFusedAddRMSNorm()
+_qk = QKNorm()
 # bound once: dynamo folds this function to True while tracing; eager pays one call
 _compiling = torch.compiler.is_compiling
 Backend = str | Sequence[str] | None
+Overload = Callable[..., object]
 
 
-@torch.library.custom_op("opmux::rmsnorm", mutates_args=())
-def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _rms(x, weight, eps)
+def _register_norm(name: str, op: BaseFusedOp) -> tuple[Overload, Overload]:
+    """``opmux::<name>`` (new tensor) and ``opmux::<name>_out`` (writes ``out``) with fake impls;
+    returns their overloads, which is what a compiled graph calls."""
+
+    @torch.library.custom_op(f"opmux::{name}", mutates_args=())
+    def functional(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return op(x, weight, eps)
+
+    @functional.register_fake
+    def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        _check_rmsnorm(op.op_name, x, weight, None)
+        return torch.empty_like(x)
+
+    @torch.library.custom_op(f"opmux::{name}_out", mutates_args=("out",))
+    def with_out(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        op(x, weight, eps, out)
+
+    @with_out.register_fake
+    def _(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        _check_rmsnorm(op.op_name, x, weight, out)
+
+    return getattr(torch.ops.opmux, name).default, getattr(torch.ops.opmux, f"{name}_out").default
 
 
-@_rmsnorm_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    _check_rmsnorm(RMSNorm.op_name, x, weight, None)
-    return torch.empty_like(x)
+def _register_add(name: str, op: BaseFusedOp) -> Overload:
+    @torch.library.custom_op(f"opmux::{name}", mutates_args=("x", "residual"))
+    def fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        op(x, residual, weight, eps)
+
+    @fused.register_fake
+    def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        _check_add(op.op_name, x, residual, weight)
+
+    return getattr(torch.ops.opmux, name).default
 
 
-@torch.library.custom_op("opmux::rmsnorm_out", mutates_args=("out",))
-def _rmsnorm_out_op(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    _rms(x, weight, eps, out)
+@torch.library.custom_op("opmux::qk_norm", mutates_args=("q", "k"))
+def _qk_norm_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+    _qk(q, k, q_weight, k_weight, eps)
 
 
-@_rmsnorm_out_op.register_fake
-def _(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    _check_rmsnorm(RMSNorm.op_name, x, weight, out)
+@_qk_norm_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+    _check_qk(q, k, q_weight, k_weight)
 
 
-@torch.library.custom_op("opmux::fused_add_rmsnorm", mutates_args=("x", "residual"))
-def _fused_add_rmsnorm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    _add(x, residual, weight, eps)
+_rms_ops = _register_norm("rmsnorm", _rms)
+_gemma_rms_ops = _register_norm("gemma_rmsnorm", _gemma_rms)
+_add_op = _register_add("fused_add_rmsnorm", _add)
+_gemma_add_op = _register_add("gemma_fused_add_rmsnorm", _gemma_add)
 
 
-@_fused_add_rmsnorm_op.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    _check_add(FusedAddRMSNorm.op_name, x, residual, weight)
+def _norm(op: BaseFusedOp, ops: tuple[Overload, Overload], x: torch.Tensor, weight: torch.Tensor, eps: float,
+          out: torch.Tensor | None, backend: Backend) -> torch.Tensor:
+    if _compiling():
+        if out is None:
+            return ops[0](x, weight, eps)  # type: ignore[return-value]
+        ops[1](out, x, weight, eps)
+        return out
+    return op(x, weight, eps, out, backend=backend)  # type: ignore[no-any-return]
+
+
+def _fused_add(op: BaseFusedOp, overload: Overload, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+               eps: float, backend: Backend) -> None:
+    if _compiling():
+        overload(x, residual, weight, eps)
+        return
+    op(x, residual, weight, eps, backend=backend)
 
 
 def rmsnorm(
@@ -61,12 +114,7 @@ def rmsnorm(
     ``backend`` forces a backend (or an ordered list) for this call, validated like
     ``OPMUX_KERNEL_BACKEND``; with ``out`` the result is written there and returned.
     """
-    if _compiling():
-        if out is None:
-            return torch.ops.opmux.rmsnorm(x, weight, eps)
-        torch.ops.opmux.rmsnorm_out(out, x, weight, eps)
-        return out
-    return _rms(x, weight, eps, out, backend=backend)
+    return _norm(_rms, _rms_ops, x, weight, eps, out, backend)
 
 
 def fused_add_rmsnorm(
@@ -78,7 +126,45 @@ def fused_add_rmsnorm(
     backend: Backend = None,
 ) -> None:
     """In place: ``residual += x``, then ``x = rmsnorm(residual, weight, eps)``."""
+    _fused_add(_add, _add_op, x, residual, weight, eps, backend)
+
+
+def gemma_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    *,
+    backend: Backend = None,
+) -> torch.Tensor:
+    """Gemma RMSNorm: ``x * rsqrt(mean(x**2) + eps) * (1 + weight)``, all in fp32."""
+    return _norm(_gemma_rms, _gemma_rms_ops, x, weight, eps, out, backend)
+
+
+def gemma_fused_add_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    backend: Backend = None,
+) -> None:
+    """In place: ``residual += x``, then ``x = gemma_rmsnorm(residual, weight, eps)``."""
+    _fused_add(_gemma_add, _gemma_add_op, x, residual, weight, eps, backend)
+
+
+def qk_norm(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    backend: Backend = None,
+) -> None:
+    """In place: RMSNorm of every head of ``q`` [..., Hq, D] and ``k`` [..., Hk, D] over D, with
+    ``q_weight`` / ``k_weight`` [D] (fp32 math). One kernel launch for both on CUDA."""
     if _compiling():
-        torch.ops.opmux.fused_add_rmsnorm(x, residual, weight, eps)
+        torch.ops.opmux.qk_norm(q, k, q_weight, k_weight, eps)
         return
-    _add(x, residual, weight, eps, backend=backend)
+    _qk(q, k, q_weight, k_weight, eps, backend=backend)

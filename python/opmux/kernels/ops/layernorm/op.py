@@ -1,4 +1,7 @@
-"""RMSNorm ops: the reference and every backend, as static methods the spec points at."""
+"""RMSNorm ops: the reference and every backend, as static methods the spec points at.
+
+The plain and Gemma (weight applied as ``1 + w``) variants share every helper; the classes only
+name their op and the ``gemma`` flag."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ from .. import _checks, _native
 
 _RMS = "layernorm.rmsnorm"
 _ADD = "layernorm.fused_add_rmsnorm"
+_GEMMA_RMS = "layernorm.gemma_rmsnorm"
+_GEMMA_ADD = "layernorm.gemma_fused_add_rmsnorm"
+_QK = "layernorm.qk_norm"
 
 
 def _check_rmsnorm(op: str, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,54 +47,130 @@ def _check_add(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     return x2, _checks.rows(op, "residual", residual, x.shape[-1])
 
 
+def _check_qk(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views; weights [D]."""
+    op = _QK
+    for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
+        _checks.tensor(op, name, t)
+    _checks.float_dtype(op, "q", q)
+    _checks.same_dtype(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
+    _checks.same_device(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
+    if q.dim() < 2 or k.dim() < 2:
+        raise ValueError(f"{op}: q and k must be [..., heads, head_dim], got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"{op}: k has shape {tuple(k.shape)}; its head_dim must be {d} like q's")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if tuple(w.shape) != (d,):
+            raise ValueError(f"{op}: {name} has shape {tuple(w.shape)}, expected [{d}] (head_dim)")
+    if q.numel() and q.data_ptr() == k.data_ptr():
+        raise ValueError(f"{op}: q and k must be different tensors (both are normalized in place)")
+
+    def view(name: str, t: torch.Tensor) -> torch.Tensor:
+        heads = t.shape[-2]
+        tokens = t.numel() // (heads * d) if heads * d else t.shape[:-2].numel()
+        return _checks.heads(op, name, t, tokens, heads, d)
+
+    return view("q", q), view("k", k)
+
+
 def _device(x: torch.Tensor) -> str:
     return "cuda" if x.is_cuda else "cpu"
 
 
+def _kernel_name(op: str, x: torch.Tensor) -> tuple[str, str]:
+    """(device, exported function) of the native kernel of ``op`` for ``x``."""
+    d = _device(x)
+    return d, f"{op.partition('.')[2]}_{d}"
+
+
+# -- shared implementations ------------------------------------------------------------
+def _ref(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+    xf = x.float()
+    w = weight.float() + 1.0 if gemma else weight.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
+
+
+def _torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+    w = weight.float() + 1.0 if gemma else weight.float()
+    return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
+
+
+def _maybe_out(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    return y if out is None else out.copy_(y)
+
+
+def _norm_triton(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None, gemma: bool) -> torch.Tensor:
+    x2, o2, out = _check_rmsnorm(op, x, weight, out)
+    from . import triton_kernels
+
+    triton_kernels.rmsnorm(x2, weight, eps, o2, None, gemma)
+    return out
+
+
+def _norm_native(kind: str, op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None) -> torch.Tensor:
+    x2, o2, out = _check_rmsnorm(op, x, weight, out)
+    d, fn = _kernel_name(op, x)
+    _native.function(kind, "layernorm", d, fn)(o2, x2, weight, float(eps))
+    return out
+
+
+def _add_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+    residual.copy_((x.float() + residual.float()).to(residual.dtype))
+    x.copy_(_ref(residual, weight, eps, gemma))
+
+
+def _add_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+    residual.add_(x)
+    x.copy_(_torch(residual, weight, eps, gemma))
+
+
+def _add_triton(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+    x2, r2 = _check_add(op, x, residual, weight)
+    from . import triton_kernels
+
+    triton_kernels.rmsnorm(x2, weight, eps, x2, r2, gemma)
+
+
+def _add_native(kind: str, op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    x2, r2 = _check_add(op, x, residual, weight)
+    d, fn = _kernel_name(op, x)
+    _native.function(kind, "layernorm", d, fn)(x2, r2, weight, float(eps))
+
+
+def _npu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    import torch_npu  # vendor library, present only on Ascend hosts
+
+    return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
+
+
+# -- the ops ---------------------------------------------------------------------------
 class RMSNorm(BaseFusedOp):
     op_name = _RMS
 
     @staticmethod
     def forward_native(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
-        xf = x.float()
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-        if out is None:
-            return y
-        return out.copy_(y)
+        return _maybe_out(_ref(x, weight, eps, False), out)
 
     @staticmethod
     def forward_torch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
-        y = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
-        return y if out is None else out.copy_(y)
+        return _maybe_out(_torch(x, weight, eps, False), out)
 
     @staticmethod
     def forward_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
-        x2, o2, out = _check_rmsnorm(_RMS, x, weight, out)
-        from . import triton_kernels
-
-        triton_kernels.rmsnorm(x2, weight, eps, o2, None)
-        return out
+        return _norm_triton(_RMS, x, weight, eps, out, False)
 
     @staticmethod
     def forward_jit(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
-        x2, o2, out = _check_rmsnorm(_RMS, x, weight, out)
-        d = _device(x)
-        _native.function("jit", "layernorm", d, f"rmsnorm_{d}")(o2, x2, weight, float(eps))
-        return out
+        return _norm_native("jit", _RMS, x, weight, eps, out)
 
     @staticmethod
     def forward_aot(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
-        x2, o2, out = _check_rmsnorm(_RMS, x, weight, out)
-        d = _device(x)
-        _native.function("aot", "layernorm", d, f"rmsnorm_{d}")(o2, x2, weight, float(eps))
-        return out
+        return _norm_native("aot", _RMS, x, weight, eps, out)
 
     @staticmethod
     def forward_torch_npu(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
-        import torch_npu  # vendor library, present only on Ascend hosts
-
-        y = torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
-        return y if out is None else out.copy_(y)
+        return _maybe_out(_npu_rms_norm(x, weight, eps), out)
 
 
 class FusedAddRMSNorm(BaseFusedOp):
@@ -96,36 +178,118 @@ class FusedAddRMSNorm(BaseFusedOp):
 
     @staticmethod
     def forward_native(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        residual.copy_((x.float() + residual.float()).to(residual.dtype))
-        x.copy_(RMSNorm.forward_native(residual, weight, eps))
+        _add_ref(x, residual, weight, eps, False)
 
     @staticmethod
     def forward_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        residual.add_(x)
-        x.copy_(RMSNorm.forward_torch(residual, weight, eps))
+        _add_torch(x, residual, weight, eps, False)
 
     @staticmethod
     def forward_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        x2, r2 = _check_add(_ADD, x, residual, weight)
-        from . import triton_kernels
-
-        triton_kernels.rmsnorm(x2, weight, eps, x2, r2)
+        _add_triton(_ADD, x, residual, weight, eps, False)
 
     @staticmethod
     def forward_jit(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        x2, r2 = _check_add(_ADD, x, residual, weight)
-        d = _device(x)
-        _native.function("jit", "layernorm", d, f"fused_add_rmsnorm_{d}")(x2, r2, weight, float(eps))
+        _add_native("jit", _ADD, x, residual, weight, eps)
 
     @staticmethod
     def forward_aot(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        x2, r2 = _check_add(_ADD, x, residual, weight)
-        d = _device(x)
-        _native.function("aot", "layernorm", d, f"fused_add_rmsnorm_{d}")(x2, r2, weight, float(eps))
+        _add_native("aot", _ADD, x, residual, weight, eps)
 
     @staticmethod
     def forward_torch_npu(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        import torch_npu  # vendor library, present only on Ascend hosts
-
         residual.add_(x)
-        x.copy_(torch_npu.npu_rms_norm(residual, weight, epsilon=eps)[0])
+        x.copy_(_npu_rms_norm(residual, weight, eps))
+
+
+# No torch_npu backend for the Gemma ops: npu_rms_norm takes gamma in x's dtype, so 1 + w
+# would be rounded to bf16/fp16 before use (not the fp32 weight the op promises).
+class GemmaRMSNorm(BaseFusedOp):
+    op_name = _GEMMA_RMS
+
+    @staticmethod
+    def forward_native(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _maybe_out(_ref(x, weight, eps, True), out)
+
+    @staticmethod
+    def forward_torch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _maybe_out(_torch(x, weight, eps, True), out)
+
+    @staticmethod
+    def forward_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _norm_triton(_GEMMA_RMS, x, weight, eps, out, True)
+
+    @staticmethod
+    def forward_jit(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _norm_native("jit", _GEMMA_RMS, x, weight, eps, out)
+
+    @staticmethod
+    def forward_aot(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _norm_native("aot", _GEMMA_RMS, x, weight, eps, out)
+
+
+class GemmaFusedAddRMSNorm(BaseFusedOp):
+    op_name = _GEMMA_ADD
+
+    @staticmethod
+    def forward_native(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        _add_ref(x, residual, weight, eps, True)
+
+    @staticmethod
+    def forward_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        _add_torch(x, residual, weight, eps, True)
+
+    @staticmethod
+    def forward_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        _add_triton(_GEMMA_ADD, x, residual, weight, eps, True)
+
+    @staticmethod
+    def forward_jit(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        _add_native("jit", _GEMMA_ADD, x, residual, weight, eps)
+
+    @staticmethod
+    def forward_aot(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+        _add_native("aot", _GEMMA_ADD, x, residual, weight, eps)
+
+
+def _qk_native(kind: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+    q3, k3 = _check_qk(q, k, q_weight, k_weight)
+    d, fn = _kernel_name(_QK, q)
+    _native.function(kind, "layernorm", d, fn)(q3, k3, q_weight, k_weight, float(eps))
+
+
+class QKNorm(BaseFusedOp):
+    """In place: per-head RMSNorm of q [..., Hq, D] and k [..., Hk, D] (weights [D])."""
+
+    op_name = _QK
+
+    @staticmethod
+    def forward_native(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+        q.copy_(_ref(q, q_weight, eps, False))
+        k.copy_(_ref(k, k_weight, eps, False))
+
+    @staticmethod
+    def forward_torch(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+        q.copy_(_torch(q, q_weight, eps, False))
+        k.copy_(_torch(k, k_weight, eps, False))
+
+    @staticmethod
+    def forward_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+        q3, k3 = _check_qk(q, k, q_weight, k_weight)
+        from . import triton_kernels
+
+        triton_kernels.qk_norm(q3, q_weight, eps)
+        triton_kernels.qk_norm(k3, k_weight, eps)
+
+    @staticmethod
+    def forward_jit(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+        _qk_native("jit", q, k, q_weight, k_weight, eps)
+
+    @staticmethod
+    def forward_aot(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+        _qk_native("aot", q, k, q_weight, k_weight, eps)
+
+    @staticmethod
+    def forward_torch_npu(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+        q.copy_(_npu_rms_norm(q, q_weight, eps))
+        k.copy_(_npu_rms_norm(k, k_weight, eps))

@@ -75,3 +75,62 @@ def fused_add_rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...]
         ("non-contiguous", (torch.randn(16, 4, device=device).t(), torch.randn(4, 16, device=device), w), {}, ValueError, "non-contiguous"),
         ("weight-shape", (x, torch.randn(4, 16, device=device), torch.ones(3, device=device)), {}, ValueError, "weight has shape"),
     ]
+
+
+def gemma_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    return rmsnorm_samples(device, dtype)
+
+
+def gemma_fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    return fused_add_rmsnorm_samples(device, dtype)
+
+
+def gemma_rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    return rmsnorm_invalid(device)
+
+
+def gemma_fused_add_rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    return fused_add_rmsnorm_invalid(device)
+
+
+# (name, q shape, k shape): [..., heads, head_dim]
+_QK_SHAPES = (
+    ("1-token", (1, 4, 64), (1, 2, 64)),
+    ("odd-head-dim-7", (3, 2, 7), (3, 1, 7)),
+    ("head-dim-129", (2, 3, 129), (2, 1, 129)),
+    ("4d-leading", (2, 3, 4, 32), (2, 3, 2, 32)),
+    ("empty-batch", (0, 4, 64), (0, 2, 64)),
+)
+
+
+def qk_norm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = []
+    for i, (name, qs, ks) in enumerate(_QK_SHAPES):
+        g = _gen(device, dtype, 300 + i)
+        d = qs[-1]
+        out.append(Sample(name, (_randn(qs, dtype, device, g), _randn(ks, dtype, device, g),
+                                 _randn((d,), dtype, device, g), _randn((d,), dtype, device, g)), {"eps": 1e-6}))
+    g = _gen(device, dtype, 400)
+    out.append(Sample("large-magnitude", (_randn((3, 4, 128), dtype, device, g, 1e3), _randn((3, 2, 128), dtype, device, g, 1e3),
+                                          _randn((128,), dtype, device, g), _randn((128,), dtype, device, g)), {}))
+    # q and k as views of a fused qkv projection: token stride (4 + 2 + 2) * 64, heads 64 apart
+    qkv = _randn((5, 8 * 64), dtype, device, g)
+    out.append(Sample("qkv-slices", (qkv[:, :256].view(5, 4, 64), qkv[:, 256:384].view(5, 2, 64),
+                                     _randn((64,), dtype, device, g), _randn((64,), dtype, device, g)), {}))
+    # padded heads: head stride 80 for head_dim 64 (no common row stride)
+    qp, kp = _randn((4, 3, 80), dtype, device, g), _randn((4, 2, 80), dtype, device, g)
+    out.append(Sample("padded-heads", (qp[..., :64], kp[..., :64], _randn((64,), dtype, device, g), _randn((64,), dtype, device, g)), {}))
+    return out
+
+
+def qk_norm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    q, k = torch.randn(4, 4, 64, device=device), torch.randn(4, 2, 64, device=device)
+    w = torch.ones(64, device=device)
+    return [
+        ("k-head-dim", (q, torch.randn(4, 2, 32, device=device), w, w), {}, ValueError, "head_dim must be"),
+        ("weight-shape", (q, k, torch.ones(32, device=device), w), {}, ValueError, "q_weight has shape"),
+        ("k-dtype", (q, k.half(), w, w), {}, TypeError, "k has dtype"),
+        ("int-dtype", (q.int(), k.int(), w.int(), w.int()), {}, TypeError, "dtype"),
+        ("non-contiguous", (torch.randn(4, 64, 4, device=device).transpose(1, 2), k, w, w), {}, ValueError, "non-contiguous"),
+        ("same-tensor", (q, q, w, w), {}, ValueError, "different tensors"),
+    ]

@@ -8,20 +8,21 @@ from .._common import AOT, JIT, PRIORITY, TOLERANCES, TORCH, TORCH_NPU, TRITON
 _M = "opmux.kernels.ops.layernorm.op"
 
 
-def _spec(name: str, cls: str, doc: str, mutates: tuple[str, ...]) -> OpSpec:
+def _spec(name: str, cls: str, doc: str, mutates: tuple[str, ...], npu: bool = True) -> OpSpec:
     backends = [
         BackendSpec("aot", f"{_M}:{cls}.forward_aot", AOT),
         BackendSpec("jit", f"{_M}:{cls}.forward_jit", JIT),
         BackendSpec("triton", f"{_M}:{cls}.forward_triton", TRITON),
         BackendSpec("torch", f"{_M}:{cls}.forward_torch", TORCH),
-        BackendSpec("torch_npu", f"{_M}:{cls}.forward_torch_npu", TORCH_NPU),
     ]
+    if npu:  # the Gemma ops have no torch_npu equivalent (see op.py)
+        backends.append(BackendSpec("torch_npu", f"{_M}:{cls}.forward_torch_npu", TORCH_NPU))
     return OpSpec(
         name=f"layernorm.{name}",
         reference=f"{_M}:{cls}.forward_native",
         backends=tuple(backends),
         default_priority=("torch",),
-        priority=PRIORITY,
+        priority=PRIORITY if npu else tuple((dev, tuple(b for b in order if b != "torch_npu")) for dev, order in PRIORITY),
         tolerances=TOLERANCES,
         samples=f"opmux.kernels.ops.layernorm.samples:{name}_samples",
         invalid_samples=f"opmux.kernels.ops.layernorm.samples:{name}_invalid",
@@ -37,5 +38,25 @@ SPECS = (
         "FusedAddRMSNorm",
         "in place: residual += x; x = rmsnorm(residual)",
         ("x", "residual"),
+    ),
+    _spec(
+        "gemma_rmsnorm",
+        "GemmaRMSNorm",
+        "y = x * rsqrt(mean(x^2) + eps) * (1 + weight), over the last dim, in fp32",
+        ("out",),
+        npu=False,
+    ),
+    _spec(
+        "gemma_fused_add_rmsnorm",
+        "GemmaFusedAddRMSNorm",
+        "in place: residual += x; x = gemma_rmsnorm(residual)",
+        ("x", "residual"),
+        npu=False,
+    ),
+    _spec(
+        "qk_norm",
+        "QKNorm",
+        "in place: per-head rmsnorm of q [..., Hq, D] and k [..., Hk, D] with weights [D]",
+        ("q", "k"),
     ),
 )

@@ -15,7 +15,8 @@ _CHUNK = 4096
 
 
 @triton.jit
-def _rmsnorm_row(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+def _rmsnorm_row(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+                 GEMMA: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -27,11 +28,14 @@ def _rmsnorm_row(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: t
         x = r_stored.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    if GEMMA:
+        w = w + 1.0
     tl.store(Y + row * sy + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rmsnorm_looped(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+def _rmsnorm_looped(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+                    GEMMA: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, N, BLOCK):
@@ -52,6 +56,8 @@ def _rmsnorm_looped(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES
         mask = cols < N
         x = tl.load(src + row * ss + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        if GEMMA:
+            w = w + 1.0
         tl.store(Y + row * sy + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
 
 
@@ -59,8 +65,10 @@ def _num_warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, y: torch.Tensor, residual: torch.Tensor | None) -> None:
-    """x, y, residual: [rows, N] with unit last stride (checked by the caller)."""
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, y: torch.Tensor, residual: torch.Tensor | None,
+            gemma: bool = False) -> None:
+    """x, y, residual: [rows, N] with unit last stride (checked by the caller); ``gemma``
+    applies the weight as ``1 + w`` (in fp32)."""
     rows, n = x.shape
     if rows == 0 or n == 0:
         return
@@ -69,7 +77,26 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, y: torch.Tensor, resid
     if n <= _ONE_PASS_MAX:
         block = triton.next_power_of_2(n)
         _rmsnorm_row[(rows,)](x, w, y, r, x.stride(0), y.stride(0), sr, n, eps,
-                              BLOCK=block, HAS_RES=residual is not None, num_warps=_num_warps(block))
+                              BLOCK=block, HAS_RES=residual is not None, GEMMA=gemma, num_warps=_num_warps(block))
     else:
         _rmsnorm_looped[(rows,)](x, w, y, r, x.stride(0), y.stride(0), sr, n, eps,
-                                 BLOCK=_CHUNK, HAS_RES=residual is not None, num_warps=8)
+                                 BLOCK=_CHUNK, HAS_RES=residual is not None, GEMMA=gemma, num_warps=8)
+
+
+def qk_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> None:
+    """In place over x: [tokens, heads, D] (unit last stride). One launch when the (token, head)
+    rows share one stride (the usual layout, even inside a fused qkv tensor), else one per head."""
+    tokens, heads, d = x.shape
+    if tokens == 0 or heads == 0 or d == 0:
+        return
+    if heads == 1:
+        rows = x[:, 0]
+    elif tokens == 1:
+        rows = x[0]
+    elif x.stride(0) == heads * x.stride(1):
+        rows = x.as_strided((tokens * heads, d), (x.stride(1), 1))
+    else:
+        for h in range(heads):
+            rmsnorm(x[:, h], w, eps, x[:, h], None)
+        return
+    rmsnorm(rows, w, eps, rows, None)

@@ -1,0 +1,216 @@
+"""Fetch the peer libraries of the GPU benchmark as wheels for the offline H200, and trim FlashInfer.
+
+    python benchmarks/fetch_peers.py [--dir .whl] [--no-download]
+
+The device machine has no internet, so peers travel as wheels in ``.whl/`` (ignored by git; the
+device tool's ``carry``). The whole working tree plus carried paths must stay under 64 MiB, and
+``flashinfer-python`` 0.7.4 is a ~100 MB wheel (mostly CUDA sources of kernels we do not
+benchmark), so it is rewritten into a trimmed wheel of the same name and version that keeps:
+
+* every Python module that ``import flashinfer`` and the benchmarked submodules import, plus all
+  Python files outside the large unrelated trees (experimental, fused_moe, moe_ep, ...), so lazy
+  imports at call time still resolve;
+* the ``.cu`` sources of the JIT modules the benchmark builds (norm, activation, rope,
+  quantization, page) and the transitive ``#include`` closure of those sources over FlashInfer's
+  bundled include trees (include, csrc, cutlass, cccl, spdlog); headers that do not resolve there
+  come from the CUDA toolkit, exactly as they would with the full wheel;
+* all non-source package data (json, jinja templates, ...).
+
+The RECORD is regenerated, and a ``TRIMMED`` note is added to the dist-info. Wheels fetched:
+liger-kernel (pure Python), apache-tvm-ffi (cp312 manylinux; opmux's compiled code binds through
+it, and the device image lacks it) and flashinfer-python. Their other requirements are already in
+the device image (see benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path, PurePosixPath
+
+PEERS = ("liger-kernel==0.8.5", "apache-tvm-ffi==0.1.15.post2", "flashinfer-python==0.7.4")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64", "any")
+
+# JIT modules the benchmark builds: their translation units (relative to flashinfer/data/csrc)
+CSRC_UNITS = (
+    "norm.cu", "flashinfer_norm_binding.cu",
+    "rope.cu", "flashinfer_rope_binding.cu",
+    "quantization.cu", "csf_scales.cu", "flashinfer_quantization_binding.cu",
+    "page.cu", "flashinfer_page_binding.cu",
+)
+# headers the generated activation source includes
+EXTRA_ROOT_HEADERS = ("flashinfer/activation.cuh", "tvm_ffi_utils.h")
+INCLUDE_ROOTS = ("data/include", "data/csrc", "data/cutlass/include", "data/cutlass/tools/util/include",
+                 "data/spdlog/include", "data/cccl/cub", "data/cccl/libcudacxx/include", "data/cccl/thrust")
+# Python trees too large and unrelated to carry (kept only where the import closure needs them)
+DROP_PY_TREES = ("experimental/", "fused_moe/", "moe_ep/", "gdn_kernels/", "kda_kernels/", "attention/prims_ts/",
+                 "prims_ts/", "msa_ops/", "dsv3_ops/", "diffusion_ops/", "megamoe/", "cute_dsl/attention/")
+SOURCE_EXT = (".cu", ".cuh", ".h", ".hpp", ".inl", ".cpp", ".cc", ".c", ".inc", ".ptx")
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
+
+# modules imported to compute the Python import closure (best effort; needs torch)
+CLOSURE_IMPORTS = (
+    "flashinfer", "flashinfer.norm", "flashinfer.activation", "flashinfer.rope", "flashinfer.page",
+    "flashinfer.quantization", "flashinfer.quantization.fp8_quantization", "flashinfer.jit.norm",
+    "flashinfer.jit.rope", "flashinfer.jit.activation", "flashinfer.jit.quantization", "flashinfer.jit.page",
+    "flashinfer.jit.core", "flashinfer.jit.cpp_ext",
+)
+
+
+def download(dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for req in PEERS:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+               "--implementation", "cp", "-d", str(dest), req]
+        for p in PLATFORMS:
+            cmd += ["--platform", p]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def _include_closure(names: dict[str, zipfile.ZipInfo], zf: zipfile.ZipFile, pkg: str) -> set[str]:
+    roots = [f"{pkg}/{r}" for r in INCLUDE_ROOTS]
+    todo = [f"{pkg}/data/csrc/{u}" for u in CSRC_UNITS]
+    for h in EXTRA_ROOT_HEADERS:
+        for r in roots:
+            if f"{r}/{h}" in names:
+                todo.append(f"{r}/{h}")
+                break
+    seen: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen or path not in names:
+            continue
+        seen.add(path)
+        text = zf.read(path).decode("utf-8", "replace")
+        here = str(PurePosixPath(path).parent)
+        for inc in INCLUDE_RE.findall(text):
+            for base in (here, *roots):
+                cand = str(PurePosixPath(base) / inc)
+                # normalise ../
+                parts: list[str] = []
+                for seg in cand.split("/"):
+                    if seg == "..":
+                        if parts:
+                            parts.pop()
+                    elif seg and seg != ".":
+                        parts.append(seg)
+                cand = "/".join(parts)
+                if cand in names:
+                    todo.append(cand)
+                    break
+    missing = [u for u in CSRC_UNITS if f"{pkg}/data/csrc/{u}" not in names]
+    if missing:
+        print(f"warning: translation units not in the wheel: {missing}", file=sys.stderr)
+    return seen
+
+
+def _py_closure(wheel: Path) -> set[str]:
+    """Python files imported by CLOSURE_IMPORTS, from a temporary unpacked copy (best effort)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(tmp)
+        code = (
+            "import sys, os, json, importlib\n"
+            f"for m in {CLOSURE_IMPORTS!r}:\n"
+            "    try: importlib.import_module(m)\n"
+            "    except Exception as e: print('closure: import', m, 'failed:', repr(e)[:200], file=sys.stderr)\n"
+            f"root = {tmp!r}\n"
+            "fs = sorted(os.path.relpath(m.__file__, root) for m in list(sys.modules.values())\n"
+            "            if getattr(m, '__file__', None) and m.__file__.startswith(root))\n"
+            "print(json.dumps(fs))\n"
+        )
+        env = dict(__import__("os").environ)
+        env["PYTHONPATH"] = tmp + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["FLASHINFER_USE_CUDA_NORM"] = "1"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        sys.stderr.write(r.stderr[-3000:])
+        if r.returncode != 0 or not r.stdout.strip():
+            print("warning: could not compute the import closure; keeping every Python file", file=sys.stderr)
+            return {"*"}
+        return set(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def trim_flashinfer(wheel: Path) -> Path:
+    pkg = "flashinfer"
+    pyclosure = _py_closure(wheel)
+    with zipfile.ZipFile(wheel) as zf:
+        infos = zf.infolist()
+        names = {i.filename: i for i in infos}
+        headers = _include_closure(names, zf, pkg)
+        keep: list[zipfile.ZipInfo] = []
+        distinfo = next(n for n in names if n.endswith(".dist-info/RECORD")).rsplit("/", 1)[0]
+        for i in infos:
+            n = i.filename
+            if n.endswith("/") or n == f"{distinfo}/RECORD":
+                continue
+            if n.startswith(distinfo + "/"):
+                keep.append(i)
+                continue
+            rel = n[len(pkg) + 1:] if n.startswith(pkg + "/") else n
+            if n.endswith(".py"):
+                if "*" in pyclosure or n in pyclosure or not rel.startswith(DROP_PY_TREES):
+                    keep.append(i)
+            elif n.endswith(SOURCE_EXT) or "/data/" in n and Path(n).suffix == "":
+                if n in headers:
+                    keep.append(i)
+            elif "/data/" in n:
+                continue  # build scripts, licences of dropped trees, ...
+            elif rel.startswith(DROP_PY_TREES):
+                continue
+            else:
+                keep.append(i)
+        out = wheel.with_suffix(".trimmed")
+        record: list[str] = []
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zo:
+            for i in keep:
+                data = zf.read(i.filename)
+                zo.writestr(i, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                record.append(f"{i.filename},sha256={digest},{len(data)}")
+            note = (f"Trimmed by opmux benchmarks/fetch_peers.py for the offline benchmark machine: kept "
+                    f"{len(keep)} of {len(infos)} files; CUDA sources only for {', '.join(CSRC_UNITS)} and "
+                    "their #include closure.\n").encode()
+            zo.writestr(f"{distinfo}/TRIMMED", note)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(note).digest()).rstrip(b"=").decode()
+            record.append(f"{distinfo}/TRIMMED,sha256={digest},{len(note)}")
+            record.append(f"{distinfo}/RECORD,,")
+            zo.writestr(f"{distinfo}/RECORD", "\n".join(record) + "\n")
+    before = wheel.stat().st_size
+    out.replace(wheel)
+    print(f"trimmed {wheel.name}: {before / 2**20:.1f} MiB -> {wheel.stat().st_size / 2**20:.1f} MiB "
+          f"({len(keep)} of {len(infos)} files, {len(headers)} C++ files)", flush=True)
+    return wheel
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=Path(".whl"))
+    ap.add_argument("--no-download", action="store_true", help="only trim the flashinfer wheel already in --dir")
+    args = ap.parse_args()
+    if not args.no_download:
+        download(args.dir)
+    for w in sorted(args.dir.glob("flashinfer_python-*.whl")):
+        with zipfile.ZipFile(w) as zf:
+            if any(n.endswith(".dist-info/TRIMMED") for n in zf.namelist()):
+                print(f"{w.name}: already trimmed")
+                continue
+        trim_flashinfer(w)
+    total = 0
+    for w in sorted(args.dir.glob("*.whl")):
+        total += w.stat().st_size
+        print(f"{w.stat().st_size / 2**20:8.2f} MiB  {w.name}")
+    print(f"{total / 2**20:8.2f} MiB  total")
+
+
+if __name__ == "__main__":
+    main()

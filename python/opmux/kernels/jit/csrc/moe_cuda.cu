@@ -1,0 +1,289 @@
+// MoE routing for CUDA tensors.
+//
+// topk_softmax_cuda(topk_weights, topk_ids, gating_output, renormalize): one warp per token.
+// For E <= 1024 the row lives in registers (lane l holds experts l, l + 32, ...); larger E
+// re-reads the row from L1/L2 on each selection. Selection j takes the best (logit, -index)
+// strictly after selection j - 1 in that total order, so ties go to the lower expert index
+// and no "taken" mask is needed. Weights: expf(x - max) / sum in fp32.
+//
+// moe_align_block_size_cuda(...): one block. Warp w owns a contiguous slice of topk_ids; pass 1
+// counts per (warp, expert) in shared memory (__match_any_sync groups equal ids, the group's
+// leader adds its popcount: no atomics), then an exclusive scan over warps and a scan over
+// experts give every (warp, expert) its first output slot; pass 2 replays the slice in order
+// and writes rank-in-group offsets. The result is the stable (token-order) layout of the CPU
+// reference. Ids outside [0, E) are skipped: never an out-of-bounds write.
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+
+#include "opmux/cuda_utils.cuh"
+#include "opmux/moe_checks.h"
+
+namespace opmux {
+namespace moe_cuda {
+
+using cuda::to_float;
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kWarpsPerBlock = 4;
+
+struct TopkParams {
+  float* w;
+  int32_t* ids;
+  const void* g;
+  int64_t g_stride;
+  int64_t tokens;
+  int experts;
+  int k;
+  bool renormalize;
+};
+
+// (v, i) ranks before (bv, bi): higher logit, or equal logit and lower index.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  return bi == INT_MAX || v > bv || (v == bv && i < bi);
+}
+// (v, i) comes strictly after the previous selection (pv, pi) in that order.
+__device__ __forceinline__ bool after(float v, int i, float pv, int pi) {
+  return pi < 0 || v < pv || (v == pv && i > pi);
+}
+
+__device__ __forceinline__ void warp_best(float& bv, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, bv, o);
+    const int oi = __shfl_xor_sync(kFull, bi, o);
+    if (oi != INT_MAX && better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// VPT > 0: row in registers (E <= 32 * VPT); VPT == 0: row re-read from global memory.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_kernel(TopkParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  cuda::pdl_wait();
+  if (row >= p.tokens) return;  // whole warp
+  const T* __restrict__ g = static_cast<const T*>(p.g) + row * p.g_stride;
+  const int E = p.experts;
+  constexpr int R = VPT > 0 ? VPT : 1;
+  float x[R];
+  float m = -INFINITY;
+  if constexpr (VPT > 0) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int e = i * 32 + lane;
+      x[i] = e < E ? to_float(g[e]) : -INFINITY;
+      m = fmaxf(m, x[i]);
+    }
+  } else {
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, to_float(g[e]));
+  }
+  m = warp_max(m);
+  float s = 0.f;
+  if constexpr (VPT > 0) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (i * 32 + lane < E) s += expf(x[i] - m);
+  } else {
+    for (int e = lane; e < E; e += 32) s += expf(to_float(g[e]) - m);
+  }
+  s = cuda::warp_sum(s);
+  float pv = 0.f, total = 0.f;
+  int pi = -1;
+  for (int j = 0; j < p.k; ++j) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    if constexpr (VPT > 0) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int e = i * 32 + lane;
+        if (e < E && after(x[i], e, pv, pi) && better(x[i], e, bv, bi)) { bv = x[i]; bi = e; }
+      }
+    } else {
+      for (int e = lane; e < E; e += 32) {
+        const float v = to_float(g[e]);
+        if (after(v, e, pv, pi) && better(v, e, bv, bi)) { bv = v; bi = e; }
+      }
+    }
+    warp_best(bv, bi);
+    pv = bv;
+    pi = bi;
+    const float w = expf(bv - m) / s;
+    total += w;
+    if (lane == 0) {
+      p.w[row * p.k + j] = w;
+      p.ids[row * p.k + j] = bi;
+    }
+  }
+  cuda::pdl_launch_dependents();
+  if (p.renormalize && lane == 0)  // re-reads this thread's own stores
+    for (int j = 0; j < p.k; ++j) p.w[row * p.k + j] /= total;
+}
+
+template <typename T>
+void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  const cudaStream_t stream = cuda::current_stream(device_id);
+  const dim3 grid(static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  const dim3 block(32 * kWarpsPerBlock);
+  const int vpt = (p.experts + 31) / 32;
+  if (vpt <= 1) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 1>, grid, block, 0, stream, p);
+  else if (vpt <= 2) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 2>, grid, block, 0, stream, p);
+  else if (vpt <= 4) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 4>, grid, block, 0, stream, p);
+  else if (vpt <= 8) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 8>, grid, block, 0, stream, p);
+  else if (vpt <= 16) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 16>, grid, block, 0, stream, p);
+  else if (vpt <= 32) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 32>, grid, block, 0, stream, p);
+  else cuda::launch(op, device_id, props, topk_softmax_kernel<T, 0>, grid, block, 0, stream, p);
+}
+
+void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView gating_output, bool renormalize) {
+  const char* op = "opmux.topk_softmax";
+  TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, gating_output);
+  if (a.tokens == 0) return;
+  if (a.experts > INT_MAX / 2) TVM_FFI_THROW(ValueError) << op << ": too many experts (" << a.experts << ")";
+  TopkParams p;
+  p.w = data_ptr<float>(topk_weights);
+  p.ids = data_ptr<int32_t>(topk_ids);
+  p.g = data_ptr<const void>(gating_output);
+  p.g_stride = a.g_stride;
+  p.tokens = a.tokens;
+  p.experts = static_cast<int>(a.experts);
+  p.k = static_cast<int>(a.k);
+  p.renormalize = renormalize;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] { launch_topk<scalar_t>(op, p, a.device_id); });
+}
+
+struct AlignParams {
+  int32_t* sorted;
+  int32_t* experts;
+  int32_t* post;
+  const int32_t* ids;
+  int numel, num_experts, block_size, max_padded, max_blocks;
+};
+
+__global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
+  extern __shared__ int smem[];
+  const int W = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int E = p.num_experts, bs = p.block_size;
+  int* cnt = smem;            // [W][E]: counts, then each (warp, expert)'s offset in its expert
+  int* base = smem + W * E;   // [E]: padded count, then the expert's first slot
+  int* total = base + E;      // [1]
+  const unsigned lt_mask = (1u << lane) - 1u;
+  cuda::pdl_wait();
+  for (int i = threadIdx.x; i < W * E; i += blockDim.x) cnt[i] = 0;
+  for (int i = threadIdx.x; i < p.max_padded; i += blockDim.x) p.sorted[i] = p.numel;
+  __syncthreads();
+  const int per = (p.numel + W - 1) / W;
+  const int lo = min(p.numel, warp * per), hi = min(p.numel, lo + per);
+  for (int s = lo; s < hi; s += 32) {  // pass 1: counts
+    const int i = s + lane;
+    const int e = i < hi ? __ldg(p.ids + i) : -1;
+    const bool ok = e >= 0 && e < E;
+    const unsigned peers = __match_any_sync(kFull, ok ? e : -1);
+    if (ok && (peers & lt_mask) == 0) cnt[warp * E + e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // exclusive scan over warps
+    int run = 0;
+    for (int w = 0; w < W; ++w) {
+      const int c = cnt[w * E + e];
+      cnt[w * E + e] = run;
+      run += c;
+    }
+    base[e] = (run + bs - 1) / bs * bs;
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive scan of padded counts over experts
+    const int chunk = (E + 31) / 32, b = min(E, lane * chunk), end = min(E, b + chunk);
+    int local = 0;
+    for (int e = b; e < end; ++e) local += base[e];
+    int incl = local;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += v;
+    }
+    int run = incl - local;
+    for (int e = b; e < end; ++e) {
+      const int padded = base[e];
+      base[e] = run;
+      run += padded;
+    }
+    if (lane == 31) {
+      *total = incl;
+      *p.post = incl;
+    }
+  }
+  __syncthreads();
+  const int tot = *total;
+  for (int b = threadIdx.x; b < p.max_blocks; b += blockDim.x) {  // block -> expert
+    const int pos = b * bs;
+    int owner = -1;
+    if (pos < tot) {  // last expert whose first slot is <= pos (it is non-empty)
+      int l = 0, h = E - 1;
+      while (l < h) {
+        const int mid = (l + h + 1) >> 1;
+        if (base[mid] <= pos) l = mid; else h = mid - 1;
+      }
+      owner = l;
+    }
+    p.experts[b] = owner;
+  }
+  for (int s = lo; s < hi; s += 32) {  // pass 2: stable scatter
+    const int i = s + lane;
+    const int e = i < hi ? __ldg(p.ids + i) : -1;
+    const bool ok = e >= 0 && e < E;
+    const unsigned peers = __match_any_sync(kFull, ok ? e : -1);
+    if (ok) p.sorted[base[e] + cnt[warp * E + e] + __popc(peers & lt_mask)] = i;
+    __syncwarp();
+    if (ok && (peers & lt_mask) == 0) cnt[warp * E + e] += __popc(peers);
+    __syncwarp();
+  }
+  cuda::pdl_launch_dependents();
+}
+
+void moe_align_block_size_cuda(TensorView sorted_token_ids, TensorView expert_ids, TensorView num_tokens_post_padded,
+                               TensorView topk_ids, int64_t block_size, int64_t num_experts) {
+  const char* op = "opmux.moe_align_block_size";
+  AlignArgs a = check_align_args(op, kDLCUDA, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
+                                 block_size, num_experts);
+  // shared memory: W * E counters + E slots + 1, within the default 48 KiB
+  constexpr int64_t kSmem = 48 * 1024;
+  const int64_t fixed = (num_experts + 1) * 4;
+  const int64_t warps = std::min<int64_t>(32, (kSmem - fixed) / (4 * num_experts));
+  if (warps < 1) {
+    TVM_FFI_THROW(ValueError) << op << ": num_experts " << num_experts << " is too large for this kernel (max "
+                              << (kSmem - 4) / 8 << ")";
+  }
+  AlignParams p;
+  p.sorted = data_ptr<int32_t>(sorted_token_ids);
+  p.experts = data_ptr<int32_t>(expert_ids);
+  p.post = data_ptr<int32_t>(num_tokens_post_padded);
+  p.ids = data_ptr<const int32_t>(topk_ids);
+  p.numel = static_cast<int>(a.numel);
+  p.num_experts = static_cast<int>(num_experts);
+  p.block_size = static_cast<int>(block_size);
+  p.max_padded = static_cast<int>(a.max_padded);
+  p.max_blocks = static_cast<int>(a.max_blocks);
+  cuda::DeviceScope scope(op, a.device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, a.device_id);
+  const size_t smem = static_cast<size_t>(warps * num_experts * 4 + fixed);
+  cuda::launch(op, a.device_id, props, moe_align_kernel, dim3(1), dim3(static_cast<unsigned>(warps * 32)), smem,
+               cuda::current_stream(a.device_id), p);
+}
+
+}  // namespace moe_cuda
+}  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda, opmux::moe_cuda::topk_softmax_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda, opmux::moe_cuda::moe_align_block_size_cuda);

@@ -1,0 +1,163 @@
+"""Rotary embedding: the reference and every backend, as static methods the spec points at.
+
+Out-of-range positions never read out of bounds. Where positions live on the CPU they are
+checked on the host (reference, torch, triton; the C++ CPU kernel checks itself) and raise
+ValueError naming the first bad one. On an accelerator a host check would cost a device sync
+per call, so the kernels (CUDA, Triton, and the torch backend) clamp the index and poison that
+token: its rotated q / k elements become NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...fused_op import BaseFusedOp
+from .. import _checks, _native
+
+_OP = "rope.rotary_embedding"
+Views = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _num_heads(name: str, t: torch.Tensor, lead: int, head_size: int) -> int:
+    rest = tuple(t.shape[lead:])
+    if len(rest) == 1 and rest[0] % head_size == 0:
+        return rest[0] // head_size
+    if len(rest) == 2 and rest[1] == head_size:
+        return rest[0]
+    raise ValueError(
+        f"{_OP}: {name} has shape {tuple(t.shape)}; expected positions' shape followed by "
+        f"[num_heads * head_size] or [num_heads, head_size] with head_size {head_size}"
+    )
+
+
+def _views(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor) -> Views:
+    """positions as [T], query / key as [T, H, head_size] views (no dtype checks: the float64
+    oracle goes through here too)."""
+    _checks.positive_int(_OP, "head_size", head_size)
+    lead = positions.dim()
+    for name, t in (("query", query), ("key", key)):
+        if tuple(t.shape[:lead]) != tuple(positions.shape):
+            raise ValueError(f"{_OP}: {name} has shape {tuple(t.shape)}; its leading dims must be positions' {tuple(positions.shape)}")
+    if cos_sin_cache.dim() != 2:
+        raise ValueError(f"{_OP}: cos_sin_cache must be [max_position, rotary_dim], got shape {tuple(cos_sin_cache.shape)}")
+    rot = cos_sin_cache.shape[1]
+    if rot <= 0 or rot % 2 or rot > head_size:
+        raise ValueError(f"{_OP}: cos_sin_cache.shape[1] (rotary_dim) is {rot}; it must be even, positive and <= head_size {head_size}")
+    tokens = positions.numel()
+    q = _checks.heads(_OP, "query", query, tokens, _num_heads("query", query, lead, head_size), head_size)
+    k = _checks.heads(_OP, "key", key, tokens, _num_heads("key", key, lead, head_size), head_size)
+    return positions.reshape(tokens), q, k
+
+
+def _check(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor) -> Views:
+    for name, t in (("positions", positions), ("query", query), ("key", key), ("cos_sin_cache", cos_sin_cache)):
+        _checks.tensor(_OP, name, t)
+    _checks.exact_dtype(_OP, "positions", positions, torch.int64)
+    _checks.float_dtype(_OP, "query", query)
+    _checks.same_dtype(_OP, "query", query, key=key)
+    if cos_sin_cache.dtype not in (torch.float32, query.dtype):
+        raise TypeError(f"{_OP}: cos_sin_cache has dtype {cos_sin_cache.dtype}; expected torch.float32 or {query.dtype} (query's)")
+    _checks.same_device(_OP, "query", query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
+    if query.numel() and query.data_ptr() == key.data_ptr():
+        raise ValueError(f"{_OP}: query and key must be different tensors (both are rotated in place)")
+    return _views(positions, query, key, head_size, cos_sin_cache)
+
+
+def _check_positions(positions: torch.Tensor, max_pos: int) -> None:
+    """Host check (positions on the CPU): ValueError naming the first out-of-range position."""
+    bad = ((positions < 0) | (positions >= max_pos)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"{_OP}: positions[{i}] = {int(positions[i])} is out of range for cos_sin_cache with "
+                         f"{max_pos} positions (valid: 0..{max_pos - 1})")
+
+
+def _rotate(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool) -> None:
+    """The math, in fp32, for [T] positions and [T, H, D] views. Positions on an accelerator
+    are clamped and their tokens poisoned with NaN; on the CPU they are checked first."""
+    max_pos = cache.shape[0]
+    if pos.device.type == "cpu":
+        _check_positions(pos, max_pos)
+        cs = cache.float()[pos]
+    else:
+        ok = (pos >= 0) & (pos < max_pos)
+        cs = torch.where(ok[:, None], cache.float()[pos.clamp(0, max_pos - 1)], float("nan"))
+    cs = cs.to(torch.float64) if q.dtype == torch.float64 else cs  # the float64 oracle
+    cos, sin = cs.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, rot / 2]
+    rot = cache.shape[1]
+    for x in (q, k):
+        r = x[..., :rot].to(cs.dtype)
+        if is_neox:
+            x1, x2 = r.chunk(2, dim=-1)
+            y = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = r[..., 0::2], r[..., 1::2]
+            y = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        x[..., :rot] = y.to(x.dtype)
+
+
+def _device(x: torch.Tensor) -> str:
+    return "cuda" if x.is_cuda else "cpu"
+
+
+def _compiled(kind: str, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+              cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
+    d = _device(query)
+    _native.function(kind, "rope", d, f"rotary_embedding_{d}")(pos, q, k, cos_sin_cache, bool(is_neox))
+
+
+class RotaryEmbedding(BaseFusedOp):
+    """In place: rotate the first ``rotary_dim`` elements of every query / key head."""
+
+    op_name = _OP
+    key_arg = 1  # query picks the backend (positions are int64)
+
+    @staticmethod
+    def forward_native(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                       cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+        pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
+        _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
+        _rotate(pos, q, k, cos_sin_cache, is_neox)
+
+    @staticmethod
+    def forward_torch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                      cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+        pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
+        _rotate(pos, q, k, cos_sin_cache, is_neox)
+
+    @staticmethod
+    def forward_triton(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                       cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+        pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
+        if pos.device.type == "cpu":
+            _check_positions(pos, cos_sin_cache.shape[0])
+        from . import triton_kernels
+
+        triton_kernels.rotary_embedding(pos, q, k, cos_sin_cache, is_neox)
+
+    @staticmethod
+    def forward_jit(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                    cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+        _compiled("jit", positions, query, key, head_size, cos_sin_cache, is_neox)
+
+    @staticmethod
+    def forward_aot(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                    cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+        _compiled("aot", positions, query, key, head_size, cos_sin_cache, is_neox)
+
+    @staticmethod
+    def forward_torch_npu(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+                          cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+        pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
+        if cos_sin_cache.shape[1] != head_size:  # partial rotary: not what the vendor op does
+            _rotate(pos, q, k, cos_sin_cache, is_neox)
+            return
+        import torch_npu  # vendor library, present only on Ascend hosts
+
+        # vllm-ascend's in-place kernel wants dense [T, H * head_size] and a cache in q's dtype
+        tokens = pos.shape[0]
+        qf, kf = q.reshape(tokens, -1).contiguous(), k.reshape(tokens, -1).contiguous()
+        torch_npu._npu_rotary_embedding(pos, qf, kf, head_size, cos_sin_cache.to(q.dtype), is_neox)
+        q.copy_(qf.view_as(q))
+        k.copy_(kf.view_as(k))
