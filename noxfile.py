@@ -278,3 +278,19 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", *(session.posargs or ["."]))
     session.run("ruff", "format", "--check", *(session.posargs or ["."]))
+
+
+@nox.session(name="bench-gpu", python=False, default=False)
+def bench_gpu(session: nox.Session) -> None:
+    """GPU benchmark of the installed CUDA wheel against its peers (needs a CUDA GPU):
+    `nox -s bench-gpu [-- dist/cuda/X.whl] [-- --quick --ops rmsnorm]`; writes docs/benchmarks/bench.*.
+    Uses the machine's (CUDA) torch; peers come from .whl/ when present (benchmarks/fetch_peers.py)."""
+    wheels = [w for w in _wheels(session) if _target_of(w).name == "cuda"]
+    if not wheels:
+        session.error("no CUDA wheel under dist/cuda/: run `nox -s wheel-cuda` first")
+    os.environ.setdefault("OPMUX_SYSTEM_TORCH", "1")  # a CUDA torch, not the CPU pin
+    peers = tuple(str(w) for w in sorted((ROOT / ".whl").glob("*.whl")) if not w.name.startswith("opmux"))
+    py = _wheel_env(session, wheels[-1], extra=peers)
+    args = [a for a in session.posargs if not a.endswith(".whl")]
+    session.run(str(py), str(ROOT / "benchmarks" / "bench_gpu.py"), "--out", str(ROOT / "docs" / "benchmarks"), *args,
+                external=True)

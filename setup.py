@@ -7,7 +7,14 @@ libraries are built with opmux's own ``opmux.kernels.jit.compile.build.build_sha
 ``build_lib/opmux/kernels/aot/``.
 
 A target whose AOT compiler is absent still builds a wheel (namespace + JIT sources) and says
-so; ``OPMUX_REQUIRE_AOT=1`` makes that an error (release builds set it).
+so; ``OPMUX_REQUIRE_AOT=1`` makes that an error (release builds set it).  ``OPMUX_RELEASE=1``
+refuses a dirty or untagged git tree and any development version (tools/release.py).
+
+Reproducible: the same sources and ``SOURCE_DATE_EPOCH`` give the same bytes, wherever the tree
+and the isolated build environment sit.  The libraries are compiled through a small compiler
+wrapper (:func:`_reproducible_toolchain`) that maps those directories out of ``__FILE__`` and
+debug paths and drops the rpath to the build environment's tvm_ffi: the shipped libraries find
+``libtvm_ffi.so`` through the tvm_ffi package, which ``tvm_ffi.load_module`` has already loaded.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 SRC = Path(__file__).resolve().parent
 sys.path[:0] = [str(SRC / "python"), str(SRC)]  # opmux's torch-free build API and tools/
 
+from tools import release as _release  # noqa: E402
 from tools import targets as _targets  # noqa: E402
 
 if sys.version_info >= (3, 11):
@@ -88,7 +97,42 @@ def _find_toolchain(compiler: str):  # -> Toolchain
     return {"cxx": toolchain.find_cxx, "nvcc": toolchain.find_nvcc, "hipcc": toolchain.find_hipcc}[compiler]()
 
 
-def build_aot(target: _targets.Target, out_dir: Path) -> dict:
+_WRAPPER = """#!{python}
+# Written by opmux's setup.py for one build: runs {real!r} with the build directories mapped
+# out of the output and without an rpath (see setup.py _reproducible_toolchain).
+import os, sys
+REAL = {real!r}
+EXTRA = {extra!r}
+DROP = ("-Wl,-rpath,", "-Xlinker=-rpath,")
+args = [a for a in sys.argv[1:] if not a.startswith(DROP)]
+os.execv(REAL, [REAL, *EXTRA, *args])
+"""
+
+
+def _reproducible_toolchain(tc, workdir: Path):  # -> Toolchain
+    """A Toolchain whose "compiler" is a wrapper around ``tc`` adding ``-ffile-prefix-map`` for
+    this tree and the build environment's tvm_ffi, and dropping ``-rpath``.
+
+    Interim: build.py's ``build_shared_library`` takes no extra flags and always links with an
+    rpath to the tvm_ffi it compiled against (a temporary build-env path here).  Once it takes
+    ``extra_flags=`` and ``rpath=False``, pass those instead and delete this wrapper.
+    """
+    from dataclasses import replace
+
+    from opmux.kernels.jit.compile.toolchain import tvm_ffi_paths
+
+    _, libtvm = tvm_ffi_paths()
+    maps = [f"{SRC}=.", f"{libtvm.parent.parent}=tvm_ffi"]
+    flag = "-Xcompiler=-ffile-prefix-map=" if tc.kind in ("nvcc",) else "-ffile-prefix-map="
+    workdir.mkdir(parents=True, exist_ok=True)
+    wrapper = workdir / f"opmux-{tc.kind}-wrapper"
+    text = _WRAPPER.format(python=sys.executable, real=tc.path, extra=[flag + m for m in maps])
+    wrapper.write_text(text, encoding="utf-8")
+    wrapper.chmod(0o755)
+    return replace(tc, path=str(wrapper))
+
+
+def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
     """Build the target's AOT libraries into ``out_dir``; return the build-info fields."""
     info: dict = {"toolchains": {}, "aot": [], "aot_missing": {}}
     libs = target.aot.libraries
@@ -136,7 +180,7 @@ def build_aot(target: _targets.Target, out_dir: Path) -> dict:
                 archs=archs,
                 ptx_arch=ptx,
                 include_dirs=[JIT_DIR / "include", JIT_DIR / "csrc"],
-                toolchain=tc,
+                toolchain=_reproducible_toolchain(tc, workdir),
             )
         for cmd in commands or []:
             _log(f"  $ {cmd if isinstance(cmd, str) else ' '.join(map(str, cmd))}")
@@ -190,6 +234,70 @@ def write_build_info(path: Path, fields: dict) -> None:
     )
 
 
+def _check_release(version: str) -> None:
+    """OPMUX_RELEASE=1: refuse a dirty or untagged git tree and a development version."""
+    if not _release.requested():
+        return
+    problems = _release.check(SRC, version)
+    if problems:
+        raise SystemExit(_release.refusal(problems))
+    _log(f"release build of version {version}: tree and version checked")
+
+
+def _tar_filter_mode(path: Path) -> int:
+    return 0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644
+
+
+def write_reproducible_tarball(archive: Path, base_dir: str) -> Path:
+    """A .tar.gz of ``base_dir`` whose bytes depend on file names and contents only: sorted
+    members, owner 0/0 with no names, modes 0644/0755, and every timestamp (member mtimes and
+    the gzip header) set to ``SOURCE_DATE_EPOCH`` when it is set."""
+    import gzip
+    import tarfile
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    paths = [Path(base_dir)]
+    for dirpath, dirnames, filenames in os.walk(base_dir):
+        dirnames.sort()
+        paths += [Path(dirpath, d) for d in dirnames] + [Path(dirpath, f) for f in sorted(filenames)]
+    paths = [paths[0], *sorted(paths[1:], key=lambda p: p.as_posix())]
+    with open(archive, "wb") as raw:
+        mtime = int(epoch) if epoch else None
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime, compresslevel=9) as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for path in paths:
+                    info = tar.gettarinfo(str(path), arcname=path.as_posix())
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    info.mode = _tar_filter_mode(path)
+                    if epoch:
+                        info.mtime = int(epoch)
+                    if info.isfile():
+                        with open(path, "rb") as fh:
+                            tar.addfile(info, fh)
+                    else:
+                        tar.addfile(info)
+    return archive
+
+
+class Sdist(sdist):
+    """sdist, refusing a non-releasable tree under OPMUX_RELEASE=1.
+
+    The sdist carries no target: every pyproject_<target>.toml, targets.toml, csrc/ and the
+    tools setup.py imports ship in it (MANIFEST.in), so any target's wheel builds from it after
+    copying pyproject_<target>.toml over pyproject.toml.
+    """
+
+    def run(self) -> None:
+        _check_release(self.distribution.get_version())
+        super().run()
+
+    def make_archive(self, base_name, format, root_dir=None, base_dir=None, owner=None, group=None):  # noqa: A002
+        if format != "gztar" or root_dir is not None or base_dir is None:
+            return super().make_archive(base_name, format, root_dir, base_dir, owner=owner, group=group)
+        return str(write_reproducible_tarball(Path(base_name + ".tar.gz"), base_dir))
+
+
 class BuildPy(build_py):
     """build_py, then the AOT libraries and _build_info.py of the target."""
 
@@ -198,14 +306,20 @@ class BuildPy(build_py):
         if self.editable_mode:
             return  # an editable install uses the tree: JIT only, tree _build_info
         target = _target()
+        version = self.distribution.get_version()
+        _check_release(version)
         pkg = Path(self.build_lib) / "opmux"
-        _log(f"building target {target.name!r} (distribution {target.distribution!r})")
-        aot = build_aot(target, pkg / "kernels" / "aot")
+        _log(f"building target {target.name!r} (distribution {target.distribution!r}, version {version})")
+        if not _release.is_release_version(version):
+            _log(f"version {version} is a development version (not publishable)")
+        workdir = Path(self.get_finalized_command("build").build_temp) / "opmux-aot"
+        aot = build_aot(target, pkg / "kernels" / "aot", workdir=workdir)
         self.distribution._opmux_aot = aot["aot"]  # read by BdistWheel for the wheel tag
         fields = {
             "target": target.name,
             "distribution": target.distribution,
-            "version": self.distribution.get_version(),
+            "version": version,
+            "dev": not _release.is_release_version(version),
             "toolchains": aot["toolchains"],
             "archs": list(target.aot.archs) if aot["aot"] and target.aot.archs else [],
             "ptx": (target.aot.ptx or None) if aot["aot"] else None,
@@ -234,4 +348,4 @@ class BdistWheel(bdist_wheel):
         return ("py3", "none", plat) if not self.root_is_pure else (impl, abi, plat)
 
 
-setup(cmdclass={"build_py": BuildPy, "bdist_wheel": BdistWheel})
+setup(cmdclass={"build_py": BuildPy, "bdist_wheel": BdistWheel, "sdist": Sdist})

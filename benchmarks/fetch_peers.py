@@ -12,8 +12,11 @@ benchmark), so it is rewritten into a trimmed wheel of the same name and version
   imports at call time still resolve;
 * the ``.cu`` sources of the JIT modules the benchmark builds (norm, activation, rope,
   quantization, page) and the transitive ``#include`` closure of those sources over FlashInfer's
-  bundled include trees (include, csrc, cutlass, cccl, spdlog); headers that do not resolve there
-  come from the CUDA toolkit, exactly as they would with the full wheel;
+  bundled include trees (include, csrc, cutlass, spdlog; every match, a superset of what the
+  compiler picks); headers that do not resolve there come from the CUDA toolkit, exactly as they
+  would with the full wheel;
+* the whole vendored CCCL (it is first on the include path, and the toolkit's own headers, e.g.
+  cooperative_groups, include ``<cuda/std/...>`` headers that must then come from it);
 * all non-source package data (json, jinja templates, ...).
 
 The RECORD is regenerated, and a ``TRIMMED`` note is added to the dist-info. Wheels fetched:
@@ -46,8 +49,8 @@ CSRC_UNITS = (
 )
 # headers the generated activation source includes
 EXTRA_ROOT_HEADERS = ("flashinfer/activation.cuh", "tvm_ffi_utils.h")
-INCLUDE_ROOTS = ("data/include", "data/csrc", "data/cutlass/include", "data/cutlass/tools/util/include",
-                 "data/spdlog/include", "data/cccl/cub", "data/cccl/libcudacxx/include", "data/cccl/thrust")
+INCLUDE_ROOTS = ("data/cccl/cub", "data/cccl/libcudacxx/include", "data/cccl/thrust", "data/include", "data/csrc",
+                 "data/cutlass/include", "data/cutlass/tools/util/include", "data/spdlog/include")
 # Python trees too large and unrelated to carry (kept only where the import closure needs them)
 DROP_PY_TREES = ("experimental/", "fused_moe/", "moe_ep/", "gdn_kernels/", "kda_kernels/", "attention/prims_ts/",
                  "prims_ts/", "msa_ops/", "dsv3_ops/", "diffusion_ops/", "megamoe/", "cute_dsl/attention/")
@@ -102,9 +105,8 @@ def _include_closure(names: dict[str, zipfile.ZipInfo], zf: zipfile.ZipFile, pkg
                     elif seg and seg != ".":
                         parts.append(seg)
                 cand = "/".join(parts)
-                if cand in names:
+                if cand in names:  # every match, not only the first: a superset of what the compiler picks
                     todo.append(cand)
-                    break
     missing = [u for u in CSRC_UNITS if f"{pkg}/data/csrc/{u}" not in names]
     if missing:
         print(f"warning: translation units not in the wheel: {missing}", file=sys.stderr)
@@ -160,6 +162,8 @@ def trim_flashinfer(wheel: Path) -> Path:
             if n.endswith(".py"):
                 if "*" in pyclosure or n in pyclosure or not rel.startswith(DROP_PY_TREES):
                     keep.append(i)
+            elif n.startswith(f"{pkg}/data/cccl/"):
+                keep.append(i)  # whole: the CUDA toolkit's own headers include the vendored CCCL (it is -I first)
             elif n.endswith(SOURCE_EXT) or "/data/" in n and Path(n).suffix == "":
                 if n in headers:
                     keep.append(i)

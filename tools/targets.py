@@ -31,6 +31,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9]*$")
 _DIST = re.compile(r"^[a-z][a-z0-9-]*$")
 _ARCH = re.compile(r"^(sm_\d+[af]?|gfx[0-9a-f]+)$")
 _PTX = re.compile(r"^(compute_\d+[af]?)?$")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")
 
 _TOP_KEYS = {"default": str, "targets": dict}
 _TARGET_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -44,6 +45,8 @@ _TARGET_KEYS: dict[str, type | tuple[type, ...]] = {
     "vendor_backends": list,
     "parity_device": str,
     "wheel_size_mb": (int, float),
+    "runner": list,
+    "manylinux_image": str,
 }
 _AOT_KEYS: dict[str, type] = {"compiler": str, "libraries": list, "archs": list, "ptx": str}
 
@@ -86,6 +89,8 @@ class Target:
     vendor_backends: tuple[str, ...]
     parity_device: str
     wheel_size_mb: float
+    runner: tuple[str, ...]
+    manylinux_image: str
     default: bool
 
     @property
@@ -155,6 +160,10 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
         raise _fail(where, f"torch = {data['torch']!r} must be a requirement on torch")
     if data["wheel_size_mb"] <= 0:
         raise _fail(where, "wheel_size_mb must be positive")
+    if not data["runner"]:
+        raise _fail(where, "runner must name at least one runner label, e.g. ['ubuntu-latest']")
+    if not _IMAGE.match(data["manylinux_image"]):
+        raise _fail(where, f"manylinux_image = {data['manylinux_image']!r} is not an image name like 'quay.io/pypa/manylinux_2_28_x86_64'")
     return Target(
         name=name,
         pyproject=data["pyproject"],
@@ -167,6 +176,8 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
         vendor_backends=tuple(data["vendor_backends"]),
         parity_device=data["parity_device"],
         wheel_size_mb=float(data["wheel_size_mb"]),
+        runner=tuple(data["runner"]),
+        manylinux_image=data["manylinux_image"],
         default=name == default,
     )
 
@@ -212,8 +223,9 @@ def default_target(targets: dict[str, Target]) -> Target:
 def markdown_table(targets: dict[str, Target]) -> str:
     """The README's target table, generated from the table (a test keeps them in sync)."""
     rows = [
-        "| target | distribution | AOT libraries | archs | JIT | Triton | vendor backends | parity device | size budget |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| target | distribution | AOT libraries | archs | JIT | Triton | vendor backends | parity device "
+        "| parity runner | size budget |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in targets.values():
         libs = ", ".join(f"`{f}`" for f in t.aot.filenames) or "none"
@@ -222,7 +234,8 @@ def markdown_table(targets: dict[str, Target]) -> str:
         aot = f"{t.aot.compiler}: {libs}" if t.aot.compiler != "none" else "none"
         rows.append(
             f"| {name} | `{t.distribution}` | {aot} | {archs} | {t.jit} | {t.triton} | "
-            f"{', '.join(t.vendor_backends) or '-'} | {t.parity_device} | {t.wheel_size_mb:g} MB |"
+            f"{', '.join(t.vendor_backends) or '-'} | {t.parity_device} | {', '.join(t.runner)} | "
+            f"{t.wheel_size_mb:g} MB |"
         )
     return "\n".join(rows) + "\n"
 

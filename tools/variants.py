@@ -64,13 +64,24 @@ def render(template: str, target: _targets.Target) -> str:
     text = _replace_in_section(text, "project", r'^name = "[^"]*"', f'name = "{target.distribution}"')
     text = _replace_in_section(text, "project", r"^dependencies = \[.*?^\]", _deps_block(target.requirements))
     text = _replace_in_section(text, "tool.opmux", r'^target = "[^"]*"', f'target = "{target.name}"')
+    text = _replace_in_section(
+        text,
+        "tool.cibuildwheel.linux",
+        r'^manylinux-x86_64-image = "[^"]*"',
+        f'manylinux-x86_64-image = "{target.manylinux_image}"',
+    )
     if not target.default:
         # Drop the template's leading comment block and put the generated header in its place.
         body = re.sub(r"\A(?:#[^\n]*\n)*\n*", "", text)
         text = HEADER + f"# Target {target.name!r}, distribution {target.distribution!r}.\n\n" + body
     data = tomllib.loads(text)
-    got = (data["project"]["name"], data["project"]["dependencies"], data["tool"]["opmux"]["target"])
-    want = (target.distribution, target.requirements, target.name)
+    got = (
+        data["project"]["name"],
+        data["project"]["dependencies"],
+        data["tool"]["opmux"]["target"],
+        data["tool"]["cibuildwheel"]["linux"]["manylinux-x86_64-image"],
+    )
+    want = (target.distribution, target.requirements, target.name, target.manylinux_image)
     if got != want:
         raise VariantError(f"rendered pyproject for {target.name!r} has {got}, expected {want}")
     return text

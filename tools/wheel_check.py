@@ -166,7 +166,9 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
 
     for f in sorted(expected - have):
         problems.append(f"{wheel.name}: missing {f}")
-    for f in sorted(have - expected):
+    # auditwheel repair (release builds) grafts external libraries, e.g. libgomp, into <dist>.libs/
+    grafted = {f for f in have - expected if re.match(rf"^{re.escape(dist)}\.libs/[^/]+\.so(\.[0-9.]+)?$", f)}
+    for f in sorted(have - expected - grafted):
         why = " (stray: cache/VCS/test file)" if STRAY.search("/" + f) else ""
         problems.append(f"{wheel.name}: unexpected file {f}{why}")
 
@@ -240,7 +242,10 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
 
 def sdist_required_files(root: Path, target: _targets.Target) -> set[str]:
     """Files an sdist must contain (a subset check: setuptools adds PKG-INFO, setup.cfg, ...)."""
-    files = {"pyproject.toml", "setup.py", "targets.toml", "README.md", "MANIFEST.in", "tools/targets.py"}
+    # The sdist carries no target: every target's pyproject and what setup.py imports.
+    table = _targets.load(Path(root) / "targets.toml")
+    files = {"setup.py", "targets.toml", "README.md", "MANIFEST.in", *(t.pyproject for t in table.values())}
+    files |= {"tools/__init__.py", "tools/targets.py", "tools/release.py"}
     files |= {p for p in _stage.source_files(root) if p.startswith(("csrc/", PKG + "/"))}
     return files
 

@@ -83,3 +83,16 @@ def heads(op: str, name: str, t: torch.Tensor, tokens: int, num_heads: int, head
             f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
             f"[{tokens}, {num_heads}, {head_dim}]; pass a tensor whose leading dims are contiguous"
         ) from None
+
+
+def distinct(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
+    """Two tensors updated in place by one op must not start at the same data (skipped for
+    fake tensors while tracing, which have no data)."""
+    if not a.numel():
+        return
+    try:
+        same = a.data_ptr() == b.data_ptr()
+    except RuntimeError:  # FakeTensor / FunctionalTensor
+        return
+    if same:
+        raise ValueError(f"{op}: {a_name} and {b_name} must be different tensors (both are updated in place)")

@@ -52,10 +52,17 @@ struct GeluTanh {
   }
 };
 
+// Resident blocks per SM that an activation's register budget is sized for: erfcf needs more
+// than the registers kMinBlocks leaves (it spills there), so the erf gelu takes fewer blocks.
+template <typename Act>
+constexpr int kActMinBlocks = kMinBlocks;
+template <>
+constexpr int kActMinBlocks<Gelu> = 4;
+
 // IndexT is uint32_t when total + kU * (grid stride) cannot overflow it (checked on the host),
 // which makes the division cheap; int64_t otherwise.
 template <typename Act, typename T, int VEC, typename IndexT>
-__global__ void __launch_bounds__(256, kMinBlocks) gated_kernel(SiluParams p, IndexT dv, IndexT total) {
+__global__ void __launch_bounds__(256, kActMinBlocks<Act>) gated_kernel(SiluParams p, IndexT dv, IndexT total) {
   T* __restrict__ out = static_cast<T*>(p.out);
   const T* __restrict__ x = static_cast<const T*>(p.x);
   const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
@@ -106,7 +113,7 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
   // Few vectors: small blocks spread them over more SMs. Many: one resident wave (1536
   // threads per SM, see __launch_bounds__) and a grid-stride loop.
   const int threads = total >= static_cast<int64_t>(props.sm_count) * 1024 ? 256 : 64;
-  const int64_t max_blocks = static_cast<int64_t>(props.sm_count) * (kMinBlocks * 256 / threads);
+  const int64_t max_blocks = static_cast<int64_t>(props.sm_count) * (kActMinBlocks<Act> * 256 / threads);
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, max_blocks));
   const int64_t stride = blocks * threads;
   const cudaStream_t stream = cuda::current_stream(device_id);

@@ -24,7 +24,7 @@ def _reshape_and_cache_op(key: torch.Tensor, value: torch.Tensor, key_cache: tor
 @_reshape_and_cache_op.register_fake
 def _(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
       slot_mapping: torch.Tensor) -> None:
-    _check(key, value, key_cache, value_cache, slot_mapping)
+    _check(key, value, key_cache, value_cache, slot_mapping, values=False)
 
 
 def reshape_and_cache(

@@ -31,7 +31,9 @@ def _check_slots(slot_mapping: torch.Tensor, num_slots: int) -> None:
 
 
 def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-           slot_mapping: torch.Tensor) -> None:
+           slot_mapping: torch.Tensor, values: bool = True) -> None:
+    """Raises on bad arguments; ``values``: also range-check the slots (CPU only; fake impls
+    pass False: there is no data under torch.compile)."""
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
                     ("slot_mapping", slot_mapping)):
         _checks.tensor(_OP, name, t)
@@ -60,7 +62,8 @@ def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
         if not dense or c.stride(0) < 0:
             raise ValueError(f"{_OP}: {name} is non-contiguous within a block (strides {c.stride()}); "
                              f"each [block_size, H, D] block must be dense")
-    _check_slots(slot_mapping, key_cache.shape[0] * bs)
+    if values:
+        _check_slots(slot_mapping, key_cache.shape[0] * bs)
 
 
 def _device(x: torch.Tensor) -> str:

@@ -63,8 +63,7 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         if tuple(w.shape) != (d,):
             raise ValueError(f"{op}: {name} has shape {tuple(w.shape)}, expected [{d}] (head_dim)")
-    if q.numel() and q.data_ptr() == k.data_ptr():
-        raise ValueError(f"{op}: q and k must be different tensors (both are normalized in place)")
+    _checks.distinct(op, "q", q, "k", k)
 
     def view(name: str, t: torch.Tensor) -> torch.Tensor:
         heads = t.shape[-2]

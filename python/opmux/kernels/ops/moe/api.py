@@ -34,7 +34,7 @@ def _align_op(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tupl
 
 @_align_op.register_fake
 def _(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _check_align(topk_ids, block_size, num_experts)
+    return _check_align(topk_ids, block_size, num_experts, values=False)
 
 
 def topk_softmax(

@@ -53,8 +53,9 @@ def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
                              f"[0, {num_experts}) (num_experts)")
 
 
-def _check_align(ids: torch.Tensor, block_size: int, num_experts: int):
-    """-> (sorted_token_ids, expert_ids, num_tokens_post_padded), uninitialised."""
+def _check_align(ids: torch.Tensor, block_size: int, num_experts: int, values: bool = True):
+    """-> (sorted_token_ids, expert_ids, num_tokens_post_padded), uninitialised. ``values``:
+    also range-check the ids (CPU only; fake impls pass False: no data under torch.compile)."""
     _checks.tensor(_AL, "topk_ids", ids)
     _checks.exact_dtype(_AL, "topk_ids", ids, torch.int32)
     if ids.dim() != 2:
@@ -66,7 +67,8 @@ def _check_align(ids: torch.Tensor, block_size: int, num_experts: int):
     max_padded = ids.numel() + e * (bs - 1)
     if max_padded >= 2**31:
         raise ValueError(f"{_AL}: {max_padded} padded slots do not fit int32")
-    _check_ids_range(ids, e)
+    if values:
+        _check_ids_range(ids, e)
     dev = ids.device
     return (torch.empty(max_padded, dtype=torch.int32, device=dev),
             torch.empty((max_padded + bs - 1) // bs, dtype=torch.int32, device=dev),

@@ -1,8 +1,8 @@
 """Rotary embedding: the reference and every backend, as static methods the spec points at.
 
-Out-of-range positions never read out of bounds. Where positions live on the CPU they are
-checked on the host (reference, torch, triton; the C++ CPU kernel checks itself) and raise
-ValueError naming the first bad one. On an accelerator a host check would cost a device sync
+Out-of-range positions never read out of bounds. Where positions live on the CPU every
+backend checks them on the host (and the C++ CPU kernel checks again, for direct callers of
+the native ABI), raising ValueError naming the first bad one. On an accelerator a host check would cost a device sync
 per call, so the kernels (CUDA, Triton, and the torch backend) clamp the index and poison that
 token: its rotated q / k elements become NaN.
 """
@@ -58,15 +58,17 @@ def _check(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head
     if cos_sin_cache.dtype not in (torch.float32, query.dtype):
         raise TypeError(f"{_OP}: cos_sin_cache has dtype {cos_sin_cache.dtype}; expected torch.float32 or {query.dtype} (query's)")
     _checks.same_device(_OP, "query", query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
-    if query.numel() and query.data_ptr() == key.data_ptr():
-        raise ValueError(f"{_OP}: query and key must be different tensors (both are rotated in place)")
+    _checks.distinct(_OP, "query", query, "key", key)
     return _views(positions, query, key, head_size, cos_sin_cache)
 
 
 def _check_positions(positions: torch.Tensor, max_pos: int) -> None:
     """Host check (positions on the CPU): ValueError naming the first out-of-range position."""
-    bad = ((positions < 0) | (positions >= max_pos)).nonzero()
-    if bad.numel():
+    if positions.numel() == 0:
+        return
+    lo, hi = torch.aminmax(positions)
+    if int(lo) < 0 or int(hi) >= max_pos:
+        bad = ((positions < 0) | (positions >= max_pos)).nonzero()
         i = int(bad[0, 0])
         raise ValueError(f"{_OP}: positions[{i}] = {int(positions[i])} is out of range for cos_sin_cache with "
                          f"{max_pos} positions (valid: 0..{max_pos - 1})")
@@ -103,6 +105,8 @@ def _device(x: torch.Tensor) -> str:
 def _compiled(kind: str, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
               cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
+    if pos.device.type == "cpu":  # the C++ CPU kernel checks too (for direct ABI callers)
+        _check_positions(pos, cos_sin_cache.shape[0])
     d = _device(query)
     _native.function(kind, "rope", d, f"rotary_embedding_{d}")(pos, q, k, cos_sin_cache, bool(is_neox))
 

@@ -42,9 +42,9 @@ def rotary_embedding_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     ]
     # query / key as slices of a fused qkv projection: token stride (4 + 2 + 2) * 64
     g = torch.Generator(device="cpu").manual_seed(11)
-    qkv = torch.randn(5, 8 * 64, generator=g).to(dtype=dtype, device=device)
-    positions = torch.randint(0, 64, (5,), generator=g).to(device)
     for neox in (True, False):
+        qkv = torch.randn(5, 8 * 64, generator=g).to(dtype=dtype, device=device)
+        positions = torch.randint(0, 64, (5,), generator=g).to(device)
         out.append(Sample(f"qkv-slices-{'neox' if neox else 'gptj'}",
                           (positions, qkv[:, :256], qkv[:, 256:384], 64,
                            _cache(64, 64, dtype, device)), {"is_neox": neox}))
