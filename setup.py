@@ -292,7 +292,7 @@ class Sdist(sdist):
         _check_release(self.distribution.get_version())
         super().run()
 
-    def make_archive(self, base_name, format, root_dir=None, base_dir=None, owner=None, group=None):  # noqa: A002
+    def make_archive(self, base_name, format, root_dir=None, base_dir=None, owner=None, group=None):
         if format != "gztar" or root_dir is not None or base_dir is None:
             return super().make_archive(base_name, format, root_dir, base_dir, owner=owner, group=group)
         return str(write_reproducible_tarball(Path(base_name + ".tar.gz"), base_dir))

@@ -53,7 +53,7 @@ def elf_runpaths(data: bytes) -> list[str]:
     """DT_RPATH and DT_RUNPATH strings of a little-endian ELF64 shared object."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not a little-endian ELF64 file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     out = []
@@ -115,13 +115,17 @@ def compare(a: Path, b: Path) -> list[str]:
 
 def _build(src: Path, work: Path, target: str, env: dict[str, str]) -> Build:
     out = work / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(src)], check=True, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(src)], check=True, env=env
+    )
     (sdist,) = out.glob("*.tar.gz")
     wheel = _from_sdist.build_wheel(sdist, target, work / "unpacked", out, env=env)
     return Build(src=src, sdist=sdist, wheel=wheel, forbidden=[str(src), str(work), "build-env-"])
 
 
-def build_twice(root: Path, workdir: Path, *, target: str = "cpu", env: dict[str, str] | None = None) -> list[Build]:
+def build_twice(
+    root: Path, workdir: Path, *, target: str = "cpu", env: dict[str, str] | None = None
+) -> list[Build]:
     """Two builds of one snapshot of ``root`` from two directories; see the module docstring."""
     env = dict(os.environ if env is None else env)
     env.setdefault("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)

@@ -163,7 +163,10 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
     if not data["runner"]:
         raise _fail(where, "runner must name at least one runner label, e.g. ['ubuntu-latest']")
     if not _IMAGE.match(data["manylinux_image"]):
-        raise _fail(where, f"manylinux_image = {data['manylinux_image']!r} is not an image name like 'quay.io/pypa/manylinux_2_28_x86_64'")
+        raise _fail(
+            where,
+            f"manylinux_image = {data['manylinux_image']!r} is not an image name like 'quay.io/pypa/manylinux_2_28_x86_64'",
+        )
     return Target(
         name=name,
         pyproject=data["pyproject"],

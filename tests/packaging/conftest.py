@@ -12,6 +12,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tools/ is importable from the repository root
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

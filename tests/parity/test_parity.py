@@ -54,8 +54,10 @@ def _comparable(t: torch.Tensor) -> torch.Tensor:
 
 
 def _to64(v: Any) -> Any:
-    if isinstance(v, torch.Tensor) and v.is_floating_point():
-        return v.detach().to("cpu", torch.float64)
+    """The oracle runs on the CPU: every tensor moves there, floats become float64."""
+    if isinstance(v, torch.Tensor):
+        v = v.detach().to("cpu")
+        return v.to(torch.float64) if v.is_floating_point() else v
     return v
 
 

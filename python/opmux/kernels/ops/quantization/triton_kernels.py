@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
-MIN_SCALE = 1.0 / (448.0 * 512.0)
+# read inside @triton.jit: module globals must be constexpr there
+MIN_SCALE = tl.constexpr(1.0 / (448.0 * 512.0))
 _ONE_PASS_MAX = 16384
 _CHUNK = 4096
 
