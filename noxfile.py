@@ -165,7 +165,7 @@ def sdist(session: nox.Session) -> None:
 @nox.session(default=False)
 def reproducible(session: nox.Session) -> None:
     """Build the sdist and the cpu wheel twice from two directories: identical bytes, no rpath."""
-    session.install("build")
+    session.install("build", "setuptools-scm>=8")
     env = {k: v for k, v in _build_env(session).items() if k != "OPMUX_GIT_COMMIT" or v}
     session.run("python", str(ROOT / "tools" / "reproducible.py"), *session.posargs, env=env)
 

@@ -113,9 +113,10 @@ def _reproducible_toolchain(tc, workdir: Path):  # -> Toolchain
     """A Toolchain whose "compiler" is a wrapper around ``tc`` adding ``-ffile-prefix-map`` for
     this tree and the build environment's tvm_ffi, and dropping ``-rpath``.
 
-    Interim: build.py's ``build_shared_library`` takes no extra flags and always links with an
-    rpath to the tvm_ffi it compiled against (a temporary build-env path here).  Once it takes
-    ``extra_flags=`` and ``rpath=False``, pass those instead and delete this wrapper.
+    Interim: build.py's ``build_shared_library`` takes no extra flags, so the prefix maps go in
+    through the wrapper.  (It no longer links an rpath since da216c3; dropping ``-rpath`` here is
+    a guard that stays a no-op.)  Once it takes ``extra_flags=``, pass the maps there and delete
+    this wrapper.
     """
     from dataclasses import replace
 

@@ -62,7 +62,7 @@ def check(root: Path, version: str | None) -> list[str]:
     if version is not None and not is_release_version(version):
         problems.append(
             f"version {version!r} is a development version (from an untagged or dirty tree, or the "
-            "no-git fallback 0.0.0.dev0+unknown); release builds need a final version from a v* tag"
+            "no-git fallback 0.0.0.dev0); release builds need a final version from a v* tag"
         )
     return problems
 

@@ -21,7 +21,7 @@ from tools import from_sdist, reproducible, targets, wheel_check
 
 pytestmark = pytest.mark.slow
 
-DEV_VERSION = "0.0.0.dev0+unknown"
+DEV_VERSION = "0.0.0.dev0"
 
 
 def _env() -> dict[str, str]:

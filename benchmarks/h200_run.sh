@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# What one call on the lent H200 runs (no internet there; the CUDA wheel and the peers' wheels
+# travel with the call: carry [".whl", "dist/cuda"]). From the repository root:
+#
+#   bash benchmarks/h200_run.sh OUT_DIR "prewarm parity bench" [bench_gpu.py args...]
+#
+# prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
+# parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
+# bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*).
+set -uo pipefail
+OUT=${1:?usage: h200_run.sh OUT_DIR STAGES [bench args]}
+STAGES=${2:-"prewarm parity bench"}
+shift 2 || shift $#
+REPO=$PWD
+SITE=/tmp/opmux-env/site-packages   # a "site-packages" path: the parity harness refuses a tree
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 OPMUX_CACHE_DIR=/tmp/opmux-jit-cache
+if [[ ! -d $SITE/opmux ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+        .whl/*.whl dist/cuda/opmux-*.whl || exit 1
+fi
+cd /tmp
+python3 - <<'PY'
+import opmux, torch, triton
+print("opmux", opmux.__version__, opmux.__file__, opmux.build_info()["archs"], opmux.build_info()["aot"])
+print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())
+PY
+rc=0
+for stage in $STAGES; do
+    start=$(date +%s)
+    case $stage in
+        prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 150 || rc=1 ;;
+        parity) python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
+                    | tee "$OUT/parity.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        bench) python3 "$REPO/benchmarks/bench_gpu.py" --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" \
+                    | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        *) echo "unknown stage $stage"; exit 2 ;;
+    esac
+    echo "== $stage: $(( $(date +%s) - start )) s"
+done
+exit $rc
