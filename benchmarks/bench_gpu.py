@@ -459,6 +459,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 nsets, R = plan(crec["bytes"], l2, args.max_sets, args.target_us)
                 sets = [case.make(shape, bc._gen("cuda", args.seed * 1000 + i), "cuda") for i in range(nsets)]
                 ref = case.reference(bc.clone_args(sets[0]))
+                # timing replays of in-place ops rewrite the sets: check every impl on this copy
+                pristine = bc.clone_args(sets[0])
                 crec.update(sets=nsets, R=R)
                 pos, kw = case.callargs(sets[0])
                 try:
@@ -507,8 +509,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         call = what.fn
                         outs_of = what.outputs
                         set_list = [what.prepare(s) for s in sets] if what.prepare else sets
-                    # correctness, on a copy of set 0 (in-place ops write their inputs)
-                    probe = bc.clone_args(set_list[0])
+                    # correctness, on a fresh copy of the untouched set 0 (in-place ops write their
+                    # inputs, and earlier impls' timing replays have rewritten `sets`)
+                    probe = bc.clone_args(pristine)
+                    if kind == "peer" and what is not None and getattr(what, "prepare", None):
+                        probe = what.prepare(probe)
                     ret = call(probe)
                     torch.cuda.synchronize()
                     ok, err, detail = bc.compare(case, outs_of(probe, ret), ref)
