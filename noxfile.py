@@ -70,9 +70,16 @@ def _build_env(session: nox.Session) -> dict[str, str]:
     return env
 
 
+def _system_cuobjdump() -> bool:
+    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    return shutil.which("cuobjdump") is not None or (cuda / "bin" / "cuobjdump").exists()
+
+
 def _wheel_session(target: targets.Target):
     def session(s: nox.Session) -> None:
         s.install(*BUILD_TOOLS)
+        if "cuda" in target.aot.libraries and not _system_cuobjdump():
+            s.install("triton")  # bundles cuobjdump, which checks the AOT library's cubins and PTX
         out = DIST / target.name
         before = stage.fingerprint(ROOT)
         with tempfile.TemporaryDirectory(prefix=f"opmux-{target.name}-") as tmp:

@@ -15,6 +15,7 @@ import email.parser
 import glob
 import re
 import sys
+import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -231,6 +232,8 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
             if lib not in missing_ok:
                 problems.append(f"{wheel.name}: AOT library for {lib} left out: {info['aot_missing'][lib]}")
 
+    problems += _check_device_code(wheel, target, have)
+
     size_mb = wheel.stat().st_size / 1e6
     if size_mb > target.wheel_size_mb:
         problems.append(
@@ -238,6 +241,29 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
             f"{target.name!r} (targets.toml wheel_size_mb)"
         )
     return problems
+
+
+def _check_device_code(wheel: Path, target: _targets.Target, have: set[str]) -> list[str]:
+    """The CUDA AOT library holds exactly the table's cubins and PTX (read with cuobjdump)."""
+    member = "opmux/kernels/aot/libopmux_aot_cuda.so"
+    if member not in have:
+        return []
+    from tools import fatbin
+
+    tool = fatbin.find_cuobjdump()
+    if tool is None:
+        return [f"{wheel.name}: cannot verify {member}'s device code: no cuobjdump (install the CUDA toolkit or triton)"]
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
+        lib = Path(zf.extract(member, tmp))
+        code = fatbin.read_device_code(lib, cuobjdump=tool)
+    want_cubins = set(target.aot.archs)
+    want_ptx = {target.aot.ptx} if target.aot.ptx else set()
+    out = []
+    if set(code.cubins) != want_cubins:
+        out.append(f"{wheel.name}: {member} holds cubins {sorted(code.cubins)}, targets.toml says {sorted(want_cubins)}")
+    if set(code.ptx) != want_ptx:
+        out.append(f"{wheel.name}: {member} holds PTX {sorted(code.ptx)}, targets.toml says {sorted(want_ptx)}")
+    return out
 
 
 def sdist_required_files(root: Path, target: _targets.Target) -> set[str]:
