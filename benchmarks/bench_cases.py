@@ -70,7 +70,9 @@ class OpCase:
     make: Callable[[Shape, torch.Generator, str], Args]
     nbytes: Callable[[Shape], int]
     reference: Callable[[Args], Outputs]  # float32
-    callargs: Callable[[Args], tuple[tuple[Any, ...], dict[str, Any]]]  # input set -> (positional, keyword) of the opmux call
+    callargs: Callable[
+        [Args], tuple[tuple[Any, ...], dict[str, Any]]
+    ]  # input set -> (positional, keyword) of the opmux call
     outputs: Callable[[Args, Any], Outputs]  # ret (+ mutated args) -> outputs, in reference order
     eager: Callable[..., Any]  # plain torch, positional tensors of args
     eager_outputs: Callable[[Args, Any], Outputs]
@@ -90,7 +92,9 @@ class OpCase:
 # helpers
 
 
-def _randn(shape: Sequence[int], g: torch.Generator, device: str, dtype: torch.dtype = DT, scale: float = 1.0) -> torch.Tensor:
+def _randn(
+    shape: Sequence[int], g: torch.Generator, device: str, dtype: torch.dtype = DT, scale: float = 1.0
+) -> torch.Tensor:
     t = torch.randn(*shape, generator=g, device=device, dtype=torch.float32)
     if scale != 1.0:
         t.mul_(scale)
@@ -123,7 +127,11 @@ def _ret_or(args_idx: tuple[int, ...]) -> Callable[[Args, Any], Outputs]:
     """Outputs of an op that either returns them or writes ``args[i]`` in place."""
 
     def out(args: Args, ret: Any) -> Outputs:
-        if isinstance(ret, (tuple, list)) and len(ret) >= len(args_idx) and all(isinstance(r, torch.Tensor) for r in ret[: len(args_idx)]):
+        if (
+            isinstance(ret, (tuple, list))
+            and len(ret) >= len(args_idx)
+            and all(isinstance(r, torch.Tensor) for r in ret[: len(args_idx)])
+        ):
             return tuple(ret[: len(args_idx)])
         if isinstance(ret, torch.Tensor) and len(args_idx) == 1:
             return (ret,)
@@ -167,12 +175,16 @@ def eager_gemma_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * (1.0 + w)
 
 
-def eager_fused_add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def eager_fused_add_rmsnorm(
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     r = x + r
     return r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + EPS) * w, r
 
 
-def eager_gemma_fused_add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def eager_gemma_fused_add_rmsnorm(
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     r = x + r
     return r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + EPS) * (1.0 + w), r
 
@@ -181,7 +193,11 @@ def _norm_peers(gemma: bool) -> list[Peer | tuple[str, str]]:
     off, cast = (1.0, "gemma") if gemma else (0.0, "llama")
     fi_name = "gemma_rmsnorm" if gemma else "rmsnorm"
     return [
-        Peer("Liger", lambda a: _liger("rms_norm", "LigerRMSNormFunction").apply(a[0], a[1], EPS, off, cast), _ret),
+        Peer(
+            "Liger",
+            lambda a: _liger("rms_norm", "LigerRMSNormFunction").apply(a[0], a[1], EPS, off, cast),
+            _ret,
+        ),
         Peer("FlashInfer", lambda a: _fi("norm", fi_name)(a[0], a[1], EPS), _ret, fi_module="norm"),
     ]
 
@@ -190,8 +206,19 @@ def _add_norm_peers(gemma: bool) -> list[Peer | tuple[str, str]]:
     off, cast = (1.0, "gemma") if gemma else (0.0, "llama")
     fi_name = "gemma_fused_add_rmsnorm" if gemma else "fused_add_rmsnorm"
     return [
-        Peer("Liger", lambda a: _liger("fused_add_rms_norm", "LigerFusedAddRMSNormFunction").apply(a[0], a[1], a[2], EPS, off, cast), _ret),
-        Peer("FlashInfer", lambda a: _fi("norm", fi_name)(a[0], a[1], a[2], EPS), lambda a, r: (a[0], a[1]), fi_module="norm"),
+        Peer(
+            "Liger",
+            lambda a: _liger("fused_add_rms_norm", "LigerFusedAddRMSNormFunction").apply(
+                a[0], a[1], a[2], EPS, off, cast
+            ),
+            _ret,
+        ),
+        Peer(
+            "FlashInfer",
+            lambda a: _fi("norm", fi_name)(a[0], a[1], a[2], EPS),
+            lambda a, r: (a[0], a[1]),
+            fi_module="norm",
+        ),
     ]
 
 
@@ -217,20 +244,30 @@ def _qk_shapes(ts: Sequence[int] = ALL_T) -> list[Shape]:
 
 def _make_qk(s: Shape, g: torch.Generator, dev: str) -> Args:
     T, Hq, Hk, D = s.T, s.get("Hq"), s.get("Hk"), s.get("D")
-    return (_randn((T, Hq, D), g, dev), _randn((T, Hk, D), g, dev), _randn((D,), g, dev, scale=0.5) + 1.0,
-            _randn((D,), g, dev, scale=0.5) + 1.0)
+    return (
+        _randn((T, Hq, D), g, dev),
+        _randn((T, Hk, D), g, dev),
+        _randn((D,), g, dev, scale=0.5) + 1.0,
+        _randn((D,), g, dev, scale=0.5) + 1.0,
+    )
 
 
-def eager_qk_norm(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return (q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS) * qw,
-            k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + EPS) * kw)
+def eager_qk_norm(
+    q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS) * qw,
+        k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + EPS) * kw,
+    )
 
 
 def _qk_peers() -> list[Peer | tuple[str, str]]:
     def liger(a: Args) -> tuple[torch.Tensor, torch.Tensor]:
         f = _liger("rms_norm", "LigerRMSNormFunction").apply
         q, k = a[0], a[1]
-        return f(q.view(-1, q.shape[-1]), a[2], EPS).view(q.shape), f(k.view(-1, k.shape[-1]), a[3], EPS).view(k.shape)
+        return f(q.view(-1, q.shape[-1]), a[2], EPS).view(q.shape), f(
+            k.view(-1, k.shape[-1]), a[3], EPS
+        ).view(k.shape)
 
     def fi(a: Args) -> tuple[torch.Tensor, torch.Tensor]:
         f = _fi("norm", "rmsnorm")
@@ -294,8 +331,11 @@ def _split(a: Args) -> Args:
 
 
 def _act_peers(kind: str) -> list[Peer | tuple[str, str]]:
-    fi = Peer("FlashInfer", lambda a: _fi("activation", f"{kind}_and_mul")(a[0]), _ret, fi_module=f"{kind}_and_mul")
+    fi = Peer(
+        "FlashInfer", lambda a: _fi("activation", f"{kind}_and_mul")(a[0]), _ret, fi_module=f"{kind}_and_mul"
+    )
     if kind == "silu":
+
         def liger_silu(a: Args) -> torch.Tensor:
             mod = _import("liger_kernel.ops.swiglu")
             fused = getattr(mod, "LigerFusedGateUpSiLUMulFunction", None)
@@ -307,7 +347,15 @@ def _act_peers(kind: str) -> list[Peer | tuple[str, str]]:
         return [Peer("Liger", liger_silu, _ret), fi]
     if kind == "gelu_tanh":
         # Liger's GeGLU takes separate gate and up tensors (its MLP computes them separately)
-        return [Peer("Liger", lambda a: _liger("geglu", "LigerGELUMulFunction").apply(a[0], a[1]), _ret, prepare=_split), fi]
+        return [
+            Peer(
+                "Liger",
+                lambda a: _liger("geglu", "LigerGELUMulFunction").apply(a[0], a[1]),
+                _ret,
+                prepare=_split,
+            ),
+            fi,
+        ]
     return [("Liger", "no exact-erf GELU-and-mul op in Liger-Kernel"), fi]
 
 
@@ -338,12 +386,14 @@ def _rope_bytes(s: Shape) -> int:
 def _rope_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, D: int) -> torch.Tensor:
     shape = x.shape
     x = x.view(shape[0], -1, D)
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
     c, s_ = cos[:, None, :], sin[:, None, :]
     return torch.cat([x1 * c - x2 * s_, x2 * c + x1 * s_], dim=-1).reshape(shape)
 
 
-def eager_rope(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, D: int, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def eager_rope(
+    pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, D: int, cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cache.index_select(0, pos).to(q.dtype).chunk(2, dim=-1)
     return _rope_apply(q, cos, sin, D), _rope_apply(k, cos, sin, D)
 
@@ -356,9 +406,18 @@ def _rope_ref(a: Args) -> Outputs:
 
 def _rope_peers() -> list[Peer | tuple[str, str]]:
     return [
-        ("Liger", "Liger's RoPE takes HF-layout cos/sin per position ([B, H, T, D]); no positions + cos_sin_cache API"),
-        Peer("FlashInfer", lambda a: _fi("rope", "apply_rope_with_cos_sin_cache_inplace")(a[0], a[1], a[2], a[3], a[4], True),
-             lambda a, r: (a[1], a[2]), fi_module="rope"),
+        (
+            "Liger",
+            "Liger's RoPE takes HF-layout cos/sin per position ([B, H, T, D]); no positions + cos_sin_cache API",
+        ),
+        Peer(
+            "FlashInfer",
+            lambda a: _fi("rope", "apply_rope_with_cos_sin_cache_inplace")(
+                a[0], a[1], a[2], a[3], a[4], True
+            ),
+            lambda a, r: (a[1], a[2]),
+            fi_module="rope",
+        ),
     ]
 
 
@@ -413,9 +472,14 @@ def _ptgq_ref(a: Args) -> Outputs:
 def _ptgq_peers() -> list[Peer | tuple[str, str]]:
     return [
         ("Liger", "no fp8 quantization op in Liger-Kernel"),
-        Peer("FlashInfer",
-             lambda a: _fi("quantization", "per_token_group_quant_8bit")(a[0], GROUP, eps=1e-10, backend="cuda"),
-             _ret, fi_module="quantization"),
+        Peer(
+            "FlashInfer",
+            lambda a: _fi("quantization", "per_token_group_quant_8bit")(
+                a[0], GROUP, eps=1e-10, backend="cuda"
+            ),
+            _ret,
+            fi_module="quantization",
+        ),
     ]
 
 
@@ -477,7 +541,9 @@ def _kv_bytes(s: Shape) -> int:
     return 4 * T * Hk * D * 2 + T * 8
 
 
-def eager_reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor) -> None:
+def eager_reshape_and_cache(
+    k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor
+) -> None:
     kc.view(-1, k.shape[1], k.shape[2])[slots] = k
     vc.view(-1, v.shape[1], v.shape[2])[slots] = v
 
@@ -499,13 +565,29 @@ def _kv_peers() -> list[Peer | tuple[str, str]]:
         i32 = dict(device=k.device, dtype=torch.int32)
         s = slots.to(torch.int32)
         # one single-token "request" per token: page slot // B, position slot % B
-        return (k, v, kc, vc, slots, torch.arange(T, **i32), s % B, s // B, torch.arange(T + 1, **i32), s % B + 1)
+        return (
+            k,
+            v,
+            kc,
+            vc,
+            slots,
+            torch.arange(T, **i32),
+            s % B,
+            s // B,
+            torch.arange(T + 1, **i32),
+            s % B + 1,
+        )
 
     def fi(a: Args) -> None:
         k, v, kc, vc, _slots, bidx, pos, kv_indices, kv_indptr, last = a
-        _fi("page", "append_paged_kv_cache")(k, v, bidx, pos, (kc, vc), kv_indices, kv_indptr, last, kv_layout="NHD")
+        _fi("page", "append_paged_kv_cache")(
+            k, v, bidx, pos, (kc, vc), kv_indices, kv_indptr, last, kv_layout="NHD"
+        )
 
-    return [("Liger", "no KV-cache op in Liger-Kernel"), Peer("FlashInfer", fi, _kv_outputs, prepare=prep, fi_module="page")]
+    return [
+        ("Liger", "no KV-cache op in Liger-Kernel"),
+        Peer("FlashInfer", fi, _kv_outputs, prepare=prep, fi_module="page"),
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,57 +603,294 @@ def cases() -> list[OpCase]:
     norm = _norm_shapes((4096, 8192))
     gnorm = _norm_shapes((4096,))
     out: list[OpCase] = [
-        OpCase("layernorm.rmsnorm", "rmsnorm", f"{L}:rmsnorm", norm, _q(norm, (128, 4096)), _make_norm, _norm_bytes,
-               lambda a: (rms_ref(a[0], a[1]),), lambda a: ((a[0], a[1], EPS,), {}), _ret_or((0,)),
-               eager_rmsnorm, _ret, lambda: _norm_peers(False)),
-        OpCase("layernorm.fused_add_rmsnorm", "rmsnorm", f"{L}:fused_add_rmsnorm", norm, _q(norm, (128, 4096)), _make_add_norm,
-               _add_norm_bytes, _add_ref(0.0), lambda a: ((a[0], a[1], a[2], EPS,), {}), lambda a, r: (a[0], a[1]),
-               eager_fused_add_rmsnorm, _ret, lambda: _add_norm_peers(False), kinds=("float", "float"), mutates=(0, 1)),
-        OpCase("activation.silu_and_mul", "activation", f"{A}:silu_and_mul", _act_shapes(), _q(_act_shapes(), (128, 4096)),
-               _make_act, _act_bytes, _act_ref("silu"), lambda a: ((a[0],), {}), _ret_or((0,)),
-               eager_silu_and_mul, _ret, lambda: _act_peers("silu")),
-        OpCase("rope.rotary_embedding", "rope", "opmux.kernels.ops.rope:rotary_embedding", _rope_shapes(),
-               _q(_rope_shapes(), (128, 4096)), _make_rope, _rope_bytes, _rope_ref,
-               lambda a: ((a[0], a[1], a[2], a[3], a[4],), {"is_neox": True}), _ret_or((1, 2)),
-               eager_rope, _ret, _rope_peers, kinds=("float", "float"), mutates=(1, 2),
-               notes="neox; q 32x128, k 8x128; positions int64 in [0, 32768); float32 cos_sin_cache [32768, 128]"),
-        OpCase("quantization.per_token_quant_fp8", "quant", "opmux.kernels.ops.quantization:per_token_quant_fp8",
-               _quant_shapes(), _q(_quant_shapes(), (128, 4096)), _make_quant, _ptq_bytes, _ptq_ref,
-               lambda a: ((a[0],), {}), _ret, eager_per_token_quant_fp8, _ret,
-               lambda: [("Liger", "no fp8 quantization op in Liger-Kernel"),
-                        ("FlashInfer", "no per-token (row-wise) fp8 quantization API in FlashInfer 0.7.4")],
-               kinds=("fp8", "float")),
-        OpCase("quantization.per_token_group_quant_fp8", "quant", "opmux.kernels.ops.quantization:per_token_group_quant_fp8",
-               _quant_shapes(), _q(_quant_shapes(), (128, 4096)), _make_quant, _ptgq_bytes, _ptgq_ref,
-               lambda a: ((a[0], GROUP,), {}), _ret, eager_per_token_group_quant_fp8, _ret, _ptgq_peers,
-               kinds=("fp8", "float"), notes="group 128, row-major float32 scales"),
-        OpCase("layernorm.gemma_rmsnorm", "rmsnorm", f"{L}:gemma_rmsnorm", gnorm, _q(gnorm, (128, 4096)), _make_norm, _norm_bytes,
-               lambda a: (rms_ref(a[0], a[1], EPS, 1.0),), lambda a: ((a[0], a[1], EPS,), {}), _ret_or((0,)),
-               eager_gemma_rmsnorm, _ret, lambda: _norm_peers(True)),
-        OpCase("layernorm.gemma_fused_add_rmsnorm", "rmsnorm", f"{L}:gemma_fused_add_rmsnorm", gnorm, _q(gnorm, (128, 4096)),
-               _make_add_norm, _add_norm_bytes, _add_ref(1.0), lambda a: ((a[0], a[1], a[2], EPS,), {}),
-               lambda a, r: (a[0], a[1]), eager_gemma_fused_add_rmsnorm, _ret, lambda: _add_norm_peers(True),
-               kinds=("float", "float"), mutates=(0, 1)),
-        OpCase("layernorm.qk_norm", "rmsnorm", f"{L}:qk_norm", _qk_shapes(), _q(_qk_shapes(), (128, 4096)), _make_qk,
-               lambda s: 2 * 2 * s.T * (s.get("Hq") + s.get("Hk")) * s.get("D") + 4 * s.get("D"),
-               lambda a: (rms_ref(a[0], a[2]), rms_ref(a[1], a[3])), lambda a: ((a[0], a[1], a[2], a[3], EPS,), {}),
-               _ret_or((0, 1)), eager_qk_norm, _ret, _qk_peers, kinds=("float", "float"), mutates=(0, 1),
-               notes="q [T, 32, 128], k [T, 8, 128], per-head RMSNorm"),
-        OpCase("activation.gelu_and_mul", "activation", f"{A}:gelu_and_mul", _act_shapes(), _q(_act_shapes(), (128, 4096)),
-               _make_act, _act_bytes, _act_ref("gelu"), lambda a: ((a[0],), {}), _ret_or((0,)),
-               eager_gelu_and_mul, _ret, lambda: _act_peers("gelu")),
-        OpCase("activation.gelu_tanh_and_mul", "activation", f"{A}:gelu_tanh_and_mul", _act_shapes(),
-               _q(_act_shapes(), (128, 4096)), _make_act, _act_bytes, _act_ref("gelu_tanh"), lambda a: ((a[0],), {}),
-               _ret_or((0,)), eager_gelu_tanh_and_mul, _ret, lambda: _act_peers("gelu_tanh")),
-        OpCase("moe.topk_softmax", "moe", "opmux.kernels.ops.moe:topk_softmax", _topk_shapes(), _q(_topk_shapes(), (128, 4096)),
-               _make_topk, _topk_bytes, _topk_ref, lambda a: ((a[0], a[1],), {"renormalize": False}), _topk_outputs,
-               eager_topk_softmax, _topk_outputs,
-               lambda: [("Liger", "no MoE routing op in Liger-Kernel"), ("FlashInfer", "no standalone topk_softmax API in FlashInfer 0.7.4")],
-               kinds=("topk", "topk"), notes="float32 router logits, k=8, renormalize=False"),
-        OpCase("kvcache.reshape_and_cache", "kvcache", "opmux.kernels.ops.kvcache:reshape_and_cache", _kv_shapes(),
-               _q(_kv_shapes(), (128, 4096)), _make_kv, _kv_bytes, _kv_ref, lambda a: ((a[0], a[1], a[2], a[3], a[4],), {}),
-               _kv_outputs, eager_reshape_and_cache, _kv_outputs, _kv_peers, kinds=("exact", "exact"), mutates=(2, 3),
-               notes="8 kv heads x 128, block 16, cache [blocks, 16, 8, 128] (flash layout), random distinct slots"),
+        OpCase(
+            "layernorm.rmsnorm",
+            "rmsnorm",
+            f"{L}:rmsnorm",
+            norm,
+            _q(norm, (128, 4096)),
+            _make_norm,
+            _norm_bytes,
+            lambda a: (rms_ref(a[0], a[1]),),
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                    EPS,
+                ),
+                {},
+            ),
+            _ret_or((0,)),
+            eager_rmsnorm,
+            _ret,
+            lambda: _norm_peers(False),
+        ),
+        OpCase(
+            "layernorm.fused_add_rmsnorm",
+            "rmsnorm",
+            f"{L}:fused_add_rmsnorm",
+            norm,
+            _q(norm, (128, 4096)),
+            _make_add_norm,
+            _add_norm_bytes,
+            _add_ref(0.0),
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                    a[2],
+                    EPS,
+                ),
+                {},
+            ),
+            lambda a, r: (a[0], a[1]),
+            eager_fused_add_rmsnorm,
+            _ret,
+            lambda: _add_norm_peers(False),
+            kinds=("float", "float"),
+            mutates=(0, 1),
+        ),
+        OpCase(
+            "activation.silu_and_mul",
+            "activation",
+            f"{A}:silu_and_mul",
+            _act_shapes(),
+            _q(_act_shapes(), (128, 4096)),
+            _make_act,
+            _act_bytes,
+            _act_ref("silu"),
+            lambda a: ((a[0],), {}),
+            _ret_or((0,)),
+            eager_silu_and_mul,
+            _ret,
+            lambda: _act_peers("silu"),
+        ),
+        OpCase(
+            "rope.rotary_embedding",
+            "rope",
+            "opmux.kernels.ops.rope:rotary_embedding",
+            _rope_shapes(),
+            _q(_rope_shapes(), (128, 4096)),
+            _make_rope,
+            _rope_bytes,
+            _rope_ref,
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                    a[2],
+                    a[3],
+                    a[4],
+                ),
+                {"is_neox": True},
+            ),
+            _ret_or((1, 2)),
+            eager_rope,
+            _ret,
+            _rope_peers,
+            kinds=("float", "float"),
+            mutates=(1, 2),
+            notes="neox; q 32x128, k 8x128; positions int64 in [0, 32768); float32 cos_sin_cache [32768, 128]",
+        ),
+        OpCase(
+            "quantization.per_token_quant_fp8",
+            "quant",
+            "opmux.kernels.ops.quantization:per_token_quant_fp8",
+            _quant_shapes(),
+            _q(_quant_shapes(), (128, 4096)),
+            _make_quant,
+            _ptq_bytes,
+            _ptq_ref,
+            lambda a: ((a[0],), {}),
+            _ret,
+            eager_per_token_quant_fp8,
+            _ret,
+            lambda: [
+                ("Liger", "no fp8 quantization op in Liger-Kernel"),
+                ("FlashInfer", "no per-token (row-wise) fp8 quantization API in FlashInfer 0.7.4"),
+            ],
+            kinds=("fp8", "float"),
+        ),
+        OpCase(
+            "quantization.per_token_group_quant_fp8",
+            "quant",
+            "opmux.kernels.ops.quantization:per_token_group_quant_fp8",
+            _quant_shapes(),
+            _q(_quant_shapes(), (128, 4096)),
+            _make_quant,
+            _ptgq_bytes,
+            _ptgq_ref,
+            lambda a: (
+                (
+                    a[0],
+                    GROUP,
+                ),
+                {},
+            ),
+            _ret,
+            eager_per_token_group_quant_fp8,
+            _ret,
+            _ptgq_peers,
+            kinds=("fp8", "float"),
+            notes="group 128, row-major float32 scales",
+        ),
+        OpCase(
+            "layernorm.gemma_rmsnorm",
+            "rmsnorm",
+            f"{L}:gemma_rmsnorm",
+            gnorm,
+            _q(gnorm, (128, 4096)),
+            _make_norm,
+            _norm_bytes,
+            lambda a: (rms_ref(a[0], a[1], EPS, 1.0),),
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                    EPS,
+                ),
+                {},
+            ),
+            _ret_or((0,)),
+            eager_gemma_rmsnorm,
+            _ret,
+            lambda: _norm_peers(True),
+        ),
+        OpCase(
+            "layernorm.gemma_fused_add_rmsnorm",
+            "rmsnorm",
+            f"{L}:gemma_fused_add_rmsnorm",
+            gnorm,
+            _q(gnorm, (128, 4096)),
+            _make_add_norm,
+            _add_norm_bytes,
+            _add_ref(1.0),
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                    a[2],
+                    EPS,
+                ),
+                {},
+            ),
+            lambda a, r: (a[0], a[1]),
+            eager_gemma_fused_add_rmsnorm,
+            _ret,
+            lambda: _add_norm_peers(True),
+            kinds=("float", "float"),
+            mutates=(0, 1),
+        ),
+        OpCase(
+            "layernorm.qk_norm",
+            "rmsnorm",
+            f"{L}:qk_norm",
+            _qk_shapes(),
+            _q(_qk_shapes(), (128, 4096)),
+            _make_qk,
+            lambda s: 2 * 2 * s.T * (s.get("Hq") + s.get("Hk")) * s.get("D") + 4 * s.get("D"),
+            lambda a: (rms_ref(a[0], a[2]), rms_ref(a[1], a[3])),
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                    a[2],
+                    a[3],
+                    EPS,
+                ),
+                {},
+            ),
+            _ret_or((0, 1)),
+            eager_qk_norm,
+            _ret,
+            _qk_peers,
+            kinds=("float", "float"),
+            mutates=(0, 1),
+            notes="q [T, 32, 128], k [T, 8, 128], per-head RMSNorm",
+        ),
+        OpCase(
+            "activation.gelu_and_mul",
+            "activation",
+            f"{A}:gelu_and_mul",
+            _act_shapes(),
+            _q(_act_shapes(), (128, 4096)),
+            _make_act,
+            _act_bytes,
+            _act_ref("gelu"),
+            lambda a: ((a[0],), {}),
+            _ret_or((0,)),
+            eager_gelu_and_mul,
+            _ret,
+            lambda: _act_peers("gelu"),
+        ),
+        OpCase(
+            "activation.gelu_tanh_and_mul",
+            "activation",
+            f"{A}:gelu_tanh_and_mul",
+            _act_shapes(),
+            _q(_act_shapes(), (128, 4096)),
+            _make_act,
+            _act_bytes,
+            _act_ref("gelu_tanh"),
+            lambda a: ((a[0],), {}),
+            _ret_or((0,)),
+            eager_gelu_tanh_and_mul,
+            _ret,
+            lambda: _act_peers("gelu_tanh"),
+        ),
+        OpCase(
+            "moe.topk_softmax",
+            "moe",
+            "opmux.kernels.ops.moe:topk_softmax",
+            _topk_shapes(),
+            _q(_topk_shapes(), (128, 4096)),
+            _make_topk,
+            _topk_bytes,
+            _topk_ref,
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                ),
+                {"renormalize": False},
+            ),
+            _topk_outputs,
+            eager_topk_softmax,
+            _topk_outputs,
+            lambda: [
+                ("Liger", "no MoE routing op in Liger-Kernel"),
+                ("FlashInfer", "no standalone topk_softmax API in FlashInfer 0.7.4"),
+            ],
+            kinds=("topk", "topk"),
+            notes="float32 router logits, k=8, renormalize=False",
+        ),
+        OpCase(
+            "kvcache.reshape_and_cache",
+            "kvcache",
+            "opmux.kernels.ops.kvcache:reshape_and_cache",
+            _kv_shapes(),
+            _q(_kv_shapes(), (128, 4096)),
+            _make_kv,
+            _kv_bytes,
+            _kv_ref,
+            lambda a: (
+                (
+                    a[0],
+                    a[1],
+                    a[2],
+                    a[3],
+                    a[4],
+                ),
+                {},
+            ),
+            _kv_outputs,
+            eager_reshape_and_cache,
+            _kv_outputs,
+            _kv_peers,
+            kinds=("exact", "exact"),
+            mutates=(2, 3),
+            notes="8 kv heads x 128, block 16, cache [blocks, 16, 8, 128] (flash layout), random distinct slots",
+        ),
     ]
     return out
 
@@ -609,7 +928,7 @@ def compare(case: OpCase, outs: Outputs, ref: Outputs) -> tuple[bool, float, str
     ok = True
     if len(outs) < len(case.kinds):
         return False, math.inf, f"{len(outs)} outputs, expected {len(case.kinds)}"
-    for n, (kind, o, r) in enumerate(zip(case.kinds, outs, ref)):
+    for n, (kind, o, r) in enumerate(zip(case.kinds, outs, ref, strict=False)):
         if tuple(o.shape) != tuple(r.shape) and o.numel() != r.numel():
             return False, math.inf, f"output {n}: shape {tuple(o.shape)} != {tuple(r.shape)}"
         if kind == "fp8" and FP8 is not None and o.dtype != FP8:

@@ -50,20 +50,31 @@ def log(msg: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 allow_abbrev=False)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     ap.add_argument("--out", type=Path, required=True, help="folder for bench.json, bench.md, bench.png")
     ap.add_argument("--quick", action="store_true", help="2 shapes per op, few replays")
-    ap.add_argument("--ops", default="", help="comma-separated filter: substrings of op names (e.g. rmsnorm,silu)")
+    ap.add_argument(
+        "--ops", default="", help="comma-separated filter: substrings of op names (e.g. rmsnorm,silu)"
+    )
     ap.add_argument("--impls", default="", help="comma-separated filter on implementation names (debugging)")
     ap.add_argument("--replays", type=int, default=None, help="graph replays per case (default 30, quick 10)")
-    ap.add_argument("--target-us", type=float, default=None, help="graph length aimed at, us (default 1500, quick 600)")
+    ap.add_argument(
+        "--target-us", type=float, default=None, help="graph length aimed at, us (default 1500, quick 600)"
+    )
     ap.add_argument("--max-sets", type=int, default=64, help="most input sets cycled per case")
-    ap.add_argument("--budget-s", type=float, default=420.0,
-                    help="wall-clock budget; cases left when it is spent are recorded as skipped")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="wall-clock budget; cases left when it is spent are recorded as skipped",
+    )
     ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     ap.add_argument("--no-peers", action="store_true", help="leave out Liger-Kernel and FlashInfer")
-    ap.add_argument("--no-fi-prebuild", action="store_true", help="build FlashInfer's JIT modules on first use instead")
+    ap.add_argument(
+        "--no-fi-prebuild", action="store_true", help="build FlashInfer's JIT modules on first use instead"
+    )
     ap.add_argument("--fi-wait-s", type=float, default=240.0, help="longest wait for a FlashInfer JIT module")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fi-prebuild", default=None, help=argparse.SUPPRESS)  # internal: worker mode
@@ -96,10 +107,15 @@ def flashinfer_env(cap: tuple[int, int] | None) -> dict[str, str]:
     env: dict[str, str] = {"FLASHINFER_USE_CUDA_NORM": "1"}
     if cap is not None:
         env["FLASHINFER_CUDA_ARCH_LIST"] = f"{cap[0]}.{cap[1]}" + ("a" if cap[0] in (9, 10, 12) else "")
-    env["FLASHINFER_WORKSPACE_BASE"] = os.environ.get("FLASHINFER_WORKSPACE_BASE", "/tmp/opmux-bench-flashinfer")
+    env["FLASHINFER_WORKSPACE_BASE"] = os.environ.get(
+        "FLASHINFER_WORKSPACE_BASE", "/tmp/opmux-bench-flashinfer"
+    )
     cuda_home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
     extra: list[str] = []
-    for header in ("cublasLt.h", "curand_kernel.h"):  # toolkit headers FlashInfer's norm/quant sources include
+    for header in (
+        "cublasLt.h",
+        "curand_kernel.h",
+    ):  # toolkit headers FlashInfer's norm/quant sources include
         if Path(cuda_home, "include", header).exists():
             continue
         for p in map(Path, sys.path):
@@ -111,7 +127,7 @@ def flashinfer_env(cap: tuple[int, int] | None) -> dict[str, str]:
                 break
     if extra:
         for var in ("FLASHINFER_EXTRA_CUDAFLAGS", "FLASHINFER_EXTRA_CFLAGS"):
-            env[var] = " ".join([os.environ.get(var, "")] + extra).strip()
+            env[var] = " ".join([os.environ.get(var, ""), *extra]).strip()
     return env
 
 
@@ -122,18 +138,23 @@ def fi_prebuild_worker(modules: list[str], status: Path) -> int:
     def spec(name: str) -> Any:
         if name == "norm":
             from flashinfer.jit.norm import gen_norm_module
+
             return gen_norm_module()
         if name.endswith("_and_mul"):
             from flashinfer.jit.activation import gen_act_and_mul_module
+
             return gen_act_and_mul_module(name[: -len("_and_mul")])
         if name == "rope":
             from flashinfer.jit.rope import gen_rope_module
+
             return gen_rope_module()
         if name == "quantization":
             from flashinfer.jit.quantization import gen_quantization_module
+
             return gen_quantization_module()
         if name == "page":
             from flashinfer.jit.page import gen_page_module
+
             return gen_page_module()
         raise KeyError(name)
 
@@ -144,8 +165,13 @@ def fi_prebuild_worker(modules: list[str], status: Path) -> int:
         try:
             spec(name).build_and_load()
             rec = {"module": name, "ok": True, "s": round(time.perf_counter() - t, 1)}
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            rec = {"module": name, "ok": False, "s": round(time.perf_counter() - t, 1), "error": _err(exc, 1500)}
+        except BaseException as exc:
+            rec = {
+                "module": name,
+                "ok": False,
+                "s": round(time.perf_counter() - t, 1),
+                "error": _err(exc, 1500),
+            }
         with lock, status.open("a") as f:
             f.write(json.dumps(rec) + "\n")
 
@@ -182,12 +208,20 @@ class FlashInferBuild:
         while True:
             rec = self._read().get(module)
             if rec is not None:
-                return None if rec["ok"] else f"FlashInfer JIT build of {module} failed: {rec.get('error', '?')}"
+                return (
+                    None if rec["ok"] else f"FlashInfer JIT build of {module} failed: {rec.get('error', '?')}"
+                )
             if self.proc.poll() is not None:
                 rec = self._read().get(module)
                 if rec is not None:
-                    return None if rec["ok"] else f"FlashInfer JIT build of {module} failed: {rec.get('error', '?')}"
-                return f"FlashInfer JIT build process exited ({self.proc.returncode}) before building {module}"
+                    return (
+                        None
+                        if rec["ok"]
+                        else f"FlashInfer JIT build of {module} failed: {rec.get('error', '?')}"
+                    )
+                return (
+                    f"FlashInfer JIT build process exited ({self.proc.returncode}) before building {module}"
+                )
             if time.perf_counter() > end:
                 return f"FlashInfer JIT module {module} not built within the wait limit"
             if not announced:
@@ -205,7 +239,7 @@ class FlashInferBuild:
 
 def _err(exc: BaseException, limit: int = 600) -> str:
     s = f"{type(exc).__name__}: {exc}".strip()
-    return s if len(s) <= limit else s[: limit // 2] + " ... " + s[-limit // 2:]
+    return s if len(s) <= limit else s[: limit // 2] + " ... " + s[-limit // 2 :]
 
 
 def copy_bandwidth(torch: Any, nbytes: int = 2 * 2**30, reps: int = 20) -> dict[str, float]:
@@ -259,11 +293,11 @@ def time_impl(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dic
             ts.append(a.elapsed_time(b) * 1e3 / R)
         del g
         return {"us": statistics.median(ts), "us_min": min(ts), "us_max": max(ts), "method": "graph", "R": R}
-    except Exception as exc:  # noqa: BLE001 - fall back to eager timing
+    except Exception as exc:
         capture_error = _err(exc, 300)
         try:
             torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     # eager fallback: R calls between two events (includes CPU launch overhead)
     R2 = min(R, 200)
@@ -276,8 +310,14 @@ def time_impl(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dic
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1e3 / R2)
-    return {"us": statistics.median(ts), "us_min": min(ts), "us_max": max(ts), "method": "events", "R": R2,
-            "capture_error": capture_error}
+    return {
+        "us": statistics.median(ts),
+        "us_min": min(ts),
+        "us_max": max(ts),
+        "method": "events",
+        "R": R2,
+        "capture_error": capture_error,
+    }
 
 
 def plan(nbytes: int, l2: int, max_sets: int, target_us: float, mem_cap: int = 8 * 2**30) -> tuple[int, int]:
@@ -312,14 +352,14 @@ def environment(torch: Any) -> dict[str, Any]:
                 meta[mod] = version("flashinfer-python")
             else:
                 meta[mod] = getattr(__import__(mod), "__version__", "?")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             meta[mod] = f"not installed ({_err(exc, 120)})"
     try:
         import opmux
 
         meta["opmux_file"] = opmux.__file__
         meta["opmux_build"] = opmux.build_info() if hasattr(opmux, "build_info") else None
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         meta["opmux_build"] = _err(exc)
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
@@ -329,12 +369,22 @@ def environment(torch: Any) -> dict[str, Any]:
         meta["memory_GiB"] = round(p.total_memory / 2**30, 1)
         meta["l2_bytes"] = getattr(p, "L2_cache_size", None) or getattr(p, "l2_cache_size", None)
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,power.limit",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        q = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,clocks.sm,clocks.mem,power.limit",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         meta["nvidia_smi"] = q.stdout.strip()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         meta["nvidia_smi"] = _err(exc, 100)
-    meta["env"] = {k: v for k, v in os.environ.items() if k.startswith(("OPMUX_", "FLASHINFER_", "TORCH_", "TRITON_"))}
+    meta["env"] = {
+        k: v for k, v in os.environ.items() if k.startswith(("OPMUX_", "FLASHINFER_", "TORCH_", "TRITON_"))
+    }
     return meta
 
 
@@ -350,7 +400,7 @@ def peers_for(case: Any, no_peers: bool) -> list[Any]:
         if lib:
             try:
                 __import__(lib)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 out.append((p.name, f"not installed ({_err(exc, 200)})"))
                 continue
         out.append(p)
@@ -360,9 +410,8 @@ def peers_for(case: Any, no_peers: bool) -> list[Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("OPMUX_FALLBACK", "error")
     os.environ["OPMUX_FALLBACK"] = "error"
-    import torch
-
     import bench_cases as bc
+    import torch
     from render_bench import render_all
 
     deadline = T0 + args.budget_s
@@ -381,7 +430,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_peers:
         try:
             import flashinfer  # noqa: F401
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             fi_err = _err(exc, 300)
     if not args.no_peers and fi_err is None and not args.no_fi_prebuild:
         needed: list[str] = []
@@ -392,10 +441,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if needed:
             status = args.out / ".fi_build_status.jsonl"
             status.unlink(missing_ok=True)
-            logf = open(args.out / ".fi_build.log", "wb")  # noqa: SIM115 - lives as long as the child
-            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--out", str(args.out),
-                                     "--fi-prebuild", ",".join(needed), "--fi-status", str(status)],
-                                    stdout=logf, stderr=subprocess.STDOUT, env=dict(os.environ))
+            logf = open(args.out / ".fi_build.log", "wb")
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--out",
+                    str(args.out),
+                    "--fi-prebuild",
+                    ",".join(needed),
+                    "--fi-status",
+                    str(status),
+                ],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ),
+            )
             fib = FlashInferBuild(status, proc, args.fi_wait_s)
             log(f"FlashInfer JIT build started in the background: {', '.join(needed)}")
 
@@ -403,8 +464,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     meta["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     meta["flashinfer_import_error"] = fi_err
     l2 = int(meta.get("l2_bytes") or L2_BYTES_DEFAULT)
-    log(f"device {meta.get('device')} sm_{cap[0]}{cap[1]}, torch {torch.__version__}, triton {meta.get('triton')}, "
-        f"liger {meta.get('liger_kernel')}, flashinfer {meta.get('flashinfer')}, opmux {meta.get('opmux')}")
+    log(
+        f"device {meta.get('device')} sm_{cap[0]}{cap[1]}, torch {torch.__version__}, triton {meta.get('triton')}, "
+        f"liger {meta.get('liger_kernel')}, flashinfer {meta.get('flashinfer')}, opmux {meta.get('opmux')}"
+    )
     cb = copy_bandwidth(torch)
     meta["copy"] = cb
     log(f"copy bandwidth {cb['GBps']:.0f} GB/s (2 GiB device-to-device, read + write)")
@@ -428,7 +491,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             fn = case.opmux_fn()
             backends = [b for b in registry.get(case.op).backend_names if b not in SKIP_BACKENDS]
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             rec["skipped"] = f"opmux op does not import: {_err(exc, 400)}"
             log(f"{case.op}: SKIPPED ({rec['skipped']})")
             save()
@@ -449,7 +512,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rec["impls"] = [i[0] for i in impls]
         log(f"{case.op}: {len(shapes)} shapes x {len(impls)} implementations ({', '.join(rec['impls'])})")
         for shape in shapes:
-            crec: dict[str, Any] = {"shape": shape.as_dict(), "label": shape.label, "bytes": case.nbytes(shape), "impls": {}}
+            crec: dict[str, Any] = {
+                "shape": shape.as_dict(),
+                "label": shape.label,
+                "bytes": case.nbytes(shape),
+                "impls": {},
+            }
             rec["cases"].append(crec)
             if time.perf_counter() > deadline:
                 crec["skipped"] = "time budget spent"
@@ -465,9 +533,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pos, kw = case.callargs(sets[0])
                 try:
                     crec["default"] = explain(case.op, *pos, **kw).chosen
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     crec["default_error"] = _err(exc, 300)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 crec["error"] = f"inputs/reference: {_err(exc, 400)}"
                 log(f"  {shape.label}: ERROR {crec['error']}")
                 continue
@@ -484,19 +552,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 try:
                     if kind == "opmux":
-                        def call(a: Any, b: str = what) -> Any:
+
+                        def call(a: Any, b: str = what, case: Any = case, fn: Any = fn) -> Any:
                             p_, k_ = case.callargs(a)
                             return fn(*p_, **k_, backend=b)
+
                         outs_of = case.outputs
                         set_list = sets
                     elif name == "torch eager":
-                        def call(a: Any) -> Any:
+
+                        def call(a: Any, case: Any = case) -> Any:
                             return case.eager(*a)
+
                         outs_of = case.eager_outputs
                         set_list = sets
                     elif name == "torch.compile":
-                        def call(a: Any) -> Any:
+
+                        def call(a: Any, compiled: Any = compiled) -> Any:
                             return compiled(*a)
+
                         outs_of = case.eager_outputs
                         set_list = sets
                     else:
@@ -528,12 +602,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ir["status"] = "ok"
                     ir["GBps"] = crec["bytes"] / (t["us"] * 1e-6) / 1e9
                     ir["frac_copy"] = ir["GBps"] / cb["GBps"]
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     ir["status"] = "failed"
                     ir["error"] = _err(exc)
                     try:
                         torch.cuda.synchronize()
-                    except Exception as exc2:  # noqa: BLE001 - a sticky CUDA error ends the run
+                    except Exception as exc2:
                         ir["error"] += f" | then: {_err(exc2, 200)}"
                         save()
                         raise

@@ -37,40 +37,95 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 PEERS = ("liger-kernel==0.8.5", "apache-tvm-ffi==0.1.15.post2", "flashinfer-python==0.7.4")
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64", "any")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "any",
+)
 
 # JIT modules the benchmark builds: their translation units (relative to flashinfer/data/csrc)
 CSRC_UNITS = (
-    "norm.cu", "flashinfer_norm_binding.cu",
-    "rope.cu", "flashinfer_rope_binding.cu",
-    "quantization.cu", "csf_scales.cu", "flashinfer_quantization_binding.cu",
-    "page.cu", "flashinfer_page_binding.cu",
+    "norm.cu",
+    "flashinfer_norm_binding.cu",
+    "rope.cu",
+    "flashinfer_rope_binding.cu",
+    "quantization.cu",
+    "csf_scales.cu",
+    "flashinfer_quantization_binding.cu",
+    "page.cu",
+    "flashinfer_page_binding.cu",
 )
 # headers the generated activation source includes
 EXTRA_ROOT_HEADERS = ("flashinfer/activation.cuh", "tvm_ffi_utils.h")
-INCLUDE_ROOTS = ("data/cccl/cub", "data/cccl/libcudacxx/include", "data/cccl/thrust", "data/include", "data/csrc",
-                 "data/cutlass/include", "data/cutlass/tools/util/include", "data/spdlog/include")
+INCLUDE_ROOTS = (
+    "data/cccl/cub",
+    "data/cccl/libcudacxx/include",
+    "data/cccl/thrust",
+    "data/include",
+    "data/csrc",
+    "data/cutlass/include",
+    "data/cutlass/tools/util/include",
+    "data/spdlog/include",
+)
 # Python trees too large and unrelated to carry (kept only where the import closure needs them)
-DROP_PY_TREES = ("experimental/", "fused_moe/", "moe_ep/", "gdn_kernels/", "kda_kernels/", "attention/prims_ts/",
-                 "prims_ts/", "msa_ops/", "dsv3_ops/", "diffusion_ops/", "megamoe/", "cute_dsl/attention/")
+DROP_PY_TREES = (
+    "experimental/",
+    "fused_moe/",
+    "moe_ep/",
+    "gdn_kernels/",
+    "kda_kernels/",
+    "attention/prims_ts/",
+    "prims_ts/",
+    "msa_ops/",
+    "dsv3_ops/",
+    "diffusion_ops/",
+    "megamoe/",
+    "cute_dsl/attention/",
+)
 SOURCE_EXT = (".cu", ".cuh", ".h", ".hpp", ".inl", ".cpp", ".cc", ".c", ".inc", ".ptx")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 
 # modules imported to compute the Python import closure (best effort; needs torch)
 CLOSURE_IMPORTS = (
-    "flashinfer", "flashinfer.norm", "flashinfer.activation", "flashinfer.rope", "flashinfer.page",
-    "flashinfer.quantization", "flashinfer.quantization.fp8_quantization", "flashinfer.jit.norm",
-    "flashinfer.jit.rope", "flashinfer.jit.activation", "flashinfer.jit.quantization", "flashinfer.jit.page",
-    "flashinfer.jit.core", "flashinfer.jit.cpp_ext",
+    "flashinfer",
+    "flashinfer.norm",
+    "flashinfer.activation",
+    "flashinfer.rope",
+    "flashinfer.page",
+    "flashinfer.quantization",
+    "flashinfer.quantization.fp8_quantization",
+    "flashinfer.jit.norm",
+    "flashinfer.jit.rope",
+    "flashinfer.jit.activation",
+    "flashinfer.jit.quantization",
+    "flashinfer.jit.page",
+    "flashinfer.jit.core",
+    "flashinfer.jit.cpp_ext",
 )
 
 
 def download(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for req in PEERS:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-               "--implementation", "cp", "-d", str(dest), req]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            "-d",
+            str(dest),
+            req,
+        ]
         for p in PLATFORMS:
             cmd += ["--platform", p]
         print("+", " ".join(cmd), flush=True)
@@ -158,13 +213,15 @@ def trim_flashinfer(wheel: Path) -> Path:
             if n.startswith(distinfo + "/"):
                 keep.append(i)
                 continue
-            rel = n[len(pkg) + 1:] if n.startswith(pkg + "/") else n
+            rel = n[len(pkg) + 1 :] if n.startswith(pkg + "/") else n
             if n.endswith(".py"):
                 if "*" in pyclosure or n in pyclosure or not rel.startswith(DROP_PY_TREES):
                     keep.append(i)
             elif n.startswith(f"{pkg}/data/cccl/"):
-                keep.append(i)  # whole: the CUDA toolkit's own headers include the vendored CCCL (it is -I first)
-            elif n.endswith(SOURCE_EXT) or "/data/" in n and Path(n).suffix == "":
+                keep.append(
+                    i
+                )  # whole: the CUDA toolkit's own headers include the vendored CCCL (it is -I first)
+            elif n.endswith(SOURCE_EXT) or ("/data/" in n and Path(n).suffix == ""):
                 if n in headers:
                     keep.append(i)
             elif "/data/" in n:
@@ -181,9 +238,11 @@ def trim_flashinfer(wheel: Path) -> Path:
                 zo.writestr(i, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
                 digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
                 record.append(f"{i.filename},sha256={digest},{len(data)}")
-            note = (f"Trimmed by opmux benchmarks/fetch_peers.py for the offline benchmark machine: kept "
-                    f"{len(keep)} of {len(infos)} files; CUDA sources only for {', '.join(CSRC_UNITS)} and "
-                    "their #include closure.\n").encode()
+            note = (
+                f"Trimmed by opmux benchmarks/fetch_peers.py for the offline benchmark machine: kept "
+                f"{len(keep)} of {len(infos)} files; CUDA sources only for {', '.join(CSRC_UNITS)} and "
+                "their #include closure.\n"
+            ).encode()
             zo.writestr(f"{distinfo}/TRIMMED", note)
             digest = base64.urlsafe_b64encode(hashlib.sha256(note).digest()).rstrip(b"=").decode()
             record.append(f"{distinfo}/TRIMMED,sha256={digest},{len(note)}")
@@ -191,15 +250,20 @@ def trim_flashinfer(wheel: Path) -> Path:
             zo.writestr(f"{distinfo}/RECORD", "\n".join(record) + "\n")
     before = wheel.stat().st_size
     out.replace(wheel)
-    print(f"trimmed {wheel.name}: {before / 2**20:.1f} MiB -> {wheel.stat().st_size / 2**20:.1f} MiB "
-          f"({len(keep)} of {len(infos)} files, {len(headers)} C++ files)", flush=True)
+    print(
+        f"trimmed {wheel.name}: {before / 2**20:.1f} MiB -> {wheel.stat().st_size / 2**20:.1f} MiB "
+        f"({len(keep)} of {len(infos)} files, {len(headers)} C++ files)",
+        flush=True,
+    )
     return wheel
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=Path(".whl"))
-    ap.add_argument("--no-download", action="store_true", help="only trim the flashinfer wheel already in --dir")
+    ap.add_argument(
+        "--no-download", action="store_true", help="only trim the flashinfer wheel already in --dir"
+    )
     args = ap.parse_args()
     if not args.no_download:
         download(args.dir)

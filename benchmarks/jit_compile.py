@@ -52,16 +52,17 @@ print(json.dumps({"seconds": time.perf_counter() - t, "compiles": stats.compiles
 
 def _run(code: str, *args: str, cache: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": PYTHONPATH, "OPMUX_CACHE_DIR": str(cache)}
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=False
+    )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def bench(repeat: int, archs: str) -> dict[str, object]:
-    from opmux.kernels.jit.compile.toolchain import ToolchainNotFound, find_cxx, find_nvcc
     from opmux.kernels.jit import kernel_path
+    from opmux.kernels.jit.compile.toolchain import ToolchainNotFound, find_cxx, find_nvcc
     from opmux.kernels.jit.modules import MODULES
 
     cxx = find_cxx()
@@ -73,8 +74,13 @@ def bench(repeat: int, archs: str) -> dict[str, object]:
     for module in MODULES.values():
         missing = [s for s in module.sources if not (kernel_path() / "csrc" / s).is_file()]
         if missing:
-            rows.append({"module": module.name, "device": module.device,
-                         "skipped": f"sources missing: {', '.join(missing)}"})
+            rows.append(
+                {
+                    "module": module.name,
+                    "device": module.device,
+                    "skipped": f"sources missing: {', '.join(missing)}",
+                }
+            )
             continue
         if module.device == "cuda" and nvcc is None:
             rows.append({"module": module.name, "device": "cuda", "skipped": "no nvcc"})
@@ -83,8 +89,7 @@ def bench(repeat: int, archs: str) -> dict[str, object]:
         for _ in range(repeat):
             cache = Path(tempfile.mkdtemp(prefix="opmux-bench-"))
             try:
-                r = _run(_COLD, module.name, archs if module.device == "cuda" else "",
-                         cache=cache)
+                r = _run(_COLD, module.name, archs if module.device == "cuda" else "", cache=cache)
                 assert r["compiled"]
                 cold.append(r["seconds"])
                 size = r["size"]
@@ -96,10 +101,13 @@ def bench(repeat: int, archs: str) -> dict[str, object]:
                         warm.append(w["seconds"] * 1e3)
             finally:
                 shutil.rmtree(cache)
-        row: dict[str, object] = {"module": module.name, "device": module.device,
-                                  "cold_s": round(statistics.median(cold), 2),
-                                  "cold_runs": [round(c, 2) for c in cold],
-                                  "size_kib": round(size / 1024, 1)}
+        row: dict[str, object] = {
+            "module": module.name,
+            "device": module.device,
+            "cold_s": round(statistics.median(cold), 2),
+            "cold_runs": [round(c, 2) for c in cold],
+            "size_kib": round(size / 1024, 1),
+        }
         if warm:
             row["warm_ms"] = round(statistics.median(warm), 2)
             row["warm_runs"] = [round(w, 2) for w in warm]
@@ -109,7 +117,7 @@ def bench(repeat: int, archs: str) -> dict[str, object]:
         print(f"{module.name}: {row}", file=sys.stderr)
     return {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, "
-                   f"load average {os.getloadavg()[0]:.1f} at start",
+        f"load average {os.getloadavg()[0]:.1f} at start",
         "cxx": cxx.version,
         "nvcc": nvcc.version if nvcc else None,
         "repeat": repeat,
@@ -145,8 +153,10 @@ def write(result: dict[str, object], out: Path) -> None:
             continue
         note = f"archs {r['archs']} + PTX" if r["device"] == "cuda" else ""
         warm = f"{r['warm_ms']:.1f}" if "warm_ms" in r else "-"
-        lines.append(f"| {r['module']} | {r['device']} | {r['cold_s']:.2f} | {warm} | "
-                     f"{r['size_kib']:.0f} KiB | {note} |")
+        lines.append(
+            f"| {r['module']} | {r['device']} | {r['cold_s']:.2f} | {warm} | "
+            f"{r['size_kib']:.0f} KiB | {note} |"
+        )
     (out / "jit_compile.md").write_text("\n".join(lines) + "\n")
 
 

@@ -32,7 +32,9 @@ def _cell(r: dict[str, Any] | None) -> str:
     st = r.get("status")
     if st == "ok":
         return _fmt_us(r["us"]) + ("*" if r.get("method") != "graph" else "")
-    return {"wrong": "wrong", "failed": "fail", "unavailable": "n/a", "skipped": "skip"}.get(st or "", st or "")
+    return {"wrong": "wrong", "failed": "fail", "unavailable": "n/a", "skipped": "skip"}.get(
+        st or "", st or ""
+    )
 
 
 def _impl_order(op: dict[str, Any]) -> list[str]:
@@ -56,7 +58,9 @@ def render_md(result: dict[str, Any], title: str = "") -> str:
         f" FlashInfer {meta.get('flashinfer', '?')}, opmux {meta.get('opmux', '?')}. bf16 unless noted."
     )
     if cbw:
-        lines.append(f"Copy bandwidth measured in the same run: {cbw:.0f} GB/s (device-to-device copy of 2 GiB, read + write).")
+        lines.append(
+            f"Copy bandwidth measured in the same run: {cbw:.0f} GB/s (device-to-device copy of 2 GiB, read + write)."
+        )
     args = meta.get("args", {})
     lines += [
         "",
@@ -131,8 +135,10 @@ def render_md(result: dict[str, Any], title: str = "") -> str:
         lines.append("")
     fib = meta.get("flashinfer_build", {}).get("modules")
     if fib:
-        lines.append("FlashInfer JIT builds: " + ", ".join(
-            f"{m} {'ok' if r.get('ok') else 'FAILED'} ({r.get('s')} s)" for m, r in fib.items()))
+        lines.append(
+            "FlashInfer JIT builds: "
+            + ", ".join(f"{m} {'ok' if r.get('ok') else 'FAILED'} ({r.get('s')} s)" for m, r in fib.items())
+        )
         lines.append("")
     return "\n".join(lines)
 
@@ -143,7 +149,7 @@ def render_png(result: dict[str, Any], path: Path, title: str = "") -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         print(f"render_bench: no PNG ({type(exc).__name__}: {exc})")
         return False
     ops = [o for o in result.get("ops", []) if not o.get("skipped") and o.get("cases")]
@@ -164,10 +170,13 @@ def render_png(result: dict[str, Any], path: Path, title: str = "") -> bool:
     ncol = 3 if len(panels) > 4 else 2 if len(panels) > 1 else 1
     nrow = math.ceil(len(panels) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(6.2 * ncol, 4.2 * nrow), squeeze=False)
-    for ax, (name, op, cs) in zip(axes.flat, panels):
+    for ax, (name, op, cs) in zip(axes.flat, panels, strict=False):
         for n in _impl_order(op):
-            pts = [(c["shape"]["T"], c["impls"][n]["GBps"]) for c in cs
-                   if c.get("impls", {}).get(n, {}).get("status") == "ok"]
+            pts = [
+                (c["shape"]["T"], c["impls"][n]["GBps"])
+                for c in cs
+                if c.get("impls", {}).get(n, {}).get("status") == "ok"
+            ]
             if not pts:
                 continue
             pts.sort()
@@ -181,10 +190,13 @@ def render_png(result: dict[str, Any], path: Path, title: str = "") -> bool:
         ax.set_title(name, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     meta = result.get("meta", {})
-    fig.suptitle(title or f"opmux vs peers, {meta.get('device', '?')}, {meta.get('date', '')[:10]} (bandwidth, higher is better)")
+    fig.suptitle(
+        title
+        or f"opmux vs peers, {meta.get('device', '?')}, {meta.get('date', '')[:10]} (bandwidth, higher is better)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

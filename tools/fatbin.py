@@ -42,7 +42,9 @@ def find_cuobjdump() -> Path | None:
 def read_device_code(lib: Path, *, cuobjdump: Path | None = None) -> DeviceCode:
     tool = cuobjdump or find_cuobjdump()
     if tool is None:
-        raise FileNotFoundError("cuobjdump not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, triton's bundled one)")
+        raise FileNotFoundError(
+            "cuobjdump not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, triton's bundled one)"
+        )
 
     def run(flag: str) -> str:
         proc = subprocess.run([str(tool), flag, str(lib)], capture_output=True, text=True, check=False)

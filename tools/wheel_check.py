@@ -252,7 +252,9 @@ def _check_device_code(wheel: Path, target: _targets.Target, have: set[str]) -> 
 
     tool = fatbin.find_cuobjdump()
     if tool is None:
-        return [f"{wheel.name}: cannot verify {member}'s device code: no cuobjdump (install the CUDA toolkit or triton)"]
+        return [
+            f"{wheel.name}: cannot verify {member}'s device code: no cuobjdump (install the CUDA toolkit or triton)"
+        ]
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
         lib = Path(zf.extract(member, tmp))
         code = fatbin.read_device_code(lib, cuobjdump=tool)
@@ -260,9 +262,13 @@ def _check_device_code(wheel: Path, target: _targets.Target, have: set[str]) -> 
     want_ptx = {target.aot.ptx} if target.aot.ptx else set()
     out = []
     if set(code.cubins) != want_cubins:
-        out.append(f"{wheel.name}: {member} holds cubins {sorted(code.cubins)}, targets.toml says {sorted(want_cubins)}")
+        out.append(
+            f"{wheel.name}: {member} holds cubins {sorted(code.cubins)}, targets.toml says {sorted(want_cubins)}"
+        )
     if set(code.ptx) != want_ptx:
-        out.append(f"{wheel.name}: {member} holds PTX {sorted(code.ptx)}, targets.toml says {sorted(want_ptx)}")
+        out.append(
+            f"{wheel.name}: {member} holds PTX {sorted(code.ptx)}, targets.toml says {sorted(want_ptx)}"
+        )
     return out
 
 

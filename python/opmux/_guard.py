@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from importlib import metadata
 
 __all__ = ["DISTRIBUTIONS", "InstallWarning", "check"]
@@ -39,7 +40,7 @@ def installed() -> list[str]:
     return found
 
 
-def machine_target(exists: "callable[[str], bool]" = os.path.exists) -> str:  # type: ignore[valid-type]
+def machine_target(exists: Callable[[str], bool] = os.path.exists) -> str:
     for target, node in _EVIDENCE:
         if exists(node):
             return target

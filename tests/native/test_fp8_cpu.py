@@ -8,9 +8,6 @@ range, a dense strided sweep of all fp32 bit patterns below 480, saturation and 
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -48,10 +48,23 @@ def _compile(src: Path, out: Path, openmp: bool = True) -> subprocess.Popen:
     if cxx is None:
         pytest.skip("no C++ compiler")
     lib = Path(info.find_libtvm_ffi())
-    cmd = [cxx, "-std=c++17", "-O3", "-fPIC", "-shared", *(["-fopenmp"] if openmp else []),
-           f"-I{JIT / 'include'}", f"-I{JIT / 'csrc'}",
-           *[f"-I{p}" for p in info.include_paths()], str(src), "-o", str(out),
-           f"-L{lib.parent}", "-ltvm_ffi", f"-Wl,-rpath,{lib.parent}"]
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O3",
+        "-fPIC",
+        "-shared",
+        *(["-fopenmp"] if openmp else []),
+        f"-I{JIT / 'include'}",
+        f"-I{JIT / 'csrc'}",
+        *[f"-I{p}" for p in info.include_paths()],
+        str(src),
+        "-o",
+        str(out),
+        f"-L{lib.parent}",
+        "-ltvm_ffi",
+        f"-Wl,-rpath,{lib.parent}",
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -134,7 +147,7 @@ def test_silu_and_mul(mod, dtype, rows, d):
 def test_strided_rows(mod, dtype):
     g = torch.Generator().manual_seed(0)
     base = torch.randn(6, 160, generator=g).to(dtype)
-    x = base[::2, 3:132]                      # row stride 320, offset start, hidden 129
+    x = base[::2, 3:132]  # row stride 320, offset start, hidden 129
     w = torch.randn(129, generator=g).to(dtype)
     out_base = torch.zeros(3, 200, dtype=dtype)
     out = out_base[:, 5:134]
@@ -152,7 +165,7 @@ def test_strided_rows(mod, dtype):
     _close(xv, rmsnorm_ref(res_ref, w, 1e-6), dtype)
     assert torch.all(xb[:, 129:] == 0)
 
-    xa = torch.randn(4, 300, generator=g).to(dtype)[:, 1:259]   # d = 129, rows strided
+    xa = torch.randn(4, 300, generator=g).to(dtype)[:, 1:259]  # d = 129, rows strided
     o = torch.zeros(4, 150, dtype=dtype)[:, 2:131]
     mod["silu_and_mul_cpu"](o, xa)
     _close(o, silu_and_mul_ref(xa), dtype)
@@ -202,12 +215,31 @@ def test_conversions_exhaustive(libs):
     assert torch.equal(got[~nan].view(torch.int32), ref[~nan].view(torch.int32))
 
     g = torch.Generator().manual_seed(1)
-    f = torch.cat([
-        torch.randn(200000, generator=g) * torch.exp2(torch.randint(-30, 20, (200000,), generator=g).float()),
-        h.float(),                                                   # exact values
-        torch.tensor([0.0, -0.0, 65504.0, 65520.0, 65519.0, 1e6, -1e6, 6e-8, 2.98e-8, 1e-40,
-                      float("inf"), float("-inf"), float("nan"), 3.4e38]),
-    ])
+    f = torch.cat(
+        [
+            torch.randn(200000, generator=g)
+            * torch.exp2(torch.randint(-30, 20, (200000,), generator=g).float()),
+            h.float(),  # exact values
+            torch.tensor(
+                [
+                    0.0,
+                    -0.0,
+                    65504.0,
+                    65520.0,
+                    65519.0,
+                    1e6,
+                    -1e6,
+                    6e-8,
+                    2.98e-8,
+                    1e-40,
+                    float("inf"),
+                    float("-inf"),
+                    float("nan"),
+                    3.4e38,
+                ]
+            ),
+        ]
+    )
     f = torch.cat([f, (f.view(torch.int32) ^ 1).view(torch.float32)])  # neighbours: tie edges
     for fn, dt in (("to_half", torch.float16), ("to_bf16", torch.bfloat16)):
         out = torch.empty(f.numel(), dtype=torch.int16)

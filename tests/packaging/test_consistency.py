@@ -8,7 +8,6 @@ import re
 import sys
 
 import pytest
-
 from tools import changes, ci_matrix, targets, variants
 
 if sys.version_info >= (3, 11):

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tools import fatbin  # noqa: E402
 
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+NVCC = shutil.which("nvcc") or (
+    "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+)
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (CUDA toolkit) to build a fatbin")
@@ -23,9 +25,21 @@ def test_lists_cubins_and_ptx(tmp_path: Path) -> None:
     src.write_text("__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\n")
     lib = tmp_path / "libk.so"
     subprocess.run(
-        [NVCC, "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_80,code=sm_80",
-         "-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_90,code=compute_90",
-         str(src), "-o", str(lib)],
+        [
+            NVCC,
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-gencode",
+            "arch=compute_80,code=sm_80",
+            "-gencode",
+            "arch=compute_90a,code=sm_90a",
+            "-gencode",
+            "arch=compute_90,code=compute_90",
+            str(src),
+            "-o",
+            str(lib),
+        ],
         check=True,
     )
     code = fatbin.read_device_code(lib)

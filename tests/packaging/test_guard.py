@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from opmux import _guard
-
 from tools import targets
+
+from opmux import _guard
 
 
 def test_distributions_match_targets_toml():

@@ -16,7 +16,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from tools import from_sdist, reproducible, targets, wheel_check
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from tools import targets
 
 GOOD = (targets.TABLE).read_text(encoding="utf-8")

@@ -6,7 +6,6 @@ import shutil
 import sys
 
 import pytest
-
 from tools import targets, variants
 
 if sys.version_info >= (3, 11):

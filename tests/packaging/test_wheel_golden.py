@@ -7,7 +7,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from tools import targets, wheel_check
 
 HEADER = "opmux/kernels/jit/include/opmux/cuda_utils.cuh"

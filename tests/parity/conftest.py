@@ -6,15 +6,15 @@ source tree unless ``--allow-tree`` is given, so a green run proves the artefact
 
 from __future__ import annotations
 
+import json
 import os
+import platform as _pyplatform
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-import json
-import platform as _pyplatform
-from dataclasses import dataclass, field
-from typing import Any
 
 @dataclass
 class Matrix:
@@ -48,7 +48,9 @@ class Matrix:
         }
         rows = [{"op": o, "backend": b, "dtype": d, **v} for (o, b, d), v in sorted(self.cells.items())]
         path.with_suffix(".json").write_text(json.dumps({"meta": meta, "cells": rows}, indent=1) + "\n")
-        dtypes = [d for d in ("float32", "float16", "bfloat16", "int32") if any(c[2] == d for c in self.cells)]
+        dtypes = [
+            d for d in ("float32", "float16", "bfloat16", "int32") if any(c[2] == d for c in self.cells)
+        ]
         lines = [
             f"# Coverage matrix: target `{self.target}` on {meta['device']}",
             "",
@@ -78,8 +80,12 @@ _DEVICES = {"cpu": "cpu", "cuda": "cuda", "rocm": "hip", "xpu": "xpu", "npu": "n
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("opmux parity")
     group.addoption("--target", default="cpu", choices=sorted(_DEVICES), help="wheel target under test")
-    group.addoption("--matrix-out", default=None, help="write the coverage matrix here (.json; .md beside it)")
-    group.addoption("--allow-tree", action="store_true", help="allow testing a source tree, not an installed wheel")
+    group.addoption(
+        "--matrix-out", default=None, help="write the coverage matrix here (.json; .md beside it)"
+    )
+    group.addoption(
+        "--allow-tree", action="store_true", help="allow testing a source tree, not an installed wheel"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -100,18 +106,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     where = Path(opmux.__file__).resolve()
     if "site-packages" not in where.parts and not config.getoption("--allow-tree"):
-        raise pytest.UsageError(f"opmux was imported from {where}, not an installed wheel; pass --allow-tree to test a tree")
+        raise pytest.UsageError(
+            f"opmux was imported from {where}, not an installed wheel; pass --allow-tree to test a tree"
+        )
     device = _DEVICES[config.getoption("--target")]
     if device != "cpu":
         import torch
 
-        ok = {"cuda": lambda: torch.cuda.is_available() and torch.version.hip is None,
-              "hip": lambda: torch.cuda.is_available() and torch.version.hip is not None,
-              "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
-              "npu": lambda: hasattr(torch, "npu") and torch.npu.is_available()}[device]
+        ok = {
+            "cuda": lambda: torch.cuda.is_available() and torch.version.hip is None,
+            "hip": lambda: torch.cuda.is_available() and torch.version.hip is not None,
+            "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
+            "npu": lambda: hasattr(torch, "npu") and torch.npu.is_available(),
+        }[device]
         if not ok():
-            raise pytest.UsageError(f"parity-{config.getoption('--target')}: no {device} device on this machine; "
-                                    "this session must run where the device is (it fails rather than skips)")
+            raise pytest.UsageError(
+                f"parity-{config.getoption('--target')}: no {device} device on this machine; "
+                "this session must run where the device is (it fails rather than skips)"
+            )
 
 
 @pytest.fixture(scope="session")

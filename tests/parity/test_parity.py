@@ -24,7 +24,12 @@ def _cell_dtypes(spec: Any) -> tuple[str, ...]:
     return (*DTYPES, *extra)
 
 
-CELLS = [(op, b.name, d) for op, spec in registry.all_ops().items() for b in spec.backends for d in _cell_dtypes(spec)]
+CELLS = [
+    (op, b.name, d)
+    for op, spec in registry.all_ops().items()
+    for b in spec.backends
+    for d in _cell_dtypes(spec)
+]
 _TORCH_DEVICE = {"cpu": "cpu", "cuda": "cuda", "hip": "cuda", "xpu": "xpu", "npu": "npu"}
 
 
@@ -62,7 +67,9 @@ def _to64(v: Any) -> Any:
 
 
 @pytest.mark.parametrize(("op_name", "backend", "dtype"), CELLS, ids=["-".join(c) for c in CELLS])
-def test_parity(op_name: str, backend: str, dtype: str, matrix: Any, device_type: str, request: pytest.FixtureRequest) -> None:
+def test_parity(
+    op_name: str, backend: str, dtype: str, matrix: Any, device_type: str, request: pytest.FixtureRequest
+) -> None:
     spec = registry.get(op_name)
     req = spec.backend(backend).requires
     if device_type not in req.devices:
@@ -81,7 +88,12 @@ def test_parity(op_name: str, backend: str, dtype: str, matrix: Any, device_type
                 continue
             sel = op.select_for(sample.args, sample.kwargs, backend)
             why = sel.decision(backend)
-            if sel.chosen != backend and request.config.getoption("--allow-tree") and why.reason and why.reason.is_environmental:
+            if (
+                sel.chosen != backend
+                and request.config.getoption("--allow-tree")
+                and why.reason
+                and why.reason.is_environmental
+            ):
                 matrix.add(op_name, backend, dtype, "skipped", f"{why.reason.value}: {why.detail}")
                 pytest.skip(f"source tree: {why.reason.value}: {why.detail}")
             assert sel.chosen == backend, f"{backend} was not selectable:\n{sel.trace_str()}"
@@ -91,29 +103,51 @@ def test_parity(op_name: str, backend: str, dtype: str, matrix: Any, device_type
                     v.fill_(float("nan"))  # every element must be written
             got = _tensors(op.impl(backend)(*sample.args, **kwargs), sample.args, kwargs)
             ref_sample = samples(tdev, tdtype)[i]
-            want = _tensors(op.forward_native(*ref_sample.args, **ref_sample.kwargs), ref_sample.args, ref_sample.kwargs)
+            want = _tensors(
+                op.forward_native(*ref_sample.args, **ref_sample.kwargs), ref_sample.args, ref_sample.kwargs
+            )
             o_sample = samples(tdev, tdtype)[i]
             a64 = tuple(_to64(a) for a in o_sample.args)
             k64 = {k: _to64(v) for k, v in o_sample.kwargs.items()}
             oracle = _tensors(op.forward_native(*a64, **k64), a64, k64)
             assert len(got) == len(want) == len(oracle), "backend and reference returned different outputs"
-            for j, (g, w, o) in enumerate(zip(got, want, oracle)):
+            for j, (g, w, o) in enumerate(zip(got, want, oracle, strict=True)):
                 msg = f"case {sample.name!r}, output {j}"
                 atol, rtol = _tolerance(spec, dtype, g)
-                torch.testing.assert_close(_comparable(g), _comparable(w), atol=atol, rtol=rtol,
-                                           msg=lambda m: f"{msg} vs reference: {m}")
-                torch.testing.assert_close(_comparable(g).cpu().double(), _comparable(o).cpu().double(),
-                                           atol=2 * atol, rtol=2 * rtol,
-                                           msg=lambda m: f"{msg} vs float64 oracle: {m}")
+                torch.testing.assert_close(
+                    _comparable(g),
+                    _comparable(w),
+                    atol=atol,
+                    rtol=rtol,
+                    msg=lambda m, msg=msg: f"{msg} vs reference: {m}",
+                )
+                torch.testing.assert_close(
+                    _comparable(g).cpu().double(),
+                    _comparable(o).cpu().double(),
+                    atol=2 * atol,
+                    rtol=2 * rtol,
+                    msg=lambda m, msg=msg: f"{msg} vs float64 oracle: {m}",
+                )
             cases += 1
     except Exception as exc:
-        matrix.add(op_name, backend, dtype, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}", cases)
+        matrix.add(
+            op_name,
+            backend,
+            dtype,
+            "failed",
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}",
+            cases,
+        )
         raise
     assert cases > 0, f"{op_name}: no sample applies to {backend}"
     matrix.add(op_name, backend, dtype, "passed", "", cases)
 
 
-INVALID = [(op, b) for op, spec in registry.all_ops().items() for b in ("default", *[x.name for x in spec.backends if x.name in ("aot", "jit", "triton")])]
+INVALID = [
+    (op, b)
+    for op, spec in registry.all_ops().items()
+    for b in ("default", *[x.name for x in spec.backends if x.name in ("aot", "jit", "triton")])
+]
 
 
 @pytest.mark.parametrize(("op_name", "backend"), INVALID, ids=["-".join(c) for c in INVALID])

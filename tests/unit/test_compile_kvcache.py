@@ -12,7 +12,7 @@ def test_reshape_and_cache_compiles() -> None:
     kc, vc = torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)
     slots = torch.tensor([5, -1, 12])
 
-    def f(k, v, kc, vc, s):  # noqa: ANN001, ANN202
+    def f(k, v, kc, vc, s):
         reshape_and_cache(k, v, kc, vc, s)
         return kc.sum() + vc.sum()
 

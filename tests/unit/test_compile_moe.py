@@ -7,7 +7,7 @@ import torch
 from opmux.kernels.ops.moe import moe_align_block_size, topk_softmax
 
 
-def _compiled(fn):  # noqa: ANN001, ANN202
+def _compiled(fn):
     torch._dynamo.reset()
     return torch.compile(fn, fullgraph=True, backend="aot_eager")
 
@@ -26,5 +26,5 @@ def test_moe_align_block_size_compiles() -> None:
     out = _compiled(lambda t: moe_align_block_size(t, 4, 8))(ids)
     ref = moe_align_block_size(ids, 4, 8)
     assert out[0].shape == (10 * 2 + 8 * 3,) and out[2].shape == (1,)
-    for a, b in zip(out, ref):
+    for a, b in zip(out, ref, strict=True):
         assert torch.equal(a, b)

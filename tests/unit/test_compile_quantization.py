@@ -7,7 +7,7 @@ import torch
 from opmux.kernels.ops.quantization import per_token_group_quant_fp8, per_token_quant_fp8
 
 
-def _compiled(fn):  # noqa: ANN001, ANN202
+def _compiled(fn):
     torch._dynamo.reset()
     return torch.compile(fn, fullgraph=True, backend="aot_eager")
 

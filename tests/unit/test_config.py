@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from opmux.kernels import config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -40,12 +40,24 @@ def test_cli_explain_lists_every_backend_with_a_reason(capsys: pytest.CaptureFix
 
 
 def test_cli_in_a_subprocess_and_errors_to_stderr() -> None:
-    ok = subprocess.run([sys.executable, "-m", "opmux.kernels", "explain", "layernorm.rmsnorm"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "opmux.kernels", "explain", "layernorm.rmsnorm"],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "CHOSEN" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "opmux.kernels", "explain", "layernorm.rmsnrm"], capture_output=True, text=True)
-    assert bad.returncode == 1 and "unknown op 'layernorm.rmsnrm'" in bad.stderr and "layernorm.rmsnorm" in bad.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "opmux.kernels", "explain", "layernorm.rmsnrm"], capture_output=True, text=True
+    )
+    assert (
+        bad.returncode == 1
+        and "unknown op 'layernorm.rmsnrm'" in bad.stderr
+        and "layernorm.rmsnorm" in bad.stderr
+    )
     for cmd in ("list", "env"):
-        out = subprocess.run([sys.executable, "-m", "opmux.kernels", "--json", cmd], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "opmux.kernels", "--json", cmd], capture_output=True, text=True, check=True
+        )
         json.loads(out.stdout)
 
 
@@ -54,7 +66,10 @@ def test_env_var_override_is_read_and_validated() -> None:
     with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=torch"), tracing.capture() as calls:
         rmsnorm(x, w)
     assert calls[0].backend == "torch"
-    with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=tritn"), pytest.raises(ValueError, match="tritn.*triton"):
+    with (
+        config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=tritn"),
+        pytest.raises(ValueError, match=r"tritn.*triton"),
+    ):
         rmsnorm(x, w)
 
 
@@ -69,7 +84,9 @@ def test_context_manager_and_per_call_override() -> None:
         rmsnorm(x, w, backend="torch")
         rmsnorm(x, w, backend=["triton", "torch"])
     assert [c.backend for c in calls] == ["torch", "triton"]
-    with pytest.raises(ValueError, match="'cuda_graph'.*valid choices: aot, jit, reference, torch, torch_npu, triton"):
+    with pytest.raises(
+        ValueError, match=r"'cuda_graph'.*valid choices: aot, jit, reference, torch, torch_npu, triton"
+    ):
         rmsnorm(x, w, backend="cuda_graph")
     with pytest.raises(ValueError, match="nosuchgroup"):
         with use_backends("nosuchgroup.*=torch"):
@@ -87,7 +104,7 @@ def test_fallback_policy_warn_once_error_and_silent() -> None:
             warnings.simplefilter("error")
             rmsnorm(x, w)  # once per op and reason
     with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=torch_npu", OPMUX_FALLBACK="error"):
-        with pytest.raises(FallbackError, match="torch_npu.*wrong-device"):
+        with pytest.raises(FallbackError, match=r"torch_npu.*wrong-device"):
             rmsnorm(x, w)
     with config.scope(OPMUX_KERNEL_BACKEND="layernorm.rmsnorm=torch_npu", OPMUX_FALLBACK="silent"):
         with warnings.catch_warnings():
@@ -106,7 +123,7 @@ def test_jit_off_without_aot_falls_back_to_torch(tmp_path: object) -> None:
 
 
 def test_tracing_counters_and_reset() -> None:
-    x, w = _x()
+    x, _ = _x()
     tracing.enable()
     for _ in range(3):
         silu_and_mul(x)
@@ -119,5 +136,5 @@ def test_tracing_counters_and_reset() -> None:
 def test_bad_dtype_and_type_errors_name_the_choices() -> None:
     with pytest.raises(TypeError, match="unsupported dtype int32; supported: bfloat16, float16, float32"):
         rmsnorm(torch.ones(2, 4, dtype=torch.int32), torch.ones(4, dtype=torch.int32))
-    with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"expected a torch\.Tensor, got list"):
         rmsnorm([1.0], torch.ones(1))

@@ -48,8 +48,10 @@ TABLE = {
 
 
 def test_prewarm_then_list_prune_clear(kernel: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["prewarm", "--modules", "one", "two", "-j", "2", "--json"], table=TABLE,
-                kernel_path=kernel) == 0
+    assert (
+        main(["prewarm", "--modules", "one", "two", "-j", "2", "--json"], table=TABLE, kernel_path=kernel)
+        == 0
+    )
     out, err = capsys.readouterr()
     assert sorted(r["status"] for r in json.loads(out)) == ["compiled", "compiled"]
     assert "opmux: prewarm one (cpu) ... compiled in" in err
@@ -76,17 +78,25 @@ def test_prewarm_failure_and_budget(kernel: Path, capsys: pytest.CaptureFixture[
     assert main(["prewarm", "--modules", "bad"], table=TABLE, kernel_path=kernel) == 1
     err = capsys.readouterr().err
     assert "opmux: prewarm bad (cpu) ... failed" in err and "error" in err
-    assert main(["prewarm", "--modules", "one", "two", "-j", "1", "--budget", "0.2"],
-                table=TABLE, kernel_path=kernel) == 0
+    assert (
+        main(
+            ["prewarm", "--modules", "one", "two", "-j", "1", "--budget", "0.2"],
+            table=TABLE,
+            kernel_path=kernel,
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert err.count("stopped in") == 2 and "budget of 0.2 s reached" in err
     assert list((kernel.parent / "cache").glob("*/*/[!.]*")) == []  # nothing half-published
 
 
-@pytest.mark.parametrize("argv", [["prewarm", "--modules", "nope"], ["cach"],
-                                  ["prewarm", "--mod", "one"], ["prewarm", "-j", "0"]])
-def test_usage_errors_go_to_stderr_with_status_1(kernel: Path, argv: list[str],
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv", [["prewarm", "--modules", "nope"], ["cach"], ["prewarm", "--mod", "one"], ["prewarm", "-j", "0"]]
+)
+def test_usage_errors_go_to_stderr_with_status_1(
+    kernel: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv, table=TABLE, kernel_path=kernel) == 1
     out, err = capsys.readouterr()
     assert out == "" and "error" in err
@@ -94,11 +104,21 @@ def test_usage_errors_go_to_stderr_with_status_1(kernel: Path, argv: list[str],
 
 def test_cli_runs_as_a_module(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": PYTHONPATH, "OPMUX_CACHE_DIR": str(tmp_path / "c")}
-    proc = subprocess.run([sys.executable, "-m", "opmux.kernels.jit", "cache", "list", "--json"],
-                          capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opmux.kernels.jit", "cache", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"root": str(tmp_path / "c"), "entries": []}
     assert not (tmp_path / "c").exists()  # listing creates nothing
-    proc = subprocess.run([sys.executable, "-m", "opmux.kernels.jit", "prewarm", "--device", "gpu"],
-                          capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opmux.kernels.jit", "prewarm", "--device", "gpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 1 and "invalid choice" in proc.stderr

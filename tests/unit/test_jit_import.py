@@ -28,8 +28,12 @@ def test_import_is_lazy(tmp_path: Path) -> None:
         "assert opmux.kernels.aot.available('cpu') in (True, False)\n"
         "assert 'tvm_ffi' not in sys.modules\n"
     )
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "OPMUX_CACHE_DIR": str(tmp_path / "c"),
-           "HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": PYTHONPATH,
+        "OPMUX_CACHE_DIR": str(tmp_path / "c"),
+        "HOME": str(tmp_path / "home"),
+    }
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
     assert not (tmp_path / "home").exists()
 
@@ -41,8 +45,7 @@ def test_kernel_path_is_found_by_find_spec() -> None:
 
 
 def test_module_table() -> None:
-    assert {"activation_cpu", "activation_cuda", "layernorm_cpu",
-            "layernorm_cuda"} <= set(modules.MODULES)
+    assert {"activation_cpu", "activation_cuda", "layernorm_cpu", "layernorm_cuda"} <= set(modules.MODULES)
     assert {"layernorm_cuda", "activation_cuda"} <= set(modules.names("cuda"))
     assert all(m.device == "cuda" for m in map(modules.get, modules.names("cuda")))
     assert all(m.sources[0].startswith(m.name) for m in modules.MODULES.values())
@@ -67,8 +70,10 @@ def test_aot_present_loads_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     from opmux.kernels.jit.compile.build import build_shared_library
 
     src = tmp_path / "aot.cpp"
-    src.write_text("#include <tvm/ffi/function.h>\nint aot_f(int x) { return x + 7; }\n"
-                   "TVM_FFI_DLL_EXPORT_TYPED_FUNC(aot_f, aot_f);\n")
+    src.write_text(
+        "#include <tvm/ffi/function.h>\nint aot_f(int x) { return x + 7; }\n"
+        "TVM_FFI_DLL_EXPORT_TYPED_FUNC(aot_f, aot_f);\n"
+    )
     lib = tmp_path / "libopmux_aot_cpu.so"
     build_shared_library(lib, sources=[src], device="cpu")
     monkeypatch.setattr(_loader, "library_path", lambda device: lib)

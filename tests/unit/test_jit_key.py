@@ -12,9 +12,17 @@ from opmux.kernels.jit.compile import key as k
 
 def make(root: Path, **over: object) -> k.SourceKey:
     args: dict[str, object] = dict(
-        name="m", device="cpu", kernel_path=root, sources=["csrc/a.cpp"], flags=["-O3"],
-        toolchain="cxx:g++ 12", host_toolchain="", tvm_ffi="0.1.15", archs=(),
-        ptx_arch=None, environ={},
+        name="m",
+        device="cpu",
+        kernel_path=root,
+        sources=["csrc/a.cpp"],
+        flags=["-O3"],
+        toolchain="cxx:g++ 12",
+        host_toolchain="",
+        tvm_ffi="0.1.15",
+        archs=(),
+        ptx_arch=None,
+        environ={},
     )
     args.update(over)
     return k.SourceKey.compute(**args)  # type: ignore[arg-type]
@@ -27,11 +35,21 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "k"
 
 
-@pytest.mark.parametrize("change", [
-    {"name": "n"}, {"device": "cuda"}, {"flags": ["-O2"]}, {"toolchain": "cxx:g++ 13"},
-    {"host_toolchain": "cxx:g++ 12"}, {"tvm_ffi": "0.1.16"}, {"archs": ("sm_90a",)},
-    {"ptx_arch": "compute_90"}, {"environ": {"CPATH": "/x"}}, {"environ": {"NVCC_APPEND_FLAGS": "-G"}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"name": "n"},
+        {"device": "cuda"},
+        {"flags": ["-O2"]},
+        {"toolchain": "cxx:g++ 13"},
+        {"host_toolchain": "cxx:g++ 12"},
+        {"tvm_ffi": "0.1.16"},
+        {"archs": ("sm_90a",)},
+        {"ptx_arch": "compute_90"},
+        {"environ": {"CPATH": "/x"}},
+        {"environ": {"NVCC_APPEND_FLAGS": "-G"}},
+    ],
+)
 def test_each_input_changes_the_key(root: Path, change: dict[str, object]) -> None:
     assert make(root).digest != make(root, **change).digest
 
@@ -78,10 +96,18 @@ def test_label_headers_keeps_known_roots_only(tmp_path: Path) -> None:
     for p in (kernel / "csrc" / "a.cpp", kernel / "include" / "x.h", tvm / "tvm" / "y.h"):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("")
-    deps = [str(kernel / "csrc" / "a.cpp"), "../kernel/include/x.h", str(tvm / "tvm" / "y.h"),
-            "/usr/include/stdio.h"]
-    labels = k.label_headers(deps, roots={"kernel": kernel, "tvm_ffi": tvm},
-                             sources=[kernel / "csrc" / "a.cpp"], cwd=tmp_path / "kernel")
+    deps = [
+        str(kernel / "csrc" / "a.cpp"),
+        "../kernel/include/x.h",
+        str(tvm / "tvm" / "y.h"),
+        "/usr/include/stdio.h",
+    ]
+    labels = k.label_headers(
+        deps,
+        roots={"kernel": kernel, "tvm_ffi": tvm},
+        sources=[kernel / "csrc" / "a.cpp"],
+        cwd=tmp_path / "kernel",
+    )
     assert labels == ["kernel/include/x.h", "tvm_ffi/tvm/y.h"]
     assert k.hash_headers(labels, {"kernel": kernel, "tvm_ffi": tvm}) is not None
     assert k.hash_headers(["kernel/include/gone.h"], {"kernel": kernel}) is None

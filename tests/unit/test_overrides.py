@@ -8,6 +8,7 @@ import pickle
 import re
 
 import pytest
+
 from opmux.kernels.overrides import (
     OverrideError,
     OverrideRule,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from opmux.kernels import config, platform
 from opmux.kernels.platform import Platform, PlatformDetectionError, detect_from
 

@@ -32,7 +32,12 @@ def test_tree_without_aot_uses_jit_without_a_fallback_warning() -> None:
 
 
 def test_no_compiler_is_a_fallback_to_torch() -> None:
-    facts = Facts("cpu", None, frozenset(), {"aot:cpu": (Reason.NOT_IN_WHEEL, "x"), "jit:cpu": (Reason.NO_COMPILER, "no c++")})
+    facts = Facts(
+        "cpu",
+        None,
+        frozenset(),
+        {"aot:cpu": (Reason.NOT_IN_WHEEL, "x"), "jit:cpu": (Reason.NO_COMPILER, "no c++")},
+    )
     sel = select(RMS, facts, dtype="float32")
     assert sel.chosen == "torch"
     assert sel.fallback_from is not None and sel.fallback_from.backend == "aot"
@@ -53,7 +58,9 @@ def test_forced_backend_that_cannot_run_is_a_fallback() -> None:
 
 
 def test_run_time_failure_and_argument_rejection() -> None:
-    sel = select(RMS, H200, dtype="float16", failed={"aot": "load failed"}, arg_rejections={"jit": "needs stride 1"})
+    sel = select(
+        RMS, H200, dtype="float16", failed={"aot": "load failed"}, arg_rejections={"jit": "needs stride 1"}
+    )
     assert sel.decision("aot").reason is Reason.FAILED
     assert sel.decision("jit").reason is Reason.BAD_ARGUMENTS
     assert sel.chosen == "triton" and sel.fallback
@@ -64,9 +71,21 @@ def test_arch_window_and_gfx_set() -> None:
         name="test.arch",
         reference="opmux.kernels.ops.layernorm.op:RMSNorm.forward_native",
         backends=(
-            BackendSpec("hopper", "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch", Requirement(devices=("cuda",), sm_min=90)),
-            BackendSpec("mi300", "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch", Requirement(devices=("hip",), gfx=("gfx942",))),
-            BackendSpec("torch", "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch", Requirement(devices=("cuda", "hip"))),
+            BackendSpec(
+                "hopper",
+                "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch",
+                Requirement(devices=("cuda",), sm_min=90),
+            ),
+            BackendSpec(
+                "mi300",
+                "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch",
+                Requirement(devices=("hip",), gfx=("gfx942",)),
+            ),
+            BackendSpec(
+                "torch",
+                "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch",
+                Requirement(devices=("cuda", "hip")),
+            ),
         ),
         default_priority=("hopper", "mi300", "torch"),
     )

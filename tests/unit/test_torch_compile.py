@@ -25,7 +25,11 @@ def _public(op: str) -> Any:
 
 def _outputs(result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     res = list(result) if isinstance(result, tuple) else [result]
-    return res + [a for a in args if isinstance(a, torch.Tensor)] + [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    return (
+        res
+        + [a for a in args if isinstance(a, torch.Tensor)]
+        + [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    )
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -79,4 +83,6 @@ def test_fake_impl_rejects_bad_shapes_while_tracing() -> None:
 
     torch._dynamo.reset()
     with pytest.raises(Exception, match="weight has shape"):
-        torch.compile(lambda a, b: rmsnorm(a, b), fullgraph=True, backend="aot_eager")(torch.randn(2, 8), torch.randn(7))
+        torch.compile(lambda a, b: rmsnorm(a, b), fullgraph=True, backend="aot_eager")(
+            torch.randn(2, 8), torch.randn(7)
+        )

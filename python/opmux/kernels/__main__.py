@@ -26,7 +26,8 @@ def list_info() -> dict[str, Any]:
             name: {
                 "doc": spec.doc,
                 "backends": {b.name: b.requires.describe() for b in spec.backends},
-                "priority": {dev: list(order) for dev, order in spec.priority} | {"*": list(spec.default_priority)},
+                "priority": {dev: list(order) for dev, order in spec.priority}
+                | {"*": list(spec.default_priority)},
             }
             for name, spec in ops.items()
         },
@@ -48,7 +49,11 @@ def env_info() -> dict[str, Any]:
     except platform.PlatformDetectionError as exc:
         out["platform"] = {"error": str(exc)}
     tcs: dict[str, Any] = {}
-    for kind, finder in (("cxx", toolchain.find_cxx), ("nvcc", toolchain.find_nvcc), ("hipcc", toolchain.find_hipcc)):
+    for kind, finder in (
+        ("cxx", toolchain.find_cxx),
+        ("nvcc", toolchain.find_nvcc),
+        ("hipcc", toolchain.find_hipcc),
+    ):
         try:
             tc = finder()
             tcs[kind] = {"path": tc.path, "version": tc.version}
@@ -57,7 +62,11 @@ def env_info() -> dict[str, Any]:
     out["toolchains"] = tcs
     out["aot"] = {d: aot.available(d) for d in ("cpu", "cuda")}
     out["jit_cache"] = str(config.cache_dir())
-    dists = sorted(d.metadata["Name"] for d in metadata.distributions() if (d.metadata["Name"] or "").lower().startswith("opmux"))
+    dists = sorted(
+        d.metadata["Name"]
+        for d in metadata.distributions()
+        if (d.metadata["Name"] or "").lower().startswith("opmux")
+    )
     out["distributions"] = dists
     out["knobs"] = {k["name"]: k["current"] for k in config.describe()}
     return out
@@ -66,7 +75,13 @@ def env_info() -> dict[str, Any]:
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)), *(fmt.format(*map(str, r)) for r in rows)])
+    return "\n".join(
+        [
+            fmt.format(*header),
+            fmt.format(*("-" * w for w in widths)),
+            *(fmt.format(*map(str, r)) for r in rows),
+        ]
+    )
 
 
 def _print_list(info: dict[str, Any]) -> None:
@@ -85,7 +100,9 @@ def _print_env(info: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opmux.kernels", allow_abbrev=False, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m opmux.kernels", allow_abbrev=False, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="ops, their backends and groups")
@@ -104,11 +121,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             info = explain(args.op, device=args.device, dtype=args.dtype, backend=args.backend).as_dict()
 
             def render(i: dict[str, Any]) -> None:
-                rows = [[d["backend"], "CHOSEN" if d["backend"] == i["chosen"] else (d["reason"] or "ok"), d["detail"]] for d in i["decisions"]]
-                print(f"{i['op']}: {i['chosen']} runs" + (f" (forced: {','.join(i['forced'])})" if i["forced"] else ""))
+                rows = [
+                    [
+                        d["backend"],
+                        "CHOSEN" if d["backend"] == i["chosen"] else (d["reason"] or "ok"),
+                        d["detail"],
+                    ]
+                    for d in i["decisions"]
+                ]
+                print(
+                    f"{i['op']}: {i['chosen']} runs"
+                    + (f" (forced: {','.join(i['forced'])})" if i["forced"] else "")
+                )
                 print(_table(rows, ["backend", "decision", "why"]))
                 if i["fallback_from"]:
-                    print(f"fallback: wanted {i['fallback_from']['backend']} ({i['fallback_from']['reason']})")
+                    print(
+                        f"fallback: wanted {i['fallback_from']['backend']} ({i['fallback_from']['reason']})"
+                    )
         else:
             info = env_info()
             render = _print_env

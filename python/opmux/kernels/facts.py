@@ -72,7 +72,10 @@ def _aot(device: str, arch: str | None) -> tuple[Reason | None, str]:
         info = _build_info.BUILD_INFO
         archs = tuple(info.get("archs") or ()) + ((info["ptx"],) if info.get("ptx") else ())
         if not aot_covers(archs, arch):
-            return Reason.NOT_IN_WHEEL, f"AOT library built for {', '.join(archs) or 'no arch'}, device is {arch}"
+            return (
+                Reason.NOT_IN_WHEEL,
+                f"AOT library built for {', '.join(archs) or 'no arch'}, device is {arch}",
+            )
     return None, f"AOT {device} library in the wheel"
 
 

@@ -80,7 +80,11 @@ class BaseFusedOp:
         """The callable of backend ``name`` (``reference`` is ``forward_native``)."""
         fn = self._impls.get(name)
         if fn is None:
-            fn = type(self).forward_native if name == REFERENCE else registry.resolve_target(self.spec.backend(name).target)
+            fn = (
+                type(self).forward_native
+                if name == REFERENCE
+                else registry.resolve_target(self.spec.backend(name).target)
+            )
             self._impls[name] = fn
         return fn
 
@@ -102,7 +106,9 @@ class BaseFusedOp:
                 f"supported: {', '.join(sorted(self._dtypes))}"
             )
 
-    def select_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | Sequence[str] | None = None) -> Selection:
+    def select_for(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | Sequence[str] | None = None
+    ) -> Selection:
         """The full selection for these arguments (what ``explain`` shows)."""
         x = args[self.key_arg]
         self.check_key_tensor(x)
@@ -141,7 +147,9 @@ class BaseFusedOp:
                     stacklevel=4,
                 )
 
-    def _dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | Sequence[str] | None) -> Any:
+    def _dispatch(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | Sequence[str] | None
+    ) -> Any:
         while True:
             sel = self.select_for(args, kwargs, backend)
             self._apply_policy(sel)

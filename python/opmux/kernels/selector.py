@@ -112,9 +112,15 @@ class Selection:
         raise KeyError(backend)
 
     def trace_str(self) -> str:
-        lines = [f"{self.op}: chose {self.chosen}" + (f" (forced {','.join(self.forced)})" if self.forced else "")]
+        lines = [
+            f"{self.op}: chose {self.chosen}" + (f" (forced {','.join(self.forced)})" if self.forced else "")
+        ]
         for d in self.decisions:
-            mark = "chosen" if d.backend == self.chosen else ("ok" if d.accepted else d.reason.value if d.reason else "")
+            mark = (
+                "chosen"
+                if d.backend == self.chosen
+                else ("ok" if d.accepted else d.reason.value if d.reason else "")
+            )
             lines.append(f"  {d.backend:<10} {mark:<18} {d.detail}")
         return "\n".join(lines)
 
@@ -140,12 +146,16 @@ def _check(backend: BackendSpec, facts: Facts, dtype: str) -> Decision:
     req = backend.requires
     name = backend.name
     if facts.device_type not in req.devices:
-        return Decision(name, False, Reason.WRONG_DEVICE, f"runs on {'/'.join(req.devices)}, not {facts.device_type}")
+        return Decision(
+            name, False, Reason.WRONG_DEVICE, f"runs on {'/'.join(req.devices)}, not {facts.device_type}"
+        )
     if facts.device_type == "cuda" and (req.sm_min is not None or req.sm_max is not None):
         sm = arch_number(facts.arch)
         lo, hi = req.sm_min or 0, req.sm_max or 10**6
         if sm is None or not lo <= sm <= hi:
-            return Decision(name, False, Reason.WRONG_ARCH, f"needs {req.describe().split()[1]}, device is {facts.arch}")
+            return Decision(
+                name, False, Reason.WRONG_ARCH, f"needs {req.describe().split()[1]}, device is {facts.arch}"
+            )
     if facts.device_type == "hip" and req.gfx and facts.arch not in req.gfx:
         return Decision(name, False, Reason.WRONG_ARCH, f"needs {'|'.join(req.gfx)}, device is {facts.arch}")
     if dtype not in req.dtypes:
@@ -212,17 +222,33 @@ def select(
     if chosen is None:
         chosen = REFERENCE
     if REFERENCE not in order:
-        decisions.append(checked[REFERENCE] if chosen == REFERENCE else Decision(REFERENCE, False, Reason.LOWER_PRIORITY, "used only when no backend can run"))
+        decisions.append(
+            checked[REFERENCE]
+            if chosen == REFERENCE
+            else Decision(REFERENCE, False, Reason.LOWER_PRIORITY, "used only when no backend can run")
+        )
 
     # A fallback: the first wanted backend (forced, else the preferred one for this
     # device) could not run for a reason other than not applying to this device.
-    wanted = forced[0] if forced else next(
-        (n for n in priority if checked[n].reason not in (Reason.WRONG_DEVICE, Reason.WRONG_ARCH, Reason.WRONG_DTYPE)),
-        None,
+    wanted = (
+        forced[0]
+        if forced
+        else next(
+            (
+                n
+                for n in priority
+                if checked[n].reason not in (Reason.WRONG_DEVICE, Reason.WRONG_ARCH, Reason.WRONG_DTYPE)
+            ),
+            None,
+        )
     )
     if wanted is not None and wanted != chosen:
         first = checked[wanted]
         same = any({wanted, chosen} <= group for group in _SAME_KERNEL)
-        if not first.accepted and (forced or (first.reason is not None and first.reason.is_environmental)) and not (same and not forced):
+        if (
+            not first.accepted
+            and (forced or (first.reason is not None and first.reason.is_environmental))
+            and not (same and not forced)
+        ):
             fallback_from = first
     return Selection(spec.name, chosen, tuple(decisions), forced, fallback_from)

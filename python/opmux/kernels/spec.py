@@ -148,8 +148,7 @@ class OpSpec:
             unknown = [n for n in order if n not in names]
             if unknown:
                 raise ValueError(
-                    f"{self.name}: priority names unknown backend(s) {unknown}; "
-                    f"declared: {', '.join(names)}"
+                    f"{self.name}: priority names unknown backend(s) {unknown}; declared: {', '.join(names)}"
                 )
         self._by_name.update({b.name: b for b in self.backends})
 

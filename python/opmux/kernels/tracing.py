@@ -10,6 +10,7 @@ import contextlib
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = [
     "CallRecord",
@@ -38,9 +39,9 @@ class CallRecord:
 
 class _State:
     enabled: bool | None = None  # None: not read from OPMUX_TRACE yet
-    records: deque[CallRecord] = deque(maxlen=_MAX_RECORDS)
-    ran: Counter[tuple[str, str]] = Counter()
-    fell_back: Counter[tuple[str, str, str, str]] = Counter()
+    records: ClassVar[deque[CallRecord]] = deque(maxlen=_MAX_RECORDS)
+    ran: ClassVar[Counter[tuple[str, str]]] = Counter()
+    fell_back: ClassVar[Counter[tuple[str, str, str, str]]] = Counter()
 
 
 def enabled() -> bool:

@@ -60,9 +60,13 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_module(name: str, *, modules: Mapping[str, JitModule] | None = None,
-                kernel_root: Path | None = None,
-                archs: Sequence[str] | None = None) -> tvm_ffi.Module:
+def load_module(
+    name: str,
+    *,
+    modules: Mapping[str, JitModule] | None = None,
+    kernel_root: Path | None = None,
+    archs: Sequence[str] | None = None,
+) -> tvm_ffi.Module:
     """Load JIT module ``name``: cache hit, or a locked compile, then ``dlopen``; memoised.
 
     ``modules`` and ``kernel_root`` replace the module table and ``KERNEL_PATH`` (tests);

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from .compile import cache as _cache
 from .compile.publish import cache_root
@@ -70,9 +70,15 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     proc.communicate()  # reap it and close its pipes
 
 
-def prewarm(modules: Sequence[JitModule], *, kernel_path: Path, archs: Sequence[str] = (),
-            jobs: int = 1, budget: float | None = None,
-            out: TextIO | None = None) -> list[PrewarmResult]:
+def prewarm(
+    modules: Sequence[JitModule],
+    *,
+    kernel_path: Path,
+    archs: Sequence[str] = (),
+    jobs: int = 1,
+    budget: float | None = None,
+    out: TextIO | None = None,
+) -> list[PrewarmResult]:
     """Build ``modules`` into the cache, ``jobs`` at a time, stopping at ``budget`` seconds.
 
     Prints one line per module to ``out`` (stderr). Compiling is allowed even under
@@ -88,8 +94,10 @@ def prewarm(modules: Sequence[JitModule], *, kernel_path: Path, archs: Sequence[
     def report(result: PrewarmResult) -> None:
         results.append(result)
         tail = f": {result.detail}" if result.status in ("failed", "skipped", "stopped") else ""
-        out.write(f"opmux: prewarm {result.name} ({result.device}) ... {result.status} "
-                  f"in {result.seconds:.1f} s{tail}\n")
+        out.write(
+            f"opmux: prewarm {result.name} ({result.device}) ... {result.status} "
+            f"in {result.seconds:.1f} s{tail}\n"
+        )
         out.flush()
 
     while pending or running:
@@ -97,20 +105,39 @@ def prewarm(modules: Sequence[JitModule], *, kernel_path: Path, archs: Sequence[
         if over:
             for proc, (module, t0) in list(running.items()):
                 _kill(proc)
-                report(PrewarmResult(module.name, module.device, "stopped",
-                                     time.monotonic() - t0, f"budget of {budget:g} s reached"))
+                report(
+                    PrewarmResult(
+                        module.name,
+                        module.device,
+                        "stopped",
+                        time.monotonic() - t0,
+                        f"budget of {budget:g} s reached",
+                    )
+                )
             for module in pending:
-                report(PrewarmResult(module.name, module.device, "stopped", 0.0,
-                                     f"budget of {budget:g} s reached"))
+                report(
+                    PrewarmResult(
+                        module.name, module.device, "stopped", 0.0, f"budget of {budget:g} s reached"
+                    )
+                )
             break
         while pending and len(running) < max(1, jobs):
             module = pending.pop(0)
-            spec = {"name": module.name, "sources": list(module.sources),
-                    "device": module.device, "kernel_path": str(kernel_path),
-                    "archs": list(archs)}
-            proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(spec)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=env, start_new_session=True)
+            spec = {
+                "name": module.name,
+                "sources": list(module.sources),
+                "device": module.device,
+                "kernel_path": str(kernel_path),
+                "archs": list(archs),
+            }
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD, json.dumps(spec)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
             running[proc] = (module, time.monotonic())
         for proc in [p for p in running if p.poll() is not None]:
             module, t0 = running.pop(proc)
@@ -118,12 +145,18 @@ def prewarm(modules: Sequence[JitModule], *, kernel_path: Path, archs: Sequence[
             seconds = time.monotonic() - t0
             if proc.returncode == 0 and stdout.strip():
                 info = json.loads(stdout.strip().splitlines()[-1])
-                report(PrewarmResult(module.name, module.device, info["status"], seconds,
-                                     info["detail"]))
+                report(PrewarmResult(module.name, module.device, info["status"], seconds, info["detail"]))
             else:
                 lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-                report(PrewarmResult(module.name, module.device, "failed", seconds,
-                                     "\n".join(lines[-20:]) or f"exit {proc.returncode}"))
+                report(
+                    PrewarmResult(
+                        module.name,
+                        module.device,
+                        "failed",
+                        seconds,
+                        "\n".join(lines[-20:]) or f"exit {proc.returncode}",
+                    )
+                )
         time.sleep(0.02)
     return results
 
@@ -136,17 +169,14 @@ def _format_size(n: int) -> str:
     return str(n)
 
 
-def _cmd_prewarm(args: argparse.Namespace, table: Mapping[str, JitModule],
-                 kernel_path: Path) -> int:
+def _cmd_prewarm(args: argparse.Namespace, table: Mapping[str, JitModule], kernel_path: Path) -> int:
     names = args.modules or [m.name for m in table.values()]
     unknown = [n for n in names if n not in table]
     if unknown:
-        raise ValueError(f"unknown JIT module(s) {', '.join(unknown)}; valid: "
-                         f"{', '.join(sorted(table))}")
+        raise ValueError(f"unknown JIT module(s) {', '.join(unknown)}; valid: {', '.join(sorted(table))}")
     selected = [table[n] for n in names if args.device is None or table[n].device == args.device]
     archs = parse_cuda_archs(" ".join(args.archs)) if args.archs else []
-    results = prewarm(selected, kernel_path=kernel_path, archs=archs, jobs=args.jobs,
-                      budget=args.budget)
+    results = prewarm(selected, kernel_path=kernel_path, archs=archs, jobs=args.jobs, budget=args.budget)
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=1))
     return 1 if any(r.status == "failed" for r in results) else 0
@@ -163,45 +193,60 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             print(f"cache: {root}")
             for r in rows:
                 age = (time.time() - r["last_used"]) / 86400
-                print(f"  {r['module']:<18} {r['device']:<5} {r['key'][:12]}  "
-                      f"{_format_size(r['size']):>10}  used {age:.1f} d ago  {r['status']}")
+                print(
+                    f"  {r['module']:<18} {r['device']:<5} {r['key'][:12]}  "
+                    f"{_format_size(r['size']):>10}  used {age:.1f} d ago  {r['status']}"
+                )
             if not rows:
                 print("  (empty)")
         return 0
-    summary = (_cache.prune(root, older_than_days=args.older_than) if action == "prune"
-               else _cache.clear(root))
+    summary = _cache.prune(root, older_than_days=args.older_than) if action == "prune" else _cache.clear(root)
     if args.json:
         print(json.dumps({"root": str(root), **summary}))
     else:
-        print(f"cache: {root}: removed {summary['removed']}"
-              + (f"; skipped {len(summary['skipped_busy'])} being built"
-                 if summary["skipped_busy"] else ""))
+        print(
+            f"cache: {root}: removed {summary['removed']}"
+            + (f"; skipped {len(summary['skipped_busy'])} being built" if summary["skipped_busy"] else "")
+        )
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m opmux.kernels.jit", allow_abbrev=False,
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m opmux.kernels.jit",
+        allow_abbrev=False,
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("prewarm", allow_abbrev=False, help="compile JIT modules into the cache")
     pre.add_argument("--modules", nargs="+", metavar="NAME", help="default: all")
     pre.add_argument("--device", choices=("cpu", "cuda"), help="only this device's modules")
-    pre.add_argument("--archs", nargs="+", metavar="ARCH",
-                     help="CUDA archs, e.g. sm_90a 10.0a (default: $OPMUX_CUDA_ARCHS or the GPUs)")
+    pre.add_argument(
+        "--archs",
+        nargs="+",
+        metavar="ARCH",
+        help="CUDA archs, e.g. sm_90a 10.0a (default: $OPMUX_CUDA_ARCHS or the GPUs)",
+    )
     pre.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
-    pre.add_argument("--budget", type=float, metavar="SECONDS",
-                     help="stop (killing in-flight compiles) after this long")
+    pre.add_argument(
+        "--budget", type=float, metavar="SECONDS", help="stop (killing in-flight compiles) after this long"
+    )
     pre.add_argument("--json", action="store_true")
     cache = sub.add_parser("cache", allow_abbrev=False, help="list, prune or clear the cache")
     cache.add_argument("action", nargs="?", choices=("list", "prune", "clear"), default="list")
-    cache.add_argument("--older-than", type=float, metavar="DAYS",
-                       help="prune: also remove entries unused for DAYS days")
+    cache.add_argument(
+        "--older-than", type=float, metavar="DAYS", help="prune: also remove entries unused for DAYS days"
+    )
     cache.add_argument("--json", action="store_true")
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, table: Mapping[str, JitModule] | None = None,
-         kernel_path: Path | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    table: Mapping[str, JitModule] | None = None,
+    kernel_path: Path | None = None,
+) -> int:
     """Run the CLI; ``table``/``kernel_path`` replace the module table and KERNEL_PATH (tests)."""
     try:
         args = _parser().parse_args(argv)

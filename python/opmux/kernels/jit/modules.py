@@ -25,8 +25,9 @@ class JitModule:
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"opmux: JitModule {self.name!r}: device must be 'cpu' or "
-                             f"'cuda', not {self.device!r}")
+            raise ValueError(
+                f"opmux: JitModule {self.name!r}: device must be 'cpu' or 'cuda', not {self.device!r}"
+            )
         if not self.sources:
             raise ValueError(f"opmux: JitModule {self.name!r} has no sources")
 
@@ -63,5 +64,4 @@ def get(name: str, *, table: Mapping[str, JitModule] | None = None) -> JitModule
     try:
         return table[name]
     except KeyError:
-        raise KeyError(f"opmux: unknown JIT module {name!r}; valid: "
-                       f"{', '.join(sorted(table))}") from None
+        raise KeyError(f"opmux: unknown JIT module {name!r}; valid: {', '.join(sorted(table))}") from None

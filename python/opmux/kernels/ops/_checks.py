@@ -32,7 +32,9 @@ def same_dtype(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor
 def same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
     for name, t in others.items():
         if t.device != ref.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device")
+            raise ValueError(
+                f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device"
+            )
 
 
 def rows(op: str, name: str, t: torch.Tensor, hidden: int) -> torch.Tensor:

@@ -46,9 +46,7 @@ class CompileError(RuntimeError):
         self.returncode = returncode
         self.stderr = stderr
         tail = stderr if len(stderr) <= 8000 else "...\n" + stderr[-8000:]
-        super().__init__(
-            f"opmux: compile failed (exit {returncode}): {shlex.join(self.command)}\n{tail}"
-        )
+        super().__init__(f"opmux: compile failed (exit {returncode}): {shlex.join(self.command)}\n{tail}")
 
     def __reduce__(self) -> tuple[type, tuple[list[str], int, str]]:
         return (type(self), (self.command, self.returncode, self.stderr))
@@ -86,8 +84,7 @@ def _check_archs(archs: Sequence[str], ptx_arch: str | None) -> None:
         raise ValueError("opmux: a CUDA build needs archs (e.g. ['sm_90a']) or a ptx_arch")
 
 
-def compile_flags(device: Device, *, archs: Sequence[str] = (),
-                  ptx_arch: str | None = None) -> list[str]:
+def compile_flags(device: Device, *, archs: Sequence[str] = (), ptx_arch: str | None = None) -> list[str]:
     """The flags that shape the output, with no paths in them (the cache key hashes these).
 
     CPU: ``-std=c++17 -O3 -fPIC -shared -fopenmp`` (``-fopenmp`` is dropped at build time
@@ -106,7 +103,7 @@ def compile_flags(device: Device, *, archs: Sequence[str] = (),
     raise ValueError(f"opmux: unknown device {device!r}; valid: 'cpu', 'cuda'")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _supports_openmp(cxx: str) -> bool:
     # clang without libomp accepts -fopenmp when preprocessing but fails to link; try both.
     with tempfile.TemporaryDirectory(prefix="opmux-omp-") as tmp:
@@ -114,7 +111,8 @@ def _supports_openmp(cxx: str) -> bool:
         src.write_text("#include <omp.h>\nint f() { return omp_get_max_threads(); }\n")
         proc = subprocess.run(
             [cxx, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(tmp) / "omp.so")],
-            capture_output=True, check=False,
+            capture_output=True,
+            check=False,
         )
         return proc.returncode == 0
 
@@ -143,10 +141,17 @@ def _merge_depfiles(target: Path, parts: Sequence[Path], output: Path) -> None:
     target.write_text(f"{output}: " + " ".join(deps) + "\n")
 
 
-def build_shared_library(output: Path, *, sources: Sequence[Path], device: Device,
-                         archs: Sequence[str] = (), ptx_arch: str | None = None,
-                         include_dirs: Sequence[Path] = (), toolchain: Toolchain | None = None,
-                         depfile: Path | None = None) -> list[str]:
+def build_shared_library(
+    output: Path,
+    *,
+    sources: Sequence[Path],
+    device: Device,
+    archs: Sequence[str] = (),
+    ptx_arch: str | None = None,
+    include_dirs: Sequence[Path] = (),
+    toolchain: Toolchain | None = None,
+    depfile: Path | None = None,
+) -> list[str]:
     """Compile ``sources`` into the shared library ``output``; return the commands run.
 
     ``include_dirs`` come first (the JIT loader passes ``KERNEL_PATH/include`` and
@@ -173,8 +178,19 @@ def build_shared_library(output: Path, *, sources: Sequence[Path], device: Devic
     try:
         if len(sources) == 1:
             dep = ["-MMD", "-MF", str(depfile)] if depfile is not None else []
-            _run([toolchain.path, *flags, *includes, *dep, str(sources[0]), "-o", str(output),
-                  *_link_flags(device, libtvm)], commands)
+            _run(
+                [
+                    toolchain.path,
+                    *flags,
+                    *includes,
+                    *dep,
+                    str(sources[0]),
+                    "-o",
+                    str(output),
+                    *_link_flags(device, libtvm),
+                ],
+                commands,
+            )
         else:
             # One depfile per translation unit, so compile separately and link at the end.
             objdir = Path(tempfile.mkdtemp(prefix=".objs-", dir=output.parent))
@@ -184,12 +200,27 @@ def build_shared_library(output: Path, *, sources: Sequence[Path], device: Devic
                 for index, source in enumerate(sources):
                     obj = objdir / f"{index}.o"
                     dep = objdir / f"{index}.d"
-                    _run([toolchain.path, *compile_only, *includes, "-MMD", "-MF", str(dep),
-                          "-c", str(source), "-o", str(obj)], commands)
+                    _run(
+                        [
+                            toolchain.path,
+                            *compile_only,
+                            *includes,
+                            "-MMD",
+                            "-MF",
+                            str(dep),
+                            "-c",
+                            str(source),
+                            "-o",
+                            str(obj),
+                        ],
+                        commands,
+                    )
                     objects.append(str(obj))
                     deps.append(dep)
-                _run([toolchain.path, *flags, *objects, "-o", str(output),
-                      *_link_flags(device, libtvm)], commands)
+                _run(
+                    [toolchain.path, *flags, *objects, "-o", str(output), *_link_flags(device, libtvm)],
+                    commands,
+                )
                 if depfile is not None:
                     _merge_depfiles(Path(depfile), deps, output)
             finally:

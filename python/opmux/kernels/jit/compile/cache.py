@@ -27,16 +27,18 @@ def list_entries(root: Path) -> list[dict[str, Any]]:
     for entry, manifest in iter_entries(root):
         st = entry.stat()
         size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
-        rows.append({
-            "module": manifest["name"] if manifest else entry.parent.parent.name,
-            "device": manifest["device"] if manifest else "?",
-            "key": manifest["key"] if manifest else entry.name,
-            "size": size,
-            "created": manifest["created"] if manifest else st.st_mtime,
-            "last_used": st.st_mtime,
-            "status": "ok" if manifest else "uncommitted",
-            "path": str(entry),
-        })
+        rows.append(
+            {
+                "module": manifest["name"] if manifest else entry.parent.parent.name,
+                "device": manifest["device"] if manifest else "?",
+                "key": manifest["key"] if manifest else entry.name,
+                "size": size,
+                "created": manifest["created"] if manifest else st.st_mtime,
+                "last_used": st.st_mtime,
+                "status": "ok" if manifest else "uncommitted",
+                "path": str(entry),
+            }
+        )
     return rows
 
 

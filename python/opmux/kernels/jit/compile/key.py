@@ -87,10 +87,21 @@ class SourceKey:
     env: tuple[tuple[str, str], ...]
 
     @classmethod
-    def compute(cls, *, name: str, device: str, kernel_path: Path, sources: Sequence[str],
-                flags: Sequence[str], toolchain: str, host_toolchain: str = "", tvm_ffi: str,
-                archs: Sequence[str] = (), ptx_arch: str | None = None,
-                environ: Mapping[str, str] | None = None) -> SourceKey:
+    def compute(
+        cls,
+        *,
+        name: str,
+        device: str,
+        kernel_path: Path,
+        sources: Sequence[str],
+        flags: Sequence[str],
+        toolchain: str,
+        host_toolchain: str = "",
+        tvm_ffi: str,
+        archs: Sequence[str] = (),
+        ptx_arch: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> SourceKey:
         """Hash the sources (named relative to ``kernel_path``) and collect the other inputs."""
         environ = os.environ if environ is None else environ
         return cls(
@@ -154,8 +165,9 @@ def parse_depfile(text: str) -> list[str]:
     return deps
 
 
-def label_headers(deps: Sequence[str], *, roots: Mapping[str, Path], sources: Sequence[Path],
-                  cwd: Path) -> list[str]:
+def label_headers(
+    deps: Sequence[str], *, roots: Mapping[str, Path], sources: Sequence[Path], cwd: Path
+) -> list[str]:
     """Root-relative labels of the depfile entries that are headers under a known root.
 
     The sources themselves are skipped (already in the source key), and so is anything

@@ -120,7 +120,7 @@ class Result:
 def jit_enabled() -> bool:
     """Read ``$OPMUX_JIT`` now (not cached: tests and users flip it at run time)."""
     value = os.environ.get(JIT_ENV, "").strip().lower()
-    if value in ("",) + _TRUE:
+    if value in ("", *_TRUE):
         return True
     if value in _FALSE:
         return False
@@ -169,13 +169,20 @@ def _plan(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] | None)
     includes, _ = tvm_ffi_paths()
     roots = {"kernel": kernel_path, "tvm_ffi": includes[0]}
     skey = SourceKey.compute(
-        name=module.name, device=module.device, kernel_path=kernel_path, sources=rels,
+        name=module.name,
+        device=module.device,
+        kernel_path=kernel_path,
+        sources=rels,
         flags=compile_flags(module.device, archs=use_archs, ptx_arch=ptx),
-        toolchain=toolchain.identity, host_toolchain=host, tvm_ffi=tvm_ffi_version(),
-        archs=use_archs, ptx_arch=ptx,
+        toolchain=toolchain.identity,
+        host_toolchain=host,
+        tvm_ffi=tvm_ffi_version(),
+        archs=use_archs,
+        ptx_arch=ptx,
     )
-    return _Plan(module, kernel_path, tuple(kernel_path / r for r in rels), toolchain,
-                 use_archs, ptx, roots, skey)
+    return _Plan(
+        module, kernel_path, tuple(kernel_path / r for r in rels), toolchain, use_archs, ptx, roots, skey
+    )
 
 
 def _build(plan: _Plan, group: Path) -> _publish.Entry:
@@ -186,8 +193,12 @@ def _build(plan: _Plan, group: Path) -> _publish.Entry:
     start = time.monotonic()
     try:
         commands = build_shared_library(
-            library, sources=plan.sources, device=plan.module.device, archs=plan.archs,
-            ptx_arch=plan.ptx_arch, toolchain=plan.toolchain,
+            library,
+            sources=plan.sources,
+            device=plan.module.device,
+            archs=plan.archs,
+            ptx_arch=plan.ptx_arch,
+            toolchain=plan.toolchain,
             include_dirs=[plan.kernel_path / "include", plan.kernel_path / "csrc"],
             depfile=depfile,
         )
@@ -196,8 +207,9 @@ def _build(plan: _Plan, group: Path) -> _publish.Entry:
         raise
     seconds = time.monotonic() - start
     roots = dict(plan.roots)
-    labels = label_headers(parse_depfile(depfile.read_text()), roots=roots,
-                           sources=plan.sources, cwd=Path.cwd())
+    labels = label_headers(
+        parse_depfile(depfile.read_text()), roots=roots, sources=plan.sources, cwd=Path.cwd()
+    )
     depfile.unlink()
     headers = hash_headers(labels, roots)
     if headers is None:  # a header vanished mid-build: do not publish a key we cannot recheck
@@ -221,8 +233,13 @@ def _build(plan: _Plan, group: Path) -> _publish.Entry:
     return _publish.publish(staging, group, key=key, manifest=manifest)
 
 
-def ensure_built(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] | None = None,
-                 allow_compile: bool | None = None) -> Result:
+def ensure_built(
+    module: ModuleLike,
+    *,
+    kernel_path: Path,
+    archs: Sequence[str] | None = None,
+    allow_compile: bool | None = None,
+) -> Result:
     """Return the module's published library, compiling it (once, under a lock) on a miss.
 
     ``allow_compile`` defaults to :func:`jit_enabled`. Lookup is lock-free; on a miss the
@@ -247,12 +264,14 @@ def ensure_built(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] 
     if entry is not None and problem is None:
         stats.hits += 1
         _publish.touch(entry.path)
-        return Result(module.name, entry.library, str(entry.manifest["key"]), False,
-                      time.monotonic() - start)
+        return Result(module.name, entry.library, str(entry.manifest["key"]), False, time.monotonic() - start)
     if problem is not None:
-        warnings.warn(f"opmux: JIT cache entry {entry.path if entry else ''} of "
-                      f"{module.name!r} rejected ({problem}); rebuilding", JitCacheWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"opmux: JIT cache entry {entry.path if entry else ''} of "
+            f"{module.name!r} rejected ({problem}); rebuilding",
+            JitCacheWarning,
+            stacklevel=2,
+        )
     if not allow_compile:
         raise JitDisabled(module.name)
 
@@ -264,13 +283,15 @@ def ensure_built(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] 
         if entry is not None:
             if entry.verify() is None:  # someone else built it while we waited
                 stats.hits += 1
-                return Result(module.name, entry.library, str(entry.manifest["key"]), False,
-                              time.monotonic() - start)
+                return Result(
+                    module.name, entry.library, str(entry.manifest["key"]), False, time.monotonic() - start
+                )
             _publish.discard(entry.path)
             stats.rebuilds += 1
         published = _build(plan, group)
-    return Result(module.name, published.library, str(published.manifest["key"]), True,
-                  time.monotonic() - start)
+    return Result(
+        module.name, published.library, str(published.manifest["key"]), True, time.monotonic() - start
+    )
 
 
 _memo: dict[tuple[Any, ...], Any] = {}
@@ -278,16 +299,21 @@ _memo_locks: dict[tuple[Any, ...], threading.Lock] = {}
 _memo_guard = threading.Lock()
 
 
-def load(module: ModuleLike, *, kernel_path: Path,
-         archs: Sequence[str] | None = None) -> tvm_ffi.Module:
+def load(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] | None = None) -> tvm_ffi.Module:
     """:func:`ensure_built`, then ``tvm_ffi.load_module``; memoised per process.
 
     The memo key holds the module, kernel root, cache dir and archs: a test or a user that
     changes ``$OPMUX_CACHE_DIR`` gets a fresh lookup rather than a stale module. Threads
     asking for the same module wait on one per-key lock; different modules build in parallel.
     """
-    memo_key = (module.name, tuple(module.sources), module.device, str(kernel_path),
-                os.environ.get(_publish.CACHE_DIR_ENV, ""), tuple(archs or ()))
+    memo_key = (
+        module.name,
+        tuple(module.sources),
+        module.device,
+        str(kernel_path),
+        os.environ.get(_publish.CACHE_DIR_ENV, ""),
+        tuple(archs or ()),
+    )
     cached = _memo.get(memo_key)
     if cached is not None:
         stats.memo_hits += 1
@@ -311,4 +337,3 @@ def reset() -> None:
     """Forget the per-process memo (tests; a long-lived process after ``cache clear``)."""
     with _memo_guard:
         _memo.clear()
-

@@ -166,15 +166,22 @@ class Entry:
     def verify(self) -> str | None:
         """None when the library is intact and private; else why it must not be loaded."""
         try:
-            for p in (self.path.parent.parent, self.path.parent, self.path,
-                      self.path / MANIFEST, self.library):
+            for p in (
+                self.path.parent.parent,
+                self.path.parent,
+                self.path,
+                self.path / MANIFEST,
+                self.library,
+            ):
                 check_secure(p)
             digest = file_digest(self.library)
         except FileNotFoundError as exc:
             return f"missing file {exc.filename}"
         if digest != self.manifest.get("sha256"):
-            return f"sha256 of {self.library.name} is {digest[:16]}..., manifest says " \
-                   f"{str(self.manifest.get('sha256'))[:16]}..."
+            return (
+                f"sha256 of {self.library.name} is {digest[:16]}..., manifest says "
+                f"{str(self.manifest.get('sha256'))[:16]}..."
+            )
         return None
 
 

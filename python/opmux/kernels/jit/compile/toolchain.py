@@ -79,9 +79,7 @@ class ToolchainNotFound(RuntimeError):
 def _version_line(path: str, kind: ToolchainKind) -> str | None:
     """Run ``path --version``; None when it cannot run (a broken or foreign binary)."""
     try:
-        proc = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
@@ -96,7 +94,7 @@ def _version_line(path: str, kind: ToolchainKind) -> str | None:
     return lines[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(path: str, kind: ToolchainKind, _stamp: tuple[int, int]) -> Toolchain | None:
     # Memoised on (path, mtime, size) so that a compiler upgrade in a long-lived process
     # is noticed, while repeated loads pay for ``--version`` once.
@@ -113,8 +111,9 @@ def _try(candidate: str, kind: ToolchainKind) -> Toolchain | None:
     return _probe(path, kind, (st.st_mtime_ns, st.st_size))
 
 
-def _search(kind: ToolchainKind, candidates: Sequence[tuple[str, str]], hint: str,
-            compiler: str) -> Toolchain:
+def _search(
+    kind: ToolchainKind, candidates: Sequence[tuple[str, str]], hint: str, compiler: str
+) -> Toolchain:
     searched: list[str] = []
     for candidate, where in candidates:
         found = _try(candidate, kind)
@@ -131,9 +130,12 @@ def find_cxx() -> Toolchain:
     """
     env = os.environ.get("CXX", "").strip()
     if env:
-        return _search("cxx", [(env, "$CXX")],
-                       "Fix or unset $CXX (it must be one executable, without arguments).",
-                       "C++ compiler")
+        return _search(
+            "cxx",
+            [(env, "$CXX")],
+            "Fix or unset $CXX (it must be one executable, without arguments).",
+            "C++ compiler",
+        )
     return _search(
         "cxx",
         [(name, "PATH") for name in ("c++", "g++", "clang++")],
@@ -153,7 +155,8 @@ def find_nvcc() -> Toolchain:
     candidates.append(("nvcc", "PATH"))
     candidates.append(("/usr/local/cuda/bin/nvcc", "default CUDA install"))
     return _search(
-        "nvcc", candidates,
+        "nvcc",
+        candidates,
         "Install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads, or "
         "pip install nvidia-cuda-nvcc) and set $CUDA_HOME to it.",
         "CUDA compiler (nvcc)",
@@ -170,7 +173,8 @@ def find_hipcc() -> Toolchain:
     candidates.append(("hipcc", "PATH"))
     candidates.append(("/opt/rocm/bin/hipcc", "default ROCm install"))
     return _search(
-        "hipcc", candidates,
+        "hipcc",
+        candidates,
         "Install ROCm (https://rocm.docs.amd.com) and set $ROCM_PATH to it.",
         "HIP compiler (hipcc)",
     )
@@ -190,6 +194,7 @@ def nvcc_release(toolchain: Toolchain) -> tuple[int, int]:
 
 
 # --- CUDA archs -------------------------------------------------------------------------------
+
 
 def parse_cuda_archs(text: str) -> list[str]:
     """Parse an arch list (``"9.0a"``, ``"sm_80,sm_90a"``, ``"8.0;9.0 10.0f"``) to ``sm_XY[a|f]``.
@@ -219,12 +224,15 @@ def parse_cuda_archs(text: str) -> list[str]:
 
 
 def _bad_arch(token: str) -> str:
-    return (f"opmux: invalid CUDA arch {token!r} in ${CUDA_ARCHS_ENV}; use X.Y[a|f] or "
-            f"sm_XY[a|f], separated by commas, e.g. '9.0a' or 'sm_80,sm_90a'")
+    return (
+        f"opmux: invalid CUDA arch {token!r} in ${CUDA_ARCHS_ENV}; use X.Y[a|f] or "
+        f"sm_XY[a|f], separated by commas, e.g. '9.0a' or 'sm_80,sm_90a'"
+    )
 
 
-def cuda_arch_for_capability(major: int, minor: int, *, nvcc: tuple[int, int] = (13, 0),
-                             family: bool = False) -> str:
+def cuda_arch_for_capability(
+    major: int, minor: int, *, nvcc: tuple[int, int] = (13, 0), family: bool = False
+) -> str:
     """The most specific arch nvcc can build for one device of this capability.
 
     Order: 9.0 -> ``sm_90a`` (wgmma/TMA need it; nvcc >= 12.0). 10.x, 11.x, 12.x -> ``a``
@@ -295,7 +303,8 @@ def _tvm_ffi_dir() -> Path:
     spec = importlib.util.find_spec("tvm_ffi")
     if spec is None or not spec.submodule_search_locations:
         raise ToolchainNotFound(
-            "apache-tvm-ffi", ["importlib.util.find_spec('tvm_ffi')"],
+            "apache-tvm-ffi",
+            ["importlib.util.find_spec('tvm_ffi')"],
             "Install it: pip install apache-tvm-ffi",
         )
     return Path(next(iter(spec.submodule_search_locations)))
@@ -309,7 +318,8 @@ def tvm_ffi_paths() -> tuple[list[Path], Path]:
     missing = [str(p) for p in (include / "tvm" / "ffi", include / "dlpack", lib) if not p.exists()]
     if missing:
         raise ToolchainNotFound(
-            "apache-tvm-ffi headers/library", missing,
+            "apache-tvm-ffi headers/library",
+            missing,
             "Reinstall it: pip install --force-reinstall apache-tvm-ffi",
         )
     return [include], lib

@@ -1,10 +1,16 @@
 // MoE routing for CUDA tensors.
 //
 // topk_softmax_cuda(topk_weights, topk_ids, gating_output, renormalize): one warp per token.
-// For E <= 1024 the row lives in registers (lane l holds experts l, l + 32, ...); larger E
-// re-reads the row from L1/L2 on each selection. Selection j takes the best (logit, -index)
-// strictly after selection j - 1 in that total order, so ties go to the lower expert index
-// and no "taken" mask is needed. Weights: expf(x - max) / sum in fp32.
+// For E <= 1024 the row lives in registers (lane l holds experts l, l + 32, ...). Each logit
+// gets an order-preserving uint32 key, so selection j is two single-instruction warp
+// reductions (redux.sync: max key, then min expert index among the lanes holding it) instead
+// of a 5-step shuffle chain of (value, index) pairs; a per-lane bitmask marks taken experts.
+// The token is latency-bound (one warp, k dependent rounds), so this chain is its cost. The
+// max for the softmax is selection 0's logit; lane j keeps weight j in a register and the k
+// weights are written once, renormalized, by lanes 0..k-1 (k <= 32; larger k writes lane 0's
+// way). Larger E re-reads the row from L1/L2 on each selection, taking the best (logit,
+// -index) strictly after selection j - 1 in that order. Either way ties go to the lower expert
+// index. Weights: expf(x - max) / sum in fp32, renormalized by their sum in selection order.
 //
 // moe_align_block_size_cuda(...): one block. Warp w owns a contiguous slice of topk_ids; pass 1
 // counts per (warp, expert) in shared memory (__match_any_sync groups equal ids, the group's
@@ -64,54 +70,97 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// VPT > 0: row in registers (E <= 32 * VPT); VPT == 0: row re-read from global memory.
+// Order-preserving map of a float to uint32 (a > b  <=>  key(a) > key(b)); -0 is folded into +0
+// so that equal logits compare equal and tie on the index, as in the reference.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  uint32_t u = __float_as_uint(v);
+  if (u == 0x80000000u) u = 0u;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float order_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Row in registers: lane l holds experts l + 32 i, i < VPT (E <= 32 * VPT).
 template <typename T, int VPT>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_kernel(TopkParams p) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(TopkParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   cuda::pdl_wait();
   if (row >= p.tokens) return;  // whole warp
   const T* __restrict__ g = static_cast<const T*>(p.g) + row * p.g_stride;
   const int E = p.experts;
-  constexpr int R = VPT > 0 ? VPT : 1;
-  float x[R];
-  float m = -INFINITY;
-  if constexpr (VPT > 0) {
+  float x[VPT];
+  uint32_t key[VPT];  // 0 (below every real key, even -inf's) marks padding
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int e = i * 32 + lane;
+    x[i] = e < E ? to_float(g[e]) : -INFINITY;
+    key[i] = e < E ? order_key(x[i]) : 0u;
+  }
+  uint32_t taken = 0;  // bit i: expert i * 32 + lane already selected
+  float m = 0.f, s = 1.f, total = 0.f, my_w = 0.f;
+  int my_id = 0;
+  for (int j = 0; j < p.k; ++j) {
+    // this lane's best untaken expert; ascending i with a strict > keeps the lower index on ties
+    uint32_t bk = 0u, bi = INT_MAX;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int e = i * 32 + lane;
-      x[i] = e < E ? to_float(g[e]) : -INFINITY;
-      m = fmaxf(m, x[i]);
+      if (!((taken >> i) & 1u) && key[i] > bk) { bk = key[i]; bi = static_cast<uint32_t>(i * 32 + lane); }
     }
-  } else {
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, to_float(g[e]));
+    const uint32_t wk = __reduce_max_sync(kFull, bk);
+    const int wi = static_cast<int>(__reduce_min_sync(kFull, bk == wk ? bi : static_cast<uint32_t>(INT_MAX)));
+    if ((wi & 31) == lane) taken |= 1u << (wi >> 5);
+    const float bv = order_value(wk);
+    if (j == 0) {  // the first selection is the row max
+      m = bv;
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+        if (i * 32 + lane < E) acc += expf(x[i] - m);
+      s = cuda::warp_sum(acc);
+    }
+    const float w = expf(bv - m) / s;
+    total += w;
+    if (j < 32) {
+      if (lane == j) { my_w = w; my_id = wi; }
+    } else if (lane == 0) {
+      p.w[row * p.k + j] = w;
+      p.ids[row * p.k + j] = wi;
+    }
   }
+  cuda::pdl_launch_dependents();
+  if (lane < p.k) {
+    p.w[row * p.k + lane] = p.renormalize ? my_w / total : my_w;
+    p.ids[row * p.k + lane] = my_id;
+  }
+  if (p.renormalize && lane == 0)  // k > 32 only: re-reads this thread's own stores
+    for (int j = 32; j < p.k; ++j) p.w[row * p.k + j] /= total;
+}
+
+// Any E: the row is re-read from global memory (L1/L2) for the max, the sum and each selection.
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(TopkParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  cuda::pdl_wait();
+  if (row >= p.tokens) return;  // whole warp
+  const T* __restrict__ g = static_cast<const T*>(p.g) + row * p.g_stride;
+  const int E = p.experts;
+  float m = -INFINITY;
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, to_float(g[e]));
   m = warp_max(m);
   float s = 0.f;
-  if constexpr (VPT > 0) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      if (i * 32 + lane < E) s += expf(x[i] - m);
-  } else {
-    for (int e = lane; e < E; e += 32) s += expf(to_float(g[e]) - m);
-  }
+  for (int e = lane; e < E; e += 32) s += expf(to_float(g[e]) - m);
   s = cuda::warp_sum(s);
   float pv = 0.f, total = 0.f;
   int pi = -1;
   for (int j = 0; j < p.k; ++j) {
     float bv = -INFINITY;
     int bi = INT_MAX;
-    if constexpr (VPT > 0) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        const int e = i * 32 + lane;
-        if (e < E && after(x[i], e, pv, pi) && better(x[i], e, bv, bi)) { bv = x[i]; bi = e; }
-      }
-    } else {
-      for (int e = lane; e < E; e += 32) {
-        const float v = to_float(g[e]);
-        if (after(v, e, pv, pi) && better(v, e, bv, bi)) { bv = v; bi = e; }
-      }
+    for (int e = lane; e < E; e += 32) {
+      const float v = to_float(g[e]);
+      if (after(v, e, pv, pi) && better(v, e, bv, bi)) { bv = v; bi = e; }
     }
     warp_best(bv, bi);
     pv = bv;
@@ -136,13 +185,13 @@ void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
   const dim3 grid(static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(32 * kWarpsPerBlock);
   const int vpt = (p.experts + 31) / 32;
-  if (vpt <= 1) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 1>, grid, block, 0, stream, p);
-  else if (vpt <= 2) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 2>, grid, block, 0, stream, p);
-  else if (vpt <= 4) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 4>, grid, block, 0, stream, p);
-  else if (vpt <= 8) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 8>, grid, block, 0, stream, p);
-  else if (vpt <= 16) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 16>, grid, block, 0, stream, p);
-  else if (vpt <= 32) cuda::launch(op, device_id, props, topk_softmax_kernel<T, 32>, grid, block, 0, stream, p);
-  else cuda::launch(op, device_id, props, topk_softmax_kernel<T, 0>, grid, block, 0, stream, p);
+  if (vpt <= 1) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 1>, grid, block, 0, stream, p);
+  else if (vpt <= 2) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 2>, grid, block, 0, stream, p);
+  else if (vpt <= 4) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 4>, grid, block, 0, stream, p);
+  else if (vpt <= 8) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 8>, grid, block, 0, stream, p);
+  else if (vpt <= 16) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 16>, grid, block, 0, stream, p);
+  else if (vpt <= 32) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 32>, grid, block, 0, stream, p);
+  else cuda::launch(op, device_id, props, topk_softmax_loop_kernel<T>, grid, block, 0, stream, p);
 }
 
 void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView gating_output, bool renormalize) {

@@ -47,8 +47,13 @@ _gelu_ops = _register("gelu_and_mul", _gelu)
 _gelu_tanh_ops = _register("gelu_tanh_and_mul", _gelu_tanh)
 
 
-def _call(op: BaseFusedOp, ops: tuple[Callable[..., torch.Tensor], Callable[..., None]], x: torch.Tensor,
-          out: torch.Tensor | None, backend: Backend) -> torch.Tensor:
+def _call(
+    op: BaseFusedOp,
+    ops: tuple[Callable[..., torch.Tensor], Callable[..., None]],
+    x: torch.Tensor,
+    out: torch.Tensor | None,
+    backend: Backend,
+) -> torch.Tensor:
     if _compiling():
         if out is None:
             return ops[0](x)
@@ -57,16 +62,22 @@ def _call(op: BaseFusedOp, ops: tuple[Callable[..., torch.Tensor], Callable[...,
     return op(x, out, backend=backend)  # type: ignore[no-any-return]
 
 
-def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None) -> torch.Tensor:
+def silu_and_mul(
+    x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None
+) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2*d]``, computed in fp32."""
     return _call(_silu, _silu_ops, x, out, backend)
 
 
-def gelu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None) -> torch.Tensor:
+def gelu_and_mul(
+    x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None
+) -> torch.Tensor:
     """``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) gelu, computed in fp32."""
     return _call(_gelu, _gelu_ops, x, out, backend)
 
 
-def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None) -> torch.Tensor:
+def gelu_tanh_and_mul(
+    x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None
+) -> torch.Tensor:
     """``gelu(x[..., :d], approximate="tanh") * x[..., d:]``, computed in fp32."""
     return _call(_gelu_tanh, _gelu_tanh_ops, x, out, backend)

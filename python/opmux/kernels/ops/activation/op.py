@@ -18,7 +18,9 @@ _GELU = "activation.gelu_and_mul"
 _GELU_TANH = "activation.gelu_tanh_and_mul"
 
 
-def _check(op: str, x: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _check(
+    op: str, x: torch.Tensor, out: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _checks.tensor(op, "x", x)
     _checks.float_dtype(op, "x", x)
     if x.dim() < 1 or x.shape[-1] % 2:
@@ -39,7 +41,9 @@ def _device(x: torch.Tensor) -> str:
     return "cuda" if x.is_cuda else "cpu"
 
 
-def _gated(act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, out: torch.Tensor | None, fp32: bool) -> torch.Tensor:
+def _gated(
+    act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, out: torch.Tensor | None, fp32: bool
+) -> torch.Tensor:
     d = x.shape[-1] // 2
     xf = x.float() if fp32 else x
     y = (act(xf[..., :d]) * xf[..., d:]).to(x.dtype)

@@ -24,7 +24,9 @@ Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception]
 def _samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator(device="cpu").manual_seed(7)
     out = [Sample(n, ((torch.randn(s, generator=g) * 2).to(dtype=dtype, device=device),)) for n, s in _SHAPES]
-    out.append(Sample("large-magnitude", ((torch.randn((4, 256), generator=g) * 30).to(dtype=dtype, device=device),)))
+    out.append(
+        Sample("large-magnitude", ((torch.randn((4, 256), generator=g) * 30).to(dtype=dtype, device=device),))
+    )
     big = torch.randn((6, 640), generator=g).to(dtype=dtype, device=device)
     out.append(Sample("strided-rows", (big[:, :320],)))
     x = torch.randn((4, 96), generator=g).to(dtype=dtype, device=device)
@@ -57,7 +59,13 @@ def _invalid(device: str) -> Invalid:
         ("odd-last-dim", (torch.randn(4, 15, device=device),), {}, ValueError, "must be even"),
         ("int-dtype", (torch.ones(4, 16, dtype=torch.int64, device=device),), {}, TypeError, "dtype"),
         ("out-shape", (x,), {"out": torch.empty(4, 16, device=device)}, ValueError, "out has shape"),
-        ("out-dtype", (x,), {"out": torch.empty(4, 8, dtype=torch.float16, device=device)}, TypeError, "out has dtype"),
+        (
+            "out-dtype",
+            (x,),
+            {"out": torch.empty(4, 8, dtype=torch.float16, device=device)},
+            TypeError,
+            "out has dtype",
+        ),
         ("non-contiguous", (torch.randn(16, 4, device=device).t(),), {}, ValueError, "non-contiguous"),
     ]
 

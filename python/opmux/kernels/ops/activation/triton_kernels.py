@@ -17,8 +17,23 @@ def _erfc(z):
     # erfc and libdevice is unavailable in the interpreter.
     az = tl.abs(z)
     t = 1.0 / (1.0 + 0.5 * az)
-    p = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    p = -1.26551223 + t * (
+        1.00002368
+        + t
+        * (
+            0.37409196
+            + t
+            * (
+                0.09678418
+                + t
+                * (
+                    -0.18628806
+                    + t
+                    * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))
+                )
+            )
+        )
+    )
     r = t * tl.exp(-az * az + p)
     return tl.where(z >= 0, r, 2.0 - r)
 
@@ -50,4 +65,6 @@ def gated(x: torch.Tensor, y: torch.Tensor, act: str) -> None:
         return
     block = min(4096, triton.next_power_of_2(d))
     grid = (rows, triton.cdiv(d, block))
-    _gated[grid](x, y, x.stride(0), y.stride(0), d, BLOCK=block, ACT=_ACTS[act], num_warps=4 if block <= 1024 else 8)
+    _gated[grid](
+        x, y, x.stride(0), y.stride(0), d, BLOCK=block, ACT=_ACTS[act], num_warps=4 if block <= 1024 else 8
+    )

@@ -16,14 +16,24 @@ _compiling = torch.compiler.is_compiling
 
 
 @torch.library.custom_op("opmux::reshape_and_cache", mutates_args=("key_cache", "value_cache"))
-def _reshape_and_cache_op(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor) -> None:
+def _reshape_and_cache_op(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     _op(key, value, key_cache, value_cache, slot_mapping)
 
 
 @_reshape_and_cache_op.register_fake
-def _(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-      slot_mapping: torch.Tensor) -> None:
+def _(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     _check(key, value, key_cache, value_cache, slot_mapping, values=False)
 
 

@@ -26,42 +26,64 @@ def _check_slots(slot_mapping: torch.Tensor, num_slots: int) -> None:
         bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
         if bad.numel():
             t = int(bad[0, 0])
-            raise ValueError(f"{_OP}: slot_mapping[{t}] = {int(slot_mapping[t])} is out of range: "
-                             f"valid slots are [0, {num_slots}) (num_blocks * block_size), or -1 to skip")
+            raise ValueError(
+                f"{_OP}: slot_mapping[{t}] = {int(slot_mapping[t])} is out of range: "
+                f"valid slots are [0, {num_slots}) (num_blocks * block_size), or -1 to skip"
+            )
 
 
-def _check(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-           slot_mapping: torch.Tensor, values: bool = True) -> None:
+def _check(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    values: bool = True,
+) -> None:
     """Raises on bad arguments; ``values``: also range-check the slots (CPU only; fake impls
     pass False: there is no data under torch.compile)."""
-    for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
-                    ("slot_mapping", slot_mapping)):
+    for name, t in (
+        ("key", key),
+        ("value", value),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("slot_mapping", slot_mapping),
+    ):
         _checks.tensor(_OP, name, t)
     _checks.float_dtype(_OP, "key", key)
     _checks.same_dtype(_OP, "key", key, value=value, key_cache=key_cache, value_cache=value_cache)
     _checks.exact_dtype(_OP, "slot_mapping", slot_mapping, torch.int64)
-    _checks.same_device(_OP, "key", key, value=value, key_cache=key_cache, value_cache=value_cache,
-                        slot_mapping=slot_mapping)
+    _checks.same_device(
+        _OP, "key", key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping
+    )
     if key.dim() != 3:
         raise ValueError(f"{_OP}: key has shape {tuple(key.shape)}, expected [T, H, D]")
     t, h, d = key.shape
     if value.shape != key.shape:
         raise ValueError(f"{_OP}: value has shape {tuple(value.shape)}, expected {tuple(key.shape)} like key")
     if key_cache.dim() != 4 or key_cache.shape[2:] != (h, d):
-        raise ValueError(f"{_OP}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, block_size, {h}, {d}]")
+        raise ValueError(
+            f"{_OP}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, block_size, {h}, {d}]"
+        )
     if value_cache.shape != key_cache.shape:
-        raise ValueError(f"{_OP}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)}")
+        raise ValueError(
+            f"{_OP}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)}"
+        )
     if slot_mapping.shape != (t,):
         raise ValueError(f"{_OP}: slot_mapping has shape {tuple(slot_mapping.shape)}, expected [{t}]")
     for name, x in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
         if x.shape[-1] > 1 and x.stride(-1) != 1:
-            raise ValueError(f"{_OP}: {name} has a non-contiguous last dimension (stride {x.stride(-1)}); pass .contiguous()")
+            raise ValueError(
+                f"{_OP}: {name} has a non-contiguous last dimension (stride {x.stride(-1)}); pass .contiguous()"
+            )
     bs = key_cache.shape[1]
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         dense = all(c.stride(i) == s for i, s in ((1, h * d), (2, d), (3, 1)) if c.shape[i] > 1)
         if not dense or c.stride(0) < 0:
-            raise ValueError(f"{_OP}: {name} is non-contiguous within a block (strides {c.stride()}); "
-                             f"each [block_size, H, D] block must be dense")
+            raise ValueError(
+                f"{_OP}: {name} is non-contiguous within a block (strides {c.stride()}); "
+                f"each [block_size, H, D] block must be dense"
+            )
     if values:
         _check_slots(slot_mapping, key_cache.shape[0] * bs)
 
@@ -74,8 +96,13 @@ class ReshapeAndCache(BaseFusedOp):
     op_name = _OP
 
     @staticmethod
-    def forward_native(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
+    def forward_native(
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         nb, bs = key_cache.shape[:2]
         _check_slots(slot_mapping.cpu(), nb * bs)
         keep = slot_mapping >= 0
@@ -84,8 +111,13 @@ class ReshapeAndCache(BaseFusedOp):
         value_cache[slots // bs, slots % bs] = value[keep].to(value_cache.dtype)
 
     @staticmethod
-    def forward_torch(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+    def forward_torch(
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         _check(key, value, key_cache, value_cache, slot_mapping)
         nb, bs = key_cache.shape[:2]
         keep = (slot_mapping >= 0) & (slot_mapping < nb * bs)  # CUDA: skip bad slots (CPU raised)
@@ -95,23 +127,42 @@ class ReshapeAndCache(BaseFusedOp):
         value_cache.index_put_((blk, off), value[keep])
 
     @staticmethod
-    def forward_triton(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
+    def forward_triton(
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         _check(key, value, key_cache, value_cache, slot_mapping)
         from . import triton_kernels
 
         triton_kernels.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
     @staticmethod
-    def forward_jit(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
+    def forward_jit(
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         _check(key, value, key_cache, value_cache, slot_mapping)
         d = _device(key)
-        _native.function("jit", "kvcache", d, f"reshape_and_cache_{d}")(key, value, key_cache, value_cache, slot_mapping)
+        _native.function("jit", "kvcache", d, f"reshape_and_cache_{d}")(
+            key, value, key_cache, value_cache, slot_mapping
+        )
 
     @staticmethod
-    def forward_aot(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
+    def forward_aot(
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         _check(key, value, key_cache, value_cache, slot_mapping)
         d = _device(key)
-        _native.function("aot", "kvcache", d, f"reshape_and_cache_{d}")(key, value, key_cache, value_cache, slot_mapping)
+        _native.function("aot", "kvcache", d, f"reshape_and_cache_{d}")(
+            key, value, key_cache, value_cache, slot_mapping
+        )

@@ -9,8 +9,19 @@ from .._common import Sample
 Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]
 
 
-def _case(name: str, t: int, h: int, d: int, nb: int, bs: int, dtype: torch.dtype, device: str, seed: int,
-          pad: tuple[int, ...] = (), scale: float = 1.0) -> Sample:
+def _case(
+    name: str,
+    t: int,
+    h: int,
+    d: int,
+    nb: int,
+    bs: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+    pad: tuple[int, ...] = (),
+    scale: float = 1.0,
+) -> Sample:
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def rnd(*shape: int) -> torch.Tensor:
@@ -29,7 +40,9 @@ def reshape_and_cache_samples(device: str, dtype: torch.dtype) -> list[Sample]:
         _case("odd-h3-d7-bs5", 5, 3, 7, 3, 5, dtype, device, 2),
         _case("padding-slots", 6, 2, 16, 4, 8, dtype, device, 3, pad=(0, 3, 5)),
         _case("empty-batch", 0, 2, 16, 2, 4, dtype, device, 4),
-        _case("large-magnitude", 4, 2, 32, 2, 4, dtype, device, 5, scale=1e4 if dtype != torch.float16 else 6e4),
+        _case(
+            "large-magnitude", 4, 2, 32, 2, 4, dtype, device, 5, scale=1e4 if dtype != torch.float16 else 6e4
+        ),
         _case("t37-h8-d128-bs16", 37, 8, 128, 4, 16, dtype, device, 6, pad=(36,)),
     ]
     g = torch.Generator(device="cpu").manual_seed(7)
@@ -37,15 +50,22 @@ def reshape_and_cache_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     qkv = torch.randn((t, 3 * h, d), generator=g).to(dtype=dtype, device=device)  # fused qkv slices
     kv = torch.randn((nb, 2, bs, h, d), generator=g).to(dtype=dtype, device=device)  # [nb, 2, ...]
     slots = torch.randperm(nb * bs, generator=g)[:t].to(device)
-    out.append(Sample("strided-qkv-and-cache", (qkv[:, h:2 * h], qkv[:, 2 * h:], kv[:, 0], kv[:, 1], slots)))
+    out.append(
+        Sample("strided-qkv-and-cache", (qkv[:, h : 2 * h], qkv[:, 2 * h :], kv[:, 0], kv[:, 1], slots))
+    )
     return out
 
 
 def reshape_and_cache_invalid(device: str) -> Invalid:
     def mk(t: int = 3, h: int = 2, d: int = 8, nb: int = 2, bs: int = 4, dtype: torch.dtype = torch.float32):
         k = torch.randn(t, h, d, device=device).to(dtype)
-        return [k, k.clone(), torch.zeros(nb, bs, h, d, device=device, dtype=dtype),
-                torch.zeros(nb, bs, h, d, device=device, dtype=dtype), torch.arange(t, device=device)]
+        return [
+            k,
+            k.clone(),
+            torch.zeros(nb, bs, h, d, device=device, dtype=dtype),
+            torch.zeros(nb, bs, h, d, device=device, dtype=dtype),
+            torch.arange(t, device=device),
+        ]
 
     int_key = mk()
     int_key[0] = int_key[0].to(torch.int32)

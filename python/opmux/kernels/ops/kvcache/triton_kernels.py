@@ -12,8 +12,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _reshape_and_cache(K, V, KC, VC, SLOTS, skt, skh, svt, svh, scb, NSLOTS, BS, H, D,
-                       BLOCK: tl.constexpr):
+def _reshape_and_cache(K, V, KC, VC, SLOTS, skt, skh, svt, svh, scb, NSLOTS, BS, H, D, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(SLOTS + t)
@@ -29,16 +28,38 @@ def _reshape_and_cache(K, V, KC, VC, SLOTS, skt, skh, svt, svh, scb, NSLOTS, BS,
     tl.store(VC + dst, v, mask=mask)
 
 
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      slots: torch.Tensor) -> None:
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
     t, h, d = key.shape
     nb, bs = key_cache.shape[:2]
     if t == 0 or h * d == 0:
         return
     if key_cache.stride(0) != value_cache.stride(0):
-        raise ValueError("kvcache.reshape_and_cache: key_cache and value_cache must have the same block stride for triton")
+        raise ValueError(
+            "kvcache.reshape_and_cache: key_cache and value_cache must have the same block stride for triton"
+        )
     block = min(1024, triton.next_power_of_2(h * d))
     grid = (t, triton.cdiv(h * d, block))
-    _reshape_and_cache[grid](key, value, key_cache, value_cache, slots, key.stride(0), key.stride(1),
-                             value.stride(0), value.stride(1), key_cache.stride(0), nb * bs, bs, h, d,
-                             BLOCK=block, num_warps=4)
+    _reshape_and_cache[grid](
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slots,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        key_cache.stride(0),
+        nb * bs,
+        bs,
+        h,
+        d,
+        BLOCK=block,
+        num_warps=4,
+    )

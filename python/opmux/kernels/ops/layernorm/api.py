@@ -68,7 +68,9 @@ def _register_add(name: str, op: BaseFusedOp) -> Overload:
 
 
 @torch.library.custom_op("opmux::qk_norm", mutates_args=("q", "k"))
-def _qk_norm_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+def _qk_norm_op(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+) -> None:
     _qk(q, k, q_weight, k_weight, eps)
 
 
@@ -83,8 +85,15 @@ _add_op = _register_add("fused_add_rmsnorm", _add)
 _gemma_add_op = _register_add("gemma_fused_add_rmsnorm", _gemma_add)
 
 
-def _norm(op: BaseFusedOp, ops: tuple[Overload, Overload], x: torch.Tensor, weight: torch.Tensor, eps: float,
-          out: torch.Tensor | None, backend: Backend) -> torch.Tensor:
+def _norm(
+    op: BaseFusedOp,
+    ops: tuple[Overload, Overload],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None,
+    backend: Backend,
+) -> torch.Tensor:
     if _compiling():
         if out is None:
             return ops[0](x, weight, eps)  # type: ignore[return-value]
@@ -93,8 +102,15 @@ def _norm(op: BaseFusedOp, ops: tuple[Overload, Overload], x: torch.Tensor, weig
     return op(x, weight, eps, out, backend=backend)  # type: ignore[no-any-return]
 
 
-def _fused_add(op: BaseFusedOp, overload: Overload, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-               eps: float, backend: Backend) -> None:
+def _fused_add(
+    op: BaseFusedOp,
+    overload: Overload,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    backend: Backend,
+) -> None:
     if _compiling():
         overload(x, residual, weight, eps)
         return

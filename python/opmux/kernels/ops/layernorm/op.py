@@ -17,7 +17,9 @@ _GEMMA_ADD = "layernorm.gemma_fused_add_rmsnorm"
 _QK = "layernorm.qk_norm"
 
 
-def _check_rmsnorm(op: str, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _check_rmsnorm(
+    op: str, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _checks.tensor(op, "x", x)
     _checks.tensor(op, "weight", weight)
     _checks.float_dtype(op, "x", x)
@@ -37,17 +39,23 @@ def _check_rmsnorm(op: str, x: torch.Tensor, weight: torch.Tensor, out: torch.Te
     return _checks.rows(op, "x", x, hidden), _checks.rows(op, "out", out, hidden), out
 
 
-def _check_add(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_add(
+    op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     _checks.tensor(op, "residual", residual)
     x2, _, _ = _check_rmsnorm(op, x, weight, x)
     if residual.shape != x.shape:
-        raise ValueError(f"{op}: residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x")
+        raise ValueError(
+            f"{op}: residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x"
+        )
     _checks.same_dtype(op, "x", x, residual=residual)
     _checks.same_device(op, "x", x, residual=residual)
     return x2, _checks.rows(op, "residual", residual, x.shape[-1])
 
 
-def _check_qk(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_qk(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views; weights [D]."""
     op = _QK
     for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
@@ -56,7 +64,9 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight
     _checks.same_dtype(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
     _checks.same_device(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
     if q.dim() < 2 or k.dim() < 2:
-        raise ValueError(f"{op}: q and k must be [..., heads, head_dim], got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"{op}: q and k must be [..., heads, head_dim], got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     d = q.shape[-1]
     if k.shape[-1] != d:
         raise ValueError(f"{op}: k has shape {tuple(k.shape)}; its head_dim must be {d} like q's")
@@ -99,7 +109,9 @@ def _maybe_out(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return y if out is None else out.copy_(y)
 
 
-def _norm_triton(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None, gemma: bool) -> torch.Tensor:
+def _norm_triton(
+    op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None, gemma: bool
+) -> torch.Tensor:
     x2, o2, out = _check_rmsnorm(op, x, weight, out)
     from . import triton_kernels
 
@@ -107,7 +119,9 @@ def _norm_triton(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out
     return out
 
 
-def _norm_native(kind: str, op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None) -> torch.Tensor:
+def _norm_native(
+    kind: str, op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None
+) -> torch.Tensor:
     x2, o2, out = _check_rmsnorm(op, x, weight, out)
     d, fn = _kernel_name(op, x)
     _native.function(kind, "layernorm", d, fn)(o2, x2, weight, float(eps))
@@ -119,19 +133,25 @@ def _add_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps:
     x.copy_(_ref(residual, weight, eps, gemma))
 
 
-def _add_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+def _add_torch(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+) -> None:
     residual.add_(x)
     x.copy_(_torch(residual, weight, eps, gemma))
 
 
-def _add_triton(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+def _add_triton(
+    op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+) -> None:
     x2, r2 = _check_add(op, x, residual, weight)
     from . import triton_kernels
 
     triton_kernels.rmsnorm(x2, weight, eps, x2, r2, gemma)
 
 
-def _add_native(kind: str, op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def _add_native(
+    kind: str, op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
     x2, r2 = _check_add(op, x, residual, weight)
     d, fn = _kernel_name(op, x)
     _native.function(kind, "layernorm", d, fn)(x2, r2, weight, float(eps))
@@ -148,27 +168,39 @@ class RMSNorm(BaseFusedOp):
     op_name = _RMS
 
     @staticmethod
-    def forward_native(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_native(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _maybe_out(_ref(x, weight, eps, False), out)
 
     @staticmethod
-    def forward_torch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_torch(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _maybe_out(_torch(x, weight, eps, False), out)
 
     @staticmethod
-    def forward_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_triton(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _norm_triton(_RMS, x, weight, eps, out, False)
 
     @staticmethod
-    def forward_jit(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_jit(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _norm_native("jit", _RMS, x, weight, eps, out)
 
     @staticmethod
-    def forward_aot(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_aot(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _norm_native("aot", _RMS, x, weight, eps, out)
 
     @staticmethod
-    def forward_torch_npu(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_torch_npu(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _maybe_out(_npu_rms_norm(x, weight, eps), out)
 
 
@@ -176,15 +208,21 @@ class FusedAddRMSNorm(BaseFusedOp):
     op_name = _ADD
 
     @staticmethod
-    def forward_native(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_native(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _add_ref(x, residual, weight, eps, False)
 
     @staticmethod
-    def forward_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_torch(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _add_torch(x, residual, weight, eps, False)
 
     @staticmethod
-    def forward_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_triton(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _add_triton(_ADD, x, residual, weight, eps, False)
 
     @staticmethod
@@ -196,7 +234,9 @@ class FusedAddRMSNorm(BaseFusedOp):
         _add_native("aot", _ADD, x, residual, weight, eps)
 
     @staticmethod
-    def forward_torch_npu(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_torch_npu(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         residual.add_(x)
         x.copy_(_npu_rms_norm(residual, weight, eps))
 
@@ -207,23 +247,33 @@ class GemmaRMSNorm(BaseFusedOp):
     op_name = _GEMMA_RMS
 
     @staticmethod
-    def forward_native(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_native(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _maybe_out(_ref(x, weight, eps, True), out)
 
     @staticmethod
-    def forward_torch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_torch(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _maybe_out(_torch(x, weight, eps, True), out)
 
     @staticmethod
-    def forward_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_triton(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _norm_triton(_GEMMA_RMS, x, weight, eps, out, True)
 
     @staticmethod
-    def forward_jit(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_jit(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _norm_native("jit", _GEMMA_RMS, x, weight, eps, out)
 
     @staticmethod
-    def forward_aot(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_aot(
+        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _norm_native("aot", _GEMMA_RMS, x, weight, eps, out)
 
 
@@ -231,15 +281,21 @@ class GemmaFusedAddRMSNorm(BaseFusedOp):
     op_name = _GEMMA_ADD
 
     @staticmethod
-    def forward_native(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_native(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _add_ref(x, residual, weight, eps, True)
 
     @staticmethod
-    def forward_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_torch(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _add_torch(x, residual, weight, eps, True)
 
     @staticmethod
-    def forward_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_triton(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _add_triton(_GEMMA_ADD, x, residual, weight, eps, True)
 
     @staticmethod
@@ -251,7 +307,9 @@ class GemmaFusedAddRMSNorm(BaseFusedOp):
         _add_native("aot", _GEMMA_ADD, x, residual, weight, eps)
 
 
-def _qk_native(kind: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+def _qk_native(
+    kind: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+) -> None:
     q3, k3 = _check_qk(q, k, q_weight, k_weight)
     d, fn = _kernel_name(_QK, q)
     _native.function(kind, "layernorm", d, fn)(q3, k3, q_weight, k_weight, float(eps))
@@ -263,17 +321,23 @@ class QKNorm(BaseFusedOp):
     op_name = _QK
 
     @staticmethod
-    def forward_native(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_native(
+        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         q.copy_(_ref(q, q_weight, eps, False))
         k.copy_(_ref(k, k_weight, eps, False))
 
     @staticmethod
-    def forward_torch(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_torch(
+        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         q.copy_(_torch(q, q_weight, eps, False))
         k.copy_(_torch(k, k_weight, eps, False))
 
     @staticmethod
-    def forward_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_triton(
+        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         q3, k3 = _check_qk(q, k, q_weight, k_weight)
         from . import triton_kernels
 
@@ -281,14 +345,20 @@ class QKNorm(BaseFusedOp):
         triton_kernels.qk_norm(k3, k_weight, eps)
 
     @staticmethod
-    def forward_jit(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_jit(
+        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _qk_native("jit", q, k, q_weight, k_weight, eps)
 
     @staticmethod
-    def forward_aot(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_aot(
+        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         _qk_native("aot", q, k, q_weight, k_weight, eps)
 
     @staticmethod
-    def forward_torch_npu(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6) -> None:
+    def forward_torch_npu(
+        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+    ) -> None:
         q.copy_(_npu_rms_norm(q, q_weight, eps))
         k.copy_(_npu_rms_norm(k, k_weight, eps))

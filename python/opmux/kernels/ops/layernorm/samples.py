@@ -20,7 +20,9 @@ def _gen(device: str, dtype: torch.dtype, seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
 
 
-def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: str, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+def _randn(
+    shape: tuple[int, ...], dtype: torch.dtype, device: str, g: torch.Generator, scale: float = 1.0
+) -> torch.Tensor:
     return (torch.randn(shape, generator=g) * scale).to(dtype=dtype, device=device)
 
 
@@ -32,7 +34,13 @@ def rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
         w = _randn(shape[-1:], dtype, device, g)
         out.append(Sample(name, (x, w), {"eps": 1e-6}))
     g = _gen(device, dtype, 100)
-    out.append(Sample("large-magnitude", (_randn((4, 256), dtype, device, g, 1e3), _randn((256,), dtype, device, g)), {"eps": 1e-5}))
+    out.append(
+        Sample(
+            "large-magnitude",
+            (_randn((4, 256), dtype, device, g, 1e3), _randn((256,), dtype, device, g)),
+            {"eps": 1e-5},
+        )
+    )
     big = _randn((6, 320), dtype, device, g)
     out.append(Sample("strided-rows", (big[:, :160], _randn((160,), dtype, device, g)), {}))
     x = _randn((4, 96), dtype, device, g)
@@ -44,36 +52,105 @@ def fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out = []
     for i, (name, shape) in enumerate(_SHAPES):
         g = _gen(device, dtype, 50 + i)
-        out.append(Sample(name, (_randn(shape, dtype, device, g), _randn(shape, dtype, device, g), _randn(shape[-1:], dtype, device, g)), {"eps": 1e-6}))
+        out.append(
+            Sample(
+                name,
+                (
+                    _randn(shape, dtype, device, g),
+                    _randn(shape, dtype, device, g),
+                    _randn(shape[-1:], dtype, device, g),
+                ),
+                {"eps": 1e-6},
+            )
+        )
     g = _gen(device, dtype, 200)
-    out.append(Sample("large-magnitude", (_randn((4, 256), dtype, device, g, 1e2), _randn((4, 256), dtype, device, g, 1e2), _randn((256,), dtype, device, g)), {}))
+    out.append(
+        Sample(
+            "large-magnitude",
+            (
+                _randn((4, 256), dtype, device, g, 1e2),
+                _randn((4, 256), dtype, device, g, 1e2),
+                _randn((256,), dtype, device, g),
+            ),
+            {},
+        )
+    )
     bx, br = _randn((5, 256), dtype, device, g), _randn((5, 384), dtype, device, g)
     out.append(Sample("strided-rows", (bx[:, :128], br[:, :128], _randn((128,), dtype, device, g)), {}))
     return out
 
 
-def rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+def rmsnorm_invalid(
+    device: str,
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
     """(name, args, kwargs, exception type, message pattern) cases that must be rejected."""
     f = torch.float32
     x = torch.randn(4, 16, device=device)
     return [
-        ("int-dtype", (torch.ones(4, 16, dtype=torch.int32, device=device), torch.ones(16, dtype=torch.int32, device=device)), {}, TypeError, "dtype"),
+        (
+            "int-dtype",
+            (
+                torch.ones(4, 16, dtype=torch.int32, device=device),
+                torch.ones(16, dtype=torch.int32, device=device),
+            ),
+            {},
+            TypeError,
+            "dtype",
+        ),
         ("weight-shape", (x, torch.ones(15, device=device)), {}, ValueError, "weight has shape"),
-        ("dtype-mismatch", (x, torch.ones(16, dtype=torch.float16, device=device)), {}, TypeError, "weight has dtype"),
-        ("out-shape", (x, torch.ones(16, device=device)), {"out": torch.empty(4, 8, device=device)}, ValueError, "out has shape"),
-        ("non-contiguous", (torch.randn(16, 4, device=device, dtype=f).t(), torch.ones(16, device=device)), {}, ValueError, "non-contiguous"),
+        (
+            "dtype-mismatch",
+            (x, torch.ones(16, dtype=torch.float16, device=device)),
+            {},
+            TypeError,
+            "weight has dtype",
+        ),
+        (
+            "out-shape",
+            (x, torch.ones(16, device=device)),
+            {"out": torch.empty(4, 8, device=device)},
+            ValueError,
+            "out has shape",
+        ),
+        (
+            "non-contiguous",
+            (torch.randn(16, 4, device=device, dtype=f).t(), torch.ones(16, device=device)),
+            {},
+            ValueError,
+            "non-contiguous",
+        ),
         ("not-a-tensor", ([1.0, 2.0], torch.ones(2, device=device)), {}, TypeError, "Tensor"),
     ]
 
 
-def fused_add_rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+def fused_add_rmsnorm_invalid(
+    device: str,
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
     x = torch.randn(4, 16, device=device)
     w = torch.ones(16, device=device)
     return [
         ("residual-shape", (x, torch.randn(4, 8, device=device), w), {}, ValueError, "residual has shape"),
-        ("residual-dtype", (x, torch.randn(4, 16, device=device, dtype=torch.float16), w), {}, TypeError, "residual has dtype"),
-        ("non-contiguous", (torch.randn(16, 4, device=device).t(), torch.randn(4, 16, device=device), w), {}, ValueError, "non-contiguous"),
-        ("weight-shape", (x, torch.randn(4, 16, device=device), torch.ones(3, device=device)), {}, ValueError, "weight has shape"),
+        (
+            "residual-dtype",
+            (x, torch.randn(4, 16, device=device, dtype=torch.float16), w),
+            {},
+            TypeError,
+            "residual has dtype",
+        ),
+        (
+            "non-contiguous",
+            (torch.randn(16, 4, device=device).t(), torch.randn(4, 16, device=device), w),
+            {},
+            ValueError,
+            "non-contiguous",
+        ),
+        (
+            "weight-shape",
+            (x, torch.randn(4, 16, device=device), torch.ones(3, device=device)),
+            {},
+            ValueError,
+            "weight has shape",
+        ),
     ]
 
 
@@ -85,11 +162,15 @@ def gemma_fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sam
     return fused_add_rmsnorm_samples(device, dtype)
 
 
-def gemma_rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+def gemma_rmsnorm_invalid(
+    device: str,
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
     return rmsnorm_invalid(device)
 
 
-def gemma_fused_add_rmsnorm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+def gemma_fused_add_rmsnorm_invalid(
+    device: str,
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
     return fused_add_rmsnorm_invalid(device)
 
 
@@ -108,22 +189,60 @@ def qk_norm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     for i, (name, qs, ks) in enumerate(_QK_SHAPES):
         g = _gen(device, dtype, 300 + i)
         d = qs[-1]
-        out.append(Sample(name, (_randn(qs, dtype, device, g), _randn(ks, dtype, device, g),
-                                 _randn((d,), dtype, device, g), _randn((d,), dtype, device, g)), {"eps": 1e-6}))
+        out.append(
+            Sample(
+                name,
+                (
+                    _randn(qs, dtype, device, g),
+                    _randn(ks, dtype, device, g),
+                    _randn((d,), dtype, device, g),
+                    _randn((d,), dtype, device, g),
+                ),
+                {"eps": 1e-6},
+            )
+        )
     g = _gen(device, dtype, 400)
-    out.append(Sample("large-magnitude", (_randn((3, 4, 128), dtype, device, g, 1e3), _randn((3, 2, 128), dtype, device, g, 1e3),
-                                          _randn((128,), dtype, device, g), _randn((128,), dtype, device, g)), {}))
+    out.append(
+        Sample(
+            "large-magnitude",
+            (
+                _randn((3, 4, 128), dtype, device, g, 1e3),
+                _randn((3, 2, 128), dtype, device, g, 1e3),
+                _randn((128,), dtype, device, g),
+                _randn((128,), dtype, device, g),
+            ),
+            {},
+        )
+    )
     # q and k as views of a fused qkv projection: token stride (4 + 2 + 2) * 64, heads 64 apart
     qkv = _randn((5, 8 * 64), dtype, device, g)
-    out.append(Sample("qkv-slices", (qkv[:, :256].view(5, 4, 64), qkv[:, 256:384].view(5, 2, 64),
-                                     _randn((64,), dtype, device, g), _randn((64,), dtype, device, g)), {}))
+    out.append(
+        Sample(
+            "qkv-slices",
+            (
+                qkv[:, :256].view(5, 4, 64),
+                qkv[:, 256:384].view(5, 2, 64),
+                _randn((64,), dtype, device, g),
+                _randn((64,), dtype, device, g),
+            ),
+            {},
+        )
+    )
     # padded heads: head stride 80 for head_dim 64 (no common row stride)
     qp, kp = _randn((4, 3, 80), dtype, device, g), _randn((4, 2, 80), dtype, device, g)
-    out.append(Sample("padded-heads", (qp[..., :64], kp[..., :64], _randn((64,), dtype, device, g), _randn((64,), dtype, device, g)), {}))
+    out.append(
+        Sample(
+            "padded-heads",
+            (qp[..., :64], kp[..., :64], _randn((64,), dtype, device, g), _randn((64,), dtype, device, g)),
+            {},
+        )
+    )
     return out
 
 
-def qk_norm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+def qk_norm_invalid(
+    device: str,
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
     q, k = torch.randn(4, 4, 64, device=device), torch.randn(4, 2, 64, device=device)
     w = torch.ones(64, device=device)
     return [
@@ -131,6 +250,12 @@ def qk_norm_invalid(device: str) -> list[tuple[str, tuple[object, ...], dict[str
         ("weight-shape", (q, k, torch.ones(32, device=device), w), {}, ValueError, "q_weight has shape"),
         ("k-dtype", (q, k.half(), w, w), {}, TypeError, "k has dtype"),
         ("int-dtype", (q.int(), k.int(), w.int(), w.int()), {}, TypeError, "dtype"),
-        ("non-contiguous", (torch.randn(4, 64, 4, device=device).transpose(1, 2), k, w, w), {}, ValueError, "non-contiguous"),
+        (
+            "non-contiguous",
+            (torch.randn(4, 64, 4, device=device).transpose(1, 2), k, w, w),
+            {},
+            ValueError,
+            "non-contiguous",
+        ),
         ("same-tensor", (q, q, w, w), {}, ValueError, "different tensors"),
     ]

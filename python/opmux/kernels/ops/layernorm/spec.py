@@ -22,7 +22,9 @@ def _spec(name: str, cls: str, doc: str, mutates: tuple[str, ...], npu: bool = T
         reference=f"{_M}:{cls}.forward_native",
         backends=tuple(backends),
         default_priority=("torch",),
-        priority=PRIORITY if npu else tuple((dev, tuple(b for b in order if b != "torch_npu")) for dev, order in PRIORITY),
+        priority=PRIORITY
+        if npu
+        else tuple((dev, tuple(b for b in order if b != "torch_npu")) for dev, order in PRIORITY),
         tolerances=TOLERANCES,
         samples=f"opmux.kernels.ops.layernorm.samples:{name}_samples",
         invalid_samples=f"opmux.kernels.ops.layernorm.samples:{name}_invalid",

@@ -15,8 +15,9 @@ _CHUNK = 4096
 
 
 @triton.jit
-def _rmsnorm_row(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
-                 GEMMA: tl.constexpr):
+def _rmsnorm_row(
+    X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, GEMMA: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -34,8 +35,9 @@ def _rmsnorm_row(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: t
 
 
 @triton.jit
-def _rmsnorm_looped(X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
-                    GEMMA: tl.constexpr):
+def _rmsnorm_looped(
+    X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, GEMMA: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, N, BLOCK):
@@ -65,8 +67,14 @@ def _num_warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, y: torch.Tensor, residual: torch.Tensor | None,
-            gemma: bool = False) -> None:
+def rmsnorm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    y: torch.Tensor,
+    residual: torch.Tensor | None,
+    gemma: bool = False,
+) -> None:
     """x, y, residual: [rows, N] with unit last stride (checked by the caller); ``gemma``
     applies the weight as ``1 + w`` (in fp32)."""
     rows, n = x.shape
@@ -76,11 +84,37 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, y: torch.Tensor, resid
     sr = r.stride(0)
     if n <= _ONE_PASS_MAX:
         block = triton.next_power_of_2(n)
-        _rmsnorm_row[(rows,)](x, w, y, r, x.stride(0), y.stride(0), sr, n, eps,
-                              BLOCK=block, HAS_RES=residual is not None, GEMMA=gemma, num_warps=_num_warps(block))
+        _rmsnorm_row[(rows,)](
+            x,
+            w,
+            y,
+            r,
+            x.stride(0),
+            y.stride(0),
+            sr,
+            n,
+            eps,
+            BLOCK=block,
+            HAS_RES=residual is not None,
+            GEMMA=gemma,
+            num_warps=_num_warps(block),
+        )
     else:
-        _rmsnorm_looped[(rows,)](x, w, y, r, x.stride(0), y.stride(0), sr, n, eps,
-                                 BLOCK=_CHUNK, HAS_RES=residual is not None, GEMMA=gemma, num_warps=8)
+        _rmsnorm_looped[(rows,)](
+            x,
+            w,
+            y,
+            r,
+            x.stride(0),
+            y.stride(0),
+            sr,
+            n,
+            eps,
+            BLOCK=_CHUNK,
+            HAS_RES=residual is not None,
+            GEMMA=gemma,
+            num_warps=8,
+        )
 
 
 def qk_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> None:

@@ -28,12 +28,16 @@ def _(gating_output: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.
 
 
 @torch.library.custom_op("opmux::moe_align_block_size", mutates_args=())
-def _align_op(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _align_op(
+    topk_ids: torch.Tensor, block_size: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _align(topk_ids, block_size, num_experts)
 
 
 @_align_op.register_fake
-def _(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _(
+    topk_ids: torch.Tensor, block_size: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _check_align(topk_ids, block_size, num_experts, values=False)
 
 

@@ -39,8 +39,10 @@ def _check_topk(g: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.Te
         raise ValueError(f"{_TK}: topk {k} exceeds the number of experts {g.shape[1]}")
     _checks.rows(_TK, "gating_output", g, g.shape[1])
     t = g.shape[0]
-    return (torch.empty((t, k), dtype=torch.float32, device=g.device),
-            torch.empty((t, k), dtype=torch.int32, device=g.device))
+    return (
+        torch.empty((t, k), dtype=torch.float32, device=g.device),
+        torch.empty((t, k), dtype=torch.int32, device=g.device),
+    )
 
 
 def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
@@ -49,8 +51,10 @@ def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
         bad = ((ids < 0) | (ids >= num_experts)).nonzero()
         if bad.numel():
             where = tuple(bad[0].tolist())
-            raise ValueError(f"{_AL}: topk_ids{list(where)} = {int(ids[where])} is out of range "
-                             f"[0, {num_experts}) (num_experts)")
+            raise ValueError(
+                f"{_AL}: topk_ids{list(where)} = {int(ids[where])} is out of range "
+                f"[0, {num_experts}) (num_experts)"
+            )
 
 
 def _check_align(ids: torch.Tensor, block_size: int, num_experts: int, values: bool = True):
@@ -61,7 +65,9 @@ def _check_align(ids: torch.Tensor, block_size: int, num_experts: int, values: b
     if ids.dim() != 2:
         raise ValueError(f"{_AL}: topk_ids has shape {tuple(ids.shape)}, expected [T, k]")
     if not ids.is_contiguous():
-        raise ValueError(f"{_AL}: topk_ids is non-contiguous (strides {ids.stride()}); pass topk_ids.contiguous()")
+        raise ValueError(
+            f"{_AL}: topk_ids is non-contiguous (strides {ids.stride()}); pass topk_ids.contiguous()"
+        )
     bs = _checks.positive_int(_AL, "block_size", block_size)
     e = _checks.positive_int(_AL, "num_experts", num_experts)
     max_padded = ids.numel() + e * (bs - 1)
@@ -70,16 +76,20 @@ def _check_align(ids: torch.Tensor, block_size: int, num_experts: int, values: b
     if values:
         _check_ids_range(ids, e)
     dev = ids.device
-    return (torch.empty(max_padded, dtype=torch.int32, device=dev),
-            torch.empty((max_padded + bs - 1) // bs, dtype=torch.int32, device=dev),
-            torch.empty(1, dtype=torch.int32, device=dev))
+    return (
+        torch.empty(max_padded, dtype=torch.int32, device=dev),
+        torch.empty((max_padded + bs - 1) // bs, dtype=torch.int32, device=dev),
+        torch.empty(1, dtype=torch.int32, device=dev),
+    )
 
 
 class TopkSoftmax(BaseFusedOp):
     op_name = _TK
 
     @staticmethod
-    def forward_native(gating_output: torch.Tensor, topk: int, renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_native(
+        gating_output: torch.Tensor, topk: int, renormalize: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         g = gating_output.float()
         probs = torch.softmax(g, dim=-1)
         # stable descending sort: equal logits keep index order, so the lower id wins
@@ -90,7 +100,9 @@ class TopkSoftmax(BaseFusedOp):
         return w, ids.to(torch.int32)
 
     @staticmethod
-    def forward_torch(gating_output: torch.Tensor, topk: int, renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_torch(
+        gating_output: torch.Tensor, topk: int, renormalize: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         g = gating_output.float()
         # stable argsort: logit order, equal logits by lower index
         order = torch.argsort(g, dim=-1, descending=True, stable=True)[:, :topk]
@@ -101,7 +113,9 @@ class TopkSoftmax(BaseFusedOp):
         return w, order.to(torch.int32)
 
     @staticmethod
-    def forward_triton(gating_output: torch.Tensor, topk: int, renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_triton(
+        gating_output: torch.Tensor, topk: int, renormalize: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         w, ids = _check_topk(gating_output, topk, renormalize)
         from . import triton_kernels
 
@@ -109,14 +123,18 @@ class TopkSoftmax(BaseFusedOp):
         return w, ids
 
     @staticmethod
-    def forward_jit(gating_output: torch.Tensor, topk: int, renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_jit(
+        gating_output: torch.Tensor, topk: int, renormalize: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         w, ids = _check_topk(gating_output, topk, renormalize)
         d = _device(gating_output)
         _native.function("jit", "moe", d, f"topk_softmax_{d}")(w, ids, gating_output, bool(renormalize))
         return w, ids
 
     @staticmethod
-    def forward_aot(gating_output: torch.Tensor, topk: int, renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_aot(
+        gating_output: torch.Tensor, topk: int, renormalize: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         w, ids = _check_topk(gating_output, topk, renormalize)
         d = _device(gating_output)
         _native.function("aot", "moe", d, f"topk_softmax_{d}")(w, ids, gating_output, bool(renormalize))
@@ -127,7 +145,9 @@ class MoeAlignBlockSize(BaseFusedOp):
     op_name = _AL
 
     @staticmethod
-    def forward_native(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_native(
+        topk_ids: torch.Tensor, block_size: int, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         flat = topk_ids.flatten()
         n = flat.numel()
         if n and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
@@ -135,19 +155,23 @@ class MoeAlignBlockSize(BaseFusedOp):
         max_padded = n + num_experts * (block_size - 1)
         dev = topk_ids.device
         sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=dev)
-        expert_ids = torch.full(((max_padded + block_size - 1) // block_size,), -1, dtype=torch.int32, device=dev)
+        expert_ids = torch.full(
+            ((max_padded + block_size - 1) // block_size,), -1, dtype=torch.int32, device=dev
+        )
         pos = 0
         for e in range(num_experts):
             idx = (flat == e).nonzero().flatten()  # increasing: token order within the expert
             c = idx.numel()
-            sorted_ids[pos:pos + c] = idx.to(torch.int32)
+            sorted_ids[pos : pos + c] = idx.to(torch.int32)
             padded = (c + block_size - 1) // block_size * block_size
-            expert_ids[pos // block_size:(pos + padded) // block_size] = e
+            expert_ids[pos // block_size : (pos + padded) // block_size] = e
             pos += padded
         return sorted_ids, expert_ids, torch.tensor([pos], dtype=torch.int32, device=dev)
 
     @staticmethod
-    def forward_torch(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_torch(
+        topk_ids: torch.Tensor, block_size: int, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         sorted_ids, expert_ids, post = _check_align(topk_ids, block_size, num_experts)
         flat = topk_ids.flatten().long()
         n, e, bs = flat.numel(), num_experts, block_size
@@ -173,7 +197,9 @@ class MoeAlignBlockSize(BaseFusedOp):
         return sorted_ids, expert_ids, post
 
     @staticmethod
-    def forward_triton(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_triton(
+        topk_ids: torch.Tensor, block_size: int, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         sorted_ids, expert_ids, post = _check_align(topk_ids, block_size, num_experts)
         from . import triton_kernels
 
@@ -181,15 +207,23 @@ class MoeAlignBlockSize(BaseFusedOp):
         return sorted_ids, expert_ids, post
 
     @staticmethod
-    def forward_jit(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_jit(
+        topk_ids: torch.Tensor, block_size: int, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = _check_align(topk_ids, block_size, num_experts)
         d = _device(topk_ids)
-        _native.function("jit", "moe", d, f"moe_align_block_size_{d}")(*out, topk_ids, int(block_size), int(num_experts))
+        _native.function("jit", "moe", d, f"moe_align_block_size_{d}")(
+            *out, topk_ids, int(block_size), int(num_experts)
+        )
         return out
 
     @staticmethod
-    def forward_aot(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_aot(
+        topk_ids: torch.Tensor, block_size: int, num_experts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = _check_align(topk_ids, block_size, num_experts)
         d = _device(topk_ids)
-        _native.function("aot", "moe", d, f"moe_align_block_size_{d}")(*out, topk_ids, int(block_size), int(num_experts))
+        _native.function("aot", "moe", d, f"moe_align_block_size_{d}")(
+            *out, topk_ids, int(block_size), int(num_experts)
+        )
         return out

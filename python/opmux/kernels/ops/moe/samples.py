@@ -78,7 +78,13 @@ def moe_align_block_size_invalid(device: str) -> Invalid:
         ("int64-ids", (ids.long(), 16, 8), {}, TypeError, "dtype"),
         ("float-ids", (ids.float(), 16, 8), {}, TypeError, "dtype"),
         ("1d-shape", (ids.flatten(), 16, 8), {}, ValueError, "expected \\[T, k\\]"),
-        ("non-contiguous", (torch.zeros((2, 4), dtype=torch.int32, device=device).t(), 16, 8), {}, ValueError, "non-contiguous"),
+        (
+            "non-contiguous",
+            (torch.zeros((2, 4), dtype=torch.int32, device=device).t(), 16, 8),
+            {},
+            ValueError,
+            "non-contiguous",
+        ),
         ("block-size-0", (ids, 0, 8), {}, ValueError, "block_size must be a positive int"),
     ]
     if device == "cpu":  # on CUDA bad ids are skipped by the kernels (no sync to check them)

@@ -12,7 +12,7 @@ _PRIORITY = priority_without("torch_npu")
 
 
 def _backends(cls: str, dtypes: tuple[str, ...] | None = None) -> tuple[BackendSpec, ...]:
-    def req(r):  # noqa: ANN001, ANN202
+    def req(r):
         return r if dtypes is None else replace(r, dtypes=dtypes)
 
     return (

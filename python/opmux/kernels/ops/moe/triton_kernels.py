@@ -40,8 +40,18 @@ def topk_softmax(g: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, renormaliz
         return
     block = triton.next_power_of_2(e)
     k = w.shape[1]
-    _topk_softmax[(t,)](g, w, ids, g.stride(0), e, k, RENORM=renormalize, BLOCK=block,
-                        KBLOCK=triton.next_power_of_2(k), num_warps=1 if block <= 256 else 4)
+    _topk_softmax[(t,)](
+        g,
+        w,
+        ids,
+        g.stride(0),
+        e,
+        k,
+        RENORM=renormalize,
+        BLOCK=block,
+        KBLOCK=triton.next_power_of_2(k),
+        num_warps=1 if block <= 256 else 4,
+    )
 
 
 @triton.jit
@@ -57,7 +67,9 @@ def _align_count(IDS, COUNTS, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _align_scatter(IDS, COUNTS, SORTED, EXPERT_IDS, POST, N, E, BS, BLOCK: tl.constexpr, EBLOCK: tl.constexpr):
+def _align_scatter(
+    IDS, COUNTS, SORTED, EXPERT_IDS, POST, N, E, BS, BLOCK: tl.constexpr, EBLOCK: tl.constexpr
+):
     """Program e: writes its block owners and its entries' flat indices, in token order."""
     e = tl.program_id(0)
     ex = tl.arange(0, EBLOCK)
@@ -79,13 +91,24 @@ def _align_scatter(IDS, COUNTS, SORTED, EXPERT_IDS, POST, N, E, BS, BLOCK: tl.co
         running += tl.sum(hit, axis=0)
 
 
-def moe_align(ids: torch.Tensor, bs: int, e: int, sorted_ids: torch.Tensor, expert_ids: torch.Tensor,
-              post: torch.Tensor) -> None:
+def moe_align(
+    ids: torch.Tensor, bs: int, e: int, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, post: torch.Tensor
+) -> None:
     n = ids.numel()
     sorted_ids.fill_(n)
     expert_ids.fill_(-1)
     counts = torch.empty(e, dtype=torch.int32, device=ids.device)
     block = min(1024, max(16, triton.next_power_of_2(n)))
     _align_count[(e,)](ids, counts, n, BLOCK=block)
-    _align_scatter[(e,)](ids, counts, sorted_ids, expert_ids, post, n, e, bs, BLOCK=block,
-                         EBLOCK=max(16, triton.next_power_of_2(e)))
+    _align_scatter[(e,)](
+        ids,
+        counts,
+        sorted_ids,
+        expert_ids,
+        post,
+        n,
+        e,
+        bs,
+        BLOCK=block,
+        EBLOCK=max(16, triton.next_power_of_2(e)),
+    )

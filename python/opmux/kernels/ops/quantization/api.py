@@ -29,12 +29,16 @@ def _(x: torch.Tensor, scale_ub: torch.Tensor | None) -> tuple[torch.Tensor, tor
 
 
 @torch.library.custom_op("opmux::per_token_group_quant_fp8", mutates_args=())
-def _per_group_op(x: torch.Tensor, group_size: int, eps: float, column_major_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_group_op(
+    x: torch.Tensor, group_size: int, eps: float, column_major_scales: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _pg(x, group_size, eps, column_major_scales)
 
 
 @_per_group_op.register_fake
-def _(x: torch.Tensor, group_size: int, eps: float, column_major_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    x: torch.Tensor, group_size: int, eps: float, column_major_scales: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     _, q, s, _, _ = _check_group(x, group_size, eps, column_major_scales)
     return q, s
 

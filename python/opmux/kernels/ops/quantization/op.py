@@ -89,7 +89,9 @@ class PerTokenQuantFP8(BaseFusedOp):
     op_name = _PT
 
     @staticmethod
-    def forward_native(x: torch.Tensor, scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_native(
+        x: torch.Tensor, scale_ub: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         xf = x.float()
         amax = xf.abs().amax(-1, keepdim=True)
         if scale_ub is not None:
@@ -98,7 +100,9 @@ class PerTokenQuantFP8(BaseFusedOp):
         return _to_fp8(xf * scale.reciprocal()), scale
 
     @staticmethod
-    def forward_torch(x: torch.Tensor, scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_torch(
+        x: torch.Tensor, scale_ub: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         xf = x.float()
         amax = torch.linalg.vector_norm(xf, float("inf"), dim=-1, keepdim=True)  # exact max |x|
         if scale_ub is not None:
@@ -107,7 +111,9 @@ class PerTokenQuantFP8(BaseFusedOp):
         return torch.clamp(xf * scale.reciprocal(), -FP8_MAX, FP8_MAX).to(FP8), scale
 
     @staticmethod
-    def forward_triton(x: torch.Tensor, scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_triton(
+        x: torch.Tensor, scale_ub: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2, ub = _check_per_token(x, scale_ub)
         from . import triton_kernels
 
@@ -115,14 +121,18 @@ class PerTokenQuantFP8(BaseFusedOp):
         return q, s
 
     @staticmethod
-    def forward_jit(x: torch.Tensor, scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_jit(
+        x: torch.Tensor, scale_ub: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2, ub = _check_per_token(x, scale_ub)
         d = _device(x)
         _native.function("jit", "quantization", d, f"per_token_quant_fp8_{d}")(q2, s2, x2, ub)
         return q, s
 
     @staticmethod
-    def forward_aot(x: torch.Tensor, scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_aot(
+        x: torch.Tensor, scale_ub: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2, ub = _check_per_token(x, scale_ub)
         d = _device(x)
         _native.function("aot", "quantization", d, f"per_token_quant_fp8_{d}")(q2, s2, x2, ub)
@@ -149,7 +159,7 @@ class PerTokenGroupQuantFP8(BaseFusedOp):
     def forward_torch(
         x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        _, q, s, _, s2 = _check_group(x, group_size, eps, column_major_scales)
+        _, q, s, _, _s2 = _check_group(x, group_size, eps, column_major_scales)
         xg = x.float().unflatten(-1, (x.shape[-1] // group_size, group_size))
         amax = torch.linalg.vector_norm(xg, float("inf"), dim=-1, keepdim=True)
         scale = torch.clamp_min(amax, eps) / FP8_MAX
@@ -173,7 +183,9 @@ class PerTokenGroupQuantFP8(BaseFusedOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2 = _check_group(x, group_size, eps, column_major_scales)
         d = _device(x)
-        _native.function("jit", "quantization", d, f"per_token_group_quant_fp8_{d}")(q2, s2, x2, int(group_size), float(eps))
+        _native.function("jit", "quantization", d, f"per_token_group_quant_fp8_{d}")(
+            q2, s2, x2, int(group_size), float(eps)
+        )
         return q, s
 
     @staticmethod
@@ -182,5 +194,7 @@ class PerTokenGroupQuantFP8(BaseFusedOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2 = _check_group(x, group_size, eps, column_major_scales)
         d = _device(x)
-        _native.function("aot", "quantization", d, f"per_token_group_quant_fp8_{d}")(q2, s2, x2, int(group_size), float(eps))
+        _native.function("aot", "quantization", d, f"per_token_group_quant_fp8_{d}")(
+            q2, s2, x2, int(group_size), float(eps)
+        )
         return q, s

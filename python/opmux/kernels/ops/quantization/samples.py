@@ -18,7 +18,9 @@ _SHAPES = (
 )
 
 
-def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: str, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+def _randn(
+    shape: tuple[int, ...], dtype: torch.dtype, device: str, g: torch.Generator, scale: float = 1.0
+) -> torch.Tensor:
     return (torch.randn(shape, generator=g) * scale).to(dtype=dtype, device=device)
 
 
@@ -46,9 +48,21 @@ def per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[S
         Sample("3d-leading", (_randn((2, 3, 128), dtype, device, g),), {"group_size": 64}),
         Sample("empty-batch", (_randn((0, 256), dtype, device, g),), {"group_size": 128}),
         Sample("large-magnitude", (_randn((4, 256), dtype, device, g, 1e3),), {"group_size": 128}),
-        Sample("column-major", (_randn((5, 384), dtype, device, g),), {"group_size": 128, "column_major_scales": True}),
-        Sample("column-major-1-token", (_randn((1, 256), dtype, device, g),), {"group_size": 128, "column_major_scales": True}),
-        Sample("eps-zero-group", (torch.zeros((2, 256), dtype=dtype, device=device),), {"group_size": 128, "eps": 1e-4}),
+        Sample(
+            "column-major",
+            (_randn((5, 384), dtype, device, g),),
+            {"group_size": 128, "column_major_scales": True},
+        ),
+        Sample(
+            "column-major-1-token",
+            (_randn((1, 256), dtype, device, g),),
+            {"group_size": 128, "column_major_scales": True},
+        ),
+        Sample(
+            "eps-zero-group",
+            (torch.zeros((2, 256), dtype=dtype, device=device),),
+            {"group_size": 128, "eps": 1e-4},
+        ),
     ]
     big = _randn((6, 512), dtype, device, g)
     out.append(Sample("strided-rows", (big[:, :256],), {"group_size": 128}))
@@ -60,7 +74,13 @@ def per_token_quant_fp8_invalid(device: str) -> Invalid:
     return [
         ("int-dtype", (torch.ones(4, 16, dtype=torch.int32, device=device),), {}, TypeError, "dtype"),
         ("non-contiguous", (torch.randn(16, 4, device=device).t(),), {}, ValueError, "non-contiguous"),
-        ("ub-dtype", (x, torch.ones(1, dtype=torch.float16, device=device)), {}, TypeError, "scale_ub has dtype"),
+        (
+            "ub-dtype",
+            (x, torch.ones(1, dtype=torch.float16, device=device)),
+            {},
+            TypeError,
+            "scale_ub has dtype",
+        ),
         ("ub-shape", (x, torch.ones(2, device=device)), {}, ValueError, "scale_ub has shape"),
         ("empty-hidden", (torch.randn(4, 0, device=device),), {}, ValueError, "H >= 1"),
         ("not-a-tensor", ([1.0, 2.0],), {}, TypeError, "Tensor"),
@@ -70,7 +90,13 @@ def per_token_quant_fp8_invalid(device: str) -> Invalid:
 def per_token_group_quant_fp8_invalid(device: str) -> Invalid:
     x = torch.randn(4, 256, device=device)
     return [
-        ("not-multiple", (torch.randn(4, 100, device=device),), {"group_size": 64}, ValueError, "not a multiple"),
+        (
+            "not-multiple",
+            (torch.randn(4, 100, device=device),),
+            {"group_size": 64},
+            ValueError,
+            "not a multiple",
+        ),
         ("int-dtype", (torch.ones(4, 128, dtype=torch.int64, device=device),), {}, TypeError, "dtype"),
         ("bad-group-size", (x,), {"group_size": 0}, ValueError, "group_size must be a positive int"),
         ("negative-eps", (x,), {"eps": -1.0}, ValueError, "eps must be"),

@@ -97,11 +97,22 @@ def per_token_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, ub: torch
     has_ub = ub.numel() == 1
     if n <= _ONE_PASS_MAX:
         block = triton.next_power_of_2(n)
-        _per_token_row[(rows,)](x, q, s, ub, x.stride(0), q.stride(0), n, HAS_UB=has_ub, BLOCK=block,
-                                num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16)
+        _per_token_row[(rows,)](
+            x,
+            q,
+            s,
+            ub,
+            x.stride(0),
+            q.stride(0),
+            n,
+            HAS_UB=has_ub,
+            BLOCK=block,
+            num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16,
+        )
     else:
-        _per_token_looped[(rows,)](x, q, s, ub, x.stride(0), q.stride(0), n, HAS_UB=has_ub, BLOCK=_CHUNK,
-                                   num_warps=8)
+        _per_token_looped[(rows,)](
+            x, q, s, ub, x.stride(0), q.stride(0), n, HAS_UB=has_ub, BLOCK=_CHUNK, num_warps=8
+        )
 
 
 def per_token_group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, gs: int, eps: float) -> None:
@@ -113,5 +124,18 @@ def per_token_group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, gs:
     block = triton.next_power_of_2(gs)
     gpp = max(1, min(triton.next_power_of_2(g), 4096 // block))
     grid = (rows, triton.cdiv(g, gpp))
-    _per_group[grid](x, q, s, x.stride(0), q.stride(0), s.stride(0), s.stride(1), g, gs, eps,
-                     GPP=gpp, BLOCK=block, num_warps=4)
+    _per_group[grid](
+        x,
+        q,
+        s,
+        x.stride(0),
+        q.stride(0),
+        s.stride(0),
+        s.stride(1),
+        g,
+        gs,
+        eps,
+        GPP=gpp,
+        BLOCK=block,
+        num_warps=4,
+    )

@@ -16,14 +16,26 @@ _compiling = torch.compiler.is_compiling
 
 
 @torch.library.custom_op("opmux::rotary_embedding", mutates_args=("query", "key"))
-def _rotary_embedding_op(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-                         cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+def _rotary_embedding_op(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
     _rope(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
 @_rotary_embedding_op.register_fake
-def _(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+def _(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
     _check(positions, query, key, head_size, cos_sin_cache)
 
 

@@ -30,33 +30,58 @@ def _num_heads(name: str, t: torch.Tensor, lead: int, head_size: int) -> int:
     )
 
 
-def _views(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor) -> Views:
+def _views(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+) -> Views:
     """positions as [T], query / key as [T, H, head_size] views (no dtype checks: the float64
     oracle goes through here too)."""
     _checks.positive_int(_OP, "head_size", head_size)
     lead = positions.dim()
     for name, t in (("query", query), ("key", key)):
         if tuple(t.shape[:lead]) != tuple(positions.shape):
-            raise ValueError(f"{_OP}: {name} has shape {tuple(t.shape)}; its leading dims must be positions' {tuple(positions.shape)}")
+            raise ValueError(
+                f"{_OP}: {name} has shape {tuple(t.shape)}; its leading dims must be positions' {tuple(positions.shape)}"
+            )
     if cos_sin_cache.dim() != 2:
-        raise ValueError(f"{_OP}: cos_sin_cache must be [max_position, rotary_dim], got shape {tuple(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"{_OP}: cos_sin_cache must be [max_position, rotary_dim], got shape {tuple(cos_sin_cache.shape)}"
+        )
     rot = cos_sin_cache.shape[1]
     if rot <= 0 or rot % 2 or rot > head_size:
-        raise ValueError(f"{_OP}: cos_sin_cache.shape[1] (rotary_dim) is {rot}; it must be even, positive and <= head_size {head_size}")
+        raise ValueError(
+            f"{_OP}: cos_sin_cache.shape[1] (rotary_dim) is {rot}; it must be even, positive and <= head_size {head_size}"
+        )
     tokens = positions.numel()
     q = _checks.heads(_OP, "query", query, tokens, _num_heads("query", query, lead, head_size), head_size)
     k = _checks.heads(_OP, "key", key, tokens, _num_heads("key", key, lead, head_size), head_size)
     return positions.reshape(tokens), q, k
 
 
-def _check(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor) -> Views:
-    for name, t in (("positions", positions), ("query", query), ("key", key), ("cos_sin_cache", cos_sin_cache)):
+def _check(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+) -> Views:
+    for name, t in (
+        ("positions", positions),
+        ("query", query),
+        ("key", key),
+        ("cos_sin_cache", cos_sin_cache),
+    ):
         _checks.tensor(_OP, name, t)
     _checks.exact_dtype(_OP, "positions", positions, torch.int64)
     _checks.float_dtype(_OP, "query", query)
     _checks.same_dtype(_OP, "query", query, key=key)
     if cos_sin_cache.dtype not in (torch.float32, query.dtype):
-        raise TypeError(f"{_OP}: cos_sin_cache has dtype {cos_sin_cache.dtype}; expected torch.float32 or {query.dtype} (query's)")
+        raise TypeError(
+            f"{_OP}: cos_sin_cache has dtype {cos_sin_cache.dtype}; expected torch.float32 or {query.dtype} (query's)"
+        )
     _checks.same_device(_OP, "query", query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
     _checks.distinct(_OP, "query", query, "key", key)
     return _views(positions, query, key, head_size, cos_sin_cache)
@@ -70,8 +95,10 @@ def _check_positions(positions: torch.Tensor, max_pos: int) -> None:
     if int(lo) < 0 or int(hi) >= max_pos:
         bad = ((positions < 0) | (positions >= max_pos)).nonzero()
         i = int(bad[0, 0])
-        raise ValueError(f"{_OP}: positions[{i}] = {int(positions[i])} is out of range for cos_sin_cache with "
-                         f"{max_pos} positions (valid: 0..{max_pos - 1})")
+        raise ValueError(
+            f"{_OP}: positions[{i}] = {int(positions[i])} is out of range for cos_sin_cache with "
+            f"{max_pos} positions (valid: 0..{max_pos - 1})"
+        )
 
 
 def _rotate(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool) -> None:
@@ -102,8 +129,15 @@ def _device(x: torch.Tensor) -> str:
     return "cuda" if x.is_cuda else "cpu"
 
 
-def _compiled(kind: str, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-              cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+def _compiled(
+    kind: str,
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
     pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
     if pos.device.type == "cpu":  # the C++ CPU kernel checks too (for direct ABI callers)
         _check_positions(pos, cos_sin_cache.shape[0])
@@ -118,21 +152,39 @@ class RotaryEmbedding(BaseFusedOp):
     key_arg = 1  # query picks the backend (positions are int64)
 
     @staticmethod
-    def forward_native(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-                       cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    def forward_native(
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+    ) -> None:
         pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
         _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
         _rotate(pos, q, k, cos_sin_cache, is_neox)
 
     @staticmethod
-    def forward_torch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-                      cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    def forward_torch(
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+    ) -> None:
         pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
         _rotate(pos, q, k, cos_sin_cache, is_neox)
 
     @staticmethod
-    def forward_triton(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-                       cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    def forward_triton(
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+    ) -> None:
         pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
         if pos.device.type == "cpu":
             _check_positions(pos, cos_sin_cache.shape[0])
@@ -141,18 +193,36 @@ class RotaryEmbedding(BaseFusedOp):
         triton_kernels.rotary_embedding(pos, q, k, cos_sin_cache, is_neox)
 
     @staticmethod
-    def forward_jit(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-                    cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    def forward_jit(
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+    ) -> None:
         _compiled("jit", positions, query, key, head_size, cos_sin_cache, is_neox)
 
     @staticmethod
-    def forward_aot(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-                    cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    def forward_aot(
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+    ) -> None:
         _compiled("aot", positions, query, key, head_size, cos_sin_cache, is_neox)
 
     @staticmethod
-    def forward_torch_npu(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
-                          cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    def forward_torch_npu(
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        head_size: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+    ) -> None:
         pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
         if cos_sin_cache.shape[1] != head_size:  # partial rotary: not what the vendor op does
             _rotate(pos, q, k, cos_sin_cache, is_neox)

@@ -15,9 +15,23 @@ def _cache(max_pos: int, rot: int, dtype: torch.dtype, device: str) -> torch.Ten
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype=dtype, device=device)
 
 
-def _case(name: str, device: str, dtype: torch.dtype, seed: int, *, lead: tuple[int, ...], hq: int, hk: int,
-          head: int, rot: int, neox: bool = True, split: bool = False, max_pos: int = 64,
-          f32_cache: bool = False, scale: float = 1.0) -> Sample:
+def _case(
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    *,
+    lead: tuple[int, ...],
+    hq: int,
+    hk: int,
+    head: int,
+    rot: int,
+    neox: bool = True,
+    split: bool = False,
+    max_pos: int = 64,
+    f32_cache: bool = False,
+    scale: float = 1.0,
+) -> Sample:
     g = torch.Generator(device="cpu").manual_seed(seed)
     positions = torch.randint(0, max_pos, lead, generator=g).to(device)
     shape = (lambda h: (*lead, h, head)) if split else (lambda h: (*lead, h * head))
@@ -38,16 +52,32 @@ def rotary_embedding_samples(device: str, dtype: torch.dtype) -> list[Sample]:
         _case("2d-positions", device, dtype, 7, lead=(2, 3), hq=2, hk=2, head=32, rot=32),
         _case("empty-batch", device, dtype, 8, lead=(0,), hq=4, hk=2, head=64, rot=64),
         _case("float32-cache", device, dtype, 9, lead=(6,), hq=4, hk=2, head=128, rot=128, f32_cache=True),
-        _case("large-magnitude", device, dtype, 10, lead=(4,), hq=2, hk=1, head=64, rot=64, max_pos=8192, scale=1e3),
+        _case(
+            "large-magnitude",
+            device,
+            dtype,
+            10,
+            lead=(4,),
+            hq=2,
+            hk=1,
+            head=64,
+            rot=64,
+            max_pos=8192,
+            scale=1e3,
+        ),
     ]
     # query / key as slices of a fused qkv projection: token stride (4 + 2 + 2) * 64
     g = torch.Generator(device="cpu").manual_seed(11)
     for neox in (True, False):
         qkv = torch.randn(5, 8 * 64, generator=g).to(dtype=dtype, device=device)
         positions = torch.randint(0, 64, (5,), generator=g).to(device)
-        out.append(Sample(f"qkv-slices-{'neox' if neox else 'gptj'}",
-                          (positions, qkv[:, :256], qkv[:, 256:384], 64,
-                           _cache(64, 64, dtype, device)), {"is_neox": neox}))
+        out.append(
+            Sample(
+                f"qkv-slices-{'neox' if neox else 'gptj'}",
+                (positions, qkv[:, :256], qkv[:, 256:384], 64, _cache(64, 64, dtype, device)),
+                {"is_neox": neox},
+            )
+        )
     return out
 
 
@@ -57,17 +87,39 @@ def rotary_embedding_invalid(device: str) -> Invalid:
     cache = _cache(16, 64, torch.float32, device)
     cases: Invalid = [
         ("positions-dtype", (pos.int(), q, k, 64, cache), {}, TypeError, "positions has dtype"),
-        ("rotary-dim-too-large", (pos, q, k, 32, _cache(16, 64, torch.float32, device)), {}, ValueError, "rotary_dim"),
-        ("head-size-mismatch", (pos, torch.randn(4, 100, device=device), k, 64, cache), {}, ValueError, "head_size 64"),
+        (
+            "rotary-dim-too-large",
+            (pos, q, k, 32, _cache(16, 64, torch.float32, device)),
+            {},
+            ValueError,
+            "rotary_dim",
+        ),
+        (
+            "head-size-mismatch",
+            (pos, torch.randn(4, 100, device=device), k, 64, cache),
+            {},
+            ValueError,
+            "head_size 64",
+        ),
         ("cache-dtype", (pos, q, k, 64, cache.half()), {}, TypeError, "cos_sin_cache has dtype"),
         ("same-tensor", (pos, q, q, 64, cache), {}, ValueError, "different tensors"),
         ("query-tokens", (torch.arange(3, device=device), q, k, 64, cache), {}, ValueError, "leading dims"),
     ]
     if device == "cpu":  # accelerators poison the token with NaN instead of syncing to check
         cases += [
-            ("position-too-large", (torch.tensor([0, 1, 16, 2], device=device), q, k, 64, cache), {}, ValueError,
-             r"positions\[2\] = 16 is out of range"),
-            ("position-negative", (torch.tensor([-1, 1, 2, 3], device=device), q, k, 64, cache), {}, ValueError,
-             r"positions\[0\] = -1 is out of range"),
+            (
+                "position-too-large",
+                (torch.tensor([0, 1, 16, 2], device=device), q, k, 64, cache),
+                {},
+                ValueError,
+                r"positions\[2\] = 16 is out of range",
+            ),
+            (
+                "position-negative",
+                (torch.tensor([-1, 1, 2, 3], device=device), q, k, 64, cache),
+                {},
+                ValueError,
+                r"positions\[0\] = -1 is out of range",
+            ),
         ]
     return cases

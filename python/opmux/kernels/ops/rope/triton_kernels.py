@@ -31,8 +31,25 @@ def _rotate(X, sh, H, cos, sin, r, rmask, HALF, BLOCK_H: tl.constexpr, NEOX: tl.
 
 
 @triton.jit
-def _rope(P, Q, K, C, sqt, sqh, skt, skh, sc, max_pos, HQ, HK, HALF,
-          BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, NEOX: tl.constexpr):
+def _rope(
+    P,
+    Q,
+    K,
+    C,
+    sqt,
+    sqh,
+    skt,
+    skh,
+    sc,
+    max_pos,
+    HQ,
+    HK,
+    HALF,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    NEOX: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(P + t)
     ok = (pos >= 0) & (pos < max_pos)
@@ -46,7 +63,9 @@ def _rope(P, Q, K, C, sqt, sqh, skt, skh, sc, max_pos, HQ, HK, HALF,
     _rotate(K + t * skt, skh, HK, cos, sin, r, rmask, HALF, BLOCK_HK, NEOX)
 
 
-def rotary_embedding(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool) -> None:
+def rotary_embedding(
+    pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool
+) -> None:
     """pos [T] int64, q [T, Hq, D], k [T, Hk, D] (unit last stride), cache [max_pos, rot]."""
     tokens, hq, _ = q.shape
     hk = k.shape[1]
@@ -56,6 +75,23 @@ def rotary_embedding(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache:
     block_r = triton.next_power_of_2(half)
     block_hq, block_hk = triton.next_power_of_2(max(hq, 1)), triton.next_power_of_2(max(hk, 1))
     tile = max(block_hq, block_hk) * block_r
-    _rope[(tokens,)](pos, q, k, cache, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache.stride(0),
-                     cache.shape[0], hq, hk, half, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_R=block_r,
-                     NEOX=bool(is_neox), num_warps=4 if tile <= 4096 else 8)
+    _rope[(tokens,)](
+        pos,
+        q,
+        k,
+        cache,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cache.stride(0),
+        cache.shape[0],
+        hq,
+        hk,
+        half,
+        BLOCK_HQ=block_hq,
+        BLOCK_HK=block_hk,
+        BLOCK_R=block_r,
+        NEOX=bool(is_neox),
+        num_warps=4 if tile <= 4096 else 8,
+    )
