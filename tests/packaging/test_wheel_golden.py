@@ -12,6 +12,13 @@ from tools import targets, wheel_check
 HEADER = "opmux/kernels/jit/include/opmux/cuda_utils.cuh"
 
 
+@pytest.fixture(autouse=True)
+def _placeholder_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Synthetic wheels carry placeholder .so files, not fatbins: the device-code check is
+    tested on a real nvcc build in test_fatbin.py, so it is off here."""
+    monkeypatch.setattr(wheel_check, "_check_device_code", lambda *a, **k: [])
+
+
 def _synthetic_wheel(root: Path, tmp_path: Path, target: targets.Target, *, drop=(), add=()) -> Path:
     """A wheel with exactly the golden content of ``target`` (minus ``drop``, plus ``add``)."""
     dist, version = target.distribution.replace("-", "_"), "1.2.3"
