@@ -72,6 +72,17 @@ class BaseFusedOp:
                 return fn(*args, **kwargs)
         return self._dispatch(args, kwargs, backend)
 
+    def lookup(self, x: Any) -> Callable[..., Any] | None:
+        """The cached backend for a tensor like ``x`` (None: take the full dispatch).
+
+        The public functions call this first, then the backend with their positional
+        arguments: no ``*args``/``**kwargs`` packing on the hot path.
+        """
+        try:
+            return self._cpu.get(x.dtype) if x.is_cpu else self._cuda.get(x.dtype) if x.is_cuda else None
+        except AttributeError:  # not a tensor: the full dispatch says so clearly
+            return None
+
     def invalidate(self) -> None:
         self._cpu.clear()
         self._cuda.clear()

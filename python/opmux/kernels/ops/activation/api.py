@@ -66,6 +66,9 @@ def silu_and_mul(
     x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None
 ) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2*d]``, computed in fp32."""
+    fn = None if backend is not None or _compiling() else _silu.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, out)
     return _call(_silu, _silu_ops, x, out, backend)
 
 
@@ -73,6 +76,9 @@ def gelu_and_mul(
     x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None
 ) -> torch.Tensor:
     """``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) gelu, computed in fp32."""
+    fn = None if backend is not None or _compiling() else _gelu.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, out)
     return _call(_gelu, _gelu_ops, x, out, backend)
 
 
@@ -80,4 +86,7 @@ def gelu_tanh_and_mul(
     x: torch.Tensor, out: torch.Tensor | None = None, *, backend: Backend = None
 ) -> torch.Tensor:
     """``gelu(x[..., :d], approximate="tanh") * x[..., d:]``, computed in fp32."""
+    fn = None if backend is not None or _compiling() else _gelu_tanh.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, out)
     return _call(_gelu_tanh, _gelu_tanh_ops, x, out, backend)

@@ -53,6 +53,9 @@ def reshape_and_cache(
     a padding token. Out-of-range slots: ValueError naming the slot on CPU (before any write);
     skipped on CUDA (no host check, no out-of-bounds write).
     """
+    fn = None if backend is not None or _compiling() else _op.lookup(key)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(key, value, key_cache, value_cache, slot_mapping)
     if _compiling():
         torch.ops.opmux.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
         return

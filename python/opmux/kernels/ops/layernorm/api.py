@@ -130,6 +130,9 @@ def rmsnorm(
     ``backend`` forces a backend (or an ordered list) for this call, validated like
     ``OPMUX_KERNEL_BACKEND``; with ``out`` the result is written there and returned.
     """
+    fn = None if backend is not None or _compiling() else _rms.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, weight, eps, out)
     return _norm(_rms, _rms_ops, x, weight, eps, out, backend)
 
 
@@ -142,6 +145,9 @@ def fused_add_rmsnorm(
     backend: Backend = None,
 ) -> None:
     """In place: ``residual += x``, then ``x = rmsnorm(residual, weight, eps)``."""
+    fn = None if backend is not None or _compiling() else _add.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, residual, weight, eps)
     _fused_add(_add, _add_op, x, residual, weight, eps, backend)
 
 
@@ -154,6 +160,9 @@ def gemma_rmsnorm(
     backend: Backend = None,
 ) -> torch.Tensor:
     """Gemma RMSNorm: ``x * rsqrt(mean(x**2) + eps) * (1 + weight)``, all in fp32."""
+    fn = None if backend is not None or _compiling() else _gemma_rms.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, weight, eps, out)
     return _norm(_gemma_rms, _gemma_rms_ops, x, weight, eps, out, backend)
 
 
@@ -166,6 +175,9 @@ def gemma_fused_add_rmsnorm(
     backend: Backend = None,
 ) -> None:
     """In place: ``residual += x``, then ``x = gemma_rmsnorm(residual, weight, eps)``."""
+    fn = None if backend is not None or _compiling() else _gemma_add.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, residual, weight, eps)
     _fused_add(_gemma_add, _gemma_add_op, x, residual, weight, eps, backend)
 
 
@@ -180,6 +192,9 @@ def qk_norm(
 ) -> None:
     """In place: RMSNorm of every head of ``q`` [..., Hq, D] and ``k`` [..., Hk, D] over D, with
     ``q_weight`` / ``k_weight`` [D] (fp32 math). One kernel launch for both on CUDA."""
+    fn = None if backend is not None or _compiling() else _qk.lookup(q)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(q, k, q_weight, k_weight, eps)
     if _compiling():
         torch.ops.opmux.qk_norm(q, k, q_weight, k_weight, eps)
         return

@@ -51,6 +51,9 @@ def topk_softmax(
     when ``renormalize``). Experts are ranked by logit, best first; equal logits are broken by
     the lower expert index (deterministic in every backend).
     """
+    fn = None if backend is not None or _compiling() else _topk.lookup(gating_output)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(gating_output, topk, renormalize)
     if _compiling():
         return torch.ops.opmux.topk_softmax(gating_output, topk, renormalize)
     return _topk(gating_output, topk, renormalize, backend=backend)
@@ -69,6 +72,9 @@ def moe_align_block_size(
     unused blocks); ``num_tokens_post_padded`` ``[1]`` is the padded total. Ids outside
     ``[0, num_experts)`` raise ValueError for CPU tensors and are skipped on CUDA.
     """
+    fn = None if backend is not None or _compiling() else _align.lookup(topk_ids)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(topk_ids, block_size, num_experts)
     if _compiling():
         return torch.ops.opmux.moe_align_block_size(topk_ids, block_size, num_experts)
     return _align(topk_ids, block_size, num_experts, backend=backend)

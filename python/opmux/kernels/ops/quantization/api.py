@@ -53,6 +53,9 @@ def per_token_quant_fp8(
     (round to nearest even, saturated to +-448), so ``q.float() * scales`` approximates ``x``.
     ``scale_ub`` (vLLM's upper bound) is an optional one-element float32 tensor on x's device.
     """
+    fn = None if backend is not None or _compiling() else _pt.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, scale_ub)
     if _compiling():
         return torch.ops.opmux.per_token_quant_fp8(x, scale_ub)
     return _pt(x, scale_ub, backend=backend)
@@ -73,6 +76,9 @@ def per_token_group_quant_fp8(
     ``column_major_scales`` the scales are a ``[T, G]`` view of a contiguous ``[G, T]`` tensor
     (the layout DeepGEMM-style fp8 GEMMs read).
     """
+    fn = None if backend is not None or _compiling() else _pg.lookup(x)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(x, group_size, eps, column_major_scales)
     if _compiling():
         return torch.ops.opmux.per_token_group_quant_fp8(x, group_size, eps, column_major_scales)
     return _pg(x, group_size, eps, column_major_scales, backend=backend)

@@ -56,6 +56,9 @@ def rotary_embedding(
     head rotate; ``is_neox`` pairs i with i + rotary_dim / 2, else (GPT-J) 2i with 2i + 1.
     fp32 math. Out-of-range positions: ValueError on the CPU; NaN for that token on accelerators
     (no device sync; see ``op.py``)."""
+    fn = None if backend is not None or _compiling() else _rope.lookup(query)
+    if fn is not None:  # the hot path: a cached backend, called directly
+        return fn(positions, query, key, head_size, cos_sin_cache, is_neox)
     if _compiling():
         torch.ops.opmux.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
         return
