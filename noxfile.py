@@ -315,11 +315,12 @@ for _t in TARGETS.values():
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit and packaging tests on the tree (python/ on PYTHONPATH, Triton interpreter)."""
+    """Unit, native-kernel and packaging tests on the tree (python/ on PYTHONPATH, Triton interpreter)."""
     session.install(*TEST_DEPS)
     session.run(
         "pytest",
         "tests/unit",
+        "tests/native",
         "tests/packaging",
         *session.posargs,
         env={"PYTHONPATH": str(ROOT / "python"), "TRITON_INTERPRET": "1"},
