@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from opmux.kernels import registry
 
@@ -86,3 +87,36 @@ def test_fake_impl_rejects_bad_shapes_while_tracing() -> None:
         torch.compile(lambda a, b: rmsnorm(a, b), fullgraph=True, backend="aot_eager")(
             torch.randn(2, 8), torch.randn(7)
         )
+
+
+class _RecordOpmuxOps(TorchDispatchMode):
+    """Records every ``torch.ops.opmux.*`` call (with cloned arguments) a public function makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func.namespace == "opmux":
+            clone = lambda v: v.clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
+            self.calls.append((func, tuple(clone(a) for a in args), {k: clone(v) for k, v in kwargs.items()}))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.library.opcheck on the library op(s) each public function uses while compiling."""
+    group = op.split(".")[0]
+    api = importlib.import_module(f"opmux.kernels.ops.{group}.api")
+    monkeypatch.setattr(api, "_compiling", lambda: True)  # take the torch.compile path, eagerly
+    spec = registry.get(op)
+    samples = registry.resolve_target(spec.samples)("cpu", torch.float32)
+    fn = _public(op)
+    recorder = _RecordOpmuxOps()
+    with recorder:
+        for sample in samples[:2]:
+            fn(*sample.args, **sample.kwargs)
+    assert recorder.calls, f"{op}: the compile path called no torch.ops.opmux op"
+    for func, args, kwargs in recorder.calls:
+        torch.library.opcheck(func, args, kwargs)

@@ -9,9 +9,10 @@
 //                       thread that owns it writes it, so a == b is safe.
 // GEMMA applies the weight as (1 + w) in float; the kernels' parameter type (NormParams or
 // QkParams) says where row `row` lives (row_ptrs).
-// Layout: blockDim.x threads share a row (a multiple of 32); blockDim.y > 1 only when
-// blockDim.x == 32 (warp per row, several rows per block), so __syncthreads() is only used
-// in blocks that hold exactly one row and therefore never diverges.
+// Layout: blockDim.x threads share a row: a multiple of 32, or a power of two below 32 (a
+// sub-warp group, e.g. 16 lanes x 8 bf16 for head_dim 128, so no lane idles); blockDim.y > 1
+// only when blockDim.x <= 32 (several rows per block, each warp holding whole rows), so
+// __syncthreads() is only used in blocks that hold exactly one row and never diverges.
 #include <tvm/ffi/function.h>
 
 #include <algorithm>
@@ -91,7 +92,18 @@ __device__ __forceinline__ float weight_factor(float w) {
 }
 
 // Sum of `v` over the threads of this row (all of blockDim.x); every thread gets the total.
+// SUBWARP (compile-time, so the other kernels keep their register counts): blockDim.x < 32.
+template <bool SUBWARP = false>
 __device__ __forceinline__ float row_sum(float v) {
+  if constexpr (SUBWARP) {  // power-of-two group of lanes within one warp
+    // The group's own lanes only (its rows exit as a whole, the other groups of the warp may
+    // have exited); xor offsets < width never leave the group.
+    const unsigned width = blockDim.x;
+    const unsigned lane = (threadIdx.y * width + threadIdx.x) & 31u;
+    const unsigned mask = ((1u << width) - 1u) << (lane & ~(width - 1u));
+    for (unsigned o = width >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+    return v;
+  }
   v = cuda::warp_sum(v);
   if (blockDim.x > 32) {  // uniform per block: blockDim.y == 1 here
     __shared__ float partial[32];
@@ -111,8 +123,11 @@ __device__ __forceinline__ float inv_rms(float sum, int hidden, float eps) {
 // Row held in registers: thread t owns vectors t, t + T, ..., t + (PER-1) T of the row
 // (T = blockDim.x), so every load/store instruction of a warp is one contiguous 512-byte run.
 // Launch guarantees hidden / VEC <= PER * blockDim.x.
-template <typename T, int VEC, int PER, bool FUSED, bool GEMMA, typename P>
-__global__ void __launch_bounds__(512) norm_reg_kernel(P p) {
+// PER == 1 may run 1024 threads per row (H = 8192 bf16 with one vector per thread: the fused
+// op at PER = 2 x 512 needed 50 registers, i.e. 2 blocks = half occupancy per SM).
+// SUBWARP: blockDim.x < 32 (PER == 1 only).
+template <typename T, int VEC, int PER, bool FUSED, bool GEMMA, typename P, bool SUBWARP = false>
+__global__ void __launch_bounds__(PER == 1 ? 1024 : 512) norm_reg_kernel(P p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= p.rows) return;  // whole warp (blockDim.x == 32 whenever blockDim.y > 1)
   const RowPtrs<T> rp = row_ptrs<T>(p, row);
@@ -154,7 +169,7 @@ __global__ void __launch_bounds__(512) norm_reg_kernel(P p) {
       }
     }
   }
-  const float rstd = inv_rms(row_sum(sum), p.hidden, p.eps);
+  const float rstd = inv_rms(row_sum<SUBWARP>(sum), p.hidden, p.eps);
   cuda::pdl_launch_dependents();
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
@@ -251,13 +266,38 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
   const int vec = vec_ok ? VEC : 1;
   const int64_t nvec = p.hidden / vec;
 
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+
   int per = 1;
   while (per < kMaxPer && nvec > static_cast<int64_t>(per) * kMaxThreads<FUSED>) per *= 2;
-  const bool use_reg = vec_ok && nvec <= static_cast<int64_t>(per) * kMaxThreads<FUSED>;
-  const int threads_x =
-      use_reg ? round_up32((nvec + per - 1) / per) : round_up32(std::min<int64_t>(nvec, kMaxThreads<FUSED>));
-  // Small rows: one warp per row, 8 rows (256 threads) per block.
-  const int rows_per_block = threads_x == 32 ? 8 : 1;
+  bool use_reg = vec_ok && nvec <= static_cast<int64_t>(per) * kMaxThreads<FUSED>;
+  // One vector per thread with up to 1024 threads per row, when rows of up to 1024 vectors
+  // would otherwise take PER >= 2:
+  //  - fused op (always): PER = 2 x 512 threads used 50 registers -> 2 blocks / SM (half
+  //    occupancy); 1 x 1024 uses 32 -> 2 blocks of 1024, full occupancy.
+  //  - rmsnorm with few rows (fewer than two per SM): the per-row latency (PER serial vectors
+  //    per thread and a longer reduction) dominates when each SM has one or two rows.
+  //    (Large T keeps 256 x PER: measured at copy bandwidth.)
+  if (vec_ok && per >= 2 && nvec <= 1024 &&
+      (FUSED || p.rows < 2 * static_cast<int64_t>(props.sm_count))) {
+    per = 1;
+    use_reg = true;
+  }
+  int threads_x;
+  if (use_reg) {
+    const int64_t need = (nvec + per - 1) / per;
+    if (need < 32) {  // sub-warp row group: smallest power of two covering the row
+      threads_x = 1;
+      while (threads_x < need) threads_x *= 2;
+    } else {
+      threads_x = round_up32(need);
+    }
+  } else {
+    threads_x = round_up32(std::min<int64_t>(nvec, kMaxThreads<FUSED>));
+  }
+  // Small rows: one warp (or sub-warp group) per row, 256 threads per block.
+  const int rows_per_block = threads_x <= 32 ? 256 / threads_x : 1;
   const int64_t blocks = (p.rows + rows_per_block - 1) / rows_per_block;
   if (blocks > 0x7fffffff) {
     TVM_FFI_THROW(ValueError) << op << ": too many rows (" << p.rows << ")";
@@ -267,7 +307,10 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
   void (*kernel)(P) = nullptr;
   if (use_reg) {
     switch (per) {
-      case 1: kernel = norm_reg_kernel<T, VEC, 1, FUSED, GEMMA, P>; break;
+      case 1:
+        kernel = threads_x < 32 ? norm_reg_kernel<T, VEC, 1, FUSED, GEMMA, P, true>
+                                : norm_reg_kernel<T, VEC, 1, FUSED, GEMMA, P>;
+        break;
       case 2: kernel = norm_reg_kernel<T, VEC, 2, FUSED, GEMMA, P>; break;
       default: kernel = norm_reg_kernel<T, VEC, 4, FUSED, GEMMA, P>; break;
     }
@@ -275,8 +318,6 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
     kernel = vec_ok ? norm_loop_kernel<T, VEC, FUSED, GEMMA, P>
                     : norm_loop_kernel<T, 1, FUSED, GEMMA, P>;
   }
-  cuda::DeviceScope scope(op, device_id);
-  const cuda::DeviceProps props = cuda::device_props(op, device_id);
   cuda::launch(op, device_id, props, kernel, grid, block, 0, cuda::current_stream(device_id), p);
 }
 
