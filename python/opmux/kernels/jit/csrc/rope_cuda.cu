@@ -117,6 +117,69 @@ __global__ void __launch_bounds__(128) rope_kernel(RopeParams p) {
   cuda::pdl_launch_dependents();
 }
 
+// Few tokens: one block per token leaves most SMs idle (T = 1: one block walking all heads).
+// Instead grid (tokens, item blocks): each thread rotates exactly one (head, chunk) item and
+// reads its cos / sin straight from the (L2-resident) cache row, no shared-memory staging and
+// no barrier. Same arithmetic and NaN flag as rope_kernel.
+template <typename T, typename C, bool NEOX, int N, bool VECTOR>
+__global__ void __launch_bounds__(128) rope_direct_kernel(RopeParams p) {
+  const int64_t t = blockIdx.x;
+  const int chunks = (NEOX ? p.half : 2 * p.half) / N;  // per head
+  const int items = (p.q_heads + p.k_heads) * chunks;
+  const int i = blockIdx.y * blockDim.x + threadIdx.x;
+  cuda::pdl_wait();
+  if (i < items) {
+    const int64_t pos = p.pos[t];
+    const bool ok = pos >= 0 && pos < p.max_pos;
+    const C* row = static_cast<const C*>(p.cache) + (ok ? pos : 0) * p.cache_stride;
+    const float nan = __int_as_float(0x7fc00000);  // quiet NaN
+    const int head = i / chunks, c = i - head * chunks;
+    const bool is_q = head < p.q_heads;
+    T* x = static_cast<T*>(is_q ? p.q : p.k) + t * (is_q ? p.q_token_stride : p.k_token_stride) +
+           static_cast<int64_t>(is_q ? head : head - p.q_heads) *
+               (is_q ? p.q_head_stride : p.k_head_stride);
+    if constexpr (NEOX) {
+      T* x1 = x + c * N;
+      T* x2 = x1 + p.half;
+      const Vec<T, N> a = load_chunk<T, N, VECTOR>(x1), b = load_chunk<T, N, VECTOR>(x2);
+      float co[N], si[N];
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        co[e] = ok ? to_float(__ldg(row + c * N + e)) : nan;
+        si[e] = ok ? to_float(__ldg(row + p.half + c * N + e)) : nan;
+      }
+      Vec<T, N> oa, ob;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float fa = to_float(a.v[e]), fb = to_float(b.v[e]);
+        oa.v[e] = from_float<T>(fa * co[e] - fb * si[e]);
+        ob.v[e] = from_float<T>(fb * co[e] + fa * si[e]);
+      }
+      store_chunk<T, N, VECTOR>(x1, oa);
+      store_chunk<T, N, VECTOR>(x2, ob);
+    } else {
+      T* x1 = x + c * N;
+      const Vec<T, N> a = load_chunk<T, N, VECTOR>(x1);
+      float co[N / 2], si[N / 2];
+#pragma unroll
+      for (int e = 0; e < N / 2; ++e) {
+        const int j = c * (N / 2) + e;
+        co[e] = ok ? to_float(__ldg(row + j)) : nan;
+        si[e] = ok ? to_float(__ldg(row + p.half + j)) : nan;
+      }
+      Vec<T, N> o;
+#pragma unroll
+      for (int e = 0; e < N / 2; ++e) {
+        const float f0 = to_float(a.v[2 * e]), f1 = to_float(a.v[2 * e + 1]);
+        o.v[2 * e] = from_float<T>(f0 * co[e] - f1 * si[e]);
+        o.v[2 * e + 1] = from_float<T>(f1 * co[e] + f0 * si[e]);
+      }
+      store_chunk<T, N, VECTOR>(x1, o);
+    }
+  }
+  cuda::pdl_launch_dependents();
+}
+
 constexpr int kMaxThreads = 128;
 
 template <typename T, typename C, bool NEOX>
@@ -136,9 +199,26 @@ void launch_rope(const char* op, const RopeParams& p, int64_t tokens, int32_t de
   const int threads =
       static_cast<int>(std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (items + 31) / 32 * 32)));
   const size_t smem = static_cast<size_t>(2 * p.half) * sizeof(float);
-  auto kernel = vec_ok ? rope_kernel<T, C, NEOX, VEC, true> : rope_kernel<T, C, NEOX, kScalar, false>;
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  // Direct path while every item gets its own thread within about half a resident wave
+  // (1024 threads per SM; neox 40 heads x 128 bf16: up to ~420 tokens on H200). Larger T
+  // keeps the staged one-block-per-token kernel (measured ahead of the peers there).
+  const int64_t sms = props.sm_count;
+  if (tokens * items <= sms * 1024) {
+    // 32-thread blocks for the smallest launches (more SMs share T = 1), else 64.
+    const int dthreads = tokens * items <= sms * 256 ? 32 : 64;
+    const int64_t yblocks = (items + dthreads - 1) / dthreads;
+    if (yblocks <= 65535) {
+      auto dkernel = vec_ok ? rope_direct_kernel<T, C, NEOX, VEC, true>
+                            : rope_direct_kernel<T, C, NEOX, kScalar, false>;
+      cuda::launch(op, device_id, props, dkernel,
+                   dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(yblocks)),
+                   dim3(dthreads), 0, cuda::current_stream(device_id), p);
+      return;
+    }
+  }
+  auto kernel = vec_ok ? rope_kernel<T, C, NEOX, VEC, true> : rope_kernel<T, C, NEOX, kScalar, false>;
   cuda::launch(op, device_id, props, kernel, dim3(static_cast<unsigned>(tokens)), dim3(threads),
                smem, cuda::current_stream(device_id), p);
 }
