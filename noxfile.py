@@ -246,12 +246,11 @@ def find_spec(session: nox.Session) -> None:
     for wheel in _wheels(session):
         py = _wheel_env(session, wheel)
         session.log(f"find-spec: {wheel.name}")
-        with tempfile.TemporaryDirectory(prefix="opmux-findspec-") as tmp:
-            session.chdir(tmp)
+        with tempfile.TemporaryDirectory(prefix="opmux-findspec-") as tmp, session.chdir(tmp):
+            # run from an empty directory: the tree must not be importable from the cwd
             session.run(
                 str(py), "-I", str(ROOT / "tools" / "find_spec_check.py"), external=True, env={"HOME": tmp}
             )
-        session.chdir(ROOT)
 
 
 def _parity(session: nox.Session, target: targets.Target) -> None:
@@ -278,8 +277,7 @@ def _parity(session: nox.Session, target: targets.Target) -> None:
     matrix = ROOT / "docs" / "coverage" / f"{target.name}.json"
     matrix.parent.mkdir(parents=True, exist_ok=True)
     args = [a for a in session.posargs if not a.endswith(".whl")]
-    with tempfile.TemporaryDirectory(prefix=f"opmux-parity-{target.name}-") as tmp:
-        session.chdir(tmp)
+    with tempfile.TemporaryDirectory(prefix=f"opmux-parity-{target.name}-") as tmp, session.chdir(tmp):
         session.run(
             str(py),
             "-m",
@@ -296,7 +294,6 @@ def _parity(session: nox.Session, target: targets.Target) -> None:
             external=True,
             env={**env, "HOME": tmp},
         )
-        session.chdir(ROOT)
 
 
 for _t in TARGETS.values():
