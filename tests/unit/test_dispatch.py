@@ -138,3 +138,45 @@ def test_bad_dtype_and_type_errors_name_the_choices() -> None:
         rmsnorm(torch.ones(2, 4, dtype=torch.int32), torch.ones(4, dtype=torch.int32))
     with pytest.raises(TypeError, match=r"expected a torch\.Tensor, got list"):
         rmsnorm([1.0], torch.ones(1))
+
+
+def test_size_classes_are_cached_per_side() -> None:
+    """An op with a CPU size rule: each side runs its own backend, also from the fast path."""
+    from opmux.kernels import registry
+    from opmux.kernels.fused_op import BaseFusedOp
+    from opmux.kernels.ops.layernorm.op import RMSNorm
+    from opmux.kernels.spec import BackendSpec, OpSpec, Requirement
+
+    m = "opmux.kernels.ops.layernorm.op:RMSNorm"
+    cpu = Requirement(devices=("cpu",))
+    spec = OpSpec(
+        name="test.sized",
+        reference=f"{m}.forward_native",
+        backends=(
+            BackendSpec("torch", f"{m}.forward_torch", cpu),
+            BackendSpec(
+                "triton", f"{m}.forward_triton", Requirement(devices=("cpu",), capabilities=("triton",))
+            ),
+        ),
+        default_priority=("torch",),
+        size_priority=(("cpu", 1000, ("triton", "torch")),),
+    )
+    registry.register(spec)
+    try:
+
+        class Sized(BaseFusedOp):
+            op_name = "test.sized"
+            forward_native = staticmethod(RMSNorm.forward_native)
+
+        op = Sized()
+        small, big, w = torch.randn(2, 8), torch.randn(40, 64), torch.randn(8)
+        w64 = torch.randn(64)
+        with tracing.capture() as calls:
+            op(small, w)
+            op(big, w64)
+        assert [c.backend for c in calls] == ["torch", "triton"]
+        op(small, w), op(big, w64)  # now cached: one splitter for both sides
+        assert op.lookup(small) is op.lookup(big) is not None
+        torch.testing.assert_close(op(big, w64), RMSNorm.forward_native(big, w64), atol=1e-5, rtol=1e-5)
+    finally:
+        registry._OPS.pop("test.sized")

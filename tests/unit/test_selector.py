@@ -123,3 +123,33 @@ def test_trace_renders_every_backend() -> None:
     text = select(RMS, ALL_CPU, dtype="float32").trace_str()
     for name in (*RMS.backend_names, "reference"):
         assert name in text
+
+
+def test_size_priority_switches_backend_at_the_threshold() -> None:
+    add = registry.get("layernorm.fused_add_rmsnorm")
+    threshold = add.size_threshold("cuda")
+    assert threshold is not None and add.size_threshold("cpu") is None
+    small = select(add, H200, dtype="bfloat16", numel=threshold - 1)
+    big = select(add, H200, dtype="bfloat16", numel=threshold)
+    assert small.chosen == "aot" and big.chosen == "triton"
+    assert select(add, H200, dtype="bfloat16").chosen == "aot"  # no size given: the base order
+
+
+def test_size_priority_validation() -> None:
+    b = BackendSpec("torch", "m:f", Requirement(devices=("cpu",)))
+    with pytest.raises(ValueError, match="one size_priority threshold per device"):
+        OpSpec(
+            name="a.b",
+            reference="m:f",
+            backends=(b,),
+            default_priority=("torch",),
+            size_priority=(("cpu", 1, ("torch",)), ("cpu", 2, ("torch",))),
+        )
+    with pytest.raises(ValueError, match="priority names unknown backend"):
+        OpSpec(
+            name="a.b",
+            reference="m:f",
+            backends=(b,),
+            default_priority=("torch",),
+            size_priority=(("cpu", 1, ("jit",)),),
+        )

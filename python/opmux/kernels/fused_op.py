@@ -39,6 +39,17 @@ def platform_device(device: torch.device) -> tuple[str, str | None]:
     return ("hip" if plat.device_type == "hip" else "cuda"), plat.arch
 
 
+def _size_split(
+    key: int, threshold: int, small: Callable[..., Any], big: Callable[..., Any]
+) -> Callable[..., Any]:
+    """One cached callable for an op whose best backend changes with size (spec.size_priority)."""
+
+    def split(*args: Any, **kwargs: Any) -> Any:
+        return (big if args[key].numel() >= threshold else small)(*args, **kwargs)
+
+    return split
+
+
 class BaseFusedOp:
     """The multi-backend operator contract; see the module docstring."""
 
@@ -52,6 +63,7 @@ class BaseFusedOp:
         self._cuda: dict[torch.dtype, Callable[..., Any]] = {}
         self._impls: dict[str, Callable[..., Any]] = {}
         self._failed: dict[str, str] = {}
+        self._sides: dict[tuple[bool, torch.dtype], dict[bool, Callable[..., Any]]] = {}
         self._dtypes = {d for b in self.spec.backends for d in b.requires.dtypes}
         _dispatch_state.track(self)
 
@@ -86,6 +98,7 @@ class BaseFusedOp:
     def invalidate(self) -> None:
         self._cpu.clear()
         self._cuda.clear()
+        self._sides.clear()
 
     def impl(self, name: str) -> Callable[..., Any]:
         """The callable of backend ``name`` (``reference`` is ``forward_native``)."""
@@ -136,6 +149,7 @@ class BaseFusedOp:
             forced=forced,
             arg_rejections=self._arg_rejections(args, kwargs),
             failed=self._failed,
+            numel=x.numel(),
         )
 
     def _apply_policy(self, sel: Selection) -> None:
@@ -187,10 +201,22 @@ class BaseFusedOp:
                 )
             )
         elif backend is None and not self._has_predicates():
-            cache = self._cpu if x.is_cpu else self._cuda if x.is_cuda else None
-            if cache is not None:
-                cache[x.dtype] = fn
+            self._remember(x, fn)
         return result
+
+    def _remember(self, x: torch.Tensor, fn: Callable[..., Any]) -> None:
+        """Cache ``fn`` for tensors like ``x``; with a size rule, once both sides are known."""
+        cache = self._cpu if x.is_cpu else self._cuda if x.is_cuda else None
+        if cache is None:
+            return
+        threshold = self.spec.size_threshold(platform_device(x.device)[0])
+        if threshold is None:
+            cache[x.dtype] = fn
+            return
+        sides = self._sides.setdefault((x.is_cuda, x.dtype), {})
+        sides[x.numel() >= threshold] = fn
+        if len(sides) == 2:
+            cache[x.dtype] = _size_split(self.key_arg, threshold, sides[False], sides[True])
 
     def _has_predicates(self) -> bool:
         return any(b.requires.predicate for b in self.spec.backends)

@@ -176,18 +176,20 @@ def select(
     forced: tuple[str, ...] | None = None,
     arg_rejections: Mapping[str, str] | None = None,
     failed: Mapping[str, str] | None = None,
+    numel: int | None = None,
 ) -> Selection:
     """Choose a backend for one call.
 
     Consideration order is ``forced`` (if given) then the device's priority. Each
     backend is checked for device, arch, dtype, machine capabilities, the call's
     arguments (``arg_rejections``, from predicates) and earlier run-time failures
-    (``failed``). With nothing acceptable the reference (``forward_native``) runs. The
+    (``failed``); ``numel`` (the key tensor's size) picks a size class's priority where the
+    spec declares one. With nothing acceptable the reference (``forward_native``) runs. The
     caller applies the fallback policy when ``Selection.fallback`` is set.
     """
     arg_rejections = arg_rejections or {}
     failed = failed or {}
-    priority = spec.priority_for(facts.device_type)
+    priority = spec.priority_for(facts.device_type, numel)
     checked: dict[str, Decision] = {}
     for backend in spec.backends:
         d = _check(backend, facts, dtype)

@@ -130,6 +130,10 @@ class OpSpec:
     invalid_samples: str | None = None
     mutates: tuple[str, ...] = ()
     doc: str = ""
+    #: (device type, min elements of the key tensor, priority): from that size on, this
+    #: order replaces the device's priority (one threshold per device; measured, see
+    #: docs/benchmarks). Dispatch caches one backend per side of the threshold.
+    size_priority: tuple[tuple[str, int, tuple[str, ...]], ...] = ()
     _by_name: dict[str, BackendSpec] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
@@ -144,7 +148,14 @@ class OpSpec:
             raise ValueError(f"{self.name}: duplicate backend(s) {dupes}")
         if "reference" in names:
             raise ValueError(f"{self.name}: 'reference' is reserved for forward_native")
-        for _, order in (("*", self.default_priority), *self.priority):
+        devices = [dev for dev, _, _ in self.size_priority]
+        if len(devices) != len(set(devices)):
+            raise ValueError(f"{self.name}: one size_priority threshold per device type")
+        for _, order in (
+            ("*", self.default_priority),
+            *self.priority,
+            *((d, o) for d, _, o in self.size_priority),
+        ):
             unknown = [n for n in order if n not in names]
             if unknown:
                 raise ValueError(
@@ -168,7 +179,16 @@ class OpSpec:
                 f"{self.name} has no backend {name!r}; valid: {', '.join(self.backend_names)}"
             ) from None
 
-    def priority_for(self, device_type: str) -> tuple[str, ...]:
+    def size_threshold(self, device_type: str) -> int | None:
+        """The element count from which ``size_priority`` applies on ``device_type``."""
+        return next((n for dev, n, _ in self.size_priority if dev == device_type), None)
+
+    def priority_for(self, device_type: str, numel: int | None = None) -> tuple[str, ...]:
+        """Best first, for a key tensor of ``numel`` elements (None: the size-independent order)."""
+        if numel is not None:
+            for dev, threshold, order in self.size_priority:
+                if dev == device_type and numel >= threshold:
+                    return order
         return dict(self.priority).get(device_type, self.default_priority)
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
