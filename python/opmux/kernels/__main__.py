@@ -28,6 +28,10 @@ def list_info() -> dict[str, Any]:
                 "backends": {b.name: b.requires.describe() for b in spec.backends},
                 "priority": {dev: list(order) for dev, order in spec.priority}
                 | {"*": list(spec.default_priority)},
+                "size_priority": [
+                    {"device": dev, "min_elements": n, "priority": list(order)}
+                    for dev, n, order in spec.size_priority
+                ],
             }
             for name, spec in ops.items()
         },
@@ -111,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", help="platform device type (default: this machine's accelerator, else cpu)")
     p.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on GPUs, float32 on cpu)")
     p.add_argument("--backend", help="force a backend, as the per-call backend= argument would")
+    p.add_argument(
+        "--numel", type=int, help="elements of the key tensor, for ops whose choice depends on size"
+    )
     sub.add_parser("env", help="platform, installed build, toolchains, JIT cache, knobs")
     args = parser.parse_args(argv)
     try:
@@ -118,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             info: Any = list_info()
             render = _print_list
         elif args.cmd == "explain":
-            info = explain(args.op, device=args.device, dtype=args.dtype, backend=args.backend).as_dict()
+            info = explain(
+                args.op, device=args.device, dtype=args.dtype, backend=args.backend, numel=args.numel
+            ).as_dict()
 
             def render(i: dict[str, Any]) -> None:
                 rows = [

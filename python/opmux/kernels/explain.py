@@ -27,11 +27,13 @@ def explain(
     device: str | None = None,
     dtype: str | None = None,
     backend: str | None = None,
+    numel: int | None = None,
     **kwargs: Any,
 ) -> Selection:
     """The selection for ``op``: with arguments, exactly what a call with them would do;
     without, for ``device`` (default: this machine's accelerator, else cpu) and ``dtype``
-    (default bfloat16 on accelerators, float32 on cpu)."""
+    (default bfloat16 on accelerators, float32 on cpu), and ``numel`` elements of the key
+    tensor where the op's priority depends on size (default: the size-independent order)."""
     if args:
         return op_instance(op).select_for(args, kwargs, backend)  # type: ignore[no-any-return]
     spec = registry.get(op)
@@ -45,4 +47,4 @@ def explain(
             arch = plat.arch
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
     forced = _dispatch_state.forced(op, backend) if backend else _dispatch_state.backends_for(op)
-    return select(spec, facts.detect_facts(device, arch), dtype=dtype, forced=forced)
+    return select(spec, facts.detect_facts(device, arch), dtype=dtype, forced=forced, numel=numel)
