@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "opmux/checks.h"
+#include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
 #include "opmux/head_checks.h"
 
@@ -21,7 +22,7 @@ constexpr int64_t kParallelMinElems = 1 << 15;
 constexpr int kLanes = 16;
 
 template <typename T>
-inline float sum_squares(const T* v, int64_t n) {
+OPMUX_CPU_INLINE float sum_squares(const T* v, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -41,19 +42,25 @@ inline float sum_squares(const T* v, int64_t n) {
 
 // The weight factor: w, or 1 + w (Gemma) computed in float.
 template <bool GEMMA>
-inline float weight_factor(float w) {
+OPMUX_CPU_INLINE float weight_factor(float w) {
   return GEMMA ? 1.0f + w : w;
 }
 
 // out[i] = (x[i] * rstd) * w[i], same operation order as the torch reference.
 template <bool GEMMA, typename T>
-inline void scale_row(T* out, const T* x, const T* w, int64_t n, float rstd) {
+OPMUX_CPU_INLINE void scale_row(T* out, const T* x, const T* w, int64_t n, float rstd) {
   for (int64_t i = 0; i < n; ++i)
     out[i] = from_float<T>((to_float(x[i]) * rstd) * weight_factor<GEMMA>(to_float(w[i])));
 }
 
-inline float inv_rms(float sum, int64_t n, float eps) {
+OPMUX_CPU_INLINE float inv_rms(float sum, int64_t n, float eps) {
   return 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+}
+
+// One row; multiversioned (OPMUX_CPU_CLONES in opmux/cpu_math.h).
+template <bool GEMMA, typename T>
+OPMUX_CPU_CLONES void rmsnorm_row(T* out, const T* x, const T* w, int64_t hidden, float eps) {
+  scale_row<GEMMA>(out, x, w, hidden, inv_rms(sum_squares(x, hidden), hidden, eps));
 }
 
 template <bool GEMMA, typename T>
@@ -65,9 +72,7 @@ void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, cons
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * x_stride;
-    const float rstd = inv_rms(sum_squares(xr, hidden), hidden, eps);
-    scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, rstd);
+    rmsnorm_row<GEMMA, T>(out + r * out_stride, x + r * x_stride, w, hidden, eps);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
 #include "opmux/moe_checks.h"
 
@@ -18,37 +19,80 @@ namespace moe_cpu {
 
 using cpu::to_float;
 
+OPMUX_CPU_INLINE float max_f(float a, float b) { return a < b ? b : a; }  // std::max order
+
+// One token. x: scratch for the row in float (experts entries), taken: scratch flags.
+// Softmax max and sum and the top-k scans are branch-free loops that vectorize; a row with a
+// NaN takes the plain scalar scan, which keeps the original tie / NaN behaviour.
+template <typename T>
+OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t experts, int64_t k,
+                               bool renormalize, float* x, float* e, char* taken) {
+  float m = -INFINITY;
+  bool nan = false;
+  for (int64_t i = 0; i < experts; ++i) {
+    x[i] = to_float(row[i]);
+    m = max_f(m, x[i]);
+    nan |= x[i] != x[i];
+  }
+  float sum = 0.f;
+  for (int64_t i = 0; i < experts; ++i) {
+    e[i] = cpu::exp_f(x[i] - m);
+    sum += e[i];
+  }
+  for (int64_t i = 0; i < experts; ++i) taken[i] = 0;
+  float total = 0.f;
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    if (!nan) {
+      // The largest untaken logit, then its first index (the lower index wins ties).
+      float top = -INFINITY;
+      for (int64_t i = 0; i < experts; ++i) top = max_f(top, taken[i] ? -INFINITY : x[i]);
+      for (int64_t i = 0; i < experts; ++i)
+        if (!taken[i] && x[i] == top) { best = i; break; }
+    } else {
+      for (int64_t i = 0; i < experts; ++i)  // strict '>' keeps the lower index on ties
+        if (!taken[i] && (best < 0 || x[i] > x[best])) best = i;
+    }
+    taken[best] = 1;
+    const float p = e[best] / sum;
+    w[j] = p;
+    ids[j] = static_cast<int32_t>(best);
+    total += p;
+  }
+  if (renormalize)
+    for (int64_t j = 0; j < k; ++j) w[j] /= total;
+}
+
 template <typename T>
 void topk_impl(float* w, int32_t* ids, const T* g, const TopkArgs& a, bool renormalize) {
   const bool parallel = a.tokens > 1 && a.tokens * a.experts >= (1 << 15);
   (void)parallel;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel if (parallel)
 #endif
-  for (int64_t t = 0; t < a.tokens; ++t) {
-    std::vector<float> x(a.experts);
-    std::vector<char> taken(a.experts, 0);
-    const T* row = g + t * a.g_stride;
-    float m = -INFINITY;
-    for (int64_t e = 0; e < a.experts; ++e) {
-      x[e] = to_float(row[e]);
-      m = std::max(m, x[e]);
+  {
+    constexpr int64_t kStack = 512;  // experts kept on the stack; more go to the heap
+    float xs[kStack], es[kStack];
+    char ts[kStack];
+    std::vector<float> xv, ev;
+    std::vector<char> tv;
+    float* x = xs;
+    float* e = es;
+    char* taken = ts;
+    if (a.experts > kStack) {
+      xv.resize(a.experts);
+      ev.resize(a.experts);
+      tv.resize(a.experts);
+      x = xv.data();
+      e = ev.data();
+      taken = tv.data();
     }
-    float sum = 0.f;
-    for (int64_t e = 0; e < a.experts; ++e) sum += std::exp(x[e] - m);
-    float total = 0.f;
-    for (int64_t j = 0; j < a.k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < a.experts; ++e)  // strict '>' keeps the lower index on ties
-        if (!taken[e] && (best < 0 || x[e] > x[best])) best = e;
-      taken[best] = 1;
-      const float p = std::exp(x[best] - m) / sum;
-      w[t * a.k + j] = p;
-      ids[t * a.k + j] = static_cast<int32_t>(best);
-      total += p;
-    }
-    if (renormalize)
-      for (int64_t j = 0; j < a.k; ++j) w[t * a.k + j] /= total;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t t = 0; t < a.tokens; ++t)
+      topk_row(w + t * a.k, ids + t * a.k, g + t * a.g_stride, a.experts, a.k, renormalize, x, e,
+               taken);
   }
 }
 

@@ -9,13 +9,14 @@
 #include <cmath>
 
 #include "opmux/checks.h"
+#include "opmux/cpu_math.h"
 #include "opmux/dtype_checks.h"
 #include "opmux/fp8_cpu.h"
 
 namespace opmux {
 namespace quantization_cpu {
 
-using cpu::float_to_e4m3fn;
+using cpu::float_to_e4m3fn_branchless;
 using cpu::to_float;
 
 constexpr float kFp8Max = 448.0f;
@@ -24,21 +25,48 @@ const float kMinScale = static_cast<float>(1.0 / (448.0 * 512.0));
 constexpr int64_t kParallelMinElems = 1 << 15;
 constexpr int kLanes = 16;
 
+// max(a, b) as std::max writes it (a NaN b keeps a), spelled out: std:: helpers are not
+// always inlined into the multiversioned clones, and a call stops vectorization.
+OPMUX_CPU_INLINE float max_f(float a, float b) { return a < b ? b : a; }
+
 template <typename T>
-inline float abs_max(const T* v, int64_t n) {
+OPMUX_CPU_INLINE float abs_max(const T* v, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], std::fabs(to_float(v[i + l])));
+    for (int l = 0; l < kLanes; ++l) acc[l] = max_f(acc[l], __builtin_fabsf(to_float(v[i + l])));
   float m = 0.f;
-  for (int l = 0; l < kLanes; ++l) m = std::max(m, acc[l]);
-  for (; i < n; ++i) m = std::max(m, std::fabs(to_float(v[i])));
+  for (int l = 0; l < kLanes; ++l) m = max_f(m, acc[l]);
+  for (; i < n; ++i) m = max_f(m, __builtin_fabsf(to_float(v[i])));
   return m;
 }
 
 template <typename T>
-inline void quantize(uint8_t* q, const T* x, int64_t n, float inv) {
-  for (int64_t i = 0; i < n; ++i) q[i] = float_to_e4m3fn(to_float(x[i]) * inv);
+OPMUX_CPU_INLINE void quantize(uint8_t* q, const T* x, int64_t n, float inv) {
+  for (int64_t i = 0; i < n; ++i) q[i] = float_to_e4m3fn_branchless(to_float(x[i]) * inv);
+}
+
+// One row (per token): returns the scale. Multiversioned (OPMUX_CPU_CLONES); the amax and the
+// scale + convert loops are branch-free and vectorize.
+template <typename T>
+OPMUX_CPU_CLONES float per_token_row(uint8_t* q, const T* x, int64_t n, const float* ub) {
+  float amax = abs_max(x, n);
+  if (ub != nullptr) amax = std::min(amax, *ub);
+  const float scale = std::max(amax / kFp8Max, kMinScale);
+  quantize(q, x, n, 1.0f / scale);
+  return scale;
+}
+
+// One row, group by group.
+template <typename T>
+OPMUX_CPU_CLONES void per_group_row(uint8_t* q, float* s, int64_t s_col, const T* x,
+                                    int64_t groups, int64_t gs, float eps) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const T* xg = x + g * gs;
+    const float scale = std::max(abs_max(xg, gs), eps) / kFp8Max;
+    s[g * s_col] = scale;
+    quantize(q + g * gs, xg, gs, 1.0f / scale);
+  }
 }
 
 struct QuantArgs {
@@ -74,12 +102,7 @@ void per_token_impl(uint8_t* q, float* s, const T* x, const QuantArgs& a, const 
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
   for (int64_t r = 0; r < a.rows; ++r) {
-    const T* xr = x + r * a.x_stride;
-    float amax = abs_max(xr, a.hidden);
-    if (ub != nullptr) amax = std::min(amax, *ub);
-    const float scale = std::max(amax / kFp8Max, kMinScale);
-    s[r] = scale;
-    quantize(q + r * a.q_stride, xr, a.hidden, 1.0f / scale);
+    s[r] = per_token_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, ub);
   }
 }
 
@@ -93,12 +116,7 @@ void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T*
 #pragma omp parallel for schedule(static) if (parallel)
 #endif
   for (int64_t r = 0; r < a.rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const T* xg = x + r * a.x_stride + g * gs;
-      const float scale = std::max(abs_max(xg, gs), eps) / kFp8Max;
-      s[r * s_row + g * s_col] = scale;
-      quantize(q + r * a.q_stride + g * gs, xg, gs, 1.0f / scale);
-    }
+    per_group_row(q + r * a.q_stride, s + r * s_row, s_col, x + r * a.x_stride, groups, gs, eps);
   }
 }
 

@@ -6,18 +6,26 @@
 #include <cstdint>
 #include <cstring>
 
+// Helpers called from multiversioned kernels (OPMUX_CPU_CLONES in cpu_math.h) must be forced
+// inline: GCC does not inline a plain function into a clone built for another target.
+#if defined(__GNUC__)
+#define OPMUX_CPU_INLINE inline __attribute__((always_inline))
+#else
+#define OPMUX_CPU_INLINE inline
+#endif
+
 namespace opmux {
 namespace cpu {
 
 struct half_t { uint16_t bits; };
 struct bf16_t { uint16_t bits; };
 
-inline float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+OPMUX_CPU_INLINE float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+OPMUX_CPU_INLINE uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 
 // IEEE half -> float (after M. Dukhan's FP16 library, MIT): normals are rebased by an
 // exponent offset and a power-of-two scale; subnormals go through a magic-number subtract.
-inline float half_to_float(uint16_t h) {
+OPMUX_CPU_INLINE float half_to_float(uint16_t h) {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;
   const uint32_t two_w = w + w;  // drops the sign bit
@@ -28,7 +36,7 @@ inline float half_to_float(uint16_t h) {
 }
 
 // float -> IEEE half, round to nearest even; overflow -> inf, NaN -> quiet NaN.
-inline uint16_t float_to_half(float f) {
+OPMUX_CPU_INLINE uint16_t float_to_half(float f) {
   float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;  // rounds, saturates to inf
   const uint32_t w = f32_to_bits(f);
   const uint32_t shl1_w = w + w;
@@ -43,24 +51,24 @@ inline uint16_t float_to_half(float f) {
   return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
 
-inline float bf16_to_float(uint16_t b) { return bits_to_f32(static_cast<uint32_t>(b) << 16); }
+OPMUX_CPU_INLINE float bf16_to_float(uint16_t b) { return bits_to_f32(static_cast<uint32_t>(b) << 16); }
 
 // float -> bfloat16, round to nearest even; NaN stays a (quiet) NaN.
-inline uint16_t float_to_bf16(float f) {
+OPMUX_CPU_INLINE uint16_t float_to_bf16(float f) {
   const uint32_t u = f32_to_bits(f);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   const uint32_t nan = (u >> 16) | 0x0040u;
   return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
 }
 
-inline float to_float(float v) { return v; }
-inline float to_float(half_t v) { return half_to_float(v.bits); }
-inline float to_float(bf16_t v) { return bf16_to_float(v.bits); }
+OPMUX_CPU_INLINE float to_float(float v) { return v; }
+OPMUX_CPU_INLINE float to_float(half_t v) { return half_to_float(v.bits); }
+OPMUX_CPU_INLINE float to_float(bf16_t v) { return bf16_to_float(v.bits); }
 
-template <typename T> inline T from_float(float v);
-template <> inline float from_float<float>(float v) { return v; }
-template <> inline half_t from_float<half_t>(float v) { return half_t{float_to_half(v)}; }
-template <> inline bf16_t from_float<bf16_t>(float v) { return bf16_t{float_to_bf16(v)}; }
+template <typename T> OPMUX_CPU_INLINE T from_float(float v);
+template <> OPMUX_CPU_INLINE float from_float<float>(float v) { return v; }
+template <> OPMUX_CPU_INLINE half_t from_float<half_t>(float v) { return half_t{float_to_half(v)}; }
+template <> OPMUX_CPU_INLINE bf16_t from_float<bf16_t>(float v) { return bf16_t{float_to_bf16(v)}; }
 
 }  // namespace cpu
 }  // namespace opmux

@@ -6,12 +6,12 @@
 
 #include <cstdint>
 
-#include "opmux/cpu_types.h"
+#include "opmux/cpu_types.h"  // OPMUX_CPU_INLINE
 
 namespace opmux {
 namespace cpu {
 
-inline uint8_t float_to_e4m3fn(float f) {
+OPMUX_CPU_INLINE uint8_t float_to_e4m3fn(float f) {
   uint32_t u = f32_to_bits(f);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   u &= 0x7FFFFFFFu;
@@ -28,6 +28,22 @@ inline uint8_t float_to_e4m3fn(float f) {
   const uint32_t mant_odd = (u >> 20) & 1u;
   u += (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu + mant_odd;
   return sign | static_cast<uint8_t>(u >> 20);
+}
+
+// The same conversion without branches (every path computed, then selected), so a loop over it
+// vectorizes; bit-identical to float_to_e4m3fn for every input.
+OPMUX_CPU_INLINE uint8_t float_to_e4m3fn_branchless(float f) {
+  uint32_t u = f32_to_bits(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  u &= 0x7FFFFFFFu;
+  const float r = bits_to_f32(u) + bits_to_f32(141u << 23);
+  const uint32_t sub = f32_to_bits(r) - (141u << 23);
+  const uint32_t mant_odd = (u >> 20) & 1u;
+  const uint32_t nrm = (u + (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu + mant_odd) >> 20;
+  uint32_t v = u < (121u << 23) ? sub : nrm;
+  v = u >= 0x43E00000u ? 0x7Eu : v;
+  v = u > 0x7F800000u ? 0x7Fu : v;
+  return static_cast<uint8_t>(sign | (v & 0xFFu));
 }
 
 }  // namespace cpu
