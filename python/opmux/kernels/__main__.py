@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import config, registry
@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub.add_parser("env", help="platform, installed build, toolchains, JIT cache, knobs")
     args = parser.parse_args(argv)
+    render: Callable[[dict[str, Any]], None]
     try:
         if args.cmd == "list":
             info: Any = list_info()
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.op, device=args.device, dtype=args.dtype, backend=args.backend, numel=args.numel
             ).as_dict()
 
-            def render(i: dict[str, Any]) -> None:
+            def print_explain(i: dict[str, Any]) -> None:
                 rows = [
                     [
                         d["backend"],
@@ -147,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(
                         f"fallback: wanted {i['fallback_from']['backend']} ({i['fallback_from']['reason']})"
                     )
+
+            render = print_explain
         else:
             info = env_info()
             render = _print_env

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from . import config, registry
@@ -77,7 +77,7 @@ def backends_for(op: str) -> tuple[str, ...] | None:
     return _env_overrides().backends_for(op)
 
 
-def forced(op: str, value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+def forced(op: str, value: str | Sequence[str]) -> tuple[str, ...]:
     """Validate a per-call ``backend=`` value against the op's backends."""
     return forced_backend(value, op=op, known_backends=registry.known_backends()[op])
 

@@ -64,7 +64,7 @@ def _jit(device: str) -> tuple[Reason | None, str]:
 def _aot(device: str, arch: str | None) -> tuple[Reason | None, str]:
     from . import aot
 
-    if not aot.available(device):
+    if not aot.available(aot.as_device(device)):
         return Reason.NOT_IN_WHEEL, f"this install has no AOT {device} library"
     if device == "cuda":
         from .. import _build_info

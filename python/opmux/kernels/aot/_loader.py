@@ -10,25 +10,32 @@ from __future__ import annotations
 import importlib.util
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import tvm_ffi
 
-__all__ = ["DEVICES", "available", "library_path", "load_library"]
+__all__ = ["DEVICES", "Device", "as_device", "available", "library_path", "load_library"]
 
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[Device, ...] = ("cpu", "cuda")
 _PACKAGE = "opmux.kernels.aot"
 
-_loaded: dict[str, Any] = {}
+_loaded: dict[str, tvm_ffi.Module] = {}
 _lock = threading.Lock()
+
+
+def as_device(device: str) -> Device:
+    """``device`` as an AOT :data:`Device`; ValueError for a device type with no AOT library."""
+    for known in DEVICES:
+        if device == known:
+            return known
+    raise ValueError(f"opmux: unknown AOT device {device!r}; valid: {', '.join(DEVICES)}")
 
 
 def library_path(device: Device) -> Path:
     """Where ``libopmux_aot_<device>.so`` would be: beside this package, via ``find_spec``."""
-    if device not in DEVICES:
-        raise ValueError(f"opmux: unknown AOT device {device!r}; valid: {', '.join(DEVICES)}")
+    device = as_device(device)  # callers without a type checker may pass any string
     spec = importlib.util.find_spec(_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"opmux: cannot locate {_PACKAGE}")

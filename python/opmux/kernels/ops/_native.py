@@ -28,7 +28,7 @@ def _load(kind: str, group: str, device: str, name: str) -> Callable[..., Any]:
     if kind == "aot":
         from .. import aot
 
-        lib = aot.load_library(device)
+        lib = aot.load_library(aot.as_device(device))
         if lib is None:
             raise BackendUnavailable("aot", f"this install has no AOT {device} library")
         try:

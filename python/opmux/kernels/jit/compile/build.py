@@ -195,11 +195,12 @@ def build_shared_library(
             # One depfile per translation unit, so compile separately and link at the end.
             objdir = Path(tempfile.mkdtemp(prefix=".objs-", dir=output.parent))
             try:
-                objects, deps = [], []
+                objects: list[str] = []
+                deps: list[Path] = []
                 compile_only = [f for f in flags if f != "-shared"]
                 for index, source in enumerate(sources):
                     obj = objdir / f"{index}.o"
-                    dep = objdir / f"{index}.d"
+                    part = objdir / f"{index}.d"
                     _run(
                         [
                             toolchain.path,
@@ -207,7 +208,7 @@ def build_shared_library(
                             *includes,
                             "-MMD",
                             "-MF",
-                            str(dep),
+                            str(part),
                             "-c",
                             str(source),
                             "-o",
@@ -216,7 +217,7 @@ def build_shared_library(
                         commands,
                     )
                     objects.append(str(obj))
-                    deps.append(dep)
+                    deps.append(part)
                 _run(
                     [toolchain.path, *flags, *objects, "-o", str(output), *_link_flags(device, libtvm)],
                     commands,

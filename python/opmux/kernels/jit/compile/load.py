@@ -294,7 +294,7 @@ def ensure_built(
     )
 
 
-_memo: dict[tuple[Any, ...], Any] = {}
+_memo: dict[tuple[Any, ...], tvm_ffi.Module] = {}
 _memo_locks: dict[tuple[Any, ...], threading.Lock] = {}
 _memo_guard = threading.Lock()
 

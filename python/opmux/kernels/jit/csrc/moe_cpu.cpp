@@ -21,9 +21,12 @@ using cpu::to_float;
 
 OPMUX_CPU_INLINE float max_f(float a, float b) { return a < b ? b : a; }  // std::max order
 
-// One token. x: scratch for the row in float (experts entries), taken: scratch flags.
-// Softmax max and sum and the top-k scans are branch-free loops that vectorize; a row with a
-// NaN takes the plain scalar scan, which keeps the original tie / NaN behaviour.
+// One token. x, e: scratch for the row in float (experts entries each).
+// Softmax max and sum are branch-free loops that vectorize. Top-k of a NaN-free row: one scan
+// keeping the k best (logit, index) pairs sorted, best first; an entry only displaces strictly
+// smaller logits, so of equal logits the lower index ranks first (the k-pass "first index of
+// the largest untaken logit" order, -inf included). A row with a NaN takes the plain k-pass
+// scalar scan, which keeps the original tie / NaN behaviour.
 template <typename T>
 OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t experts, int64_t k,
                                bool renormalize, float* x, float* e, char* taken) {
@@ -39,25 +42,38 @@ OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t exp
     e[i] = cpu::exp_f(x[i] - m);
     sum += e[i];
   }
-  for (int64_t i = 0; i < experts; ++i) taken[i] = 0;
   float total = 0.f;
-  for (int64_t j = 0; j < k; ++j) {
-    int64_t best = -1;
-    if (!nan) {
-      // The largest untaken logit, then its first index (the lower index wins ties).
-      float top = -INFINITY;
-      for (int64_t i = 0; i < experts; ++i) top = max_f(top, taken[i] ? -INFINITY : x[i]);
-      for (int64_t i = 0; i < experts; ++i)
-        if (!taken[i] && x[i] == top) { best = i; break; }
-    } else {
+  if (!nan) {
+    // ids[0..n) sorted by (logit descending, index ascending); w[] holds the logits meanwhile.
+    int64_t n = 0;
+    for (int64_t i = 0; i < experts; ++i) {
+      const float v = x[i];
+      if (n == k && !(v > w[k - 1])) continue;  // the common case: not in the top k
+      int64_t j = n < k ? n++ : k - 1;
+      for (; j > 0 && w[j - 1] < v; --j) {  // strict: equal logits keep the lower index first
+        w[j] = w[j - 1];
+        ids[j] = ids[j - 1];
+      }
+      w[j] = v;
+      ids[j] = static_cast<int32_t>(i);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const float p = e[ids[j]] / sum;
+      w[j] = p;
+      total += p;
+    }
+  } else {
+    for (int64_t i = 0; i < experts; ++i) taken[i] = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
       for (int64_t i = 0; i < experts; ++i)  // strict '>' keeps the lower index on ties
         if (!taken[i] && (best < 0 || x[i] > x[best])) best = i;
+      taken[best] = 1;
+      const float p = e[best] / sum;
+      w[j] = p;
+      ids[j] = static_cast<int32_t>(best);
+      total += p;
     }
-    taken[best] = 1;
-    const float p = e[best] / sum;
-    w[j] = p;
-    ids[j] = static_cast<int32_t>(best);
-    total += p;
   }
   if (renormalize)
     for (int64_t j = 0; j < k; ++j) w[j] /= total;

@@ -23,22 +23,20 @@ constexpr float kFp8Max = 448.0f;
 // vLLM's MIN_SCALING_FACTOR, rounded from double exactly as the Python reference rounds it.
 const float kMinScale = static_cast<float>(1.0 / (448.0 * 512.0));
 constexpr int64_t kParallelMinElems = 1 << 15;
-constexpr int kLanes = 16;
 
-// max(a, b) as std::max writes it (a NaN b keeps a), spelled out: std:: helpers are not
-// always inlined into the multiversioned clones, and a call stops vectorization.
-OPMUX_CPU_INLINE float max_f(float a, float b) { return a < b ? b : a; }
-
+// max |v[i]| over the non-NaN entries (0 when there are none), as the float max of std::max
+// order would give it (a NaN never displaces the running max). Taken on the bit patterns: for
+// non-negative non-NaN floats the unsigned integer order is the float order, and an unsigned
+// max reduction vectorizes where a float one (NaN / signed-zero rules) does not.
 template <typename T>
 OPMUX_CPU_INLINE float abs_max(const T* v, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = max_f(acc[l], __builtin_fabsf(to_float(v[i + l])));
-  float m = 0.f;
-  for (int l = 0; l < kLanes; ++l) m = max_f(m, acc[l]);
-  for (; i < n; ++i) m = max_f(m, __builtin_fabsf(to_float(v[i])));
-  return m;
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = cpu::f32_to_bits(to_float(v[i])) & 0x7FFFFFFFu;
+    u &= 0u - static_cast<uint32_t>(u <= 0x7F800000u);  // NaN -> +0 (a mask: ?: stays scalar)
+    m = m < u ? u : m;
+  }
+  return cpu::bits_to_f32(m);
 }
 
 template <typename T>

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -22,7 +23,7 @@ def _register(name: str, op: BaseFusedOp) -> tuple[Callable[..., torch.Tensor], 
 
     @torch.library.custom_op(f"opmux::{name}", mutates_args=())
     def functional(x: torch.Tensor) -> torch.Tensor:
-        return op(x)
+        return cast(torch.Tensor, op(x))
 
     @functional.register_fake
     def _(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,7 @@ def _call(
             return ops[0](x)
         ops[1](out, x)
         return out
-    return op(x, out, backend=backend)  # type: ignore[no-any-return]
+    return cast(torch.Tensor, op(x, out, backend=backend))
 
 
 def silu_and_mul(
@@ -68,7 +69,7 @@ def silu_and_mul(
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2*d]``, computed in fp32."""
     fn = None if backend is not None or _compiling() else _silu.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, out)
+        return cast(torch.Tensor, fn(x, out))
     return _call(_silu, _silu_ops, x, out, backend)
 
 
@@ -78,7 +79,7 @@ def gelu_and_mul(
     """``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) gelu, computed in fp32."""
     fn = None if backend is not None or _compiling() else _gelu.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, out)
+        return cast(torch.Tensor, fn(x, out))
     return _call(_gelu, _gelu_ops, x, out, backend)
 
 
@@ -88,5 +89,5 @@ def gelu_tanh_and_mul(
     """``gelu(x[..., :d], approximate="tanh") * x[..., d:]``, computed in fp32."""
     fn = None if backend is not None or _compiling() else _gelu_tanh.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, out)
+        return cast(torch.Tensor, fn(x, out))
     return _call(_gelu_tanh, _gelu_tanh_ops, x, out, backend)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -118,7 +119,7 @@ def _npu_gelu(approximate: str) -> Callable[[torch.Tensor], torch.Tensor]:
     def act(x: torch.Tensor) -> torch.Tensor:
         import torch_npu  # vendor library, present only on Ascend hosts
 
-        return torch_npu.npu_gelu(x, approximate=approximate)
+        return cast(torch.Tensor, torch_npu.npu_gelu(x, approximate=approximate))
 
     return act
 

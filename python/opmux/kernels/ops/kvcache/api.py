@@ -55,7 +55,8 @@ def reshape_and_cache(
     """
     fn = None if backend is not None or _compiling() else _op.lookup(key)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(key, value, key_cache, value_cache, slot_mapping)
+        fn(key, value, key_cache, value_cache, slot_mapping)
+        return
     if _compiling():
         torch.ops.opmux.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
         return

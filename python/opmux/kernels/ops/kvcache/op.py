@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import BackendUnavailable
 from ...fused_op import BaseFusedOp
 from .. import _checks, _native
 
@@ -42,14 +43,14 @@ def _check(
 ) -> None:
     """Raises on bad arguments; ``values``: also range-check the slots (CPU only; fake impls
     pass False: there is no data under torch.compile)."""
-    for name, t in (
+    for name, arg in (
         ("key", key),
         ("value", value),
         ("key_cache", key_cache),
         ("value_cache", value_cache),
         ("slot_mapping", slot_mapping),
     ):
-        _checks.tensor(_OP, name, t)
+        _checks.tensor(_OP, name, arg)
     _checks.float_dtype(_OP, "key", key)
     _checks.same_dtype(_OP, "key", key, value=value, key_cache=key_cache, value_cache=value_cache)
     _checks.exact_dtype(_OP, "slot_mapping", slot_mapping, torch.int64)
@@ -90,6 +91,27 @@ def _check(
 
 def _device(x: torch.Tensor) -> str:
     return "cuda" if x.is_cuda else "cpu"
+
+
+def _native_call(
+    kind: str,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """The C++ kernels range-check every slot before the first write (CPU) or skip bad ones
+    (CUDA), so the Python slot check (~5 torch ops, most of a decode step's call) is skipped;
+    it still runs where the kernel cannot be loaded, so a bad slot stays a ValueError there."""
+    _check(key, value, key_cache, value_cache, slot_mapping, values=False)
+    d = _device(key)
+    try:
+        fn = _native.function(kind, "kvcache", d, f"reshape_and_cache_{d}")
+    except BackendUnavailable:
+        _check_slots(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+        raise
+    fn(key, value, key_cache, value_cache, slot_mapping)
 
 
 class ReshapeAndCache(BaseFusedOp):
@@ -147,11 +169,7 @@ class ReshapeAndCache(BaseFusedOp):
         value_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        _check(key, value, key_cache, value_cache, slot_mapping)
-        d = _device(key)
-        _native.function("jit", "kvcache", d, f"reshape_and_cache_{d}")(
-            key, value, key_cache, value_cache, slot_mapping
-        )
+        _native_call("jit", key, value, key_cache, value_cache, slot_mapping)
 
     @staticmethod
     def forward_aot(
@@ -161,8 +179,4 @@ class ReshapeAndCache(BaseFusedOp):
         value_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        _check(key, value, key_cache, value_cache, slot_mapping)
-        d = _device(key)
-        _native.function("aot", "kvcache", d, f"reshape_and_cache_{d}")(
-            key, value, key_cache, value_cache, slot_mapping
-        )
+        _native_call("aot", key, value, key_cache, value_cache, slot_mapping)

@@ -57,7 +57,9 @@ def reshape_and_cache_samples(device: str, dtype: torch.dtype) -> list[Sample]:
 
 
 def reshape_and_cache_invalid(device: str) -> Invalid:
-    def mk(t: int = 3, h: int = 2, d: int = 8, nb: int = 2, bs: int = 4, dtype: torch.dtype = torch.float32):
+    def mk(
+        t: int = 3, h: int = 2, d: int = 8, nb: int = 2, bs: int = 4, dtype: torch.dtype = torch.float32
+    ) -> list[torch.Tensor]:
         k = torch.randn(t, h, d, device=device).to(dtype)
         return [
             k,

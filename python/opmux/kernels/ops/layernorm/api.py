@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -37,7 +38,7 @@ def _register_norm(name: str, op: BaseFusedOp) -> tuple[Overload, Overload]:
 
     @torch.library.custom_op(f"opmux::{name}", mutates_args=())
     def functional(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return op(x, weight, eps)
+        return cast(torch.Tensor, op(x, weight, eps))
 
     @functional.register_fake
     def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,7 +65,7 @@ def _register_add(name: str, op: BaseFusedOp) -> Overload:
     def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         _check_add(op.op_name, x, residual, weight)
 
-    return getattr(torch.ops.opmux, name).default
+    return cast(Overload, getattr(torch.ops.opmux, name).default)
 
 
 @torch.library.custom_op("opmux::qk_norm", mutates_args=("q", "k"))
@@ -132,7 +133,7 @@ def rmsnorm(
     """
     fn = None if backend is not None or _compiling() else _rms.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, weight, eps, out)
+        return cast(torch.Tensor, fn(x, weight, eps, out))
     return _norm(_rms, _rms_ops, x, weight, eps, out, backend)
 
 
@@ -147,7 +148,8 @@ def fused_add_rmsnorm(
     """In place: ``residual += x``, then ``x = rmsnorm(residual, weight, eps)``."""
     fn = None if backend is not None or _compiling() else _add.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, residual, weight, eps)
+        fn(x, residual, weight, eps)
+        return
     _fused_add(_add, _add_op, x, residual, weight, eps, backend)
 
 
@@ -162,7 +164,7 @@ def gemma_rmsnorm(
     """Gemma RMSNorm: ``x * rsqrt(mean(x**2) + eps) * (1 + weight)``, all in fp32."""
     fn = None if backend is not None or _compiling() else _gemma_rms.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, weight, eps, out)
+        return cast(torch.Tensor, fn(x, weight, eps, out))
     return _norm(_gemma_rms, _gemma_rms_ops, x, weight, eps, out, backend)
 
 
@@ -177,7 +179,8 @@ def gemma_fused_add_rmsnorm(
     """In place: ``residual += x``, then ``x = gemma_rmsnorm(residual, weight, eps)``."""
     fn = None if backend is not None or _compiling() else _gemma_add.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, residual, weight, eps)
+        fn(x, residual, weight, eps)
+        return
     _fused_add(_gemma_add, _gemma_add_op, x, residual, weight, eps, backend)
 
 
@@ -194,7 +197,8 @@ def qk_norm(
     ``q_weight`` / ``k_weight`` [D] (fp32 math). One kernel launch for both on CUDA."""
     fn = None if backend is not None or _compiling() else _qk.lookup(q)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(q, k, q_weight, k_weight, eps)
+        fn(q, k, q_weight, k_weight, eps)
+        return
     if _compiling():
         torch.ops.opmux.qk_norm(q, k, q_weight, k_weight, eps)
         return

@@ -5,6 +5,8 @@ name their op and the ``gemma`` flag."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ...fused_op import BaseFusedOp
@@ -160,7 +162,7 @@ def _add_native(
 def _npu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     import torch_npu  # vendor library, present only on Ascend hosts
 
-    return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]
+    return cast(torch.Tensor, torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0])
 
 
 # -- the ops ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -15,11 +16,13 @@ _align = MoeAlignBlockSize()
 # bound once: dynamo folds this function to True while tracing; eager pays one call
 _compiling = torch.compiler.is_compiling
 Backend = str | Sequence[str] | None
+_Pair = tuple[torch.Tensor, torch.Tensor]
+_Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @torch.library.custom_op("opmux::topk_softmax", mutates_args=())
 def _topk_op(gating_output: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _topk(gating_output, topk, renormalize)
+    return cast(_Pair, _topk(gating_output, topk, renormalize))
 
 
 @_topk_op.register_fake
@@ -31,7 +34,7 @@ def _(gating_output: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.
 def _align_op(
     topk_ids: torch.Tensor, block_size: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _align(topk_ids, block_size, num_experts)
+    return cast(_Triple, _align(topk_ids, block_size, num_experts))
 
 
 @_align_op.register_fake
@@ -53,10 +56,10 @@ def topk_softmax(
     """
     fn = None if backend is not None or _compiling() else _topk.lookup(gating_output)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(gating_output, topk, renormalize)
+        return cast(_Pair, fn(gating_output, topk, renormalize))
     if _compiling():
-        return torch.ops.opmux.topk_softmax(gating_output, topk, renormalize)
-    return _topk(gating_output, topk, renormalize, backend=backend)
+        return cast(_Pair, torch.ops.opmux.topk_softmax(gating_output, topk, renormalize))
+    return cast(_Pair, _topk(gating_output, topk, renormalize, backend=backend))
 
 
 def moe_align_block_size(
@@ -74,7 +77,7 @@ def moe_align_block_size(
     """
     fn = None if backend is not None or _compiling() else _align.lookup(topk_ids)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(topk_ids, block_size, num_experts)
+        return cast(_Triple, fn(topk_ids, block_size, num_experts))
     if _compiling():
-        return torch.ops.opmux.moe_align_block_size(topk_ids, block_size, num_experts)
-    return _align(topk_ids, block_size, num_experts, backend=backend)
+        return cast(_Triple, torch.ops.opmux.moe_align_block_size(topk_ids, block_size, num_experts))
+    return cast(_Triple, _align(topk_ids, block_size, num_experts, backend=backend))

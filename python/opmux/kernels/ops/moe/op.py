@@ -57,7 +57,9 @@ def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
             )
 
 
-def _check_align(ids: torch.Tensor, block_size: int, num_experts: int, values: bool = True):
+def _check_align(
+    ids: torch.Tensor, block_size: int, num_experts: int, values: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (sorted_token_ids, expert_ids, num_tokens_post_padded), uninitialised. ``values``:
     also range-check the ids (CPU only; fake impls pass False: no data under torch.compile)."""
     _checks.tensor(_AL, "topk_ids", ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...spec import BackendSpec, OpSpec
+from ...spec import BackendSpec, OpSpec, Requirement
 from .._common import AOT, INT32_EXACT, JIT, TOLERANCES, TORCH, TRITON, priority_without
 
 _M = "opmux.kernels.ops.moe.op"
@@ -12,7 +12,7 @@ _PRIORITY = priority_without("torch_npu")
 
 
 def _backends(cls: str, dtypes: tuple[str, ...] | None = None) -> tuple[BackendSpec, ...]:
-    def req(r):
+    def req(r: Requirement) -> Requirement:
         return r if dtypes is None else replace(r, dtypes=dtypes)
 
     return (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -15,11 +16,12 @@ _pg = PerTokenGroupQuantFP8()
 # bound once: dynamo folds this function to True while tracing; eager pays one call
 _compiling = torch.compiler.is_compiling
 Backend = str | Sequence[str] | None
+_Pair = tuple[torch.Tensor, torch.Tensor]
 
 
 @torch.library.custom_op("opmux::per_token_quant_fp8", mutates_args=())
 def _per_token_op(x: torch.Tensor, scale_ub: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _pt(x, scale_ub)
+    return cast(_Pair, _pt(x, scale_ub))
 
 
 @_per_token_op.register_fake
@@ -32,7 +34,7 @@ def _(x: torch.Tensor, scale_ub: torch.Tensor | None) -> tuple[torch.Tensor, tor
 def _per_group_op(
     x: torch.Tensor, group_size: int, eps: float, column_major_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _pg(x, group_size, eps, column_major_scales)
+    return cast(_Pair, _pg(x, group_size, eps, column_major_scales))
 
 
 @_per_group_op.register_fake
@@ -55,10 +57,10 @@ def per_token_quant_fp8(
     """
     fn = None if backend is not None or _compiling() else _pt.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, scale_ub)
+        return cast(_Pair, fn(x, scale_ub))
     if _compiling():
-        return torch.ops.opmux.per_token_quant_fp8(x, scale_ub)
-    return _pt(x, scale_ub, backend=backend)
+        return cast(_Pair, torch.ops.opmux.per_token_quant_fp8(x, scale_ub))
+    return cast(_Pair, _pt(x, scale_ub, backend=backend))
 
 
 def per_token_group_quant_fp8(
@@ -78,7 +80,7 @@ def per_token_group_quant_fp8(
     """
     fn = None if backend is not None or _compiling() else _pg.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(x, group_size, eps, column_major_scales)
+        return cast(_Pair, fn(x, group_size, eps, column_major_scales))
     if _compiling():
-        return torch.ops.opmux.per_token_group_quant_fp8(x, group_size, eps, column_major_scales)
-    return _pg(x, group_size, eps, column_major_scales, backend=backend)
+        return cast(_Pair, torch.ops.opmux.per_token_group_quant_fp8(x, group_size, eps, column_major_scales))
+    return cast(_Pair, _pg(x, group_size, eps, column_major_scales, backend=backend))

@@ -42,7 +42,9 @@ def _hidden(op: str, x: torch.Tensor) -> int:
     return int(x.shape[-1])
 
 
-def _check_per_token(x: torch.Tensor, scale_ub: torch.Tensor | None):
+def _check_per_token(
+    x: torch.Tensor, scale_ub: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (x2 [T, H], q, scales, q2 as uint8 [T, H], scales2 [T], scale_ub or an empty tensor)."""
     h = _hidden(_PT, x)
     if scale_ub is not None:
@@ -63,7 +65,9 @@ def _check_per_token(x: torch.Tensor, scale_ub: torch.Tensor | None):
     return x2, q, s, q.view(torch.uint8).view(-1, h), s.view(-1), ub
 
 
-def _check_group(x: torch.Tensor, group_size: int, eps: float, column_major_scales: bool):
+def _check_group(
+    x: torch.Tensor, group_size: int, eps: float, column_major_scales: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (x2 [T, H], q, scales, q2 as uint8 [T, H], scales2 [T, G] (strided when column-major))."""
     h = _hidden(_PG, x)
     gs = _checks.positive_int(_PG, "group_size", group_size)
@@ -147,7 +151,7 @@ class PerTokenGroupQuantFP8(BaseFusedOp):
         x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         h = x.shape[-1]
-        xg = x.float().unflatten(-1, (h // group_size, group_size))
+        xg = x.float().reshape(*x.shape[:-1], h // group_size, group_size)
         scale = xg.abs().amax(-1, keepdim=True).clamp(min=eps) / FP8_MAX
         q = _to_fp8(xg * scale.reciprocal()).flatten(-2)
         scale = scale.squeeze(-1)
@@ -160,7 +164,7 @@ class PerTokenGroupQuantFP8(BaseFusedOp):
         x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         _, q, s, _, _s2 = _check_group(x, group_size, eps, column_major_scales)
-        xg = x.float().unflatten(-1, (x.shape[-1] // group_size, group_size))
+        xg = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
         amax = torch.linalg.vector_norm(xg, float("inf"), dim=-1, keepdim=True)
         scale = torch.clamp_min(amax, eps) / FP8_MAX
         q.copy_(torch.clamp(xg * scale.reciprocal(), -FP8_MAX, FP8_MAX).view(x.shape))

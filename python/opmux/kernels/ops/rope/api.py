@@ -58,7 +58,8 @@ def rotary_embedding(
     (no device sync; see ``op.py``)."""
     fn = None if backend is not None or _compiling() else _rope.lookup(query)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return fn(positions, query, key, head_size, cos_sin_cache, is_neox)
+        fn(positions, query, key, head_size, cos_sin_cache, is_neox)
+        return
     if _compiling():
         torch.ops.opmux.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .._common import Sample
@@ -34,7 +36,9 @@ def _case(
 ) -> Sample:
     g = torch.Generator(device="cpu").manual_seed(seed)
     positions = torch.randint(0, max_pos, lead, generator=g).to(device)
-    shape = (lambda h: (*lead, h, head)) if split else (lambda h: (*lead, h * head))
+    shape: Callable[[int], tuple[int, ...]] = (
+        (lambda h: (*lead, h, head)) if split else (lambda h: (*lead, h * head))
+    )
     q = (torch.randn(shape(hq), generator=g) * scale).to(dtype=dtype, device=device)
     k = (torch.randn(shape(hk), generator=g) * scale).to(dtype=dtype, device=device)
     cache = _cache(max_pos, rot, torch.float32 if f32_cache else dtype, device)

@@ -30,8 +30,10 @@ OPMUX_CPU_INLINE uint8_t float_to_e4m3fn(float f) {
   return sign | static_cast<uint8_t>(u >> 20);
 }
 
-// The same conversion without branches (every path computed, then selected), so a loop over it
-// vectorizes; bit-identical to float_to_e4m3fn for every input.
+// The same conversion without branches (every path computed, then merged through all-ones /
+// all-zeros masks), so a loop over it vectorizes; bit-identical to float_to_e4m3fn for every
+// input. Masks, not ?: selects: GCC 12 leaves this loop scalar ("control flow in loop") when
+// the selects are written as conditionals.
 OPMUX_CPU_INLINE uint8_t float_to_e4m3fn_branchless(float f) {
   uint32_t u = f32_to_bits(f);
   const uint32_t sign = (u >> 24) & 0x80u;
@@ -40,9 +42,12 @@ OPMUX_CPU_INLINE uint8_t float_to_e4m3fn_branchless(float f) {
   const uint32_t sub = f32_to_bits(r) - (141u << 23);
   const uint32_t mant_odd = (u >> 20) & 1u;
   const uint32_t nrm = (u + (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu + mant_odd) >> 20;
-  uint32_t v = u < (121u << 23) ? sub : nrm;
-  v = u >= 0x43E00000u ? 0x7Eu : v;
-  v = u > 0x7F800000u ? 0x7Fu : v;
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(u < (121u << 23));
+  uint32_t v = (sub & is_sub) | (nrm & ~is_sub);
+  const uint32_t is_sat = 0u - static_cast<uint32_t>(u >= 0x43E00000u);
+  v = (0x7Eu & is_sat) | (v & ~is_sat);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(u > 0x7F800000u);
+  v = (0x7Fu & is_nan) | (v & ~is_nan);
   return static_cast<uint8_t>(sign | (v & 0xFFu));
 }
 
