@@ -77,7 +77,7 @@ void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, cons
 }
 
 template <bool GEMMA, typename T>
-void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int64_t res_stride, const T* w,
+OPMUX_CPU_CLONES void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int64_t res_stride, const T* w,
                             int64_t rows, int64_t hidden, float eps) {
   const bool parallel = rows > 1 && rows * hidden >= kParallelMinElems;
   (void)parallel;
