@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -50,8 +50,15 @@ def _size_split(
     return split
 
 
-class BaseFusedOp:
-    """The multi-backend operator contract; see the module docstring."""
+R = TypeVar("R")
+
+
+class BaseFusedOp(Generic[R]):
+    """The multi-backend operator contract; see the module docstring.
+
+    ``R`` is what the op returns, so the public functions' hot path is typed without a
+    runtime ``cast``.
+    """
 
     op_name: ClassVar[str]
     #: index of the argument whose device and dtype pick the backend
@@ -59,8 +66,8 @@ class BaseFusedOp:
 
     def __init__(self) -> None:
         self.spec: OpSpec = registry.get(self.op_name)
-        self._cpu: dict[torch.dtype, Callable[..., Any]] = {}
-        self._cuda: dict[torch.dtype, Callable[..., Any]] = {}
+        self._cpu: dict[torch.dtype, Callable[..., R]] = {}
+        self._cuda: dict[torch.dtype, Callable[..., R]] = {}
         self._impls: dict[str, Callable[..., Any]] = {}
         self._failed: dict[str, str] = {}
         self._sides: dict[tuple[bool, torch.dtype], dict[bool, Callable[..., Any]]] = {}
@@ -84,7 +91,7 @@ class BaseFusedOp:
                 return fn(*args, **kwargs)
         return self._dispatch(args, kwargs, backend)
 
-    def lookup(self, x: Any) -> Callable[..., Any] | None:
+    def lookup(self, x: Any) -> Callable[..., R] | None:
         """The cached backend for a tensor like ``x`` (None: take the full dispatch).
 
         The public functions call this first, then the backend with their positional

@@ -17,7 +17,9 @@ _compiling = torch.compiler.is_compiling
 Backend = str | Sequence[str] | None
 
 
-def _register(name: str, op: BaseFusedOp) -> tuple[Callable[..., torch.Tensor], Callable[..., None]]:
+def _register(
+    name: str, op: BaseFusedOp[torch.Tensor]
+) -> tuple[Callable[..., torch.Tensor], Callable[..., None]]:
     """Registers ``opmux::<name>`` (returns a new tensor) and ``opmux::<name>_out`` (writes
     ``out``) with fake impls; returns their overloads, which is what a compiled graph calls."""
 
@@ -49,7 +51,7 @@ _gelu_tanh_ops = _register("gelu_tanh_and_mul", _gelu_tanh)
 
 
 def _call(
-    op: BaseFusedOp,
+    op: BaseFusedOp[torch.Tensor],
     ops: tuple[Callable[..., torch.Tensor], Callable[..., None]],
     x: torch.Tensor,
     out: torch.Tensor | None,
@@ -69,7 +71,7 @@ def silu_and_mul(
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of shape ``[..., 2*d]``, computed in fp32."""
     fn = None if backend is not None or _compiling() else _silu.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(torch.Tensor, fn(x, out))
+        return fn(x, out)
     return _call(_silu, _silu_ops, x, out, backend)
 
 
@@ -79,7 +81,7 @@ def gelu_and_mul(
     """``gelu(x[..., :d]) * x[..., d:]`` with the exact (erf) gelu, computed in fp32."""
     fn = None if backend is not None or _compiling() else _gelu.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(torch.Tensor, fn(x, out))
+        return fn(x, out)
     return _call(_gelu, _gelu_ops, x, out, backend)
 
 
@@ -89,5 +91,5 @@ def gelu_tanh_and_mul(
     """``gelu(x[..., :d], approximate="tanh") * x[..., d:]``, computed in fp32."""
     fn = None if backend is not None or _compiling() else _gelu_tanh.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(torch.Tensor, fn(x, out))
+        return fn(x, out)
     return _call(_gelu_tanh, _gelu_tanh_ops, x, out, backend)

@@ -82,7 +82,7 @@ def _torch_gelu(approximate: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: F.gelu(x, approximate=approximate)
 
 
-class SiluAndMul(BaseFusedOp):
+class SiluAndMul(BaseFusedOp[torch.Tensor]):
     op_name = _SILU
 
     @staticmethod
@@ -124,7 +124,7 @@ def _npu_gelu(approximate: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return act
 
 
-class GeluAndMul(BaseFusedOp):
+class GeluAndMul(BaseFusedOp[torch.Tensor]):
     op_name = _GELU
 
     @staticmethod
@@ -152,7 +152,7 @@ class GeluAndMul(BaseFusedOp):
         return _gated(_npu_gelu("none"), x, out, fp32=False)
 
 
-class GeluTanhAndMul(BaseFusedOp):
+class GeluTanhAndMul(BaseFusedOp[torch.Tensor]):
     op_name = _GELU_TANH
 
     @staticmethod

@@ -114,7 +114,7 @@ def _native_call(
     fn(key, value, key_cache, value_cache, slot_mapping)
 
 
-class ReshapeAndCache(BaseFusedOp):
+class ReshapeAndCache(BaseFusedOp[None]):
     op_name = _OP
 
     @staticmethod

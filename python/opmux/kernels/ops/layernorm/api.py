@@ -32,7 +32,7 @@ Backend = str | Sequence[str] | None
 Overload = Callable[..., object]
 
 
-def _register_norm(name: str, op: BaseFusedOp) -> tuple[Overload, Overload]:
+def _register_norm(name: str, op: BaseFusedOp[torch.Tensor]) -> tuple[Overload, Overload]:
     """``opmux::<name>`` (new tensor) and ``opmux::<name>_out`` (writes ``out``) with fake impls;
     returns their overloads, which is what a compiled graph calls."""
 
@@ -56,7 +56,7 @@ def _register_norm(name: str, op: BaseFusedOp) -> tuple[Overload, Overload]:
     return getattr(torch.ops.opmux, name).default, getattr(torch.ops.opmux, f"{name}_out").default
 
 
-def _register_add(name: str, op: BaseFusedOp) -> Overload:
+def _register_add(name: str, op: BaseFusedOp[None]) -> Overload:
     @torch.library.custom_op(f"opmux::{name}", mutates_args=("x", "residual"))
     def fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         op(x, residual, weight, eps)
@@ -87,7 +87,7 @@ _gemma_add_op = _register_add("gemma_fused_add_rmsnorm", _gemma_add)
 
 
 def _norm(
-    op: BaseFusedOp,
+    op: BaseFusedOp[torch.Tensor],
     ops: tuple[Overload, Overload],
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -104,7 +104,7 @@ def _norm(
 
 
 def _fused_add(
-    op: BaseFusedOp,
+    op: BaseFusedOp[None],
     overload: Overload,
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -133,7 +133,7 @@ def rmsnorm(
     """
     fn = None if backend is not None or _compiling() else _rms.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(torch.Tensor, fn(x, weight, eps, out))
+        return fn(x, weight, eps, out)
     return _norm(_rms, _rms_ops, x, weight, eps, out, backend)
 
 
@@ -164,7 +164,7 @@ def gemma_rmsnorm(
     """Gemma RMSNorm: ``x * rsqrt(mean(x**2) + eps) * (1 + weight)``, all in fp32."""
     fn = None if backend is not None or _compiling() else _gemma_rms.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(torch.Tensor, fn(x, weight, eps, out))
+        return fn(x, weight, eps, out)
     return _norm(_gemma_rms, _gemma_rms_ops, x, weight, eps, out, backend)
 
 

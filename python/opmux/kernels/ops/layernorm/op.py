@@ -166,7 +166,7 @@ def _npu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 
 # -- the ops ---------------------------------------------------------------------------
-class RMSNorm(BaseFusedOp):
+class RMSNorm(BaseFusedOp[torch.Tensor]):
     op_name = _RMS
 
     @staticmethod
@@ -206,7 +206,7 @@ class RMSNorm(BaseFusedOp):
         return _maybe_out(_npu_rms_norm(x, weight, eps), out)
 
 
-class FusedAddRMSNorm(BaseFusedOp):
+class FusedAddRMSNorm(BaseFusedOp[None]):
     op_name = _ADD
 
     @staticmethod
@@ -245,7 +245,7 @@ class FusedAddRMSNorm(BaseFusedOp):
 
 # No torch_npu backend for the Gemma ops: npu_rms_norm takes gamma in x's dtype, so 1 + w
 # would be rounded to bf16/fp16 before use (not the fp32 weight the op promises).
-class GemmaRMSNorm(BaseFusedOp):
+class GemmaRMSNorm(BaseFusedOp[torch.Tensor]):
     op_name = _GEMMA_RMS
 
     @staticmethod
@@ -279,7 +279,7 @@ class GemmaRMSNorm(BaseFusedOp):
         return _norm_native("aot", _GEMMA_RMS, x, weight, eps, out)
 
 
-class GemmaFusedAddRMSNorm(BaseFusedOp):
+class GemmaFusedAddRMSNorm(BaseFusedOp[None]):
     op_name = _GEMMA_ADD
 
     @staticmethod
@@ -317,7 +317,7 @@ def _qk_native(
     _native.function(kind, "layernorm", d, fn)(q3, k3, q_weight, k_weight, float(eps))
 
 
-class QKNorm(BaseFusedOp):
+class QKNorm(BaseFusedOp[None]):
     """In place: per-head RMSNorm of q [..., Hq, D] and k [..., Hk, D] (weights [D])."""
 
     op_name = _QK

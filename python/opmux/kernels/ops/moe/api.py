@@ -56,7 +56,7 @@ def topk_softmax(
     """
     fn = None if backend is not None or _compiling() else _topk.lookup(gating_output)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(_Pair, fn(gating_output, topk, renormalize))
+        return fn(gating_output, topk, renormalize)
     if _compiling():
         return cast(_Pair, torch.ops.opmux.topk_softmax(gating_output, topk, renormalize))
     return cast(_Pair, _topk(gating_output, topk, renormalize, backend=backend))
@@ -77,7 +77,7 @@ def moe_align_block_size(
     """
     fn = None if backend is not None or _compiling() else _align.lookup(topk_ids)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(_Triple, fn(topk_ids, block_size, num_experts))
+        return fn(topk_ids, block_size, num_experts)
     if _compiling():
         return cast(_Triple, torch.ops.opmux.moe_align_block_size(topk_ids, block_size, num_experts))
     return cast(_Triple, _align(topk_ids, block_size, num_experts, backend=backend))

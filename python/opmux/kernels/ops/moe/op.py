@@ -85,7 +85,7 @@ def _check_align(
     )
 
 
-class TopkSoftmax(BaseFusedOp):
+class TopkSoftmax(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
     op_name = _TK
 
     @staticmethod
@@ -143,7 +143,7 @@ class TopkSoftmax(BaseFusedOp):
         return w, ids
 
 
-class MoeAlignBlockSize(BaseFusedOp):
+class MoeAlignBlockSize(BaseFusedOp[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
     op_name = _AL
 
     @staticmethod

@@ -57,7 +57,7 @@ def per_token_quant_fp8(
     """
     fn = None if backend is not None or _compiling() else _pt.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(_Pair, fn(x, scale_ub))
+        return fn(x, scale_ub)
     if _compiling():
         return cast(_Pair, torch.ops.opmux.per_token_quant_fp8(x, scale_ub))
     return cast(_Pair, _pt(x, scale_ub, backend=backend))
@@ -80,7 +80,7 @@ def per_token_group_quant_fp8(
     """
     fn = None if backend is not None or _compiling() else _pg.lookup(x)
     if fn is not None:  # the hot path: a cached backend, called directly
-        return cast(_Pair, fn(x, group_size, eps, column_major_scales))
+        return fn(x, group_size, eps, column_major_scales)
     if _compiling():
         return cast(_Pair, torch.ops.opmux.per_token_group_quant_fp8(x, group_size, eps, column_major_scales))
     return cast(_Pair, _pg(x, group_size, eps, column_major_scales, backend=backend))

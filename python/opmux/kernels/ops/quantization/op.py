@@ -89,7 +89,7 @@ def _device(x: torch.Tensor) -> str:
     return "cuda" if x.is_cuda else "cpu"
 
 
-class PerTokenQuantFP8(BaseFusedOp):
+class PerTokenQuantFP8(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
     op_name = _PT
 
     @staticmethod
@@ -143,7 +143,7 @@ class PerTokenQuantFP8(BaseFusedOp):
         return q, s
 
 
-class PerTokenGroupQuantFP8(BaseFusedOp):
+class PerTokenGroupQuantFP8(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
     op_name = _PG
 
     @staticmethod

@@ -145,7 +145,7 @@ def _compiled(
     _native.function(kind, "rope", d, f"rotary_embedding_{d}")(pos, q, k, cos_sin_cache, bool(is_neox))
 
 
-class RotaryEmbedding(BaseFusedOp):
+class RotaryEmbedding(BaseFusedOp[None]):
     """In place: rotate the first ``rotary_dim`` elements of every query / key head."""
 
     op_name = _OP
