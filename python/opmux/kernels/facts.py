@@ -57,7 +57,8 @@ def _jit(device: str) -> tuple[Reason | None, str]:
     try:
         tc = finder()
     except toolchain.ToolchainNotFound as exc:
-        return Reason.NO_COMPILER, str(exc).splitlines()[0]
+        # one line for the trace: "what is missing; where we looked; what to do"
+        return Reason.NO_COMPILER, " ".join(line.strip() for line in str(exc).splitlines())
     return None, f"{tc.kind} {tc.version}"
 
 
