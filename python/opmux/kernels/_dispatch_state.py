@@ -79,7 +79,7 @@ def backends_for(op: str) -> tuple[str, ...] | None:
 
 def forced(op: str, value: str | Sequence[str]) -> tuple[str, ...]:
     """Validate a per-call ``backend=`` value against the op's backends."""
-    return forced_backend(value, op=op, known_backends=registry.known_backends()[op])
+    return forced_backend(value, op=op, known_backends=(*registry.get(op).backend_names, "reference"))
 
 
 @contextlib.contextmanager

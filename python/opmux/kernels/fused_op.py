@@ -72,6 +72,9 @@ class BaseFusedOp(Generic[R]):
         self._failed: dict[str, str] = {}
         self._sides: dict[tuple[bool, torch.dtype], dict[bool, Callable[..., Any]]] = {}
         self._dtypes = {d for b in self.spec.backends for d in b.requires.dtypes}
+        # backend -> per-call predicate target; ops with any are never fast-path cached
+        self._predicates = {b.name: b.requires.predicate for b in self.spec.backends if b.requires.predicate}
+        self._predicate_fns: dict[str, Callable[..., str | None]] = {}
         _dispatch_state.track(self)
 
     # -- the reference ---------------------------------------------------------------
@@ -121,11 +124,13 @@ class BaseFusedOp(Generic[R]):
 
     def _arg_rejections(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, str]:
         out: dict[str, str] = {}
-        for b in self.spec.backends:
-            if b.requires.predicate:
-                reason = registry.resolve_target(b.requires.predicate)(*args, **kwargs)
-                if reason:
-                    out[b.name] = reason
+        for name, target in self._predicates.items():
+            fn = self._predicate_fns.get(name)
+            if fn is None:
+                fn = self._predicate_fns[name] = registry.resolve_target(target)
+            reason = fn(*args, **kwargs)
+            if reason:
+                out[name] = reason
         return out
 
     def check_key_tensor(self, x: Any) -> None:
@@ -207,7 +212,7 @@ class BaseFusedOp(Generic[R]):
                     sel.fallback_from.backend if sel.fallback_from else None,
                 )
             )
-        elif backend is None and not self._has_predicates():
+        elif backend is None and not self._predicates:
             self._remember(x, fn)
         return result
 
@@ -224,6 +229,3 @@ class BaseFusedOp(Generic[R]):
         sides[x.numel() >= threshold] = fn
         if len(sides) == 2:
             cache[x.dtype] = _size_split(self.key_arg, threshold, sides[False], sides[True])
-
-    def _has_predicates(self) -> bool:
-        return any(b.requires.predicate for b in self.spec.backends)

@@ -75,14 +75,16 @@ def known_backends() -> dict[str, tuple[str, ...]]:
 
 def get(name: str) -> OpSpec:
     """The spec of ``name``; an unknown op is a ValueError listing the valid ones."""
+    _load_catalog()
+    spec = _OPS.get(name)  # no sorted copy: this runs on every explain and forced call
+    if spec is not None:
+        return spec
     ops = all_ops()
-    if name not in ops:
-        hint = ""
-        if "." not in name:
-            matches = [n for n in ops if n.endswith("." + name)]
-            hint = f" (did you mean {', '.join(matches)}?)" if matches else ""
-        raise ValueError(f"unknown op {name!r}{hint}; valid: {', '.join(ops)}")
-    return ops[name]
+    hint = ""
+    if "." not in name:
+        matches = [n for n in ops if n.endswith("." + name)]
+        hint = f" (did you mean {', '.join(matches)}?)" if matches else ""
+    raise ValueError(f"unknown op {name!r}{hint}; valid: {', '.join(ops)}")
 
 
 def resolve_target(text: str) -> Any:

@@ -15,6 +15,14 @@ from ..errors import BackendUnavailable
 _FNS: dict[tuple[str, str, str], Callable[..., Any]] = {}
 
 
+def kernel(kind: str, op: str, like: Any) -> Callable[..., Any]:
+    """The native kernel of ``op`` (``group.name``) for tensors like ``like``: the function
+    ``<name>_<device>`` of module ``<group>_<device>`` (JIT) or of the AOT library."""
+    device = "cuda" if like.is_cuda else "cpu"
+    group, _, name = op.partition(".")
+    return function(kind, group, device, f"{name}_{device}")
+
+
 def function(kind: str, group: str, device: str, name: str) -> Callable[..., Any]:
     key = (kind, f"{group}_{device}", name)
     fn = _FNS.get(key)

@@ -12,6 +12,7 @@
 #include "opmux/cpu_math.h"
 #include "opmux/dtype_checks.h"
 #include "opmux/fp8_cpu.h"
+#include "opmux/quant_checks.h"
 
 namespace opmux {
 namespace quantization_cpu {
@@ -67,31 +68,6 @@ OPMUX_CPU_CLONES void per_group_row(uint8_t* q, float* s, int64_t s_col, const T
   }
 }
 
-struct QuantArgs {
-  DType dtype;
-  int64_t rows, hidden, x_stride, q_stride;
-};
-
-// q [rows, hidden] fp8 bytes, x [rows, hidden]; last dims dense, row strides >= 0.
-inline QuantArgs check_quant_args(const char* op, int32_t device_type, const TensorView& q,
-                                  const TensorView& x) {
-  check_ndim(op, "x", x, 2);
-  check_ndim(op, "q", q, 2);
-  QuantArgs a;
-  a.dtype = get_dtype(op, "x", x);
-  check_fp8_bytes(op, "q", q);
-  a.rows = x.size(0);
-  a.hidden = x.size(1);
-  check_size(op, "q", q, 0, a.rows, "rows of x");
-  check_size(op, "q", q, 1, a.hidden, "hidden size of x");
-  check_last_dim_contiguous(op, "x", x);
-  check_last_dim_contiguous(op, "q", q);
-  a.x_stride = row_stride(op, "x", x);
-  a.q_stride = row_stride(op, "q", q);
-  (void)device_type;
-  return a;
-}
-
 template <typename T>
 void per_token_impl(uint8_t* q, float* s, const T* x, const QuantArgs& a, const float* ub) {
   const bool parallel = a.rows > 1 && a.rows * a.hidden >= kParallelMinElems;
@@ -121,7 +97,7 @@ void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T*
 void per_token_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, TensorView scale_ub) {
   const char* op = "opmux.per_token_quant_fp8";
   check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}, {"scale_ub", &scale_ub}});
-  QuantArgs a = check_quant_args(op, kDLCPU, q, x);
+  QuantArgs a = check_quant_args(op, q, x);
   if (a.hidden == 0) TVM_FFI_THROW(ValueError) << op << ": x has hidden size 0";
   check_float32(op, "scales", scales);
   check_vector(op, "scales", scales, a.rows, "rows of x");
@@ -143,7 +119,7 @@ void per_token_group_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x
                                    int64_t group_size, double eps) {
   const char* op = "opmux.per_token_group_quant_fp8";
   check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}});
-  QuantArgs a = check_quant_args(op, kDLCPU, q, x);
+  QuantArgs a = check_quant_args(op, q, x);
   if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
     TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
                               << " must be a positive multiple of group_size " << group_size;

@@ -22,6 +22,7 @@
 #include "opmux/cuda_fp8.cuh"
 #include "opmux/cuda_utils.cuh"
 #include "opmux/dtype_checks.h"
+#include "opmux/quant_checks.h"
 
 namespace opmux {
 namespace quantization_cuda {
@@ -239,26 +240,9 @@ void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
   cuda::launch(op, device_id, props, kernel, grid, block, 0, stream, p);
 }
 
-struct QuantArgs {
-  DType dtype;
-  int32_t device_id;
-  int64_t rows, hidden, x_stride, q_stride;
-};
-
-inline QuantArgs check_quant_args(const char* op, const TensorView& q, const TensorView& x) {
-  check_ndim(op, "x", x, 2);
-  check_ndim(op, "q", q, 2);
-  QuantArgs a;
-  a.dtype = get_dtype(op, "x", x);
-  check_fp8_bytes(op, "q", q);
-  a.rows = x.size(0);
-  a.hidden = x.size(1);
-  check_size(op, "q", q, 0, a.rows, "rows of x");
-  check_size(op, "q", q, 1, a.hidden, "hidden size of x");
-  check_last_dim_contiguous(op, "x", x);
-  check_last_dim_contiguous(op, "q", q);
-  a.x_stride = row_stride(op, "x", x);
-  a.q_stride = row_stride(op, "q", q);
+// The shared checks, plus the 32-bit index limits of these kernels.
+inline QuantArgs check_cuda_quant_args(const char* op, const TensorView& q, const TensorView& x) {
+  QuantArgs a = check_quant_args(op, q, x);
   if (a.hidden > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": hidden size " << a.hidden << " too large";
   if (a.rows > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": " << a.rows << " rows: at most 2^31 - 1";
   return a;
@@ -267,7 +251,7 @@ inline QuantArgs check_quant_args(const char* op, const TensorView& q, const Ten
 void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, TensorView scale_ub) {
   const char* op = "opmux.per_token_quant_fp8";
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}, {"scale_ub", &scale_ub}});
-  QuantArgs a = check_quant_args(op, q, x);
+  QuantArgs a = check_cuda_quant_args(op, q, x);
   if (a.hidden == 0) TVM_FFI_THROW(ValueError) << op << ": x has hidden size 0";
   check_float32(op, "scales", scales);
   check_vector(op, "scales", scales, a.rows, "rows of x");
@@ -294,7 +278,7 @@ void per_token_group_quant_fp8_cuda(TensorView q, TensorView scales, TensorView 
                                     double eps) {
   const char* op = "opmux.per_token_group_quant_fp8";
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
-  QuantArgs a = check_quant_args(op, q, x);
+  QuantArgs a = check_cuda_quant_args(op, q, x);
   if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
     TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
                               << " must be a positive multiple of group_size " << group_size;

@@ -38,10 +38,6 @@ def _check(
     return _checks.rows(op, "x", x, 2 * d), _checks.rows(op, "out", out, d), out
 
 
-def _device(x: torch.Tensor) -> str:
-    return "cuda" if x.is_cuda else "cpu"
-
-
 def _gated(
     act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, out: torch.Tensor | None, fp32: bool
 ) -> torch.Tensor:
@@ -62,8 +58,7 @@ def _triton(op: str, act: str, x: torch.Tensor, out: torch.Tensor | None) -> tor
 def _compiled(kind: str, op: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """The JIT or AOT kernel ``<name>_<device>`` (``name`` is the op name after the group)."""
     x2, o2, out = _check(op, x, out)
-    d = _device(x)
-    _native.function(kind, "activation", d, f"{op.partition('.')[2]}_{d}")(o2, x2)
+    _native.kernel(kind, op, x)(o2, x2)
     return out
 
 

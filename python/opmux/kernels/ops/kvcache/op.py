@@ -89,10 +89,6 @@ def _check(
         _check_slots(slot_mapping, key_cache.shape[0] * bs)
 
 
-def _device(x: torch.Tensor) -> str:
-    return "cuda" if x.is_cuda else "cpu"
-
-
 def _native_call(
     kind: str,
     key: torch.Tensor,
@@ -105,9 +101,8 @@ def _native_call(
     (CUDA), so the Python slot check (~5 torch ops, most of a decode step's call) is skipped;
     it still runs where the kernel cannot be loaded, so a bad slot stays a ValueError there."""
     _check(key, value, key_cache, value_cache, slot_mapping, values=False)
-    d = _device(key)
     try:
-        fn = _native.function(kind, "kvcache", d, f"reshape_and_cache_{d}")
+        fn = _native.kernel(kind, _OP, key)
     except BackendUnavailable:
         _check_slots(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
         raise

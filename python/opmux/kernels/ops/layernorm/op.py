@@ -85,16 +85,6 @@ def _check_qk(
     return view("q", q), view("k", k)
 
 
-def _device(x: torch.Tensor) -> str:
-    return "cuda" if x.is_cuda else "cpu"
-
-
-def _kernel_name(op: str, x: torch.Tensor) -> tuple[str, str]:
-    """(device, exported function) of the native kernel of ``op`` for ``x``."""
-    d = _device(x)
-    return d, f"{op.partition('.')[2]}_{d}"
-
-
 # -- shared implementations ------------------------------------------------------------
 def _ref(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
     xf = x.float()
@@ -125,8 +115,7 @@ def _norm_native(
     kind: str, op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None
 ) -> torch.Tensor:
     x2, o2, out = _check_rmsnorm(op, x, weight, out)
-    d, fn = _kernel_name(op, x)
-    _native.function(kind, "layernorm", d, fn)(o2, x2, weight, float(eps))
+    _native.kernel(kind, op, x)(o2, x2, weight, float(eps))
     return out
 
 
@@ -155,8 +144,7 @@ def _add_native(
     kind: str, op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> None:
     x2, r2 = _check_add(op, x, residual, weight)
-    d, fn = _kernel_name(op, x)
-    _native.function(kind, "layernorm", d, fn)(x2, r2, weight, float(eps))
+    _native.kernel(kind, op, x)(x2, r2, weight, float(eps))
 
 
 def _npu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -313,8 +301,7 @@ def _qk_native(
     kind: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
 ) -> None:
     q3, k3 = _check_qk(q, k, q_weight, k_weight)
-    d, fn = _kernel_name(_QK, q)
-    _native.function(kind, "layernorm", d, fn)(q3, k3, q_weight, k_weight, float(eps))
+    _native.kernel(kind, _QK, q)(q3, k3, q_weight, k_weight, float(eps))
 
 
 class QKNorm(BaseFusedOp[None]):

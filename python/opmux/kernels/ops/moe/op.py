@@ -25,10 +25,6 @@ _TK = "moe.topk_softmax"
 _AL = "moe.moe_align_block_size"
 
 
-def _device(x: torch.Tensor) -> str:
-    return "cuda" if x.is_cuda else "cpu"
-
-
 def _check_topk(g: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     _checks.tensor(_TK, "gating_output", g)
     _checks.float_dtype(_TK, "gating_output", g)
@@ -129,8 +125,7 @@ class TopkSoftmax(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
         gating_output: torch.Tensor, topk: int, renormalize: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         w, ids = _check_topk(gating_output, topk, renormalize)
-        d = _device(gating_output)
-        _native.function("jit", "moe", d, f"topk_softmax_{d}")(w, ids, gating_output, bool(renormalize))
+        _native.kernel("jit", _TK, gating_output)(w, ids, gating_output, bool(renormalize))
         return w, ids
 
     @staticmethod
@@ -138,8 +133,7 @@ class TopkSoftmax(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
         gating_output: torch.Tensor, topk: int, renormalize: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         w, ids = _check_topk(gating_output, topk, renormalize)
-        d = _device(gating_output)
-        _native.function("aot", "moe", d, f"topk_softmax_{d}")(w, ids, gating_output, bool(renormalize))
+        _native.kernel("aot", _TK, gating_output)(w, ids, gating_output, bool(renormalize))
         return w, ids
 
 
@@ -213,10 +207,7 @@ class MoeAlignBlockSize(BaseFusedOp[tuple[torch.Tensor, torch.Tensor, torch.Tens
         topk_ids: torch.Tensor, block_size: int, num_experts: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = _check_align(topk_ids, block_size, num_experts)
-        d = _device(topk_ids)
-        _native.function("jit", "moe", d, f"moe_align_block_size_{d}")(
-            *out, topk_ids, int(block_size), int(num_experts)
-        )
+        _native.kernel("jit", _AL, topk_ids)(*out, topk_ids, int(block_size), int(num_experts))
         return out
 
     @staticmethod
@@ -224,8 +215,5 @@ class MoeAlignBlockSize(BaseFusedOp[tuple[torch.Tensor, torch.Tensor, torch.Tens
         topk_ids: torch.Tensor, block_size: int, num_experts: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = _check_align(topk_ids, block_size, num_experts)
-        d = _device(topk_ids)
-        _native.function("aot", "moe", d, f"moe_align_block_size_{d}")(
-            *out, topk_ids, int(block_size), int(num_experts)
-        )
+        _native.kernel("aot", _AL, topk_ids)(*out, topk_ids, int(block_size), int(num_experts))
         return out

@@ -85,10 +85,6 @@ def _check_group(
     return x2, q, s2.view(*x.shape[:-1], g), q.view(torch.uint8).view(-1, h), s2
 
 
-def _device(x: torch.Tensor) -> str:
-    return "cuda" if x.is_cuda else "cpu"
-
-
 class PerTokenQuantFP8(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
     op_name = _PT
 
@@ -129,8 +125,7 @@ class PerTokenQuantFP8(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
         x: torch.Tensor, scale_ub: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2, ub = _check_per_token(x, scale_ub)
-        d = _device(x)
-        _native.function("jit", "quantization", d, f"per_token_quant_fp8_{d}")(q2, s2, x2, ub)
+        _native.kernel("jit", _PT, x)(q2, s2, x2, ub)
         return q, s
 
     @staticmethod
@@ -138,8 +133,7 @@ class PerTokenQuantFP8(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
         x: torch.Tensor, scale_ub: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2, ub = _check_per_token(x, scale_ub)
-        d = _device(x)
-        _native.function("aot", "quantization", d, f"per_token_quant_fp8_{d}")(q2, s2, x2, ub)
+        _native.kernel("aot", _PT, x)(q2, s2, x2, ub)
         return q, s
 
 
@@ -186,10 +180,7 @@ class PerTokenGroupQuantFP8(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
         x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2 = _check_group(x, group_size, eps, column_major_scales)
-        d = _device(x)
-        _native.function("jit", "quantization", d, f"per_token_group_quant_fp8_{d}")(
-            q2, s2, x2, int(group_size), float(eps)
-        )
+        _native.kernel("jit", _PG, x)(q2, s2, x2, int(group_size), float(eps))
         return q, s
 
     @staticmethod
@@ -197,8 +188,5 @@ class PerTokenGroupQuantFP8(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
         x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x2, q, s, q2, s2 = _check_group(x, group_size, eps, column_major_scales)
-        d = _device(x)
-        _native.function("aot", "quantization", d, f"per_token_group_quant_fp8_{d}")(
-            q2, s2, x2, int(group_size), float(eps)
-        )
+        _native.kernel("aot", _PG, x)(q2, s2, x2, int(group_size), float(eps))
         return q, s

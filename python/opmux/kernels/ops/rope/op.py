@@ -125,10 +125,6 @@ def _rotate(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Te
         x[..., :rot] = y.to(x.dtype)
 
 
-def _device(x: torch.Tensor) -> str:
-    return "cuda" if x.is_cuda else "cpu"
-
-
 def _compiled(
     kind: str,
     positions: torch.Tensor,
@@ -141,8 +137,7 @@ def _compiled(
     pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
     if pos.device.type == "cpu":  # the C++ CPU kernel checks too (for direct ABI callers)
         _check_positions(pos, cos_sin_cache.shape[0])
-    d = _device(query)
-    _native.function(kind, "rope", d, f"rotary_embedding_{d}")(pos, q, k, cos_sin_cache, bool(is_neox))
+    _native.kernel(kind, _OP, query)(pos, q, k, cos_sin_cache, bool(is_neox))
 
 
 class RotaryEmbedding(BaseFusedOp[None]):
