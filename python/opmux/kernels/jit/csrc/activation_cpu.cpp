@@ -1,10 +1,10 @@
 // Gated activations for CPU tensors: out = act(x[:, :d]) * x[:, d:], computed in float, for
 // act = silu, gelu (exact, erf) and gelu_tanh (tanh approximation).
-#include <tvm/ffi/function.h>
-
+// Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
+// the argument checks and the tvm-ffi entry points.
 #include <cmath>
+#include <cstdint>
 
-#include "opmux/checks.h"
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
 
@@ -63,6 +63,17 @@ void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_
   }
 }
 
+}  // namespace activation_cpu
+}  // namespace opmux
+
+#ifndef OPMUX_CPU_KERNELS_ONLY
+#include <tvm/ffi/function.h>
+
+#include "opmux/checks.h"
+
+namespace opmux {
+namespace activation_cpu {
+
 template <typename Act>
 void run(const char* op, TensorView out, TensorView x) {
   RowsArgs a = check_silu_and_mul_args(op, kDLCPU, out, x);
@@ -86,3 +97,4 @@ void gelu_tanh_and_mul_cpu(TensorView out, TensorView x) {
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cpu, opmux::activation_cpu::silu_and_mul_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cpu, opmux::activation_cpu::gelu_and_mul_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cpu, opmux::activation_cpu::gelu_tanh_and_mul_cpu);
+#endif  // OPMUX_CPU_KERNELS_ONLY

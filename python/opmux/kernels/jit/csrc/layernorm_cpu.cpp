@@ -1,14 +1,14 @@
 // RMSNorm, fused add + RMSNorm, their Gemma variants (weight applied as 1 + w, in float) and the
 // per-head qk_norm for CPU tensors (float32 / float16 / bfloat16).
 // One OpenMP task per row range; float accumulation; no temporaries beyond registers.
-#include <tvm/ffi/function.h>
-
+// The kernels come first and need no tvm-ffi; with OPMUX_CPU_KERNELS_ONLY defined only they are
+// compiled (tests/native/aarch64/kernel_check.cpp calls them directly, e.g. on aarch64 under
+// qemu). The argument checks and the tvm-ffi entry points follow.
 #include <cmath>
+#include <cstdint>
 
-#include "opmux/checks.h"
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
-#include "opmux/head_checks.h"
 
 namespace opmux {
 namespace layernorm_cpu {
@@ -112,6 +112,34 @@ OPMUX_CPU_CLONES void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int
   }
 }
 
+// q [Tq, Hq, D] and k [Tk, Hk, D] in place. Heads of a token are D apart in the usual layout,
+// which makes each tensor plain rows of stride D; otherwise one pass per head over the tokens.
+template <typename T>
+void qk_norm_heads(T* x, const cpu::HeadLayout& h, const T* w, int64_t d, float eps) {
+  if (h.tokens == 0 || h.heads == 0) return;
+  if (h.heads == 1 || h.token_stride == h.heads * h.head_stride) {
+    const int64_t stride = h.heads == 1 ? h.token_stride : h.head_stride;
+    rmsnorm_impl<false, T>(x, stride, x, stride, w, h.tokens * h.heads, d, eps);
+    return;
+  }
+  for (int64_t head = 0; head < h.heads; ++head) {
+    T* xh = x + head * h.head_stride;
+    rmsnorm_impl<false, T>(xh, h.token_stride, xh, h.token_stride, w, h.tokens, d, eps);
+  }
+}
+
+}  // namespace layernorm_cpu
+}  // namespace opmux
+
+#ifndef OPMUX_CPU_KERNELS_ONLY
+#include <tvm/ffi/function.h>
+
+#include "opmux/checks.h"
+#include "opmux/head_checks.h"
+
+namespace opmux {
+namespace layernorm_cpu {
+
 template <bool GEMMA>
 void run_rmsnorm(const char* op, TensorView out, TensorView x, TensorView weight, double eps) {
   RowsArgs a = check_norm_args(op, kDLCPU, "out", out, "x", x, weight, eps);
@@ -143,22 +171,6 @@ void run_fused_add(const char* op, TensorView x, TensorView residual, TensorView
   });
 }
 
-// q [Tq, Hq, D] and k [Tk, Hk, D] in place. Heads of a token are D apart in the usual layout,
-// which makes each tensor plain rows of stride D; otherwise one pass per head over the tokens.
-template <typename T>
-void qk_norm_heads(T* x, const Heads& h, const T* w, int64_t d, float eps) {
-  if (h.tokens == 0 || h.heads == 0) return;
-  if (h.heads == 1 || h.token_stride == h.heads * h.head_stride) {
-    const int64_t stride = h.heads == 1 ? h.token_stride : h.head_stride;
-    rmsnorm_impl<false, T>(x, stride, x, stride, w, h.tokens * h.heads, d, eps);
-    return;
-  }
-  for (int64_t head = 0; head < h.heads; ++head) {
-    T* xh = x + head * h.head_stride;
-    rmsnorm_impl<false, T>(xh, h.token_stride, xh, h.token_stride, w, h.tokens, d, eps);
-  }
-}
-
 void rmsnorm_cpu(TensorView out, TensorView x, TensorView weight, double eps) {
   run_rmsnorm<false>("opmux.rmsnorm", out, x, weight, eps);
 }
@@ -173,14 +185,20 @@ void gemma_fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView w
   run_fused_add<true>("opmux.gemma_fused_add_rmsnorm", x, residual, weight, eps);
 }
 
+inline cpu::HeadLayout layout(const Heads& h) {
+  return {h.tokens, h.heads, h.token_stride, h.head_stride};
+}
+
 void qk_norm_cpu(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
                  double eps) {
   QkNormArgs a = check_qk_norm_args("opmux.qk_norm", kDLCPU, q, k, q_weight, k_weight, eps);
   if (a.head_dim == 0) return;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     const float e = static_cast<float>(eps);
-    qk_norm_heads(data_ptr<scalar_t>(q), a.q, data_ptr<const scalar_t>(q_weight), a.head_dim, e);
-    qk_norm_heads(data_ptr<scalar_t>(k), a.k, data_ptr<const scalar_t>(k_weight), a.head_dim, e);
+    qk_norm_heads(data_ptr<scalar_t>(q), layout(a.q), data_ptr<const scalar_t>(q_weight),
+                  a.head_dim, e);
+    qk_norm_heads(data_ptr<scalar_t>(k), layout(a.k), data_ptr<const scalar_t>(k_weight),
+                  a.head_dim, e);
   });
 }
 
@@ -193,3 +211,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cpu, opmux::layernorm_cpu::gemma_rms
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cpu,
                               opmux::layernorm_cpu::gemma_fused_add_rmsnorm_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cpu, opmux::layernorm_cpu::qk_norm_cpu);
+#endif  // OPMUX_CPU_KERNELS_ONLY

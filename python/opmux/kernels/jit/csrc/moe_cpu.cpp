@@ -4,15 +4,15 @@
 //   moe_align_block_size_cpu(sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
 //     block_size, num_experts): a stable counting sort by expert (vLLM layout). Every id is
 //     validated before anything is written; a bad id raises ValueError naming it.
-#include <tvm/ffi/function.h>
-
+// Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
+// the argument checks and the tvm-ffi entry points.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
-#include "opmux/moe_checks.h"
 
 namespace opmux {
 namespace moe_cpu {
@@ -79,8 +79,13 @@ OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t exp
     for (int64_t j = 0; j < k; ++j) w[j] /= total;
 }
 
+// gating g [tokens, experts] (row stride g_stride); weights w and ids [tokens, k], dense.
+struct TopkRows {
+  int64_t tokens, experts, k, g_stride;
+};
+
 template <typename T>
-void topk_impl(float* w, int32_t* ids, const T* g, const TopkArgs& a, bool renormalize) {
+void topk_impl(float* w, int32_t* ids, const T* g, const TopkRows& a, bool renormalize) {
   const bool parallel = a.tokens > 1 && a.tokens * a.experts >= (1 << 15);
   (void)parallel;
 #ifdef _OPENMP
@@ -112,13 +117,54 @@ void topk_impl(float* w, int32_t* ids, const T* g, const TopkArgs& a, bool renor
   }
 }
 
+// moe_align_block_size on topk_ids flattened to `numel` ids, into sorted [max_padded] and
+// experts [max_blocks] (vLLM's sizes: numel + num_experts * (block_size - 1) and its cdiv by
+// block_size) and post[0]. Returns -1, or the flat index of the first id outside
+// [0, num_experts), in which case nothing has been written.
+inline int64_t moe_align_impl(int32_t* sorted, int32_t* experts, int32_t* post, const int32_t* ids,
+                              int64_t numel, int64_t block_size, int64_t num_experts,
+                              int64_t max_padded, int64_t max_blocks) {
+  std::vector<int64_t> counts(num_experts, 0);
+  for (int64_t i = 0; i < numel; ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= num_experts) return i;
+    ++counts[e];
+  }
+  std::vector<int64_t> next(num_experts);  // write cursor per expert
+  int64_t pos = 0;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    next[e] = pos;
+    const int64_t padded = (counts[e] + block_size - 1) / block_size * block_size;
+    for (int64_t b = pos / block_size; b < (pos + padded) / block_size; ++b) experts[b] = static_cast<int32_t>(e);
+    pos += padded;
+  }
+  for (int64_t b = pos / block_size; b < max_blocks; ++b) experts[b] = -1;
+  const int32_t pad = static_cast<int32_t>(numel);
+  for (int64_t i = 0; i < max_padded; ++i) sorted[i] = pad;
+  for (int64_t i = 0; i < numel; ++i) sorted[next[ids[i]]++] = static_cast<int32_t>(i);  // stable
+  post[0] = static_cast<int32_t>(pos);
+  return -1;
+}
+
+}  // namespace moe_cpu
+}  // namespace opmux
+
+#ifndef OPMUX_CPU_KERNELS_ONLY
+#include <tvm/ffi/function.h>
+
+#include "opmux/moe_checks.h"
+
+namespace opmux {
+namespace moe_cpu {
+
 void topk_softmax_cpu(TensorView topk_weights, TensorView topk_ids, TensorView gating_output, bool renormalize) {
   const char* op = "opmux.topk_softmax";
   TopkArgs a = check_topk_args(op, kDLCPU, topk_weights, topk_ids, gating_output);
   if (a.tokens == 0) return;
+  const TopkRows rows{a.tokens, a.experts, a.k, a.g_stride};
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     topk_impl<scalar_t>(data_ptr<float>(topk_weights), data_ptr<int32_t>(topk_ids),
-                        data_ptr<const scalar_t>(gating_output), a, renormalize);
+                        data_ptr<const scalar_t>(gating_output), rows, renormalize);
   });
 }
 
@@ -128,31 +174,14 @@ void moe_align_block_size_cpu(TensorView sorted_token_ids, TensorView expert_ids
   AlignArgs a = check_align_args(op, kDLCPU, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
                                  block_size, num_experts);
   const int32_t* ids = data_ptr<const int32_t>(topk_ids);
-  const int64_t k = topk_ids.size(1);
-  std::vector<int64_t> counts(num_experts, 0);
-  for (int64_t i = 0; i < a.numel; ++i) {
-    const int32_t e = ids[i];
-    if (e < 0 || e >= num_experts) {
-      TVM_FFI_THROW(ValueError) << op << ": topk_ids[" << i / k << ", " << i % k << "] = " << e
-                                << " is out of range [0, " << num_experts << ") (num_experts)";
-    }
-    ++counts[e];
+  const int64_t bad = moe_align_impl(data_ptr<int32_t>(sorted_token_ids), data_ptr<int32_t>(expert_ids),
+                                     data_ptr<int32_t>(num_tokens_post_padded), ids, a.numel, block_size,
+                                     num_experts, a.max_padded, a.max_blocks);
+  if (bad >= 0) {
+    const int64_t k = topk_ids.size(1);
+    TVM_FFI_THROW(ValueError) << op << ": topk_ids[" << bad / k << ", " << bad % k << "] = " << ids[bad]
+                              << " is out of range [0, " << num_experts << ") (num_experts)";
   }
-  int32_t* sorted = data_ptr<int32_t>(sorted_token_ids);
-  int32_t* experts = data_ptr<int32_t>(expert_ids);
-  std::vector<int64_t> next(num_experts);  // write cursor per expert
-  int64_t pos = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    next[e] = pos;
-    const int64_t padded = (counts[e] + block_size - 1) / block_size * block_size;
-    for (int64_t b = pos / block_size; b < (pos + padded) / block_size; ++b) experts[b] = static_cast<int32_t>(e);
-    pos += padded;
-  }
-  for (int64_t b = pos / block_size; b < a.max_blocks; ++b) experts[b] = -1;
-  const int32_t pad = static_cast<int32_t>(a.numel);
-  for (int64_t i = 0; i < a.max_padded; ++i) sorted[i] = pad;
-  for (int64_t i = 0; i < a.numel; ++i) sorted[next[ids[i]]++] = static_cast<int32_t>(i);  // stable
-  data_ptr<int32_t>(num_tokens_post_padded)[0] = static_cast<int32_t>(pos);
 }
 
 }  // namespace moe_cpu
@@ -160,3 +189,4 @@ void moe_align_block_size_cpu(TensorView sorted_token_ids, TensorView expert_ids
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu, opmux::moe_cpu::topk_softmax_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu, opmux::moe_cpu::moe_align_block_size_cpu);
+#endif  // OPMUX_CPU_KERNELS_ONLY

@@ -3,16 +3,15 @@
 //   per_token_group_quant_fp8_cpu(q, scales, x, group_size, eps): scale per group of a row
 // Same fp32 arithmetic as the torch reference (amax, IEEE division, q = x * (1 / scale)),
 // so scales match bit for bit and q matches up to the fp8 rounding, which is exact here.
-#include <tvm/ffi/function.h>
-
+// Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
+// the argument checks and the tvm-ffi entry points.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
-#include "opmux/checks.h"
 #include "opmux/cpu_math.h"
-#include "opmux/dtype_checks.h"
+#include "opmux/cpu_types.h"
 #include "opmux/fp8_cpu.h"
-#include "opmux/quant_checks.h"
 
 namespace opmux {
 namespace quantization_cpu {
@@ -68,8 +67,14 @@ OPMUX_CPU_CLONES void per_group_row(uint8_t* q, float* s, int64_t s_col, const T
   }
 }
 
+// q [rows, hidden] fp8 bytes (row stride q_stride), x [rows, hidden] (row stride x_stride).
+struct QuantRows {
+  int64_t rows, hidden, x_stride, q_stride;
+};
+
+// s[r]: the scale of row r; ub: the scale upper bound, or nullptr.
 template <typename T>
-void per_token_impl(uint8_t* q, float* s, const T* x, const QuantArgs& a, const float* ub) {
+void per_token_impl(uint8_t* q, float* s, const T* x, const QuantRows& a, const float* ub) {
   const bool parallel = a.rows > 1 && a.rows * a.hidden >= kParallelMinElems;
   (void)parallel;
 #ifdef _OPENMP
@@ -80,9 +85,10 @@ void per_token_impl(uint8_t* q, float* s, const T* x, const QuantArgs& a, const 
   }
 }
 
+// s[r * s_row + g * s_col]: the scale of group g (gs elements) of row r; gs divides hidden.
 template <typename T>
 void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T* x,
-                    const QuantArgs& a, int64_t gs, float eps) {
+                    const QuantRows& a, int64_t gs, float eps) {
   const int64_t groups = a.hidden / gs;
   const bool parallel = a.rows > 1 && a.rows * a.hidden >= kParallelMinElems;
   (void)parallel;
@@ -93,6 +99,21 @@ void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T*
     per_group_row(q + r * a.q_stride, s + r * s_row, s_col, x + r * a.x_stride, groups, gs, eps);
   }
 }
+
+}  // namespace quantization_cpu
+}  // namespace opmux
+
+#ifndef OPMUX_CPU_KERNELS_ONLY
+#include <tvm/ffi/function.h>
+
+#include "opmux/checks.h"
+#include "opmux/dtype_checks.h"
+#include "opmux/quant_checks.h"
+
+namespace opmux {
+namespace quantization_cpu {
+
+inline QuantRows rows_of(const QuantArgs& a) { return {a.rows, a.hidden, a.x_stride, a.q_stride}; }
 
 void per_token_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, TensorView scale_ub) {
   const char* op = "opmux.per_token_quant_fp8";
@@ -111,7 +132,7 @@ void per_token_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, Tens
   const float* ub = scale_ub.size(0) == 1 ? data_ptr<const float>(scale_ub) : nullptr;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     per_token_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<float>(scales),
-                             data_ptr<const scalar_t>(x), a, ub);
+                             data_ptr<const scalar_t>(x), rows_of(a), ub);
   });
 }
 
@@ -137,7 +158,7 @@ void per_token_group_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x
   }
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     per_group_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<float>(scales), s_row, s_col,
-                             data_ptr<const scalar_t>(x), a, group_size,
+                             data_ptr<const scalar_t>(x), rows_of(a), group_size,
                              static_cast<float>(eps));
   });
 }
@@ -148,3 +169,4 @@ void per_token_group_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cpu, opmux::quantization_cpu::per_token_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cpu,
                               opmux::quantization_cpu::per_token_group_quant_fp8_cpu);
+#endif  // OPMUX_CPU_KERNELS_ONLY

@@ -3,12 +3,12 @@
 // elements of every head (the tail is untouched) by cos_sin_cache[positions[t]] = [cos | sin].
 // NeoX style pairs element i with i + rotary_dim / 2; GPT-J style pairs 2i with 2i + 1.
 // Positions are validated before anything is written: a bad one is a ValueError naming it.
-#include <tvm/ffi/function.h>
-
+// Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
+// the argument checks and the tvm-ffi entry point.
+#include <cstdint>
 #include <vector>
 
 #include "opmux/cpu_types.h"
-#include "opmux/head_checks.h"
 
 namespace opmux {
 namespace rope_cpu {
@@ -19,7 +19,7 @@ using cpu::to_float;
 constexpr int64_t kParallelMinElems = 1 << 15;
 
 template <bool NEOX, typename T>
-void rotate_heads(T* x, const Heads& h, int64_t t, const float* cos, const float* sin,
+void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos, const float* sin,
                   int64_t half) {
   for (int64_t head = 0; head < h.heads; ++head) {
     T* v = x + t * h.token_stride + head * h.head_stride;
@@ -32,8 +32,23 @@ void rotate_heads(T* x, const Heads& h, int64_t t, const float* cos, const float
   }
 }
 
+// query / key layouts (the same tokens), cos_sin_cache rows [cos | sin] of rot_dim elements,
+// cache_stride apart.
+struct RopeLayout {
+  cpu::HeadLayout q, k;
+  int64_t rot_dim, cache_stride;
+};
+
+// The first t whose position is outside [0, max_pos), or -1 when all are valid.
+inline int64_t first_bad_position(const int64_t* pos, int64_t tokens, int64_t max_pos) {
+  for (int64_t t = 0; t < tokens; ++t)
+    if (pos[t] < 0 || pos[t] >= max_pos) return t;
+  return -1;
+}
+
+// Positions already validated.
 template <bool NEOX, typename T, typename C>
-void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeArgs& a) {
+void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout& a) {
   const int64_t tokens = a.q.tokens, half = a.rot_dim / 2;
   const bool parallel =
       tokens > 1 && tokens * (a.q.heads + a.k.heads) * a.rot_dim >= kParallelMinElems;
@@ -56,7 +71,7 @@ void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeArgs& a
 }
 
 template <typename T, typename C>
-void dispatch_style(const int64_t* pos, T* q, T* k, const C* cache, const RopeArgs& a,
+void dispatch_style(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout& a,
                     bool is_neox) {
   if (is_neox) {
     rope_impl<true>(pos, q, k, cache, a);
@@ -65,26 +80,41 @@ void dispatch_style(const int64_t* pos, T* q, T* k, const C* cache, const RopeAr
   }
 }
 
+}  // namespace rope_cpu
+}  // namespace opmux
+
+#ifndef OPMUX_CPU_KERNELS_ONLY
+#include <tvm/ffi/function.h>
+
+#include "opmux/head_checks.h"
+
+namespace opmux {
+namespace rope_cpu {
+
+inline cpu::HeadLayout layout(const Heads& h) {
+  return {h.tokens, h.heads, h.token_stride, h.head_stride};
+}
+
 void rotary_embedding_cpu(TensorView positions, TensorView query, TensorView key,
                           TensorView cos_sin_cache, bool is_neox) {
   const char* op = "opmux.rotary_embedding";
   RopeArgs a = check_rope_args(op, kDLCPU, positions, query, key, cos_sin_cache);
   const int64_t* pos = data_ptr<const int64_t>(positions);
-  for (int64_t t = 0; t < a.q.tokens; ++t) {
-    if (pos[t] < 0 || pos[t] >= a.max_pos) {
-      TVM_FFI_THROW(ValueError) << op << ": positions[" << t << "] = " << pos[t]
-                                << " is out of range for cos_sin_cache with " << a.max_pos
-                                << " positions (valid: 0.." << a.max_pos - 1 << ")";
-    }
+  const int64_t t = first_bad_position(pos, a.q.tokens, a.max_pos);
+  if (t >= 0) {
+    TVM_FFI_THROW(ValueError) << op << ": positions[" << t << "] = " << pos[t]
+                              << " is out of range for cos_sin_cache with " << a.max_pos
+                              << " positions (valid: 0.." << a.max_pos - 1 << ")";
   }
   if (a.q.tokens == 0) return;
+  const RopeLayout l{layout(a.q), layout(a.k), a.rot_dim, a.cache_stride};
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     scalar_t* q = data_ptr<scalar_t>(query);
     scalar_t* k = data_ptr<scalar_t>(key);
     if (a.cache_dtype == DType::kFloat32) {
-      dispatch_style(pos, q, k, data_ptr<const float>(cos_sin_cache), a, is_neox);
+      dispatch_style(pos, q, k, data_ptr<const float>(cos_sin_cache), l, is_neox);
     } else {
-      dispatch_style(pos, q, k, data_ptr<const scalar_t>(cos_sin_cache), a, is_neox);
+      dispatch_style(pos, q, k, data_ptr<const scalar_t>(cos_sin_cache), l, is_neox);
     }
   });
 }
@@ -93,3 +123,4 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, TensorView key
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rotary_embedding_cpu, opmux::rope_cpu::rotary_embedding_cpu);
+#endif  // OPMUX_CPU_KERNELS_ONLY

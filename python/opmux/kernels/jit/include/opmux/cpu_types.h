@@ -70,5 +70,15 @@ template <> OPMUX_CPU_INLINE float from_float<float>(float v) { return v; }
 template <> OPMUX_CPU_INLINE half_t from_float<half_t>(float v) { return half_t{float_to_half(v)}; }
 template <> OPMUX_CPU_INLINE bf16_t from_float<bf16_t>(float v) { return bf16_t{float_to_bf16(v)}; }
 
+// A [tokens, heads, dim] tensor (dim dense) as the per-head CPU kernels (qk_norm, rope) address
+// it: base + t * token_stride + h * head_stride, in elements. The tvm-ffi side fills it from the
+// checked opmux::Heads (opmux/head_checks.h); the kernels themselves need no tvm-ffi.
+struct HeadLayout {
+  int64_t tokens;
+  int64_t heads;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
 }  // namespace cpu
 }  // namespace opmux
