@@ -247,7 +247,7 @@ def test_writable_artifact_is_refused(env: dict[str, Path]) -> None:
     [entry] = entries(env["cache"])
     (entry / "tiny_cpu.so").chmod(0o777)
     reset()
-    with pytest.raises(CacheInsecure, match=r"tiny_cpu\.so: writable by group or others"):
+    with pytest.raises(CacheInsecure, match=r"tiny_cpu\.so cannot be used: writable by group or others"):
         load(env)
 
 
@@ -292,7 +292,7 @@ def test_jit_disabled_with_empty_cache(env: dict[str, Path], monkeypatch: pytest
 
 def test_invalid_jit_env_is_an_error(env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPMUX_JIT", "maybe")
-    with pytest.raises(ValueError, match="invalid \\$OPMUX_JIT='maybe'; valid: 1, true"):
+    with pytest.raises(ValueError, match=r"OPMUX_JIT='maybe' .* is invalid: expected one of 1, true"):
         load(env)
 
 

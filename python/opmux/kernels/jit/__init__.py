@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING
 from .compile import (
     CacheInsecure,
     CompileError,
+    CompileTimeout,
+    JitCacheUnavailable,
     JitDisabled,
+    JitLockTimeout,
     JitUnavailable,
     KernelSourcesMissing,
     ToolchainNotFound,
@@ -31,7 +34,10 @@ __all__ = [
     "MODULES",
     "CacheInsecure",
     "CompileError",
+    "CompileTimeout",
+    "JitCacheUnavailable",
     "JitDisabled",
+    "JitLockTimeout",
     "JitModule",
     "JitUnavailable",
     "KernelSourcesMissing",
@@ -72,7 +78,10 @@ def load_module(
     ``modules`` and ``kernel_root`` replace the module table and ``KERNEL_PATH`` (tests);
     ``archs`` fixes the CUDA arch list (default: ``$OPMUX_CUDA_ARCHS``, else the visible GPUs).
     Raises :class:`JitDisabled` when ``OPMUX_JIT=0`` and the module is not cached,
-    :class:`ToolchainNotFound` without a compiler, :class:`CompileError` when it fails.
+    :class:`JitCacheUnavailable` when the cache cannot be used, :class:`JitLockTimeout` when
+    another build holds it too long, :class:`ToolchainNotFound` without a compiler,
+    :class:`CompileError` (:class:`CompileTimeout`) when it fails. All of them are caught by
+    the op layer, which falls back.
     """
     module = _get(name, table=modules)
     root = kernel_path() if kernel_root is None else Path(kernel_root)

@@ -6,7 +6,8 @@ first call, and CUDA arch detection imports torch only when no arch list is give
 
 from __future__ import annotations
 
-from .build import CompileError, CompileStats, build_shared_library, compile_flags, stats
+from .build import CompileError, CompileStats, CompileTimeout, build_shared_library, compile_flags, stats
+from .errors import JitCacheUnavailable, JitLockTimeout
 from .key import ABI_VERSION, ENV_VARS
 from .load import (
     JIT_ENV,
@@ -39,8 +40,11 @@ __all__ = [
     "CacheInsecure",
     "CompileError",
     "CompileStats",
+    "CompileTimeout",
+    "JitCacheUnavailable",
     "JitCacheWarning",
     "JitDisabled",
+    "JitLockTimeout",
     "JitUnavailable",
     "KernelSourcesMissing",
     "Toolchain",

@@ -8,10 +8,13 @@ of the command line, which the cache key hashes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ... import _env
 from .toolchain import Toolchain, find_cxx, find_nvcc, tvm_ffi_paths
 
 __all__ = [
     "CompileError",
     "CompileStats",
+    "CompileTimeout",
     "build_shared_library",
     "compile_flags",
     "stats",
@@ -50,6 +55,24 @@ class CompileError(RuntimeError):
 
     def __reduce__(self) -> tuple[type, tuple[list[str], int, str]]:
         return (type(self), (self.command, self.returncode, self.stderr))
+
+
+class CompileTimeout(CompileError):
+    """The compiler ran longer than ``OPMUX_JIT_COMPILE_TIMEOUT`` and was killed, with every
+    process it started. ``seconds`` is the limit; ``stderr`` what it printed before."""
+
+    def __init__(self, command: Sequence[str], seconds: float, stderr: str) -> None:
+        self.seconds = seconds
+        super().__init__(command, -9, stderr)
+        self.args = (
+            f"opmux: compile killed after {seconds:g} s (OPMUX_JIT_COMPILE_TIMEOUT): "
+            f"{shlex.join(self.command)}\n{stderr[-8000:]}\nA hung compiler or an overloaded "
+            f"machine; raise OPMUX_JIT_COMPILE_TIMEOUT, or prewarm the cache before serving "
+            f"(python -m opmux.kernels.jit prewarm).",
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[list[str], float, str]]:  # type: ignore[override]
+        return (type(self), (self.command, self.seconds, self.stderr))
 
 
 @dataclass
@@ -109,19 +132,74 @@ def _supports_openmp(cxx: str) -> bool:
     with tempfile.TemporaryDirectory(prefix="opmux-omp-") as tmp:
         src = Path(tmp) / "omp.cpp"
         src.write_text("#include <omp.h>\nint f() { return omp_get_max_threads(); }\n")
-        proc = subprocess.run(
-            [cxx, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(tmp) / "omp.so")],
-            capture_output=True,
-            check=False,
-        )
-        return proc.returncode == 0
+        try:
+            _run([cxx, "-fopenmp", "-fPIC", "-shared", str(src), "-o", str(Path(tmp) / "omp.so")], [])
+        except CompileTimeout:
+            raise
+        except CompileError:
+            return False
+        return True
 
 
 def _run(command: list[str], log: list[str]) -> None:
+    """Run one compiler command, killed (its whole process group) after the compile timeout."""
     log.append(shlex.join(command))
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    timeout = float(_env.get("OPMUX_JIT_COMPILE_TIMEOUT"))
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            # same process group as ours: whoever kills our group (prewarm --budget) kills it too
+        )
+    except OSError as exc:  # not executable, vanished: the compiler's fault, not the cache's
+        raise CompileError(command, -1, f"cannot run the compiler: {exc}") from exc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise CompileTimeout(command, timeout, (err or "") + (out or "")) from None
+    except BaseException:  # KeyboardInterrupt, a budget kill of our caller: leave no compiler
+        _kill_group(proc)
+        proc.communicate()
+        raise
     if proc.returncode != 0:
-        raise CompileError(command, proc.returncode, proc.stderr + proc.stdout)
+        raise CompileError(command, proc.returncode, err + out)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc``; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rpartition(")")[2].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the compiler and everything it started (nvcc runs cicc, ptxas, the host cc...)."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _link_flags(device: Device, lib: Path) -> list[str]:

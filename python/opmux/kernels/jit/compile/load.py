@@ -9,8 +9,6 @@ back to another backend.
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import time
 import warnings
@@ -19,8 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from ... import _env
+from . import lock as _lock
 from . import publish as _publish
-from .build import build_shared_library, compile_flags, stats
+from .build import CompileError, build_shared_library, compile_flags, stats
+from .errors import JitCacheUnavailable, JitLockTimeout, JitUnavailable, cache_fault
 from .key import SourceKey, file_digest, full_key, hash_headers, label_headers, parse_depfile
 from .toolchain import (
     Toolchain,
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JIT_ENV",
+    "JitCacheUnavailable",
     "JitCacheWarning",
     "JitDisabled",
+    "JitLockTimeout",
     "JitUnavailable",
     "KernelSourcesMissing",
     "ModuleLike",
@@ -51,13 +54,7 @@ __all__ = [
 ]
 
 #: ``0``/``false``/``off`` forbids compiling at run time; ``1``/``true``/``on`` (default) allows it.
-JIT_ENV = "OPMUX_JIT"
-_TRUE = ("1", "true", "on", "yes")
-_FALSE = ("0", "false", "off", "no")
-
-
-class JitUnavailable(RuntimeError):
-    """The JIT backend cannot serve this module here; the dispatch layer falls back."""
+JIT_ENV = _env.JIT
 
 
 class JitDisabled(JitUnavailable):
@@ -118,13 +115,9 @@ class Result:
 
 
 def jit_enabled() -> bool:
-    """Read ``$OPMUX_JIT`` now (not cached: tests and users flip it at run time)."""
-    value = os.environ.get(JIT_ENV, "").strip().lower()
-    if value in ("", *_TRUE):
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"opmux: invalid ${JIT_ENV}={value!r}; valid: {', '.join(_TRUE + _FALSE)}")
+    """Read ``$OPMUX_JIT`` now, through :mod:`opmux.kernels._env` (so ``config.scope`` applies;
+    not cached: tests and users flip it at run time)."""
+    return bool(_env.get(JIT_ENV))
 
 
 def _check_kernel_path(kernel_path: Path) -> None:
@@ -185,26 +178,21 @@ def _plan(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] | None)
     )
 
 
-def _build(plan: _Plan, group: Path) -> _publish.Entry:
+def _build(plan: _Plan, group: Path, staging: _publish.Staging) -> _publish.Entry:
     name = plan.module.name
-    staging = _publish.new_staging(group)
-    library = staging / f"{name}.so"
-    depfile = staging / f"{name}.d"
+    library = staging.path / f"{name}.so"
+    depfile = staging.path / f"{name}.d"
     start = time.monotonic()
-    try:
-        commands = build_shared_library(
-            library,
-            sources=plan.sources,
-            device=plan.module.device,
-            archs=plan.archs,
-            ptx_arch=plan.ptx_arch,
-            toolchain=plan.toolchain,
-            include_dirs=[plan.kernel_path / "include", plan.kernel_path / "csrc"],
-            depfile=depfile,
-        )
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    commands = build_shared_library(
+        library,
+        sources=plan.sources,
+        device=plan.module.device,
+        archs=plan.archs,
+        ptx_arch=plan.ptx_arch,
+        toolchain=plan.toolchain,
+        include_dirs=[plan.kernel_path / "include", plan.kernel_path / "csrc"],
+        depfile=depfile,
+    )
     seconds = time.monotonic() - start
     roots = dict(plan.roots)
     labels = label_headers(
@@ -230,7 +218,13 @@ def _build(plan: _Plan, group: Path) -> _publish.Entry:
         "compile_seconds": round(seconds, 3),
         "created": time.time(),
     }
-    return _publish.publish(staging, group, key=key, manifest=manifest)
+    return _publish.publish(staging.path, group, key=key, manifest=manifest)
+
+
+def _hit(module: ModuleLike, entry: _publish.Entry, start: float) -> Result:
+    stats.hits += 1
+    _publish.touch(entry.path)
+    return Result(module.name, entry.library, str(entry.manifest["key"]), False, time.monotonic() - start)
 
 
 def ensure_built(
@@ -243,8 +237,15 @@ def ensure_built(
     """Return the module's published library, compiling it (once, under a lock) on a miss.
 
     ``allow_compile`` defaults to :func:`jit_enabled`. Lookup is lock-free; on a miss the
-    group lock is taken and the cache re-checked, so N processes racing on a cold module
-    compile it once. An entry failing its digest check is rebuilt with a warning.
+    group lock is taken (waiting at most ``OPMUX_JIT_LOCK_TIMEOUT``) and the cache re-checked,
+    so N processes racing on a cold module compile it once. An entry failing its checks is
+    rebuilt with a warning. A build that another process started (even one whose ``.lock``
+    was deleted under it) is waited for, never repeated; one that failed while we waited is
+    not repeated either (:class:`JitUnavailable` with its reason).
+
+    Raises :class:`JitCacheUnavailable` for every cache fault (never a bare ``OSError``),
+    :class:`JitLockTimeout`, :class:`JitDisabled`, ``ToolchainNotFound`` or ``CompileError``
+    (``CompileTimeout`` for a hung compiler): all of them make the op layer fall back.
     """
     start = time.monotonic()
     if allow_compile is None:
@@ -258,45 +259,80 @@ def ensure_built(
     skey = plan.source_key.digest
     root = _publish.cache_root()
     group = root / module.name / skey[: _publish.KEY_CHARS]
+    try:
+        return _ensure_in(plan, group, root, allow_compile=allow_compile, start=start)
+    except (JitUnavailable, CompileError):
+        raise
+    except OSError as exc:
+        raise cache_fault(exc, group) from exc
 
+
+def _ensure_in(plan: _Plan, group: Path, root: Path, *, allow_compile: bool, start: float) -> Result:
+    module = plan.module
+    skey = plan.source_key.digest
     entry = _publish.find_entry(group, source_key=skey, roots=plan.roots)
     problem = entry.verify() if entry is not None else None
     if entry is not None and problem is None:
-        stats.hits += 1
-        _publish.touch(entry.path)
-        return Result(module.name, entry.library, str(entry.manifest["key"]), False, time.monotonic() - start)
+        return _hit(module, entry, start)
     if problem is not None:
         warnings.warn(
             f"opmux: JIT cache entry {entry.path if entry else ''} of "
             f"{module.name!r} rejected ({problem}); rebuilding",
             JitCacheWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     if not allow_compile:
         raise JitDisabled(module.name)
 
     _publish.ensure_dir(root / module.name)
     _publish.ensure_dir(group)
-    with _publish.module_lock(group):
-        _publish.remove_stale(group)
-        entry = _publish.find_entry(group, source_key=skey, roots=plan.roots)
-        if entry is not None:
-            if entry.verify() is None:  # someone else built it while we waited
-                stats.hits += 1
-                return Result(
-                    module.name, entry.library, str(entry.manifest["key"]), False, time.monotonic() - start
+    since = time.time()  # a failure recorded after this is one of a build we waited for
+    with _publish.module_lock(group) as waited_from:
+        deadline = waited_from + float(_env.get("OPMUX_JIT_LOCK_TIMEOUT"))
+        while True:
+            _publish.remove_stale(group)
+            entry = _publish.find_entry(group, source_key=skey, roots=plan.roots)
+            if entry is not None:
+                if entry.verify() is None:  # someone else built it while we waited
+                    return _hit(module, entry, start)
+                _publish.discard(entry.path)
+                stats.rebuilds += 1
+            failed = _publish.failure_since(group, source_key=skey, since=since)
+            if failed is not None:
+                raise JitUnavailable(
+                    f"opmux: the build of JIT module {module.name!r} by pid {failed.get('pid')}, "
+                    f"which this process waited for, failed; not repeating it now: "
+                    f"{str(failed.get('reason', ''))[-2000:]}"
                 )
-            _publish.discard(entry.path)
-            stats.rebuilds += 1
-        published = _build(plan, group)
+            live = _publish.live_builds(group)
+            if not live:
+                break
+            # Another builder is alive without holding .lock (it was deleted under it): wait
+            # for its result instead of compiling a second time and racing it.
+            _lock.wait_free(live[0], deadline=deadline, what=f"the JIT build of {module.name} ({group})")
+        staging = _publish.new_staging(group)
+        try:
+            published = _build(plan, group, staging)
+        except BaseException as exc:
+            if isinstance(exc, (CompileError, RuntimeError, OSError)):
+                _publish.record_failure(group, source_key=skey, reason=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            staging.close()
+        _publish.clear_failure(group)
     return Result(
         module.name, published.library, str(published.manifest["key"]), True, time.monotonic() - start
     )
 
 
 _memo: dict[tuple[Any, ...], tvm_ffi.Module] = {}
+_failed: dict[tuple[Any, ...], BaseException] = {}
 _memo_locks: dict[tuple[Any, ...], threading.Lock] = {}
 _memo_guard = threading.Lock()
+# Failures worth remembering for the process: repeating them costs a compile or a long wait
+# (the op layer asks once per op, and a group's ops share one module). A cache fault is
+# remembered too; a new OPMUX_CACHE_DIR is another memo key, and reset() forgets.
+_STICKY = (CompileError, JitCacheUnavailable, JitLockTimeout)
 
 
 def load(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] | None = None) -> tvm_ffi.Module:
@@ -305,13 +341,15 @@ def load(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] | None =
     The memo key holds the module, kernel root, cache dir and archs: a test or a user that
     changes ``$OPMUX_CACHE_DIR`` gets a fresh lookup rather than a stale module. Threads
     asking for the same module wait on one per-key lock; different modules build in parallel.
+    A failed compile, a cache fault or a lock timeout is remembered (raised again at once)
+    until :func:`reset`, so the ops sharing a module never compile or wait twice.
     """
     memo_key = (
         module.name,
         tuple(module.sources),
         module.device,
         str(kernel_path),
-        os.environ.get(_publish.CACHE_DIR_ENV, ""),
+        str(_env.get(_publish.CACHE_DIR_ENV)),
         tuple(archs or ()),
     )
     cached = _memo.get(memo_key)
@@ -325,7 +363,14 @@ def load(module: ModuleLike, *, kernel_path: Path, archs: Sequence[str] | None =
         if cached is not None:
             stats.memo_hits += 1
             return cached
-        result = ensure_built(module, kernel_path=kernel_path, archs=archs)
+        earlier = _failed.get(memo_key)
+        if earlier is not None:
+            raise earlier
+        try:
+            result = ensure_built(module, kernel_path=kernel_path, archs=archs)
+        except _STICKY as exc:
+            _failed[memo_key] = exc
+            raise
         import tvm_ffi  # lazy: its import pulls in torch and dlopens libtvm_ffi (RTLD_GLOBAL)
 
         loaded = tvm_ffi.load_module(str(result.library))
@@ -337,3 +382,4 @@ def reset() -> None:
     """Forget the per-process memo (tests; a long-lived process after ``cache clear``)."""
     with _memo_guard:
         _memo.clear()
+        _failed.clear()

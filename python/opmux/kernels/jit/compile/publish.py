@@ -4,17 +4,22 @@ Layout (every directory 0700)::
 
     $OPMUX_CACHE_DIR (default ~/.cache/opmux/jit)
       <module>/<source key>/            one group per source key
-        .lock                           flock'd while building; never deleted
-        .staging-XXXX/                  a build in progress (private, mkdtemp)
+        .lock                           flock'd while building; records pid, time, host
+        .staging-XXXX/                  a build in progress (private) ...
+        .staging-XXXX.owner             ... flock'd by its builder while it is alive
+        .failed                         the last failed build (waiters give up, not rebuild)
         <full key>/<module>.so          a published entry ...
         <full key>/manifest.json        ... and its commit marker, written last
 
 A build writes the library and then the manifest into a private staging dir, and publishes
 the whole dir with one ``rename``: readers see either nothing or a complete entry, so they
 take no lock. A builder killed midway leaves only a staging dir, which the next builder
-removes under the lock (the kernel drops a dead process's ``flock``). Before a load the
-library's sha256 is checked against the manifest. The cache is code we will ``dlopen``, so
-a directory or file owned by another user, or writable by group or others, is refused.
+removes under the lock (the kernel drops a dead process's ``flock``, of ``.lock`` and of the
+staging dir's ``.owner``); a staging dir whose owner is alive is never removed, even by a
+builder that got ``.lock`` because someone deleted it. Before a load the manifest's library
+must be a plain file inside its entry and its sha256 must match. The cache is code we will
+``dlopen``, so a directory or file owned by another user, or writable by group or others, is
+refused; so is a relative cache path. Every fault is a typed :class:`JitCacheUnavailable`.
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from ... import _env
+from . import lock as _lock
+from .errors import JitCacheUnavailable, cache_fault
 from .key import CACHE_FORMAT, file_digest, full_key, hash_headers
 
 __all__ = [
@@ -41,38 +50,43 @@ __all__ = [
     "MANIFEST",
     "CacheInsecure",
     "Entry",
+    "Staging",
     "cache_root",
     "check_secure",
     "discard",
     "ensure_dir",
     "find_entry",
     "iter_entries",
+    "library_name",
+    "live_builds",
     "module_lock",
     "new_staging",
     "publish",
     "remove_stale",
 ]
 
-CACHE_DIR_ENV = "OPMUX_CACHE_DIR"
-#: The default cache root, written only here.
-DEFAULT_CACHE_DIR = "~/.cache/opmux/jit"
+CACHE_DIR_ENV = _env.CACHE_DIR
+DEFAULT_CACHE_DIR = _env.DEFAULT_CACHE_DIR
 MANIFEST = "manifest.json"
 KEY_CHARS = 32  # 128 bits of sha256 per path component: short paths, no practical collisions
+FAILED = ".failed"  # the last failed build of a group: lets its waiters give up, not rebuild
 
 
-class CacheInsecure(PermissionError):
+class CacheInsecure(JitCacheUnavailable, PermissionError):
     """A cache path we would load code from is not private to this user."""
 
     def __init__(self, path: str, reason: str) -> None:
-        self.path = path
         self.reason = reason
-        super().__init__(
-            f"opmux: refusing JIT cache path {path}: {reason}. Code loaded from it could be "
-            f"replaced by someone else. Fix the ownership/permissions (chmod go-w, or "
-            f"chmod 700 for a directory) or point ${CACHE_DIR_ENV} at a private directory."
+        JitCacheUnavailable.__init__(
+            self,
+            path,
+            reason,
+            "Code loaded from it could be replaced by someone else. Fix the ownership/permissions "
+            f"(chmod go-w, or chmod 700 for a directory) or point ${CACHE_DIR_ENV} at a private "
+            "directory.",
         )
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+    def __reduce__(self) -> tuple[type, tuple[str, ...]]:
         return (type(self), (self.path, self.reason))
 
 
@@ -93,15 +107,42 @@ def check_secure(path: Path, *, follow: bool = False) -> os.stat_result:
 
 
 def cache_root(*, create: bool = True) -> Path:
-    """``$OPMUX_CACHE_DIR`` or :data:`DEFAULT_CACHE_DIR`, checked; created 0700 when asked."""
-    root = Path(os.path.expanduser(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR))
-    if create and not root.exists():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            root.mkdir(mode=0o700)
-            os.chmod(root, 0o700)  # mkdir's mode is filtered by the umask
-    if root.exists():
-        check_secure(root, follow=True)
+    """``$OPMUX_CACHE_DIR`` or :data:`DEFAULT_CACHE_DIR`, checked; created 0700 when asked.
+
+    Always absolute: a path that is relative (``OPMUX_CACHE_DIR=cache``, or ``~`` with no
+    home directory: ``HOME`` unset and no passwd entry for this uid) is refused with
+    :class:`JitCacheUnavailable`, never resolved against the working directory. Any other
+    fault (a file in the way, read-only, no permission, no space, too long) is one too.
+    """
+    root = Path(_env.get(CACHE_DIR_ENV))
+    if not root.is_absolute():
+        if str(root).startswith("~"):
+            cause = (
+                f"it needs a home directory, and this process has none (HOME is "
+                f"{'unset' if 'HOME' not in os.environ else repr(os.environ['HOME'])} and uid "
+                f"{os.getuid()} has no passwd entry with one)"
+            )
+            fix = f"Set HOME, or set ${CACHE_DIR_ENV} to an absolute path"
+        else:
+            cause = "the path is relative, so it would depend on the working directory"
+            fix = f"Set ${CACHE_DIR_ENV} to an absolute path"
+        raise JitCacheUnavailable(str(root), cause, fix)
+    try:
+        if create and not root.is_dir():
+            if root.exists() or root.is_symlink():
+                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(root))
+            root.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                root.mkdir(mode=0o700)
+                os.chmod(root, 0o700)  # mkdir's mode is filtered by the umask
+        if root.exists():
+            if not root.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(root))
+            check_secure(root, follow=True)
+    except JitCacheUnavailable:
+        raise
+    except OSError as exc:
+        raise cache_fault(exc, root) from exc
     return root
 
 
@@ -109,27 +150,64 @@ def ensure_dir(path: Path) -> Path:
     """Create ``path`` 0700 if missing; check it either way."""
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
+    if not path.is_dir() or path.is_symlink():
+        check_secure(path)  # a symlink is refused by name
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
     check_secure(path)
     return path
 
 
 @contextlib.contextmanager
-def module_lock(group: Path) -> Iterator[None]:
-    """Hold the group's exclusive ``flock``. A holder that dies releases it (the kernel does)."""
-    fd = os.open(group / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
+def module_lock(group: Path, *, timeout: float | None = None, out: TextIO | None = None) -> Iterator[float]:
+    """Hold the group's exclusive lock, waiting at most ``timeout`` seconds (default
+    ``OPMUX_JIT_LOCK_TIMEOUT``); yields when the wait began (``time.monotonic()``).
+    A holder that dies releases it (the kernel does); see :mod:`.lock` for the rest."""
+    limit = float(_env.get("OPMUX_JIT_LOCK_TIMEOUT")) if timeout is None else timeout
+    what = f"the JIT build of {group.parent.name} ({group})"
+    with _lock.hold(group / ".lock", timeout=limit, what=what, out=out) as started:
         check_secure(group / ".lock")
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)  # closing drops the flock
+        yield started
 
 
-def new_staging(group: Path) -> Path:
-    """A private build dir inside the group (same filesystem, so publishing is a rename)."""
-    return Path(tempfile.mkdtemp(prefix=".staging-", dir=group))
+@dataclass
+class Staging:
+    """A private build dir inside the group (same filesystem, so publishing is a rename),
+    and the lock that says its builder is alive: ``<dir>.owner``, created and locked before
+    the dir and removed after it, so a staging dir whose owner lock is free is dead."""
+
+    path: Path
+    owner: Path
+    fd: int
+
+    def close(self) -> None:
+        """Remove whatever is left of the build (nothing after a publish) and its owner lock."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.owner.unlink()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def new_staging(group: Path) -> Staging:
+    """Create a staging dir and hold its owner lock (see :class:`Staging`)."""
+    fd, owner_name = tempfile.mkstemp(prefix=".staging-", suffix=".owner", dir=group)
+    owner = Path(owner_name)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fresh file: nobody else holds it
+        os.write(fd, f"{os.getpid()} {time.time():.3f} {socket.gethostname()}\n".encode())
+        path = owner.with_suffix("")
+        path.mkdir(mode=0o700)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            owner.unlink()
+        os.close(fd)
+        raise
+    return Staging(path, owner, fd)
+
+
+def live_builds(group: Path) -> list[Path]:
+    """Owner locks of staging dirs whose builder is alive (another process building now)."""
+    return [p for p in sorted(group.glob(".staging-*.owner")) if not _lock.is_free(p)]
 
 
 def discard(path: Path) -> None:
@@ -143,13 +221,72 @@ def discard(path: Path) -> None:
 
 
 def remove_stale(group: Path) -> int:
-    """Remove staging/trash dirs left by dead builders. Call only under the group's lock."""
+    """Remove staging/trash dirs left by dead builders. Call only under the group's lock.
+
+    A staging dir whose owner lock is held belongs to a live builder and is left alone, even
+    if that builder does not hold the group lock (someone deleted ``.lock`` under it).
+    """
     removed = 0
     for child in group.iterdir():
-        if child.name.startswith((".staging-", ".trash-")) and child.is_dir():
+        name = child.name
+        if name.startswith(".staging-") and name.endswith(".owner"):
+            if not child.with_suffix("").exists() and _lock.is_free(child):
+                with contextlib.suppress(OSError):
+                    child.unlink()
+            continue
+        if name.startswith(".staging-") and child.is_dir():
+            owner = child.with_name(name + ".owner")
+            if owner.exists() and not _lock.is_free(owner):
+                continue  # a live build
+            shutil.rmtree(child, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                owner.unlink()
+            removed += 1
+        elif name.startswith(".trash-") and child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
             removed += 1
     return removed
+
+
+def record_failure(group: Path, *, source_key: str, reason: str) -> None:
+    """Note that a build of ``source_key`` failed now, for the processes waiting on it."""
+    data = {"source_key": source_key, "pid": os.getpid(), "time": time.time(), "reason": reason[-4000:]}
+    with contextlib.suppress(OSError):
+        tmp = group / f".failed-{os.getpid()}"
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, group / FAILED)
+
+
+def failure_since(group: Path, *, source_key: str, since: float) -> dict[str, Any] | None:
+    """The failure record of ``source_key`` if it was written at or after ``since`` (wall
+    clock): a build this process waited for failed, so it must not be repeated now."""
+    try:
+        data = json.loads((group / FAILED).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("source_key") != source_key:
+        return None
+    when = data.get("time")
+    return data if isinstance(when, (int, float)) and when >= since else None
+
+
+def clear_failure(group: Path) -> None:
+    with contextlib.suppress(OSError):
+        (group / FAILED).unlink()
+
+
+def library_name(manifest: Mapping[str, Any]) -> str | None:
+    """The manifest's ``library`` if it names a file directly inside its entry, else None.
+
+    A plain name only: not absolute, no directory part, not ``.``/``..``, no NUL. Anything
+    else would let a manifest point ``dlopen`` outside the cache.
+    """
+    name = manifest.get("library")
+    if not isinstance(name, str) or not name or name in (".", "..", MANIFEST):
+        return None
+    if "/" in name or "\\" in name or "\x00" in name or name != os.path.basename(name):
+        return None
+    return name
 
 
 @dataclass(frozen=True)
@@ -161,25 +298,30 @@ class Entry:
 
     @property
     def library(self) -> Path:
-        return self.path / str(self.manifest["library"])
+        """The library's path; only call after :meth:`verify` returned None."""
+        name = library_name(self.manifest)
+        if name is None:
+            raise ValueError(f"opmux: manifest of {self.path} names no library inside its entry")
+        return self.path / name
 
     def verify(self) -> str | None:
-        """None when the library is intact and private; else why it must not be loaded."""
+        """None when the library is a private plain file inside this entry whose digest
+        matches the manifest; else why it must not be loaded (it is then rebuilt)."""
+        name = library_name(self.manifest)
+        if name is None:
+            return f"manifest names library {self.manifest.get('library')!r}, not a file inside its entry"
+        library = self.path / name
         try:
-            for p in (
-                self.path.parent.parent,
-                self.path.parent,
-                self.path,
-                self.path / MANIFEST,
-                self.library,
-            ):
+            for p in (self.path.parent.parent, self.path.parent, self.path, self.path / MANIFEST, library):
                 check_secure(p)
-            digest = file_digest(self.library)
+            if not stat.S_ISREG(os.lstat(library).st_mode):
+                return f"{name} is not a regular file"
+            digest = file_digest(library)
         except FileNotFoundError as exc:
             return f"missing file {exc.filename}"
         if digest != self.manifest.get("sha256"):
             return (
-                f"sha256 of {self.library.name} is {digest[:16]}..., manifest says "
+                f"sha256 of {name} is {digest[:16]}..., manifest says "
                 f"{str(self.manifest.get('sha256'))[:16]}..."
             )
         return None
@@ -232,6 +374,8 @@ def publish(staging: Path, group: Path, *, key: str, manifest: dict[str, Any]) -
     :meth:`Entry.verify`) is discarded first.
     """
     manifest = {"format": CACHE_FORMAT, **manifest}
+    if library_name(manifest) is None:
+        raise ValueError(f"opmux: refusing to publish library {manifest.get('library')!r}")
     _fsync(staging / str(manifest["library"]))
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     _fsync(staging / MANIFEST)

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ... import _env
+from ..._env import parse_cuda_archs
+
 __all__ = [
     "CUDA_ARCHS_ENV",
     "Toolchain",
@@ -37,8 +40,9 @@ __all__ = [
     "tvm_ffi_version",
 ]
 
-#: Overrides the CUDA arch list for JIT builds, e.g. ``"9.0a"``, ``"sm_80,sm_90a"``, ``"8.0;9.0"``.
-CUDA_ARCHS_ENV = "OPMUX_CUDA_ARCHS"
+#: Overrides the CUDA arch list for JIT builds, e.g. ``"9.0a"``, ``"sm_80,sm_90a"``, ``"8.0;9.0"``
+#: (owned, parsed and validated by :mod:`opmux.kernels._env`).
+CUDA_ARCHS_ENV = _env.CUDA_ARCHS
 
 ToolchainKind = Literal["cxx", "nvcc", "hipcc"]
 
@@ -196,40 +200,6 @@ def nvcc_release(toolchain: Toolchain) -> tuple[int, int]:
 # --- CUDA archs -------------------------------------------------------------------------------
 
 
-def parse_cuda_archs(text: str) -> list[str]:
-    """Parse an arch list (``"9.0a"``, ``"sm_80,sm_90a"``, ``"8.0;9.0 10.0f"``) to ``sm_XY[a|f]``.
-
-    >>> parse_cuda_archs("8.0; sm_90a,10.0f")
-    ['sm_80', 'sm_90a', 'sm_100f']
-    """
-    archs: list[str] = []
-    for token in re.split(r"[,;\s]+", text.strip()):
-        if not token:
-            continue
-        if token.startswith("sm_") and "." not in token:
-            match = re.fullmatch(r"sm_(\d+)([af]?)", token)
-            if match is None:
-                raise ValueError(_bad_arch(token))
-            arch = f"sm_{match.group(1)}{match.group(2)}"
-        else:
-            match = re.fullmatch(r"(\d+)\.(\d)([af]?)", token)
-            if match is None:
-                raise ValueError(_bad_arch(token))
-            arch = f"sm_{match.group(1)}{match.group(2)}{match.group(3)}"
-        if arch not in archs:
-            archs.append(arch)
-    if not archs:
-        raise ValueError(_bad_arch(text))
-    return archs
-
-
-def _bad_arch(token: str) -> str:
-    return (
-        f"opmux: invalid CUDA arch {token!r} in ${CUDA_ARCHS_ENV}; use X.Y[a|f] or "
-        f"sm_XY[a|f], separated by commas, e.g. '9.0a' or 'sm_80,sm_90a'"
-    )
-
-
 def cuda_arch_for_capability(
     major: int, minor: int, *, nvcc: tuple[int, int] = (13, 0), family: bool = False
 ) -> str:
@@ -270,7 +240,7 @@ def local_cuda_archs(*, nvcc: Toolchain | None = None) -> list[str]:
     A CPU-only torch or zero devices is not evidence of an arch: it is an error naming the
     variable to set.
     """
-    text = os.environ.get(CUDA_ARCHS_ENV, "").strip()
+    text = _env.get(CUDA_ARCHS_ENV)
     if text:
         return parse_cuda_archs(text)
     release = nvcc_release(nvcc) if nvcc is not None else (13, 0)
