@@ -43,7 +43,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-AOT_SOURCES = {"cpu": "csrc/aot_cpu.cpp", "cuda": "csrc/aot_cuda.cu", "rocm": "csrc/aot_cuda.cu"}
+AOT_SOURCES = {"cpu": "csrc/aot_cpu.cpp", "cuda": "csrc/aot_cuda.cu"}
+#: written into the sdist by Sdist: the commit and timestamp its wheels record (reproducible builds)
+SOURCE_FACTS = "BUILD_SOURCE.json"
 JIT_DIR = SRC / "python" / "opmux" / "kernels" / "jit"
 HOW_TO_GET = {
     "cxx": "install g++ or clang++ (e.g. apt-get install g++) or set CXX",
@@ -91,10 +93,44 @@ class _Heartbeat:
         self.thread.join()
 
 
-def _find_toolchain(compiler: str):  # -> Toolchain
+def _pinned_nvcc(target: _targets.Target) -> Path | None:
+    """nvcc of the CUDA toolkit packages that targets.toml pins as build requirements
+    (``nvidia-cuda-nvcc`` installs ``nvidia/cu<major>/bin/nvcc`` into the build environment)."""
+    if not target.build_requires or target.cuda_major is None:
+        return None
+    for entry in sys.path:
+        nvcc = Path(entry or ".") / "nvidia" / f"cu{target.cuda_major}" / "bin" / "nvcc"
+        if nvcc.is_file() and os.access(nvcc, os.X_OK):
+            return nvcc
+    return None
+
+
+def _find_toolchain(compiler: str, target: _targets.Target):  # -> Toolchain
     from opmux.kernels.jit.compile import toolchain  # torch-free; lives in this tree
 
-    return {"cxx": toolchain.find_cxx, "nvcc": toolchain.find_nvcc, "hipcc": toolchain.find_hipcc}[compiler]()
+    if compiler == "nvcc":
+        pinned = _pinned_nvcc(target)
+        if target.build_requires and pinned is None:
+            raise toolchain.ToolchainNotFound(
+                f"CUDA {target.aot.toolkit} compiler (nvcc)",
+                [f"build environment: nvidia/cu{target.cuda_major}/bin/nvcc"],
+                f"the build requirements {list(target.build_requires)} were not installed "
+                "(build with build isolation, e.g. `python -m build`)",
+            )
+        if pinned is not None:
+            tc = toolchain._search("nvcc", [(str(pinned), "pinned build requirement")], "", "nvcc")
+        else:
+            tc = toolchain.find_nvcc()
+        release = ".".join(map(str, toolchain.nvcc_release(tc)))
+        if release != target.aot.toolkit:
+            raise toolchain.ToolchainNotFound(
+                f"CUDA {target.aot.toolkit} compiler (nvcc)",
+                [f"{tc.path}: CUDA {release}"],
+                f"target {target.name!r} builds with CUDA {target.aot.toolkit} (targets.toml aot.toolkit) "
+                f"and refuses nvcc {release}: point $CUDA_HOME at a CUDA {target.aot.toolkit} toolkit",
+            )
+        return tc
+    return {"cxx": toolchain.find_cxx, "hipcc": toolchain.find_hipcc}[compiler]()
 
 
 _WRAPPER = """#!{python}
@@ -125,9 +161,14 @@ def _reproducible_toolchain(tc, workdir: Path):  # -> Toolchain
     _, libtvm = tvm_ffi_paths()
     maps = [f"{SRC}=.", f"{libtvm.parent.parent}=tvm_ffi"]
     flag = "-Xcompiler=-ffile-prefix-map=" if tc.kind in ("nvcc",) else "-ffile-prefix-map="
+    extra = [flag + m for m in maps]
+    root = Path(tc.path).resolve().parent.parent
+    if tc.kind == "nvcc" and (root / "lib" / "libcudart_static.a").is_file():
+        # the pip layout (nvidia/cu13/lib) is not where nvcc.profile looks (lib64/): static cudart
+        extra.append(f"-L{root / 'lib'}")
     workdir.mkdir(parents=True, exist_ok=True)
     wrapper = workdir / f"opmux-{tc.kind}-wrapper"
-    text = _WRAPPER.format(python=sys.executable, real=tc.path, extra=[flag + m for m in maps])
+    text = _WRAPPER.format(python=sys.executable, real=tc.path, extra=extra)
     wrapper.write_text(text, encoding="utf-8")
     wrapper.chmod(0o755)
     return replace(tc, path=str(wrapper))
@@ -157,7 +198,7 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
             info["aot_missing"][lib] = {"why": "source", "message": f"{AOT_SOURCES[lib]} not found in {SRC}"}
             continue
         try:
-            tc = _find_toolchain(compiler)
+            tc = _find_toolchain(compiler, target)
         except _toolchain.ToolchainNotFound as exc:
             detail = str(exc).removeprefix("opmux: ").strip()
             hint = "" if "install" in detail.lower() else f"; {HOW_TO_GET[compiler]}"
@@ -168,7 +209,7 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
         archs = list(target.aot.archs) if lib != "cpu" else []
         ptx = (target.aot.ptx or None) if lib != "cpu" else None
         _log(
-            f"[{i}/{len(libs)}] compiling {filename} with {tc.kind} ({tc.version})"
+            f"[{i}/{len(libs)}] compiling {filename} with {tc.path} ({tc.version})"
             + (f" for {archs}" if archs else "")
             + (f" + PTX {ptx}" if ptx else "")
         )
@@ -202,9 +243,23 @@ def _report_missing(target: _targets.Target, info: dict) -> None:
         )
 
 
+def _source_facts() -> dict:
+    """The commit and SOURCE_DATE_EPOCH recorded in the sdist this tree was unpacked from."""
+    import json
+
+    path = SRC / SOURCE_FACTS
+    try:
+        facts = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except ValueError as exc:
+        raise SystemExit(f"opmux: {path} is not valid JSON ({exc}); rebuild the sdist") from None
+    return facts if isinstance(facts, dict) else {}
+
+
 def _git_commit() -> str | None:
     if os.environ.get("OPMUX_GIT_COMMIT"):
         return os.environ["OPMUX_GIT_COMMIT"]
+    if _source_facts().get("commit"):
+        return str(_source_facts()["commit"])
     if not (SRC / ".git").exists():
         return None
     try:
@@ -216,14 +271,35 @@ def _git_commit() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _source_date_epoch() -> str | None:
+    """SOURCE_DATE_EPOCH, else the sdist's recorded one: a wheel built from an sdist is
+    reproducible without anyone remembering to export it."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH") or _source_facts().get("source_date_epoch")
+    if epoch:
+        os.environ["SOURCE_DATE_EPOCH"] = str(epoch)  # bdist_wheel's zip timestamps read it too
+    return str(epoch) if epoch else None
+
+
 def _build_time() -> str:
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    epoch = _source_date_epoch()
     when = (
         _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc)
         if epoch
         else _dt.datetime.now(_dt.timezone.utc)
     )
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cuda_facts(target: _targets.Target) -> dict:
+    """The CUDA release this wheel needs, and the wheels to install on an older driver (read by
+    the AOT loader's driver check)."""
+    table = _targets.load(SRC / "targets.toml")
+    older = [
+        {"distribution": t.distribution, "toolkit": t.aot.toolkit, "driver": t.driver}
+        for t in table.values()
+        if t.cuda_major is not None and target.cuda_major is not None and t.cuda_major < target.cuda_major
+    ]
+    return {"toolkit": target.aot.toolkit, "driver": target.driver, "older": older}
 
 
 def write_build_info(path: Path, fields: dict) -> None:
@@ -294,6 +370,13 @@ class Sdist(sdist):
         _check_release(self.distribution.get_version())
         super().run()
 
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        import json
+
+        super().make_release_tree(base_dir, files)
+        facts = {"commit": _git_commit(), "source_date_epoch": _source_date_epoch()}
+        (Path(base_dir) / SOURCE_FACTS).write_text(json.dumps(facts, sort_keys=True) + "\n", encoding="utf-8")
+
     def make_archive(self, base_name, format, root_dir=None, base_dir=None, owner=None, group=None):
         if format != "gztar" or root_dir is not None or base_dir is None:
             return super().make_archive(base_name, format, root_dir, base_dir, owner=owner, group=group)
@@ -324,6 +407,7 @@ class BuildPy(build_py):
             "dev": not _release.is_release_version(version),
             "toolchains": aot["toolchains"],
             "archs": list(target.aot.archs) if aot["aot"] and target.aot.archs else [],
+            "cuda": _cuda_facts(target) if "libopmux_aot_cuda.so" in aot["aot"] else None,
             "ptx": (target.aot.ptx or None) if aot["aot"] else None,
             "aot": aot["aot"],
             "aot_missing": aot["aot_missing"],

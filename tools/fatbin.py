@@ -2,7 +2,8 @@
 
 Used by the wheel checks (the CUDA wheel's AOT library must hold exactly the table's arch list
 and PTX) and testable on its own. cuobjdump is looked up on PATH, under $CUDA_HOME, in
-/usr/local/cuda, and in Triton's package (which bundles one).
+/usr/local/cuda, in the nvidia-cuda-cuobjdump package (``nvidia/cu13/bin``, the release check job's), and in
+Triton's package (which bundles one).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,9 @@ def find_cuobjdump() -> Path | None:
     for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if base:
             hits.append(str(Path(base) / "bin" / "cuobjdump"))
+    for entry in sys.path:
+        for major in ("cu13", "cu12"):
+            hits.append(str(Path(entry or ".") / "nvidia" / major / "bin" / "cuobjdump"))
     spec = importlib.util.find_spec("triton")
     if spec and spec.origin:
         hits.append(str(Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))

@@ -3,7 +3,9 @@
 ``OPMUX_RELEASE=1`` asks for a release build.  Then the git checkout (when there is one) must
 be clean (no modified, staged or untracked-not-ignored file) and its HEAD must carry a version
 tag ``v*``, and the version being built must be a final one (no ``.dev``, no ``+local``).
-A tree without git (an unpacked sdist, a staged copy) is judged by its version alone.
+A tree that is not itself the root of a git checkout (an unpacked sdist, recognised by its
+PKG-INFO even when it lies inside another repository's workspace as in the release workflow and
+in cibuildwheel; a staged copy) is judged by its version alone: git would describe the parent.
 Standard library only (plus ``packaging`` when present): setup.py imports this module inside
 the isolated build environment, and noxfile.py checks the checkout with it before staging.
 """
@@ -39,8 +41,11 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def git_problems(root: Path) -> list[str] | None:
     """What stops ``root`` from being released; None when ``root`` is not a git checkout."""
     root = Path(root)
-    if shutil.which("git") is None or _git(root, "rev-parse", "--show-toplevel").returncode != 0:
-        return None
+    if (root / "PKG-INFO").is_file() or shutil.which("git") is None:
+        return None  # an unpacked sdist: its version says what it is
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
+        return None  # not a checkout's root: asking git would judge an enclosing repository
     problems = []
     status = _git(root, "status", "--porcelain", "--untracked-files=normal")
     dirty = [line[3:] for line in status.stdout.splitlines() if line.strip()]

@@ -26,11 +26,14 @@ TABLE = ROOT / "targets.toml"
 
 COMPILERS = ("nvcc", "cxx", "hipcc", "none")
 TRITON = ("yes", "no", "interpreter")
-DEVICES = ("cpu", "cuda", "rocm")  # devices that have an AOT entry point under csrc/
+DEVICES = ("cpu", "cuda")  # devices setup.py can build an AOT library for (csrc/aot_<device>.*)
+MACHINES = ("x86_64", "aarch64")
 _NAME = re.compile(r"^[a-z][a-z0-9]*$")
 _DIST = re.compile(r"^[a-z][a-z0-9-]*$")
 _ARCH = re.compile(r"^(sm_\d+[af]?|gfx[0-9a-f]+)$")
 _PTX = re.compile(r"^(compute_\d+[af]?)?$")
+_TOOLKIT = re.compile(r"^\d+\.\d+$")
+_DRIVER = re.compile(r"^\d{3}$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")
 
 _TOP_KEYS = {"default": str, "targets": dict}
@@ -47,8 +50,11 @@ _TARGET_KEYS: dict[str, type | tuple[type, ...]] = {
     "wheel_size_mb": (int, float),
     "runner": list,
     "manylinux_image": str,
+    "build_requires": list,
+    "driver": str,
+    "machines": list,
 }
-_AOT_KEYS: dict[str, type] = {"compiler": str, "libraries": list, "archs": list, "ptx": str}
+_AOT_KEYS: dict[str, type] = {"compiler": str, "libraries": list, "archs": list, "ptx": str, "toolkit": str}
 
 
 class TargetTableError(ValueError):
@@ -63,6 +69,7 @@ class AOT:
     libraries: tuple[str, ...]
     archs: tuple[str, ...]
     ptx: str
+    toolkit: str = ""
 
     @property
     def filenames(self) -> tuple[str, ...]:
@@ -92,6 +99,18 @@ class Target:
     runner: tuple[str, ...]
     manylinux_image: str
     default: bool
+    build_requires: tuple[str, ...] = ()
+    driver: str = ""
+    machines: tuple[str, ...] = ("x86_64",)
+
+    @property
+    def cuda_major(self) -> int | None:
+        """The CUDA major release of an nvcc target (13 for toolkit "13.0"); None otherwise."""
+        return int(self.aot.toolkit.split(".")[0]) if self.aot.toolkit else None
+
+    def image(self, machine: str) -> str:
+        """The cibuildwheel image of the release build on ``machine``."""
+        return self.manylinux_image.replace("x86_64", machine)
 
     @property
     def requirements(self) -> list[str]:
@@ -137,6 +156,7 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
         libraries=tuple(data["aot"]["libraries"]),
         archs=tuple(data["aot"]["archs"]),
         ptx=data["aot"]["ptx"],
+        toolkit=data["aot"]["toolkit"],
     )
     _one_of(aot_where, "compiler", aot.compiler, COMPILERS)
     for lib in aot.libraries:
@@ -150,6 +170,12 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
             raise _fail(aot_where, f"arch {arch!r} is not like 'sm_90a' or 'gfx942'")
     if not _PTX.match(aot.ptx):
         raise _fail(aot_where, f"ptx = {aot.ptx!r} is not like 'compute_90' (or empty)")
+    if (aot.compiler == "nvcc") != bool(aot.toolkit) or (aot.toolkit and not _TOOLKIT.match(aot.toolkit)):
+        raise _fail(aot_where, f"toolkit = {aot.toolkit!r}: an nvcc target names its CUDA release like '13.0', others ''")
+    if (aot.compiler == "nvcc") != bool(data["driver"]) or (data["driver"] and not _DRIVER.match(data["driver"])):
+        raise _fail(where, f"driver = {data['driver']!r}: an nvcc target names its driver branch like '580', others ''")
+    if not data["machines"] or any(m not in MACHINES for m in data["machines"]):
+        raise _fail(where, f"machines = {data['machines']!r} must be a non-empty subset of {list(MACHINES)}")
     if len(set(aot.libraries)) != len(aot.libraries) or len(set(aot.archs)) != len(aot.archs):
         raise _fail(aot_where, "duplicate entry in libraries or archs")
     _one_of(where, "jit", data["jit"], COMPILERS)
@@ -182,6 +208,9 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
         runner=tuple(data["runner"]),
         manylinux_image=data["manylinux_image"],
         default=name == default,
+        build_requires=tuple(data["build_requires"]),
+        driver=data["driver"],
+        machines=tuple(data["machines"]),
     )
 
 
@@ -226,17 +255,19 @@ def default_target(targets: dict[str, Target]) -> Target:
 def markdown_table(targets: dict[str, Target]) -> str:
     """The README's target table, generated from the table (a test keeps them in sync)."""
     rows = [
-        "| target | distribution | AOT libraries | archs | JIT | Triton | vendor backends | parity device "
-        "| parity runner | size budget |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| target | distribution | AOT libraries | archs | CUDA (driver) | machines | JIT | Triton "
+        "| vendor backends | parity device | parity runner | size budget |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in targets.values():
         libs = ", ".join(f"`{f}`" for f in t.aot.filenames) or "none"
         archs = ", ".join([*t.aot.archs, *([t.aot.ptx + " (PTX)"] if t.aot.ptx else [])]) or "-"
         name = f"{t.name} (default)" if t.default else t.name
         aot = f"{t.aot.compiler}: {libs}" if t.aot.compiler != "none" else "none"
+        cuda = f"{t.aot.toolkit} (R{t.driver}+)" if t.aot.toolkit else "-"
         rows.append(
-            f"| {name} | `{t.distribution}` | {aot} | {archs} | {t.jit} | {t.triton} | "
+            f"| {name} | `{t.distribution}` | {aot} | {archs} | {cuda} | {', '.join(t.machines)} | "
+            f"{t.jit} | {t.triton} | "
             f"{', '.join(t.vendor_backends) or '-'} | {t.parity_device} | {', '.join(t.runner)} | "
             f"{t.wheel_size_mb:g} MB |"
         )

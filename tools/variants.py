@@ -58,9 +58,24 @@ def _deps_block(reqs: list[str]) -> str:
     return "dependencies = [\n" + "".join(f'    "{r}",\n' for r in reqs) + "]"
 
 
+#: every target's build requirements; targets.toml build_requires adds the pinned toolkit
+BASE_BUILD_REQUIRES = [
+    "setuptools>=77",
+    "setuptools-scm>=8",
+    "apache-tvm-ffi>=0.1.15,<0.2",
+    "tomli>=1.1; python_version < '3.11'",
+]
+
+
+def _requires_block(reqs: list[str]) -> str:
+    return "requires = [\n" + "".join(f'    "{r}",\n' for r in reqs) + "]"
+
+
 def render(template: str, target: _targets.Target) -> str:
     """The pyproject text of ``target``; for the default target it must equal the template."""
     text = template
+    build_requires = [*BASE_BUILD_REQUIRES, *target.build_requires]
+    text = _replace_in_section(text, "build-system", r"^requires = \[.*?^\]", _requires_block(build_requires))
     text = _replace_in_section(text, "project", r'^name = "[^"]*"', f'name = "{target.distribution}"')
     text = _replace_in_section(text, "project", r"^dependencies = \[.*?^\]", _deps_block(target.requirements))
     text = _replace_in_section(text, "tool.opmux", r'^target = "[^"]*"', f'target = "{target.name}"')
@@ -70,18 +85,25 @@ def render(template: str, target: _targets.Target) -> str:
         r'^manylinux-x86_64-image = "[^"]*"',
         f'manylinux-x86_64-image = "{target.manylinux_image}"',
     )
+    text = _replace_in_section(
+        text,
+        "tool.cibuildwheel.linux",
+        r'^manylinux-aarch64-image = "[^"]*"',
+        f'manylinux-aarch64-image = "{target.image("aarch64")}"',
+    )
     if not target.default:
         # Drop the template's leading comment block and put the generated header in its place.
         body = re.sub(r"\A(?:#[^\n]*\n)*\n*", "", text)
         text = HEADER + f"# Target {target.name!r}, distribution {target.distribution!r}.\n\n" + body
     data = tomllib.loads(text)
     got = (
+        data["build-system"]["requires"],
         data["project"]["name"],
         data["project"]["dependencies"],
         data["tool"]["opmux"]["target"],
         data["tool"]["cibuildwheel"]["linux"]["manylinux-x86_64-image"],
     )
-    want = (target.distribution, target.requirements, target.name, target.manylinux_image)
+    want = (build_requires, target.distribution, target.requirements, target.name, target.manylinux_image)
     if got != want:
         raise VariantError(f"rendered pyproject for {target.name!r} has {got}, expected {want}")
     return text

@@ -234,6 +234,15 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
             problems.append(
                 f"{wheel.name}: {info_path} archs = {info.get('archs')!r}, expected {want_archs!r}"
             )
+        want_cuda = (
+            {"toolkit": target.aot.toolkit, "driver": target.driver}
+            if "libopmux_aot_cuda.so" in shipped
+            else None
+        )
+        cuda = info.get("cuda")
+        got_cuda = {"toolkit": cuda.get("toolkit"), "driver": cuda.get("driver")} if cuda else None
+        if got_cuda != want_cuda:
+            problems.append(f"{wheel.name}: {info_path} cuda = {cuda!r}, expected {want_cuda!r}")
         for lib in info.get("aot_missing", {}):
             if lib not in missing_ok:
                 problems.append(f"{wheel.name}: AOT library for {lib} left out: {info['aot_missing'][lib]}")
@@ -259,7 +268,7 @@ def _check_device_code(wheel: Path, target: _targets.Target, have: set[str]) -> 
     tool = fatbin.find_cuobjdump()
     if tool is None:
         return [
-            f"{wheel.name}: cannot verify {member}'s device code: no cuobjdump (install the CUDA toolkit or triton)"
+            f"{wheel.name}: cannot verify {member}'s device code: no cuobjdump (pip install nvidia-cuda-cuobjdump, or the CUDA toolkit)"
         ]
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
         lib = Path(zf.extract(member, tmp))

@@ -14,6 +14,7 @@ BUILD_INFO: dict[str, Any] = {
     "toolchains": {},
     "archs": [],
     "ptx": None,
+    "cuda": None,
     "aot": [],
     "aot_missing": {},
     "commit": None,

@@ -74,7 +74,7 @@ class Matrix:
         path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-_DEVICES = {"cpu": "cpu", "cuda": "cuda", "rocm": "hip", "xpu": "xpu", "npu": "npu"}
+_DEVICES = {"cpu": "cpu", "cuda": "cuda", "cuda12": "cuda", "rocm": "hip", "xpu": "xpu", "npu": "npu"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

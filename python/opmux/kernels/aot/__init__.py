@@ -7,6 +7,26 @@ them; a source checkout or a target without an AOT library has none, and
 
 from __future__ import annotations
 
-from ._loader import DEVICES, Device, as_device, available, library_path, load_library
+from ._loader import (
+    DEVICES,
+    Device,
+    DriverTooOld,
+    as_device,
+    available,
+    check_driver,
+    driver_cuda_version,
+    library_path,
+    load_library,
+)
 
-__all__ = ["DEVICES", "Device", "as_device", "available", "library_path", "load_library"]
+__all__ = [
+    "DEVICES",
+    "Device",
+    "DriverTooOld",
+    "as_device",
+    "available",
+    "check_driver",
+    "driver_cuda_version",
+    "library_path",
+    "load_library",
+]

@@ -10,12 +10,22 @@ from __future__ import annotations
 import importlib.util
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import tvm_ffi
 
-__all__ = ["DEVICES", "Device", "as_device", "available", "library_path", "load_library"]
+__all__ = [
+    "DEVICES",
+    "Device",
+    "DriverTooOld",
+    "as_device",
+    "available",
+    "check_driver",
+    "driver_cuda_version",
+    "library_path",
+    "load_library",
+]
 
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[Device, ...] = ("cpu", "cuda")
@@ -47,14 +57,75 @@ def available(device: Device) -> bool:
     return library_path(device).is_file()
 
 
+class DriverTooOld(RuntimeError):
+    """The NVIDIA driver is older than the CUDA release this wheel was built with; the message
+    says which opmux wheel to install instead."""
+
+
+def driver_cuda_version() -> int | None:
+    """The CUDA version the driver supports (``cuDriverGetVersion``: 12040 for 12.4); None when
+    there is no driver."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return int(version.value)
+
+
+def check_driver(cuda: dict[str, Any] | None, driver_version: int | None) -> None:
+    """Raise :class:`DriverTooOld` when ``driver_version`` (from :func:`driver_cuda_version`)
+    cannot run a wheel built with ``cuda`` (the build info's ``cuda`` entry)."""
+    if not cuda or driver_version is None:
+        return
+    major, minor = (int(p) for p in str(cuda["toolkit"]).split(".")[:2])
+    if driver_version >= major * 1000:  # minor-version compatibility within a major release
+        return
+    have = f"{driver_version // 1000}.{driver_version % 1000 // 10}"
+    older = [o for o in cuda.get("older", []) if int(str(o["toolkit"]).split(".")[0]) * 1000 <= driver_version]
+    if older:
+        best = older[-1]
+        fix = (
+            f"install {best['distribution']} (CUDA {best['toolkit']}, driver R{best['driver']}+) instead: "
+            f"pip uninstall -y {_distribution()} && pip install {best['distribution']}"
+        )
+    else:
+        fix = f"upgrade the NVIDIA driver to R{cuda['driver']} or newer"
+    raise DriverTooOld(
+        f"opmux: this wheel ({_distribution()}) was built with CUDA {major}.{minor} and needs an NVIDIA "
+        f"driver for CUDA {major}.0 or newer (R{cuda['driver']}+); this driver supports CUDA {have}. {fix}"
+    )
+
+
+def _distribution() -> str:
+    from ..._build_info import BUILD_INFO
+
+    return str(BUILD_INFO.get("distribution") or "opmux")
+
+
 def load_library(device: Device) -> tvm_ffi.Module | None:
-    """The AOT library for ``device``, loaded once per process; None when the wheel has none."""
+    """The AOT library for ``device``, loaded once per process; None when the wheel has none.
+
+    The CUDA library is refused with :class:`~opmux.kernels.errors.BackendUnavailable` (the
+    dispatcher falls back) when the driver is too old for the CUDA release it was built with."""
     path = library_path(device)
     with _lock:
         if device in _loaded:
             return _loaded[device]
         if not path.is_file():
             return None
+        if device == "cuda":
+            from ..._build_info import BUILD_INFO
+            from ..errors import BackendUnavailable
+
+            try:
+                check_driver(BUILD_INFO.get("cuda"), driver_cuda_version())
+            except DriverTooOld as exc:
+                raise BackendUnavailable("aot", str(exc)) from None
         import tvm_ffi  # lazy: see the module docstring
 
         module = tvm_ffi.load_module(str(path))
