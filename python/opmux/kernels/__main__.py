@@ -65,7 +65,7 @@ def env_info() -> dict[str, Any]:
             tcs[kind] = {"missing": str(exc).splitlines()[0]}
     out["toolchains"] = tcs
     out["aot"] = {d: aot.available(d) for d in ("cpu", "cuda")}
-    out["jit_cache"] = str(config.cache_dir())
+    out["jit_cache"] = _cache_info()
     dists = sorted(
         d.metadata["Name"]
         for d in metadata.distributions()
@@ -74,6 +74,17 @@ def env_info() -> dict[str, Any]:
     out["distributions"] = dists
     out["knobs"] = {k["name"]: k["current"] for k in config.describe()}
     return out
+
+
+def _cache_info() -> dict[str, Any]:
+    """Where the JIT cache is and whether it can be used (without creating it)."""
+    from .jit.compile import JitCacheUnavailable, publish
+
+    try:
+        root = publish.cache_root(create=False)
+    except JitCacheUnavailable as exc:
+        return {"path": exc.path, "usable": False, "problem": str(exc)}
+    return {"path": str(root), "usable": True, "exists": root.is_dir()}
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -108,9 +119,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m opmux.kernels", allow_abbrev=False, description=__doc__.splitlines()[0]
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    # --json is accepted after the subcommand too (``env --json``); SUPPRESS keeps a flag given
+    # before the subcommand from being reset by the subparser's default
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="ops, their backends and groups")
-    p = sub.add_parser("explain", help="which backend runs for OP here, and why not the others")
+    sub.add_parser("list", parents=[common], allow_abbrev=False, help="ops, their backends and groups")
+    p = sub.add_parser(
+        "explain",
+        parents=[common],
+        allow_abbrev=False,
+        help="which backend runs for OP here, and why not the others",
+    )
     p.add_argument("op")
     p.add_argument("--device", help="platform device type (default: this machine's accelerator, else cpu)")
     p.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on GPUs, float32 on cpu)")
@@ -118,7 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--numel", type=int, help="elements of the key tensor, for ops whose choice depends on size"
     )
-    sub.add_parser("env", help="platform, installed build, toolchains, JIT cache, knobs")
+    sub.add_parser(
+        "env",
+        parents=[common],
+        allow_abbrev=False,
+        help="platform, installed build, toolchains, JIT cache, knobs",
+    )
     args = parser.parse_args(argv)
     render: Callable[[dict[str, Any]], None]
     try:
@@ -153,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             info = env_info()
             render = _print_env
-    except (ValueError, LookupError) as exc:
+    except (ValueError, LookupError, RuntimeError) as exc:  # incl. PlatformDetectionError
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -132,8 +132,42 @@ def _module_loader(name: str) -> Any | None:
     return None if spec is None else importlib.import_module(name)
 
 
+class ProbeTimeout(TimeoutError):
+    """A vendor module's import did not finish within ``OPMUX_PROBE_TIMEOUT``."""
+
+
+def _with_timeout(fn: Callable[[], Any], seconds: float, what: str) -> Any:
+    """Run ``fn`` in a daemon thread and wait at most ``seconds`` for it.
+
+    Used for vendor-module imports, which run arbitrary native initialisation: one that hangs
+    must not hang detection. The thread is left behind (an import cannot be cancelled); its
+    result, or any exception it raised (SystemExit included), is returned or re-raised here.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # re-raised in the caller, where the probe records it
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name=f"opmux-probe-{what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise ProbeTimeout(f"{what} did not finish within {seconds:g} s (OPMUX_PROBE_TIMEOUT)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 class _Probe:
-    """Calls into torch that may raise, collecting the failures as notes."""
+    """Calls into torch that may raise, collecting the failures as notes.
+
+    Every access goes through here: a torch build (or a vendor plugin) may raise anything from
+    an attribute access (RuntimeError, ImportError, even SystemExit), and a probe that raises
+    means "this device kind is unusable here", with the reason kept for ``env``.
+    """
 
     def __init__(self) -> None:
         self.notes: list[str] = []
@@ -141,16 +175,40 @@ class _Probe:
     def call(self, what: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
         try:
             return True, fn()
-        except Exception as err:  # any failure of a vendor probe is recorded, never fatal here
+        except (Exception, SystemExit) as err:  # any failure of a vendor probe is recorded
             self.notes.append(f"{what} raised {type(err).__name__}: {err}")
             return False, None
 
-    def attr(self, obj: Any, path: str) -> Any | None:
+    def get(self, obj: Any, name: str, what: str) -> Any | None:
+        """``getattr(obj, name, None)``, recording (and surviving) whatever the access raises."""
+        if obj is None:
+            return None
+        try:
+            return getattr(obj, name, None)
+        except (Exception, SystemExit) as err:
+            self.notes.append(f"{what} raised {type(err).__name__}: {err}")
+            return None
+
+    def attr(self, obj: Any, path: str, root: str = "torch") -> Any | None:
+        what = root
         for name in path.split("."):
-            obj = getattr(obj, name, None)
+            what = f"{what}.{name}"
+            obj = self.get(obj, name, what)
             if obj is None:
                 return None
         return obj
+
+    def version(self, obj: Any, name: str, what: str) -> str | None:
+        """A version field as a string: a str as is, a number (``hip = 6.2``) as its decimal
+        form with a note, anything else (or an empty string) None with a note."""
+        value = self.get(obj, name, what)
+        if value is None or isinstance(value, str):
+            return value or None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.notes.append(f"{what} is a {type(value).__name__} ({value!r}); read as {str(value)!r}")
+            return str(value)
+        self.notes.append(f"{what} is a {type(value).__name__} ({value!r}), not a version string; ignored")
+        return None
 
 
 def detect_from(
@@ -188,14 +246,18 @@ def detect_from(
     """
     environ: Mapping[str, str] = os.environ if env is None else env
     probe = _Probe()
-    torch_version = _str_or_none(getattr(torch, "__version__", None))
-    version = getattr(torch, "version", None)
+    torch_version = probe.version(torch, "__version__", "torch.__version__")
+    version = probe.get(torch, "version", "torch.version")
     if version is None:
         probe.notes.append("torch.version is missing")
-    hip_version = _str_or_none(getattr(version, "hip", None))
-    cuda_version = _str_or_none(getattr(version, "cuda", None))
-    if version is not None and not hasattr(version, "hip"):
-        probe.notes.append("torch.version has no 'hip' attribute; treated as a non-ROCm build")
+    hip_version: str | None = None
+    if version is not None:
+        ok, has_hip = probe.call("torch.version.hip", lambda: hasattr(version, "hip"))
+        if ok and not has_hip:
+            probe.notes.append("torch.version has no 'hip' attribute; treated as a non-ROCm build")
+        elif ok:
+            hip_version = probe.version(version, "hip", "torch.version.hip")
+    cuda_version = probe.version(version, "cuda", "torch.version.cuda")
 
     forced = config.get("OPMUX_DEVICE", env=env)
     gpu_type = "hip" if hip_version else "cuda"
@@ -205,7 +267,7 @@ def detect_from(
         torch, "cuda", gpu_type, probe, environ, path_exists, hip_version or cuda_version
     ):
         found = gpu_type
-    xpu_version = _str_or_none(getattr(version, "xpu", None))
+    xpu_version = probe.version(version, "xpu", "torch.version.xpu")
     if (
         found is None
         and forced in (None, "xpu")
@@ -214,7 +276,11 @@ def detect_from(
         found = "xpu"
     if found is None and forced in (None, "npu"):
         if probe.attr(torch, "npu") is None:
-            ok, module = probe.call("import torch_npu", lambda: load_module("torch_npu"))
+            limit = float(config.get("OPMUX_PROBE_TIMEOUT", env=env))
+            ok, module = probe.call(
+                "import torch_npu",
+                lambda: _with_timeout(lambda: load_module("torch_npu"), limit, "import torch_npu"),
+            )
             npu_evidence = None if ok else _evidence("npu", environ, path_exists, None)
             if npu_evidence is not None:
                 raise PlatformDetectionError(
@@ -244,9 +310,9 @@ def detect_from(
         return Platform("cpu", torch_version=torch_version, device_count=1, notes=tuple(probe.notes))
 
     module = probe.attr(torch, "cuda" if device_type in ("cuda", "hip") else device_type)
-    runtime = {"cuda": cuda_version, "hip": hip_version, "xpu": xpu_version}.get(
-        device_type, _str_or_none(getattr(version, "cann", None))
-    )
+    runtime = {"cuda": cuda_version, "hip": hip_version, "xpu": xpu_version}.get(device_type)
+    if device_type == "npu":
+        runtime = probe.version(version, "cann", "torch.version.cann")
     if module is None or device_type == "mps":
         return Platform(
             device_type,
@@ -272,13 +338,13 @@ def _available(
     module = probe.attr(torch, attr)
     if module is None:
         return False
-    is_available = getattr(module, "is_available", None)
+    is_available = probe.get(module, "is_available", f"torch.{attr}.is_available")
     if is_available is not None:
         ok, value = probe.call(f"torch.{attr}.is_available()", is_available)
         if ok:
             return bool(value)
     counters: list[tuple[str, Any]] = [
-        (f"torch.{attr}.device_count()", getattr(module, "device_count", None))
+        (f"torch.{attr}.device_count()", probe.get(module, "device_count", f"torch.{attr}.device_count"))
     ]
     if attr == "cuda":
         counters.append(("torch._C._cuda_getDeviceCount()", probe.attr(torch, "_C._cuda_getDeviceCount")))
@@ -336,7 +402,7 @@ def _device_facts(
 ) -> Platform:
     name = f"torch.{'cuda' if device_type in ('cuda', 'hip') else device_type}"
     index = 0
-    current = getattr(module, "current_device", None)
+    current = probe.get(module, "current_device", f"{name}.current_device")
     if current is None:
         probe.notes.append(f"{name}.current_device is missing; using device 0")
     else:
@@ -346,25 +412,28 @@ def _device_facts(
         else:
             probe.notes.append("using device 0")
     count = 1
-    if getattr(module, "device_count", None) is not None:
-        ok, value = probe.call(f"{name}.device_count()", module.device_count)
+    device_count = probe.get(module, "device_count", f"{name}.device_count")
+    if device_count is not None:
+        ok, value = probe.call(f"{name}.device_count()", device_count)
         if ok and isinstance(value, int) and value > 0:
             count = value
     capability: tuple[int, int] | None = None
-    if getattr(module, "get_device_capability", None) is not None:
-        ok, value = probe.call(
-            f"{name}.get_device_capability({index})", lambda: module.get_device_capability(index)
-        )
+    get_capability = probe.get(module, "get_device_capability", f"{name}.get_device_capability")
+    if get_capability is not None:
+        ok, value = probe.call(f"{name}.get_device_capability({index})", lambda: get_capability(index))
         if ok and isinstance(value, Sequence) and len(value) == 2:
-            capability = (int(value[0]), int(value[1]))
+            try:
+                capability = (int(value[0]), int(value[1]))
+            except (TypeError, ValueError):
+                probe.notes.append(f"{name}.get_device_capability({index}) returned {value!r}; ignored")
     props: Any = None
-    if getattr(module, "get_device_properties", None) is not None:
-        _, props = probe.call(
-            f"{name}.get_device_properties({index})", lambda: module.get_device_properties(index)
-        )
-    device_name = _str_or_none(getattr(props, "name", None))
-    if device_name is None and getattr(module, "get_device_name", None) is not None:
-        _, value = probe.call(f"{name}.get_device_name({index})", lambda: module.get_device_name(index))
+    get_props = probe.get(module, "get_device_properties", f"{name}.get_device_properties")
+    if get_props is not None:
+        _, props = probe.call(f"{name}.get_device_properties({index})", lambda: get_props(index))
+    device_name = _str_or_none(probe.get(props, "name", f"{name}.get_device_properties({index}).name"))
+    get_name = probe.get(module, "get_device_name", f"{name}.get_device_name")
+    if device_name is None and get_name is not None:
+        _, value = probe.call(f"{name}.get_device_name({index})", lambda: get_name(index))
         device_name = _str_or_none(value)
 
     arch: str | None = None
@@ -373,7 +442,9 @@ def _device_facts(
         if arch is None:
             probe.notes.append("CUDA compute capability unknown; arch left unset")
     elif device_type == "hip":
-        gcn = _str_or_none(getattr(props, "gcnArchName", None))
+        gcn = _str_or_none(
+            probe.get(props, "gcnArchName", f"{name}.get_device_properties({index}).gcnArchName")
+        )
         # "gfx942:sramecc+:xnack-": the features after ':' are target options, not the arch.
         arch = (gcn.split(":", 1)[0].strip() or None) if gcn else None
         if arch is None:
@@ -412,7 +483,7 @@ def _import_torch() -> Any | None:
         return None
     try:
         return importlib.import_module("torch")
-    except Exception as err:  # a broken torch on a GPU box must not read as "cpu"
+    except (Exception, SystemExit) as err:  # a broken torch on a GPU box must not read as "cpu"
         raise PlatformDetectionError(
             "unknown",
             summary="torch is installed but cannot be imported, so the device cannot be detected",

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from .. import _env
 from .compile import cache as _cache
 from .compile.publish import cache_root
 from .compile.toolchain import parse_cuda_archs
@@ -31,7 +32,7 @@ import json, sys
 from pathlib import Path
 from opmux.kernels.jit.modules import JitModule
 from opmux.kernels.jit.compile.load import ensure_built
-from opmux.kernels.jit.compile.toolchain import ToolchainNotFound
+from opmux.kernels.jit.compile import CompileError, JitUnavailable, ToolchainNotFound
 s = json.loads(sys.argv[1])
 m = JitModule(s["name"], tuple(s["sources"]), s["device"])
 try:
@@ -39,6 +40,8 @@ try:
                      allow_compile=True)
 except ToolchainNotFound as e:
     print(json.dumps({"status": "skipped", "detail": str(e).splitlines()[0]})); sys.exit(0)
+except (CompileError, JitUnavailable) as e:
+    print(json.dumps({"status": "failed", "detail": str(e)})); sys.exit(0)
 print(json.dumps({"status": "compiled" if r.compiled else "cached", "detail": str(r.library)}))
 """
 
@@ -57,7 +60,7 @@ class PrewarmResult:
 def _child_env() -> dict[str, str]:
     # The child must import this same opmux (a checkout on PYTHONPATH or an install).
     package_parent = str(Path(__file__).resolve().parents[3])
-    env = dict(os.environ)
+    env = _env.child_environ()  # config.scope() overrides too: they are not in os.environ
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     return env
 
@@ -217,6 +220,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("prewarm", allow_abbrev=False, help="compile JIT modules into the cache")
     pre.add_argument("--modules", nargs="+", metavar="NAME", help="default: all")
@@ -231,13 +235,13 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument(
         "--budget", type=float, metavar="SECONDS", help="stop (killing in-flight compiles) after this long"
     )
-    pre.add_argument("--json", action="store_true")
+    pre.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     cache = sub.add_parser("cache", allow_abbrev=False, help="list, prune or clear the cache")
     cache.add_argument("action", nargs="?", choices=("list", "prune", "clear"), default="list")
     cache.add_argument(
         "--older-than", type=float, metavar="DAYS", help="prune: also remove entries unused for DAYS days"
     )
-    cache.add_argument("--json", action="store_true")
+    cache.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     return parser
 
 
