@@ -54,15 +54,27 @@ def matrix(table: dict[str, _targets.Target], selected: list[str] | None = None)
     return {"cpu": {"include": cpu}, "gpu": {"include": gpu}, "targets": [t.name for t in chosen]}
 
 
+RELEASE_RUNNERS = {"x86_64": "ubuntu-latest", "aarch64": "ubuntu-24.04-arm"}
+
+
 def release_matrix(table: dict[str, _targets.Target]) -> dict:
-    """One release build per target: cibuildwheel for targets with AOT libraries (a manylinux
-    image and auditwheel), ``python -m build`` for pure ones (cibuildwheel refuses pure wheels)."""
-    return {
-        "include": [
-            {"target": t.name, "builder": "cibuildwheel" if t.aot.libraries else "build"}
-            for t in table.values()
-        ]
-    }
+    """One release build per target and machine: cibuildwheel for targets with AOT libraries (a
+    manylinux image, auditwheel, the test command), on a native runner of each machine in
+    targets.toml ``machines``; ``python -m build`` + tools/wheel_test.py once for pure ones
+    (cibuildwheel refuses pure wheels)."""
+    include = []
+    for t in table.values():
+        machines = t.machines if t.aot.libraries else ("x86_64",)
+        for machine in machines:
+            include.append(
+                {
+                    "target": t.name,
+                    "machine": machine,
+                    "runs-on": RELEASE_RUNNERS[machine],
+                    "builder": "cibuildwheel" if t.aot.libraries else "build",
+                }
+            )
+    return {"include": include}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,7 @@ def build_env(session: Any) -> dict[str, str]:
     return env
 
 
-def _build(session: Any, kind: str, out: Path, pyproject: str | None, args: list[str]) -> list[Path]:
+def _build(session: Any, kind: str, out: Path, pyproject: str, args: list[str]) -> list[Path]:
     """``python -m build --<kind>`` of a staged copy into ``out``, then every release check
     against that staged tree (exactly the files this build saw); returns the artefacts."""
     before = stage.fingerprint(ROOT)
@@ -86,7 +86,7 @@ def build_wheel(session: Any, target: targets.Target) -> None:
 
 def build_sdist(session: Any) -> None:
     """The one sdist (no target: every wheel builds from it) into dist/sdist/, checked."""
-    _build(session, "sdist", DIST / "sdist", None, [])
+    _build(session, "sdist", DIST / "sdist", "pyproject.toml", [])
 
 
 def wheels(session: Any) -> list[Path]:
