@@ -232,6 +232,8 @@ def rehearse(
 ) -> list[Outcome]:
     """Run the whole rehearsal for the targets ``names``; one :class:`Outcome` per target."""
     workspace = work / "workspace"
+    for old in ("workspace", "wheels", "venvs", "index"):
+        shutil.rmtree(work / old, ignore_errors=True)  # a kept --workdir of an earlier run
     commit = clone(source, workspace, version)
     log(f"rehearsing commit {commit[:12]} as v{version} in {workspace}")
     table = _targets.load(workspace / "targets.toml")
