@@ -175,6 +175,8 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
         problems.append(f"{wheel.name}: missing {f}")
     # auditwheel repair (release builds) grafts external libraries, e.g. libgomp, into <dist>.libs/
     grafted = {f for f in have - expected if re.match(rf"^{re.escape(dist)}\.libs/[^/]+\.so(\.[0-9.]+)?$", f)}
+    # ... and records what it grafted in an SBOM (auditwheel >= 6.3)
+    grafted |= {f for f in have - expected if f == f"{dist_info}/sboms/auditwheel.cdx.json"}
     for f in sorted(have - expected - grafted):
         why = " (stray: cache/VCS/test file)" if STRAY.search("/" + f) else ""
         problems.append(f"{wheel.name}: unexpected file {f}{why}")
