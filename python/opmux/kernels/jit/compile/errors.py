@@ -43,8 +43,14 @@ _PREWARM = "(or prewarm it where it is writable and set OPMUX_JIT=0)"
 
 # errno -> (cause, fix); the fix always ends with the way out that needs no repair.
 _FAULTS: dict[int, tuple[str, str]] = {
-    errno.ENOTDIR: ("a component of it is not a directory", f"Remove the file in the way {_ELSEWHERE}"),
-    errno.EEXIST: ("a file is in the way of a directory", f"Remove the file in the way {_ELSEWHERE}"),
+    errno.ENOTDIR: (
+        "it, or a directory above it, is a file, not a directory",
+        f"Remove the file in the way {_ELSEWHERE}",
+    ),
+    errno.EEXIST: (
+        "it, or a directory above it, is a file, not a directory",
+        f"Remove the file in the way {_ELSEWHERE}",
+    ),
     errno.EROFS: ("the filesystem is read-only", f"Mount it writable {_ELSEWHERE} {_PREWARM}"),
     errno.EACCES: (
         "permission denied",

@@ -9,6 +9,8 @@ back to another backend.
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
 import warnings
@@ -316,6 +318,9 @@ def _ensure_in(plan: _Plan, group: Path, root: Path, *, allow_compile: bool, sta
         except BaseException as exc:
             if isinstance(exc, (CompileError, RuntimeError, OSError)):
                 _publish.record_failure(group, source_key=skey, reason=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, CompileError) and _disk_full(exc, staging.path):
+                # the compiler could not write its output: a cache fault, not a compile error
+                raise cache_fault(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), group) from exc
             raise
         finally:
             staging.close()
@@ -323,6 +328,18 @@ def _ensure_in(plan: _Plan, group: Path, root: Path, *, allow_compile: bool, sta
     return Result(
         module.name, published.library, str(published.manifest["key"]), True, time.monotonic() - start
     )
+
+
+def _disk_full(exc: CompileError, where: Path) -> bool:
+    """Did ``exc`` fail because the cache's filesystem is full? (The compiler reports that
+    as any other error; we ask the filesystem.)"""
+    if "No space left on device" in exc.stderr or "Disk quota exceeded" in exc.stderr:
+        return True
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
 
 
 _memo: dict[tuple[Any, ...], tvm_ffi.Module] = {}

@@ -312,10 +312,10 @@ class Entry:
             return f"manifest names library {self.manifest.get('library')!r}, not a file inside its entry"
         library = self.path / name
         try:
+            if not stat.S_ISREG(os.lstat(library).st_mode):  # a symlink or a dir: refuse, rebuild
+                return f"{name} is not a regular file inside the entry"
             for p in (self.path.parent.parent, self.path.parent, self.path, self.path / MANIFEST, library):
                 check_secure(p)
-            if not stat.S_ISREG(os.lstat(library).st_mode):
-                return f"{name} is not a regular file"
             digest = file_digest(library)
         except FileNotFoundError as exc:
             return f"missing file {exc.filename}"
