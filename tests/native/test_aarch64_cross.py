@@ -1,0 +1,152 @@
+"""The CPU kernels on aarch64: tests/native/aarch64/kernel_check.cpp (every CPU op group against a
+scalar reference, no Python, torch or tvm-ffi) cross-compiled with Debian's aarch64-linux-gnu-g++
+(static, so qemu needs no aarch64 sysroot) and run under qemu-user; the same driver built natively
+with the x86 multiversioned clones disabled (-DOPMUX_CPU_NO_CLONES), so the portable code path is
+checked on x86 too; and the driver shown to fail on a deliberately broken kernel.
+
+Needs the Debian packages g++-aarch64-linux-gnu and qemu-user-static for the aarch64 test; skips
+with that hint when they are absent."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JIT = ROOT / "python" / "opmux" / "kernels" / "jit"
+DRIVER = Path(__file__).resolve().parent / "aarch64" / "kernel_check.cpp"
+CROSS_CXX = "aarch64-linux-gnu-g++"
+QEMU = ("qemu-aarch64-static", "qemu-aarch64")
+APT_HINT = "install the Debian packages: apt-get install -y g++-aarch64-linux-gnu qemu-user-static"
+# The flags of the JIT / AOT CPU build (jit/compile/build.py), as a standalone program.
+FLAGS = ["-std=c++17", "-O3", "-fopenmp", "-Wall"]
+# Every op group the driver must report on (a case line "ok   <name> ...").
+OPS = [
+    "conversions",
+    "rmsnorm",
+    "gemma_rmsnorm",
+    "fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "qk_norm",
+    "silu_and_mul",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "rotary_embedding",
+    "per_token_quant_fp8",
+    "per_token_group_quant_fp8",
+    "topk_softmax",
+    "moe_align_block_size",
+    "reshape_and_cache",
+]
+MIN_CASES = 250
+
+
+def _host_cxx() -> str | None:
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def _qemu() -> str | None:
+    return next((q for q in map(shutil.which, QEMU) if q), None)
+
+
+def _build_cmd(cxx: str, out: Path, *extra: str, jit: Path = JIT) -> list[str]:
+    return [cxx, *FLAGS, *extra, f"-I{jit / 'include'}", f"-I{jit / 'csrc'}", str(DRIVER), "-o", str(out)]
+
+
+def _start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """Starts both builds at once (they are the slow part); each test waits for its own."""
+    d = tmp_path_factory.mktemp("kernel_check")
+    jobs: dict[str, tuple[Path, subprocess.Popen]] = {}
+    cross = shutil.which(CROSS_CXX)
+    if cross is not None and _qemu() is not None:
+        out = d / "kernel_check_aarch64"
+        jobs["aarch64"] = (out, _start(_build_cmd(cross, out, "-static")))
+    host = _host_cxx()
+    if host is not None:
+        out = d / "kernel_check_native"
+        jobs["native"] = (out, _start(_build_cmd(host, out, "-DOPMUX_CPU_NO_CLONES")))
+    yield jobs
+    for _, p in jobs.values():
+        if p.poll() is None:
+            p.kill()
+        p.communicate()  # reaps it and closes its pipe
+
+
+def _wait_build(builds, name: str) -> Path:
+    out, p = builds[name]
+    log, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, f"building kernel_check ({name}) failed:\n{' '.join(p.args)}\n{log}"
+    return out
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="2")  # the OpenMP cases run on more than one thread
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+
+
+def _assert_passed(r: subprocess.CompletedProcess, arch: str) -> None:
+    out = r.stdout + r.stderr
+    failures = "\n".join(line for line in out.splitlines() if not line.startswith("ok   "))
+    assert r.returncode == 0, f"kernel_check failed on {arch} (exit {r.returncode}):\n{failures}"
+    first = out.splitlines()[0]
+    assert f"arch={arch}" in first and "clones=none" in first, first
+    m = re.search(r"all (\d+) cases passed", out)
+    assert m and int(m.group(1)) >= MIN_CASES, out[-2000:]
+    missing = [op for op in OPS if f"\nok   {op} " not in "\n" + out]
+    assert not missing, f"kernel_check reported no case for {missing}"
+
+
+def test_aarch64_under_qemu(builds):
+    if shutil.which(CROSS_CXX) is None:
+        pytest.skip(f"no aarch64 cross compiler ({CROSS_CXX}); {APT_HINT}")
+    qemu = _qemu()
+    if qemu is None:
+        pytest.skip(f"no qemu-user for aarch64 ({' or '.join(QEMU)}); {APT_HINT}")
+    exe = _wait_build(builds, "aarch64")
+    _assert_passed(_run([qemu, str(exe)]), "aarch64")
+
+
+def test_native_portable_path(builds):
+    """The x86 build without the avx512f / avx2 clones: the baseline copy every CPU can run."""
+    if "native" not in builds:
+        pytest.skip("no C++ compiler (g++ or c++)")
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine())
+    exe = _wait_build(builds, "native")
+    _assert_passed(_run([str(exe)]), arch)
+
+
+# A wrong kernel must fail the driver: rope's rotation with the sign of the sine term flipped.
+MUTATION = ("csrc/rope_cpu.cpp", "a * cos[i] - b * sin[i]", "a * cos[i] + b * sin[i]")
+
+
+def test_driver_catches_a_broken_kernel(tmp_path):
+    cxx = _host_cxx()
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or c++)")
+    jit = tmp_path / "jit"
+    shutil.copytree(JIT / "include", jit / "include")
+    shutil.copytree(JIT / "csrc", jit / "csrc")
+    rel, old, new = MUTATION
+    src = jit / rel
+    text = src.read_text()
+    assert old in text, f"{rel} no longer contains {old!r}: update MUTATION in this test"
+    src.write_text(text.replace(old, new))
+    exe = tmp_path / "kernel_check_broken"
+    # -O1: this build only has to run, not be fast.
+    cmd = [c for c in _build_cmd(cxx, exe, "-DOPMUX_CPU_NO_CLONES", jit=jit) if c != "-O3"] + ["-O1"]
+    b = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stdout + b.stderr
+    r = _run([str(exe), "rope"])
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "FAIL rotary_embedding" in r.stdout and "cases FAILED" in r.stdout, r.stdout[-2000:]
