@@ -18,17 +18,46 @@ def test_distributions_match_targets_toml():
         ("cpu", ["opmux-cpu"], "cpu", []),
         ("cuda", ["opmux"], "cuda", []),
         ("cuda", ["opmux"], "cpu", []),  # the CUDA wheel ships the CPU library too
+        ("cuda12", ["opmux-cu12"], "cuda", []),
+        ("cuda12", ["opmux-cu12"], "cpu", []),
+        ("cuda", ["opmux"], ["xpu"], []),  # an Intel iGPU does not make the CUDA wheel wrong
+        ("cpu", ["opmux-cpu"], ["xpu"], []),
+        ("xpu", ["opmux-xpu"], ["xpu"], []),  # an Intel GPU host: the right wheel never warns
+        ("xpu", ["opmux-xpu"], ["cuda", "xpu"], []),
+        ("rocm", ["opmux-rocm"], ["rocm"], []),
+        ("npu", ["opmux-npu"], ["npu"], []),
         (
             "cpu",
             ["opmux-cpu"],
             "cuda",
-            ["this is the cpu wheel (opmux-cpu) but the machine looks like a cuda"],
+            [
+                "this is the cpu wheel (opmux-cpu) but this machine has a cuda device; for its kernels: "
+                "pip uninstall -y opmux-cpu && pip install opmux"
+            ],
         ),
         (
             "rocm",
             ["opmux-rocm"],
             "cpu",
-            ["this is the rocm wheel (opmux-rocm) but the machine looks like a cpu"],
+            [
+                "this is the rocm wheel (opmux-rocm) but this machine has no accelerator; for its "
+                "kernels: pip uninstall -y opmux-rocm && pip install opmux-cpu"
+            ],
+        ),
+        (
+            "xpu",
+            ["opmux-xpu"],
+            [],
+            ["this is the xpu wheel (opmux-xpu) but this machine has no accelerator"],
+        ),
+        (
+            "cuda",
+            ["opmux"],
+            ["rocm"],
+            [
+                "this is the cuda wheel (opmux) but this machine has a rocm device; for its kernels: "
+                "pip uninstall -y opmux && pip install opmux-rocm"
+            ],
         ),
         (
             "cpu",
@@ -40,20 +69,66 @@ def test_distributions_match_targets_toml():
             "npu",
             ["opmux-cpu", "opmux-npu"],
             "cuda",
-            ["several opmux distributions are installed", "this is the npu wheel (opmux-npu)"],
+            ["several opmux distributions are installed"],
         ),
     ],
 )
 def test_problems(target, dists, machine, expected):
     found = _guard.problems(target, dists, machine)
-    assert len(found) == len(expected)
+    assert len(found) == len(expected), found
     for have, want in zip(found, expected, strict=True):
         assert have.startswith(want)
 
 
-def test_uninstall_advice_keeps_the_machines_distribution():
-    (msg,) = _guard.problems("cpu", ["opmux", "opmux-cpu"], "cpu")
-    assert msg.endswith("Keep one: pip uninstall opmux")
+@pytest.mark.parametrize(
+    ("dists", "machine", "command"),
+    [
+        (["opmux", "opmux-cpu"], [], "pip uninstall -y opmux opmux-cpu && pip install opmux-cpu"),
+        # a CPU host with opmux and opmux-xpu: one consistent command, not "keep one" + both listed
+        (["opmux", "opmux-xpu"], [], "pip uninstall -y opmux opmux-xpu && pip install opmux-cpu"),
+        (["opmux", "opmux-xpu"], ["xpu"], "pip uninstall -y opmux opmux-xpu && pip install opmux-xpu"),
+        (["opmux-cpu", "opmux-npu"], ["cuda"], "pip uninstall -y opmux-cpu opmux-npu && pip install opmux"),
+    ],
+)
+def test_two_wheels_advice_uninstalls_all_and_reinstalls_one(dists, machine, command):
+    """The wheels share files: uninstalling one of two breaks the other, so the advice removes
+    every one and reinstalls the machine's (following it leaves a working install)."""
+    (msg,) = _guard.problems(dists[-1], dists, machine)
+    assert msg.endswith(command)
+    assert "Keep one" not in msg
+
+
+def _fake_machine(nodes=(), drm=None):
+    drm = drm or {}
+    return {
+        "exists": lambda p: p in nodes,
+        "read": lambda p: drm.get(p),
+        "listdir": lambda p: sorted({k.split("/")[4] for k in drm}) if p == "/sys/class/drm" else [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("nodes", "drm", "expected"),
+    [
+        ((), {}, []),
+        (("/dev/kfd",), {}, ["rocm"]),
+        (("/dev/kfd", "/dev/nvidiactl"), {}, ["cuda", "rocm"]),
+        (("/dev/nvidia0",), {}, ["cuda"]),
+        (("/dev/davinci0",), {}, ["npu"]),
+        ((), {"/sys/class/drm/renderD128/device/vendor": "0x8086"}, ["xpu"]),
+        ((), {"/sys/class/drm/renderD128/device/vendor": "0x1002"}, []),  # AMD render node: not xpu
+        (
+            ("/dev/nvidiactl",),
+            {
+                "/sys/class/drm/renderD128/device/vendor": "0x10de",
+                "/sys/class/drm/renderD129/device/vendor": "0x8086",
+            },
+            ["cuda", "xpu"],
+        ),
+    ],
+)
+def test_machine_targets(nodes, drm, expected):
+    assert _guard.machine_targets(**_fake_machine(nodes, drm)) == expected
 
 
 def test_machine_target_precedence():

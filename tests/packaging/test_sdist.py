@@ -124,7 +124,7 @@ def test_two_distributions_warn_at_import(builds, npu_wheel, tmp_path):
         "InstallWarning: opmux: several opmux distributions are installed (opmux-cpu, opmux-npu)"
         in proc.stderr
     )
-    assert "pip uninstall opmux-npu" in proc.stderr
+    assert "pip uninstall -y opmux-cpu opmux-npu && pip install opmux-cpu" in proc.stderr
     assert proc.stderr.count("several opmux distributions") == 1
 
 
