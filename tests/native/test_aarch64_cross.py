@@ -2,7 +2,8 @@
 scalar reference, no Python, torch or tvm-ffi) cross-compiled with Debian's aarch64-linux-gnu-g++
 (static, so qemu needs no aarch64 sysroot) and run under qemu-user; the same driver built natively
 with the x86 multiversioned clones disabled (-DOPMUX_CPU_NO_CLONES), so the portable code path is
-checked on x86 too; and the driver shown to fail on a deliberately broken kernel.
+checked on x86 too; the driver shown to fail on a deliberately broken kernel; and the AOT library's
+translation unit (csrc/aot_cpu.cpp, kernels plus tvm-ffi entry points) compiled for aarch64.
 
 Needs the Debian packages g++-aarch64-linux-gnu and qemu-user-static for the aarch64 test; skips
 with that hint when they are absent."""
@@ -124,6 +125,42 @@ def test_native_portable_path(builds):
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine())
     exe = _wait_build(builds, "native")
     _assert_passed(_run([str(exe)]), arch)
+
+
+# The tvm-ffi entry points of csrc/aot_cpu.cpp.
+ENTRY_POINTS = [
+    "rmsnorm_cpu",
+    "fused_add_rmsnorm_cpu",
+    "gemma_rmsnorm_cpu",
+    "gemma_fused_add_rmsnorm_cpu",
+    "qk_norm_cpu",
+    "silu_and_mul_cpu",
+    "gelu_and_mul_cpu",
+    "gelu_tanh_and_mul_cpu",
+    "rotary_embedding_cpu",
+    "per_token_quant_fp8_cpu",
+    "per_token_group_quant_fp8_cpu",
+    "topk_softmax_cpu",
+    "moe_align_block_size_cpu",
+    "reshape_and_cache_cpu",
+]
+
+
+def test_aot_unit_compiles_for_aarch64(tmp_path):
+    """The whole AOT translation unit, tvm-ffi bindings included, compiles for aarch64 (-O0: this
+    checks the source, the driver above checks the kernels) and exports every entry point."""
+    cross, nm = shutil.which(CROSS_CXX), shutil.which("aarch64-linux-gnu-nm")
+    if cross is None or nm is None:
+        pytest.skip(f"no aarch64 cross toolchain ({CROSS_CXX}, aarch64-linux-gnu-nm); {APT_HINT}")
+    info = pytest.importorskip("tvm_ffi.libinfo")
+    obj = tmp_path / "aot_cpu_aarch64.o"
+    cmd = [cross, "-std=c++17", "-O0", "-fPIC", "-fopenmp", "-c", str(ROOT / "csrc" / "aot_cpu.cpp")]
+    cmd += [f"-I{JIT / 'include'}", f"-I{JIT / 'csrc'}", *[f"-I{p}" for p in info.include_paths()]]
+    b = subprocess.run([*cmd, "-o", str(obj)], capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, f"{' '.join(cmd)}\n{b.stdout}{b.stderr}"
+    syms = subprocess.run([nm, "--defined-only", str(obj)], capture_output=True, text=True, check=True)
+    missing = [e for e in ENTRY_POINTS if f" T __tvm_ffi_{e}\n" not in syms.stdout]
+    assert not missing, f"aarch64 object lacks the entry points {missing}"
 
 
 # A wrong kernel must fail the driver: rope's rotation with the sign of the sine term flipped.
