@@ -82,17 +82,18 @@ log = _Log()
 def _run(cmd: list[str], *, step: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
     """Run ``cmd``; its output streams to the log (progress); RehearsalError names the step."""
     log(f"{step}: $ {' '.join(cmd)}")
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
     tail: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(f"    {line}")
-        tail = [*tail[-30:], line.rstrip()]
-    if proc.wait() != 0:
+    with subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(f"    {line}")
+            tail = [*tail[-30:], line.rstrip()]
+        returncode = proc.wait()
+    if returncode != 0:
         shown = "\n    ".join(tail[-12:])
-        raise RehearsalError(f"{step} failed (exit {proc.returncode}):\n    {shown}")
+        raise RehearsalError(f"{step} failed (exit {returncode}):\n    {shown}")
     return "\n".join(tail)
 
 

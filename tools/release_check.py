@@ -27,7 +27,7 @@ from tools import wheel_check as _wheel_check
 __all__ = ["artifacts_in", "check", "target_of"]
 
 #: W002 (duplicate files): the empty __init__.py files of the package are identical on purpose
-CHECK_WHEEL_CONTENTS = ["-m", "check_wheel_contents", "--ignore", "W002"]
+CHECK_WHEEL_CONTENTS = ["-m", "check_wheel_contents"]
 
 
 def artifacts_in(paths: Iterable[Path]) -> list[Path]:
@@ -59,7 +59,7 @@ def _repaired_ignores(wheel: Path) -> list[str]:
     dist = wheel.name.split("-")[0]
     with zipfile.ZipFile(wheel) as zf:
         grafted = any(n.startswith(f"{dist}.libs/") for n in zf.namelist())
-    return ["--ignore", "W009,W010"] if grafted else []
+    return ["--ignore", "W002,W009,W010" if grafted else "W002"]
 
 
 def check(artifacts: Sequence[Path], root: Path, *, python: str = sys.executable) -> list[str]:
