@@ -31,6 +31,10 @@ inline CacheArgs check_cache_args(const char* op, int32_t device_type, const Ten
   a.tokens = key.size(0);
   a.heads = key.size(1);
   a.head_dim = key.size(2);
+  if (a.heads < 1 || a.head_dim < 1) {
+    TVM_FFI_THROW(ValueError) << op << ": key has " << a.heads << " heads of dim " << a.head_dim
+                              << "; H and D must be at least 1";
+  }
   a.num_blocks = kc.size(0);
   a.block_size = kc.size(1);
   for (int d = 0; d < 3; ++d) check_size(op, "value", value, d, key.size(d), "key's shape");

@@ -65,8 +65,14 @@ inline AlignArgs check_align_args(const char* op, int32_t device_type, const Ten
     TVM_FFI_THROW(ValueError) << op << ": block_size and num_experts must be positive, got "
                               << block_size << " and " << num_experts;
   }
+  if (block_size >= (int64_t(1) << 31) || num_experts >= (int64_t(1) << 31)) {
+    TVM_FFI_THROW(ValueError) << op << ": block_size " << block_size << " and num_experts " << num_experts
+                              << " must fit int32";
+  }
   a.numel = ids.size(0) * ids.size(1);
-  if ((ids.size(1) > 1 && ids.stride(1) != 1) || (ids.size(0) > 1 && ids.stride(0) != ids.size(1))) {
+  // an empty topk_ids (k = 0) has no layout to check
+  if (a.numel > 0 &&
+      ((ids.size(1) > 1 && ids.stride(1) != 1) || (ids.size(0) > 1 && ids.stride(0) != ids.size(1)))) {
     TVM_FFI_THROW(ValueError) << op << ": topk_ids must be contiguous";
   }
   a.max_padded = a.numel + num_experts * (block_size - 1);
