@@ -14,7 +14,9 @@ BACKENDS = [None, "torch", "jit", "triton", "reference"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(("block_size", "num_experts", "name"), [(1, 2**31, "num_experts"), (2**31, 4, "block_size")])
+@pytest.mark.parametrize(
+    ("block_size", "num_experts", "name"), [(1, 2**31, "num_experts"), (2**31, 4, "block_size")]
+)
 def test_align_int32_overflow_names_the_argument(
     backend: str | None, block_size: int, num_experts: int, name: str
 ) -> None:
@@ -55,7 +57,11 @@ def test_native_checks_guard_direct_callers() -> None:
         kv = jit.load_module("kvcache_cpu")
     except (jit.JitUnavailable, jit.CompileError, jit.ToolchainNotFound) as exc:
         pytest.skip(f"no JIT build here: {exc}")
-    out = (torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32), torch.empty(1, dtype=torch.int32))
+    out = (
+        torch.empty(1, dtype=torch.int32),
+        torch.empty(1, dtype=torch.int32),
+        torch.empty(1, dtype=torch.int32),
+    )
     with pytest.raises(ValueError, match="must fit int32"):
         moe["moe_align_block_size_cpu"](*out, torch.tensor([[4]], dtype=torch.int32), 1, 2**31)
     with pytest.raises(ValueError, match="H and D must be at least 1"):

@@ -40,7 +40,7 @@ try:
                      allow_compile=True)
 except ToolchainNotFound as e:
     print(json.dumps({"status": "skipped", "detail": str(e).splitlines()[0]})); sys.exit(0)
-except (CompileError, JitUnavailable) as e:
+except (CompileError, JitUnavailable, ValueError) as e:
     print(json.dumps({"status": "failed", "detail": str(e)})); sys.exit(0)
 print(json.dumps({"status": "compiled" if r.compiled else "cached", "detail": str(r.library)}))
 """
@@ -178,6 +178,15 @@ def _cmd_prewarm(args: argparse.Namespace, table: Mapping[str, JitModule], kerne
     if unknown:
         raise ValueError(f"unknown JIT module(s) {', '.join(unknown)}; valid: {', '.join(sorted(table))}")
     selected = [table[n] for n in names if args.device is None or table[n].device == args.device]
+    # settings the builds read, validated here so a typo is one error line, not N failed builds
+    for name in (
+        "OPMUX_JIT_LOCK_TIMEOUT",
+        "OPMUX_JIT_COMPILE_TIMEOUT",
+        "OPMUX_CUDA_ARCHS",
+        "OPMUX_CACHE_DIR",
+    ):
+        _env.get(name)
+    cache_root()
     archs = parse_cuda_archs(" ".join(args.archs)) if args.archs else []
     results = prewarm(selected, kernel_path=kernel_path, archs=archs, jobs=args.jobs, budget=args.budget)
     if args.json:
