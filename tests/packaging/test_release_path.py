@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tools import cibw, release, release_check, targets, wheel_check
 
 TABLE = targets.load()
@@ -150,7 +149,9 @@ def test_release_workflow_runs_nothing_the_rehearsal_does_not(root):
         for step in spec.get("steps", []):
             if "uses" in step:
                 action = step["uses"].split("@")[0]
-                assert action in USES, f"release.yml job {job} uses {action}, which the rehearsal does not run"
+                assert action in USES, (
+                    f"release.yml job {job} uses {action}, which the rehearsal does not run"
+                )
                 continue
             for cmd in _commands(step["run"]):
                 hit = [k for k in RUN_COMMANDS if cmd.startswith(k)]
@@ -207,6 +208,7 @@ def test_release_check_refuses_a_wheel_without_a_header(root, tmp_path):
 
 
 # --- the local index: upload auth, a duplicate upload refused ---
+
 
 @pytest.mark.slow
 def test_the_index_refuses_a_second_upload_and_a_wrong_password(tmp_path):

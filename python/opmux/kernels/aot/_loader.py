@@ -86,7 +86,9 @@ def check_driver(cuda: dict[str, Any] | None, driver_version: int | None) -> Non
     if driver_version >= major * 1000:  # minor-version compatibility within a major release
         return
     have = f"{driver_version // 1000}.{driver_version % 1000 // 10}"
-    older = [o for o in cuda.get("older", []) if int(str(o["toolkit"]).split(".")[0]) * 1000 <= driver_version]
+    older = [
+        o for o in cuda.get("older", []) if int(str(o["toolkit"]).split(".")[0]) * 1000 <= driver_version
+    ]
     if older:
         best = older[-1]
         fix = (
