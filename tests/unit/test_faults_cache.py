@@ -469,6 +469,29 @@ def test_hung_compiler_is_killed(
     assert not list(fault_env["cache"].glob("tiny_cpu/*/.staging-*"))  # nothing left behind
 
 
+def test_hung_compiler_whose_child_escaped_does_not_hang(
+    fault_env: dict[str, Path], kernel: Path, monkeypatch: pytest.MonkeyPatch, work: Path
+) -> None:
+    """A compiler that left a daemon behind holding its output pipes: the kill cannot reach
+    it, and the build still ends (its output is given up)."""
+    wrapper = work / "cxx-daemon"
+    daemon = work / "daemon.pid"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *-MF*) echo "$$" >> "$FAULT_MARKER"; '
+        f"(setsid sh -c 'echo $$ > {daemon}; exec sleep 30' &); sleep 60 ;; esac\n"
+        f'exec {REAL_CXX} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    monkeypatch.setenv("OPMUX_JIT_COMPILE_TIMEOUT", "1")
+    start = time.monotonic()
+    with pytest.raises(CompileTimeout, match="output lost"):
+        ensure_built(TINY, kernel_path=kernel)
+    assert time.monotonic() - start < 15
+    os.kill(int(daemon.read_text()), signal.SIGKILL)  # the daemon this test made, by its pid
+
+
 def test_hung_compiler_under_the_op_memo_is_not_retried(
     fault_env: dict[str, Path], kernel: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

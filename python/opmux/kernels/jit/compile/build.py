@@ -160,11 +160,11 @@ def _run(command: list[str], log: list[str]) -> None:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        out, err = proc.communicate()
-        raise CompileTimeout(command, timeout, (err or "") + (out or "")) from None
+        out, err = _drain(proc)
+        raise CompileTimeout(command, timeout, err + out) from None
     except BaseException:  # KeyboardInterrupt, a budget kill of our caller: leave no compiler
         _kill_group(proc)
-        proc.communicate()
+        _drain(proc)
         raise
     if proc.returncode != 0:
         raise CompileError(command, proc.returncode, err + out)
@@ -193,6 +193,22 @@ def _descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def _drain(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a killed compiler printed; never waits long: a process it started that escaped
+    the kill (reparented) may hold its pipes open, and then the output is given up."""
+    try:
+        out, err = proc.communicate(timeout=2)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)
+        return "", "(output lost: a process the compiler started kept its pipes open)"
+    return out or "", err or ""
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
