@@ -679,3 +679,21 @@ def test_unforced_op_falls_back_once_with_one_warning(broken_cache: Path) -> Non
     assert jit.reason is not None and jit.reason.value == "failed"
     assert "JitCacheUnavailable" in jit.detail and str(broken_cache) in jit.detail
     assert "OPMUX_CACHE_DIR" in jit.detail
+
+
+def test_cache_clear_and_prune_skip_a_build_whose_lock_was_deleted(
+    fault_env: dict[str, Path], kernel: Path
+) -> None:
+    from opmux.kernels.jit.compile import cache as jit_cache
+
+    group = _group(kernel)
+    staging = publish.new_staging(group)  # a live build (this process owns it) ...
+    try:
+        assert not (group / ".lock").exists()  # ... without a .lock
+        for clean in (jit_cache.clear, jit_cache.prune):
+            summary = clean(publish.cache_root())
+            assert summary["skipped_busy"] == [str(group)]
+            assert staging.path.is_dir()
+    finally:
+        staging.close()
+    assert jit_cache.prune(publish.cache_root())["skipped_busy"] == []

@@ -1,7 +1,9 @@
 """Inspect and clean the JIT cache (the library behind ``python -m opmux.kernels.jit cache``).
 
 Cleaning never races a build: each group is cleaned only while holding its lock, taken
-without waiting; a group being built right now is skipped and reported.
+without waiting, and with no live staging dir (a build whose ``.lock`` was deleted); a group
+being built right now is skipped and reported. A cache that cannot be written is a
+``JitCacheUnavailable``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .publish import check_secure, discard, iter_entries, remove_stale
+from .errors import cache_fault
+from .publish import check_secure, discard, iter_entries, live_builds, remove_stale
 
 __all__ = ["clear", "list_entries", "prune"]
 
@@ -45,10 +48,9 @@ def list_entries(root: Path) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def _try_lock(group: Path) -> Iterator[bool]:
     try:
-        fd = os.open(group / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        yield False
-        return
+        fd = os.open(group / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:  # read-only, no permission: cleaning cannot work, say why
+        raise cache_fault(exc, group) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -58,7 +60,8 @@ def _try_lock(group: Path) -> Iterator[bool]:
             return
         raise
     try:
-        yield True
+        # a build whose .lock was deleted under it still owns its staging dir: busy too
+        yield not live_builds(group)
     finally:
         os.close(fd)
 
