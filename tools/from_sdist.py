@@ -25,8 +25,13 @@ __all__ = ["build_wheel", "prepare"]
 
 
 def prepare(sdist: Path, target: str, dest: Path) -> Path:
-    """Unpack ``sdist`` under ``dest`` and make it build ``target``; return the source dir."""
-    dest.mkdir(parents=True, exist_ok=True)
+    """Unpack ``sdist`` into a fresh ``dest/<target>/`` and make it build ``target``; return the
+    source dir.  Fresh per target: a setuptools ``build/`` left by another target's build in the
+    same tree would put that target's libraries into this wheel (the rehearsal caught it)."""
+    dest = Path(dest) / target
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
     with tarfile.open(sdist) as tf:
         if sys.version_info >= (3, 12):
             tf.extractall(dest, filter="data")
@@ -44,7 +49,7 @@ def prepare(sdist: Path, target: str, dest: Path) -> Path:
 
 def build_wheel(sdist: Path, target: str, workdir: Path, outdir: Path, *, env: dict | None = None) -> Path:
     """Build ``target``'s wheel from ``sdist`` into ``outdir``; return the wheel."""
-    src = prepare(sdist, target, workdir / target)
+    src = prepare(sdist, target, workdir)
     before = set(outdir.glob("*.whl")) if outdir.exists() else set()
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(outdir), str(src)], check=True, env=env

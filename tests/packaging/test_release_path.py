@@ -262,3 +262,21 @@ def test_wheels_from_the_sdist_carry_its_commit_without_any_environment(root, tm
         member = next(m for m in tf.getmembers() if m.name.endswith("/BUILD_SOURCE.json"))
         facts = io.TextIOWrapper(tf.extractfile(member)).read()  # type: ignore[arg-type]
     assert commit in facts and "source_date_epoch" in facts
+
+
+def test_each_target_builds_from_a_fresh_tree(root, tmp_path):
+    """A setuptools build/ left by one target's build must never reach another target's wheel."""
+    from tools import from_sdist
+
+    sdist = tmp_path / "opmux-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        for name in ["targets.toml", *(t.pyproject for t in TABLE.values())]:
+            tf.add(root / name, arcname=f"opmux-1.0/{name}")
+    cuda = from_sdist.prepare(sdist, "cuda", tmp_path / "build-src")
+    (cuda / "build" / "lib").mkdir(parents=True)
+    (cuda / "build" / "lib" / "libopmux_aot_cuda.so").write_bytes(b"stale")
+    cpu = from_sdist.prepare(sdist, "cpu", tmp_path / "build-src")
+    assert cpu != cuda and not (cpu / "build").exists()
+    assert 'target = "cpu"' in (cpu / "pyproject.toml").read_text()
+    again = from_sdist.prepare(sdist, "cuda", tmp_path / "build-src")
+    assert again == cuda and not (again / "build").exists()
