@@ -83,6 +83,7 @@ def _run(cmd: list[str], *, step: str, cwd: Path | None = None, env: dict[str, s
     """Run ``cmd``; its output streams to the log (progress); RehearsalError names the step."""
     log(f"{step}: $ {' '.join(cmd)}")
     tail: list[str] = []
+    why: list[str] = []  # setup.py's "opmux: ..." lines: the reason a build stopped
     with subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as proc:
@@ -90,9 +91,11 @@ def _run(cmd: list[str], *, step: str, cwd: Path | None = None, env: dict[str, s
         for line in proc.stdout:
             sys.stdout.write(f"    {line}")
             tail = [*tail[-30:], line.rstrip()]
+            if "opmux:" in line or "refuses" in line:
+                why = [*why[-4:], line.strip()]
         returncode = proc.wait()
     if returncode != 0:
-        shown = "\n    ".join(tail[-12:])
+        shown = "\n    ".join([*tail[-12:], *why])
         raise RehearsalError(f"{step} failed (exit {returncode}):\n    {shown}")
     return "\n".join(tail)
 
@@ -245,6 +248,8 @@ def _attempt(outcome: Outcome, step: str, fn, *args, **kwargs):  # type: ignore[
         result = fn(*args, **kwargs)
     except (RehearsalError, _index.UploadRefused, subprocess.CalledProcessError, ValueError, OSError) as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        why = [ln for ln in lines if "refuses" in ln] or [ln for ln in lines if ln.startswith("opmux:")]
+        lines = [lines[0], why[-1]] if why else lines  # setup.py's own words for why it stopped
         outcome.steps[step] = "FAILED: " + (
             " ... ".join([lines[0], lines[-1]]) if len(lines) > 1 else lines[0]
         )
