@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -118,8 +120,11 @@ def test_jit_off_without_aot_falls_back_to_torch(tmp_path: object) -> None:
     with config.scope(OPMUX_JIT="0", OPMUX_CACHE_DIR=str(tmp_path), OPMUX_FALLBACK="error"):
         sel = explain("layernorm.rmsnorm", x, w)
         assert sel.decision("jit").reason.value == "jit-disabled"
+        # error concerns forced backends (docs/env.md): an unforced call falls back, warning once
+        with pytest.warns(RuntimeWarning, match="falls back from aot to torch"):
+            torch.testing.assert_close(rmsnorm(x, w), rmsnorm(x, w, backend="torch"))
         with pytest.raises(FallbackError):
-            rmsnorm(x, w)
+            rmsnorm(x, w, backend="jit")
 
 
 def test_tracing_counters_and_reset() -> None:
@@ -143,40 +148,40 @@ def test_bad_dtype_and_type_errors_name_the_choices() -> None:
 def test_size_classes_are_cached_per_side() -> None:
     """An op with a CPU size rule: each side runs its own backend, also from the fast path."""
     from opmux.kernels import registry
-    from opmux.kernels.fused_op import BaseFusedOp
-    from opmux.kernels.ops.layernorm.op import RMSNorm
-    from opmux.kernels.spec import BackendSpec, OpSpec, Requirement
+    from opmux.kernels.fused_op import FusedOp
+    from opmux.kernels.ops._decl import declare
+    from opmux.kernels.ops.layernorm import op as ln
 
-    m = "opmux.kernels.ops.layernorm.op:RMSNorm"
-    cpu = Requirement(devices=("cpu",))
-    spec = OpSpec(
-        name="test.sized",
-        reference=f"{m}.forward_native",
-        backends=(
-            BackendSpec("torch", f"{m}.forward_torch", cpu),
-            BackendSpec(
-                "triton", f"{m}.forward_triton", Requirement(devices=("cpu",), capabilities=("triton",))
-            ),
-        ),
-        default_priority=("torch",),
+    decl = declare(
+        "test.sized",
+        "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
+        doc="rmsnorm with a CPU size rule",
+        check=ln.check_norm,
+        reference=ln.rmsnorm.reference,
+        torch=dict(ln.rmsnorm.python_backends)["torch"],
+        native=False,
         size_priority=(("cpu", 1000, ("triton", "torch")),),
+        samples="rmsnorm",
     )
-    registry.register(spec)
+    # the triton target follows the reference's package: layernorm.triton_kernels:sized
+    decl = replace(decl, spec=_with_triton(decl.spec, ln.rmsnorm.spec))
     try:
-
-        class Sized(BaseFusedOp):
-            op_name = "test.sized"
-            forward_native = staticmethod(RMSNorm.forward_native)
-
-        op = Sized()
+        op = FusedOp(decl)
         small, big, w = torch.randn(2, 8), torch.randn(40, 64), torch.randn(8)
         w64 = torch.randn(64)
         with tracing.capture() as calls:
-            op(small, w)
-            op(big, w64)
+            op.public(small, w)
+            op.public(big, w64)
         assert [c.backend for c in calls] == ["torch", "triton"]
-        op(small, w), op(big, w64)  # now cached: one splitter for both sides
-        assert op.lookup(small) is op.lookup(big) is not None
-        torch.testing.assert_close(op(big, w64), RMSNorm.forward_native(big, w64), atol=1e-5, rtol=1e-5)
+        op.public(small, w), op.public(big, w64)  # now cached: both sides of the one entry
+        assert op.lookup(small) is op.bind("torch", "cpu") and op.lookup(big) is op.bind("triton", "cpu")
+        torch.testing.assert_close(op.public(big, w64), ln.rmsnorm.reference(big, w64), atol=1e-5, rtol=1e-5)
     finally:
         registry._OPS.pop("test.sized")
+
+
+def _with_triton(spec: Any, like: Any) -> Any:
+    """The spec with the triton backend of ``like`` (whose kernel takes the same arguments)."""
+    triton = replace(like.backend("triton"), target="opmux.kernels.ops.layernorm.triton_kernels:rmsnorm")
+    backends = (*tuple(b for b in spec.backends if b.name != "triton"), triton)
+    return replace(spec, backends=backends)

@@ -11,10 +11,10 @@ from opmux.kernels import registry
 from opmux.kernels.spec import BackendSpec, OpSpec, Requirement, Target
 
 
-def _spec(target: str = "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch") -> OpSpec:
+def _spec(target: str = "opmux.kernels.ops.layernorm.op:torch_norm") -> OpSpec:
     return OpSpec(
         name="test.dummy",
-        reference="opmux.kernels.ops.layernorm.op:RMSNorm.forward_native",
+        reference="opmux.kernels.ops.layernorm.op:ref_norm",
         backends=(BackendSpec("torch", target, Requirement(devices=("cpu",))),),
         default_priority=("torch",),
     )
@@ -24,16 +24,16 @@ def test_same_spec_twice_is_harmless_conflict_is_an_error() -> None:
     registry.register(_spec())
     registry.register(_spec())
     with pytest.raises(ValueError, match="already registered with a different spec"):
-        registry.register(_spec("opmux.kernels.ops.layernorm.op:RMSNorm.forward_triton"))
+        registry.register(_spec("opmux.kernels.ops.layernorm.triton_kernels:rmsnorm"))
     registry._OPS.pop("test.dummy")
 
 
 def test_nested_targets_resolve() -> None:
-    fn = registry.resolve_target("opmux.kernels.ops.layernorm.op:RMSNorm.forward_native")
+    fn = registry.resolve_target("opmux.kernels.ops._native:AOT.kernel")
     assert callable(fn)
     assert Target.parse("a.b:C.d.e").attrs == ("C", "d", "e")
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
-        registry.resolve_target("opmux.kernels.ops.layernorm.op:RMSNorm.nope")
+        registry.resolve_target("opmux.kernels.ops._native:AOT.nope")
 
 
 @pytest.mark.parametrize("bad", ["nocolon", "a:", ":b", "a:b..c", "a b:c", "a:1x"])

@@ -69,21 +69,21 @@ def test_run_time_failure_and_argument_rejection() -> None:
 def test_arch_window_and_gfx_set() -> None:
     spec = OpSpec(
         name="test.arch",
-        reference="opmux.kernels.ops.layernorm.op:RMSNorm.forward_native",
+        reference="opmux.kernels.ops.layernorm.op:ref_norm",
         backends=(
             BackendSpec(
                 "hopper",
-                "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch",
+                "opmux.kernels.ops.layernorm.op:torch_norm",
                 Requirement(devices=("cuda",), sm_min=90),
             ),
             BackendSpec(
                 "mi300",
-                "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch",
+                "opmux.kernels.ops.layernorm.op:torch_norm",
                 Requirement(devices=("hip",), gfx=("gfx942",)),
             ),
             BackendSpec(
                 "torch",
-                "opmux.kernels.ops.layernorm.op:RMSNorm.forward_torch",
+                "opmux.kernels.ops.layernorm.op:torch_norm",
                 Requirement(devices=("cuda", "hip")),
             ),
         ),

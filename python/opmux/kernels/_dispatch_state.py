@@ -105,6 +105,8 @@ def _stale() -> None:
     from . import facts
 
     facts.reset()
+    for op in list(_live):  # the settings that found the kernels (cache dir, JIT) may have changed
+        getattr(op, "forget_kernels", lambda: None)()
     _bump()
 
 

@@ -12,13 +12,15 @@ __all__ = ["explain", "op_instance"]
 
 
 def op_instance(name: str) -> Any:
-    """The live ``BaseFusedOp`` of ``name`` (imports the group's torch code)."""
+    """The live ``FusedOp`` of ``name`` (imports torch)."""
+    from .ops._group import decls, instance
+
     spec = registry.get(name)
-    importlib.import_module(f"opmux.kernels.ops.{spec.group}.api")
-    for op in list(_dispatch_state._live):
-        if getattr(op, "op_name", None) == name:
-            return op
-    raise LookupError(f"{name}: its group module registered no op instance")
+    module = importlib.import_module(f"opmux.kernels.ops.{spec.group}.op")
+    for decl in decls(module):
+        if decl.name == name:
+            return instance(decl)
+    raise LookupError(f"{name}: not declared in {module.__name__}")
 
 
 def explain(

@@ -1,27 +1,42 @@
-"""BaseFusedOp: one logical operator, many backends, one cheap dispatch.
+"""FusedOp: one declared operator (``ops/_decl.py``), many backends, one cheap dispatch.
 
-A subclass names its spec (``op_name``) and provides ``forward_native`` (the pure-torch
-reference and parity oracle) plus ``forward_<backend>`` static methods that the spec's
-import targets point at. Calls go through ``__call__``: a dict lookup keyed by
-(device kind, dtype) on the hot path, the full explainable selection on a miss.
+Everything per op is generated from its declaration when the op is first used: the bound
+function of each backend (the argument contract, then the kernel), the public function with
+its hot path and the torch library ops with their fakes. The hot path is one dict lookup by
+device kind and dtype (two for an op with size classes); a miss runs the full explainable
+selection, applies the fallback policy, binds the chosen backend's kernel and caches it. A
+forced ``backend=`` is cached the same way, by its value.
+
+The contract is the same on every backend, the reference included, and runs once per call:
+``check`` (types, dtypes, shapes, strides, scalars), ``values`` (tensor contents, not under
+fake tensors), then the generic part of the signature: an input that requires grad while
+grad mode is on is a TypeError (the ops are inference-only), the version counter of every
+written tensor is bumped in grad mode, and a written tensor may not overlap another argument
+except as the very same view of a read one (``rmsnorm(x, w, out=x)``).
 """
 
 from __future__ import annotations
 
-import warnings
+import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import _dispatch_state, config, facts, registry, tracing
+from . import _dispatch_state, _warn, facts, registry, tracing
 from .errors import BackendUnavailable, FallbackError
+from .ops import _checks
+from .ops._decl import Decl, Param
+from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
-from .spec import OpSpec
 
-__all__ = ["BaseFusedOp", "dtype_name", "platform_device"]
+__all__ = ["FusedOp", "dtype_name", "platform_device"]
 
 _WARNED: set[tuple[str, str, str]] = set()
+#: every torch library op of opmux (kept alive for the process: dropping it unregisters them)
+_LIB = torch.library.Library("opmux", "FRAGMENT")  # type: ignore[no-untyped-call]
+#: bound once: dynamo folds this to True while tracing; eager pays one call
+_compiling = torch.compiler.is_compiling
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -39,88 +54,168 @@ def platform_device(device: torch.device) -> tuple[str, str | None]:
     return ("hip" if plat.device_type == "hip" else "cuda"), plat.arch
 
 
-def _size_split(
-    key: int, threshold: int, small: Callable[..., Any], big: Callable[..., Any]
-) -> Callable[..., Any]:
-    """One cached callable for an op whose best backend changes with size (spec.size_priority)."""
+def _raiser(exc: BaseException) -> Callable[..., Any]:
+    def unavailable(*args: Any) -> None:
+        raise exc
 
-    def split(*args: Any, **kwargs: Any) -> Any:
-        return (big if args[key].numel() >= threshold else small)(*args, **kwargs)
+    return unavailable
 
-    return split
+
+def _native_device(x: torch.Tensor) -> str:
+    return "cuda" if x.is_cuda else "cpu"
+
+
+# -- code generation -------------------------------------------------------------------
+# Generated once per op (like dataclasses' __init__): the hot path gets the op's own
+# positional parameters, so no *args/**kwargs packing and no per-call indirection.
+def _sig(params: tuple[Param, ...]) -> str:
+    return ", ".join(p.name if p.default is None else f"{p.name}={p.default}" for p in params)
+
+
+def _guard_lines(decl: Decl) -> list[str]:
+    """The generic contract: no grad inputs in grad mode, versions bumped, no partial overlap."""
+    tensors = [p for p in decl.params if p.is_tensor]
+    written = [p for p in tensors if p.written]
+
+    def present(p: Param) -> str:
+        return f"{p.name} is not None and " if p.type == "Tensor?" else ""
+
+    lines = [
+        "    if GRAD():",
+        f"        NO_GRAD(OP, {', '.join(f'({p.name!r}, {p.name})' for p in tensors)},)",
+    ]
+    if written:
+        lines.append(f"        BUMP({', '.join(p.name for p in written)},)")
+    for w, other in itertools.product(written, tensors):
+        if w.name == other.name or (other.written and tensors.index(other) < tensors.index(w)):
+            continue
+        both = other.written
+        lines.append(f"    if {present(w)}{present(other)}OVERLAPS({w.name}, {other.name}):")
+        lines.append(f"        ALIAS(OP, {w.name!r}, {w.name}, {other.name!r}, {other.name}, {both})")
+    return lines
+
+
+def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool) -> Callable[..., Any]:
+    """check, values, the generic guard, then the kernel (or, for ``reference``, the reference)."""
+    names = ", ".join(p.name for p in decl.params)
+    body = [f"def bound({_sig(decl.params)}):", f"    KARGS, RESULT = CHECK(OP, {names})"]
+    if decl.values is not None:
+        body.append(f"    VALUES({names})")
+    body += _guard_lines(decl)
+    body += [f"    return RUN({names})"] if reference else ["    RUN(*KARGS)", "    return RESULT"]
+    scope: dict[str, Any] = {
+        "CHECK": decl.check,
+        "VALUES": decl.values,
+        "RUN": run,
+        "OP": decl.name,
+        "GRAD": torch.is_grad_enabled,
+        "NO_GRAD": _checks.no_grad,
+        "BUMP": _checks.bump_versions,
+        "OVERLAPS": torch._C._overlaps,
+        "ALIAS": _checks.alias,
+    }
+    exec("\n".join(body), scope)
+    fn: Callable[..., Any] = scope["bound"]
+    fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
+    return fn
 
 
 R = TypeVar("R")
 
 
-class BaseFusedOp(Generic[R]):
-    """The multi-backend operator contract; see the module docstring.
+class FusedOp(Generic[R]):
+    """A declared op with its dispatch; see the module docstring."""
 
-    ``R`` is what the op returns, so the public functions' hot path is typed without a
-    runtime ``cast``.
-    """
-
-    op_name: ClassVar[str]
-    #: index of the argument whose device and dtype pick the backend
-    key_arg: ClassVar[int] = 0
-
-    def __init__(self) -> None:
-        self.spec: OpSpec = registry.get(self.op_name)
-        self._cpu: dict[torch.dtype, Callable[..., R]] = {}
-        self._cuda: dict[torch.dtype, Callable[..., R]] = {}
-        self._impls: dict[str, Callable[..., Any]] = {}
+    def __init__(self, decl: Decl) -> None:
+        self.decl = decl
+        self.spec = registry.register(decl.spec)
+        self.op_name = decl.name
+        self.key_arg = decl.key_arg
+        #: the pure-torch reference, unchecked (the parity oracle runs it in float64)
+        self.forward_native = decl.reference
+        self._cpu: dict[torch.dtype, Any] = {}
+        self._cuda: dict[torch.dtype, Any] = {}
+        self._forced: dict[tuple[Any, ...], Callable[..., R]] = {}
+        self._bound: dict[tuple[str, str], Callable[..., R]] = {}
         self._failed: dict[str, str] = {}
-        self._sides: dict[tuple[bool, torch.dtype], dict[bool, Callable[..., Any]]] = {}
         self._dtypes = {d for b in self.spec.backends for d in b.requires.dtypes}
+        self._python = dict(decl.python_backends)
         # backend -> per-call predicate target; ops with any are never fast-path cached
         self._predicates = {b.name: b.requires.predicate for b in self.spec.backends if b.requires.predicate}
         self._predicate_fns: dict[str, Callable[..., str | None]] = {}
+        self._sized = bool(self.spec.size_priority)
+        self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
+        self._library: dict[str, Any] = {}
+        self._eager = self._make_public(compiled=False)
+        self._register_library()
+        #: the public function (``ops.<group>.<name>``): the hot path, or the library op under
+        #: torch.compile
+        self.public = self._make_public(compiled=True)
         _dispatch_state.track(self)
 
-    # -- the reference ---------------------------------------------------------------
-    @staticmethod
-    def forward_native(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
+    # -- binding -----------------------------------------------------------------------
+    def kernel(self, backend: str, device: str) -> Callable[..., Any]:
+        """The kernel of ``backend`` for ``device``, taking ``check``'s kernel arguments."""
+        fn = self._python.get(backend)
+        if fn is not None:
+            return fn
+        obj = registry.resolve_target(self.spec.backend(backend).target)
+        return obj.kernel(self.op_name, device) if isinstance(obj, NativeLoader) else obj
 
-    # -- dispatch --------------------------------------------------------------------
-    def __call__(self, *args: Any, backend: str | Sequence[str] | None = None, **kwargs: Any) -> Any:
-        if backend is None:
-            x = args[self.key_arg]
-            try:
-                fn = self._cpu.get(x.dtype) if x.is_cpu else self._cuda.get(x.dtype) if x.is_cuda else None
-            except AttributeError:  # not a tensor: the slow path says so clearly
-                fn = None
-            if fn is not None:
-                return fn(*args, **kwargs)
+    def bind(self, backend: str, device: str) -> Callable[..., R]:
+        """The bound function of ``backend`` on ``device`` (``cpu``/``cuda``): contract + kernel."""
+        fn = self._bound.get((backend, device))
+        if fn is None:
+            if backend == REFERENCE:
+                fn = _make_bound(self.decl, self.decl.reference, reference=True)
+            else:
+                try:
+                    kernel = self.kernel(backend, device)
+                except BackendUnavailable as exc:
+                    # not cached: the contract still speaks first, then the call raises it
+                    return _make_bound(self.decl, _raiser(exc), reference=False)
+                fn = _make_bound(self.decl, kernel, reference=False)
+            self._bound[(backend, device)] = fn
+        return fn
+
+    def impl(self, backend: str) -> Callable[..., R]:
+        """Backend ``backend`` for tensors on any device (binds per call: for tests and tools)."""
+        key_name = self.decl.params[self.key_arg].name
+
+        def run(*args: Any, **kwargs: Any) -> R:
+            x = args[self.key_arg] if len(args) > self.key_arg else kwargs.get(key_name)
+            device = _native_device(x) if isinstance(x, torch.Tensor) else "cpu"
+            return self.bind(backend, device)(*args, **kwargs)
+
+        return run
+
+    # -- dispatch ------------------------------------------------------------------------
+    def __call__(self, *args: Any, backend: str | Sequence[str] | None = None, **kwargs: Any) -> R:
+        """The dispatch without the generated hot path (any argument form)."""
         return self._dispatch(args, kwargs, backend)
 
     def lookup(self, x: Any) -> Callable[..., R] | None:
-        """The cached backend for a tensor like ``x`` (None: take the full dispatch).
-
-        The public functions call this first, then the backend with their positional
-        arguments: no ``*args``/``**kwargs`` packing on the hot path.
-        """
+        """The cached default backend for a tensor like ``x`` (None: take the full dispatch)."""
         try:
-            return self._cpu.get(x.dtype) if x.is_cpu else self._cuda.get(x.dtype) if x.is_cuda else None
-        except AttributeError:  # not a tensor: the full dispatch says so clearly
+            fn = self._cpu.get(x.dtype) if x.is_cpu else self._cuda.get(x.dtype) if x.is_cuda else None
+        except AttributeError:
             return None
+        if fn is not None and self._sized:
+            fn = fn[x.numel() >= (self._thresholds["cpu" if x.is_cpu else "cuda"] or 1 << 62)]
+        return fn
 
     def invalidate(self) -> None:
+        """Drop the cached choices (the bound kernels stay: the same choice reuses them)."""
         self._cpu.clear()
         self._cuda.clear()
-        self._sides.clear()
+        self._forced.clear()
 
-    def impl(self, name: str) -> Callable[..., Any]:
-        """The callable of backend ``name`` (``reference`` is ``forward_native``)."""
-        fn = self._impls.get(name)
-        if fn is None:
-            fn = (
-                type(self).forward_native
-                if name == REFERENCE
-                else registry.resolve_target(self.spec.backend(name).target)
-            )
-            self._impls[name] = fn
-        return fn
+    def forget_kernels(self) -> None:
+        """Drop the bound kernels and forget failures (the settings that found them changed:
+        ``refresh()``); a backend that failed is tried again."""
+        self._bound.clear()
+        self._failed.clear()
+        self.invalidate()
 
     def _arg_rejections(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -132,6 +227,11 @@ class BaseFusedOp(Generic[R]):
             if reason:
                 out[name] = reason
         return out
+
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if len(args) > self.key_arg:
+            return args[self.key_arg]
+        return kwargs.get(self.decl.params[self.key_arg].name)
 
     def check_key_tensor(self, x: Any) -> None:
         if not isinstance(x, torch.Tensor):
@@ -146,7 +246,7 @@ class BaseFusedOp(Generic[R]):
         self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | Sequence[str] | None = None
     ) -> Selection:
         """The full selection for these arguments (what ``explain`` shows)."""
-        x = args[self.key_arg]
+        x = self._key(args, kwargs)
         self.check_key_tensor(x)
         device_type, arch = platform_device(x.device)
         forced = (
@@ -170,38 +270,38 @@ class BaseFusedOp(Generic[R]):
         wanted = sel.fallback_from
         reason = wanted.reason.value if wanted.reason else "rejected"
         tracing.record_fallback(self.op_name, wanted.backend, sel.chosen, reason)
-        policy = config.fallback()
-        if policy == "error":
+        policy = _dispatch_state.policy()
+        if policy == "error" and sel.forced:  # error concerns forced backends (docs/env.md)
             raise FallbackError(self.op_name, wanted.backend, f"{reason}: {wanted.detail}", sel.trace_str())
-        if policy == "warn":
+        if policy != "silent":
             key = (self.op_name, wanted.backend, reason)
             if key not in _WARNED:
                 _WARNED.add(key)
-                warnings.warn(
+                _warn.warn_at_caller(
                     f"opmux: {self.op_name} falls back from {wanted.backend} to {sel.chosen} "
-                    f"({reason}: {wanted.detail}); set OPMUX_FALLBACK=silent to hide or =error to forbid",
+                    f"({reason}: {wanted.detail}); set OPMUX_FALLBACK=silent to hide"
+                    + (" or =error to forbid" if sel.forced else ""),
                     RuntimeWarning,
-                    stacklevel=4,
                 )
 
-    def _dispatch(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | Sequence[str] | None
-    ) -> Any:
+    def _dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: Any) -> R:
+        x = self._key(args, kwargs)
+        gen = _dispatch_state.generation()  # a use_backends block opening/closing voids the cache
         while True:
             sel = self.select_for(args, kwargs, backend)
             self._apply_policy(sel)
-            fn = self.impl(sel.chosen)
             try:
+                fn = self.bind(sel.chosen, _native_device(x))
                 result = fn(*args, **kwargs)
             except BackendUnavailable as exc:
                 # e.g. a failed JIT compile: remember it, reselect, let the policy speak
                 self._failed[sel.chosen] = exc.detail
+                self._bound.pop((sel.chosen, _native_device(x)), None)
                 self.invalidate()
                 continue
             break
-        x = args[self.key_arg]
         if tracing.enabled():
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             tracing.record(
                 tracing.CallRecord(
                     self.op_name,
@@ -212,20 +312,116 @@ class BaseFusedOp(Generic[R]):
                     sel.fallback_from.backend if sel.fallback_from else None,
                 )
             )
-        elif backend is None and not self._predicates:
-            self._remember(x, fn)
+        elif not self._predicates and (x.is_cpu or x.is_cuda) and _dispatch_state.cacheable(gen):
+            self._remember(x, fn, backend)
+            if not _dispatch_state.cacheable(gen):  # raced with use_backends: drop it
+                self.invalidate()
         return result
 
-    def _remember(self, x: torch.Tensor, fn: Callable[..., Any]) -> None:
-        """Cache ``fn`` for tensors like ``x``; with a size rule, once both sides are known."""
-        cache = self._cpu if x.is_cpu else self._cuda if x.is_cuda else None
-        if cache is None:
+    def _remember(self, x: torch.Tensor, fn: Callable[..., R], backend: Any) -> None:
+        """Cache ``fn`` for calls like this one (default: per dtype, per size side where the op
+        has size classes; forced: per ``backend`` value)."""
+        if backend is not None:
+            key = tuple(backend) if isinstance(backend, list) else backend
+            self._forced[(key, x.is_cpu, x.dtype)] = fn
             return
-        threshold = self.spec.size_threshold(platform_device(x.device)[0])
-        if threshold is None:
+        cache = self._cpu if x.is_cpu else self._cuda
+        if not self._sized:
             cache[x.dtype] = fn
             return
-        sides = self._sides.setdefault((x.is_cuda, x.dtype), {})
-        sides[x.numel() >= threshold] = fn
-        if len(sides) == 2:
-            cache[x.dtype] = _size_split(self.key_arg, threshold, sides[False], sides[True])
+        threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
+        sides = cache.setdefault(x.dtype, [None, None])
+        if threshold is None:
+            sides[0] = sides[1] = fn
+        else:
+            sides[x.numel() >= threshold] = fn
+
+    # -- generated entry points ----------------------------------------------------------
+    def _register_library(self) -> None:
+        """``opmux::<name>`` (and ``opmux::<name>_out`` for an optional ``out``), fake included;
+        their kernel is the eager public function (the same hot path)."""
+        decl, name, eager = self.decl, self.decl.short_name, self._eager
+        if decl.has_out:
+            rest = tuple(p for p in decl.params if p.name != "out")
+            self._define(name, rest, decl.returns, lambda *a: eager(*a, None))
+            out = Param("out", "Tensor", written=True)
+
+            def with_out(out: torch.Tensor, *args: Any) -> None:
+                eager(*args, out)
+
+            self._define(f"{name}_out", (out, *rest), "()", with_out)
+        else:
+            self._define(name, decl.params, decl.returns, eager)
+
+    def _define(self, name: str, params: tuple[Param, ...], returns: str, fn: Callable[..., Any]) -> None:
+        decl = self.decl
+        order = [p.name for p in params]
+        public_order = [p.name for p in decl.params]
+
+        def fake(*args: Any) -> Any:
+            by_name = dict(zip(order, args, strict=True))
+            result = decl.check(decl.name, *(by_name.get(n) for n in public_order))[1]
+            return None if returns == "()" else result
+
+        aliases = iter(range(len(params)))
+        schema = ", ".join(_schema_param(p, next(aliases)) for p in params)
+        _LIB.define(f"{name}({schema}) -> {returns}")  # type: ignore[no-untyped-call]
+        # CompositeExplicitAutograd: one Python kernel for every device, no Python autograd
+        # wrapper (custom_op's costs ~8 us per call); the contract rejects grad inputs anyway
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+        torch.library.register_fake(f"opmux::{name}", fake, lib=_LIB)
+        self._library[name] = getattr(torch.ops.opmux, name).default
+
+    def _make_public(self, *, compiled: bool) -> Callable[..., R]:
+        """The public function; with ``compiled``, torch.compile sees the library op instead."""
+        decl = self.decl
+        names = ", ".join(p.name for p in decl.params)
+        key = decl.params[self.key_arg].name
+        body = [f"def {decl.short_name}({_sig(decl.params)}, *, backend=None):"]
+        if compiled and decl.has_out:
+            rest = ", ".join(p.name for p in decl.params if p.name != "out")
+            body += [
+                "    if COMPILING():",
+                "        if out is None:",
+                f"            return LIB[{decl.short_name!r}]({rest})",
+                f"        LIB[{decl.short_name + '_out'!r}](out, {rest})",
+                "        return out",
+            ]
+        elif compiled:
+            body += ["    if COMPILING():", f"        return LIB[{decl.short_name!r}]({names})"]
+        lookup = f"CPU[{key}.dtype] if {key}.is_cpu else CUDA[{key}.dtype] if {key}.is_cuda else None"
+        if self._sized:
+            lookup = (
+                f"CPU[{key}.dtype][{key}.numel() >= CPU_T] if {key}.is_cpu else "
+                f"CUDA[{key}.dtype][{key}.numel() >= CUDA_T] if {key}.is_cuda else None"
+            )
+        body += [
+            "    try:",
+            f"        FN = ({lookup}) if backend is None else "
+            f"FORCED[backend, {key}.is_cpu, {key}.dtype] if {key}.is_cpu or {key}.is_cuda else None",
+            "    except (KeyError, TypeError, AttributeError):",
+            "        FN = None",
+            "    if FN is not None:",
+            f"        return FN({names})",
+            f"    return DISPATCH(({names},), {{}}, backend)",
+        ]
+        scope: dict[str, Any] = {
+            "COMPILING": _compiling,
+            "LIB": self._library,
+            "CPU": self._cpu,
+            "CUDA": self._cuda,
+            "CPU_T": self._thresholds["cpu"] or 1 << 62,
+            "CUDA_T": self._thresholds["cuda"] or 1 << 62,
+            "FORCED": self._forced,
+            "DISPATCH": self._dispatch,
+        }
+        exec("\n".join(body), scope)
+        fn: Callable[..., R] = scope[decl.short_name]
+        fn.__module__ = decl.spec.reference.partition(":")[0].rpartition(".")[0]
+        fn.__doc__ = decl.spec.doc
+        return fn
+
+
+def _schema_param(p: Param, alias: int) -> str:
+    kind = f"Tensor(a{alias}!)" if p.written else p.type.rstrip("?")
+    return f"{kind}{'?' if p.type.endswith('?') else ''} {p.name}"

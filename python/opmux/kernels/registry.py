@@ -1,7 +1,7 @@
 """The op registry: every operator's spec, keyed by ``group.op``, loaded without torch.
 
-Op groups are listed in ``opmux.kernels.ops._catalog``; each group's torch-free
-``spec.py`` module exposes ``SPECS``. Adding an op is one folder plus one line there.
+Op groups are listed in ``opmux.kernels.ops._catalog``; each group's ``op.py`` declares its
+ops (``ops/_decl.py``) and imports without torch. See docs/adding-an-op.md.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def _load_catalog() -> None:
     if _loaded:
         return
     from .ops._catalog import GROUPS
+    from .ops._group import decls
 
     for group in GROUPS:
-        module = importlib.import_module(f"opmux.kernels.ops.{group}.spec")
-        for spec in module.SPECS:
-            register(spec)
+        for decl in decls(importlib.import_module(f"opmux.kernels.ops.{group}.op")):
+            register(decl.spec)
     _loaded = True
 
 
@@ -148,6 +148,6 @@ def verify_targets(*, import_modules: bool = True) -> list[TargetProblem]:
             except Exception as exc:  # report every failure, keep checking the rest
                 problems.append(TargetProblem(op, backend, text, f"{type(exc).__name__}: {exc}"))
                 continue
-            if not callable(obj):
+            if not callable(obj) and not callable(getattr(obj, "kernel", None)):  # a native loader
                 problems.append(TargetProblem(op, backend, text, "not callable"))
     return problems

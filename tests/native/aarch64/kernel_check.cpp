@@ -508,7 +508,8 @@ float ref_amax(const T* x, int64_t n) {
   float m = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float v = std::fabs(static_cast<float>(Ty<T>::dec(x[i])));
-    if (!std::isnan(v) && v > m) m = v;
+    if (std::isnan(v)) return v;  // NaN propagates to the scale, as in the torch reference
+    if (v > m) m = v;
   }
   return m;
 }
@@ -522,7 +523,7 @@ std::vector<T> quant_input(Rng& g, int64_t rows, int64_t xs, int64_t hidden) {
     x[2 * xs] = Ty<T>::enc(300.0);
     x[2 * xs + 3] = Ty<T>::enc(-1e-3);
   }
-  if (rows > 0 && hidden > 4 && std::is_same<T, float>::value) x[4] = Ty<T>::enc(NAN);  // skipped by amax
+  if (rows > 0 && hidden > 4 && std::is_same<T, float>::value) x[4] = Ty<T>::enc(NAN);  // a NaN row: NaN scale
   return x;
 }
 

@@ -1,14 +1,26 @@
-"""Argument checks shared by backends that index memory themselves (Triton, C++).
+"""The pieces every op's argument contract is made of (one contract, every backend).
 
-Each raises TypeError (wrong type or dtype) or ValueError (shape, device, layout) with
-the op name, the argument and what was expected, so a bad call never reaches a kernel.
+Each raises TypeError (wrong type or dtype) or ValueError (shape, device, layout, value) with
+the op name, the argument, the bad value and what is valid, so a bad call never reaches a
+kernel and fails the same way whichever backend would have run. Importing this module does
+not import torch (the op declarations that use it are read by the torch-free registry).
 """
 
 from __future__ import annotations
 
-import torch
+import math
+from typing import TYPE_CHECKING, Any
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+if TYPE_CHECKING:
+    import torch
+else:
+    from ._torch import torch
+
+FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _dt(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def tensor(op: str, name: str, t: object) -> torch.Tensor:
@@ -18,15 +30,22 @@ def tensor(op: str, name: str, t: object) -> torch.Tensor:
 
 
 def float_dtype(op: str, name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        valid = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
-        raise TypeError(f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}; supported: {valid}")
+    if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}; supported: {', '.join(FLOATS)}")
 
 
 def same_dtype(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
     for name, t in others.items():
         if t.dtype != ref.dtype:
-            raise TypeError(f"{op}: {name} has dtype {t.dtype}, expected {ref.dtype} like {ref_name}")
+            raise TypeError(
+                f"{op}: {name} has dtype {_dt(t.dtype)}, expected {_dt(ref.dtype)} like {ref_name}"
+            )
+
+
+def exact_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+    """``t`` has exactly ``dtype`` (index tensors, scales)."""
+    if t.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}, expected {_dt(dtype)}")
 
 
 def same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
@@ -57,17 +76,27 @@ def rows(op: str, name: str, t: torch.Tensor, hidden: int) -> torch.Tensor:
         ) from None
 
 
-def exact_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
-    """``t`` has exactly ``dtype`` (index tensors, scales)."""
-    if t.dtype != dtype:
-        want = str(dtype).removeprefix("torch.")
-        raise TypeError(f"{op}: {name} has dtype {str(t.dtype).removeprefix('torch.')}, expected {want}")
+def vector(op: str, name: str, t: torch.Tensor, n: int, what: str) -> None:
+    """``t`` is a dense [n] vector (weights: kernels read n consecutive elements)."""
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected [{n}] ({what})")
+    if n > 1 and t.stride(0) != 1:
+        raise ValueError(
+            f"{op}: {name} has stride {t.stride(0)}; kernels need a dense vector: pass {name}.contiguous()"
+        )
 
 
 def positive_int(op: str, name: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
     return v
+
+
+def positive_float(op: str, name: str, v: object) -> float:
+    """A finite number > 0 (e.g. eps)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
+        raise ValueError(f"{op}: {name} must be a finite number > 0, got {v!r}")
+    return float(v)
 
 
 def heads(op: str, name: str, t: torch.Tensor, tokens: int, num_heads: int, head_dim: int) -> torch.Tensor:
@@ -87,23 +116,69 @@ def heads(op: str, name: str, t: torch.Tensor, tokens: int, num_heads: int, head
         ) from None
 
 
-def _is_fake(t: torch.Tensor) -> bool:
-    # fake tensors (torch.compile, opcheck) have no data; asking for it warns
-    from torch._subclasses.fake_tensor import FakeTensor
+# -- the generic part of the contract (called from the code fused_op generates) ---------
+def no_grad(op: str, *named: tuple[str, torch.Tensor | None]) -> None:
+    """In grad mode, an input that requires grad is an error: the ops have no autograd formula."""
+    for name, t in named:
+        if t is not None and t.requires_grad:
+            raise ValueError(
+                f"{op}: {name} requires grad, but opmux ops are inference-only (no autograd formula): "
+                f"call it under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
+            )
 
-    return isinstance(t, FakeTensor) or t.is_meta
+
+def bump_versions(*written: torch.Tensor | None) -> None:
+    """In grad mode, tell autograd that these tensors changed (a saved one then fails loudly)."""
+    for t in written:
+        if t is not None and not t.is_inference():
+            torch.autograd.graph.increment_version(t)
 
 
-def distinct(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
-    """Two tensors updated in place by one op must not start at the same data (skipped for
-    fake tensors while tracing, which have no data)."""
-    if not a.numel() or _is_fake(a) or _is_fake(b):
+def alias(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor, both_written: bool) -> None:
+    """Called when ``a`` (written) and ``b`` share memory ranges: allowed only when they are
+    disjoint after all (interleaved views, e.g. q and k of one qkv tensor) or, for a read
+    ``b``, the very same view (in place, e.g. ``out=x``)."""
+    if not a.numel() or not b.numel():
         return
-    try:
-        pa, pb = a.data_ptr(), b.data_ptr()
-    except RuntimeError:  # FunctionalTensor while tracing
+    same = (
+        a.data_ptr() == b.data_ptr()
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
+    if same and not both_written:
         return
-    if pa == 0 or pb == 0:  # fake/meta tensors report no storage
+    if not same and _disjoint(a, b):
         return
-    if pa == pb:
-        raise ValueError(f"{op}: {a_name} and {b_name} must be different tensors (both are updated in place)")
+    need = (
+        "arguments written in place must be distinct tensors"
+        if both_written
+        else f"pass a separate {a_name}, or {b_name} itself to work in place"
+    )
+    raise ValueError(f"{op}: {a_name} and {b_name} overlap in memory; {need}")
+
+
+def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views with the same strides touch no common element (False when unsure)."""
+    size = a.element_size()
+    if size != b.element_size() or a.stride() != b.stride():
+        return False
+    delta, rem = divmod(b.data_ptr() - a.data_ptr(), size)
+    if rem:
+        return False
+    dims = sorted(
+        ((s, na, nb) for s, na, nb in zip(a.stride(), a.shape, b.shape, strict=True) if s), reverse=True
+    )
+    return not _reachable(delta, dims)
+
+
+def _reachable(delta: int, dims: list[tuple[int, int, int]]) -> bool:
+    """Is ``delta`` = sum(k_i * stride_i) with -(nb_i - 1) <= k_i <= na_i - 1?"""
+    if not dims:
+        return delta == 0
+    (s, na, nb), rest = dims[0], dims[1:]
+    reach = sum((max(x, y) - 1) * st for st, x, y in rest)
+    lo, hi = max(-(nb - 1), -((reach - delta) // s)), min(na - 1, (delta + reach) // s)
+    if hi - lo > 64:
+        return True  # strides that do not nest: assume the worst
+    return any(_reachable(delta - k * s, rest) for k in range(lo, hi + 1))

@@ -49,8 +49,3 @@ class Sample:
     kwargs: dict[str, Any] = field(default_factory=dict)
     #: backends that do not take this case (e.g. strided rows), with the reason
     skip: tuple[tuple[str, str], ...] = ()
-
-
-def priority_without(*backends: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``PRIORITY`` minus backends an op does not declare (e.g. no ``torch_npu`` kernel)."""
-    return tuple((dev, tuple(b for b in order if b not in backends)) for dev, order in PRIORITY)

@@ -1,54 +1,57 @@
-"""Glue from op backends to the compiled kernels: JIT modules and the AOT library.
+"""The native backend: one C++/CUDA source per group, delivered two ways, so two loaders.
 
-Functions are looked up once per (kind, module, function) and memoized, so a call
-costs one dict lookup. Load problems become ``BackendUnavailable`` (the dispatcher
-falls back under the policy); argument errors from C++ stay ValueError.
+``AOT`` takes kernels from the library shipped in the wheel, ``JIT`` compiles the same source
+on demand. A kernel is found by convention: the function ``<name>_<device>`` of module
+``<group>_<device>`` for op ``group.name``. ``kernel()`` runs when dispatch binds the backend
+(once per op and device until its choices are invalidated), never per call. Load problems become ``BackendUnavailable`` (the
+dispatcher falls back under the policy); argument errors from C++ stay ValueError.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from ..errors import BackendUnavailable
 
-_FNS: dict[tuple[str, str, str], Callable[..., Any]] = {}
+__all__ = ["AOT", "JIT", "NativeLoader"]
 
 
-def kernel(kind: str, op: str, like: Any) -> Callable[..., Any]:
-    """The native kernel of ``op`` (``group.name``) for tensors like ``like``: the function
-    ``<name>_<device>`` of module ``<group>_<device>`` (JIT) or of the AOT library."""
-    device = "cuda" if like.is_cuda else "cpu"
-    group, _, name = op.partition(".")
-    return function(kind, group, device, f"{name}_{device}")
+@dataclass(frozen=True)
+class NativeLoader:
+    """Where native kernels come from: the AOT library (``aot``) or a JIT build (``jit``)."""
 
+    kind: Literal["aot", "jit"]
 
-def function(kind: str, group: str, device: str, name: str) -> Callable[..., Any]:
-    key = (kind, f"{group}_{device}", name)
-    fn = _FNS.get(key)
-    if fn is None:
-        fn = _load(kind, group, device, name)
-        _FNS[key] = fn
-    return fn
+    def kernel(self, op: str, device: str) -> Callable[..., Any]:
+        """The kernel of ``op`` (``group.name``) for ``device`` (``cpu`` or ``cuda``). Not memoized
+        here: the loaders memoize their modules, and dispatch keeps what it binds until its
+        choices are invalidated (so a JIT ``reset`` or a new cache dir is seen)."""
+        group, _, name = op.partition(".")
+        return self._load(group, device, f"{name}_{device}")
 
+    def _load(self, group: str, device: str, name: str) -> Callable[..., Any]:
+        if self.kind == "aot":
+            from .. import aot
 
-def _load(kind: str, group: str, device: str, name: str) -> Callable[..., Any]:
-    if kind == "aot":
-        from .. import aot
+            lib = aot.load_library(aot.as_device(device))
+            if lib is None:
+                raise BackendUnavailable("aot", f"this install has no AOT {device} library")
+            try:
+                return lib[name]
+            except Exception as exc:  # tvm-ffi raises its own error type for a missing function
+                raise BackendUnavailable("aot", f"AOT {device} library lacks {name}: {exc}") from None
+        from .. import jit
+        from ..jit.compile import build, toolchain
+        from ..jit.compile.load import JitUnavailable
 
-        lib = aot.load_library(aot.as_device(device))
-        if lib is None:
-            raise BackendUnavailable("aot", f"this install has no AOT {device} library")
         try:
-            return lib[name]
-        except Exception as exc:  # tvm-ffi raises its own error type for a missing function
-            raise BackendUnavailable("aot", f"AOT {device} library lacks {name}: {exc}") from None
-    from .. import jit
-    from ..jit.compile import build, toolchain
-    from ..jit.compile.load import JitUnavailable
+            mod = jit.load_module(f"{group}_{device}")
+        except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable) as exc:
+            raise BackendUnavailable("jit", f"{type(exc).__name__}: {exc}") from exc
+        return mod[name]
 
-    try:
-        mod = jit.load_module(f"{group}_{device}")
-    except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable) as exc:
-        raise BackendUnavailable("jit", f"{type(exc).__name__}: {exc}") from exc
-    return mod[name]
+
+AOT = NativeLoader("aot")
+JIT = NativeLoader("jit")

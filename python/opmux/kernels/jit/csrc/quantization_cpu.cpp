@@ -24,16 +24,15 @@ constexpr float kFp8Max = 448.0f;
 const float kMinScale = static_cast<float>(1.0 / (448.0 * 512.0));
 constexpr int64_t kParallelMinElems = 1 << 15;
 
-// max |v[i]| over the non-NaN entries (0 when there are none), as the float max of std::max
-// order would give it (a NaN never displaces the running max). Taken on the bit patterns: for
-// non-negative non-NaN floats the unsigned integer order is the float order, and an unsigned
-// max reduction vectorizes where a float one (NaN / signed-zero rules) does not.
+// max |v[i]|, NaN when any entry is NaN (like the reference's amax: a NaN row gets a NaN scale
+// and NaN outputs on every backend). Taken on the bit patterns: for non-negative floats the
+// unsigned integer order is the float order, NaNs (above +inf) included, and an unsigned max
+// reduction vectorizes where a float one (NaN / signed-zero rules) does not.
 template <typename T>
 OPMUX_CPU_INLINE float abs_max(const T* v, int64_t n) {
   uint32_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
-    uint32_t u = cpu::f32_to_bits(to_float(v[i])) & 0x7FFFFFFFu;
-    u &= 0u - static_cast<uint32_t>(u <= 0x7F800000u);  // NaN -> +0 (a mask: ?: stays scalar)
+    const uint32_t u = cpu::f32_to_bits(to_float(v[i])) & 0x7FFFFFFFu;
     m = m < u ? u : m;
   }
   return cpu::bits_to_f32(m);

@@ -48,13 +48,13 @@ struct TokenParams {
 template <typename T, int VEC>
 __device__ __forceinline__ float vec_abs_max(const Vec<T, VEC>& v, float m) {
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) m = fmaxf(m, fabsf(to_float(v.v[k])));
+  for (int k = 0; k < VEC; ++k) m = cuda::nan_max(m, fabsf(to_float(v.v[k])));
   return m;
 }
 
 __device__ __forceinline__ float token_scale(float amax, const TokenParams& p) {
-  if (p.ub != nullptr) amax = fminf(amax, __ldg(p.ub));
-  return fmaxf(amax / kFp8Max, p.min_scale);
+  if (p.ub != nullptr) amax = cuda::is_nan(amax) ? amax : fminf(amax, __ldg(p.ub));
+  return cuda::nan_max(amax / kFp8Max, p.min_scale);  // NaN stays NaN, like the reference
 }
 
 // One pass: thread t holds vectors t, t + T, ..., t + (PER-1) T of the row (coalesced).
@@ -202,13 +202,13 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
   // max over the group's lanes: an aligned power-of-two subset of the warp (all lanes shuffle)
   for (int o = lanes >> 1; o > 0; o >>= 1) {
 #pragma unroll
-    for (int u = 0; u < G; ++u) m[u] = fmaxf(m[u], __shfl_xor_sync(0xffffffffu, m[u], o));
+    for (int u = 0; u < G; ++u) m[u] = cuda::nan_max(m[u], __shfl_xor_sync(0xffffffffu, m[u], o));
   }
   cuda::pdl_launch_dependents();
 #pragma unroll
   for (int u = 0; u < G; ++u) {
     if (!valid[u]) continue;
-    const float scale = fmaxf(m[u], p.eps) / kFp8Max;
+    const float scale = cuda::nan_max(m[u], p.eps) / kFp8Max;
     if (lane == 0) *s[u] = scale;
     const float inv = 1.0f / scale;
     store_fp8<T, VEC>(q[u] + lane * VEC, first[u], inv);

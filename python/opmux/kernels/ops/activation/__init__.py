@@ -1,4 +1,4 @@
-"""Gated activations: ``act(x[..., :d]) * x[..., d:]`` for SiLU (SwiGLU), GELU and GELU-tanh (GeGLU).
+"""Gated activations: ``act(x[..., :d]) * x[..., d:]`` for silu, gelu (erf) and gelu (tanh).
 
 >>> import torch
 >>> from opmux.kernels.ops.activation import silu_and_mul
@@ -6,17 +6,6 @@
 torch.Size([2, 4])
 """
 
-from __future__ import annotations
+from .._group import exports
 
-from typing import Any
-
-__all__ = ["gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"]
-
-
-def __getattr__(name: str) -> Any:
-    # torch and the op classes load on first use, so `import opmux.kernels.ops` stays cheap
-    if name in __all__:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__)

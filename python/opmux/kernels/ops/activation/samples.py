@@ -49,10 +49,6 @@ def gelu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     return _gelu_samples(device, dtype)
 
 
-def gelu_tanh_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    return _gelu_samples(device, dtype)
-
-
 def _invalid(device: str) -> Invalid:
     x = torch.randn(4, 16, device=device)
     return [
@@ -74,9 +70,4 @@ def silu_and_mul_invalid(device: str) -> Invalid:
     return _invalid(device)
 
 
-def gelu_and_mul_invalid(device: str) -> Invalid:
-    return _invalid(device)
-
-
-def gelu_tanh_and_mul_invalid(device: str) -> Invalid:
-    return _invalid(device)
+gelu_and_mul_invalid = silu_and_mul_invalid

@@ -68,3 +68,16 @@ def gated(x: torch.Tensor, y: torch.Tensor, act: str) -> None:
     _gated[grid](
         x, y, x.stride(0), y.stride(0), d, BLOCK=block, ACT=_ACTS[act], num_warps=4 if block <= 1024 else 8
     )
+
+
+# The kernel argument lists of the activation ops (see op.py): out [T, d], x [T, 2d].
+def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+    gated(x, out, "silu")
+
+
+def gelu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+    gated(x, out, "gelu")
+
+
+def gelu_tanh_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+    gated(x, out, "gelu_tanh")

@@ -8,17 +8,6 @@
 8.0
 """
 
-from __future__ import annotations
+from .._group import exports
 
-from typing import Any
-
-__all__ = ["reshape_and_cache"]
-
-
-def __getattr__(name: str) -> Any:
-    # torch and the op classes load on first use, so `import opmux.kernels.ops` stays cheap
-    if name in __all__:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__)

@@ -1,4 +1,4 @@
-"""reshape_and_cache: the reference and every backend, as static methods the spec points at.
+"""reshape_and_cache: one declaration (``ops/_decl.py``); kernel arguments are the op's own.
 
 Layout (vLLM NHD): ``key``/``value`` ``[T, H, D]`` (last dim contiguous; token and head strides
 free, e.g. slices of a fused qkv tensor); ``key_cache``/``value_cache`` ``[num_blocks,
@@ -13,11 +13,15 @@ naming the first bad slot BEFORE anything is written. CUDA kernels do not check 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable
-from ...fused_op import BaseFusedOp
-from .. import _checks, _native
+from .. import _checks
+from .._decl import declare
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from .._torch import torch
 
 _OP = "kvcache.reshape_and_cache"
 
@@ -33,16 +37,14 @@ def _check_slots(slot_mapping: torch.Tensor, num_slots: int) -> None:
             )
 
 
-def _check(
+def check(
+    op: str,
     key: torch.Tensor,
     value: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    values: bool = True,
-) -> None:
-    """Raises on bad arguments; ``values``: also range-check the slots (CPU only; fake impls
-    pass False: there is no data under torch.compile)."""
+) -> tuple[tuple[Any, ...], None]:
     for name, arg in (
         ("key", key),
         ("value", value),
@@ -60,6 +62,11 @@ def _check(
     if key.dim() != 3:
         raise ValueError(f"{_OP}: key has shape {tuple(key.shape)}, expected [T, H, D]")
     t, h, d = key.shape
+    if h < 1 or d < 1:
+        raise ValueError(
+            f"{_OP}: key has shape {tuple(key.shape)}: {'H (heads)' if h < 1 else 'D (head_dim)'} is 0; "
+            f"H and D must be at least 1"
+        )
     if value.shape != key.shape:
         raise ValueError(f"{_OP}: value has shape {tuple(value.shape)}, expected {tuple(key.shape)} like key")
     if key_cache.dim() != 4 or key_cache.shape[2:] != (h, d):
@@ -77,7 +84,7 @@ def _check(
             raise ValueError(
                 f"{_OP}: {name} has a non-contiguous last dimension (stride {x.stride(-1)}); pass .contiguous()"
             )
-    bs = key_cache.shape[1]
+    key_cache.shape[1]
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         dense = all(c.stride(i) == s for i, s in ((1, h * d), (2, d), (3, 1)) if c.shape[i] > 1)
         if not dense or c.stride(0) < 0:
@@ -85,93 +92,57 @@ def _check(
                 f"{_OP}: {name} is non-contiguous within a block (strides {c.stride()}); "
                 f"each [block_size, H, D] block must be dense"
             )
-    if values:
-        _check_slots(slot_mapping, key_cache.shape[0] * bs)
+    return (key, value, key_cache, value_cache, slot_mapping), None
 
 
-def _native_call(
-    kind: str,
+def values(
     key: torch.Tensor,
     value: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """The C++ kernels range-check every slot before the first write (CPU) or skip bad ones
-    (CUDA), so the Python slot check (~5 torch ops, most of a decode step's call) is skipped;
-    it still runs where the kernel cannot be loaded, so a bad slot stays a ValueError there."""
-    _check(key, value, key_cache, value_cache, slot_mapping, values=False)
-    try:
-        fn = _native.kernel(kind, _OP, key)
-    except BackendUnavailable:
-        _check_slots(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
-        raise
-    fn(key, value, key_cache, value_cache, slot_mapping)
+    _check_slots(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
 
 
-class ReshapeAndCache(BaseFusedOp[None]):
-    op_name = _OP
+def reference(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    nb, bs = key_cache.shape[:2]
+    _check_slots(slot_mapping.cpu(), nb * bs)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    key_cache[slots // bs, slots % bs] = key[keep].to(key_cache.dtype)
+    value_cache[slots // bs, slots % bs] = value[keep].to(value_cache.dtype)
 
-    @staticmethod
-    def forward_native(
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        nb, bs = key_cache.shape[:2]
-        _check_slots(slot_mapping.cpu(), nb * bs)
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep]
-        key_cache[slots // bs, slots % bs] = key[keep].to(key_cache.dtype)
-        value_cache[slots // bs, slots % bs] = value[keep].to(value_cache.dtype)
 
-    @staticmethod
-    def forward_torch(
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        _check(key, value, key_cache, value_cache, slot_mapping)
-        nb, bs = key_cache.shape[:2]
-        keep = (slot_mapping >= 0) & (slot_mapping < nb * bs)  # CUDA: skip bad slots (CPU raised)
-        slots = slot_mapping[keep]
-        blk, off = slots // bs, slots % bs
-        key_cache.index_put_((blk, off), key[keep])
-        value_cache.index_put_((blk, off), value[keep])
+def torch_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    nb, bs = key_cache.shape[:2]
+    keep = (slot_mapping >= 0) & (slot_mapping < nb * bs)  # CUDA: skip bad slots (CPU raised)
+    slots = slot_mapping[keep]
+    blk, off = slots // bs, slots % bs
+    key_cache.index_put_((blk, off), key[keep])
+    value_cache.index_put_((blk, off), value[keep])
 
-    @staticmethod
-    def forward_triton(
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        _check(key, value, key_cache, value_cache, slot_mapping)
-        from . import triton_kernels
 
-        triton_kernels.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-
-    @staticmethod
-    def forward_jit(
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        _native_call("jit", key, value, key_cache, value_cache, slot_mapping)
-
-    @staticmethod
-    def forward_aot(
-        key: torch.Tensor,
-        value: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        _native_call("aot", key, value, key_cache, value_cache, slot_mapping)
+reshape_and_cache = declare(
+    _OP,
+    "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(a!) value_cache, Tensor slot_mapping) -> ()",
+    doc="key/value [T, H, D] -> key_cache/value_cache[slot // bs, slot % bs] (slot -1: skip)",
+    check=check,
+    values=values,
+    reference=reference,
+    torch=torch_write,
+    # a copy: every backend must be bit-exact
+    tolerances=(("float32", (0.0, 0.0)), ("float16", (0.0, 0.0)), ("bfloat16", (0.0, 0.0))),
+)

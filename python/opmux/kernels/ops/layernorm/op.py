@@ -1,35 +1,39 @@
-"""RMSNorm ops: the reference and every backend, as static methods the spec points at.
+"""RMSNorm, fused residual-add RMSNorm, their Gemma (weight applied as ``1 + w``) variants and
+per-head qk_norm: one declaration each (see ``ops/_decl.py``).
 
-The plain and Gemma (weight applied as ``1 + w``) variants share every helper; the classes only
-name their op and the ``gemma`` flag."""
+Kernel arguments: ``(out, x, weight, eps)`` for the norms, ``(x, residual, weight, eps)`` for
+the fused adds, ``(q, k, q_weight, k_weight, eps)`` for qk_norm; rows are [T, H] views with a
+unit last stride, weights dense [H], eps > 0. NaN and Inf propagate as in the reference.
+"""
 
 from __future__ import annotations
 
-from typing import cast
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-import torch
+from .. import _checks
+from .._decl import Decl, declare
 
-from ...fused_op import BaseFusedOp
-from .. import _checks, _native
+if TYPE_CHECKING:
+    import torch
+else:
+    from .._torch import torch
 
-_RMS = "layernorm.rmsnorm"
-_ADD = "layernorm.fused_add_rmsnorm"
-_GEMMA_RMS = "layernorm.gemma_rmsnorm"
-_GEMMA_ADD = "layernorm.gemma_fused_add_rmsnorm"
-_QK = "layernorm.qk_norm"
+Kernel = tuple[tuple[Any, ...], Any]
 
 
-def _check_rmsnorm(
-    op: str, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# -- the contract ---------------------------------------------------------------------------
+def check_norm(
+    op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None
+) -> Kernel:
     _checks.tensor(op, "x", x)
     _checks.tensor(op, "weight", weight)
     _checks.float_dtype(op, "x", x)
     hidden = x.shape[-1] if x.dim() else 0
-    if weight.dim() != 1 or weight.shape[0] != hidden:
-        raise ValueError(f"{op}: weight has shape {tuple(weight.shape)}, expected [{hidden}] (x's last dim)")
+    _checks.vector(op, "weight", weight, hidden, "x's last dim")
     _checks.same_dtype(op, "x", x, weight=weight)
     _checks.same_device(op, "x", x, weight=weight)
+    _checks.positive_float(op, "eps", eps)
     if out is None:
         out = torch.empty_like(x)
     else:
@@ -38,33 +42,31 @@ def _check_rmsnorm(
             raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {tuple(x.shape)} like x")
         _checks.same_dtype(op, "x", x, out=out)
         _checks.same_device(op, "x", x, out=out)
-    return _checks.rows(op, "x", x, hidden), _checks.rows(op, "out", out, hidden), out
+    return (_checks.rows(op, "out", out, hidden), _checks.rows(op, "x", x, hidden), weight, float(eps)), out
 
 
-def _check_add(
-    op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def check_add(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> Kernel:
     _checks.tensor(op, "residual", residual)
-    x2, _, _ = _check_rmsnorm(op, x, weight, x)
+    (_, x2, _, eps), _ = check_norm(op, x, weight, eps, x)
     if residual.shape != x.shape:
         raise ValueError(
             f"{op}: residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x"
         )
     _checks.same_dtype(op, "x", x, residual=residual)
     _checks.same_device(op, "x", x, residual=residual)
-    return x2, _checks.rows(op, "residual", residual, x.shape[-1])
+    return (x2, _checks.rows(op, "residual", residual, x.shape[-1]), weight, eps), None
 
 
-def _check_qk(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views; weights [D]."""
-    op = _QK
+def check_qk_norm(
+    op: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+) -> Kernel:
+    """q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views; weights dense [D]."""
     for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
         _checks.tensor(op, name, t)
     _checks.float_dtype(op, "q", q)
     _checks.same_dtype(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
     _checks.same_device(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
+    _checks.positive_float(op, "eps", eps)
     if q.dim() < 2 or k.dim() < 2:
         raise ValueError(
             f"{op}: q and k must be [..., heads, head_dim], got shapes {tuple(q.shape)} and {tuple(k.shape)}"
@@ -72,282 +74,149 @@ def _check_qk(
     d = q.shape[-1]
     if k.shape[-1] != d:
         raise ValueError(f"{op}: k has shape {tuple(k.shape)}; its head_dim must be {d} like q's")
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if tuple(w.shape) != (d,):
-            raise ValueError(f"{op}: {name} has shape {tuple(w.shape)}, expected [{d}] (head_dim)")
-    _checks.distinct(op, "q", q, "k", k)
+    _checks.vector(op, "q_weight", q_weight, d, "head_dim")
+    _checks.vector(op, "k_weight", k_weight, d, "head_dim")
 
     def view(name: str, t: torch.Tensor) -> torch.Tensor:
         heads = t.shape[-2]
         tokens = t.numel() // (heads * d) if heads * d else t.shape[:-2].numel()
         return _checks.heads(op, name, t, tokens, heads, d)
 
-    return view("q", q), view("k", k)
+    return (view("q", q), view("k", k), q_weight, k_weight, float(eps)), None
 
 
-# -- shared implementations ------------------------------------------------------------
+# -- the reference (fp32 math; also run in float64 as the parity oracle) ---------------------
 def _ref(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
-    xf = x.float()
-    w = weight.float() + 1.0 if gemma else weight.float()
+    xf = x.float() if x.dtype != torch.float64 else x
+    w = weight.to(xf.dtype) + 1.0 if gemma else weight.to(xf.dtype)
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
 
 
-def _torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+def ref_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None, *, gemma: bool
+) -> torch.Tensor:
+    y = _ref(x, weight, eps, gemma)
+    return y if out is None else out.copy_(y)
+
+
+def ref_add(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, gemma: bool
+) -> None:
+    residual.copy_(
+        (x.to(torch.float64 if x.dtype == torch.float64 else torch.float32) + residual).to(residual.dtype)
+    )
+    x.copy_(_ref(residual, weight, eps, gemma))
+
+
+def ref_qk_norm(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
+) -> None:
+    q.copy_(_ref(q, q_weight, eps, False))
+    k.copy_(_ref(k, k_weight, eps, False))
+
+
+# -- the torch backends (kernel arguments) ---------------------------------------------------
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
     w = weight.float() + 1.0 if gemma else weight.float()
     return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
 
 
-def _maybe_out(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    return y if out is None else out.copy_(y)
+def torch_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool) -> None:
+    out.copy_(_norm(x, weight, eps, gemma))
 
 
-def _norm_triton(
-    op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None, gemma: bool
-) -> torch.Tensor:
-    x2, o2, out = _check_rmsnorm(op, x, weight, out)
-    from . import triton_kernels
-
-    triton_kernels.rmsnorm(x2, weight, eps, o2, None, gemma)
-    return out
-
-
-def _norm_native(
-    kind: str, op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None
-) -> torch.Tensor:
-    x2, o2, out = _check_rmsnorm(op, x, weight, out)
-    _native.kernel(kind, op, x)(o2, x2, weight, float(eps))
-    return out
-
-
-def _add_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
-    residual.copy_((x.float() + residual.float()).to(residual.dtype))
-    x.copy_(_ref(residual, weight, eps, gemma))
-
-
-def _add_torch(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+def torch_add(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool
 ) -> None:
     residual.add_(x)
-    x.copy_(_torch(residual, weight, eps, gemma))
+    x.copy_(_norm(residual, weight, eps, gemma))
 
 
-def _add_triton(
-    op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+def torch_qk_norm(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
 ) -> None:
-    x2, r2 = _check_add(op, x, residual, weight)
-    from . import triton_kernels
-
-    triton_kernels.rmsnorm(x2, weight, eps, x2, r2, gemma)
+    q.copy_(_norm(q, q_weight, eps, False))
+    k.copy_(_norm(k, k_weight, eps, False))
 
 
-def _add_native(
-    kind: str, op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> None:
-    x2, r2 = _check_add(op, x, residual, weight)
-    _native.kernel(kind, op, x)(x2, r2, weight, float(eps))
-
-
-def _npu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+# torch_npu: npu_rms_norm takes gamma in x's dtype, so the Gemma ops (1 + w, kept in fp32)
+# have no torch_npu backend.
+def _npu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     import torch_npu  # vendor library, present only on Ascend hosts
 
-    return cast(torch.Tensor, torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0])
+    return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]  # type: ignore[no-any-return]
 
 
-# -- the ops ---------------------------------------------------------------------------
-class RMSNorm(BaseFusedOp[torch.Tensor]):
-    op_name = _RMS
-
-    @staticmethod
-    def forward_native(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _maybe_out(_ref(x, weight, eps, False), out)
-
-    @staticmethod
-    def forward_torch(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _maybe_out(_torch(x, weight, eps, False), out)
-
-    @staticmethod
-    def forward_triton(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _norm_triton(_RMS, x, weight, eps, out, False)
-
-    @staticmethod
-    def forward_jit(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _norm_native("jit", _RMS, x, weight, eps, out)
-
-    @staticmethod
-    def forward_aot(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _norm_native("aot", _RMS, x, weight, eps, out)
-
-    @staticmethod
-    def forward_torch_npu(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _maybe_out(_npu_rms_norm(x, weight, eps), out)
+def npu_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    out.copy_(_npu(x, weight, eps))
 
 
-class FusedAddRMSNorm(BaseFusedOp[None]):
-    op_name = _ADD
-
-    @staticmethod
-    def forward_native(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _add_ref(x, residual, weight, eps, False)
-
-    @staticmethod
-    def forward_torch(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _add_torch(x, residual, weight, eps, False)
-
-    @staticmethod
-    def forward_triton(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _add_triton(_ADD, x, residual, weight, eps, False)
-
-    @staticmethod
-    def forward_jit(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        _add_native("jit", _ADD, x, residual, weight, eps)
-
-    @staticmethod
-    def forward_aot(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        _add_native("aot", _ADD, x, residual, weight, eps)
-
-    @staticmethod
-    def forward_torch_npu(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        residual.add_(x)
-        x.copy_(_npu_rms_norm(residual, weight, eps))
+def npu_fused_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    residual.add_(x)
+    x.copy_(_npu(residual, weight, eps))
 
 
-# No torch_npu backend for the Gemma ops: npu_rms_norm takes gamma in x's dtype, so 1 + w
-# would be rounded to bf16/fp16 before use (not the fp32 weight the op promises).
-class GemmaRMSNorm(BaseFusedOp[torch.Tensor]):
-    op_name = _GEMMA_RMS
-
-    @staticmethod
-    def forward_native(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _maybe_out(_ref(x, weight, eps, True), out)
-
-    @staticmethod
-    def forward_torch(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _maybe_out(_torch(x, weight, eps, True), out)
-
-    @staticmethod
-    def forward_triton(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _norm_triton(_GEMMA_RMS, x, weight, eps, out, True)
-
-    @staticmethod
-    def forward_jit(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _norm_native("jit", _GEMMA_RMS, x, weight, eps, out)
-
-    @staticmethod
-    def forward_aot(
-        x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _norm_native("aot", _GEMMA_RMS, x, weight, eps, out)
-
-
-class GemmaFusedAddRMSNorm(BaseFusedOp[None]):
-    op_name = _GEMMA_ADD
-
-    @staticmethod
-    def forward_native(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _add_ref(x, residual, weight, eps, True)
-
-    @staticmethod
-    def forward_torch(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _add_torch(x, residual, weight, eps, True)
-
-    @staticmethod
-    def forward_triton(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _add_triton(_GEMMA_ADD, x, residual, weight, eps, True)
-
-    @staticmethod
-    def forward_jit(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        _add_native("jit", _GEMMA_ADD, x, residual, weight, eps)
-
-    @staticmethod
-    def forward_aot(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
-        _add_native("aot", _GEMMA_ADD, x, residual, weight, eps)
-
-
-def _qk_native(
-    kind: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+def npu_qk_norm(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
 ) -> None:
-    q3, k3 = _check_qk(q, k, q_weight, k_weight)
-    _native.kernel(kind, _QK, q)(q3, k3, q_weight, k_weight, float(eps))
+    q.copy_(_npu(q, q_weight, eps))
+    k.copy_(_npu(k, k_weight, eps))
 
 
-class QKNorm(BaseFusedOp[None]):
-    """In place: per-head RMSNorm of q [..., Hq, D] and k [..., Hk, D] (weights [D])."""
+# -- the declarations ------------------------------------------------------------------------
+def _norm_op(name: str, doc: str, gemma: bool, **kw: Any) -> Decl:
+    return declare(
+        f"layernorm.{name}",
+        "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
+        doc=doc,
+        check=check_norm,
+        reference=partial(ref_norm, gemma=gemma),
+        torch=partial(torch_norm, gemma=gemma),
+        samples="rmsnorm",
+        **kw,
+    )
 
-    op_name = _QK
 
-    @staticmethod
-    def forward_native(
-        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        q.copy_(_ref(q, q_weight, eps, False))
-        k.copy_(_ref(k, k_weight, eps, False))
+def _add_op(name: str, doc: str, gemma: bool, **kw: Any) -> Decl:
+    return declare(
+        f"layernorm.{name}",
+        "(Tensor(a!) x, Tensor(a!) residual, Tensor weight, float eps=1e-06) -> ()",
+        doc=doc,
+        check=check_add,
+        reference=partial(ref_add, gemma=gemma),
+        torch=partial(torch_add, gemma=gemma),
+        samples="fused_add_rmsnorm",
+        **kw,
+    )
 
-    @staticmethod
-    def forward_torch(
-        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        q.copy_(_torch(q, q_weight, eps, False))
-        k.copy_(_torch(k, k_weight, eps, False))
 
-    @staticmethod
-    def forward_triton(
-        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        q3, k3 = _check_qk(q, k, q_weight, k_weight)
-        from . import triton_kernels
-
-        triton_kernels.qk_norm(q3, q_weight, eps)
-        triton_kernels.qk_norm(k3, k_weight, eps)
-
-    @staticmethod
-    def forward_jit(
-        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _qk_native("jit", q, k, q_weight, k_weight, eps)
-
-    @staticmethod
-    def forward_aot(
-        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        _qk_native("aot", q, k, q_weight, k_weight, eps)
-
-    @staticmethod
-    def forward_torch_npu(
-        q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
-    ) -> None:
-        q.copy_(_npu_rms_norm(q, q_weight, eps))
-        k.copy_(_npu_rms_norm(k, k_weight, eps))
+# torch_npu: npu_rms_norm takes gamma in x's dtype, so the Gemma ops (1 + w, kept in fp32) have
+# no torch_npu backend.
+rmsnorm = _norm_op(
+    "rmsnorm",
+    "y = x * rsqrt(mean(x^2) + eps) * weight over the last dim, in fp32",
+    False,
+    torch_npu=npu_rmsnorm,
+)
+gemma_rmsnorm = _norm_op("gemma_rmsnorm", "y = x * rsqrt(mean(x^2) + eps) * (1 + weight), all in fp32", True)
+fused_add_rmsnorm = _add_op(
+    "fused_add_rmsnorm",
+    "in place: residual += x; x = rmsnorm(residual, weight, eps)",
+    False,
+    torch_npu=npu_fused_add,
+    # measured on the H200 (docs/benchmarks/h200.md): from ~32M elements (e.g. 4096 tokens x
+    # 8192) the Triton kernel moves bytes faster than the C++ one
+    size_priority=(("cuda", 1 << 25, ("triton", "aot", "jit", "torch")),),
+)
+gemma_fused_add_rmsnorm = _add_op(
+    "gemma_fused_add_rmsnorm", "in place: residual += x; x = gemma_rmsnorm(residual, weight, eps)", True
+)
+qk_norm = declare(
+    "layernorm.qk_norm",
+    "(Tensor(a!) q, Tensor(a!) k, Tensor q_weight, Tensor k_weight, float eps=1e-06) -> ()",
+    doc="in place: rmsnorm of every head of q [..., Hq, D] and k [..., Hk, D] over D, weights [D] (fp32 math)",
+    check=check_qk_norm,
+    reference=ref_qk_norm,
+    torch=torch_qk_norm,
+    torch_npu=npu_qk_norm,
+)

@@ -154,26 +154,6 @@ def fused_add_rmsnorm_invalid(
     ]
 
 
-def gemma_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    return rmsnorm_samples(device, dtype)
-
-
-def gemma_fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    return fused_add_rmsnorm_samples(device, dtype)
-
-
-def gemma_rmsnorm_invalid(
-    device: str,
-) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
-    return rmsnorm_invalid(device)
-
-
-def gemma_fused_add_rmsnorm_invalid(
-    device: str,
-) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
-    return fused_add_rmsnorm_invalid(device)
-
-
 # (name, q shape, k shape): [..., heads, head_dim]
 _QK_SHAPES = (
     ("1-token", (1, 4, 64), (1, 2, 64)),
@@ -257,5 +237,5 @@ def qk_norm_invalid(
             ValueError,
             "non-contiguous",
         ),
-        ("same-tensor", (q, q, w, w), {}, ValueError, "different tensors"),
+        ("same-tensor", (q, q, w, w), {}, ValueError, "distinct tensors"),
     ]

@@ -67,7 +67,7 @@ def _num_warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
-def rmsnorm(
+def _launch(
     x: torch.Tensor,
     w: torch.Tensor,
     eps: float,
@@ -117,7 +117,7 @@ def rmsnorm(
         )
 
 
-def qk_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> None:
+def _heads(x: torch.Tensor, w: torch.Tensor, eps: float) -> None:
     """In place over x: [tokens, heads, D] (unit last stride). One launch when the (token, head)
     rows share one stride (the usual layout, even inside a fused qkv tensor), else one per head."""
     tokens, heads, d = x.shape
@@ -131,6 +131,33 @@ def qk_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> None:
         rows = x.as_strided((tokens * heads, d), (x.stride(1), 1))
     else:
         for h in range(heads):
-            rmsnorm(x[:, h], w, eps, x[:, h], None)
+            _launch(x[:, h], w, eps, x[:, h], None)
         return
-    rmsnorm(rows, w, eps, rows, None)
+    _launch(rows, w, eps, rows, None)
+
+
+# The kernel argument lists of the layernorm ops (see op.py): rows [T, H] with a unit last
+# stride, dense weights, eps > 0 (all checked by the contract).
+def rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _launch(x, weight, eps, out, None)
+
+
+def gemma_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _launch(x, weight, eps, out, None, gemma=True)
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _launch(x, weight, eps, x, residual)
+
+
+def gemma_fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
+    _launch(x, weight, eps, x, residual, gemma=True)
+
+
+def qk_norm(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
+) -> None:
+    _heads(q, q_weight, eps)
+    _heads(k, k_weight, eps)

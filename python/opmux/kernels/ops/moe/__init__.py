@@ -7,17 +7,6 @@
 [[2, 1]]
 """
 
-from __future__ import annotations
+from .._group import exports
 
-from typing import Any
-
-__all__ = ["moe_align_block_size", "topk_softmax"]
-
-
-def __getattr__(name: str) -> Any:
-    # torch and the op classes load on first use, so `import opmux.kernels.ops` stays cheap
-    if name in __all__:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__)

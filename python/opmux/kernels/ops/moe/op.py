@@ -1,4 +1,4 @@
-"""MoE routing ops: the reference and every backend, as static methods the spec points at.
+"""MoE routing ops: one declaration each (``ops/_decl.py``).
 
 ``topk_softmax``: softmax over experts in fp32; the top-k experts are chosen by gating logit
 (the same order as by probability, but well defined where fp32 softmax underflows to equal
@@ -16,16 +16,22 @@ check would cost a synchronisation), so a kernel never writes out of bounds.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
-from ...fused_op import BaseFusedOp
-from .. import _checks, _native
+from .. import _checks
+from .._common import INT32_EXACT, TOLERANCES
+from .._decl import declare
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from .._torch import torch
 
 _TK = "moe.topk_softmax"
 _AL = "moe.moe_align_block_size"
 
 
-def _check_topk(g: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def check_topk(op: str, g: torch.Tensor, topk: int, renormalize: bool = False) -> tuple[tuple[Any, ...], Any]:
     _checks.tensor(_TK, "gating_output", g)
     _checks.float_dtype(_TK, "gating_output", g)
     if g.dim() != 2 or g.shape[1] == 0:
@@ -34,11 +40,12 @@ def _check_topk(g: torch.Tensor, topk: int, renormalize: bool) -> tuple[torch.Te
     if k > g.shape[1]:
         raise ValueError(f"{_TK}: topk {k} exceeds the number of experts {g.shape[1]}")
     _checks.rows(_TK, "gating_output", g, g.shape[1])
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"{_TK}: renormalize must be a bool, got {renormalize!r}")
     t = g.shape[0]
-    return (
-        torch.empty((t, k), dtype=torch.float32, device=g.device),
-        torch.empty((t, k), dtype=torch.int32, device=g.device),
-    )
+    w = torch.empty((t, k), dtype=torch.float32, device=g.device)
+    ids = torch.empty((t, k), dtype=torch.int32, device=g.device)
+    return (w, ids, g, renormalize), (w, ids)
 
 
 def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
@@ -53,11 +60,9 @@ def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
             )
 
 
-def _check_align(
-    ids: torch.Tensor, block_size: int, num_experts: int, values: bool = True
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (sorted_token_ids, expert_ids, num_tokens_post_padded), uninitialised. ``values``:
-    also range-check the ids (CPU only; fake impls pass False: no data under torch.compile)."""
+def check_align(op: str, ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[tuple[Any, ...], Any]:
+    """-> ((sorted_token_ids, expert_ids, num_tokens_post_padded, ids, block_size, num_experts),
+    the three outputs), outputs uninitialised."""
     _checks.tensor(_AL, "topk_ids", ids)
     _checks.exact_dtype(_AL, "topk_ids", ids, torch.int32)
     if ids.dim() != 2:
@@ -68,152 +73,121 @@ def _check_align(
         )
     bs = _checks.positive_int(_AL, "block_size", block_size)
     e = _checks.positive_int(_AL, "num_experts", num_experts)
+    for name, v in (("block_size", bs), ("num_experts", e)):
+        if v >= 2**31:  # the kernels count in int32: report it here, not as a wrapped expert id
+            raise ValueError(f"{_AL}: {name} = {v} does not fit int32 (at most {2**31 - 1})")
     max_padded = ids.numel() + e * (bs - 1)
     if max_padded >= 2**31:
         raise ValueError(f"{_AL}: {max_padded} padded slots do not fit int32")
-    if values:
-        _check_ids_range(ids, e)
     dev = ids.device
-    return (
+    out = (
         torch.empty(max_padded, dtype=torch.int32, device=dev),
         torch.empty((max_padded + bs - 1) // bs, dtype=torch.int32, device=dev),
         torch.empty(1, dtype=torch.int32, device=dev),
     )
+    return (*out, ids, bs, e), out
 
 
-class TopkSoftmax(BaseFusedOp[tuple[torch.Tensor, torch.Tensor]]):
-    op_name = _TK
-
-    @staticmethod
-    def forward_native(
-        gating_output: torch.Tensor, topk: int, renormalize: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        g = gating_output.float()
-        probs = torch.softmax(g, dim=-1)
-        # stable descending sort: equal logits keep index order, so the lower id wins
-        ids = torch.sort(g, dim=-1, descending=True, stable=True).indices[:, :topk]
-        w = probs.gather(-1, ids)
-        if renormalize:
-            w = w / w.sum(-1, keepdim=True)
-        return w, ids.to(torch.int32)
-
-    @staticmethod
-    def forward_torch(
-        gating_output: torch.Tensor, topk: int, renormalize: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        g = gating_output.float()
-        # stable argsort: logit order, equal logits by lower index
-        order = torch.argsort(g, dim=-1, descending=True, stable=True)[:, :topk]
-        lse = torch.logsumexp(g, dim=-1, keepdim=True)
-        w = torch.exp(g.gather(-1, order) - lse)
-        if renormalize:
-            w = w / w.sum(-1, keepdim=True)
-        return w, order.to(torch.int32)
-
-    @staticmethod
-    def forward_triton(
-        gating_output: torch.Tensor, topk: int, renormalize: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        w, ids = _check_topk(gating_output, topk, renormalize)
-        from . import triton_kernels
-
-        triton_kernels.topk_softmax(gating_output, w, ids, bool(renormalize))
-        return w, ids
-
-    @staticmethod
-    def forward_jit(
-        gating_output: torch.Tensor, topk: int, renormalize: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        w, ids = _check_topk(gating_output, topk, renormalize)
-        _native.kernel("jit", _TK, gating_output)(w, ids, gating_output, bool(renormalize))
-        return w, ids
-
-    @staticmethod
-    def forward_aot(
-        gating_output: torch.Tensor, topk: int, renormalize: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        w, ids = _check_topk(gating_output, topk, renormalize)
-        _native.kernel("aot", _TK, gating_output)(w, ids, gating_output, bool(renormalize))
-        return w, ids
+def values_align(ids: torch.Tensor, block_size: int, num_experts: int) -> None:
+    _check_ids_range(ids, num_experts)
 
 
-class MoeAlignBlockSize(BaseFusedOp[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
-    op_name = _AL
+def ref_topk(
+    gating_output: torch.Tensor, topk: int, renormalize: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    g = gating_output.float()
+    probs = torch.softmax(g, dim=-1)
+    # stable descending sort: equal logits keep index order, so the lower id wins
+    ids = torch.sort(g, dim=-1, descending=True, stable=True).indices[:, :topk]
+    w = probs.gather(-1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w, ids.to(torch.int32)
 
-    @staticmethod
-    def forward_native(
-        topk_ids: torch.Tensor, block_size: int, num_experts: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        flat = topk_ids.flatten()
-        n = flat.numel()
-        if n and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
-            _check_ids_range(topk_ids.cpu(), num_experts)
-        max_padded = n + num_experts * (block_size - 1)
-        dev = topk_ids.device
-        sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=dev)
-        expert_ids = torch.full(
-            ((max_padded + block_size - 1) // block_size,), -1, dtype=torch.int32, device=dev
-        )
-        pos = 0
-        for e in range(num_experts):
-            idx = (flat == e).nonzero().flatten()  # increasing: token order within the expert
-            c = idx.numel()
-            sorted_ids[pos : pos + c] = idx.to(torch.int32)
-            padded = (c + block_size - 1) // block_size * block_size
-            expert_ids[pos // block_size : (pos + padded) // block_size] = e
-            pos += padded
-        return sorted_ids, expert_ids, torch.tensor([pos], dtype=torch.int32, device=dev)
 
-    @staticmethod
-    def forward_torch(
-        topk_ids: torch.Tensor, block_size: int, num_experts: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        sorted_ids, expert_ids, post = _check_align(topk_ids, block_size, num_experts)
-        flat = topk_ids.flatten().long()
-        n, e, bs = flat.numel(), num_experts, block_size
-        valid = (flat >= 0) & (flat < e)
-        flat = torch.where(valid, flat, e)  # bad ids (CUDA only; CPU raised) sort last, dropped
-        counts = torch.bincount(flat, minlength=e + 1)[:e]
-        padded = (counts + bs - 1) // bs * bs
-        ends = torch.cumsum(padded, 0)
-        starts = ends - padded
-        order = torch.argsort(flat, stable=True)
-        se = flat[order]
-        keep = se < e
-        order, se = order[keep], se[keep]
-        first = torch.cumsum(counts, 0) - counts  # rank of an expert's first entry in `order`
-        pos = starts[se] + torch.arange(se.numel(), device=flat.device) - first[se]
-        sorted_ids.fill_(n)
-        sorted_ids[pos] = order.to(torch.int32)
-        total = ends[-1:] if e else torch.zeros(1, dtype=torch.long, device=flat.device)
-        blocks = torch.arange(expert_ids.numel(), device=flat.device)
-        owner = torch.searchsorted(ends // bs, blocks, right=True)
-        expert_ids.copy_(torch.where(blocks < total // bs, owner, -1))
-        post.copy_(total)
-        return sorted_ids, expert_ids, post
+def torch_topk(w: torch.Tensor, ids: torch.Tensor, gating_output: torch.Tensor, renormalize: bool) -> None:
+    g = gating_output.float()
+    # stable argsort: logit order, equal logits by lower index
+    order = torch.argsort(g, dim=-1, descending=True, stable=True)[:, : w.shape[1]]
+    lse = torch.logsumexp(g, dim=-1, keepdim=True)
+    wk = torch.exp(g.gather(-1, order) - lse)
+    if renormalize:
+        wk = wk / wk.sum(-1, keepdim=True)
+    w.copy_(wk)
+    ids.copy_(order)
 
-    @staticmethod
-    def forward_triton(
-        topk_ids: torch.Tensor, block_size: int, num_experts: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        sorted_ids, expert_ids, post = _check_align(topk_ids, block_size, num_experts)
-        from . import triton_kernels
 
-        triton_kernels.moe_align(topk_ids, block_size, num_experts, sorted_ids, expert_ids, post)
-        return sorted_ids, expert_ids, post
+def ref_align(
+    topk_ids: torch.Tensor, block_size: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    flat = topk_ids.flatten()
+    n = flat.numel()
+    if n and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
+        _check_ids_range(topk_ids.cpu(), num_experts)
+    max_padded = n + num_experts * (block_size - 1)
+    dev = topk_ids.device
+    sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=dev)
+    expert_ids = torch.full(((max_padded + block_size - 1) // block_size,), -1, dtype=torch.int32, device=dev)
+    pos = 0
+    for e in range(num_experts):
+        idx = (flat == e).nonzero().flatten()  # increasing: token order within the expert
+        c = idx.numel()
+        sorted_ids[pos : pos + c] = idx.to(torch.int32)
+        padded = (c + block_size - 1) // block_size * block_size
+        expert_ids[pos // block_size : (pos + padded) // block_size] = e
+        pos += padded
+    return sorted_ids, expert_ids, torch.tensor([pos], dtype=torch.int32, device=dev)
 
-    @staticmethod
-    def forward_jit(
-        topk_ids: torch.Tensor, block_size: int, num_experts: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = _check_align(topk_ids, block_size, num_experts)
-        _native.kernel("jit", _AL, topk_ids)(*out, topk_ids, int(block_size), int(num_experts))
-        return out
 
-    @staticmethod
-    def forward_aot(
-        topk_ids: torch.Tensor, block_size: int, num_experts: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = _check_align(topk_ids, block_size, num_experts)
-        _native.kernel("aot", _AL, topk_ids)(*out, topk_ids, int(block_size), int(num_experts))
-        return out
+def torch_align(
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    post: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block_size: int,
+    num_experts: int,
+) -> None:
+    flat = topk_ids.flatten().long()
+    n, e, bs = flat.numel(), num_experts, block_size
+    valid = (flat >= 0) & (flat < e)
+    flat = torch.where(valid, flat, e)  # bad ids (CUDA only; CPU raised) sort last, dropped
+    counts = torch.bincount(flat, minlength=e + 1)[:e]
+    padded = (counts + bs - 1) // bs * bs
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    order = torch.argsort(flat, stable=True)
+    se = flat[order]
+    keep = se < e
+    order, se = order[keep], se[keep]
+    first = torch.cumsum(counts, 0) - counts  # rank of an expert's first entry in `order`
+    pos = starts[se] + torch.arange(se.numel(), device=flat.device) - first[se]
+    sorted_ids.fill_(n)
+    sorted_ids[pos] = order.to(torch.int32)
+    total = ends[-1:] if e else torch.zeros(1, dtype=torch.long, device=flat.device)
+    blocks = torch.arange(expert_ids.numel(), device=flat.device)
+    owner = torch.searchsorted(ends // bs, blocks, right=True)
+    expert_ids.copy_(torch.where(blocks < total // bs, owner, -1))
+    post.copy_(total)
+
+
+topk_softmax = declare(
+    _TK,
+    "(Tensor gating_output, int topk, bool renormalize=False) -> (Tensor, Tensor)",
+    doc="gating [T, E] -> (softmax weights fp32 [T, k], expert ids int32 [T, k]); ties -> lower id",
+    check=check_topk,
+    reference=ref_topk,
+    torch=torch_topk,
+    # weights are float32 whatever the gating dtype; expert ids must match exactly
+    tolerances=(*TOLERANCES, INT32_EXACT),
+)
+moe_align_block_size = declare(
+    _AL,
+    "(Tensor topk_ids, int block_size, int num_experts) -> (Tensor, Tensor, Tensor)",
+    doc="topk_ids [T, k] -> (sorted_token_ids, expert_ids, num_tokens_post_padded), vLLM layout",
+    check=check_align,
+    values=values_align,
+    reference=ref_align,
+    torch=torch_align,
+    dtypes=("int32",),
+    tolerances=(INT32_EXACT,),
+)

@@ -34,7 +34,8 @@ def _topk_softmax(G, W, IDS, sg, E, K, RENORM: tl.constexpr, BLOCK: tl.constexpr
     tl.store(IDS + row * K + kcols, ik, mask=kcols < K)
 
 
-def topk_softmax(g: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, renormalize: bool) -> None:
+# The kernel argument lists of the moe ops (see op.py).
+def topk_softmax(w: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, renormalize: bool) -> None:
     t, e = g.shape
     if t == 0:
         return
@@ -91,8 +92,8 @@ def _align_scatter(
         running += tl.sum(hit, axis=0)
 
 
-def moe_align(
-    ids: torch.Tensor, bs: int, e: int, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, post: torch.Tensor
+def moe_align_block_size(
+    sorted_ids: torch.Tensor, expert_ids: torch.Tensor, post: torch.Tensor, ids: torch.Tensor, bs: int, e: int
 ) -> None:
     n = ids.numel()
     sorted_ids.fill_(n)

@@ -7,17 +7,6 @@
 (torch.float8_e4m3fn, (2, 1))
 """
 
-from __future__ import annotations
+from .._group import exports
 
-from typing import Any
-
-__all__ = ["per_token_group_quant_fp8", "per_token_quant_fp8"]
-
-
-def __getattr__(name: str) -> Any:
-    # torch and the op classes load on first use, so `import opmux.kernels.ops` stays cheap
-    if name in __all__:
-        from . import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__)

@@ -33,8 +33,31 @@ def _round_e4m3(y):
 
 @triton.jit
 def _quantize(x, inv):
-    y = tl.minimum(tl.maximum(x * inv, -448.0), 448.0)
+    y = x * inv
+    y = tl.where(y != y, y, tl.minimum(tl.maximum(y, -448.0), 448.0))  # NaN stays NaN
     return _round_e4m3(y)
+
+
+@triton.jit
+def _store_fp8(ptrs, y, mask):
+    tl.store(ptrs, y.to(ptrs.dtype.element_ty), mask=mask)
+    # NaN is 0x7F in e4m3fn; GPUs convert it so, the CPU interpreter does not: write the bits
+    nan_bits = (tl.zeros_like(y) + 127.0).to(tl.uint8)
+    tl.store(ptrs.to(tl.pointer_type(tl.uint8)), nan_bits, mask=mask & (y != y))
+
+
+@triton.jit
+def _amax(x, axis: tl.constexpr):
+    """max |x| along ``axis``, NaN where the slice has a NaN (tl.max drops NaN on GPUs)."""
+    has_nan = tl.max((x != x).to(tl.int32), axis=axis) > 0
+    m = tl.max(tl.abs(x), axis=axis)
+    return tl.where(has_nan, m * float("nan"), m)
+
+
+@triton.jit
+def _keep_nan(a, b):
+    """``b`` (a bound applied to a), but NaN where ``a`` is NaN, as in the reference."""
+    return tl.where(a != a, a, b)
 
 
 @triton.jit
@@ -43,13 +66,14 @@ def _per_token_row(X, Q, S, UB, sx, sq, N, HAS_UB: tl.constexpr, BLOCK: tl.const
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
+    amax = _amax(x, 0)
     if HAS_UB:
-        amax = tl.minimum(amax, tl.load(UB))
-    scale = tl.maximum(tl.math.div_rn(amax, 448.0), MIN_SCALE)
+        amax = _keep_nan(amax, tl.minimum(amax, tl.load(UB)))
+    scale = tl.math.div_rn(amax, 448.0)
+    scale = _keep_nan(scale, tl.maximum(scale, MIN_SCALE))
     inv = tl.math.div_rn(1.0, scale)
     tl.store(S + row, scale)
-    tl.store(Q + row * sq + cols, _quantize(x, inv).to(Q.dtype.element_ty), mask=mask)
+    _store_fp8(Q + row * sq + cols, _quantize(x, inv), mask)
 
 
 @triton.jit
@@ -59,18 +83,19 @@ def _per_token_looped(X, Q, S, UB, sx, sq, N, HAS_UB: tl.constexpr, BLOCK: tl.co
     for start in range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(X + row * sx + cols, mask=cols < N, other=0.0).to(tl.float32)
-        acc = tl.maximum(acc, tl.abs(x))
-    amax = tl.max(acc, axis=0)
+        acc = tl.where((x != x) | (acc != acc), acc + x, tl.maximum(acc, tl.abs(x)))  # NaN sticks
+    amax = _amax(acc, 0)
     if HAS_UB:
-        amax = tl.minimum(amax, tl.load(UB))
-    scale = tl.maximum(tl.math.div_rn(amax, 448.0), MIN_SCALE)
+        amax = _keep_nan(amax, tl.minimum(amax, tl.load(UB)))
+    scale = tl.math.div_rn(amax, 448.0)
+    scale = _keep_nan(scale, tl.maximum(scale, MIN_SCALE))
     inv = tl.math.div_rn(1.0, scale)
     tl.store(S + row, scale)
     for start in range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < N
         x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(Q + row * sq + cols, _quantize(x, inv).to(Q.dtype.element_ty), mask=mask)
+        _store_fp8(Q + row * sq + cols, _quantize(x, inv), mask)
 
 
 @triton.jit
@@ -82,11 +107,12 @@ def _per_group(X, Q, S, sx, sq, sst, ssg, G, GS, eps, GPP: tl.constexpr, BLOCK: 
     mask = (grp[:, None] < G) & (cols[None, :] < GS)
     off = grp[:, None] * GS + cols[None, :]
     x = tl.load(X + row * sx + off, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), eps)
+    amax = _amax(x, 1)
+    amax = _keep_nan(amax, tl.maximum(amax, eps))
     scale = tl.math.div_rn(amax, 448.0)
     inv = tl.math.div_rn(tl.full([GPP], 1.0, tl.float32), scale)
     tl.store(S + row * sst + grp * ssg, scale, mask=grp < G)
-    tl.store(Q + row * sq + off, _quantize(x, inv[:, None]).to(Q.dtype.element_ty), mask=mask)
+    _store_fp8(Q + row * sq + off, _quantize(x, inv[:, None]), mask)
 
 
 def per_token_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, ub: torch.Tensor) -> None:
@@ -139,3 +165,12 @@ def per_token_group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, gs:
         BLOCK=block,
         num_warps=4,
     )
+
+
+# The kernel argument lists of the quantization ops (see op.py): fp8 outputs arrive as uint8.
+def per_token_quant_fp8(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, ub: torch.Tensor) -> None:
+    per_token_quant(x, q.view(torch.float8_e4m3fn), s, ub)
+
+
+def per_token_group_quant_fp8(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, gs: int, eps: float) -> None:
+    per_token_group_quant(x, q.view(torch.float8_e4m3fn), s, gs, eps)

@@ -1,4 +1,5 @@
-"""Rotary embedding: the reference and every backend, as static methods the spec points at.
+"""Rotary embedding: one declaration (``ops/_decl.py``); kernel arguments ``(pos [T], q [T, Hq, D],
+k [T, Hk, D], cos_sin_cache [max_pos, rot], is_neox)``, unit last strides, dense positions.
 
 Out-of-range positions never read out of bounds. Where positions live on the CPU every
 backend checks them on the host (and the C++ CPU kernel checks again, for direct callers of
@@ -9,13 +10,18 @@ token: its rotated q / k elements become NaN.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
-from ...fused_op import BaseFusedOp
-from .. import _checks, _native
+from .. import _checks
+from .._decl import declare
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from .._torch import torch
 
 _OP = "rope.rotary_embedding"
-Views = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Views = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
 
 
 def _num_heads(name: str, t: torch.Tensor, lead: int, head_size: int) -> int:
@@ -56,18 +62,31 @@ def _views(
             f"{_OP}: cos_sin_cache.shape[1] (rotary_dim) is {rot}; it must be even, positive and <= head_size {head_size}"
         )
     tokens = positions.numel()
+    if cos_sin_cache.stride(1) != 1:
+        raise ValueError(
+            f"{_OP}: cos_sin_cache has strides {cos_sin_cache.stride()}; its last dim must be contiguous: "
+            "pass cos_sin_cache.contiguous()"
+        )
+    pos = positions.reshape(tokens)
+    if tokens > 1 and pos.stride(0) != 1:
+        raise ValueError(
+            f"{_OP}: positions has strides {positions.stride()}; kernels need dense positions: "
+            "pass positions.contiguous()"
+        )
     q = _checks.heads(_OP, "query", query, tokens, _num_heads("query", query, lead, head_size), head_size)
     k = _checks.heads(_OP, "key", key, tokens, _num_heads("key", key, lead, head_size), head_size)
-    return positions.reshape(tokens), q, k
+    return pos, q, k
 
 
-def _check(
+def check(
+    op: str,
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
     head_size: int,
     cos_sin_cache: torch.Tensor,
-) -> Views:
+    is_neox: bool = True,
+) -> tuple[tuple[Any, ...], None]:
     for name, t in (
         ("positions", positions),
         ("query", query),
@@ -83,8 +102,23 @@ def _check(
             f"{_OP}: cos_sin_cache has dtype {cos_sin_cache.dtype}; expected torch.float32 or {query.dtype} (query's)"
         )
     _checks.same_device(_OP, "query", query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
-    _checks.distinct(_OP, "query", query, "key", key)
-    return _views(positions, query, key, head_size, cos_sin_cache)
+    if not isinstance(is_neox, bool):
+        raise TypeError(f"{_OP}: is_neox must be a bool, got {is_neox!r}")
+    pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
+    return (pos, q, k, cos_sin_cache, is_neox), None
+
+
+def values(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
+    """Positions on the CPU are checked on the host (an accelerator's would cost a sync)."""
+    if positions.is_cpu:
+        _check_positions(positions.reshape(-1), cos_sin_cache.shape[0])
 
 
 def _check_positions(positions: torch.Tensor, max_pos: int) -> None:
@@ -125,108 +159,49 @@ def _rotate(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Te
         x[..., :rot] = y.to(x.dtype)
 
 
-def _compiled(
-    kind: str,
+def reference(
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor,
     head_size: int,
     cos_sin_cache: torch.Tensor,
-    is_neox: bool,
+    is_neox: bool = True,
 ) -> None:
-    pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
-    if pos.device.type == "cpu":  # the C++ CPU kernel checks too (for direct ABI callers)
-        _check_positions(pos, cos_sin_cache.shape[0])
-    _native.kernel(kind, _OP, query)(pos, q, k, cos_sin_cache, bool(is_neox))
+    pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
+    _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
+    _rotate(pos, q, k, cos_sin_cache, is_neox)
 
 
-class RotaryEmbedding(BaseFusedOp[None]):
-    """In place: rotate the first ``rotary_dim`` elements of every query / key head."""
+def torch_rope(
+    pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool
+) -> None:
+    _rotate(pos, q, k, cache, is_neox)
 
-    op_name = _OP
-    key_arg = 1  # query picks the backend (positions are int64)
 
-    @staticmethod
-    def forward_native(
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        head_size: int,
-        cos_sin_cache: torch.Tensor,
-        is_neox: bool = True,
-    ) -> None:
-        pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
-        _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
-        _rotate(pos, q, k, cos_sin_cache, is_neox)
+def npu_rope(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool) -> None:
+    head_size = q.shape[-1]
+    if cache.shape[1] != head_size:  # partial rotary: not what the vendor op does
+        _rotate(pos, q, k, cache, is_neox)
+        return
+    import torch_npu  # vendor library, present only on Ascend hosts
 
-    @staticmethod
-    def forward_torch(
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        head_size: int,
-        cos_sin_cache: torch.Tensor,
-        is_neox: bool = True,
-    ) -> None:
-        pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
-        _rotate(pos, q, k, cos_sin_cache, is_neox)
+    # vllm-ascend's in-place kernel wants dense [T, H * head_size] and a cache in q's dtype
+    tokens = pos.shape[0]
+    qf, kf = q.reshape(tokens, -1).contiguous(), k.reshape(tokens, -1).contiguous()
+    torch_npu._npu_rotary_embedding(pos, qf, kf, head_size, cache.to(q.dtype), is_neox)
+    q.copy_(qf.view_as(q))
+    k.copy_(kf.view_as(k))
 
-    @staticmethod
-    def forward_triton(
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        head_size: int,
-        cos_sin_cache: torch.Tensor,
-        is_neox: bool = True,
-    ) -> None:
-        pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
-        if pos.device.type == "cpu":
-            _check_positions(pos, cos_sin_cache.shape[0])
-        from . import triton_kernels
 
-        triton_kernels.rotary_embedding(pos, q, k, cos_sin_cache, is_neox)
-
-    @staticmethod
-    def forward_jit(
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        head_size: int,
-        cos_sin_cache: torch.Tensor,
-        is_neox: bool = True,
-    ) -> None:
-        _compiled("jit", positions, query, key, head_size, cos_sin_cache, is_neox)
-
-    @staticmethod
-    def forward_aot(
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        head_size: int,
-        cos_sin_cache: torch.Tensor,
-        is_neox: bool = True,
-    ) -> None:
-        _compiled("aot", positions, query, key, head_size, cos_sin_cache, is_neox)
-
-    @staticmethod
-    def forward_torch_npu(
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        head_size: int,
-        cos_sin_cache: torch.Tensor,
-        is_neox: bool = True,
-    ) -> None:
-        pos, q, k = _check(positions, query, key, head_size, cos_sin_cache)
-        if cos_sin_cache.shape[1] != head_size:  # partial rotary: not what the vendor op does
-            _rotate(pos, q, k, cos_sin_cache, is_neox)
-            return
-        import torch_npu  # vendor library, present only on Ascend hosts
-
-        # vllm-ascend's in-place kernel wants dense [T, H * head_size] and a cache in q's dtype
-        tokens = pos.shape[0]
-        qf, kf = q.reshape(tokens, -1).contiguous(), k.reshape(tokens, -1).contiguous()
-        torch_npu._npu_rotary_embedding(pos, qf, kf, head_size, cos_sin_cache.to(q.dtype), is_neox)
-        q.copy_(qf.view_as(q))
-        k.copy_(kf.view_as(k))
+rotary_embedding = declare(
+    _OP,
+    "(Tensor positions, Tensor(a!) query, Tensor(a!) key, int head_size, Tensor cos_sin_cache, "
+    "bool is_neox=True) -> ()",
+    doc="in place: rotate query/key heads by cos_sin_cache[positions] (neox or gptj, partial rotary)",
+    check=check,
+    values=values,
+    reference=reference,
+    torch=torch_rope,
+    torch_npu=npu_rope,
+    key_arg=1,  # query picks the backend (positions are int64)
+)

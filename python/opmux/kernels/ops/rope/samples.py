@@ -106,7 +106,7 @@ def rotary_embedding_invalid(device: str) -> Invalid:
             "head_size 64",
         ),
         ("cache-dtype", (pos, q, k, 64, cache.half()), {}, TypeError, "cos_sin_cache has dtype"),
-        ("same-tensor", (pos, q, q, 64, cache), {}, ValueError, "different tensors"),
+        ("same-tensor", (pos, q, q, 64, cache), {}, ValueError, "distinct tensors"),
         ("query-tokens", (torch.arange(3, device=device), q, k, 64, cache), {}, ValueError, "leading dims"),
     ]
     if device == "cpu":  # accelerators poison the token with NaN instead of syncing to check

@@ -37,9 +37,17 @@ __device__ __forceinline__ void store_fp8(uint8_t* q, const Vec<T, VEC>& v, floa
   }
 }
 
+// max(a, b) that propagates NaN (fmaxf drops it): a NaN row gets a NaN scale and NaN outputs,
+// like the reference. Tested on the bits, so fast-math flags cannot fold it away.
+__device__ __forceinline__ bool is_nan(float v) { return (__float_as_uint(v) & 0x7FFFFFFFu) > 0x7F800000u; }
+
+__device__ __forceinline__ float nan_max(float a, float b) {
+  return is_nan(a) || is_nan(b) ? __uint_as_float(0x7FC00000u) : fmaxf(a, b);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 

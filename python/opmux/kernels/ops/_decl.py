@@ -1,0 +1,171 @@
+"""One declaration per op (torch-free): everything else follows from it by convention.
+
+``declare("group.name", "(Tensor x, ..., Tensor(a!)? out=None) -> Tensor", ...)`` in
+``ops/<group>/op.py`` states the op once: its signature (a torch schema: ``(a!)`` marks the
+tensors it writes), its argument contract (``check``, and ``values`` for data-dependent checks),
+its reference, its Python backends (``torch``, ``torch_npu``) and which kernel backends it has
+(``native``: the ``aot`` and ``jit`` builds of one C++/CUDA source; ``triton``). From that
+follow, without further code per op:
+
+* the spec the registry, the selector, ``explain`` and the CLI read (``OpSpec``, torch-free);
+* the kernel of each backend, one argument list for all: ``check(op, *args)`` returns
+  ``(kernel_args, result)`` and every backend is called as ``kernel(*kernel_args)``: the
+  native function ``<name>_<device>`` of JIT module / AOT library ``<group>_<device>``, the
+  Triton launcher ``<package>.triton_kernels:<name>``, the declared ``torch`` function;
+* the torch library op ``opmux::<name>`` with its fake (``check`` on fake tensors), plus
+  ``opmux::<name>_out`` when the op takes an optional ``out``;
+* the public function with its hot path (``fused_op.FusedOp``), and the parity cases
+  ``<package>.samples:<samples>_samples`` / ``_invalid``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..spec import BackendSpec, OpSpec
+from ._common import AOT, JIT, PRIORITY, TOLERANCES, TORCH, TORCH_NPU, TRITON
+
+__all__ = ["NATIVE_TARGETS", "Decl", "Param", "declare", "parse_signature"]
+
+#: where the two loaders of the native backend live (``_native.AOT`` / ``_native.JIT``)
+NATIVE_TARGETS = {"aot": "opmux.kernels.ops._native:AOT", "jit": "opmux.kernels.ops._native:JIT"}
+_TYPES = ("Tensor", "Tensor?", "float", "int", "bool")
+_PARAM = re.compile(r"^(Tensor|float|int|bool)(\(a!\))?(\?)? ([a-z_][a-z0-9_]*)(?:=(\S+))?$")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op's signature."""
+
+    name: str
+    type: str  # one of _TYPES
+    written: bool = False
+    default: str | None = None  # the Python literal, as written in the signature
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type.startswith("Tensor")
+
+
+def parse_signature(text: str) -> tuple[tuple[Param, ...], str]:
+    """``"(Tensor x, float eps=1e-06) -> Tensor"`` -> (params, return type text)."""
+    m = re.fullmatch(r"\((.*)\) -> (.+)", text.strip())
+    if not m:
+        raise ValueError(f"invalid op signature {text!r}: expected '(<params>) -> <returns>'")
+    params = []
+    for part in filter(None, (p.strip() for p in m.group(1).split(","))):
+        pm = _PARAM.match(part)
+        if not pm:
+            raise ValueError(
+                f"invalid parameter {part!r} in {text!r}: expected '<type>[(a!)][?] <name>[=<default>]' "
+                f"with type one of {', '.join(_TYPES)}"
+            )
+        kind, written, optional, name, default = pm.groups()
+        if written and kind != "Tensor":
+            raise ValueError(f"{text!r}: only tensors can be written, not {name!r}")
+        params.append(Param(name, kind + ("?" if optional else ""), bool(written), default))
+    names = [p.name for p in params]
+    if len(set(names)) != len(names) or "backend" in names:
+        raise ValueError(f"{text!r}: parameter names must be unique and 'backend' is reserved")
+    seen_default = False
+    for p in params:
+        if p.default is None and seen_default:
+            raise ValueError(f"{text!r}: {p.name!r} without a default follows one with a default")
+        seen_default = seen_default or p.default is not None
+    return tuple(params), m.group(2).strip()
+
+
+def _target(fn: Callable[..., Any]) -> str:
+    fn = getattr(fn, "func", fn)  # a functools.partial names its function
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+@dataclass(frozen=True)
+class Decl:
+    """An op as declared; ``spec`` is its torch-free registry entry."""
+
+    spec: OpSpec
+    params: tuple[Param, ...]
+    returns: str
+    check: Callable[..., tuple[tuple[Any, ...], Any]]
+    reference: Callable[..., Any]
+    values: Callable[..., None] | None
+    python_backends: tuple[tuple[str, Callable[..., None]], ...]
+    key_arg: int
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def short_name(self) -> str:
+        return self.spec.name.partition(".")[2]
+
+    @property
+    def has_out(self) -> bool:
+        """An optional ``out`` it writes: also registered as ``opmux::<name>_out``."""
+        return any(p.name == "out" and p.written and p.type == "Tensor?" for p in self.params)
+
+
+def declare(
+    name: str,
+    signature: str,
+    *,
+    check: Callable[..., tuple[tuple[Any, ...], Any]],
+    reference: Callable[..., Any],
+    doc: str,
+    values: Callable[..., None] | None = None,
+    torch: Callable[..., None] | None = None,
+    torch_npu: Callable[..., None] | None = None,
+    native: bool = True,
+    triton: bool = True,
+    dtypes: tuple[str, ...] | None = None,
+    tolerances: tuple[tuple[str, tuple[float, float]], ...] = TOLERANCES,
+    size_priority: tuple[tuple[str, int, tuple[str, ...]], ...] = (),
+    samples: str | None = None,
+    key_arg: int = 0,
+) -> Decl:
+    """Declare op ``name`` (``group.op``); see the module docstring for what follows.
+
+    ``check(op, *args)`` (``op`` is the op's name, for messages) validates the arguments (raising TypeError / ValueError that name the
+    argument, the bad value and the valid choices), allocates outputs and returns
+    ``(kernel_args, result)``. ``values(*args)`` checks tensor contents (e.g. index ranges) and
+    is skipped under torch.compile's fake tensors. ``dtypes`` narrows the key tensor dtypes
+    every backend takes; ``samples`` names another op's parity cases to reuse; ``key_arg`` is
+    the index of the argument whose device and dtype choose the backend.
+    """
+    params, returns = parse_signature(signature)
+    if any(p.name == "out" for p in params[:-1]):
+        raise ValueError(f"{name}: 'out' must be the last parameter")
+    package = _target(reference).partition(":")[0].rpartition(".")[0]
+    short = name.partition(".")[2]
+    python = tuple((n, fn) for n, fn in (("torch", torch), ("torch_npu", torch_npu)) if fn is not None)
+    backends: list[BackendSpec] = []
+    if native:
+        backends += [BackendSpec(k, NATIVE_TARGETS[k], req) for k, req in (("aot", AOT), ("jit", JIT))]
+    if triton:
+        backends.append(BackendSpec("triton", f"{package}.triton_kernels:{short}", TRITON))
+    requirements = {"torch": TORCH, "torch_npu": TORCH_NPU}
+    backends += [BackendSpec(n, _target(fn), requirements[n]) for n, fn in python]
+    if dtypes is not None:
+        backends = [replace(b, requires=replace(b.requires, dtypes=dtypes)) for b in backends]
+    names = {b.name for b in backends}
+    priority = tuple((dev, tuple(b for b in order if b in names)) for dev, order in PRIORITY)
+    sample_fn = f"{package}.samples:{samples or short}"
+    spec = OpSpec(
+        name=name,
+        reference=_target(reference),
+        backends=tuple(backends),
+        default_priority=("torch",) if "torch" in names else (),
+        priority=priority,
+        tolerances=tolerances,
+        samples=f"{sample_fn}_samples",
+        invalid_samples=f"{sample_fn}_invalid",
+        mutates=tuple(p.name for p in params if p.written),
+        doc=doc,
+        size_priority=size_priority,
+    )
+    return Decl(spec, params, returns, check, reference, values, python, key_arg)

@@ -1,0 +1,54 @@
+"""What makes a folder under ``ops/`` an op group: its ``op.py`` declarations, read by convention.
+
+``ops/<group>/__init__.py`` is two lines (``__all__, __getattr__ = exports(__name__)``): the
+public functions are built from the declarations on first attribute access, so importing a
+group imports no torch and loads no kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ._decl import Decl
+
+if TYPE_CHECKING:
+    from ..fused_op import FusedOp
+
+__all__ = ["decls", "exports", "instance"]
+
+_INSTANCES: dict[str, FusedOp[Any]] = {}
+
+
+def decls(module: ModuleType) -> list[Decl]:
+    """The ops a declaration module declares, by name."""
+    return sorted((v for v in vars(module).values() if isinstance(v, Decl)), key=lambda d: d.name)
+
+
+def _declaration_module(package: str) -> ModuleType:
+    return importlib.import_module(f"{package}.op")
+
+
+def instance(decl: Decl) -> FusedOp[Any]:
+    """The live op of ``decl`` (one per process: it owns the torch library registrations)."""
+    op = _INSTANCES.get(decl.name)
+    if op is None:
+        from ..fused_op import FusedOp  # imports torch: only when an op is first used
+
+        op = _INSTANCES[decl.name] = FusedOp(decl)
+    return op
+
+
+def exports(package: str) -> tuple[list[str], Callable[[str], Any]]:
+    """``(__all__, __getattr__)`` for the group package ``package``."""
+    by_name = {d.short_name: d for d in decls(_declaration_module(package))}
+
+    def __getattr__(name: str) -> Any:
+        decl = by_name.get(name)
+        if decl is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}; ops: {', '.join(by_name)}")
+        return instance(decl).public
+
+    return sorted(by_name), __getattr__
