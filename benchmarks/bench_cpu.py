@@ -1,11 +1,22 @@
-"""opmux's C++ CPU kernels against torch eager on this machine (issue: fused ops beat eager).
+"""opmux's CPU kernels against torch eager and torch.compile (inductor), side by side.
 
-    PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu [--threads 2]
+    PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu
 
-Same op cases as the GPU suite (benchmarks/bench_cases.py) at CPU sizes. For each case, the
-opmux native backend (``jit``, the same code as the AOT library), torch eager as users write it
-in the input dtype, and the fp32 reference are timed interleaved in rounds on fresh copies of one
-input set; median per call. ``ratio`` = eager / opmux (above 1: opmux is faster).
+Same op cases as the GPU suite (benchmarks/bench_cases.py) at CPU token counts T = 1, 32, 256
+and 4096, in bfloat16, float16 and float32 (``--big-dtypes`` limits T = 4096 to fewer dtypes to
+keep one run near 15 minutes). For every (op, dtype, T) one process times, interleaved in rounds
+on fresh copies of one input set:
+
+* ``eager``: the plain PyTorch version as users write it, in the input dtype;
+* ``compile``: ``torch.compile`` (inductor, static shapes) of that same function;
+* every opmux backend this machine accepts for the call (``backend=`` forced: ``jit``, ``aot``,
+  the ``torch`` reference), and the public call with no override (``default``).
+
+Triton runs in its interpreter on CPU and is not timed. Each candidate runs ``reps`` calls per
+round, ``--rounds`` rounds; a candidate's figure is its best round (the machine is shared, so a
+round another process disturbs is only ever slower), with the median beside it. The run starts
+and ends with a memory bandwidth probe (a large ``copy_``), so a memory-bound case can be judged
+against what the machine moves in the same run.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import importlib
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_cases as bc
 
-SIZES = (1, 32, 256)
+SIZES = (1, 32, 256, 4096)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _time(fn: Any, sets: list[Any], reps: int) -> float:
@@ -35,93 +48,195 @@ def _time(fn: Any, sets: list[Any], reps: int) -> float:
     return (time.perf_counter_ns() - t0) / reps / 1e3
 
 
-def run(threads: int, rounds: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _cast(args: bc.Args, dtype: torch.dtype) -> bc.Args:
+    """The case's bfloat16 tensors in ``dtype`` (index, fp32 and fp8 tensors stay)."""
+    return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args)
+
+
+def _tensor_bytes(args: bc.Args) -> int:
+    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+
+def bandwidth_gbs(threads: int, mib: int = 512, rounds: int = 5) -> float:
+    """Best of ``rounds`` large copies, read + write bytes per second (GB/s)."""
     torch.set_num_threads(threads)
-    rows = []
+    n = mib * 2**20 // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_time(lambda _: dst.copy_(src), [None], 3) for _ in range(rounds))
+    return 2 * n * 4 / (best * 1e-6) / 1e9
+
+
+def cpu_model() -> dict[str, str]:
+    info = {"model": platform.processor() or platform.machine(), "flags": ""}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return info
+    for line in out.splitlines():
+        key, _, val = line.partition(":")
+        if key.strip() == "Model name":
+            info["model"] = val.strip()
+        elif key.strip() == "Flags":
+            wanted = ("avx2", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16", "amx_bf16", "fma", "f16c")
+            info["flags"] = " ".join(f for f in val.split() if f in wanted)
+        elif key.strip() in ("L2 cache", "L3 cache"):
+            info[key.strip()] = val.strip()
+    return info
+
+
+def _backends(case: bc.OpCase, p: Any, k: Any) -> tuple[str, list[str]]:
     from opmux.kernels import explain
 
+    sel = explain(case.op, *p, **k)
+    names = [d.backend for d in sel.decisions if d.accepted and d.backend != "triton"]
+    return sel.chosen, names
+
+
+def bench_cell(case: bc.OpCase, fn: Any, dtype: torch.dtype, t: int, rounds: int) -> dict[str, Any]:
+    shape = bc.Shape(t, case.shapes[0].dims)
+    raw = case.make(shape, bc._gen("cpu", 1234), "cpu")
+    base = _cast(raw, dtype)
+    nbytes = case.nbytes(shape) * _tensor_bytes(base) / max(1, _tensor_bytes(raw))
+    sets = [bc.clone_args(base) for _ in range(3)]
+    p0, k0 = case.callargs(base)
+    chosen, names = _backends(case, p0, k0)
+
+    def opmux(backend: str | None) -> Any:
+        def call(a: Any) -> Any:
+            p, k = case.callargs(a)
+            return fn(*p, **k) if backend is None else fn(*p, backend=backend, **k)
+
+        return call
+
+    torch._dynamo.reset()
+    compiled = torch.compile(case.eager, dynamic=False)
+    impls: dict[str, Any] = {
+        "eager": lambda a: case.eager(*a),
+        "compile": lambda a: compiled(*a),
+        "default": opmux(None),
+    }
+    impls.update({b: opmux(b) for b in names})
+    for f in impls.values():  # warm up: compile / load, allocator
+        f(bc.clone_args(base))
+        f(bc.clone_args(base))
+    once = min(_time(impls["eager"], sets, 1) for _ in range(3))
+    reps = int(min(2000, max(3, 20000 / max(once, 1.0))))  # ~20 ms per candidate and round
+    samples: dict[str, list[float]] = {k: [] for k in impls}
+    for _ in range(rounds):
+        for name, f in impls.items():
+            samples[name].append(_time(f, sets, reps))
+    best = {k: min(v) for k, v in samples.items()}
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {
+        "op": case.op,
+        "shape": shape.label,
+        "T": t,
+        "dtype": str(dtype).removeprefix("torch."),
+        "chosen": chosen,
+        "best_us": {k: round(v, 2) for k, v in best.items()},
+        "median_us": {k: round(v, 2) for k, v in med.items()},
+        "bytes": int(nbytes),
+        "default_gbs": round(nbytes / (best["default"] * 1e-6) / 1e9, 1),
+        "compile_gbs": round(nbytes / (best["compile"] * 1e-6) / 1e9, 1),
+        "default/compile": round(best["default"] / best["compile"], 2),
+        "default/eager": round(best["default"] / best["eager"], 2),
+    }
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    torch.set_num_threads(args.threads)
+    torch._dynamo.config.recompile_limit = 1024
+    bw0 = bandwidth_gbs(args.threads)
+    rows = []
+    t_start = time.time()
     for case in bc.cases():
+        if args.ops and not any(s in case.op for s in args.ops.split(",")):
+            continue
         mod, _, name = case.public.partition(":")
         fn = getattr(importlib.import_module(mod), name)
-        for t in SIZES:  # the first GPU shape's dims (e.g. H=4096) at CPU token counts
-            shape = bc.Shape(t, case.shapes[0].dims)
-            g = bc._gen("cpu", 1234)
-            base = case.make(shape, g, "cpu")
-            sets = [bc.clone_args(base) for _ in range(4)]
-
-            def native(a: Any, case: Any = case, fn: Any = fn) -> Any:
-                # the public call, which dispatches to the native kernel here (the cached
-                # choice: `jit` in a tree, `aot` in the cpu wheel; both the same C++ code)
-                p, k = case.callargs(a)
-                return fn(*p, **k)
-
-            def eager(a: Any, case: Any = case) -> Any:
-                return case.eager(*a)
-
-            def reference(a: Any, case: Any = case) -> Any:
-                return case.reference(a)
-
-            p0, k0 = case.callargs(base)
-            chosen = explain(case.op, *p0, **k0).chosen
-            if chosen not in ("jit", "aot"):
-                raise SystemExit(f"{case.op}: the default on this CPU is {chosen}, not the C++ kernel")
-            impls = {"opmux jit": native, "torch eager": eager, "fp32 reference": reference}
-            for f in impls.values():  # warm up: compile/load, allocator
-                f(bc.clone_args(base))
-            reps = max(3, int(2e5 / max(1, case.nbytes(shape) // 64)))
-            reps = min(reps, 2000)
-            samples: dict[str, list[float]] = {k: [] for k in impls}
-            for _ in range(rounds):
-                for k, f in impls.items():
-                    samples[k].append(_time(f, sets, reps))
-            med = {k: statistics.median(v) for k, v in samples.items()}
-            rows.append(
-                {
-                    "op": case.op,
-                    "shape": shape.label,
-                    **{f"{k} us": round(v, 2) for k, v in med.items()},
-                    "eager/opmux": round(med["torch eager"] / med["opmux jit"], 2),
-                }
-            )
-            print(
-                f"{case.op:34s} {shape.label:30s} "
-                + "  ".join(f"{k} {v:9.2f}" for k, v in med.items())
-                + f"  eager/opmux {med['torch eager'] / med['opmux jit']:.2f}",
-                flush=True,
-            )
+        for t in args.sizes:
+            for dn in args.big_dtypes if t >= 4096 else args.dtypes:
+                row = bench_cell(case, fn, DTYPES[dn], t, args.rounds)
+                rows.append(row)
+                b = row["best_us"]
+                print(
+                    f"{case.op:34s} {dn:4s} T={t:<5d} "
+                    + " ".join(f"{k} {v:9.2f}" for k, v in b.items())
+                    + f"  default/compile {row['default/compile']:.2f} ({row['chosen']})",
+                    flush=True,
+                )
+    bw1 = bandwidth_gbs(args.threads)
     meta = {
-        "cpu": platform.processor() or platform.machine(),
-        "threads": threads,
+        **cpu_model(),
+        "threads": args.threads,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "dtype": str(bc.DT),
+        "rounds": args.rounds,
+        "copy_bandwidth_gbs": [round(bw0, 1), round(bw1, 1)],
+        "wall_s": round(time.time() - t_start, 1),
     }
     return rows, meta
 
 
+def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: str) -> str:
+    bw = max(meta["copy_bandwidth_gbs"])
+    backs = sorted({b for r in rows for b in r["best_us"]} - {"eager", "compile", "default"})
+    lines = [
+        "# CPU: opmux C++ kernels vs torch eager and torch.compile",
+        "",
+        f"`{cmd}`: {meta['model']} ({meta['flags']}; L2 {meta.get('L2 cache', '?')}, "
+        f"L3 {meta.get('L3 cache', '?')}), {meta['threads']} threads, torch {meta['torch']}, "
+        f"Python {meta['python']}; one process, {meta['wall_s']} s.",
+        "",
+        "Every candidate is timed in the same process, interleaved: each of "
+        f"{meta['rounds']} rounds runs every candidate in turn (~20 ms of calls each). This machine's "
+        "2 cores are shared with other builds, so the figure is a candidate's best round "
+        "(another process only ever makes a round slower), µs per call; the median round is in "
+        "`cpu.json`. `compile` is `torch.compile` (inductor, static shapes) of the eager function; "
+        "`default` is the public call with no override (the backend in brackets). "
+        "`÷compile` = default / compile (at most 1: opmux is as fast or faster). "
+        "`GB/s` = bytes the call must move / time, against the copy bandwidth measured at the "
+        f"start and end of the same run: {meta['copy_bandwidth_gbs'][0]} and "
+        f"{meta['copy_bandwidth_gbs'][1]} GB/s (read + write of a 512 MiB `copy_`).",
+        "",
+        "| op | shape | dtype | eager | compile | default | " + " | ".join(backs) + " | ÷compile | GB/s (of "
+        f"{bw}) |",
+        "|---|---|---|---:|---:|---|" + "---:|" * len(backs) + "---:|---:|",
+    ]
+    for r in rows:
+        b = r["best_us"]
+        mark = "" if r["default/compile"] <= 1.0 else " ✗"
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['dtype']} | {b['eager']} | {b['compile']} | "
+            f"{b['default']} ({r['chosen']}) | "
+            + " | ".join(str(b.get(k, "-")) for k in backs)
+            + f" | {r['default/compile']}{mark} | {r['default_gbs']} |"
+        )
+    if notes:
+        lines += ["", notes.rstrip()]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(allow_abbrev=False)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=None, help="writes OUT.json and OUT.md")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
+    ap.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES))
+    ap.add_argument("--big-dtypes", type=lambda s: s.split(","), default=["bf16"], help="dtypes at T >= 4096")
+    ap.add_argument("--ops", default="", help="comma-separated substrings of op names")
+    ap.add_argument("--notes", type=Path, default=None, help="markdown appended to OUT.md")
     args = ap.parse_args()
-    rows, meta = run(args.threads, args.rounds)
+    rows, meta = run(args)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-        cols = ["opmux jit us", "torch eager us", "fp32 reference us", "eager/opmux"]
-        lines = [
-            "# CPU: opmux C++ kernels vs torch eager",
-            "",
-            f"`PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu` on {meta['cpu']}, "
-            f"{meta['threads']} threads, torch {meta['torch']}, {meta['dtype']}; median of interleaved rounds, "
-            "us per call. `eager/opmux` above 1 means opmux is faster.",
-            "",
-            "| op | shape | " + " | ".join(cols) + " |",
-            "|---|---|" + "---:|" * len(cols),
-        ]
-        lines += [f"| {r['op']} | {r['shape']} | " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        cmd = "PYTHONPATH=python python " + " ".join(["benchmarks/bench_cpu.py", *sys.argv[1:]])
+        notes = args.notes.read_text() if args.notes else ""
+        args.out.with_suffix(".md").write_text(render(rows, meta, cmd, notes))
 
 
 if __name__ == "__main__":

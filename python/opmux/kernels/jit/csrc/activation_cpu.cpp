@@ -7,6 +7,7 @@
 
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
+#include "opmux/cpu_vec.h"
 
 namespace opmux {
 namespace activation_cpu {
@@ -14,7 +15,11 @@ namespace activation_cpu {
 using cpu::from_float;
 using cpu::to_float;
 
-constexpr int64_t kParallelMinElems = 1 << 15;
+// Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): below this many bytes
+// moved (x read, out written) one thread is faster than a parallel region.
+constexpr int64_t kParallelMinBytes = 256 << 10;
+// Rows are shared out in pieces of this many elements, so one long row (T = 1) can use threads.
+constexpr int64_t kPiece = 4096;
 
 // exp_f / erfc_f (opmux/cpu_math.h) are branch-free, so the row loops below vectorize.
 struct Silu {
@@ -49,17 +54,116 @@ OPMUX_CPU_CLONES void gated_row(T* o, const T* a, const T* b, int64_t d) {
   }
 }
 
+#if OPMUX_CPU_VEC512
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace v512 {
+using namespace cpu::v512;
+
+// The activations of Silu / Gelu / GeluTanh on 16 lanes (same formulas; 1 / d by recip_ge1).
+template <typename Act> struct Vec;
+template <> struct Vec<Silu> {
+  static OPMUX_V512_INLINE __m512 apply(__m512 g) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(g, recip_ge1(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+  }
+};
+template <> struct Vec<GeluTanh> {
+  static OPMUX_V512_INLINE __m512 apply(__m512 g) {
+    const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+    const __m512 z = _mm512_mul_ps(_mm512_set1_ps(0.79788456080286536f),
+                                   _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
+    const __m512 e = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), z));
+    return _mm512_mul_ps(g, recip_ge1(_mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+  }
+};
+template <> struct Vec<Gelu> {
+  // 0.5 g erfc(-g / sqrt 2), erfc as cpu::erfc_f.
+  static OPMUX_V512_INLINE __m512 apply(__m512 g) {
+    const __m512 a = _mm512_mul_ps(g, _mm512_set1_ps(-0.70710678118654752f));
+    const __m512 ax = _mm512_abs_ps(a);
+    const __m512 z = _mm512_mul_ps(a, a);
+    __m512 t = _mm512_set1_ps(7.853861353153693e-5f);
+    t = _mm512_fmadd_ps(t, z, _mm512_set1_ps(-8.010193625184903e-4f));
+    t = _mm512_fmadd_ps(t, z, _mm512_set1_ps(5.188327685732524e-3f));
+    t = _mm512_fmadd_ps(t, z, _mm512_set1_ps(-2.685381193529856e-2f));
+    t = _mm512_fmadd_ps(t, z, _mm512_set1_ps(1.128358514861418e-1f));
+    t = _mm512_fmadd_ps(t, z, _mm512_set1_ps(-3.761262582423300e-1f));
+    t = _mm512_fmadd_ps(t, z, _mm512_set1_ps(1.128379165726710e+0f));
+    const __m512 near = _mm512_fnmadd_ps(a, t, _mm512_set1_ps(1.0f));
+    const __m512 x = _mm512_min_ps(_mm512_set1_ps(10.5f), ax);  // NaN passes
+    const __m512 q = recip_ge1(x);  // only lanes with x >= 1 use it
+    const __m512 y = _mm512_mul_ps(q, q);
+    __m512 p = _mm512_set1_ps(2.326819970068386e-2f);
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(-1.387039388740657e-1f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(3.687424674597105e-1f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(-5.824733027278666e-1f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(6.210004621745983e-1f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(-4.944515323274145e-1f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(3.404879937665872e-1f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(-2.741127028184656e-1f));
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(5.638259427386472e-1f));
+    __m512 r = _mm512_set1_ps(-1.047766399936249e+1f);
+    r = _mm512_fmadd_ps(r, y, _mm512_set1_ps(1.297719955372516e+1f));
+    r = _mm512_fmadd_ps(r, y, _mm512_set1_ps(-7.495518717768503e+0f));
+    r = _mm512_fmadd_ps(r, y, _mm512_set1_ps(2.921019019210786e+0f));
+    r = _mm512_fmadd_ps(r, y, _mm512_set1_ps(-1.015265279202700e+0f));
+    r = _mm512_fmadd_ps(r, y, _mm512_set1_ps(4.218463358204948e-1f));
+    r = _mm512_fmadd_ps(r, y, _mm512_set1_ps(-2.820767439740514e-1f));
+    r = _mm512_fmadd_ps(r, y, _mm512_set1_ps(5.641895067754075e-1f));
+    const __mmask16 lt2 = _mm512_cmp_ps_mask(x, _mm512_set1_ps(2.0f), _CMP_LT_OQ);
+    __m512 far = _mm512_mul_ps(_mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(x, x))), q),
+                               _mm512_mask_mov_ps(r, lt2, p));
+    const __mmask16 neg = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ);
+    far = _mm512_mask_sub_ps(far, neg, _mm512_set1_ps(2.0f), far);
+    const __mmask16 small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(1.0f), _CMP_LT_OQ);
+    const __m512 erfc = _mm512_mask_mov_ps(far, small, near);
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), g), erfc);
+  }
+};
+
+// o[0, n) = act(a) * b, 16 lanes at a time, the tail masked. NB: bfloat16 by vcvtneps2bf16.
+template <bool NB, typename T, typename Act>
+void gated_piece(T* o, const T* a, const T* b, int64_t n) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    store<NB>(o + i, _mm512_mul_ps(Vec<Act>::apply(load(a + i)), load(b + i)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    store<NB>(o + i, _mm512_mul_ps(Vec<Act>::apply(load(a + i, m)), load(b + i, m)), m);
+  }
+}
+
+}  // namespace v512
+#pragma GCC pop_options
+#endif  // OPMUX_CPU_VEC512
+
+// One piece of a row on the vector level of this CPU (cpu::vec_level()).
+template <typename T, typename Act>
+OPMUX_CPU_INLINE void gated_piece(int level, T* o, const T* a, const T* b, int64_t n) {
+#if OPMUX_CPU_VEC512
+  if (level == 2) return v512::gated_piece<true, T, Act>(o, a, b, n);
+  if (level == 1) return v512::gated_piece<false, T, Act>(o, a, b, n);
+#endif
+  (void)level;
+  gated_row<T, Act>(o, a, b, n);
+}
+
 template <typename T, typename Act>
 void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t rows,
                 int64_t d) {
-  const bool parallel = rows > 1 && rows * d >= kParallelMinElems;
-  (void)parallel;
+  const int64_t pieces = (d + kPiece - 1) / kPiece, items = rows * pieces;
+  const int nt = cpu::threads_for(rows * d * 3 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, items);
+  const int level = cpu::vec_level();
+  (void)nt;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* a = x + r * x_stride;  // gate half
-    gated_row<T, Act>(out + r * out_stride, a, a + d, d);
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t r = it / pieces, i0 = (it % pieces) * kPiece;
+    const int64_t n = d - i0 < kPiece ? d - i0 : kPiece;
+    const T* a = x + r * x_stride + i0;  // gate half
+    gated_piece<T, Act>(level, out + r * out_stride + i0, a, a + d, n);
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
+#include "opmux/cpu_vec.h"
 
 namespace opmux {
 namespace layernorm_cpu {
@@ -16,8 +17,9 @@ namespace layernorm_cpu {
 using cpu::from_float;
 using cpu::to_float;
 
-// Rows below this many elements in total run on one thread (a parallel region costs ~us).
-constexpr int64_t kParallelMinElems = 1 << 15;
+// Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): calls that move fewer
+// bytes than this run on one thread (a parallel region's fork / join costs more than it saves).
+constexpr int64_t kParallelMinBytes = 256 << 10;
 // Independent partial sums: lets the compiler vectorize the reduction without -ffast-math.
 constexpr int kLanes = 16;
 
@@ -63,52 +65,148 @@ OPMUX_CPU_CLONES void rmsnorm_row(T* out, const T* x, const T* w, int64_t hidden
   scale_row<GEMMA>(out, x, w, hidden, inv_rms(sum_squares(x, hidden), hidden, eps));
 }
 
-template <bool GEMMA, typename T>
-void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
-                  int64_t rows, int64_t hidden, float eps) {
-  const bool parallel = rows > 1 && rows * hidden >= kParallelMinElems;
-  (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
-#endif
-  for (int64_t r = 0; r < rows; ++r) {
-    rmsnorm_row<GEMMA, T>(out + r * out_stride, x + r * x_stride, w, hidden, eps);
+#if OPMUX_CPU_VEC512
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace v512 {
+using namespace cpu::v512;
+
+template <bool GEMMA>
+OPMUX_V512_INLINE __m512 weight_factor(__m512 w) {
+  return GEMMA ? _mm512_add_ps(_mm512_set1_ps(1.0f), w) : w;
+}
+
+// out = (x * rstd) * w over n elements (the scalar scale_row, 16 lanes at a time).
+template <bool NB, bool GEMMA, typename T>
+OPMUX_V512_INLINE void scale_row(T* out, const T* x, const T* w, int64_t n, float rstd) {
+  const __m512 r = _mm512_set1_ps(rstd);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    store<NB>(out + i, _mm512_mul_ps(_mm512_mul_ps(load(x + i), r), weight_factor<GEMMA>(load(w + i))));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    store<NB>(out + i, _mm512_mul_ps(_mm512_mul_ps(load(x + i, m), r), weight_factor<GEMMA>(load(w + i, m))), m);
   }
 }
 
+template <bool NB, bool GEMMA, typename T>
+void rmsnorm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * kW <= n; i += 4 * kW) {
+    const __m512 v0 = load(x + i), v1 = load(x + i + kW), v2 = load(x + i + 2 * kW), v3 = load(x + i + 3 * kW);
+    a0 = _mm512_fmadd_ps(v0, v0, a0);
+    a1 = _mm512_fmadd_ps(v1, v1, a1);
+    a2 = _mm512_fmadd_ps(v2, v2, a2);
+    a3 = _mm512_fmadd_ps(v3, v3, a3);
+  }
+  for (; i < n; i += kW) {
+    const __m512 v = load(x + i, tail_mask(n - i));
+    a0 = _mm512_fmadd_ps(v, v, a0);
+  }
+  const float sum = hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  scale_row<NB, GEMMA>(out, x, w, n, inv_rms(sum, n, eps));
+}
+
+// residual = round(x + residual), then x = rmsnorm(residual as stored).
+template <bool NB, bool GEMMA, typename T>
+void fused_add_row(T* x, T* res, const T* w, int64_t n, float eps) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+  int64_t i = 0;
+  for (; i + 2 * kW <= n; i += 2 * kW) {
+    const __m512 s0 = store_rounded<NB>(res + i, _mm512_add_ps(load(x + i), load(res + i)));
+    const __m512 s1 = store_rounded<NB>(res + i + kW, _mm512_add_ps(load(x + i + kW), load(res + i + kW)));
+    a0 = _mm512_fmadd_ps(s0, s0, a0);
+    a1 = _mm512_fmadd_ps(s1, s1, a1);
+  }
+  for (; i < n; i += kW) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 s = store_rounded<NB>(res + i, _mm512_add_ps(load(x + i, m), load(res + i, m)), m);
+    a0 = _mm512_fmadd_ps(s, s, a0);
+  }
+  scale_row<NB, GEMMA>(x, res, w, n, inv_rms(hsum(_mm512_add_ps(a0, a1)), n, eps));
+}
+
+}  // namespace v512
+#pragma GCC pop_options
+#endif  // OPMUX_CPU_VEC512
+
 template <bool GEMMA, typename T>
-OPMUX_CPU_CLONES void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int64_t res_stride, const T* w,
-                            int64_t rows, int64_t hidden, float eps) {
-  const bool parallel = rows > 1 && rows * hidden >= kParallelMinElems;
-  (void)parallel;
+void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
+                  int64_t rows, int64_t hidden, float eps) {
+  const int nt = cpu::threads_for(rows * hidden * 2 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, rows);
+  const int level = cpu::vec_level();
+  (void)nt, (void)level;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    T* o = out + r * out_stride;
+    const T* xr = x + r * x_stride;
+#if OPMUX_CPU_VEC512
+    if (level == 2) {
+      v512::rmsnorm_row<true, GEMMA, T>(o, xr, w, hidden, eps);
+      continue;
+    }
+    if (level == 1) {
+      v512::rmsnorm_row<false, GEMMA, T>(o, xr, w, hidden, eps);
+      continue;
+    }
+#endif
+    rmsnorm_row<GEMMA, T>(o, xr, w, hidden, eps);
+  }
+}
+
+// One row of fused add + RMSNorm, portable (multiversioned).
+template <bool GEMMA, typename T>
+OPMUX_CPU_CLONES void fused_add_row(T* xr, T* rr, const T* w, int64_t hidden, float eps) {
+  // Pass 1: residual = round(x + residual); the sum of squares uses the rounded value, so
+  // x below is exactly rmsnorm(residual as stored).
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= hidden; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const T s = from_float<T>(to_float(xr[i + l]) + to_float(rr[i + l]));
+      rr[i + l] = s;
+      const float f = to_float(s);
+      acc[l] += f * f;
+    }
+  }
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += acc[l];
+  for (; i < hidden; ++i) {
+    const T s = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
+    rr[i] = s;
+    const float f = to_float(s);
+    sum += f * f;
+  }
+  // Pass 2: the row is hot in L1/L2.
+  scale_row<GEMMA>(xr, rr, w, hidden, inv_rms(sum, hidden, eps));
+}
+
+template <bool GEMMA, typename T>
+void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int64_t res_stride, const T* w,
+                            int64_t rows, int64_t hidden, float eps) {
+  const int nt = cpu::threads_for(rows * hidden * 4 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, rows);
+  const int level = cpu::vec_level();
+  (void)nt, (void)level;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
     T* xr = x + r * x_stride;
     T* rr = res + r * res_stride;
-    // Pass 1: residual = round(x + residual); the sum of squares uses the rounded value, so
-    // x below is exactly rmsnorm(residual as stored).
-    float acc[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= hidden; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
-        const T s = from_float<T>(to_float(xr[i + l]) + to_float(rr[i + l]));
-        rr[i + l] = s;
-        const float f = to_float(s);
-        acc[l] += f * f;
-      }
+#if OPMUX_CPU_VEC512
+    if (level == 2) {
+      v512::fused_add_row<true, GEMMA, T>(xr, rr, w, hidden, eps);
+      continue;
     }
-    float sum = 0.f;
-    for (int l = 0; l < kLanes; ++l) sum += acc[l];
-    for (; i < hidden; ++i) {
-      const T s = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
-      rr[i] = s;
-      const float f = to_float(s);
-      sum += f * f;
+    if (level == 1) {
+      v512::fused_add_row<false, GEMMA, T>(xr, rr, w, hidden, eps);
+      continue;
     }
-    // Pass 2: the row is hot in L1/L2.
-    scale_row<GEMMA>(xr, rr, w, hidden, inv_rms(sum, hidden, eps));
+#endif
+    fused_add_row<GEMMA, T>(xr, rr, w, hidden, eps);
   }
 }
 

@@ -1,0 +1,222 @@
+// AVX-512 building blocks for the CPU units, and the thread count of a call.
+//
+// The portable kernels (plain loops the compiler vectorizes, multiversioned by OPMUX_CPU_CLONES)
+// run everywhere. Where GCC targets x86-64 Linux, each unit also carries explicit AVX-512 row
+// kernels, compiled for AVX-512 F/BW/VL/DQ inside `#pragma GCC target` regions (no -march flag:
+// the library stays loadable on any x86-64) and picked at run time by vec_level():
+//   0  the portable kernels (no AVX-512, another compiler or architecture, OPMUX_CPU_NO_CLONES)
+//   1  AVX-512: float16 <-> float32 by vcvtph2ps / vcvtps2ph, bfloat16 stores rounded in integer
+//      registers (round to nearest even, NaN kept quiet)
+//   2  level 1 + AVX512_BF16: a bfloat16 store is one vcvtneps2bf16 (a lane whose input is an fp32
+//      subnormal, which that instruction flushes to zero, takes the integer rounding instead, so
+//      both levels store the same bits)
+// -DOPMUX_CPU_VEC_MAX=n caps the level at build time (tests build level 1 on a BF16 machine).
+// AVX512_FP16 arithmetic would not pay here: every kernel computes in fp32 (the references do),
+// and the fp16 conversions are AVX-512F instructions already.
+#pragma once
+
+#include <cstdint>
+
+#include "opmux/cpu_types.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10 && defined(__x86_64__) && \
+    defined(__linux__) && !defined(OPMUX_CPU_NO_CLONES)
+#define OPMUX_CPU_VEC512 1
+// GCC 12 warns (-Wuninitialized) inside its own AVX-512 intrinsics where they start from
+// _mm512_undefined_*() (GCC bug 105593, fixed in 13); the warning points into the header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#define OPMUX_CPU_VEC512 0
+#endif
+
+#ifndef OPMUX_CPU_VEC_MAX
+#define OPMUX_CPU_VEC_MAX 2
+#endif
+
+namespace opmux {
+namespace cpu {
+
+// The vector level of this CPU (see above); detected once.
+inline int vec_level() {
+#if OPMUX_CPU_VEC512
+  static const int level = [] {
+    __builtin_cpu_init();
+    int l = 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      l = __builtin_cpu_supports("avx512bf16") ? 2 : 1;
+    return l < OPMUX_CPU_VEC_MAX ? l : OPMUX_CPU_VEC_MAX;
+  }();
+  return level;
+#else
+  return 0;
+#endif
+}
+
+// Threads for one call that touches `bytes` bytes: one below `min_bytes` (the measured cut-over
+// of that kernel: below it a parallel region's fork / join costs more than it saves), else the
+// OpenMP runtime's thread count. In a torch process that is torch's intra-op pool size:
+// libopmux and libtorch resolve the same libgomp.so.1, and torch.set_num_threads(n) sets it
+// (omp_set_num_threads). Never more threads than `items` (rows, tokens) to share out.
+inline int threads_for(int64_t bytes, int64_t min_bytes, int64_t items) {
+#ifdef _OPENMP
+  if (bytes < min_bytes || items < 2) return 1;
+  const int n = omp_get_max_threads();
+  return static_cast<int64_t>(n) < items ? n : static_cast<int>(items);
+#else
+  (void)bytes, (void)min_bytes, (void)items;
+  return 1;
+#endif
+}
+
+}  // namespace cpu
+}  // namespace opmux
+
+#if OPMUX_CPU_VEC512
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+namespace opmux {
+namespace cpu {
+namespace v512 {
+
+#define OPMUX_V512_INLINE inline __attribute__((always_inline))
+
+constexpr int kW = 16;  // fp32 lanes
+
+OPMUX_V512_INLINE __mmask16 tail_mask(int64_t n) {
+  return n >= kW ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// 16 elements -> fp32 lanes (masked: lanes outside m read as 0, nothing outside is touched).
+OPMUX_V512_INLINE __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+OPMUX_V512_INLINE __m512 load(const half_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+OPMUX_V512_INLINE __m512 load(const bf16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+OPMUX_V512_INLINE __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+OPMUX_V512_INLINE __m512 load(const half_t* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+OPMUX_V512_INLINE __m512 load(const bf16_t* p, __mmask16 m) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+// fp32 -> bfloat16 bits, round to nearest even, NaN -> quiet NaN (cpu::float_to_bf16, 16 lanes).
+OPMUX_V512_INLINE __m256i bf16_round(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, q));
+}
+
+// The same bits by vcvtneps2bf16 (AVX512_BF16; encoded here by inline asm, so this function
+// needs no avx512bf16 target and is only reached at vec_level() 2). The instruction flushes fp32
+// subnormal inputs to zero; such a vector takes bf16_round.
+OPMUX_V512_INLINE __m256i bf16_native(__m512 v) {
+  if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0x20) != 0, 0)) return bf16_round(v);  // 0x20: denormal
+  __m256i r;
+  __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+  return r;
+}
+
+// fp32 lanes -> 16 elements (masked: only lanes in m are written). NB: bfloat16 by vcvtneps2bf16.
+template <bool NB>
+OPMUX_V512_INLINE void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+template <bool NB>
+OPMUX_V512_INLINE void store(half_t* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+template <bool NB>
+OPMUX_V512_INLINE void store(bf16_t* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), NB ? bf16_native(v) : bf16_round(v));
+}
+template <bool NB>
+OPMUX_V512_INLINE void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+template <bool NB>
+OPMUX_V512_INLINE void store(half_t* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+template <bool NB>
+OPMUX_V512_INLINE void store(bf16_t* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, NB ? bf16_native(v) : bf16_round(v));
+}
+
+// Stores v rounded to T and returns the value stored (as a load of it would give).
+template <bool NB>
+OPMUX_V512_INLINE __m512 store_rounded(float* p, __m512 v, __mmask16 m = 0xFFFF) {
+  _mm512_mask_storeu_ps(p, m, v);
+  return v;
+}
+template <bool NB>
+OPMUX_V512_INLINE __m512 store_rounded(half_t* p, __m512 v, __mmask16 m = 0xFFFF) {
+  const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+  _mm256_mask_storeu_epi16(p, m, h);
+  return _mm512_cvtph_ps(h);
+}
+template <bool NB>
+OPMUX_V512_INLINE __m512 store_rounded(bf16_t* p, __m512 v, __mmask16 m = 0xFFFF) {
+  const __m256i h = NB ? bf16_native(v) : bf16_round(v);
+  _mm256_mask_storeu_epi16(p, m, h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// e^x: exp_f of cpu_math.h (Cephes reduction, degree-6 polynomial) with 2^n by vscalefps, which
+// handles overflow (inf), underflow (subnormals, then 0) and NaN without the exponent split.
+OPMUX_V512_INLINE __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);  // NaN passes (the second operand is returned)
+  x = _mm512_min_ps(_mm512_set1_ps(150.0f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 1 / d for d >= 1 (or +inf, or NaN): vrcp14ps and one Newton step (~2^-27 relative); 1/inf = 0.
+OPMUX_V512_INLINE __m512 recip_ge1(__m512 d) {
+  const __m512 r = _mm512_rcp14_ps(d);
+  const __m512 e = _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f));
+  const __m512 s = _mm512_fmadd_ps(r, e, r);
+  const __mmask16 inf = _mm512_cmp_ps_mask(d, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ);
+  return _mm512_mask_mov_ps(s, inf, _mm512_setzero_ps());
+}
+
+// Sum of the 16 lanes.
+OPMUX_V512_INLINE float hsum(__m512 v) {
+  // (not _mm512_reduce_add_ps: GCC 12 warns inside it, -Wuninitialized on _mm256_undefined_pd)
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+  __m128 x = _mm512_castps512_ps128(v);
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
+
+}  // namespace v512
+}  // namespace cpu
+}  // namespace opmux
+
+#pragma GCC pop_options
+#endif  // OPMUX_CPU_VEC512
