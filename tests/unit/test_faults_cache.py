@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -587,7 +586,7 @@ def test_stopped_holder_is_detected(
         assert f"kill -CONT {proc.pid}" in str(info.value)
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # reap it and close its pipe
     assert compiles(fault_env) == 0
     result = ensure_built(TINY, kernel_path=kernel)  # the dead holder's lock is free again
     assert result.compiled and compiles(fault_env) == 1
@@ -646,39 +645,49 @@ def test_waiters_do_not_repeat_a_build_that_failed_while_they_waited(
 # -- the op layer falls back, counted and warned once ----------------------------------------
 
 
-@pytest.fixture
-def broken_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    afile = tmp_path / "not-a-dir"
+OP_SCRIPT = """\
+import json, warnings
+import torch
+from opmux.kernels import explain, tracing
+from opmux.kernels.ops.activation import silu_and_mul
+
+x = torch.randn(2, 8)
+expected = silu_and_mul(x, backend="torch")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        torch.testing.assert_close(silu_and_mul(x), expected)
+jit = explain("activation.silu_and_mul", x).decision("jit")
+print(json.dumps({
+    "warnings": [[str(w.message), w.filename, w.lineno] for w in caught if "falls back" in str(w.message)],
+    "fallbacks": sum(n for k, n in tracing.fallbacks().items() if k[0] == "activation.silu_and_mul"),
+    "jit": [jit.reason.value if jit.reason else None, jit.detail],
+}))
+"""
+
+
+def test_unforced_op_falls_back_once_with_one_warning(work: Path) -> None:
+    """A cache fault on a default call, in a fresh process: the op runs (on the next backend),
+    the fallback is counted once and warned once, at the caller's line, exactly like a missing
+    compiler; the trace names the fault, its path and its fix."""
+    pytest.importorskip("torch")
+    afile = work / "not-a-dir"
     afile.write_text("")
-    monkeypatch.setenv("OPMUX_CACHE_DIR", str(afile))
-    reset()
-    yield afile
-    reset()
-
-
-def test_unforced_op_falls_back_once_with_one_warning(broken_cache: Path) -> None:
-    """A cache fault on a default call: the op runs (on the next backend), the fallback is
-    counted once and warned once, at the caller's line, exactly like a missing compiler; the
-    trace names the fault, its path and its fix."""
-    torch = pytest.importorskip("torch")
-    from opmux.kernels import explain, tracing
-    from opmux.kernels.ops.activation import silu_and_mul
-
-    x = torch.randn(2, 8)
-    expected = silu_and_mul(x, backend="torch")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(3):
-            torch.testing.assert_close(silu_and_mul(x), expected)
-    ours = [w for w in caught if "falls back" in str(w.message)]
-    assert len(ours) == 1, [str(w.message) for w in ours]
-    assert ours[0].filename == __file__  # the warning points at the caller's line
-    counted = {k: v for k, v in tracing.fallbacks().items() if k[0] == "activation.silu_and_mul"}
-    assert sum(counted.values()) == 1, counted
-    jit = explain("activation.silu_and_mul", x).decision("jit")
-    assert jit.reason is not None and jit.reason.value == "failed"
-    assert "JitCacheUnavailable" in jit.detail and str(broken_cache) in jit.detail
-    assert "OPMUX_CACHE_DIR" in jit.detail
+    script = work / "serve.py"
+    script.write_text(OP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "OPMUX_CACHE_DIR": str(afile), "TRITON_INTERPRET": "1"}
+    for var in ("OPMUX_FALLBACK", "OPMUX_JIT", "OPMUX_KERNEL_BACKEND"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["warnings"]) == 1, out
+    _, filename, lineno = out["warnings"][0]
+    assert filename == str(script) and lineno == 11  # the caller's line: silu_and_mul(x) in the loop
+    assert out["fallbacks"] == 1
+    reason, detail = out["jit"]
+    assert reason == "failed" and "JitCacheUnavailable" in detail and str(afile) in detail
+    assert "OPMUX_CACHE_DIR" in detail
 
 
 def test_cache_clear_and_prune_skip_a_build_whose_lock_was_deleted(
