@@ -435,8 +435,9 @@ def test_manifest_library_outside_its_entry_is_refused_and_rebuilt(
         _tamper(built, "sub")
     else:
         _tamper(built, "manifest.json")
-    with pytest.warns(JitCacheWarning, match="rejected"):
+    with pytest.warns(JitCacheWarning, match="rejected") as rec:
         result = ensure_built(TINY, kernel_path=kernel)
+    assert rec[0].filename == __file__  # attributed to the caller, not to opmux
     assert result.compiled and compiles(fault_env) == 2
     assert result.library.parent.parent.parent.parent == fault_env["cache"]
     assert result.library.is_file() and not result.library.is_symlink()

@@ -13,13 +13,13 @@ import errno
 import os
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ... import _env
+from ..._warn import warn_at_caller
 from . import lock as _lock
 from . import publish as _publish
 from .build import CompileError, build_shared_library, compile_flags, stats
@@ -277,11 +277,10 @@ def _ensure_in(plan: _Plan, group: Path, root: Path, *, allow_compile: bool, sta
     if entry is not None and problem is None:
         return _hit(module, entry, start)
     if problem is not None:
-        warnings.warn(
+        warn_at_caller(
             f"opmux: JIT cache entry {entry.path if entry else ''} of "
             f"{module.name!r} rejected ({problem}); rebuilding",
             JitCacheWarning,
-            stacklevel=3,
         )
     if not allow_compile:
         raise JitDisabled(module.name)
