@@ -77,7 +77,11 @@ from opmux.kernels.jit.compile import ensure_built, lock, publish, toolchain
 from opmux.kernels.jit.modules import JitModule
 m = JitModule("tiny_cpu", ("tiny.cpp",), "cpu")
 if len(sys.argv) > 2:
-    toolchain.find_cxx(), toolchain.tvm_ffi_paths(), toolchain.tvm_ffi_version()  # imports
+    # Plan as root (compiler, tvm-ffi, source key: the venv may be unreadable to the user),
+    # then drop to the user: what is under test is the cache, as that user.
+    from opmux.kernels.jit.compile import load
+    plan = load._plan(m, kernel_path=Path(sys.argv[1]), archs=None)
+    load._plan = lambda *a, **k: plan
     os.setgroups([])
     os.setgid(int(sys.argv[3]))
     os.setuid(int(sys.argv[2]))
