@@ -122,3 +122,15 @@ def test_cli_runs_as_a_module(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 1 and "invalid choice" in proc.stderr
+
+
+def test_prewarm_children_see_scoped_settings(kernel: Path, tmp_path: Path) -> None:
+    """config.scope() no longer exports to os.environ; prewarm hands its settings to the
+    child processes that build, so they use the scoped cache dir."""
+    from opmux.kernels import config
+
+    scoped = tmp_path / "scoped-cache"
+    with config.scope(OPMUX_CACHE_DIR=scoped):
+        assert os.environ["OPMUX_CACHE_DIR"] != str(scoped)
+        assert main(["prewarm", "--modules", "one"], table=TABLE, kernel_path=kernel) == 0
+    assert [p.name for p in scoped.iterdir()] == ["one"]
