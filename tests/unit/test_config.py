@@ -207,3 +207,22 @@ def test_regenerate_command_in_a_subprocess(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=tmp_path, env=env, check=True)
     assert (tmp_path / "docs/env.md").read_text(encoding="utf-8") == config.render_env_md()
+
+
+def test_scope_does_not_write_environ_and_the_jit_layer_sees_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One owner (opmux.kernels._env): config and jit.compile read the same table, so a scope
+    reaches the JIT loader without exporting anything to os.environ."""
+    from opmux.kernels import _env
+    from opmux.kernels.jit.compile import load, publish, toolchain
+
+    monkeypatch.delenv("OPMUX_JIT", raising=False)
+    monkeypatch.delenv("OPMUX_CUDA_ARCHS", raising=False)
+    before = dict(os.environ)
+    with config.scope(OPMUX_JIT=False, OPMUX_CACHE_DIR="/tmp/opmux-scoped", OPMUX_CUDA_ARCHS="9.0a"):
+        assert dict(os.environ) == before
+        assert load.jit_enabled() is False
+        assert publish.cache_root(create=False) == Path("/tmp/opmux-scoped")
+        assert toolchain.local_cuda_archs() == ["sm_90a"]
+        assert _env.child_environ()["OPMUX_JIT"] == "0"
+    assert dict(os.environ) == before
+    assert config.KNOBS is _env.KNOBS
