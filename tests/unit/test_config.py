@@ -150,7 +150,7 @@ def test_defaults_are_valid_and_written_once() -> None:
         knob.default_value()  # parses through the same validator as the environment
     package = ROOT / "python/opmux"
     written = sum(p.read_text().count('"~/.cache/opmux') for p in package.rglob("*.py"))
-    assert written == 1  # the JIT publisher owns it; config reads it from there
+    assert written == 1  # _env owns it; config and the JIT publisher read it from there
 
 
 def test_describe(monkeypatch: pytest.MonkeyPatch) -> None:
