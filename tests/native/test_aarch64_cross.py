@@ -77,11 +77,27 @@ def builds(tmp_path_factory):
     if host is not None:
         out = d / "kernel_check_native"
         jobs["native"] = (out, _start(_build_cmd(host, out, "-DOPMUX_CPU_NO_CLONES")))
+        if _avx512_level() > 0:  # the AVX-512 row kernels (opmux/cpu_vec.h), each level built
+            for level in range(1, _avx512_level() + 1):
+                out = d / f"kernel_check_vec{level}"
+                jobs[f"vec{level}"] = (out, _start(_build_cmd(host, out, f"-DOPMUX_CPU_VEC_MAX={level}")))
     yield jobs
     for _, p in jobs.values():
         if p.poll() is None:
             p.kill()
         p.communicate()  # reaps it and closes its pipe
+
+
+def _avx512_level() -> int:
+    """The vector level opmux/cpu_vec.h takes on this machine: 0 (portable), 1 (AVX-512 F/BW/VL/DQ),
+    2 (and AVX512_BF16), from /proc/cpuinfo; 0 off x86-64 Linux."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not Path("/proc/cpuinfo").exists():
+        return 0
+    flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("flags")), [])
+    if not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags):
+        return 0
+    return 2 if "avx512_bf16" in flags else 1
 
 
 def _wait_build(builds, name: str) -> Path:
@@ -101,7 +117,7 @@ def _assert_passed(r: subprocess.CompletedProcess, arch: str) -> None:
     failures = "\n".join(line for line in out.splitlines() if not line.startswith("ok   "))
     assert r.returncode == 0, f"kernel_check failed on {arch} (exit {r.returncode}):\n{failures}"
     first = out.splitlines()[0]
-    assert f"arch={arch}" in first and "clones=none" in first, first
+    assert f"arch={arch}" in first and "clones=none" in first and "vec=0" in first, first
     m = re.search(r"all (\d+) cases passed", out)
     assert m and int(m.group(1)) >= MIN_CASES, out[-2000:]
     missing = [op for op in OPS if f"\nok   {op} " not in "\n" + out]
@@ -125,6 +141,22 @@ def test_native_portable_path(builds):
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine())
     exe = _wait_build(builds, "native")
     _assert_passed(_run([str(exe)]), arch)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_native_avx512_paths(builds, level):
+    """The AVX-512 row kernels against the same scalar references: level 1 (bfloat16 rounded in
+    integer registers) and level 2 (vcvtneps2bf16), each where this CPU has it."""
+    if f"vec{level}" not in builds:
+        pytest.skip(f"this CPU has no AVX-512 level {level} (opmux/cpu_vec.h), or no C++ compiler")
+    exe = _wait_build(builds, f"vec{level}")
+    r = _run([str(exe)])
+    out = r.stdout + r.stderr
+    failures = "\n".join(line for line in out.splitlines() if not line.startswith("ok   "))
+    assert r.returncode == 0, f"kernel_check (AVX-512 level {level}) failed:\n{failures}"
+    assert f"vec={level}" in out.splitlines()[0], out.splitlines()[0]
+    m = re.search(r"all (\d+) cases passed", out)
+    assert m and int(m.group(1)) >= MIN_CASES, out[-2000:]
 
 
 # The tvm-ffi entry points of csrc/aot_cpu.cpp.

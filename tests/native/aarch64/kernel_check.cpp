@@ -780,7 +780,8 @@ int main(int argc, char** argv) {
   const char* omp = "off";
 #endif
   const char* clones = OPMUX_STR(OPMUX_CPU_CLONES);
-  std::printf("kernel_check: arch=%s openmp=%s clones=%s\n", arch, omp, *clones ? clones : "none");
+  std::printf("kernel_check: arch=%s openmp=%s clones=%s vec=%d\n", arch, omp, *clones ? clones : "none",
+              opmux::cpu::vec_level());  // vec: the AVX-512 level taken (opmux/cpu_vec.h), 0 = portable
   const std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"conversions", check_conversions},
       {"layernorm", [] { layernorm_group<float>(); layernorm_group<half_t>(); layernorm_group<bf16_t>(); }},

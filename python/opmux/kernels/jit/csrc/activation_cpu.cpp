@@ -17,7 +17,7 @@ using cpu::to_float;
 
 // Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): below this many bytes
 // moved (x read, out written) one thread is faster than a parallel region.
-constexpr int64_t kParallelMinBytes = 256 << 10;
+constexpr int64_t kParallelMinBytes = 64 << 10;
 // Rows are shared out in pieces of this many elements, so one long row (T = 1) can use threads.
 constexpr int64_t kPiece = 4096;
 

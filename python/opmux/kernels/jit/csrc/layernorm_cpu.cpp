@@ -19,7 +19,7 @@ using cpu::to_float;
 
 // Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): calls that move fewer
 // bytes than this run on one thread (a parallel region's fork / join costs more than it saves).
-constexpr int64_t kParallelMinBytes = 256 << 10;
+constexpr int64_t kParallelMinBytes = 64 << 10;
 // Independent partial sums: lets the compiler vectorize the reduction without -ffast-math.
 constexpr int kLanes = 16;
 

@@ -11,6 +11,7 @@
 
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
+#include "opmux/cpu_vec.h"
 #include "opmux/fp8_cpu.h"
 
 namespace opmux {
@@ -22,7 +23,9 @@ using cpu::to_float;
 constexpr float kFp8Max = 448.0f;
 // vLLM's MIN_SCALING_FACTOR, rounded from double exactly as the Python reference rounds it.
 const float kMinScale = static_cast<float>(1.0 / (448.0 * 512.0));
-constexpr int64_t kParallelMinElems = 1 << 15;
+// Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): calls that move fewer
+// bytes than this run on one thread.
+constexpr int64_t kParallelMinBytes = 64 << 10;
 
 // max |v[i]|, NaN when any entry is NaN (like the reference's amax: a NaN row gets a NaN scale
 // and NaN outputs on every backend). Taken on the bit patterns: for non-negative floats the
@@ -66,20 +69,109 @@ OPMUX_CPU_CLONES void per_group_row(uint8_t* q, float* s, int64_t s_col, const T
   }
 }
 
+#if OPMUX_CPU_VEC512
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace v512 {
+using namespace cpu::v512;
+
+// abs_max on 16 lanes: the same unsigned max over the bit patterns (a NaN lane wins: NaN scale).
+template <typename T>
+OPMUX_V512_INLINE float abs_max(const T* v, int64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i m0 = _mm512_setzero_si512(), m1 = m0;
+  int64_t i = 0;
+  for (; i + 2 * kW <= n; i += 2 * kW) {
+    const __m512i u0 = _mm512_and_si512(_mm512_castps_si512(load(v + i)), abs_mask);
+    const __m512i u1 = _mm512_and_si512(_mm512_castps_si512(load(v + i + kW)), abs_mask);
+    m0 = _mm512_max_epu32(m0, u0);
+    m1 = _mm512_max_epu32(m1, u1);
+  }
+  for (; i < n; i += kW) {
+    const __m512i u = _mm512_and_si512(_mm512_castps_si512(load(v + i, tail_mask(n - i))), abs_mask);
+    m0 = _mm512_max_epu32(m0, u);
+  }
+  return cpu::bits_to_f32(_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1)));
+}
+
+// cpu::float_to_e4m3fn_branchless on 16 lanes (bit-identical), the codes in the low bytes.
+OPMUX_V512_INLINE __m128i to_e4m3fn(__m512 f) {
+  const __m512i w = _mm512_castps_si512(f);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(w, 24), _mm512_set1_epi32(0x80));
+  const __m512i u = _mm512_and_si512(w, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i k141 = _mm512_set1_epi32(141 << 23);
+  const __m512i sub = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(u), _mm512_castsi512_ps(k141))), k141);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1));
+  const __m512i nrm = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(static_cast<int32_t>((7u - 127u) << 23) + 0x7FFFF)), odd), 20);
+  __m512i v = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epu32_mask(u, _mm512_set1_epi32(121 << 23)), sub);
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpge_epu32_mask(u, _mm512_set1_epi32(0x43E00000)), _mm512_set1_epi32(0x7E));
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(sign, _mm512_and_si512(v, _mm512_set1_epi32(0xFF))));
+}
+
+template <typename T>
+OPMUX_V512_INLINE void quantize(uint8_t* q, const T* x, int64_t n, float inv) {
+  const __m512 s = _mm512_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), to_e4m3fn(_mm512_mul_ps(load(x + i), s)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm_mask_storeu_epi8(q + i, m, to_e4m3fn(_mm512_mul_ps(load(x + i, m), s)));
+  }
+}
+
+template <typename T>
+float per_token_row(uint8_t* q, const T* x, int64_t n, const float* ub) {
+  float amax = abs_max(x, n);
+  if (ub != nullptr) amax = std::min(amax, *ub);
+  const float scale = std::max(amax / kFp8Max, kMinScale);
+  quantize(q, x, n, 1.0f / scale);
+  return scale;
+}
+
+template <typename T>
+void per_group_row(uint8_t* q, float* s, int64_t s_col, const T* x, int64_t groups, int64_t gs,
+                   float eps) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const T* xg = x + g * gs;
+    const float scale = std::max(abs_max(xg, gs), eps) / kFp8Max;
+    s[g * s_col] = scale;
+    quantize(q + g * gs, xg, gs, 1.0f / scale);
+  }
+}
+
+}  // namespace v512
+#pragma GCC pop_options
+#endif  // OPMUX_CPU_VEC512
+
 // q [rows, hidden] fp8 bytes (row stride q_stride), x [rows, hidden] (row stride x_stride).
 struct QuantRows {
   int64_t rows, hidden, x_stride, q_stride;
 };
 
+template <typename T>
+int threads_of(const QuantRows& a) {
+  return cpu::threads_for(a.rows * a.hidden * static_cast<int64_t>(sizeof(T) + 1), kParallelMinBytes, a.rows);
+}
+
 // s[r]: the scale of row r; ub: the scale upper bound, or nullptr.
 template <typename T>
 void per_token_impl(uint8_t* q, float* s, const T* x, const QuantRows& a, const float* ub) {
-  const bool parallel = a.rows > 1 && a.rows * a.hidden >= kParallelMinElems;
-  (void)parallel;
+  const int nt = threads_of<T>(a), level = cpu::vec_level();
+  (void)nt, (void)level;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
   for (int64_t r = 0; r < a.rows; ++r) {
+#if OPMUX_CPU_VEC512
+    if (level >= 1) {
+      s[r] = v512::per_token_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, ub);
+      continue;
+    }
+#endif
     s[r] = per_token_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, ub);
   }
 }
@@ -89,12 +181,18 @@ template <typename T>
 void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T* x,
                     const QuantRows& a, int64_t gs, float eps) {
   const int64_t groups = a.hidden / gs;
-  const bool parallel = a.rows > 1 && a.rows * a.hidden >= kParallelMinElems;
-  (void)parallel;
+  const int nt = threads_of<T>(a), level = cpu::vec_level();
+  (void)nt, (void)level;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
   for (int64_t r = 0; r < a.rows; ++r) {
+#if OPMUX_CPU_VEC512
+    if (level >= 1) {
+      v512::per_group_row(q + r * a.q_stride, s + r * s_row, s_col, x + r * a.x_stride, groups, gs, eps);
+      continue;
+    }
+#endif
     per_group_row(q + r * a.q_stride, s + r * s_row, s_col, x + r * a.x_stride, groups, gs, eps);
   }
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "opmux/cpu_types.h"
+#include "opmux/cpu_vec.h"
 
 namespace opmux {
 namespace rope_cpu {
@@ -16,7 +17,9 @@ namespace rope_cpu {
 using cpu::from_float;
 using cpu::to_float;
 
-constexpr int64_t kParallelMinElems = 1 << 15;
+// Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): calls that move fewer
+// bytes (query and key read and written) than this run on one thread.
+constexpr int64_t kParallelMinBytes = 64 << 10;
 
 template <bool NEOX, typename T>
 void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos, const float* sin,
@@ -46,23 +49,88 @@ inline int64_t first_bad_position(const int64_t* pos, int64_t tokens, int64_t ma
   return -1;
 }
 
+#if OPMUX_CPU_VEC512
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace v512 {
+using namespace cpu::v512;
+
+// NeoX: c = cos[0, half), s = sin[0, half). GPT-J: c = cos per element (cos[i] at 2i and 2i + 1),
+// s = the sine per element with the pair's sign (-sin[i] at 2i, sin[i] at 2i + 1), so
+// out = v * c + swap_pairs(v) * s.
+template <bool NB, bool NEOX, typename T>
+void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* c, const float* s,
+                  int64_t rot_dim) {
+  const int64_t half = rot_dim / 2;
+  for (int64_t head = 0; head < h.heads; ++head) {
+    T* v = x + t * h.token_stride + head * h.head_stride;
+    if (NEOX) {
+      for (int64_t i = 0; i < half; i += kW) {
+        const __mmask16 m = tail_mask(half - i);
+        const __m512 a = load(v + i, m), b = load(v + half + i, m);
+        const __m512 co = _mm512_maskz_loadu_ps(m, c + i), si = _mm512_maskz_loadu_ps(m, s + i);
+        store<NB>(v + i, _mm512_fmsub_ps(a, co, _mm512_mul_ps(b, si)), m);
+        store<NB>(v + half + i, _mm512_fmadd_ps(b, co, _mm512_mul_ps(a, si)), m);
+      }
+    } else {
+      for (int64_t i = 0; i < rot_dim; i += kW) {
+        const __mmask16 m = tail_mask(rot_dim - i);
+        const __m512 a = load(v + i, m);
+        const __m512 sw = _mm512_permute_ps(a, 0xB1);  // (v[2i + 1], v[2i]) per pair
+        const __m512 co = _mm512_maskz_loadu_ps(m, c + i), si = _mm512_maskz_loadu_ps(m, s + i);
+        store<NB>(v + i, _mm512_fmadd_ps(a, co, _mm512_mul_ps(sw, si)), m);
+      }
+    }
+  }
+}
+
+}  // namespace v512
+#pragma GCC pop_options
+#endif  // OPMUX_CPU_VEC512
+
 // Positions already validated.
 template <bool NEOX, typename T, typename C>
 void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout& a) {
   const int64_t tokens = a.q.tokens, half = a.rot_dim / 2;
-  const bool parallel =
-      tokens > 1 && tokens * (a.q.heads + a.k.heads) * a.rot_dim >= kParallelMinElems;
-  (void)parallel;
+  const int64_t bytes = tokens * (a.q.heads + a.k.heads) * a.rot_dim * 2 * static_cast<int64_t>(sizeof(T));
+  const int nt = cpu::threads_for(bytes, kParallelMinBytes, tokens);
+  const int level = cpu::vec_level();
+  (void)nt, (void)level;
 #ifdef _OPENMP
-#pragma omp parallel if (parallel)
+#pragma omp parallel num_threads(nt) if (nt > 1)
 #endif
   {
-    std::vector<float> cs(a.rot_dim);  // this token's cos | sin, converted once for all heads
+    std::vector<float> cs(2 * a.rot_dim);  // this token's cos | sin, converted once for all heads
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
     for (int64_t t = 0; t < tokens; ++t) {
       const C* row = cache + pos[t] * a.cache_stride;
+#if OPMUX_CPU_VEC512
+      if (level >= 1) {
+        float* c = cs.data();
+        float* s = cs.data() + a.rot_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float co = to_float(row[i]), si = to_float(row[half + i]);
+          if (NEOX) {
+            c[i] = co;
+            s[i] = si;
+          } else {
+            c[2 * i] = c[2 * i + 1] = co;
+            s[2 * i] = -si;
+            s[2 * i + 1] = si;
+          }
+        }
+        if (level == 2) {
+          v512::rotate_heads<true, NEOX>(q, a.q, t, c, s, a.rot_dim);
+          v512::rotate_heads<true, NEOX>(k, a.k, t, c, s, a.rot_dim);
+        } else {
+          v512::rotate_heads<false, NEOX>(q, a.q, t, c, s, a.rot_dim);
+          v512::rotate_heads<false, NEOX>(k, a.k, t, c, s, a.rot_dim);
+        }
+        continue;
+      }
+#endif
       for (int64_t i = 0; i < a.rot_dim; ++i) cs[i] = to_float(row[i]);
       rotate_heads<NEOX>(q, a.q, t, cs.data(), cs.data() + half, half);
       rotate_heads<NEOX>(k, a.k, t, cs.data(), cs.data() + half, half);
