@@ -6,7 +6,7 @@ import re
 
 from tools import targets
 
-MAIN = "python3 -m pip install nox && nox -s wheel-cpu import-smoke find-spec parity-cpu"
+MAIN = "python3 -m pip install nox && nox -s release-rehearsal -- --targets cpu"
 TESTS = "python3 -m pip install nox && nox -s tests"
 
 
