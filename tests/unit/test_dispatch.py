@@ -174,7 +174,7 @@ def test_size_classes_are_cached_per_side() -> None:
             op.public(big, w64)
         assert [c.backend for c in calls] == ["torch", "triton"]
         op.public(small, w), op.public(big, w64)  # now cached: both sides of the one entry
-        assert op.lookup(small) is op.bind("torch", "cpu") and op.lookup(big) is op.bind("triton", "cpu")
+        assert op.lookup(small) is op.kernel("torch", "cpu") and op.lookup(big) is op.kernel("triton", "cpu")
         torch.testing.assert_close(op.public(big, w64), ln.rmsnorm.reference(big, w64), atol=1e-5, rtol=1e-5)
     finally:
         registry._OPS.pop("test.sized")

@@ -112,7 +112,8 @@ def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fn = _public(op)
     # take the torch.compile path, eagerly (the public function is generated: its globals
     # hold what it calls)
-    monkeypatch.setitem(fn.__globals__, "COMPILING", lambda: True)
+    for flag in ("COMPILING", "DYNAMO"):
+        monkeypatch.setitem(fn.__globals__, flag, lambda: True)
     recorder = _RecordOpmuxOps()
     with recorder:
         for sample in samples[:2]:

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _dispatch_state, facts, registry
-from .selector import Selection, select
+if TYPE_CHECKING:
+    from .selector import Selection
+
+# The package re-exports ``explain`` eagerly (a submodule of the same name would otherwise shadow
+# it), so this module imports the rest of the metadata layer only when called.
 
 __all__ = ["explain", "op_instance"]
 
 
 def op_instance(name: str) -> Any:
     """The live ``FusedOp`` of ``name`` (imports torch)."""
-    from .ops._group import decls, instance
+    from . import registry
+    from .ops._group import _INSTANCES, decls, instance
 
     spec = registry.get(name)
+    if name in _INSTANCES:  # also ops made outside a group (tests, benchmarks)
+        return _INSTANCES[name]
     module = importlib.import_module(f"opmux.kernels.ops.{spec.group}.op")
     for decl in decls(module):
         if decl.name == name:
@@ -36,6 +42,9 @@ def explain(
     without, for ``device`` (default: this machine's accelerator, else cpu) and ``dtype``
     (default bfloat16 on accelerators, float32 on cpu), and ``numel`` elements of the key
     tensor where the op's priority depends on size (default: the size-independent order)."""
+    from . import _dispatch_state, facts, registry
+    from .selector import select
+
     if args:
         return op_instance(op).select_for(args, kwargs, backend)  # type: ignore[no-any-return]
     spec = registry.get(op)

@@ -27,6 +27,7 @@ from . import _dispatch_state, _warn, facts, registry, tracing
 from .errors import BackendUnavailable, FallbackError
 from .ops import _checks
 from .ops._decl import Decl, Param
+from .ops._group import _INSTANCES
 from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
 
@@ -37,6 +38,13 @@ _WARNED: set[tuple[str, str, str]] = set()
 _LIB = torch.library.Library("opmux", "FRAGMENT")  # type: ignore[no-untyped-call]
 #: bound once: dynamo folds this to True while tracing; eager pays one call
 _compiling = torch.compiler.is_compiling
+#: the cheap form in the generated hot path: is_dynamo_compiling (a constant False in eager, 20 ns)
+#: then the flag is_compiling reads (torch.export sets it without dynamo); 85 ns for the call
+_COMPILING = (
+    "DYNAMO() or COMPILER._is_compiling_flag"
+    if hasattr(torch.compiler, "_is_compiling_flag") and hasattr(torch.compiler, "is_dynamo_compiling")
+    else "COMPILING()"
+)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -80,9 +88,16 @@ def _guard_lines(decl: Decl) -> list[str]:
     def present(p: Param) -> str:
         return f"{p.name} is not None and " if p.type == "Tensor?" else ""
 
+    any_grad = " or ".join(
+        f"({p.name} is not None and {p.name}.requires_grad)"
+        if p.type == "Tensor?"
+        else f"{p.name}.requires_grad"
+        for p in tensors
+    )
     lines = [
         "    if GRAD():",
-        f"        NO_GRAD(OP, {', '.join(f'({p.name!r}, {p.name})' for p in tensors)},)",
+        f"        if {any_grad}:",
+        f"            NO_GRAD(OP, {', '.join(f'({p.name!r}, {p.name})' for p in tensors)},)",
     ]
     if written:
         lines.append(f"        BUMP({', '.join(p.name for p in written)},)")
@@ -95,18 +110,15 @@ def _guard_lines(decl: Decl) -> list[str]:
     return lines
 
 
-def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool) -> Callable[..., Any]:
-    """check, values, the generic guard, then the kernel (or, for ``reference``, the reference)."""
+def _contract(decl: Decl) -> tuple[list[str], dict[str, Any]]:
+    """The contract's lines (they leave ``KARGS``, ``RESULT``) and the names they use."""
     names = ", ".join(p.name for p in decl.params)
-    body = [f"def bound({_sig(decl.params)}):", f"    KARGS, RESULT = CHECK(OP, {names})"]
+    lines = [f"    KARGS, RESULT = CHECK(OP, {names})"]
     if decl.values is not None:
-        body.append(f"    VALUES({names})")
-    body += _guard_lines(decl)
-    body += [f"    return RUN({names})"] if reference else ["    RUN(*KARGS)", "    return RESULT"]
+        lines.append(f"    VALUES({names})")
     scope: dict[str, Any] = {
         "CHECK": decl.check,
         "VALUES": decl.values,
-        "RUN": run,
         "OP": decl.name,
         "GRAD": torch.is_grad_enabled,
         "NO_GRAD": _checks.no_grad,
@@ -114,6 +126,16 @@ def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool) -> Callabl
         "OVERLAPS": torch._C._overlaps,
         "ALIAS": _checks.alias,
     }
+    return lines + _guard_lines(decl), scope
+
+
+def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool) -> Callable[..., Any]:
+    """check, values, the generic guard, then the kernel (or, for ``reference``, the reference)."""
+    names = ", ".join(p.name for p in decl.params)
+    contract, scope = _contract(decl)
+    body = [f"def bound({_sig(decl.params)}):", *contract]
+    body += [f"    return RUN({names})"] if reference else ["    RUN(*KARGS)", "    return RESULT"]
+    scope["RUN"] = run
     exec("\n".join(body), scope)
     fn: Callable[..., Any] = scope["bound"]
     fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
@@ -135,8 +157,9 @@ class FusedOp(Generic[R]):
         self.forward_native = decl.reference
         self._cpu: dict[torch.dtype, Any] = {}
         self._cuda: dict[torch.dtype, Any] = {}
-        self._forced: dict[tuple[Any, ...], Callable[..., R]] = {}
+        self._forced: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._bound: dict[tuple[str, str], Callable[..., R]] = {}
+        self._kernels: dict[tuple[str, str], Callable[..., Any]] = {}
         self._failed: dict[str, str] = {}
         self._dtypes = {d for b in self.spec.backends for d in b.requires.dtypes}
         self._python = dict(decl.python_backends)
@@ -152,6 +175,7 @@ class FusedOp(Generic[R]):
         #: torch.compile
         self.public = self._make_public(compiled=True)
         _dispatch_state.track(self)
+        _INSTANCES[self.op_name] = self
 
     # -- binding -----------------------------------------------------------------------
     def kernel(self, backend: str, device: str) -> Callable[..., Any]:
@@ -175,6 +199,7 @@ class FusedOp(Generic[R]):
                     # not cached: the contract still speaks first, then the call raises it
                     return _make_bound(self.decl, _raiser(exc), reference=False)
                 fn = _make_bound(self.decl, kernel, reference=False)
+                self._kernels[(backend, device)] = kernel
             self._bound[(backend, device)] = fn
         return fn
 
@@ -194,8 +219,9 @@ class FusedOp(Generic[R]):
         """The dispatch without the generated hot path (any argument form)."""
         return self._dispatch(args, kwargs, backend)
 
-    def lookup(self, x: Any) -> Callable[..., R] | None:
-        """The cached default backend for a tensor like ``x`` (None: take the full dispatch)."""
+    def lookup(self, x: Any) -> Callable[..., Any] | None:
+        """The kernel cached for a default call on a tensor like ``x`` (None: the full dispatch
+        runs). The public function runs the contract, then this kernel."""
         try:
             fn = self._cpu.get(x.dtype) if x.is_cpu else self._cuda.get(x.dtype) if x.is_cuda else None
         except AttributeError:
@@ -214,6 +240,7 @@ class FusedOp(Generic[R]):
         """Drop the bound kernels and forget failures (the settings that found them changed:
         ``refresh()``); a backend that failed is tried again."""
         self._bound.clear()
+        self._kernels.clear()
         self._failed.clear()
         self.invalidate()
 
@@ -297,6 +324,7 @@ class FusedOp(Generic[R]):
                 # e.g. a failed JIT compile: remember it, reselect, let the policy speak
                 self._failed[sel.chosen] = exc.detail
                 self._bound.pop((sel.chosen, _native_device(x)), None)
+                self._kernels.pop((sel.chosen, _native_device(x)), None)
                 self.invalidate()
                 continue
             break
@@ -312,14 +340,19 @@ class FusedOp(Generic[R]):
                     sel.fallback_from.backend if sel.fallback_from else None,
                 )
             )
-        elif not self._predicates and (x.is_cpu or x.is_cuda) and _dispatch_state.cacheable(gen):
-            self._remember(x, fn, backend)
+        elif (
+            not self._predicates
+            and (x.is_cpu or x.is_cuda)
+            and (sel.chosen, _native_device(x)) in self._kernels
+            and _dispatch_state.cacheable(gen)
+        ):
+            self._remember(x, self._kernels[(sel.chosen, _native_device(x))], backend)
             if not _dispatch_state.cacheable(gen):  # raced with use_backends: drop it
                 self.invalidate()
         return result
 
-    def _remember(self, x: torch.Tensor, fn: Callable[..., R], backend: Any) -> None:
-        """Cache ``fn`` for calls like this one (default: per dtype, per size side where the op
+    def _remember(self, x: torch.Tensor, fn: Callable[..., Any], backend: Any) -> None:
+        """Cache the kernel ``fn`` for calls like this one (default: per dtype, per size side where the op
         has size classes; forced: per ``backend`` value)."""
         if backend is not None:
             key = tuple(backend) if isinstance(backend, list) else backend
@@ -381,32 +414,38 @@ class FusedOp(Generic[R]):
         if compiled and decl.has_out:
             rest = ", ".join(p.name for p in decl.params if p.name != "out")
             body += [
-                "    if COMPILING():",
+                f"    if {_COMPILING}:",
                 "        if out is None:",
                 f"            return LIB[{decl.short_name!r}]({rest})",
                 f"        LIB[{decl.short_name + '_out'!r}](out, {rest})",
                 "        return out",
             ]
         elif compiled:
-            body += ["    if COMPILING():", f"        return LIB[{decl.short_name!r}]({names})"]
+            body += [f"    if {_COMPILING}:", f"        return LIB[{decl.short_name!r}]({names})"]
         lookup = f"CPU[{key}.dtype] if {key}.is_cpu else CUDA[{key}.dtype] if {key}.is_cuda else None"
         if self._sized:
             lookup = (
                 f"CPU[{key}.dtype][{key}.numel() >= CPU_T] if {key}.is_cpu else "
                 f"CUDA[{key}.dtype][{key}.numel() >= CUDA_T] if {key}.is_cuda else None"
             )
+        contract, scope = _contract(decl)
         body += [
             "    try:",
-            f"        FN = ({lookup}) if backend is None else "
+            f"        KERNEL = ({lookup}) if backend is None else "
             f"FORCED[backend, {key}.is_cpu, {key}.dtype] if {key}.is_cpu or {key}.is_cuda else None",
             "    except (KeyError, TypeError, AttributeError):",
-            "        FN = None",
-            "    if FN is not None:",
-            f"        return FN({names})",
-            f"    return DISPATCH(({names},), {{}}, backend)",
+            "        KERNEL = None",
+            "    if KERNEL is None:",
+            f"        return DISPATCH(({names},), {{}}, backend)",
+            # the hot path: the bound backend's body inlined (one frame less than calling it)
+            *contract,
+            "    KERNEL(*KARGS)",
+            "    return RESULT",
         ]
-        scope: dict[str, Any] = {
+        scope |= {
             "COMPILING": _compiling,
+            "DYNAMO": getattr(torch.compiler, "is_dynamo_compiling", None),
+            "COMPILER": torch.compiler,
             "LIB": self._library,
             "CPU": self._cpu,
             "CUDA": self._cuda,

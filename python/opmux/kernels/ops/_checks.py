@@ -17,6 +17,7 @@ else:
     from ._torch import torch
 
 FLOATS = ("float32", "float16", "bfloat16")
+_FLOAT_DTYPES: tuple[Any, ...] = ()  # the torch dtypes, filled at the first check (torch loads lazily)
 
 
 def _dt(dtype: Any) -> str:
@@ -30,7 +31,11 @@ def tensor(op: str, name: str, t: object) -> torch.Tensor:
 
 
 def float_dtype(op: str, name: str, t: torch.Tensor) -> None:
-    if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    global _FLOAT_DTYPES
+    if t.dtype in _FLOAT_DTYPES:
+        return
+    _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+    if t.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}; supported: {', '.join(FLOATS)}")
 
 
@@ -46,6 +51,16 @@ def exact_dtype(op: str, name: str, t: torch.Tensor, dtype: torch.dtype) -> None
     """``t`` has exactly ``dtype`` (index tensors, scales)."""
     if t.dtype != dtype:
         raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}, expected {_dt(dtype)}")
+
+
+def like(op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor) -> None:
+    """``t`` has ``ref``'s dtype and device (same messages as ``same_dtype`` / ``same_device``)."""
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}, expected {_dt(ref.dtype)} like {ref_name}")
+    if t.device != ref.device:
+        raise ValueError(
+            f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device"
+        )
 
 
 def same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
@@ -78,7 +93,7 @@ def rows(op: str, name: str, t: torch.Tensor, hidden: int) -> torch.Tensor:
 
 def vector(op: str, name: str, t: torch.Tensor, n: int, what: str) -> None:
     """``t`` is a dense [n] vector (weights: kernels read n consecutive elements)."""
-    if t.dim() != 1 or t.shape[0] != n:
+    if t.shape != (n,):
         raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected [{n}] ({what})")
     if n > 1 and t.stride(0) != 1:
         raise ValueError(

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["decls", "exports", "instance"]
 
+#: op name -> its live op (FusedOp registers itself here)
 _INSTANCES: dict[str, FusedOp[Any]] = {}
 
 
@@ -37,7 +38,7 @@ def instance(decl: Decl) -> FusedOp[Any]:
     if op is None:
         from ..fused_op import FusedOp  # imports torch: only when an op is first used
 
-        op = _INSTANCES[decl.name] = FusedOp(decl)
+        op = FusedOp(decl)
     return op
 
 

@@ -34,8 +34,7 @@ def check(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[tu
         _checks.tensor(op, "out", out)
         if tuple(out.shape) != (*x.shape[:-1], d):
             raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {(*x.shape[:-1], d)}")
-        _checks.same_dtype(op, "x", x, out=out)
-        _checks.same_device(op, "x", x, out=out)
+        _checks.like(op, "x", x, "out", out)
     return (_checks.rows(op, "out", out, d), _checks.rows(op, "x", x, 2 * d)), out
 
 

@@ -23,38 +23,44 @@ Kernel = tuple[tuple[Any, ...], Any]
 
 
 # -- the contract ---------------------------------------------------------------------------
-def check_norm(
-    op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None
-) -> Kernel:
+def _x_weight(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
     _checks.tensor(op, "x", x)
     _checks.tensor(op, "weight", weight)
     _checks.float_dtype(op, "x", x)
-    hidden = x.shape[-1] if x.dim() else 0
+    hidden: int = x.shape[-1] if x.dim() else 0
     _checks.vector(op, "weight", weight, hidden, "x's last dim")
-    _checks.same_dtype(op, "x", x, weight=weight)
-    _checks.same_device(op, "x", x, weight=weight)
+    _checks.like(op, "x", x, "weight", weight)
     _checks.positive_float(op, "eps", eps)
+    return hidden
+
+
+def check_norm(
+    op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None
+) -> Kernel:
+    hidden = _x_weight(op, x, weight, eps)
+    x2 = _checks.rows(op, "x", x, hidden)
     if out is None:
         out = torch.empty_like(x)
+        o2 = out if x2 is x else out.view(x2.shape)  # empty_like(x) is dense in x's dim order
     else:
         _checks.tensor(op, "out", out)
         if out.shape != x.shape:
             raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {tuple(x.shape)} like x")
-        _checks.same_dtype(op, "x", x, out=out)
-        _checks.same_device(op, "x", x, out=out)
-    return (_checks.rows(op, "out", out, hidden), _checks.rows(op, "x", x, hidden), weight, float(eps)), out
+        _checks.like(op, "x", x, "out", out)
+        o2 = _checks.rows(op, "out", out, hidden)
+    return (o2, x2, weight, float(eps)), out
 
 
 def check_add(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> Kernel:
+    hidden = _x_weight(op, x, weight, eps)
     _checks.tensor(op, "residual", residual)
-    (_, x2, _, eps), _ = check_norm(op, x, weight, eps, x)
     if residual.shape != x.shape:
         raise ValueError(
             f"{op}: residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x"
         )
-    _checks.same_dtype(op, "x", x, residual=residual)
-    _checks.same_device(op, "x", x, residual=residual)
-    return (x2, _checks.rows(op, "residual", residual, x.shape[-1]), weight, eps), None
+    _checks.like(op, "x", x, "residual", residual)
+    rows = _checks.rows
+    return (rows(op, "x", x, hidden), rows(op, "residual", residual, hidden), weight, float(eps)), None
 
 
 def check_qk_norm(
