@@ -16,13 +16,14 @@ from .._decl import Decl, declare
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     from .._torch import torch
 
 Act = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
-def check(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[tuple[Any, ...], torch.Tensor]:
+def check(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Tensor]:
     _checks.tensor(op, "x", x)
     _checks.float_dtype(op, "x", x)
     if x.dim() < 1 or x.shape[-1] % 2:
@@ -38,7 +39,7 @@ def check(op: str, x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[tu
     return (_checks.rows(op, "out", out, d), _checks.rows(op, "x", x, 2 * d)), out
 
 
-def _gated(act: Act, x: torch.Tensor, fp32: bool) -> torch.Tensor:
+def _gated(act: Act, x: Tensor, fp32: bool) -> Tensor:
     d = x.shape[-1] // 2
     xf = x.float() if fp32 and x.dtype != torch.float64 else x
     return (act(xf[..., :d]) * xf[..., d:]).to(x.dtype)
@@ -46,25 +47,25 @@ def _gated(act: Act, x: torch.Tensor, fp32: bool) -> torch.Tensor:
 
 # The references use tail-accurate forms: 1 + erf(x / sqrt 2) and 1 + tanh(z) cancel for
 # negative gates (F.gelu's fp32 CPU path is off by ~1e-5 there), erfc and sigmoid do not.
-def _silu(x: torch.Tensor) -> torch.Tensor:
+def _silu(x: Tensor) -> Tensor:
     return torch.nn.functional.silu(x)
 
 
-def _gelu(x: torch.Tensor) -> torch.Tensor:
+def _gelu(x: Tensor) -> Tensor:
     return 0.5 * x * torch.erfc(x * -math.sqrt(0.5))
 
 
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+def _gelu_tanh(x: Tensor) -> Tensor:
     # 0.5 * (1 + tanh(z)) == sigmoid(2z)
     return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
 
 
-def reference(x: torch.Tensor, out: torch.Tensor | None = None, *, act: Act) -> torch.Tensor:
+def reference(x: Tensor, out: Tensor | None = None, *, act: Act) -> Tensor:
     y = _gated(act, x, fp32=True)
     return y if out is None else out.copy_(y)
 
 
-def torch_gated(out: torch.Tensor, x: torch.Tensor, *, approximate: str | None) -> None:
+def torch_gated(out: Tensor, x: Tensor, *, approximate: str | None) -> None:
     F = torch.nn.functional
     act = F.silu if approximate is None else partial(F.gelu, approximate=approximate)
     out.copy_(_gated(act, x, fp32=False))
@@ -72,7 +73,7 @@ def torch_gated(out: torch.Tensor, x: torch.Tensor, *, approximate: str | None) 
 
 # torch's own gelu ignores `approximate` on NPU (always tanh); npu_gelu honours it. npu_geglu
 # is not used: which half it activates differs across torch_npu releases.
-def npu_gated(out: torch.Tensor, x: torch.Tensor, *, approximate: str | None) -> None:
+def npu_gated(out: Tensor, x: Tensor, *, approximate: str | None) -> None:
     import torch_npu  # vendor library, present only on Ascend hosts
 
     if approximate is None:

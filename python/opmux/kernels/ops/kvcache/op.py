@@ -20,13 +20,14 @@ from .._decl import declare
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     from .._torch import torch
 
 _OP = "kvcache.reshape_and_cache"
 
 
-def _check_slots(slot_mapping: torch.Tensor, num_slots: int) -> None:
+def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
     if slot_mapping.is_cpu and slot_mapping.numel():
         bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
         if bad.numel():
@@ -38,12 +39,7 @@ def _check_slots(slot_mapping: torch.Tensor, num_slots: int) -> None:
 
 
 def check(
-    op: str,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    op: str, key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
 ) -> tuple[tuple[Any, ...], None]:
     for name, arg in (
         ("key", key),
@@ -95,22 +91,12 @@ def check(
     return (key, value, key_cache, value_cache, slot_mapping), None
 
 
-def values(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
+def values(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor) -> None:
     _check_slots(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
 
 
 def reference(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
 ) -> None:
     nb, bs = key_cache.shape[:2]
     _check_slots(slot_mapping.cpu(), nb * bs)
@@ -121,11 +107,7 @@ def reference(
 
 
 def torch_write(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
 ) -> None:
     nb, bs = key_cache.shape[:2]
     keep = (slot_mapping >= 0) & (slot_mapping < nb * bs)  # CUDA: skip bad slots (CPU raised)

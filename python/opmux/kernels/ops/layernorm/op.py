@@ -16,6 +16,7 @@ from .._decl import Decl, declare
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     from .._torch import torch
 
@@ -23,7 +24,7 @@ Kernel = tuple[tuple[Any, ...], Any]
 
 
 # -- the contract ---------------------------------------------------------------------------
-def _x_weight(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> int:
+def _x_weight(op: str, x: Tensor, weight: Tensor, eps: float) -> int:
     _checks.tensor(op, "x", x)
     _checks.tensor(op, "weight", weight)
     _checks.float_dtype(op, "x", x)
@@ -34,9 +35,7 @@ def _x_weight(op: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> int
     return hidden
 
 
-def check_norm(
-    op: str, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None
-) -> Kernel:
+def check_norm(op: str, x: Tensor, weight: Tensor, eps: float, out: Tensor | None) -> Kernel:
     hidden = _x_weight(op, x, weight, eps)
     x2 = _checks.rows(op, "x", x, hidden)
     if out is None:
@@ -51,7 +50,7 @@ def check_norm(
     return (o2, x2, weight, float(eps)), out
 
 
-def check_add(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> Kernel:
+def check_add(op: str, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Kernel:
     hidden = _x_weight(op, x, weight, eps)
     _checks.tensor(op, "residual", residual)
     if residual.shape != x.shape:
@@ -63,9 +62,7 @@ def check_add(op: str, x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     return (rows(op, "x", x, hidden), rows(op, "residual", residual, hidden), weight, float(eps)), None
 
 
-def check_qk_norm(
-    op: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
-) -> Kernel:
+def check_qk_norm(op: str, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> Kernel:
     """q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views; weights dense [D]."""
     for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
         _checks.tensor(op, name, t)
@@ -83,7 +80,7 @@ def check_qk_norm(
     _checks.vector(op, "q_weight", q_weight, d, "head_dim")
     _checks.vector(op, "k_weight", k_weight, d, "head_dim")
 
-    def view(name: str, t: torch.Tensor) -> torch.Tensor:
+    def view(name: str, t: Tensor) -> Tensor:
         heads = t.shape[-2]
         tokens = t.numel() // (heads * d) if heads * d else t.shape[:-2].numel()
         return _checks.heads(op, name, t, tokens, heads, d)
@@ -92,79 +89,69 @@ def check_qk_norm(
 
 
 # -- the reference (fp32 math; also run in float64 as the parity oracle) ---------------------
-def _ref(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+def _ref(x: Tensor, weight: Tensor, eps: float, gemma: bool) -> Tensor:
     xf = x.float() if x.dtype != torch.float64 else x
     w = weight.to(xf.dtype) + 1.0 if gemma else weight.to(xf.dtype)
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
 
 
 def ref_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None, *, gemma: bool
-) -> torch.Tensor:
+    x: Tensor, weight: Tensor, eps: float = 1e-6, out: Tensor | None = None, *, gemma: bool
+) -> Tensor:
     y = _ref(x, weight, eps, gemma)
     return y if out is None else out.copy_(y)
 
 
-def ref_add(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, gemma: bool
-) -> None:
+def ref_add(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, *, gemma: bool) -> None:
     residual.copy_(
         (x.to(torch.float64 if x.dtype == torch.float64 else torch.float32) + residual).to(residual.dtype)
     )
     x.copy_(_ref(residual, weight, eps, gemma))
 
 
-def ref_qk_norm(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float = 1e-6
-) -> None:
+def ref_qk_norm(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float = 1e-6) -> None:
     q.copy_(_ref(q, q_weight, eps, False))
     k.copy_(_ref(k, k_weight, eps, False))
 
 
 # -- the torch backends (kernel arguments) ---------------------------------------------------
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+def _norm(x: Tensor, weight: Tensor, eps: float, gemma: bool) -> Tensor:
     w = weight.float() + 1.0 if gemma else weight.float()
     return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
 
 
-def torch_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool) -> None:
+def torch_norm(out: Tensor, x: Tensor, weight: Tensor, eps: float, *, gemma: bool) -> None:
     out.copy_(_norm(x, weight, eps, gemma))
 
 
-def torch_add(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool
-) -> None:
+def torch_add(x: Tensor, residual: Tensor, weight: Tensor, eps: float, *, gemma: bool) -> None:
     residual.add_(x)
     x.copy_(_norm(residual, weight, eps, gemma))
 
 
-def torch_qk_norm(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
-) -> None:
+def torch_qk_norm(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> None:
     q.copy_(_norm(q, q_weight, eps, False))
     k.copy_(_norm(k, k_weight, eps, False))
 
 
 # torch_npu: npu_rms_norm takes gamma in x's dtype, so the Gemma ops (1 + w, kept in fp32)
 # have no torch_npu backend.
-def _npu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _npu(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     import torch_npu  # vendor library, present only on Ascend hosts
 
     return torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]  # type: ignore[no-any-return]
 
 
-def npu_rmsnorm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def npu_rmsnorm(out: Tensor, x: Tensor, weight: Tensor, eps: float) -> None:
     out.copy_(_npu(x, weight, eps))
 
 
-def npu_fused_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def npu_fused_add(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
     residual.add_(x)
     x.copy_(_npu(residual, weight, eps))
 
 
-def npu_qk_norm(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float
-) -> None:
+def npu_qk_norm(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> None:
     q.copy_(_npu(q, q_weight, eps))
     k.copy_(_npu(k, k_weight, eps))
 

@@ -24,6 +24,7 @@ from .._decl import declare
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     from .._torch import torch
 
@@ -31,7 +32,7 @@ _TK = "moe.topk_softmax"
 _AL = "moe.moe_align_block_size"
 
 
-def check_topk(op: str, g: torch.Tensor, topk: int, renormalize: bool = False) -> tuple[tuple[Any, ...], Any]:
+def check_topk(op: str, g: Tensor, topk: int, renormalize: bool = False) -> tuple[tuple[Any, ...], Any]:
     _checks.tensor(_TK, "gating_output", g)
     _checks.float_dtype(_TK, "gating_output", g)
     if g.dim() != 2 or g.shape[1] == 0:
@@ -48,7 +49,7 @@ def check_topk(op: str, g: torch.Tensor, topk: int, renormalize: bool = False) -
     return (w, ids, g, renormalize), (w, ids)
 
 
-def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
+def _check_ids_range(ids: Tensor, num_experts: int) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu and ids.numel():
         bad = ((ids < 0) | (ids >= num_experts)).nonzero()
@@ -60,7 +61,7 @@ def _check_ids_range(ids: torch.Tensor, num_experts: int) -> None:
             )
 
 
-def check_align(op: str, ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[tuple[Any, ...], Any]:
+def check_align(op: str, ids: Tensor, block_size: int, num_experts: int) -> tuple[tuple[Any, ...], Any]:
     """-> ((sorted_token_ids, expert_ids, num_tokens_post_padded, ids, block_size, num_experts),
     the three outputs), outputs uninitialised."""
     _checks.tensor(_AL, "topk_ids", ids)
@@ -88,13 +89,11 @@ def check_align(op: str, ids: torch.Tensor, block_size: int, num_experts: int) -
     return (*out, ids, bs, e), out
 
 
-def values_align(ids: torch.Tensor, block_size: int, num_experts: int) -> None:
+def values_align(ids: Tensor, block_size: int, num_experts: int) -> None:
     _check_ids_range(ids, num_experts)
 
 
-def ref_topk(
-    gating_output: torch.Tensor, topk: int, renormalize: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+def ref_topk(gating_output: Tensor, topk: int, renormalize: bool = False) -> tuple[Tensor, Tensor]:
     g = gating_output.float()
     probs = torch.softmax(g, dim=-1)
     # stable descending sort: equal logits keep index order, so the lower id wins
@@ -105,7 +104,7 @@ def ref_topk(
     return w, ids.to(torch.int32)
 
 
-def torch_topk(w: torch.Tensor, ids: torch.Tensor, gating_output: torch.Tensor, renormalize: bool) -> None:
+def torch_topk(w: Tensor, ids: Tensor, gating_output: Tensor, renormalize: bool) -> None:
     g = gating_output.float()
     # stable argsort: logit order, equal logits by lower index
     order = torch.argsort(g, dim=-1, descending=True, stable=True)[:, : w.shape[1]]
@@ -117,9 +116,7 @@ def torch_topk(w: torch.Tensor, ids: torch.Tensor, gating_output: torch.Tensor, 
     ids.copy_(order)
 
 
-def ref_align(
-    topk_ids: torch.Tensor, block_size: int, num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ref_align(topk_ids: Tensor, block_size: int, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     flat = topk_ids.flatten()
     n = flat.numel()
     if n and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
@@ -140,12 +137,7 @@ def ref_align(
 
 
 def torch_align(
-    sorted_ids: torch.Tensor,
-    expert_ids: torch.Tensor,
-    post: torch.Tensor,
-    topk_ids: torch.Tensor,
-    block_size: int,
-    num_experts: int,
+    sorted_ids: Tensor, expert_ids: Tensor, post: Tensor, topk_ids: Tensor, block_size: int, num_experts: int
 ) -> None:
     flat = topk_ids.flatten().long()
     n, e, bs = flat.numel(), num_experts, block_size

@@ -21,6 +21,7 @@ from .._decl import declare
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     from .._torch import torch
 
@@ -31,15 +32,15 @@ FP8_MAX = 448.0
 #: smallest per-token scale (vLLM's MIN_SCALING_FACTOR): keeps 1/scale finite for zero rows
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 
-_NO_UB: dict[torch.device, torch.Tensor] = {}
+_NO_UB: dict[torch.device, Tensor] = {}
 
 
-def _to_fp8(y: torch.Tensor) -> torch.Tensor:
+def _to_fp8(y: Tensor) -> Tensor:
     """fp32 -> e4m3fn, round to nearest even, saturating (torch's cast maps >= 480 to NaN)."""
     return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
-def _hidden(op: str, x: torch.Tensor) -> int:
+def _hidden(op: str, x: Tensor) -> int:
     _checks.tensor(op, "x", x)
     _checks.float_dtype(op, "x", x)
     if x.dim() < 1 or x.shape[-1] == 0:
@@ -47,9 +48,7 @@ def _hidden(op: str, x: torch.Tensor) -> int:
     return int(x.shape[-1])
 
 
-def check_per_token(
-    op: str, x: torch.Tensor, scale_ub: torch.Tensor | None = None
-) -> tuple[tuple[Any, ...], Any]:
+def check_per_token(op: str, x: Tensor, scale_ub: Tensor | None = None) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], scales2 [T], x2 [T, H], scale_ub or an empty tensor), (q, scales))."""
     h = _hidden(_PT, x)
     if scale_ub is not None:
@@ -71,7 +70,7 @@ def check_per_token(
 
 
 def check_group(
-    op: str, x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
+    op: str, x: Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], scales2 [T, G] (strided when column-major), x2 [T, H], group_size,
     eps), (q, scales))."""
@@ -90,7 +89,7 @@ def check_group(
     return (q.view(torch.uint8).view(-1, h), s2, x2, gs, eps), (q, s2.view(*x.shape[:-1], g))
 
 
-def ref_per_token(x: torch.Tensor, scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ref_per_token(x: Tensor, scale_ub: Tensor | None = None) -> tuple[Tensor, Tensor]:
     xf = x.float()
     amax = xf.abs().amax(-1, keepdim=True)
     if scale_ub is not None:
@@ -99,7 +98,7 @@ def ref_per_token(x: torch.Tensor, scale_ub: torch.Tensor | None = None) -> tupl
     return _to_fp8(xf * scale.reciprocal()), scale
 
 
-def torch_per_token(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, ub: torch.Tensor) -> None:
+def torch_per_token(q: Tensor, s: Tensor, x: Tensor, ub: Tensor) -> None:
     xf = x.float()
     amax = torch.linalg.vector_norm(xf, float("inf"), dim=-1, keepdim=True)  # exact max |x|
     if ub.numel():
@@ -110,8 +109,8 @@ def torch_per_token(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, ub: torch
 
 
 def ref_group(
-    x: torch.Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: Tensor, group_size: int = 128, eps: float = 1e-10, column_major_scales: bool = False
+) -> tuple[Tensor, Tensor]:
     h = x.shape[-1]
     xg = x.float().reshape(*x.shape[:-1], h // group_size, group_size)
     scale = xg.abs().amax(-1, keepdim=True).clamp(min=eps) / FP8_MAX
@@ -122,7 +121,7 @@ def ref_group(
     return q, scale
 
 
-def torch_group(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, group_size: int, eps: float) -> None:
+def torch_group(q: Tensor, s: Tensor, x: Tensor, group_size: int, eps: float) -> None:
     xg = x.float().reshape(x.shape[0], x.shape[1] // group_size, group_size)
     amax = torch.linalg.vector_norm(xg, float("inf"), dim=-1, keepdim=True)
     scale = torch.clamp_min(amax, eps) / FP8_MAX

@@ -17,6 +17,7 @@ from .._decl import declare
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 else:
     from .._torch import torch
 
@@ -24,7 +25,7 @@ _OP = "rope.rotary_embedding"
 Views = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
 
 
-def _num_heads(name: str, t: torch.Tensor, lead: int, head_size: int) -> int:
+def _num_heads(name: str, t: Tensor, lead: int, head_size: int) -> int:
     rest = tuple(t.shape[lead:])
     if len(rest) == 1 and rest[0] % head_size == 0:
         return rest[0] // head_size
@@ -36,13 +37,7 @@ def _num_heads(name: str, t: torch.Tensor, lead: int, head_size: int) -> int:
     )
 
 
-def _views(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-) -> Views:
+def _views(positions: Tensor, query: Tensor, key: Tensor, head_size: int, cos_sin_cache: Tensor) -> Views:
     """positions as [T], query / key as [T, H, head_size] views (no dtype checks: the float64
     oracle goes through here too)."""
     _checks.positive_int(_OP, "head_size", head_size)
@@ -80,11 +75,11 @@ def _views(
 
 def check(
     op: str,
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor,
     head_size: int,
-    cos_sin_cache: torch.Tensor,
+    cos_sin_cache: Tensor,
     is_neox: bool = True,
 ) -> tuple[tuple[Any, ...], None]:
     for name, t in (
@@ -109,19 +104,14 @@ def check(
 
 
 def values(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool = True,
+    positions: Tensor, query: Tensor, key: Tensor, head_size: int, cos_sin_cache: Tensor, is_neox: bool = True
 ) -> None:
     """Positions on the CPU are checked on the host (an accelerator's would cost a sync)."""
     if positions.is_cpu:
         _check_positions(positions.reshape(-1), cos_sin_cache.shape[0])
 
 
-def _check_positions(positions: torch.Tensor, max_pos: int) -> None:
+def _check_positions(positions: Tensor, max_pos: int) -> None:
     """Host check (positions on the CPU): ValueError naming the first out-of-range position."""
     if positions.numel() == 0:
         return
@@ -135,7 +125,7 @@ def _check_positions(positions: torch.Tensor, max_pos: int) -> None:
         )
 
 
-def _rotate(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool) -> None:
+def _rotate(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> None:
     """The math, in fp32, for [T] positions and [T, H, D] views. Positions on an accelerator
     are clamped and their tokens poisoned with NaN; on the CPU they are checked first."""
     max_pos = cache.shape[0]
@@ -160,25 +150,18 @@ def _rotate(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Te
 
 
 def reference(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox: bool = True,
+    positions: Tensor, query: Tensor, key: Tensor, head_size: int, cos_sin_cache: Tensor, is_neox: bool = True
 ) -> None:
     pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
     _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
     _rotate(pos, q, k, cos_sin_cache, is_neox)
 
 
-def torch_rope(
-    pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool
-) -> None:
+def torch_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> None:
     _rotate(pos, q, k, cache, is_neox)
 
 
-def npu_rope(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool) -> None:
+def npu_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> None:
     head_size = q.shape[-1]
     if cache.shape[1] != head_size:  # partial rotary: not what the vendor op does
         _rotate(pos, q, k, cache, is_neox)
