@@ -12,9 +12,11 @@ on fresh copies of one input set:
 * every opmux backend this machine accepts for the call (``backend=`` forced: ``jit``, ``aot``,
   the ``torch`` reference), and the public call with no override (``default``).
 
-Triton runs in its interpreter on CPU and is not timed. Each candidate runs ``reps`` calls per
-round, ``--rounds`` rounds; a candidate's figure is its best round (the machine is shared, so a
-round another process disturbs is only ever slower), with the median beside it. The run starts
+Triton runs in its interpreter on CPU and is not timed. Every cell is set up first (inputs,
+compiled graph, warm-up); then ``--rounds`` rounds each time every cell once, each candidate for
+about ``--ms`` milliseconds of calls, candidates in a shuffled order. A cell's rounds are thereby
+spread over the whole run, and a candidate's figure is its best round (the machine is shared, so a
+busy spell only ever makes a round slower), with the median beside it in the JSON. The run starts
 and ends with a memory bandwidth probe (a large ``copy_``), so a memory-bound case can be judged
 against what the machine moves in the same run.
 """
@@ -25,10 +27,12 @@ import argparse
 import importlib
 import json
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -96,63 +100,78 @@ def _backends(case: bc.OpCase, p: Any, k: Any) -> tuple[str, list[str]]:
     return sel.chosen, names
 
 
-def bench_cell(case: bc.OpCase, fn: Any, dtype: torch.dtype, t: int, rounds: int) -> dict[str, Any]:
-    shape = bc.Shape(t, case.shapes[0].dims)
-    raw = case.make(shape, bc._gen("cpu", 1234), "cpu")
-    base = _cast(case.op, raw, dtype)
-    nbytes = case.nbytes(shape) * _tensor_bytes(base) / max(1, _tensor_bytes(raw))
-    sets = [bc.clone_args(base) for _ in range(3)]
-    p0, k0 = case.callargs(base)
-    chosen, names = _backends(case, p0, k0)
+def _fresh(fn: Any) -> Any:
+    """``fn`` with a code object of its own: torch.compile caches per code object, so each cell's
+    compiled graph is the only entry its guards check (no recompile chain across cells)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
-    def opmux(backend: str | None) -> Any:
-        def call(a: Any) -> Any:
-            p, k = case.callargs(a)
-            return fn(*p, **k) if backend is None else fn(*p, backend=backend, **k)
 
-        return call
+class Cell:
+    """One (op, dtype, T): its inputs, its candidates (compiled and warm), its samples."""
 
-    torch._dynamo.reset()
-    compiled = torch.compile(case.eager, dynamic=False)
-    impls: dict[str, Any] = {
-        "eager": lambda a: case.eager(*a),
-        "compile": lambda a: compiled(*a),
-        "default": opmux(None),
-    }
-    impls.update({b: opmux(b) for b in names})
-    for f in impls.values():  # warm up: compile / load, allocator
-        f(bc.clone_args(base))
-        f(bc.clone_args(base))
-    once = min(_time(impls["eager"], sets, 1) for _ in range(3))
-    reps = int(min(1000, max(1, 5000 / max(once, 1.0))))  # ~5 ms per candidate and round
-    samples: dict[str, list[float]] = {k: [] for k in impls}
-    for _ in range(rounds):
-        for name, f in impls.items():
-            samples[name].append(_time(f, sets, reps))
-    best = {k: min(v) for k, v in samples.items()}
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    return {
-        "op": case.op,
-        "shape": shape.label,
-        "T": t,
-        "dtype": str(dtype).removeprefix("torch."),
-        "chosen": chosen,
-        "best_us": {k: round(v, 2) for k, v in best.items()},
-        "median_us": {k: round(v, 2) for k, v in med.items()},
-        "bytes": int(nbytes),
-        "default_gbs": round(nbytes / (best["default"] * 1e-6) / 1e9, 1),
-        "compile_gbs": round(nbytes / (best["compile"] * 1e-6) / 1e9, 1),
-        "default/compile": round(best["default"] / best["compile"], 2),
-        "default/eager": round(best["default"] / best["eager"], 2),
-    }
+    def __init__(self, case: bc.OpCase, fn: Any, dtype: torch.dtype, t: int, ms: float) -> None:
+        self.case, self.dtype, self.shape = case, dtype, bc.Shape(t, case.shapes[0].dims)
+        raw = case.make(self.shape, bc._gen("cpu", 1234), "cpu")
+        base = _cast(case.op, raw, dtype)
+        self.nbytes = case.nbytes(self.shape) * _tensor_bytes(base) / max(1, _tensor_bytes(raw))
+        self.sets = [bc.clone_args(base) for _ in range(2 if case.mutates else 1)]
+        p0, k0 = case.callargs(base)
+        self.chosen, names = _backends(case, p0, k0)
+
+        def opmux(backend: str | None) -> Any:
+            def call(a: Any) -> Any:
+                p, k = case.callargs(a)
+                return fn(*p, **k) if backend is None else fn(*p, backend=backend, **k)
+
+            return call
+
+        compiled = torch.compile(_fresh(case.eager), dynamic=False)
+        self.impls: dict[str, Any] = {
+            "eager": lambda a: case.eager(*a),
+            "compile": lambda a: compiled(*a),
+            "default": opmux(None),
+        }
+        self.impls.update({b: opmux(b) for b in names})
+        for f in self.impls.values():  # warm up: compile / load, allocator
+            f(bc.clone_args(base))
+            f(self.sets[0])
+        once = min(_time(self.impls["default"], self.sets, 1) for _ in range(3))
+        self.reps = int(min(1000, max(1, ms * 1e3 / max(once, 1.0))))
+        self.samples: dict[str, list[float]] = {k: [] for k in self.impls}
+
+    def round(self, rng: random.Random) -> None:
+        order = list(self.impls.items())
+        rng.shuffle(order)
+        for name, f in order:
+            self.samples[name].append(_time(f, self.sets, self.reps))
+
+    def row(self) -> dict[str, Any]:
+        best = {k: min(v) for k, v in self.samples.items()}
+        med = {k: statistics.median(v) for k, v in self.samples.items()}
+        return {
+            "op": self.case.op,
+            "shape": self.shape.label,
+            "T": self.shape.T,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "chosen": self.chosen,
+            "reps": self.reps,
+            "best_us": {k: round(v, 2) for k, v in best.items()},
+            "median_us": {k: round(v, 2) for k, v in med.items()},
+            "bytes": int(self.nbytes),
+            "default_gbs": round(self.nbytes / (best["default"] * 1e-6) / 1e9, 1),
+            "compile_gbs": round(self.nbytes / (best["compile"] * 1e-6) / 1e9, 1),
+            "default/compile": round(best["default"] / best["compile"], 2),
+            "default/eager": round(best["default"] / best["eager"], 2),
+        }
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 1024
-    bw0 = bandwidth_gbs(args.threads)
-    rows = []
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     t_start = time.time()
+    bw0 = bandwidth_gbs(args.threads)
+    cells: list[Cell] = []
     for case in bc.cases():
         if args.ops and not any(s in case.op for s in args.ops.split(",")):
             continue
@@ -164,16 +183,24 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             if all(a is b for a, b in zip(_cast(case.op, probe, torch.float16), probe)):
                 dtypes = dtypes[:1]  # no activation tensor (moe_align_block_size): one dtype
             for dn in dtypes:
-                row = bench_cell(case, fn, DTYPES[dn], t, args.rounds)
-                rows.append(row)
-                b = row["best_us"]
-                print(
-                    f"{case.op:34s} {dn:4s} T={t:<5d} "
-                    + " ".join(f"{k} {v:9.2f}" for k, v in b.items())
-                    + f"  default/compile {row['default/compile']:.2f} ({row['chosen']})",
-                    flush=True,
-                )
+                cells.append(Cell(case, fn, DTYPES[dn], t, args.ms))
+    print(f"{len(cells)} cells ready in {time.time() - t_start:.0f} s", flush=True)
+    # Rounds over all cells, so each cell's rounds are spread over the whole run: a busy spell of
+    # the shared machine then costs a cell a few rounds, not all of them.
+    rng = random.Random(0)
+    for i in range(args.rounds):
+        for c in cells:
+            c.round(rng)
+        print(f"round {i + 1}/{args.rounds} at {time.time() - t_start:.0f} s", flush=True)
     bw1 = bandwidth_gbs(args.threads)
+    rows = [c.row() for c in cells]
+    for row in rows:
+        print(
+            f"{row['op']:34s} {row['dtype']:9s} T={row['T']:<5d} "
+            + " ".join(f"{k} {v:9.2f}" for k, v in row["best_us"].items())
+            + f"  default/compile {row['default/compile']:.2f} ({row['chosen']})",
+            flush=True,
+        )
     meta = {
         **cpu_model(),
         "threads": args.threads,
@@ -196,11 +223,13 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
         f"L3 {meta.get('L3 cache', '?')}), {meta['threads']} threads, torch {meta['torch']}, "
         f"Python {meta['python']}; one process, {meta['wall_s']} s.",
         "",
-        "Every candidate is timed in the same process, interleaved: each of "
-        f"{meta['rounds']} rounds runs every candidate in turn (~5 ms of calls each). This machine's "
-        "2 cores are shared with other builds, so the figure is a candidate's best round "
-        "(another process only ever makes a round slower), µs per call; the median round is in "
-        "`cpu.json`. `compile` is `torch.compile` (inductor, static shapes) of the eager function; "
+        "Every candidate is timed in the same process, interleaved: all cells are set up first "
+        f"(inputs, compiled graphs, warm-up), then {meta['rounds']} rounds each time every cell, "
+        "each candidate for ~3 ms of calls in a shuffled order, so a cell's rounds are spread over "
+        "the whole run. This machine's 2 cores are shared with other engineers' builds and tests, "
+        "so the figure is a candidate's best round (another process only ever makes a round "
+        "slower), µs per call; the median round is in `cpu.json`. `compile` is `torch.compile` "
+        "(inductor, static shapes) of the eager function; "
         "`default` is the public call with no override (the backend in brackets). "
         "`÷compile` = default / compile (at most 1: opmux is as fast or faster). "
         "`GB/s` = bytes the call must move / time, against the copy bandwidth measured at the "
@@ -229,10 +258,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=None, help="writes OUT.json and OUT.md")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--ms", type=float, default=3.0, help="milliseconds of calls per candidate and round")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
     ap.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES))
-    ap.add_argument("--big-dtypes", type=lambda s: s.split(","), default=["bf16"], help="dtypes at T >= 4096")
+    ap.add_argument("--big-dtypes", type=lambda s: s.split(","), default=list(DTYPES), help="dtypes at T >= 4096")
     ap.add_argument("--ops", default="", help="comma-separated substrings of op names")
     ap.add_argument("--notes", type=Path, default=None, help="markdown appended to OUT.md")
     args = ap.parse_args()
