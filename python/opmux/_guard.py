@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 __all__ = ["DISTRIBUTIONS", "InstallWarning", "check", "machine_target", "machine_targets", "problems"]
 
@@ -52,6 +51,8 @@ class InstallWarning(UserWarning):
 
 
 def installed() -> list[str]:
+    from importlib import metadata  # ~20 ms: only where a wheel is installed (a tree skips the check)
+
     found = []
     for name in DISTRIBUTIONS.values():
         try:

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from parity_samples import invalid as invalid_samples
+from parity_samples import samples as op_samples
 
 from opmux.kernels import registry
 from opmux.kernels.explain import op_instance
@@ -79,7 +81,7 @@ def test_parity(
         matrix.add(op_name, backend, dtype, "n/a", "dtype not supported")
         pytest.skip(f"{backend} does not support {dtype}")
     op = op_instance(op_name)
-    samples = registry.resolve_target(spec.samples)
+    samples = op_samples(spec)
     tdev, tdtype = _TORCH_DEVICE[device_type], getattr(torch, dtype)
     cases = 0
     try:
@@ -157,7 +159,7 @@ def test_bad_input_is_rejected(op_name: str, backend: str, device_type: str) -> 
     if backend != "default" and device_type not in spec.backend(backend).requires.devices:
         pytest.skip(f"{backend} does not run on {device_type}")
     op = op_instance(op_name)
-    cases = registry.resolve_target(spec.invalid_samples)(_TORCH_DEVICE[device_type])
+    cases = invalid_samples(spec)(_TORCH_DEVICE[device_type])
     assert len(cases) >= 3
     for name, args, kwargs, exc_type, pattern in cases:
         with pytest.raises(exc_type, match=pattern):

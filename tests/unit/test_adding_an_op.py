@@ -59,14 +59,10 @@ def test_the_documented_steps_make_a_working_op(tmp_path: Path) -> None:
         ROOT / "python" / "opmux", pkg / "opmux", ignore=shutil.ignore_patterns("__pycache__", "*.so")
     )
     files = _documented_files()
-    assert set(files) == {
-        "ops/toy/__init__.py",
-        "ops/toy/op.py",
-        "ops/toy/triton_kernels.py",
-        "ops/toy/samples.py",
-    }
+    samples = "tests/parity/samples/toy.py"
+    assert set(files) == {"ops/toy/__init__.py", "ops/toy/op.py", "ops/toy/triton_kernels.py", samples}
     for rel, text in files.items():
-        path = pkg / "opmux" / "kernels" / rel
+        path = tmp_path / "samples" / "toy.py" if rel == samples else pkg / "opmux" / "kernels" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     env = {
@@ -75,6 +71,7 @@ def test_the_documented_steps_make_a_working_op(tmp_path: Path) -> None:
         "TRITON_INTERPRET": "1",
         "OPMUX_CACHE_DIR": str(tmp_path / "c"),
     }
+    env["OPMUX_PARITY_SAMPLES"] = str(tmp_path / "samples")
     env.pop("OPMUX_KERNEL_BACKEND", None)
     run = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0 and "toy ok" in run.stdout, run.stdout + run.stderr

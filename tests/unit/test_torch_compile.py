@@ -8,6 +8,8 @@ proves the real compiler path).
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opmux.kernels import registry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))  # the parity cases
+from parity_samples import samples as op_samples
 
 OPS = sorted(registry.all_ops())
 
@@ -37,7 +42,7 @@ def _outputs(result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list
 def test_fullgraph_matches_eager(op: str) -> None:
     spec = registry.get(op)
     fn = _public(op)
-    samples = registry.resolve_target(spec.samples)
+    samples = op_samples(spec)
     for i in range(2):
         eager_s, comp_s = samples("cpu", torch.float32)[i], samples("cpu", torch.float32)[i]
         torch._dynamo.reset()
@@ -108,7 +113,7 @@ class _RecordOpmuxOps(TorchDispatchMode):
 def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.library.opcheck on the library op(s) each public function uses while compiling."""
     spec = registry.get(op)
-    samples = registry.resolve_target(spec.samples)("cpu", torch.float32)
+    samples = op_samples(spec)("cpu", torch.float32)
     fn = _public(op)
     # take the torch.compile path, eagerly (the public function is generated: its globals
     # hold what it calls)

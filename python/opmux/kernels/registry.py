@@ -118,10 +118,6 @@ def _targets() -> Iterable[tuple[str, str, str]]:
             yield name, backend.name, backend.target
             if backend.requires.predicate:
                 yield name, f"{backend.name}.predicate", backend.requires.predicate
-        for kind in ("samples", "invalid_samples"):
-            value = getattr(spec, kind)
-            if value:
-                yield name, kind, value
 
 
 def verify_targets(*, import_modules: bool = True) -> list[TargetProblem]:

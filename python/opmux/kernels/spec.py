@@ -116,8 +116,9 @@ class OpSpec:
 
     ``priority`` maps a platform device type to backend names, best first; a device
     type missing from it uses ``default_priority``. ``tolerances`` maps a dtype to
-    ``(atol, rtol)`` against the reference. ``samples`` is an import target of a
-    function ``(device: str, dtype) -> list[Sample]`` used by the parity harness.
+    ``(atol, rtol)`` against the reference. ``samples`` names the op's parity cases,
+    ``<group>:<prefix>``: test data, kept with the tests (``tests/parity/samples/<group>.py``
+    defines ``<prefix>_samples(device, dtype)`` and ``<prefix>_invalid(device)``), not shipped.
     """
 
     name: str
@@ -127,7 +128,6 @@ class OpSpec:
     priority: tuple[tuple[str, tuple[str, ...]], ...] = ()
     tolerances: tuple[tuple[str, tuple[float, float]], ...] = ()
     samples: str | None = None
-    invalid_samples: str | None = None
     mutates: tuple[str, ...] = ()
     doc: str = ""
     #: (device type, min elements of the key tensor, priority): from that size on, this

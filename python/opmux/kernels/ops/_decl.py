@@ -15,7 +15,7 @@ follow, without further code per op:
 * the torch library op ``opmux::<name>`` with its fake (``check`` on fake tensors), plus
   ``opmux::<name>_out`` when the op takes an optional ``out``;
 * the public function with its hot path (``fused_op.FusedOp``), and the parity cases
-  ``<package>.samples:<samples>_samples`` / ``_invalid``.
+  ``<samples>_samples`` / ``<samples>_invalid`` of ``tests/parity/samples/<group>.py``.
 """
 
 from __future__ import annotations
@@ -154,7 +154,6 @@ def declare(
         backends = [replace(b, requires=replace(b.requires, dtypes=dtypes)) for b in backends]
     names = {b.name for b in backends}
     priority = tuple((dev, tuple(b for b in order if b in names)) for dev, order in PRIORITY)
-    sample_fn = f"{package}.samples:{samples or short}"
     spec = OpSpec(
         name=name,
         reference=_target(reference),
@@ -162,8 +161,7 @@ def declare(
         default_priority=("torch",) if "torch" in names else (),
         priority=priority,
         tolerances=tolerances,
-        samples=f"{sample_fn}_samples",
-        invalid_samples=f"{sample_fn}_invalid",
+        samples=f"{name.partition('.')[0]}:{samples or short}",
         mutates=tuple(p.name for p in params if p.written),
         doc=doc,
         size_priority=size_priority,

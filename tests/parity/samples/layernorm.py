@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import Sample
+from opmux.kernels.ops._common import Sample
 
 _SHAPES = (
     ("1-token", (1, 64)),

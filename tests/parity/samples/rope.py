@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._common import Sample
+from opmux.kernels.ops._common import Sample
 
 Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import Sample
+from opmux.kernels.ops._common import Sample
 
 Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]
 
