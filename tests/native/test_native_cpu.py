@@ -22,6 +22,7 @@ PROBE = r"""
 #include <tvm/ffi/function.h>
 #include "opmux/common.h"
 #include "opmux/cpu_types.h"
+#include "opmux/cpu_vec.h"
 using namespace opmux;
 void to_half(tvm::ffi::TensorView out, tvm::ffi::TensorView in) {
   for (int64_t i = 0; i < in.numel(); ++i)
@@ -35,6 +36,11 @@ void from_half(tvm::ffi::TensorView out, tvm::ffi::TensorView in) {
   for (int64_t i = 0; i < in.numel(); ++i)
     data_ptr<float>(out)[i] = cpu::half_to_float(data_ptr<uint16_t>(in)[i]);
 }
+// The thread count a CPU kernel would take for a call (opmux/cpu_vec.h).
+int64_t threads_for(int64_t bytes, int64_t min_bytes, int64_t items) {
+  return cpu::threads_for(bytes, min_bytes, items);
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(threads_for, threads_for);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(to_half, to_half);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(to_bf16, to_bf16);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(from_half, from_half);
@@ -101,6 +107,27 @@ def silu_and_mul_ref(x):
 def _close(a, b, dtype):
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol)
+
+
+def test_threads_follow_torch(libs):
+    """A kernel's thread count is torch's intra-op pool size (the library shares torch's OpenMP
+    runtime, so torch.set_num_threads reaches it), one thread below the byte cut-over, and never
+    more threads than items."""
+    threads_for = libs["probe"]["threads_for"]
+    maps = Path("/proc/self/maps")
+    if maps.exists():  # one OpenMP runtime in the process: torch's, which the kernels use too
+        names = {ln.split()[-1] for ln in maps.read_text().splitlines() if len(ln.split()) >= 6}
+        runtimes = {p for p in names if Path(p).name.startswith(("libgomp", "libiomp", "libomp"))}
+        assert len(runtimes) == 1, runtimes
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert threads_for(1 << 20, 1 << 16, 1000) == n
+            assert threads_for(1 << 15, 1 << 16, 1000) == 1  # below the cut-over
+            assert threads_for(1 << 20, 1 << 16, 2) == min(n, 2)  # no more threads than items
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_exports(libs):
