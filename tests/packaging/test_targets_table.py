@@ -15,6 +15,7 @@ def test_repo_table_is_valid():
     assert next(iter(table)) == "cuda" and table["cuda"].default
     assert {t.distribution for t in table.values()} == {
         "opmux",
+        "opmux-cu12",
         "opmux-cpu",
         "opmux-rocm",
         "opmux-xpu",
@@ -24,6 +25,8 @@ def test_repo_table_is_valid():
     assert table["cpu"].aot.filenames == ("libopmux_aot_cpu.so",)
     assert table["cuda"].aot.compiler_for("cpu") == "cxx"
     assert "sm_90a" in table["cuda"].aot.archs
+    assert (table["cuda"].cuda_major, table["cuda12"].cuda_major, table["cpu"].cuda_major) == (13, 12, None)
+    assert table["cuda"].image("aarch64") == "quay.io/pypa/manylinux_2_28_aarch64"
 
 
 def test_unknown_key_is_rejected():
@@ -35,7 +38,7 @@ def test_unknown_key_is_rejected():
 
 
 def test_unknown_aot_key_is_rejected():
-    text = GOOD.replace('ptx = "compute_90" }', 'ptx = "compute_90", cubin = true }')
+    text = GOOD.replace('toolkit = "13.0" }', 'toolkit = "13.0", cubin = true }')
     with pytest.raises(
         targets.TargetTableError, match=r"\[targets\.cuda\]\.aot: unknown key\(s\) \['cubin'\]"
     ):
@@ -72,6 +75,9 @@ def test_duplicate_distribution_is_rejected():
         ('triton = "interpreter"', 'triton = "maybe"', r"triton = 'maybe' is not one of"),
         ('"sm_90a",', '"hopper",', r"arch 'hopper' is not like"),
         ('default = "cuda"', 'default = "tpu"', r"default = 'tpu' is not a target"),
+        ('toolkit = "13.0"', 'toolkit = ""', r"an nvcc target names its CUDA release"),
+        ('driver = "580"', 'driver = "R580"', r"an nvcc target names its driver branch"),
+        ('machines = ["x86_64", "aarch64"]', 'machines = ["riscv64"]', r"must be a non-empty subset of"),
         ("wheel_size_mb = 5\n", 'wheel_size_mb = "5"\n', r"wheel_size_mb = '5' must be of type int/float"),
         (
             'pyproject = "pyproject_cpu.toml"',

@@ -31,6 +31,9 @@ def _synthetic_wheel(root: Path, tmp_path: Path, target: targets.Target, *, drop
         "archs": list(target.aot.archs) if [x for x in target.aot.libraries if x != "cpu"] else [],
         "aot": list(target.aot.filenames),
         "aot_missing": {},
+        "cuda": {"toolkit": target.aot.toolkit, "driver": target.driver, "older": []}
+        if "cuda" in target.aot.libraries
+        else None,
     }
     di = f"{dist}-{version}.dist-info"
     files = {f: b"" for f in wheel_check.expected_package_files(root)}
