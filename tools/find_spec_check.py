@@ -25,6 +25,15 @@ __all__ = ["includes_of", "main", "module_sources"]
 INCLUDE = re.compile(r'^\s*#\s*include\s*"(opmux/[^"]+)"', re.M)
 
 
+_MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def _missing_dependency(problem: str) -> bool:
+    """Whether ``problem`` is an import of a module outside opmux that is not installed."""
+    m = _MISSING.search(problem)
+    return m is not None and m.group(1).split(".")[0] != "opmux"
+
+
 def includes_of(
     source: Path, include_dir: Path, seen: set[Path] | None = None
 ) -> tuple[set[Path], list[str]]:
@@ -83,6 +92,13 @@ def main() -> int:
         failures.append(f"verify_targets() raised {type(exc).__name__}: {exc}")
     else:
         problems = [r for r in (result or []) if r] if not isinstance(result, (bool, int)) else []
+        # A backend module that is in the wheel (find_spec found it) but imports an optional
+        # dependency this venv lacks (triton, torch_npu) is not a packaging fault: say so, and
+        # leave its attribute chain to an environment that has the dependency (parity-<target>).
+        optional = [p for p in problems if _missing_dependency(str(p))]
+        for p in optional:
+            print(f"find-spec note: {p} (not a wheel fault: an optional dependency is absent here)")
+        problems = [p for p in problems if p not in optional]
         failures += [f"verify_targets(): {p}" for p in problems]
         if isinstance(result, bool) and not result:
             failures.append("verify_targets() returned False")

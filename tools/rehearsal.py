@@ -212,7 +212,10 @@ def install_by_name(venv: Path, index: _index.LocalIndex, dist: str, version: st
 def installed_checks(
     vpy: Path, project: Path, target: _targets.Target, *, parity: bool, matrix: Path | None
 ) -> None:
-    """import-smoke and find-spec on what pip installed; parity where the device is here."""
+    """import-smoke and find-spec on what pip installed; parity where the device is here (its
+    dependencies, Triton among them, installed first so find-spec resolves the Triton targets)."""
+    if parity:
+        _run([str(vpy), "-m", "pip", "install", "-q", *PARITY_DEPS], step=f"{target.name}: parity deps")
     with tempfile.TemporaryDirectory(prefix="opmux-installed-") as tmp:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["HOME"] = tmp
@@ -225,7 +228,6 @@ def installed_checks(
             )
         if not parity:
             return
-        _run([str(vpy), "-m", "pip", "install", "-q", *PARITY_DEPS], step=f"{target.name}: parity deps")
         if target.triton == "interpreter":
             env["TRITON_INTERPRET"] = "1"
         cmd = [str(vpy), "-m", "pytest", str(project / "tests" / "parity"), "--target", target.name, "-q",
