@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 import os
 import platform as _pyplatform
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# parity_samples.py and samples/ sit beside this file; --import-mode=importlib (nox parity-<target>,
+# the rehearsal, the H200 runs) does not put the test directory on sys.path by itself.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @dataclass
