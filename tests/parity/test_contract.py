@@ -120,6 +120,9 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         ("group-quant-eps-zero", pg, lambda: ((_r(4, 256, dev=dev),), {"eps": 0.0})),
         ("group-size-not-dividing", pg, lambda: ((_r(4, 200, dev=dev),), {"group_size": 128})),
         ("topk-above-experts", tk, lambda: ((x(), 20), {})),
+        ("topk-nan-row", tk, lambda: ((_nan_rows(x()), 3), {})),
+        ("topk-nan-renormalize", tk, lambda: ((_nan_rows(x()), 3, True), {})),
+        ("topk-one-nan", tk, lambda: (lambda t: (t.__setitem__((2, 5), float("nan")), ((t, 3), {}))[1])(x())),
         ("topk-zero", tk, lambda: ((x(), 0), {})),
         ("topk-requires-grad", tk, lambda: ((x().requires_grad_(), 2), {})),
         (

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..spec import BackendSpec, OpSpec
 from ._common import AOT, JIT, PRIORITY, TOLERANCES, TORCH, TORCH_NPU, TRITON
 
-__all__ = ["NATIVE_TARGETS", "Decl", "Param", "declare", "parse_signature"]
+__all__ = ["NATIVE_TARGETS", "Decl", "Param", "declare", "parse_signature", "variant"]
 
 #: where the two loaders of the native backend live (``_native.AOT`` / ``_native.JIT``)
 NATIVE_TARGETS = {"aot": "opmux.kernels.ops._native:AOT", "jit": "opmux.kernels.ops._native:JIT"}
@@ -95,6 +95,8 @@ class Decl:
     values: Callable[..., None] | None
     python_backends: tuple[tuple[str, Callable[..., None]], ...]
     key_arg: int
+    #: the arguments ``declare`` was given (for ``variant``)
+    declared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -166,4 +168,30 @@ def declare(
         doc=doc,
         size_priority=size_priority,
     )
-    return Decl(spec, params, returns, check, reference, values, python, key_arg)
+    declared = {k: v for k, v in locals().items() if k in _DECLARE_ARGS}
+    return Decl(spec, params, returns, check, reference, values, python, key_arg, declared)
+
+
+def variant(of: Decl, name: str, *, doc: str, **changes: Any) -> Decl:
+    """Another op declared like ``of`` but for ``changes`` (e.g. the Gemma variant of rmsnorm:
+    another reference and torch backend, the same contract and kernel arguments)."""
+    return declare(
+        name, **{**of.declared, "doc": doc, "samples": of.declared["samples"] or of.short_name, **changes}
+    )
+
+
+_DECLARE_ARGS = (
+    "signature",
+    "check",
+    "reference",
+    "values",
+    "torch",
+    "torch_npu",
+    "native",
+    "triton",
+    "dtypes",
+    "tolerances",
+    "size_priority",
+    "samples",
+    "key_arg",
+)

@@ -26,7 +26,8 @@ OPMUX_CPU_INLINE float max_f(float a, float b) { return a < b ? b : a; }  // std
 // keeping the k best (logit, index) pairs sorted, best first; an entry only displaces strictly
 // smaller logits, so of equal logits the lower index ranks first (the k-pass "first index of
 // the largest untaken logit" order, -inf included). A row with a NaN takes the plain k-pass
-// scalar scan, which keeps the original tie / NaN behaviour.
+// scalar scan, in which NaN ranks above every number (as torch.sort has it) and the weights are
+// NaN (the softmax of a NaN row), like the reference.
 template <typename T>
 OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t experts, int64_t k,
                                bool renormalize, float* x, float* e, char* taken) {
@@ -66,8 +67,9 @@ OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t exp
     for (int64_t i = 0; i < experts; ++i) taken[i] = 0;
     for (int64_t j = 0; j < k; ++j) {
       int64_t best = -1;
-      for (int64_t i = 0; i < experts; ++i)  // strict '>' keeps the lower index on ties
-        if (!taken[i] && (best < 0 || x[i] > x[best])) best = i;
+      for (int64_t i = 0; i < experts; ++i)  // strict: the lower index first on ties; NaN ranks
+        if (!taken[i] && (best < 0 || x[i] > x[best] || (x[i] != x[i] && x[best] == x[best])))  // first
+          best = i;
       taken[best] = 1;
       const float p = e[best] / sum;
       w[j] = p;

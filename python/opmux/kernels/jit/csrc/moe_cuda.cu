@@ -46,13 +46,27 @@ struct TopkParams {
   bool renormalize;
 };
 
-// (v, i) ranks before (bv, bi): higher logit, or equal logit and lower index.
+// Order-preserving map of a float to uint32 (a > b  <=>  key(a) > key(b)); -0 is folded into +0
+// so that equal logits compare equal and tie on the index, as in the reference.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  uint32_t u = __float_as_uint(v);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFFFFFFu;  // any NaN ranks first, as torch.sort does
+  if (u == 0x80000000u) u = 0u;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float order_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// (v, i) ranks before (bv, bi): higher logit (NaN above all), or equal logit and lower index.
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-  return bi == INT_MAX || v > bv || (v == bv && i < bi);
+  const uint32_t a = order_key(v), b = order_key(bv);
+  return bi == INT_MAX || a > b || (a == b && i < bi);
 }
 // (v, i) comes strictly after the previous selection (pv, pi) in that order.
 __device__ __forceinline__ bool after(float v, int i, float pv, int pi) {
-  return pi < 0 || v < pv || (v == pv && i > pi);
+  const uint32_t a = order_key(v), b = order_key(pv);
+  return pi < 0 || a < b || (a == b && i > pi);
 }
 
 __device__ __forceinline__ void warp_best(float& bv, int& bi) {
@@ -68,17 +82,6 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
   return v;
-}
-
-// Order-preserving map of a float to uint32 (a > b  <=>  key(a) > key(b)); -0 is folded into +0
-// so that equal logits compare equal and tie on the index, as in the reference.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  uint32_t u = __float_as_uint(v);
-  if (u == 0x80000000u) u = 0u;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float order_value(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
 // Row in registers: lane l holds experts l + 32 i, i < VPT (E <= 32 * VPT).

@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
-from .._decl import Decl, declare
+from .._decl import declare, variant
 
 if TYPE_CHECKING:
     import torch
@@ -82,29 +82,29 @@ def npu_gated(out: Tensor, x: Tensor, *, approximate: str | None) -> None:
         out.copy_(_gated(partial(torch_npu.npu_gelu, approximate=approximate), x, fp32=False))
 
 
-def _gated_op(name: str, doc: str, act: Act, approximate: str | None, **kw: Any) -> Decl:
-    return declare(
-        f"activation.{name}",
-        "(Tensor x, Tensor(a!)? out=None) -> Tensor",
-        doc=doc,
-        check=check,
-        reference=partial(reference, act=act),
-        torch=partial(torch_gated, approximate=approximate),
-        torch_npu=partial(npu_gated, approximate=approximate),
-        **kw,
-    )
-
-
-silu_and_mul = _gated_op(
-    "silu_and_mul", "x: [..., 2d] -> silu(x[..., :d]) * x[..., d:], in fp32", _silu, None
+silu_and_mul = declare(
+    "activation.silu_and_mul",
+    "(Tensor x, Tensor(a!)? out=None) -> Tensor",
+    doc="x: [..., 2d] -> silu(x[..., :d]) * x[..., d:], in fp32",
+    check=check,
+    reference=partial(reference, act=_silu),
+    torch=partial(torch_gated, approximate=None),
+    torch_npu=partial(npu_gated, approximate=None),
 )
-gelu_and_mul = _gated_op(
-    "gelu_and_mul", "x: [..., 2d] -> gelu(x[..., :d]) * x[..., d:] (exact erf gelu), in fp32", _gelu, "none"
-)
-gelu_tanh_and_mul = _gated_op(
-    "gelu_tanh_and_mul",
-    "x: [..., 2d] -> gelu_tanh(x[..., :d]) * x[..., d:] (tanh approximation), in fp32",
-    _gelu_tanh,
-    "tanh",
+gelu_and_mul = variant(
+    silu_and_mul,
+    "activation.gelu_and_mul",
+    doc="x: [..., 2d] -> gelu(x[..., :d]) * x[..., d:] (exact erf gelu), in fp32",
+    reference=partial(reference, act=_gelu),
+    torch=partial(torch_gated, approximate="none"),
+    torch_npu=partial(npu_gated, approximate="none"),
     samples="gelu_and_mul",
+)
+gelu_tanh_and_mul = variant(
+    gelu_and_mul,
+    "activation.gelu_tanh_and_mul",
+    doc="x: [..., 2d] -> gelu_tanh(x[..., :d]) * x[..., d:] (tanh approximation), in fp32",
+    reference=partial(reference, act=_gelu_tanh),
+    torch=partial(torch_gated, approximate="tanh"),
+    torch_npu=partial(npu_gated, approximate="tanh"),
 )

@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
-from .._decl import Decl, declare
+from .._decl import declare, variant
 
 if TYPE_CHECKING:
     import torch
@@ -157,52 +157,45 @@ def npu_qk_norm(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: f
 
 
 # -- the declarations ------------------------------------------------------------------------
-def _norm_op(name: str, doc: str, gemma: bool, **kw: Any) -> Decl:
-    return declare(
-        f"layernorm.{name}",
-        "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
-        doc=doc,
-        check=check_norm,
-        reference=partial(ref_norm, gemma=gemma),
-        torch=partial(torch_norm, gemma=gemma),
-        samples="rmsnorm",
-        **kw,
-    )
-
-
-def _add_op(name: str, doc: str, gemma: bool, **kw: Any) -> Decl:
-    return declare(
-        f"layernorm.{name}",
-        "(Tensor(a!) x, Tensor(a!) residual, Tensor weight, float eps=1e-06) -> ()",
-        doc=doc,
-        check=check_add,
-        reference=partial(ref_add, gemma=gemma),
-        torch=partial(torch_add, gemma=gemma),
-        samples="fused_add_rmsnorm",
-        **kw,
-    )
-
-
 # torch_npu: npu_rms_norm takes gamma in x's dtype, so the Gemma ops (1 + w, kept in fp32) have
 # no torch_npu backend.
-rmsnorm = _norm_op(
-    "rmsnorm",
-    "y = x * rsqrt(mean(x^2) + eps) * weight over the last dim, in fp32",
-    False,
+rmsnorm = declare(
+    "layernorm.rmsnorm",
+    "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
+    doc="y = x * rsqrt(mean(x^2) + eps) * weight over the last dim, in fp32",
+    check=check_norm,
+    reference=partial(ref_norm, gemma=False),
+    torch=partial(torch_norm, gemma=False),
     torch_npu=npu_rmsnorm,
 )
-gemma_rmsnorm = _norm_op("gemma_rmsnorm", "y = x * rsqrt(mean(x^2) + eps) * (1 + weight), all in fp32", True)
-fused_add_rmsnorm = _add_op(
-    "fused_add_rmsnorm",
-    "in place: residual += x; x = rmsnorm(residual, weight, eps)",
-    False,
+gemma_rmsnorm = variant(
+    rmsnorm,
+    "layernorm.gemma_rmsnorm",
+    doc="y = x * rsqrt(mean(x^2) + eps) * (1 + weight) over the last dim, all in fp32",
+    reference=partial(ref_norm, gemma=True),
+    torch=partial(torch_norm, gemma=True),
+    torch_npu=None,
+)
+fused_add_rmsnorm = declare(
+    "layernorm.fused_add_rmsnorm",
+    "(Tensor(a!) x, Tensor(a!) residual, Tensor weight, float eps=1e-06) -> ()",
+    doc="in place: residual += x; x = rmsnorm(residual, weight, eps)",
+    check=check_add,
+    reference=partial(ref_add, gemma=False),
+    torch=partial(torch_add, gemma=False),
     torch_npu=npu_fused_add,
     # measured on the H200 (docs/benchmarks/h200.md): from ~32M elements (e.g. 4096 tokens x
     # 8192) the Triton kernel moves bytes faster than the C++ one
     size_priority=(("cuda", 1 << 25, ("triton", "aot", "jit", "torch")),),
 )
-gemma_fused_add_rmsnorm = _add_op(
-    "gemma_fused_add_rmsnorm", "in place: residual += x; x = gemma_rmsnorm(residual, weight, eps)", True
+gemma_fused_add_rmsnorm = variant(
+    fused_add_rmsnorm,
+    "layernorm.gemma_fused_add_rmsnorm",
+    doc="in place: residual += x; x = gemma_rmsnorm(residual, weight, eps)",
+    reference=partial(ref_add, gemma=True),
+    torch=partial(torch_add, gemma=True),
+    torch_npu=None,
+    size_priority=(),
 )
 qk_norm = declare(
     "layernorm.qk_norm",

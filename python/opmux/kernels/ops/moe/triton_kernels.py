@@ -18,12 +18,15 @@ def _topk_softmax(G, W, IDS, sg, E, K, RENORM: tl.constexpr, BLOCK: tl.constexpr
     ex = tl.where(inb, tl.exp(x - m), 0.0)
     inv_sum = tl.math.div_rn(1.0, tl.sum(ex, axis=0))
     avail = inb
+    nan = x != x  # NaN ranks above every logit (as torch.sort has it); its row's weights are NaN
     wk = tl.zeros([KBLOCK], dtype=tl.float32)
     ik = tl.zeros([KBLOCK], dtype=tl.int32)
     for j in range(K):
-        best = tl.max(tl.where(avail, x, float("-inf")), axis=0)
-        # lowest available index holding the best logit (ties -> lower expert id)
-        idx = tl.min(tl.where(avail & (x == best), cols, BLOCK), axis=0)
+        best = tl.max(tl.where(avail & ~nan, x, float("-inf")), axis=0)
+        # lowest available index holding the best logit (ties -> lower expert id), NaNs first
+        idx = tl.min(tl.where(avail & ~nan & (x == best), cols, BLOCK), axis=0)
+        nan_idx = tl.min(tl.where(avail & nan, cols, BLOCK), axis=0)
+        idx = tl.where(nan_idx < BLOCK, nan_idx, idx)
         w = tl.sum(tl.where(cols == idx, ex, 0.0), axis=0) * inv_sum
         wk = tl.where(kcols == j, w, wk)
         ik = tl.where(kcols == j, idx, ik)
