@@ -17,7 +17,8 @@ else:
     from ._torch import torch
 
 FLOATS = ("float32", "float16", "bfloat16")
-_FLOAT_DTYPES: tuple[Any, ...] = ()  # the torch dtypes, filled at the first check (torch loads lazily)
+#: the torch dtypes of FLOATS, filled at the first check (torch loads lazily)
+FLOAT_DTYPES: tuple[Any, ...] = ()
 
 
 def _dt(dtype: Any) -> str:
@@ -31,11 +32,11 @@ def tensor(op: str, name: str, t: object) -> torch.Tensor:
 
 
 def float_dtype(op: str, name: str, t: torch.Tensor) -> None:
-    global _FLOAT_DTYPES
-    if t.dtype in _FLOAT_DTYPES:
+    global FLOAT_DTYPES
+    if t.dtype in FLOAT_DTYPES:
         return
-    _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-    if t.dtype not in _FLOAT_DTYPES:
+    FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+    if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}; supported: {', '.join(FLOATS)}")
 
 

@@ -29,6 +29,9 @@ _OP = "kvcache.reshape_and_cache"
 
 def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
     if slot_mapping.is_cpu and slot_mapping.numel():
+        lo, hi = torch.aminmax(slot_mapping)  # one pass; the rest only when something is wrong
+        if int(lo) >= -1 and int(hi) < num_slots:
+            return
         bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
         if bad.numel():
             t = int(bad[0, 0])

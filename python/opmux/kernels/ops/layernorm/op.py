@@ -8,6 +8,7 @@ unit last stride, weights dense [H], eps > 0. NaN and Inf propagate as in the re
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +26,26 @@ Kernel = tuple[tuple[Any, ...], Any]
 
 # -- the contract ---------------------------------------------------------------------------
 def _x_weight(op: str, x: Tensor, weight: Tensor, eps: float) -> int:
+    try:  # the usual call, in a few reads; anything else takes the full checks (same messages)
+        hidden: int = x.shape[-1]
+        if (
+            x.dtype in _checks.FLOAT_DTYPES
+            and weight.dtype == x.dtype
+            and weight.shape == (hidden,)
+            and (hidden < 2 or weight.stride(0) == 1)
+            and type(eps) is float
+            and 0.0 < eps < math.inf
+            and x.device == weight.device
+            and isinstance(x, torch.Tensor)
+            and isinstance(weight, torch.Tensor)
+        ):
+            return hidden
+    except Exception:  # not tensors, 0-d x, ...: the full checks say what is wrong
+        pass
     _checks.tensor(op, "x", x)
     _checks.tensor(op, "weight", weight)
     _checks.float_dtype(op, "x", x)
-    hidden: int = x.shape[-1] if x.dim() else 0
+    hidden = x.shape[-1] if x.dim() else 0
     _checks.vector(op, "weight", weight, hidden, "x's last dim")
     _checks.like(op, "x", x, "weight", weight)
     _checks.positive_float(op, "eps", eps)

@@ -52,6 +52,9 @@ def check_topk(op: str, g: Tensor, topk: int, renormalize: bool = False) -> tupl
 def _check_ids_range(ids: Tensor, num_experts: int) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu and ids.numel():
+        lo, hi = torch.aminmax(ids)  # one pass; the rest only when something is wrong
+        if int(lo) >= 0 and int(hi) < num_experts:
+            return
         bad = ((ids < 0) | (ids >= num_experts)).nonzero()
         if bad.numel():
             where = tuple(bad[0].tolist())
