@@ -166,7 +166,6 @@ class FusedOp(Generic[R]):
         # backend -> per-call predicate target; ops with any are never fast-path cached
         self._predicates = {b.name: b.requires.predicate for b in self.spec.backends if b.requires.predicate}
         self._predicate_fns: dict[str, Callable[..., str | None]] = {}
-        self._sized = bool(self.spec.size_priority)
         self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
         self._library: dict[str, Any] = {}
         self._eager = self._make_public(compiled=False)
@@ -226,8 +225,9 @@ class FusedOp(Generic[R]):
             fn = self._cpu.get(x.dtype) if x.is_cpu else self._cuda.get(x.dtype) if x.is_cuda else None
         except AttributeError:
             return None
-        if fn is not None and self._sized:
-            fn = fn[x.numel() >= (self._thresholds["cpu" if x.is_cpu else "cuda"] or 1 << 62)]
+        threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
+        if fn is not None and threshold:
+            fn = fn[x.numel() >= threshold]
         return fn
 
     def invalidate(self) -> None:
@@ -359,15 +359,11 @@ class FusedOp(Generic[R]):
             self._forced[(key, x.is_cpu, x.dtype)] = fn
             return
         cache = self._cpu if x.is_cpu else self._cuda
-        if not self._sized:
+        threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
+        if not threshold:
             cache[x.dtype] = fn
             return
-        threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
-        sides = cache.setdefault(x.dtype, [None, None])
-        if threshold is None:
-            sides[0] = sides[1] = fn
-        else:
-            sides[x.numel() >= threshold] = fn
+        cache.setdefault(x.dtype, [None, None])[x.numel() >= threshold] = fn
 
     # -- generated entry points ----------------------------------------------------------
     def _register_library(self) -> None:
@@ -422,12 +418,12 @@ class FusedOp(Generic[R]):
             ]
         elif compiled:
             body += [f"    if {_COMPILING}:", f"        return LIB[{decl.short_name!r}]({names})"]
-        lookup = f"CPU[{key}.dtype] if {key}.is_cpu else CUDA[{key}.dtype] if {key}.is_cuda else None"
-        if self._sized:
-            lookup = (
-                f"CPU[{key}.dtype][{key}.numel() >= CPU_T] if {key}.is_cpu else "
-                f"CUDA[{key}.dtype][{key}.numel() >= CUDA_T] if {key}.is_cuda else None"
-            )
+        # a device with a size rule keeps a (small, large) pair per dtype; the others one kernel
+        cpu, cuda = (
+            f"{cache}[{key}.dtype]" + (f"[{key}.numel() >= {cache}_T]" if self._thresholds[dev] else "")
+            for cache, dev in (("CPU", "cpu"), ("CUDA", "cuda"))
+        )
+        lookup = f"{cpu} if {key}.is_cpu else {cuda} if {key}.is_cuda else None"
         contract, scope = _contract(decl)
         body += [
             "    try:",
