@@ -74,6 +74,15 @@ def bandwidth_gbs(threads: int, mib: int = 512, rounds: int = 5) -> float:
     return 2 * n * 4 / (best * 1e-6) / 1e9
 
 
+def first_touch_gbs(threads: int, mib: int = 256, rounds: int = 5) -> float:
+    """Best of ``rounds`` writes of a freshly allocated tensor (``torch.empty(...).fill_``), GB/s:
+    the rate at which a call can produce a large new output, page faults included."""
+    torch.set_num_threads(threads)
+    n = mib * 2**20 // 4
+    best = min(_time(lambda _: torch.empty(n, dtype=torch.float32).fill_(1.0), [None], 2) for _ in range(rounds))
+    return n * 4 / (best * 1e-6) / 1e9
+
+
 def cpu_model() -> dict[str, str]:
     info = {"model": platform.processor() or platform.machine(), "flags": ""}
     try:
@@ -114,7 +123,8 @@ class Cell:
         raw = case.make(self.shape, bc._gen("cpu", 1234), "cpu")
         base = _cast(case.op, raw, dtype)
         self.nbytes = case.nbytes(self.shape) * _tensor_bytes(base) / max(1, _tensor_bytes(raw))
-        self.sets = [bc.clone_args(base) for _ in range(2 if case.mutates else 1)]
+        self.base = base
+        self.sets = [bc.clone_args(base)]
         p0, k0 = case.callargs(base)
         self.chosen, names = _backends(case, p0, k0)
 
@@ -137,12 +147,24 @@ class Cell:
             f(self.sets[0])
         once = min(_time(self.impls["default"], self.sets, 1) for _ in range(3))
         self.reps = int(min(1000, max(1, ms * 1e3 / max(once, 1.0))))
+        if case.mutates:
+            # An in-place op applied to its own output many times drifts (qk_norm's repeated
+            # weight scaling reaches subnormals, which are slow everywhere): every round starts
+            # from fresh copies, and each copy takes at most 4 calls a round (within ~256 MiB).
+            per_set = max(1, _tensor_bytes(base))
+            n = min(-(-self.reps // 4), max(1, (256 << 20) // per_set))
+            self.sets = [bc.clone_args(base) for _ in range(n)]
         self.samples: dict[str, list[float]] = {k: [] for k in self.impls}
 
     def round(self, rng: random.Random) -> None:
         order = list(self.impls.items())
         rng.shuffle(order)
         for name, f in order:
+            if self.case.mutates:
+                for st in self.sets:
+                    for a, b in zip(st, self.base):
+                        if isinstance(a, torch.Tensor):
+                            a.copy_(b)
             self.samples[name].append(_time(f, self.sets, self.reps))
 
     def row(self) -> dict[str, Any]:
@@ -171,6 +193,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     torch._dynamo.config.accumulated_recompile_limit = 4096
     t_start = time.time()
     bw0 = bandwidth_gbs(args.threads)
+    ft0 = first_touch_gbs(args.threads)
     cells: list[Cell] = []
     for case in bc.cases():
         if args.ops and not any(s in case.op for s in args.ops.split(",")):
@@ -193,6 +216,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             c.round(rng)
         print(f"round {i + 1}/{args.rounds} at {time.time() - t_start:.0f} s", flush=True)
     bw1 = bandwidth_gbs(args.threads)
+    ft1 = first_touch_gbs(args.threads)
     rows = [c.row() for c in cells]
     for row in rows:
         print(
@@ -208,6 +232,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "python": platform.python_version(),
         "rounds": args.rounds,
         "copy_bandwidth_gbs": [round(bw0, 1), round(bw1, 1)],
+        "first_touch_gbs": [round(ft0, 1), round(ft1, 1)],
         "wall_s": round(time.time() - t_start, 1),
     }
     return rows, meta
@@ -234,7 +259,10 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
         "`÷compile` = default / compile (at most 1: opmux is as fast or faster). "
         "`GB/s` = bytes the call must move / time, against the copy bandwidth measured at the "
         f"start and end of the same run: {meta['copy_bandwidth_gbs'][0]} and "
-        f"{meta['copy_bandwidth_gbs'][1]} GB/s (read + write of a 512 MiB `copy_`).",
+        f"{meta['copy_bandwidth_gbs'][1]} GB/s (read + write of a 512 MiB `copy_`); a freshly "
+        f"allocated output is written at only {meta['first_touch_gbs'][0]} and "
+        f"{meta['first_touch_gbs'][1]} GB/s (`torch.empty(256 MiB).fill_`: page faults), which "
+        "bounds every op that returns a new tensor at T = 4096.",
         "",
         "| op | shape | dtype | eager | compile | default | " + " | ".join(backs) + " | ÷compile | GB/s (of "
         f"{bw}) |",
