@@ -62,7 +62,9 @@ CHECKS: dict[str, str] = {
         import opmux.kernels.ops
         import torch
         bad = sorted(m for m in sys.modules if m.split(".")[0] in ("triton", "tvm_ffi"))
-        maps = [p for p in _maps() if "opmux" in p or "tvm_ffi" in os.path.basename(p)]
+        # by file name: a venv whose path happens to contain "opmux" must not match torch's files
+        maps = [p for p in _maps() if os.path.basename(p).startswith("libopmux") or "tvm_ffi" in os.path.basename(p)
+                or "/opmux/" in p.split("site-packages", 1)[-1]]
         _report(bad=bad, maps=maps, cuda_initialized=bool(torch.cuda.is_initialized()),
                 tasks=_tasks(), threads=threading.active_count(), children=_children())
     """,
