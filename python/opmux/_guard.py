@@ -1,7 +1,7 @@
 """Install-time mistakes caught at import: two opmux wheels at once, or the wrong one.
 
-Cheap on purpose (metadata lookups and device-node checks, no torch): it runs on every
-``import opmux``. Each warning is an ``InstallWarning`` and is given once per process.
+Cheap on purpose (one ``os.scandir`` per ``sys.path`` entry for ``opmux*.dist-info`` folders,
+device-node checks; no importlib.metadata, no torch): it runs on every ``import opmux``. Each warning is an ``InstallWarning`` and is given once per process.
 
 The advice must work when followed. The opmux distributions install the same files (they are
 one package built per platform), so uninstalling one of two removes files the other needs;
@@ -18,6 +18,7 @@ An Intel GPU is often integrated and beside a discrete one, so it only vouches f
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -50,17 +51,32 @@ class InstallWarning(UserWarning):
     """The installed opmux does not fit this machine, or two opmux wheels are installed."""
 
 
-def installed() -> list[str]:
-    from importlib import metadata  # ~20 ms: only where a wheel is installed (a tree skips the check)
+def _normalize(name: str) -> str:
+    """A distribution name as PEP 503 compares it (``opmux_cu12`` -> ``opmux-cu12``)."""
+    return name.lower().replace("_", "-").replace(".", "-")
 
-    found = []
-    for name in DISTRIBUTIONS.values():
+
+def installed(paths: Sequence[str] | None = None) -> list[str]:
+    """The opmux distributions installed on ``paths`` (default ``sys.path``), in
+    ``DISTRIBUTIONS`` order: the ``<name>-<version>.dist-info`` (or ``.egg-info``) folders
+    importlib.metadata would find there, read with one ``os.scandir`` per entry (importing
+    importlib.metadata alone costs ~20 ms)."""
+    wanted = {_normalize(name) for name in DISTRIBUTIONS.values()}
+    seen: set[str] = set()
+    for entry in sys.path if paths is None else paths:
         try:
-            metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        found.append(name)
-    return found
+            with os.scandir(entry or ".") as it:
+                names = [e.name for e in it if e.name[:5].lower() == "opmux" and e.is_dir()]
+        except (OSError, TypeError, ValueError):
+            continue  # not a folder (a zip, a missing path, a non-string entry)
+        for folder in names:
+            stem, dot, suffix = folder.rpartition(".")
+            if not dot or suffix.lower() not in ("dist-info", "egg-info"):
+                continue
+            name = _normalize(stem.partition("-")[0])
+            if name in wanted:
+                seen.add(name)
+    return [name for name in DISTRIBUTIONS.values() if _normalize(name) in seen]
 
 
 def _read(path: str) -> str | None:

@@ -140,3 +140,35 @@ def test_machine_target_precedence():
 def test_source_tree_never_warns(recwarn):
     _guard.check("source")
     assert not recwarn.list
+
+
+def test_installed_scans_dist_info_folders(tmp_path):
+    """installed() finds what importlib.metadata would: <name>-<version>.dist-info (or
+    .egg-info) folders on the path entries, names compared normalized, in DISTRIBUTIONS order."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (
+        a / "opmux_cpu-0.1.0.dist-info",
+        a / "opmux-0.1.0.dist-info",
+        a / "opmux_kernels_extra-1.0.dist-info",  # another project whose name starts alike
+        a / "opmux",  # the package itself
+        b / "Opmux_CU12-0.1.0.dist-info",
+        b / "opmux_cpu-0.1.0.dist-info",  # the same distribution again
+    ):
+        folder.mkdir(parents=True)
+    (b / "opmux_rocm-0.1.0.dist-info").write_text("not a folder")
+    paths = [str(a), str(b), str(tmp_path / "missing"), str(a / "opmux_cpu-0.1.0.dist-info" / "x.zip")]
+    assert _guard.installed(paths) == ["opmux", "opmux-cu12", "opmux-cpu"]
+    assert _guard.installed([str(tmp_path / "missing")]) == []
+
+
+def test_installed_agrees_with_importlib_metadata():
+    from importlib import metadata
+
+    found = []
+    for name in _guard.DISTRIBUTIONS.values():
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    assert _guard.installed() == found
