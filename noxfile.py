@@ -50,6 +50,7 @@ TEST_DEPS = [
     "apache-tvm-ffi>=0.1.15,<0.2",
     "pytest",
     "pyyaml",
+    "ruff",  # tests/unit/test_adding_an_op.py lints the documented example
     *BUILD_TOOLS,
     *INDEX_TOOLS,
 ]
