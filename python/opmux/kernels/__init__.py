@@ -17,6 +17,7 @@ from .explain import explain
 
 if TYPE_CHECKING:
     from ._dispatch_state import refresh, use_backends
+    from ._seeds import clear_cache, get_kernel, select_kernel
     from .errors import BackendUnavailable, FallbackError
     from .registry import all_ops, get, groups, verify_targets
     from .selector import Decision, Facts, Reason, Selection, select
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 _FROM = {
     "refresh": "_dispatch_state",
     "use_backends": "_dispatch_state",
+    "clear_cache": "_seeds",
+    "get_kernel": "_seeds",
+    "select_kernel": "_seeds",
     "BackendUnavailable": "errors",
     "FallbackError": "errors",
     "all_ops": "registry",
@@ -52,11 +56,14 @@ __all__ = [
     "Requirement",
     "Selection",
     "all_ops",
+    "clear_cache",
     "explain",
     "get",
+    "get_kernel",
     "groups",
     "refresh",
     "select",
+    "select_kernel",
     "use_backends",
     "verify_targets",
 ]

@@ -1,0 +1,333 @@
+"""sgl_kernel's names and signatures, running opmux's kernels (docs/compat.md).
+
+``import opmux.compat.sgl_kernel as sgl_kernel`` (or the upstream-test shim) and call as you
+would sgl_kernel: outputs go into the buffers you pass; ``enable_pdl`` is accepted everywhere
+(programmatic dependent launch is a no-op off CUDA and in these kernels today). The conventions
+are sgl_kernel's where they differ from opmux's native API: MoE alignment writes expert id 0 in
+unused blocks (opmux: -1) and fills ``cumsum_buffer``. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opmux.kernels.ops._torch import torch
+
+from . import _direct, _fp8
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "FusedSetKVBufferArg",
+    "apply_rope_with_cos_sin_cache_inplace",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "gemma_fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "moe_align_block_size",
+    "rmsnorm",
+    "rotary_embedding",
+    "sgl_per_tensor_quant_fp8",
+    "sgl_per_token_group_quant_8bit",
+    "sgl_per_token_group_quant_fp8",
+    "sgl_per_token_group_quant_int8",
+    "sgl_per_token_quant_fp8",
+    "silu_and_mul",
+    "topk_softmax",
+]
+
+
+def _ops(group: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"opmux.kernels.ops.{group}")
+
+
+# -- norms ------------------------------------------------------------------------------------
+def rmsnorm(
+    input: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    out: Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> Tensor:
+    """``out = input / RMS(input) * weight``; writes ``out`` when given."""
+    return _ops("layernorm").rmsnorm(input, weight, float(eps), out)  # type: ignore[no-any-return]
+
+
+def fused_add_rmsnorm(
+    input: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, enable_pdl: bool | None = None
+) -> None:
+    """``residual += input; input = residual / RMS(residual) * weight``, in place."""
+    _ops("layernorm").fused_add_rmsnorm(input, residual, weight, float(eps))
+
+
+def gemma_rmsnorm(
+    input: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    out: Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> Tensor:
+    """``out = input / RMS(input) * (1 + weight)``."""
+    return _ops("layernorm").gemma_rmsnorm(input, weight, float(eps), out)  # type: ignore[no-any-return]
+
+
+def gemma_fused_add_rmsnorm(
+    input: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, enable_pdl: bool | None = None
+) -> None:
+    _ops("layernorm").gemma_fused_add_rmsnorm(input, residual, weight, float(eps))
+
+
+# -- activations ------------------------------------------------------------------------------
+def _gated(name: str, input: Tensor, out: Tensor | None) -> Tensor:
+    if input.shape[-1] * input.dtype.itemsize % 16 != 0:  # sgl_kernel's own precondition
+        raise ValueError("The pointers must be multiple of 16 bytes.")
+    if out is not None:  # sgl_kernel asserts these
+        bad = AssertionError
+        _direct.need(input.ndim == out.ndim, f"{input.ndim} != {out.ndim}", bad)
+        _direct.need(input.shape[:-1] == out.shape[:-1], f"{input.shape[:-1]} != {out.shape[:-1]}", bad)
+        _direct.need(input.shape[-1] == 2 * out.shape[-1], f"{input.shape[-1]} != {2 * out.shape[-1]}", bad)
+    return getattr(_ops("activation"), name)(input, out)  # type: ignore[no-any-return]
+
+
+def silu_and_mul(input: Tensor, out: Tensor | None = None) -> Tensor:
+    return _gated("silu_and_mul", input, out)
+
+
+def gelu_and_mul(input: Tensor, out: Tensor | None = None) -> Tensor:
+    return _gated("gelu_and_mul", input, out)
+
+
+def gelu_tanh_and_mul(input: Tensor, out: Tensor | None = None) -> Tensor:
+    return _gated("gelu_tanh_and_mul", input, out)
+
+
+# -- rotary embedding -------------------------------------------------------------------------
+def rotary_embedding(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox: bool = True,
+) -> None:
+    """In place; ``key`` may be None (only ``query`` rotates)."""
+    from ._rope import rope
+
+    rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@dataclass
+class FusedSetKVBufferArg:
+    """sgl_kernel's fused KV write: after rotation, ``k_buffer[cache_loc] = key`` and
+    ``v_buffer[cache_loc] = value`` (rows of ``[*, num_heads * head_size]``)."""
+
+    value: Tensor
+    k_buffer: Tensor
+    v_buffer: Tensor
+    k_scale: float | None
+    v_scale: float | None
+    cache_loc: Tensor
+
+
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox: bool = True,
+    fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
+    enable_pdl: bool | None = None,
+) -> None:
+    """FlashInfer's rope (fp32 math, float32 cache), in place on ``query`` and ``key``."""
+    if cos_sin_cache.dtype != torch.float32:
+        raise ValueError("cos_sin_cache should be float32")
+    a = fused_set_kv_buffer_arg
+    if a is not None:
+        _direct.need(a.k_scale is None, "k_scale is not yet supported")
+        _direct.need(a.v_scale is None, "v_scale is not yet supported")
+        _direct.need(a.cache_loc.dtype == torch.int64, f"a.cache_loc.dtype={a.cache_loc.dtype}")
+    from ._rope import rope
+
+    rope(positions.long(), query, key, head_size, cos_sin_cache, is_neox)
+    if a is not None:
+        loc = a.cache_loc
+        a.k_buffer.view(a.k_buffer.shape[0], -1).index_copy_(0, loc, key.reshape(loc.numel(), -1))
+        a.v_buffer.view(a.v_buffer.shape[0], -1).index_copy_(0, loc, a.value.reshape(loc.numel(), -1))
+
+
+# -- fp8 / int8 quantization ------------------------------------------------------------------
+_PT = "quantization.per_token_quant_fp8"
+_PG = "quantization.per_token_group_quant_fp8"
+
+
+def _rows2(op: str, name: str, t: Tensor, hidden: int) -> Tensor:
+    from opmux.kernels.ops import _checks
+
+    return _checks.rows(op, name, t, hidden)
+
+
+def sgl_per_token_quant_fp8(input: Tensor, output_q: Tensor, output_s: Tensor) -> None:
+    """Per-token dynamic fp8: ``output_s`` ([T] or [T, 1]) and ``output_q``, written in place
+    by opmux's kernel (scale = max(amax / 448, 1 / (448 * 512)), q = x * (1 / scale))."""
+    kargs, _ = _direct.check(_PT, input, None)
+    h = input.shape[-1]
+    _direct.out_like(_PT, "output_q", output_q, tuple(input.shape), torch.float8_e4m3fn, input.device)
+    t = kargs[2].shape[0]
+    _direct.need(output_s.numel() == t, f"{_PT}: output_s has {output_s.numel()} elements, expected {t}")
+    _direct.out_like(_PT, "output_s", output_s, tuple(output_s.shape), torch.float32, input.device)
+    s = output_s.view(t)  # a view (raises when output_s is not viewable as [T])
+    q = _rows2(_PT, "output_q", output_q, h).view(torch.uint8)
+    _direct.kernel(_PT, input)(q, s, *kargs[2:])
+
+
+def _group_scales(op: str, output_s: Tensor, t: int, g: int, device: Any) -> Tensor:
+    _direct.need(
+        output_s.dtype == torch.float32,
+        f"{op}: output_s has dtype {output_s.dtype}, expected float32",
+        TypeError,
+    )
+    _direct.need(output_s.device == device, f"{op}: output_s is on {output_s.device}, expected {device}")
+    _direct.need(
+        output_s.numel() >= t * g and output_s.shape[-1] == g,
+        f"{op}: output_s has shape {tuple(output_s.shape)}, expected [..., {g}] for {t} rows",
+    )
+    s = output_s.reshape(-1, g) if output_s.dim() != 2 else output_s  # row-major, column-major, TMA-aligned
+    _direct.need(s.shape[0] == t, f"{op}: output_s has shape {tuple(output_s.shape)}, expected [{t}, {g}]")
+    _direct.need(min(s.stride()) >= 0, f"{op}: output_s has negative strides {s.stride()}")
+    return s
+
+
+def sgl_per_token_group_quant_fp8(
+    input: Tensor,
+    output_q: Tensor,
+    output_s: Tensor,
+    group_size: int,
+    eps: float,
+    fp8_min: float,
+    fp8_max: float,
+    scale_ue8m0: bool = False,
+) -> None:
+    """Per-token-group dynamic fp8 into ``output_q`` / ``output_s`` (row-major, column-major
+    or TMA-aligned column-major scales: any strides); ``scale_ue8m0`` rounds scales up to
+    powers of two (then q is recomputed against the rounded scales)."""
+    _direct.need(
+        (fp8_min, fp8_max) == (-_fp8.FP8_MAX, _fp8.FP8_MAX),
+        f"{_PG}: fp8_min/fp8_max must be -448/448 (float8_e4m3fn), got {fp8_min}/{fp8_max}",
+    )
+    kargs, _ = _direct.check(_PG, input, group_size, eps, False)
+    h, x2 = input.shape[-1], kargs[2]
+    t, g = x2.shape[0], h // group_size
+    _direct.out_like(_PG, "output_q", output_q, tuple(input.shape), torch.float8_e4m3fn, input.device)
+    s = _group_scales(_PG, output_s, t, g, input.device)
+    q = _rows2(_PG, "output_q", output_q, h)
+    _direct.kernel(_PG, input)(q.view(torch.uint8), s, *kargs[2:])
+    if scale_ue8m0:
+        _fp8.ue8m0(s)
+        _fp8.multiply_into(q.view(t, g, group_size), x2.view(t, g, group_size), s.unsqueeze(-1))
+
+
+def sgl_per_token_group_quant_int8(
+    input: Tensor,
+    output_q: Tensor,
+    output_s: Tensor,
+    group_size: int,
+    eps: float,
+    int8_min: float,
+    int8_max: float,
+) -> None:
+    """Per-token-group int8 (torch composition: opmux has no int8 kernel):
+    ``scale = max(group amax, eps) / int8_max``, ``q = round(x / scale)`` clamped."""
+    op = "sgl_per_token_group_quant_int8"
+    h = input.shape[-1]
+    _direct.need(h % group_size == 0, f"{op}: last dim {h} is not a multiple of group_size {group_size}")
+    _direct.out_like(op, "output_q", output_q, tuple(input.shape), torch.int8, input.device)
+    t, g = input.numel() // h, h // group_size
+    s = _group_scales(op, output_s, t, g, input.device)
+    xg = input.reshape(t, g, group_size).float()
+    scale = xg.abs().amax(-1).clamp_(min=eps) / int8_max
+    s.copy_(scale)
+    q = torch.round(xg / scale.unsqueeze(-1)).clamp_(int8_min, int8_max)
+    output_q.view(t, g, group_size).copy_(q)
+
+
+def sgl_per_token_group_quant_8bit(
+    input: Tensor,
+    output_q: Tensor,
+    output_s: Tensor,
+    group_size: int,
+    eps: float,
+    fp8_min: float,
+    fp8_max: float,
+    scale_ue8m0: bool = False,
+    fuse_silu_and_mul: bool = False,
+    masked_m: Tensor | None = None,
+) -> None:
+    """sgl_kernel's 8-bit group quant: fp8 or int8 by ``output_q``'s dtype."""
+    if fuse_silu_and_mul or masked_m is not None:
+        input = silu_and_mul(input) if fuse_silu_and_mul else input
+        if masked_m is not None:
+            raise NotImplementedError("sgl_per_token_group_quant_8bit: masked_m is not supported by opmux")
+    if output_q.dtype == torch.int8:
+        sgl_per_token_group_quant_int8(input, output_q, output_s, group_size, eps, fp8_min, fp8_max)
+    else:
+        sgl_per_token_group_quant_fp8(
+            input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0
+        )
+
+
+def sgl_per_tensor_quant_fp8(input: Tensor, output_q: Tensor, output_s: Tensor, is_static: bool) -> None:
+    """Per-tensor fp8: with ``is_static`` ``output_s`` holds the scale, else it receives
+    ``amax / 448``; ``q = x * (1 / scale)`` (torch composition: opmux has no per-tensor kernel)."""
+    op = "sgl_per_tensor_quant_fp8"
+    _direct.out_like(op, "output_q", output_q, tuple(input.shape), torch.float8_e4m3fn, input.device)
+    _direct.need(output_s.numel() == 1, f"{op}: output_s must have one element, got {tuple(output_s.shape)}")
+    if not is_static:
+        amax = input.abs().amax().float() if input.numel() else torch.zeros((), device=input.device)
+        output_s.copy_((amax / _fp8.FP8_MAX).reshape(output_s.shape))
+    _fp8.multiply_into(output_q, input, output_s.reshape(()))
+
+
+# -- MoE ----------------------------------------------------------------------------------------
+_TK = "moe.topk_softmax"
+_AL = "moe.moe_align_block_size"
+
+
+def topk_softmax(
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    gating_output: Tensor,
+    renormalize: bool = False,
+    moe_softcapping: float = 0.0,
+    correction_bias: Tensor | None = None,
+) -> None:
+    """Top-k of softmax(gating_output) into ``topk_weights`` (float32) and ``topk_ids``
+    (int32 written in place; int64 through one int32 staging buffer)."""
+    from ._moe import topk
+
+    topk(topk_weights, topk_ids, None, gating_output, renormalize, moe_softcapping, correction_bias)
+
+
+def moe_align_block_size(
+    topk_ids: Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: Tensor,
+    experts_ids: Tensor,
+    num_tokens_post_pad: Tensor,
+    cumsum_buffer: Tensor,
+    pad_sorted_token_ids: bool = False,
+) -> None:
+    """vLLM/sgl layout into the caller's buffers; unused blocks get expert 0 and every unused
+    slot of ``sorted_token_ids`` holds ``topk_ids.numel()``; ``cumsum_buffer[e]`` is expert
+    e's first padded slot (``cumsum_buffer[E]`` the total)."""
+    from ._moe import align
+
+    align(
+        topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad, cumsum_buffer
+    )

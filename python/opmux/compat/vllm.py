@@ -1,0 +1,339 @@
+"""``vllm._custom_ops`` names and signatures (and the ``torch.ops._C`` activations), running
+opmux's kernels (docs/compat.md).
+
+The conventions are vLLM's where they differ from opmux's native API: the gated activations
+round the activation to the input dtype before the product (as vLLM's kernels do, bit for
+bit); dynamic per-token and group fp8 quantization divide by the scale (opmux multiplies by its
+reciprocal), static and per-tensor quantization multiply by the reciprocal (as vLLM does); MoE
+alignment writes expert id 0 in unused blocks; ``topk_softmax`` fills ``token_expert_indices``.
+Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opmux.kernels.ops._torch import torch
+
+from . import _direct, _fp8
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "dynamic_per_token_scaled_fp8_quant",
+    "dynamic_scaled_fp8_quant",
+    "fused_add_rms_norm",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "moe_align_block_size",
+    "per_token_group_quant_fp8",
+    "reshape_and_cache",
+    "reshape_and_cache_flash",
+    "rms_norm",
+    "rotary_embedding",
+    "scaled_fp8_quant",
+    "silu_and_mul",
+    "static_scaled_fp8_quant",
+    "topk_softmax",
+]
+
+_ONES: dict[tuple[Any, ...], Tensor] = {}
+
+
+def _ops(group: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"opmux.kernels.ops.{group}")
+
+
+def _weight(weight: Tensor | None, input: Tensor) -> Tensor:
+    """vLLM accepts ``weight=None`` (no scaling): a cached vector of ones."""
+    if weight is not None:
+        return weight
+    key = (input.shape[-1], input.dtype, input.device)
+    ones = _ONES.get(key)
+    if ones is None:
+        ones = _ONES[key] = torch.ones(input.shape[-1], dtype=input.dtype, device=input.device)
+    return ones
+
+
+# -- norms ------------------------------------------------------------------------------------
+def rms_norm(out: Tensor, input: Tensor, weight: Tensor | None, epsilon: float) -> None:
+    _ops("layernorm").rmsnorm(input, _weight(weight, input), float(epsilon), out)
+
+
+def fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float) -> None:
+    _ops("layernorm").fused_add_rmsnorm(input, residual, _weight(weight, input), float(epsilon))
+
+
+# -- activations (torch.ops._C.<name>(out, input)) --------------------------------------------
+def _gated(name: str, out: Tensor, input: Tensor) -> None:
+    """vLLM computes ``act(x)`` in fp32, rounds it to the input dtype, then multiplies in the
+    input dtype (a second rounding). float32 has nothing to round: opmux's kernel writes
+    ``out``; half types follow vLLM exactly (opmux's kernel rounds once, in fp32)."""
+    if input.dtype == torch.float32:
+        getattr(_ops("activation"), name)(input, out)
+        return
+    d = input.shape[-1] // 2
+    _direct.need(
+        input.shape[-1] == 2 * d and tuple(out.shape) == (*input.shape[:-1], d),
+        f"activation.{name}: out has shape {tuple(out.shape)}, expected {(*input.shape[:-1], d)}",
+    )
+    gate = input[..., :d].float()
+    F = torch.nn.functional
+    act = (
+        F.silu(gate)
+        if name == "silu_and_mul"
+        else F.gelu(gate, approximate="tanh" if "tanh" in name else "none")
+    )
+    torch.mul(act.to(input.dtype), input[..., d:], out=out)
+
+
+def silu_and_mul(out: Tensor, input: Tensor) -> None:
+    _gated("silu_and_mul", out, input)
+
+
+def gelu_and_mul(out: Tensor, input: Tensor) -> None:
+    _gated("gelu_and_mul", out, input)
+
+
+def gelu_tanh_and_mul(out: Tensor, input: Tensor) -> None:
+    _gated("gelu_tanh_and_mul", out, input)
+
+
+# -- rotary embedding -------------------------------------------------------------------------
+def rotary_embedding(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox: bool,
+    rope_dim_offset: int = 0,
+    inverse: bool = False,
+) -> None:
+    """In place on ``query`` and ``key`` (``key=None``: query only)."""
+    if rope_dim_offset or inverse:
+        raise NotImplementedError("rotary_embedding: rope_dim_offset and inverse are not supported by opmux")
+    from ._rope import rope
+
+    rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+# -- fp8 quantization -------------------------------------------------------------------------
+_PT = "quantization.per_token_quant_fp8"
+_PG = "quantization.per_token_group_quant_fp8"
+
+
+def dynamic_per_token_scaled_fp8_quant(
+    out: Tensor, input: Tensor, scales: Tensor, scale_ub: Tensor | None = None
+) -> None:
+    """``scales[t] = max(min(amax_t, ub) / 448, 1 / (448 * 512))`` by opmux's kernel, then
+    ``out = fp8(x / scale)`` (vLLM divides)."""
+    ub = None if scale_ub is None else scale_ub.reshape(1).float()
+    kargs, _ = _direct.check(_PT, input, ub)
+    t = kargs[2].shape[0]
+    _direct.need(
+        out.dtype == torch.float8_e4m3fn,
+        f"{_PT}: out has dtype {out.dtype}, expected float8_e4m3fn",
+        TypeError,
+    )
+    _direct.need(
+        out.shape[-1] == input.shape[-1] and out.numel() // max(out.shape[-1], 1) >= t,
+        f"{_PT}: out has shape {tuple(out.shape)} for input {tuple(input.shape)}",
+    )
+    _direct.need(
+        scales.dtype == torch.float32 and scales.numel() >= t, f"{_PT}: scales must be float32 with {t} rows"
+    )
+    s = scales.reshape(-1)[:t]
+    q = out.reshape(-1, input.shape[-1])[:t]
+    _direct.kernel(_PT, input)(q.view(torch.uint8), s, *kargs[2:])  # into the caller's buffers
+    _fp8.divide_into(q, kargs[2], s.unsqueeze(-1))
+
+
+def dynamic_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
+    """Per-tensor: ``scale = amax / 448`` (written), ``out = fp8(x * (1 / scale))``."""
+    amax = input.abs().amax().float() if input.numel() else torch.zeros((), device=input.device)
+    scale.copy_((amax / _fp8.FP8_MAX).reshape(scale.shape))
+    static_scaled_fp8_quant(out, input, scale)
+
+
+def static_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
+    """``out = fp8(x * (1 / scale))`` with a one-element scale."""
+    _direct.need(
+        scale.numel() == 1, f"static_scaled_fp8_quant: scale must have one element, got {tuple(scale.shape)}"
+    )
+    t = input.numel() // max(input.shape[-1], 1)
+    _fp8.multiply_into(out.reshape(-1, input.shape[-1])[:t], input.reshape(t, -1), scale.reshape(()))
+
+
+def scaled_fp8_quant(
+    input: Tensor,
+    scale: Tensor | None = None,
+    num_token_padding: int | None = None,
+    scale_ub: Tensor | None = None,
+    use_per_token_if_dynamic: bool = False,
+    output: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """vLLM's entry point: static (``scale`` given), dynamic per-tensor, or dynamic per-token;
+    ``num_token_padding`` pads the output rows; ``output`` is written when given."""
+    assert input.ndim == 2, f"input must be 2D, got {input.ndim}D"
+    shape: tuple[int, ...] = tuple(input.shape)
+    if num_token_padding:
+        shape = (max(num_token_padding, input.shape[0]), shape[1])
+    if output is None:
+        output = torch.empty(shape, device=input.device, dtype=torch.float8_e4m3fn)
+    else:
+        assert num_token_padding is None, "padding not supported if output passed in"
+        assert output.dtype == torch.float8_e4m3fn
+    if scale is None:
+        if use_per_token_if_dynamic:
+            scale = torch.empty((shape[0], 1), device=input.device, dtype=torch.float32)
+            dynamic_per_token_scaled_fp8_quant(output, input.contiguous(), scale, scale_ub)
+        else:
+            scale = torch.empty(1, device=input.device, dtype=torch.float32)
+            dynamic_scaled_fp8_quant(output, input, scale)
+    else:
+        assert scale.numel() == 1, f"{scale.shape}"
+        static_scaled_fp8_quant(output, input, scale)
+    return output, scale
+
+
+def per_token_group_quant_fp8(
+    x: Tensor,
+    group_size: int,
+    eps: float = 1e-10,
+    dtype: Any = None,
+    column_major_scales: bool = False,
+    out_q: Tensor | None = None,
+    use_ue8m0: bool | None = None,
+) -> tuple[Tensor, Tensor]:
+    """vLLM's ``fp8_utils.per_token_group_quant_fp8``: scales by opmux's kernel
+    (``max(group amax, eps) / 448``; ue8m0 rounds them up to powers of two), then
+    ``q = fp8(x / scale)`` (vLLM divides)."""
+    if dtype is not None and dtype != torch.float8_e4m3fn:
+        raise NotImplementedError(f"per_token_group_quant_fp8: dtype {dtype} (opmux: float8_e4m3fn only)")
+    kargs, (q_new, s_new) = _direct.check(_PG, x, group_size, eps, bool(column_major_scales))
+    x2, s2 = kargs[2], kargs[1]
+    q, q_rows = q_new, kargs[0].view(torch.float8_e4m3fn)
+    if out_q is not None:
+        _direct.out_like(_PG, "out_q", out_q, tuple(x.shape), torch.float8_e4m3fn, x.device)
+        q, q_rows = out_q, out_q.view(-1, x.shape[-1])
+    _direct.kernel(_PG, x)(q_rows.view(torch.uint8), *kargs[1:])
+    if use_ue8m0:
+        _fp8.ue8m0(s2)
+    t, g = s2.shape
+    _fp8.divide_into(q_rows.view(t, g, group_size), x2.reshape(t, g, group_size), s2.unsqueeze(-1))
+    return q, s_new
+
+
+# -- MoE ----------------------------------------------------------------------------------------
+def topk_softmax(
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    token_expert_indices: Tensor,
+    gating_output: Tensor,
+    renormalize: bool = False,
+    e_score_correction_bias: Tensor | None = None,
+) -> None:
+    from ._moe import topk
+
+    topk(
+        topk_weights, topk_ids, token_expert_indices, gating_output, renormalize, 0.0, e_score_correction_bias
+    )
+
+
+def moe_align_block_size(
+    topk_ids: Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: Tensor,
+    experts_ids: Tensor,
+    num_tokens_post_pad: Tensor,
+    expert_map: Tensor | None = None,
+) -> None:
+    """With ``expert_map`` (expert parallelism: global id -> local id, -1 when not local) the
+    alignment runs on the global ids and each block's expert is then mapped, as vLLM does."""
+    from ._moe import align
+
+    align(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad)
+    if expert_map is not None:
+        experts_ids.copy_(expert_map[experts_ids.long()])
+
+
+# -- KV cache -----------------------------------------------------------------------------------
+def _fp8_cache(kv_cache_dtype: str) -> bool:
+    if kv_cache_dtype == "auto":
+        return False
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return True
+    raise NotImplementedError(f"kv_cache_dtype {kv_cache_dtype!r}: opmux supports 'auto', 'fp8', 'fp8_e4m3'")
+
+
+def _scaled(x: Tensor, scale: Tensor, cache: Tensor) -> Tensor:
+    """fp8 cache entries: ``fp8(x / scale)`` saturated, as the cache's own dtype (uint8 bytes)."""
+    y = (x.float() / scale.float().reshape(())).clamp_(-_fp8.FP8_MAX, _fp8.FP8_MAX).to(torch.float8_e4m3fn)
+    return y.view(cache.dtype) if cache.dtype in (torch.uint8, torch.float8_e4m3fn) else y
+
+
+def reshape_and_cache_flash(
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    kv_cache_dtype: str,
+    k_scale: Tensor,
+    v_scale: Tensor,
+) -> None:
+    """Caches ``[num_blocks, block_size, H, D]`` (NHD; an HND cache is the permuted view).
+    ``auto`` with dense blocks runs opmux's kernel; an fp8 cache (``k / k_scale``) or the HND
+    strides take a torch scatter (opmux's kernel has neither yet)."""
+    fp8 = _fp8_cache(kv_cache_dtype)
+    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
+    dense = all(
+        c.stride(3) == 1 and c.stride(2) == c.shape[3] and c.stride(1) == c.shape[2] * c.shape[3]
+        for c in (key_cache, value_cache)
+    )
+    if not fp8 and dense and key_cache.dtype == key.dtype:
+        _ops("kvcache").reshape_and_cache(key, value, key_cache, value_cache, slots)
+        return
+    bs = key_cache.shape[1]
+    keep = slots >= 0
+    s = slots[keep]
+    blk, off = s // bs, s % bs
+    k, v = key[keep], value[keep]
+    if fp8:
+        k, v = _scaled(k, k_scale, key_cache), _scaled(v, v_scale, value_cache)
+    key_cache[blk, off] = k.to(key_cache.dtype) if not fp8 else k
+    value_cache[blk, off] = v.to(value_cache.dtype) if not fp8 else v
+
+
+def reshape_and_cache(
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    kv_cache_dtype: str,
+    k_scale: Tensor,
+    v_scale: Tensor,
+) -> None:
+    """vLLM's paged layout: ``key_cache [num_blocks, H, D // x, block_size, x]``,
+    ``value_cache [num_blocks, H, D, block_size]`` (a torch scatter: opmux's kernel writes the
+    NHD layout of ``reshape_and_cache_flash``)."""
+    fp8 = _fp8_cache(kv_cache_dtype)
+    h, d = key.shape[1:]
+    x = key_cache.shape[-1]
+    bs = value_cache.shape[-1]
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    s = slots[keep]
+    blk, off = s // bs, s % bs
+    k, v = key[keep], value[keep]
+    if fp8:
+        k, v = _scaled(k, k_scale, key_cache), _scaled(v, v_scale, value_cache)
+    # key: [n, H, D] -> [n, H, D/x, x] written at [blk, :, :, off, :]
+    key_cache.permute(0, 3, 1, 2, 4)[blk, off] = k.reshape(-1, h, d // x, x).to(key_cache.dtype)
+    value_cache.permute(0, 3, 1, 2)[blk, off] = v.to(value_cache.dtype)
