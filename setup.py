@@ -184,6 +184,7 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
     try:
         from opmux.kernels.jit.compile import build as _build
         from opmux.kernels.jit.compile import toolchain as _toolchain
+        from opmux.kernels.jit.modules import write_aot_header
     except ImportError as exc:  # only while the tree is incomplete
         for lib in libs:
             info["aot_missing"][lib] = {"why": "build-api", "message": f"cannot import the build API: {exc}"}
@@ -221,7 +222,11 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
                 device=lib,
                 archs=archs,
                 ptx_arch=ptx,
-                include_dirs=[JIT_DIR / "include", JIT_DIR / "csrc"],
+                include_dirs=[
+                    JIT_DIR / "include",
+                    JIT_DIR / "csrc",
+                    write_aot_header(lib, workdir / "units"),
+                ],
                 toolchain=_reproducible_toolchain(tc, workdir),
             )
         for cmd in commands or []:

@@ -187,7 +187,15 @@ def test_aot_unit_compiles_for_aarch64(tmp_path):
     info = pytest.importorskip("tvm_ffi.libinfo")
     obj = tmp_path / "aot_cpu_aarch64.o"
     cmd = [cross, "-std=c++17", "-O0", "-fPIC", "-fopenmp", "-c", str(ROOT / "csrc" / "aot_cpu.cpp")]
-    cmd += [f"-I{JIT / 'include'}", f"-I{JIT / 'csrc'}", *[f"-I{p}" for p in info.include_paths()]]
+    from opmux.kernels.jit.modules import write_aot_header
+
+    units = write_aot_header("cpu", tmp_path / "units")  # the units csrc/aot_cpu.cpp includes
+    cmd += [
+        f"-I{JIT / 'include'}",
+        f"-I{JIT / 'csrc'}",
+        f"-I{units}",
+        *[f"-I{p}" for p in info.include_paths()],
+    ]
     b = subprocess.run([*cmd, "-o", str(obj)], capture_output=True, text=True, timeout=300)
     assert b.returncode == 0, f"{' '.join(cmd)}\n{b.stdout}{b.stderr}"
     syms = subprocess.run([nm, "--defined-only", str(obj)], capture_output=True, text=True, check=True)

@@ -50,6 +50,8 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(from_half, from_half);
 def _compile(src: Path, out: Path, openmp: bool = True) -> subprocess.Popen:
     import tvm_ffi.libinfo as info
 
+    from opmux.kernels.jit.modules import write_aot_header
+
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
@@ -63,6 +65,7 @@ def _compile(src: Path, out: Path, openmp: bool = True) -> subprocess.Popen:
         *(["-fopenmp"] if openmp else []),
         f"-I{JIT / 'include'}",
         f"-I{JIT / 'csrc'}",
+        f"-I{write_aot_header('cpu', out.parent / 'units')}",  # the units csrc/aot_cpu.cpp includes
         *[f"-I{p}" for p in info.include_paths()],
         str(src),
         "-o",

@@ -108,6 +108,28 @@ def test_the_documented_steps_make_a_working_op(tmp_path: Path) -> None:
     assert passed and int(passed.group(1)) >= 6, out  # torch and triton x 3 dtypes, bad inputs
 
 
+def test_a_native_unit_needs_no_table_row(tmp_path: Path) -> None:
+    """A group's native sources are its only native files: dropping ``<group>_cpu.cpp`` and
+    ``<group>_cuda.cu`` into ``jit/csrc`` makes the JIT modules and the AOT units' includes."""
+    from opmux.kernels.jit import modules
+
+    csrc = tmp_path / "csrc"
+    shutil.copytree(modules.CSRC, csrc)
+    (csrc / "toy_cpu.cpp").write_text("// toy\n")
+    (csrc / "toy_cuda.cu").write_text("// toy\n")
+    (csrc / "notes.txt").write_text("not a unit\n")
+    table = modules.scan(csrc)
+    assert table["toy_cpu"] == modules.JitModule("toy_cpu", ("toy_cpu.cpp",), "cpu")
+    assert table["toy_cuda"] == modules.JitModule("toy_cuda", ("toy_cuda.cu",), "cuda")
+    assert set(table) == set(modules.MODULES) | {"toy_cpu", "toy_cuda"}
+    for device, unit in (("cpu", "toy_cpu.cpp"), ("cuda", "toy_cuda.cu")):
+        header = modules.write_aot_header(device, tmp_path / "units", csrc) / f"opmux_aot_{device}_units.h"
+        includes = re.findall(r'#include "(\S+)"', header.read_text())
+        assert unit in includes and includes == [m.sources[0] for m in table.values() if m.device == device]
+        aot = (ROOT / "csrc" / f"aot_{device}.{unit.rpartition('.')[2]}").read_text()
+        assert f'#include "{header.name}"' in aot and '_cpu.cpp"' not in aot  # lists no unit itself
+
+
 @pytest.mark.parametrize("rel", sorted(_documented_files()))
 def test_the_documented_files_are_lint_clean(rel: str) -> None:
     """The example is code people copy: it must pass the project's own ruff rules."""
