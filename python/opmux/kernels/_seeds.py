@@ -116,6 +116,7 @@ def get_kernel(op: str, backend: str | None = None) -> Callable[..., Any]:
     None, else that backend (validated against the op's backends; the op's argument contract
     runs first) which raises ``BackendUnavailable`` on a call it cannot run."""
     from . import _dispatch_state
+    from .errors import BackendUnavailable
     from .explain import op_instance
 
     name = resolve_op(op)
@@ -127,7 +128,21 @@ def get_kernel(op: str, backend: str | None = None) -> Callable[..., Any]:
     if len(names) != 1:
         raise ValueError(f"get_kernel: {name}: one backend, got {backend!r}")
     chosen = names[0]
-    run: Callable[..., Any] = instance.impl(chosen)
+    checked: set[tuple[Any, Any]] = set()  # (device type, dtype) the selector accepted
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        key = instance._key(args, kwargs)
+        where = (getattr(getattr(key, "device", None), "type", None), getattr(key, "dtype", None))
+        if where not in checked:
+            sel = instance.select_for(args, kwargs, chosen)
+            if sel.chosen != chosen:
+                d = sel.decision(chosen)
+                raise BackendUnavailable(
+                    chosen, f"{name}: {d.reason.value if d.reason else ''} {d.detail}".strip()
+                )
+            checked.add(where)
+        return instance.bind(chosen, "cuda" if key.is_cuda else "cpu")(*args, **kwargs)
+
     run.__name__ = run.__qualname__ = f"{name.partition('.')[2]}[{chosen}]"
     return run
 

@@ -1,0 +1,235 @@
+"""opmux.compat.vllm: vllm._custom_ops' signatures and conventions, on every CPU backend,
+against engine-style references written here (what vLLM's kernel tests compare with)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+
+import opmux.compat.vllm as vllm
+from opmux.kernels.ops import activation
+
+FP8 = torch.float8_e4m3fn
+MIN_SCALE = 1.0 / (448.0 * 512.0)
+
+
+def _r(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+SIGNATURES = {
+    "rms_norm": ["out", "input", "weight", "epsilon"],
+    "fused_add_rms_norm": ["input", "residual", "weight", "epsilon"],
+    "silu_and_mul": ["out", "input"],
+    "gelu_and_mul": ["out", "input"],
+    "gelu_tanh_and_mul": ["out", "input"],
+    "rotary_embedding": ["positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"],
+    "scaled_fp8_quant": ["input", "scale", "num_token_padding", "scale_ub", "use_per_token_if_dynamic", "output"],
+    "static_scaled_fp8_quant": ["out", "input", "scale"],
+    "dynamic_scaled_fp8_quant": ["out", "input", "scale"],
+    "dynamic_per_token_scaled_fp8_quant": ["out", "input", "scales", "scale_ub"],
+    "per_token_group_quant_fp8": ["x", "group_size", "eps", "dtype", "column_major_scales", "out_q", "use_ue8m0"],
+    "topk_softmax": ["topk_weights", "topk_ids", "token_expert_indices", "gating_output", "renormalize"],
+    "moe_align_block_size": [
+        "topk_ids", "num_experts", "block_size", "sorted_token_ids", "experts_ids", "num_tokens_post_pad",
+        "expert_map",
+    ],
+    "reshape_and_cache": [
+        "key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype", "k_scale", "v_scale",
+    ],
+    "reshape_and_cache_flash": [
+        "key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype", "k_scale", "v_scale",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signature_starts_with_the_upstream_parameters(name: str) -> None:
+    params = list(inspect.signature(getattr(vllm, name)).parameters)
+    assert params[: len(SIGNATURES[name])] == SIGNATURES[name]
+
+
+def test_norms_weight_none_and_out(backend: str) -> None:
+    x = _r(3, 32, dtype=torch.float16)
+    out = torch.empty_like(x)
+    vllm.rms_norm(out, x, None, 1e-5)
+    xf = x.float()
+    ref = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+    torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
+    w = _r(32, seed=1, dtype=torch.float16)
+    x2, r2 = x.clone(), _r(3, 32, seed=2, dtype=torch.float16)
+    vllm.fused_add_rms_norm(x2, r2, w, 1e-5)
+    torch.testing.assert_close(r2, (x.float() + _r(3, 32, seed=2, dtype=torch.float16).float()).half())
+
+
+def _act(name: str, t: torch.Tensor) -> torch.Tensor:
+    F = torch.nn.functional
+    if name == "silu_and_mul":
+        return F.silu(t)
+    return F.gelu(t, approximate="tanh" if "tanh" in name else "none")
+
+
+@pytest.mark.parametrize("name", ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_activations_round_like_vllm_bit_for_bit(backend: str, name: str, dtype: torch.dtype) -> None:
+    x = _r(64, 2 * 64, dtype=dtype, scale=2.0)
+    out = torch.empty(64, 64, dtype=dtype)
+    getattr(vllm, name)(out, x)
+    # vLLM: act in fp32, rounded to the input dtype, then a product in the input dtype (the
+    # fp32 product of two half values is exact, so one rounding of it is that product)
+    a = _act(name, x[:, :64].float()).to(dtype).float()
+    ref = (a.double() * x[:, 64:].double()).to(dtype)
+    if dtype == torch.float32:  # nothing to round twice: opmux's own kernel ran
+        torch.testing.assert_close(out, _act(name, x[:, :64]) * x[:, 64:], atol=1e-5, rtol=1e-5)
+        return
+    assert torch.equal(out, ref)
+    native = getattr(activation, name)(x, backend="reference")  # opmux's convention rounds once
+    assert not torch.equal(native, out), "the two conventions should differ somewhere on 4096 values"
+
+
+def test_rotary_embedding_key_none(backend: str) -> None:
+    pos = torch.tensor([2, 0, 1])
+    cache = _r(4, 16, seed=1)
+    q = _r(3, 2, 16, seed=2)
+    q_both, k = q.clone(), _r(3, 1, 16, seed=3)
+    vllm.rotary_embedding(pos, q_both, k, 16, cache, True)
+    vllm.rotary_embedding(pos, q, None, 16, cache, True)
+    assert torch.equal(q, q_both)
+    with pytest.raises(NotImplementedError, match="rope_dim_offset"):
+        vllm.rotary_embedding(pos, q, None, 16, cache, True, rope_dim_offset=8)
+
+
+def test_scaled_fp8_quant_per_token_divides_bit_for_bit(backend: str) -> None:
+    x = _r(6, 64, dtype=torch.bfloat16, scale=4.0)
+    x[3] = 0
+    q, s = vllm.scaled_fp8_quant(x, use_per_token_if_dynamic=True)
+    amax = x.float().abs().amax(-1, keepdim=True)
+    ref_s = torch.clamp(amax / 448.0, min=MIN_SCALE)
+    assert torch.equal(s, ref_s)
+    assert torch.equal(q.float(), (x.float() / ref_s).clamp(-448, 448).to(FP8).float())
+    ub = torch.tensor(0.5)  # 0-dim scale_ub, as vLLM passes it
+    _, s2 = vllm.scaled_fp8_quant(x, scale_ub=ub, use_per_token_if_dynamic=True)
+    assert torch.equal(s2, torch.clamp(torch.minimum(amax, ub) / 448.0, min=MIN_SCALE))
+    out = torch.empty(6, 64, dtype=FP8)
+    q3, _ = vllm.scaled_fp8_quant(x, use_per_token_if_dynamic=True, output=out)
+    assert q3 is out and torch.equal(out.float(), q.float())
+
+
+def test_scaled_fp8_quant_per_tensor_static_and_padding(backend: str) -> None:
+    x = _r(5, 32, dtype=torch.float16, scale=3.0)
+    q, s = vllm.scaled_fp8_quant(x)
+    ref_s = x.float().abs().amax() / 448.0
+    assert torch.equal(s, ref_s.view(1))
+    assert torch.equal(q.float(), (x.float() * (1.0 / ref_s)).clamp(-448, 448).to(FP8).float())
+    static = torch.tensor([0.02])
+    q, s = vllm.scaled_fp8_quant(x, static)
+    assert s is static
+    assert torch.equal(q.float(), (x.float() * (1.0 / static)).clamp(-448, 448).to(FP8).float())
+    q, s = vllm.scaled_fp8_quant(x, num_token_padding=8, use_per_token_if_dynamic=True)
+    assert q.shape == (8, 32) and s.shape == (8, 1)
+    ref = torch.clamp(x.float().abs().amax(-1, keepdim=True) / 448.0, min=MIN_SCALE)
+    assert torch.equal(s[:5], ref)
+
+
+@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("ue8m0", [False, True])
+def test_per_token_group_quant_fp8(backend: str, column_major: bool, ue8m0: bool) -> None:
+    t, h, gs = 4, 64, 32
+    x = _r(t, h, dtype=torch.bfloat16, scale=2.0)
+    out_q = torch.empty(t, h, dtype=FP8)
+    q, s = vllm.per_token_group_quant_fp8(
+        x, gs, column_major_scales=column_major, out_q=out_q, use_ue8m0=ue8m0
+    )
+    assert q is out_q
+    ref_s = x.float().view(t, h // gs, gs).abs().amax(-1).clamp(min=1e-10) / 448.0
+    if ue8m0:
+        ref_s = torch.exp2(torch.ceil(torch.log2(ref_s)))
+    assert torch.equal(s, ref_s)
+    assert (s.stride(0) == 1) == column_major
+    ref_q = (x.float().view(t, h // gs, gs) / ref_s[..., None]).clamp(-448, 448).to(FP8).view(t, h)
+    assert torch.equal(q.float(), ref_q.float())
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_topk_softmax_token_expert_indices(backend: str, ids_dtype: torch.dtype) -> None:
+    t, e, k = 5, 8, 2
+    g = _r(t, e, seed=4)
+    w, ids = torch.empty(t, k), torch.empty(t, k, dtype=ids_dtype)
+    tei = torch.empty(t, k, dtype=torch.int32)
+    vllm.topk_softmax(w, ids, tei, g, False)
+    ref_w, ref_ids = torch.topk(torch.softmax(g, -1), k, -1)
+    assert torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(w, ref_w)
+    assert tei.tolist() == [[j * t + i for j in range(k)] for i in range(t)]
+
+
+def test_moe_align_block_size_zero_fill_and_expert_map(backend: str) -> None:
+    e, bs = 4, 4
+    ids = torch.tensor([[0, 3], [3, 1], [1, 3]], dtype=torch.int32)
+    n_sorted = ids.numel() + e * (bs - 1)
+    n_blocks = math.ceil(n_sorted / bs)
+    sorted_ids = torch.empty(n_sorted, dtype=torch.int32)
+    experts = torch.empty(n_blocks, dtype=torch.int32)
+    post = torch.empty(1, dtype=torch.int32)
+    vllm.moe_align_block_size(ids, e, bs, sorted_ids, experts, post)
+    pad = ids.numel()
+    assert post.tolist() == [12]
+    assert sorted_ids.tolist() == [0, pad, pad, pad, 3, 4, pad, pad, 1, 2, 5, pad] + [pad] * (n_sorted - 12)
+    assert experts.tolist() == [0, 1, 3] + [0] * (n_blocks - 3)  # unused blocks: 0, not -1
+    expert_map = torch.tensor([-1, 0, -1, 1], dtype=torch.int32)  # this rank owns experts 1 and 3
+    vllm.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, expert_map)
+    assert experts.tolist()[:3] == [-1, 0, 1]
+
+
+def _nhd_ref(key: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    ref = cache.clone()
+    bs = cache.shape[1]
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            ref[s // bs, s % bs] = key[t]
+    return ref
+
+
+def test_reshape_and_cache_flash_auto_hnd_and_fp8(backend: str) -> None:
+    t, h, d, nb, bs = 3, 2, 8, 2, 4
+    key, value = _r(t, h, d, seed=1, dtype=torch.float16), _r(t, h, d, seed=2, dtype=torch.float16)
+    slots = torch.tensor([5, -1, 0])
+    kc, vc = torch.zeros(nb, bs, h, d, dtype=torch.float16), torch.zeros(nb, bs, h, d, dtype=torch.float16)
+    one = torch.tensor(1.0)
+    vllm.reshape_and_cache_flash(key, value, kc, vc, slots, "auto", one, one)
+    assert torch.equal(kc, _nhd_ref(key, torch.zeros_like(kc), slots))
+    assert torch.equal(vc, _nhd_ref(value, torch.zeros_like(vc), slots))
+    # HND: the cache is [nb, H, bs, D] in memory, passed as its [nb, bs, H, D] view
+    hnd_k = torch.zeros(nb, h, bs, d, dtype=torch.float16).transpose(1, 2)
+    hnd_v = torch.zeros(nb, h, bs, d, dtype=torch.float16).transpose(1, 2)
+    vllm.reshape_and_cache_flash(key, value, hnd_k, hnd_v, slots, "auto", one, one)
+    assert torch.equal(hnd_k, kc) and torch.equal(hnd_v, vc)
+    # fp8 cache (uint8 storage, vLLM's convention) with scales: entries are fp8(x / scale)
+    k8, v8 = torch.zeros(nb, bs, h, d, dtype=torch.uint8), torch.zeros(nb, bs, h, d, dtype=torch.uint8)
+    ks, vs = torch.tensor(0.5), torch.tensor(2.0)
+    vllm.reshape_and_cache_flash(key, value, k8, v8, slots, "fp8", ks, vs)
+    got = k8.view(FP8).float()[5 // bs, 5 % bs]
+    assert torch.equal(got, (key[0].float() / 0.5).to(FP8).float())
+    assert torch.equal(v8.view(FP8).float()[0, 0], (value[2].float() / 2.0).to(FP8).float())
+
+
+def test_reshape_and_cache_paged_layout() -> None:
+    t, h, d, nb, bs, x = 3, 2, 8, 2, 4, 4
+    key, value = _r(t, h, d, seed=1), _r(t, h, d, seed=2)
+    slots = torch.tensor([6, 1, -1])
+    kc = torch.zeros(nb, h, d // x, bs, x)
+    vc = torch.zeros(nb, h, d, bs)
+    one = torch.tensor(1.0)
+    vllm.reshape_and_cache(key, value, kc, vc, slots, "auto", one, one)
+    for i, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        b, o = s // bs, s % bs
+        for hh in range(h):
+            for dd in range(d):
+                assert kc[b, hh, dd // x, o, dd % x] == key[i, hh, dd]
+                assert vc[b, hh, dd, o] == value[i, hh, dd]
+    assert int((kc != 0).sum()) == 2 * h * d
