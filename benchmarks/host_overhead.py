@@ -1,6 +1,7 @@
 """Host cost per call of every path a user takes to an op, side by side in one run.
 
     python benchmarks/host_overhead.py [--device cpu|cuda] [--out docs/benchmarks] [--quick]
+                                       [--baseline REV] [--rounds R] [--n N] [--ops a.b,c.d]
 
 Against the tree: ``PYTHONPATH=python`` first; against an installed wheel: nothing else. For
 each op, one token (T=1) on ``--device``, median over interleaved rounds of back-to-back calls
@@ -19,6 +20,11 @@ torch.ops / default (goal <= 1.2); default - bare. One more row compares an op w
 classes against the same op without. And ``import opmux.kernels.ops`` is timed with
 ``python -X importtime`` in fresh interpreters (goal <= 20 ms; torch must not be imported).
 Writes ``<out>/host_overhead.md`` and ``.json``.
+
+``--baseline REV`` measures git revision ``REV`` (its ``python/``) beside this tree in the same
+run: one worker process per tree, every cell set up first, then rounds alternating between the
+two (ABBA) so a busy spell of a shared machine lands on both; the report adds a before/after
+table. Every cell's rounds are interleaved with the other cells' (medians over rounds).
 """
 
 from __future__ import annotations
@@ -137,37 +143,48 @@ def _twins() -> list[tuple[str, Any]]:
     return out
 
 
-def _measure_one(
-    label: str, op: Any, device: str, h: int, rounds: int, n: int, sync: Callable[[], None]
-) -> dict[str, Any]:
-    from opmux.kernels import explain
+class _Cell:
+    """One op's paths, set up once (inputs, warm-up, dispatch caches filled); ``round`` adds one
+    sample per path."""
 
-    native_dev = "cuda" if device == "cuda" else "cpu"
-    args, _ = _args("layernorm.rmsnorm" if label.startswith("(") else op.op_name, device, h)
-    chosen = explain(op.op_name, *args).chosen
-    kargs, _ = op.decl.check(op.op_name, *_full(op, args))
-    paths: dict[str, Callable[[], Any]] = {}
-    if chosen not in ("reference", "torch"):
-        kernel = op.kernel(chosen, native_dev)
-        paths["bare"] = lambda: kernel(*kargs)
-    bound = op.bind(chosen, native_dev)
-    paths["bound"] = lambda: bound(*args)
-    paths["default"] = lambda: op.public(*args)
-    paths["forced"] = lambda: op.public(*args, backend=chosen)
-    if not label.startswith("("):
-        paths["torch.ops"] = _library(op, args)
-        peer = _flashinfer(op.op_name) if device == "cuda" else None
-        if peer is not None:
-            paths["flashinfer"] = lambda: peer(*args)
-    for fn in paths.values():  # warm: compile/load, fill the dispatch caches
-        fn(), fn()
-    samples: dict[str, list[float]] = {k: [] for k in paths}
-    for _ in range(rounds):
-        for name, fn in paths.items():
-            samples[name].append(_per_call_ns(fn, n, sync))
+    def __init__(self, label: str, op: Any, device: str, h: int, n: int, sync: Callable[[], None]) -> None:
+        from opmux.kernels import explain
+
+        self.label, self.n, self.sync = label, n, sync
+        native_dev = "cuda" if device == "cuda" else "cpu"
+        args, _ = _args("layernorm.rmsnorm" if label.startswith("(") else op.op_name, device, h)
+        self.chosen = chosen = explain(op.op_name, *args).chosen
+        kargs, _ = op.decl.check(op.op_name, *_full(op, args))
+        paths: dict[str, Callable[[], Any]] = {}
+        if chosen not in ("reference", "torch"):
+            kernel = op.kernel(chosen, native_dev)
+            paths["bare"] = lambda: kernel(*kargs)
+        bound, public = op.bind(chosen, native_dev), op.public  # both called as a user holds them
+        paths["bound"] = lambda: bound(*args)
+        paths["default"] = lambda: public(*args)
+        paths["forced"] = lambda: public(*args, backend=chosen)
+        if not label.startswith("("):
+            paths["torch.ops"] = _library(op, args)
+            peer = _flashinfer(op.op_name) if device == "cuda" else None
+            if peer is not None:
+                paths["flashinfer"] = lambda: peer(*args)
+        for fn in paths.values():  # warm: compile/load, fill the dispatch caches
+            fn(), fn()
+        self.paths = paths
+        self.samples: dict[str, list[float]] = {k: [] for k in paths}
+
+    def round(self) -> dict[str, float]:
+        got = {name: _per_call_ns(fn, self.n, self.sync) for name, fn in self.paths.items()}
         # bound and default once more, adjacent, in the other order (pairs the two tightly)
-        samples["default"][-1] = (samples["default"][-1] + _per_call_ns(paths["default"], n, sync)) / 2
-        samples["bound"][-1] = (samples["bound"][-1] + _per_call_ns(paths["bound"], n, sync)) / 2
+        got["default"] = (got["default"] + _per_call_ns(self.paths["default"], self.n, self.sync)) / 2
+        got["bound"] = (got["bound"] + _per_call_ns(self.paths["bound"], self.n, self.sync)) / 2
+        for k, v in got.items():
+            self.samples[k].append(v)
+        return got
+
+
+def summarize(label: str, chosen: str, samples: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians per path, and the derived columns (see the module docstring)."""
     med = {k: round(statistics.median(v), 1) for k, v in samples.items()}
     row: dict[str, Any] = {"op": label, "backend": chosen, **{f"{k}_ns": v for k, v in med.items()}}
     # paired per round (the two run back to back), so drift in the machine's load cancels
@@ -182,41 +199,116 @@ def _measure_one(
     return row
 
 
-def measure(device: str, rounds: int, n: int, ops: list[str]) -> list[dict[str, Any]]:
+def cells(device: str, n: int, ops: list[str]) -> list[_Cell]:
+    """Every op's cell (plus the size-class twins), all set up before any round runs."""
     from opmux.kernels.explain import op_instance
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     h = 4096 if device == "cuda" else 128
-    rows = []
-    targets = [(name, op_instance(name)) for name in ops]
-    targets += _twins()
-    for label, op in targets:
-        row = _measure_one(label, op, device, h, rounds, n, sync)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    targets = [(name, op_instance(name)) for name in ops] + _twins()
+    return [_Cell(label, op, device, h, n, sync) for label, op in targets]
+
+
+def _size_row(rows: list[dict[str, Any]]) -> None:
     plain = next(r for r in rows if r["op"].startswith("(size classes: plain)"))
     sized = next(r for r in rows if r["op"].startswith("(size classes: sized)"))
     sized["vs_plain_default_ns"] = round(sized["default_ns"] - plain["default_ns"], 1)
+
+
+def measure(device: str, rounds: int, n: int, ops: list[str]) -> list[dict[str, Any]]:
+    """Rounds interleaved over every cell (a busy spell of the machine costs each cell a round)."""
+    all_cells = cells(device, n, ops)
+    for _ in range(rounds):
+        for cell in all_cells:
+            cell.round()
+    rows = [summarize(c.label, c.chosen, c.samples) for c in all_cells]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    _size_row(rows)
     return rows
 
 
-def import_time(runs: int = 9) -> dict[str, Any]:
-    """``import opmux.kernels.ops`` in fresh interpreters (``-X importtime``), in ms, and whether
-    it imported torch."""
+def _worker(device: str, n: int, ops: list[str]) -> None:
+    """``--worker``: set up every cell, then one round per ``round`` line on stdin (a JSON line
+    of label -> path -> ns on stdout each time)."""
+    all_cells = cells(device, n, ops)
+    print(json.dumps({c.label: c.chosen for c in all_cells}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "round":
+            break
+        print(json.dumps({c.label: c.round() for c in all_cells}), flush=True)
+
+
+def _baseline_tree(rev: str, into: Path) -> Path:
+    """``python/`` of git revision ``rev`` (a clean copy, its own opmux) under ``into``."""
+    archive = subprocess.run(["git", "archive", rev, "python"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "python"
+
+
+def compare(rev: str, device: str, rounds: int, n: int, ops: list[str]) -> dict[str, Any]:
+    """This tree and revision ``rev`` side by side in one run: one worker process each, rounds
+    alternating between them (ABBA), imports alternating too. Returns both trees' rows."""
+    import tempfile
+
+    here = Path(__file__).resolve().parents[1] / "python"
+    with tempfile.TemporaryDirectory(prefix="opmux-baseline-") as tmp:
+        trees = {"before": _baseline_tree(rev, Path(tmp)), "after": here}
+        cmd = [sys.executable, __file__, "--worker", "--device", device, "--ops", ",".join(ops)]
+        cmd += ["--n", str(n)]
+        procs, chosen = {}, {}
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            procs[name] = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            chosen[name] = json.loads(procs[name].stdout.readline())  # type: ignore[union-attr]
+        samples: dict[str, dict[str, dict[str, list[float]]]] = {t: {} for t in trees}
+        imports: dict[str, list[float]] = {t: [] for t in trees}
+        for r in range(rounds):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))
+            for name in order:
+                p = procs[name]
+                p.stdin.write("round\n")  # type: ignore[union-attr]
+                p.stdin.flush()  # type: ignore[union-attr]
+                for label, got in json.loads(p.stdout.readline()).items():  # type: ignore[union-attr]
+                    cell = samples[name].setdefault(label, {})
+                    for path, ns in got.items():
+                        cell.setdefault(path, []).append(ns)
+            for name in order:
+                imports[name].append(_import_ms(trees[name])[0])
+        for p in procs.values():
+            p.stdin.close()  # type: ignore[union-attr]
+            p.wait()
+    out: dict[str, Any] = {"revision": rev}
+    for name in trees:
+        rows = [summarize(label, chosen[name][label], s) for label, s in samples[name].items()]
+        _size_row(rows)
+        ms = imports[name]
+        imp = {"median_ms": round(statistics.median(ms), 1), "min_ms": round(min(ms), 1), "runs": len(ms)}
+        out[name] = {"rows": rows, "import": imp}
+    return out
+
+
+def _import_ms(tree: Path | None = None) -> tuple[float, bool]:
+    """``import opmux.kernels.ops`` in a fresh interpreter (``-X importtime``), in ms, and
+    whether it imported torch; ``tree``: the ``python/`` folder to import it from."""
     env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     code = "import sys, opmux.kernels.ops; print('TORCH', 'torch' in sys.modules)"
-    ms, torch_loaded = [], False
-    for _ in range(runs):
-        run = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", code],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
-        line = [ln for ln in run.stderr.splitlines() if ln.rstrip().endswith("| opmux.kernels.ops")][-1]
-        ms.append(int(re.split(r"\|", line)[1]) / 1000)
-        torch_loaded |= "TORCH True" in run.stdout
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    line = [ln for ln in run.stderr.splitlines() if ln.rstrip().endswith("| opmux.kernels.ops")][-1]
+    return int(re.split(r"\|", line)[1]) / 1000, "TORCH True" in run.stdout
+
+
+def import_time(runs: int = 9) -> dict[str, Any]:
+    """``import opmux.kernels.ops`` in ``runs`` fresh interpreters: median and min ms, torch?"""
+    got = [_import_ms() for _ in range(runs)]
+    ms = [m for m, _ in got]
+    torch_loaded = any(t for _, t in got)
     return {"median_ms": round(statistics.median(ms), 1), "min_ms": round(min(ms), 1), "torch": torch_loaded}
 
 
@@ -248,20 +340,63 @@ def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any
     )
 
 
+def _render_compare(cmp: dict[str, Any]) -> str:
+    """Before (``--baseline``) and after, side by side: the columns the goals are about."""
+    before = {r["op"]: r for r in cmp["before"]["rows"]}
+    keys = (
+        ("default_ns", "default (ns)"),
+        ("dispatch_ns", "dispatch (ns)"),
+        ("dispatch_min_ns", "dispatch, min (ns)"),
+        ("forced_ratio", "forced / default"),
+        ("torch_ops_ratio", "torch.ops / default"),
+    )
+    head = "| op | " + " | ".join(f"{t}: before | after" for _, t in keys) + " |"
+    lines = [head, "|---|" + "---:|---:|" * len(keys)]
+    for r in cmp["after"]["rows"]:
+        b = before.get(r["op"], {})
+        cells = [f"{b.get(k, '-')} | {r.get(k, '-')}" for k, _ in keys]
+        lines.append(f"| {r['op']} | " + " | ".join(cells) + " |")
+    ib, ia = cmp["before"]["import"], cmp["after"]["import"]
+    sized_b = next(r for r in cmp["before"]["rows"] if r["op"].startswith("(size classes: sized)"))
+    sized_a = next(r for r in cmp["after"]["rows"] if r["op"].startswith("(size classes: sized)"))
+    return (
+        f"\n## Before and after, one run\n\nBefore = `{cmp['revision']}` (its `python/` from `git archive`), "
+        "after = this tree; one worker process each, set up once, rounds alternating between them (ABBA), "
+        "medians over rounds as above.\n\n"
+        + "\n".join(lines)
+        + f"\n\nSize classes, sized minus plain default: before {sized_b['vs_plain_default_ns']} ns, after "
+        f"{sized_a['vs_plain_default_ns']} ns. `import opmux.kernels.ops` (fresh interpreters, alternating): "
+        f"before median {ib['median_ms']} ms (min {ib['min_ms']}), after median {ia['median_ms']} ms "
+        f"(min {ia['min_ms']}), {ia['runs']} runs each.\n"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--out", type=Path, default=None, help="folder for host_overhead.md / .json")
     ap.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     ap.add_argument("--ops", default="", help="comma-separated op names (default: all)")
+    ap.add_argument("--baseline", default=None, help="git revision measured beside this tree (before/after)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default: 15 on cpu, 7 on cuda)")
+    ap.add_argument("--n", type=int, default=None, help="calls per round and path")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     import opmux
     from opmux.kernels import registry
 
     ops = args.ops.split(",") if args.ops else sorted(registry.all_ops())
     rounds, n = (3, 200) if args.quick else ((15, 2000) if args.device == "cpu" else (7, 3000))
-    imp = {**import_time(3 if args.quick else 9), "runs": 3 if args.quick else 9}
-    rows = measure(args.device, rounds, n, ops)
+    rounds, n = args.rounds or rounds, args.n or n
+    if args.worker:
+        _worker(args.device, n, ops)
+        return
+    cmp = compare(args.baseline, args.device, rounds, n, ops) if args.baseline else None
+    if cmp is not None:
+        rows, imp = cmp["after"]["rows"], {**cmp["after"]["import"], "torch": _import_ms()[1]}
+    else:
+        imp = {**import_time(3 if args.quick else 9), "runs": 3 if args.quick else 9}
+        rows = measure(args.device, rounds, n, ops)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({platform.machine()})"
     meta = {
         "device": device_name,
@@ -276,13 +411,14 @@ def main() -> None:
     cmd = " ".join(["python", "benchmarks/host_overhead.py", *sys.argv[1:]])
     if "site-packages" not in Path(opmux.__file__).resolve().parts:
         cmd = "PYTHONPATH=python " + cmd
-    text = _render(meta, rows, imp, cmd)
+    text = _render(meta, rows, imp, cmd) + (_render_compare(cmp) if cmp is not None else "")
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         stem = "host_overhead" if args.device == "cpu" else f"host_overhead_{args.device}"
         (args.out / f"{stem}.json").write_text(
-            json.dumps({"meta": meta, "command": cmd, "import": imp, "rows": rows}, indent=1) + "\n"
+            json.dumps({"meta": meta, "command": cmd, "import": imp, "rows": rows, "compare": cmp}, indent=1)
+            + "\n"
         )
         (args.out / f"{stem}.md").write_text(text)
 
