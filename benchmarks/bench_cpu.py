@@ -293,12 +293,19 @@ def main() -> None:
     ap.add_argument("--big-dtypes", type=lambda s: s.split(","), default=list(DTYPES), help="dtypes at T >= 4096")
     ap.add_argument("--ops", default="", help="comma-separated substrings of op names")
     ap.add_argument("--notes", type=Path, default=None, help="markdown appended to OUT.md")
+    ap.add_argument("--from-json", type=Path, default=None, help="render OUT.md from this run's JSON, no timing")
     args = ap.parse_args()
-    rows, meta = run(args)
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+        rows, meta = data["rows"], data["meta"]
+    else:
+        rows, meta = run(args)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-        cmd = "PYTHONPATH=python python " + " ".join(["benchmarks/bench_cpu.py", *sys.argv[1:]])
+        if not args.from_json:
+            meta["command"] = "PYTHONPATH=python python " + " ".join(["benchmarks/bench_cpu.py", *sys.argv[1:]])
+            args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        cmd = meta.get("command", "PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu")
         notes = args.notes.read_text() if args.notes else ""
         args.out.with_suffix(".md").write_text(render(rows, meta, cmd, notes))
 
