@@ -99,8 +99,14 @@ def _guard_lines(decl: Decl) -> list[str]:
         f"        if {any_grad}:",
         f"            NO_GRAD(OP, {', '.join(f'({p.name!r}, {p.name})' for p in tensors)},)",
     ]
-    if written:
-        lines.append(f"        BUMP({', '.join(p.name for p in written)},)")
+    # one C call bumps every written tensor the caller passed (an inference tensor has no
+    # counter and is skipped there); an output the contract allocates is fresh: nothing to bump
+    required = [p.name for p in written if p.type != "Tensor?"]
+    if required:
+        lines.append(f"        BUMP(({', '.join(required)},))")
+    for p in written:
+        if p.type == "Tensor?":
+            lines += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
     for w, other in itertools.product(written, tensors):
         if w.name == other.name or (other.written and tensors.index(other) < tensors.index(w)):
             continue
@@ -122,7 +128,7 @@ def _contract(decl: Decl) -> tuple[list[str], dict[str, Any]]:
         "OP": decl.name,
         "GRAD": torch.is_grad_enabled,
         "NO_GRAD": _checks.no_grad,
-        "BUMP": _checks.bump_versions,
+        "BUMP": torch._C._increment_version,
         "OVERLAPS": torch._C._overlaps,
         "ALIAS": _checks.alias,
     }
@@ -168,7 +174,6 @@ class FusedOp(Generic[R]):
         self._predicate_fns: dict[str, Callable[..., str | None]] = {}
         self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
         self._library: dict[str, Any] = {}
-        self._eager = self._make_public(compiled=False)
         self._register_library()
         #: the public function (``ops.<group>.<name>``): the hot path, or the library op under
         #: torch.compile
@@ -368,19 +373,18 @@ class FusedOp(Generic[R]):
     # -- generated entry points ----------------------------------------------------------
     def _register_library(self) -> None:
         """``opmux::<name>`` (and ``opmux::<name>_out`` for an optional ``out``), fake included;
-        their kernel is the eager public function (the same hot path)."""
-        decl, name, eager = self.decl, self.decl.short_name, self._eager
+        their kernel is the hot path itself, generated for the schema's own parameters (no
+        wrapper frame, no compiling check: the dispatcher only calls it with real tensors)."""
+        decl, name = self.decl, self.decl.short_name
         if decl.has_out:
             rest = tuple(p for p in decl.params if p.name != "out")
-            self._define(name, rest, decl.returns, lambda *a: eager(*a, None))
+            impl = self._make_public(compiled=False, params=rest, prologue=["    out = None"], forced=False)
+            self._define(name, rest, decl.returns, impl)
             out = Param("out", "Tensor", written=True)
-
-            def with_out(out: torch.Tensor, *args: Any) -> None:
-                eager(*args, out)
-
-            self._define(f"{name}_out", (out, *rest), "()", with_out)
+            impl = self._make_public(compiled=False, params=(out, *rest), forced=False, returns=False)
+            self._define(f"{name}_out", (out, *rest), "()", impl)
         else:
-            self._define(name, decl.params, decl.returns, eager)
+            self._define(name, decl.params, decl.returns, self._make_public(compiled=False, forced=False))
 
     def _define(self, name: str, params: tuple[Param, ...], returns: str, fn: Callable[..., Any]) -> None:
         decl = self.decl
@@ -401,12 +405,26 @@ class FusedOp(Generic[R]):
         torch.library.register_fake(f"opmux::{name}", fake, lib=_LIB)
         self._library[name] = getattr(torch.ops.opmux, name).default
 
-    def _make_public(self, *, compiled: bool) -> Callable[..., R]:
-        """The public function; with ``compiled``, torch.compile sees the library op instead."""
+    def _make_public(
+        self,
+        *,
+        compiled: bool,
+        params: tuple[Param, ...] | None = None,
+        prologue: Sequence[str] = (),
+        forced: bool = True,
+        returns: bool = True,
+    ) -> Callable[..., R]:
+        """The public function; with ``compiled``, torch.compile sees the library op instead.
+        ``params`` / ``prologue`` / ``forced`` / ``returns`` shape a library op's kernel: its
+        schema's parameters (the prologue sets the others), no ``backend=``, ``None`` returned."""
         decl = self.decl
         names = ", ".join(p.name for p in decl.params)
         key = decl.params[self.key_arg].name
-        body = [f"def {decl.short_name}({_sig(decl.params)}, *, backend=None):"]
+        sig = _sig(decl.params if params is None else params)
+        body = [
+            f"def {decl.short_name}({sig}, *, backend=None):" if forced else f"def {decl.short_name}({sig}):"
+        ]
+        body += prologue
         if compiled and decl.has_out:
             rest = ", ".join(p.name for p in decl.params if p.name != "out")
             body += [
@@ -425,18 +443,23 @@ class FusedOp(Generic[R]):
         )
         lookup = f"{cpu} if {key}.is_cpu else {cuda} if {key}.is_cuda else None"
         contract, scope = _contract(decl)
+        forced_lookup = (
+            f"FORCED[backend, {key}.is_cpu, {key}.dtype] if {key}.is_cpu or {key}.is_cuda else None"
+        )
         body += [
             "    try:",
-            f"        KERNEL = ({lookup}) if backend is None else "
-            f"FORCED[backend, {key}.is_cpu, {key}.dtype] if {key}.is_cpu or {key}.is_cuda else None",
+            f"        KERNEL = ({lookup}) if backend is None else {forced_lookup}"
+            if forced
+            else f"        KERNEL = {lookup}",
             "    except (KeyError, TypeError, AttributeError):",
             "        KERNEL = None",
             "    if KERNEL is None:",
-            f"        return DISPATCH(({names},), {{}}, backend)",
+            f"        {'return ' if returns else ''}DISPATCH(({names},), {{}}, {'backend' if forced else 'None'})",
+            *([] if returns else ["        return None"]),
             # the hot path: the bound backend's body inlined (one frame less than calling it)
             *contract,
             "    KERNEL(*KARGS)",
-            "    return RESULT",
+            "    return RESULT" if returns else "    return None",
         ]
         scope |= {
             "COMPILING": _compiling,
