@@ -295,3 +295,34 @@ def test_moe_align_block_size_fills_like_the_engines(backend: str, ids_dtype: to
     assert experts.tolist() == ref[1]
     assert post.tolist() == ref[2]
     assert cumsum.tolist() == ref[3]
+
+
+def test_older_topk_softmax_form_and_moe_sum(backend: str) -> None:
+    g = _r(4, 8, seed=13)
+    w, ids, tei = (
+        torch.empty(4, 2),
+        torch.empty(4, 2, dtype=torch.int32),
+        torch.empty(4, 2, dtype=torch.int32),
+    )
+    sgl.topk_softmax(w, ids, tei, g)  # (weights, ids, token_expert_indices, gating_output)
+    ref_w, ref_ids = _ref_topk(g, 2, False)
+    assert torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(w, ref_w)
+    assert tei.tolist() == [[j * 4 + i for j in range(2)] for i in range(4)]
+    x = _r(3, 2, 16, seed=14, dtype=torch.bfloat16)
+    out = torch.empty(3, 16, dtype=torch.bfloat16)
+    sgl.moe_sum(x, out)
+    assert torch.equal(out, x.sum(1))
+
+
+def test_moe_align_expert_buffer_of_floor_size(backend: str) -> None:
+    """sglang sizes expert_ids max_padded // block_size; the block it lacks is never used."""
+    e, bs = 3, 4
+    ids = torch.tensor([[0, 2], [2, 2], [1, 0]], dtype=torch.int32)
+    n_sorted = ids.numel() + e * (bs - 1)  # 15: the ceiling is 4 blocks, the floor 3
+    sorted_ids = torch.empty(n_sorted, dtype=torch.int32)
+    experts = torch.full((n_sorted // bs,), -7, dtype=torch.int32)
+    post, cumsum = torch.empty(1, dtype=torch.int32), torch.empty(e + 1, dtype=torch.int32)
+    sgl.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, cumsum)
+    ref = _ref_align(ids, e, bs, n_sorted, n_sorted // bs)
+    assert (sorted_ids.tolist(), experts.tolist(), post.tolist(), cumsum.tolist()) == ref

@@ -92,7 +92,7 @@ def align(
     dev = topk_ids.device
     for name, buf, need_n in (
         ("sorted_token_ids", sorted_token_ids, n_sorted),
-        ("experts_ids", experts_ids, n_blocks),
+        ("experts_ids", experts_ids, n_blocks - 1),  # engines size it max_padded // block_size
         ("num_tokens_post_pad", num_tokens_post_pad, 1),
     ):
         _direct.need(
@@ -103,9 +103,14 @@ def align(
             buf.dim() == 1 and buf.numel() >= need_n and (buf.numel() < 2 or buf.stride(0) == 1),
             f"{_AL}: {name} has shape {tuple(buf.shape)}, expected a dense vector of at least {need_n}",
         )
-    _direct.kernel(_AL, ids)(
-        sorted_token_ids[:n_sorted], experts_ids[:n_blocks], num_tokens_post_pad[:1], *kargs[3:]
-    )
+    # the last block can only be used when the padded total reaches max_padded, which needs
+    # a multiple of block_size: a buffer one block short gets the kernel's full vector staged
+    direct_blocks = experts_ids.numel() >= n_blocks
+    blocks = experts_ids[:n_blocks] if direct_blocks else kargs[1]
+    _direct.kernel(_AL, ids)(sorted_token_ids[:n_sorted], blocks, num_tokens_post_pad[:1], *kargs[3:])
+    if not direct_blocks:
+        experts_ids.copy_(blocks[: experts_ids.numel()])
+        n_blocks = experts_ids.numel()
     sorted_token_ids[n_sorted:].fill_(ids.numel())
     experts_ids[:n_blocks].clamp_(min=0)  # unused blocks: expert 0 (opmux writes -1)
     experts_ids[n_blocks:].fill_(0)

@@ -28,6 +28,7 @@ __all__ = [
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
     "moe_align_block_size",
+    "moe_sum",
     "rmsnorm",
     "rotary_embedding",
     "sgl_per_tensor_quant_fp8",
@@ -302,15 +303,25 @@ def topk_softmax(
     topk_weights: Tensor,
     topk_ids: Tensor,
     gating_output: Tensor,
-    renormalize: bool = False,
+    renormalize: bool | Tensor = False,
     moe_softcapping: float = 0.0,
     correction_bias: Tensor | None = None,
 ) -> None:
     """Top-k of softmax(gating_output) into ``topk_weights`` (float32) and ``topk_ids``
-    (int32 written in place; int64 through one int32 staging buffer)."""
+    (int32 written in place; int64 through one int32 staging buffer). The older sgl_kernel
+    form ``topk_softmax(topk_weights, topk_ids, token_expert_indices, gating_output)`` is
+    accepted too (told apart by a tensor in the fourth place)."""
     from ._moe import topk
 
-    topk(topk_weights, topk_ids, None, gating_output, renormalize, moe_softcapping, correction_bias)
+    if isinstance(renormalize, torch.Tensor):  # (weights, ids, token_expert_indices, gating_output)
+        topk(topk_weights, topk_ids, gating_output, renormalize, False, moe_softcapping, correction_bias)
+        return
+    topk(topk_weights, topk_ids, None, gating_output, bool(renormalize), moe_softcapping, correction_bias)
+
+
+def moe_sum(input_tensor: Tensor, output_tensor: Tensor) -> None:
+    """``output = input.sum(dim=1)`` over the top-k copies (torch: opmux has no such op)."""
+    torch.sum(input_tensor, dim=1, out=output_tensor)
 
 
 def moe_align_block_size(
