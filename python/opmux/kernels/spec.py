@@ -21,9 +21,9 @@ __all__ = [
 
 #: Platform device types. ``hip`` is a ROCm GPU (torch calls its tensors ``cuda``).
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "hip", "xpu", "npu", "mps")
-#: Dtype names as ``str(torch.float16).removeprefix("torch.")`` spells them. ``int32`` is for
-#: ops whose key tensor holds indices (e.g. ``moe.moe_align_block_size``'s expert ids).
-DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int32")
+#: Dtype names as ``str(torch.float16).removeprefix("torch.")`` spells them. ``int32`` and
+#: ``int64`` are for ops whose key tensor holds indices (``moe.moe_align_block_size``'s expert ids).
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 #: Environment capabilities a backend may need (see ``selector.Facts.capabilities``).
 Capability = Literal["triton", "jit:cpu", "jit:cuda", "aot:cpu", "aot:cuda", "torch_npu"]
 

@@ -38,21 +38,22 @@ def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
 
 def moe_align_block_size_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator(device="cpu").manual_seed(22)
+    dtype = dtype if dtype in (torch.int32, torch.int64) else torch.int32  # ids: int32 or int64
 
     def routed(t: int, k: int, e: int) -> torch.Tensor:
         # like real top-k output: k distinct experts per token
         rows = [torch.randperm(e, generator=g)[:k] for _ in range(t)]
         ids = torch.stack(rows) if rows else torch.empty((0, k), dtype=torch.long)
-        return ids.to(dtype=torch.int32, device=device)
+        return ids.to(dtype=dtype, device=device)
 
-    skew = torch.zeros((100, 1), dtype=torch.int32, device=device)
+    skew = torch.zeros((100, 1), dtype=dtype, device=device)
     skew[::7] = 3
-    dup = torch.randint(0, 4, (9, 3), generator=g).to(dtype=torch.int32, device=device)  # repeats
+    dup = torch.randint(0, 4, (9, 3), generator=g).to(dtype=dtype, device=device)  # repeats
     return [
         Sample("1-token", (routed(1, 2, 8), 4, 8)),
         Sample("odd-7x3-e5-bs3", (routed(7, 3, 5), 3, 5)),
         Sample("t64-k8-e64-bs16", (routed(64, 8, 64), 16, 64)),
-        Sample("empty-batch", (torch.empty((0, 2), dtype=torch.int32, device=device), 8, 4)),
+        Sample("empty-batch", (torch.empty((0, 2), dtype=dtype, device=device), 8, 4)),
         Sample("block-size-1", (routed(5, 2, 6), 1, 6)),
         Sample("skewed", (skew, 32, 4)),
         Sample("duplicate-ids", (dup, 4, 4)),
@@ -75,7 +76,7 @@ def topk_softmax_invalid(device: str) -> Invalid:
 def moe_align_block_size_invalid(device: str) -> Invalid:
     ids = torch.zeros((4, 2), dtype=torch.int32, device=device)
     cases: Invalid = [
-        ("int64-ids", (ids.long(), 16, 8), {}, TypeError, "dtype"),
+        ("int16-ids", (ids.short(), 16, 8), {}, TypeError, "dtype"),
         ("float-ids", (ids.float(), 16, 8), {}, TypeError, "dtype"),
         ("1d-shape", (ids.flatten(), 16, 8), {}, ValueError, "expected \\[T, k\\]"),
         (
@@ -95,5 +96,6 @@ def moe_align_block_size_invalid(device: str) -> Invalid:
         cases += [
             ("id-out-of-range", (bad, 16, 8), {}, ValueError, r"topk_ids\[2, 1\] = 8 is out of range"),
             ("negative-id", (neg, 16, 8), {}, ValueError, "out of range"),
+            ("int64-id-past-int32", (bad.long() + 2**32, 16, 8), {}, ValueError, "out of range"),
         ]
     return cases

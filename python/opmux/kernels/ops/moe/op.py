@@ -9,7 +9,8 @@ zeros); equal logits are broken by the LOWER expert index, in every backend. Wit
 ``t * k + j`` of ``topk_ids`` routed to it, in increasing (token) order, padded with ``T * k``
 to a multiple of ``block_size``. ``sorted_token_ids`` has ``T*k + E*(block_size-1)`` entries
 (the rest hold ``T * k``), ``expert_ids`` one entry per block of ``block_size`` (``-1`` past
-``num_tokens_post_padded``), ``num_tokens_post_padded`` is ``[total padded count]``. Expert ids
+``num_tokens_post_padded``), ``num_tokens_post_padded`` is ``[total padded count]``; ``topk_ids``
+is int32 or int64 (narrowed to int32 by the contract, out-of-range ids kept out of range). Expert ids
 outside ``[0, E)`` raise ``ValueError`` for CPU tensors; on CUDA they are skipped (a device
 check would cost a synchronisation), so a kernel never writes out of bounds.
 """
@@ -68,7 +69,8 @@ def check_align(op: str, ids: Tensor, block_size: int, num_experts: int) -> tupl
     """-> ((sorted_token_ids, expert_ids, num_tokens_post_padded, ids, block_size, num_experts),
     the three outputs), outputs uninitialised."""
     _checks.tensor(_AL, "topk_ids", ids)
-    _checks.exact_dtype(_AL, "topk_ids", ids, torch.int32)
+    if ids.dtype != torch.int64:
+        _checks.exact_dtype(_AL, "topk_ids", ids, torch.int32)
     if ids.dim() != 2:
         raise ValueError(f"{_AL}: topk_ids has shape {tuple(ids.shape)}, expected [T, k]")
     if not ids.is_contiguous():
@@ -83,6 +85,8 @@ def check_align(op: str, ids: Tensor, block_size: int, num_experts: int) -> tupl
     max_padded = ids.numel() + e * (bs - 1)
     if max_padded >= 2**31:
         raise ValueError(f"{_AL}: {max_padded} padded slots do not fit int32")
+    if ids.dtype == torch.int64:  # the kernels read int32: ids outside [0, E) stay outside
+        ids = ids.clamp(-1, e).to(torch.int32)
     dev = ids.device
     out = (
         torch.empty(max_padded, dtype=torch.int32, device=dev),
@@ -183,6 +187,6 @@ moe_align_block_size = declare(
     values=values_align,
     reference=ref_align,
     torch=torch_align,
-    dtypes=("int32",),
-    tolerances=(INT32_EXACT,),
+    dtypes=("int32", "int64"),  # int64 ids (vLLM's, sgl's) are narrowed by the contract
+    tolerances=(INT32_EXACT, ("int64", (0.0, 0.0))),
 )

@@ -77,11 +77,12 @@ def check(
     op: str,
     positions: Tensor,
     query: Tensor,
-    key: Tensor,
+    key: Tensor | None,
     head_size: int,
     cos_sin_cache: Tensor,
     is_neox: bool = True,
 ) -> tuple[tuple[Any, ...], None]:
+    key = _no_key(positions, query, head_size) if key is None else key
     for name, t in (
         ("positions", positions),
         ("query", query),
@@ -103,8 +104,22 @@ def check(
     return (pos, q, k, cos_sin_cache, is_neox), None
 
 
+def _no_key(positions: Tensor, query: Tensor, head_size: int) -> Tensor:
+    """``key=None`` (vLLM's query-only rotation): a key with no heads, ``[*positions, 0, head_size]``;
+    every backend then rotates nothing of it. Bad arguments fall through to the usual checks."""
+    if isinstance(positions, torch.Tensor) and isinstance(query, torch.Tensor):
+        hs = _checks.positive_int(_OP, "head_size", head_size)
+        return torch.empty((*positions.shape, 0, hs), dtype=query.dtype, device=query.device)
+    return query  # not reached by a valid call: the tensor checks report what is wrong
+
+
 def values(
-    positions: Tensor, query: Tensor, key: Tensor, head_size: int, cos_sin_cache: Tensor, is_neox: bool = True
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox: bool = True,
 ) -> None:
     """Positions on the CPU are checked on the host (an accelerator's would cost a sync)."""
     if positions.is_cpu:
@@ -150,8 +165,14 @@ def _rotate(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> 
 
 
 def reference(
-    positions: Tensor, query: Tensor, key: Tensor, head_size: int, cos_sin_cache: Tensor, is_neox: bool = True
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor | None,
+    head_size: int,
+    cos_sin_cache: Tensor,
+    is_neox: bool = True,
 ) -> None:
+    key = _no_key(positions, query, head_size) if key is None else key
     pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
     _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
     _rotate(pos, q, k, cos_sin_cache, is_neox)
@@ -178,9 +199,9 @@ def npu_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) ->
 
 rotary_embedding = declare(
     _OP,
-    "(Tensor positions, Tensor(a!) query, Tensor(a!) key, int head_size, Tensor cos_sin_cache, "
+    "(Tensor positions, Tensor(a!) query, Tensor(a!)? key, int head_size, Tensor cos_sin_cache, "
     "bool is_neox=True) -> ()",
-    doc="in place: rotate query/key heads by cos_sin_cache[positions] (neox or gptj, partial rotary)",
+    doc="in place: rotate query/key heads by cos_sin_cache[positions] (neox or gptj, partial rotary; key may be None)",
     check=check,
     values=values,
     reference=reference,
