@@ -126,3 +126,35 @@ def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert recorder.calls, f"{op}: the compile path called no torch.ops.opmux op"
     for func, args, kwargs in recorder.calls:
         torch.library.opcheck(func, args, kwargs)
+
+
+def test_public_functions_check_for_dynamo_once_it_is_imported(tmp_path: Path) -> None:
+    """Before torch._dynamo is imported nothing can trace the public functions, so they skip the
+    is_dynamo_compiling call; its import gives them the checked code before it loads, and
+    torch.compile then sees the library op (the same function objects, ops made before or after)."""
+    import os
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "from opmux.kernels.ops.layernorm import rmsnorm\n"
+        "x, w = torch.randn(2, 8), torch.ones(8)\n"
+        "rmsnorm(x, w)\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "assert 'DYNAMO' not in rmsnorm.__code__.co_names\n"
+        "assert '_is_compiling_flag' in rmsnorm.__code__.co_names  # torch.export's flag: still read\n"
+        "f = torch.compile(lambda a, b: rmsnorm(a, b) * 2, fullgraph=True, backend='aot_eager')\n"
+        "assert 'DYNAMO' in rmsnorm.__code__.co_names\n"
+        "torch.testing.assert_close(f(x, w), rmsnorm(x, w) * 2)\n"
+        "from opmux.kernels.ops.activation import silu_and_mul\n"
+        "assert 'DYNAMO' in silu_and_mul.__code__.co_names\n"
+        "g = torch.compile(lambda a: silu_and_mul(a), fullgraph=True, backend='aot_eager')\n"
+        "a = torch.randn(2, 16)\n"
+        "torch.testing.assert_close(g(a), silu_and_mul(a))\n"
+        "assert rmsnorm(x, w, backend='torch').shape == x.shape\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "python")}
+    env["OPMUX_CACHE_DIR"] = str(tmp_path / "c")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
