@@ -79,7 +79,9 @@ def first_touch_gbs(threads: int, mib: int = 256, rounds: int = 5) -> float:
     the rate at which a call can produce a large new output, page faults included."""
     torch.set_num_threads(threads)
     n = mib * 2**20 // 4
-    best = min(_time(lambda _: torch.empty(n, dtype=torch.float32).fill_(1.0), [None], 2) for _ in range(rounds))
+    best = min(
+        _time(lambda _: torch.empty(n, dtype=torch.float32).fill_(1.0), [None], 2) for _ in range(rounds)
+    )
     return n * 4 / (best * 1e-6) / 1e9
 
 
@@ -112,7 +114,9 @@ def _backends(case: bc.OpCase, p: Any, k: Any) -> tuple[str, list[str]]:
 def _fresh(fn: Any) -> Any:
     """``fn`` with a code object of its own: torch.compile caches per code object, so each cell's
     compiled graph is the only entry its guards check (no recompile chain across cells)."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
 
 
 class Cell:
@@ -162,7 +166,7 @@ class Cell:
         for name, f in order:
             if self.case.mutates:
                 for st in self.sets:
-                    for a, b in zip(st, self.base):
+                    for a, b in zip(st, self.base, strict=True):
                         if isinstance(a, torch.Tensor):
                             a.copy_(b)
             self.samples[name].append(_time(f, self.sets, self.reps))
@@ -203,7 +207,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         for t in args.sizes:
             dtypes = args.big_dtypes if t >= 4096 else args.dtypes
             probe = case.make(bc.Shape(1, case.shapes[0].dims), bc._gen("cpu", 1), "cpu")
-            if all(a is b for a, b in zip(_cast(case.op, probe, torch.float16), probe)):
+            if all(a is b for a, b in zip(_cast(case.op, probe, torch.float16), probe, strict=True)):
                 dtypes = dtypes[:1]  # no activation tensor (moe_align_block_size): one dtype
             for dn in dtypes:
                 cells.append(Cell(case, fn, DTYPES[dn], t, args.ms))
@@ -290,10 +294,14 @@ def main() -> None:
     ap.add_argument("--ms", type=float, default=3.0, help="milliseconds of calls per candidate and round")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
     ap.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES))
-    ap.add_argument("--big-dtypes", type=lambda s: s.split(","), default=list(DTYPES), help="dtypes at T >= 4096")
+    ap.add_argument(
+        "--big-dtypes", type=lambda s: s.split(","), default=list(DTYPES), help="dtypes at T >= 4096"
+    )
     ap.add_argument("--ops", default="", help="comma-separated substrings of op names")
     ap.add_argument("--notes", type=Path, default=None, help="markdown appended to OUT.md")
-    ap.add_argument("--from-json", type=Path, default=None, help="render OUT.md from this run's JSON, no timing")
+    ap.add_argument(
+        "--from-json", type=Path, default=None, help="render OUT.md from this run's JSON, no timing"
+    )
     args = ap.parse_args()
     if args.from_json:
         data = json.loads(args.from_json.read_text())
@@ -303,9 +311,15 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         if not args.from_json:
-            meta["command"] = "PYTHONPATH=python python " + " ".join(["benchmarks/bench_cpu.py", *sys.argv[1:]])
-            args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-        cmd = meta.get("command", "PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu")
+            meta["command"] = "PYTHONPATH=python python " + " ".join(
+                ["benchmarks/bench_cpu.py", *sys.argv[1:]]
+            )
+            args.out.with_suffix(".json").write_text(
+                json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"
+            )
+        cmd = meta.get(
+            "command", "PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu"
+        )
         notes = args.notes.read_text() if args.notes else ""
         args.out.with_suffix(".md").write_text(render(rows, meta, cmd, notes))
 

@@ -93,8 +93,14 @@ def _avx512_level() -> int:
     2 (and AVX512_BF16), from /proc/cpuinfo; 0 off x86-64 Linux."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not Path("/proc/cpuinfo").exists():
         return 0
-    flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("flags")), [])
+    flags = next(
+        (
+            ln.split(":", 1)[1].split()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("flags")
+        ),
+        [],
+    )
     if not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags):
         return 0
     return 2 if "avx512_bf16" in flags else 1
