@@ -93,7 +93,10 @@ def test_cibuildwheel_table_tests_and_repairs_every_wheel(root, name):
     assert cfg.build_frontend == "build"
     assert "import_smoke.py" in cfg.test_command and "find_spec_check.py" in cfg.test_command
     assert cfg.test_requires, "the test venv needs torch"
-    assert cfg.repair("W.whl", "D")[:2] == ["auditwheel", "repair"]
+    repair = cfg.repair("W.whl", "D")
+    assert repair[:2] == ["auditwheel", "repair"]
+    # one OpenMP runtime in the process (torch's): torch.set_num_threads sizes the CPU kernels
+    assert "libgomp.so.1" in repair[repair.index("--exclude", 0) :], "libgomp must not be grafted"
     assert cfg.build_env({"PATH": "/bin"})["OPMUX_REQUIRE_AOT"] == "1"
     data = wheel_check.tomllib.loads((root / TABLE[name].pyproject).read_text())["tool"]["cibuildwheel"]
     assert data.get("test-skip") in (None, ""), "every wheel is installed and tested before publishing"
