@@ -51,6 +51,7 @@ TEST_DEPS = [
     "pytest",
     "pyyaml",
     "ruff",  # tests/unit/test_adding_an_op.py lints the documented example
+    "transformers",  # tests/compat/test_transformers_kernelize.py: tiny random models, CPU
     *BUILD_TOOLS,
     *INDEX_TOOLS,
 ]
