@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     import os
 
-    os.environ.setdefault("TRITON_INTERPRET", "1" if device == "cpu" else "0")
+    # the device decides: Triton's interpreter on the CPU, compiled kernels on a GPU (whatever the
+    # caller's environment says; triton reads it when its kernels are defined, i.e. later)
+    os.environ["TRITON_INTERPRET"] = "1" if device == "cpu" else "0"
     import pytest
 
     plugin = _Plugin(device, args.shadow)
