@@ -146,7 +146,7 @@ def release_rehearsal(session: nox.Session) -> None:
 def engine_compat(session: nox.Session) -> None:
     """The engines' own kernel test files, unchanged, against opmux.compat (sgl_kernel, vllm):
     `nox -s engine-compat -- FOLDER [--device cpu|cuda]` (FOLDER: fetched upstream tests, never
-    committed); CI runs our own compat tests (tests/unit/compat) in `tests`."""
+    committed); CI runs our own compat tests (tests/compat) in `tests`."""
     if not session.posargs:
         session.error("usage: nox -s engine-compat -- FOLDER_OF_UPSTREAM_TESTS [--device cpu|cuda]")
     session.install(*TEST_DEPS)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the H200: the cu13 wheel the release rehearsal built (copied to .reh/, with tests/tools/benchmarks
+# of the same commit under .reh/src via `git archive HEAD tests tools benchmarks` and the peer and
+# apache-tvm-ffi wheels under .reh/whl), carried as [".reh"]: parity-cuda, then benchmarks/host_overhead.py.
+set -uo pipefail
+OUT=${OUT:?}
+R=$PWD/.reh
+SITE=/tmp/opmux-env/site-packages
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 OPMUX_CACHE_DIR=/tmp/opmux-jit-cache
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" $R/whl/*.whl $R/opmux-*.whl || exit 1
+cd /tmp
+python3 -c "import opmux; i=opmux.build_info(); print(i['commit'], i['cuda'])"
+python3 -m opmux.kernels.jit prewarm --device cuda -j 12 --budget 200 2>&1 | tail -2
+start=$(date +%s)
+python3 -m pytest $R/src/tests/parity --target cuda --matrix-out "$OUT/cuda.json" -p no:cacheprovider --import-mode=importlib -q -ra --rootdir $R/src 2>&1 | tee "$OUT/parity.log" | tail -4
+prc=${PIPESTATUS[0]}
+echo "== parity $(( $(date +%s) - start )) s rc=$prc"
+start=$(date +%s)
+python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
+timeout 420 python3 $R/src/benchmarks/host_overhead.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -45
+hrc=${PIPESTATUS[0]}
+echo "== host_overhead $(( $(date +%s) - start )) s rc=$hrc"
+exit $(( prc || hrc ))
