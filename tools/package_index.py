@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -55,7 +56,9 @@ class LocalIndex:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _htpasswd(self) -> Path:
-        from passlib.apache import HtpasswdFile  # pypiserver[passlib] checks it
+        with warnings.catch_warnings():  # passlib imports the stdlib crypt module (deprecated)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from passlib.apache import HtpasswdFile  # pypiserver[passlib] checks it
 
         path = self.workdir / "htpasswd"
         ht = HtpasswdFile(str(path), new=True, default_scheme="sha256_crypt")
