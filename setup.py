@@ -20,6 +20,7 @@ debug paths and drops the rpath to the build environment's tvm_ffi: the shipped 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import subprocess
 import sys
@@ -248,6 +249,7 @@ def _report_missing(target: _targets.Target, info: dict) -> None:
         )
 
 
+@functools.cache
 def _source_facts() -> dict:
     """The commit and SOURCE_DATE_EPOCH recorded in the sdist this tree was unpacked from."""
     import json
@@ -263,8 +265,8 @@ def _source_facts() -> dict:
 def _git_commit() -> str | None:
     if os.environ.get("OPMUX_GIT_COMMIT"):
         return os.environ["OPMUX_GIT_COMMIT"]
-    if _source_facts().get("commit"):
-        return str(_source_facts()["commit"])
+    if commit := _source_facts().get("commit"):
+        return str(commit)
     if not (SRC / ".git").exists():
         return None
     try:

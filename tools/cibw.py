@@ -8,7 +8,7 @@ a step the release would run is a step the rehearsal runs.  Standard library onl
 
 from __future__ import annotations
 
-import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -55,15 +55,12 @@ class Config:
         return self.test_command.format(project=shlex.quote(str(project)), package=shlex.quote(str(package)))
 
 
+_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
 def _expand(value: str, env: dict[str, str]) -> str:
-    saved = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(env)
-        return os.path.expandvars(value)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    """``$VAR`` / ``${VAR}`` from ``env`` (unset: left as written, like os.path.expandvars)."""
+    return _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), m.group(0)), value)
 
 
 def load(pyproject: Path) -> Config:

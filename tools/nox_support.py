@@ -22,6 +22,7 @@ ROOT = targets.ROOT
 DIST = ROOT / "dist"
 WHEEL_ENVS = ROOT / ".nox" / "_wheel-envs"
 TORCH = "torch==2.13.0"  # pinned: a bare "torch" pulls a multi-GB CUDA build
+TABLE = targets.load(ROOT / "targets.toml")
 
 __all__ = ["build_env", "build_sdist", "build_wheel", "parity", "target_of", "wheel_env", "wheels"]
 
@@ -115,7 +116,7 @@ def wheels(session: Any) -> list[Path]:
 def target_of(wheel: Path) -> targets.Target:
     from tools import release_check
 
-    return release_check.target_of(wheel, targets.load(ROOT / "targets.toml"))
+    return release_check.target_of(wheel, TABLE)
 
 
 def wheel_env(session: Any, wheel: Path, *, extra: tuple[str, ...] = ()) -> Path:

@@ -7,26 +7,7 @@ them; a source checkout or a target without an AOT library has none, and
 
 from __future__ import annotations
 
-from ._loader import (
-    DEVICES,
-    Device,
-    DriverTooOld,
-    as_device,
-    available,
-    check_driver,
-    driver_cuda_version,
-    library_path,
-    load_library,
-)
+from . import _loader
+from ._loader import *  # noqa: F403 - the loader's public names, listed once in its __all__
 
-__all__ = [
-    "DEVICES",
-    "Device",
-    "DriverTooOld",
-    "as_device",
-    "available",
-    "check_driver",
-    "driver_cuda_version",
-    "library_path",
-    "load_library",
-]
+__all__ = _loader.__all__
