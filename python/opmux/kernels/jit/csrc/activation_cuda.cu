@@ -138,9 +138,16 @@ void run(const char* op, TensorView out, TensorView x) {
                        [&] { launch_gated<Act, scalar_t>(op, p, r.rows, r.device_id); });
 }
 
-void silu_and_mul_cuda(TensorView out, TensorView x) { run<Silu>("opmux.silu_and_mul", out, x); }
-void gelu_and_mul_cuda(TensorView out, TensorView x) { run<Gelu>("opmux.gelu_and_mul", out, x); }
-void gelu_tanh_and_mul_cuda(TensorView out, TensorView x) {
+void silu_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run<Silu>("opmux.silu_and_mul", out, x);
+}
+void gelu_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run<Gelu>("opmux.gelu_and_mul", out, x);
+}
+void gelu_tanh_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   run<GeluTanh>("opmux.gelu_tanh_and_mul", out, x);
 }
 

@@ -89,7 +89,8 @@ void launch_cache(const char* op, const CacheParams& p, int64_t tokens, int32_t 
 }
 
 void reshape_and_cache_cuda(TensorView key, TensorView value, TensorView key_cache, TensorView value_cache,
-                            TensorView slot_mapping) {
+                            TensorView slot_mapping, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.reshape_and_cache";
   CacheArgs a = check_cache_args(op, kDLCUDA, key, value, key_cache, value_cache, slot_mapping);
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;

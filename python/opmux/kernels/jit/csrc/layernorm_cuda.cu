@@ -346,20 +346,24 @@ void run(const char* op, const char* a_name, TensorView a, const char* b_name, T
                        [&] { launch_norm<scalar_t, FUSED, GEMMA>(op, p, r.device_id); });
 }
 
-void rmsnorm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
+void rmsnorm_cuda(TensorView out, TensorView x, TensorView weight, double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   run<false, false>("opmux.rmsnorm", "out", out, "x", x, weight, eps);
 }
 
-void fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView weight, double eps) {
+void fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView weight, double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   run<true, false>("opmux.fused_add_rmsnorm", "x", x, "residual", residual, weight, eps);
 }
 
-void gemma_rmsnorm_cuda(TensorView out, TensorView x, TensorView weight, double eps) {
+void gemma_rmsnorm_cuda(TensorView out, TensorView x, TensorView weight, double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   run<false, true>("opmux.gemma_rmsnorm", "out", out, "x", x, weight, eps);
 }
 
 void gemma_fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView weight,
-                                  double eps) {
+                                  double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   run<true, true>("opmux.gemma_fused_add_rmsnorm", "x", x, "residual", residual, weight, eps);
 }
 
@@ -369,7 +373,8 @@ HeadRows head_rows(TensorView t, const Heads& h, TensorView weight) {
 }
 
 void qk_norm_cuda(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
-                  double eps) {
+                  double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.qk_norm";
   QkNormArgs a = check_qk_norm_args(op, kDLCUDA, q, k, q_weight, k_weight, eps);
   QkParams p;

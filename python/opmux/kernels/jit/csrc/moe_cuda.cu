@@ -197,7 +197,8 @@ void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
   else cuda::launch(op, device_id, props, topk_softmax_loop_kernel<T>, grid, block, 0, stream, p);
 }
 
-void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView gating_output, bool renormalize) {
+void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView gating_output, bool renormalize, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.topk_softmax";
   TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, gating_output);
   if (a.tokens == 0) return;
@@ -305,7 +306,8 @@ __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
 }
 
 void moe_align_block_size_cuda(TensorView sorted_token_ids, TensorView expert_ids, TensorView num_tokens_post_padded,
-                               TensorView topk_ids, int64_t block_size, int64_t num_experts) {
+                               TensorView topk_ids, int64_t block_size, int64_t num_experts, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.moe_align_block_size";
   AlignArgs a = check_align_args(op, kDLCUDA, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
                                  block_size, num_experts);

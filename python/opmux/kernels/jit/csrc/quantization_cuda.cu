@@ -248,7 +248,8 @@ inline QuantArgs check_cuda_quant_args(const char* op, const TensorView& q, cons
   return a;
 }
 
-void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, TensorView scale_ub) {
+void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, TensorView scale_ub, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.per_token_quant_fp8";
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}, {"scale_ub", &scale_ub}});
   QuantArgs a = check_cuda_quant_args(op, q, x);
@@ -275,7 +276,8 @@ void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, Ten
 }
 
 void per_token_group_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, int64_t group_size,
-                                    double eps) {
+                                    double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.per_token_group_quant_fp8";
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
   QuantArgs a = check_cuda_quant_args(op, q, x);

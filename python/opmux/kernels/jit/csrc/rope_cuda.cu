@@ -224,7 +224,8 @@ void launch_rope(const char* op, const RopeParams& p, int64_t tokens, int32_t de
 }
 
 void rotary_embedding_cuda(TensorView positions, TensorView query, TensorView key,
-                           TensorView cos_sin_cache, bool is_neox) {
+                           TensorView cos_sin_cache, bool is_neox, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.rotary_embedding";
   RopeArgs a = check_rope_args(op, kDLCUDA, positions, query, key, cos_sin_cache);
   if (a.q.tokens == 0 || a.q.heads + a.k.heads == 0) return;

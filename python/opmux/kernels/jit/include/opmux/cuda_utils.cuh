@@ -144,9 +144,30 @@ inline bool pdl_supported(const char* op, const void* kernel, int32_t device_id,
   return cache[key] = attr.ptxVersion >= 90;
 }
 
+// Whether the launches of the current entry point may use programmatic dependent launch: every
+// CUDA entry point takes a trailing `bool enable_pdl` (as FlashInfer's) and holds a PdlScope for
+// its duration, so the launch helpers below need no extra parameter. Thread-local: a call and its
+// launches run on one host thread.
+inline bool& pdl_enabled() {
+  static thread_local bool enabled = true;
+  return enabled;
+}
+
+class PdlScope {
+ public:
+  explicit PdlScope(bool enable) : prev_(pdl_enabled()) { pdl_enabled() = enable; }
+  ~PdlScope() { pdl_enabled() = prev_; }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // Launches `kernel` on `stream` (the current device must be `device_id`), with programmatic
-// stream serialization when supported (the kernels call pdl_wait() before touching global
-// memory), then surfaces any launch error as a RuntimeError.
+// stream serialization when the entry point enabled it and the GPU and binary support it (the
+// kernels call pdl_wait() before touching global memory), then surfaces any launch error as a
+// RuntimeError.
 template <typename... KArgs, typename... Args>
 inline void launch(const char* op, int32_t device_id, const DeviceProps& props,
                    void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
@@ -160,8 +181,10 @@ inline void launch(const char* op, int32_t device_id, const DeviceProps& props,
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs =
-      pdl_supported(op, reinterpret_cast<const void*>(kernel), device_id, props.cc_major) ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && pdl_supported(op, reinterpret_cast<const void*>(kernel),
+                                                 device_id, props.cc_major)
+                     ? 1
+                     : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op,
              "kernel launch");
   check_cuda(cudaGetLastError(), op, "kernel launch");
