@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ..errors import BackendUnavailable
 
-__all__ = ["AOT", "JIT", "NativeLoader"]
+__all__ = ["AOT", "JIT", "NativeLoader", "with_pdl"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class NativeLoader:
         here: the loaders memoize their modules, and dispatch keeps what it binds until its
         choices are invalidated (so a JIT ``reset`` or a new cache dir is seen)."""
         group, _, name = op.partition(".")
-        return self._load(group, device, f"{name}_{device}")
+        fn = self._load(group, device, f"{name}_{device}")
+        return with_pdl(fn) if device == "cuda" else fn
 
     def _load(self, group: str, device: str, name: str) -> Callable[..., Any]:
         if self.kind == "aot":
@@ -51,6 +52,19 @@ class NativeLoader:
         except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable) as exc:
             raise BackendUnavailable("jit", f"{type(exc).__name__}: {exc}") from exc
         return mod[name]
+
+
+def with_pdl(fn: Callable[..., Any], enable_pdl: bool = True) -> Callable[..., Any]:
+    """A CUDA kernel as every caller calls it, ``kernel(*kernel_args)``: the C++ entry points
+    take a trailing ``enable_pdl`` (as FlashInfer's); True means "where the GPU and the binary
+    support it" (the C++ launcher checks sm_90+ and the binary's PTX), so it is the default.
+    The raw entry point stays reachable as ``__wrapped__`` for callers that pass the flag."""
+
+    def call(*args: Any) -> Any:
+        return fn(*args, enable_pdl)
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
 
 
 AOT = NativeLoader("aot")
