@@ -1,0 +1,534 @@
+// Launch-layout sweeps of opmux's CUDA kernels on the GPU at hand (METHOD.md: one program that
+// checks and times several variants in one call). It includes the real kernel sources, so what
+// it times is what the library runs; variants that the library does not (yet) launch are
+// defined here. Build and run on the GPU machine (benchmarks/tune/run_sweeps.sh):
+//
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I python/opmux/kernels/jit/include \
+//        -I python/opmux/kernels/jit/csrc -I $TVM_FFI/include -DSWEEP_<FAMILY> sweep_cuda.cu \
+//        -L $TVM_FFI/lib -ltvm_ffi -o sweep
+//   ./sweep            # prints one line per (case, variant): us per launch, GB/s, % of copy
+//
+// Method: every variant is launched R times back to back inside one CUDA graph (programmatic
+// dependent launch on, as the library launches), cycling over input sets that together exceed
+// the L2 where the case is small; the median of 15 replays, in us per launch. Each variant's
+// output is checked against the library's current launch before it is timed (bit-equal: the
+// variants change the layout, not the arithmetic).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#if defined(SWEEP_ACT)
+#include "activation_cuda.cu"
+#elif defined(SWEEP_NORM)
+#include "layernorm_cuda.cu"
+#elif defined(SWEEP_QUANT)
+#include "quantization_cuda.cu"
+#endif
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace sweep {
+
+static cudaStream_t g_stream;
+static double g_copy_gbs = 0;
+
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = g_stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+// Median us per launch of fn(i) for i in [0, reps), captured in one graph.
+double time_graph(const std::function<void(int)>& fn, int reps) {
+  for (int i = 0; i < 3; ++i) fn(i);
+  CK(cudaStreamSynchronize(g_stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < reps; ++i) fn(i);
+  CK(cudaStreamEndCapture(g_stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaGraphLaunch(exec, g_stream));
+  std::vector<float> ms;
+  for (int r = 0; r < 15; ++r) {
+    CK(cudaEventRecord(a, g_stream));
+    CK(cudaGraphLaunch(exec, g_stream));
+    CK(cudaEventRecord(b, g_stream));
+    CK(cudaEventSynchronize(b));
+    float t;
+    CK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  return ms[ms.size() / 2] * 1000.0 / reps;
+}
+
+void copy_bandwidth() {
+  const size_t n = size_t(2) << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, n));
+  CK(cudaMalloc(&b, n));
+  CK(cudaMemset(a, 1, n));
+  const double us = time_graph([&](int) { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream)); }, 5);
+  g_copy_gbs = 2.0 * n / (us * 1e3);
+  std::printf("copy bandwidth: %.0f GB/s (2 GiB device-to-device, read + write)\n", g_copy_gbs);
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+}
+
+void report(const std::string& cs, const std::string& variant, double us, double bytes) {
+  const double gbs = bytes / (us * 1e3);
+  std::printf("%-34s %-40s %9.2f us %7.0f GB/s %5.1f%%\n", cs.c_str(), variant.c_str(), us, gbs,
+              100.0 * gbs / g_copy_gbs);
+  std::fflush(stdout);
+}
+
+// Input sets so the working set exceeds 3x the L2 (50 MB) where it can; at least 1.
+int sets_for(size_t bytes) {
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(64, (size_t(150) << 20) / std::max<size_t>(bytes, 1))));
+}
+int reps_for(size_t bytes) {  // ~ >= 300 us of memory traffic per graph, at most 2000 launches
+  const double us = bytes / 4.0e3;  // ~4 TB/s
+  return static_cast<int>(std::max(20.0, std::min(2000.0, 300.0 / std::max(us, 0.15))));
+}
+
+void fill_random(void* p, size_t bytes, unsigned seed) {
+  std::vector<uint16_t> h(bytes / 2);
+  unsigned s = seed * 2654435761u + 1;
+  for (auto& v : h) {  // bf16 values in [-4, 4): sign, exponent 124..128, random mantissa
+    s = s * 1664525u + 1013904223u;
+    const uint16_t mant = (s >> 9) & 0x7f, ex = 124 + ((s >> 16) % 5), sign = (s >> 31) & 1;
+    v = static_cast<uint16_t>((sign << 15) | (ex << 7) | mant);
+  }
+  CK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+}
+
+bool same(const void* a, const void* b, size_t bytes) {
+  std::vector<char> x(bytes), y(bytes);
+  CK(cudaMemcpy(x.data(), a, bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(y.data(), b, bytes, cudaMemcpyDeviceToHost));
+  return std::memcmp(x.data(), y.data(), bytes) == 0;
+}
+
+}  // namespace sweep
+
+using namespace sweep;
+using bf16 = __nv_bfloat16;
+
+#if defined(SWEEP_ACT)
+namespace act = opmux::activation_cuda;
+
+// FlashInfer's layout: one block per row, threads loop over the row's vectors.
+template <typename Act, typename T, int VEC>
+__global__ void __launch_bounds__(1024) gated_row_kernel(act::SiluParams p) {
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(p.x) + r * p.x_stride;
+  T* out = static_cast<T*>(p.out) + r * p.out_stride;
+  const int dv = static_cast<int>(p.d / VEC);
+  opmux::cuda::pdl_wait();
+  for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+    const auto va = opmux::cuda::load_vec<T, VEC>(x + c * VEC);
+    const auto vb = opmux::cuda::load_vec<T, VEC>(x + p.d + c * VEC);
+    opmux::cuda::Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      o.v[k] = opmux::cuda::from_float<T>(Act::apply(opmux::cuda::to_float(va.v[k])) * opmux::cuda::to_float(vb.v[k]));
+    opmux::cuda::store_vec(out + c * VEC, o);
+  }
+  opmux::cuda::pdl_launch_dependents();
+}
+
+// Flattened, U vectors per thread (U independent load pairs in flight), no loop.
+template <typename Act, typename T, int VEC, int U>
+__global__ void __launch_bounds__(256) gated_multi_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
+  const uint32_t base = (blockIdx.x * blockDim.x) * U + threadIdx.x;
+  opmux::cuda::pdl_wait();
+  opmux::cuda::Vec<T, VEC> va[U], vb[U];
+  const T* x = static_cast<const T*>(p.x);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint32_t i = base + u * blockDim.x;
+    if (i < total) {
+      const uint32_t r = i / dv, c = i - r * dv;
+      const T* row = x + static_cast<int64_t>(r) * p.x_stride + static_cast<int64_t>(c) * VEC;
+      va[u] = opmux::cuda::load_vec<T, VEC>(row);
+      vb[u] = opmux::cuda::load_vec<T, VEC>(row + p.d);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint32_t i = base + u * blockDim.x;
+    if (i < total) {
+      const uint32_t r = i / dv, c = i - r * dv;
+      opmux::cuda::Vec<T, VEC> o;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        o.v[k] = opmux::cuda::from_float<T>(Act::apply(opmux::cuda::to_float(va[u].v[k])) * opmux::cuda::to_float(vb[u].v[k]));
+      opmux::cuda::store_vec(static_cast<T*>(p.out) + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
+    }
+  }
+  opmux::cuda::pdl_launch_dependents();
+}
+
+template <typename Act>
+void sweep_act(const char* name) {
+  constexpr int VEC = 8;
+  const int64_t d = 14336;
+  for (int64_t T : {1, 16, 128, 4096}) {
+    const size_t in_bytes = T * 2 * d * 2, out_bytes = T * d * 2;
+    const int sets = sets_for(in_bytes + out_bytes), reps = reps_for(in_bytes + out_bytes);
+    std::vector<void*> xs(sets), outs(sets);
+    for (int s = 0; s < sets; ++s) {
+      CK(cudaMalloc(&xs[s], in_bytes));
+      CK(cudaMalloc(&outs[s], out_bytes));
+      fill_random(xs[s], in_bytes, 7 + s);
+    }
+    void* ref;
+    CK(cudaMalloc(&ref, out_bytes));
+    auto params = [&](int i) {
+      act::SiluParams p;
+      p.out = outs[i % sets];
+      p.x = xs[i % sets];
+      p.out_stride = d;
+      p.x_stride = 2 * d;
+      p.d = d;
+      return p;
+    };
+    const std::string cs = std::string(name) + " T=" + std::to_string(T);
+    const uint32_t dv = d / VEC, total = static_cast<uint32_t>(T * dv);
+    {  // the library's own choice
+      act::SiluParams p = params(0);
+      p.out = ref;
+      act::launch_gated<Act, bf16>("sweep", p, T, 0);
+      CK(cudaStreamSynchronize(g_stream));
+    }
+    auto check_and_time = [&](const std::string& variant, const std::function<void(int)>& fn) {
+      CK(cudaMemset(outs[0], 0xff, out_bytes));
+      fn(0);
+      CK(cudaStreamSynchronize(g_stream));
+      if (!same(outs[0], ref, out_bytes)) {
+        std::printf("%-34s %-40s WRONG\n", cs.c_str(), variant.c_str());
+        return;
+      }
+      report(cs, variant, time_graph(fn, reps), in_bytes + out_bytes);
+    };
+    check_and_time("library", [&](int i) { act::launch_gated<Act, bf16>("sweep", params(i), T, 0); });
+    for (int threads : {32, 64, 128, 256}) {
+      const unsigned blocks = (total + threads - 1) / threads;
+      check_and_time("flat threads=" + std::to_string(threads), [&, threads, blocks](int i) {
+        launch(act::gated_kernel<Act, bf16, VEC, uint32_t>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
+      });
+    }
+    for (int threads : {128, 256}) {
+      const unsigned blocks2 = (total + 2 * threads - 1) / (2 * threads);
+      check_and_time("flat x2 threads=" + std::to_string(threads), [&, threads, blocks2](int i) {
+        launch(gated_multi_kernel<Act, bf16, VEC, 2>, dim3(blocks2), dim3(threads), 0, params(i), dv, total);
+      });
+      const unsigned blocks4 = (total + 4 * threads - 1) / (4 * threads);
+      check_and_time("flat x4 threads=" + std::to_string(threads), [&, threads, blocks4](int i) {
+        launch(gated_multi_kernel<Act, bf16, VEC, 4>, dim3(blocks4), dim3(threads), 0, params(i), dv, total);
+      });
+    }
+    for (int threads : {256, 512, 1024}) {
+      check_and_time("row threads=" + std::to_string(threads), [&, threads](int i) {
+        launch(gated_row_kernel<Act, bf16, VEC>, dim3(static_cast<unsigned>(T)), dim3(threads), 0, params(i));
+      });
+    }
+    for (int s = 0; s < sets; ++s) {
+      CK(cudaFree(xs[s]));
+      CK(cudaFree(outs[s]));
+    }
+    CK(cudaFree(ref));
+  }
+}
+
+void run_all() {
+  sweep_act<act::Silu>("silu_and_mul I=14336");
+  sweep_act<act::Gelu>("gelu_and_mul I=14336");
+  sweep_act<act::GeluTanh>("gelu_tanh_and_mul I=14336");
+}
+#endif  // SWEEP_ACT
+
+#if defined(SWEEP_NORM)
+namespace ln = opmux::layernorm_cuda;
+
+template <bool FUSED>
+void sweep_norm(int64_t H, int64_t T) {
+  constexpr int VEC = 8;
+  const size_t row_bytes = H * 2;
+  const size_t bytes = FUSED ? 4 * T * row_bytes : 2 * T * row_bytes;  // read/write each once
+  const int sets = sets_for(bytes), reps = reps_for(bytes);
+  std::vector<void*> as(sets), bs(sets);
+  void* w;
+  CK(cudaMalloc(&w, row_bytes));
+  fill_random(w, row_bytes, 3);
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaMalloc(&as[s], T * row_bytes));
+    CK(cudaMalloc(&bs[s], T * row_bytes));
+    fill_random(as[s], T * row_bytes, 11 + s);
+    fill_random(bs[s], T * row_bytes, 101 + s);
+  }
+  auto params = [&](int i) {
+    ln::NormParams p;
+    p.a = as[i % sets];
+    p.b = bs[i % sets];
+    p.w = w;
+    p.a_stride = H;
+    p.b_stride = H;
+    p.rows = T;
+    p.hidden = static_cast<int>(H);
+    p.eps = 1e-6f;
+    return p;
+  };
+  const std::string cs = std::string(FUSED ? "fused_add_rmsnorm" : "rmsnorm") + " H=" + std::to_string(H) +
+                         " T=" + std::to_string(T);
+  // FUSED rewrites its inputs: every variant is timed, not checked (the arithmetic is shared)
+  auto timed = [&](const std::string& variant, const std::function<void(int)>& fn) {
+    report(cs, variant, time_graph(fn, reps), bytes);
+  };
+  timed("library", [&](int i) { ln::launch_norm<bf16, FUSED, false>("sweep", params(i), 0); });
+  const int nvec = static_cast<int>(H / VEC);
+  auto reg = [&](int per, int threads) {
+    void (*k)(ln::NormParams) = nullptr;
+    switch (per) {
+      case 1: k = ln::norm_reg_kernel<bf16, VEC, 1, FUSED, false, ln::NormParams>; break;
+      case 2: k = ln::norm_reg_kernel<bf16, VEC, 2, FUSED, false, ln::NormParams>; break;
+      case 4: k = ln::norm_reg_kernel<bf16, VEC, 4, FUSED, false, ln::NormParams>; break;
+      default: k = ln::norm_reg_kernel<bf16, VEC, 8, FUSED, false, ln::NormParams>; break;
+    }
+    timed("reg per=" + std::to_string(per) + " threads=" + std::to_string(threads), [&, k, threads](int i) {
+      launch(k, dim3(static_cast<unsigned>(T)), dim3(threads), 0, params(i));
+    });
+  };
+  for (int per : {1, 2, 4, 8}) {
+    const int threads = (nvec + per - 1) / per;
+    if (threads < 32 || threads > (per == 1 ? 1024 : 512)) continue;
+    reg(per, threads);
+  }
+  for (int threads : {128, 256, 512}) {
+    timed("loop threads=" + std::to_string(threads), [&, threads](int i) {
+      launch(ln::norm_loop_kernel<bf16, VEC, FUSED, false, ln::NormParams>, dim3(static_cast<unsigned>(T)),
+             dim3(threads), 0, params(i));
+    });
+  }
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaFree(as[s]));
+    CK(cudaFree(bs[s]));
+  }
+  CK(cudaFree(w));
+}
+
+void sweep_qk(int64_t T) {
+  constexpr int VEC = 8, D = 128, HQ = 32, HK = 8;
+  const size_t qb = T * HQ * D * 2, kb = T * HK * D * 2, bytes = 2 * (qb + kb);
+  const int sets = sets_for(bytes), reps = reps_for(bytes);
+  std::vector<void*> qs(sets), ks(sets);
+  void *qw, *kw;
+  CK(cudaMalloc(&qw, D * 2));
+  CK(cudaMalloc(&kw, D * 2));
+  fill_random(qw, D * 2, 5);
+  fill_random(kw, D * 2, 6);
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaMalloc(&qs[s], qb));
+    CK(cudaMalloc(&ks[s], kb));
+    fill_random(qs[s], qb, 21 + s);
+    fill_random(ks[s], kb, 201 + s);
+  }
+  auto params = [&](int i) {
+    ln::QkParams p;
+    p.q = {qs[i % sets], qw, HQ * D, D, HQ, T * HQ};
+    p.k = {ks[i % sets], kw, HK * D, D, HK, T * HK};
+    p.rows = p.q.rows + p.k.rows;
+    p.hidden = D;
+    p.eps = 1e-6f;
+    return p;
+  };
+  const std::string cs = "qk_norm 32+8 heads T=" + std::to_string(T);
+  auto timed = [&](const std::string& variant, const std::function<void(int)>& fn) {
+    report(cs, variant, time_graph(fn, reps), bytes);
+  };
+  timed("library", [&](int i) { ln::launch_norm<bf16, false, false>("sweep", params(i), 0); });
+  const int64_t rows = T * (HQ + HK);
+  for (int rpb : {4, 8, 16, 32, 64}) {  // 16 lanes x 8 bf16 per row
+    const unsigned blocks = static_cast<unsigned>((rows + rpb - 1) / rpb);
+    timed("subwarp16 rows/block=" + std::to_string(rpb), [&, rpb, blocks](int i) {
+      launch(ln::norm_reg_kernel<bf16, VEC, 1, false, false, ln::QkParams, true>, dim3(blocks), dim3(16, rpb), 0,
+             params(i));
+    });
+  }
+  for (int rpb : {4, 8, 16, 32}) {  // a warp per row, 4 bf16 per lane
+    const unsigned blocks = static_cast<unsigned>((rows + rpb - 1) / rpb);
+    timed("warp(vec4) rows/block=" + std::to_string(rpb), [&, rpb, blocks](int i) {
+      launch(ln::norm_reg_kernel<bf16, 4, 1, false, false, ln::QkParams>, dim3(blocks), dim3(32, rpb), 0, params(i));
+    });
+  }
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaFree(qs[s]));
+    CK(cudaFree(ks[s]));
+  }
+  CK(cudaFree(qw));
+  CK(cudaFree(kw));
+}
+
+void run_all() {
+  for (int64_t H : {4096, 8192})
+    for (int64_t T : {1, 16, 4096, 32768}) sweep_norm<false>(H, T);
+  for (int64_t T : {4096, 32768}) sweep_norm<true>(4096, T);
+  for (int64_t T : {1, 128, 4096, 32768}) sweep_qk(T);
+}
+#endif  // SWEEP_NORM
+
+#if defined(SWEEP_QUANT)
+namespace qz = opmux::quantization_cuda;
+
+// One row per block (as the per-token kernel): thread t holds vectors t, t + blockDim, ... of
+// the row; a group is gv = group_size / VEC consecutive vectors, i.e. gv consecutive lanes
+// (gv a power of two <= 32, blockDim a multiple of gv), reduced with xor shuffles in the group.
+template <typename T, int VEC, int PER>
+__global__ void __launch_bounds__(512) per_group_row_kernel(qz::GroupParams p) {
+  const int64_t row = blockIdx.x;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
+  uint8_t* __restrict__ q = p.q + row * p.q_stride;
+  const int nvec = p.groups * p.group_size / VEC;
+  const int gv = p.lanes;
+  const int tid = threadIdx.x;
+  opmux::cuda::pdl_wait();
+  opmux::cuda::Vec<T, VEC> v[PER];
+  float m[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = i * blockDim.x + tid;
+    if (j < nvec) v[i] = opmux::cuda::load_vec<T, VEC>(x + j * VEC);
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) m[i] = i * blockDim.x + tid < nvec ? qz::vec_abs_max(v[i], 0.f) : 0.f;
+  for (int o = gv >> 1; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) m[i] = opmux::cuda::nan_max(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+  }
+  opmux::cuda::pdl_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int j = i * blockDim.x + tid;
+    if (j < nvec) {
+      const float scale = opmux::cuda::nan_max(m[i], p.eps) / qz::kFp8Max;
+      const int g = j / gv;
+      if ((j & (gv - 1)) == 0) p.s[row * p.s_row + g * p.s_col] = scale;
+      opmux::cuda::store_fp8<T, VEC>(q + j * VEC, v[i], 1.0f / scale);
+    }
+  }
+}
+
+void sweep_group(int64_t T) {
+  constexpr int VEC = 8, H = 4096, G = 128;
+  const size_t xb = T * H * 2, qb = T * H, sb = T * (H / G) * 4, bytes = xb + qb + sb;
+  const int sets = sets_for(bytes), reps = reps_for(bytes);
+  std::vector<void*> xs(sets), qs(sets), ss(sets);
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaMalloc(&xs[s], xb));
+    CK(cudaMalloc(&qs[s], qb));
+    CK(cudaMalloc(&ss[s], sb));
+    fill_random(xs[s], xb, 31 + s);
+  }
+  void *rq, *rs;
+  CK(cudaMalloc(&rq, qb));
+  CK(cudaMalloc(&rs, sb));
+  auto params = [&](int i) {
+    qz::GroupParams p;
+    p.q = static_cast<uint8_t*>(qs[i % sets]);
+    p.s = static_cast<float*>(ss[i % sets]);
+    p.x = xs[i % sets];
+    p.x_stride = H;
+    p.q_stride = H;
+    p.s_row = H / G;
+    p.s_col = 1;
+    p.groups = H / G;
+    p.group_size = G;
+    p.total = T * (H / G);
+    p.lanes = G / VEC;
+    p.eps = 1e-10f;
+    return p;
+  };
+  {
+    qz::GroupParams p = params(0);
+    p.q = static_cast<uint8_t*>(rq);
+    p.s = static_cast<float*>(rs);
+    qz::launch_per_group<bf16>("sweep", p, 0);
+    CK(cudaStreamSynchronize(g_stream));
+  }
+  const std::string cs = "group_quant H=4096 g=128 T=" + std::to_string(T);
+  auto check_and_time = [&](const std::string& variant, const std::function<void(int)>& fn) {
+    CK(cudaMemset(qs[0], 0xff, qb));
+    CK(cudaMemset(ss[0], 0xff, sb));
+    fn(0);
+    CK(cudaStreamSynchronize(g_stream));
+    if (!same(qs[0], rq, qb) || !same(ss[0], rs, sb)) {
+      std::printf("%-34s %-40s WRONG\n", cs.c_str(), variant.c_str());
+      return;
+    }
+    report(cs, variant, time_graph(fn, reps), bytes);
+  };
+  check_and_time("library", [&](int i) { qz::launch_per_group<bf16>("sweep", params(i), 0); });
+  const int nvec = H / VEC;
+  for (int per : {1, 2, 4}) {
+    const int threads = nvec / per;
+    void (*k)(qz::GroupParams) = per == 1 ? per_group_row_kernel<bf16, VEC, 1>
+                                 : per == 2 ? per_group_row_kernel<bf16, VEC, 2>
+                                            : per_group_row_kernel<bf16, VEC, 4>;
+    check_and_time("row per=" + std::to_string(per) + " threads=" + std::to_string(threads), [&, k, threads](int i) {
+      launch(k, dim3(static_cast<unsigned>(T)), dim3(threads), 0, params(i));
+    });
+  }
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaFree(xs[s]));
+    CK(cudaFree(qs[s]));
+    CK(cudaFree(ss[s]));
+  }
+  CK(cudaFree(rq));
+  CK(cudaFree(rs));
+}
+
+void run_all() {
+  for (int64_t T : {1, 16, 128, 4096, 16384, 32768}) sweep_group(T);
+}
+#endif  // SWEEP_QUANT
+
+int main() {
+  CK(cudaSetDevice(0));
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  // the library's launchers take the stream from tvm-ffi's environment, as under torch
+  if (TVMFFIEnvSetStream(kDLCUDA, 0, g_stream, nullptr) != 0) {
+    std::fprintf(stderr, "TVMFFIEnvSetStream failed\n");
+    return 1;
+  }
+  copy_bandwidth();
+  run_all();
+  return 0;
+}
