@@ -233,6 +233,33 @@ class FlashInferBuild:
         return {"background": self.proc is not None, "modules": self._read()}
 
 
+def start_fi_prebuild(out: Path, modules: list[str], wait_s: float) -> FlashInferBuild:
+    """Start building FlashInfer's JIT ``modules`` in a background process (this script's
+    ``--fi-prebuild`` worker; the environment of ``flashinfer_env`` must already be set):
+    status lines in OUT/.fi_build_status.jsonl, compiler output in OUT/.fi_build.log. Also used
+    by bench_chain.py."""
+    status = out / ".fi_build_status.jsonl"
+    status.unlink(missing_ok=True)
+    logf = open(out / ".fi_build.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--out",
+            str(out),
+            "--fi-prebuild",
+            ",".join(modules),
+            "--fi-status",
+            str(status),
+        ],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+    )
+    log(f"FlashInfer JIT build started in the background: {', '.join(modules)}")
+    return FlashInferBuild(status, proc, wait_s)
+
+
 # ---------------------------------------------------------------------------------------------
 # timing
 
@@ -439,26 +466,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not isinstance(p, tuple) and p.fi_module and p.fi_module not in needed:
                     needed.append(p.fi_module)
         if needed:
-            status = args.out / ".fi_build_status.jsonl"
-            status.unlink(missing_ok=True)
-            logf = open(args.out / ".fi_build.log", "wb")
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    "--out",
-                    str(args.out),
-                    "--fi-prebuild",
-                    ",".join(needed),
-                    "--fi-status",
-                    str(status),
-                ],
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ),
-            )
-            fib = FlashInferBuild(status, proc, args.fi_wait_s)
-            log(f"FlashInfer JIT build started in the background: {', '.join(needed)}")
+            fib = start_fi_prebuild(args.out, needed, args.fi_wait_s)
 
     meta = environment(torch)
     meta["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

@@ -1,0 +1,124 @@
+"""benchmarks/bench_chain.py on the CPU: ``--device cpu --dry-run`` builds every chain (opmux with
+PDL on and off, the bf16 torch chain; peers skipped) on tiny shapes, runs each once and checks it
+against the float32 reference; ``--render`` turns its json into the markdown table."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+# T = 2 and 5: the wiring, on shapes where every opmux op takes the q/k views of one qkv buffer
+TOKENS = "2,5"
+
+
+@pytest.fixture
+def bench_chain(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    monkeypatch.setenv("OPMUX_JIT", "0")  # the torch/triton backends: no C++ compiler in a unit test
+    monkeypatch.setenv("OPMUX_FALLBACK", "silent")  # no AOT library in the tree: expected fallbacks
+    monkeypatch.syspath_prepend(str(BENCH))
+    from opmux.kernels import _dispatch_state
+
+    _dispatch_state._stale()
+    for name in ("bench_chain", "bench_gpu", "bench_cases"):
+        sys.modules.pop(name, None)
+    yield importlib.import_module("bench_chain")
+    for name in ("bench_chain", "bench_gpu", "bench_cases", "render_bench"):
+        sys.modules.pop(name, None)
+
+
+def _has_pdl(mod: ModuleType) -> bool:
+    for _, public in mod.OPMUX_OPS.values():
+        m, attr = public.split(":")
+        if "enable_pdl" not in inspect.signature(getattr(importlib.import_module(m), attr)).parameters:
+            return False
+    return True
+
+
+def _statuses(result: dict[str, Any]) -> dict[tuple[str, int, str], dict[str, Any]]:
+    return {
+        (lrec["layer"], c["T"], name): r
+        for lrec in result["layers"]
+        for c in lrec["cases"]
+        for name, r in c["impls"].items()
+    }
+
+
+def test_dry_run(bench_chain: ModuleType, tmp_path: Path) -> None:
+    rc = bench_chain.main(["--device", "cpu", "--dry-run", "--tokens", TOKENS, "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "bench_chain.json").read_text())
+    st = _statuses(result)
+    assert {lrec["layer"] for lrec in result["layers"]} == {"llama3-8b", "qwen3-moe"}
+    assert len(st) == 2 * 2 * 5  # layers x T x (opmux PDL, no PDL, FlashInfer, Liger, torch)
+    for (layer, T, name), r in st.items():
+        if name in ("FlashInfer", "Liger"):
+            assert r["status"] == "unavailable" and "dry-run" in r["why"]
+        elif name == "torch eager":
+            assert r["status"] == "ok", (layer, T, r)
+        elif _has_pdl(bench_chain):
+            assert r["status"] == "ok", (layer, T, name, r)
+        else:  # the keyword is missing: a clear failure, never a silent run without it
+            assert r["status"] == "failed" and "enable_pdl" in r["error"], r
+    assert rc == (0 if _has_pdl(bench_chain) else bench_chain.PDL_EXIT)
+    md = (tmp_path / "bench_chain.md").read_text()
+    assert "## qwen3-moe" in md and "torch.compile piece" in md and "Dry run" in md
+
+
+def test_opmux_chains_match_reference(
+    bench_chain: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opmux chains' wiring, whether or not the ops have ``enable_pdl`` yet (dropped if not)."""
+    real = bench_chain.opmux_api
+
+    def api() -> dict[str, Callable[..., Any]]:
+        if _has_pdl(bench_chain):
+            return real()  # type: ignore[no-any-return]
+        out = {}
+        for step, (_, public) in bench_chain.OPMUX_OPS.items():
+            m, attr = public.split(":")
+            fn = getattr(importlib.import_module(m), attr)
+
+            def call(*a: Any, _fn: Any = fn, enable_pdl: bool | None = None, **kw: Any) -> Any:
+                return _fn(*a, **kw)
+
+            out[step] = call
+        return out
+
+    monkeypatch.setattr(bench_chain, "opmux_api", api)
+    argv = ["--device", "cpu", "--dry-run", "--tokens", TOKENS, "--impls", "opmux", "--out", str(tmp_path)]
+    assert bench_chain.main(argv) == 0
+    result = json.loads((tmp_path / "bench_chain.json").read_text())
+    st = _statuses(result)
+    assert len(st) == 2 * 2 * 2
+    for key, r in st.items():
+        assert r["status"] == "ok", (key, r)
+        assert r["rel_err"] < 1e-2, (key, r)
+    qwen = next(lrec for lrec in result["layers"] if lrec["layer"] == "qwen3-moe")
+    assert "align exact" in qwen["cases"][0]["impls"]["opmux (PDL)"]["check"]
+    md = tmp_path / "h200_chain.md"
+    assert bench_chain.main(["--render", str(tmp_path / "bench_chain.json"), "--md", str(md)]) == 0
+    assert "| T | opmux (PDL) | opmux (no PDL) |" in md.read_text()
+
+
+def test_static_align_matches_loop_reference(bench_chain: ModuleType) -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for T, k, E, block in ((1, 8, 128, 64), (7, 4, 16, 16), (33, 2, 5, 4)):
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(torch.int32)
+        sorted_ids, expert_ids, post = bench_chain.t_align(ids, block, E)
+        s_ref, e_ref, n_ref = bench_chain.align_reference(ids, block, E)
+        n = int(post[0])
+        assert n == n_ref
+        assert torch.equal(sorted_ids[:n].long(), s_ref)
+        assert torch.equal(expert_ids[: n // block].long(), e_ref)
+        assert bool((sorted_ids[n:] == T * k).all()) and bool((expert_ids[n // block :] == -1).all())
+        assert sorted_ids.numel() == T * k + E * (block - 1)
