@@ -254,10 +254,9 @@ def test_topk_softmax_correction_bias_and_softcapping() -> None:
     bias = torch.linspace(-0.5, 0.5, 8)
     w, ids = torch.empty(4, 3), torch.empty(4, 3, dtype=torch.int32)
     sgl.topk_softmax(w, ids, g, True, moe_softcapping=2.0, correction_bias=bias)
-    capped = 2.0 * torch.tanh(g / 2.0)
-    p = torch.softmax(capped, -1)
-    ref_ids = torch.topk(p + bias, 3, -1).indices
-    ref_w = p.gather(-1, ref_ids)
+    # sgl-kernel's reference (its topk_softmax test): softcap, add the bias, softmax, top-k
+    p = torch.softmax(2.0 * torch.tanh(g / 2.0) + bias, -1)
+    ref_w, ref_ids = torch.topk(p, 3, -1)
     assert torch.equal(ids.long(), ref_ids)
     torch.testing.assert_close(w, ref_w / ref_w.sum(-1, keepdim=True))
 
@@ -289,12 +288,18 @@ def test_moe_align_block_size_fills_like_the_engines(backend: str, ids_dtype: to
     sorted_ids = torch.full((n_sorted,), -7, dtype=torch.int32)
     experts = torch.full((n_blocks,), -7, dtype=torch.int32)
     post, cumsum = torch.empty(1, dtype=torch.int32), torch.empty(e + 1, dtype=torch.int32)
-    sgl.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, cumsum, False)
+    sgl.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, cumsum, True)
     ref = _ref_align(ids, e, bs, n_sorted, n_blocks)
     assert sorted_ids.tolist() == ref[0]
     assert experts.tolist() == ref[1]
     assert post.tolist() == ref[2]
     assert cumsum.tolist() == ref[3]
+    # pad_sorted_token_ids=False: only the entries are written (sgl-kernel; the caller pre-fills)
+    sorted_ids.fill_(-7)
+    sgl.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, cumsum, False)
+    entries = [i for i, v in enumerate(ref[0]) if v != ids.numel()]
+    assert [sorted_ids[i].item() for i in entries] == [ref[0][i] for i in entries]
+    assert sorted(set(sorted_ids.tolist()) - {ref[0][i] for i in entries}) == [-7]
 
 
 def test_older_topk_softmax_form_and_moe_sum(backend: str) -> None:
@@ -315,6 +320,22 @@ def test_older_topk_softmax_form_and_moe_sum(backend: str) -> None:
     assert torch.equal(out, x.sum(1))
 
 
+def test_moe_align_reads_strided_ids_as_flat_memory(backend: str) -> None:
+    """sgl-kernel (and its test's Triton reference) read ``numel`` ids from the data pointer:
+    ``argsort(...)[:, :k]`` is aligned as the first T*k ids of the argsort's memory."""
+    e, bs, t, k = 8, 4, 5, 2
+    full = torch.argsort(torch.rand(t, e, generator=_g(3)), dim=1)  # int64, [t, e]
+    view = full[:, :k]
+    n = t * k
+    sorted_ids = torch.empty(n + e * (bs - 1), dtype=torch.int32)
+    experts = torch.empty((n + e * (bs - 1)) // bs, dtype=torch.int32)
+    post, cumsum = torch.empty(1, dtype=torch.int32), torch.empty(e + 1, dtype=torch.int32)
+    sgl.moe_align_block_size(view, e, bs, sorted_ids, experts, post, cumsum, True)
+    flat = full.flatten()[:n].view(t, k)
+    ref = _ref_align(flat, e, bs, sorted_ids.numel(), experts.numel())
+    assert (sorted_ids.tolist(), experts.tolist(), post.tolist(), cumsum.tolist()) == ref
+
+
 def test_moe_align_expert_buffer_of_floor_size(backend: str) -> None:
     """sglang sizes expert_ids max_padded // block_size; the block it lacks is never used."""
     e, bs = 3, 4
@@ -323,6 +344,6 @@ def test_moe_align_expert_buffer_of_floor_size(backend: str) -> None:
     sorted_ids = torch.empty(n_sorted, dtype=torch.int32)
     experts = torch.full((n_sorted // bs,), -7, dtype=torch.int32)
     post, cumsum = torch.empty(1, dtype=torch.int32), torch.empty(e + 1, dtype=torch.int32)
-    sgl.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, cumsum)
+    sgl.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, cumsum, True)
     ref = _ref_align(ids, e, bs, n_sorted, n_sorted // bs)
     assert (sorted_ids.tolist(), experts.tolist(), post.tolist(), cumsum.tolist()) == ref

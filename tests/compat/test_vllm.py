@@ -181,7 +181,25 @@ def test_moe_align_block_size_zero_fill_and_expert_map(backend: str) -> None:
     assert experts.tolist() == [0, 1, 3] + [0] * (n_blocks - 3)  # unused blocks: 0, not -1
     expert_map = torch.tensor([-1, 0, -1, 1], dtype=torch.int32)  # this rank owns experts 1 and 3
     vllm.moe_align_block_size(ids, e, bs, sorted_ids, experts, post, expert_map)
-    assert experts.tolist()[:3] == [-1, 0, 1]
+    # mapped in the kernel: expert 0's entry is left out, 1 and 3 are local experts 0 and 1
+    assert post.tolist() == [8]
+    assert sorted_ids.tolist() == [3, 4, pad, pad, 1, 2, 5, pad] + [pad] * (n_sorted - 8)
+    assert experts.tolist() == [0, 1] + [0] * (n_blocks - 2)
+
+
+def test_topk_softmax_e_score_correction_bias(backend: str) -> None:
+    """DeepSeek's routing: experts chosen by softmax + bias, weighted by the softmax."""
+    t, e, k = 6, 16, 4
+    g = _r(t, e, seed=8)
+    bias = torch.linspace(0.2, -0.2, e)
+    w, ids = torch.empty(t, k), torch.empty(t, k, dtype=torch.int64)
+    tei = torch.empty(t, k, dtype=torch.int32)
+    vllm.topk_softmax(w, ids, tei, g, True, bias)
+    p = torch.softmax(g, -1)
+    ref_ids = torch.topk(p + bias, k, -1).indices
+    ref_w = p.gather(-1, ref_ids)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w, ref_w / ref_w.sum(-1, keepdim=True))
 
 
 def _nhd_ref(key: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -307,16 +307,21 @@ def topk_softmax(
     moe_softcapping: float = 0.0,
     correction_bias: Tensor | None = None,
 ) -> None:
-    """Top-k of softmax(gating_output) into ``topk_weights`` (float32) and ``topk_ids``
-    (int32 written in place; int64 through one int32 staging buffer). The older sgl_kernel
-    form ``topk_softmax(topk_weights, topk_ids, token_expert_indices, gating_output)`` is
-    accepted too (told apart by a tensor in the fourth place)."""
+    """Top-k of softmax(gating_output) into ``topk_weights`` (float32) and ``topk_ids`` (int32
+    or int64, both written by the kernel). sgl-kernel's ``correction_bias`` is added to the
+    (softcapped) logits before the softmax. The older sgl_kernel form ``topk_softmax(topk_weights,
+    topk_ids, token_expert_indices, gating_output)`` is accepted too (told apart by a tensor in
+    the fourth place); the kernel fills ``token_expert_indices`` there."""
     from ._moe import topk
 
     if isinstance(renormalize, torch.Tensor):  # (weights, ids, token_expert_indices, gating_output)
-        topk(topk_weights, topk_ids, gating_output, renormalize, False, moe_softcapping, correction_bias)
+        topk(
+            topk_weights, topk_ids, gating_output, renormalize, False, moe_softcapping, correction_bias, True
+        )
         return
-    topk(topk_weights, topk_ids, None, gating_output, bool(renormalize), moe_softcapping, correction_bias)
+    topk(
+        topk_weights, topk_ids, None, gating_output, bool(renormalize), moe_softcapping, correction_bias, True
+    )
 
 
 def moe_sum(input_tensor: Tensor, output_tensor: Tensor) -> None:
@@ -334,11 +339,20 @@ def moe_align_block_size(
     cumsum_buffer: Tensor,
     pad_sorted_token_ids: bool = False,
 ) -> None:
-    """vLLM/sgl layout into the caller's buffers; unused blocks get expert 0 and every unused
-    slot of ``sorted_token_ids`` holds ``topk_ids.numel()``; ``cumsum_buffer[e]`` is expert
-    e's first padded slot (``cumsum_buffer[E]`` the total)."""
+    """vLLM/sgl layout, written by the kernel into the caller's buffers: unused blocks get
+    expert 0; with ``pad_sorted_token_ids`` every unused slot of ``sorted_token_ids`` gets
+    ``topk_ids.numel()`` (without it they keep what the caller put there, as sgl-kernel does);
+    ``cumsum_buffer[e]`` is expert e's first padded slot (``cumsum_buffer[E]`` the total).
+    ``topk_ids`` is read as sgl-kernel reads it: ``numel`` ids from its data pointer."""
     from ._moe import align
 
     align(
-        topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad, cumsum_buffer
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        experts_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids,
     )

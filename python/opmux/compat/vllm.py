@@ -237,6 +237,9 @@ def topk_softmax(
     renormalize: bool = False,
     e_score_correction_bias: Tensor | None = None,
 ) -> None:
+    """vLLM's top-k softmax, written by the kernel into ``topk_weights``, ``topk_ids`` (int32
+    or int64) and ``token_expert_indices`` (``[i, j] = j * T + i``); ``e_score_correction_bias``
+    chooses the experts by softmax + bias and weights them by the softmax."""
     from ._moe import topk
 
     topk(
@@ -253,13 +256,22 @@ def moe_align_block_size(
     num_tokens_post_pad: Tensor,
     expert_map: Tensor | None = None,
 ) -> None:
-    """With ``expert_map`` (expert parallelism: global id -> local id, -1 when not local) the
-    alignment runs on the global ids and each block's expert is then mapped, as vLLM does."""
+    """vLLM's alignment, written by the kernel into the caller's buffers. With ``expert_map``
+    (expert parallelism: global id -> local id, -1 when not on this rank) each id is mapped in
+    the kernel and entries of other ranks are left out, as vLLM's kernel does."""
     from ._moe import align
 
-    align(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad)
-    if expert_map is not None:
-        experts_ids.copy_(expert_map[experts_ids.long()])
+    align(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        experts_ids,
+        num_tokens_post_pad,
+        None,
+        True,
+        expert_map,
+    )
 
 
 # -- KV cache -----------------------------------------------------------------------------------

@@ -33,6 +33,32 @@ def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out.append(Sample("ties-lower-index", (ties, 3)))
     big = logits(6, 96)
     out.append(Sample("strided-rows", (big[:, :48], 4)))
+    bias = (torch.rand(64, generator=g) * 0.05).to(device)  # float32 whatever the gating dtype
+    out += [
+        Sample("softcap", (logits(5, 64, 40.0), 6), {"moe_softcapping": 30.0}),
+        Sample("deepseek-bias", (logits(9, 64), 6), {"correction_bias": bias, "renormalize": True}),
+        Sample("bias-on-logits", (logits(9, 64), 4), {"correction_bias": bias * 20, "bias_on_logits": True}),
+        Sample("softcap-bias", (logits(3, 64, 40.0), 2), {"correction_bias": bias, "moe_softcapping": 20.0}),
+    ]
+    t, k = 7, 3
+    wide = torch.zeros((t, 8), dtype=torch.float32, device=device)
+    buffers = {
+        "topk_weights": wide[:, 2 : 2 + k],  # a strided caller buffer (row stride 8)
+        "topk_ids": torch.zeros((t, k), dtype=torch.int64, device=device),  # int64: written directly
+        "token_expert_indices": torch.zeros((t, k), dtype=torch.int32, device=device),
+    }
+    out.append(Sample("caller-buffers-int64-ids", (logits(t, 16), k), buffers))
+    out.append(
+        Sample(
+            "int32-buffers-bias",
+            (logits(4, 64), 5),
+            {
+                "correction_bias": bias,
+                "topk_weights": torch.zeros((4, 5), device=device),
+                "topk_ids": torch.zeros((4, 5), dtype=torch.int32, device=device),
+            },
+        )
+    )
     return out
 
 
@@ -49,7 +75,7 @@ def moe_align_block_size_samples(device: str, dtype: torch.dtype) -> list[Sample
     skew = torch.zeros((100, 1), dtype=dtype, device=device)
     skew[::7] = 3
     dup = torch.randint(0, 4, (9, 3), generator=g).to(dtype=dtype, device=device)  # repeats
-    return [
+    base = [
         Sample("1-token", (routed(1, 2, 8), 4, 8)),
         Sample("odd-7x3-e5-bs3", (routed(7, 3, 5), 3, 5)),
         Sample("t64-k8-e64-bs16", (routed(64, 8, 64), 16, 64)),
@@ -60,6 +86,50 @@ def moe_align_block_size_samples(device: str, dtype: torch.dtype) -> list[Sample
         Sample("t300-k4-e16-bs64", (routed(300, 4, 16), 64, 16)),
         Sample("many-experts-512", (routed(33, 8, 512), 16, 512)),
     ]
+    out = list(base)
+    emap = torch.full((16,), -1, dtype=torch.int32)
+    emap[::2] = torch.arange(8, dtype=torch.int32)  # even experts live here, as 0..7
+    emap_rev = torch.full((16,), -1, dtype=torch.int32)
+    emap_rev[1::3] = torch.arange(5, dtype=torch.int32).flip(0)  # a non-monotone map
+    ids = routed(40, 4, 16)
+    n, bs, e = ids.numel(), 8, 16
+    out += [
+        Sample("expert-map", (ids, bs, e), {"expert_map": emap.to(device)}),
+        Sample(
+            "expert-map-non-monotone", (ids, 4, e), {"expert_map": emap_rev.to(device), "unused_expert_id": 0}
+        ),
+        Sample(
+            "caller-buffers",
+            (ids, bs, e),
+            {
+                "unused_expert_id": 0,
+                "sorted_token_ids": torch.zeros(n + e * bs + 5, dtype=torch.int32, device=device),
+                "expert_ids": torch.zeros((n + e * bs) // bs + 3, dtype=torch.int32, device=device),
+                "num_tokens_post_padded": torch.zeros(2, dtype=torch.int32, device=device),
+                "cumsum_buffer": torch.zeros(e + 1, dtype=torch.int32, device=device),
+            },
+        ),
+        Sample(
+            "no-pad-keeps-slots",
+            (ids, bs, e),
+            {
+                "pad_sorted_token_ids": False,
+                "sorted_token_ids": torch.full((n + e * (bs - 1),), 7777, dtype=torch.int32, device=device),
+            },
+        ),
+    ]
+    few = routed(2, 2, 64)  # T*k < E: buffers sized T*k*block_size suffice (vLLM's small-batch sizing)
+    out.append(
+        Sample(
+            "small-batch-buffers",
+            (few, 16, 64),
+            {
+                "sorted_token_ids": torch.zeros(4 * 16, dtype=torch.int32, device=device),
+                "expert_ids": torch.zeros(4, dtype=torch.int32, device=device),
+            },
+        )
+    )
+    return out
 
 
 def topk_softmax_invalid(device: str) -> Invalid:
@@ -70,6 +140,36 @@ def topk_softmax_invalid(device: str) -> Invalid:
         ("topk-zero", (x, 0), {}, ValueError, "topk must be a positive int"),
         ("3d-shape", (torch.randn(2, 4, 16, device=device), 2), {}, ValueError, "expected \\[T, E\\]"),
         ("non-contiguous", (torch.randn(16, 4, device=device).t(), 2), {}, ValueError, "non-contiguous"),
+        (
+            "bias-dtype",
+            (x, 2),
+            {"correction_bias": torch.zeros(16, device=device).half()},
+            TypeError,
+            "correction_bias",
+        ),
+        (
+            "bias-shape",
+            (x, 2),
+            {"correction_bias": torch.zeros(15, device=device)},
+            ValueError,
+            "correction_bias",
+        ),
+        ("negative-softcap", (x, 2), {"moe_softcapping": -1.0}, ValueError, "moe_softcapping"),
+        ("ids-buffer-float", (x, 2), {"topk_ids": torch.zeros(4, 2, device=device)}, TypeError, "topk_ids"),
+        (
+            "weights-buffer-shape",
+            (x, 2),
+            {"topk_weights": torch.zeros(4, 3, device=device)},
+            ValueError,
+            "topk_weights",
+        ),
+        (
+            "tei-int64",
+            (x, 2),
+            {"token_expert_indices": torch.zeros(4, 2, dtype=torch.int64, device=device)},
+            TypeError,
+            "token_expert_indices",
+        ),
     ]
 
 
@@ -87,6 +187,27 @@ def moe_align_block_size_invalid(device: str) -> Invalid:
             "non-contiguous",
         ),
         ("block-size-0", (ids, 0, 8), {}, ValueError, "block_size must be a positive int"),
+        (
+            "sorted-buffer-short",
+            (ids, 16, 8),
+            {"sorted_token_ids": torch.zeros(8, dtype=torch.int32, device=device)},
+            ValueError,
+            "sorted_token_ids",
+        ),
+        (
+            "expert-map-shape",
+            (ids, 16, 8),
+            {"expert_map": torch.zeros(7, dtype=torch.int32, device=device)},
+            ValueError,
+            "expert_map",
+        ),
+        (
+            "cumsum-short",
+            (ids, 16, 8),
+            {"cumsum_buffer": torch.zeros(8, dtype=torch.int32, device=device)},
+            ValueError,
+            "cumsum_buffer",
+        ),
     ]
     if device == "cpu":  # on CUDA bad ids are skipped by the kernels (no sync to check them)
         bad = ids.clone()
@@ -97,5 +218,12 @@ def moe_align_block_size_invalid(device: str) -> Invalid:
             ("id-out-of-range", (bad, 16, 8), {}, ValueError, r"topk_ids\[2, 1\] = 8 is out of range"),
             ("negative-id", (neg, 16, 8), {}, ValueError, "out of range"),
             ("int64-id-past-int32", (bad.long() + 2**32, 16, 8), {}, ValueError, "out of range"),
+            (
+                "expert-map-value",
+                (ids, 16, 8),
+                {"expert_map": torch.full((8,), 8, dtype=torch.int32, device=device)},
+                ValueError,
+                r"expert_map\[0\] = 8 is out of range",
+            ),
         ]
     return cases

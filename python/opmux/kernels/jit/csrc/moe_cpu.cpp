@@ -1,9 +1,13 @@
 // MoE routing for CPU tensors.
-//   topk_softmax_cpu(topk_weights, topk_ids, gating_output, renormalize): fp32 softmax over
-//     experts, top-k by logit (ties -> lower expert index), optional renormalization.
-//   moe_align_block_size_cpu(sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
-//     block_size, num_experts): a stable counting sort by expert (vLLM layout). Every id is
-//     validated before anything is written; a bad id raises ValueError naming it.
+//   topk_softmax_cpu(topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+//     correction_bias, has_bias, renormalize, moe_softcapping, bias_on_logits): optional tanh
+//     softcap, fp32 softmax over experts, top-k by logit (or by softmax + bias: DeepSeek's
+//     correction bias; or the bias added to the logits: sgl-kernel's), ties -> lower expert
+//     index, optional renormalization; int32 or int64 ids; token_expert_indices [i, j] = j*T + i.
+//   moe_align_block_size_cpu(sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum,
+//     has_cumsum, topk_ids, expert_map, has_map, block_size, num_experts, pad, unused_expert_id):
+//     a stable counting sort by (mapped) expert (vLLM layout). Every id is validated before
+//     anything is written; a bad id raises ValueError naming it.
 // Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
 // the argument checks and the tvm-ffi entry points.
 #include <algorithm>
@@ -21,42 +25,58 @@ using cpu::to_float;
 
 OPMUX_CPU_INLINE float max_f(float a, float b) { return a < b ? b : a; }  // std::max order
 
+// How the routing scores are made (the op's options).
+struct TopkMode {
+  bool renormalize;
+  float softcap;       // 0: off
+  const float* bias;   // nullptr: none
+  bool bias_on_logits; // sgl-kernel's: bias added before the softmax; else DeepSeek's
+};
+
 // One token. x, e: scratch for the row in float (experts entries each).
-// Softmax max and sum are branch-free loops that vectorize. Top-k of a NaN-free row: one scan
-// keeping the k best (logit, index) pairs sorted, best first; an entry only displaces strictly
-// smaller logits, so of equal logits the lower index ranks first (the k-pass "first index of
-// the largest untaken logit" order, -inf included). A row with a NaN takes the plain k-pass
-// scalar scan, in which NaN ranks above every number (as torch.sort has it) and the weights are
-// NaN (the softmax of a NaN row), like the reference.
-template <typename T>
-OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t experts, int64_t k,
-                               bool renormalize, float* x, float* e, char* taken) {
+// x holds the ranking key: the (softcapped, maybe biased) logit, or softmax + bias in
+// DeepSeek's mode. Softmax max and sum are branch-free loops that vectorize. Top-k of a
+// NaN-free row: one scan keeping the k best (key, index) pairs sorted, best first; an entry
+// only displaces strictly smaller keys, so of equal keys the lower index ranks first (the
+// k-pass "first index of the largest untaken key" order, -inf included). A row with a NaN takes
+// the plain k-pass scalar scan, in which NaN ranks above every number (as torch.sort has it)
+// and the weights are NaN (the softmax of a NaN row), like the reference.
+template <typename T, typename I>
+OPMUX_CPU_CLONES void topk_row(float* w, I* ids, const T* row, int64_t experts, int64_t k,
+                               const TopkMode& mode, float* x, float* e, char* taken) {
   float m = -INFINITY;
   bool nan = false;
+  const float cap = mode.softcap;
+  const bool bias_logits = mode.bias != nullptr && mode.bias_on_logits;
   for (int64_t i = 0; i < experts; ++i) {
-    x[i] = to_float(row[i]);
-    m = max_f(m, x[i]);
-    nan |= x[i] != x[i];
+    float v = to_float(row[i]);
+    if (cap > 0.f) v = cpu::tanh_f(v / cap) * cap;
+    if (bias_logits) v += mode.bias[i];
+    x[i] = v;
+    m = max_f(m, v);
+    nan |= v != v;
   }
   float sum = 0.f;
   for (int64_t i = 0; i < experts; ++i) {
     e[i] = cpu::exp_f(x[i] - m);
     sum += e[i];
   }
+  if (mode.bias != nullptr && !mode.bias_on_logits)  // DeepSeek: rank by softmax + bias
+    for (int64_t i = 0; i < experts; ++i) x[i] = e[i] / sum + mode.bias[i];
   float total = 0.f;
   if (!nan) {
-    // ids[0..n) sorted by (logit descending, index ascending); w[] holds the logits meanwhile.
+    // ids[0..n) sorted by (key descending, index ascending); w[] holds the keys meanwhile.
     int64_t n = 0;
     for (int64_t i = 0; i < experts; ++i) {
       const float v = x[i];
       if (n == k && !(v > w[k - 1])) continue;  // the common case: not in the top k
       int64_t j = n < k ? n++ : k - 1;
-      for (; j > 0 && w[j - 1] < v; --j) {  // strict: equal logits keep the lower index first
+      for (; j > 0 && w[j - 1] < v; --j) {  // strict: equal keys keep the lower index first
         w[j] = w[j - 1];
         ids[j] = ids[j - 1];
       }
       w[j] = v;
-      ids[j] = static_cast<int32_t>(i);
+      ids[j] = static_cast<I>(i);
     }
     for (int64_t j = 0; j < k; ++j) {
       const float p = e[ids[j]] / sum;
@@ -73,21 +93,22 @@ OPMUX_CPU_CLONES void topk_row(float* w, int32_t* ids, const T* row, int64_t exp
       taken[best] = 1;
       const float p = e[best] / sum;
       w[j] = p;
-      ids[j] = static_cast<int32_t>(best);
+      ids[j] = static_cast<I>(best);
       total += p;
     }
   }
-  if (renormalize)
+  if (mode.renormalize)
     for (int64_t j = 0; j < k; ++j) w[j] /= total;
 }
 
-// gating g [tokens, experts] (row stride g_stride); weights w and ids [tokens, k], dense.
+// gating g [tokens, experts] (row stride g_stride); weights w, ids and token_expert_indices
+// [tokens, k] with row strides w_stride, ids_stride, tei_stride (tei may be null).
 struct TopkRows {
-  int64_t tokens, experts, k, g_stride;
+  int64_t tokens, experts, k, g_stride, w_stride, ids_stride, tei_stride;
 };
 
-template <typename T>
-void topk_impl(float* w, int32_t* ids, const T* g, const TopkRows& a, bool renormalize) {
+template <typename T, typename I>
+void topk_impl(float* w, I* ids, int32_t* tei, const T* g, const TopkRows& a, const TopkMode& mode) {
   const bool parallel = a.tokens > 1 && a.tokens * a.experts >= (1 << 15);
   (void)parallel;
 #ifdef _OPENMP
@@ -113,37 +134,54 @@ void topk_impl(float* w, int32_t* ids, const T* g, const TopkRows& a, bool renor
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-    for (int64_t t = 0; t < a.tokens; ++t)
-      topk_row(w + t * a.k, ids + t * a.k, g + t * a.g_stride, a.experts, a.k, renormalize, x, e,
+    for (int64_t t = 0; t < a.tokens; ++t) {
+      topk_row(w + t * a.w_stride, ids + t * a.ids_stride, g + t * a.g_stride, a.experts, a.k, mode, x, e,
                taken);
+      if (tei != nullptr)
+        for (int64_t j = 0; j < a.k; ++j) tei[t * a.tei_stride + j] = static_cast<int32_t>(j * a.tokens + t);
+    }
   }
 }
 
-// moe_align_block_size on topk_ids flattened to `numel` ids, into sorted [max_padded] and
-// experts [max_blocks] (vLLM's sizes: numel + num_experts * (block_size - 1) and its cdiv by
-// block_size) and post[0]. Returns -1, or the flat index of the first id outside
-// [0, num_experts), in which case nothing has been written.
-inline int64_t moe_align_impl(int32_t* sorted, int32_t* experts, int32_t* post, const int32_t* ids,
-                              int64_t numel, int64_t block_size, int64_t num_experts,
-                              int64_t max_padded, int64_t max_blocks) {
+// moe_align_block_size on topk_ids flattened to `numel` ids, into sorted [n_sorted] and
+// experts [n_blocks] (at least what the padded total can reach), post[0] and cumsum[0..E]
+// (when not null). With `map`, id e is placed as expert map[e] (-1: left out). `pad`: every
+// slot of `sorted` not holding an entry gets numel (else only the entries are written); blocks
+// past the total get `fill`. Returns -1, or the flat index of the first id outside
+// [0, num_experts) (-2 - e for an expert e mapped outside [-1, num_experts)), in which case
+// nothing has been written.
+template <typename I>
+int64_t moe_align_impl(int32_t* sorted, int32_t* experts, int32_t* post, int32_t* cumsum, const I* ids,
+                       const int32_t* map, int64_t numel, int64_t block_size, int64_t num_experts,
+                       int64_t n_sorted, int64_t n_blocks, bool pad, int32_t fill) {
+  if (map != nullptr)
+    for (int64_t e = 0; e < num_experts; ++e)
+      if (map[e] < -1 || map[e] >= num_experts) return -2 - e;
   std::vector<int64_t> counts(num_experts, 0);
   for (int64_t i = 0; i < numel; ++i) {
-    const int32_t e = ids[i];
+    const I e = ids[i];
     if (e < 0 || e >= num_experts) return i;
-    ++counts[e];
+    const int64_t b = map != nullptr ? map[e] : static_cast<int64_t>(e);
+    if (b >= 0) ++counts[b];
   }
   std::vector<int64_t> next(num_experts);  // write cursor per expert
   int64_t pos = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     next[e] = pos;
+    if (cumsum != nullptr) cumsum[e] = static_cast<int32_t>(pos);
     const int64_t padded = (counts[e] + block_size - 1) / block_size * block_size;
     for (int64_t b = pos / block_size; b < (pos + padded) / block_size; ++b) experts[b] = static_cast<int32_t>(e);
     pos += padded;
   }
-  for (int64_t b = pos / block_size; b < max_blocks; ++b) experts[b] = -1;
-  const int32_t pad = static_cast<int32_t>(numel);
-  for (int64_t i = 0; i < max_padded; ++i) sorted[i] = pad;
-  for (int64_t i = 0; i < numel; ++i) sorted[next[ids[i]]++] = static_cast<int32_t>(i);  // stable
+  if (cumsum != nullptr) cumsum[num_experts] = static_cast<int32_t>(pos);
+  for (int64_t b = pos / block_size; b < n_blocks; ++b) experts[b] = fill;
+  const int32_t none = static_cast<int32_t>(numel);
+  if (pad)
+    for (int64_t i = 0; i < n_sorted; ++i) sorted[i] = none;
+  for (int64_t i = 0; i < numel; ++i) {  // stable
+    const int64_t b = map != nullptr ? map[ids[i]] : static_cast<int64_t>(ids[i]);
+    if (b >= 0) sorted[next[b]++] = static_cast<int32_t>(i);
+  }
   post[0] = static_cast<int32_t>(pos);
   return -1;
 }
@@ -159,30 +197,63 @@ inline int64_t moe_align_impl(int32_t* sorted, int32_t* experts, int32_t* post, 
 namespace opmux {
 namespace moe_cpu {
 
-void topk_softmax_cpu(TensorView topk_weights, TensorView topk_ids, TensorView gating_output, bool renormalize) {
+void topk_softmax_cpu(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
+                      TensorView gating_output, TensorView correction_bias, bool has_bias, bool renormalize,
+                      double moe_softcapping, bool bias_on_logits) {
   const char* op = "opmux.topk_softmax";
-  TopkArgs a = check_topk_args(op, kDLCPU, topk_weights, topk_ids, gating_output);
+  TopkArgs a = check_topk_args(op, kDLCPU, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+                               correction_bias, has_bias, moe_softcapping);
   if (a.tokens == 0) return;
-  const TopkRows rows{a.tokens, a.experts, a.k, a.g_stride};
+  const TopkRows rows{a.tokens, a.experts, a.k, a.g_stride, a.w_stride, a.ids_stride, a.tei_stride};
+  const TopkMode mode{renormalize, static_cast<float>(moe_softcapping),
+                      has_bias ? data_ptr<const float>(correction_bias) : nullptr, bias_on_logits};
+  int32_t* tei = has_tei ? data_ptr<int32_t>(token_expert_indices) : nullptr;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    topk_impl<scalar_t>(data_ptr<float>(topk_weights), data_ptr<int32_t>(topk_ids),
-                        data_ptr<const scalar_t>(gating_output), rows, renormalize);
+    const scalar_t* g = data_ptr<const scalar_t>(gating_output);
+    float* w = data_ptr<float>(topk_weights);
+    if (a.ids64) {
+      topk_impl<scalar_t, int64_t>(w, data_ptr<int64_t>(topk_ids), tei, g, rows, mode);
+    } else {
+      topk_impl<scalar_t, int32_t>(w, data_ptr<int32_t>(topk_ids), tei, g, rows, mode);
+    }
   });
 }
 
 void moe_align_block_size_cpu(TensorView sorted_token_ids, TensorView expert_ids, TensorView num_tokens_post_padded,
-                              TensorView topk_ids, int64_t block_size, int64_t num_experts) {
+                              TensorView cumsum_buffer, bool has_cumsum, TensorView topk_ids, TensorView expert_map,
+                              bool has_map, int64_t block_size, int64_t num_experts, bool pad_sorted_token_ids,
+                              int64_t unused_expert_id) {
   const char* op = "opmux.moe_align_block_size";
-  AlignArgs a = check_align_args(op, kDLCPU, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
-                                 block_size, num_experts);
-  const int32_t* ids = data_ptr<const int32_t>(topk_ids);
-  const int64_t bad = moe_align_impl(data_ptr<int32_t>(sorted_token_ids), data_ptr<int32_t>(expert_ids),
-                                     data_ptr<int32_t>(num_tokens_post_padded), ids, a.numel, block_size,
-                                     num_experts, a.max_padded, a.max_blocks);
+  AlignArgs a = check_align_args(op, kDLCPU, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer,
+                                 has_cumsum, topk_ids, expert_map, has_map, block_size, num_experts);
+  int32_t* cumsum = has_cumsum ? data_ptr<int32_t>(cumsum_buffer) : nullptr;
+  const int32_t* map = has_map ? data_ptr<const int32_t>(expert_map) : nullptr;
+  const int32_t fill = static_cast<int32_t>(unused_expert_id);
+  int64_t bad = -1;
+  int64_t bad_id = 0;
+  if (a.ids64) {
+    const int64_t* ids = data_ptr<const int64_t>(topk_ids);
+    bad = moe_align_impl(data_ptr<int32_t>(sorted_token_ids), data_ptr<int32_t>(expert_ids),
+                         data_ptr<int32_t>(num_tokens_post_padded), cumsum, ids, map, a.numel, block_size,
+                         num_experts, a.n_sorted, a.n_blocks, pad_sorted_token_ids, fill);
+    if (bad >= 0) bad_id = ids[bad];
+  } else {
+    const int32_t* ids = data_ptr<const int32_t>(topk_ids);
+    bad = moe_align_impl(data_ptr<int32_t>(sorted_token_ids), data_ptr<int32_t>(expert_ids),
+                         data_ptr<int32_t>(num_tokens_post_padded), cumsum, ids, map, a.numel, block_size,
+                         num_experts, a.n_sorted, a.n_blocks, pad_sorted_token_ids, fill);
+    if (bad >= 0) bad_id = ids[bad];
+  }
   if (bad >= 0) {
     const int64_t k = topk_ids.size(1);
-    TVM_FFI_THROW(ValueError) << op << ": topk_ids[" << bad / k << ", " << bad % k << "] = " << ids[bad]
+    TVM_FFI_THROW(ValueError) << op << ": topk_ids[" << bad / k << ", " << bad % k << "] = " << bad_id
                               << " is out of range [0, " << num_experts << ") (num_experts)";
+  }
+  if (bad < -1) {
+    const int64_t e = -2 - bad;
+    TVM_FFI_THROW(ValueError) << op << ": expert_map[" << e << "] = " << map[e]
+                              << " is out of range: local expert ids are [0, " << num_experts
+                              << "), or -1 for an expert not on this rank";
   }
 }
 

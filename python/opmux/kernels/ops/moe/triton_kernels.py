@@ -8,22 +8,67 @@ import triton.language as tl
 
 
 @triton.jit
-def _topk_softmax(G, W, IDS, sg, E, K, RENORM: tl.constexpr, BLOCK: tl.constexpr, KBLOCK: tl.constexpr):
+def _tanh(x):
+    """Cephes tanhf, as the CPU kernel's tanh_f (odd polynomial below 0.625, 1 - 2 / (e^2|x| + 1) above)."""
+    ax = tl.abs(x)
+    z = x * x
+    p = -5.70498872745e-3
+    p = p * z + 2.06390887954e-2
+    p = p * z - 5.37397155531e-2
+    p = p * z + 1.33314422036e-1
+    p = p * z - 3.33332819422e-1
+    small = p * z * x + x
+    big = 1.0 - 2.0 / (tl.exp(ax + ax) + 1.0)
+    big = tl.where(x < 0.0, -big, big)
+    return tl.where(ax < 0.625, small, big)
+
+
+@triton.jit
+def _topk_softmax(
+    G,
+    W,
+    IDS,
+    TEI,
+    BIAS,
+    sg,
+    sw,
+    sid,
+    stei,
+    T,
+    E,
+    K,
+    cap,
+    RENORM: tl.constexpr,
+    HAS_TEI: tl.constexpr,
+    BIAS_MODE: tl.constexpr,  # 0: none, 1: DeepSeek (choose by softmax + bias), 2: bias on logits
+    SOFTCAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    KBLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     kcols = tl.arange(0, KBLOCK)
     inb = cols < E
     x = tl.load(G + row * sg + cols, mask=inb, other=float("-inf")).to(tl.float32)
+    if SOFTCAP:
+        x = tl.where(inb, _tanh(x / cap) * cap, float("-inf"))
+    if BIAS_MODE != 0:
+        b = tl.load(BIAS + cols, mask=inb, other=0.0)
+    if BIAS_MODE == 2:
+        x = tl.where(inb, x + b, float("-inf"))
     m = tl.max(x, axis=0)
     ex = tl.where(inb, tl.exp(x - m), 0.0)
-    inv_sum = tl.math.div_rn(1.0, tl.sum(ex, axis=0))
-    avail = inb
+    total_e = tl.sum(ex, axis=0)
+    inv_sum = tl.math.div_rn(1.0, total_e)
     nan = x != x  # NaN ranks above every logit (as torch.sort has it); its row's weights are NaN
+    if BIAS_MODE == 1:
+        x = tl.where(inb, tl.math.div_rn(ex, total_e) + b, float("-inf"))  # the ranking key
+    avail = inb
     wk = tl.zeros([KBLOCK], dtype=tl.float32)
     ik = tl.zeros([KBLOCK], dtype=tl.int32)
     for j in range(K):
         best = tl.max(tl.where(avail & ~nan, x, float("-inf")), axis=0)
-        # lowest available index holding the best logit (ties -> lower expert id), NaNs first
+        # lowest available index holding the best key (ties -> lower expert id), NaNs first
         idx = tl.min(tl.where(avail & ~nan & (x == best), cols, BLOCK), axis=0)
         nan_idx = tl.min(tl.where(avail & nan, cols, BLOCK), axis=0)
         idx = tl.where(nan_idx < BLOCK, nan_idx, idx)
@@ -33,12 +78,25 @@ def _topk_softmax(G, W, IDS, sg, E, K, RENORM: tl.constexpr, BLOCK: tl.constexpr
         avail = avail & (cols != idx)
     if RENORM:
         wk = wk * tl.math.div_rn(1.0, tl.sum(wk, axis=0))
-    tl.store(W + row * K + kcols, wk, mask=kcols < K)
-    tl.store(IDS + row * K + kcols, ik, mask=kcols < K)
+    tl.store(W + row * sw + kcols, wk, mask=kcols < K)
+    tl.store(IDS + row * sid + kcols, ik.to(IDS.dtype.element_ty), mask=kcols < K)
+    if HAS_TEI:
+        tl.store(TEI + row * stei + kcols, (kcols * T + row).to(tl.int32), mask=kcols < K)
 
 
 # The kernel argument lists of the moe ops (see op.py).
-def topk_softmax(w: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, renormalize: bool) -> None:
+def topk_softmax(
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    tei: torch.Tensor,
+    has_tei: bool,
+    g: torch.Tensor,
+    bias: torch.Tensor,
+    has_bias: bool,
+    renormalize: bool,
+    softcap: float,
+    bias_on_logits: bool,
+) -> None:
     t, e = g.shape
     if t == 0:
         return
@@ -48,10 +106,20 @@ def topk_softmax(w: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, renormaliz
         g,
         w,
         ids,
+        tei,
+        bias,
         g.stride(0),
+        w.stride(0),
+        ids.stride(0),
+        tei.stride(0),
+        t,
         e,
         k,
+        softcap if softcap else 1.0,
         RENORM=renormalize,
+        HAS_TEI=has_tei,
+        BIAS_MODE=(2 if bias_on_logits else 1) if has_bias else 0,
+        SOFTCAP=softcap > 0,
         BLOCK=block,
         KBLOCK=triton.next_power_of_2(k),
         num_warps=1 if block <= 256 else 4,
@@ -59,22 +127,50 @@ def topk_softmax(w: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, renormaliz
 
 
 @triton.jit
-def _align_count(IDS, COUNTS, N, BLOCK: tl.constexpr):
-    """Program e: number of entries routed to expert e."""
+def _align_count(IDS, MAP, COUNTS, N, E, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
+    """Program e: number of entries routed to (local) expert e."""
     e = tl.program_id(0)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
     for start in range(0, N, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        v = tl.load(IDS + offs, mask=offs < N, other=-1)
+        v = _bin(IDS, MAP, offs, N, E, HAS_MAP)
         acc += (v == e).to(tl.int32)
     tl.store(COUNTS + e, tl.sum(acc, axis=0))
 
 
 @triton.jit
+def _bin(IDS, MAP, offs, N, E, HAS_MAP: tl.constexpr):
+    """The bin of entries ``offs``: the expert id (through MAP), or -1 (not placed)."""
+    v = tl.load(IDS + offs, mask=offs < N, other=-1).to(tl.int64)
+    ok = (v >= 0) & (v < E)
+    v = tl.where(ok, v, -1)
+    if HAS_MAP:
+        m = tl.load(MAP + tl.where(ok, v, 0), mask=ok, other=-1).to(tl.int64)
+        v = tl.where(ok & (m >= 0) & (m < E), m, -1)
+    return v
+
+
+@triton.jit
 def _align_scatter(
-    IDS, COUNTS, SORTED, EXPERT_IDS, POST, N, E, BS, BLOCK: tl.constexpr, EBLOCK: tl.constexpr
+    IDS,
+    MAP,
+    COUNTS,
+    SORTED,
+    EXPERT_IDS,
+    POST,
+    CUMSUM,
+    N,
+    E,
+    BS,
+    NBLOCKS,
+    FILL,
+    HAS_MAP: tl.constexpr,
+    HAS_CUMSUM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EBLOCK: tl.constexpr,
 ):
-    """Program e: writes its block owners and its entries' flat indices, in token order."""
+    """Program e: writes its block owners and its entries' flat indices, in token order;
+    program 0 also the total, the cumsum and the unused blocks."""
     e = tl.program_id(0)
     ex = tl.arange(0, EBLOCK)
     c = tl.load(COUNTS + ex, mask=ex < E, other=0)
@@ -82,13 +178,20 @@ def _align_scatter(
     start = tl.sum(tl.where(ex < e, padded, 0), axis=0)
     mine = tl.sum(tl.where(ex == e, padded, 0), axis=0)
     if e == 0:
-        tl.store(POST, tl.sum(padded, axis=0))
+        total = tl.sum(padded, axis=0)
+        tl.store(POST, total)
+        if HAS_CUMSUM:
+            tl.store(CUMSUM + ex, tl.cumsum(padded, axis=0) - padded, mask=ex < E)
+            tl.store(CUMSUM + E, total)
+        for b0 in range(total // BS, NBLOCKS, BLOCK):
+            bo = b0 + tl.arange(0, BLOCK)
+            tl.store(EXPERT_IDS + bo, tl.zeros([BLOCK], dtype=tl.int32) + FILL, mask=bo < NBLOCKS)
     for b in range(0, mine // BS):
         tl.store(EXPERT_IDS + start // BS + b, e)
     running = start
     for s in range(0, N, BLOCK):
         offs = s + tl.arange(0, BLOCK)
-        v = tl.load(IDS + offs, mask=offs < N, other=-1)
+        v = _bin(IDS, MAP, offs, N, E, HAS_MAP)
         hit = (v == e).to(tl.int32)
         pos = running + tl.cumsum(hit, axis=0) - 1  # inclusive scan: stable ranks
         tl.store(SORTED + pos, offs.to(tl.int32), mask=hit == 1)
@@ -96,23 +199,40 @@ def _align_scatter(
 
 
 def moe_align_block_size(
-    sorted_ids: torch.Tensor, expert_ids: torch.Tensor, post: torch.Tensor, ids: torch.Tensor, bs: int, e: int
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    post: torch.Tensor,
+    cumsum: torch.Tensor,
+    has_cumsum: bool,
+    ids: torch.Tensor,
+    expert_map: torch.Tensor,
+    has_map: bool,
+    bs: int,
+    e: int,
+    pad: bool,
+    fill: int,
 ) -> None:
     n = ids.numel()
-    sorted_ids.fill_(n)
-    expert_ids.fill_(-1)
+    if pad:
+        sorted_ids.fill_(n)
     counts = torch.empty(e, dtype=torch.int32, device=ids.device)
     block = min(1024, max(16, triton.next_power_of_2(n)))
-    _align_count[(e,)](ids, counts, n, BLOCK=block)
+    _align_count[(e,)](ids, expert_map, counts, n, e, HAS_MAP=has_map, BLOCK=block)
     _align_scatter[(e,)](
         ids,
+        expert_map,
         counts,
         sorted_ids,
         expert_ids,
         post,
+        cumsum,
         n,
         e,
         bs,
+        expert_ids.numel(),
+        fill,
+        HAS_MAP=has_map,
+        HAS_CUMSUM=has_cumsum,
         BLOCK=block,
         EBLOCK=max(16, triton.next_power_of_2(e)),
     )
