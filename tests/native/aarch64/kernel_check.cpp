@@ -536,7 +536,7 @@ void check_per_token_quant(int64_t rows, int64_t hidden, int64_t pad, bool with_
   std::vector<float> s(rows, -1.0f);
   const float ub = 1.5f;
   const opmux::quantization_cpu::QuantRows a{rows, hidden, xs, qs};
-  opmux::quantization_cpu::per_token_impl<T>(q.data(), s.data(), x.data(), a, with_ub ? &ub : nullptr);
+  opmux::quantization_cpu::per_token_impl<T>(q.data(), s.data(), x.data(), a, with_ub ? &ub : nullptr, false);
   Case c("per_token_quant_fp8", fmt("%s rows=%lld hidden=%lld%s", Ty<T>::name, (long long)rows,
                                     (long long)hidden, with_ub ? " scale_ub=1.5" : ""));
   const float min_scale = static_cast<float>(1.0 / (448.0 * 512.0));
@@ -564,7 +564,8 @@ void check_per_group_quant(int64_t rows, int64_t hidden, int64_t gs, bool col_ma
   // Scales [rows, groups] row-major, or column-major (DeepGEMM's transposed layout).
   const int64_t s_row = col_major ? 1 : groups, s_col = col_major ? rows : 1;
   const opmux::quantization_cpu::QuantRows a{rows, hidden, hidden, hidden};
-  opmux::quantization_cpu::per_group_impl<T>(q.data(), s.data(), s_row, s_col, x.data(), a, gs, eps);
+  const opmux::quantization_cpu::ScaleOut so{s.data(), s_row, s_col, false};
+  opmux::quantization_cpu::per_group_impl<T, uint8_t>(q.data(), so, x.data(), a, gs, eps, false, false);
   Case c("per_token_group_quant_fp8", fmt("%s rows=%lld hidden=%lld group=%lld%s", Ty<T>::name,
                                           (long long)rows, (long long)hidden, (long long)gs,
                                           col_major ? " column-major scales" : ""));

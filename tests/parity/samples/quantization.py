@@ -1,4 +1,4 @@
-"""Parity cases for the fp8 quantization ops: made fresh per call, on the requested device."""
+"""Parity cases for the quantization ops: made fresh per call, on the requested device."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 from opmux.kernels.ops._common import Sample
 
 Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]
+FP8 = torch.float8_e4m3fn
 
 _SHAPES = (
     ("1-token", (1, 64)),
@@ -24,6 +25,10 @@ def _randn(
     return (torch.randn(shape, generator=g) * scale).to(dtype=dtype, device=device)
 
 
+def _f32(*v: float, device: str) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32, device=device)
+
+
 def per_token_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator(device="cpu").manual_seed(11)
     out = [Sample(n, (_randn(s, dtype, device, g),)) for n, s in _SHAPES]
@@ -33,14 +38,84 @@ def per_token_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]
     out.append(Sample("zero-row", (zeros,)))
     big = _randn((6, 320), dtype, device, g)
     out.append(Sample("strided-rows", (big[:, :160],)))
-    ub = torch.tensor([0.5], dtype=torch.float32, device=device)  # clips: q saturates at 448
+    ub = _f32(0.5, device=device)  # clips: q saturates at 448
     out.append(Sample("scale-ub", (_randn((4, 96), dtype, device, g, 2.0), ub)))
+    ub0 = torch.tensor(0.5, dtype=torch.float32, device=device)  # vLLM passes a 0-dim tensor
+    out.append(Sample("scale-ub-0-dim", (_randn((4, 96), dtype, device, g, 2.0), ub0)))
     out.append(Sample("hidden-8192", (_randn((2, 8192), dtype, device, g),)))
+    out.append(Sample("divide", (_randn((5, 200), dtype, device, g, 3.0),), {"divide_by_scale": True}))
+    out.append(
+        Sample("divide-hidden-20000", (_randn((2, 20000), dtype, device, g),), {"divide_by_scale": True})
+    )
+    # caller's buffers: q rows of a padded buffer (vLLM's num_token_padding), scales [T]
+    x = _randn((3, 64), dtype, device, g)
+    q_pad = torch.zeros((5, 64), dtype=FP8, device=device)
+    out.append(
+        Sample(
+            "out-padded",
+            (x,),
+            {"out_q": q_pad[:3], "out_scale": torch.zeros(3, dtype=torch.float32, device=device)},
+        )
+    )
+    out.append(
+        Sample(
+            "out-3d-divide",
+            (_randn((2, 3, 48), dtype, device, g),),
+            {
+                "divide_by_scale": True,
+                "out_q": torch.zeros((2, 3, 48), dtype=FP8, device=device),
+                "out_scale": torch.zeros((2, 3, 1), dtype=torch.float32, device=device),
+            },
+        )
+    )
+    out.append(
+        Sample(
+            "out-scale-only",
+            (_randn((4, 32), dtype, device, g),),
+            {"out_scale": torch.zeros((4, 1), dtype=torch.float32, device=device)},
+        )
+    )
     return out
 
 
-def per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    g = torch.Generator(device="cpu").manual_seed(12)
+def per_tensor_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(13)
+    out = [Sample(n, (_randn(s, dtype, device, g),)) for n, s in _SHAPES if n != "empty-batch"]
+    out.append(Sample("large-magnitude", (_randn((4, 256), dtype, device, g, 1e3),)))
+    big = _randn((6, 320), dtype, device, g)
+    out.append(Sample("strided-rows", (big[:, :160],)))
+    out.append(Sample("many-rows", (_randn((300, 40), dtype, device, g),)))
+    out.append(Sample("static", (_randn((4, 96), dtype, device, g, 2.0), _f32(0.01, device=device))))
+    out.append(
+        Sample("static-saturates", (_randn((4, 96), dtype, device, g, 5.0), _f32(1e-3, device=device)))
+    )
+    out.append(Sample("static-0-dim", (_randn((3, 33), dtype, device, g), torch.tensor(0.02, device=device))))
+    out.append(Sample("static-empty", (_randn((0, 16), dtype, device, g), _f32(0.5, device=device))))
+    out.append(
+        Sample(
+            "out-dynamic",
+            (_randn((3, 64), dtype, device, g),),
+            {
+                "out_q": torch.zeros((6, 64), dtype=FP8, device=device)[::2],
+                "out_scale": torch.zeros(1, dtype=torch.float32, device=device),
+            },
+        )
+    )
+    out.append(
+        Sample(
+            "out-static",
+            (_randn((3, 64), dtype, device, g), _f32(0.005, device=device)),
+            {
+                "out_q": torch.zeros((3, 64), dtype=FP8, device=device),
+                "out_scale": torch.zeros(1, dtype=torch.float32, device=device),
+            },
+        )
+    )
+    return out
+
+
+def _group_cases(device: str, dtype: torch.dtype, g: torch.Generator) -> list[Sample]:
+    """Cases every group op takes (fp8 and int8)."""
     out = [
         Sample("1-token", (_randn((1, 256), dtype, device, g),), {"group_size": 128}),
         Sample("odd-group-7", (_randn((3, 21), dtype, device, g),), {"group_size": 7}),
@@ -59,6 +134,16 @@ def per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[S
             {"group_size": 128, "column_major_scales": True},
         ),
         Sample(
+            "tma-aligned",
+            (_randn((5, 256), dtype, device, g),),
+            {"group_size": 64, "column_major_scales": True, "scale_tma_aligned": True},
+        ),
+        Sample(
+            "tma-aligned-3d",
+            (_randn((2, 3, 64), dtype, device, g),),
+            {"group_size": 16, "column_major_scales": True, "scale_tma_aligned": True},
+        ),
+        Sample(
             "eps-zero-group",
             (torch.zeros((2, 256), dtype=dtype, device=device),),
             {"group_size": 128, "eps": 1e-4},
@@ -66,6 +151,86 @@ def per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[S
     ]
     big = _randn((6, 512), dtype, device, g)
     out.append(Sample("strided-rows", (big[:, :256],), {"group_size": 128}))
+    return out
+
+
+def _tma_scales(t: int, groups: int, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """sgl's TMA-aligned column-major scales: a [T, G] view of [G, ceil(T / 4) * 4]."""
+    m = (t + 3) // 4 * 4
+    return torch.zeros((groups, m), dtype=dtype, device=device).t()[:t]
+
+
+def per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(12)
+    out = _group_cases(device, dtype, g)
+    out += [
+        Sample("ue8m0", (_randn((4, 256), dtype, device, g, 5.0),), {"group_size": 64, "scale_ue8m0": True}),
+        Sample(
+            "ue8m0-tma",
+            (_randn((6, 512), dtype, device, g),),
+            {"group_size": 128, "column_major_scales": True, "scale_tma_aligned": True, "scale_ue8m0": True},
+        ),
+        Sample(
+            "divide", (_randn((4, 256), dtype, device, g, 3.0),), {"group_size": 32, "divide_by_scale": True}
+        ),
+        Sample(
+            "out-tma",
+            (_randn((5, 128), dtype, device, g),),
+            {
+                "group_size": 32,
+                "out_q": torch.zeros((5, 128), dtype=FP8, device=device),
+                "out_scale": _tma_scales(5, 4, device),
+            },
+        ),
+        # sgl-kernel's packed UE8M0: int32 [T, ceil(G / 4)], TMA-aligned column-major
+        Sample(
+            "out-packed-ue8m0",
+            (_randn((5, 1024), dtype, device, g, 4.0),),
+            {"group_size": 128, "scale_ue8m0": True, "out_scale": _tma_scales(5, 2, device, torch.int32)},
+        ),
+        Sample(
+            "out-packed-ue8m0-g6",
+            (_randn((3, 96), dtype, device, g),),
+            {
+                "group_size": 16,
+                "scale_ue8m0": True,
+                "out_scale": torch.zeros((3, 2), dtype=torch.int32, device=device),
+            },
+        ),
+        Sample(
+            "out-q-strided-divide",
+            (_randn((3, 64), dtype, device, g),),
+            {
+                "group_size": 16,
+                "divide_by_scale": True,
+                "out_q": torch.zeros((3, 128), dtype=FP8, device=device)[:, :64],
+            },
+        ),
+    ]
+    return out
+
+
+def per_token_group_quant_int8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(14)
+    out = _group_cases(device, dtype, g)
+    out.append(
+        Sample(
+            "out-tma",
+            (_randn((5, 128), dtype, device, g, 2.0),),
+            {
+                "group_size": 32,
+                "out_q": torch.zeros((5, 128), dtype=torch.int8, device=device),
+                "out_scale": _tma_scales(5, 4, device),
+            },
+        )
+    )
+    out.append(
+        Sample(
+            "out-scale-row-major-3d",
+            (_randn((2, 2, 64), dtype, device, g),),
+            {"group_size": 32, "out_scale": torch.zeros((2, 2, 2), dtype=torch.float32, device=device)},
+        )
+    )
     return out
 
 
@@ -84,6 +249,59 @@ def per_token_quant_fp8_invalid(device: str) -> Invalid:
         ("ub-shape", (x, torch.ones(2, device=device)), {}, ValueError, "scale_ub has shape"),
         ("empty-hidden", (torch.randn(4, 0, device=device),), {}, ValueError, "H >= 1"),
         ("not-a-tensor", ([1.0, 2.0],), {}, TypeError, "Tensor"),
+        ("divide-not-bool", (x,), {"divide_by_scale": 1}, TypeError, "divide_by_scale must be a bool"),
+        ("out-q-dtype", (x,), {"out_q": torch.empty(4, 16, device=device)}, TypeError, "out_q has dtype"),
+        (
+            "out-q-shape",
+            (x,),
+            {"out_q": torch.empty(4, 8, dtype=FP8, device=device)},
+            ValueError,
+            "out_q has shape",
+        ),
+        (
+            "out-scale-numel",
+            (x,),
+            {"out_scale": torch.empty(5, device=device)},
+            ValueError,
+            "out_scale has shape",
+        ),
+        (
+            "out-scale-strided",
+            (x,),
+            {"out_scale": torch.empty(8, device=device)[::2]},
+            ValueError,
+            "cannot be viewed",
+        ),
+    ]
+
+
+def per_tensor_quant_fp8_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [
+        ("int-dtype", (torch.ones(4, 16, dtype=torch.int32, device=device),), {}, TypeError, "dtype"),
+        (
+            "scale-dtype",
+            (x, torch.ones(1, dtype=torch.float16, device=device)),
+            {},
+            TypeError,
+            "scale has dtype",
+        ),
+        ("scale-shape", (x, torch.ones(2, device=device)), {}, ValueError, "scale has shape"),
+        ("empty-hidden", (torch.randn(4, 0, device=device),), {}, ValueError, "H >= 1"),
+        (
+            "out-scale-numel",
+            (x,),
+            {"out_scale": torch.empty(2, device=device)},
+            ValueError,
+            "out_scale has shape",
+        ),
+        (
+            "out-q-dtype",
+            (x,),
+            {"out_q": torch.empty(4, 16, dtype=torch.int8, device=device)},
+            TypeError,
+            "out_q",
+        ),
     ]
 
 
@@ -101,4 +319,53 @@ def per_token_group_quant_fp8_invalid(device: str) -> Invalid:
         ("bad-group-size", (x,), {"group_size": 0}, ValueError, "group_size must be a positive int"),
         ("negative-eps", (x,), {"eps": -1.0}, ValueError, "eps must be"),
         ("non-contiguous", (torch.randn(256, 4, device=device).t(),), {}, ValueError, "non-contiguous"),
+        ("tma-row-major", (x,), {"scale_tma_aligned": True}, ValueError, "needs column_major_scales"),
+        (
+            "packed-without-ue8m0",
+            (x,),
+            {"out_scale": torch.empty(4, 1, dtype=torch.int32, device=device)},
+            TypeError,
+            "needs scale_ue8m0",
+        ),
+        (
+            "out-scale-shape",
+            (x,),
+            {"out_scale": torch.empty(4, 3, device=device)},
+            ValueError,
+            "out_scale has shape",
+        ),
+        (
+            "out-scale-overlap",
+            (x,),
+            {"out_scale": torch.empty(1, device=device).expand(4, 2)},
+            ValueError,
+            "overlapping",
+        ),
+    ]
+
+
+def per_token_group_quant_int8_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 256, device=device)
+    return [
+        (
+            "not-multiple",
+            (torch.randn(4, 100, device=device),),
+            {"group_size": 64},
+            ValueError,
+            "not a multiple",
+        ),
+        (
+            "out-q-fp8",
+            (x,),
+            {"out_q": torch.empty(4, 256, dtype=FP8, device=device)},
+            TypeError,
+            "out_q has dtype",
+        ),
+        (
+            "packed-scales",
+            (x,),
+            {"out_scale": torch.empty(4, 1, dtype=torch.int32, device=device)},
+            TypeError,
+            "needs scale_ue8m0",
+        ),
     ]

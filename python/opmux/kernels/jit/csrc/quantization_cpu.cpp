@@ -1,13 +1,18 @@
-// Dynamic fp8 (e4m3fn) quantization for CPU tensors (float32 / float16 / bfloat16 input).
-//   per_token_quant_fp8_cpu(q, scales, x, scale_ub):    scale per row
-//   per_token_group_quant_fp8_cpu(q, scales, x, group_size, eps): scale per group of a row
-// Same fp32 arithmetic as the torch reference (amax, IEEE division, q = x * (1 / scale)),
-// so scales match bit for bit and q matches up to the fp8 rounding, which is exact here.
+// fp8 (e4m3fn) and int8 quantization for CPU tensors (float32 / float16 / bfloat16 input).
+//   per_token_quant_fp8_cpu(q, scales, x, scale_ub, divide):    scale per row
+//   per_tensor_quant_fp8_cpu(q, scale, x, static_scale):         one scale (dynamic: two passes)
+//   per_token_group_quant_fp8_cpu(q, scales, x, group_size, eps, ue8m0, divide): scale per group
+//     (float32 scales with any strides, or sgl-kernel's packed int32 UE8M0 exponents)
+//   per_token_group_quant_int8_cpu(q, scales, x, group_size, eps): int8, truncated
+// Same fp32 arithmetic as the torch reference (amax, IEEE division, q = x * (1 / scale), or
+// x / scale with `divide`), so scales match bit for bit and q matches up to the fp8 rounding,
+// which is exact here.
 // Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
 // the argument checks and the tvm-ffi entry points.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
@@ -21,6 +26,7 @@ using cpu::float_to_e4m3fn_branchless;
 using cpu::to_float;
 
 constexpr float kFp8Max = 448.0f;
+constexpr float kInt8Max = 127.0f;
 // vLLM's MIN_SCALING_FACTOR, rounded from double exactly as the Python reference rounds it.
 const float kMinScale = static_cast<float>(1.0 / (448.0 * 512.0));
 // Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): calls that move fewer
@@ -46,26 +52,92 @@ OPMUX_CPU_INLINE void quantize(uint8_t* q, const T* x, int64_t n, float inv) {
   for (int64_t i = 0; i < n; ++i) q[i] = float_to_e4m3fn_branchless(to_float(x[i]) * inv);
 }
 
+// q = e4m3(x / scale): an IEEE division per element (vLLM's convention).
+template <typename T>
+OPMUX_CPU_INLINE void quantize_div(uint8_t* q, const T* x, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) q[i] = float_to_e4m3fn_branchless(to_float(x[i]) / scale);
+}
+
+// q = int8(trunc(clamp(x * inv, -128, 127))), NaN -> 0 (sgl-kernel's int8_t(float) conversion).
+template <typename T>
+OPMUX_CPU_INLINE void quantize(int8_t* q, const T* x, int64_t n, float inv) {
+  for (int64_t i = 0; i < n; ++i) {
+    float y = to_float(x[i]) * inv;
+    y = y == y ? y : 0.0f;
+    y = y < -128.0f ? -128.0f : y;
+    y = y > 127.0f ? 127.0f : y;
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(y));
+  }
+}
+template <typename T>
+OPMUX_CPU_INLINE void quantize_div(int8_t* q, const T* x, int64_t n, float scale) {
+  quantize(q, x, n, 1.0f / scale);  // not used: int8 has no division mode
+}
+
+OPMUX_CPU_INLINE float token_scale(float amax, const float* ub) {
+  if (ub != nullptr) amax = std::min(amax, *ub);  // NaN amax stays NaN
+  return std::max(amax / kFp8Max, kMinScale);
+}
+
+// The scale of one group: max(amax, eps) / qmax, rounded up to a power of two with ue8m0.
+OPMUX_CPU_INLINE float group_scale(float amax, float eps, float qmax, bool ue8m0) {
+  const float scale = std::max(amax, eps) / qmax;  // NaN amax stays NaN
+  return ue8m0 ? cpu::bits_to_f32(cpu::ue8m0_bits(cpu::f32_to_bits(scale))) : scale;
+}
+
+// Where group scales go: float32 at s[r * s_row + g * s_col], or (packed) the UE8M0 exponent
+// byte g % 4 of int32 element [r, g / 4] (byte offset 4 * (r * s_row + (g / 4) * s_col)).
+struct ScaleOut {
+  void* s;
+  int64_t s_row, s_col;
+  bool packed;
+  OPMUX_CPU_INLINE void store(int64_t r, int64_t g, float scale) const {
+    if (packed) {
+      uint8_t* b = static_cast<uint8_t*>(s) + 4 * (r * s_row + (g >> 2) * s_col) + (g & 3);
+      *b = static_cast<uint8_t>(cpu::f32_to_bits(scale) >> 23);
+    } else {
+      static_cast<float*>(s)[r * s_row + g * s_col] = scale;
+    }
+  }
+};
+
 // One row (per token): returns the scale. Multiversioned (OPMUX_CPU_CLONES); the amax and the
 // scale + convert loops are branch-free and vectorize.
 template <typename T>
-OPMUX_CPU_CLONES float per_token_row(uint8_t* q, const T* x, int64_t n, const float* ub) {
-  float amax = abs_max(x, n);
-  if (ub != nullptr) amax = std::min(amax, *ub);
-  const float scale = std::max(amax / kFp8Max, kMinScale);
-  quantize(q, x, n, 1.0f / scale);
+OPMUX_CPU_CLONES float per_token_row(uint8_t* q, const T* x, int64_t n, const float* ub, bool divide) {
+  const float scale = token_scale(abs_max(x, n), ub);
+  if (divide) {
+    quantize_div(q, x, n, scale);
+  } else {
+    quantize(q, x, n, 1.0f / scale);
+  }
   return scale;
 }
 
-// One row, group by group.
+// One row with a given multiplier (per tensor).
 template <typename T>
-OPMUX_CPU_CLONES void per_group_row(uint8_t* q, float* s, int64_t s_col, const T* x,
-                                    int64_t groups, int64_t gs, float eps) {
+OPMUX_CPU_CLONES void scaled_row(uint8_t* q, const T* x, int64_t n, float inv) {
+  quantize(q, x, n, inv);
+}
+
+template <typename T>
+OPMUX_CPU_CLONES float row_abs_max(const T* x, int64_t n) {
+  return abs_max(x, n);
+}
+
+// One row, group by group.
+template <typename T, typename Q>
+OPMUX_CPU_CLONES void per_group_row(Q* q, const ScaleOut& so, int64_t r, const T* x, int64_t groups,
+                                    int64_t gs, float eps, float qmax, bool ue8m0, bool divide) {
   for (int64_t g = 0; g < groups; ++g) {
     const T* xg = x + g * gs;
-    const float scale = std::max(abs_max(xg, gs), eps) / kFp8Max;
-    s[g * s_col] = scale;
-    quantize(q + g * gs, xg, gs, 1.0f / scale);
+    const float scale = group_scale(abs_max(xg, gs), eps, qmax, ue8m0);
+    so.store(r, g, scale);
+    if (divide) {
+      quantize_div(q + g * gs, xg, gs, scale);
+    } else {
+      quantize(q + g * gs, xg, gs, 1.0f / scale);
+    }
   }
 }
 
@@ -124,22 +196,50 @@ OPMUX_V512_INLINE void quantize(uint8_t* q, const T* x, int64_t n, float inv) {
 }
 
 template <typename T>
-float per_token_row(uint8_t* q, const T* x, int64_t n, const float* ub) {
-  float amax = abs_max(x, n);
-  if (ub != nullptr) amax = std::min(amax, *ub);
-  const float scale = std::max(amax / kFp8Max, kMinScale);
-  quantize(q, x, n, 1.0f / scale);
+OPMUX_V512_INLINE void quantize_div(uint8_t* q, const T* x, int64_t n, float scale) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), to_e4m3fn(_mm512_div_ps(load(x + i), s)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm_mask_storeu_epi8(q + i, m, to_e4m3fn(_mm512_div_ps(load(x + i, m), s)));
+  }
+}
+
+template <typename T>
+float per_token_row(uint8_t* q, const T* x, int64_t n, const float* ub, bool divide) {
+  const float scale = token_scale(abs_max(x, n), ub);
+  if (divide) {
+    quantize_div(q, x, n, scale);
+  } else {
+    quantize(q, x, n, 1.0f / scale);
+  }
   return scale;
 }
 
 template <typename T>
-void per_group_row(uint8_t* q, float* s, int64_t s_col, const T* x, int64_t groups, int64_t gs,
-                   float eps) {
+void scaled_row(uint8_t* q, const T* x, int64_t n, float inv) {
+  quantize(q, x, n, inv);
+}
+
+template <typename T>
+float row_abs_max(const T* x, int64_t n) {
+  return abs_max(x, n);
+}
+
+template <typename T>
+void per_group_row(uint8_t* q, const ScaleOut& so, int64_t r, const T* x, int64_t groups, int64_t gs,
+                   float eps, float qmax, bool ue8m0, bool divide) {
   for (int64_t g = 0; g < groups; ++g) {
     const T* xg = x + g * gs;
-    const float scale = std::max(abs_max(xg, gs), eps) / kFp8Max;
-    s[g * s_col] = scale;
-    quantize(q + g * gs, xg, gs, 1.0f / scale);
+    const float scale = group_scale(abs_max(xg, gs), eps, qmax, ue8m0);
+    so.store(r, g, scale);
+    if (divide) {
+      quantize_div(q + g * gs, xg, gs, scale);
+    } else {
+      quantize(q + g * gs, xg, gs, 1.0f / scale);
+    }
   }
 }
 
@@ -159,7 +259,7 @@ int threads_of(const QuantRows& a) {
 
 // s[r]: the scale of row r; ub: the scale upper bound, or nullptr.
 template <typename T>
-void per_token_impl(uint8_t* q, float* s, const T* x, const QuantRows& a, const float* ub) {
+void per_token_impl(uint8_t* q, float* s, const T* x, const QuantRows& a, const float* ub, bool divide) {
   const int nt = threads_of<T>(a), level = cpu::vec_level();
   (void)nt, (void)level;
 #ifdef _OPENMP
@@ -168,18 +268,67 @@ void per_token_impl(uint8_t* q, float* s, const T* x, const QuantRows& a, const 
   for (int64_t r = 0; r < a.rows; ++r) {
 #if OPMUX_CPU_VEC512
     if (level >= 1) {
-      s[r] = v512::per_token_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, ub);
+      s[r] = v512::per_token_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, ub, divide);
       continue;
     }
 #endif
-    s[r] = per_token_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, ub);
+    s[r] = per_token_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, ub, divide);
   }
 }
 
-// s[r * s_row + g * s_col]: the scale of group g (gs elements) of row r; gs divides hidden.
+// One scale for the whole tensor: `static_scale`, or (nullptr) max |x| / 448 from a first pass
+// (a NaN anywhere gives a NaN scale). s[0] is written once both passes have read what they need.
 template <typename T>
-void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T* x,
-                    const QuantRows& a, int64_t gs, float eps) {
+void per_tensor_impl(uint8_t* q, float* s, const T* x, const QuantRows& a, const float* static_scale) {
+  const int nt = threads_of<T>(a), level = cpu::vec_level();
+  (void)nt, (void)level;
+  float scale;
+  if (static_scale != nullptr) {
+    scale = *static_scale;
+  } else {
+    uint32_t m = 0;  // max over the bit patterns of |row max| (NaN wins, as in abs_max)
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1) reduction(max : m)
+#endif
+    for (int64_t r = 0; r < a.rows; ++r) {
+      float rm;
+#if OPMUX_CPU_VEC512
+      if (level >= 1) {
+        rm = v512::row_abs_max(x + r * a.x_stride, a.hidden);
+      } else {
+        rm = row_abs_max(x + r * a.x_stride, a.hidden);
+      }
+#else
+      rm = row_abs_max(x + r * a.x_stride, a.hidden);
+#endif
+      const uint32_t u = cpu::f32_to_bits(rm);
+      m = m < u ? u : m;
+    }
+    scale = cpu::bits_to_f32(m) / kFp8Max;
+  }
+  const float inv = 1.0f / scale;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (int64_t r = 0; r < a.rows; ++r) {
+#if OPMUX_CPU_VEC512
+    if (level >= 1) {
+      v512::scaled_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, inv);
+      continue;
+    }
+#endif
+    scaled_row(q + r * a.q_stride, x + r * a.x_stride, a.hidden, inv);
+  }
+  *s = scale;
+}
+
+// Group scales through `so` (float32 any strides, or packed UE8M0); gs divides hidden. Q is
+// uint8_t (fp8 bytes, qmax 448) or int8_t (qmax 127).
+template <typename T, typename Q>
+void per_group_impl(Q* q, const ScaleOut& so, const T* x, const QuantRows& a, int64_t gs, float eps,
+                    bool ue8m0, bool divide) {
+  constexpr bool kFp8 = std::is_same<Q, uint8_t>::value;
+  const float qmax = kFp8 ? kFp8Max : kInt8Max;
   const int64_t groups = a.hidden / gs;
   const int nt = threads_of<T>(a), level = cpu::vec_level();
   (void)nt, (void)level;
@@ -188,12 +337,15 @@ void per_group_impl(uint8_t* q, float* s, int64_t s_row, int64_t s_col, const T*
 #endif
   for (int64_t r = 0; r < a.rows; ++r) {
 #if OPMUX_CPU_VEC512
-    if (level >= 1) {
-      v512::per_group_row(q + r * a.q_stride, s + r * s_row, s_col, x + r * a.x_stride, groups, gs, eps);
-      continue;
+    if constexpr (kFp8) {
+      if (level >= 1) {
+        v512::per_group_row(q + r * a.q_stride, so, r, x + r * a.x_stride, groups, gs, eps, qmax, ue8m0,
+                            divide);
+        continue;
+      }
     }
 #endif
-    per_group_row(q + r * a.q_stride, s + r * s_row, s_col, x + r * a.x_stride, groups, gs, eps);
+    per_group_row(q + r * a.q_stride, so, r, x + r * a.x_stride, groups, gs, eps, qmax, ue8m0, divide);
   }
 }
 
@@ -212,7 +364,8 @@ namespace quantization_cpu {
 
 inline QuantRows rows_of(const QuantArgs& a) { return {a.rows, a.hidden, a.x_stride, a.q_stride}; }
 
-void per_token_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, TensorView scale_ub) {
+void per_token_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, TensorView scale_ub,
+                             bool divide) {
   const char* op = "opmux.per_token_quant_fp8";
   check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}, {"scale_ub", &scale_ub}});
   QuantArgs a = check_quant_args(op, q, x);
@@ -229,41 +382,67 @@ void per_token_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, Tens
   const float* ub = scale_ub.size(0) == 1 ? data_ptr<const float>(scale_ub) : nullptr;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     per_token_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<float>(scales),
-                             data_ptr<const scalar_t>(x), rows_of(a), ub);
+                             data_ptr<const scalar_t>(x), rows_of(a), ub, divide);
   });
 }
 
-void per_token_group_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x,
-                                   int64_t group_size, double eps) {
-  const char* op = "opmux.per_token_group_quant_fp8";
-  check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+void per_tensor_quant_fp8_cpu(TensorView q, TensorView scale, TensorView x, TensorView static_scale) {
+  const char* op = "opmux.per_tensor_quant_fp8";
+  check_device(op, kDLCPU, {{"q", &q}, {"scale", &scale}, {"x", &x}, {"static_scale", &static_scale}});
   QuantArgs a = check_quant_args(op, q, x);
+  if (a.hidden == 0) TVM_FFI_THROW(ValueError) << op << ": x has hidden size 0";
+  check_float32(op, "scale", scale);
+  check_vector(op, "scale", scale, 1, "one scale");
+  check_float32(op, "static_scale", static_scale);
+  check_ndim(op, "static_scale", static_scale, 1);
+  if (static_scale.size(0) > 1) {
+    TVM_FFI_THROW(ValueError) << op << ": static_scale must have 0 (dynamic) or 1 element, got "
+                              << static_scale.size(0);
+  }
+  const float* st = static_scale.size(0) == 1 ? data_ptr<const float>(static_scale) : nullptr;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    per_tensor_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<float>(scale), data_ptr<const scalar_t>(x),
+                              rows_of(a), st);
+  });
+}
+
+template <typename Q>
+void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                 double eps, bool ue8m0, bool divide) {
+  constexpr bool kInt8 = std::is_same<Q, int8_t>::value;
+  check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  QuantArgs a = check_quant_args(op, q, x, kInt8);
   if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
     TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
                               << " must be a positive multiple of group_size " << group_size;
   }
   check_eps(op, eps);
-  check_float32(op, "scales", scales);
-  check_ndim(op, "scales", scales, 2);
-  check_size(op, "scales", scales, 0, a.rows, "rows of x");
-  check_size(op, "scales", scales, 1, a.hidden / group_size, "hidden / group_size");
+  const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
   if (a.rows == 0) return;
-  const int64_t s_row = a.rows > 1 ? scales.stride(0) : 0;
-  const int64_t s_col = scales.size(1) > 1 ? scales.stride(1) : 0;
-  if (s_row < 0 || s_col < 0) {
-    TVM_FFI_THROW(ValueError) << op << ": scales must have non-negative strides";
-  }
+  const ScaleOut so{data_ptr<void>(scales), gsc.s_row, gsc.s_col, gsc.packed};
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    per_group_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<float>(scales), s_row, s_col,
-                             data_ptr<const scalar_t>(x), rows_of(a), group_size,
-                             static_cast<float>(eps));
+    per_group_impl<scalar_t, Q>(data_ptr<Q>(q), so, data_ptr<const scalar_t>(x), rows_of(a), group_size,
+                                static_cast<float>(eps), ue8m0, divide);
   });
+}
+
+void per_token_group_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                                   double eps, bool ue8m0, bool divide) {
+  group_entry<uint8_t>("opmux.per_token_group_quant_fp8", q, scales, x, group_size, eps, ue8m0, divide);
+}
+
+void per_token_group_quant_int8_cpu(TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                                    double eps) {
+  group_entry<int8_t>("opmux.per_token_group_quant_int8", q, scales, x, group_size, eps, false, false);
 }
 
 }  // namespace quantization_cpu
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cpu, opmux::quantization_cpu::per_token_quant_fp8_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cpu, opmux::quantization_cpu::per_tensor_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cpu,
                               opmux::quantization_cpu::per_token_group_quant_fp8_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cpu,
+                              opmux::quantization_cpu::per_token_group_quant_int8_cpu);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -1,4 +1,4 @@
-"""Dynamic fp8 (e4m3fn) quantization: per token and per token group.
+"""fp8 (e4m3fn) and int8 quantization: per token, per tensor (dynamic or static) and per token group.
 
 >>> import torch
 >>> from opmux.kernels.ops.quantization import per_token_quant_fp8

@@ -1,4 +1,4 @@
-// float -> fp8 e4m3fn for the CPU units, by bit manipulation (no torch, no -march).
+// float -> fp8 e4m3fn (and UE8M0 scale rounding) for the CPU units, by bit manipulation (no torch, no -march).
 // Round to nearest even; |x| >= 448 (and inf) saturate to +-448 ("satfinite", like CUDA's
 // __NV_SATFINITE); NaN -> 0x7F with x's sign. Matches torch's .to(torch.float8_e4m3fn) for
 // every |x| < 464 (torch maps larger values to NaN; callers clamp first).
@@ -49,6 +49,14 @@ OPMUX_CPU_INLINE uint8_t float_to_e4m3fn_branchless(float f) {
   const uint32_t is_nan = 0u - static_cast<uint32_t>(u > 0x7F800000u);
   v = (0x7Fu & is_nan) | (v & ~is_nan);
   return static_cast<uint8_t>(sign | (v & 0xFFu));
+}
+
+// A positive float's bits rounded up to a power of two, exactly (UE8M0 scales: DeepGEMM's
+// ceil(log2)); NaN and inf unchanged. Branch-free.
+OPMUX_CPU_INLINE uint32_t ue8m0_bits(uint32_t u) {
+  const uint32_t e = (u >> 23) & 0xFFu;
+  const uint32_t up = (e + static_cast<uint32_t>((u & 0x7FFFFFu) != 0u)) << 23;
+  return e == 0xFFu ? u : up;
 }
 
 }  // namespace cpu

@@ -1,4 +1,4 @@
-// Argument validation for the fp8 quantization ops, shared by the CPU and CUDA units.
+// Argument validation for the fp8 / int8 quantization ops, shared by the CPU and CUDA units.
 #pragma once
 
 #include "opmux/checks.h"
@@ -11,13 +11,19 @@ struct QuantArgs {
   int64_t rows, hidden, x_stride, q_stride;
 };
 
-// q [rows, hidden] fp8 bytes, x [rows, hidden]; last dims dense, row strides >= 0.
-inline QuantArgs check_quant_args(const char* op, const TensorView& q, const TensorView& x) {
+// q [rows, hidden] fp8 bytes (int8 with `int8_q`), x [rows, hidden]; last dims dense, row
+// strides >= 0.
+inline QuantArgs check_quant_args(const char* op, const TensorView& q, const TensorView& x,
+                                  bool int8_q = false) {
   check_ndim(op, "x", x, 2);
   check_ndim(op, "q", q, 2);
   QuantArgs a;
   a.dtype = get_dtype(op, "x", x);
-  check_fp8_bytes(op, "q", q);
+  if (int8_q) {
+    check_dtype(op, "q", q, kDLInt, 8, "int8");
+  } else {
+    check_fp8_bytes(op, "q", q);
+  }
   a.rows = x.size(0);
   a.hidden = x.size(1);
   check_size(op, "q", q, 0, a.rows, "rows of x");
@@ -27,6 +33,39 @@ inline QuantArgs check_quant_args(const char* op, const TensorView& q, const Ten
   a.x_stride = row_stride(op, "x", x);
   a.q_stride = row_stride(op, "q", q);
   return a;
+}
+
+// Group scales: float32 [rows, groups], or with `packed_ok` int32 [rows, ceil(groups / 4)]
+// holding four UE8M0 exponent bytes each (sgl-kernel's layout). Any non-negative strides (in
+// elements; a size-1 dim gets stride 0); no two (row, group) scales may share an address.
+struct GroupScales {
+  bool packed;
+  int64_t s_row, s_col;  // elements (float32 or int32)
+};
+
+inline GroupScales check_group_scales(const char* op, const TensorView& scales, int64_t rows,
+                                      int64_t groups, bool packed_ok) {
+  GroupScales g;
+  g.packed = packed_ok && is_dtype(scales, kDLInt, 32);
+  if (!g.packed) check_float32(op, "scales", scales);
+  check_ndim(op, "scales", scales, 2);
+  const int64_t cols = g.packed ? (groups + 3) / 4 : groups;
+  check_size(op, "scales", scales, 0, rows, "rows of x");
+  check_size(op, "scales", scales, 1, cols, g.packed ? "ceil(groups / 4) (packed UE8M0)" : "hidden / group_size");
+  g.s_row = rows > 1 ? scales.stride(0) : 0;
+  g.s_col = cols > 1 ? scales.stride(1) : 0;
+  if (g.s_row < 0 || g.s_col < 0) {
+    TVM_FFI_THROW(ValueError) << op << ": scales must have non-negative strides";
+  }
+  // distinct addresses: the larger stride spans the other dim's whole extent
+  const bool r = rows > 1, c = cols > 1;
+  const bool ok = !r && !c ? true
+                  : !r     ? g.s_col >= 1
+                  : !c     ? g.s_row >= 1
+                  : g.s_row <= g.s_col ? (g.s_row >= 1 && g.s_col >= g.s_row * rows)
+                                        : (g.s_col >= 1 && g.s_row >= g.s_col * cols);
+  if (!ok) TVM_FFI_THROW(ValueError) << op << ": scales have overlapping strides";
+  return g;
 }
 
 }  // namespace opmux
