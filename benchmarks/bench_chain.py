@@ -72,6 +72,7 @@ QUICK_TOKENS = (1, 4096)
 DRY_TOKENS = (1, 5)
 FI_MODULES = ("norm", "rope", "page", "silu_and_mul", "quantization")
 PDL_EXIT = 3
+FI_BUILD = "chain_fi_build"  # OUT/.chain_fi_build.log: FlashInfer's compiler output
 
 Bufs = dict[str, Any]
 State = dict[str, Any]
@@ -742,9 +743,14 @@ def torch_impl(layer: Layer, compile_: bool) -> Impl:
 
 def build_impls(layer: Layer, args: argparse.Namespace) -> list[Impl]:
     """Every implementation of ``layer``'s chain; one that cannot be built is recorded, not raised."""
+    # run order: opmux first, FlashInfer last (its JIT modules build in the background meanwhile)
     impls = [opmux_impl(layer, True), opmux_impl(layer, False)]
+    if args.no_compile and not args.dry_run:
+        impls.append(Impl("torch.compile", "peer", unavailable="left out (--no-compile)"))
+    else:
+        impls.append(torch_impl(layer, compile_=not args.dry_run))
     peer_pieces: dict[str, StepFn] | None = None
-    for name, build in (("FlashInfer", flashinfer_impl), ("Liger", liger_impl)):
+    for name, build in (("Liger", liger_impl), ("FlashInfer", flashinfer_impl)):
         if args.dry_run:
             impls.append(Impl(name, "peer", pieces=dict(PIECES[name]), unavailable="skipped in --dry-run"))
             continue
@@ -763,10 +769,6 @@ def build_impls(layer: Layer, args: argparse.Namespace) -> list[Impl]:
             else:
                 imp.failed = why
             impls.append(imp)
-    if args.no_compile and not args.dry_run:
-        impls.append(Impl("torch.compile", "peer", unavailable="left out (--no-compile)"))
-    else:
-        impls.append(torch_impl(layer, compile_=not args.dry_run))
     wanted = [w.strip() for w in args.impls.split(",") if w.strip()]
     return [i for i in impls if not wanted or any(w in i.name for w in wanted)]
 
@@ -849,7 +851,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         except Exception as exc:
             fi_err = _err(exc, 300)
         if fi_err is None and args.out is not None:
-            fib = bg.start_fi_prebuild(args.out, list(FI_MODULES), args.fi_wait_s)
+            fib = bg.start_fi_prebuild(args.out, list(FI_MODULES), args.fi_wait_s, name=FI_BUILD)
     if cuda:
         import torch._dynamo.config as dc
 
@@ -901,7 +903,12 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         log(f"{layer.name}: {' -> '.join(layer.steps())}; chains: {', '.join(i.name for i in impls)}")
         consts = make_consts(layer, args.seed, dev)
         for T in tokens:
-            crec = run_case(layer, T, impls, consts, args, l2, deadline, fib)
+            try:
+                crec = run_case(layer, T, impls, consts, args, l2, deadline, fib)
+            except BaseException as exc:  # a sticky CUDA error: keep what was measured, then stop
+                lrec["cases"].append({"T": T, "error": f"aborted: {_err(exc, 400)}", "impls": {}})
+                save()
+                raise
             lrec["cases"].append(crec)
             save()
         log(f"{layer.name}: done in {time.perf_counter() - t_layer:.1f}s")
@@ -912,7 +919,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     save()
     if args.out is not None:
         (args.out / "bench_chain.md").write_text(render(result))
-        (args.out / ".fi_build_status.jsonl").unlink(missing_ok=True)
+        (args.out / f".{FI_BUILD}_status.jsonl").unlink(missing_ok=True)
     rc = 0
     if pdl_missing:
         log(f"FAILED: {pdl_missing}")

@@ -233,14 +233,16 @@ class FlashInferBuild:
         return {"background": self.proc is not None, "modules": self._read()}
 
 
-def start_fi_prebuild(out: Path, modules: list[str], wait_s: float) -> FlashInferBuild:
+def start_fi_prebuild(
+    out: Path, modules: list[str], wait_s: float, name: str = "fi_build"
+) -> FlashInferBuild:
     """Start building FlashInfer's JIT ``modules`` in a background process (this script's
     ``--fi-prebuild`` worker; the environment of ``flashinfer_env`` must already be set):
-    status lines in OUT/.fi_build_status.jsonl, compiler output in OUT/.fi_build.log. Also used
-    by bench_chain.py."""
-    status = out / ".fi_build_status.jsonl"
+    status lines in OUT/.<name>_status.jsonl, compiler output in OUT/.<name>.log. Also used by
+    bench_chain.py."""
+    status = out / f".{name}_status.jsonl"
     status.unlink(missing_ok=True)
-    logf = open(out / ".fi_build.log", "wb")
+    logf = open(out / f".{name}.log", "wb")
     proc = subprocess.Popen(
         [
             sys.executable,
