@@ -587,17 +587,17 @@ def opmux_impl(layer: Layer, pdl: bool) -> Impl:
 
         def s(b: Bufs, st: State) -> None:
             x, r = b[f"x{n}"], b[f"r{n}"]
-            f(x, r, b[f"w{n}"], EPS, **kw)
+            f(x, r, b[f"w{n}"], eps=EPS, **kw)
             st[f"add_norm{n}.x"], st[f"add_norm{n}.res"] = x, r
 
         return s
 
     def s_qk(b: Bufs, st: State) -> None:
         T = st["q"].shape[0]
-        api["qk_norm"](st["q"].view(T, Hq, D), st["k"].view(T, Hk, D), b["qw"], b["kw"], EPS, **kw)
+        api["qk_norm"](st["q"].view(T, Hq, D), st["k"].view(T, Hk, D), b["qw"], b["kw"], eps=EPS, **kw)
 
     def s_rope(b: Bufs, st: State) -> None:
-        api["rope"](b["pos"], st["q"], st["k"], D, b["cos_sin"], True, **kw)
+        api["rope"](b["pos"], st["q"], st["k"], D, b["cos_sin"], is_neox=True, **kw)
 
     def s_kv(b: Bufs, st: State) -> None:
         T = st["k"].shape[0]
@@ -605,7 +605,7 @@ def opmux_impl(layer: Layer, pdl: bool) -> Impl:
         api["kv_write"](k3, v3, b["kc"], b["vc"], b["slots"], **kw)
 
     def s_topk(b: Bufs, st: State) -> None:
-        st["topk.w"], st["topk.ids"] = api["topk_softmax"](b["logits"], k, True, **kw)
+        st["topk.w"], st["topk.ids"] = api["topk_softmax"](b["logits"], k, renormalize=True, **kw)
 
     def s_align(b: Bufs, st: State) -> None:
         st["align"] = api["moe_align"](st["topk.ids"], ALIGN_BLOCK, E, **kw)
@@ -614,7 +614,7 @@ def opmux_impl(layer: Layer, pdl: bool) -> Impl:
         st["silu"] = api["silu_and_mul"](b["gate_up"], **kw)
 
     def s_quant(b: Bufs, st: State) -> None:
-        st["quant.q"], st["quant.s"] = api["quant_fp8"](b["act"], GROUP, **kw)
+        st["quant.q"], st["quant.s"] = api["quant_fp8"](b["act"], group_size=GROUP, **kw)
 
     fns: dict[str, StepFn] = {
         "add_norm1": norm_step("1"),

@@ -3,10 +3,13 @@
 # travel with the call: carry [".whl", "dist/cuda"]). From the repository root:
 #
 #   bash benchmarks/h200_run.sh OUT_DIR "prewarm parity bench" [bench_gpu.py args...]
+#   CHAIN_ARGS="--quick" bash benchmarks/h200_run.sh OUT_DIR "prewarm chain"
 #
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
-# bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*).
+# bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*);
+# chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
+#          chain.log); its arguments from $CHAIN_ARGS (default --budget-s 360).
 set -uo pipefail
 OUT=${1:?usage: h200_run.sh OUT_DIR STAGES [bench args]}
 STAGES=${2:-"prewarm parity bench"}
@@ -34,6 +37,9 @@ for stage in $STAGES; do
                     | tee "$OUT/parity.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         bench) python3 "$REPO/benchmarks/bench_gpu.py" --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" \
                     | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        # shellcheck disable=SC2086  # CHAIN_ARGS: words on purpose
+        chain) python3 "$REPO/benchmarks/bench_chain.py" --out "$OUT" ${CHAIN_ARGS:---budget-s 360} 2>&1 \
+                    | tee "$OUT/chain.log" | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"
