@@ -104,11 +104,11 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
 
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
-  // One vector per thread. Block size only matters while the whole tensor fits in one
-  // resident wave (2048 threads per SM): smaller blocks then spread it over all SMs more evenly
-  // (T=128, I=14336 bf16: 229K vectors -> 1792 blocks of 128, ~13.6 per SM, not 6.8 of 256).
-  const int64_t sms = props.sm_count;
-  const int threads = total < sms * 256 ? 64 : total < sms * 2048 ? 128 : kMaxThreads;
+  // One vector per thread, 256 threads per block at every size: the launch-layout sweep on the
+  // H200 (benchmarks/tune, 2026-11-30) found 256 as fast as or faster than 32-128 at T = 1, 128
+  // and 4096 (I = 14336 bf16) and 23% faster at T = 16 (1.30 us vs 1.68 with 64 threads), and
+  // faster than FlashInfer's block-per-row layout below T = 4096.
+  const int threads = kMaxThreads;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, INT32_MAX));
   const int64_t stride = blocks * threads;
   const cudaStream_t stream = cuda::current_stream(device_id);
