@@ -90,15 +90,27 @@ double time_graph(const std::function<void(int)>& fn, int reps) {
   return ms[ms.size() / 2] * 1000.0 / reps;
 }
 
+__global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    b[i] = a[i];
+}
+
+// Device-to-device copy through SM loads and stores (as torch's copy_), read + write counted.
 void copy_bandwidth() {
   const size_t n = size_t(2) << 30;
   void *a, *b;
   CK(cudaMalloc(&a, n));
   CK(cudaMalloc(&b, n));
   CK(cudaMemset(a, 1, n));
-  const double us = time_graph([&](int) { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, g_stream)); }, 5);
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double us = time_graph(
+      [&](int) {
+        copy_kernel<<<sms * 8, 256, 0, g_stream>>>(static_cast<const uint4*>(a), static_cast<uint4*>(b), n / 16);
+      },
+      5);
   g_copy_gbs = 2.0 * n / (us * 1e3);
-  std::printf("copy bandwidth: %.0f GB/s (2 GiB device-to-device, read + write)\n", g_copy_gbs);
+  std::printf("copy bandwidth: %.0f GB/s (2 GiB device-to-device copy kernel, read + write)\n", g_copy_gbs);
   CK(cudaFree(a));
   CK(cudaFree(b));
 }
@@ -163,6 +175,26 @@ __global__ void __launch_bounds__(1024) gated_row_kernel(act::SiluParams p) {
     opmux::cuda::store_vec(out + c * VEC, o);
   }
   opmux::cuda::pdl_launch_dependents();
+}
+
+// The library's flat kernel with launch_dependents right after the wait (the dependent grid
+// may then start as soon as every block of this one has begun).
+template <typename Act, typename T, int VEC>
+__global__ void __launch_bounds__(256) gated_early_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  opmux::cuda::pdl_wait();
+  opmux::cuda::pdl_launch_dependents();
+  if (i < total) {
+    const uint32_t r = i / dv, c = i - r * dv;
+    const T* row = static_cast<const T*>(p.x) + static_cast<int64_t>(r) * p.x_stride + static_cast<int64_t>(c) * VEC;
+    const auto va = opmux::cuda::load_vec<T, VEC>(row);
+    const auto vb = opmux::cuda::load_vec<T, VEC>(row + p.d);
+    opmux::cuda::Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      o.v[k] = opmux::cuda::from_float<T>(Act::apply(opmux::cuda::to_float(va.v[k])) * opmux::cuda::to_float(vb.v[k]));
+    opmux::cuda::store_vec(static_cast<T*>(p.out) + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
+  }
 }
 
 // Flattened, U vectors per thread (U independent load pairs in flight), no loop.
@@ -230,7 +262,7 @@ void sweep_act(const char* name) {
       CK(cudaStreamSynchronize(g_stream));
     }
     auto check_and_time = [&](const std::string& variant, const std::function<void(int)>& fn) {
-      CK(cudaMemset(outs[0], 0xff, out_bytes));
+      CK(cudaMemsetAsync(outs[0], 0xff, out_bytes, g_stream));
       fn(0);
       CK(cudaStreamSynchronize(g_stream));
       if (!same(outs[0], ref, out_bytes)) {
@@ -244,6 +276,12 @@ void sweep_act(const char* name) {
       const unsigned blocks = (total + threads - 1) / threads;
       check_and_time("flat threads=" + std::to_string(threads), [&, threads, blocks](int i) {
         launch(act::gated_kernel<Act, bf16, VEC, uint32_t>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
+      });
+    }
+    {
+      const unsigned blocks = (total + 255) / 256;
+      check_and_time("flat threads=256 early trigger", [&, blocks](int i) {
+        launch(gated_early_kernel<Act, bf16, VEC>, dim3(blocks), dim3(256), 0, params(i), dv, total);
       });
     }
     for (int threads : {128, 256}) {
@@ -485,8 +523,8 @@ void sweep_group(int64_t T) {
   }
   const std::string cs = "group_quant H=4096 g=128 T=" + std::to_string(T);
   auto check_and_time = [&](const std::string& variant, const std::function<void(int)>& fn) {
-    CK(cudaMemset(qs[0], 0xff, qb));
-    CK(cudaMemset(ss[0], 0xff, sb));
+    CK(cudaMemsetAsync(qs[0], 0xff, qb, g_stream));
+    CK(cudaMemsetAsync(ss[0], 0xff, sb, g_stream));
     fn(0);
     CK(cudaStreamSynchronize(g_stream));
     if (!same(qs[0], rq, qb) || !same(ss[0], rs, sb)) {
