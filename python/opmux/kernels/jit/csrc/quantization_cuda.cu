@@ -1,22 +1,34 @@
-// Dynamic fp8 (e4m3fn) quantization for CUDA tensors (float32 / float16 / bfloat16 input).
+// fp8 (e4m3fn) and int8 quantization for CUDA tensors (float32 / float16 / bfloat16 input).
 //
-// per_token_quant_fp8_cuda(q, scales, x, scale_ub): one block per row. When the row fits in
+// per_token_quant_fp8_cuda(q, scales, x, scale_ub, divide): one block per row. When the row fits in
 // registers (16-byte aligned, up to 8 vectors per thread x 512 threads: H <= 32768 for 16-bit
 // inputs, 16384 for fp32; 512 keeps PER = 8 within 128 registers, no spills) x is read ONCE: load, block max, scale, convert from registers.
 // Otherwise a two-pass loop whose second pass re-reads the row from L1/L2.
 //
-// per_token_group_quant_fp8_cuda(q, scales, x, group_size, eps): L lanes (a power of two <= 32
+// per_tensor_quant_fp8_cuda(q, scale, x, static_scale): static, one pass; dynamic, two: the scale
+// is zeroed, a first kernel max-reduces the bits of |x| / 448 per tile into it (atomicMax on the
+// bits: non-negative floats order as unsigned integers, a NaN above every number), the second
+// reads it and converts. Tiles of 256 threads x up to 1024 vectors of a row, rows grid-strided.
+//
+// per_token_group_quant_fp8_cuda(q, scales, x, group_size, eps, ue8m0, divide) and
+// per_token_group_quant_int8_cuda(q, scales, x, group_size, eps): L lanes (a power of two <= 32
 // dividing the group's vector count) per group, a shuffle max over those lanes; the first
 // vector of each lane stays in registers (for group_size 128 that is the whole group). Each
 // thread serves kGroupsPerThread groups (256 / L apart, so every load stays coalesced) and
 // issues all their first loads before any use: 2 x 16 bytes in flight per thread. Group index
 // math is 32-bit whenever rows * groups fits (a 64-bit division costs ~70 instructions).
 //
-// Arithmetic matches the reference: amax, scale = IEEE fp32 division, q = e4m3(x * (1/scale))
-// with __NV_SATFINITE round-to-nearest-even. Build without --use_fast_math.
+// Group scales go to float32 [rows, groups] with any strides, or (ue8m0 with int32 scales) to
+// sgl-kernel's packed layout: the UE8M0 exponent byte g % 4 of int32 element [row, g / 4].
+//
+// Arithmetic matches the reference: amax, scale = IEEE fp32 division (ue8m0: rounded up to a
+// power of two on its bits), q = e4m3(x * (1/scale)) (x / scale with `divide`) with
+// __NV_SATFINITE round-to-nearest-even; int8 q = trunc(clamp(x * (1/scale), -128, 127)), NaN -> 0.
+// Build without --use_fast_math.
 #include <tvm/ffi/function.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "opmux/checks.h"
 #include "opmux/cuda_fp8.cuh"
@@ -29,6 +41,8 @@ namespace quantization_cuda {
 
 using cuda::load_vec;
 using cuda::store_fp8;
+using cuda::store_fp8_div;
+using cuda::store_int8;
 using cuda::to_float;
 using cuda::Vec;
 
@@ -43,6 +57,7 @@ struct TokenParams {
   int64_t q_stride;   // bytes
   int hidden;
   float min_scale;
+  bool divide;        // q = x / scale (vLLM) instead of x * (1 / scale)
 };
 
 template <typename T, int VEC>
@@ -80,6 +95,14 @@ __global__ void __launch_bounds__(512) per_token_reg_kernel(TokenParams p) {
   if (tid == 0) p.s[row] = scale;
   const float inv = 1.0f / scale;
   cuda::pdl_launch_dependents();
+  if (p.divide) {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int j = i * blockDim.x + tid;
+      if (j < nvec) store_fp8_div<T, VEC>(q + j * VEC, v[i], scale);
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int j = i * blockDim.x + tid;
@@ -101,6 +124,11 @@ __global__ void __launch_bounds__(1024) per_token_loop_kernel(TokenParams p) {
   if (threadIdx.x == 0) p.s[row] = scale;
   const float inv = 1.0f / scale;
   cuda::pdl_launch_dependents();
+  if (p.divide) {
+    for (int j = threadIdx.x; j < nvec; j += blockDim.x)
+      store_fp8_div<T, VEC>(q + j * VEC, load_vec<T, VEC>(x + j * VEC), scale);
+    return;
+  }
   for (int j = threadIdx.x; j < nvec; j += blockDim.x)
     store_fp8<T, VEC>(q + j * VEC, load_vec<T, VEC>(x + j * VEC), inv);
 }
@@ -138,9 +166,90 @@ void launch_per_token(const char* op, const TokenParams& p, int64_t rows, int32_
   }
 }
 
-struct GroupParams {
+struct TensorParams {
   uint8_t* q;
-  float* s;
+  float* s;           // the scale written (dynamic: max-reduced into, zeroed before)
+  const float* st;    // the static scale, or nullptr (dynamic)
+  const void* x;
+  int64_t x_stride;   // elements
+  int64_t q_stride;   // bytes
+  int64_t rows;
+  int nvec;           // vectors per row
+  int chunk;          // vectors per tile (blockIdx.y picks the tile of a row)
+};
+
+// Dynamic phase 1: max |x| / 448 over the block's tiles, max-reduced into *s on its bits.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) tensor_amax_kernel(TensorParams p) {
+  const int c0 = blockIdx.y * p.chunk;
+  const int c1 = min(p.nvec, c0 + p.chunk);
+  cuda::pdl_wait();
+  float m = 0.f;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* __restrict__ x = static_cast<const T*>(p.x) + r * p.x_stride;
+    for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) m = vec_abs_max(load_vec<T, VEC>(x + j * VEC), m);
+  }
+  m = cuda::block_max(m);
+  cuda::pdl_launch_dependents();
+  // x / 448 is monotonic, so the max of the quotients is the quotient of the max (the reference's)
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(p.s), __float_as_uint(m / kFp8Max));
+}
+
+// q = e4m3(x * (1 / scale)) with the static scale or phase 1's; block (0, 0) stores a static
+// scale into *s (the same value when s is the static scale itself).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) tensor_scaled_kernel(TensorParams p) {
+  const int c0 = blockIdx.y * p.chunk;
+  const int c1 = min(p.nvec, c0 + p.chunk);
+  cuda::pdl_wait();
+  const float scale = p.st != nullptr ? *p.st : *p.s;
+  const float inv = 1.0f / scale;
+  cuda::pdl_launch_dependents();
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* __restrict__ x = static_cast<const T*>(p.x) + r * p.x_stride;
+    uint8_t* __restrict__ q = p.q + r * p.q_stride;
+    for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x)
+      store_fp8<T, VEC>(q + j * VEC, load_vec<T, VEC>(x + j * VEC), inv);
+  }
+  if (p.st != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.s = scale;
+}
+
+template <typename T>
+void launch_per_tensor(const char* op, TensorParams p, int hidden, int32_t device_id) {
+  constexpr int VEC = cuda::kVec16<T>;
+  const bool vec_ok = hidden % VEC == 0 && cuda::aligned(p.x, 16) &&
+                      (p.x_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                      cuda::aligned(p.q, VEC) && p.q_stride % VEC == 0;
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  const cudaStream_t stream = cuda::current_stream(device_id);
+  if (p.st == nullptr) cuda::check_cuda(cudaMemsetAsync(p.s, 0, sizeof(float), stream), op, "cudaMemsetAsync");
+  if (p.rows == 0) {
+    if (p.st != nullptr && p.st != p.s) {
+      cuda::check_cuda(cudaMemcpyAsync(p.s, p.st, sizeof(float), cudaMemcpyDeviceToDevice, stream), op,
+                       "cudaMemcpyAsync");
+    }
+    return;
+  }
+  p.nvec = vec_ok ? hidden / VEC : hidden;
+  const int64_t tiles = std::min<int64_t>(65535, (p.nvec + 1023) / 1024);
+  p.chunk = static_cast<int>((p.nvec + tiles - 1) / tiles);
+  const int64_t want = 4LL * std::max(1, props.sm_count);  // blocks to fill the GPU
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(p.rows, (want + tiles - 1) / tiles));
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
+  const dim3 block(std::min(256, std::max(32, (p.chunk + 31) / 32 * 32)));
+  if (vec_ok) {
+    if (p.st == nullptr) cuda::launch(op, device_id, props, tensor_amax_kernel<T, VEC>, grid, block, 0, stream, p);
+    cuda::launch(op, device_id, props, tensor_scaled_kernel<T, VEC>, grid, block, 0, stream, p);
+  } else {
+    if (p.st == nullptr) cuda::launch(op, device_id, props, tensor_amax_kernel<T, 1>, grid, block, 0, stream, p);
+    cuda::launch(op, device_id, props, tensor_scaled_kernel<T, 1>, grid, block, 0, stream, p);
+  }
+}
+
+struct GroupParams {
+  void* q;            // uint8_t (fp8 bytes) or int8_t
+  void* s;            // float32 scales, or (packed) int32 words of four UE8M0 bytes
   const void* x;
   int64_t x_stride;   // elements
   int64_t q_stride;   // bytes
@@ -151,6 +260,10 @@ struct GroupParams {
   int group_size;
   int lanes;          // threads per group: power of two <= 32, divides group_size / VEC
   float eps;
+  float qmax;         // 448 (fp8) or 127 (int8)
+  bool packed;        // scales: packed UE8M0 bytes (int32 words) instead of float32
+  bool ue8m0;         // scales rounded up to powers of two
+  bool divide;        // fp8 q = x / scale (vLLM) instead of x * (1 / scale)
 };
 
 // 2 groups per thread: 48 registers for 16-bit inputs on sm_90a (5 resident blocks, 1280 threads
@@ -159,7 +272,7 @@ struct GroupParams {
 constexpr int kGroupThreads = 256;
 constexpr int kGroupsPerThread = 2;
 
-template <typename T, int VEC, typename IndexT>
+template <typename T, int VEC, typename IndexT, typename Q>
 __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p) {
   constexpr int G = kGroupsPerThread;
   const int lanes = p.lanes;
@@ -170,8 +283,8 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
   const int nvec = p.group_size / VEC;
 
   const T* x[G];
-  uint8_t* q[G];
-  float* s[G];
+  Q* q[G];
+  uint8_t* s[G];  // the scale's address: a float, or one byte of a packed int32 word
   bool valid[G];
 #pragma unroll
   for (int u = 0; u < G; ++u) {
@@ -181,8 +294,12 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
     const IndexT g = valid[u] ? gid - row * static_cast<IndexT>(p.groups) : 0;
     const int64_t goff = static_cast<int64_t>(g) * p.group_size;
     x[u] = static_cast<const T*>(p.x) + static_cast<int64_t>(row) * p.x_stride + goff;
-    q[u] = p.q + static_cast<int64_t>(row) * p.q_stride + goff;
-    s[u] = p.s + static_cast<int64_t>(row) * p.s_row + static_cast<int64_t>(g) * p.s_col;
+    q[u] = static_cast<Q*>(p.q) + static_cast<int64_t>(row) * p.q_stride + goff;
+    s[u] = p.packed ? static_cast<uint8_t*>(p.s) +
+                          4 * (static_cast<int64_t>(row) * p.s_row + static_cast<int64_t>(g >> 2) * p.s_col) +
+                          static_cast<int>(g & 3)
+                    : reinterpret_cast<uint8_t*>(static_cast<float*>(p.s) + static_cast<int64_t>(row) * p.s_row +
+                                                 static_cast<int64_t>(g) * p.s_col);
   }
 
   cuda::pdl_wait();
@@ -208,16 +325,33 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
 #pragma unroll
   for (int u = 0; u < G; ++u) {
     if (!valid[u]) continue;
-    const float scale = cuda::nan_max(m[u], p.eps) / kFp8Max;
-    if (lane == 0) *s[u] = scale;
+    float scale = cuda::nan_max(m[u], p.eps) / p.qmax;
+    if (p.ue8m0) scale = cuda::ue8m0_round(scale);
+    if (lane == 0) {
+      if (p.packed) {
+        *s[u] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+      } else {
+        *reinterpret_cast<float*>(s[u]) = scale;
+      }
+    }
     const float inv = 1.0f / scale;
-    store_fp8<T, VEC>(q[u] + lane * VEC, first[u], inv);
-    for (int j = lane + lanes; j < nvec; j += lanes)
-      store_fp8<T, VEC>(q[u] + j * VEC, load_vec<T, VEC>(x[u] + j * VEC), inv);
+    if constexpr (std::is_same<Q, int8_t>::value) {
+      store_int8<T, VEC>(q[u] + lane * VEC, first[u], inv);
+      for (int j = lane + lanes; j < nvec; j += lanes)
+        store_int8<T, VEC>(q[u] + j * VEC, load_vec<T, VEC>(x[u] + j * VEC), inv);
+    } else if (p.divide) {
+      store_fp8_div<T, VEC>(q[u] + lane * VEC, first[u], scale);
+      for (int j = lane + lanes; j < nvec; j += lanes)
+        store_fp8_div<T, VEC>(q[u] + j * VEC, load_vec<T, VEC>(x[u] + j * VEC), scale);
+    } else {
+      store_fp8<T, VEC>(q[u] + lane * VEC, first[u], inv);
+      for (int j = lane + lanes; j < nvec; j += lanes)
+        store_fp8<T, VEC>(q[u] + j * VEC, load_vec<T, VEC>(x[u] + j * VEC), inv);
+    }
   }
 }
 
-template <typename T>
+template <typename T, typename Q>
 void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
   constexpr int VEC = cuda::kVec16<T>;
   const bool vec_ok = p.group_size % VEC == 0 && cuda::aligned(p.x, 16) &&
@@ -235,20 +369,22 @@ void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
   const dim3 grid(static_cast<unsigned>(blocks)), block(kGroupThreads);
   // 32-bit group ids when the largest one formed (< blocks * per_block) fits
   const bool small = blocks * per_block <= static_cast<int64_t>(UINT32_MAX);
-  auto kernel = vec_ok ? (small ? per_group_kernel<T, VEC, uint32_t> : per_group_kernel<T, VEC, int64_t>)
-                       : (small ? per_group_kernel<T, 1, uint32_t> : per_group_kernel<T, 1, int64_t>);
+  auto kernel = vec_ok ? (small ? per_group_kernel<T, VEC, uint32_t, Q> : per_group_kernel<T, VEC, int64_t, Q>)
+                       : (small ? per_group_kernel<T, 1, uint32_t, Q> : per_group_kernel<T, 1, int64_t, Q>);
   cuda::launch(op, device_id, props, kernel, grid, block, 0, stream, p);
 }
 
 // The shared checks, plus the 32-bit index limits of these kernels.
-inline QuantArgs check_cuda_quant_args(const char* op, const TensorView& q, const TensorView& x) {
-  QuantArgs a = check_quant_args(op, q, x);
+inline QuantArgs check_cuda_quant_args(const char* op, const TensorView& q, const TensorView& x,
+                                       bool int8_q = false) {
+  QuantArgs a = check_quant_args(op, q, x, int8_q);
   if (a.hidden > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": hidden size " << a.hidden << " too large";
   if (a.rows > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": " << a.rows << " rows: at most 2^31 - 1";
   return a;
 }
 
-void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, TensorView scale_ub, bool enable_pdl) {
+void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, TensorView scale_ub, bool divide,
+                              bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.per_token_quant_fp8";
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}, {"scale_ub", &scale_ub}});
@@ -271,47 +407,90 @@ void per_token_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, Ten
   p.q_stride = a.q_stride;
   p.hidden = static_cast<int>(a.hidden);
   p.min_scale = static_cast<float>(1.0 / (448.0 * 512.0));  // as the Python reference rounds it
+  p.divide = divide;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
                        [&] { launch_per_token<scalar_t>(op, p, a.rows, dev); });
 }
 
-void per_token_group_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, int64_t group_size,
-                                    double eps, bool enable_pdl) {
+void per_tensor_quant_fp8_cuda(TensorView q, TensorView scale, TensorView x, TensorView static_scale,
+                               bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
-  const char* op = "opmux.per_token_group_quant_fp8";
-  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  const char* op = "opmux.per_tensor_quant_fp8";
+  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scale", &scale}, {"x", &x}, {"static_scale", &static_scale}});
   QuantArgs a = check_cuda_quant_args(op, q, x);
+  if (a.hidden == 0) TVM_FFI_THROW(ValueError) << op << ": x has hidden size 0";
+  check_float32(op, "scale", scale);
+  check_vector(op, "scale", scale, 1, "one scale");
+  check_float32(op, "static_scale", static_scale);
+  check_ndim(op, "static_scale", static_scale, 1);
+  if (static_scale.size(0) > 1) {
+    TVM_FFI_THROW(ValueError) << op << ": static_scale must have 0 (dynamic) or 1 element, got " << static_scale.size(0);
+  }
+  TensorParams p;
+  p.q = data_ptr<uint8_t>(q);
+  p.s = data_ptr<float>(scale);
+  p.st = static_scale.size(0) == 1 ? data_ptr<const float>(static_scale) : nullptr;
+  p.x = data_ptr<const void>(x);
+  p.x_stride = a.x_stride;
+  p.q_stride = a.q_stride;
+  p.rows = a.rows;
+  p.nvec = p.chunk = 0;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_per_tensor<scalar_t>(op, p, static_cast<int>(a.hidden), dev); });
+}
+
+template <typename Q>
+void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, int64_t group_size, double eps,
+                 bool ue8m0, bool divide) {
+  constexpr bool kInt8 = std::is_same<Q, int8_t>::value;
+  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  QuantArgs a = check_cuda_quant_args(op, q, x, kInt8);
   if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
     TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
                               << " must be a positive multiple of group_size " << group_size;
   }
   check_eps(op, eps);
-  check_float32(op, "scales", scales);
-  check_ndim(op, "scales", scales, 2);
-  check_size(op, "scales", scales, 0, a.rows, "rows of x");
-  check_size(op, "scales", scales, 1, a.hidden / group_size, "hidden / group_size");
+  const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
   if (a.rows == 0) return;
   GroupParams p;
-  p.q = data_ptr<uint8_t>(q);
-  p.s = data_ptr<float>(scales);
+  p.q = data_ptr<void>(q);
+  p.s = data_ptr<void>(scales);
   p.x = data_ptr<const void>(x);
   p.x_stride = a.x_stride;
   p.q_stride = a.q_stride;
-  p.s_row = a.rows > 1 ? scales.stride(0) : 0;
-  p.s_col = scales.size(1) > 1 ? scales.stride(1) : 0;
-  if (p.s_row < 0 || p.s_col < 0) TVM_FFI_THROW(ValueError) << op << ": scales must have non-negative strides";
+  p.s_row = gsc.s_row;
+  p.s_col = gsc.s_col;
   p.groups = static_cast<int>(a.hidden / group_size);
   p.group_size = static_cast<int>(group_size);
   p.total = a.rows * p.groups;
   p.lanes = 1;
   p.eps = static_cast<float>(eps);
+  p.qmax = kInt8 ? 127.0f : 448.0f;
+  p.packed = gsc.packed;
+  p.ue8m0 = ue8m0;
+  p.divide = divide;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
-                       [&] { launch_per_group<scalar_t>(op, p, dev); });
+                       [&] { launch_per_group<scalar_t, Q>(op, p, dev); });
+}
+
+void per_token_group_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                                    double eps, bool ue8m0, bool divide, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  group_entry<uint8_t>("opmux.per_token_group_quant_fp8", q, scales, x, group_size, eps, ue8m0, divide);
+}
+
+void per_token_group_quant_int8_cuda(TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                                     double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  group_entry<int8_t>("opmux.per_token_group_quant_int8", q, scales, x, group_size, eps, false, false);
 }
 
 }  // namespace quantization_cuda
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cuda, opmux::quantization_cuda::per_token_quant_fp8_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cuda, opmux::quantization_cuda::per_tensor_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cuda,
                               opmux::quantization_cuda::per_token_group_quant_fp8_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cuda,
+                              opmux::quantization_cuda::per_token_group_quant_int8_cuda);

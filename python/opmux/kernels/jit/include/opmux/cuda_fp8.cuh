@@ -1,5 +1,5 @@
-// CUDA helpers for fp8 (e4m3fn) output: saturating round-to-nearest-even packing of VEC
-// floats into VEC bytes (one 1/2/4/8-byte store), and max reductions.
+// CUDA helpers for fp8 (e4m3fn) and int8 output: saturating round-to-nearest-even packing of VEC
+// floats into VEC bytes (one 1/2/4/8-byte store; int8 truncated), UE8M0 rounding, max reductions.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -35,6 +35,49 @@ __device__ __forceinline__ void store_fp8(uint8_t* q, const Vec<T, VEC>& v, floa
     memcpy(&out, pairs, sizeof(B));
     *reinterpret_cast<B*>(q) = out;
   }
+}
+
+// q[0..VEC) = e4m3(v[k] / scale): an IEEE division per element (vLLM's per-token and group
+// convention), saturated to +-448.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_fp8_div(uint8_t* q, const Vec<T, VEC>& v, float scale) {
+  if constexpr (VEC == 1) {
+    *q = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(to_float(v.v[0]), scale), __NV_SATFINITE, __NV_E4M3));
+  } else {
+    uint16_t pairs[VEC / 2];
+#pragma unroll
+    for (int k = 0; k < VEC / 2; ++k)
+      pairs[k] = fp8x2(__fdiv_rn(to_float(v.v[2 * k]), scale), __fdiv_rn(to_float(v.v[2 * k + 1]), scale));
+    using B = typename ByteVec<VEC>::type;
+    B out;
+    memcpy(&out, pairs, sizeof(B));
+    *reinterpret_cast<B*>(q) = out;
+  }
+}
+
+// int8(trunc(clamp(f, -128, 127))), NaN -> 0: sgl-kernel's int8_t(float) conversion.
+__device__ __forceinline__ int8_t to_int8_trunc(float f) {
+  f = (__float_as_uint(f) & 0x7FFFFFFFu) > 0x7F800000u ? 0.f : fminf(fmaxf(f, -128.f), 127.f);
+  return static_cast<int8_t>(__float2int_rz(f));
+}
+
+// q[0..VEC) = int8(v[k] * inv), truncated (one 1/2/4/8-byte store).
+template <typename T, int VEC>
+__device__ __forceinline__ void store_int8(int8_t* q, const Vec<T, VEC>& v, float inv) {
+  int8_t b[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) b[k] = to_int8_trunc(to_float(v.v[k]) * inv);
+  using B = typename ByteVec<VEC>::type;
+  B out;
+  memcpy(&out, b, sizeof(B));
+  *reinterpret_cast<B*>(q) = out;
+}
+
+// A positive float rounded up to a power of two, exactly (UE8M0 scales); NaN / inf unchanged.
+__device__ __forceinline__ float ue8m0_round(float s) {
+  const uint32_t u = __float_as_uint(s);
+  const uint32_t e = (u >> 23) & 0xFFu;
+  return e == 0xFFu ? s : __uint_as_float((e + ((u & 0x7FFFFFu) != 0u ? 1u : 0u)) << 23);
 }
 
 // max(a, b) that propagates NaN (fmaxf drops it): a NaN row gets a NaN scale and NaN outputs,
