@@ -3,9 +3,9 @@
     PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu
 
 Same op cases as the GPU suite (benchmarks/bench_cases.py) at CPU token counts T = 1, 32, 256
-and 4096, in bfloat16, float16 and float32 (``--big-dtypes`` limits T = 4096 to fewer dtypes to
-keep one run near 15 minutes). For every (op, dtype, T) one process times, interleaved in rounds
-on fresh copies of one input set:
+and 4096, in bfloat16, float16 and float32 (``--big-dtypes`` can limit T = 4096 to fewer dtypes;
+a T = 4096 call is timed once per round, so all three take a few minutes). For every (op, dtype,
+T) one process times, interleaved in rounds on one input set (fresh copies for in-place ops):
 
 * ``eager``: the plain PyTorch version as users write it, in the input dtype;
 * ``compile``: ``torch.compile`` (inductor, static shapes) of that same function;
@@ -16,9 +16,12 @@ Triton runs in its interpreter on CPU and is not timed. Every cell is set up fir
 compiled graph, warm-up); then ``--rounds`` rounds each time every cell once, each candidate for
 about ``--ms`` milliseconds of calls, candidates in a shuffled order. A cell's rounds are thereby
 spread over the whole run, and a candidate's figure is its best round (the machine is shared, so a
-busy spell only ever makes a round slower), with the median beside it in the JSON. The run starts
-and ends with a memory bandwidth probe (a large ``copy_``), so a memory-bound case can be judged
-against what the machine moves in the same run.
+busy spell only ever makes a round slower), with the median beside it in the JSON. Cells whose
+default / compile ratio lands near 1 (``--close``) then get ``--extra-rounds`` more rounds, every
+candidate alike, so a close call is not decided by one busy spell. The run starts and ends with a
+memory bandwidth probe (a large ``copy_``) and every round copies 256 MiB once more (its best round
+is the ``copy`` bandwidth of the quiet spells the best rounds come from), so a memory-bound case
+can be judged against what the machine moves in the same run; the load average is recorded.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import random
 import statistics
@@ -72,6 +76,22 @@ def bandwidth_gbs(threads: int, mib: int = 512, rounds: int = 5) -> float:
     dst.copy_(src)
     best = min(_time(lambda _: dst.copy_(src), [None], 3) for _ in range(rounds))
     return 2 * n * 4 / (best * 1e-6) / 1e9
+
+
+class CopyProbe:
+    """A 256 MiB ``copy_`` timed once per round: the best round's bandwidth (read + write, GB/s)
+    is what the machine moves in the quiet spells that the cells' best rounds also come from."""
+
+    def __init__(self, mib: int = 256) -> None:
+        n = mib * 2**20 // 4
+        self.src = torch.ones(n, dtype=torch.float32)
+        self.dst = torch.empty_like(self.src)
+        self.dst.copy_(self.src)
+        self.samples: list[float] = []
+
+    def round(self) -> None:
+        us = _time(lambda _: self.dst.copy_(self.src), [None], 1)
+        self.samples.append(2 * self.src.numel() * 4 / (us * 1e-6) / 1e9)
 
 
 def first_touch_gbs(threads: int, mib: int = 256, rounds: int = 5) -> float:
@@ -128,7 +148,7 @@ class Cell:
         base = _cast(case.op, raw, dtype)
         self.nbytes = case.nbytes(self.shape) * _tensor_bytes(base) / max(1, _tensor_bytes(raw))
         self.base = base
-        self.sets = [bc.clone_args(base)]
+        self.sets = [bc.clone_args(base)] if case.mutates else [base]
         p0, k0 = case.callargs(base)
         self.chosen, names = _backends(case, p0, k0)
 
@@ -181,6 +201,7 @@ class Cell:
             "dtype": str(self.dtype).removeprefix("torch."),
             "chosen": self.chosen,
             "reps": self.reps,
+            "rounds": len(self.samples["default"]),
             "best_us": {k: round(v, 2) for k, v in best.items()},
             "median_us": {k: round(v, 2) for k, v in med.items()},
             "bytes": int(self.nbytes),
@@ -191,11 +212,21 @@ class Cell:
         }
 
 
+def _close(c: Cell, band: float) -> bool:
+    """default / compile (best rounds) within ``band`` of 1, either side, or the default and the
+    forced backend it chose (the same kernel) more than ``band`` apart: a noisy or close cell."""
+    best = {k: min(v) for k, v in c.samples.items()}
+    r = best["default"] / best["compile"]
+    same = best.get(c.chosen, best["default"]) / best["default"]
+    return 1 / (1 + band) <= r <= 1 + band or not 1 / (1 + band) <= same <= 1 + band
+
+
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 1024
     torch._dynamo.config.accumulated_recompile_limit = 4096
     t_start = time.time()
+    load0 = os.getloadavg()
     bw0 = bandwidth_gbs(args.threads)
     ft0 = first_touch_gbs(args.threads)
     cells: list[Cell] = []
@@ -215,10 +246,23 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     # Rounds over all cells, so each cell's rounds are spread over the whole run: a busy spell of
     # the shared machine then costs a cell a few rounds, not all of them.
     rng = random.Random(0)
+    probe = CopyProbe()
     for i in range(args.rounds):
+        probe.round()
         for c in cells:
             c.round(rng)
         print(f"round {i + 1}/{args.rounds} at {time.time() - t_start:.0f} s", flush=True)
+    # Close or noisy cells: more rounds, every candidate of the cell alike, chosen once (not
+    # re-chosen as results come in, so no cell is sampled until it happens to come out ahead).
+    close = [c for c in cells if _close(c, args.close)]
+    for i in range(args.extra_rounds if close else 0):
+        probe.round()
+        for c in close:
+            c.round(rng)
+        print(
+            f"extra round {i + 1}/{args.extra_rounds} ({len(close)} cells) at {time.time() - t_start:.0f} s",
+            flush=True,
+        )
     bw1 = bandwidth_gbs(args.threads)
     ft1 = first_touch_gbs(args.threads)
     rows = [c.row() for c in cells]
@@ -235,7 +279,16 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "torch": torch.__version__,
         "python": platform.python_version(),
         "rounds": args.rounds,
+        "ms": args.ms,
+        "extra_rounds": args.extra_rounds,
+        "close": args.close,
+        "close_cells": len(close),
         "copy_bandwidth_gbs": [round(bw0, 1), round(bw1, 1)],
+        "copy_per_round_gbs": {
+            "best": round(max(probe.samples), 1),
+            "median": round(statistics.median(probe.samples), 1),
+        },
+        "loadavg": [round(x, 2) for x in (*load0, *os.getloadavg())],
         "first_touch_gbs": [round(ft0, 1), round(ft1, 1)],
         "wall_s": round(time.time() - t_start, 1),
     }
@@ -243,7 +296,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
 
 
 def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: str) -> str:
-    bw = max(meta["copy_bandwidth_gbs"])
+    per_round = meta.get("copy_per_round_gbs", {})
+    bw = max(*meta["copy_bandwidth_gbs"], per_round.get("best", 0.0))
+    load = meta.get("loadavg")
+    ok = sum(r["default/compile"] <= 1.0 for r in rows)
     backs = sorted({b for r in rows for b in r["best_us"]} - {"eager", "compile", "default"})
     lines = [
         "# CPU: opmux C++ kernels vs torch eager and torch.compile",
@@ -254,19 +310,42 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
         "",
         "Every candidate is timed in the same process, interleaved: all cells are set up first "
         f"(inputs, compiled graphs, warm-up), then {meta['rounds']} rounds each time every cell, "
-        "each candidate for ~3 ms of calls in a shuffled order, so a cell's rounds are spread over "
-        "the whole run. This machine's 2 cores are shared with other engineers' builds and tests, "
-        "so the figure is a candidate's best round (another process only ever makes a round "
-        "slower), µs per call; the median round is in `cpu.json`. `compile` is `torch.compile` "
+        f"each candidate for ~{meta.get('ms', 3.0):g} ms of calls in a shuffled order, so a cell's rounds are spread over "
+        "the whole run. This machine's 2 cores are shared with other engineers' builds and tests"
+        + (
+            f" (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} when the run began, "
+            f"{load[3]:.1f} / {load[4]:.1f} / {load[5]:.1f} when it ended)"
+            if load
+            else ""
+        )
+        + ", so the figure is a candidate's best round (another process only ever makes a round "
+        "slower), µs per call; the median round is in `cpu.json`. "
+        + (
+            f"The {meta['close_cells']} cells whose default / compile came out within "
+            f"{meta['close']:.0%} of 1 (or whose `default` and forced backend, the same kernel, "
+            f"disagreed by more) got {meta['extra_rounds']} more rounds, every candidate alike "
+            "(`rounds` per cell in `cpu.json`). "
+            if meta.get("extra_rounds")
+            else ""
+        )
+        + "`compile` is `torch.compile` "
         "(inductor, static shapes) of the eager function; "
         "`default` is the public call with no override (the backend in brackets). "
         "`÷compile` = default / compile (at most 1: opmux is as fast or faster). "
         "`GB/s` = bytes the call must move / time, against the copy bandwidth measured at the "
         f"start and end of the same run: {meta['copy_bandwidth_gbs'][0]} and "
-        f"{meta['copy_bandwidth_gbs'][1]} GB/s (read + write of a 512 MiB `copy_`); a freshly "
+        f"{meta['copy_bandwidth_gbs'][1]} GB/s (read + write of a 512 MiB `copy_`)"
+        + (
+            f", and {per_round['best']} GB/s in the best round of a 256 MiB copy timed every round "
+            f"(median {per_round['median']})"
+            if per_round
+            else ""
+        )
+        + "; a freshly "
         f"allocated output is written at only {meta['first_touch_gbs'][0]} and "
-        f"{meta['first_touch_gbs'][1]} GB/s (`torch.empty(256 MiB).fill_`: page faults), which "
-        "bounds every op that returns a new tensor at T = 4096.",
+        f"{meta['first_touch_gbs'][1]} GB/s (`torch.empty(256 MiB).fill_`: a page fault per "
+        "4 KiB), which bounds eager and torch.compile wherever they return a new tensor at "
+        "T = 4096 (opmux's kernels ask for huge pages for a new output of 8 MiB or more, see below).",
         "",
         "| op | shape | dtype | eager | compile | default | " + " | ".join(backs) + " | ÷compile | GB/s (of "
         f"{bw}) |",
@@ -281,6 +360,11 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
             + " | ".join(str(b.get(k, "-")) for k in backs)
             + f" | {r['default/compile']}{mark} | {r['default_gbs']} |"
         )
+    lines += [
+        "",
+        f"opmux's default is at or below torch.compile in {ok} of the {len(rows)} cases"
+        + ("." if ok == len(rows) else "; the others are marked ✗."),
+    ]
     if notes:
         lines += ["", notes.rstrip()]
     return "\n".join(lines) + "\n"
@@ -291,6 +375,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="writes OUT.json and OUT.md")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--extra-rounds", type=int, default=10, help="more rounds for close or noisy cells")
+    ap.add_argument(
+        "--close", type=float, default=0.15, help="a cell is close if default/compile is within this of 1"
+    )
     ap.add_argument("--ms", type=float, default=3.0, help="milliseconds of calls per candidate and round")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
     ap.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES))

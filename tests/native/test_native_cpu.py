@@ -201,6 +201,60 @@ def test_strided_rows(mod, dtype):
     _close(o, silu_and_mul_ref(xa), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_new_outputs(libs, dtype):
+    """A new output of 8 MiB or more takes the huge-page hint (opmux/cpu_vec.h,
+    advise_huge_pages): the rows of such a call are the rows a small call computes, bit for bit,
+    in a fresh output and in one whose pages are already mapped; a strided view skips the hint."""
+    m = libs["aot"]
+    g = torch.Generator().manual_seed(5)
+    rows = (16 << 20) // (4096 * dtype.itemsize)  # a 16 MiB output
+    x = torch.randn(rows, 4096, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(4096, generator=g)).to(dtype)
+    small = torch.empty(3, 4096, dtype=dtype)
+    m["rmsnorm_cpu"](small, x[-3:], w, 1e-6)
+    for out in (torch.empty_like(x), torch.zeros_like(x)):
+        m["rmsnorm_cpu"](out, x, w, 1e-6)
+        assert torch.equal(out[-3:], small)
+        _close(out[:64], rmsnorm_ref(x[:64], w, 1e-6), dtype)
+    d = 3000
+    xa = (3 * torch.randn((20 << 20) // (d * dtype.itemsize), 2 * d, generator=g)).to(dtype)
+    small = torch.empty(2, d, dtype=dtype)
+    m["silu_and_mul_cpu"](small, xa[-2:])
+    out = torch.empty(xa.shape[0], d, dtype=dtype)
+    m["silu_and_mul_cpu"](out, xa)
+    assert torch.equal(out[-2:], small)
+    wide = torch.zeros(xa.shape[0], d + 5, dtype=dtype)
+    m["silu_and_mul_cpu"](wide[:, :d], xa)
+    assert torch.equal(wide[:, :d], out) and torch.all(wide[:, d:] == 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["dense", "fused-qkv", "head-strided"])
+def test_reshape_and_cache_layouts(mod, dtype, layout):
+    """Token rows copied whole where the heads are adjacent (dense, slices of a fused qkv), head
+    by head where they are not (a gap between heads)."""
+    g = torch.Generator().manual_seed(3)
+    t, h, d, blocks, bs = 37, 4, 32, 8, 16
+    if layout == "dense":
+        k, v = (torch.randn(t, h, d, generator=g).to(dtype) for _ in range(2))
+    elif layout == "fused-qkv":
+        qkv = torch.randn(t, 3 * h, d, generator=g).to(dtype)
+        k, v = qkv[:, h : 2 * h], qkv[:, 2 * h :]
+    else:
+        k, v = (torch.randn(t, h, 2 * d, generator=g).to(dtype)[:, :, 5 : 5 + d] for _ in range(2))
+    slots = torch.randperm(blocks * bs, generator=g)[:t]
+    slots[::7] = -1
+    kc = torch.full((blocks, bs, h, d), -7.0, dtype=dtype)
+    vc = torch.full((blocks, bs, h, d), -7.0, dtype=dtype)
+    rk, rv = kc.clone(), vc.clone()
+    keep = slots >= 0
+    rk.view(-1, h, d)[slots[keep]] = k[keep]
+    rv.view(-1, h, d)[slots[keep]] = v[keep]
+    mod["reshape_and_cache_cpu"](k, v, kc, vc, slots)
+    assert torch.equal(kc, rk) and torch.equal(vc, rv)
+
+
 def test_errors(libs):
     m = libs["aot"]
     x = torch.randn(4, 8)

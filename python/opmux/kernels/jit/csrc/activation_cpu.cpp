@@ -139,6 +139,7 @@ void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_
   const int nt = cpu::threads_for(rows * d * 3 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, items);
   const int level = cpu::vec_level();
   (void)nt;
+  if (out_stride == d) cpu::advise_huge_pages(out, rows * d * static_cast<int64_t>(sizeof(T)));
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif

@@ -137,6 +137,8 @@ void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, cons
   const int nt = cpu::threads_for(rows * hidden * 2 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, rows);
   const int level = cpu::vec_level();
   (void)nt, (void)level;
+  if (out != x && out_stride == hidden)  // a new output (not qk_norm's in-place rows)
+    cpu::advise_huge_pages(out, rows * hidden * static_cast<int64_t>(sizeof(T)));
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif

@@ -22,6 +22,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10 && defined(__x86_64__) && \
     defined(__linux__) && !defined(OPMUX_CPU_NO_CLONES)
@@ -74,6 +77,30 @@ inline int threads_for(int64_t bytes, int64_t min_bytes, int64_t items) {
 #else
   (void)bytes, (void)min_bytes, (void)items;
   return 1;
+#endif
+}
+
+// A new output of this many bytes or more gets the transparent-huge-page hint below.
+constexpr int64_t kHugePageMinBytes = 8 << 20;
+
+// Hint that the 2 MiB-aligned pages inside [p, p + bytes), about to be written in full, be backed
+// by transparent huge pages (MADV_HUGEPAGE). A large new output is fresh memory: torch's CPU
+// allocator gets it from glibc, which maps allocations above its mmap threshold (at most 32 MiB)
+// anew each time, so writing it page-faults once per 4 KiB page, and where the kernel's THP mode
+// is "madvise" (the usual default) it stays 4 KiB pages unless asked. With the hint it faults once
+// per 2 MiB: a fresh 128 MiB buffer is written in about half the time on the benchmark machine
+// (docs/benchmarks/cpu.md). Only a hint: memory that is already mapped keeps its contents, and a
+// failure (no THP, not Linux) changes nothing. One syscall, so only for outputs of at least
+// kHugePageMinBytes (a millisecond or more of writing).
+inline void advise_huge_pages(const void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (bytes < kHugePageMinBytes) return;
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)p, (void)bytes;
 #endif
 }
 
