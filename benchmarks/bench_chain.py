@@ -760,7 +760,10 @@ def build_impls(layer: Layer, args: argparse.Namespace) -> list[Impl]:
         try:
             if peer_pieces is None:
                 peer_pieces = piece_steps(layer, compile_=not args.no_compile)
-            impls.append(build(layer, peer_pieces))
+            imp = build(layer, peer_pieces)
+            if args.no_compile:
+                imp.pieces = {k: v.replace(TC, "torch eager piece") for k, v in imp.pieces.items()}
+            impls.append(imp)
         except Exception as exc:
             why = _err(exc, 300)
             imp = Impl(name, "peer", pieces=dict(PIECES[name]))
@@ -1149,6 +1152,7 @@ def render(result: dict[str, Any]) -> str:
         f"{args.get('replays', '?')} replays; **us per chain**. *PDL / best peer* = opmux (PDL) over the "
         "fastest peer chain (below 1: opmux faster); *PDL on/off* = opmux (PDL) over opmux (no PDL); "
         "*sum of ops* = each opmux op timed alone in the same setup, summed (PDL off / on). "
+        "FlashInfer runs at its defaults (PDL on sm_90+ wherever its API has the switch). "
         "`n/a`: not available, `fail`: raised (see bench_chain.json), `*`: event timing (capture failed).",
         "",
     ]
@@ -1162,7 +1166,8 @@ def render(result: dict[str, Any]) -> str:
         cfg = lrec.get("config", {})
         names = [n for n in IMPL_ORDER if n in lrec.get("impls", {})]
         names += [n for n in lrec.get("impls", {}) if n not in names]
-        desc = f"H {cfg.get('H')}, {cfg.get('Hq')} q / {cfg.get('Hk')} kv heads x {cfg.get('D')}, intermediate {cfg.get('inter')}"
+        desc = f"H {cfg.get('H')}, {cfg.get('Hq')} q / {cfg.get('Hk')} kv heads x {cfg.get('D')}, "
+        desc += f"{'expert ' if cfg.get('experts') else ''}intermediate {cfg.get('inter')}"
         if cfg.get("experts"):
             desc += f", {cfg['experts']} experts top-{cfg.get('topk')}"
         lines += [f"## {lrec['layer']}", "", f"{desc}: {' -> '.join(lrec.get('steps', []))}", ""]
@@ -1181,15 +1186,17 @@ def render(result: dict[str, Any]) -> str:
             row = [str(c["T"]), *(_cell(c["impls"].get(n)) for n in names), sum_cell, ratio_cell]
             row.append(f"{onoff:.3f}" if onoff is not None else "-")
             lines.append("| " + " | ".join(row) + " |")
-        lines += ["", "What each chain runs per op:", ""]
         steps = lrec.get("steps", [])
-        lines += ["| op | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        for s in steps:
-            cells = []
-            for n in names:
-                p = lrec["impls"][n].get("pieces", {})
-                cells.append(p.get(s) or p.get("*", "?"))
-            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        whole = [n for n in names if "*" in lrec["impls"][n].get("pieces", {})]
+        per_op = [n for n in names if n not in whole]
+        lines.append("")
+        lines += [f"- {n}: {lrec['impls'][n]['pieces']['*']}" for n in whole]
+        if per_op:
+            lines += ["", "What the peer chains run per op:", ""]
+            lines += ["| op | " + " | ".join(per_op) + " |", "|---|" + "---|" * len(per_op)]
+            for s in steps:
+                cells = [lrec["impls"][n].get("pieces", {}).get(s, "?") for n in per_op]
+                lines.append(f"| {s} | " + " | ".join(cells) + " |")
         backends = next((c["backends"] for c in lrec.get("cases", []) if c.get("backends")), None)
         if backends:
             lines += ["", "opmux default backends: " + ", ".join(f"{k} {v}" for k, v in backends.items())]
