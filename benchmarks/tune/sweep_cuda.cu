@@ -446,44 +446,6 @@ void run_all() {
 #if defined(SWEEP_QUANT)
 namespace qz = opmux::quantization_cuda;
 
-// One row per block (as the per-token kernel): thread t holds vectors t, t + blockDim, ... of
-// the row; a group is gv = group_size / VEC consecutive vectors, i.e. gv consecutive lanes
-// (gv a power of two <= 32, blockDim a multiple of gv), reduced with xor shuffles in the group.
-template <typename T, int VEC, int PER>
-__global__ void __launch_bounds__(512) per_group_row_kernel(qz::GroupParams p) {
-  const int64_t row = blockIdx.x;
-  const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
-  uint8_t* __restrict__ q = p.q + row * p.q_stride;
-  const int nvec = p.groups * p.group_size / VEC;
-  const int gv = p.lanes;
-  const int tid = threadIdx.x;
-  opmux::cuda::pdl_wait();
-  opmux::cuda::Vec<T, VEC> v[PER];
-  float m[PER];
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int j = i * blockDim.x + tid;
-    if (j < nvec) v[i] = opmux::cuda::load_vec<T, VEC>(x + j * VEC);
-  }
-#pragma unroll
-  for (int i = 0; i < PER; ++i) m[i] = i * blockDim.x + tid < nvec ? qz::vec_abs_max(v[i], 0.f) : 0.f;
-  for (int o = gv >> 1; o > 0; o >>= 1) {
-#pragma unroll
-    for (int i = 0; i < PER; ++i) m[i] = opmux::cuda::nan_max(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
-  }
-  opmux::cuda::pdl_launch_dependents();
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int j = i * blockDim.x + tid;
-    if (j < nvec) {
-      const float scale = opmux::cuda::nan_max(m[i], p.eps) / qz::kFp8Max;
-      const int g = j / gv;
-      if ((j & (gv - 1)) == 0) p.s[row * p.s_row + g * p.s_col] = scale;
-      opmux::cuda::store_fp8<T, VEC>(q + j * VEC, v[i], 1.0f / scale);
-    }
-  }
-}
-
 void sweep_group(int64_t T) {
   constexpr int VEC = 8, H = 4096, G = 128;
   const size_t xb = T * H * 2, qb = T * H, sb = T * (H / G) * 4, bytes = xb + qb + sb;
@@ -499,9 +461,9 @@ void sweep_group(int64_t T) {
   CK(cudaMalloc(&rq, qb));
   CK(cudaMalloc(&rs, sb));
   auto params = [&](int i) {
-    qz::GroupParams p;
-    p.q = static_cast<uint8_t*>(qs[i % sets]);
-    p.s = static_cast<float*>(ss[i % sets]);
+    qz::GroupParams p{};
+    p.q = qs[i % sets];
+    p.s = ss[i % sets];
     p.x = xs[i % sets];
     p.x_stride = H;
     p.q_stride = H;
@@ -512,13 +474,15 @@ void sweep_group(int64_t T) {
     p.total = T * (H / G);
     p.lanes = G / VEC;
     p.eps = 1e-10f;
+    p.qmax = 448.0f;
     return p;
   };
-  {
+  {  // reference: the group-strided kernel (the library's layout before the row kernel)
     qz::GroupParams p = params(0);
-    p.q = static_cast<uint8_t*>(rq);
-    p.s = static_cast<float*>(rs);
-    qz::launch_per_group<bf16>("sweep", p, 0);
+    p.q = rq;
+    p.s = rs;
+    const unsigned blocks = static_cast<unsigned>((p.total + 31) / 32);
+    launch(qz::per_group_kernel<bf16, VEC, uint32_t, uint8_t>, dim3(blocks), dim3(256), 0, p);
     CK(cudaStreamSynchronize(g_stream));
   }
   const std::string cs = "group_quant H=4096 g=128 T=" + std::to_string(T);
@@ -533,13 +497,18 @@ void sweep_group(int64_t T) {
     }
     report(cs, variant, time_graph(fn, reps), bytes);
   };
-  check_and_time("library", [&](int i) { qz::launch_per_group<bf16>("sweep", params(i), 0); });
+  check_and_time("library", [&](int i) { qz::launch_per_group<bf16, uint8_t>("sweep", params(i), 0); });
+  check_and_time("group-strided 256 x 2 groups", [&](int i) {
+    launch(qz::per_group_kernel<bf16, VEC, uint32_t, uint8_t>, dim3(static_cast<unsigned>((T * 32 + 31) / 32)),
+           dim3(256), 0, params(i));
+  });
   const int nvec = H / VEC;
-  for (int per : {1, 2, 4}) {
+  for (int per : {1, 2, 4, 8}) {
     const int threads = nvec / per;
-    void (*k)(qz::GroupParams) = per == 1 ? per_group_row_kernel<bf16, VEC, 1>
-                                 : per == 2 ? per_group_row_kernel<bf16, VEC, 2>
-                                            : per_group_row_kernel<bf16, VEC, 4>;
+    void (*k)(qz::GroupParams) = per == 1   ? qz::per_group_row_kernel<bf16, VEC, 1, uint8_t>
+                                 : per == 2 ? qz::per_group_row_kernel<bf16, VEC, 2, uint8_t>
+                                 : per == 4 ? qz::per_group_row_kernel<bf16, VEC, 4, uint8_t>
+                                            : qz::per_group_row_kernel<bf16, VEC, 8, uint8_t>;
     check_and_time("row per=" + std::to_string(per) + " threads=" + std::to_string(threads), [&, k, threads](int i) {
       launch(k, dim3(static_cast<unsigned>(T)), dim3(threads), 0, params(i));
     });
@@ -554,7 +523,7 @@ void sweep_group(int64_t T) {
 }
 
 void run_all() {
-  for (int64_t T : {1, 16, 128, 4096, 16384, 32768}) sweep_group(T);
+  for (int64_t T : {1, 16, 128, 1024, 4096, 16384, 32768}) sweep_group(T);
 }
 #endif  // SWEEP_QUANT
 
