@@ -8,6 +8,9 @@
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
 # bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*);
+# sweeps:  benchmarks/tune/run_sweeps.sh, the launch-layout sweeps ($SWEEPS families; OUT_DIR/sweeps);
+# host:    benchmarks/host_overhead.py --device cuda (OUT_DIR/host_overhead_cuda.*);
+# OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
 #          chain.log); its arguments from $CHAIN_ARGS (default --budget-s 360).
 set -uo pipefail
@@ -17,7 +20,14 @@ shift 2 || shift $#
 REPO=$PWD
 SITE=/tmp/opmux-env/site-packages   # a "site-packages" path: the parity harness refuses a tree
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 OPMUX_CACHE_DIR=/tmp/opmux-jit-cache
-if [[ ! -d $SITE/opmux ]]; then
+PARITY_TREE=()
+if [[ ${OPMUX_FROM_TREE:-0} == 1 ]]; then
+    # development runs: the tree's python/ (JIT kernels only, no AOT library), peers from .whl
+    export PYTHONPATH=$REPO/python:$SITE
+    PARITY_TREE=(--allow-tree)
+    [[ -d $SITE/tvm_ffi ]] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$SITE" .whl/*.whl || exit 1
+elif [[ ! -d $SITE/opmux ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
         .whl/*.whl dist/cuda/opmux-*.whl || exit 1
 fi
@@ -32,7 +42,7 @@ for stage in $STAGES; do
     start=$(date +%s)
     case $stage in
         prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 150 || rc=1 ;;
-        parity) python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" \
+        parity) python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/parity.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         bench) python3 "$REPO/benchmarks/bench_gpu.py" --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" \
@@ -40,6 +50,10 @@ for stage in $STAGES; do
         # shellcheck disable=SC2086  # CHAIN_ARGS: words on purpose
         chain) python3 "$REPO/benchmarks/bench_chain.py" --out "$OUT" ${CHAIN_ARGS:---budget-s 360} 2>&1 \
                     | tee "$OUT/chain.log" | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        sweeps) (cd "$REPO" && bash benchmarks/tune/run_sweeps.sh "$OUT/sweeps" ${SWEEPS:-act norm quant}) \
+                    || rc=1 ;;
+        host) python3 "$REPO/benchmarks/host_overhead.py" --device cuda --out "$OUT" 2>&1 \
+                    | tee "$OUT/host.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"
