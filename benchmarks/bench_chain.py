@@ -956,6 +956,7 @@ def run_case(
         pristine = clone_set(sets[0])
         ref = reference(layer, clone_set(pristine))
         crec.update(sets=nsets, R=R)
+        log(f"  {layer.name} T={T}: {nbytes / 1e6:.2f} MB per chain, {nsets} input sets, R={R}")
     except Exception as exc:
         crec["error"] = f"inputs/reference: {_err(exc, 400)}"
         log(f"  T={T}: ERROR {crec['error']}")
@@ -1013,6 +1014,13 @@ def run_case(
                     ir["error"] += f" | then: {_err(exc2, 200)}"
                     raise
         ir["s"] = round(time.perf_counter() - t_impl, 1)
+        if "us" in ir:
+            what = f"{ir['us']:.2f} us/chain ({ir.get('method')}, R={ir.get('R')})"
+        elif ir["status"] == "ok":
+            what = f"checked (worst rel. L2 {ir.get('rel_err') or 0:.1e})"
+        else:
+            what = str(ir.get("error") or ir.get("check") or ir.get("why", ""))[:300]
+        log(f"    {layer.name} T={T} {imp.name}: {ir['status']} {what}  [{ir['s']}s]")
     if timing and not args.no_op_times:
         for imp in impls:
             if imp.kind != "opmux" or crec["impls"][imp.name].get("status") != "ok":
