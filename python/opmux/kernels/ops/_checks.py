@@ -175,16 +175,21 @@ def alias(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor, b
 
 
 def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two views with the same strides touch no common element (False when unsure)."""
+    """Whether two views with the same strides touch no common element (False when unsure). The
+    stride of a dimension of size 1 is never used, so only the others must agree (q and k views
+    of one qkv buffer at one token differ in the token stride)."""
     size = a.element_size()
-    if size != b.element_size() or a.stride() != b.stride():
+    if size != b.element_size() or a.dim() != b.dim():
         return False
+    strides = []
+    for sa, sb, na, nb in zip(a.stride(), b.stride(), a.shape, b.shape, strict=True):
+        if na > 1 and nb > 1 and sa != sb:
+            return False
+        strides.append(sa if na > 1 else sb)
     delta, rem = divmod(b.data_ptr() - a.data_ptr(), size)
     if rem:
         return False
-    dims = sorted(
-        ((s, na, nb) for s, na, nb in zip(a.stride(), a.shape, b.shape, strict=True) if s), reverse=True
-    )
+    dims = sorted(((s, na, nb) for s, na, nb in zip(strides, a.shape, b.shape, strict=True) if s), reverse=True)
     return not _reachable(delta, dims)
 
 
