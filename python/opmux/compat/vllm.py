@@ -122,41 +122,42 @@ def rotary_embedding(
 
 
 # -- fp8 quantization -------------------------------------------------------------------------
-_PT = "quantization.per_token_quant_fp8"
-_PG = "quantization.per_token_group_quant_fp8"
+# Each entry point is one opmux quantization op writing into the caller's buffers (out_q /
+# out_scale). vLLM's per-token and group kernels divide by the scale: the ops' divide_by_scale
+# does that in the kernel, bit-equal; static and per-tensor quantization multiply by the
+# reciprocal, as vLLM's do.
+def _quant() -> Any:
+    return _ops("quantization")
+
+
+def _rows_of(out: Tensor, input: Tensor) -> tuple[Tensor, Tensor]:
+    """``input`` as [T, H] rows and the first T rows of ``out`` (vLLM pads ``out``'s rows)."""
+    h = input.shape[-1]
+    x = input if input.dim() == 2 else input.reshape(-1, h)
+    t = x.shape[0]
+    _direct.need(
+        out.dim() >= 1 and out.shape[-1] == h and out.numel() >= t * h,
+        f"vllm fp8 quant: out has shape {tuple(out.shape)} for input {tuple(input.shape)}",
+    )
+    q = out if out.shape == x.shape else out.view(-1, h)[:t]
+    return x, q
 
 
 def dynamic_per_token_scaled_fp8_quant(
     out: Tensor, input: Tensor, scales: Tensor, scale_ub: Tensor | None = None
 ) -> None:
-    """``scales[t] = max(min(amax_t, ub) / 448, 1 / (448 * 512))`` by opmux's kernel, then
-    ``out = fp8(x / scale)`` (vLLM divides)."""
-    ub = None if scale_ub is None else scale_ub.reshape(1).float()
-    kargs, _ = _direct.check(_PT, input, ub)
-    t = kargs[2].shape[0]
-    _direct.need(
-        out.dtype == torch.float8_e4m3fn,
-        f"{_PT}: out has dtype {out.dtype}, expected float8_e4m3fn",
-        TypeError,
-    )
-    _direct.need(
-        out.shape[-1] == input.shape[-1] and out.numel() // max(out.shape[-1], 1) >= t,
-        f"{_PT}: out has shape {tuple(out.shape)} for input {tuple(input.shape)}",
-    )
-    _direct.need(
-        scales.dtype == torch.float32 and scales.numel() >= t, f"{_PT}: scales must be float32 with {t} rows"
-    )
-    s = scales.reshape(-1)[:t]
-    q = out.reshape(-1, input.shape[-1])[:t]
-    _direct.kernel(_PT, input)(q.view(torch.uint8), s, *kargs[2:])  # into the caller's buffers
-    _fp8.divide_into(q, kargs[2], s.unsqueeze(-1))
+    """``scales[t] = max(min(amax_t, ub) / 448, 1 / (448 * 512))``, ``out = fp8(x / scale)``
+    (vLLM divides: the op's ``divide_by_scale``), both written by opmux's kernel."""
+    x, q = _rows_of(out, input)
+    t = x.shape[0]
+    s = scales if scales.numel() == t else scales.view(-1)[:t]
+    _quant().per_token_quant_fp8(x, scale_ub, True, q, s)
 
 
 def dynamic_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
     """Per-tensor: ``scale = amax / 448`` (written), ``out = fp8(x * (1 / scale))``."""
-    amax = input.abs().amax().float() if input.numel() else torch.zeros((), device=input.device)
-    scale.copy_((amax / _fp8.FP8_MAX).reshape(scale.shape))
-    static_scaled_fp8_quant(out, input, scale)
+    x, q = _rows_of(out, input)
+    _quant().per_tensor_quant_fp8(x, None, q, scale)
 
 
 def static_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
@@ -164,8 +165,8 @@ def static_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
     _direct.need(
         scale.numel() == 1, f"static_scaled_fp8_quant: scale must have one element, got {tuple(scale.shape)}"
     )
-    t = input.numel() // max(input.shape[-1], 1)
-    _fp8.multiply_into(out.reshape(-1, input.shape[-1])[:t], input.reshape(t, -1), scale.reshape(()))
+    x, q = _rows_of(out, input)
+    _quant().per_tensor_quant_fp8(x, scale, q, scale)  # the scale "written" is the same value
 
 
 def scaled_fp8_quant(
@@ -206,26 +207,27 @@ def per_token_group_quant_fp8(
     eps: float = 1e-10,
     dtype: Any = None,
     column_major_scales: bool = False,
+    tma_aligned_scales: bool = False,
     out_q: Tensor | None = None,
     use_ue8m0: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """vLLM's ``fp8_utils.per_token_group_quant_fp8``: scales by opmux's kernel
-    (``max(group amax, eps) / 448``; ue8m0 rounds them up to powers of two), then
-    ``q = fp8(x / scale)`` (vLLM divides)."""
+    """vLLM's ``fp8_utils.per_token_group_quant_fp8``: ``scale = max(group amax, eps) / 448``
+    (``use_ue8m0``: rounded up to a power of two), ``q = fp8(x / scale)`` (vLLM divides), by
+    opmux's kernel into ``out_q`` when given; scales row-major, column-major or TMA-aligned
+    column-major."""
     if dtype is not None and dtype != torch.float8_e4m3fn:
         raise NotImplementedError(f"per_token_group_quant_fp8: dtype {dtype} (opmux: float8_e4m3fn only)")
-    kargs, (q_new, s_new) = _direct.check(_PG, x, group_size, eps, bool(column_major_scales))
-    x2, s2 = kargs[2], kargs[1]
-    q, q_rows = q_new, kargs[0].view(torch.float8_e4m3fn)
-    if out_q is not None:
-        _direct.out_like(_PG, "out_q", out_q, tuple(x.shape), torch.float8_e4m3fn, x.device)
-        q, q_rows = out_q, out_q.view(-1, x.shape[-1])
-    _direct.kernel(_PG, x)(q_rows.view(torch.uint8), *kargs[1:])
-    if use_ue8m0:
-        _fp8.ue8m0(s2)
-    t, g = s2.shape
-    _fp8.divide_into(q_rows.view(t, g, group_size), x2.reshape(t, g, group_size), s2.unsqueeze(-1))
-    return q, s_new
+    return _quant().per_token_group_quant_fp8(  # type: ignore[no-any-return]
+        x,
+        int(group_size),
+        float(eps),
+        bool(column_major_scales),
+        bool(tma_aligned_scales and column_major_scales),
+        bool(use_ue8m0),
+        True,
+        out_q,
+        None,
+    )
 
 
 # -- MoE ----------------------------------------------------------------------------------------
@@ -289,6 +291,10 @@ def _scaled(x: Tensor, scale: Tensor, cache: Tensor) -> Tensor:
     return y.view(cache.dtype) if cache.dtype in (torch.uint8, torch.float8_e4m3fn) else y
 
 
+def _f32(scale: Tensor) -> Tensor:
+    return scale if scale.dtype == torch.float32 else scale.float()
+
+
 def reshape_and_cache_flash(
     key: Tensor,
     value: Tensor,
@@ -299,27 +305,19 @@ def reshape_and_cache_flash(
     k_scale: Tensor,
     v_scale: Tensor,
 ) -> None:
-    """Caches ``[num_blocks, block_size, H, D]`` (NHD; an HND cache is the permuted view).
-    ``auto`` with dense blocks runs opmux's kernel; an fp8 cache (``k / k_scale``) or the HND
-    strides take a torch scatter (opmux's kernel has neither yet)."""
-    fp8 = _fp8_cache(kv_cache_dtype)
+    """Caches ``[num_blocks, block_size, H, D]``: NHD, or HND passed as its permuted view (any
+    block / page / head strides, head_dim dense). ``auto``: entries as they are; ``fp8`` /
+    ``fp8_e4m3`` (a uint8 or float8_e4m3fn cache, viewed as e4m3fn): ``fp8(x / scale)``. Both are
+    opmux's ``kvcache.reshape_and_cache`` kernel writing the caller's caches."""
     slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
-    dense = all(
-        c.stride(3) == 1 and c.stride(2) == c.shape[3] and c.stride(1) == c.shape[2] * c.shape[3]
-        for c in (key_cache, value_cache)
-    )
-    if not fp8 and dense and key_cache.dtype == key.dtype:
-        _ops("kvcache").reshape_and_cache(key, value, key_cache, value_cache, slots)
+    cache = _ops("kvcache")
+    if not _fp8_cache(kv_cache_dtype):
+        cache.reshape_and_cache(key, value, key_cache, value_cache, slots)
         return
-    bs = key_cache.shape[1]
-    keep = slots >= 0
-    s = slots[keep]
-    blk, off = s // bs, s % bs
-    k, v = key[keep], value[keep]
-    if fp8:
-        k, v = _scaled(k, k_scale, key_cache), _scaled(v, v_scale, value_cache)
-    key_cache[blk, off] = k.to(key_cache.dtype) if not fp8 else k
-    value_cache[blk, off] = v.to(value_cache.dtype) if not fp8 else v
+    fp8 = torch.float8_e4m3fn
+    kc = key_cache if key_cache.dtype == fp8 else key_cache.view(fp8)
+    vc = value_cache if value_cache.dtype == fp8 else value_cache.view(fp8)
+    cache.reshape_and_cache(key, value, kc, vc, slots, _f32(k_scale), _f32(v_scale))
 
 
 def reshape_and_cache(

@@ -612,8 +612,9 @@ void check_topk(int64_t tokens, int64_t experts, int64_t k, bool renorm, int64_t
   }
   std::vector<float> w(tokens * k, -1.0f);
   std::vector<int32_t> ids(tokens * k, -7);
-  const opmux::moe_cpu::TopkRows a{tokens, experts, k, gs};
-  opmux::moe_cpu::topk_impl<T>(w.data(), ids.data(), gate.data(), a, renorm);
+  const opmux::moe_cpu::TopkRows a{tokens, experts, k, gs, k, k, k};
+  const opmux::moe_cpu::TopkMode mode{renorm, 0.0f, nullptr, false};
+  opmux::moe_cpu::topk_impl<T, int32_t>(w.data(), ids.data(), nullptr, gate.data(), a, mode);
   Case c("topk_softmax", fmt("%s tokens=%lld experts=%lld k=%lld%s", Ty<T>::name, (long long)tokens,
                              (long long)experts, (long long)k, renorm ? " renormalize" : ""));
   std::vector<double> x(experts);
@@ -647,8 +648,8 @@ void check_moe_align(int64_t tokens, int64_t k, int64_t experts, int64_t bs, int
   const int32_t kSent = 0x5A5A5A5A;
   std::vector<int32_t> sorted(max_padded, kSent), blocks(max_blocks, kSent);
   int32_t post = kSent;
-  const int64_t ret = opmux::moe_cpu::moe_align_impl(sorted.data(), blocks.data(), &post, ids.data(),
-                                                     numel, bs, experts, max_padded, max_blocks);
+  const int64_t ret = opmux::moe_cpu::moe_align_impl(sorted.data(), blocks.data(), &post, nullptr, ids.data(),
+                                                     nullptr, numel, bs, experts, max_padded, max_blocks, true, -1);
   Case c("moe_align_block_size", fmt("tokens=%lld k=%lld experts=%lld block=%lld%s", (long long)tokens,
                                      (long long)k, (long long)experts, (long long)bs,
                                      bad_at >= 0 ? fmt(" bad id at %lld", (long long)bad_at).c_str() : ""));
@@ -725,6 +726,8 @@ void check_reshape_and_cache(int64_t tokens, int64_t heads, int64_t d, int64_t b
   l.k_tok = l.v_tok = tok;
   l.k_head = l.v_head = d;
   l.kc_block = l.vc_block = kcb;
+  l.kc_page = l.vc_page = hd;
+  l.kc_head = l.vc_head = d;
   const int64_t num_slots = blocks * bsz;
   Case c("reshape_and_cache", fmt("%s tokens=%lld heads=%lld d=%lld blocks=%lld block_size=%lld%s",
                                   Ty<T>::name, (long long)tokens, (long long)heads, (long long)d,

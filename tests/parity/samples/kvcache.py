@@ -53,6 +53,40 @@ def reshape_and_cache_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out.append(
         Sample("strided-qkv-and-cache", (qkv[:, h : 2 * h], qkv[:, 2 * h :], kv[:, 0], kv[:, 1], slots))
     )
+    # HND: [nb, H, bs, D] in memory, passed as its [nb, bs, H, D] view (vLLM's cache layout option)
+    t, h, d, nb, bs = 7, 4, 32, 3, 8
+    hnd = torch.randn((2, nb, h, bs, d), generator=g).to(dtype=dtype, device=device)
+    key, value = (torch.randn((t, h, d), generator=g).to(dtype=dtype, device=device) for _ in range(2))
+    slots = torch.randperm(nb * bs, generator=g)[:t]
+    slots[2] = -1
+    out.append(
+        Sample("hnd-cache", (key, value, hnd[0].transpose(1, 2), hnd[1].transpose(1, 2), slots.to(device)))
+    )
+    # fp8 caches (e4m3fn) with per-tensor scales: entries are fp8(x / scale), saturated
+    fp8 = torch.float8_e4m3fn
+
+    def fp8_cache(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape, generator=g) * 8).to(fp8).to(device)
+
+    big = (torch.randn((t, h, d), generator=g) * 300).to(dtype=dtype, device=device)  # some saturate
+    out += [
+        Sample(
+            "fp8-cache",
+            (key, big, fp8_cache(nb, bs, h, d), fp8_cache(nb, bs, h, d), slots.to(device)),
+            {"k_scale": torch.tensor(0.05, device=device), "v_scale": torch.tensor([0.5], device=device)},
+        ),
+        Sample(
+            "fp8-hnd-cache",
+            (
+                key,
+                value,
+                fp8_cache(nb, h, bs, d).transpose(1, 2),
+                fp8_cache(nb, h, bs, d).transpose(1, 2),
+                slots.to(device),
+            ),
+            {"k_scale": torch.tensor(1.5, device=device), "v_scale": torch.tensor(0.25, device=device)},
+        ),
+    ]
     return out
 
 
@@ -78,7 +112,7 @@ def reshape_and_cache_invalid(device: str) -> Invalid:
     slot_dtype = mk()
     slot_dtype[4] = slot_dtype[4].int()
     cache_layout = mk()
-    cache_layout[2] = torch.zeros(2, 2, 4, 8, device=device).transpose(1, 2)  # [nb, bs, h, d], not dense
+    cache_layout[2] = torch.zeros(2, 4, 8, 2, device=device).transpose(2, 3)  # head_dim strided
     key_stride = mk()
     key_stride[0] = torch.randn(3, 8, 2, device=device).transpose(1, 2)
     cases: Invalid = [
@@ -86,7 +120,21 @@ def reshape_and_cache_invalid(device: str) -> Invalid:
         ("value-shape", tuple(value_shape), {}, ValueError, "value has shape"),
         ("cache-dtype", tuple(cache_dtype), {}, TypeError, "key_cache has dtype"),
         ("slot-int32", tuple(slot_dtype), {}, TypeError, "slot_mapping has dtype"),
-        ("cache-not-dense", tuple(cache_layout), {}, ValueError, "non-contiguous within a block"),
+        ("cache-head-dim-strided", tuple(cache_layout), {}, ValueError, "head_dim must be dense"),
+        (
+            "fp8-cache-no-scale",
+            tuple(mk()[:2] + [torch.zeros(2, 4, 2, 8, device=device).to(torch.float8_e4m3fn)] * 2 + mk()[4:]),
+            {},
+            ValueError,
+            "needs k_scale and v_scale",
+        ),
+        (
+            "scale-without-fp8",
+            tuple(mk()),
+            {"k_scale": torch.tensor(1.0, device=device), "v_scale": torch.tensor(1.0, device=device)},
+            ValueError,
+            "apply to an fp8 cache",
+        ),
         ("key-last-dim-strided", tuple(key_stride), {}, ValueError, "non-contiguous last dimension"),
     ]
     if device == "cpu":  # CUDA kernels skip bad slots instead (no host sync)

@@ -1,21 +1,28 @@
-// reshape_and_cache for CPU tensors (NHD paged layout): key/value rows copied into the cache
-// slot given by slot_mapping; slot -1 skips a token. Every slot is validated before the first
+// reshape_and_cache for CPU tensors (vLLM's reshape_and_cache_flash): key/value rows copied into
+// the cache slot given by slot_mapping; slot -1 skips a token. Caches are [num_blocks,
+// block_size, H, D] views with a dense head_dim and any block / page / head strides (NHD, or HND
+// passed as its permuted view). An fp8 cache (e4m3fn bytes) gets fp8(x / scale): an IEEE
+// division, saturated to +-448 (vLLM's convention). Every slot is validated before the first
 // write: an out-of-range slot raises ValueError naming it and leaves the caches untouched.
 // Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
 // the argument checks and the tvm-ffi entry point.
 #include <cstdint>
 #include <cstring>
 
+#include "opmux/cpu_types.h"
+#include "opmux/fp8_cpu.h"
+
 namespace opmux {
 namespace kvcache_cpu {
 
 // Shapes and strides of one reshape_and_cache call: key / value [tokens, heads, head_dim],
-// caches [num_blocks, block_size, heads, head_dim] with dense blocks. Strides in elements.
+// caches [num_blocks, block_size, heads, head_dim] (head_dim dense). Strides in elements.
 struct CacheLayout {
   int64_t tokens, heads, head_dim, block_size;
-  int64_t elt_bytes;                     // 4 (float32) or 2 (float16 / bfloat16)
+  int64_t elt_bytes;                     // of key / value: 4 (float32) or 2 (float16 / bfloat16)
   int64_t k_tok, k_head, v_tok, v_head;  // key / value strides
-  int64_t kc_block, vc_block;            // cache block strides
+  int64_t kc_block, kc_page, kc_head;    // key cache strides (block, offset in block, head)
+  int64_t vc_block, vc_page, vc_head;    // value cache strides
 };
 
 // The first t whose slot is neither -1 nor in [0, num_slots), or -1 when all are valid.
@@ -25,14 +32,23 @@ inline int64_t first_bad_slot(const int64_t* slots, int64_t tokens, int64_t num_
   return -1;
 }
 
-// Copies every token with a slot >= 0 (slots already validated).
+// One token's rows into one cache (elements of `elt` bytes): one copy when both sides hold the
+// heads as one row of H * D elements, else one per head.
+inline void copy_token(char* dst, int64_t dst_head, const char* src, int64_t src_head, const CacheLayout& a) {
+  const int64_t elt = a.elt_bytes, row = a.head_dim * elt;
+  if (a.heads == 1 || (dst_head == a.head_dim && src_head == a.head_dim)) {
+    std::memcpy(dst, src, a.heads * row);
+    return;
+  }
+  for (int64_t h = 0; h < a.heads; ++h) std::memcpy(dst + h * dst_head * elt, src + h * src_head * elt, row);
+}
+
+// Copies every token with a slot >= 0 (slots already validated); caches of key's dtype.
 inline void reshape_and_cache_impl(const char* k, const char* v, char* kc, char* vc,
                                    const int64_t* slots, const CacheLayout& a) {
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
   const int64_t elt = a.elt_bytes;
-  const int64_t row = a.head_dim * elt, hd = a.heads * a.head_dim;
-  const bool parallel = a.tokens > 1 && a.tokens * hd >= (1 << 16);
-  const bool dense = (a.heads == 1 || (a.k_head == a.head_dim && a.v_head == a.head_dim));
+  const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 16);
   (void)parallel;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (parallel)
@@ -41,16 +57,36 @@ inline void reshape_and_cache_impl(const char* k, const char* v, char* kc, char*
     const int64_t s = slots[t];
     if (s < 0) continue;
     const int64_t blk = s / a.block_size, off = s % a.block_size;
-    char* kd = kc + (blk * a.kc_block + off * hd) * elt;
-    char* vd = vc + (blk * a.vc_block + off * hd) * elt;
-    if (dense) {  // the token's heads are one row of H * D elements: one copy each
-      std::memcpy(kd, k + t * a.k_tok * elt, hd * elt);
-      std::memcpy(vd, v + t * a.v_tok * elt, hd * elt);
-      continue;
-    }
+    copy_token(kc + (blk * a.kc_block + off * a.kc_page) * elt, a.kc_head, k + t * a.k_tok * elt, a.k_head, a);
+    copy_token(vc + (blk * a.vc_block + off * a.vc_page) * elt, a.vc_head, v + t * a.v_tok * elt, a.v_head, a);
+  }
+}
+
+// q[0..n) = e4m3(x[i] / scale) (branch-free: the loop vectorizes).
+template <typename T>
+inline void quantize_row(uint8_t* q, const T* x, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) q[i] = cpu::float_to_e4m3fn_branchless(cpu::to_float(x[i]) / scale);
+}
+
+// The same for an fp8 cache: caches hold e4m3fn bytes (strides in bytes = elements).
+template <typename T>
+void reshape_and_cache_fp8_impl(const T* k, const T* v, uint8_t* kc, uint8_t* vc, const int64_t* slots,
+                                const CacheLayout& a, float k_scale, float v_scale) {
+  if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
+  const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 15);
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const int64_t s = slots[t];
+    if (s < 0) continue;
+    const int64_t blk = s / a.block_size, off = s % a.block_size;
+    uint8_t* kd = kc + blk * a.kc_block + off * a.kc_page;
+    uint8_t* vd = vc + blk * a.vc_block + off * a.vc_page;
     for (int64_t h = 0; h < a.heads; ++h) {
-      std::memcpy(kd + h * row, k + (t * a.k_tok + h * a.k_head) * elt, row);
-      std::memcpy(vd + h * row, v + (t * a.v_tok + h * a.v_head) * elt, row);
+      quantize_row(kd + h * a.kc_head, k + t * a.k_tok + h * a.k_head, a.head_dim, k_scale);
+      quantize_row(vd + h * a.vc_head, v + t * a.v_tok + h * a.v_head, a.head_dim, v_scale);
     }
   }
 }
@@ -67,9 +103,9 @@ namespace opmux {
 namespace kvcache_cpu {
 
 void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cache, TensorView value_cache,
-                           TensorView slot_mapping) {
+                           TensorView slot_mapping, TensorView k_scale, TensorView v_scale, bool fp8) {
   const char* op = "opmux.reshape_and_cache";
-  CacheArgs a = check_cache_args(op, kDLCPU, key, value, key_cache, value_cache, slot_mapping);
+  CacheArgs a = check_cache_args(op, kDLCPU, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, fp8);
   const int64_t* slots = data_ptr<const int64_t>(slot_mapping);
   const int64_t num_slots = a.num_blocks * a.block_size;
   const int64_t t = first_bad_slot(slots, a.tokens, num_slots);
@@ -88,10 +124,22 @@ void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cach
   l.k_head = a.k_head;
   l.v_tok = a.v_tok;
   l.v_head = a.v_head;
-  l.kc_block = a.kc_block;
-  l.vc_block = a.vc_block;
-  reshape_and_cache_impl(data_ptr<const char>(key), data_ptr<const char>(value),
-                         data_ptr<char>(key_cache), data_ptr<char>(value_cache), slots, l);
+  l.kc_block = a.kc[0];
+  l.kc_page = a.kc[1];
+  l.kc_head = a.kc[2];
+  l.vc_block = a.vc[0];
+  l.vc_page = a.vc[1];
+  l.vc_head = a.vc[2];
+  if (!fp8) {
+    reshape_and_cache_impl(data_ptr<const char>(key), data_ptr<const char>(value), data_ptr<char>(key_cache),
+                           data_ptr<char>(value_cache), slots, l);
+    return;
+  }
+  const float ks = *data_ptr<const float>(k_scale), vs = *data_ptr<const float>(v_scale);
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    reshape_and_cache_fp8_impl(data_ptr<const scalar_t>(key), data_ptr<const scalar_t>(value),
+                               data_ptr<uint8_t>(key_cache), data_ptr<uint8_t>(value_cache), slots, l, ks, vs);
+  });
 }
 
 }  // namespace kvcache_cpu

@@ -1,23 +1,32 @@
 // MoE routing for CUDA tensors.
 //
-// topk_softmax_cuda(topk_weights, topk_ids, gating_output, renormalize): one warp per token.
-// For E <= 1024 the row lives in registers (lane l holds experts l, l + 32, ...). Each logit
-// gets an order-preserving uint32 key, so selection j is two single-instruction warp
-// reductions (redux.sync: max key, then min expert index among the lanes holding it) instead
-// of a 5-step shuffle chain of (value, index) pairs; a per-lane bitmask marks taken experts.
-// The token is latency-bound (one warp, k dependent rounds), so this chain is its cost. The
-// max for the softmax is selection 0's logit; lane j keeps weight j in a register and the k
-// weights are written once, renormalized, by lanes 0..k-1 (k <= 32; larger k writes lane 0's
-// way). Larger E re-reads the row from L1/L2 on each selection, taking the best (logit,
-// -index) strictly after selection j - 1 in that order. Either way ties go to the lower expert
-// index. Weights: expf(x - max) / sum in fp32, renormalized by their sum in selection order.
+// topk_softmax_cuda(topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+// correction_bias, has_bias, renormalize, moe_softcapping, bias_on_logits, enable_pdl): one warp
+// per token. Each logit is first made the CPU kernel's way: an optional softcap
+// (cap * tanh(x / cap), the same Cephes tanh), plus the bias when it goes on the logits. For
+// E <= 1024 the row lives in registers (lane l holds experts l, l + 32, ...). Each ranking key
+// (the logit; in DeepSeek's mode softmax + bias) gets an order-preserving uint32 key, so
+// selection j is two single-instruction warp reductions (redux.sync: max key, then min expert
+// index among the lanes holding it) instead of a 5-step shuffle chain of (value, index) pairs; a
+// per-lane bitmask marks taken experts. The token is latency-bound (one warp, k dependent
+// rounds), so this chain is its cost. Ranking by logit, the max for the softmax is selection 0's
+// logit; in DeepSeek's mode max and sum come first (the keys need them). Lane j keeps weight j
+// in a register and the k weights are written once, renormalized, by lanes 0..k-1 (k <= 32;
+// larger k writes lane 0's way). Larger E re-reads the row from L1/L2 on each selection, taking
+// the best (key, -index) strictly after selection j - 1 in that order. Either way ties go to the
+// lower expert index. Weights: expf(x - max) / sum in fp32, renormalized by their sum in
+// selection order. ids are int32 or int64; token_expert_indices[i, j] = j * T + i.
 //
-// moe_align_block_size_cuda(...): one block. Warp w owns a contiguous slice of topk_ids; pass 1
+// moe_align_block_size_cuda(sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum, has_cumsum,
+// topk_ids, expert_map, has_map, block_size, num_experts, pad, unused_expert_id, enable_pdl): one block. Warp w owns a contiguous slice of topk_ids; pass 1
 // counts per (warp, expert) in shared memory (__match_any_sync groups equal ids, the group's
 // leader adds its popcount: no atomics), then an exclusive scan over warps and a scan over
 // experts give every (warp, expert) its first output slot; pass 2 replays the slice in order
 // and writes rank-in-group offsets. The result is the stable (token-order) layout of the CPU
-// reference. Ids outside [0, E) are skipped: never an out-of-bounds write.
+// reference. Ids are int32 or int64; with an expert map each id is mapped first (-1: left out).
+// Ids (and mapped ids) outside [0, E) are skipped: never an out-of-bounds write. With `pad`
+// every slot of sorted_token_ids gets numel first; blocks past the total get unused_expert_id;
+// cumsum (when given) gets each expert's first slot and the total.
 #include <tvm/ffi/function.h>
 
 #include <algorithm>
@@ -37,13 +46,17 @@ constexpr int kWarpsPerBlock = 4;
 
 struct TopkParams {
   float* w;
-  int32_t* ids;
+  void* ids;        // int32 or int64 (the kernel's template argument)
+  int32_t* tei;     // null: not written
   const void* g;
-  int64_t g_stride;
+  const float* bias;  // null: none
+  int64_t g_stride, w_stride, ids_stride, tei_stride;
   int64_t tokens;
   int experts;
   int k;
+  float softcap;  // 0: off
   bool renormalize;
+  bool bias_on_logits;
 };
 
 // Order-preserving map of a float to uint32 (a > b  <=>  key(a) > key(b)); -0 is folded into +0
@@ -58,7 +71,7 @@ __device__ __forceinline__ float order_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// (v, i) ranks before (bv, bi): higher logit (NaN above all), or equal logit and lower index.
+// (v, i) ranks before (bv, bi): higher key (NaN above all), or equal key and lower index.
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
   const uint32_t a = order_key(v), b = order_key(bv);
   return bi == INT_MAX || a > b || (a == b && i < bi);
@@ -84,8 +97,39 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Row in registers: lane l holds experts l + 32 i, i < VPT (E <= 32 * VPT).
-template <typename T, int VPT>
+// The CPU kernel's tanh (Cephes tanhf: odd polynomial below 0.625, 1 - 2 / (e^2|x| + 1) above).
+__device__ __forceinline__ float tanh_cephes(float x) {
+  const float ax = fabsf(x), z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * x + x;
+  float big = 1.0f - 2.0f / (expf(ax + ax) + 1.0f);
+  big = x < 0.0f ? -big : big;
+  return ax < 0.625f ? small : big;
+}
+
+// Expert e's logit as every backend makes it: softcapped, plus the bias when it goes on the logits.
+template <typename T>
+__device__ __forceinline__ float logit(const TopkParams& p, const T* g, int e) {
+  float v = to_float(g[e]);
+  if (p.softcap > 0.f) v = tanh_cephes(v / p.softcap) * p.softcap;
+  if (p.bias != nullptr && p.bias_on_logits) v += p.bias[e];
+  return v;
+}
+
+template <typename I>
+__device__ __forceinline__ void write_out(const TopkParams& p, int64_t row, int j, float w, int id) {
+  p.w[row * p.w_stride + j] = w;
+  static_cast<I*>(p.ids)[row * p.ids_stride + j] = static_cast<I>(id);
+  if (p.tei != nullptr) p.tei[row * p.tei_stride + j] = static_cast<int32_t>(j * p.tokens + row);
+}
+
+// Row in registers: lane l holds experts l + 32 i, i < VPT (E <= 32 * VPT). DEEPSEEK: ranked by
+// softmax + bias (else by logit).
+template <typename T, typename I, int VPT, bool DEEPSEEK>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(TopkParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -98,11 +142,27 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(T
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int e = i * 32 + lane;
-    x[i] = e < E ? to_float(g[e]) : -INFINITY;
+    x[i] = e < E ? logit(p, g, e) : -INFINITY;
     key[i] = e < E ? order_key(x[i]) : 0u;
   }
-  uint32_t taken = 0;  // bit i: expert i * 32 + lane already selected
   float m = 0.f, s = 1.f, total = 0.f, my_w = 0.f;
+  if (DEEPSEEK) {  // the keys need the softmax first
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) mx = fmaxf(mx, x[i]);
+    m = warp_max(mx);
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      if (i * 32 + lane < E) acc += expf(x[i] - m);
+    s = cuda::warp_sum(acc);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int e = i * 32 + lane;
+      key[i] = e < E ? order_key(expf(x[i] - m) / s + p.bias[e]) : 0u;
+    }
+  }
+  uint32_t taken = 0;  // bit i: expert i * 32 + lane already selected
   int my_id = 0;
   for (int j = 0; j < p.k; ++j) {
     // this lane's best untaken expert; ascending i with a strict > keeps the lower index on ties
@@ -114,35 +174,40 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(T
     const uint32_t wk = __reduce_max_sync(kFull, bk);
     const int wi = static_cast<int>(__reduce_min_sync(kFull, bk == wk ? bi : static_cast<uint32_t>(INT_MAX)));
     if ((wi & 31) == lane) taken |= 1u << (wi >> 5);
-    const float bv = order_value(wk);
-    if (j == 0) {  // the first selection is the row max
-      m = bv;
-      float acc = 0.f;
+    float bv;
+    if (DEEPSEEK) {  // the chosen expert's logit, from the lane holding it
+      float mine = 0.f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i)
-        if (i * 32 + lane < E) acc += expf(x[i] - m);
-      s = cuda::warp_sum(acc);
+        if (i == (wi >> 5)) mine = x[i];
+      bv = __shfl_sync(kFull, mine, wi & 31);
+    } else {
+      bv = order_value(wk);
+      if (j == 0) {  // the first selection is the row max
+        m = bv;
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+          if (i * 32 + lane < E) acc += expf(x[i] - m);
+        s = cuda::warp_sum(acc);
+      }
     }
     const float w = expf(bv - m) / s;
     total += w;
     if (j < 32) {
       if (lane == j) { my_w = w; my_id = wi; }
     } else if (lane == 0) {
-      p.w[row * p.k + j] = w;
-      p.ids[row * p.k + j] = wi;
+      write_out<I>(p, row, j, w, wi);
     }
   }
   cuda::pdl_launch_dependents();
-  if (lane < p.k) {
-    p.w[row * p.k + lane] = p.renormalize ? my_w / total : my_w;
-    p.ids[row * p.k + lane] = my_id;
-  }
+  if (lane < p.k) write_out<I>(p, row, lane, p.renormalize ? my_w / total : my_w, my_id);
   if (p.renormalize && lane == 0)  // k > 32 only: re-reads this thread's own stores
-    for (int j = 32; j < p.k; ++j) p.w[row * p.k + j] /= total;
+    for (int j = 32; j < p.k; ++j) p.w[row * p.w_stride + j] /= total;
 }
 
 // Any E: the row is re-read from global memory (L1/L2) for the max, the sum and each selection.
-template <typename T>
+template <typename T, typename I, bool DEEPSEEK>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(TopkParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -151,10 +216,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(
   const T* __restrict__ g = static_cast<const T*>(p.g) + row * p.g_stride;
   const int E = p.experts;
   float m = -INFINITY;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, to_float(g[e]));
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, logit(p, g, e));
   m = warp_max(m);
   float s = 0.f;
-  for (int e = lane; e < E; e += 32) s += expf(to_float(g[e]) - m);
+  for (int e = lane; e < E; e += 32) s += expf(logit(p, g, e) - m);
   s = cuda::warp_sum(s);
   float pv = 0.f, total = 0.f;
   int pi = -1;
@@ -162,25 +227,23 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(
     float bv = -INFINITY;
     int bi = INT_MAX;
     for (int e = lane; e < E; e += 32) {
-      const float v = to_float(g[e]);
+      const float x = logit(p, g, e);
+      const float v = DEEPSEEK ? expf(x - m) / s + p.bias[e] : x;
       if (after(v, e, pv, pi) && better(v, e, bv, bi)) { bv = v; bi = e; }
     }
     warp_best(bv, bi);
     pv = bv;
     pi = bi;
-    const float w = expf(bv - m) / s;
+    const float w = expf((DEEPSEEK ? logit(p, g, bi) : bv) - m) / s;
     total += w;
-    if (lane == 0) {
-      p.w[row * p.k + j] = w;
-      p.ids[row * p.k + j] = bi;
-    }
+    if (lane == 0) write_out<I>(p, row, j, w, bi);
   }
   cuda::pdl_launch_dependents();
   if (p.renormalize && lane == 0)  // re-reads this thread's own stores
-    for (int j = 0; j < p.k; ++j) p.w[row * p.k + j] /= total;
+    for (int j = 0; j < p.k; ++j) p.w[row * p.w_stride + j] /= total;
 }
 
-template <typename T>
+template <typename T, typename I, bool DEEPSEEK>
 void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
@@ -188,41 +251,79 @@ void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
   const dim3 grid(static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(32 * kWarpsPerBlock);
   const int vpt = (p.experts + 31) / 32;
-  if (vpt <= 1) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 1>, grid, block, 0, stream, p);
-  else if (vpt <= 2) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 2>, grid, block, 0, stream, p);
-  else if (vpt <= 4) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 4>, grid, block, 0, stream, p);
-  else if (vpt <= 8) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 8>, grid, block, 0, stream, p);
-  else if (vpt <= 16) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 16>, grid, block, 0, stream, p);
-  else if (vpt <= 32) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, 32>, grid, block, 0, stream, p);
-  else cuda::launch(op, device_id, props, topk_softmax_loop_kernel<T>, grid, block, 0, stream, p);
+  if (vpt <= 1) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 1, DEEPSEEK>, grid, block, 0, stream, p);
+  else if (vpt <= 2) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 2, DEEPSEEK>, grid, block, 0, stream, p);
+  else if (vpt <= 4) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 4, DEEPSEEK>, grid, block, 0, stream, p);
+  else if (vpt <= 8) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 8, DEEPSEEK>, grid, block, 0, stream, p);
+  else if (vpt <= 16) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 16, DEEPSEEK>, grid, block, 0, stream, p);
+  else if (vpt <= 32) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 32, DEEPSEEK>, grid, block, 0, stream, p);
+  else cuda::launch(op, device_id, props, topk_softmax_loop_kernel<T, I, DEEPSEEK>, grid, block, 0, stream, p);
 }
 
-void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView gating_output, bool renormalize, bool enable_pdl) {
+void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
+                       TensorView gating_output, TensorView correction_bias, bool has_bias, bool renormalize,
+                       double moe_softcapping, bool bias_on_logits, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.topk_softmax";
-  TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, gating_output);
+  TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+                               correction_bias, has_bias, moe_softcapping);
   if (a.tokens == 0) return;
   if (a.experts > INT_MAX / 2) TVM_FFI_THROW(ValueError) << op << ": too many experts (" << a.experts << ")";
   TopkParams p;
   p.w = data_ptr<float>(topk_weights);
-  p.ids = data_ptr<int32_t>(topk_ids);
+  p.ids = data_ptr<void>(topk_ids);
+  p.tei = has_tei ? data_ptr<int32_t>(token_expert_indices) : nullptr;
   p.g = data_ptr<const void>(gating_output);
+  p.bias = has_bias ? data_ptr<const float>(correction_bias) : nullptr;
   p.g_stride = a.g_stride;
+  p.w_stride = a.w_stride;
+  p.ids_stride = a.ids_stride;
+  p.tei_stride = a.tei_stride;
   p.tokens = a.tokens;
   p.experts = static_cast<int>(a.experts);
   p.k = static_cast<int>(a.k);
+  p.softcap = static_cast<float>(moe_softcapping);
   p.renormalize = renormalize;
-  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] { launch_topk<scalar_t>(op, p, a.device_id); });
+  p.bias_on_logits = bias_on_logits;
+  const bool deepseek = has_bias && !bias_on_logits;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] {
+    if (a.ids64) {
+      if (deepseek) launch_topk<scalar_t, int64_t, true>(op, p, a.device_id);
+      else launch_topk<scalar_t, int64_t, false>(op, p, a.device_id);
+    } else {
+      if (deepseek) launch_topk<scalar_t, int32_t, true>(op, p, a.device_id);
+      else launch_topk<scalar_t, int32_t, false>(op, p, a.device_id);
+    }
+  });
 }
 
 struct AlignParams {
   int32_t* sorted;
   int32_t* experts;
   int32_t* post;
-  const int32_t* ids;
-  int numel, num_experts, block_size, max_padded, max_blocks;
+  int32_t* cumsum;     // null: not written
+  const void* ids;     // int32 or int64 (the kernel's template argument)
+  const int32_t* map;  // null: no expert map
+  int numel, num_experts, block_size, n_sorted, n_blocks, fill;
+  bool pad;
 };
 
+// Entry i's bin: its expert id (through the expert map), or -1 when it is not placed (mapped to
+// -1, or out of range: skipped, never written out of bounds).
+template <typename I>
+__device__ __forceinline__ int align_bin(const AlignParams& p, int i, int hi) {
+  if (i >= hi) return -1;
+  const I v = __ldg(static_cast<const I*>(p.ids) + i);
+  if (v < 0 || v >= p.num_experts) return -1;
+  int e = static_cast<int>(v);
+  if (p.map != nullptr) {
+    e = __ldg(p.map + e);
+    if (e < 0 || e >= p.num_experts) return -1;
+  }
+  return e;
+}
+
+template <typename I>
 __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
   extern __shared__ int smem[];
   const int W = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -233,15 +334,15 @@ __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
   const unsigned lt_mask = (1u << lane) - 1u;
   cuda::pdl_wait();
   for (int i = threadIdx.x; i < W * E; i += blockDim.x) cnt[i] = 0;
-  for (int i = threadIdx.x; i < p.max_padded; i += blockDim.x) p.sorted[i] = p.numel;
+  if (p.pad)
+    for (int i = threadIdx.x; i < p.n_sorted; i += blockDim.x) p.sorted[i] = p.numel;
   __syncthreads();
   const int per = (p.numel + W - 1) / W;
   const int lo = min(p.numel, warp * per), hi = min(p.numel, lo + per);
   for (int s = lo; s < hi; s += 32) {  // pass 1: counts
-    const int i = s + lane;
-    const int e = i < hi ? __ldg(p.ids + i) : -1;
-    const bool ok = e >= 0 && e < E;
-    const unsigned peers = __match_any_sync(kFull, ok ? e : -1);
+    const int e = align_bin<I>(p, s + lane, hi);
+    const bool ok = e >= 0;
+    const unsigned peers = __match_any_sync(kFull, e);
     if (ok && (peers & lt_mask) == 0) cnt[warp * E + e] += __popc(peers);
     __syncwarp();
   }
@@ -270,18 +371,20 @@ __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
     for (int e = b; e < end; ++e) {
       const int padded = base[e];
       base[e] = run;
+      if (p.cumsum != nullptr) p.cumsum[e] = run;
       run += padded;
     }
     if (lane == 31) {
       *total = incl;
       *p.post = incl;
+      if (p.cumsum != nullptr) p.cumsum[E] = incl;
     }
   }
   __syncthreads();
   const int tot = *total;
-  for (int b = threadIdx.x; b < p.max_blocks; b += blockDim.x) {  // block -> expert
+  for (int b = threadIdx.x; b < p.n_blocks; b += blockDim.x) {  // block -> expert
     const int pos = b * bs;
-    int owner = -1;
+    int owner = p.fill;
     if (pos < tot) {  // last expert whose first slot is <= pos (it is non-empty)
       int l = 0, h = E - 1;
       while (l < h) {
@@ -294,9 +397,9 @@ __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
   }
   for (int s = lo; s < hi; s += 32) {  // pass 2: stable scatter
     const int i = s + lane;
-    const int e = i < hi ? __ldg(p.ids + i) : -1;
-    const bool ok = e >= 0 && e < E;
-    const unsigned peers = __match_any_sync(kFull, ok ? e : -1);
+    const int e = align_bin<I>(p, i, hi);
+    const bool ok = e >= 0;
+    const unsigned peers = __match_any_sync(kFull, e);
     if (ok) p.sorted[base[e] + cnt[warp * E + e] + __popc(peers & lt_mask)] = i;
     __syncwarp();
     if (ok && (peers & lt_mask) == 0) cnt[warp * E + e] += __popc(peers);
@@ -306,11 +409,13 @@ __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
 }
 
 void moe_align_block_size_cuda(TensorView sorted_token_ids, TensorView expert_ids, TensorView num_tokens_post_padded,
-                               TensorView topk_ids, int64_t block_size, int64_t num_experts, bool enable_pdl) {
+                               TensorView cumsum_buffer, bool has_cumsum, TensorView topk_ids, TensorView expert_map,
+                               bool has_map, int64_t block_size, int64_t num_experts, bool pad_sorted_token_ids,
+                               int64_t unused_expert_id, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.moe_align_block_size";
-  AlignArgs a = check_align_args(op, kDLCUDA, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_ids,
-                                 block_size, num_experts);
+  AlignArgs a = check_align_args(op, kDLCUDA, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer,
+                                 has_cumsum, topk_ids, expert_map, has_map, block_size, num_experts);
   // shared memory: W * E counters + E slots + 1, within the default 48 KiB
   constexpr int64_t kSmem = 48 * 1024;
   const int64_t fixed = (num_experts + 1) * 4;
@@ -323,17 +428,26 @@ void moe_align_block_size_cuda(TensorView sorted_token_ids, TensorView expert_id
   p.sorted = data_ptr<int32_t>(sorted_token_ids);
   p.experts = data_ptr<int32_t>(expert_ids);
   p.post = data_ptr<int32_t>(num_tokens_post_padded);
-  p.ids = data_ptr<const int32_t>(topk_ids);
+  p.cumsum = has_cumsum ? data_ptr<int32_t>(cumsum_buffer) : nullptr;
+  p.ids = data_ptr<const void>(topk_ids);
+  p.map = has_map ? data_ptr<const int32_t>(expert_map) : nullptr;
   p.numel = static_cast<int>(a.numel);
   p.num_experts = static_cast<int>(num_experts);
   p.block_size = static_cast<int>(block_size);
-  p.max_padded = static_cast<int>(a.max_padded);
-  p.max_blocks = static_cast<int>(a.max_blocks);
+  p.n_sorted = static_cast<int>(a.n_sorted);
+  p.n_blocks = static_cast<int>(a.n_blocks);
+  p.fill = static_cast<int>(unused_expert_id);
+  p.pad = pad_sorted_token_ids;
   cuda::DeviceScope scope(op, a.device_id);
   const cuda::DeviceProps props = cuda::device_props(op, a.device_id);
   const size_t smem = static_cast<size_t>(warps * num_experts * 4 + fixed);
-  cuda::launch(op, a.device_id, props, moe_align_kernel, dim3(1), dim3(static_cast<unsigned>(warps * 32)), smem,
-               cuda::current_stream(a.device_id), p);
+  const dim3 grid(1), block(static_cast<unsigned>(warps * 32));
+  const cudaStream_t stream = cuda::current_stream(a.device_id);
+  if (a.ids64) {
+    cuda::launch(op, a.device_id, props, moe_align_kernel<int64_t>, grid, block, smem, stream, p);
+  } else {
+    cuda::launch(op, a.device_id, props, moe_align_kernel<int32_t>, grid, block, smem, stream, p);
+  }
 }
 
 }  // namespace moe_cuda

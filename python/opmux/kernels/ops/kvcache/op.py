@@ -1,10 +1,14 @@
-"""reshape_and_cache: one declaration (``ops/_decl.py``); kernel arguments are the op's own.
+"""reshape_and_cache: one declaration (``ops/_decl.py``); vLLM's ``reshape_and_cache_flash``.
 
-Layout (vLLM NHD): ``key``/``value`` ``[T, H, D]`` (last dim contiguous; token and head strides
-free, e.g. slices of a fused qkv tensor); ``key_cache``/``value_cache`` ``[num_blocks,
-block_size, H, D]`` with each block dense (the block stride is free); ``slot_mapping`` int64
-``[T]``, ``slot = block * block_size + offset``; a negative slot (vLLM pads with -1) skips the
-token. Slots must be distinct (which token lands in a repeated slot is unspecified).
+``key``/``value`` ``[T, H, D]`` (last dim contiguous; token and head strides free, e.g. slices
+of a fused qkv tensor); ``key_cache``/``value_cache`` ``[num_blocks, block_size, H, D]`` with a
+dense head_dim and any other (non-negative) strides: the NHD layout, or the HND layout
+(``[num_blocks, H, block_size, D]`` in memory) passed as its permuted view, as vLLM does;
+``slot_mapping`` int64 ``[T]``, ``slot = block * block_size + offset``; a negative slot (vLLM
+pads with -1) skips the token. Slots must be distinct (which token lands in a repeated slot is
+unspecified). The caches have key's dtype, or are float8_e4m3fn with ``k_scale`` / ``v_scale``
+(float32, one element each): entries are ``fp8(x / scale)`` (an IEEE division, saturated to
++-448), vLLM's ``kv_cache_dtype="fp8"`` convention.
 
 Out-of-range slots (``>= num_blocks * block_size`` or ``< -1``): CPU tensors raise ValueError
 naming the first bad slot BEFORE anything is written. CUDA kernels do not check on the host
@@ -41,9 +45,28 @@ def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
             )
 
 
+def _scale(name: str, s: Tensor, ref: Tensor) -> None:
+    _checks.tensor(_OP, name, s)
+    _checks.exact_dtype(_OP, name, s, torch.float32)
+    _checks.same_device(_OP, "key", ref, **{name: s})
+    if s.numel() != 1:
+        raise ValueError(
+            f"{_OP}: {name} has shape {tuple(s.shape)}, expected one element (a per-tensor scale)"
+        )
+
+
 def check(
-    op: str, key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+    op: str,
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> tuple[tuple[Any, ...], None]:
+    """-> ((key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, fp8), None); for a
+    cache that is not fp8 the scales are passed as slot_mapping (unread)."""
     for name, arg in (
         ("key", key),
         ("value", value),
@@ -53,7 +76,20 @@ def check(
     ):
         _checks.tensor(_OP, name, arg)
     _checks.float_dtype(_OP, "key", key)
-    _checks.same_dtype(_OP, "key", key, value=value, key_cache=key_cache, value_cache=value_cache)
+    _checks.same_dtype(_OP, "key", key, value=value)
+    fp8 = key_cache.dtype == torch.float8_e4m3fn
+    if fp8:
+        _checks.same_dtype(_OP, "key_cache", key_cache, value_cache=value_cache)
+        if k_scale is None or v_scale is None:
+            raise ValueError(f"{_OP}: an fp8 cache needs k_scale and v_scale (entries are fp8(x / scale))")
+        _scale("k_scale", k_scale, key)
+        _scale("v_scale", v_scale, key)
+    else:
+        _checks.same_dtype(_OP, "key", key, key_cache=key_cache, value_cache=value_cache)
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(
+                f"{_OP}: k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {key_cache.dtype}"
+            )
     _checks.exact_dtype(_OP, "slot_mapping", slot_mapping, torch.int64)
     _checks.same_device(
         _OP, "key", key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping
@@ -83,51 +119,93 @@ def check(
             raise ValueError(
                 f"{_OP}: {name} has a non-contiguous last dimension (stride {x.stride(-1)}); pass .contiguous()"
             )
-    key_cache.shape[1]
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        dense = all(c.stride(i) == s for i, s in ((1, h * d), (2, d), (3, 1)) if c.shape[i] > 1)
-        if not dense or c.stride(0) < 0:
+        if (d > 1 and c.stride(3) != 1) or min(c.stride()) < 0:
             raise ValueError(
-                f"{_OP}: {name} is non-contiguous within a block (strides {c.stride()}); "
-                f"each [block_size, H, D] block must be dense"
+                f"{_OP}: {name} has strides {c.stride()}; its head_dim must be dense (stride 1) and no "
+                f"stride negative (NHD [num_blocks, block_size, H, D] and HND [num_blocks, H, block_size, D] "
+                f"caches, as their [num_blocks, block_size, H, D] view, are both fine)"
             )
-    return (key, value, key_cache, value_cache, slot_mapping), None
+    if fp8:
+        assert k_scale is not None and v_scale is not None
+        return (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, True), None
+    return (key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, False), None
 
 
-def values(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor) -> None:
+def values(
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+) -> None:
     _check_slots(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
 
 
+def _entries(x: Tensor, scale: Tensor | None, cache: Tensor) -> Tensor:
+    """What the cache stores for rows ``x``: themselves, or fp8(x / scale) (an IEEE division,
+    saturated to +-448; vLLM's convention) converted to the cache's dtype."""
+    if scale is None:
+        return x.to(cache.dtype)
+    y = (x.float() / scale.float().reshape(())).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return y if cache.dtype == torch.float8_e4m3fn else y.to(cache.dtype)
+
+
+def _put(cache: Tensor, blk: Tensor, off: Tensor, rows: Tensor) -> None:
+    if cache.dtype == torch.float8_e4m3fn:  # index_put has no fp8 kernel: write the bytes
+        cache.view(torch.uint8).index_put_((blk, off), rows.view(torch.uint8))
+    else:
+        cache.index_put_((blk, off), rows)
+
+
 def reference(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> None:
     nb, bs = key_cache.shape[:2]
     _check_slots(slot_mapping.cpu(), nb * bs)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    key_cache[slots // bs, slots % bs] = key[keep].to(key_cache.dtype)
-    value_cache[slots // bs, slots % bs] = value[keep].to(value_cache.dtype)
+    blk, off = slots // bs, slots % bs
+    _put(key_cache, blk, off, _entries(key[keep], k_scale, key_cache))
+    _put(value_cache, blk, off, _entries(value[keep], v_scale, value_cache))
 
 
 def torch_write(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Tensor,
+    v_scale: Tensor,
+    fp8: bool,
 ) -> None:
     nb, bs = key_cache.shape[:2]
     keep = (slot_mapping >= 0) & (slot_mapping < nb * bs)  # CUDA: skip bad slots (CPU raised)
     slots = slot_mapping[keep]
     blk, off = slots // bs, slots % bs
-    key_cache.index_put_((blk, off), key[keep])
-    value_cache.index_put_((blk, off), value[keep])
+    _put(key_cache, blk, off, _entries(key[keep], k_scale if fp8 else None, key_cache))
+    _put(value_cache, blk, off, _entries(value[keep], v_scale if fp8 else None, value_cache))
 
 
 reshape_and_cache = declare(
     _OP,
-    "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(a!) value_cache, Tensor slot_mapping) -> ()",
-    doc="key/value [T, H, D] -> key_cache/value_cache[slot // bs, slot % bs] (slot -1: skip)",
+    "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(a!) value_cache, Tensor slot_mapping, "
+    "Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
+    doc="key/value [T, H, D] -> key_cache/value_cache[slot // bs, slot % bs] (slot -1: skip); "
+    "NHD or HND caches (any head/page strides); fp8 cache: fp8(x / scale)",
     check=check,
     values=values,
     reference=reference,
     torch=torch_write,
-    # a copy: every backend must be bit-exact
+    # a copy (or one fp8 rounding): every backend must be bit-exact
     tolerances=(("float32", (0.0, 0.0)), ("float16", (0.0, 0.0)), ("bfloat16", (0.0, 0.0))),
 )

@@ -7,18 +7,20 @@
 namespace opmux {
 
 struct CacheArgs {
-  DType dtype;
+  DType dtype;  // of key / value
   int32_t device_id;
   int64_t tokens, heads, head_dim, num_blocks, block_size;
   int64_t k_tok, k_head, v_tok, v_head;  // key / value strides (elements)
-  int64_t kc_block, vc_block;            // cache block strides (elements)
+  int64_t kc[3], vc[3];                  // cache strides of block, offset in block, head (elements)
 };
 
-// key/value [T, H, D] (last dim dense), caches [num_blocks, block_size, H, D] (each block dense),
-// slot_mapping int64 [T].
+// key/value [T, H, D] (last dim dense), caches [num_blocks, block_size, H, D] (head_dim dense,
+// other strides free and non-negative: NHD or a permuted HND view) of key's dtype, or fp8
+// (e4m3fn or its uint8 view) with float32 one-element k_scale / v_scale; slot_mapping int64 [T].
 inline CacheArgs check_cache_args(const char* op, int32_t device_type, const TensorView& key,
                                   const TensorView& value, const TensorView& kc,
-                                  const TensorView& vc, const TensorView& slots) {
+                                  const TensorView& vc, const TensorView& slots,
+                                  const TensorView& k_scale, const TensorView& v_scale, bool fp8) {
   CacheArgs a;
   a.device_id = check_device(op, device_type, {{"key", &key}, {"value", &value}, {"key_cache", &kc},
                                                {"value_cache", &vc}, {"slot_mapping", &slots}});
@@ -26,7 +28,20 @@ inline CacheArgs check_cache_args(const char* op, int32_t device_type, const Ten
   check_ndim(op, "value", value, 3);
   check_ndim(op, "key_cache", kc, 4);
   check_ndim(op, "value_cache", vc, 4);
-  a.dtype = check_same_dtype(op, {{"key", &key}, {"value", &value}, {"key_cache", &kc}, {"value_cache", &vc}});
+  if (fp8) {
+    a.dtype = check_same_dtype(op, {{"key", &key}, {"value", &value}});
+    check_fp8_bytes(op, "key_cache", kc);
+    check_fp8_bytes(op, "value_cache", vc);
+    check_device(op, device_type, {{"key", &key}, {"k_scale", &k_scale}, {"v_scale", &v_scale}});
+    for (const auto& [name, s] : {std::pair<const char*, const TensorView*>{"k_scale", &k_scale}, {"v_scale", &v_scale}}) {
+      check_float32(op, name, *s);
+      int64_t n = 1;
+      for (int d = 0; d < s->ndim(); ++d) n *= s->size(d);
+      if (n != 1) TVM_FFI_THROW(ValueError) << op << ": " << name << " must have one element, got " << n;
+    }
+  } else {
+    a.dtype = check_same_dtype(op, {{"key", &key}, {"value", &value}, {"key_cache", &kc}, {"value_cache", &vc}});
+  }
   check_int64(op, "slot_mapping", slots);
   a.tokens = key.size(0);
   a.heads = key.size(1);
@@ -44,15 +59,8 @@ inline CacheArgs check_cache_args(const char* op, int32_t device_type, const Ten
   check_vector(op, "slot_mapping", slots, a.tokens, "tokens of key");
   check_last_dim_contiguous(op, "key", key);
   check_last_dim_contiguous(op, "value", value);
-  const int64_t hd = a.heads * a.head_dim;
-  for (const auto& [name, c] : {std::pair<const char*, const TensorView*>{"key_cache", &kc}, {"value_cache", &vc}}) {
-    const bool dense = (c->size(3) <= 1 || c->stride(3) == 1) && (c->size(2) <= 1 || c->stride(2) == a.head_dim) &&
-                       (c->size(1) <= 1 || c->stride(1) == hd);
-    if (!dense || c->stride(0) < 0) {
-      TVM_FFI_THROW(ValueError) << op << ": " << name
-                                << " is non-contiguous within a block; each [block_size, H, D] block must be dense";
-    }
-  }
+  check_last_dim_contiguous(op, "key_cache", kc);
+  check_last_dim_contiguous(op, "value_cache", vc);
   auto nonneg = [&](const char* name, int64_t s) {
     if (s < 0) TVM_FFI_THROW(ValueError) << op << ": " << name << " has a negative stride";
     return s;
@@ -61,8 +69,10 @@ inline CacheArgs check_cache_args(const char* op, int32_t device_type, const Ten
   a.k_head = nonneg("key", key.stride(1));
   a.v_tok = nonneg("value", value.stride(0));
   a.v_head = nonneg("value", value.stride(1));
-  a.kc_block = kc.stride(0);
-  a.vc_block = vc.stride(0);
+  for (int d = 0; d < 3; ++d) {
+    a.kc[d] = nonneg("key_cache", kc.stride(d));
+    a.vc[d] = nonneg("value_cache", vc.stride(d));
+  }
   return a;
 }
 
