@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/h200_run.sh OUT_DIR "prewarm parity bench" [bench_gpu.py args...]
 #   CHAIN_ARGS="--quick" bash benchmarks/h200_run.sh OUT_DIR "prewarm chain"
+#   NCU_BENCH=docs/benchmarks/h200.json NCU_ARGS="--top 6" bash benchmarks/h200_run.sh OUT_DIR "prewarm ncu"
 #
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
@@ -13,6 +14,11 @@
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
 #          chain.log); its arguments from $CHAIN_ARGS (default --budget-s 360).
+# ncu:     benchmarks/ncu_gaps.py, Nsight Compute profiles of the cases where opmux's default is
+#          slower than the fastest peer (OUT_DIR/ncu_gaps.{json,md}, ncu.log), on $NCU_BENCH (default
+#          OUT_DIR/bench.json, i.e. a bench stage in the same call; a relative path is taken from the
+#          repository root, e.g. NCU_BENCH=docs/benchmarks/h200.json); its arguments from $NCU_ARGS
+#          (default --budget-s 420).
 set -uo pipefail
 OUT=${1:?usage: h200_run.sh OUT_DIR STAGES [bench args]}
 STAGES=${2:-"prewarm parity bench"}
@@ -54,6 +60,10 @@ for stage in $STAGES; do
                     || rc=1 ;;
         host) python3 "$REPO/benchmarks/host_overhead.py" --device cuda --out "$OUT" 2>&1 \
                     | tee "$OUT/host.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        ncu) nb=${NCU_BENCH:-$OUT/bench.json}; [[ $nb == /* ]] || nb=$REPO/$nb
+             # shellcheck disable=SC2086  # NCU_ARGS: words on purpose
+             python3 "$REPO/benchmarks/ncu_gaps.py" "$nb" --out "$OUT" ${NCU_ARGS:---budget-s 420} 2>&1 \
+                    | tee "$OUT/ncu.log" | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"
