@@ -1,0 +1,29 @@
+"""The overlap part of the contract: views of one buffer that touch no common element are
+accepted whatever the strides of their size-1 dimensions, and real overlaps are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opmux.kernels.ops import layernorm
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_q_and_k_views_of_one_qkv_buffer(tokens: int) -> None:
+    qkv = torch.randn(tokens, 48 * 16)
+    q = qkv[:, : 32 * 16].view(tokens, 32, 16)  # token stride 768, head stride 16
+    k = qkv[:, 32 * 16 : 40 * 16].view(tokens, 8, 16)
+    expect_q, expect_k = q.clone(), k.clone()
+    layernorm.qk_norm(expect_q, expect_k, torch.ones(16), torch.ones(16), 1e-6, backend="torch")
+    layernorm.qk_norm(q, k, torch.ones(16), torch.ones(16), 1e-6, backend="torch")
+    torch.testing.assert_close(q, expect_q)
+    torch.testing.assert_close(k, expect_k)
+
+
+def test_overlapping_head_views_are_refused() -> None:
+    qkv = torch.randn(1, 48 * 16)
+    q = qkv[:, : 32 * 16].view(1, 32, 16)
+    k = qkv[:, 31 * 16 : 39 * 16].view(1, 8, 16)  # shares q's last head
+    with pytest.raises(ValueError, match="q and k overlap in memory"):
+        layernorm.qk_norm(q, k, torch.ones(16), torch.ones(16), 1e-6)
