@@ -39,6 +39,10 @@ SIGNATURES = {
     "sgl_per_token_group_quant_fp8": ["input", "output_q", "output_s", "group_size", "eps", "fp8_min", "fp8_max"],
     "sgl_per_token_group_quant_int8": ["input", "output_q", "output_s", "group_size", "eps", "int8_min", "int8_max"],
     "sgl_per_tensor_quant_fp8": ["input", "output_q", "output_s", "is_static"],
+    "sgl_per_token_group_quant_8bit": [
+        "input", "output_q", "output_s", "group_size", "eps", "fp8_min", "fp8_max", "scale_ue8m0",
+        "fuse_silu_and_mul", "masked_m", "enable_v2",
+    ],
     "topk_softmax": ["topk_weights", "topk_ids", "gating_output", "renormalize"],
     "moe_align_block_size": [
         "topk_ids", "num_experts", "block_size", "sorted_token_ids", "experts_ids", "num_tokens_post_pad",
@@ -204,21 +208,88 @@ def test_per_token_group_quant_ue8m0_and_8bit(backend: str) -> None:
     assert bool((torch.log2(s) == torch.round(torch.log2(s))).all())  # powers of two
     _, plain = _group_ref(x, 16, 1e-10)
     assert bool((s >= plain).all()) and bool((s < 2 * plain).all())
-    _dequant_close(q, (x.float().view(4, 2, 16) / s[..., None]).clamp(-448, 448).to(FP8).view(4, 32))
-    qi, si = torch.empty(4, 32, dtype=torch.int8), torch.empty(4, 2)
-    sgl.sgl_per_token_group_quant_8bit(x, qi, si, 16, 1e-10, -128.0, 127.0)
-    ref_s = x.float().view(4, 2, 16).abs().amax(-1) / 127.0
-    torch.testing.assert_close(si, ref_s)
-    ref_q = (
-        torch.round(x.float().view(4, 2, 16) / ref_s[..., None]).clamp(-128, 127).to(torch.int8).view(4, 32)
+    assert torch.equal(
+        q.float(), (x.float().view(4, 2, 16) / s[..., None]).clamp(-448, 448).to(FP8).view(4, 32).float()
     )
-    assert bool(((qi.int() - ref_q.int()).abs() <= 1).all())
 
 
-def test_per_tensor_quant_fp8_static_and_dynamic() -> None:
+def _int8_ref(x: torch.Tensor, gs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """sgl-kernel's int8 group quant: scale = amax / 127, int8_t(x * (1 / scale)) truncates."""
+    t, h = x.shape
+    xg = x.float().view(t, h // gs, gs)
+    s = xg.abs().amax(-1).clamp(min=1e-10) / 127.0
+    return torch.trunc((xg * s.reciprocal()[..., None]).clamp(-128, 127)).to(torch.int8).view(t, h), s
+
+
+def test_per_token_group_quant_int8_truncates_in_the_kernel(backend: str) -> None:
+    x = _r(6, 64, dtype=torch.float16, seed=4, scale=3.0)
+    q, s = torch.empty(6, 64, dtype=torch.int8), torch.empty(6, 4)
+    ptrs = (q.data_ptr(), s.data_ptr())
+    sgl.sgl_per_token_group_quant_8bit(x, q, s, 16, 1e-10, -128.0, 127.0)
+    assert (q.data_ptr(), s.data_ptr()) == ptrs
+    ref_q, ref_s = _int8_ref(x, 16)
+    assert torch.equal(s, ref_s) and torch.equal(q, ref_q)
+    q2, s2 = torch.empty_like(q), torch.empty(4, 6).t()  # column-major scales
+    sgl.sgl_per_token_group_quant_int8(x, q2, s2, 16, 1e-10, -128.0, 127.0)
+    assert torch.equal(q2, ref_q) and torch.equal(s2, ref_s)
+    with pytest.raises(ValueError, match="int8_min/int8_max"):
+        sgl.sgl_per_token_group_quant_int8(x, q2, s2, 16, 1e-10, -127.0, 127.0)
+
+
+def _packed_ue8m0_ref(scales: torch.Tensor) -> torch.Tensor:
+    """DeepGEMM's packed UE8M0 scales (sgl's ``scale_ue8m0`` output): int32 [T, ceil(G / 4)] of
+    exponent bytes, little endian, TMA-aligned column-major; padding bytes 0."""
+    t, g = scales.shape
+    exps = (scales.view(torch.int32) >> 23).to(torch.uint8)
+    padded = torch.zeros(t, (g + 3) // 4 * 4, dtype=torch.uint8)
+    padded[:, :g] = exps
+    return padded.view(torch.int32)
+
+
+@pytest.mark.parametrize("groups", [8, 6])
+def test_per_token_group_quant_packed_ue8m0_tma_layout(backend: str, groups: int) -> None:
+    t, gs = 5, 32
+    x = _r(t, groups * gs, dtype=torch.bfloat16, seed=5, scale=4.0)
+    x[1, :gs] = 0  # a group at eps
+    aligned_t = (t + 3) // 4 * 4
+    # sglang's create_per_token_group_quant_fp8_output_scale(scale_ue8m0=True): [K/4, T_aligned].T[:T]
+    s = torch.zeros((groups + 3) // 4, aligned_t, dtype=torch.int32).t()[:t]
+    q = torch.empty(t, groups * gs, dtype=FP8)
+    sgl.sgl_per_token_group_quant_fp8(x, q, s, gs, 1e-10, -448.0, 448.0, scale_ue8m0=True)
+    float_s = torch.empty(t, groups)
+    q_f = torch.empty_like(q)
+    sgl.sgl_per_token_group_quant_fp8(x, q_f, float_s, gs, 1e-10, -448.0, 448.0, scale_ue8m0=True)
+    _, plain = _group_ref(x, gs, 1e-10)
+    assert torch.equal(float_s, torch.exp2(torch.ceil(torch.log2(plain))))
+    assert torch.equal(s, _packed_ue8m0_ref(float_s))
+    assert torch.equal(q.float(), q_f.float())
+    with pytest.raises(TypeError, match="needs scale_ue8m0"):
+        sgl.sgl_per_token_group_quant_fp8(x, q, s, gs, 1e-10, -448.0, 448.0)
+
+
+def test_per_token_group_quant_8bit_fused_silu_and_masked_m(backend: str) -> None:
+    e, m, h, gs = 3, 6, 64, 32
+    x = _r(e, m, 2 * h, dtype=torch.bfloat16, seed=6, scale=2.0)
+    masked = torch.tensor([6, 0, 2], dtype=torch.int32)
+    q = torch.full((e, m, h), 2.0).to(FP8)
+    s = torch.full((e, m, h // gs), -1.0)
+    sgl.sgl_per_token_group_quant_8bit(
+        x, q, s, gs, 1e-10, -448.0, 448.0, fuse_silu_and_mul=True, masked_m=masked
+    )
+    act = torch.nn.functional.silu(x[..., :h].float()) * x[..., h:].float()
+    for i, n in enumerate(masked.tolist()):
+        ref_q, ref_s = _group_ref(act[i, :n], gs, 1e-10)
+        torch.testing.assert_close(s[i, :n], ref_s, atol=0, rtol=1e-6)
+        _dequant_close(q[i, :n], ref_q)
+        assert bool((s[i, n:] == -1).all()) and bool((q[i, n:].float() == 2).all())  # untouched
+
+
+def test_per_tensor_quant_fp8_static_and_dynamic(backend: str) -> None:
     x = _r(3, 32, scale=5.0)
     q, s = torch.empty(3, 32, dtype=FP8), torch.empty(1)
+    ptrs = (q.data_ptr(), s.data_ptr())
     sgl.sgl_per_tensor_quant_fp8(x, q, s, is_static=False)
+    assert (q.data_ptr(), s.data_ptr()) == ptrs
     ref_s = x.abs().amax() / 448.0
     torch.testing.assert_close(s, ref_s.view(1), atol=0, rtol=0)
     assert torch.equal(q.float(), (x * (1.0 / ref_s)).clamp(-448, 448).to(FP8).float())
@@ -226,6 +297,9 @@ def test_per_tensor_quant_fp8_static_and_dynamic() -> None:
     sgl.sgl_per_tensor_quant_fp8(x, q, s_static, is_static=True)
     assert s_static.item() == pytest.approx(0.05)
     assert torch.equal(q.float(), (x * (1.0 / s_static)).clamp(-448, 448).to(FP8).float())
+    x[1, 3] = float("nan")  # a NaN anywhere: NaN scale, as the reference
+    sgl.sgl_per_tensor_quant_fp8(x, q, s, is_static=False)
+    assert bool(torch.isnan(s).all())
 
 
 def _ref_topk(g: torch.Tensor, k: int, renorm: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,9 @@ SIGNATURES = {
     "static_scaled_fp8_quant": ["out", "input", "scale"],
     "dynamic_scaled_fp8_quant": ["out", "input", "scale"],
     "dynamic_per_token_scaled_fp8_quant": ["out", "input", "scales", "scale_ub"],
-    "per_token_group_quant_fp8": ["x", "group_size", "eps", "dtype", "column_major_scales", "out_q", "use_ue8m0"],
+    "per_token_group_quant_fp8": [
+        "x", "group_size", "eps", "dtype", "column_major_scales", "tma_aligned_scales", "out_q", "use_ue8m0",
+    ],
     "topk_softmax": ["topk_weights", "topk_ids", "token_expert_indices", "gating_output", "renormalize"],
     "moe_align_block_size": [
         "topk_ids", "num_experts", "block_size", "sorted_token_ids", "experts_ids", "num_tokens_post_pad",
@@ -118,6 +120,39 @@ def test_scaled_fp8_quant_per_token_divides_bit_for_bit(backend: str) -> None:
     assert q3 is out and torch.equal(out.float(), q.float())
 
 
+def test_dynamic_per_token_divides_in_the_kernel_into_padded_buffers(backend: str) -> None:
+    """vLLM's division (not x * (1 / s)) bit for bit on many values, written by the kernel into the
+    first T rows of padded buffers (no copy: the other rows keep their bytes)."""
+    x = _r(40, 512, dtype=torch.float32, scale=3.0, seed=7)
+    # a row where x / s and x * (1 / s) land on different sides of an e4m3 midpoint (1.1875 * s)
+    x[0, :3] = torch.tensor([3.4388844966888428, 0.009115345776081085, 0.01823069155216217])
+    x[0, 3:] = 0
+    out = torch.full((48, 512), 1.0, dtype=torch.float32).to(FP8)
+    scales = torch.full((48, 1), -1.0)
+    ptrs = (out.data_ptr(), scales.data_ptr())
+    vllm.dynamic_per_token_scaled_fp8_quant(out, x, scales)
+    assert (out.data_ptr(), scales.data_ptr()) == ptrs
+    ref_s = torch.clamp(x.abs().amax(-1, keepdim=True) / 448.0, min=MIN_SCALE)
+    assert torch.equal(scales[:40], ref_s) and bool((scales[40:] == -1).all())
+    assert torch.equal(out[:40].float(), (x / ref_s).clamp(-448, 448).to(FP8).float())
+    assert bool((out[40:].float() == 1).all())
+    mul = (x * ref_s.reciprocal()).clamp(-448, 448).to(FP8).float()
+    assert out[0, 1].float() == 1.125 and mul[0, 1] == 1.25  # the conventions differ here: vLLM's kept
+
+
+def test_static_and_dynamic_per_tensor_write_the_callers_buffers(backend: str) -> None:
+    x = _r(6, 96, dtype=torch.bfloat16, scale=2.0, seed=8)
+    out, scale = torch.empty(6, 96, dtype=FP8), torch.empty(1)
+    vllm.dynamic_scaled_fp8_quant(out, x, scale)
+    ref = x.float().abs().amax() / 448.0
+    assert torch.equal(scale, ref.view(1))
+    assert torch.equal(out.float(), (x.float() * (1.0 / ref)).clamp(-448, 448).to(FP8).float())
+    static = torch.tensor([0.01])
+    vllm.static_scaled_fp8_quant(out, x, static)
+    assert static.item() == pytest.approx(0.01)
+    assert torch.equal(out.float(), (x.float() * (1.0 / static)).clamp(-448, 448).to(FP8).float())
+
+
 def test_scaled_fp8_quant_per_tensor_static_and_padding(backend: str) -> None:
     x = _r(5, 32, dtype=torch.float16, scale=3.0)
     q, s = vllm.scaled_fp8_quant(x)
@@ -134,14 +169,15 @@ def test_scaled_fp8_quant_per_tensor_static_and_padding(backend: str) -> None:
     assert torch.equal(s[:5], ref)
 
 
-@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("layout", ["row-major", "column-major", "tma-aligned"])
 @pytest.mark.parametrize("ue8m0", [False, True])
-def test_per_token_group_quant_fp8(backend: str, column_major: bool, ue8m0: bool) -> None:
-    t, h, gs = 4, 64, 32
+def test_per_token_group_quant_fp8(backend: str, layout: str, ue8m0: bool) -> None:
+    t, h, gs = 5, 512, 32
     x = _r(t, h, dtype=torch.bfloat16, scale=2.0)
     out_q = torch.empty(t, h, dtype=FP8)
+    column_major, tma = layout != "row-major", layout == "tma-aligned"
     q, s = vllm.per_token_group_quant_fp8(
-        x, gs, column_major_scales=column_major, out_q=out_q, use_ue8m0=ue8m0
+        x, gs, column_major_scales=column_major, tma_aligned_scales=tma, out_q=out_q, use_ue8m0=ue8m0
     )
     assert q is out_q
     ref_s = x.float().view(t, h // gs, gs).abs().amax(-1).clamp(min=1e-10) / 448.0
@@ -149,6 +185,8 @@ def test_per_token_group_quant_fp8(backend: str, column_major: bool, ue8m0: bool
         ref_s = torch.exp2(torch.ceil(torch.log2(ref_s)))
     assert torch.equal(s, ref_s)
     assert (s.stride(0) == 1) == column_major
+    if column_major:  # vLLM / DeepGEMM: the token stride rounded up to 4 floats (16 bytes) when TMA-aligned
+        assert s.stride(1) == (8 if tma else 5)
     ref_q = (x.float().view(t, h // gs, gs) / ref_s[..., None]).clamp(-448, 448).to(FP8).view(t, h)
     assert torch.equal(q.float(), ref_q.float())
 

@@ -1,32 +1,13 @@
-"""fp8 / int8 conversions shared by the compat modules (engine conventions, in torch)."""
+"""fp8 constants shared by the compat modules.
+
+The quantization conventions of the engines (vLLM's division by the scale, sgl-kernel's int8
+truncation, UE8M0 scales and their packed layout, static and per-tensor scales) are features of
+opmux's quantization ops (``divide_by_scale``, ``scale_ue8m0``, ``out_q`` / ``out_scale``, ...),
+run by their kernels on every backend: the compat modules compose no quantization in torch.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from opmux.kernels.ops._torch import torch
-
-if TYPE_CHECKING:
-    from torch import Tensor
-
-__all__ = ["FP8_MAX", "divide_into", "multiply_into", "ue8m0"]
+__all__ = ["FP8_MAX"]
 
 FP8_MAX = 448.0
-
-
-def divide_into(q: Tensor, x: Tensor, scale: Tensor) -> None:
-    """``q = fp8(clamp(x / scale))``: IEEE fp32 division (vLLM's per-token and group quant)."""
-    y = torch.div(x.float(), scale).clamp_(-FP8_MAX, FP8_MAX)
-    q.copy_(y)
-
-
-def multiply_into(q: Tensor, x: Tensor, scale: Tensor) -> None:
-    """``q = fp8(clamp(x * (1 / scale)))``: the reciprocal once, then products (static and
-    per-tensor quant in both engines)."""
-    y = torch.mul(x.float(), torch.reciprocal(scale.float())).clamp_(-FP8_MAX, FP8_MAX)
-    q.copy_(y)
-
-
-def ue8m0(scale: Tensor) -> Tensor:
-    """Round scales up to a power of two (the UE8M0 scale format), in place."""
-    return scale.copy_(torch.exp2(torch.ceil(torch.log2(scale))))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from opmux.kernels.ops._torch import torch
 
-from . import _direct, _fp8
+from . import _direct
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -163,45 +163,23 @@ def apply_rope_with_cos_sin_cache_inplace(
 
 
 # -- fp8 / int8 quantization ------------------------------------------------------------------
-_PT = "quantization.per_token_quant_fp8"
-_PG = "quantization.per_token_group_quant_fp8"
+# Every entry point is one opmux quantization op writing into the caller's buffers (out_q /
+# out_scale): the op's contract checks them, its kernel writes them (no copy, no torch path).
+def _quant() -> Any:
+    return _ops("quantization")
 
 
-def _rows2(op: str, name: str, t: Tensor, hidden: int) -> Tensor:
-    from opmux.kernels.ops import _checks
-
-    return _checks.rows(op, name, t, hidden)
+def _bounds(op: str, names: str, got: tuple[float, float], want: tuple[float, float]) -> None:
+    _direct.need(
+        (float(got[0]), float(got[1])) == want,
+        f"{op}: {names} must be {want[0]:g}/{want[1]:g}, got {got[0]}/{got[1]}",
+    )
 
 
 def sgl_per_token_quant_fp8(input: Tensor, output_q: Tensor, output_s: Tensor) -> None:
-    """Per-token dynamic fp8: ``output_s`` ([T] or [T, 1]) and ``output_q``, written in place
-    by opmux's kernel (scale = max(amax / 448, 1 / (448 * 512)), q = x * (1 / scale))."""
-    kargs, _ = _direct.check(_PT, input, None)
-    h = input.shape[-1]
-    _direct.out_like(_PT, "output_q", output_q, tuple(input.shape), torch.float8_e4m3fn, input.device)
-    t = kargs[2].shape[0]
-    _direct.need(output_s.numel() == t, f"{_PT}: output_s has {output_s.numel()} elements, expected {t}")
-    _direct.out_like(_PT, "output_s", output_s, tuple(output_s.shape), torch.float32, input.device)
-    s = output_s.view(t)  # a view (raises when output_s is not viewable as [T])
-    q = _rows2(_PT, "output_q", output_q, h).view(torch.uint8)
-    _direct.kernel(_PT, input)(q, s, *kargs[2:])
-
-
-def _group_scales(op: str, output_s: Tensor, t: int, g: int, device: Any) -> Tensor:
-    _direct.need(
-        output_s.dtype == torch.float32,
-        f"{op}: output_s has dtype {output_s.dtype}, expected float32",
-        TypeError,
-    )
-    _direct.need(output_s.device == device, f"{op}: output_s is on {output_s.device}, expected {device}")
-    _direct.need(
-        output_s.numel() >= t * g and output_s.shape[-1] == g,
-        f"{op}: output_s has shape {tuple(output_s.shape)}, expected [..., {g}] for {t} rows",
-    )
-    s = output_s.reshape(-1, g) if output_s.dim() != 2 else output_s  # row-major, column-major, TMA-aligned
-    _direct.need(s.shape[0] == t, f"{op}: output_s has shape {tuple(output_s.shape)}, expected [{t}, {g}]")
-    _direct.need(min(s.stride()) >= 0, f"{op}: output_s has negative strides {s.stride()}")
-    return s
+    """Per-token dynamic fp8 into ``output_q`` and ``output_s`` ([T] or [T, 1]):
+    scale = max(amax / 448, 1 / (448 * 512)), q = x * (1 / scale)."""
+    _quant().per_token_quant_fp8(input, None, False, output_q, output_s)
 
 
 def sgl_per_token_group_quant_fp8(
@@ -214,23 +192,14 @@ def sgl_per_token_group_quant_fp8(
     fp8_max: float,
     scale_ue8m0: bool = False,
 ) -> None:
-    """Per-token-group dynamic fp8 into ``output_q`` / ``output_s`` (row-major, column-major
-    or TMA-aligned column-major scales: any strides); ``scale_ue8m0`` rounds scales up to
-    powers of two (then q is recomputed against the rounded scales)."""
-    _direct.need(
-        (fp8_min, fp8_max) == (-_fp8.FP8_MAX, _fp8.FP8_MAX),
-        f"{_PG}: fp8_min/fp8_max must be -448/448 (float8_e4m3fn), got {fp8_min}/{fp8_max}",
+    """Per-token-group dynamic fp8 into ``output_q`` / ``output_s``: float32 scales with any
+    strides (row-major, column-major, TMA-aligned column-major); with ``scale_ue8m0`` the
+    scales are rounded up to powers of two and an int32 ``output_s`` receives sgl's packed
+    layout (four UE8M0 exponent bytes per int32, ``[T, ceil(G / 4)]``)."""
+    _bounds("sgl_per_token_group_quant_fp8", "fp8_min/fp8_max", (fp8_min, fp8_max), (-448.0, 448.0))
+    _quant().per_token_group_quant_fp8(
+        input, int(group_size), float(eps), False, False, bool(scale_ue8m0), False, output_q, output_s
     )
-    kargs, _ = _direct.check(_PG, input, group_size, eps, False)
-    h, x2 = input.shape[-1], kargs[2]
-    t, g = x2.shape[0], h // group_size
-    _direct.out_like(_PG, "output_q", output_q, tuple(input.shape), torch.float8_e4m3fn, input.device)
-    s = _group_scales(_PG, output_s, t, g, input.device)
-    q = _rows2(_PG, "output_q", output_q, h)
-    _direct.kernel(_PG, input)(q.view(torch.uint8), s, *kargs[2:])
-    if scale_ue8m0:
-        _fp8.ue8m0(s)
-        _fp8.multiply_into(q.view(t, g, group_size), x2.view(t, g, group_size), s.unsqueeze(-1))
 
 
 def sgl_per_token_group_quant_int8(
@@ -242,19 +211,10 @@ def sgl_per_token_group_quant_int8(
     int8_min: float,
     int8_max: float,
 ) -> None:
-    """Per-token-group int8 (torch composition: opmux has no int8 kernel):
-    ``scale = max(group amax, eps) / int8_max``, ``q = round(x / scale)`` clamped."""
-    op = "sgl_per_token_group_quant_int8"
-    h = input.shape[-1]
-    _direct.need(h % group_size == 0, f"{op}: last dim {h} is not a multiple of group_size {group_size}")
-    _direct.out_like(op, "output_q", output_q, tuple(input.shape), torch.int8, input.device)
-    t, g = input.numel() // h, h // group_size
-    s = _group_scales(op, output_s, t, g, input.device)
-    xg = input.reshape(t, g, group_size).float()
-    scale = xg.abs().amax(-1).clamp_(min=eps) / int8_max
-    s.copy_(scale)
-    q = torch.round(xg / scale.unsqueeze(-1)).clamp_(int8_min, int8_max)
-    output_q.view(t, g, group_size).copy_(q)
+    """Per-token-group int8 into ``output_q`` / ``output_s``: scale = max(group amax, eps) / 127,
+    q = trunc(clamp(x * (1 / scale), -128, 127)) (sgl-kernel's int8_t conversion truncates)."""
+    _bounds("sgl_per_token_group_quant_int8", "int8_min/int8_max", (int8_min, int8_max), (-128.0, 127.0))
+    _quant().per_token_group_quant_int8(input, int(group_size), float(eps), False, False, output_q, output_s)
 
 
 def sgl_per_token_group_quant_8bit(
@@ -268,12 +228,27 @@ def sgl_per_token_group_quant_8bit(
     scale_ue8m0: bool = False,
     fuse_silu_and_mul: bool = False,
     masked_m: Tensor | None = None,
+    enable_v2: bool | None = None,
 ) -> None:
-    """sgl_kernel's 8-bit group quant: fp8 or int8 by ``output_q``'s dtype."""
-    if fuse_silu_and_mul or masked_m is not None:
-        input = silu_and_mul(input) if fuse_silu_and_mul else input
-        if masked_m is not None:
-            raise NotImplementedError("sgl_per_token_group_quant_8bit: masked_m is not supported by opmux")
+    """sgl_kernel's 8-bit group quant: fp8 or int8 by ``output_q``'s dtype. ``fuse_silu_and_mul``
+    quantizes ``silu(x[..., :d]) * x[..., d:]`` (computed in float32 by opmux's activation op,
+    not rounded to the input dtype); ``masked_m`` ([E] for a [E, M, ...] input) quantizes the
+    first ``masked_m[e]`` rows of each expert e and leaves the other rows as they are (it reads
+    ``masked_m`` on the host). ``enable_v2`` (sgl's kernel choice) changes nothing here."""
+    if masked_m is not None:
+        _direct.need(
+            input.dim() == 3,
+            f"sgl_per_token_group_quant_8bit: masked_m needs a 3-D input, got {input.dim()}-D",
+        )
+        for e, m in enumerate(masked_m.tolist()):
+            if m > 0:
+                sgl_per_token_group_quant_8bit(
+                    input[e, :m], output_q[e, :m], output_s[e, :m], group_size, eps, fp8_min, fp8_max,
+                    scale_ue8m0, fuse_silu_and_mul,
+                )  # fmt: skip
+        return
+    if fuse_silu_and_mul:
+        input = _ops("activation").silu_and_mul(input if input.dtype == torch.float32 else input.float())
     if output_q.dtype == torch.int8:
         sgl_per_token_group_quant_int8(input, output_q, output_s, group_size, eps, fp8_min, fp8_max)
     else:
@@ -283,15 +258,9 @@ def sgl_per_token_group_quant_8bit(
 
 
 def sgl_per_tensor_quant_fp8(input: Tensor, output_q: Tensor, output_s: Tensor, is_static: bool) -> None:
-    """Per-tensor fp8: with ``is_static`` ``output_s`` holds the scale, else it receives
-    ``amax / 448``; ``q = x * (1 / scale)`` (torch composition: opmux has no per-tensor kernel)."""
-    op = "sgl_per_tensor_quant_fp8"
-    _direct.out_like(op, "output_q", output_q, tuple(input.shape), torch.float8_e4m3fn, input.device)
-    _direct.need(output_s.numel() == 1, f"{op}: output_s must have one element, got {tuple(output_s.shape)}")
-    if not is_static:
-        amax = input.abs().amax().float() if input.numel() else torch.zeros((), device=input.device)
-        output_s.copy_((amax / _fp8.FP8_MAX).reshape(output_s.shape))
-    _fp8.multiply_into(output_q, input, output_s.reshape(()))
+    """Per-tensor fp8 into ``output_q``: with ``is_static`` ``output_s`` holds the scale, else
+    the kernel writes ``amax / 448`` into it; q = x * (1 / scale)."""
+    _quant().per_tensor_quant_fp8(input, output_s if is_static else None, output_q, output_s)
 
 
 # -- MoE ----------------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ def _round_e4m3(y):
     bits = y.to(tl.int32, bitcast=True)
     exp = (bits >> 23) & 0xFF
     # quantum 2**(e-3) for normals (e >= -6), 2**-9 for subnormals
-    qexp = tl.maximum(exp - 3, 127 - 9)
+    qexp = tl.minimum(
+        tl.maximum(exp - 3, 127 - 9), 127 + 5
+    )  # capped: a NaN's exponent must not overflow magic
     quantum = (qexp << 23).to(tl.float32, bitcast=True)
     magic = quantum * 12582912.0  # 1.5 * 2**23 quanta: the add rounds to a multiple (RNE)
     r = (tl.abs(y) + magic) - magic
