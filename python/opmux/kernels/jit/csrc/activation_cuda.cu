@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) gated_kernel(
   T* __restrict__ out = static_cast<T*>(p.out);
   const T* __restrict__ x = static_cast<const T*>(p.x);
   const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const IndexT r = i / dv;
     const IndexT c = i - r * dv;
@@ -88,7 +88,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) gated_kernel(
     for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>(Act::apply(to_float(va.v[k])) * to_float(vb.v[k]));
     store_vec(out + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
   }
-  cuda::pdl_launch_dependents();
 }
 
 template <typename Act, typename T>

@@ -44,7 +44,7 @@ template <typename T, int VEC, bool FP8>
 __global__ void __launch_bounds__(256) reshape_and_cache_kernel(CacheParams p) {
   using C = typename std::conditional<FP8, uint8_t, T>::type;
   const int64_t t = blockIdx.x;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   const int64_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) return;
   const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
@@ -83,7 +83,6 @@ __global__ void __launch_bounds__(256) reshape_and_cache_kernel(CacheParams p) {
       }
     }
   }
-  cuda::pdl_launch_dependents();
 }
 
 template <typename T, bool FP8>

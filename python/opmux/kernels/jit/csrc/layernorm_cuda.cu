@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(PER == 1 ? 1024 : 512) norm_reg_kernel(P p) {
 
   // Weights are prefetched with the row only while registers allow (no spills at PER >= 4).
   constexpr bool kPreloadW = PER <= 2;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   Vec<T, VEC> vb[PER], va[PER], vw[PER];
   // All loads first so PER independent requests are in flight per thread.
 #pragma unroll
@@ -171,7 +171,6 @@ __global__ void __launch_bounds__(PER == 1 ? 1024 : 512) norm_reg_kernel(P p) {
     }
   }
   const float rstd = inv_rms(row_sum<SUBWARP>(sum), p.hidden, p.eps);
-  cuda::pdl_launch_dependents();
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int j = i * blockDim.x + tid;
@@ -200,7 +199,7 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(P p) {
   const T* __restrict__ w = rp.w;
   const int nvec = p.hidden / VEC;
 
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   float sum = 0.f;
   for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
     Vec<T, VEC> vb = load_vec<T, VEC>(b + j * VEC);
@@ -218,7 +217,6 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(P p) {
     }
   }
   const float rstd = inv_rms(row_sum(sum), p.hidden, p.eps);
-  cuda::pdl_launch_dependents();
   for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
     const Vec<T, VEC> vb = load_vec<T, VEC>(b + j * VEC);
     const Vec<T, VEC> vw = load_vec_ro<T, VEC>(w + j * VEC);

@@ -133,7 +133,7 @@ template <typename T, typename I, int VPT, bool DEEPSEEK>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(TopkParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   if (row >= p.tokens) return;  // whole warp
   const T* __restrict__ g = static_cast<const T*>(p.g) + row * p.g_stride;
   const int E = p.experts;
@@ -200,7 +200,6 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(T
       write_out<I>(p, row, j, w, wi);
     }
   }
-  cuda::pdl_launch_dependents();
   if (lane < p.k) write_out<I>(p, row, lane, p.renormalize ? my_w / total : my_w, my_id);
   if (p.renormalize && lane == 0)  // k > 32 only: re-reads this thread's own stores
     for (int j = 32; j < p.k; ++j) p.w[row * p.w_stride + j] /= total;
@@ -211,7 +210,7 @@ template <typename T, typename I, bool DEEPSEEK>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(TopkParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   if (row >= p.tokens) return;  // whole warp
   const T* __restrict__ g = static_cast<const T*>(p.g) + row * p.g_stride;
   const int E = p.experts;
@@ -238,7 +237,6 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(
     total += w;
     if (lane == 0) write_out<I>(p, row, j, w, bi);
   }
-  cuda::pdl_launch_dependents();
   if (p.renormalize && lane == 0)  // re-reads this thread's own stores
     for (int j = 0; j < p.k; ++j) p.w[row * p.w_stride + j] /= total;
 }
@@ -332,7 +330,7 @@ __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
   int* base = smem + W * E;   // [E]: padded count, then the expert's first slot
   int* total = base + E;      // [1]
   const unsigned lt_mask = (1u << lane) - 1u;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   for (int i = threadIdx.x; i < W * E; i += blockDim.x) cnt[i] = 0;
   if (p.pad)
     for (int i = threadIdx.x; i < p.n_sorted; i += blockDim.x) p.sorted[i] = p.numel;
@@ -405,7 +403,6 @@ __global__ void __launch_bounds__(1024) moe_align_kernel(AlignParams p) {
     if (ok && (peers & lt_mask) == 0) cnt[warp * E + e] += __popc(peers);
     __syncwarp();
   }
-  cuda::pdl_launch_dependents();
 }
 
 void moe_align_block_size_cuda(TensorView sorted_token_ids, TensorView expert_ids, TensorView num_tokens_post_padded,

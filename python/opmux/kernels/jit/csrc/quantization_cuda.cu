@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(512) per_token_reg_kernel(TokenParams p) {
   uint8_t* __restrict__ q = p.q + row * p.q_stride;
   const int nvec = p.hidden / VEC;
   const int tid = threadIdx.x;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   Vec<T, VEC> v[PER];
   float m = 0.f;
 #pragma unroll
@@ -94,7 +94,6 @@ __global__ void __launch_bounds__(512) per_token_reg_kernel(TokenParams p) {
   const float scale = token_scale(cuda::block_max(m), p);
   if (tid == 0) p.s[row] = scale;
   const float inv = 1.0f / scale;
-  cuda::pdl_launch_dependents();
   if (p.divide) {
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
@@ -117,13 +116,12 @@ __global__ void __launch_bounds__(1024) per_token_loop_kernel(TokenParams p) {
   const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
   uint8_t* __restrict__ q = p.q + row * p.q_stride;
   const int nvec = p.hidden / VEC;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   float m = 0.f;
   for (int j = threadIdx.x; j < nvec; j += blockDim.x) m = vec_abs_max(load_vec<T, VEC>(x + j * VEC), m);
   const float scale = token_scale(cuda::block_max(m), p);
   if (threadIdx.x == 0) p.s[row] = scale;
   const float inv = 1.0f / scale;
-  cuda::pdl_launch_dependents();
   if (p.divide) {
     for (int j = threadIdx.x; j < nvec; j += blockDim.x)
       store_fp8_div<T, VEC>(q + j * VEC, load_vec<T, VEC>(x + j * VEC), scale);
@@ -183,14 +181,13 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(256) tensor_amax_kernel(TensorParams p) {
   const int c0 = blockIdx.y * p.chunk;
   const int c1 = min(p.nvec, c0 + p.chunk);
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   float m = 0.f;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const T* __restrict__ x = static_cast<const T*>(p.x) + r * p.x_stride;
     for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) m = vec_abs_max(load_vec<T, VEC>(x + j * VEC), m);
   }
   m = cuda::block_max(m);
-  cuda::pdl_launch_dependents();
   // x / 448 is monotonic, so the max of the quotients is the quotient of the max (the reference's)
   if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(p.s), __float_as_uint(m / kFp8Max));
 }
@@ -201,10 +198,9 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(256) tensor_scaled_kernel(TensorParams p) {
   const int c0 = blockIdx.y * p.chunk;
   const int c1 = min(p.nvec, c0 + p.chunk);
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   const float scale = p.st != nullptr ? *p.st : *p.s;
   const float inv = 1.0f / scale;
-  cuda::pdl_launch_dependents();
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const T* __restrict__ x = static_cast<const T*>(p.x) + r * p.x_stride;
     uint8_t* __restrict__ q = p.q + r * p.q_stride;
@@ -302,7 +298,7 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
                                                  static_cast<int64_t>(g) * p.s_col);
   }
 
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   Vec<T, VEC> first[G];
   float m[G];
 #pragma unroll
@@ -321,7 +317,6 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
 #pragma unroll
     for (int u = 0; u < G; ++u) m[u] = cuda::nan_max(m[u], __shfl_xor_sync(0xffffffffu, m[u], o));
   }
-  cuda::pdl_launch_dependents();
 #pragma unroll
   for (int u = 0; u < G; ++u) {
     if (!valid[u]) continue;
@@ -364,7 +359,7 @@ __global__ void __launch_bounds__(512) per_group_row_kernel(GroupParams p) {
   Q* __restrict__ q = static_cast<Q*>(p.q) + row * p.q_stride;
   const int lanes = p.lanes;
   const int tid = threadIdx.x;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   Vec<T, VEC> v[PER];
   float m[PER];
 #pragma unroll
@@ -375,7 +370,6 @@ __global__ void __launch_bounds__(512) per_group_row_kernel(GroupParams p) {
 #pragma unroll
     for (int i = 0; i < PER; ++i) m[i] = cuda::nan_max(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
   }
-  cuda::pdl_launch_dependents();
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int j = i * blockDim.x + tid;

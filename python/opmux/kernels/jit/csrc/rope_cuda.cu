@@ -69,7 +69,7 @@ template <typename T, typename C, bool NEOX, int N, bool VECTOR>
 __global__ void __launch_bounds__(128) rope_kernel(RopeParams p) {
   extern __shared__ float cs[];  // [2 * half]: cos, then sin
   const int64_t t = blockIdx.x;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   const int64_t pos = p.pos[t];
   const bool ok = pos >= 0 && pos < p.max_pos;
   const C* row = static_cast<const C*>(p.cache) + (ok ? pos : 0) * p.cache_stride;
@@ -114,7 +114,6 @@ __global__ void __launch_bounds__(128) rope_kernel(RopeParams p) {
       store_chunk<T, N, VECTOR>(x1, o);
     }
   }
-  cuda::pdl_launch_dependents();
 }
 
 // Few tokens: one block per token leaves most SMs idle (T = 1: one block walking all heads).
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__(128) rope_direct_kernel(RopeParams p) {
   const int chunks = (NEOX ? p.half : 2 * p.half) / N;  // per head
   const int items = (p.q_heads + p.k_heads) * chunks;
   const int i = blockIdx.y * blockDim.x + threadIdx.x;
-  cuda::pdl_wait();
+  cuda::pdl_enter();
   if (i < items) {
     const int64_t pos = p.pos[t];
     const bool ok = pos >= 0 && pos < p.max_pos;
@@ -177,7 +176,6 @@ __global__ void __launch_bounds__(128) rope_direct_kernel(RopeParams p) {
       store_chunk<T, N, VECTOR>(x1, o);
     }
   }
-  cuda::pdl_launch_dependents();
 }
 
 constexpr int kMaxThreads = 128;

@@ -76,6 +76,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
+// Every kernel's first step: wait for the previous kernel's memory, then release the next
+// kernel at once. Releasing early is safe (the next kernel's own pdl_wait() waits for this
+// grid to complete and flush) and lets its launch overlap this kernel's whole run, not only
+// its tail (H200 sweep, silu_and_mul I=14336 bf16 in a graph with PDL: T=16 1.21 us vs 1.32
+// with the release after the stores; T=4096 gelu 93.5 vs 95.3).
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
 
 // ---- host side --------------------------------------------------------------------------
 
