@@ -178,8 +178,10 @@ def _bounds(op: str, names: str, got: tuple[float, float], want: tuple[float, fl
 
 def sgl_per_token_quant_fp8(input: Tensor, output_q: Tensor, output_s: Tensor) -> None:
     """Per-token dynamic fp8 into ``output_q`` and ``output_s`` ([T] or [T, 1]):
-    scale = max(amax / 448, 1 / (448 * 512)), q = x * (1 / scale)."""
-    _quant().per_token_quant_fp8(input, None, False, output_q, output_s)
+    scale = max(amax / 448, 1 / (448 * 512)), q = x / scale. sgl's kernel multiplies by the
+    reciprocal, but its own test compares it with vLLM's (which divides) at 1e-3, i.e. bit for
+    bit: the kernel divides here (the op's ``divide_by_scale``), so both engines' names agree."""
+    _quant().per_token_quant_fp8(input, None, True, output_q, output_s)
 
 
 def sgl_per_token_group_quant_fp8(
@@ -231,8 +233,8 @@ def sgl_per_token_group_quant_8bit(
     enable_v2: bool | None = None,
 ) -> None:
     """sgl_kernel's 8-bit group quant: fp8 or int8 by ``output_q``'s dtype. ``fuse_silu_and_mul``
-    quantizes ``silu(x[..., :d]) * x[..., d:]`` (computed in float32 by opmux's activation op,
-    not rounded to the input dtype); ``masked_m`` ([E] for a [E, M, ...] input) quantizes the
+    quantizes ``silu(x[..., :d]) * x[..., d:]`` with sgl's rounding (the activation rounded to
+    the input dtype, the product in the input dtype; torch, then the op); ``masked_m`` ([E] for a [E, M, ...] input) quantizes the
     first ``masked_m[e]`` rows of each expert e and leaves the other rows as they are (it reads
     ``masked_m`` on the host). ``enable_v2`` (sgl's kernel choice) changes nothing here."""
     if masked_m is not None:
@@ -247,8 +249,10 @@ def sgl_per_token_group_quant_8bit(
                     scale_ue8m0, fuse_silu_and_mul,
                 )  # fmt: skip
         return
-    if fuse_silu_and_mul:
-        input = _ops("activation").silu_and_mul(input if input.dtype == torch.float32 else input.float())
+    if fuse_silu_and_mul:  # sgl's rounding: silu(gate) in fp32 rounded to the input dtype, * up in that dtype
+        d = input.shape[-1] // 2
+        act = torch.nn.functional.silu(input[..., :d].float()).to(input.dtype)
+        input = act * input[..., d:]
     if output_q.dtype == torch.int8:
         sgl_per_token_group_quant_int8(input, output_q, output_s, group_size, eps, fp8_min, fp8_max)
     else:
