@@ -91,6 +91,8 @@ def _flashinfer(op: str) -> Callable[..., Any] | None:
         "activation.silu_and_mul": "silu_and_mul",
         "activation.gelu_and_mul": "gelu_and_mul",
         "activation.gelu_tanh_and_mul": "gelu_tanh_and_mul",
+        # (positions, query, key, head_size, cos_sin_cache fp32, is_neox): our argument order
+        "rope.rotary_embedding": "apply_rope_with_cos_sin_cache_inplace",
     }
     name = names.get(op)
     return getattr(flashinfer, name, None) if name else None
