@@ -159,7 +159,7 @@ namespace act = opmux::activation_cuda;
 
 // FlashInfer's layout: one block per row, threads loop over the row's vectors.
 template <typename Act, typename T, int VEC>
-__global__ void __launch_bounds__(1024) gated_row_kernel(act::SiluParams p) {
+__global__ void __launch_bounds__(1024) fi_row_kernel(act::SiluParams p) {
   const int64_t r = blockIdx.x;
   const T* x = static_cast<const T*>(p.x) + r * p.x_stride;
   T* out = static_cast<T*>(p.out) + r * p.out_stride;
@@ -296,7 +296,7 @@ void sweep_act(const char* name) {
     }
     for (int threads : {256, 512, 1024}) {
       check_and_time("row threads=" + std::to_string(threads), [&, threads](int i) {
-        launch(gated_row_kernel<Act, bf16, VEC>, dim3(static_cast<unsigned>(T)), dim3(threads), 0, params(i));
+        launch(fi_row_kernel<Act, bf16, VEC>, dim3(static_cast<unsigned>(T)), dim3(threads), 0, params(i));
       });
     }
     for (int s = 0; s < sets; ++s) {
@@ -436,9 +436,10 @@ void sweep_qk(int64_t T) {
 }
 
 void run_all() {
-  for (int64_t H : {4096, 8192})
-    for (int64_t T : {1, 16, 4096, 32768}) sweep_norm<false>(H, T);
-  for (int64_t T : {4096, 32768}) sweep_norm<true>(4096, T);
+  for (int64_t T : {1, 16, 4096, 16384, 32768}) sweep_norm<false>(4096, T);
+  for (int64_t T : {1, 4096, 32768}) sweep_norm<false>(8192, T);
+  for (int64_t T : {128, 4096, 32768}) sweep_norm<true>(4096, T);
+  for (int64_t T : {128, 4096, 16384}) sweep_norm<true>(8192, T);
   for (int64_t T : {1, 128, 4096, 32768}) sweep_qk(T);
 }
 #endif  // SWEEP_NORM

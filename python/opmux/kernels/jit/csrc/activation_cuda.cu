@@ -90,6 +90,27 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) gated_kernel(
   }
 }
 
+// Rows of a compute-heavy activation (exact-erf GELU) at prefill: a block per row, 256 threads
+// looping over the row's vectors, so each thread's erf work of one vector overlaps the loads of
+// its next (H200 sweep, I = 14336 bf16, T = 4096: 90.4 us vs 95.3 for the flat layout; silu and
+// the tanh form are load-bound and gain nothing).
+template <typename Act, typename T, int VEC>
+__global__ void __launch_bounds__(256) gated_row_kernel(SiluParams p) {
+  const int64_t r = blockIdx.x;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + r * p.x_stride;
+  T* __restrict__ out = static_cast<T*>(p.out) + r * p.out_stride;
+  const int dv = static_cast<int>(p.d / VEC);
+  cuda::pdl_enter();
+  for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+    const Vec<T, VEC> va = load_vec<T, VEC>(x + c * VEC);
+    const Vec<T, VEC> vb = load_vec<T, VEC>(x + p.d + c * VEC);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>(Act::apply(to_float(va.v[k])) * to_float(vb.v[k]));
+    store_vec(out + c * VEC, o);
+  }
+}
+
 template <typename Act, typename T>
 void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t device_id) {
   constexpr int VEC = cuda::kVec16<T>;
@@ -111,6 +132,13 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, INT32_MAX));
   const int64_t stride = blocks * threads;
   const cudaStream_t stream = cuda::current_stream(device_id);
+  if constexpr (std::is_same_v<Act, Gelu>) {
+    if (vec_ok && rows >= 1024 && rows <= INT32_MAX && dv >= 2 * 256) {
+      cuda::launch(op, device_id, props, gated_row_kernel<Act, T, VEC>, dim3(static_cast<unsigned>(rows)),
+                   dim3(256), 0, stream, p);
+      return;
+    }
+  }
   const dim3 grid(static_cast<unsigned>(blocks)), block(threads);
   // Largest index formed in the loop is < total + stride.
   if (total + stride <= static_cast<int64_t>(UINT32_MAX)) {

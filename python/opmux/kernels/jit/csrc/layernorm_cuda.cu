@@ -186,6 +186,50 @@ __global__ void __launch_bounds__(PER == 1 ? 1024 : 512) norm_reg_kernel(P p) {
   }
 }
 
+// qk_norm at prefill: each group of blockDim.x (< 32) lanes holds ROWS consecutive (token,
+// head) rows, one 16-byte vector per lane per row, all loaded before any reduction (ROWS
+// independent loads in flight per thread; a row per group keeps one). Launch: hidden ==
+// blockDim.x * VEC, blockDim.y groups per block.
+template <typename T, int VEC, int ROWS, bool GEMMA, typename P>
+__global__ void __launch_bounds__(256) norm_rows_kernel(P p) {
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y) * ROWS;
+  if (row0 >= p.rows) return;  // whole group (its rows are consecutive)
+  const int tid = threadIdx.x;
+  cuda::pdl_enter();
+  Vec<T, VEC> v[ROWS], vw[ROWS];
+  T* x[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int64_t row = row0 + r < p.rows ? row0 + r : row0;  // past the end: redo the first
+    const RowPtrs<T> rp = row_ptrs<T>(p, row);
+    x[r] = rp.a;
+    v[r] = load_vec<T, VEC>(rp.b + tid * VEC);
+    vw[r] = load_vec_ro<T, VEC>(rp.w + tid * VEC);
+  }
+  float sum[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    sum[r] = 0.f;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float f = to_float(v[r].v[k]);
+      sum[r] += f * f;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) sum[r] = row_sum<true>(sum[r]);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    if (row0 + r >= p.rows) break;
+    const float rstd = inv_rms(sum[r], p.hidden, p.eps);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      o.v[k] = from_float<T>((to_float(v[r].v[k]) * rstd) * weight_factor<GEMMA>(to_float(vw[r].v[k])));
+    store_vec(x[r] + tid * VEC, o);
+  }
+}
+
 // Any hidden size: two strided passes over the row, the second re-reads b (from L1/L2). For
 // the fused op the re-read sees this thread's own pass-1 store (same thread, same index).
 // VEC == 1 is the scalar path for odd sizes and misaligned rows.
@@ -289,6 +333,17 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
       use_reg = true;
     }
   }
+  // Prefill (H200 sweep, bf16): rmsnorm from 16384 rows with 4 vectors per thread (H = 4096:
+  // 128 x 4, 131.6 us vs 135.0 for 256 x 2 at T = 32768; H = 8192 already runs 256 x 4); the
+  // fused op from 4096 rows of <= 512 vectors in the two-pass loop of 256 threads (258.7 vs
+  // 263.4 us at T = 32768, 34.4 vs 35.1 at T = 4096: the re-read hits L1).
+  if (vec_ok && !FUSED && p.rows >= 16384 && nvec >= 4 * 32 && nvec <= 4 * kMaxThreads<FUSED>) {
+    per = 4;
+    use_reg = true;
+  }
+  if (vec_ok && FUSED && p.rows >= 4096 && nvec > kMaxThreads<FUSED> / 2 && nvec <= kMaxThreads<FUSED>) {
+    use_reg = false;  // the loop kernel, 256 threads (below)
+  }
   int threads_x;
   if (use_reg) {
     const int64_t need = (nvec + per - 1) / per;
@@ -299,7 +354,7 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
       threads_x = round_up32(need);
     }
   } else {
-    threads_x = round_up32(std::min<int64_t>(nvec, kMaxThreads<FUSED>));
+    threads_x = round_up32(std::min<int64_t>(nvec, FUSED && p.rows >= 4096 ? 256 : kMaxThreads<FUSED>));
   }
   // Small rows: one warp (or sub-warp group) per row, 256 threads per block.
   const int rows_per_block = threads_x <= 32 ? 256 / threads_x : 1;
@@ -321,6 +376,18 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
       cuda::launch(op, device_id, props, norm_reg_kernel<T, VEC8, 1, FUSED, GEMMA, P>,
                    dim3(static_cast<unsigned>(small_blocks)), dim3(32, 8), 0,
                    cuda::current_stream(device_id), p);
+      return;
+    }
+  }
+  // qk_norm at prefill (many rows of one sub-warp group each): two rows per group.
+  if constexpr (std::is_same_v<P, QkParams> && !FUSED) {
+    if (use_reg && per == 1 && threads_x < 32 && threads_x * VEC == p.hidden &&
+        p.rows >= 64 * static_cast<int64_t>(props.sm_count)) {
+      constexpr int kRows = 2;
+      const int64_t groups = (p.rows + kRows - 1) / kRows;
+      const int64_t rblocks = (groups + rows_per_block - 1) / rows_per_block;
+      cuda::launch(op, device_id, props, norm_rows_kernel<T, VEC, kRows, GEMMA, P>,
+                   dim3(static_cast<unsigned>(rblocks)), block, 0, cuda::current_stream(device_id), p);
       return;
     }
   }
