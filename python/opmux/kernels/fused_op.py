@@ -13,6 +13,11 @@ fake tensors), then the generic part of the signature: an input that requires gr
 grad mode is on is a TypeError (the ops are inference-only), the version counter of every
 written tensor is bumped in grad mode, and a written tensor may not overlap another argument
 except as the very same view of a read one (``rmsnorm(x, w, out=x)``).
+
+``enable_pdl`` (a reserved keyword of every public function, like ``backend``; not part of the
+contract nor of the library schema) reaches only the native CUDA kernels, as their trailing
+``bool`` argument: ``None`` means "when the GPU has it" (compute capability 9 or newer, read per
+device index when the backend is bound, never per call). Every other kernel ignores it.
 """
 
 from __future__ import annotations
@@ -120,6 +125,55 @@ def _native_device(x: torch.Tensor) -> str:
     return "cuda" if x.is_cuda else "cpu"
 
 
+# -- programmatic dependent launch (PDL): the trailing flag of native CUDA kernels -------
+_PDL_DEFAULTS: tuple[bool, ...] | None = None
+
+
+def pdl_defaults() -> tuple[bool, ...]:
+    """``enable_pdl=None`` per CUDA device index: compute capability major >= 9 (cached)."""
+    global _PDL_DEFAULTS
+    if _PDL_DEFAULTS is None:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        _PDL_DEFAULTS = tuple(torch.cuda.get_device_capability(i)[0] >= 9 for i in range(n))
+    return _PDL_DEFAULTS
+
+
+class _PerDevice:
+    """The flag of a host whose GPUs disagree (some with PDL, some without): resolved per call
+    from the device of the kernel's first tensor argument."""
+
+    def __repr__(self) -> str:
+        return "PER_DEVICE"
+
+
+PER_DEVICE: Any = _PerDevice()
+
+
+def pdl_entry(kernel: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
+    """(kernel, flag) for a native CUDA kernel: ``kernel(*kargs, flag)`` is the call when the
+    caller passes no ``enable_pdl``. On a host with mixed GPUs the flag is ``PER_DEVICE`` and the
+    kernel a wrapper that resolves it (a Python frame more, only there)."""
+    flags = pdl_defaults()
+    if len(set(flags)) <= 1:
+        return kernel, bool(flags and flags[0])
+
+    def per_device(*args: Any) -> Any:
+        *kargs, flag = args
+        if flag is PER_DEVICE:
+            t = next(a for a in kargs if isinstance(a, torch.Tensor))
+            flag = flags[t.device.index if t.device.index is not None else torch.cuda.current_device()]
+        return kernel(*kargs, flag)
+
+    return per_device, PER_DEVICE
+
+
+def _with_flag(kernel: Callable[..., Any], flag: Any) -> Callable[..., Any]:
+    """``kernel`` taking the kernel arguments alone (``flag`` None: it takes no flag)."""
+    if flag is None:
+        return kernel
+    return lambda *kargs: kernel(*kargs, flag)
+
+
 # -- code generation -------------------------------------------------------------------
 # Generated once per op (like dataclasses' __init__): the hot path gets the op's own
 # positional parameters, so no *args/**kwargs packing and no per-call indirection.
@@ -154,11 +208,26 @@ def _guard_lines(decl: Decl) -> list[str]:
     for p in written:
         if p.type == "Tensor?":
             lines += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
-    for w, other in itertools.product(written, tensors):
-        if w.name == other.name or (other.written and tensors.index(other) < tensors.index(w)):
-            continue
+    pairs = [
+        (w, other)
+        for w, other in itertools.product(written, tensors)
+        if w.name != other.name and not (other.written and tensors.index(other) < tensors.index(w))
+    ]
+    # torch._C._overlaps costs about 0.25 us per pair; two tensors on different storages never
+    # overlap, and a storage's address costs a fifth of that: fetched once per tensor, compared
+    # per pair, and only a shared storage pays for the full check
+    if len(pairs) > 1:
+        for p in dict.fromkeys(t for pair in pairs for t in pair):
+            get = f"STORAGE({p.name})"
+            lines.append(
+                f"    S_{p.name} = {get} if {p.name} is not None else 0"
+                if present(p)
+                else f"    S_{p.name} = {get}"
+            )
+    for w, other in pairs:
         both = other.written
-        lines.append(f"    if {present(w)}{present(other)}OVERLAPS({w.name}, {other.name}):")
+        same = f"S_{w.name} == S_{other.name} and " if len(pairs) > 1 else ""
+        lines.append(f"    if {present(w)}{present(other)}{same}OVERLAPS({w.name}, {other.name}):")
         lines.append(f"        ALIAS(OP, {w.name!r}, {w.name}, {other.name!r}, {other.name}, {both})")
     return lines
 
@@ -177,18 +246,35 @@ def _contract(decl: Decl) -> tuple[list[str], dict[str, Any]]:
         "NO_GRAD": _checks.no_grad,
         "BUMP": torch._C._increment_version,
         "OVERLAPS": torch._C._overlaps,
+        "STORAGE": _storage,
         "ALIAS": _checks.alias,
     }
     return lines + _guard_lines(decl), scope
 
 
-def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool) -> Callable[..., Any]:
-    """check, values, the generic guard, then the kernel (or, for ``reference``, the reference)."""
+def _storage(t: torch.Tensor) -> int:
+    """Where ``t``'s storage begins: tensors whose storages begin apart never overlap."""
+    return t.untyped_storage().data_ptr()
+
+
+def _call(flag: Any, pdl: bool) -> str:
+    """The kernel call of generated code; ``flag``: the kernel takes a trailing PDL flag."""
+    if flag is None:
+        return "KERNEL(*KARGS)"
+    return (
+        "KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))" if pdl else "KERNEL(*KARGS, FLAG)"
+    )
+
+
+def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool, flag: Any = None) -> Callable[..., Any]:
+    """check, values, the generic guard, then the kernel (or, for ``reference``, the reference);
+    ``flag``: the kernel's default PDL flag (None: it takes none)."""
     names = ", ".join(p.name for p in decl.params)
     contract, scope = _contract(decl)
-    body = [f"def bound({_sig(decl.params)}):", *contract]
-    body += [f"    return RUN({names})"] if reference else ["    RUN(*KARGS)", "    return RESULT"]
-    scope["RUN"] = run
+    body = [f"def bound({_sig(decl.params)}, enable_pdl=None):", *contract]
+    body += [f"    return RUN({names})"] if reference else [f"    {_call(flag, True)}", "    return RESULT"]
+    scope["RUN"] = scope["KERNEL"] = run
+    scope["FLAG"] = flag
     exec("\n".join(body), scope)
     fn: Callable[..., Any] = scope["bound"]
     fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
@@ -208,11 +294,15 @@ class FusedOp(Generic[R]):
         self.key_arg = decl.key_arg
         #: the pure-torch reference, unchecked (the parity oracle runs it in float64)
         self.forward_native = decl.reference
+        #: default-call caches: dtype -> kernel (cpu), dtype -> (kernel, PDL flag) (cuda); a pair
+        #: (small, large) of those where the device has a size rule
         self._cpu: dict[torch.dtype, Any] = {}
         self._cuda: dict[torch.dtype, Any] = {}
-        self._forced: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        #: (backend, is_cpu, dtype) -> (kernel, PDL flag)
+        self._forced: dict[tuple[Any, ...], tuple[Callable[..., Any], Any]] = {}
         self._bound: dict[tuple[str, str], Callable[..., R]] = {}
-        self._kernels: dict[tuple[str, str], Callable[..., Any]] = {}
+        #: (backend, device) -> (kernel, PDL flag: None where the kernel takes none)
+        self._kernels: dict[tuple[str, str], tuple[Callable[..., Any], Any]] = {}
         self._failed: dict[str, str] = {}
         self._dtypes = {d for b in self.spec.backends for d in b.requires.dtypes}
         self._python = dict(decl.python_backends)
@@ -229,13 +319,22 @@ class FusedOp(Generic[R]):
         _INSTANCES[self.op_name] = self
 
     # -- binding -----------------------------------------------------------------------
-    def kernel(self, backend: str, device: str) -> Callable[..., Any]:
-        """The kernel of ``backend`` for ``device``, taking ``check``'s kernel arguments."""
+    def entry(self, backend: str, device: str) -> tuple[Callable[..., Any], Any]:
+        """(kernel, PDL flag) of ``backend`` for ``device``: the kernel takes ``check``'s kernel
+        arguments, then the flag unless it is None (native CUDA kernels take one)."""
         fn = self._python.get(backend)
         if fn is not None:
-            return fn
+            return fn, None
         obj = registry.resolve_target(self.spec.backend(backend).target)
-        return obj.kernel(self.op_name, device) if isinstance(obj, NativeLoader) else obj
+        if not isinstance(obj, NativeLoader):
+            return obj, None
+        kernel = obj.kernel(self.op_name, device)
+        return pdl_entry(kernel) if device == "cuda" else (kernel, None)
+
+    def kernel(self, backend: str, device: str) -> Callable[..., Any]:
+        """The kernel of ``backend`` for ``device``, taking ``check``'s kernel arguments (a
+        native CUDA kernel gets its default PDL flag appended)."""
+        return _with_flag(*self.entry(backend, device))
 
     def bind(self, backend: str, device: str) -> Callable[..., R]:
         """The bound function of ``backend`` on ``device`` (``cpu``/``cuda``): contract + kernel."""
@@ -245,12 +344,12 @@ class FusedOp(Generic[R]):
                 fn = _make_bound(self.decl, self.decl.reference, reference=True)
             else:
                 try:
-                    kernel = self.kernel(backend, device)
+                    kernel, flag = self.entry(backend, device)
                 except BackendUnavailable as exc:
                     # not cached: the contract still speaks first, then the call raises it
                     return _make_bound(self.decl, _raiser(exc), reference=False)
-                fn = _make_bound(self.decl, kernel, reference=False)
-                self._kernels[(backend, device)] = kernel
+                fn = _make_bound(self.decl, kernel, reference=False, flag=flag)
+                self._kernels[(backend, device)] = (kernel, flag)
             self._bound[(backend, device)] = fn
         return fn
 
@@ -266,9 +365,15 @@ class FusedOp(Generic[R]):
         return run
 
     # -- dispatch ------------------------------------------------------------------------
-    def __call__(self, *args: Any, backend: str | Sequence[str] | None = None, **kwargs: Any) -> R:
+    def __call__(
+        self,
+        *args: Any,
+        backend: str | Sequence[str] | None = None,
+        enable_pdl: bool | None = None,
+        **kwargs: Any,
+    ) -> R:
         """The dispatch without the generated hot path (any argument form)."""
-        return self._dispatch(args, kwargs, backend)
+        return self._dispatch(args, kwargs, backend, enable_pdl)
 
     def lookup(self, x: Any) -> Callable[..., Any] | None:
         """The kernel cached for a default call on a tensor like ``x`` (None: the full dispatch
@@ -280,6 +385,8 @@ class FusedOp(Generic[R]):
         threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
         if fn is not None and threshold:
             fn = fn[x.numel() >= threshold]
+        if fn is not None and x.is_cuda:
+            fn = fn[0]  # (kernel, PDL flag)
         return fn
 
     def invalidate(self) -> None:
@@ -363,7 +470,9 @@ class FusedOp(Generic[R]):
                     RuntimeWarning,
                 )
 
-    def _dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: Any) -> R:
+    def _dispatch(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: Any, enable_pdl: bool | None = None
+    ) -> R:
         x = self._key(args, kwargs)
         gen = _dispatch_state.generation()  # a use_backends block opening/closing voids the cache
         while True:
@@ -371,7 +480,7 @@ class FusedOp(Generic[R]):
             self._apply_policy(sel)
             try:
                 fn = self.bind(sel.chosen, _native_device(x))
-                result = fn(*args, **kwargs)
+                result = fn(*args, enable_pdl=enable_pdl, **kwargs)
             except BackendUnavailable as exc:
                 # e.g. a failed JIT compile: remember it, reselect, let the policy speak
                 self._failed[sel.chosen] = exc.detail
@@ -403,13 +512,14 @@ class FusedOp(Generic[R]):
                 self.invalidate()
         return result
 
-    def _remember(self, x: torch.Tensor, fn: Callable[..., Any], backend: Any) -> None:
-        """Cache the kernel ``fn`` for calls like this one (default: per dtype, per size side where the op
-        has size classes; forced: per ``backend`` value)."""
+    def _remember(self, x: torch.Tensor, entry: tuple[Callable[..., Any], Any], backend: Any) -> None:
+        """Cache ``entry`` (kernel, PDL flag) for calls like this one (default: per dtype, per size
+        side where the op has size classes; forced: per ``backend`` value)."""
         if backend is not None:
             key = tuple(backend) if isinstance(backend, list) else backend
-            self._forced[(key, x.is_cpu, x.dtype)] = fn
+            self._forced[(key, x.is_cpu, x.dtype)] = entry
             return
+        fn: Any = entry[0] if x.is_cpu else entry  # the CPU kernels take no flag
         cache = self._cpu if x.is_cpu else self._cuda
         threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
         if not threshold:
@@ -471,7 +581,9 @@ class FusedOp(Generic[R]):
         # ``backend`` is keyword-only in the docs but not in the code: CPython does not specialise
         # calls to a function with keyword-only parameters (20-50 ns per call here)
         body = [
-            f"def {decl.short_name}({sig}, backend=None):" if forced else f"def {decl.short_name}({sig}):"
+            f"def {decl.short_name}({sig}, backend=None, enable_pdl=None):"
+            if forced
+            else f"def {decl.short_name}({sig}):"
         ]
         body += prologue
         if compiled and decl.has_out:
@@ -490,24 +602,42 @@ class FusedOp(Generic[R]):
             f"{cache}[{key}.dtype]" + (f"[{key}.numel() >= {cache}_T]" if self._thresholds[dev] else "")
             for cache, dev in (("CPU", "cpu"), ("CUDA", "cuda"))
         )
-        lookup = f"{cpu} if {key}.is_cpu else {cuda} if {key}.is_cuda else None"
         contract, scope = _contract(decl)
-        forced_lookup = (
-            f"FORCED[backend, {key}.is_cpu, {key}.dtype] if {key}.is_cpu or {key}.is_cuda else None"
-        )
+        # CPU caches hold kernels, CUDA and forced ones (kernel, PDL flag): FLAG None = no flag
+        default = [
+            f"if {key}.is_cpu:",
+            f"    KERNEL = {cpu}",
+            "    FLAG = None",
+            f"elif {key}.is_cuda:",
+            f"    KERNEL, FLAG = {cuda}",
+            "else:",
+            "    KERNEL = None",
+        ]
+        if forced:
+            default = [
+                "if backend is None:",
+                *(f"    {line}" for line in default),
+                f"elif {key}.is_cpu or {key}.is_cuda:",
+                f"    KERNEL, FLAG = FORCED[backend, {key}.is_cpu, {key}.dtype]",
+                "else:",
+                "    KERNEL = None",
+            ]
         body += [
             "    try:",
-            f"        KERNEL = ({lookup}) if backend is None else {forced_lookup}"
-            if forced
-            else f"        KERNEL = {lookup}",
+            *(f"        {line}" for line in default),
             "    except (KeyError, TypeError, AttributeError):",
             "        KERNEL = None",
             "    if KERNEL is None:",
-            f"        {'return ' if returns else ''}DISPATCH(({names},), {{}}, {'backend' if forced else 'None'})",
+            "        {}DISPATCH(({},), {{}}, {})".format(
+                "return " if returns else "", names, "backend, enable_pdl" if forced else "None"
+            ),
             *([] if returns else ["        return None"]),
             # the hot path: the bound backend's body inlined (one frame less than calling it)
             *contract,
-            "    KERNEL(*KARGS)",
+            "    if FLAG is None:",
+            "        KERNEL(*KARGS)",
+            "    else:",
+            f"        {_call(True, forced)}",
             "    return RESULT" if returns else "    return None",
         ]
         scope |= {

@@ -68,8 +68,8 @@ def parse_signature(text: str) -> tuple[tuple[Param, ...], str]:
             raise ValueError(f"{text!r}: only tensors can be written, not {name!r}")
         params.append(Param(name, kind + ("?" if optional else ""), bool(written), default))
     names = [p.name for p in params]
-    if len(set(names)) != len(names) or "backend" in names:
-        raise ValueError(f"{text!r}: parameter names must be unique and 'backend' is reserved")
+    if len(set(names)) != len(names) or {"backend", "enable_pdl"} & set(names):
+        raise ValueError(f"{text!r}: parameter names must be unique; 'backend' and 'enable_pdl' are reserved")
     seen_default = False
     for p in params:
         if p.default is None and seen_default:

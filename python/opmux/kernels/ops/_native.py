@@ -2,7 +2,8 @@
 
 ``AOT`` takes kernels from the library shipped in the wheel, ``JIT`` compiles the same source
 on demand. A kernel is found by convention: the function ``<name>_<device>`` of module
-``<group>_<device>`` for op ``group.name``. ``kernel()`` runs when dispatch binds the backend
+``<group>_<device>`` for op ``group.name``; CUDA kernels take a trailing ``bool enable_pdl``
+(``fused_op`` appends it: ``pdl_entry``). ``kernel()`` runs when dispatch binds the backend
 (once per op and device until its choices are invalidated), never per call. Load problems become ``BackendUnavailable`` (the
 dispatcher falls back under the policy); argument errors from C++ stay ValueError.
 """
@@ -15,7 +16,7 @@ from typing import Any, Literal
 
 from ..errors import BackendUnavailable
 
-__all__ = ["AOT", "JIT", "NativeLoader", "with_pdl"]
+__all__ = ["AOT", "JIT", "PDL_DEFAULT", "NativeLoader", "pdl_dispatch", "run_with_pdl", "with_pdl"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,9 @@ class NativeLoader:
         here: the loaders memoize their modules, and dispatch keeps what it binds until its
         choices are invalidated (so a JIT ``reset`` or a new cache dir is seen)."""
         group, _, name = op.partition(".")
-        fn = self._load(group, device, f"{name}_{device}")
-        return with_pdl(fn) if device == "cuda" else fn
+        # a CUDA kernel takes a trailing ``enable_pdl``: dispatch binds it with its flag
+        # (``fused_op.pdl_entry``), so no wrapper frame runs per call
+        return self._load(group, device, f"{name}_{device}")
 
     def _load(self, group: str, device: str, name: str) -> Callable[..., Any]:
         if self.kind == "aot":
@@ -54,17 +56,44 @@ class NativeLoader:
         return mod[name]
 
 
-def with_pdl(fn: Callable[..., Any], enable_pdl: bool = True) -> Callable[..., Any]:
+#: the flag a CUDA kernel bound by ``with_pdl`` passes: True ("where the GPU and the binary
+#: support it": the C++ launcher checks sm_90+ and the binary's PTX). A call with an explicit
+#: ``enable_pdl`` that has no cached kernel yet sets it around its dispatch (``pdl_dispatch``);
+#: PDL changes when a kernel may start, never its result, so a race on it is harmless.
+PDL_DEFAULT = [True]
+
+
+def with_pdl(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A CUDA kernel as every caller calls it, ``kernel(*kernel_args)``: the C++ entry points
-    take a trailing ``enable_pdl`` (as FlashInfer's); True means "where the GPU and the binary
-    support it" (the C++ launcher checks sm_90+ and the binary's PTX), so it is the default.
-    The raw entry point stays reachable as ``__wrapped__`` for callers that pass the flag."""
+    take a trailing ``enable_pdl`` (as FlashInfer's). The raw entry point stays reachable as
+    ``__wrapped__`` for callers that pass the flag themselves (``run_with_pdl``)."""
+    flag = PDL_DEFAULT
 
     def call(*args: Any) -> Any:
-        return fn(*args, enable_pdl)
+        return fn(*args, flag[0])
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
+
+
+def run_with_pdl(kernel: Callable[..., Any], kargs: tuple[Any, ...], enable_pdl: Any) -> None:
+    """``kernel(*kargs)`` with an explicit ``enable_pdl`` (ignored by kernels without the flag:
+    CPU, Triton, torch)."""
+    raw = getattr(kernel, "__wrapped__", None)
+    if raw is None:
+        kernel(*kargs)
+    else:
+        raw(*kargs, bool(enable_pdl))
+
+
+def pdl_dispatch(enable_pdl: Any, dispatch: Callable[..., Any], *args: Any) -> Any:
+    """The full dispatch of a call with an explicit ``enable_pdl`` (its first call)."""
+    old = PDL_DEFAULT[0]
+    PDL_DEFAULT[0] = bool(enable_pdl)
+    try:
+        return dispatch(*args)
+    finally:
+        PDL_DEFAULT[0] = old
 
 
 AOT = NativeLoader("aot")
