@@ -179,8 +179,10 @@ class _Cell:
         kargs, _ = op.decl.check(op.op_name, *_full(op, args))
         paths: dict[str, Callable[[], Any]] = {}
         if chosen not in ("reference", "torch"):
-            kernel = op.kernel(chosen, native_dev)
-            paths["bare"] = lambda: kernel(*kargs)
+            entry = getattr(op, "entry", None)  # (kernel, PDL flag); older trees: the kernel alone
+            kernel, flag = entry(chosen, native_dev) if entry else (op.kernel(chosen, native_dev), None)
+            bare_args = (*kargs, flag) if flag is not None else kargs
+            paths["bare"] = lambda: kernel(*bare_args)
         bound, public = op.bind(chosen, native_dev), op.public  # both called as a user holds them
         paths["bound"] = lambda: bound(*args)
         paths["default"] = lambda: public(*args)
