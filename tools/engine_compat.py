@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def install_shims(shadow: bool = False) -> list[str]:
-    """``sgl_kernel`` -> opmux.compat.sgl_kernel, ``vllm._custom_ops`` -> opmux.compat.vllm.
-    Returns what it installed."""
+    """``sgl_kernel`` -> opmux.compat.sgl_kernel, ``vllm._custom_ops`` -> opmux.compat.vllm, and
+    (with the latter) the few other names vLLM's kernel tests import (``_vllm_shims``). Returns
+    what it installed."""
     sys.path.insert(0, str(ROOT / "python"))
     installed = []
     if shadow or importlib.util.find_spec("sgl_kernel") is None:
@@ -47,7 +48,356 @@ def install_shims(shadow: bool = False) -> list[str]:
         pkg._custom_ops = ops  # type: ignore[attr-defined]
         sys.modules["vllm._custom_ops"] = ops
         installed.append("vllm._custom_ops -> opmux.compat.vllm")
+        installed += _vllm_shims(ops)
     return installed
+
+
+# -- what vLLM's kernel tests import besides _custom_ops ----------------------------------------
+# Small stand-ins, written here from vLLM's own definitions (the vLLM commit they follow is in
+# docs/compat.md): the platform object, seeding, round_up, the Python wrappers the tests call
+# (moe_align_block_size, fused_topk, fused_topk_bias: buffer allocation around the _custom_ops
+# call), the KV cache factories of vLLM's conftest, opcheck (a call-through) and the torch library
+# ops ``torch.ops._C_cache_ops.*`` for the names opmux.compat.vllm has. A name opmux does not
+# provide stays absent, so its test fails naming it.
+_DEVICE = ["cuda"]
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    mod = sys.modules.get(name)
+    if mod is None:
+        mod = types.ModuleType(name)
+        mod.__path__ = []  # type: ignore[attr-defined]
+        sys.modules[name] = mod
+        parent, _, leaf = name.rpartition(".")
+        if parent:
+            setattr(_module(parent), leaf, mod)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+def _round_up(x: int, y: int) -> int:
+    return (x + y - 1) // y * y
+
+
+def _set_random_seed(seed: int | None) -> None:
+    import random
+
+    import torch
+
+    if seed is not None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy as np
+
+            np.random.seed(seed)
+        except ImportError:
+            pass
+
+
+class _Platform:
+    """vLLM's ``current_platform`` for the runner's device: the tests run as on a CUDA machine
+    (``--device cpu`` moves their CUDA tensors to the CPU)."""
+
+    device_type = "cuda"
+
+    def is_cuda(self) -> bool:
+        return True
+
+    def is_cuda_alike(self) -> bool:
+        return True
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_cpu(self) -> bool:
+        return False
+
+    def is_fp8_fnuz(self) -> bool:
+        return False
+
+    def fp8_dtype(self) -> Any:
+        import torch
+
+        return torch.float8_e4m3fn
+
+    def seed_everything(self, seed: int | None = None) -> None:
+        _set_random_seed(seed)
+
+    def has_device_capability(self, capability: Any, device_id: int = 0) -> bool:
+        return True
+
+    def get_device_capability(self, device_id: int = 0) -> Any:
+        return (9, 0)
+
+
+def _vllm_shims(ops: Any) -> list[str]:
+    import torch
+
+    def moe_align_block_size(
+        topk_ids: Any,
+        block_size: int,
+        num_experts: int,
+        expert_map: Any = None,
+        pad_sorted_ids: bool = False,
+        ignore_invalid_experts: bool = False,
+    ) -> tuple[Any, Any, Any]:
+        # vllm/model_executor/layers/fused_moe/moe_align_block_size.py: buffers, then the op
+        max_num_tokens_padded = topk_ids.numel() + num_experts * (block_size - 1)
+        if pad_sorted_ids:
+            max_num_tokens_padded = _round_up(max_num_tokens_padded, block_size)
+        if topk_ids.numel() < num_experts:
+            max_num_tokens_padded = min(topk_ids.numel() * block_size, max_num_tokens_padded)
+        dev = topk_ids.device
+        sorted_ids = torch.empty((max_num_tokens_padded,), dtype=torch.int32, device=dev)
+        expert_ids = torch.empty(
+            ((max_num_tokens_padded + block_size - 1) // block_size,), dtype=torch.int32, device=dev
+        )
+        num_tokens_post_pad = torch.empty((1,), dtype=torch.int32, device=dev)
+        ops.moe_align_block_size(
+            topk_ids,
+            num_experts,
+            block_size,
+            sorted_ids,
+            expert_ids,
+            num_tokens_post_pad,
+            expert_map if ignore_invalid_experts else None,
+        )
+        if expert_map is not None and not ignore_invalid_experts:
+            expert_ids = expert_map[expert_ids]
+        return sorted_ids, expert_ids, num_tokens_post_pad
+
+    def batched_moe_align_block_size(
+        max_tokens_per_batch: int, block_size: int, expert_num_tokens: Any
+    ) -> Any:
+        e = expert_num_tokens.size(0)
+        n = _round_up(max_tokens_per_batch, block_size) * e
+        dev = expert_num_tokens.device
+        sorted_ids = torch.empty((n,), dtype=torch.int32, device=dev)
+        block_ids = torch.empty((n // block_size,), dtype=torch.int32, device=dev)
+        post = torch.empty((1,), dtype=torch.int32, device=dev)
+        ops.batched_moe_align_block_size(
+            max_tokens_per_batch, block_size, expert_num_tokens, sorted_ids, block_ids, post
+        )
+        return sorted_ids, block_ids, post
+
+    def _route(
+        gating_output: Any, topk: int, renormalize: bool, scoring_func: str, bias: Any, indices_type: Any
+    ) -> Any:
+        m, dev = gating_output.shape[0], gating_output.device
+        w = torch.empty(m, topk, dtype=torch.float32, device=dev)
+        ids = torch.empty(m, topk, dtype=torch.int32 if indices_type is None else indices_type, device=dev)
+        tei = torch.empty(m, topk, dtype=torch.int32, device=dev)
+        if scoring_func == "softmax":
+            ops.topk_softmax(w, ids, tei, gating_output, renormalize, bias)
+        elif scoring_func == "sigmoid":
+            ops.topk_sigmoid(w, ids, tei, gating_output, renormalize, bias)
+        else:
+            raise ValueError(f"Unsupported scoring function: {scoring_func}")
+        return w, ids, tei
+
+    def fused_topk(
+        hidden_states: Any,
+        gating_output: Any,
+        topk: int,
+        renormalize: bool,
+        indices_type: Any = None,
+        scoring_func: str = "softmax",
+    ) -> Any:
+        return _route(gating_output, topk, renormalize, scoring_func, None, indices_type)
+
+    def fused_topk_bias(
+        hidden_states: Any,
+        gating_output: Any,
+        e_score_correction_bias: Any,
+        topk: int,
+        renormalize: bool,
+        scoring_func: str = "softmax",
+        indices_type: Any = None,
+    ) -> Any:
+        w, ids, _ = _route(
+            gating_output, topk, renormalize, scoring_func, e_score_correction_bias, indices_type
+        )
+        return w, ids
+
+    def get_kv_cache_torch_dtype(cache_dtype: Any, model_dtype: Any = None) -> Any:
+        if isinstance(cache_dtype, str):
+            if cache_dtype == "auto":
+                return (
+                    model_dtype if isinstance(model_dtype, torch.dtype) else getattr(torch, str(model_dtype))
+                )
+            if cache_dtype == "fp8":
+                return torch.uint8
+            return {"half": torch.half, "bfloat16": torch.bfloat16, "float": torch.float}[cache_dtype]
+        return cache_dtype
+
+    def _random_fp8(t: Any, low: float, high: float) -> None:
+        tmp = torch.empty_like(t, dtype=torch.float16)
+        tmp.uniform_(low, high)
+        ops.convert_fp8(t, tmp)
+
+    def create_kv_caches_with_random(
+        num_blocks: int,
+        block_size: int,
+        num_layers: int,
+        num_heads: int,
+        head_size: int,
+        cache_dtype: Any,
+        model_dtype: Any = None,
+        seed: int | None = None,
+        device: str = "cuda",
+    ) -> Any:
+        if cache_dtype == "fp8" and head_size % 16:
+            raise ValueError(f"Does not support key cache of type fp8 with head_size {head_size}")
+        _set_random_seed(seed)
+        dtype = get_kv_cache_torch_dtype(cache_dtype, model_dtype)
+        scale = head_size**-0.5
+        x = 16 // torch.tensor([], dtype=dtype).element_size()
+        shapes = (
+            (num_blocks, num_heads, head_size // x, block_size, x),
+            (num_blocks, num_heads, head_size, block_size),
+        )
+        caches: tuple[list[Any], list[Any]] = ([], [])
+        for shape, out in zip(shapes, caches, strict=True):
+            for _ in range(num_layers):
+                c = torch.empty(size=shape, dtype=dtype, device=device)
+                if cache_dtype == "fp8":
+                    _random_fp8(c, -scale, scale)
+                else:
+                    c.uniform_(-scale, scale)
+                out.append(c)
+        return caches
+
+    def create_kv_caches_with_random_flash(
+        num_blocks: int,
+        block_size: int,
+        num_layers: int,
+        num_heads: int,
+        head_size: int,
+        cache_dtype: Any,
+        model_dtype: Any = None,
+        seed: int | None = None,
+        device: str = "cuda",
+        cache_layout: str | None = "NHD",
+    ) -> Any:
+        _set_random_seed(seed)
+        dtype = get_kv_cache_torch_dtype(cache_dtype, model_dtype)
+        shape = (num_blocks, 2, block_size, num_heads, head_size)
+        order = (0, 1, 2, 3, 4) if cache_layout in (None, "NHD") else (0, 1, 3, 2, 4)
+        scale = head_size**-0.5
+        keys, values = [], []
+        for _ in range(num_layers):
+            kv = torch.empty(size=tuple(shape[i] for i in order), dtype=dtype, device=device).permute(*order)
+            if cache_dtype == "fp8":
+                _random_fp8(kv, -scale, scale)
+            else:
+                kv.uniform_(-scale, scale)
+            keys.append(kv[:, 0])
+            values.append(kv[:, 1])
+        return keys, values
+
+    def opcheck(
+        op: Any,
+        args: Any,
+        kwargs: Any = None,
+        *,
+        test_utils: Any = None,
+        raise_exception: bool = True,
+        cond: bool = True,
+    ) -> Any:
+        """vLLM's opcheck runs torch.library.opcheck on its own _C ops; here the op (opmux's
+        compat function behind ``torch.ops._C_cache_ops.<name>``) is simply called."""
+        if cond:
+            op(*args, **(kwargs or {}))
+        return None
+
+    _module("vllm.platforms", current_platform=_Platform())
+    _module("vllm.utils", round_up=_round_up, cdiv=lambda a, b: -(-a // b))
+    _module("vllm.utils.math_utils", round_up=_round_up, cdiv=lambda a, b: -(-a // b))
+    _module(
+        "vllm.utils.torch_utils",
+        set_random_seed=_set_random_seed,
+        get_kv_cache_torch_dtype=get_kv_cache_torch_dtype,
+        create_kv_caches_with_random=create_kv_caches_with_random,
+        create_kv_caches_with_random_flash=create_kv_caches_with_random_flash,
+    )
+    try:
+        import triton
+        import triton.language as tl
+
+        _module("vllm.triton_utils", triton=triton, tl=tl)
+    except ImportError:
+        pass
+    _module(
+        "vllm.model_executor.layers.fused_moe.moe_align_block_size",
+        moe_align_block_size=moe_align_block_size,
+        batched_moe_align_block_size=batched_moe_align_block_size,
+    )
+    _module("vllm.model_executor.layers.fused_moe.router.fused_topk_router", fused_topk=fused_topk)
+    _module(
+        "vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router", fused_topk_bias=fused_topk_bias
+    )
+    _module(
+        "tests.kernels.utils", opcheck=opcheck, DEFAULT_OPCHECK_TEST_UTILS=("test_schema", "test_faketensor")
+    )
+    _register_cache_ops(ops)
+    _FIXTURES.update(
+        kv_cache_factory=create_kv_caches_with_random,
+        kv_cache_factory_flashinfer=create_kv_caches_with_random_flash,
+    )
+    return [
+        "vllm.platforms, vllm.utils, vllm.triton_utils, vllm.model_executor.layers.fused_moe "
+        "(moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims"
+    ]
+
+
+_FIXTURES: dict[str, Any] = {}
+_LIB: list[Any] = []
+
+
+def _register_cache_ops(ops: Any) -> None:
+    """``torch.ops._C_cache_ops.<name>`` for the vLLM cache ops opmux.compat.vllm has."""
+    import torch
+
+    if _LIB:
+        return
+    lib = torch.library.Library("_C_cache_ops", "FRAGMENT")  # type: ignore[no-untyped-call]
+    _LIB.append(lib)
+    schema = (
+        "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(a!) value_cache, Tensor slot_mapping, "
+        "str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()"
+    )
+    for name in ("reshape_and_cache", "reshape_and_cache_flash"):
+        lib.define(name + schema)  # type: ignore[no-untyped-call]
+        lib.impl(name, getattr(ops, name), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+
+
+class _Fixtures:
+    """vLLM's conftest fixtures the kernel tests take (the KV cache factories)."""
+
+    @staticmethod
+    def _get(name: str) -> Any:
+        if name not in _FIXTURES:
+            import pytest
+
+            pytest.skip(f"engine-compat: no {name} (vllm shims not installed)")
+        return _FIXTURES[name]
+
+
+def _fixture_plugin() -> Any:
+    import pytest
+
+    class Plugin:
+        @pytest.fixture
+        def kv_cache_factory(self) -> Any:
+            return _Fixtures._get("kv_cache_factory")
+
+        @pytest.fixture
+        def kv_cache_factory_flashinfer(self) -> Any:
+            return _Fixtures._get("kv_cache_factory_flashinfer")
+
+    return Plugin()
 
 
 def _cpu_device_mode() -> Any:
@@ -81,6 +431,8 @@ def _cpu_device_mode() -> Any:
 
     for name in ("synchronize", "empty_cache"):  # no device to wait for
         setattr(torch.cuda, name, lambda *a, **k: None)
+    set_default = torch.set_default_device
+    torch.set_default_device = lambda device: set_default(cpu(device))  # type: ignore[assignment]
     return CpuDevice()
 
 
@@ -167,10 +519,10 @@ def main(argv: list[str] | None = None) -> int:
                 "no:cacheprovider",
                 "--continue-on-collection-errors",
                 "--rootdir",
-                str(args.folder),
+                str(args.folder if args.folder.is_dir() else args.folder.parent),
                 *extra,
             ],
-            plugins=[plugin],
+            plugins=[plugin, _fixture_plugin()],
         )
     )
 

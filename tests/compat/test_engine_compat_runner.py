@@ -58,3 +58,84 @@ def test_runner_runs_upstream_style_files_on_cpu(tmp_path: Path) -> None:
     assert "sgl_kernel -> opmux.compat.sgl_kernel" in out, out
     assert "test_upstream_style.py: 1 failed, 2 passed" in out, out
     assert proc.returncode == 1, out
+
+
+# vLLM kernel tests import more than _custom_ops: the runner's shims (platform, seeding, the
+# Python wrappers, opcheck, torch.ops._C_cache_ops, the KV cache fixtures), written like
+# tests/kernels/moe/test_moe_align_block_size.py, test_fused_topk.py and attention/test_cache.py.
+VLLM_STYLE = """
+import pytest
+import torch
+
+from tests.kernels.utils import DEFAULT_OPCHECK_TEST_UTILS, opcheck
+from vllm import _custom_ops as ops
+from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+from vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router import fused_topk_bias
+from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
+from vllm.platforms import current_platform
+from vllm.utils.math_utils import round_up
+from vllm.utils.torch_utils import set_random_seed
+
+set_random_seed(0)
+
+
+@pytest.mark.skipif(current_platform.is_rocm(), reason="rocm")
+def test_align_with_expert_map():
+    topk_ids = torch.randint(0, 8, (16, 2), device="cuda", dtype=torch.int32)
+    expert_map = torch.full((8,), -1, device="cuda", dtype=torch.int32)
+    expert_map[::2] = torch.arange(4, dtype=torch.int32)
+    s, e, n = moe_align_block_size(topk_ids, 4, 8, expert_map=expert_map, ignore_invalid_experts=True)
+    kept = int((topk_ids % 2 == 0).sum())
+    assert int((s < topk_ids.numel()).sum()) == kept and int(n) % 4 == 0
+    assert s.numel() == round_up(32 + 8 * 3, 1) and e.numel() == (s.numel() + 3) // 4
+
+
+def test_fused_topk_and_bias():
+    g = torch.randn(5, 16, device="cuda")
+    w, ids, tei = fused_topk(g, g, 4, True)
+    assert ids.dtype == torch.int32 and tei[1, 2] == 2 * 5 + 1
+    bias = torch.randn(16, device="cuda")
+    wb, idsb = fused_topk_bias(g, g, bias, 4, False)
+    p = torch.softmax(g, -1)
+    assert torch.equal(idsb.long(), torch.topk(p + bias, 4, -1).indices)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_reshape_and_cache_flash(kv_cache_factory_flashinfer, layout, kv_cache_dtype):
+    current_platform.seed_everything(0)
+    torch.set_default_device("cuda:0")
+    key, value = torch.randn(2, 3, 4, 16).unbind(0)[:2]
+    kc, vc = kv_cache_factory_flashinfer(4, 8, 1, 4, 16, kv_cache_dtype, torch.float32, cache_layout=layout)
+    slots = torch.tensor([5, 30, 17], dtype=torch.long)
+    one = torch.tensor(1.0)
+    opcheck(torch.ops._C_cache_ops.reshape_and_cache_flash,
+            (key, value, kc[0], vc[0], slots, kv_cache_dtype, one, one), test_utils=DEFAULT_OPCHECK_TEST_UTILS)
+    got = torch.empty_like(kc[0], dtype=torch.float16)
+    ops.convert_fp8(got, kc[0], 1.0) if kv_cache_dtype == "fp8" else got.copy_(kc[0])
+    torch.testing.assert_close(got[30 // 8, 30 % 8].float(), key[1], atol=0.001, rtol=0.1)
+"""
+
+
+def test_runner_shims_vllm_imports(tmp_path: Path) -> None:
+    (tmp_path / "test_vllm_style.py").write_text(VLLM_STYLE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "engine_compat.py"),
+            "--device",
+            "cpu",
+            str(tmp_path),
+            "--",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    out = proc.stdout
+    assert "test_vllm_style.py: 6 passed" in out, out + proc.stderr
+    assert proc.returncode == 0, out

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
+    "convert_fp8",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
     "fused_add_rms_norm",
@@ -318,6 +319,22 @@ def reshape_and_cache_flash(
     kc = key_cache if key_cache.dtype == fp8 else key_cache.view(fp8)
     vc = value_cache if value_cache.dtype == fp8 else value_cache.view(fp8)
     cache.reshape_and_cache(key, value, kc, vc, slots, _f32(k_scale), _f32(v_scale))
+
+
+def convert_fp8(output: Tensor, input: Tensor, scale: float = 1.0, kv_dtype: str = "fp8") -> None:
+    """vLLM's fp8 cache conversion (a torch conversion: opmux has no such op): from fp8 bytes
+    (uint8 / e4m3fn) ``output = fp8 * scale``; to fp8 bytes ``output = fp8(input / scale)``
+    (saturated)."""
+    _fp8_cache(kv_dtype)
+    fp8 = torch.float8_e4m3fn
+    if input.dtype in (torch.uint8, fp8):
+        src = input if input.dtype == fp8 else input.view(fp8)
+        output.copy_((src.float() * scale).to(output.dtype))
+        return
+    q = (input.float() / scale).clamp_(-_fp8.FP8_MAX, _fp8.FP8_MAX).to(fp8)
+    output.copy_(
+        q if output.dtype == fp8 else q.view(torch.uint8) if output.dtype == torch.uint8 else q.float()
+    )
 
 
 def reshape_and_cache(
