@@ -55,6 +55,7 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         "quantization.per_token_group_quant_fp8",
         "moe.topk_softmax",
     )
+    ptt, pgi = "quantization.per_tensor_quant_fp8", "quantization.per_token_group_quant_int8"
     kv = "kvcache.reshape_and_cache"
 
     def kv_args(**over: Any) -> Args:
@@ -119,6 +120,49 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         ("group-quant-nan-row", pg, lambda: ((_nan_rows(_r(4, 256, dev=dev)),), {})),
         ("group-quant-eps-zero", pg, lambda: ((_r(4, 256, dev=dev),), {"eps": 0.0})),
         ("group-size-not-dividing", pg, lambda: ((_r(4, 200, dev=dev),), {"group_size": 128})),
+        (
+            "quant-out-q-strided-rows",
+            pt,
+            lambda: ((x(),), {"out_q": torch.zeros(4, 32, dtype=torch.float8_e4m3fn, device=dev)[:, :16]}),
+        ),
+        (
+            "quant-out-scale-strided",
+            pt,
+            lambda: ((x(),), {"out_scale": torch.zeros(8, device=dev)[::2]}),
+        ),
+        ("per-tensor-nan-row", ptt, lambda: ((_nan_rows(x()),), {})),
+        ("per-tensor-zero", ptt, lambda: ((torch.zeros(4, 16, device=dev),), {})),
+        ("per-tensor-static-nan", ptt, lambda: ((x(), torch.tensor([float("nan")], device=dev)), {})),
+        (
+            "per-tensor-static-is-out",
+            ptt,
+            lambda: (lambda s: ((x(), s), {"out_scale": s}))(torch.tensor([0.01], device=dev)),
+        ),
+        ("int8-group-nan-row", pgi, lambda: ((_nan_rows(_r(4, 64, dev=dev)), 32), {})),
+        ("int8-group-inf-row", pgi, lambda: ((_nan_rows(_r(4, 64, dev=dev), float("inf")), 32), {})),
+        (
+            "ue8m0-packed-nan-row",
+            pg,
+            lambda: (
+                (_nan_rows(_r(4, 96, dev=dev)), 16),
+                {"scale_ue8m0": True, "out_scale": torch.zeros(4, 2, dtype=torch.int32, device=dev)},
+            ),
+        ),
+        (
+            "group-out-scale-overlap",
+            pg,
+            lambda: ((_r(4, 256, dev=dev),), {"out_scale": torch.zeros(1, device=dev).expand(4, 2)}),
+        ),
+        (
+            "group-out-q-overlaps-scale",
+            pgi,
+            lambda: (
+                lambda b: (
+                    (_r(4, 64, dev=dev), 32),
+                    {"out_q": b[:256].view(4, 64), "out_scale": b[240:272].view(torch.float32).view(4, 2)},
+                )
+            )(torch.zeros(512, dtype=torch.int8, device=dev)),
+        ),
         ("topk-above-experts", tk, lambda: ((x(), 20), {})),
         ("topk-nan-row", tk, lambda: ((_nan_rows(x()), 3), {})),
         ("topk-nan-renormalize", tk, lambda: ((_nan_rows(x()), 3, True), {})),
@@ -157,6 +201,7 @@ def _outcome(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])
 def test_every_backend_has_the_same_outcome(
     index: int, device_type: str, request: pytest.FixtureRequest
