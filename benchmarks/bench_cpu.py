@@ -10,7 +10,10 @@ T) one process times, interleaved in rounds on one input set (fresh copies for i
 * ``eager``: the plain PyTorch version as users write it, in the input dtype;
 * ``compile``: ``torch.compile`` (inductor, static shapes) of that same function;
 * every opmux backend this machine accepts for the call (``backend=`` forced: ``jit``, ``aot``,
-  the ``torch`` reference), and the public call with no override (``default``).
+  the ``torch`` reference), and the public call with no override (``default``);
+* ``kernel``: the C++ kernel the default call chose, called directly with the arguments the op's
+  contract computed once beforehand (no argument checks, no dispatch, no output allocation), so
+  ``default - kernel`` is the Python host path around it.
 
 Triton runs in its interpreter on CPU and is not timed. Every cell is set up first (inputs,
 compiled graph, warm-up); then ``--rounds`` rounds each time every cell once, each candidate for
@@ -131,6 +134,33 @@ def _backends(case: bc.OpCase, p: Any, k: Any) -> tuple[str, list[str]]:
     return sel.chosen, names
 
 
+def _kernel_args(case: bc.OpCase, chosen: str, p: Any, k: Any) -> tuple[Any, Any] | None:
+    """The native kernel ``chosen`` binds for ``case`` and a function giving its arguments for
+    one call's (p, k): the op's own contract (``check``) run once per input set, outside the
+    timing. None where the default call is not a native kernel or the contract cannot be read."""
+    if chosen not in ("jit", "aot"):
+        return None
+    try:
+        from opmux.kernels.ops._native import AOT, JIT
+
+        mod, _, name = case.public.partition(":")
+        decl = getattr(importlib.import_module(mod + ".op"), name)
+        kernel = (JIT if chosen == "jit" else AOT).kernel(case.op, "cpu")
+        params = decl.params
+        sig = ", ".join(q.name if q.default is None else f"{q.name}={q.default}" for q in params)
+        scope: dict[str, Any] = {}
+        exec(f"def full({sig}): return ({', '.join(q.name for q in params)},)", scope)
+
+        def kargs(pp: Any, kk: Any) -> Any:
+            return decl.check(decl.name, *scope["full"](*pp, **kk))[0]
+
+        kargs(p, k)
+    except Exception as exc:  # the contract's internals are another module's: never fatal here
+        print(f"{case.op}: no kernel-only timing ({type(exc).__name__}: {exc})", flush=True)
+        return None
+    return kernel, kargs
+
+
 def _fresh(fn: Any) -> Any:
     """``fn`` with a code object of its own: torch.compile caches per code object, so each cell's
     compiled graph is the only entry its guards check (no recompile chain across cells)."""
@@ -142,7 +172,9 @@ def _fresh(fn: Any) -> Any:
 class Cell:
     """One (op, dtype, T): its inputs, its candidates (compiled and warm), its samples."""
 
-    def __init__(self, case: bc.OpCase, fn: Any, dtype: torch.dtype, t: int, ms: float) -> None:
+    def __init__(
+        self, case: bc.OpCase, fn: Any, dtype: torch.dtype, t: int, ms: float, big_t: int = 4096
+    ) -> None:
         self.case, self.dtype, self.shape = case, dtype, bc.Shape(t, case.shapes[0].dims)
         raw = case.make(self.shape, bc._gen("cpu", 1234), "cpu")
         base = _cast(case.op, raw, dtype)
@@ -165,7 +197,11 @@ class Cell:
             "compile": lambda a: compiled(*a),
             "default": opmux(None),
         }
-        self.impls.update({b: opmux(b) for b in names})
+        # at the big sizes a call is milliseconds and the host path nothing: the forced backends
+        # (the default's own kernel among them) and the kernel-only call are left out there
+        big = self.big = t >= big_t
+        if not big:
+            self.impls.update({b: opmux(b) for b in names})
         for f in self.impls.values():  # warm up: compile / load, allocator
             f(bc.clone_args(base))
             f(self.sets[0])
@@ -178,12 +214,20 @@ class Cell:
             per_set = max(1, _tensor_bytes(base))
             n = min(-(-self.reps // 4), max(1, (256 << 20) // per_set))
             self.sets = [bc.clone_args(base) for _ in range(n)]
+        direct = None if big else _kernel_args(case, self.chosen, p0, k0)
+        if direct is not None:
+            kernel, kargs = direct
+            prepared = {id(st): kargs(*case.callargs(st)) for st in self.sets}
+            self.impls["kernel"] = lambda a: kernel(*prepared[id(a)])
+            self.impls["kernel"](self.sets[0])
         self.samples: dict[str, list[float]] = {k: [] for k in self.impls}
 
-    def round(self, rng: random.Random) -> None:
+    def round(self, rng: random.Random, big_eager_rounds: int = 1 << 30) -> None:
         order = list(self.impls.items())
         rng.shuffle(order)
         for name, f in order:
+            if name == "eager" and self.big and len(self.samples[name]) >= big_eager_rounds:
+                continue  # the slowest candidate at T = 4096, and not the one compared against
             if self.case.mutates:
                 for st in self.sets:
                     for a, b in zip(st, self.base, strict=True):
@@ -247,15 +291,28 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     # the shared machine then costs a cell a few rounds, not all of them.
     rng = random.Random(0)
     probe = CopyProbe()
+    budget = args.budget_min * 60 if args.budget_min else float("inf")
+    done = 0
     for i in range(args.rounds):
+        t_round = time.time()
         probe.round()
         for c in cells:
-            c.round(rng)
-        print(f"round {i + 1}/{args.rounds} at {time.time() - t_start:.0f} s", flush=True)
+            c.round(rng, args.big_eager_rounds)
+        done = i + 1
+        now = time.time()
+        print(f"round {done}/{args.rounds} at {now - t_start:.0f} s", flush=True)
+        # a time budget (the shared machine's load sets how long a round takes): stop the main
+        # rounds where one more would pass 80% of it, keeping the rest for the close cells
+        if done >= args.min_rounds and now - t_start + (now - t_round) > 0.8 * budget:
+            break
     # Close or noisy cells: more rounds, every candidate of the cell alike, chosen once (not
     # re-chosen as results come in, so no cell is sampled until it happens to come out ahead).
     close = [c for c in cells if _close(c, args.close)]
+    extra = 0
     for i in range(args.extra_rounds if close else 0):
+        if time.time() - t_start > budget:
+            break
+        extra = i + 1
         probe.round()
         for c in close:
             c.round(rng)
@@ -278,9 +335,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "threads": args.threads,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "rounds": args.rounds,
+        "rounds": done,
         "ms": args.ms,
-        "extra_rounds": args.extra_rounds,
+        "extra_rounds": extra,
+        "big_eager_rounds": args.big_eager_rounds,
         "close": args.close,
         "close_cells": len(close),
         "copy_bandwidth_gbs": [round(bw0, 1), round(bw1, 1)],
@@ -330,8 +388,17 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
         )
         + "`compile` is `torch.compile` "
         "(inductor, static shapes) of the eager function; "
-        "`default` is the public call with no override (the backend in brackets). "
-        "`÷compile` = default / compile (at most 1: opmux is as fast or faster). "
+        "`default` is the public call with no override (the backend in brackets); `kernel` is "
+        "the C++ kernel it chose called directly with arguments prepared once (no checks, no "
+        "dispatch, no allocation), so `default` - `kernel` is the Python host path around it. "
+        + (
+            f"At T = 4096 eager ran in the first {meta['big_eager_rounds']} rounds only, and the "
+            "forced backends and `kernel` not at all (`-`: the default is that kernel, and a call "
+            "of milliseconds has no host path to speak of). "
+            if meta.get("big_eager_rounds")
+            else ""
+        )
+        + "`÷compile` = default / compile (at most 1: opmux is as fast or faster). "
         "`GB/s` = bytes the call must move / time, against the copy bandwidth measured at the "
         f"start and end of the same run: {meta['copy_bandwidth_gbs'][0]} and "
         f"{meta['copy_bandwidth_gbs'][1]} GB/s (read + write of a 512 MiB `copy_`)"
@@ -376,6 +443,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--extra-rounds", type=int, default=10, help="more rounds for close or noisy cells")
+    ap.add_argument("--budget-min", type=float, default=0.0, help="wall-clock budget of the run (0: none)")
+    ap.add_argument("--min-rounds", type=int, default=3, help="rounds run whatever the budget")
+    ap.add_argument("--big-eager-rounds", type=int, default=3, help="rounds that time eager at T >= 4096")
     ap.add_argument(
         "--close", type=float, default=0.15, help="a cell is close if default/compile is within this of 1"
     )
