@@ -22,7 +22,6 @@ device index when the backend is bound, never per call). Every other kernel igno
 
 from __future__ import annotations
 
-import itertools
 import sys
 import threading
 import weakref
@@ -186,9 +185,6 @@ def _guard_lines(decl: Decl) -> list[str]:
     tensors = [p for p in decl.params if p.is_tensor]
     written = [p for p in tensors if p.written]
 
-    def present(p: Param) -> str:
-        return f"{p.name} is not None and " if p.type == "Tensor?" else ""
-
     any_grad = " or ".join(
         f"({p.name} is not None and {p.name}.requires_grad)"
         if p.type == "Tensor?"
@@ -208,27 +204,36 @@ def _guard_lines(decl: Decl) -> list[str]:
     for p in written:
         if p.type == "Tensor?":
             lines += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
-    pairs = [
-        (w, other)
-        for w, other in itertools.product(written, tensors)
-        if w.name != other.name and not (other.written and tensors.index(other) < tensors.index(w))
-    ]
     # torch._C._overlaps costs about 0.25 us per pair; two tensors on different storages never
-    # overlap, and a storage's address costs a fifth of that: fetched once per tensor, compared
-    # per pair, and only a shared storage pays for the full check
-    if len(pairs) > 1:
-        for p in dict.fromkeys(t for pair in pairs for t in pair):
-            get = f"STORAGE({p.name})"
-            lines.append(
-                f"    S_{p.name} = {get} if {p.name} is not None else 0"
-                if present(p)
-                else f"    S_{p.name} = {get}"
+    # overlap, and a storage's address costs a fifth of that: fetched once per tensor (an
+    # optional one where it is present), compared per pair; only a shared storage pays for the
+    # full check. The pairs of an absent optional tensor (``out=None``) cost one ``is None``.
+    done: set[str] = set()  # storages fetched at the top level
+    for w in sorted(written, key=lambda p: p.type == "Tensor?"):
+        others = [
+            o for o in tensors if o.name != w.name and not (o.written and tensors.index(o) < tensors.index(w))
+        ]
+        if not others:
+            continue
+        pad = "    "
+        local = set(done)
+        if w.type == "Tensor?":
+            lines.append(f"    if {w.name} is not None:")
+            pad = "        "
+        for t in (w, *(o for o in others if o.type != "Tensor?")):
+            if t.name not in local:
+                lines.append(f"{pad}S_{t.name} = STORAGE({t.name})")
+                local.add(t.name)
+                if pad == "    ":
+                    done.add(t.name)
+        for o in others:
+            same = (
+                f"{o.name} is not None and S_{w.name} == STORAGE({o.name})"
+                if o.type == "Tensor?"
+                else f"S_{w.name} == S_{o.name}"
             )
-    for w, other in pairs:
-        both = other.written
-        same = f"S_{w.name} == S_{other.name} and " if len(pairs) > 1 else ""
-        lines.append(f"    if {present(w)}{present(other)}{same}OVERLAPS({w.name}, {other.name}):")
-        lines.append(f"        ALIAS(OP, {w.name!r}, {w.name}, {other.name!r}, {other.name}, {both})")
+            lines.append(f"{pad}if {same} and OVERLAPS({w.name}, {o.name}):")
+            lines.append(f"{pad}    ALIAS(OP, {w.name!r}, {w.name}, {o.name!r}, {o.name}, {o.written})")
     return lines
 
 

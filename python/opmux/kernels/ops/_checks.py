@@ -132,6 +132,27 @@ def heads(op: str, name: str, t: torch.Tensor, tokens: int, num_heads: int, head
         ) from None
 
 
+#: index tensors up to this many elements are range-checked as a Python list (tolist: one C
+#: call, ~0.15 us) rather than with aminmax and two item reads (~1.5 us)
+SMALL = 64
+
+
+def in_range(t: torch.Tensor, lo: int, hi: int) -> bool:
+    """Whether every element of the (CPU) integer tensor ``t`` is in ``[lo, hi)``."""
+    n = t.numel()
+    if not n:
+        return True
+    if n <= SMALL and t.dim() <= 2:
+        v = t.tolist()
+        if t.dim() == 2:
+            v = [e for row in v for e in row]
+        elif t.dim() == 0:
+            v = [v]
+        return lo <= min(v) and max(v) < hi  # type: ignore[no-any-return]
+    a, b = torch.aminmax(t)  # one pass
+    return lo <= int(a) and int(b) < hi
+
+
 # -- the generic part of the contract (called from the code fused_op generates) ---------
 def no_grad(op: str, *named: tuple[str, torch.Tensor | None]) -> None:
     """In grad mode, an input that requires grad is an error: the ops have no autograd formula."""
@@ -189,7 +210,9 @@ def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
     delta, rem = divmod(b.data_ptr() - a.data_ptr(), size)
     if rem:
         return False
-    dims = sorted(((s, na, nb) for s, na, nb in zip(strides, a.shape, b.shape, strict=True) if s), reverse=True)
+    dims = sorted(
+        ((s, na, nb) for s, na, nb in zip(strides, a.shape, b.shape, strict=True) if s), reverse=True
+    )
     return not _reachable(delta, dims)
 
 

@@ -24,6 +24,20 @@ Act = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
 def check(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Tensor]:
+    try:  # the serving call ([T, 2d] rows, no out), each attribute read once; else the full checks
+        xs = x.shape
+        if (
+            out is None
+            and len(xs) == 2
+            and xs[1] % 2 == 0
+            and x.dtype in _checks.FLOAT_DTYPES
+            and (xs[1] == 0 or x.stride()[1] == 1)
+            and isinstance(x, torch.Tensor)
+        ):
+            out = x.new_empty(xs[0], xs[1] // 2)  # x's dtype and device, dense
+            return (out, x), out
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     _checks.tensor(op, "x", x)
     _checks.float_dtype(op, "x", x)
     if x.dim() < 1 or x.shape[-1] % 2:

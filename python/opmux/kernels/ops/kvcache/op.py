@@ -33,8 +33,7 @@ _OP = "kvcache.reshape_and_cache"
 
 def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
     if slot_mapping.is_cpu and slot_mapping.numel():
-        lo, hi = torch.aminmax(slot_mapping)  # one pass; the rest only when something is wrong
-        if int(lo) >= -1 and int(hi) < num_slots:
+        if _checks.in_range(slot_mapping, -1, num_slots):  # the rest only when something is wrong
             return
         bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
         if bad.numel():
@@ -43,6 +42,13 @@ def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
                 f"{_OP}: slot_mapping[{t}] = {int(slot_mapping[t])} is out of range: "
                 f"valid slots are [0, {num_slots}) (num_blocks * block_size), or -1 to skip"
             )
+
+
+def _dense_head(stride: tuple[int, ...], d: int) -> bool:
+    """A cache's strides as the full checks want them: a dense head_dim, none negative."""
+    return (
+        (d <= 1 or stride[3] == 1) and stride[0] >= 0 and stride[1] >= 0 and stride[2] >= 0 and stride[3] >= 0
+    )
 
 
 def _scale(name: str, s: Tensor, ref: Tensor) -> None:
@@ -67,6 +73,42 @@ def check(
 ) -> tuple[tuple[Any, ...], None]:
     """-> ((key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, fp8), None); for a
     cache that is not fp8 the scales are passed as slot_mapping (unread)."""
+    try:  # the usual call (a cache of key's dtype), each attribute read once; else the full checks
+        ks, kcs, dt, dev = key.shape, key_cache.shape, key.dtype, key.device
+        if (
+            k_scale is None
+            and v_scale is None
+            and len(ks) == 3
+            and len(kcs) == 4
+            and ks[1] >= 1
+            and ks[2] >= 1
+            and dt in _checks.FLOAT_DTYPES
+            and value.dtype == dt
+            and key_cache.dtype == dt
+            and value_cache.dtype == dt
+            and slot_mapping.dtype == torch.int64
+            and value.shape == ks
+            and kcs[2] == ks[1]
+            and kcs[3] == ks[2]
+            and value_cache.shape == kcs
+            and slot_mapping.shape == ks[:1]
+            and (ks[2] == 1 or (key.stride()[2] == 1 and value.stride()[2] == 1))
+            and (ks[0] <= 1 or slot_mapping.stride()[0] == 1)
+            and _dense_head(key_cache.stride(), ks[2])
+            and _dense_head(value_cache.stride(), ks[2])
+            and value.device == dev
+            and key_cache.device == dev
+            and value_cache.device == dev
+            and slot_mapping.device == dev
+            and isinstance(key, torch.Tensor)
+            and isinstance(value, torch.Tensor)
+            and isinstance(key_cache, torch.Tensor)
+            and isinstance(value_cache, torch.Tensor)
+            and isinstance(slot_mapping, torch.Tensor)
+        ):
+            return (key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, False), None
+    except Exception:  # not tensors, ...: the full checks say what is wrong
+        pass
     for name, arg in (
         ("key", key),
         ("value", value),

@@ -69,6 +69,19 @@ def check_norm(op: str, x: Tensor, weight: Tensor, eps: float, out: Tensor | Non
 
 def check_add(op: str, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Kernel:
     hidden = _x_weight(op, x, weight, eps)
+    try:  # [T, H] rows (the usual call): the views would be x and residual themselves
+        xs = x.shape
+        if (
+            len(xs) == 2
+            and residual.shape == xs
+            and residual.dtype == x.dtype
+            and (hidden <= 1 or (x.stride()[1] == 1 and residual.stride()[1] == 1))
+            and residual.device == x.device
+            and isinstance(residual, torch.Tensor)
+        ):
+            return (x, residual, weight, float(eps)), None
+    except Exception:  # the full checks say what is wrong
+        pass
     _checks.tensor(op, "residual", residual)
     if residual.shape != x.shape:
         raise ValueError(
@@ -81,6 +94,40 @@ def check_add(op: str, x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
 
 def check_qk_norm(op: str, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> Kernel:
     """q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views; weights dense [D]."""
+    try:  # the usual call ([T, H, D] q and k: their own views), each attribute read once
+        qs, ks, dt, dev = q.shape, k.shape, q.dtype, q.device
+        if (
+            type(eps) is float
+            and 0.0 < eps < math.inf
+            and len(qs) == 3
+            and len(ks) == 3
+            and ks[2] == qs[2]
+            and q_weight.shape == qs[2:]
+            and k_weight.shape == qs[2:]
+            and dt in _checks.FLOAT_DTYPES
+            and k.dtype == dt
+            and q_weight.dtype == dt
+            and k_weight.dtype == dt
+            and (
+                qs[2] <= 1
+                or (
+                    q.stride()[2] == 1
+                    and k.stride()[2] == 1
+                    and q_weight.stride()[0] == 1
+                    and k_weight.stride()[0] == 1
+                )
+            )
+            and k.device == dev
+            and q_weight.device == dev
+            and k_weight.device == dev
+            and isinstance(q, torch.Tensor)
+            and isinstance(k, torch.Tensor)
+            and isinstance(q_weight, torch.Tensor)
+            and isinstance(k_weight, torch.Tensor)
+        ):
+            return (q, k, q_weight, k_weight, eps), None
+    except Exception:  # not tensors, ...: the full checks say what is wrong
+        pass
     for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
         _checks.tensor(op, name, t)
     _checks.float_dtype(op, "q", q)

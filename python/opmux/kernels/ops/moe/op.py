@@ -77,6 +77,30 @@ def check_topk(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((w, ids, tei, has_tei, g, bias, has_bias, renormalize, softcap, bias_on_logits), (w, ids));
     absent optional tensors are passed as another (unread) tensor with its flag False."""
+    try:  # the serving call (no bias, no buffers), each attribute read once; else the full checks
+        gs, dev = g.shape, g.device
+        if (
+            correction_bias is None
+            and topk_weights is None
+            and topk_ids is None
+            and token_expert_indices is None
+            and type(topk) is int
+            and type(renormalize) is bool
+            and type(bias_on_logits) is bool
+            and type(moe_softcapping) is float
+            and 0.0 <= moe_softcapping < math.inf
+            and len(gs) == 2
+            and 0 < topk <= gs[1]
+            and g.dtype in _checks.FLOAT_DTYPES
+            and (gs[1] == 1 or g.stride()[1] == 1)
+            and isinstance(g, torch.Tensor)
+        ):
+            w = torch.empty(gs[0], topk, dtype=torch.float32, device=dev)
+            ids_ = torch.empty(gs[0], topk, dtype=torch.int32, device=dev)
+            fast = (w, ids_, ids_, False, g, g, False, renormalize, moe_softcapping, bias_on_logits)
+            return fast, (w, ids_)
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     _checks.tensor(_TK, "gating_output", g)
     _checks.float_dtype(_TK, "gating_output", g)
     if g.dim() != 2 or g.shape[1] == 0:
@@ -128,8 +152,7 @@ def check_topk(
 def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = None) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu and ids.numel():
-        lo, hi = torch.aminmax(ids)  # one pass; the rest only when something is wrong
-        if int(lo) < 0 or int(hi) >= num_experts:
+        if not _checks.in_range(ids, 0, num_experts):  # the rest only when something is wrong
             bad = ((ids < 0) | (ids >= num_experts)).nonzero()
             where = tuple(bad[0].tolist())
             raise ValueError(
@@ -137,8 +160,7 @@ def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = 
                 f"[0, {num_experts}) (num_experts)"
             )
     if expert_map is not None and expert_map.is_cpu and expert_map.numel():
-        lo, hi = torch.aminmax(expert_map)
-        if int(lo) < -1 or int(hi) >= num_experts:
+        if not _checks.in_range(expert_map, -1, num_experts):
             e = int(((expert_map < -1) | (expert_map >= num_experts)).nonzero()[0, 0])
             raise ValueError(
                 f"{_AL}: expert_map[{e}] = {int(expert_map[e])} is out of range: local expert ids are "
@@ -182,6 +204,37 @@ def check_align(
     """-> ((sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum, has_cumsum, ids,
     expert_map, has_map, block_size, num_experts, pad, unused_expert_id), the three outputs);
     absent optional tensors are passed as another (unread) tensor with its flag False."""
+    try:  # the serving call (no map, no buffers), each attribute read once; else the full checks
+        if (
+            expert_map is None
+            and sorted_token_ids is None
+            and expert_ids is None
+            and num_tokens_post_padded is None
+            and cumsum_buffer is None
+            and type(block_size) is int
+            and type(num_experts) is int
+            and type(pad_sorted_token_ids) is bool
+            and type(unused_expert_id) is int
+            and 0 < block_size < 2**31
+            and 0 < num_experts < 2**31
+            and abs(unused_expert_id) < 2**31
+            and (ids.dtype == torch.int32 or ids.dtype == torch.int64)
+            and ids.dim() == 2
+            and ids.is_contiguous()
+            and isinstance(ids, torch.Tensor)
+        ):
+            max_padded = ids.numel() + num_experts * (block_size - 1)
+            if max_padded < 2**31:
+                dev = ids.device
+                sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
+                experts = torch.empty(
+                    (max_padded + block_size - 1) // block_size, dtype=torch.int32, device=dev
+                )
+                post = torch.empty(1, dtype=torch.int32, device=dev)
+                fast = (sorted_ids, experts, post, post, False, ids, ids, False)
+                return (*fast, block_size, num_experts, True, unused_expert_id), (sorted_ids, experts, post)
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     _checks.tensor(_AL, "topk_ids", ids)
     if ids.dtype != torch.int64:
         _checks.exact_dtype(_AL, "topk_ids", ids, torch.int32)

@@ -34,6 +34,7 @@ fp8 tensors cross into the native kernels as ``uint8`` views (a DLPack-safe byte
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
@@ -152,6 +153,25 @@ def check_per_token(
     out_scale: Tensor | None = None,
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], scales [T], x2 [T, H], scale_ub or an empty tensor, divide), (q, scales))."""
+    try:  # the serving call ([T, H] rows, no buffers), each attribute read once; else the full checks
+        xs, dev = x.shape, x.device
+        if (
+            scale_ub is None
+            and out_q is None
+            and out_scale is None
+            and type(divide_by_scale) is bool
+            and len(xs) == 2
+            and xs[1] >= 1
+            and x.dtype in _checks.FLOAT_DTYPES
+            and (xs[1] == 1 or x.stride()[1] == 1)
+            and isinstance(x, torch.Tensor)
+        ):
+            t, h = xs
+            q2 = torch.empty(t, h, dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
+            s = torch.empty(t, 1, dtype=torch.float32, device=dev)
+            return (q2, s.view(t), x, _empty(dev), divide_by_scale), (q2.view(torch.float8_e4m3fn), s)
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     h = _hidden(_PT, x)
     if scale_ub is not None:
         _checks.tensor(_PT, "scale_ub", scale_ub)
@@ -277,6 +297,33 @@ def check_group(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], scales [T, G] float32 or [T, ceil(G/4)] packed int32 (any
     strides), x2 [T, H], group_size, eps, ue8m0, divide), (q, scales))."""
+    try:  # the serving call ([T, H] rows, row-major scales, no buffers); else the full checks
+        xs, dev = x.shape, x.device
+        if (
+            out_q is None
+            and out_scale is None
+            and column_major_scales is False
+            and scale_tma_aligned is False
+            and type(scale_ue8m0) is bool
+            and type(divide_by_scale) is bool
+            and type(group_size) is int
+            and group_size > 0
+            and type(eps) is float
+            and 0.0 < eps < math.inf
+            and len(xs) == 2
+            and xs[1] >= 1
+            and xs[1] % group_size == 0
+            and x.dtype in _checks.FLOAT_DTYPES
+            and (xs[1] == 1 or x.stride()[1] == 1)
+            and isinstance(x, torch.Tensor)
+        ):
+            t, h = xs
+            q2 = torch.empty(t, h, dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
+            s2 = torch.empty(t, h // group_size, dtype=torch.float32, device=dev)
+            kargs = (q2, s2, x, group_size, eps, scale_ue8m0, divide_by_scale)
+            return kargs, (q2.view(torch.float8_e4m3fn), s2)
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     h, gs, eps, x2 = _group_common(_PG, x, group_size, eps, column_major_scales, scale_tma_aligned)
     ue8m0 = _flag(_PG, "scale_ue8m0", scale_ue8m0)
     divide = _flag(_PG, "divide_by_scale", divide_by_scale)

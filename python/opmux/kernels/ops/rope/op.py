@@ -82,6 +82,37 @@ def check(
     cos_sin_cache: Tensor,
     is_neox: bool = True,
 ) -> tuple[tuple[Any, ...], None]:
+    try:  # the usual call ([T] positions, a key), each attribute read once; else the full checks
+        ps, cs, dt, dev = positions.shape, cos_sin_cache.shape, query.dtype, query.device
+        if (
+            key is not None
+            and type(head_size) is int
+            and head_size > 0
+            and type(is_neox) is bool
+            and len(ps) == 1
+            and len(cs) == 2
+            and 0 < cs[1] <= head_size
+            and cs[1] % 2 == 0
+            and positions.dtype == torch.int64
+            and dt in _checks.FLOAT_DTYPES
+            and key.dtype == dt
+            and (cos_sin_cache.dtype == torch.float32 or cos_sin_cache.dtype == dt)
+            and cos_sin_cache.stride()[1] == 1
+            and (ps[0] <= 1 or positions.stride()[0] == 1)
+            and positions.device == dev
+            and key.device == dev
+            and cos_sin_cache.device == dev
+            and isinstance(positions, torch.Tensor)
+            and isinstance(query, torch.Tensor)
+            and isinstance(key, torch.Tensor)
+            and isinstance(cos_sin_cache, torch.Tensor)
+        ):
+            q = _heads_view(query, ps[0], head_size)
+            k = _heads_view(key, ps[0], head_size)
+            if q is not None and k is not None:
+                return (positions, q, k, cos_sin_cache, is_neox), None
+    except Exception:  # not tensors, ...: the full checks say what is wrong
+        pass
     key = _no_key(positions, query, head_size) if key is None else key
     for name, t in (
         ("positions", positions),
@@ -104,6 +135,19 @@ def check(
     return (pos, q, k, cos_sin_cache, is_neox), None
 
 
+def _heads_view(t: Tensor, tokens: int, head_size: int) -> Tensor | None:
+    """``t`` ([T, H, head_size], or [T, H * head_size]) as the [T, H, head_size] view the full
+    checks make (a 3-D one as it is: the view would be itself), or None: the full checks decide."""
+    shape = t.shape
+    if shape[0] != tokens or (head_size > 1 and t.stride()[-1] != 1):
+        return None
+    if len(shape) == 3 and shape[2] == head_size:
+        return t
+    if len(shape) == 2 and shape[1] % head_size == 0:
+        return t.view(tokens, shape[1] // head_size, head_size)
+    return None
+
+
 def _no_key(positions: Tensor, query: Tensor, head_size: int) -> Tensor:
     """``key=None`` (vLLM's query-only rotation): a key with no heads, ``[*positions, 0, head_size]``;
     every backend then rotates nothing of it. Bad arguments fall through to the usual checks."""
@@ -122,7 +166,7 @@ def values(
     is_neox: bool = True,
 ) -> None:
     """Positions on the CPU are checked on the host (an accelerator's would cost a sync)."""
-    if positions.is_cpu:
+    if positions.is_cpu and not _checks.in_range(positions, 0, cos_sin_cache.shape[0]):
         _check_positions(positions.reshape(-1), cos_sin_cache.shape[0])
 
 
