@@ -274,8 +274,8 @@ def test_errors(libs):
         m["rmsnorm_cpu"](torch.empty(4, 8), x.view(2, 2, 8), w, 1e-6)
     with pytest.raises(ValueError, match=r"contiguous in its last dimension"):
         m["rmsnorm_cpu"](torch.empty(8, 4).t(), x, w, 1e-6)
-    with pytest.raises(ValueError, match=r"eps must be"):
-        m["rmsnorm_cpu"](torch.empty(4, 8), x, w, -1.0)
+    # eps's range is the Python contract's (it cannot reach out of bounds): the ABI takes any value
+    m["rmsnorm_cpu"](torch.empty(4, 8), x, w, -1.0)
     with pytest.raises(ValueError, match=r"opmux.fused_add_rmsnorm: residual.shape\[1\]|x.shape\[1\] is 8"):
         m["fused_add_rmsnorm_cpu"](x, torch.randn(4, 9), torch.randn(9), 1e-6)
     with pytest.raises(ValueError, match=r"different tensors"):

@@ -1,5 +1,7 @@
 // Argument validation for the opmux ops, shared by the CPU and CUDA units so both devices
-// reject exactly the same inputs with exactly the same messages.
+// reject exactly the same inputs with exactly the same messages. These checks guard memory
+// safety for direct callers of the native ABI (ndim, dtype, shapes, device, strides); the
+// semantic rules (scalar ranges, aliasing) are the Python argument contract's, checked once.
 #pragma once
 
 #include "opmux/common.h"
@@ -36,7 +38,7 @@ inline RowsArgs check_norm_args(const char* op, int32_t device_type, const char*
   check_last_dim_contiguous(op, "weight", weight);
   row_stride(op, a_name, a);
   row_stride(op, b_name, b);
-  check_eps(op, eps);
+  (void)eps;  // its range is the Python contract's (eps > 0): no value of it reaches out of bounds
   return r;
 }
 
