@@ -15,6 +15,9 @@ reported:
 * ``default``: the public function (``ops.<group>.<name>(...)``);
 * ``forced``: the public function with ``backend=<the chosen one>``;
 * ``torch.ops``: ``torch.ops.opmux.<name>`` (what a torch.compile'd graph without CUDA graphs runs);
+* ``torch.ops kernel``: that library op's Python kernel called directly (``torch.ops - its
+  kernel`` is then what the dispatcher adds for the op's schema: the hop, boxing every argument
+  and result);
 * ``flashinfer``: FlashInfer's function for the same op, where FlashInfer is importable (CUDA).
 
 Derived: ``dispatch`` = default - bound (goal on the CPU: <= 100 ns); forced / default and
@@ -130,14 +133,16 @@ def _full(op: Any, args: tuple[Any, ...]) -> list[Any]:
     return list(args) + [eval(p.default) for p in op.decl.params[len(args) :]]
 
 
-def _library(op: Any, args: tuple[Any, ...]) -> Callable[[], Any]:
-    """``torch.ops.opmux.<name>`` with every argument positional (defaults filled in)."""
+def _library(op: Any, args: tuple[Any, ...]) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
+    """``torch.ops.opmux.<name>`` with every argument positional (defaults filled in), and its
+    Python kernel called directly (None where the tree does not expose it)."""
     decl = op.decl
     full = _full(op, args)
     overload = getattr(torch.ops.opmux, decl.short_name).default
     if decl.has_out:
         full = full[:-1]
-    return lambda: overload(*full)
+    kernel = getattr(op, "_library_kernels", {}).get(decl.short_name)
+    return (lambda: overload(*full)), (None if kernel is None else lambda: kernel(*full))
 
 
 def _twins() -> list[tuple[str, Any]]:
@@ -188,7 +193,9 @@ class _Cell:
         paths["default"] = lambda: public(*args)
         paths["forced"] = lambda: public(*args, backend=chosen)
         if not label.startswith("("):
-            paths["torch.ops"] = _library(op, args)
+            paths["torch.ops"], kernel_alone = _library(op, args)
+            if kernel_alone is not None:
+                paths["torch.ops kernel"] = kernel_alone
             peer = _flashinfer(op.op_name) if device == "cuda" else None
             if peer is not None:
                 paths["flashinfer"] = lambda: peer(*args)
@@ -219,6 +226,8 @@ def summarize(label: str, chosen: str, samples: dict[str, list[float]]) -> dict[
     row["forced_ratio"] = round(med["forced"] / med["default"], 3)
     if "torch.ops" in med:
         row["torch_ops_ratio"] = round(med["torch.ops"] / med["default"], 3)
+    if "torch.ops kernel" in med:  # what the dispatcher adds for this schema (boxing included)
+        row["torch_ops_hop_ns"] = round(med["torch.ops"] - med["torch.ops kernel"], 1)
     if "bare" in med:
         row["over_bare_ns"] = round(med["default"] - med["bare"], 1)
     return row
@@ -409,15 +418,17 @@ def _render_hop(hop: list[dict[str, Any]]) -> str:
 
 
 def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any], cmd: str) -> str:
-    cols = ["bare", "bound", "default", "forced", "torch.ops", "flashinfer"]
+    cols = ["bare", "bound", "default", "forced", "torch.ops", "torch.ops kernel", "flashinfer"]
     cols = [c for c in cols if any(f"{c}_ns" in r for r in rows)]
     head = "| op | backend | " + " | ".join(f"{c} (ns)" for c in cols)
-    head += " | dispatch (ns) | dispatch, min (ns) | forced / default | torch.ops / default | default - bare (ns) |"
-    lines = [head, "|---|---|" + "---:|" * (len(cols) + 5)]
+    head += " | dispatch (ns) | dispatch, min (ns) | forced / default | torch.ops / default"
+    head += " | torch.ops - its kernel (ns) | default - bare (ns) |"
+    lines = [head, "|---|---|" + "---:|" * (len(cols) + 6)]
     for r in rows:
         cells = [str(r.get(f"{c}_ns", "-")) for c in cols]
         cells += [str(r["dispatch_ns"]), str(r["dispatch_min_ns"]), str(r["forced_ratio"])]
         cells.append(str(r.get("torch_ops_ratio", "-")))
+        cells.append(str(r.get("torch_ops_hop_ns", "-")))
         cells.append(str(r.get("over_bare_ns", "-")))
         lines.append(f"| {r['op']} | {r['backend']} | " + " | ".join(cells) + " |")
     sized = next(r for r in rows if r["op"].startswith("(size classes: sized)"))

@@ -316,6 +316,8 @@ class FusedOp(Generic[R]):
         self._predicate_fns: dict[str, Callable[..., str | None]] = {}
         self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
         self._library: dict[str, Any] = {}
+        #: the Python kernel of each library op (what the dispatcher calls; benchmarks time it alone)
+        self._library_kernels: dict[str, Callable[..., Any]] = {}
         self._register_library()
         #: the public function (``ops.<group>.<name>``): the hot path, or the library op under
         #: torch.compile
@@ -566,6 +568,7 @@ class FusedOp(Generic[R]):
         _LIB.impl(name, fn, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
         torch.library.register_fake(f"opmux::{name}", fake, lib=_LIB)
         self._library[name] = getattr(torch.ops.opmux, name).default
+        self._library_kernels[name] = fn
 
     def _make_public(
         self,

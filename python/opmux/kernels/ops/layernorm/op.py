@@ -32,7 +32,7 @@ def _x_weight(op: str, x: Tensor, weight: Tensor, eps: float) -> int:
             x.dtype in _checks.FLOAT_DTYPES
             and weight.dtype == x.dtype
             and weight.shape == (hidden,)
-            and (hidden < 2 or weight.stride(0) == 1)
+            and (hidden < 2 or weight.stride()[0] == 1)
             and type(eps) is float
             and 0.0 < eps < math.inf
             and x.device == weight.device
@@ -53,6 +53,25 @@ def _x_weight(op: str, x: Tensor, weight: Tensor, eps: float) -> int:
 
 
 def check_norm(op: str, x: Tensor, weight: Tensor, eps: float, out: Tensor | None) -> Kernel:
+    try:  # the serving call ([T, H] rows, no out), each attribute read once; else the full checks
+        xs, dt = x.shape, x.dtype
+        if (
+            out is None
+            and type(eps) is float
+            and 0.0 < eps < math.inf
+            and len(xs) == 2
+            and dt in _checks.FLOAT_DTYPES
+            and weight.dtype == dt
+            and weight.shape == xs[1:]
+            and (xs[1] <= 1 or (x.stride()[1] == 1 and weight.stride()[0] == 1))
+            and x.device == weight.device
+            and isinstance(x, torch.Tensor)
+            and isinstance(weight, torch.Tensor)
+        ):
+            out = torch.empty_like(x)
+            return (out, x, weight, eps), out
+    except Exception:  # not tensors, ...: the full checks say what is wrong
+        pass
     hidden = _x_weight(op, x, weight, eps)
     x2 = _checks.rows(op, "x", x, hidden)
     if out is None:
