@@ -81,7 +81,11 @@ __device__ __forceinline__ RowPtrs<T> row_ptrs(const QkParams& p, int64_t row) {
   const bool is_q = row < p.q.rows;
   const int64_t r = is_q ? row : row - p.q.rows;
   const int64_t heads = is_q ? p.q.heads : p.k.heads;
-  const int64_t t = r / heads, h = r - t * heads;
+  // 32-bit division whenever it fits (a 64-bit one is a long instruction sequence per row)
+  const int64_t t = r <= 0xffffffffLL && heads <= 0xffffffffLL
+                        ? static_cast<int64_t>(static_cast<uint32_t>(r) / static_cast<uint32_t>(heads))
+                        : r / heads;
+  const int64_t h = r - t * heads;
   T* x = static_cast<T*>(is_q ? p.q.x : p.k.x) + t * (is_q ? p.q.token_stride : p.k.token_stride) +
          h * (is_q ? p.q.head_stride : p.k.head_stride);
   return {x, x, static_cast<const T*>(is_q ? p.q.w : p.k.w)};
@@ -183,50 +187,6 @@ __global__ void __launch_bounds__(PER == 1 ? 1024 : 512) norm_reg_kernel(P p) {
                                weight_factor<GEMMA>(to_float(vw[i].v[k])));
       store_vec(a + j * VEC, o);
     }
-  }
-}
-
-// qk_norm at prefill: each group of blockDim.x (< 32) lanes holds ROWS consecutive (token,
-// head) rows, one 16-byte vector per lane per row, all loaded before any reduction (ROWS
-// independent loads in flight per thread; a row per group keeps one). Launch: hidden ==
-// blockDim.x * VEC, blockDim.y groups per block.
-template <typename T, int VEC, int ROWS, bool GEMMA, typename P>
-__global__ void __launch_bounds__(256) norm_rows_kernel(P p) {
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y) * ROWS;
-  if (row0 >= p.rows) return;  // whole group (its rows are consecutive)
-  const int tid = threadIdx.x;
-  cuda::pdl_enter();
-  Vec<T, VEC> v[ROWS], vw[ROWS];
-  T* x[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int64_t row = row0 + r < p.rows ? row0 + r : row0;  // past the end: redo the first
-    const RowPtrs<T> rp = row_ptrs<T>(p, row);
-    x[r] = rp.a;
-    v[r] = load_vec<T, VEC>(rp.b + tid * VEC);
-    vw[r] = load_vec_ro<T, VEC>(rp.w + tid * VEC);
-  }
-  float sum[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    sum[r] = 0.f;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float f = to_float(v[r].v[k]);
-      sum[r] += f * f;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) sum[r] = row_sum<true>(sum[r]);
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    if (row0 + r >= p.rows) break;
-    const float rstd = inv_rms(sum[r], p.hidden, p.eps);
-    Vec<T, VEC> o;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      o.v[k] = from_float<T>((to_float(v[r].v[k]) * rstd) * weight_factor<GEMMA>(to_float(vw[r].v[k])));
-    store_vec(x[r] + tid * VEC, o);
   }
 }
 
@@ -334,14 +294,15 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
     }
   }
   // Prefill (H200 sweep, bf16): rmsnorm from 16384 rows with 4 vectors per thread (H = 4096:
-  // 128 x 4, 131.6 us vs 135.0 for 256 x 2 at T = 32768; H = 8192 already runs 256 x 4); the
-  // fused op from 4096 rows of <= 512 vectors in the two-pass loop of 256 threads (258.7 vs
-  // 263.4 us at T = 32768, 34.4 vs 35.1 at T = 4096: the re-read hits L1).
+  // 128 x 4, 131.6 us vs 136.8 for 256 x 2 at T = 32768; H = 8192 already runs 256 x 4); the
+  // fused op from 4096 rows of 257-1024 vectors in the two-pass loop of 256 threads (the re-read
+  // hits L1; H = 4096: 260.0 vs 266.2 us at T = 32768; H = 8192: 67.9 vs 72.6 at T = 4096,
+  // 264.1 vs 286.9 at T = 16384).
   if (vec_ok && !FUSED && p.rows >= 16384 && nvec >= 4 * 32 && nvec <= 4 * kMaxThreads<FUSED>) {
     per = 4;
     use_reg = true;
   }
-  if (vec_ok && FUSED && p.rows >= 4096 && nvec > kMaxThreads<FUSED> / 2 && nvec <= kMaxThreads<FUSED>) {
+  if (vec_ok && FUSED && p.rows >= 4096 && nvec > kMaxThreads<FUSED> / 2 && nvec <= 2 * kMaxThreads<FUSED>) {
     use_reg = false;  // the loop kernel, 256 threads (below)
   }
   int threads_x;
@@ -376,18 +337,6 @@ void launch_norm(const char* op, const P& p, int32_t device_id) {
       cuda::launch(op, device_id, props, norm_reg_kernel<T, VEC8, 1, FUSED, GEMMA, P>,
                    dim3(static_cast<unsigned>(small_blocks)), dim3(32, 8), 0,
                    cuda::current_stream(device_id), p);
-      return;
-    }
-  }
-  // qk_norm at prefill (many rows of one sub-warp group each): two rows per group.
-  if constexpr (std::is_same_v<P, QkParams> && !FUSED) {
-    if (use_reg && per == 1 && threads_x < 32 && threads_x * VEC == p.hidden &&
-        p.rows >= 64 * static_cast<int64_t>(props.sm_count)) {
-      constexpr int kRows = 2;
-      const int64_t groups = (p.rows + kRows - 1) / kRows;
-      const int64_t rblocks = (groups + rows_per_block - 1) / rows_per_block;
-      cuda::launch(op, device_id, props, norm_rows_kernel<T, VEC, kRows, GEMMA, P>,
-                   dim3(static_cast<unsigned>(rblocks)), block, 0, cuda::current_stream(device_id), p);
       return;
     }
   }

@@ -267,9 +267,8 @@ fused_add_rmsnorm = declare(
     reference=partial(ref_add, gemma=False),
     torch=partial(torch_add, gemma=False),
     torch_npu=npu_fused_add,
-    # measured on the H200 (docs/benchmarks/h200.md): from ~32M elements (e.g. 4096 tokens x
-    # 8192) the Triton kernel moves bytes faster than the C++ one
-    size_priority=(("cuda", 1 << 25, ("triton", "aot", "jit", "torch")),),
+    # no size class: the C++ kernel's two-pass loop at prefill (benchmarks/tune, H200) is faster
+    # than the Triton kernel that used to take over from 2^25 elements
 )
 gemma_fused_add_rmsnorm = variant(
     fused_add_rmsnorm,
@@ -278,7 +277,6 @@ gemma_fused_add_rmsnorm = variant(
     reference=partial(ref_add, gemma=True),
     torch=partial(torch_add, gemma=True),
     torch_npu=None,
-    size_priority=(),
 )
 qk_norm = declare(
     "layernorm.qk_norm",

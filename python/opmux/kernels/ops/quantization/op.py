@@ -562,8 +562,8 @@ per_token_group_quant_fp8 = declare(
     reference=ref_group,
     torch=torch_group,
     tolerances=_TOLERANCES,
-    # measured on the H200 (docs/benchmarks/h200.md): Triton is 2-4% faster from 64M elements
-    size_priority=(("cuda", 1 << 26, ("triton", "aot", "jit", "torch")),),
+    # no size class: the C++ row-per-block kernel at prefill (benchmarks/tune, H200) is faster
+    # than the Triton kernel that used to take over from 2^26 elements
 )
 per_token_group_quant_int8 = declare(
     _PGI,
