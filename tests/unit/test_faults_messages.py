@@ -64,6 +64,10 @@ def test_native_checks_guard_direct_callers() -> None:
         torch.empty(1, dtype=torch.int32),
     )
     with pytest.raises(ValueError, match="must fit int32"):
-        moe["moe_align_block_size_cpu"](*out, torch.tensor([[4]], dtype=torch.int32), 1, 2**31)
+        ids = torch.tensor(
+            [[4]], dtype=torch.int32
+        )  # (..., cumsum, has_cumsum, ids, map, has_map, bs, E, pad, fill)
+        moe["moe_align_block_size_cpu"](*out, out[2], False, ids, ids, False, 1, 2**31, True, -1)
     with pytest.raises(ValueError, match="H and D must be at least 1"):
-        kv["reshape_and_cache_cpu"](*_kv(0, 8))
+        args = _kv(0, 8)
+        kv["reshape_and_cache_cpu"](*args, args[4], args[4], False)  # no fp8: scales unread
