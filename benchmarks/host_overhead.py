@@ -411,9 +411,11 @@ def _render_hop(hop: list[dict[str, Any]]) -> str:
     return (
         "\n## The torch library op by itself\n\nAn op whose Python kernel returns its input at once, "
         "registered each way (`library_hop` in the script): the dispatcher's round trip to a Python kernel "
-        "and back, which `torch.ops.opmux.*` pays on top of the default call's work.\n\n"
-        + "\n".join(lines)
-        + "\n"
+        "and back, which `torch.ops.opmux.*` pays on top of the default call's work. Per op, the first "
+        "table's `torch.ops - its kernel` is that cost for the op's own schema (every argument and result "
+        "is boxed, so longer signatures pay more); the library op's kernel itself costs what the default "
+        "call does (`torch.ops kernel` vs `default`). `torch.ops / default` <= 1.2 thus needs a default "
+        "call of at least five times that cost.\n\n" + "\n".join(lines) + "\n"
     )
 
 
@@ -457,6 +459,7 @@ def _render_compare(cmp: dict[str, Any]) -> str:
         ("dispatch_min_ns", "dispatch, min (ns)"),
         ("forced_ratio", "forced / default"),
         ("torch_ops_ratio", "torch.ops / default"),
+        ("over_bare_ns", "default - bare (ns)"),
     )
     head = "| op | " + " | ".join(f"{t}: before | after" for _, t in keys) + " |"
     lines = [head, "|---|" + "---:|---:|" * len(keys)]

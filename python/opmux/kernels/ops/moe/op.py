@@ -27,6 +27,7 @@ check would cost a synchronisation), so a kernel never writes out of bounds.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
@@ -149,6 +150,10 @@ def check_topk(
     return (*kargs, renormalize, cap, bias_on_logits), (w, ids)
 
 
+def _int32(device: torch.device, n: int) -> Tensor:
+    return torch.empty(n, dtype=torch.int32, device=device)
+
+
 def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = None) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu and ids.numel():
@@ -225,12 +230,11 @@ def check_align(
         ):
             max_padded = ids.numel() + num_experts * (block_size - 1)
             if max_padded < 2**31:
-                dev = ids.device
-                sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
-                experts = torch.empty(
-                    (max_padded + block_size - 1) // block_size, dtype=torch.int32, device=dev
-                )
-                post = torch.empty(1, dtype=torch.int32, device=dev)
+                # int32 ids: new_empty takes their dtype and device (no keyword parsing, ~0.3 us each)
+                new = ids.new_empty if ids.dtype == torch.int32 else partial(_int32, ids.device)
+                sorted_ids = new(max_padded)
+                experts = new((max_padded + block_size - 1) // block_size)
+                post = new(1)
                 fast = (sorted_ids, experts, post, post, False, ids, ids, False)
                 return (*fast, block_size, num_experts, True, unused_expert_id), (sorted_ids, experts, post)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
