@@ -324,7 +324,7 @@ def test_topk_softmax(backend: str, ids_dtype: torch.dtype, renorm: bool) -> Non
     torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-5)
 
 
-def test_topk_softmax_correction_bias_and_softcapping() -> None:
+def test_topk_softmax_correction_bias_and_softcapping(backend: str) -> None:
     g = _r(4, 8, seed=12, scale=4.0)
     bias = torch.linspace(-0.5, 0.5, 8)
     w, ids = torch.empty(4, 3), torch.empty(4, 3, dtype=torch.int32)
