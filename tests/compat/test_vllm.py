@@ -120,7 +120,7 @@ def test_scaled_fp8_quant_per_token_divides_bit_for_bit(backend: str) -> None:
     assert q3 is out and torch.equal(out.float(), q.float())
 
 
-def test_dynamic_per_token_divides_in_the_kernel_into_padded_buffers(backend: str) -> None:
+def test_dynamic_per_token_quant_divides_in_the_kernel_into_padded_buffers(backend: str) -> None:
     """vLLM's division (not x * (1 / s)) bit for bit on many values, written by the kernel into the
     first T rows of padded buffers (no copy: the other rows keep their bytes)."""
     x = _r(40, 512, dtype=torch.float32, scale=3.0, seed=7)
@@ -140,7 +140,7 @@ def test_dynamic_per_token_divides_in_the_kernel_into_padded_buffers(backend: st
     assert out[0, 1].float() == 1.125 and mul[0, 1] == 1.25  # the conventions differ here: vLLM's kept
 
 
-def test_static_and_dynamic_per_tensor_write_the_callers_buffers(backend: str) -> None:
+def test_static_and_dynamic_per_tensor_quant_write_the_callers_buffers(backend: str) -> None:
     x = _r(6, 96, dtype=torch.bfloat16, scale=2.0, seed=8)
     out, scale = torch.empty(6, 96, dtype=FP8), torch.empty(1)
     vllm.dynamic_scaled_fp8_quant(out, x, scale)
