@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,9 @@ SIGNATURES = {
     "gelu_and_mul": ["out", "input"],
     "gelu_tanh_and_mul": ["out", "input"],
     "rotary_embedding": ["positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"],
-    "scaled_fp8_quant": ["input", "scale", "num_token_padding", "scale_ub", "use_per_token_if_dynamic", "output"],
+    "scaled_fp8_quant": [
+        "input", "scale", "num_token_padding", "scale_ub", "use_per_token_if_dynamic", "output", "group_shape",
+    ],
     "static_scaled_fp8_quant": ["out", "input", "scale"],
     "dynamic_scaled_fp8_quant": ["out", "input", "scale"],
     "dynamic_per_token_scaled_fp8_quant": ["out", "input", "scales", "scale_ub"],
@@ -272,7 +275,7 @@ def test_reshape_and_cache_flash_auto_hnd_and_fp8(backend: str) -> None:
     assert torch.equal(v8.view(FP8).float()[0, 0], (value[2].float() / 2.0).to(FP8).float())
 
 
-def test_reshape_and_cache_paged_layout() -> None:
+def test_reshape_and_cache_paged_layout(backend: str) -> None:
     t, h, d, nb, bs, x = 3, 2, 8, 2, 4, 4
     key, value = _r(t, h, d, seed=1), _r(t, h, d, seed=2)
     slots = torch.tensor([6, 1, -1])
@@ -289,3 +292,38 @@ def test_reshape_and_cache_paged_layout() -> None:
                 assert kc[b, hh, dd // x, o, dd % x] == key[i, hh, dd]
                 assert vc[b, hh, dd, o] == value[i, hh, dd]
     assert int((kc != 0).sum()) == 2 * h * d
+    # an fp8 paged cache (x = 16 one-byte entries): fp8(x / scale)
+    k8, v8 = (
+        torch.zeros(nb, h, d // 16 or 1, bs, 16 if d >= 16 else d, dtype=torch.uint8),
+        torch.zeros(nb, h, d, bs, dtype=torch.uint8),
+    )
+    ks = torch.tensor(0.25)
+    vllm.reshape_and_cache(key, value, k8, v8, slots, "fp8", ks, ks)
+    got = k8.view(FP8).float().permute(0, 3, 1, 2, 4).reshape(nb, bs, h, d)[6 // bs, 6 % bs]
+    assert torch.equal(got, (key[0].float() / 0.25).to(FP8).float())
+    assert torch.equal(v8.view(FP8).float()[0, :, :, 1], (value[1].float() / 0.25).to(FP8).float())
+
+
+@pytest.mark.parametrize(
+    ("group_shape", "scale_shape"),
+    [(None, (1,)), ((1, -1), (16,)), ((-1, 1), (64,)), ((1, 32), (16, 2)), ((4, 16), (4, 4)), ((-1, -1), ())],
+)
+def test_static_scaled_fp8_quant_group_shapes(
+    backend: str, group_shape: Any, scale_shape: tuple[int, ...]
+) -> None:
+    """vLLM's static quant with per-tensor, per-token, per-channel and 2-D block scales: the
+    opmux kernel writes ``out``, ``x * (1 / scale)`` per block, as vLLM's kernel."""
+    t, h = 16, 64
+    x = _r(t, h, dtype=torch.bfloat16, scale=2.0, seed=9)
+    scale = torch.rand(scale_shape, generator=torch.Generator().manual_seed(3)) * 0.02 + 0.002
+    q, s = vllm.scaled_fp8_quant(x, scale=scale, group_shape=group_shape)
+    assert s is scale
+    if scale.dim() == 1 and scale.numel() > 1:
+        s2 = scale.view(1, -1) if group_shape[0] == -1 else scale.view(-1, 1)
+    else:
+        s2 = scale.reshape(1, 1) if scale.numel() == 1 else scale
+    full = s2.repeat_interleave(t // s2.shape[0], 0).repeat_interleave(h // s2.shape[1], 1)
+    assert torch.equal(q.float(), (x.float() * full.reciprocal()).clamp(-448, 448).to(FP8).float())
+    out = torch.empty(t, h, dtype=FP8)
+    vllm.static_scaled_fp8_quant(out, x, scale, group_shape)
+    assert torch.equal(out.float(), q.float())

@@ -161,13 +161,22 @@ def dynamic_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
     _quant().per_tensor_quant_fp8(x, None, q, scale)
 
 
-def static_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
-    """``out = fp8(x * (1 / scale))`` with a one-element scale."""
-    _direct.need(
-        scale.numel() == 1, f"static_scaled_fp8_quant: scale must have one element, got {tuple(scale.shape)}"
-    )
+def _static_scales(scale: Tensor, t: int, h: int, group_shape: Any) -> Tensor:
+    """vLLM's static scales as opmux's [Gm, Gn] block scales: one element (per tensor), 1-D per
+    token ([T], ``group_shape`` (1, -1)) or per channel ([H], (-1, 1)), or 2-D as given."""
+    if scale.dim() != 1 or scale.numel() == 1:
+        return scale
+    per_channel = group_shape is not None and group_shape[0] != 1
+    if group_shape is None:
+        per_channel = scale.numel() == h and scale.numel() != t
+    return scale.view(1, -1) if per_channel else scale.view(-1, 1)
+
+
+def static_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor, group_shape: Any = None) -> None:
+    """``out = fp8(x * (1 / scale))`` with a static scale: one element, per token, per channel or
+    2-D group scales (``group_shape``), by opmux's ``static_quant_fp8`` kernel."""
     x, q = _rows_of(out, input)
-    _quant().per_tensor_quant_fp8(x, scale, q, scale)  # the scale "written" is the same value
+    _quant().static_quant_fp8(x, _static_scales(scale, x.shape[0], x.shape[1], group_shape), q)
 
 
 def scaled_fp8_quant(
@@ -177,9 +186,11 @@ def scaled_fp8_quant(
     scale_ub: Tensor | None = None,
     use_per_token_if_dynamic: bool = False,
     output: Tensor | None = None,
+    group_shape: Any = None,
 ) -> tuple[Tensor, Tensor]:
-    """vLLM's entry point: static (``scale`` given), dynamic per-tensor, or dynamic per-token;
-    ``num_token_padding`` pads the output rows; ``output`` is written when given."""
+    """vLLM's entry point: static (``scale`` given: per tensor, per token, per channel or 2-D
+    groups, ``group_shape``), dynamic per-tensor, or dynamic per-token; ``num_token_padding``
+    pads the output rows; ``output`` is written when given."""
     assert input.ndim == 2, f"input must be 2D, got {input.ndim}D"
     shape: tuple[int, ...] = tuple(input.shape)
     if num_token_padding:
@@ -197,8 +208,7 @@ def scaled_fp8_quant(
             scale = torch.empty(1, device=input.device, dtype=torch.float32)
             dynamic_scaled_fp8_quant(output, input, scale)
     else:
-        assert scale.numel() == 1, f"{scale.shape}"
-        static_scaled_fp8_quant(output, input, scale)
+        static_scaled_fp8_quant(output, input, scale, group_shape)
     return output, scale
 
 
@@ -286,12 +296,6 @@ def _fp8_cache(kv_cache_dtype: str) -> bool:
     raise NotImplementedError(f"kv_cache_dtype {kv_cache_dtype!r}: opmux supports 'auto', 'fp8', 'fp8_e4m3'")
 
 
-def _scaled(x: Tensor, scale: Tensor, cache: Tensor) -> Tensor:
-    """fp8 cache entries: ``fp8(x / scale)`` saturated, as the cache's own dtype (uint8 bytes)."""
-    y = (x.float() / scale.float().reshape(())).clamp_(-_fp8.FP8_MAX, _fp8.FP8_MAX).to(torch.float8_e4m3fn)
-    return y.view(cache.dtype) if cache.dtype in (torch.uint8, torch.float8_e4m3fn) else y
-
-
 def _f32(scale: Tensor) -> Tensor:
     return scale if scale.dtype == torch.float32 else scale.float()
 
@@ -348,19 +352,9 @@ def reshape_and_cache(
     v_scale: Tensor,
 ) -> None:
     """vLLM's paged layout: ``key_cache [num_blocks, H, D // x, block_size, x]``,
-    ``value_cache [num_blocks, H, D, block_size]`` (a torch scatter: opmux's kernel writes the
-    NHD layout of ``reshape_and_cache_flash``)."""
-    fp8 = _fp8_cache(kv_cache_dtype)
-    h, d = key.shape[1:]
-    x = key_cache.shape[-1]
-    bs = value_cache.shape[-1]
-    slots = slot_mapping.long()
-    keep = slots >= 0
-    s = slots[keep]
-    blk, off = s // bs, s % bs
-    k, v = key[keep], value[keep]
-    if fp8:
-        k, v = _scaled(k, k_scale, key_cache), _scaled(v, v_scale, value_cache)
-    # key: [n, H, D] -> [n, H, D/x, x] written at [blk, :, :, off, :]
-    key_cache.permute(0, 3, 1, 2, 4)[blk, off] = k.reshape(-1, h, d // x, x).to(key_cache.dtype)
-    value_cache.permute(0, 3, 1, 2)[blk, off] = v.to(value_cache.dtype)
+    ``value_cache [num_blocks, H, D, block_size]``; ``auto`` or ``fp8`` as
+    ``reshape_and_cache_flash`` (opmux's ``kvcache.reshape_and_cache`` kernel takes this layout:
+    a 5-D key cache)."""
+    reshape_and_cache_flash(
+        key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale
+    )

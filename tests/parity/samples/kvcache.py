@@ -87,6 +87,18 @@ def reshape_and_cache_samples(device: str, dtype: torch.dtype) -> list[Sample]:
             {"k_scale": torch.tensor(1.5, device=device), "v_scale": torch.tensor(0.25, device=device)},
         ),
     ]
+    # vLLM's paged layout (reshape_and_cache): key [nb, H, D/x, bs, x] (x: 16 bytes), value [nb, H, D, bs]
+    x = 16 // torch.empty((), dtype=dtype).element_size()
+    kp = torch.randn((nb, h, d // x, bs, x), generator=g).to(dtype=dtype, device=device)
+    vp = torch.randn((nb, h, d, bs), generator=g).to(dtype=dtype, device=device)
+    out.append(Sample("paged-layout", (key, value, kp, vp, slots.to(device))))
+    out.append(
+        Sample(
+            "paged-fp8",
+            (key, big, fp8_cache(nb, h, d // 16, bs, 16), fp8_cache(nb, h, d, bs), slots.to(device)),
+            {"k_scale": torch.tensor(0.05, device=device), "v_scale": torch.tensor(0.5, device=device)},
+        )
+    )
     return out
 
 

@@ -1,7 +1,8 @@
-// reshape_and_cache for CPU tensors (vLLM's reshape_and_cache_flash): key/value rows copied into
-// the cache slot given by slot_mapping; slot -1 skips a token. Caches are [num_blocks,
-// block_size, H, D] views with a dense head_dim and any block / page / head strides (NHD, or HND
-// passed as its permuted view). An fp8 cache (e4m3fn bytes) gets fp8(x / scale): an IEEE
+// reshape_and_cache for CPU tensors (vLLM's reshape_and_cache_flash, and reshape_and_cache's paged
+// layout): key/value rows copied into the cache slot given by slot_mapping; slot -1 skips a token.
+// Caches are [num_blocks, block_size, H, D] views with a dense head_dim and any block / page /
+// head strides (NHD, or HND passed as its permuted view), or vLLM's paged key [num_blocks, H,
+// D/x, block_size, x] with value [num_blocks, H, D, block_size]. An fp8 cache (e4m3fn bytes) gets fp8(x / scale): an IEEE
 // division, saturated to +-448 (vLLM's convention). Every slot is validated before the first
 // write: an out-of-range slot raises ValueError naming it and leaves the caches untouched.
 // Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
@@ -23,6 +24,15 @@ struct CacheLayout {
   int64_t k_tok, k_head, v_tok, v_head;  // key / value strides
   int64_t kc_block, kc_page, kc_head;    // key cache strides (block, offset in block, head)
   int64_t vc_block, vc_page, vc_head;    // value cache strides
+  // element d of a head row at (d / x) * dhi + (d % x) * dlo: x = D, dlo = 1 for NHD / HND
+  // (set by default); vLLM's paged key has chunks of x, its paged value a d stride of bs
+  int64_t kc_dhi = 0, kc_dlo = 1, kx = 0, vc_dhi = 0, vc_dlo = 1, vx = 0;  // x = 0: head_dim
+};
+
+// Where one cache's head rows go.
+struct RowDst {
+  int64_t head, dhi, dlo, x;
+  bool dense(int64_t head_dim) const { return dlo == 1 && x == head_dim; }
 };
 
 // The first t whose slot is neither -1 nor in [0, num_slots), or -1 when all are valid.
@@ -33,14 +43,37 @@ inline int64_t first_bad_slot(const int64_t* slots, int64_t tokens, int64_t num_
 }
 
 // One token's rows into one cache (elements of `elt` bytes): one copy when both sides hold the
-// heads as one row of H * D elements, else one per head.
-inline void copy_token(char* dst, int64_t dst_head, const char* src, int64_t src_head, const CacheLayout& a) {
+// heads as one row of H * D elements, one per head for dense head rows, one per chunk of x
+// (vLLM's paged key) or per element (its paged value) otherwise.
+inline void copy_token(char* dst, const RowDst& o, const char* src, int64_t src_head, const CacheLayout& a) {
   const int64_t elt = a.elt_bytes, row = a.head_dim * elt;
-  if (a.heads == 1 || (dst_head == a.head_dim && src_head == a.head_dim)) {
-    std::memcpy(dst, src, a.heads * row);
+  if (o.dense(a.head_dim)) {
+    if (a.heads == 1 || (o.head == a.head_dim && src_head == a.head_dim)) {
+      std::memcpy(dst, src, a.heads * row);
+      return;
+    }
+    for (int64_t h = 0; h < a.heads; ++h) std::memcpy(dst + h * o.head * elt, src + h * src_head * elt, row);
     return;
   }
-  for (int64_t h = 0; h < a.heads; ++h) std::memcpy(dst + h * dst_head * elt, src + h * src_head * elt, row);
+  for (int64_t h = 0; h < a.heads; ++h) {
+    char* d0 = dst + h * o.head * elt;
+    const char* s0 = src + h * src_head * elt;
+    for (int64_t c = 0; c < a.head_dim; c += o.x) {
+      char* dc = d0 + (c / o.x) * o.dhi * elt;
+      if (o.dlo == 1) {
+        std::memcpy(dc, s0 + c * elt, o.x * elt);
+      } else {
+        for (int64_t i = 0; i < o.x; ++i) std::memcpy(dc + i * o.dlo * elt, s0 + (c + i) * elt, elt);
+      }
+    }
+  }
+}
+
+inline RowDst key_dst(const CacheLayout& a) {
+  return {a.kc_head, a.kc_dhi, a.kc_dlo, a.kx > 0 ? a.kx : a.head_dim};
+}
+inline RowDst value_dst(const CacheLayout& a) {
+  return {a.vc_head, a.vc_dhi, a.vc_dlo, a.vx > 0 ? a.vx : a.head_dim};
 }
 
 // Copies every token with a slot >= 0 (slots already validated); caches of key's dtype.
@@ -48,6 +81,7 @@ inline void reshape_and_cache_impl(const char* k, const char* v, char* kc, char*
                                    const int64_t* slots, const CacheLayout& a) {
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
   const int64_t elt = a.elt_bytes;
+  const RowDst ko = key_dst(a), vo = value_dst(a);
   const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 16);
   (void)parallel;
 #ifdef _OPENMP
@@ -57,8 +91,8 @@ inline void reshape_and_cache_impl(const char* k, const char* v, char* kc, char*
     const int64_t s = slots[t];
     if (s < 0) continue;
     const int64_t blk = s / a.block_size, off = s % a.block_size;
-    copy_token(kc + (blk * a.kc_block + off * a.kc_page) * elt, a.kc_head, k + t * a.k_tok * elt, a.k_head, a);
-    copy_token(vc + (blk * a.vc_block + off * a.vc_page) * elt, a.vc_head, v + t * a.v_tok * elt, a.v_head, a);
+    copy_token(kc + (blk * a.kc_block + off * a.kc_page) * elt, ko, k + t * a.k_tok * elt, a.k_head, a);
+    copy_token(vc + (blk * a.vc_block + off * a.vc_page) * elt, vo, v + t * a.v_tok * elt, a.v_head, a);
   }
 }
 
@@ -68,11 +102,23 @@ inline void quantize_row(uint8_t* q, const T* x, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) q[i] = cpu::float_to_e4m3fn_branchless(cpu::to_float(x[i]) / scale);
 }
 
+// One head row into its place: dense, or element d at (d / x) * dhi + (d % x) * dlo.
+template <typename T>
+inline void quantize_head(uint8_t* q, const RowDst& o, const T* x, int64_t n, float scale) {
+  if (o.dense(n)) {
+    quantize_row(q, x, n, scale);
+    return;
+  }
+  for (int64_t d = 0; d < n; ++d)
+    q[(d / o.x) * o.dhi + (d % o.x) * o.dlo] = cpu::float_to_e4m3fn(cpu::to_float(x[d]) / scale);
+}
+
 // The same for an fp8 cache: caches hold e4m3fn bytes (strides in bytes = elements).
 template <typename T>
 void reshape_and_cache_fp8_impl(const T* k, const T* v, uint8_t* kc, uint8_t* vc, const int64_t* slots,
                                 const CacheLayout& a, float k_scale, float v_scale) {
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
+  const RowDst ko = key_dst(a), vo = value_dst(a);
   const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 15);
   (void)parallel;
 #ifdef _OPENMP
@@ -85,8 +131,8 @@ void reshape_and_cache_fp8_impl(const T* k, const T* v, uint8_t* kc, uint8_t* vc
     uint8_t* kd = kc + blk * a.kc_block + off * a.kc_page;
     uint8_t* vd = vc + blk * a.vc_block + off * a.vc_page;
     for (int64_t h = 0; h < a.heads; ++h) {
-      quantize_row(kd + h * a.kc_head, k + t * a.k_tok + h * a.k_head, a.head_dim, k_scale);
-      quantize_row(vd + h * a.vc_head, v + t * a.v_tok + h * a.v_head, a.head_dim, v_scale);
+      quantize_head(kd + h * a.kc_head, ko, k + t * a.k_tok + h * a.k_head, a.head_dim, k_scale);
+      quantize_head(vd + h * a.vc_head, vo, v + t * a.v_tok + h * a.v_head, a.head_dim, v_scale);
     }
   }
 }
@@ -130,6 +176,12 @@ void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cach
   l.vc_block = a.vc[0];
   l.vc_page = a.vc[1];
   l.vc_head = a.vc[2];
+  l.kc_dhi = a.kc[3];
+  l.kc_dlo = a.kc[4];
+  l.kx = a.kx;
+  l.vc_dhi = a.vc[3];
+  l.vc_dlo = a.vc[4];
+  l.vx = a.vx;
   if (!fp8) {
     reshape_and_cache_impl(data_ptr<const char>(key), data_ptr<const char>(value), data_ptr<char>(key_cache),
                            data_ptr<char>(value_cache), slots, l);

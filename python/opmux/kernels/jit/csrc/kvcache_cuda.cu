@@ -1,6 +1,8 @@
-// reshape_and_cache for CUDA tensors (vLLM's reshape_and_cache_flash). Caches are [num_blocks,
-// block_size, H, D] views with a dense head_dim and any block / page / head strides (NHD, or HND
-// passed as its permuted view). One block per token; its threads copy the token's H*D key and
+// reshape_and_cache for CUDA tensors (vLLM's reshape_and_cache_flash, and reshape_and_cache's
+// paged layout). Caches are [num_blocks, block_size, H, D] views with a dense head_dim and any
+// block / page / head strides (NHD, or HND passed as its permuted view), or vLLM's paged key
+// [num_blocks, H, D/x, block_size, x] with value [num_blocks, H, D, block_size] (its value rows
+// are strided: the scalar path). One block per token; its threads copy the token's H*D key and
 // value elements as 16-byte vectors (scalar path when D, a pointer or a stride is not a multiple
 // of the vector); head h of the slot lands at block * block_stride + offset * page_stride +
 // h * head_stride. An fp8 cache (e4m3fn bytes) gets e4m3(x / scale) (IEEE division, saturated,
@@ -31,7 +33,10 @@ struct CacheParams {
   const float* k_scale;  // fp8 caches only
   const float* v_scale;
   int64_t k_tok, k_head, v_tok, v_head;  // elements of key / value
-  int64_t kcs[3], vcs[3];                // cache strides (block, offset in block, head), cache elements
+  // cache strides (cache elements) of block, offset in block, head, d / x, d % x: element d of a
+  // head row at (d / x) * [3] + (d % x) * [4] (x = D, [4] = 1 but for vLLM's paged layout)
+  int64_t kcs[5], vcs[5];
+  int kx, vx;
   int64_t num_slots;
   int block_size, heads, head_dim;
 };
@@ -71,8 +76,9 @@ __global__ void __launch_bounds__(256) reshape_and_cache_kernel(CacheParams p) {
     for (int u = 0; u < kU; ++u) {
       const int j = base + u * blockDim.x;
       if (j < nvec) {
-        C* kd = kc + h[u] * p.kcs[2] + c[u];
-        C* vd = vc + h[u] * p.vcs[2] + c[u];
+        // VEC > 1 only where the VEC elements are adjacent in the cache (x a multiple of VEC)
+        C* kd = kc + h[u] * p.kcs[2] + (c[u] / p.kx) * p.kcs[3] + (c[u] % p.kx) * p.kcs[4];
+        C* vd = vc + h[u] * p.vcs[2] + (c[u] / p.vx) * p.vcs[3] + (c[u] % p.vx) * p.vcs[4];
         if constexpr (FP8) {
           cuda::store_fp8_div<T, VEC>(kd, a[u], ks);
           cuda::store_fp8_div<T, VEC>(vd, b[u], vs);
@@ -94,7 +100,8 @@ void launch_cache(const char* op, const CacheParams& p, int64_t tokens, int32_t 
   bool vec_ok = p.head_dim % VEC == 0 && cuda::aligned(p.k, 16) && cuda::aligned(p.v, 16) &&
                 cuda::aligned(p.kc, CV) && cuda::aligned(p.vc, CV) && (p.k_tok * B) % 16 == 0 &&
                 (p.k_head * B) % 16 == 0 && (p.v_tok * B) % 16 == 0 && (p.v_head * B) % 16 == 0;
-  for (int d = 0; d < 3; ++d) vec_ok = vec_ok && (p.kcs[d] * CB) % CV == 0 && (p.vcs[d] * CB) % CV == 0;
+  vec_ok = vec_ok && p.kcs[4] == 1 && p.vcs[4] == 1 && p.kx % VEC == 0 && p.vx % VEC == 0;
+  for (int d = 0; d < 4; ++d) vec_ok = vec_ok && (p.kcs[d] * CB) % CV == 0 && (p.vcs[d] * CB) % CV == 0;
   const int nvec = p.heads * p.head_dim / (vec_ok ? VEC : 1);
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
@@ -131,10 +138,12 @@ void reshape_and_cache_cuda(TensorView key, TensorView value, TensorView key_cac
   p.k_head = a.k_head;
   p.v_tok = a.v_tok;
   p.v_head = a.v_head;
-  for (int d = 0; d < 3; ++d) {
+  for (int d = 0; d < 5; ++d) {
     p.kcs[d] = a.kc[d];
     p.vcs[d] = a.vc[d];
   }
+  p.kx = static_cast<int>(a.kx);
+  p.vx = static_cast<int>(a.vx);
   p.num_slots = a.num_blocks * a.block_size;
   p.block_size = static_cast<int>(a.block_size);
   p.heads = static_cast<int>(a.heads);

@@ -8,7 +8,9 @@ dense head_dim and any other (non-negative) strides: the NHD layout, or the HND 
 pads with -1) skips the token. Slots must be distinct (which token lands in a repeated slot is
 unspecified). The caches have key's dtype, or are float8_e4m3fn with ``k_scale`` / ``v_scale``
 (float32, one element each): entries are ``fp8(x / scale)`` (an IEEE division, saturated to
-+-448), vLLM's ``kv_cache_dtype="fp8"`` convention.
++-448), vLLM's ``kv_cache_dtype="fp8"`` convention. A 5-D ``key_cache`` is vLLM's paged layout of
+``reshape_and_cache``: key ``[num_blocks, H, D // x, block_size, x]`` (x dense), value
+``[num_blocks, H, D, block_size]``.
 
 Out-of-range slots (``>= num_blocks * block_size`` or ``< -1``): CPU tensors raise ValueError
 naming the first bad slot BEFORE anything is written. CUDA kernels do not check on the host
@@ -146,11 +148,24 @@ def check(
         )
     if value.shape != key.shape:
         raise ValueError(f"{_OP}: value has shape {tuple(value.shape)}, expected {tuple(key.shape)} like key")
-    if key_cache.dim() != 4 or key_cache.shape[2:] != (h, d):
+    paged = key_cache.dim() == 5
+    if paged:  # vLLM's paged layout: key [nb, H, D/x, bs, x], value [nb, H, D, bs]
+        nb, _, _, bs, x = key_cache.shape
+        if x < 1 or d % x or key_cache.shape[1:3] != (h, d // x):
+            raise ValueError(
+                f"{_OP}: key_cache has shape {tuple(key_cache.shape)}, expected the paged "
+                f"[num_blocks, {h}, {d} // x, block_size, x] with x dividing {d}"
+            )
+        if value_cache.shape != (nb, h, d, bs):
+            raise ValueError(
+                f"{_OP}: value_cache has shape {tuple(value_cache.shape)}, expected the paged [{nb}, {h}, {d}, {bs}]"
+            )
+    elif key_cache.dim() != 4 or key_cache.shape[2:] != (h, d):
         raise ValueError(
             f"{_OP}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, block_size, {h}, {d}]"
+            " (or vLLM's paged [num_blocks, H, D // x, block_size, x])"
         )
-    if value_cache.shape != key_cache.shape:
+    elif value_cache.shape != key_cache.shape:
         raise ValueError(
             f"{_OP}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)}"
         )
@@ -162,7 +177,11 @@ def check(
                 f"{_OP}: {name} has a non-contiguous last dimension (stride {x.stride(-1)}); pass .contiguous()"
             )
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if (d > 1 and c.stride(3) != 1) or min(c.stride()) < 0:
+        if min(c.stride()) < 0:
+            raise ValueError(f"{_OP}: {name} has strides {c.stride()}; no stride may be negative")
+        if paged and c is key_cache and key_cache.shape[4] > 1 and key_cache.stride(4) != 1:
+            raise ValueError(f"{_OP}: key_cache has strides {c.stride()}; its x dimension must be dense")
+        if not paged and d > 1 and c.stride(3) != 1:
             raise ValueError(
                 f"{_OP}: {name} has strides {c.stride()}; its head_dim must be dense (stride 1) and no "
                 f"stride negative (NHD [num_blocks, block_size, H, D] and HND [num_blocks, H, block_size, D] "
@@ -183,7 +202,11 @@ def values(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
 ) -> None:
-    _check_slots(slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+    _check_slots(slot_mapping, key_cache.shape[0] * _block_size(key_cache))
+
+
+def _block_size(key_cache: Tensor) -> int:
+    return int(key_cache.shape[3] if key_cache.dim() == 5 else key_cache.shape[1])
 
 
 def _entries(x: Tensor, scale: Tensor | None, cache: Tensor) -> Tensor:
@@ -195,9 +218,16 @@ def _entries(x: Tensor, scale: Tensor | None, cache: Tensor) -> Tensor:
     return y if cache.dtype == torch.float8_e4m3fn else y.to(cache.dtype)
 
 
-def _put(cache: Tensor, blk: Tensor, off: Tensor, rows: Tensor) -> None:
+def _put(cache: Tensor, blk: Tensor, off: Tensor, rows: Tensor, paged: bool = False) -> None:
+    """cache[blk, off] = rows [n, H, D]; a paged cache is written through its permuted view (key
+    [nb, H, D/x, bs, x]: rows as [n, H, D/x, x]; value [nb, H, D, bs])."""
     if cache.dtype == torch.float8_e4m3fn:  # index_put has no fp8 kernel: write the bytes
-        cache.view(torch.uint8).index_put_((blk, off), rows.view(torch.uint8))
+        cache, rows = cache.view(torch.uint8), rows.view(torch.uint8)
+    if paged and cache.dim() == 5:
+        n, h = rows.shape[:2]
+        cache.permute(0, 3, 1, 2, 4).index_put_((blk, off), rows.reshape(n, h, -1, cache.shape[4]))
+    elif paged:
+        cache.permute(0, 3, 1, 2).index_put_((blk, off), rows)
     else:
         cache.index_put_((blk, off), rows)
 
@@ -211,13 +241,13 @@ def reference(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
 ) -> None:
-    nb, bs = key_cache.shape[:2]
+    nb, bs, paged = key_cache.shape[0], _block_size(key_cache), key_cache.dim() == 5
     _check_slots(slot_mapping.cpu(), nb * bs)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     blk, off = slots // bs, slots % bs
-    _put(key_cache, blk, off, _entries(key[keep], k_scale, key_cache))
-    _put(value_cache, blk, off, _entries(value[keep], v_scale, value_cache))
+    _put(key_cache, blk, off, _entries(key[keep], k_scale, key_cache), paged)
+    _put(value_cache, blk, off, _entries(value[keep], v_scale, value_cache), paged)
 
 
 def torch_write(
@@ -230,12 +260,12 @@ def torch_write(
     v_scale: Tensor,
     fp8: bool,
 ) -> None:
-    nb, bs = key_cache.shape[:2]
+    nb, bs, paged = key_cache.shape[0], _block_size(key_cache), key_cache.dim() == 5
     keep = (slot_mapping >= 0) & (slot_mapping < nb * bs)  # CUDA: skip bad slots (CPU raised)
     slots = slot_mapping[keep]
     blk, off = slots // bs, slots % bs
-    _put(key_cache, blk, off, _entries(key[keep], k_scale if fp8 else None, key_cache))
-    _put(value_cache, blk, off, _entries(value[keep], v_scale if fp8 else None, value_cache))
+    _put(key_cache, blk, off, _entries(key[keep], k_scale if fp8 else None, key_cache), paged)
+    _put(value_cache, blk, off, _entries(value[keep], v_scale if fp8 else None, value_cache), paged)
 
 
 reshape_and_cache = declare(
@@ -243,7 +273,7 @@ reshape_and_cache = declare(
     "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(a!) value_cache, Tensor slot_mapping, "
     "Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
     doc="key/value [T, H, D] -> key_cache/value_cache[slot // bs, slot % bs] (slot -1: skip); "
-    "NHD or HND caches (any head/page strides); fp8 cache: fp8(x / scale)",
+    "NHD or HND caches (any head/page strides) or vLLM's paged layout; fp8 cache: fp8(x / scale)",
     check=check,
     values=values,
     reference=reference,

@@ -1,7 +1,9 @@
 """Triton reshape_and_cache (imported only when the triton backend first runs).
 
 Program (t, c) copies chunk c of token t's H*D key and value elements to the cache slot, head
-h at ``block * block_stride + offset * page_stride + h * head_stride`` (NHD and HND caches alike);
+h at ``block * block_stride + offset * page_stride + h * head_stride`` (NHD and HND caches alike),
+element d of the head at ``(d // x) * chunk_stride + (d % x) * element_stride`` (x = D, unit stride
+but for vLLM's paged layout);
 a negative or out-of-range slot masks every store (the token is skipped). An fp8 cache gets
 ``fp8(x / scale)``: an IEEE division, saturated to +-448, rounded to nearest even on the e4m3
 grid in fp32 before the cast (the same bits on GPUs and in the CPU interpreter).
@@ -56,9 +58,15 @@ def _reshape_and_cache(
     kcb,
     kcp,
     kch,
+    kchi,
+    kclo,
+    kx,
     vcb,
     vcp,
     vch,
+    vchi,
+    vclo,
+    vx,
     NSLOTS,
     BS,
     H,
@@ -83,8 +91,10 @@ def _reshape_and_cache(
     if FP8:
         ks = tl.load(KS)
         vs = tl.load(VS)
-    _store(KC + blk * kcb + off * kcp + h * kch + d, k, ks, mask, FP8)
-    _store(VC + blk * vcb + off * vcp + h * vch + d, v, vs, mask, FP8)
+    kd = (d // kx) * kchi + (d % kx) * kclo  # element d of a head row (chunks of x: vLLM's paged key)
+    vd = (d // vx) * vchi + (d % vx) * vclo
+    _store(KC + blk * kcb + off * kcp + h * kch + kd, k, ks, mask, FP8)
+    _store(VC + blk * vcb + off * vcp + h * vch + vd, v, vs, mask, FP8)
 
 
 def reshape_and_cache(
@@ -98,7 +108,16 @@ def reshape_and_cache(
     fp8: bool,
 ) -> None:
     t, h, d = key.shape
-    nb, bs = key_cache.shape[:2]
+    if key_cache.dim() == 5:  # vLLM's paged layout: key [nb, H, D/x, bs, x], value [nb, H, D, bs]
+        nb, bs = key_cache.shape[0], key_cache.shape[3]
+        s0, s1, s2, s3, s4 = key_cache.stride()
+        kst = (s0, s3, s1, s2, s4, key_cache.shape[4])
+        v0, v1, v2, v3 = value_cache.stride()
+        vst = (v0, v3, v1, 0, v2, d)
+    else:  # [nb, bs, H, D] with any strides but D's
+        nb, bs = key_cache.shape[:2]
+        kst = (*key_cache.stride()[:3], 0, 1, d)
+        vst = (*value_cache.stride()[:3], 0, 1, d)
     if t == 0 or h * d == 0:
         return
     block = min(1024, triton.next_power_of_2(h * d))
@@ -115,8 +134,8 @@ def reshape_and_cache(
         key.stride(1),
         value.stride(0),
         value.stride(1),
-        *key_cache.stride()[:3],
-        *value_cache.stride()[:3],
+        *kst,
+        *vst,
         nb * bs,
         bs,
         h,
