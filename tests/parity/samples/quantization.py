@@ -114,6 +114,35 @@ def per_tensor_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample
     return out
 
 
+def static_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(15)
+
+    def sc(*shape: int) -> torch.Tensor:
+        return (torch.rand(shape, generator=g) * 0.02 + 0.001).to(device=device)
+
+    out = [
+        Sample("per-tensor", (_randn((4, 96), dtype, device, g), sc(1))),
+        Sample("per-tensor-0-dim", (_randn((3, 33), dtype, device, g), sc(1).reshape(()))),
+        Sample("per-tensor-2d", (_randn((3, 40), dtype, device, g), sc(1, 1))),
+        Sample("per-token", (_randn((6, 64), dtype, device, g), sc(6, 1))),
+        Sample("per-channel", (_randn((5, 48), dtype, device, g), sc(1, 48))),
+        Sample("blocks-2x4", (_randn((8, 64), dtype, device, g), sc(4, 4))),
+        Sample("blocks-odd-group-7", (_randn((6, 21), dtype, device, g), sc(3, 3))),
+        Sample("scale-strided", (_randn((4, 64), dtype, device, g), sc(4, 2).t().contiguous().t())),
+        Sample("3d-leading", (_randn((2, 3, 32), dtype, device, g), sc(3, 2))),
+        Sample("saturates", (_randn((4, 32), dtype, device, g, 10.0), sc(2, 2) * 0.01)),
+        Sample("empty-batch", (_randn((0, 32), dtype, device, g), sc(1, 2))),
+        Sample("strided-rows", (_randn((6, 320), dtype, device, g)[:, :160], sc(3, 5))),
+        Sample("hidden-4099", (_randn((2, 4099), dtype, device, g), sc(1, 1))),
+        Sample(
+            "out",
+            (_randn((5, 64), dtype, device, g), sc(5, 2)),
+            {"out": torch.zeros((10, 64), dtype=FP8, device=device)[::2]},
+        ),
+    ]
+    return out
+
+
 def _group_cases(device: str, dtype: torch.dtype, g: torch.Generator) -> list[Sample]:
     """Cases every group op takes (fp8 and int8)."""
     out = [
@@ -367,5 +396,35 @@ def per_token_group_quant_int8_invalid(device: str) -> Invalid:
             {"out_scale": torch.empty(4, 1, dtype=torch.int32, device=device)},
             TypeError,
             "needs scale_ue8m0",
+        ),
+    ]
+
+
+def static_quant_fp8_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 64, device=device)
+    return [
+        (
+            "int-dtype",
+            (torch.ones(4, 16, dtype=torch.int32, device=device), torch.ones(1, device=device)),
+            {},
+            TypeError,
+            "dtype",
+        ),
+        (
+            "scale-dtype",
+            (x, torch.ones(1, dtype=torch.float16, device=device)),
+            {},
+            TypeError,
+            "scale has dtype",
+        ),
+        ("scale-not-dividing", (x, torch.ones(3, 2, device=device)), {}, ValueError, "must divide"),
+        ("scale-3d", (x, torch.ones(1, 1, 1, device=device)), {}, ValueError, "expected one element or"),
+        ("scale-1d", (x, torch.ones(4, device=device)), {}, ValueError, "expected one element or"),
+        (
+            "out-dtype",
+            (x, torch.ones(1, device=device)),
+            {"out": torch.empty(4, 64, device=device)},
+            TypeError,
+            "out has dtype",
         ),
     ]

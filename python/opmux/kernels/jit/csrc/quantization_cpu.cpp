@@ -4,6 +4,7 @@
 //   per_token_group_quant_fp8_cpu(q, scales, x, group_size, eps, ue8m0, divide): scale per group
 //     (float32 scales with any strides, or sgl-kernel's packed int32 UE8M0 exponents)
 //   per_token_group_quant_int8_cpu(q, scales, x, group_size, eps): int8, truncated
+//   static_quant_fp8_cpu(q, x, scale, group_m, group_n): static scales of [group_m, group_n] blocks
 // Same fp32 arithmetic as the torch reference (amax, IEEE division, q = x * (1 / scale), or
 // x / scale with `divide`), so scales match bit for bit and q matches up to the fp8 rounding,
 // which is exact here.
@@ -322,6 +323,33 @@ void per_tensor_impl(uint8_t* q, float* s, const T* x, const QuantRows& a, const
   *s = scale;
 }
 
+// Static block scales: element [r, h] uses scale[(r / gm) * s_i + (h / gn) * s_j]; q = x * (1 / s).
+template <typename T>
+void static_impl(uint8_t* q, const T* x, const QuantRows& a, const float* s, int64_t s_i, int64_t s_j,
+                 int64_t gm, int64_t gn) {
+  const int64_t groups = a.hidden / gn;
+  const int nt = threads_of<T>(a), level = cpu::vec_level();
+  (void)nt, (void)level;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* srow = s + (r / gm) * s_i;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float inv = 1.0f / srow[g * s_j];
+      uint8_t* qg = q + r * a.q_stride + g * gn;
+      const T* xg = x + r * a.x_stride + g * gn;
+#if OPMUX_CPU_VEC512
+      if (level >= 1) {
+        v512::scaled_row(qg, xg, gn, inv);
+        continue;
+      }
+#endif
+      scaled_row(qg, xg, gn, inv);
+    }
+  }
+}
+
 // Group scales through `so` (float32 any strides, or packed UE8M0); gs divides hidden. Q is
 // uint8_t (fp8 bytes, qmax 448) or int8_t (qmax 127).
 template <typename T, typename Q>
@@ -406,6 +434,28 @@ void per_tensor_quant_fp8_cpu(TensorView q, TensorView scale, TensorView x, Tens
   });
 }
 
+void static_quant_fp8_cpu(TensorView q, TensorView x, TensorView scale, int64_t group_m, int64_t group_n) {
+  const char* op = "opmux.static_quant_fp8";
+  check_device(op, kDLCPU, {{"q", &q}, {"x", &x}, {"scale", &scale}});
+  QuantArgs a = check_quant_args(op, q, x);
+  check_float32(op, "scale", scale);
+  check_ndim(op, "scale", scale, 2);
+  if (group_m <= 0 || group_n <= 0 || a.hidden % group_n != 0 || scale.size(1) != a.hidden / group_n ||
+      scale.size(0) * group_m < a.rows) {
+    TVM_FFI_THROW(ValueError) << op << ": scale [" << scale.size(0) << ", " << scale.size(1)
+                              << "] with groups " << group_m << " x " << group_n << " does not cover x ["
+                              << a.rows << ", " << a.hidden << "]";
+  }
+  const int64_t s_i = scale.size(0) > 1 ? scale.stride(0) : 0;
+  const int64_t s_j = scale.size(1) > 1 ? scale.stride(1) : 0;
+  if (s_i < 0 || s_j < 0) TVM_FFI_THROW(ValueError) << op << ": scale must have non-negative strides";
+  if (a.rows == 0) return;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    static_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<const scalar_t>(x), rows_of(a),
+                          data_ptr<const float>(scale), s_i, s_j, group_m, group_n);
+  });
+}
+
 template <typename Q>
 void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, int64_t group_size,
                  double eps, bool ue8m0, bool divide) {
@@ -443,6 +493,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cpu, opmux::quantization_cpu::
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cpu, opmux::quantization_cpu::per_tensor_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cpu,
                               opmux::quantization_cpu::per_token_group_quant_fp8_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cpu, opmux::quantization_cpu::static_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cpu,
                               opmux::quantization_cpu::per_token_group_quant_int8_cpu);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -243,6 +243,61 @@ void launch_per_tensor(const char* op, TensorParams p, int hidden, int32_t devic
   }
 }
 
+// static_quant_fp8_cuda(q, x, scale, group_m, group_n): static block scales; element [r, h] uses
+// scale[(r / group_m) * s_i + (h / group_n) * s_j], q = e4m3(x * (1 / s)) (vLLM's static quant with
+// a group shape). One block per row, grid-strided over 16-byte vectors; one reciprocal per vector
+// (VEC divides group_n on the vector path, so a vector never spans two groups).
+struct StaticParams {
+  uint8_t* q;
+  const void* x;
+  const float* s;
+  int64_t x_stride;   // elements
+  int64_t q_stride;   // bytes
+  int64_t s_i, s_j;   // scale strides (elements), 0 for a size-1 dim
+  int64_t gm;         // rows per scale row
+  int gn;             // columns per scale column
+  int nvec;           // vectors per row
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) static_kernel(StaticParams p) {
+  const int64_t row = blockIdx.x;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
+  uint8_t* __restrict__ q = p.q + row * p.q_stride;
+  const float* __restrict__ srow = p.s + (row / p.gm) * p.s_i;
+  cuda::pdl_enter();
+  int cached_g = -1;
+  float inv = 0.f;
+  for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < p.nvec; j += gridDim.y * blockDim.x) {
+    const int g = j * VEC / p.gn;
+    if (g != cached_g) {
+      inv = 1.0f / __ldg(srow + static_cast<int64_t>(g) * p.s_j);
+      cached_g = g;
+    }
+    store_fp8<T, VEC>(q + j * VEC, load_vec<T, VEC>(x + j * VEC), inv);
+  }
+}
+
+template <typename T>
+void launch_static(const char* op, StaticParams p, int64_t rows, int hidden, int32_t device_id) {
+  constexpr int VEC = cuda::kVec16<T>;
+  const bool vec_ok = p.gn % VEC == 0 && hidden % VEC == 0 && cuda::aligned(p.x, 16) &&
+                      (p.x_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                      cuda::aligned(p.q, VEC) && p.q_stride % VEC == 0;
+  p.nvec = vec_ok ? hidden / VEC : hidden;
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  const cudaStream_t stream = cuda::current_stream(device_id);
+  const int block = std::min(256, std::max(32, (p.nvec + 31) / 32 * 32));
+  const int64_t ytiles = std::min<int64_t>(65535, (p.nvec + 4LL * block - 1) / (4LL * block));  // <= 4 vectors a thread
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(ytiles));
+  if (vec_ok) {
+    cuda::launch(op, device_id, props, static_kernel<T, VEC>, grid, dim3(block), 0, stream, p);
+  } else {
+    cuda::launch(op, device_id, props, static_kernel<T, 1>, grid, dim3(block), 0, stream, p);
+  }
+}
+
 struct GroupParams {
   void* q;            // uint8_t (fp8 bytes) or int8_t
   void* s;            // float32 scales, or (packed) int32 words of four UE8M0 bytes
@@ -511,6 +566,37 @@ void per_tensor_quant_fp8_cuda(TensorView q, TensorView scale, TensorView x, Ten
                        [&] { launch_per_tensor<scalar_t>(op, p, static_cast<int>(a.hidden), dev); });
 }
 
+void static_quant_fp8_cuda(TensorView q, TensorView x, TensorView scale, int64_t group_m, int64_t group_n,
+                           bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.static_quant_fp8";
+  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"x", &x}, {"scale", &scale}});
+  QuantArgs a = check_cuda_quant_args(op, q, x);
+  check_float32(op, "scale", scale);
+  check_ndim(op, "scale", scale, 2);
+  if (group_m <= 0 || group_n <= 0 || a.hidden % group_n != 0 || scale.size(1) != a.hidden / group_n ||
+      scale.size(0) * group_m < a.rows) {
+    TVM_FFI_THROW(ValueError) << op << ": scale [" << scale.size(0) << ", " << scale.size(1)
+                              << "] with groups " << group_m << " x " << group_n << " does not cover x ["
+                              << a.rows << ", " << a.hidden << "]";
+  }
+  StaticParams p;
+  p.s_i = scale.size(0) > 1 ? scale.stride(0) : 0;
+  p.s_j = scale.size(1) > 1 ? scale.stride(1) : 0;
+  if (p.s_i < 0 || p.s_j < 0) TVM_FFI_THROW(ValueError) << op << ": scale must have non-negative strides";
+  if (a.rows == 0) return;
+  p.q = data_ptr<uint8_t>(q);
+  p.x = data_ptr<const void>(x);
+  p.s = data_ptr<const float>(scale);
+  p.x_stride = a.x_stride;
+  p.q_stride = a.q_stride;
+  p.gm = group_m;
+  p.gn = static_cast<int>(group_n);
+  p.nvec = 0;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_static<scalar_t>(op, p, a.rows, static_cast<int>(a.hidden), dev); });
+}
+
 template <typename Q>
 void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, int64_t group_size, double eps,
                  bool ue8m0, bool divide) {
@@ -564,5 +650,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cuda, opmux::quantization_cuda
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cuda, opmux::quantization_cuda::per_tensor_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cuda,
                               opmux::quantization_cuda::per_token_group_quant_fp8_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cuda, opmux::quantization_cuda::static_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cuda,
                               opmux::quantization_cuda::per_token_group_quant_int8_cuda);

@@ -5,7 +5,11 @@ Semantics (all backends, computed in fp32):
 * per token: ``amax = max |x[t, :]|`` (clamped to ``scale_ub`` when given),
   ``scale = max(amax / 448, 1 / (448 * 512))``;
 * per tensor: dynamic ``scale = max |x| / 448`` over the whole tensor (an all-zero tensor gets
-  scale 0, hence NaN outputs, as in both engines), or static: the caller's one-element ``scale``;
+  scale 0, hence NaN outputs), or static: the caller's one-element ``scale``;
+* static with group scales (``static_quant_fp8``): ``scale`` [Gm, Gn] (any strides; Gm divides
+  the rows T, Gn the hidden size H): element [t, h] uses ``scale[t // (T / Gm), h // (H / Gn)]``,
+  i.e. per tensor ([1, 1]), per token ([T, 1]), per channel ([1, H]) or 2-D blocks, as vLLM's
+  ``static_scaled_fp8_quant`` with a ``group_shape``;
 * per token group: ``scale = max(max |x[t, group]|, eps) / M`` (M = 448 for fp8, 127 for int8);
   with ``scale_ue8m0`` the scale is rounded UP to a power of two (exactly, on its bits: the
   UE8M0 format of DeepGEMM / sgl-kernel) and q is computed against the rounded scale;
@@ -51,6 +55,7 @@ _PT = "quantization.per_token_quant_fp8"
 _PTT = "quantization.per_tensor_quant_fp8"
 _PG = "quantization.per_token_group_quant_fp8"
 _PGI = "quantization.per_token_group_quant_int8"
+_PS = "quantization.static_quant_fp8"
 
 FP8_MAX = 448.0
 INT8_MAX = 127.0
@@ -103,14 +108,14 @@ def _not_compiling(op: str, *bufs: Tensor | None) -> None:
         )
 
 
-def _out_q(op: str, x: Tensor, out_q: Tensor, h: int, dtype: torch.dtype) -> Tensor:
+def _out_q(op: str, x: Tensor, out_q: Tensor, h: int, dtype: torch.dtype, name: str = "out_q") -> Tensor:
     """The caller's q buffer as the [T, H] rows view the kernels write."""
-    _checks.tensor(op, "out_q", out_q)
-    _checks.exact_dtype(op, "out_q", out_q, dtype)
+    _checks.tensor(op, name, out_q)
+    _checks.exact_dtype(op, name, out_q, dtype)
     if out_q.shape != x.shape:
-        raise ValueError(f"{op}: out_q has shape {tuple(out_q.shape)}, expected {tuple(x.shape)} like x")
-    _checks.same_device(op, "x", x, out_q=out_q)
-    return _checks.rows(op, "out_q", out_q, h)
+        raise ValueError(f"{op}: {name} has shape {tuple(out_q.shape)}, expected {tuple(x.shape)} like x")
+    _checks.same_device(op, "x", x, **{name: out_q})
+    return _checks.rows(op, name, out_q, h)
 
 
 def _out_vector(op: str, x: Tensor, s: Tensor, n: int, what: str) -> Tensor:
@@ -229,6 +234,37 @@ def check_per_tensor(
         s, s1 = out_scale, _out_vector(_PTT, x, out_scale, 1, "one per tensor")
     static = _empty(x.device) if scale is None else scale.reshape(1)
     return (q2.view(torch.uint8), s1, x2, static), (q, s)
+
+
+def check_static(op: str, x: Tensor, scale: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Any]:
+    """-> ((q2 as uint8 [T, H], x2 [T, H], scale2 [Gm, Gn] (any strides), group_m, group_n), q)."""
+    h = _hidden(_PS, x)
+    _checks.tensor(_PS, "scale", scale)
+    _checks.exact_dtype(_PS, "scale", scale, torch.float32)
+    _checks.same_device(_PS, "x", x, scale=scale)
+    x2 = _checks.rows(_PS, "x", x, h)
+    t = x2.shape[0]
+    if scale.dim() <= 1 and scale.numel() == 1:
+        s2 = scale.reshape(1, 1)
+    elif scale.dim() == 2:
+        s2 = scale
+    else:
+        raise ValueError(
+            f"{_PS}: scale has shape {tuple(scale.shape)}, expected one element or [Gm, Gn] (2-D group scales)"
+        )
+    gm_n, gn_n = s2.shape
+    if gm_n == 0 or gn_n == 0 or t % gm_n or h % gn_n:
+        raise ValueError(
+            f"{_PS}: scale has shape {tuple(scale.shape)}: its dims must divide x's rows and hidden size {(t, h)}"
+        )
+    if min(s2.stride()) < 0:
+        raise ValueError(f"{_PS}: scale has negative strides {s2.stride()}")
+    if out is None:
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        q2 = q.view(-1, h)
+    else:
+        q, q2 = out, _out_q(_PS, x, out, h, torch.float8_e4m3fn, "out")
+    return (q2.view(torch.uint8), x2, s2, max(t // gm_n, 1), h // gn_n), q
 
 
 def _group_common(
@@ -425,6 +461,18 @@ def ref_per_tensor(
     return _write(out_q, _to_fp8(xf * s.reciprocal())), _write(out_scale, s.clone())
 
 
+def _expand_scale(scale: Tensor, t: int, h: int) -> Tensor:
+    s2 = scale.float().reshape(1, 1) if scale.numel() == 1 and scale.dim() <= 1 else scale.float()
+    return s2.repeat_interleave(t // s2.shape[0], 0).repeat_interleave(h // s2.shape[1], 1)
+
+
+def ref_static(x: Tensor, scale: Tensor, out: Tensor | None = None) -> Tensor:
+    h = x.shape[-1]
+    xf = x.float().reshape(-1, h)
+    q = _to_fp8(xf * _expand_scale(scale, xf.shape[0], h).reciprocal()).view(x.shape)
+    return q if out is None else out.copy_(q)
+
+
 def _ref_group_scale(x: Tensor, group_size: int, eps: float, maxv: float, ue: bool) -> tuple[Tensor, Tensor]:
     h = x.shape[-1]
     xg = x.float().reshape(*x.shape[:-1], h // group_size, group_size)
@@ -500,6 +548,12 @@ def torch_per_tensor(q: Tensor, s: Tensor, x: Tensor, static: Tensor) -> None:
     s.copy_(scale.reshape(1))
 
 
+def torch_static(q: Tensor, x: Tensor, s: Tensor, gm: int, gn: int) -> None:
+    xf = x.float()
+    inv = s.repeat_interleave(gm, 0)[: x.shape[0]].repeat_interleave(gn, 1).reciprocal()
+    q.view(torch.float8_e4m3fn).copy_(torch.clamp(xf * inv, -FP8_MAX, FP8_MAX))
+
+
 def _torch_group_scale(x: Tensor, gs: int, eps: float, maxv: float, ue: bool) -> tuple[Tensor, Tensor]:
     xg = x.float().reshape(x.shape[0], x.shape[1] // gs, gs)
     amax = torch.linalg.vector_norm(xg, float("inf"), dim=-1, keepdim=True)
@@ -573,5 +627,14 @@ per_token_group_quant_int8 = declare(
     check=check_group_int8,
     reference=ref_group_int8,
     torch=torch_group_int8,
+    tolerances=_TOLERANCES,
+)
+static_quant_fp8 = declare(
+    _PS,
+    "(Tensor x, Tensor scale, Tensor(a!)? out=None) -> Tensor",
+    doc="x: [..., H], scale [Gm, Gn] (or one element) -> q fp8 [..., H]; q = x * (1 / scale of its block)",
+    check=check_static,
+    reference=ref_static,
+    torch=torch_static,
     tolerances=_TOLERANCES,
 )

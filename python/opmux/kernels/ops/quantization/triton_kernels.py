@@ -145,6 +145,18 @@ def _tensor_scaled(X, Q, S, ST, sx, sq, N, STATIC: tl.constexpr, BLOCK: tl.const
 
 
 @triton.jit
+def _static_blocks(X, Q, S, sx, sq, ssi, ssj, N, GM, GN, BLOCK: tl.constexpr):
+    """q = e4m3(x * (1 / s)) with s = S[(row // GM) * ssi + (col // GN) * ssj]."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(S + (row // GM) * ssi + (cols // GN) * ssj, mask=mask, other=1.0)
+    inv = tl.math.div_rn(tl.full([BLOCK], 1.0, tl.float32), s)
+    _store_fp8(Q + row * sq + cols, _quantize(x, inv), mask)
+
+
+@triton.jit
 def _per_group(
     X,
     Q,
@@ -306,3 +318,27 @@ def per_token_group_quant_int8(
     q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, gs: int, eps: float
 ) -> None:
     per_token_group_quant(x, q, s, gs, eps)
+
+
+def static_quant_fp8(q: torch.Tensor, x: torch.Tensor, s: torch.Tensor, gm: int, gn: int) -> None:
+    """q (uint8), x: [rows, N], unit last stride; s: [Gm, Gn] any strides."""
+    rows, n = x.shape
+    if rows == 0:
+        return
+    block = min(_CHUNK, triton.next_power_of_2(n))
+    ssi = s.stride(0) if s.shape[0] > 1 else 0
+    ssj = s.stride(1) if s.shape[1] > 1 else 0
+    _static_blocks[(rows, triton.cdiv(n, block))](
+        x,
+        q.view(torch.float8_e4m3fn),
+        s,
+        x.stride(0),
+        q.stride(0),
+        ssi,
+        ssj,
+        n,
+        gm,
+        gn,
+        BLOCK=block,
+        num_warps=4,
+    )
