@@ -1,4 +1,4 @@
-"""fp8 (e4m3fn) and int8 quantization: per token, per tensor (dynamic or static) and per token group.
+"""fp8 (e4m3fn) and int8 quantization: per token, per tensor (dynamic or static), static block scales and per token group.
 
 >>> import torch
 >>> from opmux.kernels.ops.quantization import per_token_quant_fp8
