@@ -1,8 +1,9 @@
 """sgl_kernel's names and signatures, running opmux's kernels (docs/compat.md).
 
 ``import opmux.compat.sgl_kernel as sgl_kernel`` (or the upstream-test shim) and call as you
-would sgl_kernel: outputs go into the buffers you pass; ``enable_pdl`` is accepted everywhere
-(programmatic dependent launch is a no-op off CUDA and in these kernels today). The conventions
+would sgl_kernel: outputs go into the buffers you pass; ``enable_pdl`` is accepted wherever
+sgl_kernel takes it and passed to the op (programmatic dependent launch on sm_90+; None = on
+there, as FlashInfer's default; a no-op off CUDA). The conventions
 are sgl_kernel's where they differ from opmux's native API: MoE alignment writes expert id 0 in
 unused blocks (opmux: -1) and fills ``cumsum_buffer``. Importing this module imports no torch.
 """
@@ -56,14 +57,14 @@ def rmsnorm(
     enable_pdl: bool | None = None,
 ) -> Tensor:
     """``out = input / RMS(input) * weight``; writes ``out`` when given."""
-    return _ops("layernorm").rmsnorm(input, weight, float(eps), out)  # type: ignore[no-any-return]
+    return _ops("layernorm").rmsnorm(input, weight, float(eps), out, enable_pdl=enable_pdl)  # type: ignore[no-any-return]
 
 
 def fused_add_rmsnorm(
     input: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, enable_pdl: bool | None = None
 ) -> None:
     """``residual += input; input = residual / RMS(residual) * weight``, in place."""
-    _ops("layernorm").fused_add_rmsnorm(input, residual, weight, float(eps))
+    _ops("layernorm").fused_add_rmsnorm(input, residual, weight, float(eps), enable_pdl=enable_pdl)
 
 
 def gemma_rmsnorm(
@@ -74,13 +75,13 @@ def gemma_rmsnorm(
     enable_pdl: bool | None = None,
 ) -> Tensor:
     """``out = input / RMS(input) * (1 + weight)``."""
-    return _ops("layernorm").gemma_rmsnorm(input, weight, float(eps), out)  # type: ignore[no-any-return]
+    return _ops("layernorm").gemma_rmsnorm(input, weight, float(eps), out, enable_pdl=enable_pdl)  # type: ignore[no-any-return]
 
 
 def gemma_fused_add_rmsnorm(
     input: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, enable_pdl: bool | None = None
 ) -> None:
-    _ops("layernorm").gemma_fused_add_rmsnorm(input, residual, weight, float(eps))
+    _ops("layernorm").gemma_fused_add_rmsnorm(input, residual, weight, float(eps), enable_pdl=enable_pdl)
 
 
 # -- activations ------------------------------------------------------------------------------
