@@ -2,7 +2,8 @@
 # On the H200: the cu13 wheel the release rehearsal built (copied to .reh/, with tests/tools/benchmarks
 # of the same commit under .reh/src via `git archive HEAD tests tools benchmarks` and the peer and
 # apache-tvm-ffi wheels under .reh/whl), carried as [".reh"]: parity-cuda, then benchmarks/host_overhead.py.
-# STAGES (default "parity host") picks the stages; "chain" runs benchmarks/bench_chain.py, the
+# STAGES (default "parity host") picks the stages; "bench" runs benchmarks/bench_gpu.py (OUT/bench.*,
+# OUT/bench.log; arguments from $BENCH_ARGS, default --budget-s 420); "chain" runs benchmarks/bench_chain.py, the
 # decoder-layer chains (OUT/bench_chain.{json,md}, OUT/chain.log; arguments from $CHAIN_ARGS, default
 # --budget-s 360), e.g. `STAGES=chain OUT=$OUT bash .reh/src/benchmarks/h200_rehearsed_wheel.sh`.
 # "ncu" runs benchmarks/ncu_gaps.py (Nsight Compute profiles of the cases where opmux's default is
@@ -20,12 +21,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 cd /tmp
 python3 -c "import opmux; i=opmux.build_info(); print(i['commit'], i['cuda'])"
 python3 -m opmux.kernels.jit prewarm --device cuda -j 12 --budget 200 2>&1 | tail -2
-prc=0 hrc=0 crc=0 nrc=0
+prc=0 brc=0 hrc=0 crc=0 nrc=0
 if [[ " $STAGES " == *" parity "* ]]; then
     start=$(date +%s)
     python3 -m pytest $R/src/tests/parity --target cuda --matrix-out "$OUT/cuda.json" -p no:cacheprovider --import-mode=importlib -q -ra --rootdir $R/src 2>&1 | tee "$OUT/parity.log" | tail -4
     prc=${PIPESTATUS[0]}
     echo "== parity $(( $(date +%s) - start )) s rc=$prc"
+fi
+if [[ " $STAGES " == *" bench "* ]]; then
+    start=$(date +%s)
+    # shellcheck disable=SC2086  # BENCH_ARGS: words on purpose
+    timeout 540 python3 $R/src/benchmarks/bench_gpu.py --out "$OUT" ${BENCH_ARGS:---budget-s 420} 2>&1 | tee "$OUT/bench.log" | grep -v '^ ' | tail -30
+    brc=${PIPESTATUS[0]}
+    echo "== bench $(( $(date +%s) - start )) s rc=$brc"
 fi
 if [[ " $STAGES " == *" host "* ]]; then
     start=$(date +%s)
@@ -49,4 +57,4 @@ if [[ " $STAGES " == *" ncu "* ]]; then
     nrc=${PIPESTATUS[0]}
     echo "== ncu $(( $(date +%s) - start )) s rc=$nrc"
 fi
-exit $(( prc || hrc || crc || nrc ))
+exit $(( prc || brc || hrc || crc || nrc ))
