@@ -171,10 +171,10 @@ def check(
         )
     if slot_mapping.shape != (t,):
         raise ValueError(f"{_OP}: slot_mapping has shape {tuple(slot_mapping.shape)}, expected [{t}]")
-    for name, x in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
-        if x.shape[-1] > 1 and x.stride(-1) != 1:
+    for name, r in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
+        if r.shape[-1] > 1 and r.stride(-1) != 1:
             raise ValueError(
-                f"{_OP}: {name} has a non-contiguous last dimension (stride {x.stride(-1)}); pass .contiguous()"
+                f"{_OP}: {name} has a non-contiguous last dimension (stride {r.stride(-1)}); pass .contiguous()"
             )
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         if min(c.stride()) < 0:

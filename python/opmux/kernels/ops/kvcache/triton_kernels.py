@@ -108,6 +108,8 @@ def reshape_and_cache(
     fp8: bool,
 ) -> None:
     t, h, d = key.shape
+    kst: tuple[int, ...]
+    vst: tuple[int, ...]
     if key_cache.dim() == 5:  # vLLM's paged layout: key [nb, H, D/x, bs, x], value [nb, H, D, bs]
         nb, bs = key_cache.shape[0], key_cache.shape[3]
         s0, s1, s2, s3, s4 = key_cache.stride()
