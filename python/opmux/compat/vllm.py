@@ -156,9 +156,10 @@ def dynamic_per_token_scaled_fp8_quant(
 
 
 def dynamic_scaled_fp8_quant(out: Tensor, input: Tensor, scale: Tensor) -> None:
-    """Per-tensor: ``scale = amax / 448`` (written), ``out = fp8(x * (1 / scale))``."""
+    """Per-tensor: ``scale = amax / 448`` (written to its first element: vLLM's opcheck passes a
+    [T, 1] buffer), ``out = fp8(x * (1 / scale))``."""
     x, q = _rows_of(out, input)
-    _quant().per_tensor_quant_fp8(x, None, q, scale)
+    _quant().per_tensor_quant_fp8(x, None, q, scale if scale.numel() == 1 else scale.view(-1)[:1])
 
 
 def _static_scales(scale: Tensor, t: int, h: int, group_shape: Any) -> Tensor:
