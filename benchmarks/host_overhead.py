@@ -67,8 +67,12 @@ def _args(op: str, dev: str, h: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (torch.zeros(1, dtype=torch.long, device=dev), r(1, 32 * 128), r(1, 8 * 128), 128, cache), {}
     if op == "quantization.per_token_quant_fp8":
         return (r(1, h),), {}
-    if op == "quantization.per_token_group_quant_fp8":
+    if op in ("quantization.per_token_group_quant_fp8", "quantization.per_token_group_quant_int8"):
         return (r(1, h), 128), {}
+    if op == "quantization.per_tensor_quant_fp8":
+        return (r(1, h),), {}
+    if op == "quantization.static_quant_fp8":
+        return (r(1, h), torch.ones(1, 1, device=dev)), {}
     if op == "moe.topk_softmax":
         return (torch.randn(1, 64, device=dev), 8), {}
     if op == "moe.moe_align_block_size":
@@ -239,7 +243,10 @@ def cells(device: str, n: int, ops: list[str]) -> list[_Cell]:
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     h = 4096 if device == "cuda" else 128
-    targets = [(name, op_instance(name)) for name in ops] + _twins()
+    from opmux.kernels import registry
+
+    known = set(registry.all_ops())  # a --baseline tree may predate some ops: they are left out
+    targets = [(name, op_instance(name)) for name in ops if name in known] + _twins()
     return [_Cell(label, op, device, h, n, sync) for label, op in targets]
 
 

@@ -214,6 +214,23 @@ def check_per_tensor(
     out_scale: Tensor | None = None,
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], out scale [1], x2 [T, H], static scale [1] or an empty tensor), (q, scale))."""
+    try:  # the dynamic serving call ([T, H] rows, no buffers), each attribute read once
+        xs, dev = x.shape, x.device
+        if (
+            scale is None
+            and out_q is None
+            and out_scale is None
+            and len(xs) == 2
+            and xs[1] >= 1
+            and x.dtype in _checks.FLOAT_DTYPES
+            and (xs[1] == 1 or x.stride()[1] == 1)
+            and isinstance(x, torch.Tensor)
+        ):
+            q2 = torch.empty(xs[0], xs[1], dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
+            s = torch.empty(1, dtype=torch.float32, device=dev)
+            return (q2, s, x, _empty(dev)), (q2.view(torch.float8_e4m3fn), s)
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     h = _hidden(_PTT, x)
     if scale is not None:
         _checks.tensor(_PTT, "scale", scale)
@@ -393,6 +410,29 @@ def check_group_int8(
     out_scale: Tensor | None = None,
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 int8 [T, H], scales [T, G] float32 (any strides), x2 [T, H], group_size, eps), (q, scales))."""
+    try:  # the serving call ([T, H] rows, row-major scales, no buffers); else the full checks
+        xs, dev = x.shape, x.device
+        if (
+            out_q is None
+            and out_scale is None
+            and column_major_scales is False
+            and scale_tma_aligned is False
+            and type(group_size) is int
+            and group_size > 0
+            and type(eps) is float
+            and 0.0 < eps < math.inf
+            and len(xs) == 2
+            and xs[1] >= 1
+            and xs[1] % group_size == 0
+            and x.dtype in _checks.FLOAT_DTYPES
+            and (xs[1] == 1 or x.stride()[1] == 1)
+            and isinstance(x, torch.Tensor)
+        ):
+            q = torch.empty(xs[0], xs[1], dtype=torch.int8, device=dev)
+            s2 = torch.empty(xs[0], xs[1] // group_size, dtype=torch.float32, device=dev)
+            return (q, s2, x, group_size, eps), (q, s2)
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     h, gs, eps, x2 = _group_common(_PGI, x, group_size, eps, column_major_scales, scale_tma_aligned)
     t, g = x2.shape[0], h // gs
     if out_q is not None or out_scale is not None:
