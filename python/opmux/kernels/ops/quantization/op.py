@@ -255,6 +255,29 @@ def check_per_tensor(
 
 def check_static(op: str, x: Tensor, scale: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], x2 [T, H], scale2 [Gm, Gn] (any strides), group_m, group_n), q)."""
+    try:  # the serving call ([T, H] rows, [Gm, Gn] scales, no out), each attribute read once
+        xs, ss, dev = x.shape, scale.shape, x.device
+        if (
+            out is None
+            and len(xs) == 2
+            and len(ss) == 2
+            and xs[1] >= 1
+            and ss[0] > 0
+            and ss[1] > 0
+            and xs[0] % ss[0] == 0
+            and xs[1] % ss[1] == 0
+            and x.dtype in _checks.FLOAT_DTYPES
+            and scale.dtype == torch.float32
+            and (xs[1] == 1 or x.stride()[1] == 1)
+            and min(scale.stride()) >= 0
+            and scale.device == dev
+            and isinstance(x, torch.Tensor)
+            and isinstance(scale, torch.Tensor)
+        ):
+            q2 = torch.empty(xs[0], xs[1], dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
+            return (q2, x, scale, max(xs[0] // ss[0], 1), xs[1] // ss[1]), q2.view(torch.float8_e4m3fn)
+    except Exception:  # not tensors, ...: the full checks say what is wrong
+        pass
     h = _hidden(_PS, x)
     _checks.tensor(_PS, "scale", scale)
     _checks.exact_dtype(_PS, "scale", scale, torch.float32)
@@ -619,13 +642,16 @@ def torch_group_int8(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float) -> No
 
 #: Scales (float32) are computed from the exact row/group max with IEEE division in every
 #: backend, so they agree to fp32 rounding whatever the input dtype. The fp8 output is compared
-#: as float with one e4m3 ulp of slack (see ``_common.FP8_E4M3_TOLERANCE``); int8 and packed
-#: UE8M0 outputs must match exactly.
+#: as float with one e4m3 ulp of slack (see ``_common.FP8_E4M3_TOLERANCE``); int8 outputs with
+#: one unit (truncation toward zero turns a last-bit difference of ``x * (1 / scale)`` between two
+#: devices' arithmetic into one unit, as on the H200 against the CPU-checked values; vLLM's int8
+#: tests allow the same); packed UE8M0 outputs must match exactly.
 _TOLERANCES = (
     ("float32", (1e-6, 1e-6)),
     ("float16", (1e-6, 1e-6)),
     ("bfloat16", (1e-6, 1e-6)),
     FP8_E4M3_TOLERANCE,
+    ("int8", (1.0, 0.0)),
 )
 per_token_quant_fp8 = declare(
     _PT,
