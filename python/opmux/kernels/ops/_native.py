@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from ..errors import BackendUnavailable
 
-__all__ = ["AOT", "JIT", "PDL_DEFAULT", "NativeLoader", "pdl_dispatch", "run_with_pdl", "with_pdl"]
+__all__ = ["AOT", "JIT", "NativeLoader"]
 
 
 @dataclass(frozen=True)
@@ -54,46 +54,6 @@ class NativeLoader:
         except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable) as exc:
             raise BackendUnavailable("jit", f"{type(exc).__name__}: {exc}") from exc
         return mod[name]
-
-
-#: the flag a CUDA kernel bound by ``with_pdl`` passes: True ("where the GPU and the binary
-#: support it": the C++ launcher checks sm_90+ and the binary's PTX). A call with an explicit
-#: ``enable_pdl`` that has no cached kernel yet sets it around its dispatch (``pdl_dispatch``);
-#: PDL changes when a kernel may start, never its result, so a race on it is harmless.
-PDL_DEFAULT = [True]
-
-
-def with_pdl(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A CUDA kernel as every caller calls it, ``kernel(*kernel_args)``: the C++ entry points
-    take a trailing ``enable_pdl`` (as FlashInfer's). The raw entry point stays reachable as
-    ``__wrapped__`` for callers that pass the flag themselves (``run_with_pdl``)."""
-    flag = PDL_DEFAULT
-
-    def call(*args: Any) -> Any:
-        return fn(*args, flag[0])
-
-    call.__wrapped__ = fn  # type: ignore[attr-defined]
-    return call
-
-
-def run_with_pdl(kernel: Callable[..., Any], kargs: tuple[Any, ...], enable_pdl: Any) -> None:
-    """``kernel(*kargs)`` with an explicit ``enable_pdl`` (ignored by kernels without the flag:
-    CPU, Triton, torch)."""
-    raw = getattr(kernel, "__wrapped__", None)
-    if raw is None:
-        kernel(*kargs)
-    else:
-        raw(*kargs, bool(enable_pdl))
-
-
-def pdl_dispatch(enable_pdl: Any, dispatch: Callable[..., Any], *args: Any) -> Any:
-    """The full dispatch of a call with an explicit ``enable_pdl`` (its first call)."""
-    old = PDL_DEFAULT[0]
-    PDL_DEFAULT[0] = bool(enable_pdl)
-    try:
-        return dispatch(*args)
-    finally:
-        PDL_DEFAULT[0] = old
 
 
 AOT = NativeLoader("aot")
