@@ -84,8 +84,16 @@ __device__ __forceinline__ float ue8m0_round(float s) {
 // like the reference. Tested on the bits, so fast-math flags cannot fold it away.
 __device__ __forceinline__ bool is_nan(float v) { return (__float_as_uint(v) & 0x7FFFFFFFu) > 0x7F800000u; }
 
+// One instruction on sm_80+ (max.NaN.f32); the bit tests cost ~6 per element, which made the
+// quantization kernels ALU-bound (H200: per-token fp8 at T = 32768, 128 us vs 93 with fmaxf).
 __device__ __forceinline__ float nan_max(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
   return is_nan(a) || is_nan(b) ? __uint_as_float(0x7FC00000u) : fmaxf(a, b);
+#endif
 }
 
 __device__ __forceinline__ float warp_max(float v) {
