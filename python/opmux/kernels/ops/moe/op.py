@@ -102,6 +102,9 @@ def check_topk(
             return fast, (w, ids_)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
+    _checks.no_caller_outputs_when_compiling(
+        _TK, "topk_weights / topk_ids / token_expert_indices", topk_weights, topk_ids, token_expert_indices
+    )
     _checks.tensor(_TK, "gating_output", g)
     _checks.float_dtype(_TK, "gating_output", g)
     if g.dim() != 2 or g.shape[1] == 0:
@@ -239,6 +242,14 @@ def check_align(
                 return (*fast, block_size, num_experts, True, unused_expert_id), (sorted_ids, experts, post)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
+    _checks.no_caller_outputs_when_compiling(
+        _AL,
+        "sorted_token_ids / expert_ids / num_tokens_post_padded / cumsum_buffer",
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_padded,
+        cumsum_buffer,
+    )
     _checks.tensor(_AL, "topk_ids", ids)
     if ids.dtype != torch.int64:
         _checks.exact_dtype(_AL, "topk_ids", ids, torch.int32)
