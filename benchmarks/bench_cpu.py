@@ -17,7 +17,9 @@ T) one process times, interleaved in rounds on one input set (fresh copies for i
 
 Triton runs in its interpreter on CPU and is not timed. Every cell is set up first (inputs,
 compiled graph, warm-up); then ``--rounds`` rounds each time every cell once, each candidate for
-about ``--ms`` milliseconds of calls, candidates in a shuffled order. A cell's rounds are thereby
+about ``--ms`` milliseconds of calls in windows of ``--window-ms`` (a call at least), the
+candidates' windows interleaved in shuffled orders, the round's figure a candidate's fastest
+window (a T = 4096 cell: two windows of one call). A cell's rounds are thereby
 spread over the whole run, and a candidate's figure is its best round (the machine is shared, so a
 busy spell only ever makes a round slower), with the median beside it in the JSON. Cells whose
 default / compile ratio lands near 1 (``--close``) then get ``--extra-rounds`` more rounds, every
@@ -173,7 +175,14 @@ class Cell:
     """One (op, dtype, T): its inputs, its candidates (compiled and warm), its samples."""
 
     def __init__(
-        self, case: bc.OpCase, fn: Any, dtype: torch.dtype, t: int, ms: float, big_t: int = 4096
+        self,
+        case: bc.OpCase,
+        fn: Any,
+        dtype: torch.dtype,
+        t: int,
+        ms: float,
+        big_t: int = 4096,
+        window_ms: float = 0.25,
     ) -> None:
         self.case, self.dtype, self.shape = case, dtype, bc.Shape(t, case.shapes[0].dims)
         raw = case.make(self.shape, bc._gen("cpu", 1234), "cpu")
@@ -205,8 +214,13 @@ class Cell:
         for f in self.impls.values():  # warm up: compile / load, allocator
             f(bc.clone_args(base))
             f(self.sets[0])
-        once = min(_time(self.impls["default"], self.sets, 1) for _ in range(3))
-        self.reps = int(min(1000, max(1, ms * 1e3 / max(once, 1.0))))
+        once = max(1.0, min(_time(self.impls["default"], self.sets, 1) for _ in range(3)))
+        # A round gives each candidate ~ms of calls in windows of ~window_ms (reps calls each),
+        # the candidates' windows interleaved; the round's figure is a candidate's fastest
+        # window: on the shared machine a short window is often undisturbed where a long one is
+        # not. A big cell's call is a window of its own, two a round.
+        self.reps = int(min(1000, max(1, window_ms * 1e3 / once)))
+        self.windows = 2 if big else int(min(16, max(1, ms * 1e3 / (self.reps * once))))
         if case.mutates:
             # An in-place op applied to its own output many times drifts (qk_norm's repeated
             # weight scaling reaches subnormals, which are slow everywhere): every round starts
@@ -223,24 +237,22 @@ class Cell:
         self.samples: dict[str, list[float]] = {k: [] for k in self.impls}
 
     def round(self, rng: random.Random, big_eager_rounds: int = 1 << 30) -> None:
-        # a big cell's call is long and rarely undisturbed on the shared machine: two passes a
-        # round (each candidate twice, in two shuffled orders), so it gets as many samples as
-        # the budget allows
-        order = list(self.impls.items())
-        rng.shuffle(order)
-        if self.big:
-            again = list(self.impls.items())
-            rng.shuffle(again)
-            order += again
-        for name, f in order:
-            if name == "eager" and self.big and len(self.samples[name]) >= big_eager_rounds:
-                continue  # the slowest candidate at T = 4096, and not the one compared against
-            if self.case.mutates:
-                for st in self.sets:
-                    for a, b in zip(st, self.base, strict=True):
-                        if isinstance(a, torch.Tensor):
-                            a.copy_(b)
-            self.samples[name].append(_time(f, self.sets, self.reps))
+        fastest: dict[str, float] = {}
+        for _ in range(self.windows):
+            order = list(self.impls.items())
+            rng.shuffle(order)
+            for name, f in order:
+                if name == "eager" and self.big and len(self.samples[name]) >= big_eager_rounds:
+                    continue  # the slowest candidate at T = 4096, and not the one compared against
+                if self.case.mutates:
+                    for st in self.sets:
+                        for a, b in zip(st, self.base, strict=True):
+                            if isinstance(a, torch.Tensor):
+                                a.copy_(b)
+                us = _time(f, self.sets, self.reps)
+                fastest[name] = min(fastest.get(name, us), us)
+        for name, us in fastest.items():
+            self.samples[name].append(us)
 
     def row(self) -> dict[str, Any]:
         best = {k: min(v) for k, v in self.samples.items()}
@@ -298,7 +310,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             if all(a is b for a, b in zip(_cast(case.op, probe, torch.float16), probe, strict=True)):
                 dtypes = dtypes[:1]  # no activation tensor (moe_align_block_size): one dtype
             for dn in dtypes:
-                cells.append(Cell(case, fn, DTYPES[dn], t, args.ms))
+                cells.append(Cell(case, fn, DTYPES[dn], t, args.ms, window_ms=args.window_ms))
     print(f"{len(cells)} cells ready in {time.time() - t_start:.0f} s", flush=True)
     # Rounds over all cells, so each cell's rounds are spread over the whole run: a busy spell of
     # the shared machine then costs a cell a few rounds, not all of them.
@@ -350,6 +362,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "python": platform.python_version(),
         "rounds": done,
         "ms": args.ms,
+        "window_ms": args.window_ms,
         "extra_rounds": extra,
         "big_eager_rounds": args.big_eager_rounds,
         "close": args.close,
@@ -381,8 +394,10 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
         "",
         "Every candidate is timed in the same process, interleaved: all cells are set up first "
         f"(inputs, compiled graphs, warm-up), then {meta['rounds']} rounds each time every cell, "
-        f"each candidate for ~{meta.get('ms', 3.0):g} ms of calls in a shuffled order, so a cell's rounds are spread over "
-        "the whole run. This machine's 2 cores are shared with other engineers' builds and tests"
+        f"each candidate for ~{meta.get('ms', 3.0):g} ms of calls in windows of ~"
+        f"{meta.get('window_ms', meta.get('ms', 3.0)):g} ms (a call at least), the candidates' "
+        "windows interleaved in shuffled orders and a round's figure a candidate's fastest "
+        "window, so a cell's rounds are spread over the whole run. This machine's 2 cores are shared with other engineers' builds and tests"
         + (
             f" (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} when the run began, "
             f"{load[3]:.1f} / {load[4]:.1f} / {load[5]:.1f} when it ended)"
@@ -396,8 +411,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
             f"{meta['close']:.0%} of 1, or whose two best rounds of default or of compile were "
             "further apart than that (not settled), or whose `default` and forced backend (the "
             f"same kernel) disagreed by more, got {meta['extra_rounds']} more rounds, every "
-            "candidate alike (`samples` per cell in `cpu.json`; at T = 4096 a round times each "
-            "candidate twice). "
+            "candidate alike (`samples` per cell in `cpu.json`; at T = 4096 a round is two windows "
+            "of one call). "
             if meta.get("extra_rounds")
             else ""
         )
@@ -465,6 +480,7 @@ def main() -> None:
         "--close", type=float, default=0.15, help="a cell is close if default/compile is within this of 1"
     )
     ap.add_argument("--ms", type=float, default=3.0, help="milliseconds of calls per candidate and round")
+    ap.add_argument("--window-ms", type=float, default=0.25, help="milliseconds of calls per timed window")
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
     ap.add_argument("--dtypes", type=lambda s: s.split(","), default=list(DTYPES))
     ap.add_argument(
