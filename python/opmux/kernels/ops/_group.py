@@ -8,6 +8,7 @@ group imports no torch and loads no kernel.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,10 @@ def exports(package: str) -> tuple[list[str], Callable[[str], Any]]:
         decl = by_name.get(name)
         if decl is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}; ops: {', '.join(by_name)}")
-        return instance(decl).public
+        public = instance(decl).public
+        # later ``group.op`` lookups are plain module-dict hits, not this hook (~1 us per call on
+        # the CPU); the object stays the one users hold (its code is swapped in place, never it)
+        setattr(sys.modules[package], name, public)
+        return public
 
     return sorted(by_name), __getattr__
