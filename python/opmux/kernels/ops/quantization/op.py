@@ -66,10 +66,14 @@ _EMPTY: dict[torch.device, Tensor] = {}
 
 
 def _empty(device: torch.device) -> Tensor:
-    """A cached 0-element float32 tensor: "no scale_ub" / "dynamic" for the kernels."""
+    """A cached 0-element float32 tensor: "no scale_ub" / "dynamic" for the kernels. Only a plain
+    tensor is cached: under torch.compile the checks run in the fake op on fake tensors, and a
+    cached FakeTensor would reach the kernels of every later real call."""
     e = _EMPTY.get(device)
     if e is None:
-        e = _EMPTY.setdefault(device, torch.empty(0, dtype=torch.float32, device=device))
+        e = torch.empty(0, dtype=torch.float32, device=device)
+        if type(e) is torch.Tensor:
+            e = _EMPTY.setdefault(device, e)
     return e
 
 
