@@ -603,7 +603,7 @@ void static_quant_fp8_cuda(TensorView q, TensorView x, TensorView scale, int64_t
   p.s_i = scale.size(0) > 1 ? scale.stride(0) : 0;
   p.s_j = scale.size(1) > 1 ? scale.stride(1) : 0;
   if (p.s_i < 0 || p.s_j < 0) TVM_FFI_THROW(ValueError) << op << ": scale must have non-negative strides";
-  if (a.rows == 0) return;
+  if (a.rows == 0 || a.hidden == 0) return;  // nothing to write (a zero-width grid would not launch)
   p.q = data_ptr<uint8_t>(q);
   p.x = data_ptr<const void>(x);
   p.s = data_ptr<const float>(scale);
