@@ -65,7 +65,10 @@ def _compile(src: Path, out: Path, openmp: bool = True) -> subprocess.Popen:
         *(["-fopenmp"] if openmp else []),
         f"-I{JIT / 'include'}",
         f"-I{JIT / 'csrc'}",
-        f"-I{write_aot_header('cpu', out.parent / 'units')}",  # the units csrc/aot_cpu.cpp includes
+        # the units csrc/aot_cpu.cpp includes, in a folder per library: the builds run in parallel,
+        # and rewriting one shared header while another compiler reads it gave a library without
+        # units ("Module has no function 'rmsnorm_cpu'", seen once in CI)
+        f"-I{write_aot_header('cpu', out.parent / f'units-{out.stem}')}",
         *[f"-I{p}" for p in info.include_paths()],
         str(src),
         "-o",

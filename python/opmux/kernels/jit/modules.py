@@ -98,7 +98,13 @@ def write_aot_header(device: str, folder: Path, csrc: Path = CSRC) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     text = aot_header(device, csrc)
-    (folder / AOT_HEADER.format(device=device)).write_text(text, encoding="utf-8")
+    target = folder / AOT_HEADER.format(device=device)
+    # never rewrite in place: a compiler may be reading it (parallel builds into one folder); an
+    # unchanged header is left alone, a new one replaces the old atomically
+    if not target.is_file() or target.read_text(encoding="utf-8") != text:
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
     return folder
 
 
