@@ -102,16 +102,6 @@ def _flag(op: str, name: str, v: object) -> bool:
     return v
 
 
-def _not_compiling(op: str, *bufs: Tensor | None) -> None:
-    """Caller's outputs are refused on fake tensors (torch.compile): the library op would
-    return aliases of its inputs, which torch.compile does not support."""
-    if any(b is not None and isinstance(b, torch._subclasses.FakeTensor) for b in bufs):
-        raise NotImplementedError(
-            f"{op}: out_q / out_scale are not supported under torch.compile yet; "
-            "call without them and use the returned tensors"
-        )
-
-
 def _out_q(op: str, x: Tensor, out_q: Tensor, h: int, dtype: torch.dtype, name: str = "out_q") -> Tensor:
     """The caller's q buffer as the [T, H] rows view the kernels write."""
     _checks.tensor(op, name, out_q)
@@ -195,7 +185,7 @@ def check_per_token(
         s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
         q2, s1 = q.view(-1, h), s.view(-1)
     else:
-        _not_compiling(_PT, out_q, out_scale)
+        _checks.no_caller_outputs_when_compiling(_PT, "out_q / out_scale", out_q, out_scale)
         if out_q is None:
             q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
             q2 = q.view(-1, h)
@@ -243,7 +233,7 @@ def check_per_tensor(
             raise ValueError(f"{_PTT}: scale has shape {tuple(scale.shape)}, expected one element")
         _checks.same_device(_PTT, "x", x, scale=scale)
     x2 = _checks.rows(_PTT, "x", x, h)
-    _not_compiling(_PTT, out_q, out_scale)
+    _checks.no_caller_outputs_when_compiling(_PTT, "out_q / out_scale", out_q, out_scale)
     if out_q is None:
         q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         q2 = q.view(-1, h)
@@ -413,7 +403,7 @@ def check_group(
         q2 = q.view(-1, h)
         s2, s = _group_scales(x, t, g, column_major_scales, scale_tma_aligned)
     else:
-        _not_compiling(_PG, out_q, out_scale)
+        _checks.no_caller_outputs_when_compiling(_PG, "out_q / out_scale", out_q, out_scale)
         if out_q is None:
             q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
             q2 = q.view(-1, h)
@@ -463,7 +453,7 @@ def check_group_int8(
     h, gs, eps, x2 = _group_common(_PGI, x, group_size, eps, column_major_scales, scale_tma_aligned)
     t, g = x2.shape[0], h // gs
     if out_q is not None or out_scale is not None:
-        _not_compiling(_PGI, out_q, out_scale)
+        _checks.no_caller_outputs_when_compiling(_PGI, "out_q / out_scale", out_q, out_scale)
     if out_q is None:
         q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
         q2 = q.view(-1, h)
