@@ -196,6 +196,29 @@ def test_cache_dir_is_a_file(
     assert compiles(fault_env) == 0
 
 
+def test_cache_dir_created_by_another_process_between_check_and_mkdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race eight cold processes hit in CI: our is_dir() says no, a peer's mkdir lands,
+    # then ours finds the directory. That is a cache, not "a file in the way".
+    root = tmp_path / "cache"
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(root))
+    real_is_dir = Path.is_dir
+    raced = []
+
+    def is_dir_then_peer_mkdir(self: Path) -> bool:
+        if self == root and not raced:
+            raced.append(True)
+            answer = real_is_dir(self)
+            root.mkdir(mode=0o700)  # the peer process, just after our check
+            return answer
+        return real_is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", is_dir_then_peer_mkdir)
+    assert publish.cache_root() == root
+    assert raced and real_is_dir(root)
+
+
 def test_cache_dir_below_a_file(
     fault_env: dict[str, Path], kernel: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

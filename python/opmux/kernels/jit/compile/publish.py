@@ -129,7 +129,9 @@ def cache_root(*, create: bool = True) -> Path:
         raise JitCacheUnavailable(str(root), cause, fix)
     try:
         if create and not root.is_dir():
-            if root.exists() or root.is_symlink():
+            # No exists() test before mkdir: another process may create the directory
+            # in between (eight cold processes did), and that is success, not a fault.
+            if root.is_symlink():  # dangling
                 raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(root))
             root.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileExistsError):
