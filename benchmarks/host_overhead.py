@@ -7,7 +7,9 @@ Against the tree: ``PYTHONPATH=python`` first; against an installed wheel: nothi
 each op, one token (T=1) on ``--device``, median over interleaved rounds of back-to-back calls
 (CUDA: synchronised around each batch, so at T=1 the time is the host's); each round times a
 path's calls in batches and keeps the fastest batch (best-of), and the rounds' medians are
-reported:
+reported. On the CPU a batch is timed in the calling thread's CPU time (``time.thread_time_ns``:
+on a shared machine a preempted batch is not charged for what ran meanwhile); on CUDA in wall
+time:
 
 * ``bare``: the chosen backend's kernel on prepared kernel arguments (for aot/jit: the bare
   tvm-ffi function), the floor;
@@ -106,12 +108,16 @@ def _flashinfer(op: str) -> Callable[..., Any] | None:
 
 
 def _per_call_ns(fn: Callable[[], Any], n: int, sync: Callable[[], None]) -> float:
+    # CPU: the calling thread's CPU time, so a batch another process preempted on the shared
+    # machine is not charged for the time that process ran (the calls at T=1 spawn no threads);
+    # CUDA: wall time (the host waits on the device in sync)
+    clock = time.perf_counter_ns if sync is torch.cuda.synchronize else time.thread_time_ns
     sync()
-    t0 = time.perf_counter_ns()
+    t0 = clock()
     for _ in range(n):
         fn()
     sync()
-    return (time.perf_counter_ns() - t0) / n
+    return (clock() - t0) / n
 
 
 #: a round's calls per path are timed in this many batches and the fastest batch counts

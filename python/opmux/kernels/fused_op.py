@@ -222,13 +222,13 @@ def _guard_lines(decl: Decl) -> list[str]:
             pad = "        "
         for t in (w, *(o for o in others if o.type != "Tensor?")):
             if t.name not in local:
-                lines.append(f"{pad}S_{t.name} = STORAGE({t.name})")
+                lines.append(f"{pad}S_{t.name} = {t.name}.untyped_storage().data_ptr()")
                 local.add(t.name)
                 if pad == "    ":
                     done.add(t.name)
         for o in others:
             same = (
-                f"{o.name} is not None and S_{w.name} == STORAGE({o.name})"
+                f"{o.name} is not None and S_{w.name} == {o.name}.untyped_storage().data_ptr()"
                 if o.type == "Tensor?"
                 else f"S_{w.name} == S_{o.name}"
             )
@@ -251,15 +251,9 @@ def _contract(decl: Decl) -> tuple[list[str], dict[str, Any]]:
         "NO_GRAD": _checks.no_grad,
         "BUMP": torch._C._increment_version,
         "OVERLAPS": torch._C._overlaps,
-        "STORAGE": _storage,
         "ALIAS": _checks.alias,
     }
     return lines + _guard_lines(decl), scope
-
-
-def _storage(t: torch.Tensor) -> int:
-    """Where ``t``'s storage begins: tensors whose storages begin apart never overlap."""
-    return t.untyped_storage().data_ptr()
 
 
 def _call(flag: Any, pdl: bool) -> str:
@@ -611,42 +605,48 @@ class FusedOp(Generic[R]):
             for cache, dev in (("CPU", "cpu"), ("CUDA", "cuda"))
         )
         contract, scope = _contract(decl)
-        # CPU caches hold kernels, CUDA and forced ones (kernel, PDL flag): FLAG None = no flag
-        default = [
-            f"if {key}.is_cpu:",
-            f"    KERNEL = {cpu}",
-            "    FLAG = None",
-            f"elif {key}.is_cuda:",
-            f"    KERNEL, FLAG = {cuda}",
-            "else:",
-            "    KERNEL = None",
+        dispatch = "        {}DISPATCH(({},), {{}}, {})".format(
+            "return " if returns else "", names, "backend, enable_pdl" if forced else "None"
+        )
+        done = "    return RESULT" if returns else "    return None"
+        # The CPU default call first, on its own: two tensor reads (is_cpu, dtype), one dict
+        # lookup, then the contract and the kernel (CPU kernels take no PDL flag). Every other
+        # call (a miss, CUDA, a forced backend) falls through to the general form below. The
+        # lookup's try costs nothing when nothing is raised (zero-cost exceptions, 3.11+); the
+        # contract runs outside it, so its own errors are never taken for a cache miss.
+        body += [
+            "    try:",
+            f"        KERNEL = {cpu} if {key}.is_cpu{' and backend is None' if forced else ''} else None",
+            "    except (KeyError, TypeError, AttributeError):",
+            "        KERNEL = None",
+            "    if KERNEL is not None:",
+            *(f"    {line}" for line in contract),
+            "        KERNEL(*KARGS)",
+            f"    {done}",
         ]
+        # CUDA and forced caches hold (kernel, PDL flag): FLAG None = the kernel takes no flag
+        general = [f"if {key}.is_cuda:", f"    KERNEL, FLAG = {cuda}"]
         if forced:
-            default = [
+            general = [
                 "if backend is None:",
-                *(f"    {line}" for line in default),
+                *(f"    {line}" for line in general),
                 f"elif {key}.is_cpu or {key}.is_cuda:",
                 f"    KERNEL, FLAG = FORCED[backend, {key}.is_cpu, {key}.dtype]",
-                "else:",
-                "    KERNEL = None",
             ]
         body += [
             "    try:",
-            *(f"        {line}" for line in default),
+            *(f"        {line}" for line in general),
             "    except (KeyError, TypeError, AttributeError):",
             "        KERNEL = None",
             "    if KERNEL is None:",
-            "        {}DISPATCH(({},), {{}}, {})".format(
-                "return " if returns else "", names, "backend, enable_pdl" if forced else "None"
-            ),
+            dispatch,
             *([] if returns else ["        return None"]),
-            # the hot path: the bound backend's body inlined (one frame less than calling it)
             *contract,
             "    if FLAG is None:",
             "        KERNEL(*KARGS)",
             "    else:",
             f"        {_call(True, forced)}",
-            "    return RESULT" if returns else "    return None",
+            done,
         ]
         scope |= {
             "COMPILING": _compiling,
