@@ -415,6 +415,14 @@ def _cpu_device_mode() -> Any:
         return d
 
     moves = {torch.Tensor.to, torch.Tensor.cuda}
+    topks = {torch.topk, torch.Tensor.topk}
+
+    def cuda_topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+        """torch.topk with CUDA's order of equal values, the lower index first (a stable sort).
+        On the CPU torch.topk leaves their order to its selection algorithm (nth_element /
+        partial_sort), so a test's torch.topk reference breaks ties as no GPU does."""
+        idx = torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+        return torch.return_types.topk((x.gather(dim, idx), idx))
 
     class CpuDevice(TorchFunctionMode):
         def __torch_function__(
@@ -425,6 +433,8 @@ def _cpu_device_mode() -> Any:
                 kwargs["device"] = cpu(kwargs["device"])
             if func is torch.Tensor.cuda:
                 return args[0]
+            if func in topks and "out" not in kwargs and isinstance(args[0], torch.Tensor):
+                return cuda_topk(*args, **kwargs)
             if func in moves and len(args) > 1:
                 args = (args[0], cpu(args[1]), *args[2:])
             return func(*args, **kwargs)

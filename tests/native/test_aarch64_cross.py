@@ -42,7 +42,9 @@ OPS = [
     "per_token_quant_fp8",
     "per_token_group_quant_fp8",
     "topk_softmax",
+    "topk_sigmoid",
     "moe_align_block_size",
+    "batched_moe_align_block_size",
     "reshape_and_cache",
 ]
 MIN_CASES = 250
@@ -179,7 +181,9 @@ ENTRY_POINTS = [
     "per_token_quant_fp8_cpu",
     "per_token_group_quant_fp8_cpu",
     "topk_softmax_cpu",
+    "topk_sigmoid_cpu",
     "moe_align_block_size_cpu",
+    "batched_moe_align_block_size_cpu",
     "reshape_and_cache_cpu",
 ]
 

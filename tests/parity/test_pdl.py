@@ -45,6 +45,12 @@ def _chain(backend: str, pdl: bool | None) -> Chain:
         logits = h[:, :E].float()
         w, ids = moe.topk_softmax(logits, 8, True, **kw)
         sorted_ids, experts, post = moe.moe_align_block_size(ids, BLOCK, E, **kw)
+        sw, sids = moe.topk_sigmoid(logits, 8, True, **kw)
+        ones = torch.ones(ids.numel(), dtype=torch.int32, device=ids.device)
+        counts = torch.zeros(E, dtype=torch.int32, device=ids.device).index_add_(
+            0, ids.flatten().long(), ones
+        )
+        bsorted, bexperts, bpost = moe.batched_moe_align_block_size(counts, t, BLOCK, **kw)  # <= t per expert
         u8 = torch.uint8
         return [
             x,
@@ -63,6 +69,11 @@ def _chain(backend: str, pdl: bool | None) -> Chain:
             sorted_ids,
             experts,
             post,
+            sw,
+            sids,
+            bsorted,
+            bexperts,
+            bpost,
         ]
 
     return run

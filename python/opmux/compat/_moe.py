@@ -16,7 +16,7 @@ from opmux.kernels.ops._torch import torch
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["align", "topk"]
+__all__ = ["align", "topk", "topk_sigmoid"]
 
 
 def _moe() -> Any:
@@ -49,6 +49,31 @@ def topk(
         bias,
         float(softcapping),
         bias_on_logits,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        token_expert_indices=token_expert_indices,
+    )
+
+
+def topk_sigmoid(
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    token_expert_indices: Tensor | None,
+    gating_output: Tensor,
+    renormalize: bool,
+    correction_bias: Tensor | None = None,
+) -> None:
+    """Sigmoid top-k into the caller's buffers (``topk_ids`` int32 or int64, written by the
+    kernel); ``correction_bias``: chosen by sigmoid + bias, weighted by the sigmoid (vLLM)."""
+    k = topk_weights.shape[-1] if topk_weights.dim() == 2 else 0
+    bias = correction_bias
+    if bias is not None and bias.dtype != torch.float32:
+        bias = bias.float()  # [E]: the kernels read float32
+    _moe().topk_sigmoid(
+        gating_output,
+        k,
+        bool(renormalize),
+        bias,
         topk_weights=topk_weights,
         topk_ids=topk_ids,
         token_expert_indices=token_expert_indices,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
+    "batched_moe_align_block_size",
     "convert_fp8",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
@@ -261,6 +262,22 @@ def topk_softmax(
     )
 
 
+def topk_sigmoid(
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    token_expert_indices: Tensor,
+    gating_output: Tensor,
+    renormalize: bool = False,
+    e_score_correction_bias: Tensor | None = None,
+) -> None:
+    """vLLM's top-k sigmoid, written by the kernel into ``topk_weights`` (the sigmoid scores),
+    ``topk_ids`` (int32 or int64) and ``token_expert_indices`` (``[i, j] = j * T + i``);
+    ``e_score_correction_bias`` chooses the experts by sigmoid + bias, weighted by the sigmoid."""
+    from ._moe import topk_sigmoid as route
+
+    route(topk_weights, topk_ids, token_expert_indices, gating_output, renormalize, e_score_correction_bias)
+
+
 def moe_align_block_size(
     topk_ids: Tensor,
     num_experts: int,
@@ -285,6 +302,28 @@ def moe_align_block_size(
         None,
         True,
         expert_map,
+    )
+
+
+def batched_moe_align_block_size(
+    max_tokens_per_batch: int,
+    block_size: int,
+    expert_num_tokens: Tensor,
+    sorted_ids: Tensor,
+    expert_ids: Tensor,
+    num_tokens_post_pad: Tensor,
+) -> None:
+    """vLLM's batched alignment (tokens already grouped per expert, ``[E, max_tokens_per_batch]``),
+    written by opmux's kernel into the caller's buffers: expert e's ``expert_num_tokens[e]`` rows
+    ``e * max_tokens_per_batch + j``, padded to ``block_size`` with ``E * max_tokens_per_batch``;
+    unused blocks get -1 (vLLM's kernel's fill here, not 0 as in ``moe_align_block_size``)."""
+    _ops("moe").batched_moe_align_block_size(
+        expert_num_tokens,
+        int(max_tokens_per_batch),
+        int(block_size),
+        sorted_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_post_padded=num_tokens_post_pad,
     )
 
 

@@ -598,10 +598,10 @@ void quant_group() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// moe: topk_softmax, moe_align_block_size.
+// moe: topk_softmax, topk_sigmoid, moe_align_block_size, batched_moe_align_block_size.
 
 template <typename T>
-void check_topk(int64_t tokens, int64_t experts, int64_t k, bool renorm, int64_t pad) {
+void check_topk(int64_t tokens, int64_t experts, int64_t k, bool renorm, int64_t pad, bool sigmoid = false) {
   Rng g(tokens * 41 + experts * 3 + k + renorm);
   const int64_t gs = experts + pad;
   auto gate = random_vec<T>(g, tokens * gs, 2.0);
@@ -614,8 +614,14 @@ void check_topk(int64_t tokens, int64_t experts, int64_t k, bool renorm, int64_t
   std::vector<int32_t> ids(tokens * k, -7);
   const opmux::moe_cpu::TopkRows a{tokens, experts, k, gs, k, k, k};
   const opmux::moe_cpu::TopkMode mode{renorm, 0.0f, nullptr, false};
-  opmux::moe_cpu::topk_impl<T, int32_t>(w.data(), ids.data(), nullptr, gate.data(), a, mode);
-  Case c("topk_softmax", fmt("%s tokens=%lld experts=%lld k=%lld%s", Ty<T>::name, (long long)tokens,
+  if (sigmoid) {
+    opmux::moe_cpu::topk_impl<opmux::moe_cpu::kSigmoid, T, int32_t>(w.data(), ids.data(), nullptr, gate.data(), a,
+                                                                    mode);
+  } else {
+    opmux::moe_cpu::topk_impl<opmux::moe_cpu::kSoftmax, T, int32_t>(w.data(), ids.data(), nullptr, gate.data(), a,
+                                                                    mode);
+  }
+  Case c(sigmoid ? "topk_sigmoid" : "topk_softmax", fmt("%s tokens=%lld experts=%lld k=%lld%s", Ty<T>::name, (long long)tokens,
                              (long long)experts, (long long)k, renorm ? " renormalize" : ""));
   std::vector<double> x(experts);
   std::vector<int64_t> order(experts);
@@ -627,10 +633,12 @@ void check_topk(int64_t tokens, int64_t experts, int64_t k, bool renorm, int64_t
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) { return x[i] > x[j]; });
     double total = 0;
-    for (int64_t j = 0; j < k; ++j) total += std::exp(x[order[j]] - m) / sum;
+    // sigmoid: the same order (monotone; these logits do not saturate its fp32 value)
+    auto score = [&](int64_t e) { return sigmoid ? 1.0 / (1.0 + std::exp(-x[e])) : std::exp(x[e] - m) / sum; };
+    for (int64_t j = 0; j < k; ++j) total += score(order[j]);
     for (int64_t j = 0; j < k; ++j) {
       c.equal("topk_ids", t * k + j, ids[t * k + j], order[j]);
-      double p = std::exp(x[order[j]] - m) / sum;
+      double p = score(order[j]);
       if (renorm) p /= total;
       c.close("topk_weights", t * k + j, w[t * k + j], p, 1e-6, 1e-5);
     }
@@ -677,16 +685,56 @@ void check_moe_align(int64_t tokens, int64_t k, int64_t experts, int64_t bs, int
 
 template <typename T>
 void moe_group() {
-  for (bool renorm : {false, true}) {
-    check_topk<T>(5, 8, 2, renorm, 0);
-    check_topk<T>(9, 64, 6, renorm, 3);
-    check_topk<T>(4, 600, 8, renorm, 0);   // more experts than the stack scratch
-    check_topk<T>(300, 128, 4, renorm, 0);  // OpenMP path
-    check_topk<T>(3, 5, 5, renorm, 0);     // k == experts
+  for (bool sigmoid : {false, true})
+    for (bool renorm : {false, true}) {
+      check_topk<T>(5, 8, 2, renorm, 0, sigmoid);
+      check_topk<T>(9, 64, 6, renorm, 3, sigmoid);
+      check_topk<T>(4, 600, 8, renorm, 0, sigmoid);   // more experts than the stack scratch
+      check_topk<T>(300, 128, 4, renorm, 0, sigmoid);  // OpenMP path
+      check_topk<T>(3, 5, 5, renorm, 0, sigmoid);     // k == experts
+    }
+}
+
+void check_batched_align(int64_t experts, int64_t m, int64_t bs, int64_t bad_at) {
+  Rng g(experts * 13 + m * 3 + bs);
+  std::vector<int32_t> counts(experts);
+  for (auto& c : counts) c = static_cast<int32_t>(g.below(m + 1));
+  if (experts > 2) counts[1] = 0;  // an empty batch
+  if (bad_at >= 0) counts[bad_at] = bad_at % 2 ? static_cast<int32_t>(m + 1) : -1;
+  const int64_t n = experts * ((m + bs - 1) / bs * bs), nb = n / bs;
+  const int32_t kSent = 0x5A5A5A5A;
+  std::vector<int32_t> sorted(n + 3, kSent), blocks(nb + 2, kSent);  // longer buffers: written whole
+  int32_t post = kSent;
+  const int64_t ret = opmux::moe_cpu::batched_align_impl(sorted.data(), blocks.data(), &post, counts.data(), experts,
+                                                         m, bs, n + 3, nb + 2);
+  Case c("batched_moe_align_block_size", fmt("experts=%lld m=%lld block=%lld%s", (long long)experts, (long long)m,
+                                             (long long)bs, bad_at >= 0 ? " bad count" : ""));
+  if (bad_at >= 0) {  // reported, and nothing written
+    c.equal("returned bad expert", 0, ret, bad_at);
+    c.equal("num_tokens_post_padded untouched", 0, post, kSent);
+    for (int64_t i = 0; i < n + 3; ++i) c.equal("sorted_ids untouched", i, sorted[i], kSent);
+    return;
   }
+  c.equal("returned bad expert", 0, ret, -1);
+  std::vector<int32_t> rs(n + 3, static_cast<int32_t>(experts * m)), rb(nb + 2, -1);
+  int64_t p = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t j = 0; j < counts[e]; ++j) rs[p + j] = static_cast<int32_t>(e * m + j);
+    const int64_t padded = (counts[e] + bs - 1) / bs * bs;
+    for (int64_t b = p / bs; b < (p + padded) / bs; ++b) rb[b] = static_cast<int32_t>(e);
+    p += padded;
+  }
+  c.equal("num_tokens_post_padded", 0, post, p);
+  for (int64_t i = 0; i < n + 3; ++i) c.equal("sorted_ids", i, sorted[i], rs[i]);
+  for (int64_t i = 0; i < nb + 2; ++i) c.equal("expert_ids", i, blocks[i], rb[i]);
 }
 
 void moe_align_group() {
+  check_batched_align(1, 1, 1, -1);
+  check_batched_align(8, 13, 8, -1);
+  check_batched_align(64, 512, 64, -1);
+  check_batched_align(16, 16, 16, 3);
+  check_batched_align(16, 16, 16, 4);
   check_moe_align(1, 1, 1, 1, -1);
   check_moe_align(7, 2, 8, 4, -1);
   check_moe_align(33, 8, 64, 16, -1);

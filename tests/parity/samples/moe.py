@@ -62,6 +62,82 @@ def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     return out
 
 
+def topk_sigmoid_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(23)
+
+    def logits(t: int, e: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn((t, e), generator=g) * scale).to(dtype=dtype, device=device)
+
+    out = [
+        Sample("1-token", (logits(1, 8), 2)),
+        Sample("odd-experts-7", (logits(3, 7), 3)),
+        Sample("renormalize", (logits(5, 64), 8), {"renormalize": True}),
+        Sample("e-128-k-6", (logits(17, 128), 6)),
+        Sample("empty-batch", (logits(0, 16), 2)),
+        Sample("k-equals-e", (logits(2, 5), 5), {"renormalize": True}),
+        Sample("e-256-k-8", (logits(3, 256), 8), {"renormalize": True}),
+        Sample("e-1500", (logits(2, 1500), 3)),  # past the CUDA kernel's register rows
+        Sample("k-40", (logits(2, 64), 40), {"renormalize": True}),  # k > 32: lane 0 writes the rest
+    ]
+    ties = torch.zeros((3, 12), dtype=dtype, device=device)
+    ties[1, 5:9] = 1.0  # four equal best scores: ids 5, 6, 7 win (lower index first)
+    ties[2] = torch.tensor([3.0, 1, 3, 3, 0, 1, 3, 2, 2, 1, 0, 3], dtype=dtype)
+    out.append(Sample("ties-lower-index", (ties, 3)))
+    big = logits(6, 96)
+    out.append(Sample("strided-rows", (big[:, :48], 4)))
+    bias = (torch.rand(64, generator=g) * 0.5).to(device)  # float32 whatever the gating dtype
+    out += [
+        Sample("bias", (logits(9, 64), 6), {"correction_bias": bias, "renormalize": True}),
+        Sample("bias-no-renormalize", (logits(9, 64), 4), {"correction_bias": bias}),
+        Sample(
+            "bias-e-1500", (logits(2, 1500), 4), {"correction_bias": torch.rand(1500, generator=g).to(device)}
+        ),
+    ]
+    t, k = 7, 3
+    wide = torch.zeros((t, 8), dtype=torch.float32, device=device)
+    buffers = {
+        "topk_weights": wide[:, 2 : 2 + k],  # a strided caller buffer (row stride 8)
+        "topk_ids": torch.zeros((t, k), dtype=torch.int64, device=device),  # int64: written directly
+        "token_expert_indices": torch.zeros((t, k), dtype=torch.int32, device=device),
+    }
+    out.append(Sample("caller-buffers-int64-ids", (logits(t, 16), k), buffers))
+    return out
+
+
+def batched_moe_align_block_size_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(24)
+
+    def counts(e: int, m: int, empty: bool = False) -> torch.Tensor:
+        c = torch.randint(0, m + 1, (e,), generator=g, dtype=torch.int32)
+        if empty:
+            c[torch.randperm(e, generator=g)[: e // 2]] = 0
+        return c.to(device)
+
+    full = torch.full((8,), 13, dtype=torch.int32, device=device)
+    out = [
+        Sample("e8-m13-bs8", (counts(8, 13), 13, 8)),
+        Sample("e16-m16-bs16-empty", (counts(16, 16, True), 16, 16)),
+        Sample("e32-m512-bs64", (counts(32, 512), 512, 64)),
+        Sample("e64-m16-bs32", (counts(64, 16, True), 16, 32)),
+        Sample("all-full", (full, 13, 4)),
+        Sample("all-empty", (torch.zeros(5, dtype=torch.int32, device=device), 7, 4)),
+        Sample("one-expert-bs1", (counts(1, 9), 9, 1)),
+    ]
+    c = counts(6, 20)
+    out.append(
+        Sample(
+            "caller-buffers-longer",
+            (c, 20, 8),
+            {
+                "sorted_ids": torch.full((6 * 24 + 5,), 7777, dtype=torch.int32, device=device),
+                "expert_ids": torch.full((6 * 3 + 2,), 7777, dtype=torch.int32, device=device),
+                "num_tokens_post_padded": torch.zeros(1, dtype=torch.int32, device=device),
+            },
+        )
+    )
+    return out
+
+
 def moe_align_block_size_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator(device="cpu").manual_seed(22)
     dtype = dtype if dtype in (torch.int32, torch.int64) else torch.int32  # ids: int32 or int64
@@ -225,5 +301,91 @@ def moe_align_block_size_invalid(device: str) -> Invalid:
                 ValueError,
                 r"expert_map\[0\] = 8 is out of range",
             ),
+        ]
+    return cases
+
+
+def topk_sigmoid_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [
+        ("int-dtype", (torch.ones(4, 16, dtype=torch.int32, device=device), 2), {}, TypeError, "dtype"),
+        ("topk-too-large", (x, 17), {}, ValueError, "exceeds the number of experts"),
+        ("topk-zero", (x, 0), {}, ValueError, "topk must be a positive int"),
+        ("3d-shape", (torch.randn(2, 4, 16, device=device), 2), {}, ValueError, "expected \\[T, E\\]"),
+        ("non-contiguous", (torch.randn(16, 4, device=device).t(), 2), {}, ValueError, "non-contiguous"),
+        ("renormalize-int", (x, 2), {"renormalize": 1}, TypeError, "renormalize must be a bool"),
+        (
+            "bias-dtype",
+            (x, 2),
+            {"correction_bias": torch.zeros(16, device=device).half()},
+            TypeError,
+            "correction_bias",
+        ),
+        (
+            "bias-shape",
+            (x, 2),
+            {"correction_bias": torch.zeros(15, device=device)},
+            ValueError,
+            "correction_bias",
+        ),
+        ("ids-buffer-float", (x, 2), {"topk_ids": torch.zeros(4, 2, device=device)}, TypeError, "topk_ids"),
+        (
+            "weights-buffer-shape",
+            (x, 2),
+            {"topk_weights": torch.zeros(4, 3, device=device)},
+            ValueError,
+            "topk_weights",
+        ),
+        (
+            "tei-int64",
+            (x, 2),
+            {"token_expert_indices": torch.zeros(4, 2, dtype=torch.int64, device=device)},
+            TypeError,
+            "token_expert_indices",
+        ),
+    ]
+
+
+def batched_moe_align_block_size_invalid(device: str) -> Invalid:
+    c = torch.tensor([3, 0, 5, 2], dtype=torch.int32, device=device)
+    cases: Invalid = [
+        ("int64-counts", (c.long(), 8, 4), {}, TypeError, "dtype int64"),
+        ("2d-counts", (c.view(2, 2), 8, 4), {}, ValueError, "expected \\[E\\]"),
+        ("no-experts", (c[:0], 8, 4), {}, ValueError, "expected \\[E\\] with E >= 1"),
+        (
+            "strided-counts",
+            (torch.zeros(8, dtype=torch.int32, device=device)[::2], 8, 4),
+            {},
+            ValueError,
+            "dense",
+        ),
+        ("max-tokens-0", (c, 0, 4), {}, ValueError, "max_tokens_per_batch must be a positive int"),
+        ("block-size-0", (c, 8, 0), {}, ValueError, "block_size must be a positive int"),
+        (
+            "sorted-short",
+            (c, 8, 4),
+            {"sorted_ids": torch.zeros(31, dtype=torch.int32, device=device)},
+            ValueError,
+            "sorted_ids has shape \\(31,\\), expected a vector of at least 32",
+        ),
+        (
+            "expert-ids-int64",
+            (c, 8, 4),
+            {"expert_ids": torch.zeros(8, dtype=torch.int64, device=device)},
+            TypeError,
+            "expert_ids",
+        ),
+        ("too-large", (c, 2**30, 4), {}, ValueError, "do not fit int32"),
+    ]
+    if device == "cpu":  # on CUDA the kernels clamp counts (no sync to check them)
+        cases += [
+            (
+                "count-past-max",
+                (c, 4, 4),
+                {},
+                ValueError,
+                r"expert_num_tokens\[2\] = 5 is out of range \[0, 4\]",
+            ),
+            ("negative-count", (-c, 8, 4), {}, ValueError, r"expert_num_tokens\[0\] = -3 is out of range"),
         ]
     return cases

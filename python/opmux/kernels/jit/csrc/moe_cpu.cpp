@@ -4,6 +4,11 @@
 //     softcap, fp32 softmax over experts, top-k by logit (or by softmax + bias: DeepSeek's
 //     correction bias; or the bias added to the logits: sgl-kernel's), ties -> lower expert
 //     index, optional renormalization; int32 or int64 ids; token_expert_indices [i, j] = j*T + i.
+//   topk_sigmoid_cpu(topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+//     correction_bias, has_bias, renormalize): the same kernel with sigmoid scores (Scoring):
+//     weights sigmoid(x), chosen by sigmoid(x) (+ correction_bias), ties -> lower expert index.
+//   batched_moe_align_block_size_cpu(sorted_ids, expert_ids, num_tokens_post_padded,
+//     expert_num_tokens, max_tokens_per_batch, block_size): vLLM's batched layout (no sort).
 //   moe_align_block_size_cpu(sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum,
 //     has_cumsum, topk_ids, expert_map, has_map, block_size, num_experts, pad, unused_expert_id):
 //     a stable counting sort by (mapped) expert (vLLM layout). Every id is validated before
@@ -25,7 +30,11 @@ using cpu::to_float;
 
 OPMUX_CPU_INLINE float max_f(float a, float b) { return a < b ? b : a; }  // std::max order
 
-// How the routing scores are made (the op's options).
+// The scoring function: topk_softmax's softmax over experts, or topk_sigmoid's sigmoid per
+// expert (weights sigmoid(x), chosen by sigmoid(x), + bias when given: DeepSeek's / vLLM's).
+enum Scoring { kSoftmax = 0, kSigmoid = 1 };
+
+// How the routing scores are made (the op's options; softcap and bias_on_logits: softmax only).
 struct TopkMode {
   bool renormalize;
   float softcap;       // 0: off
@@ -41,28 +50,38 @@ struct TopkMode {
 // k-pass "first index of the largest untaken key" order, -inf included). A row with a NaN takes
 // the plain k-pass scalar scan, in which NaN ranks above every number (as torch.sort has it)
 // and the weights are NaN (the softmax of a NaN row), like the reference.
-template <typename T, typename I>
+template <Scoring S, typename T, typename I>
 OPMUX_CPU_CLONES void topk_row(float* w, I* ids, const T* row, int64_t experts, int64_t k,
                                const TopkMode& mode, float* x, float* e, char* taken) {
   float m = -INFINITY;
   bool nan = false;
   const float cap = mode.softcap;
-  const bool bias_logits = mode.bias != nullptr && mode.bias_on_logits;
+  const bool bias_logits = S == kSoftmax && mode.bias != nullptr && mode.bias_on_logits;
   for (int64_t i = 0; i < experts; ++i) {
     float v = to_float(row[i]);
-    if (cap > 0.f) v = cpu::tanh_f(v / cap) * cap;
+    if (S == kSoftmax && cap > 0.f) v = cpu::tanh_f(v / cap) * cap;
     if (bias_logits) v += mode.bias[i];
     x[i] = v;
     m = max_f(m, v);
     nan |= v != v;
   }
   float sum = 0.f;
-  for (int64_t i = 0; i < experts; ++i) {
-    e[i] = cpu::exp_f(x[i] - m);
-    sum += e[i];
+  if (S == kSigmoid) {  // e: the scores (the weights); x: the ranking key, score (+ bias)
+    sum = 1.f;
+    for (int64_t i = 0; i < experts; ++i) e[i] = cpu::sigmoid_f(x[i]);
+    if (mode.bias != nullptr) {
+      for (int64_t i = 0; i < experts; ++i) x[i] = e[i] + mode.bias[i];
+    } else {
+      for (int64_t i = 0; i < experts; ++i) x[i] = e[i];
+    }
+  } else {
+    for (int64_t i = 0; i < experts; ++i) {
+      e[i] = cpu::exp_f(x[i] - m);
+      sum += e[i];
+    }
+    if (mode.bias != nullptr && !mode.bias_on_logits)  // DeepSeek: rank by softmax + bias
+      for (int64_t i = 0; i < experts; ++i) x[i] = e[i] / sum + mode.bias[i];
   }
-  if (mode.bias != nullptr && !mode.bias_on_logits)  // DeepSeek: rank by softmax + bias
-    for (int64_t i = 0; i < experts; ++i) x[i] = e[i] / sum + mode.bias[i];
   float total = 0.f;
   if (!nan) {
     // ids[0..n) sorted by (key descending, index ascending); w[] holds the keys meanwhile.
@@ -107,7 +126,7 @@ struct TopkRows {
   int64_t tokens, experts, k, g_stride, w_stride, ids_stride, tei_stride;
 };
 
-template <typename T, typename I>
+template <Scoring S, typename T, typename I>
 void topk_impl(float* w, I* ids, int32_t* tei, const T* g, const TopkRows& a, const TopkMode& mode) {
   const bool parallel = a.tokens > 1 && a.tokens * a.experts >= (1 << 15);
   (void)parallel;
@@ -135,7 +154,7 @@ void topk_impl(float* w, I* ids, int32_t* tei, const T* g, const TopkRows& a, co
 #pragma omp for schedule(static)
 #endif
     for (int64_t t = 0; t < a.tokens; ++t) {
-      topk_row(w + t * a.w_stride, ids + t * a.ids_stride, g + t * a.g_stride, a.experts, a.k, mode, x, e,
+      topk_row<S>(w + t * a.w_stride, ids + t * a.ids_stride, g + t * a.g_stride, a.experts, a.k, mode, x, e,
                taken);
       if (tei != nullptr)
         for (int64_t j = 0; j < a.k; ++j) tei[t * a.tei_stride + j] = static_cast<int32_t>(j * a.tokens + t);
@@ -186,6 +205,32 @@ int64_t moe_align_impl(int32_t* sorted, int32_t* experts, int32_t* post, int32_t
   return -1;
 }
 
+// batched_moe_align_block_size: expert x's counts[x] tokens (rows x * m + j of the batched
+// layout [E, m]) in order, padded to a multiple of block_size with the sentinel E * m; blocks
+// -> their expert, -1 past the total; every slot of sorted [n_sorted] and experts [n_blocks]
+// is written, post[0] gets the total. Returns -1, or the first expert whose count is outside
+// [0, m] (nothing written then).
+inline int64_t batched_align_impl(int32_t* sorted, int32_t* experts, int32_t* post, const int32_t* counts,
+                                  int64_t num_experts, int64_t m, int64_t block_size, int64_t n_sorted,
+                                  int64_t n_blocks) {
+  for (int64_t x = 0; x < num_experts; ++x)
+    if (counts[x] < 0 || counts[x] > m) return x;
+  const int32_t sentinel = static_cast<int32_t>(num_experts * m);
+  int64_t pos = 0;
+  for (int64_t x = 0; x < num_experts; ++x) {
+    const int64_t c = counts[x];
+    const int64_t padded = (c + block_size - 1) / block_size * block_size;
+    for (int64_t j = 0; j < c; ++j) sorted[pos + j] = static_cast<int32_t>(x * m + j);
+    for (int64_t j = c; j < padded; ++j) sorted[pos + j] = sentinel;
+    for (int64_t b = pos / block_size; b < (pos + padded) / block_size; ++b) experts[b] = static_cast<int32_t>(x);
+    pos += padded;
+  }
+  for (int64_t i = pos; i < n_sorted; ++i) sorted[i] = sentinel;
+  for (int64_t b = pos / block_size; b < n_blocks; ++b) experts[b] = -1;
+  post[0] = static_cast<int32_t>(pos);
+  return -1;
+}
+
 }  // namespace moe_cpu
 }  // namespace opmux
 
@@ -196,6 +241,20 @@ int64_t moe_align_impl(int32_t* sorted, int32_t* experts, int32_t* post, int32_t
 
 namespace opmux {
 namespace moe_cpu {
+
+template <Scoring S>
+void topk_dispatch(const TopkArgs& a, const TopkRows& rows, const TopkMode& mode, TensorView topk_weights,
+                   TensorView topk_ids, int32_t* tei, TensorView gating_output) {
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    const scalar_t* g = data_ptr<const scalar_t>(gating_output);
+    float* w = data_ptr<float>(topk_weights);
+    if (a.ids64) {
+      topk_impl<S, scalar_t, int64_t>(w, data_ptr<int64_t>(topk_ids), tei, g, rows, mode);
+    } else {
+      topk_impl<S, scalar_t, int32_t>(w, data_ptr<int32_t>(topk_ids), tei, g, rows, mode);
+    }
+  });
+}
 
 void topk_softmax_cpu(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
                       TensorView gating_output, TensorView correction_bias, bool has_bias, bool renormalize,
@@ -208,15 +267,19 @@ void topk_softmax_cpu(TensorView topk_weights, TensorView topk_ids, TensorView t
   const TopkMode mode{renormalize, static_cast<float>(moe_softcapping),
                       has_bias ? data_ptr<const float>(correction_bias) : nullptr, bias_on_logits};
   int32_t* tei = has_tei ? data_ptr<int32_t>(token_expert_indices) : nullptr;
-  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    const scalar_t* g = data_ptr<const scalar_t>(gating_output);
-    float* w = data_ptr<float>(topk_weights);
-    if (a.ids64) {
-      topk_impl<scalar_t, int64_t>(w, data_ptr<int64_t>(topk_ids), tei, g, rows, mode);
-    } else {
-      topk_impl<scalar_t, int32_t>(w, data_ptr<int32_t>(topk_ids), tei, g, rows, mode);
-    }
-  });
+  topk_dispatch<kSoftmax>(a, rows, mode, topk_weights, topk_ids, tei, gating_output);
+}
+
+void topk_sigmoid_cpu(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
+                      TensorView gating_output, TensorView correction_bias, bool has_bias, bool renormalize) {
+  const char* op = "opmux.topk_sigmoid";
+  TopkArgs a = check_topk_args(op, kDLCPU, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+                               correction_bias, has_bias, 0.0);
+  if (a.tokens == 0) return;
+  const TopkRows rows{a.tokens, a.experts, a.k, a.g_stride, a.w_stride, a.ids_stride, a.tei_stride};
+  const TopkMode mode{renormalize, 0.f, has_bias ? data_ptr<const float>(correction_bias) : nullptr, false};
+  int32_t* tei = has_tei ? data_ptr<int32_t>(token_expert_indices) : nullptr;
+  topk_dispatch<kSigmoid>(a, rows, mode, topk_weights, topk_ids, tei, gating_output);
 }
 
 void moe_align_block_size_cpu(TensorView sorted_token_ids, TensorView expert_ids, TensorView num_tokens_post_padded,
@@ -257,9 +320,26 @@ void moe_align_block_size_cpu(TensorView sorted_token_ids, TensorView expert_ids
   }
 }
 
+void batched_moe_align_block_size_cpu(TensorView sorted_ids, TensorView expert_ids, TensorView num_tokens_post_padded,
+                                      TensorView expert_num_tokens, int64_t max_tokens_per_batch, int64_t block_size) {
+  const char* op = "opmux.batched_moe_align_block_size";
+  BatchedArgs a = check_batched_args(op, kDLCPU, sorted_ids, expert_ids, num_tokens_post_padded, expert_num_tokens,
+                                     max_tokens_per_batch, block_size);
+  const int32_t* counts = data_ptr<const int32_t>(expert_num_tokens);
+  const int64_t bad = batched_align_impl(data_ptr<int32_t>(sorted_ids), data_ptr<int32_t>(expert_ids),
+                                         data_ptr<int32_t>(num_tokens_post_padded), counts, a.num_experts,
+                                         max_tokens_per_batch, block_size, a.n_sorted, a.n_blocks);
+  if (bad >= 0) {
+    TVM_FFI_THROW(ValueError) << op << ": expert_num_tokens[" << bad << "] = " << counts[bad]
+                              << " is out of range [0, " << max_tokens_per_batch << "] (max_tokens_per_batch)";
+  }
+}
+
 }  // namespace moe_cpu
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu, opmux::moe_cpu::topk_softmax_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cpu, opmux::moe_cpu::topk_sigmoid_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cpu, opmux::moe_cpu::batched_moe_align_block_size_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu, opmux::moe_cpu::moe_align_block_size_cpu);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -17,6 +17,13 @@
 // lower expert index. Weights: expf(x - max) / sum in fp32, renormalized by their sum in
 // selection order. ids are int32 or int64; token_expert_indices[i, j] = j * T + i.
 //
+// topk_sigmoid_cuda(topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+// correction_bias, has_bias, renormalize, enable_pdl): the same kernels in their kSigmoid mode:
+// the key is sigmoid(x) (+ bias), the weight sigmoid(x) of the chosen expert, ties -> lower id.
+//
+// batched_moe_align_block_size_cuda(sorted_ids, expert_ids, num_tokens_post_padded,
+// expert_num_tokens, max_tokens_per_batch, block_size, enable_pdl): one block per expert.
+//
 // moe_align_block_size_cuda(sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum, has_cumsum,
 // topk_ids, expert_map, has_map, block_size, num_experts, pad, unused_expert_id, enable_pdl): one block. Warp w owns a contiguous slice of topk_ids; pass 1
 // counts per (warp, expert) in shared memory (__match_any_sync groups equal ids, the group's
@@ -43,6 +50,13 @@ using cuda::to_float;
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarpsPerBlock = 4;
+
+// Scoring modes of the top-k kernels (a template argument): topk_softmax ranking by logit, by
+// softmax + bias (DeepSeek's correction bias), and topk_sigmoid (weights sigmoid(x), ranked by
+// sigmoid(x), + bias when given).
+constexpr int kByLogit = 0, kDeepseek = 1, kSigmoid = 2;
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 struct TopkParams {
   float* w;
@@ -127,9 +141,9 @@ __device__ __forceinline__ void write_out(const TopkParams& p, int64_t row, int 
   if (p.tei != nullptr) p.tei[row * p.tei_stride + j] = static_cast<int32_t>(j * p.tokens + row);
 }
 
-// Row in registers: lane l holds experts l + 32 i, i < VPT (E <= 32 * VPT). DEEPSEEK: ranked by
-// softmax + bias (else by logit).
-template <typename T, typename I, int VPT, bool DEEPSEEK>
+// Row in registers: lane l holds experts l + 32 i, i < VPT (E <= 32 * VPT). MODE: ranked by logit,
+// by softmax + bias (kDeepseek) or by sigmoid (+ bias) (kSigmoid).
+template <typename T, typename I, int VPT, int MODE>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(TopkParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -146,7 +160,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(T
     key[i] = e < E ? order_key(x[i]) : 0u;
   }
   float m = 0.f, s = 1.f, total = 0.f, my_w = 0.f;
-  if (DEEPSEEK) {  // the keys need the softmax first
+  if (MODE == kSigmoid) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int e = i * 32 + lane;
+      if (e < E) {
+        const float sc = sigmoid_f(x[i]);
+        key[i] = order_key(p.bias != nullptr ? sc + p.bias[e] : sc);
+      }
+    }
+  }
+  if (MODE == kDeepseek) {  // the keys need the softmax first
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) mx = fmaxf(mx, x[i]);
@@ -175,7 +199,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(T
     const int wi = static_cast<int>(__reduce_min_sync(kFull, bk == wk ? bi : static_cast<uint32_t>(INT_MAX)));
     if ((wi & 31) == lane) taken |= 1u << (wi >> 5);
     float bv;
-    if (DEEPSEEK) {  // the chosen expert's logit, from the lane holding it
+    if (MODE != kByLogit) {  // the chosen expert's logit, from the lane holding it
       float mine = 0.f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i)
@@ -192,7 +216,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(T
         s = cuda::warp_sum(acc);
       }
     }
-    const float w = expf(bv - m) / s;
+    const float w = MODE == kSigmoid ? sigmoid_f(bv) : expf(bv - m) / s;
     total += w;
     if (j < 32) {
       if (lane == j) { my_w = w; my_id = wi; }
@@ -206,7 +230,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_reg_kernel(T
 }
 
 // Any E: the row is re-read from global memory (L1/L2) for the max, the sum and each selection.
-template <typename T, typename I, bool DEEPSEEK>
+template <typename T, typename I, int MODE>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(TopkParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -214,12 +238,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(
   if (row >= p.tokens) return;  // whole warp
   const T* __restrict__ g = static_cast<const T*>(p.g) + row * p.g_stride;
   const int E = p.experts;
-  float m = -INFINITY;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, logit(p, g, e));
-  m = warp_max(m);
-  float s = 0.f;
-  for (int e = lane; e < E; e += 32) s += expf(logit(p, g, e) - m);
-  s = cuda::warp_sum(s);
+  float m = 0.f, s = 1.f;
+  if (MODE != kSigmoid) {
+    m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, logit(p, g, e));
+    m = warp_max(m);
+    s = 0.f;
+    for (int e = lane; e < E; e += 32) s += expf(logit(p, g, e) - m);
+    s = cuda::warp_sum(s);
+  }
   float pv = 0.f, total = 0.f;
   int pi = -1;
   for (int j = 0; j < p.k; ++j) {
@@ -227,13 +254,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(
     int bi = INT_MAX;
     for (int e = lane; e < E; e += 32) {
       const float x = logit(p, g, e);
-      const float v = DEEPSEEK ? expf(x - m) / s + p.bias[e] : x;
+      float v = x;
+      if (MODE == kDeepseek) v = expf(x - m) / s + p.bias[e];
+      if (MODE == kSigmoid) v = p.bias != nullptr ? sigmoid_f(x) + p.bias[e] : sigmoid_f(x);
       if (after(v, e, pv, pi) && better(v, e, bv, bi)) { bv = v; bi = e; }
     }
     warp_best(bv, bi);
     pv = bv;
     pi = bi;
-    const float w = expf((DEEPSEEK ? logit(p, g, bi) : bv) - m) / s;
+    const float w = MODE == kSigmoid    ? sigmoid_f(logit(p, g, bi))
+                    : MODE == kDeepseek ? expf(logit(p, g, bi) - m) / s
+                                        : expf(bv - m) / s;
     total += w;
     if (lane == 0) write_out<I>(p, row, j, w, bi);
   }
@@ -241,7 +272,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) topk_softmax_loop_kernel(
     for (int j = 0; j < p.k; ++j) p.w[row * p.w_stride + j] /= total;
 }
 
-template <typename T, typename I, bool DEEPSEEK>
+template <typename T, typename I, int MODE>
 void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
@@ -249,13 +280,13 @@ void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
   const dim3 grid(static_cast<unsigned>((p.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(32 * kWarpsPerBlock);
   const int vpt = (p.experts + 31) / 32;
-  if (vpt <= 1) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 1, DEEPSEEK>, grid, block, 0, stream, p);
-  else if (vpt <= 2) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 2, DEEPSEEK>, grid, block, 0, stream, p);
-  else if (vpt <= 4) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 4, DEEPSEEK>, grid, block, 0, stream, p);
-  else if (vpt <= 8) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 8, DEEPSEEK>, grid, block, 0, stream, p);
-  else if (vpt <= 16) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 16, DEEPSEEK>, grid, block, 0, stream, p);
-  else if (vpt <= 32) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 32, DEEPSEEK>, grid, block, 0, stream, p);
-  else cuda::launch(op, device_id, props, topk_softmax_loop_kernel<T, I, DEEPSEEK>, grid, block, 0, stream, p);
+  if (vpt <= 1) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 1, MODE>, grid, block, 0, stream, p);
+  else if (vpt <= 2) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 2, MODE>, grid, block, 0, stream, p);
+  else if (vpt <= 4) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 4, MODE>, grid, block, 0, stream, p);
+  else if (vpt <= 8) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 8, MODE>, grid, block, 0, stream, p);
+  else if (vpt <= 16) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 16, MODE>, grid, block, 0, stream, p);
+  else if (vpt <= 32) cuda::launch(op, device_id, props, topk_softmax_reg_kernel<T, I, 32, MODE>, grid, block, 0, stream, p);
+  else cuda::launch(op, device_id, props, topk_softmax_loop_kernel<T, I, MODE>, grid, block, 0, stream, p);
 }
 
 void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
@@ -286,12 +317,43 @@ void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView 
   const bool deepseek = has_bias && !bias_on_logits;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] {
     if (a.ids64) {
-      if (deepseek) launch_topk<scalar_t, int64_t, true>(op, p, a.device_id);
-      else launch_topk<scalar_t, int64_t, false>(op, p, a.device_id);
+      if (deepseek) launch_topk<scalar_t, int64_t, kDeepseek>(op, p, a.device_id);
+      else launch_topk<scalar_t, int64_t, kByLogit>(op, p, a.device_id);
     } else {
-      if (deepseek) launch_topk<scalar_t, int32_t, true>(op, p, a.device_id);
-      else launch_topk<scalar_t, int32_t, false>(op, p, a.device_id);
+      if (deepseek) launch_topk<scalar_t, int32_t, kDeepseek>(op, p, a.device_id);
+      else launch_topk<scalar_t, int32_t, kByLogit>(op, p, a.device_id);
     }
+  });
+}
+
+void topk_sigmoid_cuda(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
+                       TensorView gating_output, TensorView correction_bias, bool has_bias, bool renormalize,
+                       bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.topk_sigmoid";
+  TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+                               correction_bias, has_bias, 0.0);
+  if (a.tokens == 0) return;
+  if (a.experts > INT_MAX / 2) TVM_FFI_THROW(ValueError) << op << ": too many experts (" << a.experts << ")";
+  TopkParams p;
+  p.w = data_ptr<float>(topk_weights);
+  p.ids = data_ptr<void>(topk_ids);
+  p.tei = has_tei ? data_ptr<int32_t>(token_expert_indices) : nullptr;
+  p.g = data_ptr<const void>(gating_output);
+  p.bias = has_bias ? data_ptr<const float>(correction_bias) : nullptr;
+  p.g_stride = a.g_stride;
+  p.w_stride = a.w_stride;
+  p.ids_stride = a.ids_stride;
+  p.tei_stride = a.tei_stride;
+  p.tokens = a.tokens;
+  p.experts = static_cast<int>(a.experts);
+  p.k = static_cast<int>(a.k);
+  p.softcap = 0.f;  // logit() then returns the plain logit: the bias goes on the sigmoid scores
+  p.renormalize = renormalize;
+  p.bias_on_logits = false;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] {
+    if (a.ids64) launch_topk<scalar_t, int64_t, kSigmoid>(op, p, a.device_id);
+    else launch_topk<scalar_t, int32_t, kSigmoid>(op, p, a.device_id);
   });
 }
 
@@ -447,8 +509,78 @@ void moe_align_block_size_cuda(TensorView sorted_token_ids, TensorView expert_id
   }
 }
 
+struct BatchedParams {
+  int32_t* sorted;
+  int32_t* experts;
+  int32_t* post;
+  const int32_t* counts;
+  int64_t num_experts, m, block_size, n_sorted, n_blocks;
+};
+
+// batched_moe_align_block_size: block x lays out expert x (its first slot: the padded counts of
+// the experts before it, summed by the block); the slots and blocks past the total are shared
+// by all blocks (grid-stride); block 0 writes the total. Counts are clamped to [0, m] (the
+// Python contract rejects others on the CPU; here a check would cost a synchronisation), so
+// every write stays inside [0, E * round_up(m, block_size)), within the checked buffers.
+__global__ void __launch_bounds__(256) batched_align_kernel(BatchedParams p) {
+  __shared__ long long sums[2];  // [0]: padded counts of experts < x, [1]: of all experts
+  const int64_t x = blockIdx.x;
+  const int64_t bs = p.block_size, m = p.m;
+  cuda::pdl_enter();
+  if (threadIdx.x < 2) sums[threadIdx.x] = 0;
+  __syncthreads();
+  long long before = 0, all = 0;
+  for (int64_t e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
+    const int64_t c = min(max(static_cast<int64_t>(__ldg(p.counts + e)), int64_t(0)), m);
+    const int64_t padded = (c + bs - 1) / bs * bs;
+    all += padded;
+    if (e < x) before += padded;
+  }
+  if (before) atomicAdd(reinterpret_cast<unsigned long long*>(&sums[0]), static_cast<unsigned long long>(before));
+  if (all) atomicAdd(reinterpret_cast<unsigned long long*>(&sums[1]), static_cast<unsigned long long>(all));
+  __syncthreads();
+  const int64_t start = sums[0], total = sums[1];
+  const int64_t c = min(max(static_cast<int64_t>(__ldg(p.counts + x)), int64_t(0)), m);
+  const int64_t padded = (c + bs - 1) / bs * bs;
+  const int32_t sentinel = static_cast<int32_t>(p.num_experts * m);
+  for (int64_t j = threadIdx.x; j < padded; j += blockDim.x)
+    p.sorted[start + j] = j < c ? static_cast<int32_t>(x * m + j) : sentinel;
+  for (int64_t b = threadIdx.x; b < padded / bs; b += blockDim.x) p.experts[start / bs + b] = static_cast<int32_t>(x);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = total + x * blockDim.x + threadIdx.x; i < p.n_sorted; i += step) p.sorted[i] = sentinel;
+  for (int64_t b = total / bs + x * blockDim.x + threadIdx.x; b < p.n_blocks; b += step) p.experts[b] = -1;
+  if (x == 0 && threadIdx.x == 0) *p.post = static_cast<int32_t>(total);
+}
+
+void batched_moe_align_block_size_cuda(TensorView sorted_ids, TensorView expert_ids, TensorView num_tokens_post_padded,
+                                       TensorView expert_num_tokens, int64_t max_tokens_per_batch, int64_t block_size,
+                                       bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.batched_moe_align_block_size";
+  BatchedArgs a = check_batched_args(op, kDLCUDA, sorted_ids, expert_ids, num_tokens_post_padded, expert_num_tokens,
+                                     max_tokens_per_batch, block_size);
+  BatchedParams p;
+  p.sorted = data_ptr<int32_t>(sorted_ids);
+  p.experts = data_ptr<int32_t>(expert_ids);
+  p.post = data_ptr<int32_t>(num_tokens_post_padded);
+  p.counts = data_ptr<const int32_t>(expert_num_tokens);
+  p.num_experts = a.num_experts;
+  p.m = max_tokens_per_batch;
+  p.block_size = block_size;
+  p.n_sorted = a.n_sorted;
+  p.n_blocks = a.n_blocks;
+  if (a.num_experts > INT_MAX) TVM_FFI_THROW(ValueError) << op << ": too many experts (" << a.num_experts << ")";
+  cuda::DeviceScope scope(op, a.device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, a.device_id);
+  const cudaStream_t stream = cuda::current_stream(a.device_id);
+  const dim3 grid(static_cast<unsigned>(a.num_experts)), block(256);
+  cuda::launch(op, a.device_id, props, batched_align_kernel, grid, block, 0, stream, p);
+}
+
 }  // namespace moe_cuda
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda, opmux::moe_cuda::topk_softmax_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cuda, opmux::moe_cuda::topk_sigmoid_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cuda, opmux::moe_cuda::batched_moe_align_block_size_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda, opmux::moe_cuda::moe_align_block_size_cuda);

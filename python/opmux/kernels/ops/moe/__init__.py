@@ -1,4 +1,5 @@
-"""Mixture-of-experts routing: top-k softmax gating and block alignment of the routed tokens.
+"""Mixture-of-experts routing: top-k softmax or sigmoid gating, block alignment of the routed tokens
+(sorted by expert, or vLLM's batched layout).
 
 >>> import torch
 >>> from opmux.kernels.ops.moe import topk_softmax

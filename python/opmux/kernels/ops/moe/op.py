@@ -10,6 +10,23 @@ the softmax; with ``bias_on_logits`` sgl-kernel's: the bias is added to ``x`` be
 to the caller's ``topk_weights`` (float32) / ``topk_ids`` (int32 or int64, written directly)
 when given; ``token_expert_indices`` (int32), when given, gets ``[i, j] = j * T + i``.
 
+``topk_sigmoid`` (vLLM's): the same routing with sigmoid scores, the kernels of ``topk_softmax``
+in their sigmoid mode: each expert's weight is ``sigmoid(logit)`` (fp32), the top-k are chosen
+by that score (by score + ``correction_bias`` [E] float32 when given: DeepSeek-V3's, the weights
+staying the plain sigmoid), equal scores broken by the LOWER expert index (a saturated sigmoid,
+1.0 for logits above ~17, ties like any other); ``renormalize``, the caller's buffers and
+``token_expert_indices`` as in ``topk_softmax``.
+
+``batched_moe_align_block_size`` (vLLM's batched layout: tokens already grouped per expert,
+``[E, max_tokens_per_batch]``): ``expert_num_tokens`` (int32 [E], each in
+``[0, max_tokens_per_batch]``) -> ``sorted_ids`` (expert e's rows ``e * M + j``, j <
+``expert_num_tokens[e]``, in order, each expert padded to a multiple of ``block_size`` with the
+sentinel ``E * M``; ``E * round_up(M, block_size)`` entries, a caller's buffer may be longer and
+is written whole), ``expert_ids`` (one per block, -1 past the total, as vLLM's kernel) and
+``num_tokens_post_padded`` ``[total]``. A count outside ``[0, M]`` raises ``ValueError`` for CPU
+tensors; on CUDA it is clamped (a check would cost a synchronisation), so no write goes out of
+bounds.
+
 ``moe_align_block_size`` (vLLM's layout): for each expert in order, the flat indices
 ``t * k + j`` of ``topk_ids`` (int32 or int64, read directly) routed to it, in increasing
 (token) order, padded with ``T * k`` to a multiple of ``block_size``. With ``expert_map``
@@ -41,6 +58,8 @@ else:
     from .._torch import torch
 
 _TK = "moe.topk_softmax"
+_TS = "moe.topk_sigmoid"
+_BA = "moe.batched_moe_align_block_size"
 _AL = "moe.moe_align_block_size"
 
 
@@ -56,7 +75,7 @@ def _buffer(
         )
     if tuple(buf.shape) != shape:
         raise ValueError(f"{op}: {name} has shape {tuple(buf.shape)}, expected {list(shape)}")
-    _checks.same_device(op, "gating_output" if op == _TK else "topk_ids", ref, **{name: buf})
+    _checks.same_device(op, "topk_ids" if op == _AL else "gating_output", ref, **{name: buf})
     if len(shape) == 2 and shape[1] > 1 and buf.stride(1) != 1:
         raise ValueError(f"{op}: {name} has a non-contiguous last dimension (stride {buf.stride(1)})")
     if len(shape) == 2 and shape[0] > 1 and buf.stride(0) < shape[1]:
@@ -96,8 +115,12 @@ def check_topk(
             and (gs[1] == 1 or g.stride()[1] == 1)
             and isinstance(g, torch.Tensor)
         ):
-            w = torch.empty(gs[0], topk, dtype=torch.float32, device=dev)
-            ids_ = torch.empty(gs[0], topk, dtype=torch.int32, device=dev)
+            if type(g) is torch.Tensor:  # new_empty of a prototype: no keywords to parse (_checks.PROTOS)
+                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+                w, ids_ = p[torch.float32].new_empty(gs[0], topk), p[torch.int32].new_empty(gs[0], topk)
+            else:  # fake tensors (torch.compile), subclasses
+                w = torch.empty(gs[0], topk, dtype=torch.float32, device=dev)
+                ids_ = torch.empty(gs[0], topk, dtype=torch.int32, device=dev)
             fast = (w, ids_, ids_, False, g, g, False, renormalize, moe_softcapping, bias_on_logits)
             return fast, (w, ids_)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
@@ -105,41 +128,65 @@ def check_topk(
     _checks.no_caller_outputs_when_compiling(
         _TK, "topk_weights / topk_ids / token_expert_indices", topk_weights, topk_ids, token_expert_indices
     )
-    _checks.tensor(_TK, "gating_output", g)
-    _checks.float_dtype(_TK, "gating_output", g)
-    if g.dim() != 2 or g.shape[1] == 0:
-        raise ValueError(f"{_TK}: gating_output has shape {tuple(g.shape)}, expected [T, E] with E >= 1")
-    k = _checks.positive_int(_TK, "topk", topk)
-    t, e = g.shape
-    if k > e:
-        raise ValueError(f"{_TK}: topk {k} exceeds the number of experts {e}")
-    _checks.rows(_TK, "gating_output", g, e)
-    for name, flag in (("renormalize", renormalize), ("bias_on_logits", bias_on_logits)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{_TK}: {name} must be a bool, got {flag!r}")
+    k = _check_gating(_TK, g, topk, renormalize)
+    if not isinstance(bias_on_logits, bool):
+        raise TypeError(f"{_TK}: bias_on_logits must be a bool, got {bias_on_logits!r}")
     if isinstance(moe_softcapping, bool) or not isinstance(moe_softcapping, (int, float)):
         raise TypeError(f"{_TK}: moe_softcapping must be a float, got {moe_softcapping!r}")
     cap = float(moe_softcapping)
     if not (0.0 <= cap < math.inf):
         raise ValueError(f"{_TK}: moe_softcapping must be finite and >= 0 (0: off), got {moe_softcapping!r}")
+    kargs, result = _route_outputs(_TK, g, k, correction_bias, topk_weights, topk_ids, token_expert_indices)
+    return (*kargs, renormalize, cap, bias_on_logits), result
+
+
+def _check_gating(op: str, g: Tensor, topk: int, renormalize: bool) -> int:
+    """The checks of a routing op's gating logits, topk and renormalize; -> topk."""
+    _checks.tensor(op, "gating_output", g)
+    _checks.float_dtype(op, "gating_output", g)
+    if g.dim() != 2 or g.shape[1] == 0:
+        raise ValueError(f"{op}: gating_output has shape {tuple(g.shape)}, expected [T, E] with E >= 1")
+    k = _checks.positive_int(op, "topk", topk)
+    e = g.shape[1]
+    if k > e:
+        raise ValueError(f"{op}: topk {k} exceeds the number of experts {e}")
+    _checks.rows(op, "gating_output", g, e)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"{op}: renormalize must be a bool, got {renormalize!r}")
+    return k
+
+
+def _route_outputs(
+    op: str,
+    g: Tensor,
+    k: int,
+    correction_bias: Tensor | None,
+    topk_weights: Tensor | None,
+    topk_ids: Tensor | None,
+    token_expert_indices: Tensor | None,
+) -> tuple[tuple[Any, ...], tuple[Tensor, Tensor]]:
+    """A routing op's bias and output buffers (checked or allocated) -> ((w, ids, tei, has_tei,
+    g, bias, has_bias), (w, ids)); absent optional tensors are passed as another (unread) tensor
+    with its flag False."""
+    t, e = g.shape
     if correction_bias is not None:
-        _checks.tensor(_TK, "correction_bias", correction_bias)
-        _checks.exact_dtype(_TK, "correction_bias", correction_bias, torch.float32)
-        _checks.same_device(_TK, "gating_output", g, correction_bias=correction_bias)
-        _checks.vector(_TK, "correction_bias", correction_bias, e, "one per expert")
+        _checks.tensor(op, "correction_bias", correction_bias)
+        _checks.exact_dtype(op, "correction_bias", correction_bias, torch.float32)
+        _checks.same_device(op, "gating_output", g, correction_bias=correction_bias)
+        _checks.vector(op, "correction_bias", correction_bias, e, "one per expert")
     w = (
         torch.empty((t, k), dtype=torch.float32, device=g.device)
         if topk_weights is None
-        else _buffer(_TK, "topk_weights", topk_weights, (t, k), (torch.float32,), g)
+        else _buffer(op, "topk_weights", topk_weights, (t, k), (torch.float32,), g)
     )
     ids = (
         torch.empty((t, k), dtype=torch.int32, device=g.device)
         if topk_ids is None
-        else _buffer(_TK, "topk_ids", topk_ids, (t, k), (torch.int32, torch.int64), g)
+        else _buffer(op, "topk_ids", topk_ids, (t, k), (torch.int32, torch.int64), g)
     )
     tei = token_expert_indices
     if tei is not None:
-        _buffer(_TK, "token_expert_indices", tei, (t, k), (torch.int32,), g)
+        _buffer(op, "token_expert_indices", tei, (t, k), (torch.int32,), g)
     bias = correction_bias
     kargs = (
         w,
@@ -150,7 +197,27 @@ def check_topk(
         g if bias is None else bias,
         bias is not None,
     )
-    return (*kargs, renormalize, cap, bias_on_logits), (w, ids)
+    return kargs, (w, ids)
+
+
+def check_sigmoid(
+    op: str,
+    g: Tensor,
+    topk: int,
+    renormalize: bool = False,
+    correction_bias: Tensor | None = None,
+    topk_weights: Tensor | None = None,
+    topk_ids: Tensor | None = None,
+    token_expert_indices: Tensor | None = None,
+) -> tuple[tuple[Any, ...], Any]:
+    """-> ((w, ids, tei, has_tei, g, bias, has_bias, renormalize), (w, ids)): topk_softmax's
+    contract without softcapping and bias_on_logits."""
+    _checks.no_caller_outputs_when_compiling(
+        _TS, "topk_weights / topk_ids / token_expert_indices", topk_weights, topk_ids, token_expert_indices
+    )
+    k = _check_gating(_TS, g, topk, renormalize)
+    kargs, result = _route_outputs(_TS, g, k, correction_bias, topk_weights, topk_ids, token_expert_indices)
+    return (*kargs, renormalize), result
 
 
 def _int32(device: torch.device, n: int) -> Tensor:
@@ -397,6 +464,51 @@ def torch_topk(
         _token_expert_indices(tei, g.shape[0], k)
 
 
+def ref_sigmoid(
+    gating_output: Tensor,
+    topk: int,
+    renormalize: bool = False,
+    correction_bias: Tensor | None = None,
+    topk_weights: Tensor | None = None,
+    topk_ids: Tensor | None = None,
+    token_expert_indices: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    s = torch.sigmoid(gating_output.float())
+    key = s if correction_bias is None else s + correction_bias.float()
+    # a stable descending sort of the scores: equal scores keep index order (the lower id wins)
+    ids = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :topk]
+    w = s.gather(-1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    if token_expert_indices is not None:
+        _token_expert_indices(token_expert_indices, s.shape[0], topk)
+    w = w if topk_weights is None else topk_weights.copy_(w)
+    ids = ids.to(torch.int32) if topk_ids is None else topk_ids.copy_(ids)
+    return w, ids
+
+
+def torch_sigmoid(
+    w: Tensor,
+    ids: Tensor,
+    tei: Tensor,
+    has_tei: bool,
+    gating_output: Tensor,
+    bias: Tensor,
+    has_bias: bool,
+    renormalize: bool,
+) -> None:
+    s = torch.sigmoid(gating_output.float())
+    k = w.shape[1]
+    order = torch.argsort(s + bias if has_bias else s, dim=-1, descending=True, stable=True)[:, :k]
+    wk = s.gather(-1, order)
+    if renormalize:
+        wk = wk / wk.sum(-1, keepdim=True)
+    w.copy_(wk)
+    ids.copy_(order)
+    if has_tei:
+        _token_expert_indices(tei, s.shape[0], k)
+
+
 def _mapped(flat: Tensor, num_experts: int, expert_map: Tensor | None) -> Tensor:
     """Each entry's bin: its expert (through ``expert_map``), or ``num_experts`` when it is not
     placed (mapped to -1; on CUDA also an id out of range)."""
@@ -499,6 +611,142 @@ def torch_align(
         cumsum[e : e + 1].copy_(total)
 
 
+def _batched_buffer(name: str, buf: Tensor, n: int, what: str, ref: Tensor) -> Tensor:
+    """A caller's int32 vector of at least ``n`` elements (dense); the kernels write all of it."""
+    _checks.tensor(_BA, name, buf)
+    _checks.exact_dtype(_BA, name, buf, torch.int32)
+    _checks.same_device(_BA, "expert_num_tokens", ref, **{name: buf})
+    if buf.dim() != 1 or buf.shape[0] < n:
+        raise ValueError(
+            f"{_BA}: {name} has shape {tuple(buf.shape)}, expected a vector of at least {n} ({what})"
+        )
+    if buf.shape[0] > 1 and buf.stride(0) != 1:
+        raise ValueError(f"{_BA}: {name} has stride {buf.stride(0)}; it must be dense")
+    if buf.shape[0] >= 2**31:
+        raise ValueError(f"{_BA}: {name} has {buf.shape[0]} elements; at most {2**31 - 1}")
+    return buf
+
+
+def check_batched(
+    op: str,
+    expert_num_tokens: Tensor,
+    max_tokens_per_batch: int,
+    block_size: int,
+    sorted_ids: Tensor | None = None,
+    expert_ids: Tensor | None = None,
+    num_tokens_post_padded: Tensor | None = None,
+) -> tuple[tuple[Any, ...], Any]:
+    """-> ((sorted_ids, expert_ids, num_tokens_post_padded, expert_num_tokens,
+    max_tokens_per_batch, block_size), the three outputs)."""
+    _checks.no_caller_outputs_when_compiling(
+        _BA,
+        "sorted_ids / expert_ids / num_tokens_post_padded",
+        sorted_ids,
+        expert_ids,
+        num_tokens_post_padded,
+    )
+    counts = expert_num_tokens
+    _checks.tensor(_BA, "expert_num_tokens", counts)
+    _checks.exact_dtype(_BA, "expert_num_tokens", counts, torch.int32)
+    if counts.dim() != 1 or counts.shape[0] == 0:
+        raise ValueError(
+            f"{_BA}: expert_num_tokens has shape {tuple(counts.shape)}, expected [E] with E >= 1"
+        )
+    if counts.shape[0] > 1 and counts.stride(0) != 1:
+        raise ValueError(f"{_BA}: expert_num_tokens has stride {counts.stride(0)}; it must be dense")
+    m = _checks.positive_int(_BA, "max_tokens_per_batch", max_tokens_per_batch)
+    bs = _checks.positive_int(_BA, "block_size", block_size)
+    e = counts.shape[0]
+    n = e * ((m + bs - 1) // bs * bs)
+    if n >= 2**31 or e * m >= 2**31:
+        raise ValueError(
+            f"{_BA}: {e} experts of {m} tokens padded to blocks of {bs} ({n} slots) do not fit int32"
+        )
+    dev = counts.device
+    what = "E * round_up(max_tokens_per_batch, block_size)"
+    sorted_ = (
+        torch.empty(n, dtype=torch.int32, device=dev)
+        if sorted_ids is None
+        else _batched_buffer("sorted_ids", sorted_ids, n, what, counts)
+    )
+    experts = (
+        torch.empty(n // bs, dtype=torch.int32, device=dev)
+        if expert_ids is None
+        else _batched_buffer("expert_ids", expert_ids, n // bs, "one per block", counts)
+    )
+    post = (
+        torch.empty(1, dtype=torch.int32, device=dev)
+        if num_tokens_post_padded is None
+        else _batched_buffer("num_tokens_post_padded", num_tokens_post_padded, 1, "the padded total", counts)
+    )
+    return (sorted_, experts, post, counts, m, bs), (sorted_, experts, post)
+
+
+def values_batched(expert_num_tokens: Tensor, max_tokens_per_batch: int, *_: Any) -> None:
+    """CPU only (free there); on CUDA the kernels clamp counts into [0, max_tokens_per_batch]."""
+    c = expert_num_tokens
+    if c.is_cpu and c.numel() and not _checks.in_range(c, 0, max_tokens_per_batch + 1):
+        e = int(((c < 0) | (c > max_tokens_per_batch)).nonzero()[0, 0])
+        raise ValueError(
+            f"{_BA}: expert_num_tokens[{e}] = {int(c[e])} is out of range "
+            f"[0, {max_tokens_per_batch}] (max_tokens_per_batch)"
+        )
+
+
+def ref_batched(
+    expert_num_tokens: Tensor,
+    max_tokens_per_batch: int,
+    block_size: int,
+    sorted_ids: Tensor | None = None,
+    expert_ids: Tensor | None = None,
+    num_tokens_post_padded: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    counts = expert_num_tokens.cpu()
+    values_batched(counts, max_tokens_per_batch)
+    e, m, bs = counts.numel(), max_tokens_per_batch, block_size
+    dev = expert_num_tokens.device
+    n = e * ((m + bs - 1) // bs * bs) if sorted_ids is None else sorted_ids.numel()
+    nb = e * ((m + bs - 1) // bs) if expert_ids is None else expert_ids.numel()
+    out = torch.full((n,), e * m, dtype=torch.int32)
+    blocks = torch.full((nb,), -1, dtype=torch.int32)
+    pos = 0
+    for x in range(e):
+        c = int(counts[x])
+        out[pos : pos + c] = torch.arange(x * m, x * m + c, dtype=torch.int32)
+        padded = (c + bs - 1) // bs * bs
+        blocks[pos // bs : (pos + padded) // bs] = x
+        pos += padded
+    post = torch.tensor([pos], dtype=torch.int32)
+    res = []
+    for mine, theirs in ((out, sorted_ids), (blocks, expert_ids), (post, num_tokens_post_padded)):
+        if theirs is None:
+            res.append(mine.to(dev))
+        else:
+            theirs[: mine.numel()].copy_(mine)
+            res.append(theirs)
+    return res[0], res[1], res[2]
+
+
+def torch_batched(
+    sorted_ids: Tensor, expert_ids: Tensor, post: Tensor, counts: Tensor, m: int, bs: int
+) -> None:
+    dev = counts.device
+    c = counts.long().clamp(0, m)  # CPU counts were checked; CUDA ones are clamped, as the kernels do
+    e = c.numel()
+    padded = (c + bs - 1) // bs * bs
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    sorted_ids.fill_(e * m)
+    rows = torch.repeat_interleave(torch.arange(e, device=dev), c)
+    j = torch.arange(rows.numel(), device=dev) - (torch.cumsum(c, 0) - c)[rows]
+    sorted_ids[starts[rows] + j] = (rows * m + j).to(torch.int32)
+    total = ends[-1:]
+    blocks = torch.arange(expert_ids.numel(), device=dev)
+    owner = torch.searchsorted(ends // bs, blocks, right=True)
+    expert_ids.copy_(torch.where(blocks < total // bs, owner, -1))
+    post[:1].copy_(total)
+
+
 topk_softmax = declare(
     _TK,
     "(Tensor gating_output, int topk, bool renormalize=False, Tensor? correction_bias=None, "
@@ -527,4 +775,29 @@ moe_align_block_size = declare(
     torch=torch_align,
     dtypes=("int32", "int64"),  # int64 ids (vLLM's, sgl's) are read as they are
     tolerances=(INT32_EXACT, ("int64", (0.0, 0.0))),
+)
+topk_sigmoid = declare(
+    _TS,
+    "(Tensor gating_output, int topk, bool renormalize=False, Tensor? correction_bias=None, "
+    "Tensor(a!)? topk_weights=None, Tensor(a!)? topk_ids=None, Tensor(a!)? token_expert_indices=None) "
+    "-> (Tensor, Tensor)",
+    doc="gating [T, E] -> (sigmoid weights fp32 [T, k], expert ids int32/int64 [T, k]), chosen by the sigmoid "
+    "score (+ correction_bias: DeepSeek's, vLLM's); ties -> lower id; caller buffers, token_expert_indices",
+    check=check_sigmoid,
+    reference=ref_sigmoid,
+    torch=torch_sigmoid,
+    tolerances=(*TOLERANCES, INT32_EXACT, ("int64", (0.0, 0.0))),
+)
+batched_moe_align_block_size = declare(
+    _BA,
+    "(Tensor expert_num_tokens, int max_tokens_per_batch, int block_size, Tensor(a!)? sorted_ids=None, "
+    "Tensor(a!)? expert_ids=None, Tensor(a!)? num_tokens_post_padded=None) -> (Tensor, Tensor, Tensor)",
+    doc="expert_num_tokens int32 [E] (batched layout [E, max_tokens_per_batch]) -> (sorted_ids, expert_ids, "
+    "num_tokens_post_padded), vLLM's batched layout; caller buffers",
+    check=check_batched,
+    values=values_batched,
+    reference=ref_batched,
+    torch=torch_batched,
+    dtypes=("int32",),
+    tolerances=(INT32_EXACT,),
 )

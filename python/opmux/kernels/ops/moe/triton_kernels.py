@@ -44,6 +44,7 @@ def _topk_softmax(
     SOFTCAP: tl.constexpr,
     BLOCK: tl.constexpr,
     KBLOCK: tl.constexpr,
+    SIGMOID: tl.constexpr = False,  # topk_sigmoid: scores sigmoid(x), chosen by score (+ bias, BIAS_MODE 1)
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -56,13 +57,20 @@ def _topk_softmax(
         b = tl.load(BIAS + cols, mask=inb, other=0.0)
     if BIAS_MODE == 2:
         x = tl.where(inb, x + b, float("-inf"))
-    m = tl.max(x, axis=0)
-    ex = tl.where(inb, tl.exp(x - m), 0.0)
-    total_e = tl.sum(ex, axis=0)
-    inv_sum = tl.math.div_rn(1.0, total_e)
     nan = x != x  # NaN ranks above every logit (as torch.sort has it); its row's weights are NaN
-    if BIAS_MODE == 1:
-        x = tl.where(inb, tl.math.div_rn(ex, total_e) + b, float("-inf"))  # the ranking key
+    if SIGMOID:
+        ex = tl.where(inb, tl.math.div_rn(1.0, 1.0 + tl.exp(-x)), 0.0)  # the weights: the scores
+        inv_sum = 1.0
+        x = tl.where(inb, ex, float("-inf"))  # the ranking key: the score
+        if BIAS_MODE == 1:
+            x = tl.where(inb, ex + b, float("-inf"))
+    else:
+        m = tl.max(x, axis=0)
+        ex = tl.where(inb, tl.exp(x - m), 0.0)
+        total_e = tl.sum(ex, axis=0)
+        inv_sum = tl.math.div_rn(1.0, total_e)
+        if BIAS_MODE == 1:
+            x = tl.where(inb, tl.math.div_rn(ex, total_e) + b, float("-inf"))  # the ranking key
     avail = inb
     wk = tl.zeros([KBLOCK], dtype=tl.float32)
     ik = tl.zeros([KBLOCK], dtype=tl.int32)
@@ -122,6 +130,46 @@ def topk_softmax(
         SOFTCAP=softcap > 0,
         BLOCK=block,
         KBLOCK=triton.next_power_of_2(k),
+        num_warps=1 if block <= 256 else 4,
+    )
+
+
+def topk_sigmoid(
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    tei: torch.Tensor,
+    has_tei: bool,
+    g: torch.Tensor,
+    bias: torch.Tensor,
+    has_bias: bool,
+    renormalize: bool,
+) -> None:
+    t, e = g.shape
+    if t == 0:
+        return
+    block = triton.next_power_of_2(e)
+    k = w.shape[1]
+    _topk_softmax[(t,)](
+        g,
+        w,
+        ids,
+        tei,
+        bias,
+        g.stride(0),
+        w.stride(0),
+        ids.stride(0),
+        tei.stride(0),
+        t,
+        e,
+        k,
+        1.0,
+        RENORM=renormalize,
+        HAS_TEI=has_tei,
+        BIAS_MODE=1 if has_bias else 0,
+        SOFTCAP=False,
+        BLOCK=block,
+        KBLOCK=triton.next_power_of_2(k),
+        SIGMOID=True,
         num_warps=1 if block <= 256 else 4,
     )
 
@@ -234,5 +282,72 @@ def moe_align_block_size(
         HAS_MAP=has_map,
         HAS_CUMSUM=has_cumsum,
         BLOCK=block,
+        EBLOCK=max(16, triton.next_power_of_2(e)),
+    )
+
+
+@triton.jit
+def _batched_align(
+    COUNTS,
+    SORTED,
+    EXPERT_IDS,
+    POST,
+    E,
+    M,
+    BS,
+    NSORTED,
+    NBLOCKS,
+    BLOCK: tl.constexpr,
+    EBLOCK: tl.constexpr,
+):
+    """Program x: expert x's slots (its entries x * M + j, then the sentinel E * M) and blocks;
+    program 0 also the total and every slot / block past it. Counts are clamped to [0, M]."""
+    x = tl.program_id(0)
+    ex = tl.arange(0, EBLOCK)
+    c = tl.load(COUNTS + ex, mask=ex < E, other=0)
+    c = tl.minimum(tl.maximum(c, 0), M)
+    padded = (c + BS - 1) // BS * BS
+    start = tl.sum(tl.where(ex < x, padded, 0), axis=0)
+    mine = tl.sum(tl.where(ex == x, padded, 0), axis=0)
+    cnt = tl.sum(tl.where(ex == x, c, 0), axis=0)
+    sentinel = E * M
+    for s0 in range(0, mine, BLOCK):
+        j = s0 + tl.arange(0, BLOCK)
+        v = tl.where(j < cnt, x * M + j, sentinel)
+        tl.store(SORTED + start + j, v, mask=j < mine)
+    for b0 in range(0, mine // BS, BLOCK):
+        b = b0 + tl.arange(0, BLOCK)
+        tl.store(EXPERT_IDS + start // BS + b, tl.zeros([BLOCK], dtype=tl.int32) + x, mask=b < mine // BS)
+    if x == 0:
+        total = tl.sum(padded, axis=0)
+        tl.store(POST, total)
+        for s0 in range(total, NSORTED, BLOCK):
+            i = s0 + tl.arange(0, BLOCK)
+            tl.store(SORTED + i, tl.zeros([BLOCK], dtype=tl.int32) + sentinel, mask=i < NSORTED)
+        for b0 in range(total // BS, NBLOCKS, BLOCK):
+            b = b0 + tl.arange(0, BLOCK)
+            tl.store(EXPERT_IDS + b, tl.zeros([BLOCK], dtype=tl.int32) - 1, mask=b < NBLOCKS)
+
+
+def batched_moe_align_block_size(
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    post: torch.Tensor,
+    counts: torch.Tensor,
+    m: int,
+    bs: int,
+) -> None:
+    e = counts.numel()
+    _batched_align[(e,)](
+        counts,
+        sorted_ids,
+        expert_ids,
+        post,
+        e,
+        m,
+        bs,
+        sorted_ids.numel(),
+        expert_ids.numel(),
+        BLOCK=min(1024, max(16, triton.next_power_of_2(m))),
         EBLOCK=max(16, triton.next_power_of_2(e)),
     )

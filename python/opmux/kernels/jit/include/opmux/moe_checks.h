@@ -144,4 +144,53 @@ inline AlignArgs check_align_args(const char* op, int32_t device_type, const Ten
   return a;
 }
 
+struct BatchedArgs {
+  int32_t device_id;
+  int64_t num_experts, n_sorted, n_blocks;
+};
+
+// batched_moe_align_block_size(sorted_ids, expert_ids, num_tokens_post_padded, expert_num_tokens
+// int32 [E], max_tokens_per_batch, block_size): buffers of at least E * round_up(m, block_size)
+// slots and their blocks (every element is written).
+inline BatchedArgs check_batched_args(const char* op, int32_t device_type, const TensorView& sorted,
+                                      const TensorView& experts, const TensorView& post,
+                                      const TensorView& counts, int64_t m, int64_t block_size) {
+  BatchedArgs a;
+  a.device_id = check_device(op, device_type, {{"sorted_ids", &sorted}, {"expert_ids", &experts},
+                                               {"num_tokens_post_padded", &post}, {"expert_num_tokens", &counts}});
+  check_ndim(op, "expert_num_tokens", counts, 1);
+  check_int32(op, "expert_num_tokens", counts);
+  check_last_dim_contiguous(op, "expert_num_tokens", counts);
+  check_int32(op, "sorted_ids", sorted);
+  check_int32(op, "expert_ids", experts);
+  check_int32(op, "num_tokens_post_padded", post);
+  a.num_experts = counts.size(0);
+  if (a.num_experts < 1 || m < 1 || block_size < 1) {
+    TVM_FFI_THROW(ValueError) << op << ": need at least one expert, max_tokens_per_batch >= 1 and block_size >= 1, got "
+                              << a.num_experts << ", " << m << " and " << block_size;
+  }
+  if (m >= (int64_t(1) << 31) || block_size >= (int64_t(1) << 31)) {
+    TVM_FFI_THROW(ValueError) << op << ": max_tokens_per_batch " << m << " and block_size " << block_size
+                              << " must fit int32";
+  }
+  const int64_t need = a.num_experts * ((m + block_size - 1) / block_size * block_size);
+  if (need >= (int64_t(1) << 31) || a.num_experts * m >= (int64_t(1) << 31)) {
+    TVM_FFI_THROW(ValueError) << op << ": " << need << " padded slots do not fit int32";
+  }
+  auto vec = [&](const char* name, const TensorView& t, int64_t n, const char* what) {
+    check_ndim(op, name, t, 1);
+    if (t.size(0) < n) {
+      TVM_FFI_THROW(ValueError) << op << ": " << name << " has " << t.size(0) << " elements, expected at least "
+                                << n << " (" << what << ")";
+    }
+    check_last_dim_contiguous(op, name, t);
+    if (t.size(0) >= (int64_t(1) << 31)) TVM_FFI_THROW(ValueError) << op << ": " << name << " is too long";
+    return t.size(0);
+  };
+  a.n_sorted = vec("sorted_ids", sorted, need, "E * round_up(max_tokens_per_batch, block_size)");
+  a.n_blocks = vec("expert_ids", experts, need / block_size, "one per block");
+  vec("num_tokens_post_padded", post, 1, "one element");
+  return a;
+}
+
 }  // namespace opmux
