@@ -82,18 +82,23 @@ inline void reshape_and_cache_impl(const char* k, const char* v, char* kc, char*
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
   const int64_t elt = a.elt_bytes;
   const RowDst ko = key_dst(a), vo = value_dst(a);
-  const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 16);
-  (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
-#endif
-  for (int64_t t = 0; t < a.tokens; ++t) {
+  const auto token = [&](int64_t t) {
     const int64_t s = slots[t];
-    if (s < 0) continue;
+    if (s < 0) return;
     const int64_t blk = s / a.block_size, off = s % a.block_size;
     copy_token(kc + (blk * a.kc_block + off * a.kc_page) * elt, ko, k + t * a.k_tok * elt, a.k_head, a);
     copy_token(vc + (blk * a.vc_block + off * a.vc_page) * elt, vo, v + t * a.v_tok * elt, a.v_head, a);
+  };
+  // A small call enters no OpenMP region at all: `omp parallel for if (false)` still forms a
+  // team of one in libgomp, about 0.2 us a call (as much as a one-token copy).
+  if (a.tokens <= 1 || a.tokens * a.heads * a.head_dim < (1 << 16)) {
+    for (int64_t t = 0; t < a.tokens; ++t) token(t);
+    return;
   }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t t = 0; t < a.tokens; ++t) token(t);
 }
 
 // q[0..n) = e4m3(x[i] / scale) (branch-free: the loop vectorizes).
@@ -119,14 +124,9 @@ void reshape_and_cache_fp8_impl(const T* k, const T* v, uint8_t* kc, uint8_t* vc
                                 const CacheLayout& a, float k_scale, float v_scale) {
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
   const RowDst ko = key_dst(a), vo = value_dst(a);
-  const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 15);
-  (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
-#endif
-  for (int64_t t = 0; t < a.tokens; ++t) {
+  const auto token = [&](int64_t t) {
     const int64_t s = slots[t];
-    if (s < 0) continue;
+    if (s < 0) return;
     const int64_t blk = s / a.block_size, off = s % a.block_size;
     uint8_t* kd = kc + blk * a.kc_block + off * a.kc_page;
     uint8_t* vd = vc + blk * a.vc_block + off * a.vc_page;
@@ -134,7 +134,15 @@ void reshape_and_cache_fp8_impl(const T* k, const T* v, uint8_t* kc, uint8_t* vc
       quantize_head(kd + h * a.kc_head, ko, k + t * a.k_tok + h * a.k_head, a.head_dim, k_scale);
       quantize_head(vd + h * a.vc_head, vo, v + t * a.v_tok + h * a.v_head, a.head_dim, v_scale);
     }
+  };
+  if (a.tokens <= 1 || a.tokens * a.heads * a.head_dim < (1 << 15)) {  // no OpenMP region (above)
+    for (int64_t t = 0; t < a.tokens; ++t) token(t);
+    return;
   }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t t = 0; t < a.tokens; ++t) token(t);
 }
 
 }  // namespace kvcache_cpu
