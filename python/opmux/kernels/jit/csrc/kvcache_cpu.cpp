@@ -5,6 +5,9 @@
 // D/x, block_size, x] with value [num_blocks, H, D, block_size]. An fp8 cache (e4m3fn bytes) gets fp8(x / scale): an IEEE
 // division, saturated to +-448 (vLLM's convention). Every slot is validated before the first
 // write: an out-of-range slot raises ValueError naming it and leaves the caches untouched.
+// The block ops follow (ops/kvcache/_blocks.py): copy_blocks (blocks copied as bytes within one
+// cache), concat_and_cache_mla (MLA's [kv_c | k_pe] rows at their slots, fp8 with a scale) and
+// gather_cache (sequences read through their block tables into consecutive rows).
 // Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
 // the argument checks and the tvm-ffi entry point.
 #include <cstdint>
@@ -145,12 +148,89 @@ void reshape_and_cache_fp8_impl(const T* k, const T* v, uint8_t* kc, uint8_t* vc
   for (int64_t t = 0; t < a.tokens; ++t) token(t);
 }
 
+// -- the block ops ----------------------------------------------------------------------------
+// copy_blocks: cache[dst] = cache[src] per (src, dst) pair, each block one dense region of
+// block_bytes, stride_bytes apart (indices validated by the caller; a pair onto itself skipped).
+inline void copy_blocks_impl(char* base, const int64_t* pairs, int64_t n, int64_t block_bytes, int64_t stride_bytes) {
+  const bool parallel = n > 1 && n * block_bytes >= (1 << 18);
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = pairs[2 * i], d = pairs[2 * i + 1];
+    if (s != d) std::memcpy(base + d * stride_bytes, base + s * stride_bytes, block_bytes);
+  }
+}
+
+// concat_and_cache_mla: the token's [kv_c | k_pe] row (elements of `elt` bytes) at its slot.
+struct MlaLayout {
+  int64_t tokens, rank, pe, block_size, c_tok, pe_tok, cache_block, cache_page;  // strides in elements
+};
+
+inline void concat_and_cache_mla_impl(const char* kv_c, const char* k_pe, char* cache, const int64_t* slots,
+                                      const MlaLayout& a, int64_t elt) {
+  const bool parallel = a.tokens > 1 && a.tokens * (a.rank + a.pe) >= (1 << 16);
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const int64_t s = slots[t];
+    if (s < 0) continue;
+    char* dst = cache + ((s / a.block_size) * a.cache_block + (s % a.block_size) * a.cache_page) * elt;
+    std::memcpy(dst, kv_c + t * a.c_tok * elt, a.rank * elt);
+    std::memcpy(dst + a.rank * elt, k_pe + t * a.pe_tok * elt, a.pe * elt);
+  }
+}
+
+template <typename T>
+void concat_and_cache_mla_fp8_impl(const T* kv_c, const T* k_pe, uint8_t* cache, const int64_t* slots,
+                                   const MlaLayout& a, float scale) {
+  const bool parallel = a.tokens > 1 && a.tokens * (a.rank + a.pe) >= (1 << 15);
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (parallel)
+#endif
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    const int64_t s = slots[t];
+    if (s < 0) continue;
+    uint8_t* dst = cache + (s / a.block_size) * a.cache_block + (s % a.block_size) * a.cache_page;
+    quantize_row(dst, kv_c + t * a.c_tok, a.rank, scale);
+    quantize_row(dst + a.rank, k_pe + t * a.pe_tok, a.pe, scale);
+  }
+}
+
+// gather_cache: sequence b's tokens [cu[b], cu[b+1]) from the blocks of its block_table row
+// (starting at column starts[b] / block_size) into dst rows cu[b]..; all values validated first.
+struct GatherLayout {
+  int64_t batch, width, block_size, entry_bytes, cache_block, cache_page, dst_row, table_row;  // bytes but table_row
+};
+
+inline void gather_cache_impl(const char* src, char* dst, const int32_t* table, const int32_t* cu,
+                              const int32_t* starts, const GatherLayout& a) {
+  const bool parallel = a.batch > 1 && (int64_t(cu[a.batch]) - cu[0]) * a.entry_bytes >= (1 << 18);
+  (void)parallel;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic) if (parallel)
+#endif
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t lo = cu[b], n = int64_t(cu[b + 1]) - lo;
+    const int32_t* row = table + b * a.table_row + (starts ? starts[b] / a.block_size : 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const char* e = src + row[i / a.block_size] * a.cache_block + (i % a.block_size) * a.cache_page;
+      std::memcpy(dst + (lo + i) * a.dst_row, e, a.entry_bytes);
+    }
+  }
+}
+
 }  // namespace kvcache_cpu
 }  // namespace opmux
 
 #ifndef OPMUX_CPU_KERNELS_ONLY
 #include <tvm/ffi/function.h>
 
+#include "opmux/block_checks.h"
 #include "opmux/kvcache_checks.h"
 
 namespace opmux {
@@ -202,8 +282,89 @@ void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cach
   });
 }
 
+void copy_blocks_cpu(TensorView cache, TensorView block_mapping) {
+  const char* op = "opmux.copy_blocks";
+  check_device(op, kDLCPU, {{"cache", &cache}, {"block_mapping", &block_mapping}});
+  const BlockCache c = check_block_cache(op, "cache", cache);
+  const int64_t n = check_block_mapping(op, block_mapping);
+  const int64_t* pairs = data_ptr<const int64_t>(block_mapping);
+  for (int64_t i = 0; i < 2 * n; ++i) {
+    if (pairs[i] < 0 || pairs[i] >= c.num_blocks) {
+      TVM_FFI_THROW(ValueError) << op << ": block_mapping[" << i / 2 << ", " << i % 2 << "] = " << pairs[i]
+                                << " is out of range: valid " << (i % 2 ? "destination" : "source")
+                                << " blocks are [0, " << c.num_blocks << ")";
+    }
+  }
+  if (c.block_bytes == 0) return;
+  copy_blocks_impl(data_ptr<char>(cache), pairs, n, c.block_bytes, c.stride_bytes);
+}
+
+void concat_and_cache_mla_cpu(TensorView kv_c, TensorView k_pe, TensorView kv_cache, TensorView slot_mapping,
+                              TensorView scale, bool fp8) {
+  const char* op = "opmux.concat_and_cache_mla";
+  const MlaArgs m = check_mla_args(op, kDLCPU, kv_c, k_pe, kv_cache, slot_mapping, scale, fp8);
+  const int64_t* slots = data_ptr<const int64_t>(slot_mapping);
+  const int64_t num_slots = m.num_blocks * m.block_size;
+  const int64_t t = first_bad_slot(slots, m.tokens, num_slots);
+  if (t >= 0) {
+    TVM_FFI_THROW(ValueError) << op << ": slot_mapping[" << t << "] = " << slots[t]
+                              << " is out of range: valid slots are [0, " << num_slots
+                              << ") (num_blocks * block_size), or -1 to skip";
+  }
+  const MlaLayout l{m.tokens, m.rank, m.pe, m.block_size, m.c_tok, m.pe_tok, m.cache_block, m.cache_page};
+  if (!fp8) {
+    concat_and_cache_mla_impl(data_ptr<const char>(kv_c), data_ptr<const char>(k_pe), data_ptr<char>(kv_cache), slots,
+                              l, m.dtype == DType::kFloat32 ? 4 : 2);
+    return;
+  }
+  const float s = *data_ptr<const float>(scale);
+  OPMUX_DISPATCH_DTYPE(m.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    concat_and_cache_mla_fp8_impl(data_ptr<const scalar_t>(kv_c), data_ptr<const scalar_t>(k_pe),
+                                  data_ptr<uint8_t>(kv_cache), slots, l, s);
+  });
+}
+
+void gather_cache_cpu(TensorView src_cache, TensorView dst, TensorView block_table, TensorView cu_seq_lens,
+                      TensorView seq_starts, bool has_starts) {
+  const char* op = "opmux.gather_cache";
+  const GatherArgs g = check_gather_args(op, kDLCPU, src_cache, dst, block_table, cu_seq_lens, seq_starts, has_starts);
+  const int32_t* table = data_ptr<const int32_t>(block_table);
+  const int32_t* cu = data_ptr<const int32_t>(cu_seq_lens);
+  const int32_t* starts = has_starts ? data_ptr<const int32_t>(seq_starts) : nullptr;
+  for (int64_t b = 0; b < g.batch; ++b) {  // every value first: nothing is written on an error
+    const int64_t lo = cu[b], hi = cu[b + 1], first = starts ? starts[b] : 0;
+    if (lo < 0 || hi < lo) {
+      TVM_FFI_THROW(ValueError) << op << ": cu_seq_lens[" << b << "] = " << lo << ", cu_seq_lens[" << b + 1
+                                << "] = " << hi << ": they must be non-decreasing from 0";
+    }
+    if (hi > g.rows) {
+      TVM_FFI_THROW(ValueError) << op << ": cu_seq_lens[" << b + 1 << "] = " << hi << " exceeds dst's " << g.rows
+                                << " rows";
+    }
+    if (first < 0) TVM_FFI_THROW(ValueError) << op << ": seq_starts[" << b << "] = " << first << " is negative";
+    const int64_t col0 = first / g.block_size, need = col0 + (hi - lo + g.block_size - 1) / g.block_size;
+    if (need > g.width) {
+      TVM_FFI_THROW(ValueError) << op << ": sequence " << b << " needs " << need << " entries of block_table[" << b
+                                << "], which has " << g.width;
+    }
+    for (int64_t c = col0; c < need; ++c) {
+      const int32_t blk = table[b * g.table_row + c];
+      if (blk < 0 || blk >= g.num_blocks) {
+        TVM_FFI_THROW(ValueError) << op << ": block_table[" << b << ", " << c << "] = " << blk
+                                  << " is out of range: valid blocks are [0, " << g.num_blocks << ")";
+      }
+    }
+  }
+  if (g.entry_bytes == 0) return;
+  const GatherLayout l{g.batch, g.width, g.block_size, g.entry_bytes, g.cache_block, g.cache_page, g.dst_row, g.table_row};
+  gather_cache_impl(data_ptr<const char>(src_cache), data_ptr<char>(dst), table, cu, starts, l);
+}
+
 }  // namespace kvcache_cpu
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cpu, opmux::kvcache_cpu::reshape_and_cache_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(copy_blocks_cpu, opmux::kvcache_cpu::copy_blocks_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(concat_and_cache_mla_cpu, opmux::kvcache_cpu::concat_and_cache_mla_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache_cpu, opmux::kvcache_cpu::gather_cache_cpu);
 #endif  // OPMUX_CPU_KERNELS_ONLY

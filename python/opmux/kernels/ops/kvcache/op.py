@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks
 from .._decl import declare
+from . import _blocks
 
 if TYPE_CHECKING:
     import torch
@@ -280,4 +281,66 @@ reshape_and_cache = declare(
     torch=torch_write,
     # a copy (or one fp8 rounding): every backend must be bit-exact
     tolerances=(("float32", (0.0, 0.0)), ("float16", (0.0, 0.0)), ("bfloat16", (0.0, 0.0))),
+)
+
+
+# -- the block ops (contracts, references and torch backends in _blocks.py) ----------------------
+_EXACT = tuple(
+    (d, (0.0, 0.0)) for d in ("float32", "float16", "bfloat16", "float8_e4m3fn", "uint8", "int64", "int32")
+)
+
+copy_blocks = declare(
+    _blocks.COPY,
+    "(Tensor(a!) cache, Tensor block_mapping) -> ()",
+    doc="cache[dst] = cache[src] for each (src, dst) row of block_mapping (int64 [n, 2]); any cache dtype, "
+    "dense blocks (NHD, HND, paged, MLA) at any block stride; vLLM's copy_blocks / copy_blocks_mla per cache",
+    check=_blocks.copy_blocks_check,
+    values=_blocks.copy_blocks_values,
+    reference=_blocks.copy_blocks_reference,
+    torch=_blocks.torch_copy_blocks,
+    dtypes=("int64",),  # chosen by block_mapping: the cache may be of any dtype (fp8 bytes included)
+    key_arg=1,
+    tolerances=_EXACT,
+)
+
+swap_blocks = declare(
+    _blocks.SWAP,
+    "(Tensor src, Tensor(a!) dst, Tensor block_mapping) -> ()",
+    doc="dst[d] = src[s] for each (s, d) row of the CPU block_mapping, src and dst on any devices "
+    "(CPU <-> GPU swaps): one copy-engine transfer (cudaMemcpyAsync) per run of consecutive blocks",
+    check=_blocks.swap_blocks_check,
+    values=_blocks.swap_blocks_values,
+    reference=_blocks.swap_blocks_reference,
+    torch=_blocks.torch_swap_blocks,
+    native=False,  # a transfer between devices is the copy engine's job, not a kernel's
+    triton=False,
+    dtypes=("int64",),
+    key_arg=2,
+    tolerances=_EXACT,
+)
+
+concat_and_cache_mla = declare(
+    _blocks.MLA,
+    "(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, Tensor? scale=None) -> ()",
+    doc="kv_cache[slot // bs, slot % bs] = [kv_c | k_pe] (slot -1: skip); MLA's latent cache "
+    "[num_blocks, block_size, kv_lora_rank + pe_dim]; fp8 cache: fp8(x / scale)",
+    check=_blocks.mla_check,
+    values=_blocks.mla_values,
+    reference=_blocks.mla_reference,
+    torch=_blocks.torch_mla,
+    tolerances=_EXACT,
+)
+
+gather_cache = declare(
+    _blocks.GATHER,
+    "(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts=None) -> ()",
+    doc="dst[cu_seq_lens[b] + i] = src_cache[block_table[b, seq_starts[b] // bs + i // bs], i % bs] for "
+    "each sequence b (int32 block_table / cu_seq_lens / seq_starts); any cache dtype",
+    check=_blocks.gather_check,
+    values=_blocks.gather_values,
+    reference=_blocks.gather_reference,
+    torch=_blocks.torch_gather,
+    dtypes=("int32",),  # chosen by block_table: the cache may be of any dtype
+    key_arg=2,
+    tolerances=_EXACT,
 )

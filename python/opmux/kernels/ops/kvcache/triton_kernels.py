@@ -146,3 +146,177 @@ def reshape_and_cache(
         BLOCK=block,
         num_warps=4,
     )
+
+
+# -- the block ops ----------------------------------------------------------------------------
+# Caches of any dtype are copied as integers of their element size (fp8 included).
+_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _as_int(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_AS_INT[t.element_size()])
+
+
+@triton.jit
+def _copy_blocks(C, PAIRS, NB, STRIDE, NUMEL, BLOCK: tl.constexpr):
+    """Program (pair, chunk): elements [chunk * BLOCK, ...) of block src onto block dst (a block
+    is one dense region of NUMEL elements; a pair out of range or onto itself is skipped)."""
+    p = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    s = tl.load(PAIRS + 2 * p)
+    d = tl.load(PAIRS + 2 * p + 1)
+    ok = (s >= 0) & (s < NB) & (d >= 0) & (d < NB) & (s != d)
+    mask = offs < tl.where(ok, NUMEL, 0)
+    v = tl.load(C + tl.where(ok, s, 0) * STRIDE + offs, mask=mask)
+    tl.store(C + tl.where(ok, d, 0) * STRIDE + offs, v, mask=mask)
+
+
+def copy_blocks(cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    n, numel = block_mapping.shape[0], cache[0].numel() if cache.shape[0] else 0
+    if n == 0 or numel == 0:
+        return
+    block = min(4096, triton.next_power_of_2(numel))
+    stride = cache.stride(0) if cache.shape[0] > 1 else numel
+    _copy_blocks[(n, triton.cdiv(numel, block))](
+        _as_int(cache), block_mapping, cache.shape[0], stride, numel, BLOCK=block, num_warps=4
+    )
+
+
+@triton.jit
+def _concat_and_cache_mla(
+    KVC, KPE, CACHE, SLOTS, SCALE, sc, sp, cb, cp, R, P, NSLOTS, BS, FP8: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Program (t, chunk): elements [chunk * BLOCK, ...) of token t's [kv_c | k_pe] row at its
+    slot; a negative or out-of-range slot masks every store."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(SLOTS + t)
+    ok = (slot >= 0) & (slot < NSLOTS)
+    safe = tl.where(ok, slot, 0)
+    mask = offs < tl.where(ok, R + P, 0)
+    in_c = offs < R
+    x = tl.load(KVC + t * sc + offs, mask=mask & in_c, other=0.0)
+    y = tl.load(KPE + t * sp + (offs - R), mask=mask & (offs >= R), other=0.0)
+    v = tl.where(in_c, x, y)
+    blk = safe // BS
+    s = 1.0
+    if FP8:
+        s = tl.load(SCALE)
+    _store(CACHE + blk * cb + (safe - blk * BS) * cp + offs, v, s, mask, FP8)
+
+
+def concat_and_cache_mla(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slots: torch.Tensor,
+    scale: torch.Tensor,
+    fp8: bool,
+) -> None:
+    t, r = kv_c.shape
+    p = k_pe.shape[1]
+    if t == 0 or r + p == 0:
+        return
+    nb, bs = kv_cache.shape[:2]
+    block = min(1024, triton.next_power_of_2(r + p))
+    _concat_and_cache_mla[(t, triton.cdiv(r + p, block))](
+        kv_c,
+        k_pe,
+        kv_cache,
+        slots,
+        scale,
+        kv_c.stride(0),
+        k_pe.stride(0),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        r,
+        p,
+        nb * bs,
+        bs,
+        FP8=fp8,
+        BLOCK=block,
+        num_warps=4,
+    )
+
+
+@triton.jit
+def _gather_cache(
+    SRC,
+    DST,
+    TABLE,
+    CU,
+    STARTS,
+    NB,
+    BS,
+    ROWS,
+    WIDTH,
+    trow,
+    cblk,
+    cpage,
+    drow,
+    ENTRY,
+    HAS_STARTS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program (sequence b, split): its share of b's tokens, entry by entry. Bad values skip the
+    sequence (cu_seq_lens, seq_starts) or the token (block_table column or id out of range)."""
+    b = tl.program_id(0).to(tl.int64)
+    lo = tl.load(CU + b).to(tl.int64)
+    hi = tl.load(CU + b + 1).to(tl.int64)
+    first = lo * 0
+    if HAS_STARTS:
+        first = tl.load(STARTS + b).to(tl.int64)
+    ok = (lo >= 0) & (hi >= lo) & (hi <= ROWS) & (first >= 0)
+    n = tl.where(ok, hi - lo, 0)
+    per = (n + SPLITS - 1) // SPLITS
+    t0 = tl.program_id(1) * per
+    t1 = tl.minimum(n, t0 + per)
+    col0 = tl.where(ok, first, 0) // BS
+    cols = tl.arange(0, BLOCK)
+    for i in range(t0, t1):
+        col = col0 + i // BS
+        in_table = col < WIDTH
+        blk = tl.load(TABLE + b * trow + tl.where(in_table, col, 0), mask=in_table, other=-1).to(tl.int64)
+        good = in_table & (blk >= 0) & (blk < NB)
+        src = SRC + tl.where(good, blk, 0) * cblk + (i % BS) * cpage
+        dst = DST + (lo + i) * drow
+        lim = tl.where(good, ENTRY, 0)  # a skipped token masks every lane
+        for e0 in range(0, ENTRY, BLOCK):
+            m = e0 + cols < lim
+            tl.store(dst + e0 + cols, tl.load(src + e0 + cols, mask=m), mask=m)
+
+
+def gather_cache(
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    seq_starts: torch.Tensor,
+    has_starts: bool,
+) -> None:
+    b = block_table.shape[0]
+    entry = dst[0].numel() if dst.shape[0] else src_cache[0, 0].numel() if src_cache.shape[0] else 0
+    if b == 0 or entry == 0:
+        return
+    splits = 1 if b >= 64 else 4
+    _gather_cache[(b, splits)](
+        _as_int(src_cache),
+        _as_int(dst),
+        block_table,
+        cu_seq_lens,
+        seq_starts,
+        src_cache.shape[0],
+        src_cache.shape[1],
+        dst.shape[0],
+        block_table.shape[1],
+        block_table.stride(0),
+        src_cache.stride(0),
+        src_cache.stride(1),
+        dst.stride(0),
+        entry,
+        HAS_STARTS=has_starts,
+        SPLITS=splits,
+        BLOCK=min(1024, triton.next_power_of_2(entry)),
+        num_warps=4,
+    )
