@@ -368,9 +368,22 @@ def _register_cache_ops(ops: Any) -> None:
         "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(a!) value_cache, Tensor slot_mapping, "
         "str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()"
     )
-    for name in ("reshape_and_cache", "reshape_and_cache_flash"):
-        lib.define(name + schema)  # type: ignore[no-untyped-call]
-        lib.impl(name, getattr(ops, name), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+    schemas = {
+        "reshape_and_cache": schema,
+        "reshape_and_cache_flash": schema,
+        # vLLM's csrc/torch_bindings.cpp
+        "copy_blocks": "(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) -> ()",
+        "copy_blocks_mla": "(Tensor(a!)[] kv_caches, Tensor block_mapping) -> ()",
+        "swap_blocks": "(Tensor src, Tensor(a!) dst, Tensor block_mapping) -> ()",
+        "concat_and_cache_mla": "(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
+        "str kv_cache_dtype, Tensor scale) -> ()",
+        "gather_cache": "(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor cu_seq_lens, "
+        "int batch_size, Tensor? seq_starts=None) -> ()",
+    }
+    for name, sig in schemas.items():
+        if hasattr(ops, name):
+            lib.define(name + sig)  # type: ignore[no-untyped-call]
+            lib.impl(name, getattr(ops, name), "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
 
 
 class _Fixtures:

@@ -22,10 +22,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "batched_moe_align_block_size",
+    "concat_and_cache_mla",
     "convert_fp8",
+    "copy_blocks",
+    "copy_blocks_mla",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
     "fused_add_rms_norm",
+    "gather_cache",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "moe_align_block_size",
@@ -37,6 +41,7 @@ __all__ = [
     "scaled_fp8_quant",
     "silu_and_mul",
     "static_scaled_fp8_quant",
+    "swap_blocks",
     "topk_softmax",
 ]
 
@@ -398,3 +403,68 @@ def reshape_and_cache(
     reshape_and_cache_flash(
         key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale
     )
+
+
+# -- KV cache blocks (opmux's kvcache block ops, in place into the caller's caches) -----------
+def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapping: Tensor) -> None:
+    """``cache[dst] = cache[src]`` for each (src, dst) row of ``block_mapping`` (int64 ``[n, 2]``,
+    on the caches' device) in every layer's key and value cache: opmux's ``kvcache.copy_blocks``
+    kernel once per cache (vLLM's kernel takes all layers in one launch)."""
+    if len(key_caches) != len(value_caches):
+        raise ValueError(
+            f"copy_blocks: {len(key_caches)} key caches but {len(value_caches)} value caches; one of each per layer"
+        )
+    op = _ops("kvcache").copy_blocks
+    for cache in (*key_caches, *value_caches):
+        op(cache, block_mapping)
+
+
+def copy_blocks_mla(kv_caches: list[Tensor], block_mapping: Tensor) -> None:
+    """MLA's one cache per layer: opmux's ``kvcache.copy_blocks`` kernel per cache."""
+    op = _ops("kvcache").copy_blocks
+    for cache in kv_caches:
+        op(cache, block_mapping)
+
+
+def swap_blocks(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
+    """``dst[d] = src[s]`` for each (s, d) row of the CPU ``block_mapping``, between any devices:
+    opmux's ``kvcache.swap_blocks`` (copy-engine transfers, one per run of consecutive blocks)."""
+    _ops("kvcache").swap_blocks(src, dst, block_mapping)
+
+
+def concat_and_cache_mla(
+    kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, kv_cache_dtype: str, scale: Tensor
+) -> None:
+    """MLA's latent cache write ``kv_cache[slot] = [kv_c | k_pe]`` (``fp8``: ``fp8(x / scale)``
+    into a uint8 or float8_e4m3fn cache) by opmux's ``kvcache.concat_and_cache_mla`` kernel. As
+    vLLM, the tokens are ``slot_mapping``'s: rows of ``kv_c`` / ``k_pe`` past them (CUDA-graph
+    padding) are not written."""
+    n = slot_mapping.shape[0]
+    if kv_c.shape[0] != n:
+        kv_c, k_pe = kv_c[:n], k_pe[:n]
+    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
+    op = _ops("kvcache").concat_and_cache_mla
+    if not _fp8_cache(kv_cache_dtype):
+        op(kv_c, k_pe, kv_cache, slots)
+        return
+    fp8 = torch.float8_e4m3fn
+    op(kv_c, k_pe, kv_cache if kv_cache.dtype == fp8 else kv_cache.view(fp8), slots, _f32(scale))
+
+
+def gather_cache(
+    src_cache: Tensor,
+    dst: Tensor,
+    block_table: Tensor,
+    cu_seq_lens: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None = None,
+) -> None:
+    """The first ``batch_size`` sequences' tokens from ``src_cache`` ``[num_blocks, block_size,
+    entry...]`` through ``block_table`` into ``dst`` rows ``cu_seq_lens[b]..`` (``seq_starts``:
+    each sequence's first block is ``block_table[b, seq_starts[b] // block_size]``), by opmux's
+    ``kvcache.gather_cache`` kernel."""
+    b = int(batch_size)
+    table = block_table if block_table.shape[0] == b else block_table[:b]
+    cu = cu_seq_lens if cu_seq_lens.shape[0] == b + 1 else cu_seq_lens[: b + 1]
+    starts = None if seq_starts is None else seq_starts[:b]
+    _ops("kvcache").gather_cache(src_cache, dst, table, cu, starts)
