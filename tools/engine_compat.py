@@ -346,10 +346,30 @@ def _vllm_shims(ops: Any) -> list[str]:
         kv_cache_factory=create_kv_caches_with_random,
         kv_cache_factory_flashinfer=create_kv_caches_with_random_flash,
     )
+    # tests/kernels/{quant_utils,allclose_default}.py fetched beside the test folder: imported as
+    # they are (tests.kernels.utils stays the shim)
+    kernels = sys.modules["tests.kernels"]
+    kernels.__path__ = [str(d) for d in _UPSTREAM_DIRS]  # type: ignore[attr-defined]
     return [
         "vllm.platforms, vllm.utils, vllm.triton_utils, vllm.model_executor.layers.fused_moe "
-        "(moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims"
+        "(moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims",
+        *_load_sibling("engine_compat_vllm").install(ops),
     ]
+
+
+_UPSTREAM_DIRS: list[Path] = []
+
+
+def _load_sibling(name: str) -> Any:
+    """tools/<name>.py (the runner runs as a script, tools/ is not necessarily importable)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 _FIXTURES: dict[str, Any] = {}
@@ -410,6 +430,17 @@ def _fixture_plugin() -> Any:
         def kv_cache_factory_flashinfer(self) -> Any:
             return _Fixtures._get("kv_cache_factory_flashinfer")
 
+        @pytest.fixture
+        def default_vllm_config(self) -> Any:
+            """vLLM's conftest sets a default VllmConfig for CustomOp dispatch; the shim layers
+            dispatch to the CUDA path (opmux) without one."""
+            return None
+
+        @pytest.fixture
+        def dist_init(self) -> Any:
+            """vLLM's conftest starts a one-process distributed group; nothing here needs one."""
+            return None
+
     return Plugin()
 
 
@@ -454,6 +485,11 @@ def _cpu_device_mode() -> Any:
 
     for name in ("synchronize", "empty_cache"):  # no device to wait for
         setattr(torch.cuda, name, lambda *a, **k: None)
+    torch.accelerator.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    # one device, as on a one-GPU machine (vLLM's tests parametrize over cuda:0 and cuda:1 when
+    # the count is not 1: the same CPU twice)
+    torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
+    torch.accelerator.device_count = lambda: 1  # type: ignore[assignment]
     set_default = torch.set_default_device
     torch.set_default_device = lambda device: set_default(cpu(device))  # type: ignore[assignment]
     return CpuDevice()
@@ -520,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.folder.exists():
         p.error(f"{args.folder} does not exist")
+    top = args.folder.resolve() if args.folder.is_dir() else args.folder.resolve().parent
+    _UPSTREAM_DIRS[:] = [top, top.parent]
     device = args.device
     if device is None:
         import torch

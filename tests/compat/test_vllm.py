@@ -24,6 +24,8 @@ def _r(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32, scale: fl
 SIGNATURES = {
     "rms_norm": ["out", "input", "weight", "epsilon"],
     "fused_add_rms_norm": ["input", "residual", "weight", "epsilon"],
+    "gemma_rms_norm": ["out", "input", "weight", "epsilon"],
+    "gemma_fused_add_rms_norm": ["input", "residual", "weight", "epsilon"],
     "silu_and_mul": ["out", "input"],
     "gelu_and_mul": ["out", "input"],
     "gelu_tanh_and_mul": ["out", "input"],
@@ -68,6 +70,29 @@ def test_norms_weight_none_and_out(backend: str) -> None:
     x2, r2 = x.clone(), _r(3, 32, seed=2, dtype=torch.float16)
     vllm.fused_add_rms_norm(x2, r2, w, 1e-5)
     torch.testing.assert_close(r2, (x.float() + _r(3, 32, seed=2, dtype=torch.float16).float()).half())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gemma_norms_as_vllms_gemma_rmsnorm(backend: str, dtype: torch.dtype) -> None:
+    # vLLM's GemmaRMSNorm.forward_native: x * rsqrt(mean(x^2) + eps) * (1 + w), all in fp32
+    def ref(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        tf = t.float()
+        return (tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + w.float())).to(dtype)
+
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    x = _r(5, 2 * 48, dtype=dtype)[:, :48]  # strided rows, as vLLM's test passes them
+    w = _r(48, seed=1, dtype=dtype, scale=0.1)
+    out = torch.empty_like(x)
+    vllm.gemma_rms_norm(out, x, w, 1e-6)
+    torch.testing.assert_close(out, ref(x, w), **tol)
+    assert not torch.equal(out, ref(x, torch.zeros_like(w))), "the (1 + w) scale was applied"
+    x2, r2 = x.clone(), _r(5, 48, seed=2, dtype=dtype)
+    total = (x2.float() + r2.float()).to(dtype)
+    vllm.gemma_fused_add_rms_norm(x2, r2, w, 1e-6)
+    torch.testing.assert_close(r2, total)
+    torch.testing.assert_close(x2, ref(total, w), **tol)
+    with pytest.raises(ValueError, match="weight"):
+        vllm.gemma_rms_norm(out, x, w[:47], 1e-6)
 
 
 def _act(name: str, t: torch.Tensor) -> torch.Tensor:

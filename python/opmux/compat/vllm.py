@@ -32,6 +32,8 @@ __all__ = [
     "gather_cache",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "gemma_fused_add_rms_norm",
+    "gemma_rms_norm",
     "moe_align_block_size",
     "per_token_group_quant_fp8",
     "reshape_and_cache",
@@ -72,6 +74,19 @@ def rms_norm(out: Tensor, input: Tensor, weight: Tensor | None, epsilon: float) 
 
 def fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor | None, epsilon: float) -> None:
     _ops("layernorm").fused_add_rmsnorm(input, residual, _weight(weight, input), float(epsilon))
+
+
+def gemma_rms_norm(out: Tensor, input: Tensor, weight: Tensor, epsilon: float) -> None:
+    """vLLM's ``GemmaRMSNorm`` (``x * rsqrt(mean(x^2) + eps) * (1 + w)``, the multiply in fp32)
+    in ``rms_norm``'s form: opmux's ``layernorm.gemma_rmsnorm`` into ``out``."""
+    _ops("layernorm").gemma_rmsnorm(input, weight, float(epsilon), out)
+
+
+def gemma_fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, epsilon: float) -> None:
+    """In place, ``fused_add_rms_norm``'s form: ``residual += input``, ``input =
+    gemma_rmsnorm(residual)`` (opmux's ``layernorm.gemma_fused_add_rmsnorm``; the residual keeps
+    the input dtype)."""
+    _ops("layernorm").gemma_fused_add_rmsnorm(input, residual, weight, float(epsilon))
 
 
 # -- activations (torch.ops._C.<name>(out, input)) --------------------------------------------
