@@ -1,4 +1,5 @@
-"""Paged KV cache writes (vLLM's ``reshape_and_cache``, NHD layout).
+"""Paged KV cache ops: writes (vLLM's ``reshape_and_cache``, MLA's ``concat_and_cache_mla``), block
+copies and swaps (``copy_blocks``, ``swap_blocks``) and ``gather_cache``.
 
 >>> import torch
 >>> from opmux.kernels.ops.kvcache import reshape_and_cache
