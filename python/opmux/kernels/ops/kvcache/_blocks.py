@@ -347,15 +347,11 @@ def gather_check(
 
 
 def _gather_plan(
-    src_cache: Tensor,
-    dst: Tensor,
-    block_table: Tensor,
-    cu_seq_lens: Tensor,
-    seq_starts: Tensor | None,
-    strict: bool,
+    src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor, seq_starts: Tensor | None
 ) -> tuple[list[int], list[int], list[int]]:
-    """(dst rows, blocks, offsets) of every token copied; ``strict``: ValueError at the first bad
-    value (the CPU contract), else bad sequences / tokens are skipped (what CUDA kernels do)."""
+    """(dst rows, blocks, offsets) of every token copied (CPU index tensors). Bad values skip the
+    sequence (``cu_seq_lens``, ``seq_starts``) or the token (a block-table column or block id out
+    of range), as the CUDA kernels do; on the CPU ``gather_values`` has raised before."""
     nb, bs, rows = src_cache.shape[0], src_cache.shape[1], dst.shape[0]
     cu = cu_seq_lens.tolist()
     starts = seq_starts.tolist() if seq_starts is not None else [0] * (len(cu) - 1)
@@ -363,42 +359,63 @@ def _gather_plan(
     out: tuple[list[int], list[int], list[int]] = ([], [], [])
     for b in range(len(cu) - 1):
         lo, hi, first = cu[b], cu[b + 1], starts[b]
-        bad = None
-        if lo < 0 or hi < lo:
-            bad = f"cu_seq_lens[{b}] = {lo}, cu_seq_lens[{b + 1}] = {hi}: they must be non-decreasing from 0"
-        elif hi > rows:
-            bad = f"cu_seq_lens[{b + 1}] = {hi} exceeds dst's {rows} rows"
-        elif first < 0:
-            bad = f"seq_starts[{b}] = {first} is negative"
-        elif strict and first // bs + (hi - lo + bs - 1) // bs > len(table[b]):
-            need = first // bs + (hi - lo + bs - 1) // bs
-            bad = f"sequence {b} needs {need} entries of block_table[{b}], which has {len(table[b])}"
-        if bad is not None:
-            if strict:
-                raise ValueError(f"{GATHER}: {bad}")
+        if lo < 0 or hi < lo or hi > rows or first < 0:
             continue
         for i in range(hi - lo):
             col = first // bs + i // bs
-            if col >= len(table[b]):  # (not strict) the kernels skip the tokens past the table
+            if col >= len(table[b]):
                 break
             blk = table[b][col]
-            if not 0 <= blk < nb:
-                if strict:
-                    raise ValueError(
-                        f"{GATHER}: block_table[{b}, {col}] = {blk} is out of range: valid blocks are [0, {nb})"
-                    )
-                continue
-            out[0].append(lo + i)
-            out[1].append(blk)
-            out[2].append(i % bs)
+            if 0 <= blk < nb:
+                out[0].append(lo + i)
+                out[1].append(blk)
+                out[2].append(i % bs)
     return out
+
+
+def _first(mask: Tensor) -> int | None:
+    i = mask.nonzero()
+    return int(i[0, 0]) if i.numel() else None
 
 
 def gather_values(
     src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor, seq_starts: Tensor | None = None
 ) -> None:
-    if cu_seq_lens.is_cpu:
-        _gather_plan(src_cache, dst, block_table, cu_seq_lens, seq_starts, True)
+    """The CPU contract on values, vectorized (one pass per rule, not a Python loop per token);
+    the same messages as ``_gather_plan(strict=True)``."""
+    if not cu_seq_lens.is_cpu or cu_seq_lens.shape[0] < 2:
+        return
+    nb, bs, rows, width = src_cache.shape[0], src_cache.shape[1], dst.shape[0], block_table.shape[1]
+    cu = cu_seq_lens.long()
+    lo, hi = cu[:-1], cu[1:]
+    b = _first((lo < 0) | (hi < lo))
+    if b is not None:
+        raise ValueError(
+            f"{GATHER}: cu_seq_lens[{b}] = {int(lo[b])}, cu_seq_lens[{b + 1}] = {int(hi[b])}: they must be "
+            "non-decreasing from 0"
+        )
+    b = _first(hi > rows)
+    if b is not None:
+        raise ValueError(f"{GATHER}: cu_seq_lens[{b + 1}] = {int(hi[b])} exceeds dst's {rows} rows")
+    starts = seq_starts.long() if seq_starts is not None else torch.zeros_like(lo)
+    b = _first(starts < 0)
+    if b is not None:
+        raise ValueError(f"{GATHER}: seq_starts[{b}] = {int(starts[b])} is negative")
+    col0 = starts // bs
+    need = col0 + (hi - lo + bs - 1) // bs
+    b = _first(need > width)
+    if b is not None:
+        raise ValueError(
+            f"{GATHER}: sequence {b} needs {int(need[b])} entries of block_table[{b}], which has {width}"
+        )
+    cols = torch.arange(width)
+    used = (cols >= col0[:, None]) & (cols < need[:, None])
+    bad = (used & ((block_table < 0) | (block_table >= nb))).nonzero()
+    if bad.numel():
+        r, c = int(bad[0, 0]), int(bad[0, 1])
+        raise ValueError(
+            f"{GATHER}: block_table[{r}, {c}] = {int(block_table[r, c])} is out of range: valid blocks are [0, {nb})"
+        )
 
 
 def _gather(src_cache: Tensor, dst: Tensor, plan: tuple[list[int], list[int], list[int]]) -> None:
@@ -410,18 +427,10 @@ def _gather(src_cache: Tensor, dst: Tensor, plan: tuple[list[int], list[int], li
 def gather_reference(
     src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor, seq_starts: Tensor | None = None
 ) -> None:
-    _gather(
-        src_cache,
-        dst,
-        _gather_plan(
-            src_cache,
-            dst,
-            block_table.cpu(),
-            cu_seq_lens.cpu(),
-            None if seq_starts is None else seq_starts.cpu(),
-            True,
-        ),
-    )
+    table, cu = block_table.cpu(), cu_seq_lens.cpu()
+    starts = None if seq_starts is None else seq_starts.cpu()
+    gather_values(src_cache, dst, table, cu, starts)
+    _gather(src_cache, dst, _gather_plan(src_cache, dst, table, cu, starts))
 
 
 def torch_gather(
@@ -433,6 +442,6 @@ def torch_gather(
     has_starts: bool,
 ) -> None:
     plan = _gather_plan(
-        src_cache, dst, block_table.cpu(), cu_seq_lens.cpu(), seq_starts.cpu() if has_starts else None, False
+        src_cache, dst, block_table.cpu(), cu_seq_lens.cpu(), seq_starts.cpu() if has_starts else None
     )
     _gather(src_cache, dst, plan)
