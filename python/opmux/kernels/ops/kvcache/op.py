@@ -1,4 +1,9 @@
-"""reshape_and_cache: one declaration (``ops/_decl.py``); vLLM's ``reshape_and_cache_flash``.
+"""The KV cache ops, each one declaration (``ops/_decl.py``): reshape_and_cache (vLLM's
+``reshape_and_cache_flash`` and ``reshape_and_cache``), described here; the block ops
+(``copy_blocks``, ``swap_blocks``, ``concat_and_cache_mla``, ``gather_cache``) are declared at the end,
+their contracts and references in ``_blocks.py``. ``copy_blocks`` / ``swap_blocks`` / ``gather_cache``
+are selected by their index tensor (int64 ``block_mapping``, int32 ``block_table``): their caches
+may have any dtype, fp8 bytes included.
 
 ``key``/``value`` ``[T, H, D]`` (last dim contiguous; token and head strides free, e.g. slices
 of a fused qkv tensor); ``key_cache``/``value_cache`` ``[num_blocks, block_size, H, D]`` with a
