@@ -57,6 +57,10 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
     )
     ptt, pgi = "quantization.per_tensor_quant_fp8", "quantization.per_token_group_quant_int8"
     kv = "kvcache.reshape_and_cache"
+    nq, aq = "layernorm.rmsnorm_static_quant_fp8", "layernorm.fused_add_rmsnorm_static_quant_fp8"
+
+    def sc(v: float) -> torch.Tensor:
+        return torch.tensor([v], device=dev)
 
     def kv_args(**over: Any) -> Args:
         k = _r(3, 2, 8, dev=dev)
@@ -180,6 +184,18 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
             lambda: (lambda c: kv_args(key_cache=c, value_cache=c))(torch.zeros(2, 4, 2, 8, device=dev)),
         ),
         ("kv-requires-grad", kv, lambda: kv_args(key=_r(3, 2, 8, dev=dev).requires_grad_())),
+        ("norm-quant-nan-row", nq, lambda: ((_nan_rows(x()), w(), sc(0.05)), {})),
+        ("norm-quant-inf-row", nq, lambda: ((_nan_rows(x(), float("inf")), w(), sc(0.05)), {})),
+        ("norm-quant-scale-nan", nq, lambda: ((x(), w(), sc(float("nan"))), {})),
+        ("norm-quant-scale-zero", nq, lambda: ((x(), w(), sc(0.0)), {})),
+        ("norm-quant-weight-stride-2", nq, lambda: ((x(), _r(32, dev=dev)[::2], sc(0.05)), {})),
+        ("add-quant-nan-row", aq, lambda: ((_nan_rows(x()), _r(4, 16, seed=5, dev=dev), w(), sc(0.05)), {})),
+        ("add-quant-residual-is-x", aq, lambda: (lambda t: ((t, t, w(), sc(0.05)), {}))(x())),
+        (
+            "add-quant-x-overlaps-residual",
+            aq,
+            lambda: (lambda p: ((p[0], p[1], w(), sc(0.05)), {}))(_overlapping(dev)),
+        ),
     ]
 
 

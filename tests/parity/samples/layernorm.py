@@ -239,3 +239,138 @@ def qk_norm_invalid(
         ),
         ("same-tensor", (q, q, w, w), {}, ValueError, "distinct tensors"),
     ]
+
+
+def _scale(device: str, value: float, shape: tuple[int, ...] = (1,)) -> torch.Tensor:
+    return torch.full(shape, value, dtype=torch.float32, device=device)
+
+
+def rmsnorm_static_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = []
+    for i, (name, shape) in enumerate(_SHAPES):
+        g = _gen(device, dtype, 500 + i)
+        x, w = _randn(shape, dtype, device, g), _randn(shape[-1:], dtype, device, g)
+        out.append(Sample(name, (x, w, _scale(device, 0.02)), {"eps": 1e-6}))
+    g = _gen(device, dtype, 600)
+    # y / scale far above 448 (saturates) and far below the smallest subnormal (rounds to 0)
+    out.append(
+        Sample(
+            "saturating",
+            (_randn((4, 96), dtype, device, g), _randn((96,), dtype, device, g), _scale(device, 1e-3)),
+            {},
+        )
+    )
+    out.append(
+        Sample(
+            "tiny",
+            (_randn((4, 96), dtype, device, g), _randn((96,), dtype, device, g), _scale(device, 1e3)),
+            {},
+        )
+    )
+    out.append(
+        Sample(
+            "0d-scale",
+            (_randn((3, 64), dtype, device, g), _randn((64,), dtype, device, g), _scale(device, 0.1, ())),
+            {},
+        )
+    )
+    big = _randn((6, 320), dtype, device, g)
+    out.append(
+        Sample("strided-rows", (big[:, :160], _randn((160,), dtype, device, g), _scale(device, 0.05)), {})
+    )
+    x = _randn((4, 96), dtype, device, g)
+    q = torch.empty(4, 96, dtype=torch.float8_e4m3fn, device=device)
+    out.append(Sample("with-out", (x, _randn((96,), dtype, device, g), _scale(device, 0.05)), {"out": q}))
+    return out
+
+
+def fused_add_rmsnorm_static_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = []
+    for i, (name, shape) in enumerate(_SHAPES):
+        g = _gen(device, dtype, 700 + i)
+        x, r = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
+        out.append(
+            Sample(name, (x, r, _randn(shape[-1:], dtype, device, g), _scale(device, 0.02)), {"eps": 1e-6})
+        )
+    g = _gen(device, dtype, 800)
+    out.append(
+        Sample(
+            "large-magnitude",
+            (
+                _randn((4, 256), dtype, device, g, 1e2),
+                _randn((4, 256), dtype, device, g, 1e2),
+                _randn((256,), dtype, device, g),
+                _scale(device, 0.01),
+            ),
+            {},
+        )
+    )
+    bx, br = _randn((5, 256), dtype, device, g), _randn((5, 384), dtype, device, g)
+    out.append(
+        Sample(
+            "strided-rows",
+            (bx[:, :128], br[:, :128], _randn((128,), dtype, device, g), _scale(device, 0.05)),
+            {},
+        )
+    )
+    x = _randn((3, 64), dtype, device, g)
+    q = torch.empty(3, 64, dtype=torch.float8_e4m3fn, device=device)
+    out.append(
+        Sample(
+            "with-out",
+            (x, _randn((3, 64), dtype, device, g), _randn((64,), dtype, device, g), _scale(device, 0.1, ())),
+            {"out": q},
+        )
+    )
+    return out
+
+
+def _quant_invalid(
+    device: str, fused: bool
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    x, w, s = torch.randn(4, 16, device=device), torch.ones(16, device=device), _scale(device, 0.1)
+
+    def args(xx: torch.Tensor = x, ww: torch.Tensor = w, ss: object = s) -> tuple[object, ...]:
+        return (xx, torch.randn(xx.shape, device=device).to(xx.dtype), ww, ss) if fused else (xx, ww, ss)
+
+    return [
+        ("scale-dtype", args(ss=s.half()), {}, TypeError, "scale has dtype"),
+        ("scale-shape", args(ss=_scale(device, 0.1, (2,))), {}, ValueError, "scale has shape"),
+        ("scale-not-a-tensor", args(ss=0.1), {}, TypeError, "scale"),
+        ("weight-shape", args(ww=torch.ones(15, device=device)), {}, ValueError, "weight has shape"),
+        ("weight-dtype", args(ww=w.half()), {}, TypeError, "weight has dtype"),
+        ("int-dtype", args(xx=x.int(), ww=w.int()), {}, TypeError, "dtype"),
+        ("out-dtype", args(), {"out": torch.empty(4, 16, device=device)}, TypeError, "out has dtype"),
+        (
+            "out-shape",
+            args(),
+            {"out": torch.empty(4, 8, dtype=torch.float8_e4m3fn, device=device)},
+            ValueError,
+            "out has shape",
+        ),
+        ("eps-zero", (*args(), 0.0), {}, ValueError, "eps"),
+        (
+            "non-contiguous",
+            args(xx=torch.randn(16, 4, device=device).t()),
+            {},
+            ValueError,
+            "non-contiguous",
+        ),
+    ]
+
+
+def rmsnorm_static_quant_fp8_invalid(
+    device: str,
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    return _quant_invalid(device, False)
+
+
+def fused_add_rmsnorm_static_quant_fp8_invalid(
+    device: str,
+) -> list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]:
+    x, w, s = torch.randn(4, 16, device=device), torch.ones(16, device=device), _scale(device, 0.1)
+    return [
+        *_quant_invalid(device, True),
+        ("residual-shape", (x, torch.randn(4, 8, device=device), w, s), {}, ValueError, "residual has shape"),
+        ("residual-dtype", (x, x.half(), w, s), {}, TypeError, "residual has dtype"),
+    ]

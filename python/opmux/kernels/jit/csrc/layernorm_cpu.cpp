@@ -1,5 +1,6 @@
-// RMSNorm, fused add + RMSNorm, their Gemma variants (weight applied as 1 + w, in float) and the
-// per-head qk_norm for CPU tensors (float32 / float16 / bfloat16).
+// RMSNorm, fused add + RMSNorm, their Gemma variants (weight applied as 1 + w, in float), the
+// per-head qk_norm and RMSNorm / fused add + RMSNorm with static fp8 quantization for CPU
+// tensors (float32 / float16 / bfloat16).
 // One OpenMP task per row range; float accumulation; no temporaries beyond registers.
 // The kernels come first and need no tvm-ffi; with OPMUX_CPU_KERNELS_ONLY defined only they are
 // compiled (tests/native/aarch64/kernel_check.cpp calls them directly, e.g. on aarch64 under
@@ -10,6 +11,7 @@
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
 #include "opmux/cpu_vec.h"
+#include "opmux/fp8_cpu.h"
 
 namespace opmux {
 namespace layernorm_cpu {
@@ -65,6 +67,18 @@ OPMUX_CPU_CLONES void rmsnorm_row(T* out, const T* x, const T* w, int64_t hidden
   scale_row<GEMMA>(out, x, w, hidden, inv_rms(sum_squares(x, hidden), hidden, eps));
 }
 
+// The static fp8 epilogue: q[i] = e4m3(float(round_T((x[i] * rstd) * w[i])) * inv), i.e. the
+// rmsnorm output as scale_row stores it, then static_quant_fp8's q = e4m3(y * (1 / scale)).
+// (x * rstd) * w is two separate multiplies in both this loop and the 16-lane scale_row, so
+// the rounded value is the same bits whichever computed the row's rstd.
+template <typename T>
+OPMUX_CPU_CLONES void quant_row(uint8_t* q, const T* x, const T* w, int64_t n, float rstd, float inv) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = to_float(from_float<T>((to_float(x[i]) * rstd) * to_float(w[i])));
+    q[i] = cpu::float_to_e4m3fn_branchless(y * inv);
+  }
+}
+
 #if OPMUX_CPU_VEC512
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
@@ -89,8 +103,10 @@ OPMUX_V512_INLINE void scale_row(T* out, const T* x, const T* w, int64_t n, floa
   }
 }
 
-template <bool NB, bool GEMMA, typename T>
-void rmsnorm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
+// The row's 1 / rms, with rmsnorm_row's reduction order (so the fused quantization below sees
+// the same rstd as rmsnorm).
+template <typename T>
+float rstd_row(const T* x, int64_t n, float eps) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
   for (; i + 4 * kW <= n; i += 4 * kW) {
@@ -105,12 +121,17 @@ void rmsnorm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
     a0 = _mm512_fmadd_ps(v, v, a0);
   }
   const float sum = hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  scale_row<NB, GEMMA>(out, x, w, n, inv_rms(sum, n, eps));
+  return inv_rms(sum, n, eps);
 }
 
-// residual = round(x + residual), then x = rmsnorm(residual as stored).
 template <bool NB, bool GEMMA, typename T>
-void fused_add_row(T* x, T* res, const T* w, int64_t n, float eps) {
+void rmsnorm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
+  scale_row<NB, GEMMA>(out, x, w, n, rstd_row(x, n, eps));
+}
+
+// residual = round(x + residual); returns 1 / rms of the residual as stored.
+template <bool NB, typename T>
+float add_rstd_row(const T* x, T* res, int64_t n, float eps) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0;
   int64_t i = 0;
   for (; i + 2 * kW <= n; i += 2 * kW) {
@@ -124,7 +145,13 @@ void fused_add_row(T* x, T* res, const T* w, int64_t n, float eps) {
     const __m512 s = store_rounded<NB>(res + i, _mm512_add_ps(load(x + i, m), load(res + i, m)), m);
     a0 = _mm512_fmadd_ps(s, s, a0);
   }
-  scale_row<NB, GEMMA>(x, res, w, n, inv_rms(hsum(_mm512_add_ps(a0, a1)), n, eps));
+  return inv_rms(hsum(_mm512_add_ps(a0, a1)), n, eps);
+}
+
+// residual = round(x + residual), then x = rmsnorm(residual as stored).
+template <bool NB, bool GEMMA, typename T>
+void fused_add_row(T* x, T* res, const T* w, int64_t n, float eps) {
+  scale_row<NB, GEMMA>(x, res, w, n, add_rstd_row<NB>(x, res, n, eps));
 }
 
 }  // namespace v512
@@ -159,9 +186,10 @@ void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, cons
   }
 }
 
-// One row of fused add + RMSNorm, portable (multiversioned).
-template <bool GEMMA, typename T>
-OPMUX_CPU_CLONES void fused_add_row(T* xr, T* rr, const T* w, int64_t hidden, float eps) {
+// residual = round(x + residual) over one row; returns 1 / rms of the residual as stored.
+// Portable (multiversioned).
+template <typename T>
+OPMUX_CPU_CLONES float add_rstd_row(const T* xr, T* rr, int64_t hidden, float eps) {
   // Pass 1: residual = round(x + residual); the sum of squares uses the rounded value, so
   // x below is exactly rmsnorm(residual as stored).
   float acc[kLanes] = {};
@@ -182,8 +210,13 @@ OPMUX_CPU_CLONES void fused_add_row(T* xr, T* rr, const T* w, int64_t hidden, fl
     const float f = to_float(s);
     sum += f * f;
   }
-  // Pass 2: the row is hot in L1/L2.
-  scale_row<GEMMA>(xr, rr, w, hidden, inv_rms(sum, hidden, eps));
+  return inv_rms(sum, hidden, eps);
+}
+
+// One row of fused add + RMSNorm, portable: pass 2 re-reads the row, hot in L1/L2.
+template <bool GEMMA, typename T>
+void fused_add_row(T* xr, T* rr, const T* w, int64_t hidden, float eps) {
+  scale_row<GEMMA>(xr, rr, w, hidden, add_rstd_row(xr, rr, hidden, eps));
 }
 
 template <bool GEMMA, typename T>
@@ -212,6 +245,43 @@ void fused_add_rmsnorm_impl(T* x, int64_t x_stride, T* res, int64_t res_stride, 
   }
 }
 
+// q [rows, hidden] fp8 bytes = e4m3(rmsnorm(x) * inv), rmsnorm as rmsnorm_impl rounds it to T.
+// With `res` (the fused add): res = round(x + res) first, then the rmsnorm of res as stored
+// (x is only read). Each row's rstd comes from the same reduction as rmsnorm_impl's /
+// fused_add_rmsnorm_impl's at this vector level, so q is bit-equal to the unfused pair.
+template <typename T>
+void rmsnorm_quant_impl(uint8_t* q, int64_t q_stride, const T* x, int64_t x_stride, T* res,
+                        int64_t res_stride, const T* w, int64_t rows, int64_t hidden, float eps,
+                        float inv) {
+  const int64_t per_row = (res ? 3 : 1) * static_cast<int64_t>(sizeof(T)) + 1;
+  const int nt = cpu::threads_for(rows * hidden * per_row, kParallelMinBytes, rows);
+  const int level = cpu::vec_level();
+  (void)nt, (void)level;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * x_stride;
+    T* rr = res ? res + r * res_stride : nullptr;
+    float rstd;
+#if OPMUX_CPU_VEC512
+    if (level >= 1) {
+      if (rr == nullptr) {
+        rstd = v512::rstd_row(xr, hidden, eps);
+      } else {
+        rstd = level == 2 ? v512::add_rstd_row<true>(xr, rr, hidden, eps)
+                          : v512::add_rstd_row<false>(xr, rr, hidden, eps);
+      }
+    } else
+#endif
+    {
+      rstd = rr == nullptr ? inv_rms(sum_squares(xr, hidden), hidden, eps)
+                           : add_rstd_row(xr, rr, hidden, eps);
+    }
+    quant_row(q + r * q_stride, rr ? rr : xr, w, hidden, rstd, inv);
+  }
+}
+
 // q [Tq, Hq, D] and k [Tk, Hk, D] in place. Heads of a token are D apart in the usual layout,
 // which makes each tensor plain rows of stride D; otherwise one pass per head over the tokens.
 template <typename T>
@@ -236,6 +306,7 @@ void qk_norm_heads(T* x, const cpu::HeadLayout& h, const T* w, int64_t d, float 
 
 #include "opmux/checks.h"
 #include "opmux/head_checks.h"
+#include "opmux/quant_checks.h"
 
 namespace opmux {
 namespace layernorm_cpu {
@@ -285,6 +356,49 @@ void gemma_fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView w
   run_fused_add<true>("opmux.gemma_fused_add_rmsnorm", x, residual, weight, eps);
 }
 
+// q [rows, hidden] fp8 bytes, x [rows, hidden], (residual like x,) weight [hidden], scale: one
+// float32. Returns 1 / scale (IEEE, as static_quant_fp8).
+float check_quant(const char* op, TensorView q, TensorView x, TensorView scale) {
+  QuantArgs qa = check_quant_args(op, q, x);
+  (void)qa;
+  check_device(op, kDLCPU, {{"q", &q}, {"x", &x}, {"scale", &scale}});
+  check_float32(op, "scale", scale);
+  check_ndim(op, "scale", scale, 1);
+  check_size(op, "scale", scale, 0, 1, "one element (a per-tensor scale)");
+  return 1.0f / *data_ptr<const float>(scale);
+}
+
+void rmsnorm_static_quant_fp8_cpu(TensorView q, TensorView x, TensorView weight, TensorView scale,
+                                  double eps) {
+  const char* op = "opmux.rmsnorm_static_quant_fp8";
+  RowsArgs a = check_norm_args(op, kDLCPU, "x", x, "x", x, weight, eps);
+  const float inv = check_quant(op, q, x, scale);
+  if (a.rows == 0 || a.hidden == 0) return;
+  const int64_t q_stride = row_stride(op, "q", q), x_stride = row_stride(op, "x", x);
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    rmsnorm_quant_impl<scalar_t>(data_ptr<uint8_t>(q), q_stride, data_ptr<const scalar_t>(x), x_stride,
+                                 nullptr, 0, data_ptr<const scalar_t>(weight), a.rows, a.hidden,
+                                 static_cast<float>(eps), inv);
+  });
+}
+
+void fused_add_rmsnorm_static_quant_fp8_cpu(TensorView q, TensorView x, TensorView residual,
+                                            TensorView weight, TensorView scale, double eps) {
+  const char* op = "opmux.fused_add_rmsnorm_static_quant_fp8";
+  RowsArgs a = check_norm_args(op, kDLCPU, "residual", residual, "x", x, weight, eps);
+  const float inv = check_quant(op, q, x, scale);
+  if (a.rows == 0 || a.hidden == 0) return;
+  const int64_t q_stride = row_stride(op, "q", q), x_stride = row_stride(op, "x", x),
+                r_stride = row_stride(op, "residual", residual);
+  // x may be residual itself (the same view: each element is read before it is written)
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    rmsnorm_quant_impl<scalar_t>(data_ptr<uint8_t>(q), q_stride, data_ptr<const scalar_t>(x), x_stride,
+                                 data_ptr<scalar_t>(residual), r_stride,
+                                 data_ptr<const scalar_t>(weight), a.rows, a.hidden,
+                                 static_cast<float>(eps), inv);
+  });
+}
+
 inline cpu::HeadLayout layout(const Heads& h) {
   return {h.tokens, h.heads, h.token_stride, h.head_stride};
 }
@@ -311,4 +425,8 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cpu, opmux::layernorm_cpu::gemma_rms
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cpu,
                               opmux::layernorm_cpu::gemma_fused_add_rmsnorm_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cpu, opmux::layernorm_cpu::qk_norm_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cpu,
+                              opmux::layernorm_cpu::rmsnorm_static_quant_fp8_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cpu,
+                              opmux::layernorm_cpu::fused_add_rmsnorm_static_quant_fp8_cpu);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -1,4 +1,5 @@
-// RMSNorm, fused add + RMSNorm, their Gemma variants and qk_norm for CUDA tensors
+// RMSNorm, fused add + RMSNorm, their Gemma variants, qk_norm, and RMSNorm / fused add + RMSNorm
+// with static fp8 quantization (norm_quant_kernel, at the end) for CUDA tensors
 // (float32 / float16 / bfloat16).
 //
 // All ops are one kernel family over two row tensors `a` (written) and `b` (read):
@@ -19,8 +20,10 @@
 #include <type_traits>
 
 #include "opmux/checks.h"
+#include "opmux/cuda_fp8.cuh"
 #include "opmux/cuda_utils.cuh"
 #include "opmux/head_checks.h"
+#include "opmux/quant_checks.h"
 
 namespace opmux {
 namespace layernorm_cuda {
@@ -426,6 +429,136 @@ void qk_norm_cuda(TensorView q, TensorView k, TensorView q_weight, TensorView k_
                        [&] { launch_norm<scalar_t, false, false>(op, p, a.device_id); });
 }
 
+// -- RMSNorm with static fp8 quantization --------------------------------------------------
+// q = e4m3(round_T(rmsnorm(x)) * (1 / scale)): the rmsnorm output rounded to T exactly as the
+// kernels above store it, then static_quant_fp8's conversion (store_fp8: multiply by the IEEE
+// reciprocal, round to nearest even, saturate to +-448; NaN stays NaN). FUSED: residual =
+// round(x + residual) first (stored), then the same on the residual as stored; x is only read
+// (it may be residual itself, the same view: each element is read before it is written, by the
+// thread that writes it). The two-pass structure of norm_loop_kernel, with the output written
+// as fp8 bytes in the second pass.
+struct NormQuantParams {
+  uint8_t* q;           // [rows, hidden] fp8 bytes
+  const void* x;        // [rows, hidden]
+  void* res;            // [rows, hidden] (FUSED)
+  const void* w;        // [hidden]
+  const float* scale;   // one element
+  int64_t q_stride;     // row strides in elements
+  int64_t x_stride;
+  int64_t res_stride;
+  int64_t rows;
+  int hidden;
+  float eps;
+};
+
+template <typename T, int VEC, bool FUSED>
+__global__ void __launch_bounds__(512) norm_quant_kernel(NormQuantParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= p.rows) return;  // whole warp (blockDim.x == 32 whenever blockDim.y > 1)
+  const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+  T* res = FUSED ? static_cast<T*>(p.res) + row * p.res_stride : nullptr;
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  uint8_t* q = p.q + row * p.q_stride;
+  const int nvec = p.hidden / VEC;
+
+  cuda::pdl_enter();
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
+    Vec<T, VEC> v = load_vec<T, VEC>(x + j * VEC);
+    if constexpr (FUSED) {
+      const Vec<T, VEC> r = load_vec<T, VEC>(res + j * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v.v[k] = from_float<T>(to_float(v.v[k]) + to_float(r.v[k]));
+      store_vec(res + j * VEC, v);
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float f = to_float(v.v[k]);
+      sum += f * f;
+    }
+  }
+  const float rstd = inv_rms(row_sum(sum), p.hidden, p.eps);
+  const float inv = 1.0f / __ldg(p.scale);
+  const T* src = FUSED ? res : x;
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
+    const Vec<T, VEC> v = load_vec<T, VEC>(src + j * VEC);
+    const Vec<T, VEC> vw = load_vec_ro<T, VEC>(w + j * VEC);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>((to_float(v.v[k]) * rstd) * to_float(vw.v[k]));
+    cuda::store_fp8<T, VEC>(q + j * VEC, o, inv);
+  }
+}
+
+template <typename T, bool FUSED>
+void launch_norm_quant(const char* op, const NormQuantParams& p, int32_t device_id) {
+  constexpr int VEC = cuda::kVec16<T>;
+  // 16-byte loads of x / residual / w and VEC-byte stores of q at every row start
+  const bool vec_ok = p.hidden % VEC == 0 && cuda::aligned(p.x, 16) && cuda::aligned(p.w, 16) &&
+                      (p.x_stride * sizeof(T)) % 16 == 0 &&
+                      (!FUSED || (cuda::aligned(p.res, 16) && (p.res_stride * sizeof(T)) % 16 == 0)) &&
+                      cuda::aligned(p.q, VEC) && p.q_stride % VEC == 0;
+  const int64_t nvec = p.hidden / (vec_ok ? VEC : 1);
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  // one warp per row (8 rows per block) for short rows, else up to 256 threads on one row
+  const int threads_x = round_up32(std::min<int64_t>(nvec, 256));
+  const int rows_per_block = threads_x == 32 ? 8 : 1;
+  const int64_t blocks = (p.rows + rows_per_block - 1) / rows_per_block;
+  if (blocks > 0x7fffffff) {
+    TVM_FFI_THROW(ValueError) << op << ": too many rows (" << p.rows << ")";
+  }
+  void (*kernel)(NormQuantParams) =
+      vec_ok ? norm_quant_kernel<T, VEC, FUSED> : norm_quant_kernel<T, 1, FUSED>;
+  cuda::launch(op, device_id, props, kernel, dim3(static_cast<unsigned>(blocks)),
+               dim3(threads_x, rows_per_block), 0, cuda::current_stream(device_id), p);
+}
+
+// q [rows, hidden] fp8 bytes, x [rows, hidden] (residual like x), weight [hidden], scale one
+// float32 element (read on the device).
+template <bool FUSED>
+void run_quant(const char* op, TensorView q, TensorView x, TensorView residual, TensorView weight,
+               TensorView scale, double eps) {
+  RowsArgs r = FUSED ? check_norm_args(op, kDLCUDA, "residual", residual, "x", x, weight, eps)
+                     : check_norm_args(op, kDLCUDA, "x", x, "x", x, weight, eps);
+  check_quant_args(op, q, x);
+  check_device(op, kDLCUDA, {{"x", &x}, {"q", &q}, {"scale", &scale}});
+  check_float32(op, "scale", scale);
+  check_ndim(op, "scale", scale, 1);
+  check_size(op, "scale", scale, 0, 1, "one element (a per-tensor scale)");
+  if (r.rows == 0 || r.hidden == 0) return;
+  if (r.hidden > (1 << 30)) {
+    TVM_FFI_THROW(ValueError) << op << ": hidden size " << r.hidden << " exceeds 2^30";
+  }
+  NormQuantParams p;
+  p.q = data_ptr<uint8_t>(q);
+  p.x = data_ptr<const void>(x);
+  p.res = FUSED ? data_ptr<void>(residual) : nullptr;
+  p.w = data_ptr<const void>(weight);
+  p.scale = data_ptr<const float>(scale);
+  p.q_stride = row_stride(op, "q", q);
+  p.x_stride = row_stride(op, "x", x);
+  p.res_stride = FUSED ? row_stride(op, "residual", residual) : 0;
+  p.rows = r.rows;
+  p.hidden = static_cast<int>(r.hidden);
+  p.eps = static_cast<float>(eps);
+  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_norm_quant<scalar_t, FUSED>(op, p, r.device_id); });
+}
+
+void rmsnorm_static_quant_fp8_cuda(TensorView q, TensorView x, TensorView weight, TensorView scale,
+                                   double eps, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run_quant<false>("opmux.rmsnorm_static_quant_fp8", q, x, x, weight, scale, eps);
+}
+
+void fused_add_rmsnorm_static_quant_fp8_cuda(TensorView q, TensorView x, TensorView residual,
+                                             TensorView weight, TensorView scale, double eps,
+                                             bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run_quant<true>("opmux.fused_add_rmsnorm_static_quant_fp8", q, x, residual, weight, scale, eps);
+}
+
 }  // namespace layernorm_cuda
 }  // namespace opmux
 
@@ -435,3 +568,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cuda, opmux::layernorm_cuda::gemma_r
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cuda,
                               opmux::layernorm_cuda::gemma_fused_add_rmsnorm_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cuda, opmux::layernorm_cuda::qk_norm_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cuda,
+                              opmux::layernorm_cuda::rmsnorm_static_quant_fp8_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cuda,
+                              opmux::layernorm_cuda::fused_add_rmsnorm_static_quant_fp8_cuda);

@@ -1,5 +1,6 @@
-"""RMSNorm, fused residual-add RMSNorm, their Gemma (weight applied as ``1 + w``) variants and
-per-head qk_norm: one declaration each (see ``ops/_decl.py``).
+"""RMSNorm, fused residual-add RMSNorm, their Gemma (weight applied as ``1 + w``) variants,
+per-head qk_norm, and RMSNorm / fused add + RMSNorm with static fp8 quantization (``_quant.py``):
+one declaration each (see ``ops/_decl.py``).
 
 Kernel arguments: ``(out, x, weight, eps)`` for the norms, ``(x, residual, weight, eps)`` for
 the fused adds, ``(q, k, q_weight, k_weight, eps)`` for qk_norm; rows are [T, H] views with a
@@ -13,7 +14,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
+from .._common import FP8_E4M3_TOLERANCE, TOLERANCES
 from .._decl import declare, variant
+from . import _quant
 
 if TYPE_CHECKING:
     import torch
@@ -286,4 +289,25 @@ qk_norm = declare(
     reference=ref_qk_norm,
     torch=torch_qk_norm,
     torch_npu=npu_qk_norm,
+)
+
+# fp8 outputs (one e4m3 ulp against the reference) and the fused add's residual
+_QUANT_TOLERANCES = (*TOLERANCES, FP8_E4M3_TOLERANCE)
+rmsnorm_static_quant_fp8 = declare(
+    "layernorm.rmsnorm_static_quant_fp8",
+    "(Tensor x, Tensor weight, Tensor scale, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
+    doc="q fp8 = e4m3(rmsnorm(x, weight, eps) * (1 / scale)); scale: one float32 (static, per tensor)",
+    check=_quant.check_norm_quant,
+    reference=_quant.ref_norm_quant,
+    torch=_quant.torch_norm_quant,
+    tolerances=_QUANT_TOLERANCES,
+)
+fused_add_rmsnorm_static_quant_fp8 = declare(
+    "layernorm.fused_add_rmsnorm_static_quant_fp8",
+    "(Tensor x, Tensor(a!) residual, Tensor weight, Tensor scale, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
+    doc="residual += x (in place); q fp8 = e4m3(rmsnorm(residual, weight, eps) * (1 / scale)); x is only read",
+    check=_quant.check_add_quant,
+    reference=_quant.ref_add_quant,
+    torch=_quant.torch_add_quant,
+    tolerances=_QUANT_TOLERANCES,
 )

@@ -1,7 +1,9 @@
 """Triton RMSNorm kernels (imported only when the triton backend first runs).
 
 One program per row. Rows up to ``_ONE_PASS_MAX`` elements stay in registers (one read
-of x); longer rows loop twice over the row in ``_CHUNK`` pieces.
+of x); longer rows loop twice over the row in ``_CHUNK`` pieces. With ``QUANT`` the row's
+output, rounded to its dtype as rmsnorm stores it, is quantized to fp8 into Q instead
+(``q = e4m3(y * (1 / scale))``, the quantization kernels' rounding), and Y is not written.
 """
 
 from __future__ import annotations
@@ -10,13 +12,41 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quantization.triton_kernels import _quantize, _store_fp8
+
 _ONE_PASS_MAX = 16384
 _CHUNK = 4096
 
 
 @triton.jit
+def _emit(Y, Q, S, row, sy, sq, cols, y, mask, QUANT: tl.constexpr):
+    """y (fp32) rounded to Y's dtype, stored to Y or, with QUANT, quantized into Q."""
+    yt = y.to(Y.dtype.element_ty)
+    if QUANT:
+        inv = tl.math.div_rn(1.0, tl.load(S))
+        _store_fp8(Q + row * sq + cols, _quantize(yt.to(tl.float32), inv), mask)
+    else:
+        tl.store(Y + row * sy + cols, yt, mask=mask)
+
+
+@triton.jit
 def _rmsnorm_row(
-    X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, GEMMA: tl.constexpr
+    X,
+    W,
+    Y,
+    R,
+    Q,
+    S,
+    sx,
+    sy,
+    sr,
+    sq,
+    N,
+    eps,
+    BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    GEMMA: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -31,12 +61,27 @@ def _rmsnorm_row(
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     if GEMMA:
         w = w + 1.0
-    tl.store(Y + row * sy + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+    _emit(Y, Q, S, row, sy, sq, cols, x * rstd * w, mask, QUANT)
 
 
 @triton.jit
 def _rmsnorm_looped(
-    X, W, Y, R, sx, sy, sr, N, eps, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, GEMMA: tl.constexpr
+    X,
+    W,
+    Y,
+    R,
+    Q,
+    S,
+    sx,
+    sy,
+    sr,
+    sq,
+    N,
+    eps,
+    BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    GEMMA: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -60,7 +105,7 @@ def _rmsnorm_looped(
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         if GEMMA:
             w = w + 1.0
-        tl.store(Y + row * sy + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+        _emit(Y, Q, S, row, sy, sq, cols, x * rstd * w, mask, QUANT)
 
 
 def _num_warps(block: int) -> int:
@@ -74,14 +119,20 @@ def _launch(
     y: torch.Tensor,
     residual: torch.Tensor | None,
     gemma: bool = False,
+    q: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> None:
     """x, y, residual: [rows, N] with unit last stride (checked by the caller); ``gemma``
-    applies the weight as ``1 + w`` (in fp32)."""
+    applies the weight as ``1 + w`` (in fp32). With ``q`` (fp8 [rows, N], unit last stride) and
+    ``scale`` (one float32), the output is quantized into q and y is not written."""
     rows, n = x.shape
     if rows == 0 or n == 0:
         return
     r = residual if residual is not None else x
     sr = r.stride(0)
+    quant = q is not None
+    qq = q if q is not None else y
+    ss = scale if scale is not None else w
     if n <= _ONE_PASS_MAX:
         block = triton.next_power_of_2(n)
         _rmsnorm_row[(rows,)](
@@ -89,14 +140,18 @@ def _launch(
             w,
             y,
             r,
+            qq,
+            ss,
             x.stride(0),
             y.stride(0),
             sr,
+            qq.stride(0),
             n,
             eps,
             BLOCK=block,
             HAS_RES=residual is not None,
             GEMMA=gemma,
+            QUANT=quant,
             num_warps=_num_warps(block),
         )
     else:
@@ -105,14 +160,18 @@ def _launch(
             w,
             y,
             r,
+            qq,
+            ss,
             x.stride(0),
             y.stride(0),
             sr,
+            qq.stride(0),
             n,
             eps,
             BLOCK=_CHUNK,
             HAS_RES=residual is not None,
             GEMMA=gemma,
+            QUANT=quant,
             num_warps=8,
         )
 
@@ -161,3 +220,20 @@ def qk_norm(
 ) -> None:
     _heads(q, q_weight, eps)
     _heads(k, k_weight, eps)
+
+
+def rmsnorm_static_quant_fp8(
+    q: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, eps: float
+) -> None:
+    _launch(x, weight, eps, x, None, q=q.view(torch.float8_e4m3fn), scale=scale)
+
+
+def fused_add_rmsnorm_static_quant_fp8(
+    q: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    eps: float,
+) -> None:
+    _launch(x, weight, eps, x, residual, q=q.view(torch.float8_e4m3fn), scale=scale)
