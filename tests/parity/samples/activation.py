@@ -71,3 +71,97 @@ def silu_and_mul_invalid(device: str) -> Invalid:
 
 
 gelu_and_mul_invalid = silu_and_mul_invalid
+
+
+# -- vLLM's other activations ---------------------------------------------------------------------
+def _with(samples: list[Sample], tag: str, **kw: object) -> list[Sample]:
+    return [Sample(f"{s.name}-{tag}", s.args, {**kw, **s.kwargs}) for s in samples]
+
+
+def _clamp_sweep(device: str, dtype: torch.dtype, pairs: bool) -> Sample:
+    """Gate and up values across the clamps (limit 7) and the sigmoid knee, NaN and Inf kept out."""
+    gate = torch.linspace(-12.0, 12.0, 96)
+    up = torch.linspace(9.0, -9.0, 96)
+    row = torch.stack([gate, up], -1).flatten() if pairs else torch.cat([gate, up])
+    return Sample("clamp-sweep", (torch.stack([row, row.flip(0)]).to(dtype=dtype, device=device),))
+
+
+def mul_and_silu_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    base = _samples(device, dtype)
+    return [*base, *_with(base, "vllm-rounding", vllm_rounding=True)]
+
+
+def fatrelu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    base = _samples(device, dtype)
+    return [*base, *_with(base[:3], "t0.37", threshold=0.37), *_with(base[3:5], "t-0.5", threshold=-0.5)]
+
+
+def swiglustep_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    base = [*_samples(device, dtype), _clamp_sweep(device, dtype, pairs=False)]
+    return [*base, *_with(base[:2], "limit1.5", limit=1.5)]
+
+
+def swigluoai_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    base = [*_samples(device, dtype), _clamp_sweep(device, dtype, pairs=True)]
+    return [*base, *_with(base[:2], "a1-l2.5", alpha=1.0, limit=2.5)]
+
+
+def gelu_new_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(13)
+    shapes = (
+        ("1-token", (1, 128)),
+        ("odd-7", (3, 7)),
+        ("3d", (2, 3, 96)),
+        ("d-4099", (2, 4099)),
+        ("empty", (0, 64)),
+    )
+    out = [Sample(n, ((torch.randn(s, generator=g) * 2).to(dtype=dtype, device=device),)) for n, s in shapes]
+    out.append(
+        Sample("sweep", (torch.linspace(-10.0, 10.0, 257).to(dtype=dtype, device=device).view(1, -1),))
+    )
+    big = torch.randn((5, 300), generator=g).to(dtype=dtype, device=device)
+    out.append(Sample("strided-rows", (big[:, :160],)))
+    x = torch.randn((4, 96), generator=g).to(dtype=dtype, device=device)
+    out.append(Sample("with-out", (x,), {"out": torch.empty((4, 96), dtype=dtype, device=device)}))
+    return out
+
+
+def mul_and_silu_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [*_invalid(device), ("rounding-not-bool", (x,), {"vllm_rounding": 1}, TypeError, "vllm_rounding")]
+
+
+def fatrelu_and_mul_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [*_invalid(device), ("threshold-nan", (x,), {"threshold": float("nan")}, ValueError, "threshold")]
+
+
+def swiglustep_and_mul_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [*_invalid(device), ("limit-zero", (x,), {"limit": 0.0}, ValueError, "limit")]
+
+
+def swigluoai_and_mul_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [
+        *_invalid(device),
+        ("limit-negative", (x,), {"limit": -1.0}, ValueError, "limit"),
+        ("alpha-inf", (x,), {"alpha": float("inf")}, ValueError, "alpha"),
+    ]
+
+
+def gelu_new_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [
+        ("int-dtype", (torch.ones(4, 16, dtype=torch.int64, device=device),), {}, TypeError, "dtype"),
+        ("scalar", (torch.tensor(1.0, device=device),), {}, ValueError, "at least one dim"),
+        ("out-shape", (x,), {"out": torch.empty(4, 8, device=device)}, ValueError, "out has shape"),
+        (
+            "out-dtype",
+            (x,),
+            {"out": torch.empty(4, 16, dtype=torch.float16, device=device)},
+            TypeError,
+            "out has dtype",
+        ),
+        ("non-contiguous", (torch.randn(16, 4, device=device).t(),), {}, ValueError, "non-contiguous"),
+    ]

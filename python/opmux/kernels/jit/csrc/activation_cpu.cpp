@@ -1,5 +1,7 @@
-// Gated activations for CPU tensors: out = act(x[:, :d]) * x[:, d:], computed in float, for
-// act = silu, gelu (exact, erf) and gelu_tanh (tanh approximation).
+// Activations for CPU tensors, computed in float. Gated: out = act(x[:, :d]) * x[:, d:] for act =
+// silu, gelu (exact, erf) and gelu_tanh (tanh approximation); mul_and_silu (the halves swapped);
+// fatrelu (threshold), swiglustep (silu clamped, up clamped); swigluoai (interleaved gate / up
+// pairs, clamps, alpha). Element-wise: gelu_new / gelu_fast (the tanh form), gelu_quick.
 // Kernels first (no tvm-ffi; alone under OPMUX_CPU_KERNELS_ONLY, see layernorm_cpu.cpp), then
 // the argument checks and the tvm-ffi entry points.
 #include <cmath>
@@ -21,9 +23,43 @@ constexpr int64_t kParallelMinBytes = 64 << 10;
 // Rows are shared out in pieces of this many elements, so one long row (T = 1) can use threads.
 constexpr int64_t kPiece = 4096;
 
-// exp_f / erfc_f (opmux/cpu_math.h) are branch-free, so the row loops below vectorize.
+// The scalar parameters of an activation: fatrelu's threshold (a), swiglu's alpha (a), limit (b).
+struct ActParams {
+  float a = 0.0f, b = 0.0f;
+};
+
+// exp_f / erfc_f (opmux/cpu_math.h) are branch-free, so the row loops below vectorize. Each
+// activation has apply(g) (its value) and gated(g, u, p), the output of a gated pair; clamps are
+// written as selects that keep a NaN input (as torch.clamp does).
+OPMUX_CPU_INLINE float clamp_abs(float u, float l) { return u > l ? l : (u < -l ? -l : u); }
+
 struct Silu {
   static OPMUX_CPU_INLINE float apply(float g) { return g / (1.0f + cpu::exp_f(-g)); }
+  static OPMUX_CPU_INLINE float gated(float g, float u, const ActParams&) { return apply(g) * u; }
+};
+// x * sigmoid(1.702 x) (element-wise only)
+struct GeluQuick {
+  static OPMUX_CPU_INLINE float apply(float g) { return g / (1.0f + cpu::exp_f(-1.702f * g)); }
+};
+// gelu(g) = g if g > threshold else 0 (F.threshold's test: NaN passes through)
+struct Fatrelu {
+  static OPMUX_CPU_INLINE float gated(float g, float u, const ActParams& p) {
+    return (g <= p.a ? 0.0f : g) * u;
+  }
+};
+// min(silu(g), limit) * clamp(u, -limit, limit)
+struct SwigluStep {
+  static OPMUX_CPU_INLINE float gated(float g, float u, const ActParams& p) {
+    const float s = Silu::apply(g);
+    return (s > p.b ? p.b : s) * clamp_abs(u, p.b);
+  }
+};
+// gpt-oss: g = min(gate, limit), (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g)
+struct SwigluOai {
+  static OPMUX_CPU_INLINE float gated(float g, float u, const ActParams& p) {
+    const float c = g > p.b ? p.b : g;
+    return (clamp_abs(u, p.b) + 1.0f) * (c / (1.0f + cpu::exp_f(-p.a * c)));
+  }
 };
 // 1 + erf(g / sqrt 2) and 1 + tanh(z) cancel for negative g; erfc and the sigmoid form
 // 0.5 * (1 + tanh(z)) == 1 / (1 + exp(-2z)) keep the tail's relative accuracy.
@@ -31,26 +67,63 @@ struct Gelu {
   static OPMUX_CPU_INLINE float apply(float g) {
     return 0.5f * g * cpu::erfc_f(g * -0.70710678118654752f);
   }
+  static OPMUX_CPU_INLINE float gated(float g, float u, const ActParams&) { return apply(g) * u; }
 };
 struct GeluTanh {
   static OPMUX_CPU_INLINE float apply(float g) {
     const float z = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
     return g / (1.0f + cpu::exp_f(-2.0f * z));
   }
+  static OPMUX_CPU_INLINE float gated(float g, float u, const ActParams&) { return apply(g) * u; }
 };
+
+// vLLM's rounding (the kernel mode its compat entries select): the activation by the IEEE libm
+// functions and division, rounded to T, then the product rounded to T (two roundings; bit-equal
+// to vLLM's CUDA kernel where libm's expf and CUDA's agree, and for float32 nothing to round).
+struct SiluIeee {
+  static float apply(float g) { return g / (1.0f + std::exp(-g)); }
+};
+template <typename T>
+void gated_vllm_row(T* o, const T* a, const T* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    o[i] = from_float<T>(to_float(from_float<T>(SiluIeee::apply(to_float(a[i])))) * to_float(b[i]));
+}
 
 // One row, in chunks through a float buffer: convert, activate, multiply, convert back. Each
 // loop is a plain element-wise loop the compiler vectorizes (per ISA, see OPMUX_CPU_CLONES).
 template <typename T, typename Act>
-OPMUX_CPU_CLONES void gated_row(T* o, const T* a, const T* b, int64_t d) {
+OPMUX_CPU_CLONES void gated_row(T* o, const T* a, const T* b, int64_t d, ActParams p) {
   float buf[cpu::kChunk];
   for (int64_t i0 = 0; i0 < d; i0 += cpu::kChunk) {
     const int n = static_cast<int>(d - i0 < cpu::kChunk ? d - i0 : cpu::kChunk);
     const T* ac = a + i0;
     const T* bc = b + i0;
     T* oc = o + i0;
-    for (int i = 0; i < n; ++i) buf[i] = Act::apply(to_float(ac[i]));
-    for (int i = 0; i < n; ++i) oc[i] = from_float<T>(buf[i] * to_float(bc[i]));
+    for (int i = 0; i < n; ++i) buf[i] = Act::gated(to_float(ac[i]), to_float(bc[i]), p);
+    for (int i = 0; i < n; ++i) oc[i] = from_float<T>(buf[i]);
+  }
+}
+
+// One row of an element-wise activation, as gated_row.
+template <typename T, typename Act>
+OPMUX_CPU_CLONES void act_row(T* o, const T* a, int64_t d) {
+  float buf[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < d; i0 += cpu::kChunk) {
+    const int n = static_cast<int>(d - i0 < cpu::kChunk ? d - i0 : cpu::kChunk);
+    for (int i = 0; i < n; ++i) buf[i] = Act::apply(to_float(a[i0 + i]));
+    for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
+  }
+}
+
+// One row of swigluoai: pairs (gate, up) interleaved, x[2i] and x[2i + 1].
+template <typename T>
+OPMUX_CPU_CLONES void oai_row(T* o, const T* x, int64_t d, ActParams p) {
+  float buf[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < d; i0 += cpu::kChunk) {
+    const int n = static_cast<int>(d - i0 < cpu::kChunk ? d - i0 : cpu::kChunk);
+    const T* xc = x + 2 * i0;
+    for (int i = 0; i < n; ++i) buf[i] = SwigluOai::gated(to_float(xc[2 * i]), to_float(xc[2 * i + 1]), p);
+    for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
   }
 }
 
@@ -66,7 +139,13 @@ using namespace cpu::v512;
 // operations per 16 lanes. Infinite and NaN inputs give what the references give (inf, -inf and
 // NaN in; tests/native/aarch64/kernel_check.cpp checks them at every vector level).
 template <typename Act> struct Vec;
-template <> struct Vec<Silu> {
+// The gated output of an activation that multiplies its value by up.
+template <typename Act> struct VecMul {
+  static OPMUX_V512_INLINE __m512 gated(__m512 g, __m512 u, const ActParams&) {
+    return _mm512_mul_ps(Vec<Act>::apply(g), u);
+  }
+};
+template <> struct Vec<Silu> : VecMul<Silu> {
   static OPMUX_V512_INLINE __m512 apply(__m512 g) {
     // e^-g = 2^(-g log2 e); g = +inf gives y = -inf, clamped (e = 0, silu = inf); a NaN y becomes
     // -200 there, and g's NaN makes the product NaN.
@@ -75,7 +154,7 @@ template <> struct Vec<Silu> {
     return _mm512_mul_ps(g, recip_ge1(_mm512_add_ps(_mm512_set1_ps(1.0f), exp2_16(y))));
   }
 };
-template <> struct Vec<GeluTanh> {
+template <> struct Vec<GeluTanh> : VecMul<GeluTanh> {
   static OPMUX_V512_INLINE __m512 apply(__m512 g) {
     // e^(-2z), z = sqrt(2/pi) (g + 0.044715 g^3): 2^y with y = g (c + 0.044715 c g^2), c =
     // -2 sqrt(2/pi) log2(e); clamped both ways (g^3 overflows for |g| > 2e12, y is then +-inf).
@@ -86,7 +165,7 @@ template <> struct Vec<GeluTanh> {
     return _mm512_mul_ps(g, recip_ge1(_mm512_add_ps(_mm512_set1_ps(1.0f), exp2_16(y))));
   }
 };
-template <> struct Vec<Gelu> {
+template <> struct Vec<Gelu> : VecMul<Gelu> {
   // g Phi(g) = g h for g <= 0 and g (1 - h) above, h = erfc(x) / 2, x = |g| / sqrt 2: no
   // cancellation in the negative tail, whose relative accuracy the reference keeps (erfc). h by a
   // fit of the Numerical Recipes erfcc form, t = 1 / (1 + x / 2), h = t 2^(P(t) - x^2 log2 e),
@@ -118,16 +197,55 @@ template <> struct Vec<Gelu> {
     return _mm512_mul_ps(g, h);
   }
 };
+// Silu's form with the argument scaled by 1.702 (element-wise only).
+template <> struct Vec<GeluQuick> {
+  static OPMUX_V512_INLINE __m512 apply(__m512 g) {
+    const __m512 y = _mm512_max_ps(_mm512_mul_ps(g, _mm512_set1_ps(-1.702f * 1.44269504088896341f)),
+                                   _mm512_set1_ps(-200.0f));
+    return _mm512_mul_ps(g, recip_ge1(_mm512_add_ps(_mm512_set1_ps(1.0f), exp2_16(y))));
+  }
+};
+// g <= threshold -> 0 (a NaN g compares false and stays), times up.
+template <> struct Vec<Fatrelu> {
+  static OPMUX_V512_INLINE __m512 gated(__m512 g, __m512 u, const ActParams& p) {
+    const __mmask16 off = _mm512_cmp_ps_mask(g, _mm512_set1_ps(p.a), _CMP_LE_OQ);
+    return _mm512_mul_ps(_mm512_mask_mov_ps(g, off, _mm512_setzero_ps()), u);
+  }
+};
+// v > l -> l, v < -l -> -l, else v (NaN stays): the scalar selects, lane-wise.
+OPMUX_V512_INLINE __m512 clamp_hi(__m512 v, __m512 l) {
+  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, l, _CMP_GT_OQ), l);
+}
+OPMUX_V512_INLINE __m512 clamp_abs16(__m512 v, __m512 l) {
+  const __m512 nl = _mm512_sub_ps(_mm512_setzero_ps(), l);
+  return _mm512_mask_mov_ps(clamp_hi(v, l), _mm512_cmp_ps_mask(v, nl, _CMP_LT_OQ), nl);
+}
+template <> struct Vec<SwigluStep> {
+  static OPMUX_V512_INLINE __m512 gated(__m512 g, __m512 u, const ActParams& p) {
+    const __m512 l = _mm512_set1_ps(p.b);
+    return _mm512_mul_ps(clamp_hi(Vec<Silu>::apply(g), l), clamp_abs16(u, l));
+  }
+};
+
+// o[0, n) = act(a), 16 lanes at a time, the tail masked.
+template <bool NB, typename T, typename Act>
+void act_piece(T* o, const T* a, int64_t n) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) store<NB>(o + i, Vec<Act>::apply(load(a + i)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    store<NB>(o + i, Vec<Act>::apply(load(a + i, m)), m);
+  }
+}
 
 // o[0, n) = act(a) * b, 16 lanes at a time, the tail masked. NB: bfloat16 by vcvtneps2bf16.
 template <bool NB, typename T, typename Act>
-void gated_piece(T* o, const T* a, const T* b, int64_t n) {
+void gated_piece(T* o, const T* a, const T* b, int64_t n, const ActParams& p) {
   int64_t i = 0;
-  for (; i + kW <= n; i += kW)
-    store<NB>(o + i, _mm512_mul_ps(Vec<Act>::apply(load(a + i)), load(b + i)));
+  for (; i + kW <= n; i += kW) store<NB>(o + i, Vec<Act>::gated(load(a + i), load(b + i), p));
   if (i < n) {
     const __mmask16 m = tail_mask(n - i);
-    store<NB>(o + i, _mm512_mul_ps(Vec<Act>::apply(load(a + i, m)), load(b + i, m)), m);
+    store<NB>(o + i, Vec<Act>::gated(load(a + i, m), load(b + i, m), p), m);
   }
 }
 
@@ -137,18 +255,34 @@ void gated_piece(T* o, const T* a, const T* b, int64_t n) {
 
 // One piece of a row on the vector level of this CPU (cpu::vec_level()).
 template <typename T, typename Act>
-OPMUX_CPU_INLINE void gated_piece(int level, T* o, const T* a, const T* b, int64_t n) {
+OPMUX_CPU_INLINE void gated_piece(int level, T* o, const T* a, const T* b, int64_t n,
+                                  const ActParams& p) {
 #if OPMUX_CPU_VEC512
-  if (level == 2) return v512::gated_piece<true, T, Act>(o, a, b, n);
-  if (level == 1) return v512::gated_piece<false, T, Act>(o, a, b, n);
+  if (level == 2) return v512::gated_piece<true, T, Act>(o, a, b, n, p);
+  if (level == 1) return v512::gated_piece<false, T, Act>(o, a, b, n, p);
 #endif
   (void)level;
-  gated_row<T, Act>(o, a, b, n);
+  gated_row<T, Act>(o, a, b, n, p);
 }
 
 template <typename T, typename Act>
+OPMUX_CPU_INLINE void act_piece(int level, T* o, const T* a, int64_t n) {
+#if OPMUX_CPU_VEC512
+  if (level == 2) return v512::act_piece<true, T, Act>(o, a, n);
+  if (level == 1) return v512::act_piece<false, T, Act>(o, a, n);
+#endif
+  (void)level;
+  act_row<T, Act>(o, a, n);
+}
+
+// Layout of a gated row: kHalves (gate = x[:d], up = x[d:]), kSwapped (mul_and_silu: gate =
+// x[d:], up = x[:d]), kPairs (swigluoai: gate x[2i], up x[2i + 1]), kVllm (kSwapped or kHalves in
+// vLLM's rounding, scalar libm: see gated_vllm_row).
+enum Layout { kHalves, kSwapped, kPairs, kVllmHalves, kVllmSwapped };
+
+template <typename T, typename Act, Layout L = kHalves>
 void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t rows,
-                int64_t d) {
+                int64_t d, ActParams p = {}) {
   const int64_t pieces = (d + kPiece - 1) / kPiece, items = rows * pieces;
   const int nt = cpu::threads_for(rows * d * 3 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, items);
   const int level = cpu::vec_level();
@@ -160,8 +294,29 @@ void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_
   for (int64_t it = 0; it < items; ++it) {
     const int64_t r = it / pieces, i0 = (it % pieces) * kPiece;
     const int64_t n = d - i0 < kPiece ? d - i0 : kPiece;
-    const T* a = x + r * x_stride + i0;  // gate half
-    gated_piece<T, Act>(level, out + r * out_stride + i0, a, a + d, n);
+    T* o = out + r * out_stride + i0;
+    const T* a = x + r * x_stride + i0;  // the first half
+    if constexpr (L == kHalves) gated_piece<T, Act>(level, o, a, a + d, n, p);
+    if constexpr (L == kSwapped) gated_piece<T, Act>(level, o, a + d, a, n, p);
+    if constexpr (L == kPairs) oai_row<T>(o, x + r * x_stride + 2 * i0, n, p);
+    if constexpr (L == kVllmHalves) gated_vllm_row<T>(o, a, a + d, n);
+    if constexpr (L == kVllmSwapped) gated_vllm_row<T>(o, a + d, a, n);
+  }
+}
+
+template <typename T, typename Act>
+void act_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t rows, int64_t d) {
+  const int64_t pieces = (d + kPiece - 1) / kPiece, items = rows * pieces;
+  const int nt = cpu::threads_for(rows * d * 2 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, items);
+  const int level = cpu::vec_level();
+  (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t r = it / pieces, i0 = (it % pieces) * kPiece;
+    const int64_t n = d - i0 < kPiece ? d - i0 : kPiece;
+    act_piece<T, Act>(level, out + r * out_stride + i0, x + r * x_stride + i0, n);
   }
 }
 
@@ -176,16 +331,46 @@ void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_
 namespace opmux {
 namespace activation_cpu {
 
-template <typename Act>
-void run(const char* op, TensorView out, TensorView x) {
+template <typename Act, Layout L = kHalves>
+void run(const char* op, TensorView out, TensorView x, ActParams p = {}) {
   RowsArgs a = check_silu_and_mul_args(op, kDLCPU, out, x);
   if (a.rows == 0 || a.hidden == 0) return;
   const int64_t out_stride = row_stride(op, "out", out), x_stride = row_stride(op, "x", x);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    gated_impl<scalar_t, Act>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
-                              x_stride, a.rows, a.hidden);
+    gated_impl<scalar_t, Act, L>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
+                                 x_stride, a.rows, a.hidden, p);
   });
 }
+
+template <typename Act>
+void run_act(const char* op, TensorView out, TensorView x) {
+  RowsArgs a = check_elementwise_args(op, kDLCPU, out, x);
+  if (a.rows == 0 || a.hidden == 0) return;
+  const int64_t out_stride = row_stride(op, "out", out), x_stride = row_stride(op, "x", x);
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    act_impl<scalar_t, Act>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
+                            x_stride, a.rows, a.hidden);
+  });
+}
+
+// vllm_rounding: vLLM's roundings (see gated_vllm_row); else opmux's (fp32, one rounding).
+void mul_and_silu_cpu(TensorView out, TensorView x, bool vllm_rounding) {
+  if (vllm_rounding) return run<Silu, kVllmSwapped>("opmux.mul_and_silu", out, x);
+  run<Silu, kSwapped>("opmux.mul_and_silu", out, x);
+}
+void fatrelu_and_mul_cpu(TensorView out, TensorView x, double threshold) {
+  run<Fatrelu>("opmux.fatrelu_and_mul", out, x, {static_cast<float>(threshold), 0.0f});
+}
+void swiglustep_and_mul_cpu(TensorView out, TensorView x, double limit) {
+  run<SwigluStep>("opmux.swiglustep_and_mul", out, x, {0.0f, static_cast<float>(limit)});
+}
+void swigluoai_and_mul_cpu(TensorView out, TensorView x, double alpha, double limit) {
+  run<SwigluOai, kPairs>("opmux.swigluoai_and_mul", out, x,
+                         {static_cast<float>(alpha), static_cast<float>(limit)});
+}
+void gelu_new_cpu(TensorView out, TensorView x) { run_act<GeluTanh>("opmux.gelu_new", out, x); }
+void gelu_fast_cpu(TensorView out, TensorView x) { run_act<GeluTanh>("opmux.gelu_fast", out, x); }
+void gelu_quick_cpu(TensorView out, TensorView x) { run_act<GeluQuick>("opmux.gelu_quick", out, x); }
 
 void silu_and_mul_cpu(TensorView out, TensorView x) { run<Silu>("opmux.silu_and_mul", out, x); }
 void gelu_and_mul_cpu(TensorView out, TensorView x) { run<Gelu>("opmux.gelu_and_mul", out, x); }
@@ -199,4 +384,11 @@ void gelu_tanh_and_mul_cpu(TensorView out, TensorView x) {
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cpu, opmux::activation_cpu::silu_and_mul_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cpu, opmux::activation_cpu::gelu_and_mul_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cpu, opmux::activation_cpu::gelu_tanh_and_mul_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul_and_silu_cpu, opmux::activation_cpu::mul_and_silu_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fatrelu_and_mul_cpu, opmux::activation_cpu::fatrelu_and_mul_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swiglustep_and_mul_cpu, opmux::activation_cpu::swiglustep_and_mul_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cpu, opmux::activation_cpu::swigluoai_and_mul_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cpu, opmux::activation_cpu::gelu_new_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cpu, opmux::activation_cpu::gelu_fast_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cpu, opmux::activation_cpu::gelu_quick_cpu);
 #endif  // OPMUX_CPU_KERNELS_ONLY

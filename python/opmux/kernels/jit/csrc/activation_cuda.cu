@@ -1,5 +1,8 @@
-// Gated activations for CUDA tensors: out[r, c] = act(x[r, c]) * x[r, d + c], computed in float,
-// for act = silu, gelu (exact, erf) and gelu_tanh (tanh approximation); one kernel template.
+// Activations for CUDA tensors, computed in float. Gated: out[r, c] = act(x[r, c]) * x[r, d + c]
+// for act = silu, gelu (exact, erf) and gelu_tanh (tanh approximation), fatrelu and swiglustep;
+// mul_and_silu (the halves swapped, optionally in vLLM's rounding), swigluoai (interleaved gate /
+// up pairs); one kernel template (Layout). Element-wise: gelu_new / gelu_fast (the tanh form) and
+// gelu_quick, the same flat layout without the up load.
 //
 // The rows x (d / VEC) output vectors are flattened into one index space and the grid covers
 // it: each thread owns one output vector, so its gate and up loads (two independent 16-byte
@@ -38,7 +41,17 @@ struct SiluParams {
   int64_t out_stride;  // elements
   int64_t x_stride;
   int64_t d;           // output width in elements
+  float p0 = 0.0f;     // fatrelu's threshold, swigluoai's alpha
+  float p1 = 0.0f;     // the swiglu limit
 };
+
+// Where a gated pair is: kHalves gate x[c], up x[d + c]; kSwapped (mul_and_silu) gate x[d + c],
+// up x[c]; kPairs (swigluoai) gate x[2c], up x[2c + 1].
+enum Layout { kHalves, kSwapped, kPairs };
+
+// Clamps as selects: a NaN v compares false and stays NaN (torch.clamp's result).
+__device__ __forceinline__ float clamp_hi(float v, float l) { return v > l ? l : v; }
+__device__ __forceinline__ float clamp_abs(float v, float l) { return v > l ? l : (v < -l ? -l : v); }
 
 // Accuracy: __expf (ex2.approx after a multiply by log2 e) has a relative error of a few 1e-7
 // over the whole range, growing with |argument| to ~5e-6 only where the result is then divided
@@ -48,6 +61,40 @@ struct SiluParams {
 // kernel can hide. IEEE division and expf were measurably slower on H200.
 struct Silu {
   static __device__ __forceinline__ float apply(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams&) { return apply(g) * u; }
+};
+// vLLM's rounding, selected by its compat entry: silu by IEEE expf and division (vLLM's kernel
+// and torch's CUDA silu: bit-equal), rounded to T, then the product in T (vLLM's T * T is the
+// float product of the two rounded values, exact in float for every T, rounded once to T).
+template <typename T>
+struct SiluVllm {
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams&) {
+    return to_float(from_float<T>(g / (1.0f + expf(-g)))) * u;
+  }
+};
+// x * sigmoid(1.702 x), element-wise (Silu's accuracy note applies)
+struct GeluQuick {
+  static __device__ __forceinline__ float apply(float g) {
+    return __fdividef(g, 1.0f + __expf(-1.702f * g));
+  }
+};
+// gate kept where > threshold, else 0 (F.threshold's test: a NaN gate passes through)
+struct Fatrelu {
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams& p) {
+    return (g <= p.p0 ? 0.0f : g) * u;
+  }
+};
+struct SwigluStep {
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams& p) {
+    return clamp_hi(Silu::apply(g), p.p1) * clamp_abs(u, p.p1);
+  }
+};
+// gpt-oss: g = min(gate, limit); (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g)
+struct SwigluOai {
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams& p) {
+    const float c = clamp_hi(g, p.p1);
+    return (clamp_abs(u, p.p1) + 1.0f) * __fdividef(c, 1.0f + __expf(-p.p0 * c));
+  }
 };
 // Exact GELU through erff: erfcf (the cancellation-free form) is several times the
 // instructions and was the bottleneck (141 us vs 97 us for torch.compile at T=4096,
@@ -57,6 +104,7 @@ struct Gelu {
   static __device__ __forceinline__ float apply(float g) {
     return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
   }
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams&) { return apply(g) * u; }
 };
 // 0.5 * (1 + tanh(z)) == 1 / (1 + exp(-2z)): the sigmoid form has no cancellation for g < 0,
 // and with __expf / __fdividef it is as cheap as tanh.approx.f32 but accurate enough for
@@ -67,11 +115,45 @@ struct GeluTanh {
     const float z = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
     return __fdividef(g, 1.0f + __expf(-2.0f * z));
   }
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams&) { return apply(g) * u; }
 };
+
+// The gate and up values of output element k of a vector: va / vb are the vectors at the gate and
+// up addresses (kHalves, kSwapped), or the two consecutive vectors of VEC / 2 pairs each (kPairs).
+template <Layout L, typename T, int VEC>
+__device__ __forceinline__ float pair_out(const Vec<T, VEC>& va, const Vec<T, VEC>& vb, int k, bool up) {
+  if constexpr (L == kPairs) {
+    if constexpr (VEC == 1) {
+      return to_float(up ? vb.v[0] : va.v[0]);
+    } else {
+      const int j = 2 * k + (up ? 1 : 0);
+      return to_float(j < VEC ? va.v[j] : vb.v[j - VEC]);
+    }
+  } else {
+    return to_float(up ? vb.v[k] : va.v[k]);
+  }
+}
+// Offsets (elements) of the two loads of output vector c of a row.
+template <Layout L, int VEC>
+__device__ __forceinline__ void pair_offsets(int64_t c, int64_t d, int64_t& oa, int64_t& ob) {
+  if constexpr (L == kHalves) {
+    oa = c * VEC;
+    ob = d + c * VEC;
+  } else if constexpr (L == kSwapped) {
+    oa = d + c * VEC;
+    ob = c * VEC;
+  } else if constexpr (VEC == 1) {
+    oa = 2 * c;
+    ob = 2 * c + 1;
+  } else {
+    oa = 2 * c * VEC;
+    ob = 2 * c * VEC + VEC;
+  }
+}
 
 // IndexT is uint32_t when total + (grid stride) cannot overflow it (checked on the host), which
 // makes the division by dv cheap; int64_t otherwise.
-template <typename Act, typename T, int VEC, typename IndexT>
+template <typename Act, typename T, int VEC, typename IndexT, Layout L = kHalves>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) gated_kernel(SiluParams p, IndexT dv, IndexT total) {
   T* __restrict__ out = static_cast<T*>(p.out);
   const T* __restrict__ x = static_cast<const T*>(p.x);
@@ -80,12 +162,34 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) gated_kernel(
   for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const IndexT r = i / dv;
     const IndexT c = i - r * dv;
-    const T* row = x + static_cast<int64_t>(r) * p.x_stride + static_cast<int64_t>(c) * VEC;
-    const Vec<T, VEC> va = load_vec<T, VEC>(row);
-    const Vec<T, VEC> vb = load_vec<T, VEC>(row + p.d);
+    const T* row = x + static_cast<int64_t>(r) * p.x_stride;
+    int64_t oa, ob;
+    pair_offsets<L, VEC>(static_cast<int64_t>(c), p.d, oa, ob);
+    const Vec<T, VEC> va = load_vec<T, VEC>(row + oa);
+    const Vec<T, VEC> vb = load_vec<T, VEC>(row + ob);
     Vec<T, VEC> o;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>(Act::apply(to_float(va.v[k])) * to_float(vb.v[k]));
+    for (int k = 0; k < VEC; ++k)
+      o.v[k] = from_float<T>(Act::gated(pair_out<L, T, VEC>(va, vb, k, false), pair_out<L, T, VEC>(va, vb, k, true), p));
+    store_vec(out + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
+  }
+}
+
+// Element-wise: out[r, c] = act(x[r, c]), the flat layout of gated_kernel (p.d: the row width).
+template <typename Act, typename T, int VEC, typename IndexT>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) act_kernel(SiluParams p, IndexT dv, IndexT total) {
+  T* __restrict__ out = static_cast<T*>(p.out);
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
+  cuda::pdl_enter();
+  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const IndexT r = i / dv;
+    const IndexT c = i - r * dv;
+    const Vec<T, VEC> va =
+        load_vec<T, VEC>(x + static_cast<int64_t>(r) * p.x_stride + static_cast<int64_t>(c) * VEC);
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>(Act::apply(to_float(va.v[k])));
     store_vec(out + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
   }
 }
@@ -111,7 +215,8 @@ __global__ void __launch_bounds__(256) gated_row_kernel(SiluParams p) {
   }
 }
 
-template <typename Act, typename T>
+// Elementwise: act_kernel (no up half); else gated_kernel in layout L.
+template <typename Act, typename T, Layout L = kHalves, bool Elementwise = false>
 void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t device_id) {
   constexpr int VEC = cuda::kVec16<T>;
   // 16-byte path when every gate, up and out vector is 16-byte aligned: bases aligned, row
@@ -132,7 +237,7 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, INT32_MAX));
   const int64_t stride = blocks * threads;
   const cudaStream_t stream = cuda::current_stream(device_id);
-  if constexpr (std::is_same_v<Act, Gelu>) {
+  if constexpr (std::is_same_v<Act, Gelu> && !Elementwise && L == kHalves) {
     if (vec_ok && rows >= 1024 && rows <= INT32_MAX && dv >= 2 * 256) {
       cuda::launch(op, device_id, props, gated_row_kernel<Act, T, VEC>, dim3(static_cast<unsigned>(rows)),
                    dim3(256), 0, stream, p);
@@ -142,17 +247,27 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
   const dim3 grid(static_cast<unsigned>(blocks)), block(threads);
   // Largest index formed in the loop is < total + stride.
   if (total + stride <= static_cast<int64_t>(UINT32_MAX)) {
-    auto kernel = vec_ok ? gated_kernel<Act, T, VEC, uint32_t> : gated_kernel<Act, T, 1, uint32_t>;
+    void (*kernel)(SiluParams, uint32_t, uint32_t);
+    if constexpr (Elementwise) {
+      kernel = vec_ok ? act_kernel<Act, T, VEC, uint32_t> : act_kernel<Act, T, 1, uint32_t>;
+    } else {
+      kernel = vec_ok ? gated_kernel<Act, T, VEC, uint32_t, L> : gated_kernel<Act, T, 1, uint32_t, L>;
+    }
     cuda::launch(op, device_id, props, kernel, grid, block, 0, stream, p, static_cast<uint32_t>(dv),
                  static_cast<uint32_t>(total));
   } else {
-    auto kernel = vec_ok ? gated_kernel<Act, T, VEC, int64_t> : gated_kernel<Act, T, 1, int64_t>;
+    void (*kernel)(SiluParams, int64_t, int64_t);
+    if constexpr (Elementwise) {
+      kernel = vec_ok ? act_kernel<Act, T, VEC, int64_t> : act_kernel<Act, T, 1, int64_t>;
+    } else {
+      kernel = vec_ok ? gated_kernel<Act, T, VEC, int64_t, L> : gated_kernel<Act, T, 1, int64_t, L>;
+    }
     cuda::launch(op, device_id, props, kernel, grid, block, 0, stream, p, dv, total);
   }
 }
 
-template <typename Act>
-void run(const char* op, TensorView out, TensorView x) {
+template <typename Act, Layout L = kHalves>
+void run(const char* op, TensorView out, TensorView x, float p0 = 0.0f, float p1 = 0.0f) {
   RowsArgs r = check_silu_and_mul_args(op, kDLCUDA, out, x);
   if (r.rows == 0 || r.hidden == 0) return;
   SiluParams p;
@@ -161,8 +276,39 @@ void run(const char* op, TensorView out, TensorView x) {
   p.out_stride = row_stride(op, "out", out);
   p.x_stride = row_stride(op, "x", x);
   p.d = r.hidden;
+  p.p0 = p0;
+  p.p1 = p1;
   OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
-                       [&] { launch_gated<Act, scalar_t>(op, p, r.rows, r.device_id); });
+                       [&] { launch_gated<Act, scalar_t, L>(op, p, r.rows, r.device_id); });
+}
+
+template <typename Act>
+void run_act(const char* op, TensorView out, TensorView x) {
+  RowsArgs r = check_elementwise_args(op, kDLCUDA, out, x);
+  if (r.rows == 0 || r.hidden == 0) return;
+  SiluParams p;
+  p.out = data_ptr<void>(out);
+  p.x = data_ptr<const void>(x);
+  p.out_stride = row_stride(op, "out", out);
+  p.x_stride = row_stride(op, "x", x);
+  p.d = r.hidden;
+  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_gated<Act, scalar_t, kHalves, true>(op, p, r.rows, r.device_id); });
+}
+
+// mul_and_silu in vLLM's rounding: SiluVllm<T> per dtype.
+void run_mul_and_silu_vllm(const char* op, TensorView out, TensorView x) {
+  RowsArgs r = check_silu_and_mul_args(op, kDLCUDA, out, x);
+  if (r.rows == 0 || r.hidden == 0) return;
+  SiluParams p;
+  p.out = data_ptr<void>(out);
+  p.x = data_ptr<const void>(x);
+  p.out_stride = row_stride(op, "out", out);
+  p.x_stride = row_stride(op, "x", x);
+  p.d = r.hidden;
+  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16, [&] {
+    launch_gated<SiluVllm<scalar_t>, scalar_t, kSwapped>(op, p, r.rows, r.device_id);
+  });
 }
 
 void silu_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
@@ -178,9 +324,46 @@ void gelu_tanh_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
   run<GeluTanh>("opmux.gelu_tanh_and_mul", out, x);
 }
 
+void mul_and_silu_cuda(TensorView out, TensorView x, bool vllm_rounding, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  if (vllm_rounding) return run_mul_and_silu_vllm("opmux.mul_and_silu", out, x);
+  run<Silu, kSwapped>("opmux.mul_and_silu", out, x);
+}
+void fatrelu_and_mul_cuda(TensorView out, TensorView x, double threshold, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run<Fatrelu>("opmux.fatrelu_and_mul", out, x, static_cast<float>(threshold));
+}
+void swiglustep_and_mul_cuda(TensorView out, TensorView x, double limit, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run<SwigluStep>("opmux.swiglustep_and_mul", out, x, 0.0f, static_cast<float>(limit));
+}
+void swigluoai_and_mul_cuda(TensorView out, TensorView x, double alpha, double limit, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run<SwigluOai, kPairs>("opmux.swigluoai_and_mul", out, x, static_cast<float>(alpha), static_cast<float>(limit));
+}
+void gelu_new_cuda(TensorView out, TensorView x, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run_act<GeluTanh>("opmux.gelu_new", out, x);
+}
+void gelu_fast_cuda(TensorView out, TensorView x, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run_act<GeluTanh>("opmux.gelu_fast", out, x);
+}
+void gelu_quick_cuda(TensorView out, TensorView x, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  run_act<GeluQuick>("opmux.gelu_quick", out, x);
+}
+
 }  // namespace activation_cuda
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cuda, opmux::activation_cuda::silu_and_mul_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cuda, opmux::activation_cuda::gelu_and_mul_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cuda, opmux::activation_cuda::gelu_tanh_and_mul_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul_and_silu_cuda, opmux::activation_cuda::mul_and_silu_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fatrelu_and_mul_cuda, opmux::activation_cuda::fatrelu_and_mul_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swiglustep_and_mul_cuda, opmux::activation_cuda::swiglustep_and_mul_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cuda, opmux::activation_cuda::swigluoai_and_mul_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cuda, opmux::activation_cuda::gelu_new_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cuda, opmux::activation_cuda::gelu_fast_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cuda, opmux::activation_cuda::gelu_quick_cuda);

@@ -122,3 +122,213 @@ gelu_tanh_and_mul = variant(
     torch=partial(torch_gated, approximate="tanh"),
     torch_npu=partial(npu_gated, approximate="tanh"),
 )
+
+
+# -- the other gated forms (vLLM's activation set) ---------------------------------------------
+def _finite(op: str, name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{op}: {name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def check_vllm_rounding(
+    op: str, x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None
+) -> tuple[tuple[Any, ...], Tensor]:
+    if not isinstance(vllm_rounding, bool):
+        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
+    args, out = check(op, x, out)
+    return (*args, vllm_rounding), out
+
+
+def check_threshold(
+    op: str, x: Tensor, threshold: float = 0.0, out: Tensor | None = None
+) -> tuple[tuple[Any, ...], Tensor]:
+    t = _finite(op, "threshold", threshold)
+    args, out = check(op, x, out)
+    return (*args, t), out
+
+
+def check_limit(
+    op: str, x: Tensor, limit: float = 7.0, out: Tensor | None = None
+) -> tuple[tuple[Any, ...], Tensor]:
+    lim = _checks.positive_float(op, "limit", limit)
+    args, out = check(op, x, out)
+    return (*args, lim), out
+
+
+def check_oai(
+    op: str, x: Tensor, alpha: float = 1.702, limit: float = 7.0, out: Tensor | None = None
+) -> tuple[tuple[Any, ...], Tensor]:
+    a = _finite(op, "alpha", alpha)
+    lim = _checks.positive_float(op, "limit", limit)
+    args, out = check(op, x, out)
+    return (*args, a, lim), out
+
+
+def _clamp_abs(u: Tensor, limit: float) -> Tensor:
+    return u.clamp(min=-limit, max=limit)
+
+
+def ref_mul_and_silu(x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None) -> Tensor:
+    d = x.shape[-1] // 2
+    if vllm_rounding:  # silu rounded to x's dtype, then the product in x's dtype
+        s = torch.nn.functional.silu(x[..., d:].float()).to(x.dtype)
+        y = x[..., :d] * s
+    else:
+        y = _gated(_silu, torch.cat([x[..., d:], x[..., :d]], -1), fp32=True)
+    return y if out is None else out.copy_(y)
+
+
+def torch_mul_and_silu(out: Tensor, x: Tensor, vllm_rounding: bool) -> None:
+    ref_mul_and_silu(x, vllm_rounding, out)
+
+
+def _fatrelu(x: Tensor, threshold: float) -> Tensor:
+    d = x.shape[-1] // 2
+    xf = x.float() if x.dtype != torch.float64 else x
+    return (torch.nn.functional.threshold(xf[..., :d], threshold, 0.0) * xf[..., d:]).to(x.dtype)
+
+
+def ref_fatrelu(x: Tensor, threshold: float = 0.0, out: Tensor | None = None) -> Tensor:
+    y = _fatrelu(x, threshold)
+    return y if out is None else out.copy_(y)
+
+
+def torch_fatrelu(out: Tensor, x: Tensor, threshold: float) -> None:
+    out.copy_(_fatrelu(x, threshold))
+
+
+def _swiglustep(x: Tensor, limit: float) -> Tensor:
+    d = x.shape[-1] // 2
+    xf = x.float() if x.dtype != torch.float64 else x
+    gate = torch.nn.functional.silu(xf[..., :d]).clamp(max=limit)
+    return (gate * _clamp_abs(xf[..., d:], limit)).to(x.dtype)
+
+
+def ref_swiglustep(x: Tensor, limit: float = 7.0, out: Tensor | None = None) -> Tensor:
+    y = _swiglustep(x, limit)
+    return y if out is None else out.copy_(y)
+
+
+def torch_swiglustep(out: Tensor, x: Tensor, limit: float) -> None:
+    out.copy_(_swiglustep(x, limit))
+
+
+def _swigluoai(x: Tensor, alpha: float, limit: float) -> Tensor:
+    xf = x.float() if x.dtype != torch.float64 else x
+    gate = xf[..., ::2].clamp(max=limit)
+    up = _clamp_abs(xf[..., 1::2], limit)
+    return ((up + 1) * (gate * torch.sigmoid(gate * alpha))).to(x.dtype)
+
+
+def ref_swigluoai(x: Tensor, alpha: float = 1.702, limit: float = 7.0, out: Tensor | None = None) -> Tensor:
+    y = _swigluoai(x, alpha, limit)
+    return y if out is None else out.copy_(y)
+
+
+def torch_swigluoai(out: Tensor, x: Tensor, alpha: float, limit: float) -> None:
+    out.copy_(_swigluoai(x, alpha, limit))
+
+
+mul_and_silu = declare(
+    "activation.mul_and_silu",
+    "(Tensor x, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor",
+    doc="x: [..., 2d] -> x[..., :d] * silu(x[..., d:]), in fp32; vllm_rounding: silu by IEEE expf "
+    "and division, rounded to x's dtype, then the product in x's dtype (vLLM's kernel, bit for bit)",
+    check=check_vllm_rounding,
+    reference=ref_mul_and_silu,
+    torch=torch_mul_and_silu,
+    samples="mul_and_silu",
+)
+fatrelu_and_mul = declare(
+    "activation.fatrelu_and_mul",
+    "(Tensor x, float threshold=0.0, Tensor(a!)? out=None) -> Tensor",
+    doc="x: [..., 2d] -> threshold(x[..., :d]) * x[..., d:] (gate kept where > threshold, else 0)",
+    check=check_threshold,
+    reference=ref_fatrelu,
+    torch=torch_fatrelu,
+    samples="fatrelu_and_mul",
+)
+swiglustep_and_mul = declare(
+    "activation.swiglustep_and_mul",
+    "(Tensor x, float limit=7.0, Tensor(a!)? out=None) -> Tensor",
+    doc="x: [..., 2d] -> min(silu(x[..., :d]), limit) * clamp(x[..., d:], -limit, limit), in fp32",
+    check=check_limit,
+    reference=ref_swiglustep,
+    torch=torch_swiglustep,
+    samples="swiglustep_and_mul",
+)
+swigluoai_and_mul = declare(
+    "activation.swigluoai_and_mul",
+    "(Tensor x, float alpha=1.702, float limit=7.0, Tensor(a!)? out=None) -> Tensor",
+    doc="x: [..., 2d] of interleaved (gate, up) pairs -> (clamp(up, -limit, limit) + 1) * g * "
+    "sigmoid(alpha * g), g = min(gate, limit) (gpt-oss), in fp32",
+    check=check_oai,
+    reference=ref_swigluoai,
+    torch=torch_swigluoai,
+    samples="swigluoai_and_mul",
+)
+
+
+# -- element-wise activations -------------------------------------------------------------------
+def check_elementwise(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Tensor]:
+    _checks.tensor(op, "x", x)
+    _checks.float_dtype(op, "x", x)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: x has shape {tuple(x.shape)}; expected at least one dim ([..., n])")
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        _checks.tensor(op, "out", out)
+        if out.shape != x.shape:
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {tuple(x.shape)}")
+        _checks.like(op, "x", x, "out", out)
+    n = x.shape[-1]
+    return (_checks.rows(op, "out", out, n), _checks.rows(op, "x", x, n)), out
+
+
+# tanh forms as sigmoids (0.5 (1 + tanh z) == sigmoid(2z)): no cancellation in the negative tail.
+def _gelu_new(x: Tensor) -> Tensor:
+    return _gelu_tanh(x)
+
+
+def _gelu_fast(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(2.0 * 0.7978845608 * x * (1.0 + 0.044715 * x * x))
+
+
+def _gelu_quick(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def ref_elementwise(x: Tensor, out: Tensor | None = None, *, act: Act) -> Tensor:
+    y = act(x.float() if x.dtype != torch.float64 else x).to(x.dtype)
+    return y if out is None else out.copy_(y)
+
+
+def torch_elementwise(out: Tensor, x: Tensor, *, act: Act) -> None:
+    out.copy_(act(x.float() if x.dtype != torch.float64 else x))
+
+
+gelu_new = declare(
+    "activation.gelu_new",
+    "(Tensor x, Tensor(a!)? out=None) -> Tensor",
+    doc="x -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2's gelu), in fp32",
+    check=check_elementwise,
+    reference=partial(ref_elementwise, act=_gelu_new),
+    torch=partial(torch_elementwise, act=_gelu_new),
+    samples="gelu_new",
+)
+gelu_fast = variant(
+    gelu_new,
+    "activation.gelu_fast",
+    doc="x -> 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2))), in fp32 (gelu_new's function)",
+    reference=partial(ref_elementwise, act=_gelu_fast),
+    torch=partial(torch_elementwise, act=_gelu_fast),
+)
+gelu_quick = variant(
+    gelu_new,
+    "activation.gelu_quick",
+    doc="x -> x * sigmoid(1.702 x), in fp32",
+    reference=partial(ref_elementwise, act=_gelu_quick),
+    torch=partial(torch_elementwise, act=_gelu_quick),
+)

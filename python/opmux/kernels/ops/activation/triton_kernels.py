@@ -1,5 +1,6 @@
-"""Triton gated activations: silu / gelu (erf) / gelu_tanh of the gate half times the up half
-(imported only when the triton backend first runs)."""
+"""Triton activations (imported only when the triton backend first runs): gated silu / gelu (erf) /
+gelu_tanh of the gate half times the up half, mul_and_silu (halves swapped), fatrelu, swiglustep,
+swigluoai (interleaved pairs); element-wise gelu_new / gelu_fast / gelu_quick."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "fatrelu": 3, "swiglustep": 4, "swigluoai": 5, "gelu_quick": 6}
 
 
 @triton.jit
@@ -39,26 +40,91 @@ def _erfc(z):
 
 
 @triton.jit
-def _gated(X, Y, sx, sy, D, BLOCK: tl.constexpr, ACT: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < D
-    a = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(X + row * sx + D + cols, mask=mask, other=0.0).to(tl.float32)
+def _sig_div(a, e):
+    # a / (1 + exp(e)), e capped at 88 (exp(88) < FLT_MAX: no overflow, which the interpreter's
+    # numpy reports; the quotient is then below 1e-36 where it would be 0); a NaN e stays NaN,
+    # and an infinite a over the cap is inf * 0 = NaN, as in the reference
+    q = a / (1.0 + tl.exp(tl.where(e > 88.0, 88.0, e)))
+    return tl.where((e > 88.0) & (tl.abs(a) == float("inf")), float("nan"), q)
+
+
+@triton.jit
+def _act(a, ACT: tl.constexpr):
     if ACT == 0:
-        g = a / (1.0 + tl.exp(-a))
+        g = _sig_div(a, -a)
     elif ACT == 1:
         g = 0.5 * a * _erfc(a * -0.7071067811865476)
-    else:
+    elif ACT == 2:
         # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh intrinsic and no cancellation near -1;
         # |z| <= 40 saturates the sigmoid in fp32 without overflowing exp
         z = 0.7978845608028654 * (a + 0.044715 * a * a * a)
         z = tl.minimum(tl.maximum(z, -40.0), 40.0)
         g = a / (1.0 + tl.exp(-2.0 * z))
-    tl.store(Y + row * sy + cols, (g * b).to(Y.dtype.element_ty), mask=mask)
+        g = tl.where(a == -float("inf"), float("nan"), g)  # -inf * sigmoid(-inf), as the reference
+    else:  # gelu_quick
+        g = _sig_div(a, -1.702 * a)
+    return g
 
 
-def gated(x: torch.Tensor, y: torch.Tensor, act: str) -> None:
+@triton.jit
+def _clamp_hi(v, lim):
+    return tl.where(v > lim, lim, v)  # a NaN v stays NaN, as torch.clamp
+
+
+@triton.jit
+def _gated(
+    X, Y, sx, sy, D, P0, P1, BLOCK: tl.constexpr, ACT: tl.constexpr, SWAP: tl.constexpr, VLLM: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < D
+    if ACT == 5:  # swigluoai: (gate, up) pairs interleaved
+        ga = X + row * sx + 2 * cols
+        ua = ga + 1
+    elif SWAP:  # mul_and_silu: the gate is the second half
+        ua = X + row * sx + cols
+        ga = ua + D
+    else:
+        ga = X + row * sx + cols
+        ua = ga + D
+    a = tl.load(ga, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(ua, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 3:  # fatrelu: g <= threshold -> 0 (NaN passes)
+        y = tl.where(a <= P0, 0.0, a) * b
+    elif ACT == 4:  # swiglustep
+        s = _clamp_hi(_sig_div(a, -a), P1)
+        y = s * _clamp_hi(tl.where(b < -P1, -P1, b), P1)
+    elif ACT == 5:  # swigluoai
+        g = _clamp_hi(a, P1)
+        u = _clamp_hi(tl.where(b < -P1, -P1, b), P1)
+        y = (u + 1.0) * _sig_div(g, -P0 * g)
+    elif VLLM:  # vLLM's rounding: the activation rounded to the output dtype before the product
+        g = _sig_div(a, -a).to(Y.dtype.element_ty).to(tl.float32)
+        y = g * b
+    else:
+        y = _act(a, ACT) * b
+    tl.store(Y + row * sy + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _elementwise(X, Y, sx, sy, D, BLOCK: tl.constexpr, ACT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < D
+    a = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * sy + cols, _act(a, ACT).to(Y.dtype.element_ty), mask=mask)
+
+
+def gated(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    act: str,
+    p0: float = 0.0,
+    p1: float = 0.0,
+    *,
+    swap: bool = False,
+    vllm: bool = False,
+) -> None:
     """x: [rows, 2d], y: [rows, d], unit last stride (checked by the caller)."""
     rows, d = y.shape
     if rows == 0 or d == 0:
@@ -66,6 +132,29 @@ def gated(x: torch.Tensor, y: torch.Tensor, act: str) -> None:
     block = min(4096, triton.next_power_of_2(d))
     grid = (rows, triton.cdiv(d, block))
     _gated[grid](
+        x,
+        y,
+        x.stride(0),
+        y.stride(0),
+        d,
+        float(p0),
+        float(p1),
+        BLOCK=block,
+        ACT=_ACTS[act],
+        SWAP=swap,
+        VLLM=vllm,
+        num_warps=4 if block <= 1024 else 8,
+    )
+
+
+def elementwise(x: torch.Tensor, y: torch.Tensor, act: str) -> None:
+    """x, y: [rows, n], unit last stride (checked by the caller)."""
+    rows, d = y.shape
+    if rows == 0 or d == 0:
+        return
+    block = min(4096, triton.next_power_of_2(d))
+    grid = (rows, triton.cdiv(d, block))
+    _elementwise[grid](
         x, y, x.stride(0), y.stride(0), d, BLOCK=block, ACT=_ACTS[act], num_warps=4 if block <= 1024 else 8
     )
 
@@ -81,3 +170,32 @@ def gelu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
 
 def gelu_tanh_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
     gated(x, out, "gelu_tanh")
+
+
+def mul_and_silu(out: torch.Tensor, x: torch.Tensor, vllm_rounding: bool) -> None:
+    gated(x, out, "silu", swap=True, vllm=vllm_rounding)
+
+
+def fatrelu_and_mul(out: torch.Tensor, x: torch.Tensor, threshold: float) -> None:
+    gated(x, out, "fatrelu", threshold)
+
+
+def swiglustep_and_mul(out: torch.Tensor, x: torch.Tensor, limit: float) -> None:
+    gated(x, out, "swiglustep", 0.0, limit)
+
+
+def swigluoai_and_mul(out: torch.Tensor, x: torch.Tensor, alpha: float, limit: float) -> None:
+    gated(x, out, "swigluoai", alpha, limit)
+
+
+# Element-wise (out, x both [T, n]): gelu_new and gelu_fast are one function (the tanh form).
+def gelu_new(out: torch.Tensor, x: torch.Tensor) -> None:
+    elementwise(x, out, "gelu_tanh")
+
+
+def gelu_fast(out: torch.Tensor, x: torch.Tensor) -> None:
+    elementwise(x, out, "gelu_tanh")
+
+
+def gelu_quick(out: torch.Tensor, x: torch.Tensor) -> None:
+    elementwise(x, out, "gelu_quick")

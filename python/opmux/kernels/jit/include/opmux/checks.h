@@ -65,4 +65,23 @@ inline RowsArgs check_silu_and_mul_args(const char* op, int32_t device_type,
   return r;
 }
 
+// Element-wise activations: out and x both [rows, n] (hidden = n), dense last dim.
+inline RowsArgs check_elementwise_args(const char* op, int32_t device_type, const TensorView& out,
+                                       const TensorView& x) {
+  check_ndim(op, "out", out, 2);
+  check_ndim(op, "x", x, 2);
+  RowsArgs r;
+  r.device_id = check_device(op, device_type, {{"out", &out}, {"x", &x}});
+  r.dtype = check_same_dtype(op, {{"out", &out}, {"x", &x}});
+  r.rows = x.size(0);
+  r.hidden = x.size(1);
+  check_size(op, "out", out, 0, r.rows, "rows of x");
+  check_size(op, "out", out, 1, r.hidden, "x.shape[1]");
+  check_last_dim_contiguous(op, "out", out);
+  check_last_dim_contiguous(op, "x", x);
+  row_stride(op, "out", out);
+  row_stride(op, "x", x);
+  return r;
+}
+
 }  // namespace opmux
