@@ -106,7 +106,7 @@ def swigluoai_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     return [*base, *_with(base[:2], "a1-l2.5", alpha=1.0, limit=2.5)]
 
 
-def gelu_new_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+def gelu_quick_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator(device="cpu").manual_seed(13)
     shapes = (
         ("1-token", (1, 128)),
@@ -150,7 +150,20 @@ def swigluoai_and_mul_invalid(device: str) -> Invalid:
     ]
 
 
+def gelu_new_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    base = gelu_quick_samples(device, dtype)
+    return [*base, *_with(base, "vllm-rounding", vllm_rounding=True)]
+
+
 def gelu_new_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [
+        *gelu_quick_invalid(device),
+        ("rounding-not-bool", (x,), {"vllm_rounding": 0}, TypeError, "vllm_rounding"),
+    ]
+
+
+def gelu_quick_invalid(device: str) -> Invalid:
     x = torch.randn(4, 16, device=device)
     return [
         ("int-dtype", (torch.ones(4, 16, dtype=torch.int64, device=device),), {}, TypeError, "dtype"),

@@ -83,6 +83,35 @@ struct GeluTanh {
 struct SiluIeee {
   static float apply(float g) { return g / (1.0f + std::exp(-g)); }
 };
+// gelu_new / gelu_fast in vLLM's rounding (csrc/activation_kernels.cu): each step rounded to T
+// (rt), tanh by libm; float32 rounds nothing. Scalar (kScalarAct): libm calls do not vectorize.
+template <typename T>
+OPMUX_CPU_INLINE float rt(float v) {
+  return to_float(from_float<T>(v));
+}
+template <typename T>
+struct GeluNewVllm {
+  static float apply(float x) {
+    const float x3 = rt<T>(rt<T>(x * x) * x);
+    const float t = rt<T>(std::tanh(rt<T>(0.79788456f * rt<T>(x + rt<T>(0.044715f * x3)))));
+    return rt<T>(0.5f * x) * rt<T>(1.0f + t);
+  }
+};
+template <typename T>
+struct GeluFastVllm {
+  static float apply(float x) {
+    const float s = rt<T>(1.0f + rt<T>(rt<T>(0.044715f * x) * x));
+    const float t = rt<T>(std::tanh(rt<T>(rt<T>(x * 0.79788456f) * s)));
+    return rt<T>(0.5f * x) * rt<T>(1.0f + t);
+  }
+};
+template <typename Act>
+constexpr bool kScalarAct = false;
+template <typename T>
+constexpr bool kScalarAct<GeluNewVllm<T>> = true;
+template <typename T>
+constexpr bool kScalarAct<GeluFastVllm<T>> = true;
+
 template <typename T>
 void gated_vllm_row(T* o, const T* a, const T* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
@@ -267,12 +296,18 @@ OPMUX_CPU_INLINE void gated_piece(int level, T* o, const T* a, const T* b, int64
 
 template <typename T, typename Act>
 OPMUX_CPU_INLINE void act_piece(int level, T* o, const T* a, int64_t n) {
+  if constexpr (kScalarAct<Act>) {
+    for (int64_t i = 0; i < n; ++i) o[i] = from_float<T>(Act::apply(to_float(a[i])));
+    return;
+  }
 #if OPMUX_CPU_VEC512
-  if (level == 2) return v512::act_piece<true, T, Act>(o, a, n);
-  if (level == 1) return v512::act_piece<false, T, Act>(o, a, n);
+  if constexpr (!kScalarAct<Act>) {
+    if (level == 2) return v512::act_piece<true, T, Act>(o, a, n);
+    if (level == 1) return v512::act_piece<false, T, Act>(o, a, n);
+  }
 #endif
   (void)level;
-  act_row<T, Act>(o, a, n);
+  if constexpr (!kScalarAct<Act>) act_row<T, Act>(o, a, n);
 }
 
 // Layout of a gated row: kHalves (gate = x[:d], up = x[d:]), kSwapped (mul_and_silu: gate =
@@ -342,14 +377,20 @@ void run(const char* op, TensorView out, TensorView x, ActParams p = {}) {
   });
 }
 
-template <typename Act>
-void run_act(const char* op, TensorView out, TensorView x) {
+// Act, or VllmAct<T> with vllm_rounding.
+template <typename Act, template <typename> class VllmAct = GeluNewVllm>
+void run_act(const char* op, TensorView out, TensorView x, bool vllm_rounding = false) {
   RowsArgs a = check_elementwise_args(op, kDLCPU, out, x);
   if (a.rows == 0 || a.hidden == 0) return;
   const int64_t out_stride = row_stride(op, "out", out), x_stride = row_stride(op, "x", x);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
-    act_impl<scalar_t, Act>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
-                            x_stride, a.rows, a.hidden);
+    if (vllm_rounding) {
+      act_impl<scalar_t, VllmAct<scalar_t>>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
+                                            x_stride, a.rows, a.hidden);
+    } else {
+      act_impl<scalar_t, Act>(data_ptr<scalar_t>(out), out_stride, data_ptr<const scalar_t>(x),
+                              x_stride, a.rows, a.hidden);
+    }
   });
 }
 
@@ -368,8 +409,12 @@ void swigluoai_and_mul_cpu(TensorView out, TensorView x, double alpha, double li
   run<SwigluOai, kPairs>("opmux.swigluoai_and_mul", out, x,
                          {static_cast<float>(alpha), static_cast<float>(limit)});
 }
-void gelu_new_cpu(TensorView out, TensorView x) { run_act<GeluTanh>("opmux.gelu_new", out, x); }
-void gelu_fast_cpu(TensorView out, TensorView x) { run_act<GeluTanh>("opmux.gelu_fast", out, x); }
+void gelu_new_cpu(TensorView out, TensorView x, bool vllm_rounding) {
+  run_act<GeluTanh, GeluNewVllm>("opmux.gelu_new", out, x, vllm_rounding);
+}
+void gelu_fast_cpu(TensorView out, TensorView x, bool vllm_rounding) {
+  run_act<GeluTanh, GeluFastVllm>("opmux.gelu_fast", out, x, vllm_rounding);
+}
 void gelu_quick_cpu(TensorView out, TensorView x) { run_act<GeluQuick>("opmux.gelu_quick", out, x); }
 
 void silu_and_mul_cpu(TensorView out, TensorView x) { run<Silu>("opmux.silu_and_mul", out, x); }

@@ -72,6 +72,28 @@ struct SiluVllm {
     return to_float(from_float<T>(g / (1.0f + expf(-g)))) * u;
   }
 };
+// gelu_new / gelu_fast in vLLM's rounding (its gelu_new_kernel / gelu_fast_kernel): each step
+// rounded to T (rt; nothing for float), tanhf; selected by vLLM's compat entries.
+template <typename T>
+__device__ __forceinline__ float rt(float v) {
+  return to_float(from_float<T>(v));
+}
+template <typename T>
+struct GeluNewVllm {
+  static __device__ __forceinline__ float apply(float x) {
+    const float x3 = rt<T>(rt<T>(x * x) * x);
+    const float t = rt<T>(tanhf(rt<T>(0.79788456f * rt<T>(x + rt<T>(0.044715f * x3)))));
+    return rt<T>(0.5f * x) * rt<T>(1.0f + t);
+  }
+};
+template <typename T>
+struct GeluFastVllm {
+  static __device__ __forceinline__ float apply(float x) {
+    const float s = rt<T>(1.0f + rt<T>(rt<T>(0.044715f * x) * x));
+    const float t = rt<T>(tanhf(rt<T>(rt<T>(x * 0.79788456f) * s)));
+    return rt<T>(0.5f * x) * rt<T>(1.0f + t);
+  }
+};
 // x * sigmoid(1.702 x), element-wise (Silu's accuracy note applies)
 struct GeluQuick {
   static __device__ __forceinline__ float apply(float g) {
@@ -282,8 +304,8 @@ void run(const char* op, TensorView out, TensorView x, float p0 = 0.0f, float p1
                        [&] { launch_gated<Act, scalar_t, L>(op, p, r.rows, r.device_id); });
 }
 
-template <typename Act>
-void run_act(const char* op, TensorView out, TensorView x) {
+template <typename Act, template <typename> class VllmAct = GeluNewVllm>
+void run_act(const char* op, TensorView out, TensorView x, bool vllm_rounding = false) {
   RowsArgs r = check_elementwise_args(op, kDLCUDA, out, x);
   if (r.rows == 0 || r.hidden == 0) return;
   SiluParams p;
@@ -292,8 +314,13 @@ void run_act(const char* op, TensorView out, TensorView x) {
   p.out_stride = row_stride(op, "out", out);
   p.x_stride = row_stride(op, "x", x);
   p.d = r.hidden;
-  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
-                       [&] { launch_gated<Act, scalar_t, kHalves, true>(op, p, r.rows, r.device_id); });
+  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16, [&] {
+    if (vllm_rounding) {
+      launch_gated<VllmAct<scalar_t>, scalar_t, kHalves, true>(op, p, r.rows, r.device_id);
+    } else {
+      launch_gated<Act, scalar_t, kHalves, true>(op, p, r.rows, r.device_id);
+    }
+  });
 }
 
 // mul_and_silu in vLLM's rounding: SiluVllm<T> per dtype.
@@ -341,13 +368,13 @@ void swigluoai_and_mul_cuda(TensorView out, TensorView x, double alpha, double l
   cuda::PdlScope pdl(enable_pdl);
   run<SwigluOai, kPairs>("opmux.swigluoai_and_mul", out, x, static_cast<float>(alpha), static_cast<float>(limit));
 }
-void gelu_new_cuda(TensorView out, TensorView x, bool enable_pdl) {
+void gelu_new_cuda(TensorView out, TensorView x, bool vllm_rounding, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
-  run_act<GeluTanh>("opmux.gelu_new", out, x);
+  run_act<GeluTanh, GeluNewVllm>("opmux.gelu_new", out, x, vllm_rounding);
 }
-void gelu_fast_cuda(TensorView out, TensorView x, bool enable_pdl) {
+void gelu_fast_cuda(TensorView out, TensorView x, bool vllm_rounding, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
-  run_act<GeluTanh>("opmux.gelu_fast", out, x);
+  run_act<GeluTanh, GeluFastVllm>("opmux.gelu_fast", out, x, vllm_rounding);
 }
 void gelu_quick_cuda(TensorView out, TensorView x, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);

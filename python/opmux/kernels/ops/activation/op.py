@@ -309,26 +309,73 @@ def torch_elementwise(out: Tensor, x: Tensor, *, act: Act) -> None:
     out.copy_(act(x.float() if x.dtype != torch.float64 else x))
 
 
+def check_elementwise_vllm(
+    op: str, x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None
+) -> tuple[tuple[Any, ...], Tensor]:
+    if not isinstance(vllm_rounding, bool):
+        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
+    args, out = check_elementwise(op, x, out)
+    return (*args, vllm_rounding), out
+
+
+# vLLM's kernels round to x's dtype after each step (csrc/activation_kernels.cu gelu_new_kernel /
+# gelu_fast_kernel; its tests' references, in that dtype, do too): `r` rounds a float32 value.
+def _gelu_new_vllm(x: Tensor) -> Tensor:
+    dt, f = x.dtype, x.float()
+
+    def r(v: Tensor) -> Tensor:
+        return v.to(dt).float()
+
+    x3 = r(r(f * f) * f)
+    t = r(torch.tanh(r(0.79788456 * r(f + r(0.044715 * x3)))))
+    return r(0.5 * f) * r(1.0 + t)
+
+
+def _gelu_fast_vllm(x: Tensor) -> Tensor:
+    dt, f = x.dtype, x.float()
+
+    def r(v: Tensor) -> Tensor:
+        return v.to(dt).float()
+
+    t = r(torch.tanh(r(r(f * 0.79788456) * r(1.0 + r(r(0.044715 * f) * f)))))
+    return r(0.5 * f) * r(1.0 + t)
+
+
+def ref_gelu_vllm(
+    x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None, *, act: Act, vllm: Act
+) -> Tensor:
+    y = (vllm(x) if vllm_rounding else act(x.float())).to(x.dtype)
+    return y if out is None else out.copy_(y)
+
+
+def torch_gelu_vllm(out: Tensor, x: Tensor, vllm_rounding: bool, *, act: Act, vllm: Act) -> None:
+    ref_gelu_vllm(x, vllm_rounding, out, act=act, vllm=vllm)
+
+
 gelu_new = declare(
     "activation.gelu_new",
-    "(Tensor x, Tensor(a!)? out=None) -> Tensor",
-    doc="x -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2's gelu), in fp32",
-    check=check_elementwise,
-    reference=partial(ref_elementwise, act=_gelu_new),
-    torch=partial(torch_elementwise, act=_gelu_new),
+    "(Tensor x, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor",
+    doc="x -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2's gelu), in fp32; "
+    "vllm_rounding: rounded to x's dtype after each step, as vLLM's kernel",
+    check=check_elementwise_vllm,
+    reference=partial(ref_gelu_vllm, act=_gelu_new, vllm=_gelu_new_vllm),
+    torch=partial(torch_gelu_vllm, act=_gelu_new, vllm=_gelu_new_vllm),
     samples="gelu_new",
 )
 gelu_fast = variant(
     gelu_new,
     "activation.gelu_fast",
-    doc="x -> 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2))), in fp32 (gelu_new's function)",
-    reference=partial(ref_elementwise, act=_gelu_fast),
-    torch=partial(torch_elementwise, act=_gelu_fast),
+    doc="x -> 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2))), in fp32 (gelu_new's function); "
+    "vllm_rounding: rounded to x's dtype after each step, as vLLM's kernel",
+    reference=partial(ref_gelu_vllm, act=_gelu_fast, vllm=_gelu_fast_vllm),
+    torch=partial(torch_gelu_vllm, act=_gelu_fast, vllm=_gelu_fast_vllm),
 )
-gelu_quick = variant(
-    gelu_new,
+gelu_quick = declare(
     "activation.gelu_quick",
-    doc="x -> x * sigmoid(1.702 x), in fp32",
+    "(Tensor x, Tensor(a!)? out=None) -> Tensor",
+    doc="x -> x * sigmoid(1.702 x), in fp32 (vLLM's kernel computes it in float too)",
+    check=check_elementwise,
     reference=partial(ref_elementwise, act=_gelu_quick),
     torch=partial(torch_elementwise, act=_gelu_quick),
+    samples="gelu_quick",
 )

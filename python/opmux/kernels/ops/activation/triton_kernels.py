@@ -107,12 +107,34 @@ def _gated(
 
 
 @triton.jit
-def _elementwise(X, Y, sx, sy, D, BLOCK: tl.constexpr, ACT: tl.constexpr):
+def _tanh(z):
+    # 1 - 2 / (1 + e^(2z)) with |z| capped at 20 (tanh is +-1 in float32 there); NaN stays
+    zc = tl.where(z > 20.0, 20.0, tl.where(z < -20.0, -20.0, z))
+    return 1.0 - 2.0 / (1.0 + tl.exp(2.0 * zc))
+
+
+@triton.jit
+def _elementwise(X, Y, sx, sy, D, BLOCK: tl.constexpr, ACT: tl.constexpr, VLLM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < D
     a = tl.load(X + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Y + row * sy + cols, _act(a, ACT).to(Y.dtype.element_ty), mask=mask)
+    if VLLM == 1:  # gelu_new, vLLM's roundings (each step rounded to the output dtype)
+        dt = Y.dtype.element_ty
+        x3 = ((a * a).to(dt).to(tl.float32) * a).to(dt).to(tl.float32)
+        b = (a + (0.044715 * x3).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        t = _tanh((0.79788456 * b).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        y = (0.5 * a).to(dt).to(tl.float32) * (1.0 + t).to(dt).to(tl.float32)
+    elif VLLM == 2:  # gelu_fast, vLLM's roundings
+        dt = Y.dtype.element_ty
+        p = (a * 0.79788456).to(dt).to(tl.float32)
+        q = ((0.044715 * a).to(dt).to(tl.float32) * a).to(dt).to(tl.float32)
+        s = (1.0 + q).to(dt).to(tl.float32)
+        t = _tanh((p * s).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        y = (0.5 * a).to(dt).to(tl.float32) * (1.0 + t).to(dt).to(tl.float32)
+    else:
+        y = _act(a, ACT)
+    tl.store(Y + row * sy + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 def gated(
@@ -147,7 +169,7 @@ def gated(
     )
 
 
-def elementwise(x: torch.Tensor, y: torch.Tensor, act: str) -> None:
+def elementwise(x: torch.Tensor, y: torch.Tensor, act: str, vllm: int = 0) -> None:
     """x, y: [rows, n], unit last stride (checked by the caller)."""
     rows, d = y.shape
     if rows == 0 or d == 0:
@@ -155,7 +177,15 @@ def elementwise(x: torch.Tensor, y: torch.Tensor, act: str) -> None:
     block = min(4096, triton.next_power_of_2(d))
     grid = (rows, triton.cdiv(d, block))
     _elementwise[grid](
-        x, y, x.stride(0), y.stride(0), d, BLOCK=block, ACT=_ACTS[act], num_warps=4 if block <= 1024 else 8
+        x,
+        y,
+        x.stride(0),
+        y.stride(0),
+        d,
+        BLOCK=block,
+        ACT=_ACTS[act],
+        VLLM=vllm,
+        num_warps=4 if block <= 1024 else 8,
     )
 
 
@@ -189,12 +219,12 @@ def swigluoai_and_mul(out: torch.Tensor, x: torch.Tensor, alpha: float, limit: f
 
 
 # Element-wise (out, x both [T, n]): gelu_new and gelu_fast are one function (the tanh form).
-def gelu_new(out: torch.Tensor, x: torch.Tensor) -> None:
-    elementwise(x, out, "gelu_tanh")
+def gelu_new(out: torch.Tensor, x: torch.Tensor, vllm_rounding: bool) -> None:
+    elementwise(x, out, "gelu_tanh", 1 if vllm_rounding else 0)
 
 
-def gelu_fast(out: torch.Tensor, x: torch.Tensor) -> None:
-    elementwise(x, out, "gelu_tanh")
+def gelu_fast(out: torch.Tensor, x: torch.Tensor, vllm_rounding: bool) -> None:
+    elementwise(x, out, "gelu_tanh", 2 if vllm_rounding else 0)
 
 
 def gelu_quick(out: torch.Tensor, x: torch.Tensor) -> None:
