@@ -307,9 +307,16 @@ def _vllm_shims(ops: Any) -> list[str]:
         cond: bool = True,
     ) -> Any:
         """vLLM's opcheck runs torch.library.opcheck on its own _C ops; here the op (opmux's
-        compat function behind ``torch.ops._C_cache_ops.<name>``) is simply called."""
+        compat function behind ``torch.ops._C_cache_ops.<name>``) is simply called, on deep
+        copies of the arguments: torch.library.opcheck copies them for each of its checks, so
+        the caller's tensors are left as they are (a test may compare them afterwards, e.g. the
+        residual of ``fused_add_rms_norm_static_fp8_quant``, which a second call would add to
+        again)."""
         if cond:
-            op(*args, **(kwargs or {}))
+            import copy
+
+            a, k = copy.deepcopy((tuple(args), dict(kwargs or {})))
+            op(*a, **k)
         return None
 
     _module("vllm.platforms", current_platform=_Platform())

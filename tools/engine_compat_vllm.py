@@ -60,6 +60,12 @@ _C_SCHEMAS = {
     "dynamic_per_token_scaled_fp8_quant": (
         "(Tensor(a!) result, Tensor input, Tensor(b!) scale, Tensor? scale_ub) -> ()"
     ),
+    "rms_norm_static_fp8_quant": (
+        "(Tensor(a!) result, Tensor input, Tensor weight, Tensor scale, float epsilon) -> ()"
+    ),
+    "fused_add_rms_norm_static_fp8_quant": (
+        "(Tensor(a!) result, Tensor input, Tensor(b!) residual, Tensor weight, Tensor scale, float epsilon) -> ()"
+    ),
 }
 # in vLLM's _C, not in opmux: registered so the tests import, raising when called
 _C_MISSING = {
@@ -69,12 +75,6 @@ _C_MISSING = {
     "gelu_new": "(Tensor(a!) out, Tensor input) -> ()",
     "gelu_fast": "(Tensor(a!) out, Tensor input) -> ()",
     "gelu_quick": "(Tensor(a!) out, Tensor input) -> ()",
-    "rms_norm_static_fp8_quant": (
-        "(Tensor(a!) result, Tensor input, Tensor weight, Tensor scale, float epsilon) -> ()"
-    ),
-    "fused_add_rms_norm_static_fp8_quant": (
-        "(Tensor(a!) result, Tensor input, Tensor(b!) residual, Tensor weight, Tensor scale, float epsilon) -> ()"
-    ),
 }
 
 
@@ -167,7 +167,14 @@ def _layers(ops: Any) -> dict[str, Any]:
 
     class GemmaRMSNorm(nn.Module):
         """forward_native as vLLM's; forward runs opmux's gemma_rmsnorm / gemma_fused_add_rmsnorm
-        (opmux.compat.vllm's gemma_rms_norm, gemma_fused_add_rms_norm)."""
+        (opmux.compat.vllm's gemma_rms_norm, gemma_fused_add_rms_norm).
+
+        vLLM's GemmaRMSNorm.forward_cuda calls no _C kernel: it is its forward_native under
+        torch.compile (vllm/model_executor/layers/layernorm.py), so its conventions are that
+        code's. With a residual in float16 it adds in float32 and returns that float32 sum as the
+        residual, normalizing the unrounded sum; forward does the same: the float32 sum, opmux's
+        gemma_rmsnorm of it (weight in float32, output rounded once to float16, as vLLM). bf16 /
+        fp32 add in the input dtype there, which opmux's in-place fused add does (same values)."""
 
         def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
             super().__init__()
@@ -187,6 +194,11 @@ def _layers(ops: Any) -> dict[str, Any]:
 
         def forward(self, x: Any, residual: Any = None) -> Any:
             w = self.weight.data
+            if residual is not None and x.dtype == torch.float16:
+                residual = x.float() + residual.float()  # a new float32 tensor, as vLLM's
+                out = torch.empty_like(residual)
+                ops.gemma_rms_norm(out, residual, w.float(), self.variance_epsilon)
+                return out.to(x.dtype), residual
             if residual is not None:
                 ops.gemma_fused_add_rms_norm(x, residual, w, self.variance_epsilon)
                 return x, residual

@@ -154,7 +154,7 @@ from tests.kernels.helper_beside import TOL
 from tests.kernels.utils import opcheck
 from vllm import ir
 from vllm.model_executor.layers.activation import GeluAndMul, MulAndSilu, SiluAndMul
-from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm
 from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape, scaled_quantize
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm import _custom_ops as ops
@@ -212,6 +212,24 @@ def test_rope_and_static_group_quant():
     q8, s = ops.scaled_fp8_quant(x, scale=scale, group_shape=(4, 32))
     torch.testing.assert_close(q8.float(), ref.float(), rtol=0.12, atol=1e-5)
     assert _ran("static_quant_fp8")
+
+
+@torch.inference_mode()
+def test_gemma_fp16_residual_and_fused_quant():
+    tracing.enable()
+    layer = GemmaRMSNorm(64).to(dtype=torch.float16)
+    x = torch.randn(5, 64, device="cuda", dtype=torch.float16)
+    r = torch.randn_like(x)
+    ref_out, ref_res = layer.forward_native(x, r.clone())
+    out, res = layer(x, r.clone())
+    assert res.dtype == torch.float32 and torch.equal(res, ref_res)  # vLLM's fp16 residual: the fp32 sum
+    torch.testing.assert_close(out, ref_out, **TOL)
+    assert _ran("gemma_rmsnorm")
+    q, r2, w, s = torch.empty(5, 64, device="cuda", dtype=torch.float8_e4m3fn), r.clone(), x[0].abs(), torch.tensor(0.1)
+    opcheck(torch.ops._C.fused_add_rms_norm_static_fp8_quant, (q, x, r2, w, s, 1e-6))
+    assert torch.equal(r2, r)  # as torch.library.opcheck: the arguments are left as they are
+    torch.ops._C.fused_add_rms_norm_static_fp8_quant(q, x, r2, w, s, 1e-6)
+    assert torch.equal(r2, x + r) and _ran("fused_add_rmsnorm_static_quant_fp8")
 """
 
 
@@ -238,5 +256,5 @@ def test_runner_shims_vllm_core_and_quant_imports(tmp_path: Path) -> None:
     )
     out = proc.stdout
     # one CUDA device as on a one-GPU machine: two rms_norm cases, not four
-    assert "test_core_style.py: 4 passed" in out, out + proc.stderr
+    assert "test_core_style.py: 5 passed" in out, out + proc.stderr
     assert proc.returncode == 0, out

@@ -26,6 +26,8 @@ SIGNATURES = {
     "fused_add_rms_norm": ["input", "residual", "weight", "epsilon"],
     "gemma_rms_norm": ["out", "input", "weight", "epsilon"],
     "gemma_fused_add_rms_norm": ["input", "residual", "weight", "epsilon"],
+    "rms_norm_static_fp8_quant": ["out", "input", "weight", "scale", "epsilon"],
+    "fused_add_rms_norm_static_fp8_quant": ["out", "input", "residual", "weight", "scale", "epsilon"],
     "silu_and_mul": ["out", "input"],
     "gelu_and_mul": ["out", "input"],
     "gelu_tanh_and_mul": ["out", "input"],
@@ -93,6 +95,49 @@ def test_gemma_norms_as_vllms_gemma_rmsnorm(backend: str, dtype: torch.dtype) ->
     torch.testing.assert_close(x2, ref(total, w), **tol)
     with pytest.raises(ValueError, match="weight"):
         vllm.gemma_rms_norm(out, x, w[:47], 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("quant_scale", [0.01, 1.0, 10.0])
+def test_rms_norm_static_fp8_quant_is_the_unfused_pair_bit_for_bit(
+    backend: str, dtype: torch.dtype, quant_scale: float
+) -> None:
+    # vLLM's test_fused_rms_norm_quant: strided input rows, a 0-d float32 scale, the fused
+    # result against rms_norm + static_scaled_fp8_quant (fused add: x is only read)
+    h = 129
+    x = _r(7, 2 * h, dtype=dtype, scale=1 / (2 * h))[:, :h]
+    w = (1.0 + _r(h, seed=1, scale=0.1)).to(dtype)
+    s = torch.tensor(quant_scale, dtype=torch.float32)
+    q, want = torch.empty(7, h, dtype=FP8), torch.empty(7, h, dtype=FP8)
+    vllm.rms_norm_static_fp8_quant(q, x, w, s, 1e-6)
+    y = torch.empty_like(x)
+    vllm.rms_norm(y, x, w, 1e-6)
+    vllm.static_scaled_fp8_quant(want, y, s)
+    assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+    assert q.float().abs().max() > 0, "not all zero"
+
+    x0, r = x.clone(), _r(7, h, seed=2, dtype=dtype, scale=1 / (2 * h))
+    r_fused, x_unfused = r.clone(), x.clone()
+    vllm.fused_add_rms_norm_static_fp8_quant(q, x, r_fused, w, s, 1e-6)
+    assert torch.equal(x, x0), "input is only read"
+    vllm.fused_add_rms_norm(x_unfused, r, w, 1e-6)
+    vllm.static_scaled_fp8_quant(want, x_unfused.contiguous(), s)
+    assert torch.equal(r_fused, r), "residual = input + residual, in place"
+    assert torch.equal(q.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_rms_norm_static_fp8_quant_contract(backend: str) -> None:
+    x, w, s = _r(4, 16), torch.ones(16), torch.tensor(0.5)
+    q = torch.empty(4, 16, dtype=FP8)
+    with pytest.raises(ValueError, match="scale has shape"):
+        vllm.rms_norm_static_fp8_quant(q, x, w, torch.ones(2), 1e-6)
+    with pytest.raises(TypeError, match="scale has dtype"):
+        vllm.rms_norm_static_fp8_quant(q, x, w, s.half(), 1e-6)
+    with pytest.raises(TypeError, match="out has dtype"):
+        vllm.rms_norm_static_fp8_quant(torch.empty(4, 16), x, w, s, 1e-6)
+    x[1, 3] = float("nan")  # NaN propagates: the row's fp8 values are NaN
+    vllm.fused_add_rms_norm_static_fp8_quant(q, x, torch.zeros(4, 16), w, s, 1e-6)
+    assert q[1].float().isnan().all() and not q[[0, 2, 3]].float().isnan().any()
 
 
 def _act(name: str, t: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ __all__ = [
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
     "fused_add_rms_norm",
+    "fused_add_rms_norm_static_fp8_quant",
     "gather_cache",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
@@ -39,6 +40,7 @@ __all__ = [
     "reshape_and_cache",
     "reshape_and_cache_flash",
     "rms_norm",
+    "rms_norm_static_fp8_quant",
     "rotary_embedding",
     "scaled_fp8_quant",
     "silu_and_mul",
@@ -87,6 +89,25 @@ def gemma_fused_add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor, ep
     gemma_rmsnorm(residual)`` (opmux's ``layernorm.gemma_fused_add_rmsnorm``; the residual keeps
     the input dtype)."""
     _ops("layernorm").gemma_fused_add_rmsnorm(input, residual, weight, float(epsilon))
+
+
+def rms_norm_static_fp8_quant(
+    out: Tensor, input: Tensor, weight: Tensor, scale: Tensor, epsilon: float
+) -> None:
+    """``out = fp8(rms_norm(input) * (1 / scale))``, ``scale`` one float32 element: opmux's
+    ``layernorm.rmsnorm_static_quant_fp8`` into ``out``. The norm is rounded to the input dtype
+    before the quantization, as vLLM's kernel does, so ``out`` is bit-equal to ``rms_norm``
+    followed by ``static_scaled_fp8_quant`` (what vLLM's test compares it with)."""
+    _ops("layernorm").rmsnorm_static_quant_fp8(input, weight, scale, float(epsilon), out)
+
+
+def fused_add_rms_norm_static_fp8_quant(
+    out: Tensor, input: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, epsilon: float
+) -> None:
+    """``residual += input`` (in place), ``out = fp8(rms_norm(residual) * (1 / scale))``;
+    ``input`` is only read (vLLM's kernel leaves it as it is): opmux's
+    ``layernorm.fused_add_rmsnorm_static_quant_fp8``."""
+    _ops("layernorm").fused_add_rmsnorm_static_quant_fp8(input, residual, weight, scale, float(epsilon), out)
 
 
 # -- activations (torch.ops._C.<name>(out, input)) --------------------------------------------
