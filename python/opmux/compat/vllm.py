@@ -28,14 +28,19 @@ __all__ = [
     "copy_blocks_mla",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
+    "fatrelu_and_mul",
     "fused_add_rms_norm",
     "fused_add_rms_norm_static_fp8_quant",
     "gather_cache",
     "gelu_and_mul",
+    "gelu_fast",
+    "gelu_new",
+    "gelu_quick",
     "gelu_tanh_and_mul",
     "gemma_fused_add_rms_norm",
     "gemma_rms_norm",
     "moe_align_block_size",
+    "mul_and_silu",
     "per_token_group_quant_fp8",
     "reshape_and_cache",
     "reshape_and_cache_flash",
@@ -46,6 +51,9 @@ __all__ = [
     "silu_and_mul",
     "static_scaled_fp8_quant",
     "swap_blocks",
+    "swigluoai_and_mul",
+    "swiglustep_and_mul_triton",
+    "topk_sigmoid",
     "topk_softmax",
 ]
 
@@ -143,6 +151,47 @@ def gelu_and_mul(out: Tensor, input: Tensor) -> None:
 
 def gelu_tanh_and_mul(out: Tensor, input: Tensor) -> None:
     _gated("gelu_tanh_and_mul", out, input)
+
+
+def mul_and_silu(out: Tensor, input: Tensor) -> None:
+    """``input[..., :d] * silu(input[..., d:])`` in vLLM's rounding: opmux's
+    ``activation.mul_and_silu`` with ``vllm_rounding=True`` (silu by IEEE expf and division,
+    rounded to the input dtype, then the product in that dtype), into ``out``."""
+    _ops("activation").mul_and_silu(input, True, out)
+
+
+def fatrelu_and_mul(out: Tensor, input: Tensor, threshold: float = 0.0) -> None:
+    """``threshold(input[..., :d]) * input[..., d:]``: opmux's ``activation.fatrelu_and_mul``
+    (one rounding of an exact product: the same bits as vLLM's kernel)."""
+    _ops("activation").fatrelu_and_mul(input, float(threshold), out)
+
+
+def swigluoai_and_mul(out: Tensor, input: Tensor, alpha: float = 1.702, limit: float = 7.0) -> None:
+    """gpt-oss's clamped SwiGLU over interleaved (gate, up) pairs: opmux's
+    ``activation.swigluoai_and_mul`` into ``out``."""
+    _ops("activation").swigluoai_and_mul(input, float(alpha), float(limit), out)
+
+
+def swiglustep_and_mul_triton(output: Tensor, input: Tensor, limit: float = 7.0) -> None:
+    """vLLM's Triton op (``vllm.model_executor.layers.activation``): ``min(silu(gate), limit) *
+    clamp(up, -limit, limit)`` into ``output``, opmux's ``activation.swiglustep_and_mul``."""
+    _ops("activation").swiglustep_and_mul(input, float(limit), output)
+
+
+def gelu_new(out: Tensor, input: Tensor) -> None:
+    """opmux's ``activation.gelu_new`` in vLLM's rounding (``vllm_rounding=True``: each step of
+    vLLM's ``gelu_new_kernel`` rounded to the input dtype, as it and its test's reference do)."""
+    _ops("activation").gelu_new(input, True, out)
+
+
+def gelu_fast(out: Tensor, input: Tensor) -> None:
+    """opmux's ``activation.gelu_fast`` in vLLM's rounding (``gelu_fast_kernel``'s steps)."""
+    _ops("activation").gelu_fast(input, True, out)
+
+
+def gelu_quick(out: Tensor, input: Tensor) -> None:
+    """opmux's ``activation.gelu_quick`` (float math, one rounding: vLLM's kernel's too)."""
+    _ops("activation").gelu_quick(input, out)
 
 
 # -- rotary embedding -------------------------------------------------------------------------
