@@ -174,6 +174,8 @@ ENTRY_POINTS = [
     "gemma_rmsnorm_cpu",
     "gemma_fused_add_rmsnorm_cpu",
     "qk_norm_cpu",
+    "rmsnorm_static_quant_fp8_cpu",
+    "fused_add_rmsnorm_static_quant_fp8_cpu",
     "silu_and_mul_cpu",
     "gelu_and_mul_cpu",
     "gelu_tanh_and_mul_cpu",

@@ -368,6 +368,45 @@ void check_qk_norm(int64_t tokens, int64_t hq, int64_t hk, int64_t d, bool fused
         c.same("v", t * width + i, qkv[t * width + i], qkv0[t * width + i]);
 }
 
+// rmsnorm_static_quant_fp8 / fused_add_rmsnorm_static_quant_fp8: q must be the bytes of the
+// unfused pair at this vector level (rmsnorm_impl or fused_add_rmsnorm_impl, then e4m3 of
+// y * (1 / scale) by the branchy encoder), the residual the fused add's bits, x untouched.
+template <typename T>
+void check_rmsnorm_quant(int64_t rows, int64_t hidden, int64_t pad, bool fused, float scale) {
+  Rng g(rows * 53 + hidden + fused);
+  const int64_t xs = hidden + pad, rs = hidden + 2 * pad, qs = hidden + pad;
+  const float eps = 1e-6f, inv = 1.0f / scale;
+  auto x = random_vec<T>(g, rows * xs);
+  auto res = random_vec<T>(g, rows * rs);
+  auto w = random_vec<T>(g, hidden, 0.1, 1.0);
+  const auto x0 = x;
+  auto x_ref = x, res_ref = res;
+  std::vector<T> y(rows * hidden);
+  std::vector<uint8_t> q(rows * qs, 0xAB);
+  if (fused) {
+    opmux::layernorm_cpu::fused_add_rmsnorm_impl<false, T>(x_ref.data(), xs, res_ref.data(), rs, w.data(),
+                                                           rows, hidden, eps);
+    opmux::layernorm_cpu::rmsnorm_quant_impl<T>(q.data(), qs, x.data(), xs, res.data(), rs, w.data(), rows,
+                                                hidden, eps, inv);
+  } else {
+    opmux::layernorm_cpu::rmsnorm_impl<false, T>(y.data(), hidden, x.data(), xs, w.data(), rows, hidden, eps);
+    opmux::layernorm_cpu::rmsnorm_quant_impl<T>(q.data(), qs, x.data(), xs, nullptr, 0, w.data(), rows,
+                                                hidden, eps, inv);
+  }
+  Case c(fused ? "fused_add_rmsnorm_static_quant_fp8" : "rmsnorm_static_quant_fp8",
+         fmt("%s rows=%lld hidden=%lld scale=%g", Ty<T>::name, (long long)rows, (long long)hidden, scale));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < hidden; ++i) {
+      const T yt = fused ? x_ref[r * xs + i] : y[r * hidden + i];
+      const uint8_t want = opmux::cpu::float_to_e4m3fn(static_cast<float>(Ty<T>::dec(yt)) * inv);
+      c.same("q bits", r * qs + i, q[r * qs + i], want);
+      if (fused) c.same("residual bits", r * rs + i, res[r * rs + i], res_ref[r * rs + i]);
+    }
+    for (int64_t i = hidden; i < qs; ++i) c.same("q padding", r * qs + i, q[r * qs + i], uint8_t{0xAB});
+    for (int64_t i = 0; i < xs; ++i) c.same("x untouched", r * xs + i, x[r * xs + i], x0[r * xs + i]);
+  }
+}
+
 template <typename T>
 void layernorm_group() {
   const int64_t shapes[][3] = {{1, 1, 0}, {3, 7, 1}, {1, 129, 0}, {5, 4099, 3}, {0, 64, 0}, {64, 1024, 0}};
@@ -376,7 +415,11 @@ void layernorm_group() {
     check_rmsnorm<T, true>(s[0], s[1], s[2]);
     check_fused_add_rmsnorm<T, false>(s[0], s[1], s[2]);
     check_fused_add_rmsnorm<T, true>(s[0], s[1], s[2]);
+    check_rmsnorm_quant<T>(s[0], s[1], s[2], false, 0.02f);
+    check_rmsnorm_quant<T>(s[0], s[1], s[2], true, 0.02f);
   }
+  check_rmsnorm_quant<T>(4, 96, 1, false, 1e-3f);  // saturates at 448
+  check_rmsnorm_quant<T>(4, 96, 1, true, 1e3f);    // subnormals and zeros
   check_qk_norm<T>(5, 4, 2, 64, false);
   check_qk_norm<T>(5, 4, 2, 64, true);
   check_qk_norm<T>(3, 1, 1, 128, true);
