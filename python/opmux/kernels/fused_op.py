@@ -616,7 +616,8 @@ class FusedOp(Generic[R]):
         # contract runs outside it, so its own errors are never taken for a cache miss.
         body += [
             "    try:",
-            f"        KERNEL = {cpu} if {key}.is_cpu{' and backend is None' if forced else ''} else None",
+            # (backend first: a forced call then reads nothing here)
+            f"        KERNEL = {cpu} if {'backend is None and ' if forced else ''}{key}.is_cpu else None",
             "    except (KeyError, TypeError, AttributeError):",
             "        KERNEL = None",
             "    if KERNEL is not None:",
