@@ -161,3 +161,34 @@ def test_bad_arguments_name_themselves() -> None:
         vllm.mul_and_silu(torch.empty(4, 16), x)
     with pytest.raises(ValueError, match="out has shape"):
         vllm.gelu_new(out, x)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_embedding_bf16_rounds_as_vllm(backend: str, is_neox: bool) -> None:
+    """vLLM's rotary_embedding computes in the input dtype (cos / sin, each product, each sum
+    rounded): the compat entry selects the op's vllm_rounding mode, bit-equal to vLLM's
+    reference in bf16."""
+    if backend == "triton":
+        pytest.skip("the mode is its bf16 roundings: Triton's CPU interpreter truncates bf16 conversions")
+    t, heads, hs = 9, 4, 64
+    pos = torch.randint(0, 32, (t,), generator=torch.Generator().manual_seed(3))
+    cache = _x(32, hs, dtype=torch.float32, seed=4)  # [cos | sin] rows (any values do)
+    q, k = _x(t, heads * hs, dtype=torch.bfloat16, seed=5), _x(t, heads * hs, dtype=torch.bfloat16, seed=6)
+
+    def ref(x: torch.Tensor) -> torch.Tensor:  # vLLM's forward_native (apply_rotary_emb_torch)
+        cos, sin = cache[pos].chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+        v = x.view(t, heads, hs)
+        x1, x2 = v.chunk(2, dim=-1) if is_neox else (v[..., ::2], v[..., 1::2])
+        o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        return (torch.cat((o1, o2), -1) if is_neox else torch.stack((o1, o2), -1).flatten(-2)).view(t, -1)
+
+    q2, k2 = q.clone(), k.clone()
+    vllm.rotary_embedding(pos, q2, k2, hs, cache, is_neox)
+    torch.testing.assert_close(q2, ref(q), atol=0.0, rtol=0.0)
+    torch.testing.assert_close(k2, ref(k), atol=0.0, rtol=0.0)
+    from opmux.kernels.ops import rope
+
+    q3, k3 = q.clone(), k.clone()
+    rope.rotary_embedding(pos, q3, k3, hs, cache, is_neox)  # opmux's own mode: fp32, one rounding
+    assert not torch.equal(q3, ref(q))

@@ -205,12 +205,14 @@ def rotary_embedding(
     rope_dim_offset: int = 0,
     inverse: bool = False,
 ) -> None:
-    """In place on ``query`` and ``key`` (``key=None``: query only)."""
+    """In place on ``query`` and ``key`` (``key=None``: query only), in vLLM's rounding: opmux's
+    ``rope.rotary_embedding`` with ``vllm_rounding=True`` (cos / sin, each product and each sum
+    rounded to the input dtype, as vLLM's kernel and its test's reference compute in it)."""
     if rope_dim_offset or inverse:
         raise NotImplementedError("rotary_embedding: rope_dim_offset and inverse are not supported by opmux")
     from ._rope import rope
 
-    rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+    rope(positions, query, key, head_size, cos_sin_cache, is_neox, vllm_rounding=True)
 
 
 # -- fp8 quantization -------------------------------------------------------------------------

@@ -82,6 +82,10 @@ def rotary_embedding_samples(device: str, dtype: torch.dtype) -> list[Sample]:
                 {"is_neox": neox},
             )
         )
+    # vLLM's rounding (the mode vLLM's compat entry selects) on a few layouts
+    for s in (out[0], out[1], out[3], out[8], out[-1]):
+        args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in s.args)  # rotated in place
+        out.append(Sample(f"{s.name}-vllm-rounding", args, {**s.kwargs, "vllm_rounding": True}))
     return out
 
 
@@ -91,6 +95,7 @@ def rotary_embedding_invalid(device: str) -> Invalid:
     cache = _cache(16, 64, torch.float32, device)
     cases: Invalid = [
         ("positions-dtype", (pos.int(), q, k, 64, cache), {}, TypeError, "positions has dtype"),
+        ("rounding-not-bool", (pos, q, k, 64, cache), {"vllm_rounding": 1}, TypeError, "vllm_rounding"),
         (
             "rotary-dim-too-large",
             (pos, q, k, 32, _cache(16, 64, torch.float32, device)),

@@ -35,6 +35,27 @@ void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos, c
   }
 }
 
+// vLLM's rounding (the kernel mode its compat entry selects): cos / sin rounded to T, then each
+// product and the sum or difference rounded to T, as vLLM's kernel computes in T (float32:
+// nothing to round). Scalar: one rounding per operation.
+template <typename T>
+inline float rt(float v) {
+  return to_float(from_float<T>(v));
+}
+template <bool NEOX, typename T>
+void rotate_heads_vllm(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos, const float* sin,
+                       int64_t half) {
+  for (int64_t head = 0; head < h.heads; ++head) {
+    T* v = x + t * h.token_stride + head * h.head_stride;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t i1 = NEOX ? i : 2 * i, i2 = NEOX ? i + half : 2 * i + 1;
+      const float a = to_float(v[i1]), b = to_float(v[i2]), c = rt<T>(cos[i]), s = rt<T>(sin[i]);
+      v[i1] = from_float<T>(rt<T>(a * c) - rt<T>(b * s));
+      v[i2] = from_float<T>(rt<T>(b * c) + rt<T>(a * s));
+    }
+  }
+}
+
 // query / key layouts (the same tokens), cos_sin_cache rows [cos | sin] of rot_dim elements,
 // cache_stride apart.
 struct RopeLayout {
@@ -90,7 +111,7 @@ void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* c, con
 
 // Positions already validated.
 template <bool NEOX, typename T, typename C>
-void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout& a) {
+void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout& a, bool vllm = false) {
   const int64_t tokens = a.q.tokens, half = a.rot_dim / 2;
   const int64_t bytes = tokens * (a.q.heads + a.k.heads) * a.rot_dim * 2 * static_cast<int64_t>(sizeof(T));
   const int nt = cpu::threads_for(bytes, kParallelMinBytes, tokens);
@@ -106,6 +127,12 @@ void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout&
 #endif
     for (int64_t t = 0; t < tokens; ++t) {
       const C* row = cache + pos[t] * a.cache_stride;
+      if (vllm) {
+        for (int64_t i = 0; i < a.rot_dim; ++i) cs[i] = to_float(row[i]);
+        rotate_heads_vllm<NEOX>(q, a.q, t, cs.data(), cs.data() + half, half);
+        rotate_heads_vllm<NEOX>(k, a.k, t, cs.data(), cs.data() + half, half);
+        continue;
+      }
 #if OPMUX_CPU_VEC512
       if (level >= 1) {
         float* c = cs.data();
@@ -140,11 +167,11 @@ void rope_impl(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout&
 
 template <typename T, typename C>
 void dispatch_style(const int64_t* pos, T* q, T* k, const C* cache, const RopeLayout& a,
-                    bool is_neox) {
+                    bool is_neox, bool vllm = false) {
   if (is_neox) {
-    rope_impl<true>(pos, q, k, cache, a);
+    rope_impl<true>(pos, q, k, cache, a, vllm);
   } else {
-    rope_impl<false>(pos, q, k, cache, a);
+    rope_impl<false>(pos, q, k, cache, a, vllm);
   }
 }
 
@@ -164,7 +191,7 @@ inline cpu::HeadLayout layout(const Heads& h) {
 }
 
 void rotary_embedding_cpu(TensorView positions, TensorView query, TensorView key,
-                          TensorView cos_sin_cache, bool is_neox) {
+                          TensorView cos_sin_cache, bool is_neox, bool vllm_rounding) {
   const char* op = "opmux.rotary_embedding";
   RopeArgs a = check_rope_args(op, kDLCPU, positions, query, key, cos_sin_cache);
   const int64_t* pos = data_ptr<const int64_t>(positions);
@@ -180,9 +207,9 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, TensorView key
     scalar_t* q = data_ptr<scalar_t>(query);
     scalar_t* k = data_ptr<scalar_t>(key);
     if (a.cache_dtype == DType::kFloat32) {
-      dispatch_style(pos, q, k, data_ptr<const float>(cos_sin_cache), l, is_neox);
+      dispatch_style(pos, q, k, data_ptr<const float>(cos_sin_cache), l, is_neox, vllm_rounding);
     } else {
-      dispatch_style(pos, q, k, data_ptr<const scalar_t>(cos_sin_cache), l, is_neox);
+      dispatch_style(pos, q, k, data_ptr<const scalar_t>(cos_sin_cache), l, is_neox, vllm_rounding);
     }
   });
 }

@@ -41,7 +41,26 @@ struct RopeParams {
   int q_heads;
   int k_heads;
   int half;  // rotary_dim / 2
+  bool vllm;  // vLLM's rounding (rot_lo / rot_hi)
 };
+
+// x1 * cos - x2 * sin and x2 * cos + x1 * sin. vllm: as vLLM's kernel computes them in T, cos /
+// sin rounded to T, then each product and the sum or difference rounded to T (float32: nothing
+// to round); else in float, one rounding by the caller's store.
+template <typename T>
+__device__ __forceinline__ float rt(float v) {
+  return to_float(from_float<T>(v));
+}
+template <typename T>
+__device__ __forceinline__ float rot_lo(float a, float b, float co, float si, bool vllm) {
+  if (vllm) return rt<T>(a * rt<T>(co)) - rt<T>(b * rt<T>(si));
+  return a * co - b * si;
+}
+template <typename T>
+__device__ __forceinline__ float rot_hi(float a, float b, float co, float si, bool vllm) {
+  if (vllm) return rt<T>(b * rt<T>(co)) + rt<T>(a * rt<T>(si));
+  return b * co + a * si;
+}
 
 template <typename T, int N, bool VECTOR>
 __device__ __forceinline__ Vec<T, N> load_chunk(const T* p) {
@@ -94,8 +113,8 @@ __global__ void __launch_bounds__(128) rope_kernel(RopeParams p) {
       for (int e = 0; e < N; ++e) {
         const float co = cs[c * N + e], si = cs[p.half + c * N + e];
         const float fa = to_float(a.v[e]), fb = to_float(b.v[e]);
-        oa.v[e] = from_float<T>(fa * co - fb * si);
-        ob.v[e] = from_float<T>(fb * co + fa * si);
+        oa.v[e] = from_float<T>(rot_lo<T>(fa, fb, co, si, p.vllm));
+        ob.v[e] = from_float<T>(rot_hi<T>(fa, fb, co, si, p.vllm));
       }
       store_chunk<T, N, VECTOR>(x1, oa);
       store_chunk<T, N, VECTOR>(x2, ob);
@@ -108,8 +127,8 @@ __global__ void __launch_bounds__(128) rope_kernel(RopeParams p) {
         const int j = c * (N / 2) + e;
         const float co = cs[j], si = cs[p.half + j];
         const float f0 = to_float(a.v[2 * e]), f1 = to_float(a.v[2 * e + 1]);
-        o.v[2 * e] = from_float<T>(f0 * co - f1 * si);
-        o.v[2 * e + 1] = from_float<T>(f1 * co + f0 * si);
+        o.v[2 * e] = from_float<T>(rot_lo<T>(f0, f1, co, si, p.vllm));
+        o.v[2 * e + 1] = from_float<T>(rot_hi<T>(f0, f1, co, si, p.vllm));
       }
       store_chunk<T, N, VECTOR>(x1, o);
     }
@@ -151,8 +170,8 @@ __global__ void __launch_bounds__(128) rope_direct_kernel(RopeParams p) {
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const float fa = to_float(a.v[e]), fb = to_float(b.v[e]);
-        oa.v[e] = from_float<T>(fa * co[e] - fb * si[e]);
-        ob.v[e] = from_float<T>(fb * co[e] + fa * si[e]);
+        oa.v[e] = from_float<T>(rot_lo<T>(fa, fb, co[e], si[e], p.vllm));
+        ob.v[e] = from_float<T>(rot_hi<T>(fa, fb, co[e], si[e], p.vllm));
       }
       store_chunk<T, N, VECTOR>(x1, oa);
       store_chunk<T, N, VECTOR>(x2, ob);
@@ -170,8 +189,8 @@ __global__ void __launch_bounds__(128) rope_direct_kernel(RopeParams p) {
 #pragma unroll
       for (int e = 0; e < N / 2; ++e) {
         const float f0 = to_float(a.v[2 * e]), f1 = to_float(a.v[2 * e + 1]);
-        o.v[2 * e] = from_float<T>(f0 * co[e] - f1 * si[e]);
-        o.v[2 * e + 1] = from_float<T>(f1 * co[e] + f0 * si[e]);
+        o.v[2 * e] = from_float<T>(rot_lo<T>(f0, f1, co[e], si[e], p.vllm));
+        o.v[2 * e + 1] = from_float<T>(rot_hi<T>(f0, f1, co[e], si[e], p.vllm));
       }
       store_chunk<T, N, VECTOR>(x1, o);
     }
@@ -222,7 +241,7 @@ void launch_rope(const char* op, const RopeParams& p, int64_t tokens, int32_t de
 }
 
 void rotary_embedding_cuda(TensorView positions, TensorView query, TensorView key,
-                           TensorView cos_sin_cache, bool is_neox, bool enable_pdl) {
+                           TensorView cos_sin_cache, bool is_neox, bool vllm_rounding, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.rotary_embedding";
   RopeArgs a = check_rope_args(op, kDLCUDA, positions, query, key, cos_sin_cache);
@@ -249,6 +268,7 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, TensorView ke
   p.q_heads = static_cast<int>(a.q.heads);
   p.k_heads = static_cast<int>(a.k.heads);
   p.half = static_cast<int>(a.rot_dim / 2);
+  p.vllm = vllm_rounding;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] {
     const bool f32_cache = a.cache_dtype == DType::kFloat32;
     if (is_neox) {

@@ -1,5 +1,6 @@
 """Rotary embedding: one declaration (``ops/_decl.py``); kernel arguments ``(pos [T], q [T, Hq, D],
-k [T, Hk, D], cos_sin_cache [max_pos, rot], is_neox)``, unit last strides, dense positions.
+k [T, Hk, D], cos_sin_cache [max_pos, rot], is_neox, vllm_rounding)``, unit last strides, dense
+positions.
 
 Out-of-range positions never read out of bounds. Where positions live on the CPU every
 backend checks them on the host (and the C++ CPU kernel checks again, for direct callers of
@@ -81,6 +82,7 @@ def check(
     head_size: int,
     cos_sin_cache: Tensor,
     is_neox: bool = True,
+    vllm_rounding: bool = False,
 ) -> tuple[tuple[Any, ...], None]:
     try:  # the usual call ([T] positions, a key), each attribute read once; else the full checks
         ps, cs, dt, dev = positions.shape, cos_sin_cache.shape, query.dtype, query.device
@@ -89,6 +91,7 @@ def check(
             and type(head_size) is int
             and head_size > 0
             and type(is_neox) is bool
+            and type(vllm_rounding) is bool
             and len(ps) == 1
             and len(cs) == 2
             and 0 < cs[1] <= head_size
@@ -110,7 +113,7 @@ def check(
             q = _heads_view(query, ps[0], head_size)
             k = _heads_view(key, ps[0], head_size)
             if q is not None and k is not None:
-                return (positions, q, k, cos_sin_cache, is_neox), None
+                return (positions, q, k, cos_sin_cache, is_neox, vllm_rounding), None
     except Exception:  # not tensors, ...: the full checks say what is wrong
         pass
     key = _no_key(positions, query, head_size) if key is None else key
@@ -131,8 +134,10 @@ def check(
     _checks.same_device(_OP, "query", query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
     if not isinstance(is_neox, bool):
         raise TypeError(f"{_OP}: is_neox must be a bool, got {is_neox!r}")
+    if not isinstance(vllm_rounding, bool):
+        raise TypeError(f"{_OP}: vllm_rounding must be a bool, got {vllm_rounding!r}")
     pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
-    return (pos, q, k, cos_sin_cache, is_neox), None
+    return (pos, q, k, cos_sin_cache, is_neox, vllm_rounding), None
 
 
 def _heads_view(t: Tensor, tokens: int, head_size: int) -> Tensor | None:
@@ -164,6 +169,7 @@ def values(
     head_size: int,
     cos_sin_cache: Tensor,
     is_neox: bool = True,
+    vllm_rounding: bool = False,
 ) -> None:
     """Positions on the CPU are checked on the host (an accelerator's would cost a sync)."""
     if positions.is_cpu and not _checks.in_range(positions, 0, cos_sin_cache.shape[0]):
@@ -184,9 +190,12 @@ def _check_positions(positions: Tensor, max_pos: int) -> None:
         )
 
 
-def _rotate(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> None:
+def _rotate(
+    pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool, vllm_rounding: bool = False
+) -> None:
     """The math, in fp32, for [T] positions and [T, H, D] views. Positions on an accelerator
-    are clamped and their tokens poisoned with NaN; on the CPU they are checked first."""
+    are clamped and their tokens poisoned with NaN; on the CPU they are checked first.
+    vllm_rounding: in x's dtype (vLLM's kernel: cos / sin, each product and each sum rounded)."""
     max_pos = cache.shape[0]
     if pos.device.type == "cpu":
         _check_positions(pos, max_pos)
@@ -199,6 +208,9 @@ def _rotate(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> 
     rot = cache.shape[1]
     for x in (q, k):
         r = x[..., :rot].to(cs.dtype)
+        if vllm_rounding and x.dtype != torch.float64:  # torch's ops round each result to x.dtype
+            r = x[..., :rot]
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         if is_neox:
             x1, x2 = r.chunk(2, dim=-1)
             y = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -215,21 +227,22 @@ def reference(
     head_size: int,
     cos_sin_cache: Tensor,
     is_neox: bool = True,
+    vllm_rounding: bool = False,
 ) -> None:
     key = _no_key(positions, query, head_size) if key is None else key
     pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
     _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
-    _rotate(pos, q, k, cos_sin_cache, is_neox)
+    _rotate(pos, q, k, cos_sin_cache, is_neox, vllm_rounding)
 
 
-def torch_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> None:
-    _rotate(pos, q, k, cache, is_neox)
+def torch_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool, vllm_rounding: bool) -> None:
+    _rotate(pos, q, k, cache, is_neox, vllm_rounding)
 
 
-def npu_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) -> None:
+def npu_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool, vllm_rounding: bool) -> None:
     head_size = q.shape[-1]
-    if cache.shape[1] != head_size:  # partial rotary: not what the vendor op does
-        _rotate(pos, q, k, cache, is_neox)
+    if cache.shape[1] != head_size or vllm_rounding:  # partial rotary / vLLM's rounding: not the vendor op
+        _rotate(pos, q, k, cache, is_neox, vllm_rounding)
         return
     import torch_npu  # vendor library, present only on Ascend hosts
 
@@ -244,8 +257,9 @@ def npu_rope(pos: Tensor, q: Tensor, k: Tensor, cache: Tensor, is_neox: bool) ->
 rotary_embedding = declare(
     _OP,
     "(Tensor positions, Tensor(a!) query, Tensor(a!)? key, int head_size, Tensor cos_sin_cache, "
-    "bool is_neox=True) -> ()",
-    doc="in place: rotate query/key heads by cos_sin_cache[positions] (neox or gptj, partial rotary; key may be None)",
+    "bool is_neox=True, bool vllm_rounding=False) -> ()",
+    doc="in place: rotate query/key heads by cos_sin_cache[positions] (neox or gptj, partial rotary; key may be None); "
+    "vllm_rounding: cos / sin, each product and sum rounded to query's dtype (vLLM's kernel), else fp32, one rounding",
     check=check,
     values=values,
     reference=reference,

@@ -13,7 +13,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate(X, sh, H, cos, sin, r, rmask, HALF, BLOCK_H: tl.constexpr, NEOX: tl.constexpr):
+def _rotate(
+    X, sh, H, cos, sin, r, rmask, HALF, BLOCK_H: tl.constexpr, NEOX: tl.constexpr, VLLM: tl.constexpr
+):
     h = tl.arange(0, BLOCK_H)
     mask = (h[:, None] < H) & rmask[None, :]
     if NEOX:
@@ -26,8 +28,17 @@ def _rotate(X, sh, H, cos, sin, r, rmask, HALF, BLOCK_H: tl.constexpr, NEOX: tl.
     p2 = X + h[:, None] * sh + i2[None, :]
     a = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
-    tl.store(p1, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask)
-    tl.store(p2, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+    dt = X.dtype.element_ty
+    if VLLM:  # vLLM's rounding: cos / sin in x's dtype, each product and the sum rounded to it
+        c = cos[None, :].to(dt).to(tl.float32)
+        s = sin[None, :].to(dt).to(tl.float32)
+        lo = (a * c).to(dt).to(tl.float32) - (b * s).to(dt).to(tl.float32)
+        hi = (b * c).to(dt).to(tl.float32) + (a * s).to(dt).to(tl.float32)
+    else:
+        lo = a * cos[None, :] - b * sin[None, :]
+        hi = b * cos[None, :] + a * sin[None, :]
+    tl.store(p1, lo.to(dt), mask=mask)
+    tl.store(p2, hi.to(dt), mask=mask)
 
 
 @triton.jit
@@ -49,6 +60,7 @@ def _rope(
     BLOCK_HK: tl.constexpr,
     BLOCK_R: tl.constexpr,
     NEOX: tl.constexpr,
+    VLLM: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(P + t)
@@ -59,12 +71,17 @@ def _rope(
     poison = tl.where(ok, 0.0, float("nan"))  # NaN + x = NaN: flags the token, reads stay in bounds
     cos = tl.load(row + r, mask=rmask, other=0.0).to(tl.float32) + poison
     sin = tl.load(row + HALF + r, mask=rmask, other=0.0).to(tl.float32) + poison
-    _rotate(Q + t * sqt, sqh, HQ, cos, sin, r, rmask, HALF, BLOCK_HQ, NEOX)
-    _rotate(K + t * skt, skh, HK, cos, sin, r, rmask, HALF, BLOCK_HK, NEOX)
+    _rotate(Q + t * sqt, sqh, HQ, cos, sin, r, rmask, HALF, BLOCK_HQ, NEOX, VLLM)
+    _rotate(K + t * skt, skh, HK, cos, sin, r, rmask, HALF, BLOCK_HK, NEOX, VLLM)
 
 
 def rotary_embedding(
-    pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, is_neox: bool
+    pos: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cache: torch.Tensor,
+    is_neox: bool,
+    vllm_rounding: bool = False,
 ) -> None:
     """pos [T] int64, q [T, Hq, D], k [T, Hk, D] (unit last stride), cache [max_pos, rot]."""
     tokens, hq, _ = q.shape
@@ -93,5 +110,6 @@ def rotary_embedding(
         BLOCK_HK=block_hk,
         BLOCK_R=block_r,
         NEOX=bool(is_neox),
+        VLLM=bool(vllm_rounding),
         num_warps=4 if tile <= 4096 else 8,
     )
