@@ -373,4 +373,5 @@ def fused_add_rmsnorm_static_quant_fp8_invalid(
         *_quant_invalid(device, True),
         ("residual-shape", (x, torch.randn(4, 8, device=device), w, s), {}, ValueError, "residual has shape"),
         ("residual-dtype", (x, x.half(), w, s), {}, TypeError, "residual has dtype"),
+        ("residual-is-x", (x, x, w, s), {}, ValueError, "x and residual must be different tensors"),
     ]

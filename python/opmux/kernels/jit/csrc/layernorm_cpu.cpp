@@ -390,7 +390,10 @@ void fused_add_rmsnorm_static_quant_fp8_cpu(TensorView q, TensorView x, TensorVi
   if (a.rows == 0 || a.hidden == 0) return;
   const int64_t q_stride = row_stride(op, "q", q), x_stride = row_stride(op, "x", x),
                 r_stride = row_stride(op, "residual", residual);
-  // x may be residual itself (the same view: each element is read before it is written)
+  if (data_ptr<char>(x) == data_ptr<char>(residual)) {
+    TVM_FFI_THROW(ValueError) << op << ": x and residual must be different tensors (residual is "
+                              << "updated in place, x is read)";
+  }
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     rmsnorm_quant_impl<scalar_t>(data_ptr<uint8_t>(q), q_stride, data_ptr<const scalar_t>(x), x_stride,
                                  data_ptr<scalar_t>(residual), r_stride,

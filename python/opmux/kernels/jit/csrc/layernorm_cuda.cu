@@ -1,6 +1,5 @@
 // RMSNorm, fused add + RMSNorm, their Gemma variants, qk_norm, and RMSNorm / fused add + RMSNorm
-// with static fp8 quantization (norm_quant_kernel, at the end) for CUDA tensors
-// (float32 / float16 / bfloat16).
+// with static fp8 quantization for CUDA tensors (float32 / float16 / bfloat16).
 //
 // All ops are one kernel family over two row tensors `a` (written) and `b` (read):
 //   rmsnorm:            b = x,        a = out
@@ -10,6 +9,12 @@
 //                       thread that owns it writes it, so a == b is safe.
 // GEMMA applies the weight as (1 + w) in float; the kernels' parameter type (NormParams or
 // QkParams) says where row `row` lives (row_ptrs).
+// Static fp8 quantization (NormQuantParams, kQuant): the same kernels, launched exactly as the
+// unquantized op would be (same threads, same reduction order, so the same rstd), write
+// e4m3(round_T(norm) * (1 / scale)) into q (store_fp8: static_quant_fp8's conversion) instead
+// of the normalized row into `a`: rmsnorm: b = x (a unused); fused: b = residual (updated as
+// above), a = x, only read (another tensor: checked). So q is bit-equal to rmsnorm / fused_add_rmsnorm followed by
+// static_quant_fp8.
 // Layout: blockDim.x threads share a row: a multiple of 32, or a power of two below 32 (a
 // sub-warp group, e.g. 16 lanes x 8 bf16 for head_dim 128, so no lane idles); blockDim.y > 1
 // only when blockDim.x <= 32 (several rows per block, each warp holding whole rows), so
@@ -63,6 +68,16 @@ struct QkParams {
   int hidden;
   float eps;
 };
+
+// The quantized ops: the norm's rows, plus the fp8 output and its one float32 scale.
+struct NormQuantParams : NormParams {
+  uint8_t* q;          // [rows, hidden] fp8 bytes
+  int64_t q_stride;    // bytes
+  const float* scale;  // one element, read after pdl_enter (an earlier kernel may write it)
+};
+
+template <typename P>
+constexpr bool kQuant = std::is_same_v<P, NormQuantParams>;
 
 template <typename T>
 struct RowPtrs {
@@ -148,6 +163,12 @@ __global__ void __launch_bounds__(PER == 1 ? 1024 : 512) norm_reg_kernel(P p) {
   // Weights are prefetched with the row only while registers allow (no spills at PER >= 4).
   constexpr bool kPreloadW = PER <= 2;
   cuda::pdl_enter();
+  uint8_t* q = nullptr;
+  float inv = 0.f;
+  if constexpr (kQuant<P>) {
+    q = p.q + row * p.q_stride;
+    inv = 1.0f / __ldg(p.scale);
+  }
   Vec<T, VEC> vb[PER], va[PER], vw[PER];
   // All loads first so PER independent requests are in flight per thread.
 #pragma unroll
@@ -188,7 +209,11 @@ __global__ void __launch_bounds__(PER == 1 ? 1024 : 512) norm_reg_kernel(P p) {
       for (int k = 0; k < VEC; ++k)
         o.v[k] = from_float<T>((to_float(vb[i].v[k]) * rstd) *
                                weight_factor<GEMMA>(to_float(vw[i].v[k])));
-      store_vec(a + j * VEC, o);
+      if constexpr (kQuant<P>) {
+        cuda::store_fp8<T, VEC>(q + j * VEC, o, inv);
+      } else {
+        store_vec(a + j * VEC, o);
+      }
     }
   }
 }
@@ -207,6 +232,12 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(P p) {
   const int nvec = p.hidden / VEC;
 
   cuda::pdl_enter();
+  uint8_t* q = nullptr;
+  float inv = 0.f;
+  if constexpr (kQuant<P>) {
+    q = p.q + row * p.q_stride;
+    inv = 1.0f / __ldg(p.scale);
+  }
   float sum = 0.f;
   for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
     Vec<T, VEC> vb = load_vec<T, VEC>(b + j * VEC);
@@ -231,7 +262,11 @@ __global__ void __launch_bounds__(512) norm_loop_kernel(P p) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k)
       o.v[k] = from_float<T>((to_float(vb.v[k]) * rstd) * weight_factor<GEMMA>(to_float(vw.v[k])));
-    store_vec(a + j * VEC, o);
+    if constexpr (kQuant<P>) {
+      cuda::store_fp8<T, VEC>(q + j * VEC, o, inv);
+    } else {
+      store_vec(a + j * VEC, o);
+    }
   }
 }
 
@@ -252,6 +287,13 @@ bool vec_aligned(const NormParams& p) {
   return p.hidden % cuda::kVec16<T> == 0 && cuda::aligned(p.a, 16) && cuda::aligned(p.b, 16) &&
          cuda::aligned(p.w, 16) && (p.a_stride * sizeof(T)) % 16 == 0 &&
          (p.b_stride * sizeof(T)) % 16 == 0;
+}
+
+// and q's rows: VEC-byte stores
+template <typename T>
+bool vec_aligned(const NormQuantParams& p) {
+  return vec_aligned<T>(static_cast<const NormParams&>(p)) && cuda::aligned(p.q, cuda::kVec16<T>) &&
+         p.q_stride % cuda::kVec16<T> == 0;
 }
 
 template <typename T>
@@ -429,91 +471,6 @@ void qk_norm_cuda(TensorView q, TensorView k, TensorView q_weight, TensorView k_
                        [&] { launch_norm<scalar_t, false, false>(op, p, a.device_id); });
 }
 
-// -- RMSNorm with static fp8 quantization --------------------------------------------------
-// q = e4m3(round_T(rmsnorm(x)) * (1 / scale)): the rmsnorm output rounded to T exactly as the
-// kernels above store it, then static_quant_fp8's conversion (store_fp8: multiply by the IEEE
-// reciprocal, round to nearest even, saturate to +-448; NaN stays NaN). FUSED: residual =
-// round(x + residual) first (stored), then the same on the residual as stored; x is only read
-// (it may be residual itself, the same view: each element is read before it is written, by the
-// thread that writes it). The two-pass structure of norm_loop_kernel, with the output written
-// as fp8 bytes in the second pass.
-struct NormQuantParams {
-  uint8_t* q;           // [rows, hidden] fp8 bytes
-  const void* x;        // [rows, hidden]
-  void* res;            // [rows, hidden] (FUSED)
-  const void* w;        // [hidden]
-  const float* scale;   // one element
-  int64_t q_stride;     // row strides in elements
-  int64_t x_stride;
-  int64_t res_stride;
-  int64_t rows;
-  int hidden;
-  float eps;
-};
-
-template <typename T, int VEC, bool FUSED>
-__global__ void __launch_bounds__(512) norm_quant_kernel(NormQuantParams p) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  if (row >= p.rows) return;  // whole warp (blockDim.x == 32 whenever blockDim.y > 1)
-  const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
-  T* res = FUSED ? static_cast<T*>(p.res) + row * p.res_stride : nullptr;
-  const T* __restrict__ w = static_cast<const T*>(p.w);
-  uint8_t* q = p.q + row * p.q_stride;
-  const int nvec = p.hidden / VEC;
-
-  cuda::pdl_enter();
-  float sum = 0.f;
-  for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
-    Vec<T, VEC> v = load_vec<T, VEC>(x + j * VEC);
-    if constexpr (FUSED) {
-      const Vec<T, VEC> r = load_vec<T, VEC>(res + j * VEC);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) v.v[k] = from_float<T>(to_float(v.v[k]) + to_float(r.v[k]));
-      store_vec(res + j * VEC, v);
-    }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const float f = to_float(v.v[k]);
-      sum += f * f;
-    }
-  }
-  const float rstd = inv_rms(row_sum(sum), p.hidden, p.eps);
-  const float inv = 1.0f / __ldg(p.scale);
-  const T* src = FUSED ? res : x;
-  for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
-    const Vec<T, VEC> v = load_vec<T, VEC>(src + j * VEC);
-    const Vec<T, VEC> vw = load_vec_ro<T, VEC>(w + j * VEC);
-    Vec<T, VEC> o;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>((to_float(v.v[k]) * rstd) * to_float(vw.v[k]));
-    cuda::store_fp8<T, VEC>(q + j * VEC, o, inv);
-  }
-}
-
-template <typename T, bool FUSED>
-void launch_norm_quant(const char* op, const NormQuantParams& p, int32_t device_id) {
-  constexpr int VEC = cuda::kVec16<T>;
-  // 16-byte loads of x / residual / w and VEC-byte stores of q at every row start
-  const bool vec_ok = p.hidden % VEC == 0 && cuda::aligned(p.x, 16) && cuda::aligned(p.w, 16) &&
-                      (p.x_stride * sizeof(T)) % 16 == 0 &&
-                      (!FUSED || (cuda::aligned(p.res, 16) && (p.res_stride * sizeof(T)) % 16 == 0)) &&
-                      cuda::aligned(p.q, VEC) && p.q_stride % VEC == 0;
-  const int64_t nvec = p.hidden / (vec_ok ? VEC : 1);
-  cuda::DeviceScope scope(op, device_id);
-  const cuda::DeviceProps props = cuda::device_props(op, device_id);
-  // one warp per row (8 rows per block) for short rows, else up to 256 threads on one row
-  const int threads_x = round_up32(std::min<int64_t>(nvec, 256));
-  const int rows_per_block = threads_x == 32 ? 8 : 1;
-  const int64_t blocks = (p.rows + rows_per_block - 1) / rows_per_block;
-  if (blocks > 0x7fffffff) {
-    TVM_FFI_THROW(ValueError) << op << ": too many rows (" << p.rows << ")";
-  }
-  void (*kernel)(NormQuantParams) =
-      vec_ok ? norm_quant_kernel<T, VEC, FUSED> : norm_quant_kernel<T, 1, FUSED>;
-  cuda::launch(op, device_id, props, kernel, dim3(static_cast<unsigned>(blocks)),
-               dim3(threads_x, rows_per_block), 0, cuda::current_stream(device_id), p);
-}
-
 // q [rows, hidden] fp8 bytes, x [rows, hidden] (residual like x), weight [hidden], scale one
 // float32 element (read on the device).
 template <bool FUSED>
@@ -530,20 +487,26 @@ void run_quant(const char* op, TensorView q, TensorView x, TensorView residual, 
   if (r.hidden > (1 << 30)) {
     TVM_FFI_THROW(ValueError) << op << ": hidden size " << r.hidden << " exceeds 2^30";
   }
+  if (FUSED && data_ptr<char>(x) == data_ptr<char>(residual)) {
+    TVM_FFI_THROW(ValueError) << op << ": x and residual must be different tensors (residual is "
+                              << "updated in place, x is read)";
+  }
+  // the norm's rows as launch_norm takes them: a = x (fused; only read) or unused (= b), b = x
+  // or residual
   NormQuantParams p;
-  p.q = data_ptr<uint8_t>(q);
-  p.x = data_ptr<const void>(x);
-  p.res = FUSED ? data_ptr<void>(residual) : nullptr;
+  p.a = data_ptr<void>(x);
+  p.b = FUSED ? data_ptr<void>(residual) : data_ptr<void>(x);
   p.w = data_ptr<const void>(weight);
-  p.scale = data_ptr<const float>(scale);
-  p.q_stride = row_stride(op, "q", q);
-  p.x_stride = row_stride(op, "x", x);
-  p.res_stride = FUSED ? row_stride(op, "residual", residual) : 0;
+  p.a_stride = row_stride(op, "x", x);
+  p.b_stride = FUSED ? row_stride(op, "residual", residual) : p.a_stride;
   p.rows = r.rows;
   p.hidden = static_cast<int>(r.hidden);
   p.eps = static_cast<float>(eps);
+  p.q = data_ptr<uint8_t>(q);
+  p.q_stride = row_stride(op, "q", q);
+  p.scale = data_ptr<const float>(scale);
   OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
-                       [&] { launch_norm_quant<scalar_t, FUSED>(op, p, r.device_id); });
+                       [&] { launch_norm<scalar_t, FUSED, false>(op, p, r.device_id); });
 }
 
 void rmsnorm_static_quant_fp8_cuda(TensorView q, TensorView x, TensorView weight, TensorView scale,

@@ -9,7 +9,7 @@ conversion rounds to nearest even and saturates to +-448; NaN stays NaN). So on 
 ``q`` is bit-equal to ``static_quant_fp8(rmsnorm(x, weight, eps), scale)`` (vLLM's
 ``rms_norm_static_fp8_quant`` test compares them within 1e-3), and the fused add is
 ``residual += x`` (rounded to residual's dtype, in place) followed by the same on the residual
-as stored; x is only read. ``scale`` is one float32 element (a per-tensor static scale).
+as stored; x is only read and must be another tensor than residual (as for fused_add_rmsnorm). ``scale`` is one float32 element (a per-tensor static scale).
 
 Kernel arguments: ``(q, x, weight, scale, eps)`` and ``(q, x, residual, weight, scale, eps)``:
 q the uint8 view of the fp8 output as [T, H] rows, x and residual [T, H] rows with a unit last
@@ -76,6 +76,10 @@ def check_add_quant(
     out: Tensor | None = None,
 ) -> Kernel:
     (x2, r2, w, e), _ = _ln.check_add(op, x, residual, weight, eps)
+    if x2.numel() and x2.data_ptr() == r2.data_ptr():  # partial overlaps: the generated alias check
+        raise ValueError(
+            f"{op}: x and residual must be different tensors (residual is updated in place, x is read)"
+        )
     s1 = _scale(op, x, scale)
     q, q2 = _q(op, x, out, x2.shape[-1])
     return (q2, x2, r2, w, s1, e), q
