@@ -1,19 +1,23 @@
 """Compat tests (CPU, small shapes): each test runs with fresh dispatch state and knobs.
 
 ``backend`` runs a test once per backend that can run on this machine's CPU (Triton in the
-interpreter), by forcing it for every op group with ``use_backends``.
+interpreter), by forcing it for every op group with ``use_backends``. ``run_engine_compat``
+runs tools/engine_compat.py on a folder in a subprocess, as a user would.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton kernel is defined
 
+ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("activation", "kvcache", "layernorm", "moe", "quantization", "rope")
 BACKENDS = ("aot", "jit", "triton", "torch")
 
@@ -54,3 +58,24 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     K.refresh()
     with K.use_backends(";".join(f"{g}.*={name}" for g in GROUPS)):
         yield name
+
+
+@pytest.fixture
+def run_engine_compat() -> Callable[[Path, Path], subprocess.CompletedProcess[str]]:
+    """-> ``run(folder, cwd)``: tools/engine_compat.py ``--device cpu folder -- -q`` in a
+    subprocess (opmux from this checkout), its output captured as text."""
+
+    def run(folder: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+        cmd = [
+            sys.executable,
+            str(ROOT / "tools" / "engine_compat.py"),
+            "--device",
+            "cpu",
+            str(folder),
+            "--",
+            "-q",
+        ]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+
+    return run

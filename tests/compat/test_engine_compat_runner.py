@@ -3,12 +3,9 @@ CUDA-to-CPU device mapping."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from subprocess import CompletedProcess
 
 UPSTREAM_STYLE = """
 import pytest
@@ -35,25 +32,11 @@ def test_a_failure_is_reported():
 """
 
 
-def test_runner_runs_upstream_style_files_on_cpu(tmp_path: Path) -> None:
+def test_runner_runs_upstream_style_files_on_cpu(
+    tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
+) -> None:
     (tmp_path / "test_upstream_style.py").write_text(UPSTREAM_STYLE)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "engine_compat.py"),
-            "--device",
-            "cpu",
-            str(tmp_path),
-            "--",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    proc = run_engine_compat(tmp_path, tmp_path)
     out = proc.stdout
     assert "sgl_kernel -> opmux.compat.sgl_kernel" in out, out
     assert "test_upstream_style.py: 1 failed, 2 passed" in out, out
@@ -117,25 +100,11 @@ def test_reshape_and_cache_flash(kv_cache_factory_flashinfer, layout, kv_cache_d
 """
 
 
-def test_runner_shims_vllm_imports(tmp_path: Path) -> None:
+def test_runner_shims_vllm_imports(
+    tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
+) -> None:
     (tmp_path / "test_vllm_style.py").write_text(VLLM_STYLE)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "engine_compat.py"),
-            "--device",
-            "cpu",
-            str(tmp_path),
-            "--",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    proc = run_engine_compat(tmp_path, tmp_path)
     out = proc.stdout
     assert "test_vllm_style.py: 6 passed" in out, out + proc.stderr
     assert proc.returncode == 0, out
@@ -233,27 +202,13 @@ def test_gemma_fp16_residual_and_fused_quant():
 """
 
 
-def test_runner_shims_vllm_core_and_quant_imports(tmp_path: Path) -> None:
+def test_runner_shims_vllm_core_and_quant_imports(
+    tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
+) -> None:
     (tmp_path / "core").mkdir()
     (tmp_path / "core" / "test_core_style.py").write_text(VLLM_CORE_STYLE)
     (tmp_path / "helper_beside.py").write_text("TOL = dict(atol=1e-2, rtol=1e-2)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "engine_compat.py"),
-            "--device",
-            "cpu",
-            str(tmp_path / "core"),
-            "--",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    proc = run_engine_compat(tmp_path / "core", tmp_path)
     out = proc.stdout
     # one CUDA device as on a one-GPU machine: two rms_norm cases, not four
     assert "test_core_style.py: 5 passed" in out, out + proc.stderr

@@ -6,17 +6,14 @@ vLLM's kernel tests write theirs; and the runner's shims for them (``fused_topk`
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import torch
 
 import opmux.compat.vllm as vllm
-
-ROOT = Path(__file__).resolve().parents[2]
 
 SIGNATURES = {
     "topk_sigmoid": [
@@ -169,24 +166,10 @@ def test_topk_orders_ties_as_cuda():
 """
 
 
-def test_runner_shims_sigmoid_routing_and_batched_align(tmp_path: Path) -> None:
+def test_runner_shims_sigmoid_routing_and_batched_align(
+    tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
+) -> None:
     (tmp_path / "test_vllm_routing.py").write_text(VLLM_STYLE)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "engine_compat.py"),
-            "--device",
-            "cpu",
-            str(tmp_path),
-            "--",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    proc = run_engine_compat(tmp_path, tmp_path)
     assert "test_vllm_routing.py: 3 passed" in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout
