@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from opmux.kernels.ops._common import Sample
 
 Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]
+Logits = Callable[..., torch.Tensor]
 
 
-def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    g = torch.Generator(device="cpu").manual_seed(21)
+def _routing_logits(device: str, dtype: torch.dtype, seed: int) -> tuple[torch.Generator, Logits]:
+    g = torch.Generator(device="cpu").manual_seed(seed)
 
     def logits(t: int, e: int, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn((t, e), generator=g) * scale).to(dtype=dtype, device=device)
 
+    return g, logits
+
+
+def _routing_shapes(logits: Logits, large_magnitude: bool) -> list[Sample]:
+    """The routing ops' shape cases (topk_softmax's with large logits, where its fp32 softmax
+    underflows to equal zeros and the ranking by logit stays defined)."""
     out = [
         Sample("1-token", (logits(1, 8), 2)),
         Sample("odd-experts-7", (logits(3, 7), 3)),
@@ -22,24 +31,25 @@ def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
         Sample("e-128-k-6", (logits(17, 128), 6)),
         Sample("empty-batch", (logits(0, 16), 2)),
         Sample("k-equals-e", (logits(2, 5), 5), {"renormalize": True}),
-        # large logits: fp32 softmax underflows to equal zeros; ranking by logit stays defined
-        Sample("large-magnitude", (logits(4, 32, 100.0), 4)),
-        Sample("e-256-k-8", (logits(3, 256), 8), {"renormalize": True}),
-        Sample("e-1500", (logits(2, 1500), 3)),
     ]
-    ties = torch.zeros((3, 12), dtype=dtype, device=device)
-    ties[1, 5:9] = 1.0  # four equal best logits: ids 5, 6, 7 win (lower index first)
-    ties[2] = torch.tensor([3.0, 1, 3, 3, 0, 1, 3, 2, 2, 1, 0, 3], dtype=dtype)
-    out.append(Sample("ties-lower-index", (ties, 3)))
-    big = logits(6, 96)
-    out.append(Sample("strided-rows", (big[:, :48], 4)))
-    bias = (torch.rand(64, generator=g) * 0.05).to(device)  # float32 whatever the gating dtype
+    if large_magnitude:
+        out.append(Sample("large-magnitude", (logits(4, 32, 100.0), 4)))
     out += [
-        Sample("softcap", (logits(5, 64, 40.0), 6), {"moe_softcapping": 30.0}),
-        Sample("deepseek-bias", (logits(9, 64), 6), {"correction_bias": bias, "renormalize": True}),
-        Sample("bias-on-logits", (logits(9, 64), 4), {"correction_bias": bias * 20, "bias_on_logits": True}),
-        Sample("softcap-bias", (logits(3, 64, 40.0), 2), {"correction_bias": bias, "moe_softcapping": 20.0}),
+        Sample("e-256-k-8", (logits(3, 256), 8), {"renormalize": True}),
+        Sample("e-1500", (logits(2, 1500), 3)),  # past the CUDA kernels' register rows
     ]
+    return out
+
+
+def _routing_ties_strided(logits: Logits, device: str, dtype: torch.dtype) -> list[Sample]:
+    ties = torch.zeros((3, 12), dtype=dtype, device=device)
+    ties[1, 5:9] = 1.0  # four equal best scores: ids 5, 6, 7 win (lower index first)
+    ties[2] = torch.tensor([3.0, 1, 3, 3, 0, 1, 3, 2, 2, 1, 0, 3], dtype=dtype)
+    big = logits(6, 96)
+    return [Sample("ties-lower-index", (ties, 3)), Sample("strided-rows", (big[:, :48], 4))]
+
+
+def _routing_caller_buffers(logits: Logits, device: str) -> Sample:
     t, k = 7, 3
     wide = torch.zeros((t, 8), dtype=torch.float32, device=device)
     buffers = {
@@ -47,7 +57,21 @@ def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
         "topk_ids": torch.zeros((t, k), dtype=torch.int64, device=device),  # int64: written directly
         "token_expert_indices": torch.zeros((t, k), dtype=torch.int32, device=device),
     }
-    out.append(Sample("caller-buffers-int64-ids", (logits(t, 16), k), buffers))
+    return Sample("caller-buffers-int64-ids", (logits(t, 16), k), buffers)
+
+
+def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g, logits = _routing_logits(device, dtype, 21)
+    out = _routing_shapes(logits, large_magnitude=True)
+    out += _routing_ties_strided(logits, device, dtype)
+    bias = (torch.rand(64, generator=g) * 0.05).to(device)  # float32 whatever the gating dtype
+    out += [
+        Sample("softcap", (logits(5, 64, 40.0), 6), {"moe_softcapping": 30.0}),
+        Sample("deepseek-bias", (logits(9, 64), 6), {"correction_bias": bias, "renormalize": True}),
+        Sample("bias-on-logits", (logits(9, 64), 4), {"correction_bias": bias * 20, "bias_on_logits": True}),
+        Sample("softcap-bias", (logits(3, 64, 40.0), 2), {"correction_bias": bias, "moe_softcapping": 20.0}),
+    ]
+    out.append(_routing_caller_buffers(logits, device))
     out.append(
         Sample(
             "int32-buffers-bias",
@@ -63,28 +87,10 @@ def topk_softmax_samples(device: str, dtype: torch.dtype) -> list[Sample]:
 
 
 def topk_sigmoid_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    g = torch.Generator(device="cpu").manual_seed(23)
-
-    def logits(t: int, e: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn((t, e), generator=g) * scale).to(dtype=dtype, device=device)
-
-    out = [
-        Sample("1-token", (logits(1, 8), 2)),
-        Sample("odd-experts-7", (logits(3, 7), 3)),
-        Sample("renormalize", (logits(5, 64), 8), {"renormalize": True}),
-        Sample("e-128-k-6", (logits(17, 128), 6)),
-        Sample("empty-batch", (logits(0, 16), 2)),
-        Sample("k-equals-e", (logits(2, 5), 5), {"renormalize": True}),
-        Sample("e-256-k-8", (logits(3, 256), 8), {"renormalize": True}),
-        Sample("e-1500", (logits(2, 1500), 3)),  # past the CUDA kernel's register rows
-        Sample("k-40", (logits(2, 64), 40), {"renormalize": True}),  # k > 32: lane 0 writes the rest
-    ]
-    ties = torch.zeros((3, 12), dtype=dtype, device=device)
-    ties[1, 5:9] = 1.0  # four equal best scores: ids 5, 6, 7 win (lower index first)
-    ties[2] = torch.tensor([3.0, 1, 3, 3, 0, 1, 3, 2, 2, 1, 0, 3], dtype=dtype)
-    out.append(Sample("ties-lower-index", (ties, 3)))
-    big = logits(6, 96)
-    out.append(Sample("strided-rows", (big[:, :48], 4)))
+    g, logits = _routing_logits(device, dtype, 23)
+    out = _routing_shapes(logits, large_magnitude=False)
+    out.append(Sample("k-40", (logits(2, 64), 40), {"renormalize": True}))  # k > 32: lane 0 writes the rest
+    out += _routing_ties_strided(logits, device, dtype)
     bias = (torch.rand(64, generator=g) * 0.5).to(device)  # float32 whatever the gating dtype
     out += [
         Sample("bias", (logits(9, 64), 6), {"correction_bias": bias, "renormalize": True}),
@@ -93,14 +99,7 @@ def topk_sigmoid_samples(device: str, dtype: torch.dtype) -> list[Sample]:
             "bias-e-1500", (logits(2, 1500), 4), {"correction_bias": torch.rand(1500, generator=g).to(device)}
         ),
     ]
-    t, k = 7, 3
-    wide = torch.zeros((t, 8), dtype=torch.float32, device=device)
-    buffers = {
-        "topk_weights": wide[:, 2 : 2 + k],  # a strided caller buffer (row stride 8)
-        "topk_ids": torch.zeros((t, k), dtype=torch.int64, device=device),  # int64: written directly
-        "token_expert_indices": torch.zeros((t, k), dtype=torch.int32, device=device),
-    }
-    out.append(Sample("caller-buffers-int64-ids", (logits(t, 16), k), buffers))
+    out.append(_routing_caller_buffers(logits, device))
     return out
 
 
@@ -208,7 +207,8 @@ def moe_align_block_size_samples(device: str, dtype: torch.dtype) -> list[Sample
     return out
 
 
-def topk_softmax_invalid(device: str) -> Invalid:
+def _routing_invalid(device: str) -> Invalid:
+    """The routing ops' common contract cases (topk_softmax, topk_sigmoid)."""
     x = torch.randn(4, 16, device=device)
     return [
         ("int-dtype", (torch.ones(4, 16, dtype=torch.int32, device=device), 2), {}, TypeError, "dtype"),
@@ -216,6 +216,7 @@ def topk_softmax_invalid(device: str) -> Invalid:
         ("topk-zero", (x, 0), {}, ValueError, "topk must be a positive int"),
         ("3d-shape", (torch.randn(2, 4, 16, device=device), 2), {}, ValueError, "expected \\[T, E\\]"),
         ("non-contiguous", (torch.randn(16, 4, device=device).t(), 2), {}, ValueError, "non-contiguous"),
+        ("renormalize-int", (x, 2), {"renormalize": 1}, TypeError, "renormalize must be a bool"),
         (
             "bias-dtype",
             (x, 2),
@@ -230,7 +231,6 @@ def topk_softmax_invalid(device: str) -> Invalid:
             ValueError,
             "correction_bias",
         ),
-        ("negative-softcap", (x, 2), {"moe_softcapping": -1.0}, ValueError, "moe_softcapping"),
         ("ids-buffer-float", (x, 2), {"topk_ids": torch.zeros(4, 2, device=device)}, TypeError, "topk_ids"),
         (
             "weights-buffer-shape",
@@ -246,6 +246,16 @@ def topk_softmax_invalid(device: str) -> Invalid:
             TypeError,
             "token_expert_indices",
         ),
+    ]
+
+
+def topk_softmax_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 16, device=device)
+    return [
+        *_routing_invalid(device),
+        ("negative-softcap", (x, 2), {"moe_softcapping": -1.0}, ValueError, "moe_softcapping"),
+        ("softcap-str", (x, 2), {"moe_softcapping": "1"}, TypeError, "moe_softcapping must be a float"),
+        ("bias-on-logits-int", (x, 2), {"bias_on_logits": 1}, TypeError, "bias_on_logits must be a bool"),
     ]
 
 
@@ -306,44 +316,7 @@ def moe_align_block_size_invalid(device: str) -> Invalid:
 
 
 def topk_sigmoid_invalid(device: str) -> Invalid:
-    x = torch.randn(4, 16, device=device)
-    return [
-        ("int-dtype", (torch.ones(4, 16, dtype=torch.int32, device=device), 2), {}, TypeError, "dtype"),
-        ("topk-too-large", (x, 17), {}, ValueError, "exceeds the number of experts"),
-        ("topk-zero", (x, 0), {}, ValueError, "topk must be a positive int"),
-        ("3d-shape", (torch.randn(2, 4, 16, device=device), 2), {}, ValueError, "expected \\[T, E\\]"),
-        ("non-contiguous", (torch.randn(16, 4, device=device).t(), 2), {}, ValueError, "non-contiguous"),
-        ("renormalize-int", (x, 2), {"renormalize": 1}, TypeError, "renormalize must be a bool"),
-        (
-            "bias-dtype",
-            (x, 2),
-            {"correction_bias": torch.zeros(16, device=device).half()},
-            TypeError,
-            "correction_bias",
-        ),
-        (
-            "bias-shape",
-            (x, 2),
-            {"correction_bias": torch.zeros(15, device=device)},
-            ValueError,
-            "correction_bias",
-        ),
-        ("ids-buffer-float", (x, 2), {"topk_ids": torch.zeros(4, 2, device=device)}, TypeError, "topk_ids"),
-        (
-            "weights-buffer-shape",
-            (x, 2),
-            {"topk_weights": torch.zeros(4, 3, device=device)},
-            ValueError,
-            "topk_weights",
-        ),
-        (
-            "tei-int64",
-            (x, 2),
-            {"token_expert_indices": torch.zeros(4, 2, dtype=torch.int64, device=device)},
-            TypeError,
-            "token_expert_indices",
-        ),
-    ]
+    return _routing_invalid(device)
 
 
 def batched_moe_align_block_size_invalid(device: str) -> Invalid:
