@@ -44,6 +44,7 @@ check would cost a synchronisation), so a kernel never writes out of bounds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -125,10 +126,14 @@ def check_topk(
             return fast, (w, ids_)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
-    _checks.no_caller_outputs_when_compiling(
-        _TK, "topk_weights / topk_ids / token_expert_indices", topk_weights, topk_ids, token_expert_indices
+    scoring = partial(_softmax_scoring, moe_softcapping, bias_on_logits)
+    return _check_route(
+        _TK, g, topk, renormalize, correction_bias, topk_weights, topk_ids, token_expert_indices, scoring
     )
-    k = _check_gating(_TK, g, topk, renormalize)
+
+
+def _softmax_scoring(moe_softcapping: float, bias_on_logits: bool) -> tuple[float, bool]:
+    """topk_softmax's scoring arguments, checked -> (softcap, bias_on_logits)."""
     if not isinstance(bias_on_logits, bool):
         raise TypeError(f"{_TK}: bias_on_logits must be a bool, got {bias_on_logits!r}")
     if isinstance(moe_softcapping, bool) or not isinstance(moe_softcapping, (int, float)):
@@ -136,8 +141,31 @@ def check_topk(
     cap = float(moe_softcapping)
     if not (0.0 <= cap < math.inf):
         raise ValueError(f"{_TK}: moe_softcapping must be finite and >= 0 (0: off), got {moe_softcapping!r}")
-    kargs, result = _route_outputs(_TK, g, k, correction_bias, topk_weights, topk_ids, token_expert_indices)
-    return (*kargs, renormalize, cap, bias_on_logits), result
+    return cap, bias_on_logits
+
+
+def _check_route(
+    op: str,
+    g: Tensor,
+    topk: int,
+    renormalize: bool,
+    correction_bias: Tensor | None,
+    topk_weights: Tensor | None,
+    topk_ids: Tensor | None,
+    token_expert_indices: Tensor | None,
+    scoring: Callable[[], tuple[Any, ...]] = tuple,
+) -> tuple[tuple[Any, ...], Any]:
+    """The contract of a routing op (topk_softmax, topk_sigmoid): the gating logits, topk and
+    renormalize, then the op's own scoring arguments (``scoring()`` checks them and returns
+    their kernel arguments), then the bias and output buffers -> ((w, ids, tei, has_tei, g,
+    bias, has_bias, renormalize, *scoring), (w, ids))."""
+    _checks.no_caller_outputs_when_compiling(
+        op, "topk_weights / topk_ids / token_expert_indices", topk_weights, topk_ids, token_expert_indices
+    )
+    k = _check_gating(op, g, topk, renormalize)
+    extra = scoring()
+    kargs, result = _route_outputs(op, g, k, correction_bias, topk_weights, topk_ids, token_expert_indices)
+    return (*kargs, renormalize, *extra), result
 
 
 def _check_gating(op: str, g: Tensor, topk: int, renormalize: bool) -> int:
@@ -212,12 +240,9 @@ def check_sigmoid(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((w, ids, tei, has_tei, g, bias, has_bias, renormalize), (w, ids)): topk_softmax's
     contract without softcapping and bias_on_logits."""
-    _checks.no_caller_outputs_when_compiling(
-        _TS, "topk_weights / topk_ids / token_expert_indices", topk_weights, topk_ids, token_expert_indices
+    return _check_route(
+        _TS, g, topk, renormalize, correction_bias, topk_weights, topk_ids, token_expert_indices
     )
-    k = _check_gating(_TS, g, topk, renormalize)
-    kargs, result = _route_outputs(_TS, g, k, correction_bias, topk_weights, topk_ids, token_expert_indices)
-    return (*kargs, renormalize), result
 
 
 def _int32(device: torch.device, n: int) -> Tensor:
@@ -401,6 +426,42 @@ def _token_expert_indices(buf: Tensor, t: int, k: int) -> None:
     buf.copy_(src.unsqueeze(0) + torch.arange(t, device=buf.device, dtype=torch.int64).unsqueeze(1))
 
 
+def _ref_route(
+    scores: Tensor,
+    key: Tensor,
+    topk: int,
+    renormalize: bool,
+    topk_weights: Tensor | None,
+    topk_ids: Tensor | None,
+    token_expert_indices: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The reference routing's common tail: the ``topk`` experts by ``key`` (a stable descending
+    sort: equal keys keep index order, so the lower id wins), weighted by ``scores``, into the
+    caller's buffers when given."""
+    ids = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :topk]
+    w = scores.gather(-1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    if token_expert_indices is not None:
+        _token_expert_indices(token_expert_indices, scores.shape[0], topk)
+    w = w if topk_weights is None else topk_weights.copy_(w)
+    ids = ids.to(torch.int32) if topk_ids is None else topk_ids.copy_(ids)
+    return w, ids
+
+
+def _torch_route_out(
+    w: Tensor, ids: Tensor, tei: Tensor, has_tei: bool, order: Tensor, wk: Tensor, renormalize: bool
+) -> None:
+    """The torch backend's common tail: the chosen experts ``order`` and their weights ``wk``
+    (renormalized when asked) into ``w`` / ``ids``, and ``tei`` when given."""
+    if renormalize:
+        wk = wk / wk.sum(-1, keepdim=True)
+    w.copy_(wk)
+    ids.copy_(order)
+    if has_tei:
+        _token_expert_indices(tei, w.shape[0], w.shape[1])
+
+
 def ref_topk(
     gating_output: Tensor,
     topk: int,
@@ -417,18 +478,9 @@ def ref_topk(
     if bias is not None and bias_on_logits:
         g = g + bias
     probs = torch.softmax(g, dim=-1)
-    # rank by logit (by softmax + bias for DeepSeek's correction bias); a stable descending
-    # sort: equal keys keep index order, so the lower id wins
+    # rank by logit (by softmax + bias for DeepSeek's correction bias)
     key = probs + bias if bias is not None and not bias_on_logits else g
-    ids = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :topk]
-    w = probs.gather(-1, ids)
-    if renormalize:
-        w = w / w.sum(-1, keepdim=True)
-    if token_expert_indices is not None:
-        _token_expert_indices(token_expert_indices, g.shape[0], topk)
-    w = w if topk_weights is None else topk_weights.copy_(w)
-    ids = ids.to(torch.int32) if topk_ids is None else topk_ids.copy_(ids)
-    return w, ids
+    return _ref_route(probs, key, topk, renormalize, topk_weights, topk_ids, token_expert_indices)
 
 
 def torch_topk(
@@ -456,12 +508,7 @@ def torch_topk(
         # stable argsort: logit order, equal logits by lower index
         order = torch.argsort(g, dim=-1, descending=True, stable=True)[:, :k]
         wk = torch.exp(g.gather(-1, order) - lse)
-    if renormalize:
-        wk = wk / wk.sum(-1, keepdim=True)
-    w.copy_(wk)
-    ids.copy_(order)
-    if has_tei:
-        _token_expert_indices(tei, g.shape[0], k)
+    _torch_route_out(w, ids, tei, has_tei, order, wk, renormalize)
 
 
 def ref_sigmoid(
@@ -475,16 +522,7 @@ def ref_sigmoid(
 ) -> tuple[Tensor, Tensor]:
     s = torch.sigmoid(gating_output.float())
     key = s if correction_bias is None else s + correction_bias.float()
-    # a stable descending sort of the scores: equal scores keep index order (the lower id wins)
-    ids = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :topk]
-    w = s.gather(-1, ids)
-    if renormalize:
-        w = w / w.sum(-1, keepdim=True)
-    if token_expert_indices is not None:
-        _token_expert_indices(token_expert_indices, s.shape[0], topk)
-    w = w if topk_weights is None else topk_weights.copy_(w)
-    ids = ids.to(torch.int32) if topk_ids is None else topk_ids.copy_(ids)
-    return w, ids
+    return _ref_route(s, key, topk, renormalize, topk_weights, topk_ids, token_expert_indices)
 
 
 def torch_sigmoid(
@@ -500,13 +538,7 @@ def torch_sigmoid(
     s = torch.sigmoid(gating_output.float())
     k = w.shape[1]
     order = torch.argsort(s + bias if has_bias else s, dim=-1, descending=True, stable=True)[:, :k]
-    wk = s.gather(-1, order)
-    if renormalize:
-        wk = wk / wk.sum(-1, keepdim=True)
-    w.copy_(wk)
-    ids.copy_(order)
-    if has_tei:
-        _token_expert_indices(tei, s.shape[0], k)
+    _torch_route_out(w, ids, tei, has_tei, order, s.gather(-1, order), renormalize)
 
 
 def _mapped(flat: Tensor, num_experts: int, expert_map: Tensor | None) -> Tensor:
