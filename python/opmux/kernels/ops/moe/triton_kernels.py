@@ -92,19 +92,19 @@ def _topk_softmax(
         tl.store(TEI + row * stei + kcols, (kcols * T + row).to(tl.int32), mask=kcols < K)
 
 
-# The kernel argument lists of the moe ops (see op.py).
-def topk_softmax(
+def _launch_topk(
     w: torch.Tensor,
     ids: torch.Tensor,
     tei: torch.Tensor,
     has_tei: bool,
     g: torch.Tensor,
     bias: torch.Tensor,
-    has_bias: bool,
     renormalize: bool,
     softcap: float,
-    bias_on_logits: bool,
+    bias_mode: int,
+    sigmoid: bool,
 ) -> None:
+    """One program per token row of ``_topk_softmax`` (softmax or sigmoid scoring)."""
     t, e = g.shape
     if t == 0:
         return
@@ -126,12 +126,30 @@ def topk_softmax(
         softcap if softcap else 1.0,
         RENORM=renormalize,
         HAS_TEI=has_tei,
-        BIAS_MODE=(2 if bias_on_logits else 1) if has_bias else 0,
+        BIAS_MODE=bias_mode,
         SOFTCAP=softcap > 0,
         BLOCK=block,
         KBLOCK=triton.next_power_of_2(k),
+        SIGMOID=sigmoid,
         num_warps=1 if block <= 256 else 4,
     )
+
+
+# The kernel argument lists of the moe ops (see op.py).
+def topk_softmax(
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    tei: torch.Tensor,
+    has_tei: bool,
+    g: torch.Tensor,
+    bias: torch.Tensor,
+    has_bias: bool,
+    renormalize: bool,
+    softcap: float,
+    bias_on_logits: bool,
+) -> None:
+    bias_mode = (2 if bias_on_logits else 1) if has_bias else 0
+    _launch_topk(w, ids, tei, has_tei, g, bias, renormalize, softcap, bias_mode, sigmoid=False)
 
 
 def topk_sigmoid(
@@ -144,34 +162,7 @@ def topk_sigmoid(
     has_bias: bool,
     renormalize: bool,
 ) -> None:
-    t, e = g.shape
-    if t == 0:
-        return
-    block = triton.next_power_of_2(e)
-    k = w.shape[1]
-    _topk_softmax[(t,)](
-        g,
-        w,
-        ids,
-        tei,
-        bias,
-        g.stride(0),
-        w.stride(0),
-        ids.stride(0),
-        tei.stride(0),
-        t,
-        e,
-        k,
-        1.0,
-        RENORM=renormalize,
-        HAS_TEI=has_tei,
-        BIAS_MODE=1 if has_bias else 0,
-        SOFTCAP=False,
-        BLOCK=block,
-        KBLOCK=triton.next_power_of_2(k),
-        SIGMOID=True,
-        num_warps=1 if block <= 256 else 4,
-    )
+    _launch_topk(w, ids, tei, has_tei, g, bias, renormalize, 0.0, 1 if has_bias else 0, sigmoid=True)
 
 
 @triton.jit
