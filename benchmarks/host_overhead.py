@@ -462,7 +462,9 @@ def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any
         f"# Host overhead ({meta['device']})\n\n`{cmd}` on {meta['machine']}, Python {meta['python']}, "
         f"torch {meta['torch']}, opmux {meta['opmux']}: one token per call, median over {meta['rounds']} "
         f"rounds (interleaved over every op) of {meta['n']} calls per path, each round's calls timed in "
-        f"{meta['batches']} batches and the fastest batch kept (best-of: the machine is shared). Columns are explained in the script's docstring: "
+        f"{meta['batches']} batches and the fastest batch kept (best-of: the machine is shared)"
+        + ("; a batch's time is the calling thread's CPU time" if meta["device"].startswith("cpu") else "")
+        + ". Columns are explained in the script's docstring: "
         "`dispatch` = default - bound (the public call over the bound kernel, contract included in both; "
         "the median of per-round differences, and the difference of the fastest rounds), "
         "`bare` = the chosen kernel alone on prepared arguments.\n\n"
