@@ -75,6 +75,19 @@ inline TopkArgs check_topk_args(const char* op, int32_t device_type, const Tenso
   return a;
 }
 
+// An alignment op's 1-D output buffer: at least `n` elements (`what` says why), unit stride, its
+// length fitting int32 -> its length.
+inline int64_t out_vector(const char* op, const char* name, const TensorView& t, int64_t n, const char* what) {
+  check_ndim(op, name, t, 1);
+  if (t.size(0) < n) {
+    TVM_FFI_THROW(ValueError) << op << ": " << name << " has " << t.size(0) << " elements, expected at least " << n
+                              << " (" << what << ")";
+  }
+  check_last_dim_contiguous(op, name, t);
+  if (t.size(0) >= (int64_t(1) << 31)) TVM_FFI_THROW(ValueError) << op << ": " << name << " is too long";
+  return t.size(0);
+}
+
 struct AlignArgs {
   int32_t device_id;
   int64_t numel, n_sorted, n_blocks;
@@ -120,22 +133,12 @@ inline AlignArgs check_align_args(const char* op, int32_t device_type, const Ten
   if (max_padded >= (int64_t(1) << 31)) {
     TVM_FFI_THROW(ValueError) << op << ": " << max_padded << " padded slots do not fit int32";
   }
-  auto vec = [&](const char* name, const TensorView& t, int64_t n, const char* what) {
-    check_ndim(op, name, t, 1);
-    if (t.size(0) < n) {
-      TVM_FFI_THROW(ValueError) << op << ": " << name << " has " << t.size(0) << " elements, expected at least "
-                                << n << " (" << what << ")";
-    }
-    check_last_dim_contiguous(op, name, t);
-    if (t.size(0) >= (int64_t(1) << 31)) TVM_FFI_THROW(ValueError) << op << ": " << name << " is too long";
-    return t.size(0);
-  };
-  a.n_sorted = vec("sorted_token_ids", sorted, need, "T*k + min(E, T*k)*(block_size-1)");
-  a.n_blocks = vec("expert_ids", experts, need / block_size, "one per block");
-  vec("num_tokens_post_padded", post, 1, "one element");
+  a.n_sorted = out_vector(op, "sorted_token_ids", sorted, need, "T*k + min(E, T*k)*(block_size-1)");
+  a.n_blocks = out_vector(op, "expert_ids", experts, need / block_size, "one per block");
+  out_vector(op, "num_tokens_post_padded", post, 1, "one element");
   if (has_cumsum) {
     check_int32(op, "cumsum_buffer", cumsum);
-    vec("cumsum_buffer", cumsum, num_experts + 1, "num_experts + 1");
+    out_vector(op, "cumsum_buffer", cumsum, num_experts + 1, "num_experts + 1");
   }
   if (has_map) {
     check_int32(op, "expert_map", map);
@@ -177,19 +180,9 @@ inline BatchedArgs check_batched_args(const char* op, int32_t device_type, const
   if (need >= (int64_t(1) << 31) || a.num_experts * m >= (int64_t(1) << 31)) {
     TVM_FFI_THROW(ValueError) << op << ": " << need << " padded slots do not fit int32";
   }
-  auto vec = [&](const char* name, const TensorView& t, int64_t n, const char* what) {
-    check_ndim(op, name, t, 1);
-    if (t.size(0) < n) {
-      TVM_FFI_THROW(ValueError) << op << ": " << name << " has " << t.size(0) << " elements, expected at least "
-                                << n << " (" << what << ")";
-    }
-    check_last_dim_contiguous(op, name, t);
-    if (t.size(0) >= (int64_t(1) << 31)) TVM_FFI_THROW(ValueError) << op << ": " << name << " is too long";
-    return t.size(0);
-  };
-  a.n_sorted = vec("sorted_ids", sorted, need, "E * round_up(max_tokens_per_batch, block_size)");
-  a.n_blocks = vec("expert_ids", experts, need / block_size, "one per block");
-  vec("num_tokens_post_padded", post, 1, "one element");
+  a.n_sorted = out_vector(op, "sorted_ids", sorted, need, "E * round_up(max_tokens_per_batch, block_size)");
+  a.n_blocks = out_vector(op, "expert_ids", experts, need / block_size, "one per block");
+  out_vector(op, "num_tokens_post_padded", post, 1, "one element");
   return a;
 }
 
