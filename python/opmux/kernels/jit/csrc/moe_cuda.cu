@@ -289,14 +289,11 @@ void launch_topk(const char* op, const TopkParams& p, int32_t device_id) {
   else cuda::launch(op, device_id, props, topk_softmax_loop_kernel<T, I, MODE>, grid, block, 0, stream, p);
 }
 
-void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
-                       TensorView gating_output, TensorView correction_bias, bool has_bias, bool renormalize,
-                       double moe_softcapping, bool bias_on_logits, bool enable_pdl) {
-  cuda::PdlScope pdl(enable_pdl);
-  const char* op = "opmux.topk_softmax";
-  TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
-                               correction_bias, has_bias, moe_softcapping);
-  if (a.tokens == 0) return;
+// The kernels' parameters from the checked arguments (topk_softmax and topk_sigmoid).
+TopkParams topk_params(const char* op, const TopkArgs& a, TensorView topk_weights, TensorView topk_ids,
+                       TensorView token_expert_indices, bool has_tei, TensorView gating_output,
+                       TensorView correction_bias, bool has_bias, bool renormalize, float softcap,
+                       bool bias_on_logits) {
   if (a.experts > INT_MAX / 2) TVM_FFI_THROW(ValueError) << op << ": too many experts (" << a.experts << ")";
   TopkParams p;
   p.w = data_ptr<float>(topk_weights);
@@ -311,9 +308,23 @@ void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView 
   p.tokens = a.tokens;
   p.experts = static_cast<int>(a.experts);
   p.k = static_cast<int>(a.k);
-  p.softcap = static_cast<float>(moe_softcapping);
+  p.softcap = softcap;
   p.renormalize = renormalize;
   p.bias_on_logits = bias_on_logits;
+  return p;
+}
+
+void topk_softmax_cuda(TensorView topk_weights, TensorView topk_ids, TensorView token_expert_indices, bool has_tei,
+                       TensorView gating_output, TensorView correction_bias, bool has_bias, bool renormalize,
+                       double moe_softcapping, bool bias_on_logits, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.topk_softmax";
+  TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+                               correction_bias, has_bias, moe_softcapping);
+  if (a.tokens == 0) return;
+  const TopkParams p = topk_params(op, a, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+                                   correction_bias, has_bias, renormalize, static_cast<float>(moe_softcapping),
+                                   bias_on_logits);
   const bool deepseek = has_bias && !bias_on_logits;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] {
     if (a.ids64) {
@@ -334,23 +345,9 @@ void topk_sigmoid_cuda(TensorView topk_weights, TensorView topk_ids, TensorView 
   TopkArgs a = check_topk_args(op, kDLCUDA, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
                                correction_bias, has_bias, 0.0);
   if (a.tokens == 0) return;
-  if (a.experts > INT_MAX / 2) TVM_FFI_THROW(ValueError) << op << ": too many experts (" << a.experts << ")";
-  TopkParams p;
-  p.w = data_ptr<float>(topk_weights);
-  p.ids = data_ptr<void>(topk_ids);
-  p.tei = has_tei ? data_ptr<int32_t>(token_expert_indices) : nullptr;
-  p.g = data_ptr<const void>(gating_output);
-  p.bias = has_bias ? data_ptr<const float>(correction_bias) : nullptr;
-  p.g_stride = a.g_stride;
-  p.w_stride = a.w_stride;
-  p.ids_stride = a.ids_stride;
-  p.tei_stride = a.tei_stride;
-  p.tokens = a.tokens;
-  p.experts = static_cast<int>(a.experts);
-  p.k = static_cast<int>(a.k);
-  p.softcap = 0.f;  // logit() then returns the plain logit: the bias goes on the sigmoid scores
-  p.renormalize = renormalize;
-  p.bias_on_logits = false;
+  // softcap 0: logit() returns the plain logit; the bias goes on the sigmoid scores
+  const TopkParams p = topk_params(op, a, topk_weights, topk_ids, token_expert_indices, has_tei, gating_output,
+                                   correction_bias, has_bias, renormalize, 0.f, false);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16, [&] {
     if (a.ids64) launch_topk<scalar_t, int64_t, kSigmoid>(op, p, a.device_id);
     else launch_topk<scalar_t, int32_t, kSigmoid>(op, p, a.device_id);
