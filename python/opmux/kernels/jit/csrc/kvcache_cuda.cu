@@ -48,15 +48,23 @@ struct CacheParams {
 // Vectors per thread per step: both loads of U vectors are issued before the stores.
 constexpr int kU = 2;
 
+// A token's slot as (block, offset in block); false: skip the token (slot < 0 or >= num_slots).
+__device__ __forceinline__ bool slot_place(int64_t slot, int64_t num_slots, int64_t block_size, int64_t& blk,
+                                           int64_t& off) {
+  if (slot < 0 || slot >= num_slots) return false;
+  blk = slot / block_size;
+  off = slot - blk * block_size;
+  return true;
+}
+
 // T: key / value element; FP8: the caches hold e4m3fn bytes (else T).
 template <typename T, int VEC, bool FP8>
 __global__ void __launch_bounds__(256) reshape_and_cache_kernel(CacheParams p) {
   using C = typename std::conditional<FP8, uint8_t, T>::type;
   const int64_t t = blockIdx.x;
   cuda::pdl_enter();
-  const int64_t slot = p.slots[t];
-  if (slot < 0 || slot >= p.num_slots) return;
-  const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
+  int64_t blk, off;
+  if (!slot_place(p.slots[t], p.num_slots, p.block_size, blk, off)) return;
   const int per_head = p.head_dim / VEC, nvec = p.heads * per_head;
   const float ks = FP8 ? *p.k_scale : 1.f, vs = FP8 ? *p.v_scale : 1.f;
   const T* __restrict__ k = static_cast<const T*>(p.k) + t * p.k_tok;
@@ -264,9 +272,8 @@ __global__ void __launch_bounds__(256) concat_and_cache_mla_kernel(MlaParams p) 
   using C = typename std::conditional<FP8, uint8_t, T>::type;
   const int64_t t = blockIdx.x;
   cuda::pdl_enter();
-  const int64_t slot = p.slots[t];
-  if (slot < 0 || slot >= p.num_slots) return;
-  const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
+  int64_t blk, off;
+  if (!slot_place(p.slots[t], p.num_slots, p.block_size, blk, off)) return;
   C* dst = static_cast<C*>(p.cache) + blk * p.cache_block + off * p.cache_page;
   const float scale = FP8 ? *p.scale : 1.f;
   mla_segment<T, C, VEC, FP8>(dst, static_cast<const T*>(p.kv_c) + t * p.c_tok, p.rank, scale);
