@@ -72,6 +72,27 @@ inline void copy_token(char* dst, const RowDst& o, const char* src, int64_t src_
   }
 }
 
+// token(t, blk, off) for every token t with a slot >= 0 (slots validated by the caller): block
+// and offset in the block. A small call (!parallel) enters no OpenMP region at all: `omp
+// parallel for if (false)` still forms a team of one in libgomp, about 0.2 us a call (as much as
+// a one-token copy).
+template <typename Token>
+inline void for_each_slot(const int64_t* slots, int64_t tokens, int64_t block_size, bool parallel,
+                          const Token& token) {
+  const auto one = [&](int64_t t) {
+    const int64_t s = slots[t];
+    if (s >= 0) token(t, s / block_size, s % block_size);
+  };
+  if (!parallel) {
+    for (int64_t t = 0; t < tokens; ++t) one(t);
+    return;
+  }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t t = 0; t < tokens; ++t) one(t);
+}
+
 inline RowDst key_dst(const CacheLayout& a) {
   return {a.kc_head, a.kc_dhi, a.kc_dlo, a.kx > 0 ? a.kx : a.head_dim};
 }
@@ -85,23 +106,11 @@ inline void reshape_and_cache_impl(const char* k, const char* v, char* kc, char*
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
   const int64_t elt = a.elt_bytes;
   const RowDst ko = key_dst(a), vo = value_dst(a);
-  const auto token = [&](int64_t t) {
-    const int64_t s = slots[t];
-    if (s < 0) return;
-    const int64_t blk = s / a.block_size, off = s % a.block_size;
+  const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 16);
+  for_each_slot(slots, a.tokens, a.block_size, parallel, [&](int64_t t, int64_t blk, int64_t off) {
     copy_token(kc + (blk * a.kc_block + off * a.kc_page) * elt, ko, k + t * a.k_tok * elt, a.k_head, a);
     copy_token(vc + (blk * a.vc_block + off * a.vc_page) * elt, vo, v + t * a.v_tok * elt, a.v_head, a);
-  };
-  // A small call enters no OpenMP region at all: `omp parallel for if (false)` still forms a
-  // team of one in libgomp, about 0.2 us a call (as much as a one-token copy).
-  if (a.tokens <= 1 || a.tokens * a.heads * a.head_dim < (1 << 16)) {
-    for (int64_t t = 0; t < a.tokens; ++t) token(t);
-    return;
-  }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-  for (int64_t t = 0; t < a.tokens; ++t) token(t);
+  });
 }
 
 // q[0..n) = e4m3(x[i] / scale) (branch-free: the loop vectorizes).
@@ -127,25 +136,15 @@ void reshape_and_cache_fp8_impl(const T* k, const T* v, uint8_t* kc, uint8_t* vc
                                 const CacheLayout& a, float k_scale, float v_scale) {
   if (a.tokens == 0 || a.heads * a.head_dim == 0) return;
   const RowDst ko = key_dst(a), vo = value_dst(a);
-  const auto token = [&](int64_t t) {
-    const int64_t s = slots[t];
-    if (s < 0) return;
-    const int64_t blk = s / a.block_size, off = s % a.block_size;
+  const bool parallel = a.tokens > 1 && a.tokens * a.heads * a.head_dim >= (1 << 15);
+  for_each_slot(slots, a.tokens, a.block_size, parallel, [&](int64_t t, int64_t blk, int64_t off) {
     uint8_t* kd = kc + blk * a.kc_block + off * a.kc_page;
     uint8_t* vd = vc + blk * a.vc_block + off * a.vc_page;
     for (int64_t h = 0; h < a.heads; ++h) {
       quantize_head(kd + h * a.kc_head, ko, k + t * a.k_tok + h * a.k_head, a.head_dim, k_scale);
       quantize_head(vd + h * a.vc_head, vo, v + t * a.v_tok + h * a.v_head, a.head_dim, v_scale);
     }
-  };
-  if (a.tokens <= 1 || a.tokens * a.heads * a.head_dim < (1 << 15)) {  // no OpenMP region (above)
-    for (int64_t t = 0; t < a.tokens; ++t) token(t);
-    return;
-  }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-  for (int64_t t = 0; t < a.tokens; ++t) token(t);
+  });
 }
 
 // -- the block ops ----------------------------------------------------------------------------
@@ -168,37 +167,32 @@ struct MlaLayout {
   int64_t tokens, rank, pe, block_size, c_tok, pe_tok, cache_block, cache_page;  // strides in elements
 };
 
+// row(t, e): token t's entry, at element e of the cache (slots validated, -1 skipped); in
+// parallel from `parallel_from` elements written.
+template <typename Row>
+inline void for_each_mla_slot(const int64_t* slots, const MlaLayout& a, int64_t parallel_from, const Row& row) {
+  const bool parallel = a.tokens > 1 && a.tokens * (a.rank + a.pe) >= parallel_from;
+  for_each_slot(slots, a.tokens, a.block_size, parallel, [&](int64_t t, int64_t blk, int64_t off) {
+    row(t, blk * a.cache_block + off * a.cache_page);
+  });
+}
+
 inline void concat_and_cache_mla_impl(const char* kv_c, const char* k_pe, char* cache, const int64_t* slots,
                                       const MlaLayout& a, int64_t elt) {
-  const bool parallel = a.tokens > 1 && a.tokens * (a.rank + a.pe) >= (1 << 16);
-  (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
-#endif
-  for (int64_t t = 0; t < a.tokens; ++t) {
-    const int64_t s = slots[t];
-    if (s < 0) continue;
-    char* dst = cache + ((s / a.block_size) * a.cache_block + (s % a.block_size) * a.cache_page) * elt;
+  for_each_mla_slot(slots, a, 1 << 16, [&](int64_t t, int64_t e) {
+    char* dst = cache + e * elt;
     std::memcpy(dst, kv_c + t * a.c_tok * elt, a.rank * elt);
     std::memcpy(dst + a.rank * elt, k_pe + t * a.pe_tok * elt, a.pe * elt);
-  }
+  });
 }
 
 template <typename T>
 void concat_and_cache_mla_fp8_impl(const T* kv_c, const T* k_pe, uint8_t* cache, const int64_t* slots,
                                    const MlaLayout& a, float scale) {
-  const bool parallel = a.tokens > 1 && a.tokens * (a.rank + a.pe) >= (1 << 15);
-  (void)parallel;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (parallel)
-#endif
-  for (int64_t t = 0; t < a.tokens; ++t) {
-    const int64_t s = slots[t];
-    if (s < 0) continue;
-    uint8_t* dst = cache + (s / a.block_size) * a.cache_block + (s % a.block_size) * a.cache_page;
-    quantize_row(dst, kv_c + t * a.c_tok, a.rank, scale);
-    quantize_row(dst + a.rank, k_pe + t * a.pe_tok, a.pe, scale);
-  }
+  for_each_mla_slot(slots, a, 1 << 15, [&](int64_t t, int64_t e) {
+    quantize_row(cache + e, kv_c + t * a.c_tok, a.rank, scale);
+    quantize_row(cache + e + a.rank, k_pe + t * a.pe_tok, a.pe, scale);
+  });
 }
 
 // gather_cache: sequence b's tokens [cu[b], cu[b+1]) from the blocks of its block_table row
@@ -236,18 +230,23 @@ inline void gather_cache_impl(const char* src, char* dst, const int32_t* table, 
 namespace opmux {
 namespace kvcache_cpu {
 
-void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cache, TensorView value_cache,
-                           TensorView slot_mapping, TensorView k_scale, TensorView v_scale, bool fp8) {
-  const char* op = "opmux.reshape_and_cache";
-  CacheArgs a = check_cache_args(op, kDLCPU, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, fp8);
-  const int64_t* slots = data_ptr<const int64_t>(slot_mapping);
-  const int64_t num_slots = a.num_blocks * a.block_size;
-  const int64_t t = first_bad_slot(slots, a.tokens, num_slots);
+// Every slot in [0, num_slots) or -1 (skip), checked before the first write: else ValueError
+// naming the first bad one.
+inline void check_slots(const char* op, const int64_t* slots, int64_t tokens, int64_t num_slots) {
+  const int64_t t = first_bad_slot(slots, tokens, num_slots);
   if (t >= 0) {
     TVM_FFI_THROW(ValueError) << op << ": slot_mapping[" << t << "] = " << slots[t]
                               << " is out of range: valid slots are [0, " << num_slots
                               << ") (num_blocks * block_size), or -1 to skip";
   }
+}
+
+void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cache, TensorView value_cache,
+                           TensorView slot_mapping, TensorView k_scale, TensorView v_scale, bool fp8) {
+  const char* op = "opmux.reshape_and_cache";
+  CacheArgs a = check_cache_args(op, kDLCPU, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, fp8);
+  const int64_t* slots = data_ptr<const int64_t>(slot_mapping);
+  check_slots(op, slots, a.tokens, a.num_blocks * a.block_size);
   CacheLayout l;
   l.tokens = a.tokens;
   l.heads = a.heads;
@@ -304,13 +303,7 @@ void concat_and_cache_mla_cpu(TensorView kv_c, TensorView k_pe, TensorView kv_ca
   const char* op = "opmux.concat_and_cache_mla";
   const MlaArgs m = check_mla_args(op, kDLCPU, kv_c, k_pe, kv_cache, slot_mapping, scale, fp8);
   const int64_t* slots = data_ptr<const int64_t>(slot_mapping);
-  const int64_t num_slots = m.num_blocks * m.block_size;
-  const int64_t t = first_bad_slot(slots, m.tokens, num_slots);
-  if (t >= 0) {
-    TVM_FFI_THROW(ValueError) << op << ": slot_mapping[" << t << "] = " << slots[t]
-                              << " is out of range: valid slots are [0, " << num_slots
-                              << ") (num_blocks * block_size), or -1 to skip";
-  }
+  check_slots(op, slots, m.tokens, m.num_blocks * m.block_size);
   const MlaLayout l{m.tokens, m.rank, m.pe, m.block_size, m.c_tok, m.pe_tok, m.cache_block, m.cache_page};
   if (!fp8) {
     concat_and_cache_mla_impl(data_ptr<const char>(kv_c), data_ptr<const char>(k_pe), data_ptr<char>(kv_cache), slots,
