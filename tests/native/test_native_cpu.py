@@ -172,7 +172,7 @@ def test_silu_and_mul(mod, dtype, rows, d):
     g = torch.Generator().manual_seed(rows * 131 + d)
     x = (3 * torch.randn(rows, 2 * d, generator=g)).to(dtype)
     out = torch.full((rows, d), float("nan"), dtype=dtype)
-    mod["silu_and_mul_cpu"](out, x)
+    mod["silu_and_mul_cpu"](out, x, False)
     _close(out, silu_and_mul_ref(x), dtype)
 
 
@@ -200,7 +200,7 @@ def test_strided_rows(mod, dtype):
 
     xa = torch.randn(4, 300, generator=g).to(dtype)[:, 1:259]  # d = 129, rows strided
     o = torch.zeros(4, 150, dtype=dtype)[:, 2:131]
-    mod["silu_and_mul_cpu"](o, xa)
+    mod["silu_and_mul_cpu"](o, xa, False)
     _close(o, silu_and_mul_ref(xa), dtype)
 
 
@@ -223,12 +223,12 @@ def test_large_new_outputs(libs, dtype):
     d = 3000
     xa = (3 * torch.randn((20 << 20) // (d * dtype.itemsize), 2 * d, generator=g)).to(dtype)
     small = torch.empty(2, d, dtype=dtype)
-    m["silu_and_mul_cpu"](small, xa[-2:])
+    m["silu_and_mul_cpu"](small, xa[-2:], False)
     out = torch.empty(xa.shape[0], d, dtype=dtype)
-    m["silu_and_mul_cpu"](out, xa)
+    m["silu_and_mul_cpu"](out, xa, False)
     assert torch.equal(out[-2:], small)
     wide = torch.zeros(xa.shape[0], d + 5, dtype=dtype)
-    m["silu_and_mul_cpu"](wide[:, :d], xa)
+    m["silu_and_mul_cpu"](wide[:, :d], xa, False)
     assert torch.equal(wide[:, :d], out) and torch.all(wide[:, d:] == 0)
 
 
@@ -284,13 +284,15 @@ def test_errors(libs):
     with pytest.raises(ValueError, match=r"different tensors"):
         m["fused_add_rmsnorm_cpu"](x, x, w, 1e-6)
     with pytest.raises(ValueError, match=r"opmux.silu_and_mul: x.shape\[1\] must be even"):
-        m["silu_and_mul_cpu"](torch.empty(4, 4), torch.randn(4, 9))
+        m["silu_and_mul_cpu"](torch.empty(4, 4), torch.randn(4, 9), False)
     with pytest.raises(ValueError, match=r"out.shape\[1\] is 3"):
-        m["silu_and_mul_cpu"](torch.empty(4, 3), x)
+        m["silu_and_mul_cpu"](torch.empty(4, 3), x, False)
     with pytest.raises(ValueError, match=r"silu_and_mul: .*contiguous"):
-        m["silu_and_mul_cpu"](torch.empty(4, 4), torch.randn(8, 4).t())
+        m["silu_and_mul_cpu"](torch.empty(4, 4), torch.randn(8, 4).t(), False)
     with pytest.raises(ValueError, match=r"supported dtypes"):
-        m["silu_and_mul_cpu"](torch.empty(4, 4, dtype=torch.int32), torch.empty(4, 8, dtype=torch.int32))
+        m["silu_and_mul_cpu"](
+            torch.empty(4, 4, dtype=torch.int32), torch.empty(4, 8, dtype=torch.int32), False
+        )
 
 
 def test_conversions_exhaustive(libs):

@@ -93,7 +93,7 @@ def _gated(name: str, input: Tensor, out: Tensor | None) -> Tensor:
         _direct.need(input.ndim == out.ndim, f"{input.ndim} != {out.ndim}", bad)
         _direct.need(input.shape[:-1] == out.shape[:-1], f"{input.shape[:-1]} != {out.shape[:-1]}", bad)
         _direct.need(input.shape[-1] == 2 * out.shape[-1], f"{input.shape[-1]} != {2 * out.shape[-1]}", bad)
-    return getattr(_ops("activation"), name)(input, out)  # type: ignore[no-any-return]
+    return getattr(_ops("activation"), name)(input, out=out)  # type: ignore[no-any-return]
 
 
 def silu_and_mul(input: Tensor, out: Tensor | None = None) -> Tensor:

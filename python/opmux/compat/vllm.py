@@ -1,9 +1,10 @@
 """``vllm._custom_ops`` names and signatures (and the ``torch.ops._C`` activations), running
 opmux's kernels (docs/compat.md).
 
-The conventions are vLLM's where they differ from opmux's native API: the gated activations
-round the activation to the input dtype before the product (as vLLM's kernels do, bit for
-bit); dynamic per-token and group fp8 quantization divide by the scale (opmux multiplies by its
+The conventions are vLLM's where they differ from opmux's native API: the activations and
+rotary_embedding run their ops' ``vllm_rounding`` kernel mode (the gated activations round the
+activation to the input dtype before the product, as vLLM's kernels do, bit for bit); dynamic
+per-token and group fp8 quantization divide by the scale (opmux multiplies by its
 reciprocal), static and per-tensor quantization multiply by the reciprocal (as vLLM does); MoE
 alignment writes expert id 0 in unused blocks; ``topk_softmax`` fills ``token_expert_indices``.
 Importing this module imports no torch.
@@ -120,25 +121,10 @@ def fused_add_rms_norm_static_fp8_quant(
 
 # -- activations (torch.ops._C.<name>(out, input)) --------------------------------------------
 def _gated(name: str, out: Tensor, input: Tensor) -> None:
-    """vLLM computes ``act(x)`` in fp32, rounds it to the input dtype, then multiplies in the
-    input dtype (a second rounding). float32 has nothing to round: opmux's kernel writes
-    ``out``; half types follow vLLM exactly (opmux's kernel rounds once, in fp32)."""
-    if input.dtype == torch.float32:
-        getattr(_ops("activation"), name)(input, out)
-        return
-    d = input.shape[-1] // 2
-    _direct.need(
-        input.shape[-1] == 2 * d and tuple(out.shape) == (*input.shape[:-1], d),
-        f"activation.{name}: out has shape {tuple(out.shape)}, expected {(*input.shape[:-1], d)}",
-    )
-    gate = input[..., :d].float()
-    F = torch.nn.functional
-    act = (
-        F.silu(gate)
-        if name == "silu_and_mul"
-        else F.gelu(gate, approximate="tanh" if "tanh" in name else "none")
-    )
-    torch.mul(act.to(input.dtype), input[..., d:], out=out)
+    """vLLM computes ``act(x)`` in fp32 (IEEE ``expf`` / ``erff`` / ``tanhf`` and division), rounds
+    it to the input dtype, then multiplies in the input dtype (a second rounding; float32 has
+    nothing to round): opmux's activation op in its ``vllm_rounding`` kernel mode, into ``out``."""
+    getattr(_ops("activation"), name)(input, True, out)
 
 
 def silu_and_mul(out: Tensor, input: Tensor) -> None:

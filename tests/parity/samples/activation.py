@@ -42,11 +42,13 @@ def _gelu_samples(device: str, dtype: torch.dtype) -> list[Sample]:
 
 
 def silu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    return _samples(device, dtype)
+    base = _samples(device, dtype)
+    return [*base, *_with(base, "vllm-rounding", vllm_rounding=True)]
 
 
 def gelu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    return _gelu_samples(device, dtype)
+    base = _gelu_samples(device, dtype)
+    return [*base, *_with(base, "vllm-rounding", vllm_rounding=True)]
 
 
 def _invalid(device: str) -> Invalid:
@@ -67,7 +69,8 @@ def _invalid(device: str) -> Invalid:
 
 
 def silu_and_mul_invalid(device: str) -> Invalid:
-    return _invalid(device)
+    x = torch.randn(4, 16, device=device)
+    return [*_invalid(device), ("rounding-not-bool", (x,), {"vllm_rounding": 1}, TypeError, "vllm_rounding")]
 
 
 gelu_and_mul_invalid = silu_and_mul_invalid
@@ -86,9 +89,7 @@ def _clamp_sweep(device: str, dtype: torch.dtype, pairs: bool) -> Sample:
     return Sample("clamp-sweep", (torch.stack([row, row.flip(0)]).to(dtype=dtype, device=device),))
 
 
-def mul_and_silu_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    base = _samples(device, dtype)
-    return [*base, *_with(base, "vllm-rounding", vllm_rounding=True)]
+mul_and_silu_samples = silu_and_mul_samples
 
 
 def fatrelu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
@@ -126,9 +127,7 @@ def gelu_quick_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     return out
 
 
-def mul_and_silu_invalid(device: str) -> Invalid:
-    x = torch.randn(4, 16, device=device)
-    return [*_invalid(device), ("rounding-not-bool", (x,), {"vllm_rounding": 1}, TypeError, "vllm_rounding")]
+mul_and_silu_invalid = silu_and_mul_invalid
 
 
 def fatrelu_and_mul_invalid(device: str) -> Invalid:

@@ -83,6 +83,16 @@ struct GeluTanh {
 struct SiluIeee {
   static float apply(float g) { return g / (1.0f + std::exp(-g)); }
 };
+struct GeluIeee {  // vLLM's gelu_kernel: f * 0.5 * (1 + erf(f / sqrt 2))
+  static float apply(float g) { return g * 0.5f * (1.0f + std::erf(g * 0.70710678118654752f)); }
+};
+struct GeluTanhIeee {  // vLLM's gelu_tanh_kernel
+  static float apply(float g) {
+    constexpr float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
+    const float cube = g * g * g;
+    return 0.5f * g * (1.0f + std::tanh(kBeta * (g + kKappa * cube)));
+  }
+};
 // gelu_new / gelu_fast in vLLM's rounding (csrc/activation_kernels.cu): each step rounded to T
 // (rt), tanh by libm; float32 rounds nothing. Scalar (kScalarAct): libm calls do not vectorize.
 template <typename T>
@@ -112,10 +122,10 @@ constexpr bool kScalarAct<GeluNewVllm<T>> = true;
 template <typename T>
 constexpr bool kScalarAct<GeluFastVllm<T>> = true;
 
-template <typename T>
+template <typename T, typename Ieee = SiluIeee>
 void gated_vllm_row(T* o, const T* a, const T* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
-    o[i] = from_float<T>(to_float(from_float<T>(SiluIeee::apply(to_float(a[i])))) * to_float(b[i]));
+    o[i] = from_float<T>(to_float(from_float<T>(Ieee::apply(to_float(a[i])))) * to_float(b[i]));
 }
 
 // One row, in chunks through a float buffer: convert, activate, multiply, convert back. Each
@@ -315,6 +325,11 @@ OPMUX_CPU_INLINE void act_piece(int level, T* o, const T* a, int64_t n) {
 // vLLM's rounding, scalar libm: see gated_vllm_row).
 enum Layout { kHalves, kSwapped, kPairs, kVllmHalves, kVllmSwapped };
 
+// The libm form of an activation, for vLLM's rounding (Silu's for mul_and_silu).
+template <typename Act> struct IeeeOf { using type = SiluIeee; };
+template <> struct IeeeOf<Gelu> { using type = GeluIeee; };
+template <> struct IeeeOf<GeluTanh> { using type = GeluTanhIeee; };
+
 template <typename T, typename Act, Layout L = kHalves>
 void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t rows,
                 int64_t d, ActParams p = {}) {
@@ -334,8 +349,8 @@ void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_
     if constexpr (L == kHalves) gated_piece<T, Act>(level, o, a, a + d, n, p);
     if constexpr (L == kSwapped) gated_piece<T, Act>(level, o, a + d, a, n, p);
     if constexpr (L == kPairs) oai_row<T>(o, x + r * x_stride + 2 * i0, n, p);
-    if constexpr (L == kVllmHalves) gated_vllm_row<T>(o, a, a + d, n);
-    if constexpr (L == kVllmSwapped) gated_vllm_row<T>(o, a + d, a, n);
+    if constexpr (L == kVllmHalves) gated_vllm_row<T, typename IeeeOf<Act>::type>(o, a, a + d, n);
+    if constexpr (L == kVllmSwapped) gated_vllm_row<T, typename IeeeOf<Act>::type>(o, a + d, a, n);
   }
 }
 
@@ -417,9 +432,17 @@ void gelu_fast_cpu(TensorView out, TensorView x, bool vllm_rounding) {
 }
 void gelu_quick_cpu(TensorView out, TensorView x) { run_act<GeluQuick>("opmux.gelu_quick", out, x); }
 
-void silu_and_mul_cpu(TensorView out, TensorView x) { run<Silu>("opmux.silu_and_mul", out, x); }
-void gelu_and_mul_cpu(TensorView out, TensorView x) { run<Gelu>("opmux.gelu_and_mul", out, x); }
-void gelu_tanh_and_mul_cpu(TensorView out, TensorView x) {
+// vllm_rounding: vLLM's roundings (gated_vllm_row, libm); else opmux's (fp32, one rounding).
+void silu_and_mul_cpu(TensorView out, TensorView x, bool vllm_rounding) {
+  if (vllm_rounding) return run<Silu, kVllmHalves>("opmux.silu_and_mul", out, x);
+  run<Silu>("opmux.silu_and_mul", out, x);
+}
+void gelu_and_mul_cpu(TensorView out, TensorView x, bool vllm_rounding) {
+  if (vllm_rounding) return run<Gelu, kVllmHalves>("opmux.gelu_and_mul", out, x);
+  run<Gelu>("opmux.gelu_and_mul", out, x);
+}
+void gelu_tanh_and_mul_cpu(TensorView out, TensorView x, bool vllm_rounding) {
+  if (vllm_rounding) return run<GeluTanh, kVllmHalves>("opmux.gelu_tanh_and_mul", out, x);
   run<GeluTanh>("opmux.gelu_tanh_and_mul", out, x);
 }
 

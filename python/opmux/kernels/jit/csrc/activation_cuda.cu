@@ -94,6 +94,22 @@ struct GeluFastVllm {
     return rt<T>(0.5f * x) * rt<T>(1.0f + t);
   }
 };
+// gelu (erf) and gelu_tanh in vLLM's rounding: its gelu_kernel / gelu_tanh_kernel (erff, tanhf,
+// IEEE division; torch's CUDA gelu is the same expression), rounded to T before the product.
+template <typename T>
+struct GeluVllm {
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams&) {
+    return to_float(from_float<T>(g * 0.5f * (1.0f + erff(g * 0.70710678118654752f)))) * u;
+  }
+};
+template <typename T>
+struct GeluTanhVllm {
+  static __device__ __forceinline__ float gated(float g, float u, const SiluParams&) {
+    constexpr float kBeta = 0.79788456080286536f, kKappa = 0.044715f;
+    const float cube = g * g * g;
+    return to_float(from_float<T>(0.5f * g * (1.0f + tanhf(kBeta * (g + kKappa * cube))))) * u;
+  }
+};
 // x * sigmoid(1.702 x), element-wise (Silu's accuracy note applies)
 struct GeluQuick {
   static __device__ __forceinline__ float apply(float g) {
@@ -323,8 +339,9 @@ void run_act(const char* op, TensorView out, TensorView x, bool vllm_rounding = 
   });
 }
 
-// mul_and_silu in vLLM's rounding: SiluVllm<T> per dtype.
-void run_mul_and_silu_vllm(const char* op, TensorView out, TensorView x) {
+// A gated op in vLLM's rounding: VllmAct<T> per dtype, in layout L.
+template <template <typename> class VllmAct, Layout L>
+void run_vllm(const char* op, TensorView out, TensorView x) {
   RowsArgs r = check_silu_and_mul_args(op, kDLCUDA, out, x);
   if (r.rows == 0 || r.hidden == 0) return;
   SiluParams p;
@@ -334,26 +351,29 @@ void run_mul_and_silu_vllm(const char* op, TensorView out, TensorView x) {
   p.x_stride = row_stride(op, "x", x);
   p.d = r.hidden;
   OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16, [&] {
-    launch_gated<SiluVllm<scalar_t>, scalar_t, kSwapped>(op, p, r.rows, r.device_id);
+    launch_gated<VllmAct<scalar_t>, scalar_t, L>(op, p, r.rows, r.device_id);
   });
 }
 
-void silu_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
+void silu_and_mul_cuda(TensorView out, TensorView x, bool vllm_rounding, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
+  if (vllm_rounding) return run_vllm<SiluVllm, kHalves>("opmux.silu_and_mul", out, x);
   run<Silu>("opmux.silu_and_mul", out, x);
 }
-void gelu_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
+void gelu_and_mul_cuda(TensorView out, TensorView x, bool vllm_rounding, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
+  if (vllm_rounding) return run_vllm<GeluVllm, kHalves>("opmux.gelu_and_mul", out, x);
   run<Gelu>("opmux.gelu_and_mul", out, x);
 }
-void gelu_tanh_and_mul_cuda(TensorView out, TensorView x, bool enable_pdl) {
+void gelu_tanh_and_mul_cuda(TensorView out, TensorView x, bool vllm_rounding, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
+  if (vllm_rounding) return run_vllm<GeluTanhVllm, kHalves>("opmux.gelu_tanh_and_mul", out, x);
   run<GeluTanh>("opmux.gelu_tanh_and_mul", out, x);
 }
 
 void mul_and_silu_cuda(TensorView out, TensorView x, bool vllm_rounding, bool enable_pdl) {
   cuda::PdlScope pdl(enable_pdl);
-  if (vllm_rounding) return run_mul_and_silu_vllm("opmux.mul_and_silu", out, x);
+  if (vllm_rounding) return run_vllm<SiluVllm, kSwapped>("opmux.mul_and_silu", out, x);
   run<Silu, kSwapped>("opmux.mul_and_silu", out, x);
 }
 void fatrelu_and_mul_cuda(TensorView out, TensorView x, double threshold, bool enable_pdl) {

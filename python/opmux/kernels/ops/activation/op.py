@@ -53,6 +53,16 @@ def check(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...
     return (_checks.rows(op, "out", out, d), _checks.rows(op, "x", x, 2 * d)), out
 
 
+def check_vllm_rounding(
+    op: str, x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None
+) -> tuple[tuple[Any, ...], Tensor]:
+    """check's contract plus the kernel mode (a bool): kernel arguments (out, x, vllm_rounding)."""
+    if vllm_rounding is not False and not isinstance(vllm_rounding, bool):
+        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
+    args, out = check(op, x, out)
+    return (*args, vllm_rounding), out
+
+
 def _gated(act: Act, x: Tensor, fp32: bool) -> Tensor:
     d = x.shape[-1] // 2
     xf = x.float() if fp32 and x.dtype != torch.float64 else x
@@ -74,23 +84,31 @@ def _gelu_tanh(x: Tensor) -> Tensor:
     return x * torch.sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
 
 
-def reference(x: Tensor, out: Tensor | None = None, *, act: Act) -> Tensor:
-    y = _gated(act, x, fp32=True)
+def _gated_vllm(act: Act, x: Tensor) -> Tensor:
+    """vLLM's rounding: act of the gate in fp32, rounded to x's dtype, then the product in it."""
+    d = x.shape[-1] // 2
+    return act(x[..., :d].float()).to(x.dtype) * x[..., d:]
+
+
+def reference(x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None, *, act: Act) -> Tensor:
+    y = _gated_vllm(act, x) if vllm_rounding else _gated(act, x, fp32=True)
     return y if out is None else out.copy_(y)
 
 
-def torch_gated(out: Tensor, x: Tensor, *, approximate: str | None) -> None:
+def torch_gated(out: Tensor, x: Tensor, vllm_rounding: bool, *, approximate: str | None) -> None:
     F = torch.nn.functional
     act = F.silu if approximate is None else partial(F.gelu, approximate=approximate)
-    out.copy_(_gated(act, x, fp32=False))
+    out.copy_(_gated_vllm(act, x) if vllm_rounding else _gated(act, x, fp32=False))
 
 
 # torch's own gelu ignores `approximate` on NPU (always tanh); npu_gelu honours it. npu_geglu
 # is not used: which half it activates differs across torch_npu releases.
-def npu_gated(out: Tensor, x: Tensor, *, approximate: str | None) -> None:
+def npu_gated(out: Tensor, x: Tensor, vllm_rounding: bool, *, approximate: str | None) -> None:
     import torch_npu  # vendor library, present only on Ascend hosts
 
-    if approximate is None:
+    if vllm_rounding:
+        torch_gated(out, x, vllm_rounding, approximate=approximate)
+    elif approximate is None:
         out.copy_(torch_npu.npu_swiglu(x, dim=-1))
     else:
         out.copy_(_gated(partial(torch_npu.npu_gelu, approximate=approximate), x, fp32=False))
@@ -98,9 +116,10 @@ def npu_gated(out: Tensor, x: Tensor, *, approximate: str | None) -> None:
 
 silu_and_mul = declare(
     "activation.silu_and_mul",
-    "(Tensor x, Tensor(a!)? out=None) -> Tensor",
-    doc="x: [..., 2d] -> silu(x[..., :d]) * x[..., d:], in fp32",
-    check=check,
+    "(Tensor x, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor",
+    doc="x: [..., 2d] -> silu(x[..., :d]) * x[..., d:], in fp32; vllm_rounding: the activation by IEEE "
+    "expf / erff / tanhf and division, rounded to x's dtype, then the product in x's dtype (vLLM's kernel)",
+    check=check_vllm_rounding,
     reference=partial(reference, act=_silu),
     torch=partial(torch_gated, approximate=None),
     torch_npu=partial(npu_gated, approximate=None),
@@ -129,15 +148,6 @@ def _finite(op: str, name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ValueError(f"{op}: {name} must be a finite number, got {v!r}")
     return float(v)
-
-
-def check_vllm_rounding(
-    op: str, x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None
-) -> tuple[tuple[Any, ...], Tensor]:
-    if not isinstance(vllm_rounding, bool):
-        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
-    args, out = check(op, x, out)
-    return (*args, vllm_rounding), out
 
 
 def check_threshold(

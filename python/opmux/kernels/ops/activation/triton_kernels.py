@@ -99,8 +99,7 @@ def _gated(
         u = _clamp_hi(tl.where(b < -P1, -P1, b), P1)
         y = (u + 1.0) * _sig_div(g, -P0 * g)
     elif VLLM:  # vLLM's rounding: the activation rounded to the output dtype before the product
-        g = _sig_div(a, -a).to(Y.dtype.element_ty).to(tl.float32)
-        y = g * b
+        y = _act(a, ACT).to(Y.dtype.element_ty).to(tl.float32) * b
     else:
         y = _act(a, ACT) * b
     tl.store(Y + row * sy + cols, y.to(Y.dtype.element_ty), mask=mask)
@@ -190,16 +189,16 @@ def elementwise(x: torch.Tensor, y: torch.Tensor, act: str, vllm: int = 0) -> No
 
 
 # The kernel argument lists of the activation ops (see op.py): out [T, d], x [T, 2d].
-def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
-    gated(x, out, "silu")
+def silu_and_mul(out: torch.Tensor, x: torch.Tensor, vllm_rounding: bool) -> None:
+    gated(x, out, "silu", vllm=vllm_rounding)
 
 
-def gelu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
-    gated(x, out, "gelu")
+def gelu_and_mul(out: torch.Tensor, x: torch.Tensor, vllm_rounding: bool) -> None:
+    gated(x, out, "gelu", vllm=vllm_rounding)
 
 
-def gelu_tanh_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
-    gated(x, out, "gelu_tanh")
+def gelu_tanh_and_mul(out: torch.Tensor, x: torch.Tensor, vllm_rounding: bool) -> None:
+    gated(x, out, "gelu_tanh", vllm=vllm_rounding)
 
 
 def mul_and_silu(out: torch.Tensor, x: torch.Tensor, vllm_rounding: bool) -> None:
