@@ -274,18 +274,25 @@ def _align_bound(numel: int, num_experts: int, block_size: int) -> int:
     return numel + min(num_experts, numel) * (block_size - 1)
 
 
-def _vec_buffer(name: str, buf: Tensor, n: int, what: str, ref: Tensor) -> Tensor:
-    """A caller's int32 vector of at least ``n`` elements (dense); the kernels write all of it."""
-    _checks.tensor(_AL, name, buf)
-    _checks.exact_dtype(_AL, name, buf, torch.int32)
-    _checks.same_device(_AL, "topk_ids", ref, **{name: buf})
+def _int32_vector(op: str, ref_name: str, name: str, buf: Tensor, n: int, what: str, ref: Tensor) -> Tensor:
+    """A caller's int32 vector of at least ``n`` elements (dense, on ``ref``'s device, at most
+    2^31 - 1 elements as the kernels index it); the kernels write all of it."""
+    _checks.tensor(op, name, buf)
+    _checks.exact_dtype(op, name, buf, torch.int32)
+    _checks.same_device(op, ref_name, ref, **{name: buf})
     if buf.dim() != 1 or buf.shape[0] < n:
         raise ValueError(
-            f"{_AL}: {name} has shape {tuple(buf.shape)}, expected a vector of at least {n} ({what})"
+            f"{op}: {name} has shape {tuple(buf.shape)}, expected a vector of at least {n} ({what})"
         )
     if buf.shape[0] > 1 and buf.stride(0) != 1:
-        raise ValueError(f"{_AL}: {name} has stride {buf.stride(0)}; it must be dense")
+        raise ValueError(f"{op}: {name} has stride {buf.stride(0)}; it must be dense")
+    if buf.shape[0] >= 2**31:
+        raise ValueError(f"{op}: {name} has {buf.shape[0]} elements; at most {2**31 - 1}")
     return buf
+
+
+_vec_buffer = partial(_int32_vector, _AL, "topk_ids")  # moe_align_block_size's buffers
+_batched_buffer = partial(_int32_vector, _BA, "expert_num_tokens")  # batched_moe_align_block_size's
 
 
 def check_align(
@@ -643,22 +650,6 @@ def torch_align(
         cumsum[e : e + 1].copy_(total)
 
 
-def _batched_buffer(name: str, buf: Tensor, n: int, what: str, ref: Tensor) -> Tensor:
-    """A caller's int32 vector of at least ``n`` elements (dense); the kernels write all of it."""
-    _checks.tensor(_BA, name, buf)
-    _checks.exact_dtype(_BA, name, buf, torch.int32)
-    _checks.same_device(_BA, "expert_num_tokens", ref, **{name: buf})
-    if buf.dim() != 1 or buf.shape[0] < n:
-        raise ValueError(
-            f"{_BA}: {name} has shape {tuple(buf.shape)}, expected a vector of at least {n} ({what})"
-        )
-    if buf.shape[0] > 1 and buf.stride(0) != 1:
-        raise ValueError(f"{_BA}: {name} has stride {buf.stride(0)}; it must be dense")
-    if buf.shape[0] >= 2**31:
-        raise ValueError(f"{_BA}: {name} has {buf.shape[0]} elements; at most {2**31 - 1}")
-    return buf
-
-
 def check_batched(
     op: str,
     expert_num_tokens: Tensor,
@@ -779,6 +770,8 @@ def torch_batched(
     post[:1].copy_(total)
 
 
+# the routing ops: weights are float32 whatever the gating dtype; expert ids must match exactly
+_ROUTING_TOLERANCES = (*TOLERANCES, INT32_EXACT, ("int64", (0.0, 0.0)))
 topk_softmax = declare(
     _TK,
     "(Tensor gating_output, int topk, bool renormalize=False, Tensor? correction_bias=None, "
@@ -790,8 +783,7 @@ topk_softmax = declare(
     check=check_topk,
     reference=ref_topk,
     torch=torch_topk,
-    # weights are float32 whatever the gating dtype; expert ids must match exactly
-    tolerances=(*TOLERANCES, INT32_EXACT, ("int64", (0.0, 0.0))),
+    tolerances=_ROUTING_TOLERANCES,
 )
 moe_align_block_size = declare(
     _AL,
@@ -818,7 +810,7 @@ topk_sigmoid = declare(
     check=check_sigmoid,
     reference=ref_sigmoid,
     torch=torch_sigmoid,
-    tolerances=(*TOLERANCES, INT32_EXACT, ("int64", (0.0, 0.0))),
+    tolerances=_ROUTING_TOLERANCES,
 )
 batched_moe_align_block_size = declare(
     _BA,
