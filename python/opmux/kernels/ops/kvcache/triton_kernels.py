@@ -43,6 +43,21 @@ def _store(ptrs, x, scale, mask, FP8: tl.constexpr):
 
 
 @triton.jit
+def _token_slot(SLOTS, NSLOTS, BS, WIDTH, BLOCK: tl.constexpr):
+    """Program (t, chunk) of a slot-writing kernel: token t, the chunk's lanes ``offs`` into the
+    token's WIDTH elements, their mask (a negative or out-of-range slot masks every lane: the
+    token is skipped) and the slot's block and offset in the block (0 and 0 when skipped)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(SLOTS + t)
+    ok = (slot >= 0) & (slot < NSLOTS)
+    safe = tl.where(ok, slot, 0)
+    mask = offs < tl.where(ok, WIDTH, 0)
+    blk = safe // BS
+    return t, offs, mask, blk, safe - blk * BS
+
+
+@triton.jit
 def _reshape_and_cache(
     K,
     V,
@@ -74,18 +89,11 @@ def _reshape_and_cache(
     FP8: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    slot = tl.load(SLOTS + t)
-    ok = (slot >= 0) & (slot < NSLOTS)
-    safe = tl.where(ok, slot, 0)
-    mask = offs < tl.where(ok, H * D, 0)  # a skipped token masks every lane
+    t, offs, mask, blk, off = _token_slot(SLOTS, NSLOTS, BS, H * D, BLOCK)
     h = offs // D
     d = offs - h * D
     k = tl.load(K + t * skt + h * skh + d, mask=mask)
     v = tl.load(V + t * svt + h * svh + d, mask=mask)
-    blk = safe // BS
-    off = safe - blk * BS
     ks = 1.0
     vs = 1.0
     if FP8:
@@ -95,6 +103,13 @@ def _reshape_and_cache(
     vd = (d // vx) * vchi + (d % vx) * vclo
     _store(KC + blk * kcb + off * kcp + h * kch + kd, k, ks, mask, FP8)
     _store(VC + blk * vcb + off * vcp + h * vch + vd, v, vs, mask, FP8)
+
+
+def _token_grid(tokens: int, width: int) -> tuple[int, tuple[int, int]]:
+    """-> (BLOCK, grid) of a slot-writing kernel: a program per (token, chunk of BLOCK of its
+    ``width`` elements)."""
+    block = min(1024, triton.next_power_of_2(width))
+    return block, (tokens, triton.cdiv(width, block))
 
 
 def reshape_and_cache(
@@ -122,8 +137,7 @@ def reshape_and_cache(
         vst = (*value_cache.stride()[:3], 0, 1, d)
     if t == 0 or h * d == 0:
         return
-    block = min(1024, triton.next_power_of_2(h * d))
-    grid = (t, triton.cdiv(h * d, block))
+    block, grid = _token_grid(t, h * d)
     _reshape_and_cache[grid](
         key,
         value,
@@ -188,21 +202,15 @@ def _concat_and_cache_mla(
 ):
     """Program (t, chunk): elements [chunk * BLOCK, ...) of token t's [kv_c | k_pe] row at its
     slot; a negative or out-of-range slot masks every store."""
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    slot = tl.load(SLOTS + t)
-    ok = (slot >= 0) & (slot < NSLOTS)
-    safe = tl.where(ok, slot, 0)
-    mask = offs < tl.where(ok, R + P, 0)
+    t, offs, mask, blk, off = _token_slot(SLOTS, NSLOTS, BS, R + P, BLOCK)
     in_c = offs < R
     x = tl.load(KVC + t * sc + offs, mask=mask & in_c, other=0.0)
     y = tl.load(KPE + t * sp + (offs - R), mask=mask & (offs >= R), other=0.0)
     v = tl.where(in_c, x, y)
-    blk = safe // BS
     s = 1.0
     if FP8:
         s = tl.load(SCALE)
-    _store(CACHE + blk * cb + (safe - blk * BS) * cp + offs, v, s, mask, FP8)
+    _store(CACHE + blk * cb + off * cp + offs, v, s, mask, FP8)
 
 
 def concat_and_cache_mla(
@@ -218,8 +226,8 @@ def concat_and_cache_mla(
     if t == 0 or r + p == 0:
         return
     nb, bs = kv_cache.shape[:2]
-    block = min(1024, triton.next_power_of_2(r + p))
-    _concat_and_cache_mla[(t, triton.cdiv(r + p, block))](
+    block, grid = _token_grid(t, r + p)
+    _concat_and_cache_mla[grid](
         kv_c,
         k_pe,
         kv_cache,
