@@ -80,8 +80,9 @@ def test_opcheck_layernorm_and_activation() -> None:
     torch.library.opcheck(torch.ops.opmux.rmsnorm.default, (x, w, 1e-6))
     torch.library.opcheck(torch.ops.opmux.rmsnorm_out.default, (torch.empty_like(x), x, w, 1e-6))
     torch.library.opcheck(torch.ops.opmux.fused_add_rmsnorm.default, (x.clone(), x.clone(), w, 1e-6))
-    torch.library.opcheck(torch.ops.opmux.silu_and_mul.default, (x,))
-    torch.library.opcheck(torch.ops.opmux.silu_and_mul_out.default, (torch.empty(3, 8), x))
+    torch.library.opcheck(torch.ops.opmux.silu_and_mul.default, (x, False))
+    torch.library.opcheck(torch.ops.opmux.silu_and_mul.default, (x, True))  # the vllm_rounding mode
+    torch.library.opcheck(torch.ops.opmux.silu_and_mul_out.default, (torch.empty(3, 8), x, False))
 
 
 def test_fake_impl_rejects_bad_shapes_while_tracing() -> None:
