@@ -248,11 +248,16 @@ def _reachable(delta: int, dims: list[tuple[int, int, int]]) -> bool:
     return any(_reachable(delta - k * s, rest) for k in range(lo, hi + 1))
 
 
+def is_fake(t: torch.Tensor) -> bool:
+    """A torch.compile fake tensor: it has no data pointer, so identity checks wait for the real call."""
+    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", None)
+    return fake is not None and isinstance(t, fake)
+
+
 def no_caller_outputs_when_compiling(op: str, names: str, *bufs: torch.Tensor | None) -> None:
     """Caller's output buffers are refused on fake tensors (torch.compile): the library op would
     return aliases of its inputs, which torch.compile does not support (wrong results seen)."""
-    fake = getattr(getattr(torch, "_subclasses", None), "FakeTensor", None)
-    if fake is not None and any(b is not None and isinstance(b, fake) for b in bufs):
+    if any(b is not None and is_fake(b) for b in bufs):
         raise NotImplementedError(
             f"{op}: {names} are not supported under torch.compile yet; call without them and use "
             "the returned tensors"
