@@ -94,6 +94,8 @@ def test_reshape_and_cache_flash(kv_cache_factory_flashinfer, layout, kv_cache_d
     one = torch.tensor(1.0)
     opcheck(torch.ops._C_cache_ops.reshape_and_cache_flash,
             (key, value, kc[0], vc[0], slots, kv_cache_dtype, one, one), test_utils=DEFAULT_OPCHECK_TEST_UTILS)
+    # opcheck runs the op on copies (as torch.library.opcheck does); vLLM's test then calls it
+    ops.reshape_and_cache_flash(key, value, kc[0], vc[0], slots, kv_cache_dtype, one, one)
     got = torch.empty_like(kc[0], dtype=torch.float16)
     ops.convert_fp8(got, kc[0], 1.0) if kv_cache_dtype == "fp8" else got.copy_(kc[0])
     torch.testing.assert_close(got[30 // 8, 30 % 8].float(), key[1], atol=0.001, rtol=0.1)
