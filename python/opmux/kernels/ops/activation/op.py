@@ -56,8 +56,24 @@ def check(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...
 def check_vllm_rounding(
     op: str, x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None
 ) -> tuple[tuple[Any, ...], Tensor]:
-    """check's contract plus the kernel mode (a bool): kernel arguments (out, x, vllm_rounding)."""
-    if vllm_rounding is not False and not isinstance(vllm_rounding, bool):
+    """check's contract plus the kernel mode (a bool): kernel arguments (out, x, vllm_rounding).
+    The serving call's lane is check's, inline (a call frame less: about 0.2 us a call)."""
+    try:
+        xs = x.shape
+        if (
+            out is None
+            and type(vllm_rounding) is bool
+            and len(xs) == 2
+            and xs[1] % 2 == 0
+            and x.dtype in _checks.FLOAT_DTYPES
+            and (xs[1] == 0 or x.stride()[1] == 1)
+            and isinstance(x, torch.Tensor)
+        ):
+            out = x.new_empty(xs[0], xs[1] // 2)  # x's dtype and device, dense
+            return (out, x, vllm_rounding), out
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
+    if not isinstance(vllm_rounding, bool):
         raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
     args, out = check(op, x, out)
     return (*args, vllm_rounding), out
