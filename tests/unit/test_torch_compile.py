@@ -160,3 +160,15 @@ def test_public_functions_check_for_dynamo_once_it_is_imported(tmp_path: Path) -
     env["OPMUX_CACHE_DIR"] = str(tmp_path / "c")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
+
+
+def test_library_ops_take_the_signature_defaults() -> None:
+    x, w = torch.randn(3, 16), torch.randn(16)
+    for name in ("layernorm.rmsnorm", "activation.silu_and_mul", "moe.topk_softmax"):
+        _public(name)
+    schema = str(torch.ops.opmux.silu_and_mul.default._schema)
+    assert "bool vllm_rounding=False" in schema, schema
+    torch.testing.assert_close(torch.ops.opmux.rmsnorm(x, w), _public("layernorm.rmsnorm")(x, w))
+    torch.testing.assert_close(torch.ops.opmux.silu_and_mul(x), _public("activation.silu_and_mul")(x))
+    w8, ids = torch.ops.opmux.topk_softmax(x, 2)
+    assert w8.shape == ids.shape == (3, 2)

@@ -546,13 +546,16 @@ class FusedOp(Generic[R]):
 
     def _define(self, name: str, params: tuple[Param, ...], returns: str, fn: Callable[..., Any]) -> None:
         decl = self.decl
-        order = [p.name for p in params]
-        public_order = [p.name for p in decl.params]
-
-        def fake(*args: Any) -> Any:
-            by_name = dict(zip(order, args, strict=True))
-            result = decl.check(decl.name, *(by_name.get(n) for n in public_order))[1]
-            return None if returns == "()" else result
+        present = {p.name for p in params}
+        # the schema carries the signature's defaults, so a call may leave trailing ones out:
+        # the fake binds its arguments as the signature does (a parameter the library op lacks,
+        # e.g. ``out`` of the functional form, is None)
+        call = ", ".join(p.name if p.name in present else "None" for p in decl.params)
+        src = f"def fake({_sig(params)}):\n    RESULT = CHECK(OP, {call})[1]\n"
+        src += "    return None\n" if returns == "()" else "    return RESULT\n"
+        scope: dict[str, Any] = {"CHECK": decl.check, "OP": decl.name}
+        exec(src, scope)
+        fake = scope["fake"]
 
         aliases = iter(range(len(params)))
         schema = ", ".join(_schema_param(p, next(aliases)) for p in params)
@@ -677,4 +680,6 @@ class FusedOp(Generic[R]):
 
 def _schema_param(p: Param, alias: int) -> str:
     kind = f"Tensor(a{alias}!)" if p.written else p.type.rstrip("?")
-    return f"{kind}{'?' if p.type.endswith('?') else ''} {p.name}"
+    # the signature's defaults are the schema's too: torch.ops.opmux.silu_and_mul(x) works
+    default = "" if p.default is None else f"={p.default}"
+    return f"{kind}{'?' if p.type.endswith('?') else ''} {p.name}{default}"
