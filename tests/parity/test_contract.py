@@ -34,6 +34,12 @@ def _nan_rows(t: torch.Tensor, value: float = float("nan")) -> torch.Tensor:
     return t
 
 
+def _nan_bias(dev: str) -> torch.Tensor:
+    b = torch.rand(16, generator=_g(7)).to(dev) * 0.1
+    b[[4, 11]] = float("nan")
+    return b
+
+
 def _overlapping(dev: str) -> tuple[torch.Tensor, torch.Tensor]:
     buf = _r(6 * 16, dev=dev)
     return buf[:64].view(4, 16), buf[8:72].view(4, 16)  # the second starts half a row in
@@ -171,6 +177,13 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         ("topk-nan-row", tk, lambda: ((_nan_rows(x()), 3), {})),
         ("topk-nan-renormalize", tk, lambda: ((_nan_rows(x()), 3, True), {})),
         ("topk-one-nan", tk, lambda: (lambda t: (t.__setitem__((2, 5), float("nan")), ((t, 3), {}))[1])(x())),
+        # a NaN correction_bias: its key ranks first (as torch.sort has it), the weights stay finite
+        ("topk-nan-bias", tk, lambda: ((x(), 3), {"correction_bias": _nan_bias(dev), "renormalize": True})),
+        (
+            "topk-sigmoid-nan-bias",
+            "moe.topk_sigmoid",
+            lambda: ((x(), 3), {"correction_bias": _nan_bias(dev)}),
+        ),
         ("topk-zero", tk, lambda: ((x(), 0), {})),
         ("topk-requires-grad", tk, lambda: ((x().requires_grad_(), 2), {})),
         (

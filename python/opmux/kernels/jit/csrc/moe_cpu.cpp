@@ -47,9 +47,10 @@ struct TopkMode {
 // DeepSeek's mode. Softmax max and sum are branch-free loops that vectorize. Top-k of a
 // NaN-free row: one scan keeping the k best (key, index) pairs sorted, best first; an entry
 // only displaces strictly smaller keys, so of equal keys the lower index ranks first (the
-// k-pass "first index of the largest untaken key" order, -inf included). A row with a NaN takes
-// the plain k-pass scalar scan, in which NaN ranks above every number (as torch.sort has it)
-// and the weights are NaN (the softmax of a NaN row), like the reference.
+// k-pass "first index of the largest untaken key" order, -inf included). A row with a NaN key
+// (a NaN logit or correction_bias) takes the plain k-pass scalar scan, in which NaN ranks above
+// every number (as torch.sort has it); a NaN logit makes the weights NaN (the softmax of a NaN
+// row), like the reference.
 template <Scoring S, typename T, typename I>
 OPMUX_CPU_CLONES void topk_row(float* w, I* ids, const T* row, int64_t experts, int64_t k,
                                const TopkMode& mode, float* x, float* e, char* taken) {
@@ -70,7 +71,10 @@ OPMUX_CPU_CLONES void topk_row(float* w, I* ids, const T* row, int64_t experts, 
     sum = 1.f;
     for (int64_t i = 0; i < experts; ++i) e[i] = cpu::sigmoid_f(x[i]);
     if (mode.bias != nullptr) {
-      for (int64_t i = 0; i < experts; ++i) x[i] = e[i] + mode.bias[i];
+      for (int64_t i = 0; i < experts; ++i) {
+        x[i] = e[i] + mode.bias[i];
+        nan |= x[i] != x[i];  // a NaN bias: the key ranks first (the scan below), as the reference
+      }
     } else {
       for (int64_t i = 0; i < experts; ++i) x[i] = e[i];
     }
@@ -79,8 +83,12 @@ OPMUX_CPU_CLONES void topk_row(float* w, I* ids, const T* row, int64_t experts, 
       e[i] = cpu::exp_f(x[i] - m);
       sum += e[i];
     }
-    if (mode.bias != nullptr && !mode.bias_on_logits)  // DeepSeek: rank by softmax + bias
-      for (int64_t i = 0; i < experts; ++i) x[i] = e[i] / sum + mode.bias[i];
+    if (mode.bias != nullptr && !mode.bias_on_logits) {  // DeepSeek: rank by softmax + bias
+      for (int64_t i = 0; i < experts; ++i) {
+        x[i] = e[i] / sum + mode.bias[i];
+        nan |= x[i] != x[i];  // a NaN bias, as above
+      }
+    }
   }
   float total = 0.f;
   if (!nan) {

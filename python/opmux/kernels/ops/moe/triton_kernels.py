@@ -57,7 +57,6 @@ def _topk_softmax(
         b = tl.load(BIAS + cols, mask=inb, other=0.0)
     if BIAS_MODE == 2:
         x = tl.where(inb, x + b, float("-inf"))
-    nan = x != x  # NaN ranks above every logit (as torch.sort has it); its row's weights are NaN
     if SIGMOID:
         ex = tl.where(inb, tl.math.div_rn(1.0, 1.0 + tl.exp(-x)), 0.0)  # the weights: the scores
         inv_sum = 1.0
@@ -71,6 +70,9 @@ def _topk_softmax(
         inv_sum = tl.math.div_rn(1.0, total_e)
         if BIAS_MODE == 1:
             x = tl.where(inb, tl.math.div_rn(ex, total_e) + b, float("-inf"))  # the ranking key
+    # a NaN key (a NaN logit or bias) ranks above every other (as torch.sort has it); a NaN logit
+    # makes its row's weights NaN
+    nan = x != x
     avail = inb
     wk = tl.zeros([KBLOCK], dtype=tl.float32)
     ik = tl.zeros([KBLOCK], dtype=tl.int32)
