@@ -134,46 +134,29 @@ def _launch(
     qq = q if q is not None else y
     ss = scale if scale is not None else w
     if n <= _ONE_PASS_MAX:
-        block = triton.next_power_of_2(n)
-        _rmsnorm_row[(rows,)](
-            x,
-            w,
-            y,
-            r,
-            qq,
-            ss,
-            x.stride(0),
-            y.stride(0),
-            sr,
-            qq.stride(0),
-            n,
-            eps,
-            BLOCK=block,
-            HAS_RES=residual is not None,
-            GEMMA=gemma,
-            QUANT=quant,
-            num_warps=_num_warps(block),
-        )
+        kernel, block = _rmsnorm_row, triton.next_power_of_2(n)
+        warps = _num_warps(block)
     else:
-        _rmsnorm_looped[(rows,)](
-            x,
-            w,
-            y,
-            r,
-            qq,
-            ss,
-            x.stride(0),
-            y.stride(0),
-            sr,
-            qq.stride(0),
-            n,
-            eps,
-            BLOCK=_CHUNK,
-            HAS_RES=residual is not None,
-            GEMMA=gemma,
-            QUANT=quant,
-            num_warps=8,
-        )
+        kernel, block, warps = _rmsnorm_looped, _CHUNK, 8
+    kernel[(rows,)](
+        x,
+        w,
+        y,
+        r,
+        qq,
+        ss,
+        x.stride(0),
+        y.stride(0),
+        sr,
+        qq.stride(0),
+        n,
+        eps,
+        BLOCK=block,
+        HAS_RES=residual is not None,
+        GEMMA=gemma,
+        QUANT=quant,
+        num_warps=warps,
+    )
 
 
 def _heads(x: torch.Tensor, w: torch.Tensor, eps: float) -> None:
