@@ -48,22 +48,22 @@ def rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     return out
 
 
-def fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+def _fused_add_cases(
+    device: str, dtype: torch.dtype, seed: int, tail_seed: int, quant: bool
+) -> tuple[list[Sample], torch.Generator]:
+    """The fused add's shape, large-magnitude and strided-rows cases (x, residual, weight), from
+    seeds ``seed + i`` per shape and ``tail_seed`` after; ``quant`` appends each case's scale.
+    Returns them and the generator, for the caller's further cases."""
+
+    def scale(value: float) -> tuple[torch.Tensor, ...]:
+        return (_scale(device, value),) if quant else ()
+
     out = []
     for i, (name, shape) in enumerate(_SHAPES):
-        g = _gen(device, dtype, 50 + i)
-        out.append(
-            Sample(
-                name,
-                (
-                    _randn(shape, dtype, device, g),
-                    _randn(shape, dtype, device, g),
-                    _randn(shape[-1:], dtype, device, g),
-                ),
-                {"eps": 1e-6},
-            )
-        )
-    g = _gen(device, dtype, 200)
+        g = _gen(device, dtype, seed + i)
+        x, r = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
+        out.append(Sample(name, (x, r, _randn(shape[-1:], dtype, device, g), *scale(0.02)), {"eps": 1e-6}))
+    g = _gen(device, dtype, tail_seed)
     out.append(
         Sample(
             "large-magnitude",
@@ -71,13 +71,20 @@ def fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
                 _randn((4, 256), dtype, device, g, 1e2),
                 _randn((4, 256), dtype, device, g, 1e2),
                 _randn((256,), dtype, device, g),
+                *scale(0.01),
             ),
             {},
         )
     )
     bx, br = _randn((5, 256), dtype, device, g), _randn((5, 384), dtype, device, g)
-    out.append(Sample("strided-rows", (bx[:, :128], br[:, :128], _randn((128,), dtype, device, g)), {}))
-    return out
+    out.append(
+        Sample("strided-rows", (bx[:, :128], br[:, :128], _randn((128,), dtype, device, g), *scale(0.05)), {})
+    )
+    return out, g
+
+
+def fused_add_rmsnorm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    return _fused_add_cases(device, dtype, 50, 200, quant=False)[0]
 
 
 def rmsnorm_invalid(
@@ -285,34 +292,7 @@ def rmsnorm_static_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sa
 
 
 def fused_add_rmsnorm_static_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
-    out = []
-    for i, (name, shape) in enumerate(_SHAPES):
-        g = _gen(device, dtype, 700 + i)
-        x, r = _randn(shape, dtype, device, g), _randn(shape, dtype, device, g)
-        out.append(
-            Sample(name, (x, r, _randn(shape[-1:], dtype, device, g), _scale(device, 0.02)), {"eps": 1e-6})
-        )
-    g = _gen(device, dtype, 800)
-    out.append(
-        Sample(
-            "large-magnitude",
-            (
-                _randn((4, 256), dtype, device, g, 1e2),
-                _randn((4, 256), dtype, device, g, 1e2),
-                _randn((256,), dtype, device, g),
-                _scale(device, 0.01),
-            ),
-            {},
-        )
-    )
-    bx, br = _randn((5, 256), dtype, device, g), _randn((5, 384), dtype, device, g)
-    out.append(
-        Sample(
-            "strided-rows",
-            (bx[:, :128], br[:, :128], _randn((128,), dtype, device, g), _scale(device, 0.05)),
-            {},
-        )
-    )
+    out, g = _fused_add_cases(device, dtype, 700, 800, quant=True)
     x = _randn((3, 64), dtype, device, g)
     q = torch.empty(3, 64, dtype=torch.float8_e4m3fn, device=device)
     out.append(
