@@ -136,6 +136,16 @@ def _elementwise(X, Y, sx, sy, D, BLOCK: tl.constexpr, ACT: tl.constexpr, VLLM: 
     tl.store(Y + row * sy + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
+def _tiles(y: torch.Tensor) -> tuple[tuple[int, int], int, int] | None:
+    """The launch over y [rows, d]: (grid, BLOCK, num_warps), a program per row and BLOCK
+    (a power of two, at most 4096) columns; None when y is empty (nothing to launch)."""
+    rows, d = y.shape
+    if rows == 0 or d == 0:
+        return None
+    block = min(4096, triton.next_power_of_2(d))
+    return (rows, triton.cdiv(d, block)), block, 4 if block <= 1024 else 8
+
+
 def gated(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -147,44 +157,42 @@ def gated(
     vllm: bool = False,
 ) -> None:
     """x: [rows, 2d], y: [rows, d], unit last stride (checked by the caller)."""
-    rows, d = y.shape
-    if rows == 0 or d == 0:
+    tiles = _tiles(y)
+    if tiles is None:
         return
-    block = min(4096, triton.next_power_of_2(d))
-    grid = (rows, triton.cdiv(d, block))
+    grid, block, warps = tiles
     _gated[grid](
         x,
         y,
         x.stride(0),
         y.stride(0),
-        d,
+        y.shape[1],
         float(p0),
         float(p1),
         BLOCK=block,
         ACT=_ACTS[act],
         SWAP=swap,
         VLLM=vllm,
-        num_warps=4 if block <= 1024 else 8,
+        num_warps=warps,
     )
 
 
 def elementwise(x: torch.Tensor, y: torch.Tensor, act: str, vllm: int = 0) -> None:
     """x, y: [rows, n], unit last stride (checked by the caller)."""
-    rows, d = y.shape
-    if rows == 0 or d == 0:
+    tiles = _tiles(y)
+    if tiles is None:
         return
-    block = min(4096, triton.next_power_of_2(d))
-    grid = (rows, triton.cdiv(d, block))
+    grid, block, warps = tiles
     _elementwise[grid](
         x,
         y,
         x.stride(0),
         y.stride(0),
-        d,
+        y.shape[1],
         BLOCK=block,
         ACT=_ACTS[act],
         VLLM=vllm,
-        num_warps=4 if block <= 1024 else 8,
+        num_warps=warps,
     )
 
 
