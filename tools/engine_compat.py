@@ -360,7 +360,7 @@ def _vllm_shims(ops: Any) -> list[str]:
     return [
         "vllm.platforms, vllm.utils, vllm.triton_utils, vllm.model_executor.layers.fused_moe "
         "(moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims",
-        *_load_sibling("engine_compat_vllm").install(ops),
+        *_load_sibling("engine_compat_vllm").install(ops, _module),
     ]
 
 

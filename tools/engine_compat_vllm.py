@@ -13,26 +13,12 @@ only its cases fail; likewise the GEMM wrappers test_block_fp8 imports.
 from __future__ import annotations
 
 import math
-import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 _LIB: list[Any] = []
 _ROPE_CACHE: dict[Any, Any] = {}
-
-
-def _module(name: str, **attrs: Any) -> types.ModuleType:
-    mod = sys.modules.get(name)
-    if mod is None:
-        mod = types.ModuleType(name)
-        mod.__path__ = []  # type: ignore[attr-defined]
-        sys.modules[name] = mod
-        parent, _, leaf = name.rpartition(".")
-        if parent:
-            setattr(_module(parent), leaf, mod)
-    for k, v in attrs.items():
-        setattr(mod, k, v)
-    return mod
 
 
 def _not_opmux(name: str) -> Any:
@@ -122,6 +108,15 @@ def _layers(ops: Any) -> dict[str, Any]:
             x = x * weight
         return x
 
+    def _norm_cuda(norm: Any, fused_add: Any, x: Any, residual: Any, weight: Any, eps: float) -> Any:
+        # forward_cuda's kernel calls: the fused add in place (x, residual), else the norm into a new out
+        if residual is not None:
+            fused_add(x, residual, weight, eps)
+            return x, residual
+        out = torch.empty_like(x)
+        norm(out, x, weight, eps)
+        return out
+
     class RMSNorm(nn.Module):
         def __init__(
             self,
@@ -157,12 +152,9 @@ def _layers(ops: Any) -> dict[str, Any]:
             if self.variance_size_override is not None:
                 return self.forward_native(x, residual)
             weight = self.weight.data if self.has_weight else None
-            if residual is not None:
-                ops.fused_add_rms_norm(x, residual, weight, self.variance_epsilon)
-                return x, residual
-            out = torch.empty_like(x)
-            ops.rms_norm(out, x, weight, self.variance_epsilon)
-            return out
+            return _norm_cuda(
+                ops.rms_norm, ops.fused_add_rms_norm, x, residual, weight, self.variance_epsilon
+            )
 
     class GemmaRMSNorm(nn.Module):
         """forward_native as vLLM's; forward runs opmux's gemma_rmsnorm / gemma_fused_add_rmsnorm
@@ -198,12 +190,9 @@ def _layers(ops: Any) -> dict[str, Any]:
                 out = torch.empty_like(residual)
                 ops.gemma_rms_norm(out, residual, w.float(), self.variance_epsilon)
                 return out.to(x.dtype), residual
-            if residual is not None:
-                ops.gemma_fused_add_rms_norm(x, residual, w, self.variance_epsilon)
-                return x, residual
-            out = torch.empty_like(x)
-            ops.gemma_rms_norm(out, x, w, self.variance_epsilon)
-            return out
+            return _norm_cuda(
+                ops.gemma_rms_norm, ops.gemma_fused_add_rms_norm, x, residual, w, self.variance_epsilon
+            )
 
     class _GatedAct(nn.Module):
         op_name = ""
@@ -592,40 +581,41 @@ def _test_utils() -> dict[str, Any]:
     return dict(fp8_ulp_distance=fp8_ulp_distance, fp8_allclose=fp8_allclose)
 
 
-def install(ops: Any) -> list[str]:
-    """Installs the modules; returns what it installed."""
+def install(ops: Any, module: Callable[..., types.ModuleType]) -> list[str]:
+    """Installs the modules through the runner's ``module(name, **attrs)`` (makes or updates
+    ``sys.modules[name]`` and its parents); returns what it installed."""
     for name, attrs in _layers(ops).items():
-        _module(name, **attrs)
-    _module("vllm.model_executor.layers.quantization.utils.quant_utils", **_quant_utils())
-    _module(
+        module(name, **attrs)
+    module("vllm.model_executor.layers.quantization.utils.quant_utils", **_quant_utils())
+    module(
         "vllm.model_executor.layers.quantization.utils.fp8_utils",
         per_token_group_quant_fp8=ops.per_token_group_quant_fp8,
         w8a8_triton_block_scaled_mm=_not_opmux("w8a8_triton_block_scaled_mm"),
     )
-    _module(
+    module(
         "vllm.model_executor.kernels.linear.scaled_mm.cutlass",
         cutlass_scaled_mm=_not_opmux("cutlass_scaled_mm"),
     )
-    _module(
+    module(
         "vllm.utils.deep_gemm",
         get_tma_aligned_size=lambda x, element_size: -(-x // (16 // element_size)) * (16 // element_size),
         fp8_gemm_nt=_not_opmux("fp8_gemm_nt"),
         per_block_cast_to_fp8=_not_opmux("per_block_cast_to_fp8"),
         should_use_deepgemm_for_fp8_linear=_not_opmux("should_use_deepgemm_for_fp8_linear"),
     )
-    _module(
+    module(
         "vllm.utils.flashinfer",
         flashinfer_fp8_blockscale_gemm=_not_opmux("flashinfer_fp8_blockscale_gemm"),
         has_flashinfer_fp8_blockscale_gemm=lambda: False,  # FlashInfer is not installed here
     )
-    _module("vllm.utils.import_utils", has_deep_gemm=lambda: False)  # nor DeepGEMM
+    module("vllm.utils.import_utils", has_deep_gemm=lambda: False)  # nor DeepGEMM
 
     class VllmConfig:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             pass
 
-    _module("vllm.config", VllmConfig=VllmConfig)
-    _module("tests.kernels.utils", **_test_utils())
+    module("vllm.config", VllmConfig=VllmConfig)
+    module("tests.kernels.utils", **_test_utils())
     register_c_ops(ops)
     return [
         "vllm.ir, vllm.model_executor.layers (layernorm, activation, rotary_embedding, quantization "
