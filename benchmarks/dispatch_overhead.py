@@ -37,7 +37,12 @@ def measure(rounds: int = 41, n: int = 20000) -> list[dict[str, Any]]:
     x, w = torch.randn(1, 8), torch.randn(8)
     cases = [
         ("layernorm.rmsnorm", lambda: rmsnorm(x, w), (x, w), lambda: torch.ops.opmux.rmsnorm(x, w, 1e-6)),
-        ("activation.silu_and_mul", lambda: silu_and_mul(x), (x,), lambda: torch.ops.opmux.silu_and_mul(x, False)),
+        (
+            "activation.silu_and_mul",
+            lambda: silu_and_mul(x),
+            (x,),
+            lambda: torch.ops.opmux.silu_and_mul(x, False),
+        ),
     ]
     rows = []
     for op, public, args, library in cases:
