@@ -438,21 +438,11 @@ void static_quant_fp8_cpu(TensorView q, TensorView x, TensorView scale, int64_t 
   const char* op = "opmux.static_quant_fp8";
   check_device(op, kDLCPU, {{"q", &q}, {"x", &x}, {"scale", &scale}});
   QuantArgs a = check_quant_args(op, q, x);
-  check_float32(op, "scale", scale);
-  check_ndim(op, "scale", scale, 2);
-  if (group_m <= 0 || group_n <= 0 || a.hidden % group_n != 0 || scale.size(1) != a.hidden / group_n ||
-      scale.size(0) * group_m < a.rows) {
-    TVM_FFI_THROW(ValueError) << op << ": scale [" << scale.size(0) << ", " << scale.size(1)
-                              << "] with groups " << group_m << " x " << group_n << " does not cover x ["
-                              << a.rows << ", " << a.hidden << "]";
-  }
-  const int64_t s_i = scale.size(0) > 1 ? scale.stride(0) : 0;
-  const int64_t s_j = scale.size(1) > 1 ? scale.stride(1) : 0;
-  if (s_i < 0 || s_j < 0) TVM_FFI_THROW(ValueError) << op << ": scale must have non-negative strides";
+  const StaticScales ss = check_static_scales(op, scale, a.rows, a.hidden, group_m, group_n);
   if (a.rows == 0) return;
   OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
     static_impl<scalar_t>(data_ptr<uint8_t>(q), data_ptr<const scalar_t>(x), rows_of(a),
-                          data_ptr<const float>(scale), s_i, s_j, group_m, group_n);
+                          data_ptr<const float>(scale), ss.s_i, ss.s_j, group_m, group_n);
   });
 }
 

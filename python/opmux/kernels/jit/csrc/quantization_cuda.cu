@@ -591,18 +591,10 @@ void static_quant_fp8_cuda(TensorView q, TensorView x, TensorView scale, int64_t
   const char* op = "opmux.static_quant_fp8";
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"x", &x}, {"scale", &scale}});
   QuantArgs a = check_cuda_quant_args(op, q, x);
-  check_float32(op, "scale", scale);
-  check_ndim(op, "scale", scale, 2);
-  if (group_m <= 0 || group_n <= 0 || a.hidden % group_n != 0 || scale.size(1) != a.hidden / group_n ||
-      scale.size(0) * group_m < a.rows) {
-    TVM_FFI_THROW(ValueError) << op << ": scale [" << scale.size(0) << ", " << scale.size(1)
-                              << "] with groups " << group_m << " x " << group_n << " does not cover x ["
-                              << a.rows << ", " << a.hidden << "]";
-  }
+  const StaticScales ss = check_static_scales(op, scale, a.rows, a.hidden, group_m, group_n);
   StaticParams p;
-  p.s_i = scale.size(0) > 1 ? scale.stride(0) : 0;
-  p.s_j = scale.size(1) > 1 ? scale.stride(1) : 0;
-  if (p.s_i < 0 || p.s_j < 0) TVM_FFI_THROW(ValueError) << op << ": scale must have non-negative strides";
+  p.s_i = ss.s_i;
+  p.s_j = ss.s_j;
   if (a.rows == 0 || a.hidden == 0) return;  // nothing to write (a zero-width grid would not launch)
   p.q = data_ptr<uint8_t>(q);
   p.x = data_ptr<const void>(x);

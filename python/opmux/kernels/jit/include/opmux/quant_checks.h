@@ -35,6 +35,29 @@ inline QuantArgs check_quant_args(const char* op, const TensorView& q, const Ten
   return a;
 }
 
+// Static block scales: float32 [Gm, Gn] covering x [rows, hidden] in blocks of group_m x
+// group_n (group_n divides hidden). -> the element strides (stride 0 along a size-1 dim).
+struct StaticScales {
+  int64_t s_i, s_j;
+};
+
+inline StaticScales check_static_scales(const char* op, const TensorView& scale, int64_t rows, int64_t hidden,
+                                        int64_t group_m, int64_t group_n) {
+  check_float32(op, "scale", scale);
+  check_ndim(op, "scale", scale, 2);
+  if (group_m <= 0 || group_n <= 0 || hidden % group_n != 0 || scale.size(1) != hidden / group_n ||
+      scale.size(0) * group_m < rows) {
+    TVM_FFI_THROW(ValueError) << op << ": scale [" << scale.size(0) << ", " << scale.size(1)
+                              << "] with groups " << group_m << " x " << group_n << " does not cover x ["
+                              << rows << ", " << hidden << "]";
+  }
+  StaticScales s;
+  s.s_i = scale.size(0) > 1 ? scale.stride(0) : 0;
+  s.s_j = scale.size(1) > 1 ? scale.stride(1) : 0;
+  if (s.s_i < 0 || s.s_j < 0) TVM_FFI_THROW(ValueError) << op << ": scale must have non-negative strides";
+  return s;
+}
+
 // Group scales: float32 [rows, groups], or with `packed_ok` int32 [rows, ceil(groups / 4)]
 // holding four UE8M0 exponent bytes each (sgl-kernel's layout). Any non-negative strides (in
 // elements; a size-1 dim gets stride 0); no two (row, group) scales may share an address.
