@@ -11,6 +11,14 @@
 # bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*);
 # sweeps:  benchmarks/tune/run_sweeps.sh, the launch-layout sweeps ($SWEEPS families; OUT_DIR/sweeps);
 # host:    benchmarks/host_overhead.py --device cuda (OUT_DIR/host_overhead_cuda.*);
+# sanitize: compute-sanitizer memcheck over the KV-cache bad-index tests and the parity cases of
+#          $SANITIZE_K (pytest -k; default: the block-table, MLA, batched-align, sigmoid and fused
+#          fp8 ops), the caching allocator off so that every tensor is its own allocation
+#          (OUT_DIR/sanitize.log);
+# compat:  tools/engine_compat.py --device cuda over each folder of $COMPAT_DIRS (upstream test
+#          files carried in an ignored folder, default ".upstream/vllm .upstream/sgl"), pytest -k
+#          from $COMPAT_K_<folder name>, each folder stopped after $COMPAT_TIMEOUT s (default 300)
+#          (OUT_DIR/compat_<folder name>.log);
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
 #          chain.log); its arguments from $CHAIN_ARGS (default --budget-s 360).
@@ -64,6 +72,17 @@ for stage in $STAGES; do
              # shellcheck disable=SC2086  # NCU_ARGS: words on purpose
              python3 "$REPO/benchmarks/ncu_gaps.py" "$nb" --out "$OUT" ${NCU_ARGS:---budget-s 420} 2>&1 \
                     | tee "$OUT/ncu.log" | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        sanitize) PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 420 compute-sanitizer --tool memcheck \
+                    --error-exitcode 9 --print-limit 20 python3 -m pytest "$REPO/tests/parity/test_kvcache_bad_indices.py" \
+                    "$REPO/tests/parity/test_parity.py" --target cuda "${PARITY_TREE[@]}" -p no:cacheprovider \
+                    --import-mode=importlib -q -ra --rootdir "$REPO" \
+                    -k "bad_indices or ${SANITIZE_K:-copy_blocks or gather_cache or concat_and_cache_mla or batched_moe or topk_sigmoid or static_quant_fp8}" \
+                    2>&1 | tee "$OUT/sanitize.log" | tail -30; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        compat) for d in ${COMPAT_DIRS:-.upstream/vllm .upstream/sgl}; do
+                    n=$(basename "$d"); kv=COMPAT_K_$n; k=${!kv:-}
+                    timeout "${COMPAT_TIMEOUT:-300}" python3 "$REPO/tools/engine_compat.py" --device cuda "$REPO/$d" -- -q \
+                        ${k:+-k "$k"} 2>&1 | tee "$OUT/compat_$n.log" | tail -45; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                done ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"

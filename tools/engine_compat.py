@@ -575,24 +575,33 @@ def main(argv: list[str] | None = None) -> int:
     # the device decides: Triton's interpreter on the CPU, compiled kernels on a GPU (whatever the
     # caller's environment says; triton reads it when its kernels are defined, i.e. later)
     os.environ["TRITON_INTERPRET"] = "1" if device == "cpu" else "0"
+    import tempfile
+
     import pytest
 
     plugin = _Plugin(device, args.shadow)
-    # rootdir/confcutdir at the folder: the upstream files run without this repo's conftests
-    return int(
-        pytest.main(
-            [
-                str(args.folder),
-                "-p",
-                "no:cacheprovider",
-                "--continue-on-collection-errors",
-                "--rootdir",
-                str(args.folder if args.folder.is_dir() else args.folder.parent),
-                *extra,
-            ],
-            plugins=[plugin, _fixture_plugin()],
+    # rootdir at the folder and an empty ini of our own: the upstream files run under pytest's
+    # defaults, not under this repo's conftests or its pyproject settings (warnings as errors,
+    # strict markers), also when the folder lies inside the checkout (an ignored `.upstream/`)
+    with tempfile.TemporaryDirectory(prefix="opmux-compat-") as tmp:
+        ini = Path(tmp) / "pytest.ini"
+        ini.write_text("[pytest]\n")
+        return int(
+            pytest.main(
+                [
+                    str(args.folder),
+                    "-c",
+                    str(ini),
+                    "-p",
+                    "no:cacheprovider",
+                    "--continue-on-collection-errors",
+                    "--rootdir",
+                    str(args.folder if args.folder.is_dir() else args.folder.parent),
+                    *extra,
+                ],
+                plugins=[plugin, _fixture_plugin()],
+            )
         )
-    )
 
 
 if __name__ == "__main__":

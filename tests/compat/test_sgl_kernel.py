@@ -44,6 +44,7 @@ SIGNATURES = {
         "fuse_silu_and_mul", "masked_m", "enable_v2",
     ],
     "topk_softmax": ["topk_weights", "topk_ids", "gating_output", "renormalize"],
+    "topk_sigmoid": ["topk_weights", "topk_ids", "gating_output", "renormalize", "correction_bias"],
     "moe_align_block_size": [
         "topk_ids", "num_experts", "block_size", "sorted_token_ids", "experts_ids", "num_tokens_post_pad",
         "cumsum_buffer", "pad_sorted_token_ids",
@@ -334,6 +335,35 @@ def test_topk_softmax_correction_bias_and_softcapping(backend: str) -> None:
     ref_w, ref_ids = torch.topk(p, 3, -1)
     assert torch.equal(ids.long(), ref_ids)
     torch.testing.assert_close(w, ref_w / ref_w.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("renorm", [False, True])
+def test_topk_sigmoid_with_correction_bias(backend: str, ids_dtype: torch.dtype, renorm: bool) -> None:
+    g = _r(5, 16, dtype=torch.bfloat16, seed=13, scale=2.0)
+    bias = torch.linspace(0.4, -0.4, 16)  # large enough to change the choice
+    w, ids = torch.empty(5, 4), torch.empty(5, 4, dtype=ids_dtype)
+    ptr = ids.data_ptr()
+    sgl.topk_sigmoid(w, ids, g, renorm, bias)
+    # sgl-kernel's meaning (DeepSeek-V3 noaux_tc): chosen by sigmoid + bias, weighted by sigmoid
+    s = torch.sigmoid(g.float())
+    ref_ids = torch.topk(s + bias, 4, -1).indices
+    ref_w = s.gather(1, ref_ids)
+    if renorm:
+        ref_w = ref_w / ref_w.sum(-1, keepdim=True)
+    assert ids.data_ptr() == ptr and ids.dtype == ids_dtype
+    assert not torch.equal(ref_ids, torch.topk(s, 4, -1).indices)  # the bias mattered
+    assert torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-5)
+
+
+def test_topk_sigmoid_refuses_what_opmux_does_not_do(backend: str) -> None:
+    g = _r(2, 8, seed=14)
+    w, ids = torch.empty(2, 2), torch.empty(2, 2, dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match=r"routed_scaling_factor=2\.5"):
+        sgl.topk_sigmoid(w, ids, g, False, None, routed_scaling_factor=2.5)
+    with pytest.raises(NotImplementedError, match="num_fused_shared_experts=1"):
+        sgl.topk_sigmoid(w, ids, g, False, None, num_fused_shared_experts=1)
 
 
 def _ref_align(ids: torch.Tensor, e: int, bs: int, n_sorted: int, n_blocks: int) -> tuple[list[int], ...]:

@@ -38,6 +38,7 @@ __all__ = [
     "sgl_per_token_group_quant_int8",
     "sgl_per_token_quant_fp8",
     "silu_and_mul",
+    "topk_sigmoid",
     "topk_softmax",
 ]
 
@@ -296,6 +297,35 @@ def topk_softmax(
     topk(
         topk_weights, topk_ids, None, gating_output, bool(renormalize), moe_softcapping, correction_bias, True
     )
+
+
+def topk_sigmoid(
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    gating_output: Tensor,
+    renormalize: bool = False,
+    correction_bias: Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+    num_fused_shared_experts: int = 0,
+) -> None:
+    """Top-k of sigmoid(gating_output) into ``topk_weights`` (float32) and ``topk_ids`` (int32
+    or int64, both written by the kernel): opmux ``moe.topk_sigmoid``. ``correction_bias``
+    (DeepSeek-V3 noaux_tc, sgl-kernel's meaning): the experts are chosen by sigmoid + bias and
+    weighted by the plain sigmoid. The later sgl-kernel arguments are accepted at their
+    defaults only: a scaling factor or fused shared experts raise ``NotImplementedError``."""
+    from ._moe import topk_sigmoid as route
+
+    if routed_scaling_factor != 1.0:
+        raise NotImplementedError(
+            f"topk_sigmoid: routed_scaling_factor={routed_scaling_factor!r} is not supported by "
+            "opmux (valid: 1.0); scale topk_weights after the call"
+        )
+    if num_fused_shared_experts != 0:
+        raise NotImplementedError(
+            f"topk_sigmoid: num_fused_shared_experts={num_fused_shared_experts!r} is not supported "
+            "by opmux (valid: 0)"
+        )
+    route(topk_weights, topk_ids, None, gating_output, bool(renormalize), correction_bias)
 
 
 def moe_sum(input_tensor: Tensor, output_tensor: Tensor) -> None:
