@@ -185,6 +185,13 @@ def _layers(ops: Any) -> dict[str, Any]:
 
         def forward(self, x: Any, residual: Any = None) -> Any:
             w = self.weight.data
+            if residual is None and w.dtype != x.dtype:
+                # Gemma's float32 weight with bf16 / fp16 activations (vLLM's forward_native:
+                # everything in float32, one rounding at the end): opmux's float32 norm of the
+                # float32 input, rounded once; opmux's contract wants one dtype
+                out = torch.empty_like(x, dtype=torch.float32)
+                ops.gemma_rms_norm(out, x.float(), w.float(), self.variance_epsilon)
+                return out.to(x.dtype)
             if residual is not None and x.dtype == torch.float16:
                 residual = x.float() + residual.float()  # a new float32 tensor, as vLLM's
                 out = torch.empty_like(residual)

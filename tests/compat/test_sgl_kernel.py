@@ -283,7 +283,12 @@ def test_per_token_group_quant_8bit_fused_silu_and_masked_m(backend: str) -> Non
         ref_q, ref_s = _group_ref(act[i, :n], gs, 1e-10)
         torch.testing.assert_close(s[i, :n], ref_s, atol=0, rtol=1e-6)
         _dequant_close(q[i, :n], ref_q)
-        assert bool((s[i, n:] == -1).all()) and bool((q[i, n:].float() == 2).all())  # untouched
+        # q of the masked-out rows untouched; their scales 0, as in sgl's reference layout
+        assert bool((q[i, n:].float() == 2).all()) and bool((s[i, n:] == 0).all())
+    with pytest.raises(ValueError, match="masked_m must hold 3 counts"):
+        sgl.sgl_per_token_group_quant_8bit(
+            x, q, s, gs, 1e-10, -448.0, 448.0, fuse_silu_and_mul=True, masked_m=torch.tensor([7, 0, 0])
+        )
 
 
 def test_per_tensor_quant_fp8_static_and_dynamic(backend: str) -> None:

@@ -237,14 +237,25 @@ def sgl_per_token_group_quant_8bit(
     """sgl_kernel's 8-bit group quant: fp8 or int8 by ``output_q``'s dtype. ``fuse_silu_and_mul``
     quantizes ``silu(x[..., :d]) * x[..., d:]`` with sgl's rounding (the activation rounded to
     the input dtype, the product in the input dtype; torch, then the op); ``masked_m`` ([E] for a [E, M, ...] input) quantizes the
-    first ``masked_m[e]`` rows of each expert e and leaves the other rows as they are (it reads
-    ``masked_m`` on the host). ``enable_v2`` (sgl's kernel choice) changes nothing here."""
+    first ``masked_m[e]`` rows of each expert e, leaves the other rows of ``output_q`` as they
+    are and sets their scales to 0 (the scale layout sgl's reference builds: a buffer of zeros
+    filled for the valid rows; reads ``masked_m`` on the host). ``enable_v2`` (sgl's kernel
+    choice) changes nothing here."""
     if masked_m is not None:
         _direct.need(
             input.dim() == 3,
             f"sgl_per_token_group_quant_8bit: masked_m needs a 3-D input, got {input.dim()}-D",
         )
-        for e, m in enumerate(masked_m.tolist()):
+        counts = masked_m.tolist()
+        _direct.need(
+            len(counts) == input.shape[0] and all(0 <= m <= input.shape[1] for m in counts),
+            f"sgl_per_token_group_quant_8bit: masked_m must hold {input.shape[0]} counts in "
+            f"[0, {input.shape[1]}], got {counts}",
+        )
+        for e, m in enumerate(counts):
+            if m < output_s.shape[1]:
+                output_s[e, m:].zero_()  # the rows the mask leaves out
+        for e, m in enumerate(counts):
             if m > 0:
                 sgl_per_token_group_quant_8bit(
                     input[e, :m], output_q[e, :m], output_s[e, :m], group_size, eps, fp8_min, fp8_max,
