@@ -261,7 +261,10 @@ def test_per_token_group_quant_fp8(backend: str, layout: str, ue8m0: bool) -> No
         x, gs, column_major_scales=column_major, tma_aligned_scales=tma, out_q=out_q, use_ue8m0=ue8m0
     )
     assert q is out_q
-    ref_s = x.float().view(t, h // gs, gs).abs().amax(-1).clamp(min=1e-10) / 448.0
+    # vLLM's scale on the CPU: amax / 448 (IEEE); on CUDA amax * fp32(1 / 448) (group_scale_of)
+    amax = x.float().view(t, h // gs, gs).abs().amax(-1).clamp(min=1e-10)
+    ref_s = amax / torch.tensor(448.0)
+    assert not torch.equal(ref_s, amax * torch.tensor(1.0 / 448.0))  # the two forms differ here
     if ue8m0:
         ref_s = torch.exp2(torch.ceil(torch.log2(ref_s)))
     assert torch.equal(s, ref_s)

@@ -336,6 +336,14 @@ struct GroupParams {
   bool divide;        // fp8 q = x / scale (vLLM) instead of x * (1 / scale)
 };
 
+// max(amax, eps) / qmax; with `divide` vLLM's CUDA form max(amax, eps) * (1 / qmax), the
+// reciprocal rounded to float first (__fmul_rn: never an FMA): what vLLM's Triton kernel and its
+// test's reference compute on a GPU (see group_scale_of in ops/quantization/op.py; the CPU kernel
+// divides, as vLLM's CPU path does).
+__device__ __forceinline__ float vllm_form(float m, const GroupParams& p) {
+  return p.divide ? __fmul_rn(m, __fdiv_rn(1.0f, p.qmax)) : __fdiv_rn(m, p.qmax);
+}
+
 // 2 groups per thread: 48 registers for 16-bit inputs on sm_90a (5 resident blocks, 1280 threads
 // x 32 bytes in flight per SM, vs 2048 x 16 with one vector per thread). A register cap of 32
 // (8 blocks) spills; no cap is set so the fp32 variants do not spill on sm_80 either.
@@ -394,7 +402,7 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
 #pragma unroll
   for (int u = 0; u < G; ++u) {
     if (!valid[u]) continue;
-    float scale = cuda::nan_max(m[u], p.eps) / p.qmax;
+    float scale = vllm_form(cuda::nan_max(m[u], p.eps), p);
     if (p.ue8m0) scale = cuda::ue8m0_round(scale);
     if (lane == 0) {
       if (p.packed) {
@@ -447,7 +455,7 @@ __global__ void __launch_bounds__(512) per_group_row_kernel(GroupParams p) {
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int j = i * blockDim.x + tid;
-    float scale = cuda::nan_max(m[i], p.eps) / p.qmax;
+    float scale = vllm_form(cuda::nan_max(m[i], p.eps), p);
     if (p.ue8m0) scale = cuda::ue8m0_round(scale);
     if ((j & (lanes - 1)) == 0) {
       const int64_t g = j / lanes;

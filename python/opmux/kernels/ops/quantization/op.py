@@ -530,10 +530,28 @@ def ref_static(x: Tensor, scale: Tensor, out: Tensor | None = None) -> Tensor:
     return q if out is None else out.copy_(q)
 
 
-def _ref_group_scale(x: Tensor, group_size: int, eps: float, maxv: float, ue: bool) -> tuple[Tensor, Tensor]:
+def group_scale_of(m: Tensor, maxv: float, divide: bool) -> Tensor:
+    """A group's scale from ``m = max(amax, eps)``: ``m / maxv`` (IEEE division, every device).
+
+    With ``divide_by_scale`` the op follows vLLM's arithmetic, which depends on the device: on
+    CUDA ``m * fp32(1 / maxv)`` (vLLM's Triton kernel computes ``_absmax / fp8_max`` with
+    Triton's fp32 ``/``, a reciprocal multiply, and its test's reference is torch's CUDA division
+    by a Python scalar, the same product), on the CPU ``m / maxv`` (torch's CPU division, vLLM's
+    CPU path). The two differ in the last bit for about 40 % of groups, which moves an fp8
+    subnormal q across a rounding midpoint (one subnormal step, 33 % relative): vLLM's test
+    fails either way round. Every backend on one device computes the same form (the CUDA and
+    Triton kernels, this torch code; the CPU kernel divides)."""
+    if divide and m.is_cuda:
+        return m * torch.tensor(1.0 / maxv, dtype=torch.float32)  # a CPU scalar: float32 multiply
+    return m / torch.tensor(maxv, dtype=torch.float32, device=m.device)  # not a CPU scalar: IEEE
+
+
+def _ref_group_scale(
+    x: Tensor, group_size: int, eps: float, maxv: float, ue: bool, divide: bool = False
+) -> tuple[Tensor, Tensor]:
     h = x.shape[-1]
     xg = x.float().reshape(*x.shape[:-1], h // group_size, group_size)
-    scale = xg.abs().amax(-1, keepdim=True).clamp(min=eps) / maxv
+    scale = group_scale_of(xg.abs().amax(-1, keepdim=True).clamp(min=eps), maxv, divide)
     return xg, ue8m0(scale) if ue else scale
 
 
@@ -557,7 +575,7 @@ def ref_group(
     out_q: Tensor | None = None,
     out_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    xg, scale = _ref_group_scale(x, group_size, eps, FP8_MAX, scale_ue8m0)
+    xg, scale = _ref_group_scale(x, group_size, eps, FP8_MAX, scale_ue8m0, divide_by_scale)
     q = _to_fp8(xg / scale if divide_by_scale else xg * scale.reciprocal()).flatten(-2)
     scale = scale.squeeze(-1)
     if out_scale is not None and out_scale.dtype == torch.int32:
@@ -611,15 +629,17 @@ def torch_static(q: Tensor, x: Tensor, s: Tensor, gm: int, gn: int) -> None:
     q.view(torch.float8_e4m3fn).copy_(torch.clamp(xf * inv, -FP8_MAX, FP8_MAX))
 
 
-def _torch_group_scale(x: Tensor, gs: int, eps: float, maxv: float, ue: bool) -> tuple[Tensor, Tensor]:
+def _torch_group_scale(
+    x: Tensor, gs: int, eps: float, maxv: float, ue: bool, divide: bool = False
+) -> tuple[Tensor, Tensor]:
     xg = x.float().reshape(x.shape[0], x.shape[1] // gs, gs)
     amax = torch.linalg.vector_norm(xg, float("inf"), dim=-1, keepdim=True)
-    scale = torch.clamp_min(amax, eps) / maxv
+    scale = group_scale_of(torch.clamp_min(amax, eps), maxv, divide)
     return xg, ue8m0(scale) if ue else scale
 
 
 def torch_group(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float, ue: bool, divide: bool) -> None:
-    xg, scale = _torch_group_scale(x, gs, eps, FP8_MAX, ue)
+    xg, scale = _torch_group_scale(x, gs, eps, FP8_MAX, ue, divide)
     y = xg / scale if divide else xg * scale.reciprocal()
     q.view(torch.float8_e4m3fn).copy_(torch.clamp(y, -FP8_MAX, FP8_MAX).view(q.shape))
     if s.dtype == torch.int32:

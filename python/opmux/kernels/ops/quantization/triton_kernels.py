@@ -173,6 +173,7 @@ def _per_group(
     UE8M0: tl.constexpr,
     PACKED: tl.constexpr,
     DIVIDE: tl.constexpr,
+    RECIP: tl.constexpr,
     GPP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -186,7 +187,10 @@ def _per_group(
     x = tl.load(X + row * sx + off, mask=mask, other=0.0).to(tl.float32)
     amax = _amax(x, 1)
     amax = _keep_nan(amax, tl.maximum(amax, eps))
-    scale = tl.math.div_rn(amax, QMAX)
+    if RECIP:  # vLLM's form on CUDA: max(amax, eps) * (1 / qmax), the reciprocal a float first
+        scale = amax * tl.math.div_rn(tl.full([GPP], 1.0, tl.float32), QMAX)
+    else:
+        scale = tl.math.div_rn(amax, QMAX)
     bits = scale.to(tl.int32, bitcast=True)
     if UE8M0:  # up to a power of two, exactly; NaN / inf kept
         e = (bits >> 23) & 0xFF
@@ -291,6 +295,7 @@ def per_token_group_quant(
         UE8M0=ue8m0,
         PACKED=s.dtype == torch.int32,
         DIVIDE=divide,
+        RECIP=divide and x.is_cuda,  # see op.py's group_scale_of: vLLM's arithmetic per device
         GPP=gpp,
         BLOCK=block,
         num_warps=4,
