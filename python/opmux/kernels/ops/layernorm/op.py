@@ -90,20 +90,28 @@ def check_norm(op: str, x: Tensor, weight: Tensor, eps: float, out: Tensor | Non
 
 
 def check_add(op: str, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Kernel:
-    hidden = _x_weight(op, x, weight, eps)
-    try:  # [T, H] rows (the usual call): the views would be x and residual themselves
-        xs = x.shape
+    try:  # the serving call ([T, H] rows, dense weight), each attribute read once; else the full checks
+        xs, dt, dev = x.shape, x.dtype, x.device
         if (
-            len(xs) == 2
+            type(eps) is float
+            and 0.0 < eps < math.inf
+            and len(xs) == 2
+            and dt in _checks.FLOAT_DTYPES
+            and residual.dtype == dt
+            and weight.dtype == dt
             and residual.shape == xs
-            and residual.dtype == x.dtype
-            and (hidden <= 1 or (x.stride()[1] == 1 and residual.stride()[1] == 1))
-            and residual.device == x.device
+            and weight.shape == xs[1:]
+            and (xs[1] <= 1 or (x.stride()[1] == 1 and residual.stride()[1] == 1 and weight.stride()[0] == 1))
+            and residual.device == dev
+            and weight.device == dev
+            and isinstance(x, torch.Tensor)
             and isinstance(residual, torch.Tensor)
+            and isinstance(weight, torch.Tensor)
         ):
-            return (x, residual, weight, float(eps)), None
-    except Exception:  # the full checks say what is wrong
+            return (x, residual, weight, eps), None
+    except Exception:  # not tensors, 0-d x, ...: the full checks say what is wrong
         pass
+    hidden = _x_weight(op, x, weight, eps)
     _checks.tensor(op, "residual", residual)
     if residual.shape != x.shape:
         raise ValueError(
