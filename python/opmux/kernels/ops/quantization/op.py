@@ -16,7 +16,8 @@ Semantics (all backends, computed in fp32):
 * then ``q = e4m3(x * (1 / scale))``: the reciprocal and the divisions are IEEE fp32 (round to
   nearest even), the fp8 conversion rounds to nearest even and saturates to +-448. With
   ``divide_by_scale`` every element is divided instead, ``q = e4m3(x / scale)`` (vLLM's per-token
-  and group kernels divide; bit-equality with them needs it). int8: ``q = trunc(clamp(x * (1 /
+  and group kernels divide; bit-equality with them needs it), and a CUDA tensor's group scale is
+  ``max(amax, eps) * fp32(1 / 448)``, vLLM's arithmetic on a GPU (``group_scale_of``). int8: ``q = trunc(clamp(x * (1 /
   scale), -128, 127))``, truncated toward zero as sgl-kernel's and vLLM's group int8 kernels
   convert (``int8_t(float)``); NaN -> 0.
 
