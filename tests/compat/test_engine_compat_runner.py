@@ -215,3 +215,23 @@ def test_runner_shims_vllm_core_and_quant_imports(
     # one CUDA device as on a one-GPU machine: two rms_norm cases, not four
     assert "test_core_style.py: 5 passed" in out, out + proc.stderr
     assert proc.returncode == 0, out
+
+
+def test_runner_ignores_the_pytest_settings_of_folders_above(
+    tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
+) -> None:
+    # upstream files carried inside a checkout (e.g. an ignored .upstream/) sit below its
+    # pyproject.toml; its settings (warnings as errors, strict markers) are not upstream's
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = ["--strict-markers"]\nfilterwarnings = ["error"]\n'
+    )
+    folder = tmp_path / "upstream"
+    folder.mkdir()
+    (folder / "test_loose.py").write_text(
+        "import warnings\nimport pytest\n\n\n@pytest.mark.cpu_model\n"
+        "def test_warns_with_an_unregistered_marker():\n"
+        "    warnings.warn(DeprecationWarning('upstream code warns'))\n"
+    )
+    proc = run_engine_compat(folder, tmp_path)
+    assert "test_loose.py: 1 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout
