@@ -79,7 +79,7 @@ for stage in $STAGES; do
                     -k "bad_indices or ${SANITIZE_K:-copy_blocks or gather_cache or concat_and_cache_mla or batched_moe or topk_sigmoid or static_quant_fp8}" \
                     2>&1 | tee "$OUT/sanitize.log" | tail -30; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         compat) for d in ${COMPAT_DIRS:-.upstream/vllm .upstream/sgl}; do
-                    n=$(basename "$d"); kv=COMPAT_K_$n; k=${!kv:-}
+                    n=$(basename "$d"); kv=COMPAT_K_${n//[^A-Za-z0-9_]/_}; k=${!kv:-}
                     timeout "${COMPAT_TIMEOUT:-300}" python3 "$REPO/tools/engine_compat.py" --device cuda "$REPO/$d" -- -q \
                         ${k:+-k "$k"} 2>&1 | tee "$OUT/compat_$n.log" | tail -45; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 done ;;

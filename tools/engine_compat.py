@@ -597,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
                     "--continue-on-collection-errors",
                     "--rootdir",
                     str(args.folder if args.folder.is_dir() else args.folder.parent),
+                    # -c moves pytest's confcutdir to the ini's folder: keep it at the files'
+                    "--confcutdir",
+                    str(top),
                     *extra,
                 ],
                 plugins=[plugin, _fixture_plugin()],

@@ -184,14 +184,18 @@ def _layers(ops: Any) -> dict[str, Any]:
             return x if residual is None else (x, residual)
 
         def forward(self, x: Any, residual: Any = None) -> Any:
-            w = self.weight.data
-            if residual is None and w.dtype != x.dtype:
+            w, orig = self.weight.data, x.dtype
+            if w.dtype != orig:
                 # Gemma's float32 weight with bf16 / fp16 activations (vLLM's forward_native:
-                # everything in float32, one rounding at the end): opmux's float32 norm of the
-                # float32 input, rounded once; opmux's contract wants one dtype
-                out = torch.empty_like(x, dtype=torch.float32)
+                # the add in the input dtype (fp16: in float32), the norm in float32, one
+                # rounding at the end): opmux's float32 norm of the sum, rounded once (opmux's
+                # contract wants one dtype per call)
+                if residual is not None:
+                    x = x.float() + residual.float() if orig == torch.float16 else x + residual
+                    residual = x
+                out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
                 ops.gemma_rms_norm(out, x.float(), w.float(), self.variance_epsilon)
-                return out.to(x.dtype)
+                return out.to(orig) if residual is None else (out.to(orig), residual)
             if residual is not None and x.dtype == torch.float16:
                 residual = x.float() + residual.float()  # a new float32 tensor, as vLLM's
                 out = torch.empty_like(residual)

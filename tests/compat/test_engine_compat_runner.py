@@ -201,6 +201,23 @@ def test_gemma_fp16_residual_and_fused_quant():
     assert torch.equal(r2, r)  # as torch.library.opcheck: the arguments are left as they are
     torch.ops._C.fused_add_rms_norm_static_fp8_quant(q, x, r2, w, s, 1e-6)
     assert torch.equal(r2, x + r) and _ran("fused_add_rmsnorm_static_quant_fp8")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("residual", [False, True])
+@torch.inference_mode()
+def test_gemma_float32_weight_with_half_activations(dtype, residual):
+    layer = GemmaRMSNorm(64).to(device="cuda")  # Gemma's float32 weight
+    layer.weight.data.normal_(std=0.1)
+    x = torch.randn(5, 64, device="cuda", dtype=dtype)
+    r = torch.randn_like(x) if residual else None
+    ref = layer.forward_native(x, None if r is None else r.clone())
+    out = layer(x, None if r is None else r.clone())
+    if residual:
+        assert out[1].dtype == ref[1].dtype and torch.equal(out[1], ref[1])
+        out, ref = out[0], ref[0]
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
 """
 
 
@@ -213,7 +230,7 @@ def test_runner_shims_vllm_core_and_quant_imports(
     proc = run_engine_compat(tmp_path / "core", tmp_path)
     out = proc.stdout
     # one CUDA device as on a one-GPU machine: two rms_norm cases, not four
-    assert "test_core_style.py: 5 passed" in out, out + proc.stderr
+    assert "test_core_style.py: 9 passed" in out, out + proc.stderr
     assert proc.returncode == 0, out
 
 
@@ -225,6 +242,7 @@ def test_runner_ignores_the_pytest_settings_of_folders_above(
     (tmp_path / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\naddopts = ["--strict-markers"]\nfilterwarnings = ["error"]\n'
     )
+    (tmp_path / "conftest.py").write_text("raise RuntimeError('a conftest above the upstream folder ran')\n")
     folder = tmp_path / "upstream"
     folder.mkdir()
     (folder / "test_loose.py").write_text(

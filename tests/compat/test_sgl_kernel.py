@@ -44,7 +44,10 @@ SIGNATURES = {
         "fuse_silu_and_mul", "masked_m", "enable_v2",
     ],
     "topk_softmax": ["topk_weights", "topk_ids", "gating_output", "renormalize"],
-    "topk_sigmoid": ["topk_weights", "topk_ids", "gating_output", "renormalize", "correction_bias"],
+    "topk_sigmoid": [
+        "topk_weights", "topk_ids", "gating_output", "renormalize", "correction_bias", "routed_scaling_factor",
+        "num_fused_shared_experts",
+    ],
     "moe_align_block_size": [
         "topk_ids", "num_experts", "block_size", "sorted_token_ids", "experts_ids", "num_tokens_post_pad",
         "cumsum_buffer", "pad_sorted_token_ids",
@@ -285,10 +288,24 @@ def test_per_token_group_quant_8bit_fused_silu_and_masked_m(backend: str) -> Non
         _dequant_close(q[i, :n], ref_q)
         # q of the masked-out rows untouched; their scales 0, as in sgl's reference layout
         assert bool((q[i, n:].float() == 2).all()) and bool((s[i, n:] == 0).all())
-    with pytest.raises(ValueError, match="masked_m must hold 3 counts"):
+    with pytest.raises(ValueError, match="masked_m must hold 3 counts of at most 6"):
         sgl.sgl_per_token_group_quant_8bit(
             x, q, s, gs, 1e-10, -448.0, 448.0, fuse_silu_and_mul=True, masked_m=torch.tensor([7, 0, 0])
         )
+    with pytest.raises(ValueError, match="masked_m must be a 1-D tensor"):
+        sgl.sgl_per_token_group_quant_8bit(
+            x, q, s, gs, 1e-10, -448.0, 448.0, fuse_silu_and_mul=True, masked_m=torch.tensor([[6, 0, 2]])
+        )
+    with pytest.raises(ValueError, match="output_s has shape"):
+        sgl.sgl_per_token_group_quant_8bit(
+            x, q, s[0], gs, 1e-10, -448.0, 448.0, fuse_silu_and_mul=True, masked_m=masked
+        )
+    # as sgl-kernel: a negative count runs no row, entries past the experts are not read
+    s.fill_(-1.0)
+    sgl.sgl_per_token_group_quant_8bit(
+        x, q, s, gs, 1e-10, -448.0, 448.0, fuse_silu_and_mul=True, masked_m=torch.tensor([-1, 0, 2, 99])
+    )
+    assert bool((s[0] == 0).all()) and bool((s[2, 2:] == 0).all()) and bool((s[2, :2] > 0).all())
 
 
 def test_per_tensor_quant_fp8_static_and_dynamic(backend: str) -> None:

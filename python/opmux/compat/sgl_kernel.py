@@ -246,12 +246,25 @@ def sgl_per_token_group_quant_8bit(
             input.dim() == 3,
             f"sgl_per_token_group_quant_8bit: masked_m needs a 3-D input, got {input.dim()}-D",
         )
-        counts = masked_m.tolist()
         _direct.need(
-            len(counts) == input.shape[0] and all(0 <= m <= input.shape[1] for m in counts),
-            f"sgl_per_token_group_quant_8bit: masked_m must hold {input.shape[0]} counts in "
-            f"[0, {input.shape[1]}], got {counts}",
+            isinstance(masked_m, torch.Tensor) and masked_m.dim() == 1,
+            "sgl_per_token_group_quant_8bit: masked_m must be a 1-D tensor of per-expert counts",
         )
+        _direct.need(
+            output_s.dim() == 3 and output_s.shape[:2] == input.shape[:2],
+            f"sgl_per_token_group_quant_8bit: output_s has shape {tuple(output_s.shape)}, expected "
+            f"[{input.shape[0]}, {input.shape[1]}, ...] like input",
+        )
+        counts = masked_m.tolist()
+        # sgl-kernel reads masked_m[e] for e < E and runs rows < masked_m[e]: extra entries are
+        # ignored there and a negative count runs nothing; a count past M would write past the
+        # buffers, refused here
+        _direct.need(
+            len(counts) >= input.shape[0] and all(m <= input.shape[1] for m in counts[: input.shape[0]]),
+            f"sgl_per_token_group_quant_8bit: masked_m must hold {input.shape[0]} counts of at most "
+            f"{input.shape[1]}, got {counts}",
+        )
+        counts = [max(0, m) for m in counts[: input.shape[0]]]
         for e, m in enumerate(counts):
             if m < output_s.shape[1]:
                 output_s[e, m:].zero_()  # the rows the mask leaves out

@@ -302,7 +302,8 @@ def per_token_group_quant_fp8(
     out_q: Tensor | None = None,
     use_ue8m0: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """vLLM's ``fp8_utils.per_token_group_quant_fp8``: ``scale = max(group amax, eps) / 448``
+    """vLLM's ``fp8_utils.per_token_group_quant_fp8``: ``scale = max(group amax, eps) / 448`` (on
+    CUDA ``* fp32(1 / 448)``, vLLM's arithmetic there: the op's ``divide_by_scale``)
     (``use_ue8m0``: rounded up to a power of two), ``q = fp8(x / scale)`` (vLLM divides), by
     opmux's kernel into ``out_q`` when given; scales row-major, column-major or TMA-aligned
     column-major."""

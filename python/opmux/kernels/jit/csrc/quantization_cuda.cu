@@ -21,8 +21,8 @@
 // Group scales go to float32 [rows, groups] with any strides, or (ue8m0 with int32 scales) to
 // sgl-kernel's packed layout: the UE8M0 exponent byte g % 4 of int32 element [row, g / 4].
 //
-// Arithmetic matches the reference: amax, scale = IEEE fp32 division (ue8m0: rounded up to a
-// power of two on its bits), q = e4m3(x * (1/scale)) (x / scale with `divide`) with
+// Arithmetic matches the reference: amax, scale = IEEE fp32 division (group scales with `divide`:
+// the float32 reciprocal product, vllm_form below; ue8m0: rounded up to a power of two on its bits), q = e4m3(x * (1/scale)) (x / scale with `divide`) with
 // __NV_SATFINITE round-to-nearest-even; int8 q = trunc(clamp(x * (1/scale), -128, 127)), NaN -> 0.
 // Build without --use_fast_math.
 #include <tvm/ffi/function.h>

@@ -531,20 +531,27 @@ def ref_static(x: Tensor, scale: Tensor, out: Tensor | None = None) -> Tensor:
     return q if out is None else out.copy_(q)
 
 
-def group_scale_of(m: Tensor, maxv: float, divide: bool) -> Tensor:
-    """A group's scale from ``m = max(amax, eps)``: ``m / maxv`` (IEEE division, every device).
+def group_scale_of(m: Tensor, maxv: float, recip: bool) -> Tensor:
+    """A group's scale from ``m = max(amax, eps)``: ``m / maxv`` (IEEE division), or with
+    ``recip`` ``m * fp32(1 / maxv)`` (the product rounded once).
 
-    With ``divide_by_scale`` the op follows vLLM's arithmetic, which depends on the device: on
-    CUDA ``m * fp32(1 / maxv)`` (vLLM's Triton kernel computes ``_absmax / fp8_max`` with
-    Triton's fp32 ``/``, a reciprocal multiply, and its test's reference is torch's CUDA division
-    by a Python scalar, the same product), on the CPU ``m / maxv`` (torch's CPU division, vLLM's
-    CPU path). The two differ in the last bit for about 40 % of groups, which moves an fp8
-    subnormal q across a rounding midpoint (one subnormal step, 33 % relative): vLLM's test
-    fails either way round. Every backend on one device computes the same form (the CUDA and
-    Triton kernels, this torch code; the CPU kernel divides)."""
-    if divide and m.is_cuda:
-        return m * torch.tensor(1.0 / maxv, dtype=torch.float32)  # a CPU scalar: float32 multiply
-    return m / torch.tensor(maxv, dtype=torch.float32, device=m.device)  # not a CPU scalar: IEEE
+    ``recip`` is ``divide_by_scale and x.is_cuda`` (``uses_recip``): with ``divide_by_scale`` the
+    op follows vLLM, whose arithmetic depends on the device. On CUDA its test's reference is
+    torch's division by a Python scalar, which multiplies by the float32 reciprocal (vLLM's
+    Triton kernel, ``_absmax / fp8_max``, computes an approximate division, ``div.full.f32``,
+    observed bit-equal to that product on the H200 test cases); on the CPU torch divides. The
+    two forms differ in the last bit for about 40 % of groups, which moves an fp8 subnormal q
+    across a rounding midpoint (one subnormal step, 33 % relative). Every backend on one device
+    computes the same form (the CUDA kernel and Triton take ``recip`` too; the CPU kernel
+    divides)."""
+    if recip:
+        return m * torch.tensor(1.0 / maxv, dtype=torch.float32)  # a CPU scalar: a float32 multiply
+    return m / m.new_full((), maxv)  # a 0-d tensor on m's device (no copy, graph-safe): IEEE
+
+
+def uses_recip(x: Tensor, divide: bool) -> bool:
+    """Whether the group scale of ``x`` takes the reciprocal form (see ``group_scale_of``)."""
+    return divide and x.is_cuda
 
 
 def _ref_group_scale(
@@ -552,7 +559,7 @@ def _ref_group_scale(
 ) -> tuple[Tensor, Tensor]:
     h = x.shape[-1]
     xg = x.float().reshape(*x.shape[:-1], h // group_size, group_size)
-    scale = group_scale_of(xg.abs().amax(-1, keepdim=True).clamp(min=eps), maxv, divide)
+    scale = group_scale_of(xg.abs().amax(-1, keepdim=True).clamp(min=eps), maxv, uses_recip(x, divide))
     return xg, ue8m0(scale) if ue else scale
 
 
@@ -635,7 +642,7 @@ def _torch_group_scale(
 ) -> tuple[Tensor, Tensor]:
     xg = x.float().reshape(x.shape[0], x.shape[1] // gs, gs)
     amax = torch.linalg.vector_norm(xg, float("inf"), dim=-1, keepdim=True)
-    scale = group_scale_of(torch.clamp_min(amax, eps), maxv, divide)
+    scale = group_scale_of(torch.clamp_min(amax, eps), maxv, uses_recip(x, divide))
     return xg, ue8m0(scale) if ue else scale
 
 
@@ -656,7 +663,8 @@ def torch_group_int8(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float) -> No
 
 
 #: Scales (float32) are computed from the exact row/group max with IEEE division in every
-#: backend, so they agree to fp32 rounding whatever the input dtype. The fp8 output is compared
+#: backend (group scales with ``divide_by_scale`` on CUDA: the reciprocal product, in every CUDA
+#: backend; ``group_scale_of``), so they agree to fp32 rounding whatever the input dtype. The fp8 output is compared
 #: as float with one e4m3 ulp of slack (see ``_common.FP8_E4M3_TOLERANCE``); int8 outputs with
 #: one unit (truncation toward zero turns a last-bit difference of ``x * (1 / scale)`` between two
 #: devices' arithmetic into one unit, as on the H200 against the CPU-checked values; vLLM's int8

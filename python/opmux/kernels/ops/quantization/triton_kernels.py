@@ -268,9 +268,11 @@ def per_token_group_quant(
     eps: float,
     ue8m0: bool = False,
     divide: bool = False,
+    recip: bool | None = None,
 ) -> None:
     """x, q: [rows, G * gs] with unit last stride (q fp8 or int8); s: [rows, G] float32 or
-    [rows, ceil(G / 4)] int32 (packed UE8M0), any strides."""
+    [rows, ceil(G / 4)] int32 (packed UE8M0), any strides. ``recip``: the scale's reciprocal
+    form (op.py's ``group_scale_of``); None: ``divide and x.is_cuda``, as the op wants."""
     rows, n = x.shape
     if rows == 0:
         return
@@ -295,7 +297,7 @@ def per_token_group_quant(
         UE8M0=ue8m0,
         PACKED=s.dtype == torch.int32,
         DIVIDE=divide,
-        RECIP=divide and x.is_cuda,  # see op.py's group_scale_of: vLLM's arithmetic per device
+        RECIP=divide and x.is_cuda if recip is None else recip,  # op.py's group_scale_of
         GPP=gpp,
         BLOCK=block,
         num_warps=4,
