@@ -598,7 +598,9 @@ def _q(shapes: Sequence[Shape], picks: Sequence[int]) -> list[Shape]:
     return [s for s in shapes if s.T in picks and (not s.dims or s.dims[0][1] == shapes[0].dims[0][1])][:2]
 
 
-def cases() -> list[OpCase]:
+def cases(extra: bool = False) -> list[OpCase]:
+    """The GPU suite's cases; ``extra``: also the ops added since (``_extra_cases``, which the
+    CPU suite times)."""
     L, A = "opmux.kernels.ops.layernorm", "opmux.kernels.ops.activation"
     norm = _norm_shapes((4096, 8192))
     gnorm = _norm_shapes((4096,))
@@ -890,6 +892,483 @@ def cases() -> list[OpCase]:
             kinds=("exact", "exact"),
             mutates=(2, 3),
             notes="8 kv heads x 128, block 16, cache [blocks, 16, 8, 128] (flash layout), random distinct slots",
+        ),
+    ]
+    return out + _extra_cases() if extra else out
+
+
+# --------------------------------------------------------------------------------------------
+# the ops added after the first GPU suite: timed by the CPU suite (bench_cpu.py asks for
+# cases(extra=True)); complete cases (references, outputs) the GPU suite can take up the same way
+
+
+def _act_shapes_h(ts: Sequence[int] = ALL_T) -> list[Shape]:
+    return [Shape(t, (("H", INTER),)) for t in ts]
+
+
+def _make_elementwise(s: Shape, g: torch.Generator, dev: str) -> Args:
+    return (_randn((s.T, s.get("H")), g, dev),)
+
+
+def _elementwise_bytes(s: Shape) -> int:
+    return 2 * s.T * s.get("H") * 2
+
+
+def eager_mul_and_silu(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return x[..., :d] * F.silu(x[..., d:])
+
+
+def eager_fatrelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.threshold(x[..., :d], 0.0, 0.0) * x[..., d:]
+
+
+SWIGLU_LIMIT = 7.0
+OAI_ALPHA = 1.702
+
+
+def eager_swiglustep_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]).clamp(max=SWIGLU_LIMIT) * x[..., d:].clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
+
+
+def eager_swigluoai_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate = x[..., ::2].clamp(max=SWIGLU_LIMIT)
+    up = x[..., 1::2].clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT)
+    return (up + 1) * (gate * torch.sigmoid(gate * OAI_ALPHA))
+
+
+def eager_gelu_new(x: torch.Tensor) -> torch.Tensor:  # Hugging Face's NewGELUActivation
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def eager_gelu_fast(x: torch.Tensor) -> torch.Tensor:  # Hugging Face's FastGELUActivation
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+def eager_gelu_quick(x: torch.Tensor) -> torch.Tensor:  # Hugging Face's QuickGELUActivation
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _fp32_of(eager: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Args], Outputs]:
+    """The float32 reference of an activation: its eager form on the input in float32."""
+    return lambda a: (eager(a[0].float()),)
+
+
+# -- rmsnorm with static fp8 quantization
+
+
+def _make_norm_quant(s: Shape, g: torch.Generator, dev: str) -> Args:
+    x, w = _make_norm(s, g, dev)
+    return (x, w, torch.tensor([0.02], device=dev, dtype=torch.float32))
+
+
+def _make_add_norm_quant(s: Shape, g: torch.Generator, dev: str) -> Args:
+    x, r, w = _make_add_norm(s, g, dev)
+    return (x, r, w, torch.tensor([0.02], device=dev, dtype=torch.float32))
+
+
+def _static_fp8(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (y.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def eager_rmsnorm_static_quant_fp8(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return _static_fp8(eager_rmsnorm(x, w), scale)
+
+
+def eager_fused_add_rmsnorm_static_quant_fp8(
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, r = eager_fused_add_rmsnorm(x, r, w)
+    return _static_fp8(y, scale), r
+
+
+def _norm_quant_bytes(s: Shape) -> int:
+    return s.T * s.get("H") * (2 + 1) + s.get("H") * 2
+
+
+def _add_norm_quant_bytes(s: Shape) -> int:
+    return s.T * s.get("H") * (3 * 2 + 1) + s.get("H") * 2
+
+
+# -- moe.topk_sigmoid (DeepSeek-V3-like: 256 experts, top 8, chosen by sigmoid + correction bias)
+
+
+def _sigmoid_shapes(ts: Sequence[int] = (1, 128, 4096, 32768)) -> list[Shape]:
+    return [Shape(t, (("E", e), ("k", 8))) for e in (256, 64) for t in ts]
+
+
+def _make_sigmoid(s: Shape, g: torch.Generator, dev: str) -> Args:
+    E = s.get("E")
+    return (_randn((s.T, E), g, dev), _randn((E,), g, dev, dtype=torch.float32, scale=0.1), s.get("k"))
+
+
+def _sigmoid_bytes(s: Shape) -> int:
+    return s.T * s.get("E") * 2 + s.get("E") * 4 + s.T * s.get("k") * (4 + 4)
+
+
+def eager_topk_sigmoid(g: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    s = torch.sigmoid(g.float())
+    i = torch.topk(s + bias, k, dim=-1).indices
+    return s.gather(-1, i), i
+
+
+def _sigmoid_ref(a: Args) -> Outputs:
+    s = torch.sigmoid(a[0].float())
+    w, i = eager_topk_sigmoid(a[0].float(), a[1], a[2])
+    order = w.argsort(dim=-1, descending=True)  # compare() orders the outputs by weight
+    return w.gather(-1, order), i.gather(-1, order), s
+
+
+# -- moe.batched_moe_align_block_size (vLLM's batched experts: E local experts, T tokens each at most)
+
+ALIGN_E, ALIGN_K, ALIGN_BLOCK = 64, 8, 64
+
+
+def _batched_shapes(ts: Sequence[int] = ALL_T) -> list[Shape]:
+    return [Shape(t, (("E", ALIGN_E), ("k", ALIGN_K), ("block", ALIGN_BLOCK))) for t in ts]
+
+
+def _make_batched(s: Shape, g: torch.Generator, dev: str) -> Args:
+    T, E, k = s.T, s.get("E"), s.get("k")
+    ids = torch.rand(T, E, generator=g, device=dev).topk(min(k, E), dim=-1).indices  # T tokens routed
+    counts = torch.bincount(ids.flatten(), minlength=E).to(torch.int32)
+    return (counts, T, s.get("block"))
+
+
+def _batched_bytes(s: Shape) -> int:
+    E, bs = s.get("E"), s.get("block")
+    n = E * ((s.T + bs - 1) // bs * bs)
+    return E * 4 + n * 4 + n // bs * 4 + 4
+
+
+def eager_batched_moe_align_block_size(
+    counts: torch.Tensor, m: int, bs: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's batched layout with static shapes: expert x's rows x * m + j (j < counts[x]) at
+    its padded offset, the rest of sorted_ids e * m; each block's expert, -1 past the total."""
+    e = counts.shape[0]
+    n = e * ((m + bs - 1) // bs * bs)
+    c = counts.long()
+    padded = (c + bs - 1) // bs * bs
+    ends = padded.cumsum(0)
+    j = torch.arange(m, device=counts.device)
+    rows = torch.arange(e, device=counts.device)[:, None] * m + j
+    pos = torch.where(j < c[:, None], (ends - padded)[:, None] + j, n)  # n: a slot past the end
+    out = torch.full((n + 1,), e * m, dtype=torch.int32, device=counts.device)
+    out.scatter_(0, pos.flatten(), rows.flatten().to(torch.int32))
+    blocks = torch.arange(n // bs, device=counts.device)
+    owner = torch.searchsorted(ends // bs, blocks, right=True)
+    expert_ids = torch.where(blocks < ends[-1] // bs, owner, -1).to(torch.int32)
+    return out[:n], expert_ids, ends[-1:].to(torch.int32)
+
+
+def _batched_ref(a: Args) -> Outputs:
+    return eager_batched_moe_align_block_size(*a)
+
+
+# -- kvcache.copy_blocks (one cache of the flash layout; the blocks of T tokens copied)
+
+
+def _copy_shapes(ts: Sequence[int] = ALL_T) -> list[Shape]:
+    return [Shape(t, (("Hk", 8), ("D", 128), ("block", BLOCK))) for t in ts]
+
+
+def _copy_pairs(s: Shape) -> int:
+    return max(1, s.T // s.get("block"))
+
+
+def _make_copy(s: Shape, g: torch.Generator, dev: str) -> Args:
+    Hk, D, B, n = s.get("Hk"), s.get("D"), s.get("block"), _copy_pairs(s)
+    nblocks = 2 * n + 4
+    perm = torch.randperm(nblocks, generator=g, device=dev)
+    mapping = torch.stack([perm[:n], perm[n : 2 * n]], dim=1).contiguous()  # sources, distinct targets
+    return (_randn((nblocks, B, Hk, D), g, dev), mapping)
+
+
+def _copy_bytes(s: Shape) -> int:
+    n = _copy_pairs(s)
+    return 2 * n * s.get("block") * s.get("Hk") * s.get("D") * 2 + n * 16
+
+
+def eager_copy_blocks(cache: torch.Tensor, mapping: torch.Tensor) -> None:
+    cache[mapping[:, 1]] = cache[mapping[:, 0]]
+
+
+def _copy_outputs(a: Args, ret: Any) -> Outputs:
+    return (a[0][a[1][:, 1]],)
+
+
+def _copy_ref(a: Args) -> Outputs:
+    return (a[0][a[1][:, 0]].float(),)
+
+
+# -- kvcache.concat_and_cache_mla (DeepSeek's MLA: kv_lora_rank 512 + rope 64, block 64)
+
+MLA_RANK, MLA_PE, MLA_BLOCK = 512, 64, 64
+
+
+def _mla_shapes(ts: Sequence[int] = ALL_T) -> list[Shape]:
+    return [Shape(t, (("rank", MLA_RANK), ("pe", MLA_PE), ("block", MLA_BLOCK))) for t in ts]
+
+
+def _make_mla(s: Shape, g: torch.Generator, dev: str) -> Args:
+    T, R, P, B = s.T, s.get("rank"), s.get("pe"), s.get("block")
+    nblocks = max(4, math.ceil(2 * T / B))
+    slots = torch.randperm(nblocks * B, generator=g, device=dev)[:T].to(torch.int64)
+    cache = torch.zeros(nblocks, B, R + P, device=dev, dtype=DT)
+    return (_randn((T, R), g, dev), _randn((T, P), g, dev), cache, slots)
+
+
+def _mla_bytes(s: Shape) -> int:
+    return 2 * s.T * (s.get("rank") + s.get("pe")) * 2 + s.T * 8
+
+
+def eager_concat_and_cache_mla(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    cache.view(-1, cache.shape[-1])[slots] = torch.cat([kv_c, k_pe], dim=-1)
+
+
+def _mla_outputs(a: Args, ret: Any) -> Outputs:
+    return (a[2].view(-1, a[2].shape[-1])[a[3]],)
+
+
+def _mla_ref(a: Args) -> Outputs:
+    return (torch.cat([a[0], a[1]], dim=-1).float(),)
+
+
+# -- kvcache.gather_cache (MLA's latent cache read back for chunked prefill: sequences of up to
+# 512 tokens through their block tables)
+
+GATHER_SEQ = 512
+
+
+def _gather_shapes(ts: Sequence[int] = ALL_T) -> list[Shape]:
+    return [Shape(t, (("entry", MLA_RANK + MLA_PE), ("block", MLA_BLOCK))) for t in ts]
+
+
+def _make_gather(s: Shape, g: torch.Generator, dev: str) -> Args:
+    T, W, B = s.T, s.get("entry"), s.get("block")
+    L = min(T, GATHER_SEQ)
+    batch = -(-T // L)
+    width = -(-L // B)
+    nblocks = 2 * batch * width + 4
+    table = torch.randperm(nblocks, generator=g, device=dev)[: batch * width].view(batch, width)
+    lens = torch.full((batch,), L, dtype=torch.int64, device=dev)
+    lens[-1] = T - L * (batch - 1)
+    cu = torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(torch.int32)
+    src = _randn((nblocks, B, W), g, dev)
+    dst = torch.zeros(T, W, device=dev, dtype=DT)
+    return (src, dst, table.to(torch.int32).contiguous(), cu)
+
+
+def _gather_bytes(s: Shape) -> int:
+    return 2 * s.T * s.get("entry") * 2
+
+
+def eager_gather_cache(
+    src: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor
+) -> None:
+    bs = src.shape[1]
+    tok = torch.arange(dst.shape[0], device=dst.device)
+    cu = cu_seq_lens.long()
+    seq = torch.searchsorted(cu[1:], tok, right=True)  # the sequence of each dst row
+    i = tok - cu[seq]
+    dst.copy_(src[block_table[seq, i // bs].long(), i % bs])
+
+
+def _gather_ref(a: Args) -> Outputs:
+    dst = a[1].clone()
+    eager_gather_cache(a[0], dst, a[2], a[3])
+    return (dst.float(),)
+
+
+def _none(why: str) -> Callable[[], list[Peer | tuple[str, str]]]:
+    return lambda: [("Liger", why), ("FlashInfer", why)]
+
+
+def _extra_cases() -> list[OpCase]:
+    L, A = "opmux.kernels.ops.layernorm", "opmux.kernels.ops.activation"
+    M, K = "opmux.kernels.ops.moe", "opmux.kernels.ops.kvcache"
+
+    def x1(a: Args) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return ((a[0],), {})
+
+    out: list[OpCase] = []
+    gated = (
+        ("mul_and_silu", eager_mul_and_silu, ""),
+        ("fatrelu_and_mul", eager_fatrelu_and_mul, "threshold 0"),
+        ("swiglustep_and_mul", eager_swiglustep_and_mul, "limit 7"),
+        ("swigluoai_and_mul", eager_swigluoai_and_mul, "gpt-oss: interleaved gate/up, alpha 1.702, limit 7"),
+    )
+    for name, eager, notes in gated:
+        out.append(
+            OpCase(
+                f"activation.{name}",
+                "activation",
+                f"{A}:{name}",
+                _act_shapes(),
+                _q(_act_shapes(), (128, 4096)),
+                _make_act,
+                _act_bytes,
+                _fp32_of(eager),
+                x1,
+                _ret_or((0,)),
+                eager,
+                _ret,
+                _none("no such activation op"),
+                notes=notes,
+            )
+        )
+    for name, eager in (
+        ("gelu_new", eager_gelu_new),
+        ("gelu_fast", eager_gelu_fast),
+        ("gelu_quick", eager_gelu_quick),
+    ):
+        out.append(
+            OpCase(
+                f"activation.{name}",
+                "activation",
+                f"{A}:{name}",
+                _act_shapes_h(),
+                _q(_act_shapes_h(), (128, 4096)),
+                _make_elementwise,
+                _elementwise_bytes,
+                _fp32_of(eager),
+                x1,
+                _ret_or((0,)),
+                eager,
+                _ret,
+                _none("no element-wise gelu op"),
+                notes="element-wise on [T, 14336]",
+            )
+        )
+    qnorm = _norm_shapes((4096,))
+    out += [
+        OpCase(
+            "layernorm.rmsnorm_static_quant_fp8",
+            "rmsnorm",
+            f"{L}:rmsnorm_static_quant_fp8",
+            qnorm,
+            _q(qnorm, (128, 4096)),
+            _make_norm_quant,
+            _norm_quant_bytes,
+            lambda a: (_static_fp8(rms_ref(a[0], a[1]), a[2]),),
+            lambda a: ((a[0], a[1], a[2], EPS), {}),
+            _ret_or((0,)),
+            eager_rmsnorm_static_quant_fp8,
+            _ret,
+            _none("no fused rmsnorm + static fp8 quantization op"),
+            kinds=("fp8",),
+            notes="per-tensor float32 scale",
+        ),
+        OpCase(
+            "layernorm.fused_add_rmsnorm_static_quant_fp8",
+            "rmsnorm",
+            f"{L}:fused_add_rmsnorm_static_quant_fp8",
+            qnorm,
+            _q(qnorm, (128, 4096)),
+            _make_add_norm_quant,
+            _add_norm_quant_bytes,
+            lambda a: (_static_fp8(_add_ref(0.0)(a[:3])[0], a[3]), a[0].float() + a[1].float()),
+            lambda a: ((a[0], a[1], a[2], a[3], EPS), {}),
+            lambda a, r: (_first(r), a[1]),
+            eager_fused_add_rmsnorm_static_quant_fp8,
+            _ret,
+            _none("no fused add + rmsnorm + static fp8 quantization op"),
+            kinds=("fp8", "float"),
+            mutates=(1,),
+            notes="residual += x in place; per-tensor float32 scale",
+        ),
+        OpCase(
+            "moe.topk_sigmoid",
+            "moe",
+            f"{M}:topk_sigmoid",
+            _sigmoid_shapes(),
+            _q(_sigmoid_shapes(), (128, 4096)),
+            _make_sigmoid,
+            _sigmoid_bytes,
+            _sigmoid_ref,
+            lambda a: ((a[0], a[2]), {"correction_bias": a[1]}),
+            _topk_outputs,
+            eager_topk_sigmoid,
+            _topk_outputs,
+            _none("no standalone topk_sigmoid API"),
+            kinds=("topk", "topk"),
+            notes="256 experts, k=8, chosen by sigmoid + float32 correction bias, renormalize=False",
+        ),
+        OpCase(
+            "moe.batched_moe_align_block_size",
+            "moe",
+            f"{M}:batched_moe_align_block_size",
+            _batched_shapes(),
+            _q(_batched_shapes(), (128, 4096)),
+            _make_batched,
+            _batched_bytes,
+            _batched_ref,
+            lambda a: ((a[0], a[1], a[2]), {}),
+            _ret,
+            eager_batched_moe_align_block_size,
+            _ret,
+            _none("no batched moe_align_block_size API"),
+            kinds=("exact", "exact", "exact"),
+            notes="64 experts, counts of T tokens routed to 8 each, max_tokens_per_batch T, block 64",
+        ),
+        OpCase(
+            "kvcache.copy_blocks",
+            "kvcache",
+            f"{K}:copy_blocks",
+            _copy_shapes(),
+            _q(_copy_shapes(), (128, 4096)),
+            _make_copy,
+            _copy_bytes,
+            _copy_ref,
+            lambda a: ((a[0], a[1]), {}),
+            _copy_outputs,
+            eager_copy_blocks,
+            _copy_outputs,
+            _none("no copy_blocks API"),
+            kinds=("exact",),
+            mutates=(0,),
+            notes="cache [blocks, 16, 8, 128], max(1, T / 16) (src, dst) pairs: the blocks of T tokens",
+        ),
+        OpCase(
+            "kvcache.concat_and_cache_mla",
+            "kvcache",
+            f"{K}:concat_and_cache_mla",
+            _mla_shapes(),
+            _q(_mla_shapes(), (128, 4096)),
+            _make_mla,
+            _mla_bytes,
+            _mla_ref,
+            lambda a: ((a[0], a[1], a[2], a[3]), {}),
+            _mla_outputs,
+            eager_concat_and_cache_mla,
+            _mla_outputs,
+            _none("no MLA cache-write API"),
+            kinds=("exact",),
+            mutates=(2,),
+            notes="kv_c [T, 512], k_pe [T, 64], cache [blocks, 64, 576], random distinct slots",
+        ),
+        OpCase(
+            "kvcache.gather_cache",
+            "kvcache",
+            f"{K}:gather_cache",
+            _gather_shapes(),
+            _q(_gather_shapes(), (128, 4096)),
+            _make_gather,
+            _gather_bytes,
+            _gather_ref,
+            lambda a: ((a[0], a[1], a[2], a[3]), {}),
+            lambda a, r: (a[1],),
+            eager_gather_cache,
+            lambda a, r: (a[1],),
+            _none("no gather_cache API"),
+            kinds=("exact",),
+            mutates=(1,),
+            notes="MLA cache [blocks, 64, 576]; sequences of min(T, 512) tokens through int32 block tables",
         ),
     ]
     return out

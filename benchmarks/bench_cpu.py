@@ -2,7 +2,9 @@
 
     PYTHONPATH=python python benchmarks/bench_cpu.py --out docs/benchmarks/cpu
 
-Same op cases as the GPU suite (benchmarks/bench_cases.py) at CPU token counts T = 1, 32, 256
+The op cases of the GPU suite and the ops added since (benchmarks/bench_cases.py, ``cases(extra=True)``;
+kvcache.swap_blocks is not among them: it has no kernel, its copies are ``Tensor.copy_`` calls,
+transfers between devices for the copy engine) at CPU token counts T = 1, 32, 256
 and 4096, in bfloat16, float16 and float32 (``--big-dtypes`` can limit T = 4096 to fewer dtypes;
 a T = 4096 call is timed once per round, so all three take a few minutes). For every (op, dtype,
 T) one process times, interleaved in rounds on one input set (fresh copies for in-place ops):
@@ -299,7 +301,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     bw0 = bandwidth_gbs(args.threads)
     ft0 = first_touch_gbs(args.threads)
     cells: list[Cell] = []
-    for case in bc.cases():
+    for case in bc.cases(extra=True):
         if args.ops and not any(s in case.op for s in args.ops.split(",")):
             continue
         mod, _, name = case.public.partition(":")
