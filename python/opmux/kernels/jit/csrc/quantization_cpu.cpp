@@ -167,22 +167,7 @@ OPMUX_V512_INLINE float abs_max(const T* v, int64_t n) {
   return cpu::bits_to_f32(_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1)));
 }
 
-// cpu::float_to_e4m3fn_branchless on 16 lanes (bit-identical), the codes in the low bytes.
-OPMUX_V512_INLINE __m128i to_e4m3fn(__m512 f) {
-  const __m512i w = _mm512_castps_si512(f);
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(w, 24), _mm512_set1_epi32(0x80));
-  const __m512i u = _mm512_and_si512(w, _mm512_set1_epi32(0x7FFFFFFF));
-  const __m512i k141 = _mm512_set1_epi32(141 << 23);
-  const __m512i sub = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(u), _mm512_castsi512_ps(k141))), k141);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1));
-  const __m512i nrm = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(static_cast<int32_t>((7u - 127u) << 23) + 0x7FFFF)), odd), 20);
-  __m512i v = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epu32_mask(u, _mm512_set1_epi32(121 << 23)), sub);
-  v = _mm512_mask_mov_epi32(v, _mm512_cmpge_epu32_mask(u, _mm512_set1_epi32(0x43E00000)), _mm512_set1_epi32(0x7E));
-  v = _mm512_mask_mov_epi32(v, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
-  return _mm512_cvtepi32_epi8(_mm512_or_si512(sign, _mm512_and_si512(v, _mm512_set1_epi32(0xFF))));
-}
+// to_e4m3fn (16 lanes -> e4m3fn codes): opmux/cpu_vec.h.
 
 template <typename T>
 OPMUX_V512_INLINE void quantize(uint8_t* q, const T* x, int64_t n, float inv) {

@@ -261,6 +261,37 @@ OPMUX_V512_INLINE float hsum(__m512 v) {
   return _mm_cvtss_f32(x);
 }
 
+// cpu::float_to_e4m3fn_branchless (opmux/fp8_cpu.h) on 16 lanes (bit-identical), the codes in the
+// low bytes.
+OPMUX_V512_INLINE __m128i to_e4m3fn(__m512 f) {
+  const __m512i w = _mm512_castps_si512(f);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(w, 24), _mm512_set1_epi32(0x80));
+  const __m512i u = _mm512_and_si512(w, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i k141 = _mm512_set1_epi32(141 << 23);
+  const __m512i sub = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(u), _mm512_castsi512_ps(k141))), k141);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1));
+  const __m512i nrm = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(static_cast<int32_t>((7u - 127u) << 23) + 0x7FFFF)), odd), 20);
+  __m512i v = _mm512_mask_mov_epi32(nrm, _mm512_cmplt_epu32_mask(u, _mm512_set1_epi32(121 << 23)), sub);
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpge_epu32_mask(u, _mm512_set1_epi32(0x43E00000)), _mm512_set1_epi32(0x7E));
+  v = _mm512_mask_mov_epi32(v, _mm512_cmpgt_epu32_mask(u, _mm512_set1_epi32(0x7F800000)), _mm512_set1_epi32(0x7F));
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(sign, _mm512_and_si512(v, _mm512_set1_epi32(0xFF))));
+}
+
+// v rounded to T and back to fp32 lanes: the value a store of v and a load would give.
+template <bool NB>
+OPMUX_V512_INLINE __m512 round_to(const float*, __m512 v) { return v; }
+template <bool NB>
+OPMUX_V512_INLINE __m512 round_to(const half_t*, __m512 v) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+template <bool NB>
+OPMUX_V512_INLINE __m512 round_to(const bf16_t*, __m512 v) {
+  const __m256i h = NB ? bf16_native(v) : bf16_round(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 }  // namespace v512
 }  // namespace cpu
 }  // namespace opmux
