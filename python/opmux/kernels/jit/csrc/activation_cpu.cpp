@@ -266,6 +266,39 @@ template <> struct Vec<SwigluStep> {
   }
 };
 
+// gpt-oss: c = min(g, limit), (clamp(u, -limit, limit) + 1) * c * sigmoid(alpha c); the
+// sigmoid as Silu's (2^y, y = -alpha c log2 e clamped to [-200, 200]: alpha may be negative).
+template <> struct Vec<SwigluOai> {
+  static OPMUX_V512_INLINE __m512 gated(__m512 g, __m512 u, const ActParams& p) {
+    const __m512 l = _mm512_set1_ps(p.b);
+    const __m512 c = clamp_hi(g, l);
+    __m512 y = _mm512_mul_ps(c, _mm512_set1_ps(-p.a * 1.44269504088896341f));
+    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-200.0f)), _mm512_set1_ps(200.0f));
+    const __m512 sig = _mm512_mul_ps(c, recip_ge1(_mm512_add_ps(_mm512_set1_ps(1.0f), exp2_16(y))));
+    return _mm512_mul_ps(_mm512_add_ps(clamp_abs16(u, l), _mm512_set1_ps(1.0f)), sig);
+  }
+};
+
+// o[0, n) = swigluoai of the n (gate, up) pairs at x (x[2i], x[2i + 1]): 32 elements a step,
+// split into their even (gate) and odd (up) lanes; the tail masked.
+template <bool NB, typename T>
+void oai_piece(T* o, const T* x, int64_t n, const ActParams& p) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) {
+    const __m512 a = load(x + 2 * i), b = load(x + 2 * i + kW);
+    const __m512 g = _mm512_permutex2var_ps(a, even, b), u = _mm512_permutex2var_ps(a, odd, b);
+    store<NB>(o + i, Vec<SwigluOai>::gated(g, u, p));
+  }
+  if (i < n) {
+    const int64_t e = 2 * (n - i);  // elements left, < 2 kW
+    const __m512 a = load(x + 2 * i, tail_mask(e)), b = load(x + 2 * i + kW, tail_mask(e > kW ? e - kW : 0));
+    const __m512 g = _mm512_permutex2var_ps(a, even, b), u = _mm512_permutex2var_ps(a, odd, b);
+    store<NB>(o + i, Vec<SwigluOai>::gated(g, u, p), tail_mask(n - i));
+  }
+}
+
 // o[0, n) = act(a), 16 lanes at a time, the tail masked.
 template <bool NB, typename T, typename Act>
 void act_piece(T* o, const T* a, int64_t n) {
@@ -302,6 +335,16 @@ OPMUX_CPU_INLINE void gated_piece(int level, T* o, const T* a, const T* b, int64
 #endif
   (void)level;
   gated_row<T, Act>(o, a, b, n, p);
+}
+
+template <typename T>
+OPMUX_CPU_INLINE void oai_piece(int level, T* o, const T* x, int64_t n, const ActParams& p) {
+#if OPMUX_CPU_VEC512
+  if (level == 2) return v512::oai_piece<true, T>(o, x, n, p);
+  if (level == 1) return v512::oai_piece<false, T>(o, x, n, p);
+#endif
+  (void)level;
+  oai_row<T>(o, x, n, p);
 }
 
 template <typename T, typename Act>
@@ -348,7 +391,7 @@ void gated_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_
     const T* a = x + r * x_stride + i0;  // the first half
     if constexpr (L == kHalves) gated_piece<T, Act>(level, o, a, a + d, n, p);
     if constexpr (L == kSwapped) gated_piece<T, Act>(level, o, a + d, a, n, p);
-    if constexpr (L == kPairs) oai_row<T>(o, x + r * x_stride + 2 * i0, n, p);
+    if constexpr (L == kPairs) oai_piece<T>(level, o, x + r * x_stride + 2 * i0, n, p);
     if constexpr (L == kVllmHalves) gated_vllm_row<T, typename IeeeOf<Act>::type>(o, a, a + d, n);
     if constexpr (L == kVllmSwapped) gated_vllm_row<T, typename IeeeOf<Act>::type>(o, a + d, a, n);
   }
@@ -360,6 +403,7 @@ void act_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t 
   const int nt = cpu::threads_for(rows * d * 2 * static_cast<int64_t>(sizeof(T)), kParallelMinBytes, items);
   const int level = cpu::vec_level();
   (void)nt;
+  if (out_stride == d) cpu::advise_huge_pages(out, rows * d * static_cast<int64_t>(sizeof(T)));
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
