@@ -1189,6 +1189,79 @@ def _none(why: str) -> Callable[[], list[Peer | tuple[str, str]]]:
     return lambda: [("Liger", why), ("FlashInfer", why)]
 
 
+# -- quantization: per-tensor fp8, group int8, static fp8 (the #13 features' ops)
+
+
+def _pt_bytes(s: Shape) -> int:
+    return s.T * s.get("H") * (2 + 2 + 1) + 4  # two passes over x (amax, then q)
+
+
+def eager_per_tensor_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = (x.abs().amax().float() / FP8_MAX).view(1)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def eager_per_token_group_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    T, H = x.shape
+    xg = x.view(T, H // GROUP, GROUP).float()
+    scale = xg.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / 127.0
+    q = (xg * (1.0 / scale)).clamp(-128.0, 127.0).trunc().to(torch.int8).view(T, H)
+    return q, scale.view(T, H // GROUP)
+
+
+def _make_static_quant(s: Shape, g: torch.Generator, dev: str) -> Args:
+    return (_randn((s.T, s.get("H")), g, dev), torch.tensor([0.01], device=dev, dtype=torch.float32))
+
+
+def _static_quant_bytes(s: Shape) -> int:
+    return s.T * s.get("H") * (2 + 1) + 4
+
+
+def eager_static_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return _static_fp8(x, scale)
+
+
+# -- moe.moe_align_block_size (vLLM's layout: experts in order, each padded to the block size)
+
+
+def _align_shapes(ts: Sequence[int] = ALL_T) -> list[Shape]:
+    return [Shape(t, (("E", ALIGN_E), ("k", ALIGN_K), ("block", ALIGN_BLOCK))) for t in ts]
+
+
+def _make_align(s: Shape, g: torch.Generator, dev: str) -> Args:
+    T, E, k = s.T, s.get("E"), s.get("k")
+    ids = torch.rand(T, E, generator=g, device=dev).topk(min(k, E), dim=-1).indices.to(torch.int32)
+    return (ids, s.get("block"), E)
+
+
+def _align_bytes(s: Shape) -> int:
+    n, E, bs = s.T * s.get("k"), s.get("E"), s.get("block")
+    padded = n + E * (bs - 1)
+    return n * 4 + padded * 4 + (padded + bs - 1) // bs * 4 + 4
+
+
+def eager_moe_align_block_size(
+    topk_ids: torch.Tensor, bs: int, e: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Static shapes (the most a layout can need): each expert's entries in token order at its
+    padded offset, the rest of sorted_ids numel; each block's expert, -1 past the total."""
+    flat = topk_ids.flatten().long()
+    n = flat.numel()
+    max_padded = n + e * (bs - 1)
+    counts = torch.bincount(flat, minlength=e)
+    padded = (counts + bs - 1) // bs * bs
+    ends = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)
+    se = flat[order]
+    pos = (ends - padded)[se] + torch.arange(n, device=flat.device) - (counts.cumsum(0) - counts)[se]
+    out = torch.full((max_padded,), n, dtype=torch.int32, device=flat.device)
+    out.scatter_(0, pos, order.to(torch.int32))
+    blocks = torch.arange((max_padded + bs - 1) // bs, device=flat.device)
+    owner = torch.searchsorted(ends // bs, blocks, right=True)
+    expert_ids = torch.where(blocks < ends[-1] // bs, owner, -1).to(torch.int32)
+    return out, expert_ids, ends[-1:].to(torch.int32)
+
+
 def _extra_cases() -> list[OpCase]:
     L, A = "opmux.kernels.ops.layernorm", "opmux.kernels.ops.activation"
     M, K = "opmux.kernels.ops.moe", "opmux.kernels.ops.kvcache"
@@ -1369,6 +1442,74 @@ def _extra_cases() -> list[OpCase]:
             kinds=("exact",),
             mutates=(1,),
             notes="MLA cache [blocks, 64, 576]; sequences of min(T, 512) tokens through int32 block tables",
+        ),
+        OpCase(
+            "quantization.per_tensor_quant_fp8",
+            "quant",
+            "opmux.kernels.ops.quantization:per_tensor_quant_fp8",
+            _quant_shapes(),
+            _q(_quant_shapes(), (128, 4096)),
+            _make_quant,
+            _pt_bytes,
+            lambda a: eager_per_tensor_quant_fp8(a[0].float()),
+            lambda a: ((a[0],), {}),
+            _ret,
+            eager_per_tensor_quant_fp8,
+            _ret,
+            _none("no per-tensor fp8 quantization op"),
+            kinds=("fp8", "float"),
+            notes="dynamic: scale = amax / 448 over the whole tensor (two passes)",
+        ),
+        OpCase(
+            "quantization.per_token_group_quant_int8",
+            "quant",
+            "opmux.kernels.ops.quantization:per_token_group_quant_int8",
+            _quant_shapes(),
+            _q(_quant_shapes(), (128, 4096)),
+            _make_quant,
+            _ptgq_bytes,
+            lambda a: eager_per_token_group_quant_int8(a[0].float()),
+            lambda a: ((a[0], GROUP), {}),
+            _ret,
+            eager_per_token_group_quant_int8,
+            _ret,
+            _none("no int8 group quantization op"),
+            kinds=("float", "float"),
+            notes="group 128, q truncated toward zero (sgl-kernel's int8_t conversion)",
+        ),
+        OpCase(
+            "quantization.static_quant_fp8",
+            "quant",
+            "opmux.kernels.ops.quantization:static_quant_fp8",
+            _quant_shapes(),
+            _q(_quant_shapes(), (128, 4096)),
+            _make_static_quant,
+            _static_quant_bytes,
+            lambda a: (_static_fp8(a[0].float(), a[1]),),
+            lambda a: ((a[0], a[1]), {}),
+            _ret_or((0,)),
+            eager_static_quant_fp8,
+            _ret,
+            _none("no static fp8 quantization op"),
+            kinds=("fp8",),
+            notes="per-tensor float32 scale",
+        ),
+        OpCase(
+            "moe.moe_align_block_size",
+            "moe",
+            "opmux.kernels.ops.moe:moe_align_block_size",
+            _align_shapes(),
+            _q(_align_shapes(), (128, 4096)),
+            _make_align,
+            _align_bytes,
+            lambda a: eager_moe_align_block_size(*a),
+            lambda a: ((a[0], a[1], a[2]), {}),
+            _ret,
+            eager_moe_align_block_size,
+            _ret,
+            _none("no moe_align_block_size API"),
+            kinds=("exact", "exact", "exact"),
+            notes="64 experts, T tokens routed to 8 each (int32 ids), block 64",
         ),
     ]
     return out

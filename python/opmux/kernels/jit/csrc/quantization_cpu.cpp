@@ -193,6 +193,30 @@ OPMUX_V512_INLINE void quantize_div(uint8_t* q, const T* x, int64_t n, float sca
   }
 }
 
+// q = int8(trunc(clamp(x * inv, -128, 127))), NaN -> 0: the portable loop's bits on 16 lanes.
+OPMUX_V512_INLINE __m128i to_int8(__m512 y) {
+  y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), y);  // NaN -> 0
+  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(y));  // truncation toward zero, then narrow
+}
+
+template <typename T>
+OPMUX_V512_INLINE void quantize(int8_t* q, const T* x, int64_t n, float inv) {
+  const __m512 s = _mm512_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), to_int8(_mm512_mul_ps(load(x + i), s)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm_mask_storeu_epi8(q + i, m, to_int8(_mm512_mul_ps(load(x + i, m), s)));
+  }
+}
+
+template <typename T>
+OPMUX_V512_INLINE void quantize_div(int8_t* q, const T* x, int64_t n, float scale) {
+  quantize(q, x, n, 1.0f / scale);  // not used: int8 has no division mode
+}
+
 template <typename T>
 float per_token_row(uint8_t* q, const T* x, int64_t n, const float* ub, bool divide) {
   const float scale = token_scale(abs_max(x, n), ub);
@@ -214,8 +238,8 @@ float row_abs_max(const T* x, int64_t n) {
   return abs_max(x, n);
 }
 
-template <typename T>
-void per_group_row(uint8_t* q, const ScaleOut& so, int64_t r, const T* x, int64_t groups, int64_t gs,
+template <typename T, typename Q>
+void per_group_row(Q* q, const ScaleOut& so, int64_t r, const T* x, int64_t groups, int64_t gs,
                    float eps, float qmax, bool ue8m0, bool divide) {
   for (int64_t g = 0; g < groups; ++g) {
     const T* xg = x + g * gs;
@@ -350,12 +374,10 @@ void per_group_impl(Q* q, const ScaleOut& so, const T* x, const QuantRows& a, in
 #endif
   for (int64_t r = 0; r < a.rows; ++r) {
 #if OPMUX_CPU_VEC512
-    if constexpr (kFp8) {
-      if (level >= 1) {
-        v512::per_group_row(q + r * a.q_stride, so, r, x + r * a.x_stride, groups, gs, eps, qmax, ue8m0,
-                            divide);
-        continue;
-      }
+    if (level >= 1) {  // fp8 and int8 (16 lanes: the same bits as the portable loops)
+      v512::per_group_row(q + r * a.q_stride, so, r, x + r * a.x_stride, groups, gs, eps, qmax, ue8m0,
+                          divide);
+      continue;
     }
 #endif
     per_group_row(q + r * a.q_stride, so, r, x + r * a.x_stride, groups, gs, eps, qmax, ue8m0, divide);
