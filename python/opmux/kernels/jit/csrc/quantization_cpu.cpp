@@ -169,28 +169,27 @@ OPMUX_V512_INLINE float abs_max(const T* v, int64_t n) {
 
 // to_e4m3fn (16 lanes -> e4m3fn codes): opmux/cpu_vec.h.
 
+// q[i] = conv(x[i]) for i < n, 16 lanes at a time, the tail masked; conv: 16 floats -> 16 bytes.
+template <typename T, typename Q, typename Conv>
+OPMUX_V512_INLINE void map_bytes(Q* q, const T* x, int64_t n, Conv conv) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), conv(load(x + i)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm_mask_storeu_epi8(q + i, m, conv(load(x + i, m)));
+  }
+}
+
 template <typename T>
 OPMUX_V512_INLINE void quantize(uint8_t* q, const T* x, int64_t n, float inv) {
   const __m512 s = _mm512_set1_ps(inv);
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), to_e4m3fn(_mm512_mul_ps(load(x + i), s)));
-  if (i < n) {
-    const __mmask16 m = tail_mask(n - i);
-    _mm_mask_storeu_epi8(q + i, m, to_e4m3fn(_mm512_mul_ps(load(x + i, m), s)));
-  }
+  map_bytes(q, x, n, [s](__m512 v) { return to_e4m3fn(_mm512_mul_ps(v, s)); });
 }
 
 template <typename T>
 OPMUX_V512_INLINE void quantize_div(uint8_t* q, const T* x, int64_t n, float scale) {
   const __m512 s = _mm512_set1_ps(scale);
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), to_e4m3fn(_mm512_div_ps(load(x + i), s)));
-  if (i < n) {
-    const __mmask16 m = tail_mask(n - i);
-    _mm_mask_storeu_epi8(q + i, m, to_e4m3fn(_mm512_div_ps(load(x + i, m), s)));
-  }
+  map_bytes(q, x, n, [s](__m512 v) { return to_e4m3fn(_mm512_div_ps(v, s)); });
 }
 
 // q = int8(trunc(clamp(x * inv, -128, 127))), NaN -> 0: the portable loop's bits on 16 lanes.
@@ -203,13 +202,7 @@ OPMUX_V512_INLINE __m128i to_int8(__m512 y) {
 template <typename T>
 OPMUX_V512_INLINE void quantize(int8_t* q, const T* x, int64_t n, float inv) {
   const __m512 s = _mm512_set1_ps(inv);
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), to_int8(_mm512_mul_ps(load(x + i), s)));
-  if (i < n) {
-    const __mmask16 m = tail_mask(n - i);
-    _mm_mask_storeu_epi8(q + i, m, to_int8(_mm512_mul_ps(load(x + i, m), s)));
-  }
+  map_bytes(q, x, n, [s](__m512 v) { return to_int8(_mm512_mul_ps(v, s)); });
 }
 
 template <typename T>
