@@ -149,15 +149,33 @@ def _act(name: str, t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_activations_round_like_vllm_bit_for_bit(backend: str, name: str, dtype: torch.dtype) -> None:
-    x = _r(64, 2 * 64, dtype=dtype, scale=2.0)
-    out = torch.empty(64, 64, dtype=dtype)
+def test_activations_on_the_cpu_are_vllms_forward_native(name: str, dtype: torch.dtype) -> None:
+    """vLLM's CPU platform runs these layers' forward_native (torch's CPU math on the strided
+    half, the product in the input dtype) and its test compares with it at atol=0: the compat
+    entry on CPU tensors is that expression, bit for bit, written into the caller's buffer."""
+    x = _r(83, 2 * 512, dtype=dtype, scale=2.0)
+    out = torch.full((83, 512), float("nan"), dtype=dtype)
+    ptr = out.data_ptr()
     getattr(vllm, name)(out, x)
+    assert out.data_ptr() == ptr
+    assert torch.equal(out, _act(name, x[:, :512]) * x[:, 512:])
+    with pytest.raises(ValueError, match="out has shape"):
+        getattr(vllm, name)(torch.empty(83, 1024, dtype=dtype), x)
+    with pytest.raises(ValueError, match="last dim must be even"):
+        getattr(vllm, name)(out, x[:, :5])
+
+
+@pytest.mark.parametrize("name", ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_vllm_rounding_mode_rounds_like_vllms_kernel(backend: str, name: str, dtype: torch.dtype) -> None:
+    """The ops' vllm_rounding kernel mode (what the compat entries run on CUDA, where vLLM's
+    kernels and torch's CUDA math are the same libdevice expressions: bit-equal on the H200)."""
+    x = _r(64, 2 * 64, dtype=dtype, scale=2.0)
+    out = getattr(activation, name)(x, True)
     # vLLM: act in fp32, rounded to the input dtype, then a product in the input dtype (the
     # fp32 product of two half values is exact, so one rounding of it is that product)
     a = _act(name, x[:, :64].float()).to(dtype).float()
     ref = (a.double() * x[:, 64:].double()).to(dtype)
-    assert torch.equal(out, getattr(activation, name)(x, True))  # the op's vllm_rounding kernel mode
     if dtype == torch.float32:  # nothing to round twice
         torch.testing.assert_close(out, _act(name, x[:, :64]) * x[:, 64:], atol=1e-5, rtol=1e-5)
         return

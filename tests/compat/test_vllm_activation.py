@@ -85,29 +85,39 @@ def test_fatrelu_is_bit_equal(backend: str, dtype: torch.dtype) -> None:
     torch.testing.assert_close(out, _fatrelu(x, 0.37), atol=0.0, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype", HALF)
-def test_mul_and_silu_rounds_as_vllm(backend: str, dtype: torch.dtype) -> None:
-    """silu rounded to the dtype, then the product in the dtype: vLLM's kernel, bit for bit where
-    the float32 silu rounds to the same half value (every element here; Triton's exp and
-    division are not IEEE, so it is held to one ulp). opmux's own mode (one rounding) is not."""
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
+def test_mul_and_silu_on_the_cpu_is_vllms_forward_native(dtype: torch.dtype) -> None:
+    """vLLM's CPU platform runs MulAndSilu.forward_native: the compat entry on CPU tensors is that
+    expression, bit for bit, in the caller's buffer."""
     x = _x(83, 2 * 512, dtype=dtype, scale=2.0)
-    out = torch.empty((83, 512), dtype=dtype)
+    out = torch.full((83, 512), float("nan"), dtype=dtype)
     vllm.mul_and_silu(out, x)
+    assert torch.equal(out, _mul_and_silu(x))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_mul_and_silu_mode_rounds_as_vllm(backend: str, dtype: torch.dtype) -> None:
+    """The op's vllm_rounding mode (the compat entry on CUDA): silu rounded to the dtype, then the
+    product in the dtype, vLLM's kernel, bit for bit where the float32 silu rounds to the same
+    half value (every element here; Triton's exp and division are not IEEE, so it is held to
+    one ulp). opmux's own mode (one rounding) is not."""
+    from opmux.kernels.ops import activation
+
+    x = _x(83, 2 * 512, dtype=dtype, scale=2.0)
+    out = activation.mul_and_silu(x, True)
     ref = _mul_and_silu(x)
     if backend == "triton":
         torch.testing.assert_close(out, ref, atol=ATOL[dtype], rtol=RTOL[dtype])
     else:
         torch.testing.assert_close(out, ref, atol=0.0, rtol=0.0)
-    from opmux.kernels.ops import activation
-
     assert not torch.equal(activation.mul_and_silu(x), ref)  # one rounding differs somewhere
 
 
-def test_mul_and_silu_float32(backend: str) -> None:
+def test_mul_and_silu_mode_float32(backend: str) -> None:
+    from opmux.kernels.ops import activation
+
     x = _x(7, 2 * 512, dtype=torch.float32, scale=2.0)
-    out = torch.empty((7, 512))
-    vllm.mul_and_silu(out, x)
-    torch.testing.assert_close(out, _mul_and_silu(x), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(activation.mul_and_silu(x, True), _mul_and_silu(x), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF])

@@ -123,8 +123,39 @@ def fused_add_rms_norm_static_fp8_quant(
 def _gated(name: str, out: Tensor, input: Tensor) -> None:
     """vLLM computes ``act(x)`` in fp32 (IEEE ``expf`` / ``erff`` / ``tanhf`` and division), rounds
     it to the input dtype, then multiplies in the input dtype (a second rounding; float32 has
-    nothing to round): opmux's activation op in its ``vllm_rounding`` kernel mode, into ``out``."""
-    getattr(_ops("activation"), name)(input, True, out)
+    nothing to round): opmux's activation op in its ``vllm_rounding`` kernel mode, into ``out``.
+    CPU tensors take vLLM's CPU form instead (``_cpu_native``)."""
+    if input.device.type == "cpu" and isinstance(out, torch.Tensor):
+        _cpu_native(name, out, input)
+    else:
+        getattr(_ops("activation"), name)(input, True, out)
+
+
+def _cpu_native(name: str, out: Tensor, input: Tensor) -> None:
+    """vLLM's layers on its CPU platform: ``SiluAndMul`` and ``MulAndSilu`` run their
+    ``forward_native`` there (``vllm/model_executor/layers/activation.py``), i.e. torch's CPU
+    ``F.silu`` / ``F.gelu`` on the strided half and the product in the input dtype, and vLLM's
+    test compares every gated activation with that expression bit for bit (``atol=0``). torch's
+    CPU vector math (Sleef ``expf``, ATen's ``erf`` / ``tanh``) is not an algorithm a kernel of
+    ours reproduces, so on the CPU these entries evaluate the same torch expressions, written
+    into ``out`` (``torch.mul(..., out=out)``, no copy). The argument contract is the op's own
+    (same errors as on every backend). For opmux's faster CPU kernel call the op itself."""
+    from opmux.kernels.ops.activation.op import check_vllm_rounding
+
+    check_vllm_rounding(f"activation.{name}", input, True, out)
+    F = torch.nn.functional
+    d = input.shape[-1] // 2
+    gate, up = (
+        (input[..., d:], input[..., :d]) if name == "mul_and_silu" else (input[..., :d], input[..., d:])
+    )
+    if name in ("silu_and_mul", "mul_and_silu"):
+        act = F.silu(gate)
+    else:
+        act = F.gelu(gate, approximate="tanh" if name == "gelu_tanh_and_mul" else "none")
+    if name == "mul_and_silu":
+        torch.mul(up, act, out=out)  # forward_native: x[..., :d] * F.silu(x[..., d:])
+    else:
+        torch.mul(act, up, out=out)
 
 
 def silu_and_mul(out: Tensor, input: Tensor) -> None:
@@ -143,7 +174,7 @@ def mul_and_silu(out: Tensor, input: Tensor) -> None:
     """``input[..., :d] * silu(input[..., d:])`` in vLLM's rounding: opmux's
     ``activation.mul_and_silu`` with ``vllm_rounding=True`` (silu by IEEE expf and division,
     rounded to the input dtype, then the product in that dtype), into ``out``."""
-    _ops("activation").mul_and_silu(input, True, out)
+    _gated("mul_and_silu", out, input)
 
 
 def fatrelu_and_mul(out: Tensor, input: Tensor, threshold: float = 0.0) -> None:
