@@ -19,6 +19,9 @@
 #          files carried in an ignored folder, default ".upstream/vllm .upstream/sgl"), pytest -k
 #          from $COMPAT_K_<folder name>, each folder stopped after $COMPAT_TIMEOUT s (default 300)
 #          (OUT_DIR/compat_<folder name>.log);
+# shards:  tools/engine_compat.py --device cuda over the folder $SHARDS_DIR, one process per pytest -k
+#          expression of $SHARDS_K (";"-separated), side by side, each stopped after
+#          $COMPAT_TIMEOUT s (OUT_DIR/shard_<n>.log): long upstream grids such as vLLM's swap_blocks;
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
 #          chain.log); its arguments from $CHAIN_ARGS (default --budget-s 360).
@@ -83,6 +86,18 @@ for stage in $STAGES; do
                     timeout "${COMPAT_TIMEOUT:-300}" python3 "$REPO/tools/engine_compat.py" --device cuda "$REPO/$d" -- -q \
                         ${k:+-k "$k"} 2>&1 | tee "$OUT/compat_$n.log" | tail -45; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 done ;;
+        shards) # one upstream folder ($SHARDS_DIR), its -k shards ($SHARDS_K, ";"-separated) side by side
+                IFS=';' read -ra ks <<< "${SHARDS_K:?SHARDS_K: pytest -k expressions separated by ;}"
+                pids=(); i=0
+                for k in "${ks[@]}"; do
+                    i=$((i + 1))
+                    timeout "${COMPAT_TIMEOUT:-300}" python3 "$REPO/tools/engine_compat.py" --device cuda \
+                        "$REPO/${SHARDS_DIR:?SHARDS_DIR: a folder of upstream test files}" -- -q -k "$k" \
+                        > "$OUT/shard_$i.log" 2>&1 &
+                    pids+=("$!")
+                done
+                for p in "${pids[@]}"; do wait "$p" || rc=1; done
+                for ((j = 1; j <= i; j++)); do echo "shard $j (${ks[j-1]}): $(tail -1 "$OUT/shard_$j.log")"; done ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"
