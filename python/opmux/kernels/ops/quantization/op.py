@@ -250,27 +250,31 @@ def check_per_tensor(
 
 def check_static(op: str, x: Tensor, scale: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], x2 [T, H], scale2 [Gm, Gn] (any strides), group_m, group_n), q)."""
-    try:  # the serving call ([T, H] rows, [Gm, Gn] scales, no out), each attribute read once
-        xs, ss, dev = x.shape, scale.shape, x.device
+    try:  # the serving call ([T, H] rows, one scale or [Gm, Gn] scales, no out), each attribute read once
+        xs, ss = x.shape, scale.shape
         if (
             out is None
+            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
+            and type(scale) is torch.Tensor
             and len(xs) == 2
-            and len(ss) == 2
             and xs[1] >= 1
-            and ss[0] > 0
-            and ss[1] > 0
-            and xs[0] % ss[0] == 0
-            and xs[1] % ss[1] == 0
             and x.dtype in _checks.FLOAT_DTYPES
             and scale.dtype == torch.float32
             and (xs[1] == 1 or x.stride()[1] == 1)
-            and min(scale.stride()) >= 0
-            and scale.device == dev
-            and isinstance(x, torch.Tensor)
-            and isinstance(scale, torch.Tensor)
         ):
-            q2 = torch.empty(xs[0], xs[1], dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
-            return (q2, x, scale, max(xs[0] // ss[0], 1), xs[1] // ss[1]), q2.view(torch.float8_e4m3fn)
+            dev, n = x.device, len(ss)
+            if n == 2:
+                gm, gn = ss
+                ok = gm > 0 and gn > 0 and xs[0] % gm == 0 and xs[1] % gn == 0 and min(scale.stride()) >= 0
+                s2 = scale
+            else:  # one scale ([1] or 0-d): the [1, 1] view the full checks make (reshape of one element)
+                ok = n == 0 or (n == 1 and ss[0] == 1)
+                gm = gn = 1
+                s2 = scale.view(1, 1) if ok else scale
+            if ok and scale.device == dev:
+                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+                q2 = p[torch.uint8].new_empty(xs[0], xs[1])  # fp8 crosses as its bytes
+                return (q2, x, s2, max(xs[0] // gm, 1), xs[1] // gn), q2.view(torch.float8_e4m3fn)
     except Exception:  # not tensors, ...: the full checks say what is wrong
         pass
     h = _hidden(_PS, x)
