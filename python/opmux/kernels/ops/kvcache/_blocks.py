@@ -191,11 +191,57 @@ def _slots(op: str, slot_mapping: Tensor, num_slots: int) -> None:
         )
 
 
+def _dense_last(t: Tensor) -> bool:
+    """A unit last stride (or at most one element there) and no stride negative: the layout the
+    full checks of concat_and_cache_mla take."""
+    st = t.stride()
+    return (st[-1] == 1 or t.shape[-1] <= 1) and min(st) >= 0
+
+
 def mla_check(
     op: str, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
 ) -> tuple[tuple[Any, ...], None]:
     """-> ((kv_c, k_pe, kv_cache, slot_mapping, scale, fp8), None); for a cache that is not
     fp8 the scale is passed as slot_mapping (unread)."""
+    try:  # the serving call (CPU tensors, a cache of kv_c's dtype, no scale), each attribute read once
+        if (
+            scale is None
+            and type(kv_c) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
+            and type(k_pe) is torch.Tensor
+            and type(kv_cache) is torch.Tensor
+            and type(slot_mapping) is torch.Tensor
+            and kv_c.is_cpu
+            and k_pe.is_cpu
+            and kv_cache.is_cpu
+            and slot_mapping.is_cpu
+        ):
+            dt = kv_c.dtype
+            t, r = kv_c.shape  # a wrong number of dims raises: the full checks name it
+            tp, p = k_pe.shape
+            nb, bs, entry = kv_cache.shape
+            (ts,) = slot_mapping.shape
+            if (
+                t > 0  # nothing empty: an empty tensor counts as contiguous whatever its strides
+                and r > 0
+                and p > 0
+                and nb > 0
+                and bs > 0
+                and dt in _checks.FLOAT_DTYPES
+                and k_pe.dtype == dt
+                and kv_cache.dtype == dt
+                and slot_mapping.dtype == torch.int64
+                and tp == t
+                and ts == t
+                and entry == r + p
+                # contiguous (and not empty): a unit last stride (or one element there), no stride negative
+                and (kv_c.is_contiguous() or _dense_last(kv_c))
+                and (k_pe.is_contiguous() or _dense_last(k_pe))
+                and (kv_cache.is_contiguous() or _dense_last(kv_cache))
+                and (slot_mapping.is_contiguous() or _dense_last(slot_mapping))
+            ):
+                return (kv_c, k_pe, kv_cache, slot_mapping, slot_mapping, False), None
+    except Exception:  # not tensors, other dims, ...: the full checks say what is wrong
+        pass
     for name, arg in (("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache), ("slot_mapping", slot_mapping)):
         _checks.tensor(op, name, arg)
     _checks.float_dtype(op, "kv_c", kv_c)
@@ -246,7 +292,12 @@ def mla_check(
 def mla_values(
     kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
 ) -> None:
-    _slots(MLA, slot_mapping, kv_cache.shape[0] * kv_cache.shape[1])
+    cs = kv_cache.shape
+    if slot_mapping.is_cpu and slot_mapping.numel() <= _checks.SMALL and slot_mapping.dim() == 1:
+        v = slot_mapping.tolist()  # decode: one C call, no aminmax (the rest, and any error: _slots)
+        if not v or (-1 <= min(v) and max(v) < cs[0] * cs[1]):
+            return
+    _slots(MLA, slot_mapping, cs[0] * cs[1])
 
 
 def _mla_write(
