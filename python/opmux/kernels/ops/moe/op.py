@@ -240,6 +240,39 @@ def check_sigmoid(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((w, ids, tei, has_tei, g, bias, has_bias, renormalize), (w, ids)): topk_softmax's
     contract without softcapping and bias_on_logits."""
+    try:  # the serving call (no buffers, a dense float32 bias or none), each attribute read once
+        if (
+            topk_weights is None
+            and topk_ids is None
+            and token_expert_indices is None
+            and type(g) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
+            and type(topk) is int
+            and (renormalize is False or renormalize is True)
+        ):
+            t, e = g.shape  # not 2-D raises: the full checks name it
+            dev = g.device
+            if (
+                0 < topk <= e
+                and g.dtype in _checks.FLOAT_DTYPES
+                and (e == 1 or g.stride()[1] == 1)
+                and (
+                    correction_bias is None
+                    or (
+                        type(correction_bias) is torch.Tensor
+                        and correction_bias.dtype == torch.float32
+                        and correction_bias.shape == (e,)
+                        and correction_bias.is_contiguous()  # [e], e >= 1: a unit stride (or one expert)
+                        and correction_bias.device == dev
+                    )
+                )
+            ):
+                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+                w, ids = p[torch.float32].new_empty(t, topk), p[torch.int32].new_empty(t, topk)
+                if correction_bias is None:
+                    return (w, ids, ids, False, g, g, False, renormalize), (w, ids)
+                return (w, ids, ids, False, g, correction_bias, True, renormalize), (w, ids)
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     return _check_route(
         _TS, g, topk, renormalize, correction_bias, topk_weights, topk_ids, token_expert_indices
     )
