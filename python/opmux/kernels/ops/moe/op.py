@@ -84,6 +84,19 @@ def _buffer(
     return buf
 
 
+#: device -> the (float32, int32) prototypes of ``_checks.PROTOS`` there: a routing op's two
+#: outputs are ``new_empty`` of these (one dict lookup for both)
+_OUT: dict[Any, tuple[Tensor, Tensor]] = {}
+
+
+def _out_protos(device: Any) -> tuple[Tensor, Tensor]:
+    p = _checks.protos(device)
+    pair = (p[torch.float32], p[torch.int32])
+    if _checks.PROTOS.get(device) is p:  # kept only where _checks keeps them (plain tensors)
+        _OUT[device] = pair
+    return pair
+
+
 def check_topk(
     op: str,
     g: Tensor,
@@ -99,31 +112,25 @@ def check_topk(
     """-> ((w, ids, tei, has_tei, g, bias, has_bias, renormalize, softcap, bias_on_logits), (w, ids));
     absent optional tensors are passed as another (unread) tensor with its flag False."""
     try:  # the serving call (no bias, no buffers), each attribute read once; else the full checks
-        gs, dev = g.shape, g.device
         if (
             correction_bias is None
             and topk_weights is None
             and topk_ids is None
             and token_expert_indices is None
+            and type(g) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
             and type(topk) is int
-            and type(renormalize) is bool
-            and type(bias_on_logits) is bool
+            and (renormalize is False or renormalize is True)
+            and (bias_on_logits is False or bias_on_logits is True)
             and type(moe_softcapping) is float
             and 0.0 <= moe_softcapping < math.inf
-            and len(gs) == 2
-            and 0 < topk <= gs[1]
-            and g.dtype in _checks.FLOAT_DTYPES
-            and (gs[1] == 1 or g.stride()[1] == 1)
-            and isinstance(g, torch.Tensor)
         ):
-            if type(g) is torch.Tensor:  # new_empty of a prototype: no keywords to parse (_checks.PROTOS)
-                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
-                w, ids_ = p[torch.float32].new_empty(gs[0], topk), p[torch.int32].new_empty(gs[0], topk)
-            else:  # fake tensors (torch.compile), subclasses
-                w = torch.empty(gs[0], topk, dtype=torch.float32, device=dev)
-                ids_ = torch.empty(gs[0], topk, dtype=torch.int32, device=dev)
-            fast = (w, ids_, ids_, False, g, g, False, renormalize, moe_softcapping, bias_on_logits)
-            return fast, (w, ids_)
+            t, e = g.shape  # not 2-D raises: the full checks name it
+            if 0 < topk <= e and g.dtype in _checks.FLOAT_DTYPES and (e == 1 or g.stride()[1] == 1):
+                dev = g.device
+                f32, i32 = _OUT.get(dev) or _out_protos(dev)
+                w, ids_ = f32.new_empty(t, topk), i32.new_empty(t, topk)
+                fast = (w, ids_, ids_, False, g, g, False, renormalize, moe_softcapping, bias_on_logits)
+                return fast, (w, ids_)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
     scoring = partial(_softmax_scoring, moe_softcapping, bias_on_logits)
@@ -266,8 +273,8 @@ def check_sigmoid(
                     )
                 )
             ):
-                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
-                w, ids = p[torch.float32].new_empty(t, topk), p[torch.int32].new_empty(t, topk)
+                f32, i32 = _OUT.get(dev) or _out_protos(dev)
+                w, ids = f32.new_empty(t, topk), i32.new_empty(t, topk)
                 if correction_bias is None:
                     return (w, ids, ids, False, g, g, False, renormalize), (w, ids)
                 return (w, ids, ids, False, g, correction_bias, True, renormalize), (w, ids)
