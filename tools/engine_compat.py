@@ -32,9 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def install_shims(shadow: bool = False) -> list[str]:
     """``sgl_kernel`` -> opmux.compat.sgl_kernel, ``vllm._custom_ops`` -> opmux.compat.vllm, and
     (with the latter) the few other names vLLM's kernel tests import (``_vllm_shims``). Returns
-    what it installed."""
-    sys.path.insert(0, str(ROOT / "python"))
-    installed = []
+    what it installed. opmux is the one the interpreter finds (an installed wheel: its artefact
+    under test), else this checkout's ``python/``."""
+    if importlib.util.find_spec("opmux") is None:
+        sys.path.insert(0, str(ROOT / "python"))
+    import opmux
+
+    installed = [f"opmux {opmux.__version__} from {Path(opmux.__file__).parent}"]
     if shadow or importlib.util.find_spec("sgl_kernel") is None:
         sys.modules["sgl_kernel"] = importlib.import_module("opmux.compat.sgl_kernel")
         installed.append("sgl_kernel -> opmux.compat.sgl_kernel")
