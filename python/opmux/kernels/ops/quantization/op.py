@@ -78,6 +78,20 @@ def _empty(device: torch.device) -> Tensor:
     return e
 
 
+#: device -> a 0-element int8 tensor there (``_checks.PROTOS`` has no int8): the int8 group
+#: quant's q is ``new_empty`` of it; kept only where ``_checks.PROTOS`` keeps its prototypes
+_I8: dict[torch.device, Tensor] = {}
+
+
+def _int8_proto(device: torch.device) -> Tensor:
+    p = _checks.protos(device)  # made first: the fast block then reads PROTOS[device]
+    with torch.inference_mode(False):
+        e = torch.empty(0, dtype=torch.int8, device=device)
+    if _checks.PROTOS.get(device) is p and type(e) is torch.Tensor:
+        _I8[device] = e
+    return e
+
+
 def _to_fp8(y: Tensor) -> Tensor:
     """fp32 -> e4m3fn, round to nearest even, saturating (torch's cast maps >= 480 to NaN)."""
     return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -154,22 +168,24 @@ def check_per_token(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], scales [T], x2 [T, H], scale_ub or an empty tensor, divide), (q, scales))."""
     try:  # the serving call ([T, H] rows, no buffers), each attribute read once; else the full checks
-        xs, dev = x.shape, x.device
         if (
             scale_ub is None
             and out_q is None
             and out_scale is None
+            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
             and type(divide_by_scale) is bool
-            and len(xs) == 2
-            and xs[1] >= 1
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] == 1 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
         ):
-            t, h = xs
-            q2 = torch.empty(t, h, dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
-            s = torch.empty(t, 1, dtype=torch.float32, device=dev)
-            return (q2, s.view(t), x, _empty(dev), divide_by_scale), (q2.view(torch.float8_e4m3fn), s)
+            t, h = x.shape  # not 2-D raises: the full checks name it
+            if h >= 1 and x.dtype in _checks.FLOAT_DTYPES and (h == 1 or x.stride()[1] == 1):
+                dev = x.device
+                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+                q2 = p[torch.uint8].new_empty(t, h)  # fp8 crosses as its bytes
+                s = p[torch.float32].new_empty(t, 1)
+                ub = _EMPTY.get(dev)
+                if ub is None:
+                    ub = _empty(dev)
+                # ravel: the dense [T] view of s (s.view(t), ~0.15 us less)
+                return (q2, s.ravel(), x, ub, divide_by_scale), (q2.view(torch.float8_e4m3fn), s)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
     h = _hidden(_PT, x)
@@ -210,20 +226,17 @@ def check_per_tensor(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 as uint8 [T, H], out scale [1], x2 [T, H], static scale [1] or an empty tensor), (q, scale))."""
     try:  # the dynamic serving call ([T, H] rows, no buffers), each attribute read once
-        xs, dev = x.shape, x.device
-        if (
-            scale is None
-            and out_q is None
-            and out_scale is None
-            and len(xs) == 2
-            and xs[1] >= 1
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] == 1 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
-        ):
-            q2 = torch.empty(xs[0], xs[1], dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
-            s = torch.empty(1, dtype=torch.float32, device=dev)
-            return (q2, s, x, _empty(dev)), (q2.view(torch.float8_e4m3fn), s)
+        if scale is None and out_q is None and out_scale is None and type(x) is torch.Tensor:
+            t, h = x.shape  # not 2-D raises: the full checks name it
+            if h >= 1 and x.dtype in _checks.FLOAT_DTYPES and (h == 1 or x.stride()[1] == 1):
+                dev = x.device
+                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+                q2 = p[torch.uint8].new_empty(t, h)  # fp8 crosses as its bytes
+                s = p[torch.float32].new_empty(1)
+                static = _EMPTY.get(dev)
+                if static is None:
+                    static = _empty(dev)
+                return (q2, s, x, static), (q2.view(torch.float8_e4m3fn), s)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
     h = _hidden(_PTT, x)
@@ -373,30 +386,32 @@ def check_group(
     """-> ((q2 as uint8 [T, H], scales [T, G] float32 or [T, ceil(G/4)] packed int32 (any
     strides), x2 [T, H], group_size, eps, ue8m0, divide), (q, scales))."""
     try:  # the serving call ([T, H] rows, row-major scales, no buffers); else the full checks
-        xs, dev = x.shape, x.device
         if (
             out_q is None
             and out_scale is None
             and column_major_scales is False
             and scale_tma_aligned is False
+            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
             and type(scale_ue8m0) is bool
             and type(divide_by_scale) is bool
             and type(group_size) is int
             and group_size > 0
             and type(eps) is float
             and 0.0 < eps < math.inf
-            and len(xs) == 2
-            and xs[1] >= 1
-            and xs[1] % group_size == 0
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] == 1 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
         ):
-            t, h = xs
-            q2 = torch.empty(t, h, dtype=torch.uint8, device=dev)  # fp8 crosses as its bytes
-            s2 = torch.empty(t, h // group_size, dtype=torch.float32, device=dev)
-            kargs = (q2, s2, x, group_size, eps, scale_ue8m0, divide_by_scale)
-            return kargs, (q2.view(torch.float8_e4m3fn), s2)
+            t, h = x.shape  # not 2-D raises: the full checks name it
+            if (
+                h >= 1
+                and h % group_size == 0
+                and x.dtype in _checks.FLOAT_DTYPES
+                and (h == 1 or x.stride()[1] == 1)
+            ):
+                dev = x.device
+                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+                q2 = p[torch.uint8].new_empty(t, h)  # fp8 crosses as its bytes
+                s2 = p[torch.float32].new_empty(t, h // group_size)
+                kargs = (q2, s2, x, group_size, eps, scale_ue8m0, divide_by_scale)
+                return kargs, (q2.view(torch.float8_e4m3fn), s2)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
     h, gs, eps, x2 = _group_common(_PG, x, group_size, eps, column_major_scales, scale_tma_aligned)
@@ -433,26 +448,31 @@ def check_group_int8(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((q2 int8 [T, H], scales [T, G] float32 (any strides), x2 [T, H], group_size, eps), (q, scales))."""
     try:  # the serving call ([T, H] rows, row-major scales, no buffers); else the full checks
-        xs, dev = x.shape, x.device
         if (
             out_q is None
             and out_scale is None
             and column_major_scales is False
             and scale_tma_aligned is False
+            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
             and type(group_size) is int
             and group_size > 0
             and type(eps) is float
             and 0.0 < eps < math.inf
-            and len(xs) == 2
-            and xs[1] >= 1
-            and xs[1] % group_size == 0
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] == 1 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
         ):
-            q = torch.empty(xs[0], xs[1], dtype=torch.int8, device=dev)
-            s2 = torch.empty(xs[0], xs[1] // group_size, dtype=torch.float32, device=dev)
-            return (q, s2, x, group_size, eps), (q, s2)
+            t, h = x.shape  # not 2-D raises: the full checks name it
+            if (
+                h >= 1
+                and h % group_size == 0
+                and x.dtype in _checks.FLOAT_DTYPES
+                and (h == 1 or x.stride()[1] == 1)
+            ):
+                dev = x.device
+                i8 = _I8.get(dev)
+                if i8 is None:
+                    i8 = _int8_proto(dev)
+                q = i8.new_empty(t, h)
+                s2 = _checks.PROTOS[dev][torch.float32].new_empty(t, h // group_size)
+                return (q, s2, x, group_size, eps), (q, s2)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
     h, gs, eps, x2 = _group_common(_PGI, x, group_size, eps, column_major_scales, scale_tma_aligned)
