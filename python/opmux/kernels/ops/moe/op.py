@@ -285,10 +285,6 @@ def check_sigmoid(
     )
 
 
-def _int32(device: torch.device, n: int) -> Tensor:
-    return torch.empty(n, dtype=torch.int32, device=device)
-
-
 def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = None) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu and ids.numel():
@@ -358,22 +354,25 @@ def check_align(
             and expert_ids is None
             and num_tokens_post_padded is None
             and cumsum_buffer is None
+            and type(ids) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
             and type(block_size) is int
             and type(num_experts) is int
             and type(pad_sorted_token_ids) is bool
             and type(unused_expert_id) is int
             and 0 < block_size < 2**31
             and 0 < num_experts < 2**31
-            and abs(unused_expert_id) < 2**31
-            and (ids.dtype == torch.int32 or ids.dtype == torch.int64)
-            and ids.dim() == 2
-            and ids.is_contiguous()
-            and isinstance(ids, torch.Tensor)
+            and -(2**31) < unused_expert_id < 2**31
         ):
-            max_padded = ids.numel() + num_experts * (block_size - 1)
-            if max_padded < 2**31:
-                # int32 ids: new_empty takes their dtype and device (no keyword parsing, ~0.3 us each)
-                new = ids.new_empty if ids.dtype == torch.int32 else partial(_int32, ids.device)
+            t, k = ids.shape  # not 2-D raises: the full checks name it
+            dt = ids.dtype
+            max_padded = t * k + num_experts * (block_size - 1)
+            if (dt is torch.int32 or dt is torch.int64) and ids.is_contiguous() and max_padded < 2**31:
+                # int32 ids: new_empty takes their dtype and device; int64 ones: the int32 prototype
+                if dt is torch.int64:
+                    dev = ids.device
+                    new = (_checks.PROTOS.get(dev) or _checks.protos(dev))[torch.int32].new_empty
+                else:
+                    new = ids.new_empty
                 sorted_ids = new(max_padded)
                 experts = new((max_padded + block_size - 1) // block_size)
                 post = new(1)
@@ -460,6 +459,17 @@ def check_align(
 def values_align(
     ids: Tensor, block_size: int, num_experts: int, expert_map: Tensor | None = None, *_: Any
 ) -> None:
+    if expert_map is None and ids.is_cpu:
+        s = ids.shape
+        # decode: one tolist, no aminmax (the rest, and any error: _check_ids_range)
+        if len(s) == 2 and 0 < s[0] * s[1] <= _checks.SMALL:
+            v = ids.tolist()
+            if s[0] == 1:
+                row = v[0]
+                if 0 <= min(row) and max(row) < num_experts:
+                    return
+            elif 0 <= min(map(min, v)) and max(map(max, v)) < num_experts:
+                return
     _check_ids_range(ids, num_experts, expert_map)
 
 
@@ -701,6 +711,31 @@ def check_batched(
 ) -> tuple[tuple[Any, ...], Any]:
     """-> ((sorted_ids, expert_ids, num_tokens_post_padded, expert_num_tokens,
     max_tokens_per_batch, block_size), the three outputs)."""
+    try:  # the serving call (no buffers), each attribute read once; else the full checks
+        if (
+            sorted_ids is None
+            and expert_ids is None
+            and num_tokens_post_padded is None
+            and type(expert_num_tokens) is torch.Tensor  # plain ones (fake, subclasses: the full checks)
+            and type(max_tokens_per_batch) is int
+            and type(block_size) is int
+            and max_tokens_per_batch > 0
+            and block_size > 0
+        ):
+            (e,) = expert_num_tokens.shape  # not 1-D raises: the full checks name it
+            n = e * ((max_tokens_per_batch + block_size - 1) // block_size * block_size)
+            if (
+                e > 0
+                and expert_num_tokens.dtype is torch.int32
+                and (e == 1 or expert_num_tokens.stride()[0] == 1)
+                and n < 2**31
+                and e * max_tokens_per_batch < 2**31
+            ):
+                new = expert_num_tokens.new_empty  # int32 on the counts' device
+                out = (new(n), new(n // block_size), new(1))
+                return (*out, expert_num_tokens, max_tokens_per_batch, block_size), out
+    except Exception:  # not a tensor, ...: the full checks say what is wrong
+        pass
     _checks.no_caller_outputs_when_compiling(
         _BA,
         "sorted_ids / expert_ids / num_tokens_post_padded",
@@ -748,6 +783,13 @@ def check_batched(
 def values_batched(expert_num_tokens: Tensor, max_tokens_per_batch: int, *_: Any) -> None:
     """CPU only (free there); on CUDA the kernels clamp counts into [0, max_tokens_per_batch]."""
     c = expert_num_tokens
+    if c.is_cpu:
+        s = c.shape
+        # one tolist, no aminmax (the rest, and any error: below)
+        if len(s) == 1 and 0 < s[0] <= _checks.SMALL:
+            v = c.tolist()
+            if 0 <= min(v) and max(v) <= max_tokens_per_batch:
+                return
     if c.is_cpu and c.numel() and not _checks.in_range(c, 0, max_tokens_per_batch + 1):
         e = int(((c < 0) | (c > max_tokens_per_batch)).nonzero()[0, 0])
         raise ValueError(
