@@ -52,13 +52,6 @@ def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
             )
 
 
-def _dense_head(stride: tuple[int, ...], d: int) -> bool:
-    """A cache's strides as the full checks want them: a dense head_dim, none negative."""
-    return (
-        (d <= 1 or stride[3] == 1) and stride[0] >= 0 and stride[1] >= 0 and stride[2] >= 0 and stride[3] >= 0
-    )
-
-
 def _scale(name: str, s: Tensor, ref: Tensor) -> None:
     _checks.tensor(_OP, name, s)
     _checks.exact_dtype(_OP, name, s, torch.float32)
@@ -82,39 +75,63 @@ def check(
     """-> ((key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, fp8), None); for a
     cache that is not fp8 the scales are passed as slot_mapping (unread)."""
     try:  # the usual call (a cache of key's dtype), each attribute read once; else the full checks
-        ks, kcs, dt, dev = key.shape, key_cache.shape, key.dtype, key.device
         if (
             k_scale is None
             and v_scale is None
-            and len(ks) == 3
-            and len(kcs) == 4
-            and ks[1] >= 1
-            and ks[2] >= 1
-            and dt in _checks.FLOAT_DTYPES
-            and value.dtype == dt
-            and key_cache.dtype == dt
-            and value_cache.dtype == dt
-            and slot_mapping.dtype == torch.int64
-            and value.shape == ks
-            and kcs[2] == ks[1]
-            and kcs[3] == ks[2]
-            and value_cache.shape == kcs
-            and slot_mapping.shape == ks[:1]
-            and (ks[2] == 1 or (key.stride()[2] == 1 and value.stride()[2] == 1))
-            and (ks[0] <= 1 or slot_mapping.stride()[0] == 1)
-            and _dense_head(key_cache.stride(), ks[2])
-            and _dense_head(value_cache.stride(), ks[2])
-            and value.device == dev
-            and key_cache.device == dev
-            and value_cache.device == dev
-            and slot_mapping.device == dev
-            and isinstance(key, torch.Tensor)
-            and isinstance(value, torch.Tensor)
-            and isinstance(key_cache, torch.Tensor)
-            and isinstance(value_cache, torch.Tensor)
-            and isinstance(slot_mapping, torch.Tensor)
+            and type(key) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
+            and type(value) is torch.Tensor
+            and type(key_cache) is torch.Tensor
+            and type(value_cache) is torch.Tensor
+            and type(slot_mapping) is torch.Tensor
         ):
-            return (key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, False), None
+            ks, kcs, dt = key.shape, key_cache.shape, key.dtype
+            t, h, d = ks  # not [T, H, D] / a 4-D cache / a 1-D slot_mapping raises: the full checks
+            _, _, ch, cd = kcs
+            (ts,) = slot_mapping.shape
+            if (
+                h >= 1
+                and d >= 1
+                and ch == h
+                and cd == d
+                and ts == t
+                and dt in _checks.FLOAT_DTYPES
+                and value.dtype is dt
+                and key_cache.dtype is dt
+                and value_cache.dtype is dt
+                and slot_mapping.dtype is torch.int64
+                and value.shape == ks
+                and value_cache.shape == kcs
+            ):
+                if key.is_cpu:  # the CPU serving call: one bool a tensor, no device objects
+                    one_device = (
+                        value.is_cpu and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu
+                    )
+                else:
+                    dev = key.device
+                    one_device = (
+                        value.device == dev
+                        and key_cache.device == dev
+                        and value_cache.device == dev
+                        and slot_mapping.device == dev
+                    )
+                kst, vst = key.stride(), value.stride()
+                cst, vcst = key_cache.stride(), value_cache.stride()
+                if (
+                    one_device
+                    and (d == 1 or (kst[2] == 1 and vst[2] == 1))
+                    and (t <= 1 or slot_mapping.stride()[0] == 1)
+                    # the caches: a dense head_dim, no stride negative
+                    and (cst[3] == 1 or (d == 1 and cst[3] >= 0))
+                    and (vcst[3] == 1 or (d == 1 and vcst[3] >= 0))
+                    and cst[0] >= 0
+                    and cst[1] >= 0
+                    and cst[2] >= 0
+                    and vcst[0] >= 0
+                    and vcst[1] >= 0
+                    and vcst[2] >= 0
+                ):
+                    sm = slot_mapping  # the scales' places (unread for a cache that is not fp8)
+                    return (key, value, key_cache, value_cache, sm, sm, sm, False), None
     except Exception:  # not tensors, ...: the full checks say what is wrong
         pass
     for name, arg in (
@@ -208,7 +225,16 @@ def values(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
 ) -> None:
-    _check_slots(slot_mapping, key_cache.shape[0] * _block_size(key_cache))
+    cs = key_cache.shape
+    num_slots = cs[0] * (cs[3] if len(cs) == 5 else cs[1])
+    if slot_mapping.is_cpu:
+        ss = slot_mapping.shape
+        # decode: one tolist, no aminmax (the rest, and any error: _check_slots)
+        if len(ss) == 1 and ss[0] <= _checks.SMALL:
+            v = slot_mapping.tolist()
+            if not v or (-1 <= min(v) and max(v) < num_slots):
+                return
+    _check_slots(slot_mapping, num_slots)
 
 
 def _block_size(key_cache: Tensor) -> int:
