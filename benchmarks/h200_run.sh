@@ -21,7 +21,8 @@
 #          (OUT_DIR/compat_<folder name>.log);
 # shards:  tools/engine_compat.py --device cuda over the folder $SHARDS_DIR, one process per pytest -k
 #          expression of $SHARDS_K (";"-separated), side by side, each stopped after
-#          $COMPAT_TIMEOUT s (OUT_DIR/shard_<n>.log): long upstream grids such as vLLM's swap_blocks;
+#          $COMPAT_TIMEOUT s, the cores shared out among them (OMP_NUM_THREADS) (OUT_DIR/shard_<n>.log):
+#          long upstream grids such as vLLM's swap_blocks;
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
 #          chain.log); its arguments from $CHAIN_ARGS (default --budget-s 360).
@@ -88,10 +89,12 @@ for stage in $STAGES; do
                 done ;;
         shards) # one upstream folder ($SHARDS_DIR), its -k shards ($SHARDS_K, ";"-separated) side by side
                 IFS=';' read -ra ks <<< "${SHARDS_K:?SHARDS_K: pytest -k expressions separated by ;}"
+                # the cores shared out: every shard with torch's default pool (all cores) thrashes
+                threads=$(( $(nproc) / ${#ks[@]} )); (( threads > 0 )) || threads=1
                 pids=(); i=0
                 for k in "${ks[@]}"; do
                     i=$((i + 1))
-                    timeout "${COMPAT_TIMEOUT:-300}" python3 "$REPO/tools/engine_compat.py" --device cuda \
+                    OMP_NUM_THREADS=$threads timeout "${COMPAT_TIMEOUT:-300}" python3 "$REPO/tools/engine_compat.py" --device cuda \
                         "$REPO/${SHARDS_DIR:?SHARDS_DIR: a folder of upstream test files}" -- -q -k "$k" \
                         > "$OUT/shard_$i.log" 2>&1 &
                     pids+=("$!")
