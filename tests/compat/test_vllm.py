@@ -165,6 +165,28 @@ def test_activations_on_the_cpu_are_vllms_forward_native(name: str, dtype: torch
         getattr(vllm, name)(out, x[:, :5])
 
 
+@pytest.mark.parametrize("name", ["silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul"])
+def test_activations_on_the_cpu_keep_the_ops_contract(name: str) -> None:
+    """The CPU form runs the op's whole contract first: the same errors as the op itself."""
+    x = _r(4, 16)
+    compat, op = getattr(vllm, name), getattr(activation, name)
+    for call in (lambda o, t: compat(o, t), lambda o, t: op(t, True, o)):
+        with pytest.raises(ValueError, match="out and x overlap in memory"):
+            call(x[:, :8], x)
+        with pytest.raises(ValueError, match="out and x overlap in memory"):
+            call(x[:, 4:12], x)
+        with pytest.raises(ValueError, match="x requires grad"):
+            call(torch.empty(4, 8), x.clone().requires_grad_())
+        with pytest.raises(TypeError, match=r"expected a torch\.Tensor"):
+            call(torch.empty(4, 8), [1.0, 2.0])
+    with torch.inference_mode():
+        out = torch.empty(4, 8)  # an inference tensor, written outside inference mode
+    compat(out, x)
+    ref = torch.empty(4, 8)
+    compat(ref, x)
+    assert torch.equal(out, ref)
+
+
 @pytest.mark.parametrize("name", ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_vllm_rounding_mode_rounds_like_vllms_kernel(backend: str, name: str, dtype: torch.dtype) -> None:

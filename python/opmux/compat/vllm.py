@@ -125,7 +125,7 @@ def _gated(name: str, out: Tensor, input: Tensor) -> None:
     it to the input dtype, then multiplies in the input dtype (a second rounding; float32 has
     nothing to round): opmux's activation op in its ``vllm_rounding`` kernel mode, into ``out``.
     CPU tensors take vLLM's CPU form instead (``_cpu_native``)."""
-    if input.device.type == "cpu" and isinstance(out, torch.Tensor):
+    if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         _cpu_native(name, out, input)
     else:
         getattr(_ops("activation"), name)(input, True, out)
@@ -138,24 +138,34 @@ def _cpu_native(name: str, out: Tensor, input: Tensor) -> None:
     test compares every gated activation with that expression bit for bit (``atol=0``). torch's
     CPU vector math (Sleef ``expf``, ATen's ``erf`` / ``tanh``) is not an algorithm a kernel of
     ours reproduces, so on the CPU these entries evaluate the same torch expressions, written
-    into ``out`` (``torch.mul(..., out=out)``, no copy). The argument contract is the op's own
-    (same errors as on every backend). For opmux's faster CPU kernel call the op itself."""
+    into ``out`` (``torch.mul(..., out=out)``, no copy). The op's whole contract runs first (its
+    checks, then the generic guard: inference-only, no overlap of ``out`` with ``input``), so the
+    errors are the op's. For opmux's faster CPU kernel call the op itself."""
+    from opmux.kernels.ops import _checks
     from opmux.kernels.ops.activation.op import check_vllm_rounding
 
-    check_vllm_rounding(f"activation.{name}", input, True, out)
+    op = f"activation.{name}"
+    _, out = check_vllm_rounding(op, input, True, out)
+    if torch.is_grad_enabled() and (input.requires_grad or out.requires_grad):
+        _checks.no_grad(op, ("x", input), ("out", out))
+    shared = out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr()
+    if shared and torch._C._overlaps(out, input):
+        _checks.alias(op, "out", out, "x", input, False)
     F = torch.nn.functional
     d = input.shape[-1] // 2
     gate, up = (
         (input[..., d:], input[..., :d]) if name == "mul_and_silu" else (input[..., :d], input[..., d:])
     )
-    if name in ("silu_and_mul", "mul_and_silu"):
-        act = F.silu(gate)
-    else:
-        act = F.gelu(gate, approximate="tanh" if name == "gelu_tanh_and_mul" else "none")
-    if name == "mul_and_silu":
-        torch.mul(up, act, out=out)  # forward_native: x[..., :d] * F.silu(x[..., d:])
-    else:
-        torch.mul(act, up, out=out)
+    # inference mode: an ``out`` made under it may be written outside it, as the op's kernels do
+    with torch.inference_mode():
+        if name in ("silu_and_mul", "mul_and_silu"):
+            act = F.silu(gate)
+        else:
+            act = F.gelu(gate, approximate="tanh" if name == "gelu_tanh_and_mul" else "none")
+        if name == "mul_and_silu":
+            torch.mul(up, act, out=out)  # forward_native: x[..., :d] * F.silu(x[..., d:])
+        else:
+            torch.mul(act, up, out=out)
 
 
 def silu_and_mul(out: Tensor, input: Tensor) -> None:
