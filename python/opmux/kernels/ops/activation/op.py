@@ -32,7 +32,7 @@ def check(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...
             and xs[1] % 2 == 0
             and x.dtype in _checks.FLOAT_DTYPES
             and (xs[1] == 0 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
+            and type(x) is torch.Tensor  # plain tensors (subclasses: the full checks, a plain out)
         ):
             out = x.new_empty(xs[0], xs[1] // 2)  # x's dtype and device, dense
             return (out, x), out
@@ -67,7 +67,7 @@ def check_vllm_rounding(
             and xs[1] % 2 == 0
             and x.dtype in _checks.FLOAT_DTYPES
             and (xs[1] == 0 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
+            and type(x) is torch.Tensor
         ):
             out = x.new_empty(xs[0], xs[1] // 2)  # x's dtype and device, dense
             return (out, x, vllm_rounding), out
@@ -305,7 +305,7 @@ def check_elementwise(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tu
             and len(xs) == 2
             and x.dtype in _checks.FLOAT_DTYPES
             and (xs[1] <= 1 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
+            and type(x) is torch.Tensor  # plain tensors (subclasses: the full checks, a plain out)
         ):
             out = x.new_empty(xs[0], xs[1])  # x's dtype and device, dense (ints: a Size costs ~0.8 us more)
             return (out, x), out
@@ -359,7 +359,7 @@ def check_elementwise_vllm(
             and len(xs) == 2
             and x.dtype in _checks.FLOAT_DTYPES
             and (xs[1] <= 1 or x.stride()[1] == 1)
-            and isinstance(x, torch.Tensor)
+            and type(x) is torch.Tensor  # plain tensors (subclasses: the full checks, a plain out)
         ):
             out = x.new_empty(xs[0], xs[1])
             return (out, x, vllm_rounding), out
