@@ -199,14 +199,19 @@ class Cell:
         # objects all run long, refreshed in place), as eager gets its tuple: the harness's own
         # per-call work (callargs, a kwargs dict) would otherwise be timed on opmux's side only
         def opmux(backend: str | None) -> Any:
-            calls: dict[int, tuple[Any, Any, dict[str, Any]]] = {}  # id(set) -> (set, args, kwargs)
+            # id(set) -> (set, args, kwargs), for the sets of self.sets only (a replaced list's
+            # entries are dropped, not kept alive)
+            calls: dict[int, tuple[Any, Any, dict[str, Any]]] = {}
 
             def call(a: Any) -> Any:
                 pk = calls.get(id(a))
-                if pk is None or pk[0] is not a:  # (an id is reused once its set is freed)
+                if pk is None or pk[0] is not a:
                     p, k = case.callargs(a)
                     pk = (a, p, k if backend is None else {**k, "backend": backend})
                     if any(a is st for st in self.sets):  # not a warm-up's throwaway copy
+                        live = {id(st) for st in self.sets}
+                        for stale in [i for i in calls if i not in live]:
+                            del calls[stale]
                         calls[id(a)] = pk
                 return fn(*pk[1], **pk[2])
 

@@ -88,14 +88,17 @@ for stage in $STAGES; do
                         ${k:+-k "$k"} 2>&1 | tee "$OUT/compat_$n.log" | tail -45; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 done ;;
         shards) # one upstream folder ($SHARDS_DIR), its -k shards ($SHARDS_K, ";"-separated) side by side
-                IFS=';' read -ra ks <<< "${SHARDS_K:?SHARDS_K: pytest -k expressions separated by ;}"
+                : "${SHARDS_DIR:?SHARDS_DIR: a folder of upstream test files}"
+                IFS=';' read -ra all <<< "${SHARDS_K:?SHARDS_K: pytest -k expressions separated by ;}"
+                ks=(); for k in "${all[@]}"; do [[ -n ${k// /} ]] && ks+=("$k"); done  # no empty -k (= all)
+                (( ${#ks[@]} )) || { echo "shards: SHARDS_K has no -k expression"; exit 2; }
                 # the cores shared out: every shard with torch's default pool (all cores) thrashes
                 threads=$(( $(nproc) / ${#ks[@]} )); (( threads > 0 )) || threads=1
                 pids=(); i=0
                 for k in "${ks[@]}"; do
                     i=$((i + 1))
                     OMP_NUM_THREADS=$threads timeout "${COMPAT_TIMEOUT:-300}" python3 "$REPO/tools/engine_compat.py" --device cuda \
-                        "$REPO/${SHARDS_DIR:?SHARDS_DIR: a folder of upstream test files}" -- -q -k "$k" \
+                        "$REPO/$SHARDS_DIR" -- -q -k "$k" \
                         > "$OUT/shard_$i.log" 2>&1 &
                     pids+=("$!")
                 done
