@@ -1,5 +1,5 @@
 """One argument contract for every backend: a corpus of hidden, awkward inputs (strided weights
-and positions, partial overlap, NaN and Inf rows, bad scalars, requires-grad inputs, a wrong
+and positions, partial overlap, written tensors whose elements share memory, NaN and Inf rows, bad scalars, requires-grad inputs, a wrong
 ``out`` dtype, ``topk`` out of range, ``fused_add_rmsnorm(x, x, w)``) gives the same outcome on
 every backend of the op that runs on this device, the reference included: the same error class
 and message, or the same values (NaN where the reference has NaN) within the op's tolerance.
@@ -97,6 +97,15 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         ("add-nan-row", add, lambda: ((_nan_rows(x()), _r(4, 16, seed=5, dev=dev), w()), {})),
         ("q-is-k", "layernorm.qk_norm", lambda: (lambda q: ((q, q, w(), w()), {}))(_r(2, 2, 16, dev=dev))),
         ("out-inside-x", act, lambda: (lambda t: ((t,), {"out": t[:, :8]}))(x())),
+        # a written tensor whose own elements share memory: every backend refuses it
+        ("out-expanded", act, lambda: ((x(),), {"out": torch.empty(1, 8, device=dev).expand(4, 8)})),
+        (
+            "out-row-windows",
+            ln,
+            lambda: ((x(), w()), {"out": torch.empty(64, device=dev).as_strided((4, 16), (8, 1))}),
+        ),
+        ("residual-expanded", add, lambda: ((x(), _r(1, 16, seed=5, dev=dev).expand(4, 16), w()), {})),
+        ("out-strided-rows", act, lambda: ((x(),), {"out": torch.empty(4, 16, device=dev)[:, :8]})),
         ("out-float16", act, lambda: ((x(),), {"out": torch.empty(4, 8, dtype=torch.float16, device=dev)})),
         ("act-requires-grad", act, lambda: ((x().requires_grad_(),), {})),
         ("act-nan-row", act, lambda: ((_nan_rows(x()),), {})),

@@ -234,6 +234,12 @@ def _guard_lines(decl: Decl) -> list[str]:
             )
             lines.append(f"{pad}if {same} and OVERLAPS({w.name}, {o.name}):")
             lines.append(f"{pad}    ALIAS(OP, {w.name!r}, {w.name}, {o.name!r}, {o.name}, {o.written})")
+    # a written tensor whose own elements share memory (an expand()ed or windowed view): kernels
+    # would race on it. A dense one cannot (one flag read); the others are checked once per layout
+    for w in written:
+        present = f"{w.name} is not None and " if w.type == "Tensor?" else ""
+        lines.append(f"    if {present}not {w.name}.is_contiguous():")
+        lines.append(f"        SELF(OP, {w.name!r}, {w.name})")
     return lines
 
 
@@ -252,6 +258,7 @@ def _contract(decl: Decl) -> tuple[list[str], dict[str, Any]]:
         "BUMP": torch._C._increment_version,
         "OVERLAPS": torch._C._overlaps,
         "ALIAS": _checks.alias,
+        "SELF": _checks.self_overlap,
     }
     return lines + _guard_lines(decl), scope
 

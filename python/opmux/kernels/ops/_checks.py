@@ -215,6 +215,45 @@ def alias(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor, b
     raise ValueError(f"{op}: {a_name} and {b_name} overlap in memory; {need}")
 
 
+#: (shape, strides) -> whether a view of that layout has no two elements at one address
+_LAYOUTS: dict[tuple[Any, Any], bool] = {}
+
+
+def self_overlap(op: str, name: str, t: torch.Tensor) -> None:
+    """A tensor the op writes must hold each element at its own address: an ``expand()``ed or
+    windowed (``as_strided``) view would have several kernel threads write one location, and
+    torch refuses such outputs too. Called for non-contiguous written tensors (q / k views of a
+    qkv buffer, HND caches: fine), the answer cached per layout."""
+    key = (t.shape, t.stride())
+    try:
+        ok = _LAYOUTS.get(key)
+        if ok is None:
+            if len(_LAYOUTS) > 4096:
+                _LAYOUTS.clear()
+            ok = _LAYOUTS[key] = _distinct_addresses(*key)
+    except TypeError:  # symbolic sizes (unhashable): no cache
+        ok = _distinct_addresses(*key)
+    if not ok:
+        raise ValueError(
+            f"{op}: {name} has elements that share memory (shape {tuple(t.shape)}, strides "
+            f"{tuple(t.stride())}, e.g. an expand()ed view); a tensor the op writes needs one memory "
+            f"location per element: pass a dense one (e.g. {name}.contiguous(), then copy it back)"
+        )
+
+
+def _distinct_addresses(shape: Any, strides: Any) -> bool:
+    """Sufficient (and for every layout made by views of a dense tensor, exact): with the dims
+    of size > 1 by increasing |stride|, each stride clears the span of the smaller ones."""
+    if 0 in shape:
+        return True
+    span = 1
+    for st, n in sorted((abs(st), n) for st, n in zip(strides, shape, strict=True) if n > 1):
+        if st < span:
+            return False
+        span = st * (n - 1) + span
+    return True
+
+
 def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two views with the same strides touch no common element (False when unsure). The
     stride of a dimension of size 1 is never used, so only the others must agree (q and k views
