@@ -33,7 +33,8 @@ def protos(device: Any) -> dict[Any, Any]:
     outside inference mode and never cached when a mode made them something else."""
     p = PROTOS.get(device)
     if p is None:
-        dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
+        ints = (torch.int32, torch.int64, torch.uint8, torch.int8)
+        dtypes = (torch.float32, torch.float16, torch.bfloat16, *ints)
         with torch.inference_mode(False):
             p = {dt: torch.empty(0, dtype=dt, device=device) for dt in dtypes}
         if all(type(t) is torch.Tensor for t in p.values()):
@@ -158,17 +159,25 @@ SMALL = 64
 
 
 def in_range(t: torch.Tensor, lo: int, hi: int) -> bool:
-    """Whether every element of the (CPU) integer tensor ``t`` is in ``[lo, hi)``."""
-    n = t.numel()
-    if not n:
-        return True
-    if n <= SMALL and t.dim() <= 2:
+    """Whether every element of the (CPU) integer tensor ``t`` is in ``[lo, hi)``. A decode-sized
+    one (at most SMALL elements, 0-2 dims) is read as a Python list; the rest with aminmax."""
+    s = t.shape
+    d = len(s)
+    if d == 1 and s[0] <= SMALL:
+        if not s[0]:
+            return True
         v = t.tolist()
-        if t.dim() == 2:
-            v = [e for row in v for e in row]
-        elif t.dim() == 0:
-            v = [v]
         return lo <= min(v) and max(v) < hi  # type: ignore[no-any-return]
+    if d == 2 and s[0] * s[1] <= SMALL:
+        if not s[0] * s[1]:
+            return True
+        rows = t.tolist()
+        v = rows[0] if s[0] == 1 else [e for row in rows for e in row]  # one token's ids: its row
+        return lo <= min(v) and max(v) < hi  # type: ignore[no-any-return]
+    if d == 0:
+        return lo <= t.item() < hi
+    if not t.numel():
+        return True
     a, b = torch.aminmax(t)  # one pass
     return lo <= int(a) and int(b) < hi
 

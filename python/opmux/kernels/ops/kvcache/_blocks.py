@@ -183,7 +183,7 @@ def torch_swap_blocks(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
 # -- concat_and_cache_mla --------------------------------------------------------------------
 def _slots(op: str, slot_mapping: Tensor, num_slots: int) -> None:
     """CPU ``slot_mapping`` in ``[-1, num_slots)``; else ValueError naming the first bad slot."""
-    if slot_mapping.is_cpu and slot_mapping.numel() and not _checks.in_range(slot_mapping, -1, num_slots):
+    if slot_mapping.is_cpu and not _checks.in_range(slot_mapping, -1, num_slots):
         t = int(((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()[0, 0])
         raise ValueError(
             f"{op}: slot_mapping[{t}] = {int(slot_mapping[t])} is out of range: valid slots are "
@@ -292,12 +292,7 @@ def mla_check(
 def mla_values(
     kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
 ) -> None:
-    cs = kv_cache.shape
-    if slot_mapping.is_cpu and slot_mapping.numel() <= _checks.SMALL and slot_mapping.dim() == 1:
-        v = slot_mapping.tolist()  # decode: one C call, no aminmax (the rest, and any error: _slots)
-        if not v or (-1 <= min(v) and max(v) < cs[0] * cs[1]):
-            return
-    _slots(MLA, slot_mapping, cs[0] * cs[1])
+    _slots(MLA, slot_mapping, kv_cache.shape[0] * kv_cache.shape[1])
 
 
 def _mla_write(

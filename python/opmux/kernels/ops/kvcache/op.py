@@ -40,9 +40,9 @@ _OP = "kvcache.reshape_and_cache"
 
 
 def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
-    if slot_mapping.is_cpu and slot_mapping.numel():
-        if _checks.in_range(slot_mapping, -1, num_slots):  # the rest only when something is wrong
-            return
+    # in_range: a decode-sized mapping read as one list, an empty one passes; the rest only when
+    # something is wrong
+    if slot_mapping.is_cpu and not _checks.in_range(slot_mapping, -1, num_slots):
         bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
         if bad.numel():
             t = int(bad[0, 0])
@@ -225,20 +225,12 @@ def values(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
 ) -> None:
-    cs = key_cache.shape
-    num_slots = cs[0] * (cs[3] if len(cs) == 5 else cs[1])
-    if slot_mapping.is_cpu:
-        ss = slot_mapping.shape
-        # decode: one tolist, no aminmax (the rest, and any error: _check_slots)
-        if len(ss) == 1 and ss[0] <= _checks.SMALL:
-            v = slot_mapping.tolist()
-            if not v or (-1 <= min(v) and max(v) < num_slots):
-                return
-    _check_slots(slot_mapping, num_slots)
+    _check_slots(slot_mapping, key_cache.shape[0] * _block_size(key_cache))
 
 
 def _block_size(key_cache: Tensor) -> int:
-    return int(key_cache.shape[3] if key_cache.dim() == 5 else key_cache.shape[1])
+    s = key_cache.shape  # [nb, bs, h, d] or the paged [nb, h, d / x, bs, x]
+    return int(s[3] if len(s) == 5 else s[1])
 
 
 def _entries(x: Tensor, scale: Tensor | None, cache: Tensor) -> Tensor:

@@ -78,20 +78,6 @@ def _empty(device: torch.device) -> Tensor:
     return e
 
 
-#: device -> a 0-element int8 tensor there (``_checks.PROTOS`` has no int8): the int8 group
-#: quant's q is ``new_empty`` of it; kept only where ``_checks.PROTOS`` keeps its prototypes
-_I8: dict[torch.device, Tensor] = {}
-
-
-def _int8_proto(device: torch.device) -> Tensor:
-    p = _checks.protos(device)  # made first: the fast block then reads PROTOS[device]
-    with torch.inference_mode(False):
-        e = torch.empty(0, dtype=torch.int8, device=device)
-    if _checks.PROTOS.get(device) is p and type(e) is torch.Tensor:
-        _I8[device] = e
-    return e
-
-
 def _to_fp8(y: Tensor) -> Tensor:
     """fp32 -> e4m3fn, round to nearest even, saturating (torch's cast maps >= 480 to NaN)."""
     return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -467,11 +453,9 @@ def check_group_int8(
                 and (h == 1 or x.stride()[1] == 1)
             ):
                 dev = x.device
-                i8 = _I8.get(dev)
-                if i8 is None:
-                    i8 = _int8_proto(dev)
-                q = i8.new_empty(t, h)
-                s2 = _checks.PROTOS[dev][torch.float32].new_empty(t, h // group_size)
+                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+                q = p[torch.int8].new_empty(t, h)
+                s2 = p[torch.float32].new_empty(t, h // group_size)
                 return (q, s2, x, group_size, eps), (q, s2)
     except Exception:  # not a tensor, ...: the full checks say what is wrong
         pass
