@@ -12,6 +12,7 @@ Importing this module imports no torch.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from opmux.kernels.ops._torch import torch
@@ -131,6 +132,10 @@ def _gated(name: str, out: Tensor, input: Tensor) -> None:
         getattr(_ops("activation"), name)(input, True, out)
 
 
+#: op name -> vLLM's CPU form behind the op's contract (made on first use)
+_CPU_FORMS: dict[str, Any] = {}
+
+
 def _cpu_native(name: str, out: Tensor, input: Tensor) -> None:
     """vLLM's layers on its CPU platform: ``SiluAndMul`` and ``MulAndSilu`` run their
     ``forward_native`` there (``vllm/model_executor/layers/activation.py``), i.e. torch's CPU
@@ -138,24 +143,22 @@ def _cpu_native(name: str, out: Tensor, input: Tensor) -> None:
     test compares every gated activation with that expression bit for bit (``atol=0``). torch's
     CPU vector math (Sleef ``expf``, ATen's ``erf`` / ``tanh``) is not an algorithm a kernel of
     ours reproduces, so on the CPU these entries evaluate the same torch expressions, written
-    into ``out`` (``torch.mul(..., out=out)``, no copy). The op's whole contract runs first (its
-    checks, then the generic guard: inference-only, no overlap of ``out`` with ``input``), so the
-    errors are the op's. For opmux's faster CPU kernel call the op itself."""
-    from opmux.kernels.ops import _checks
-    from opmux.kernels.ops.activation.op import check_vllm_rounding
+    into ``out`` (``torch.mul(..., out=out)``, no copy), behind the op's whole contract
+    (``with_contract``: its checks, then the generic guard), so the errors are the op's. For
+    opmux's faster CPU kernel call the op itself."""
+    form = _CPU_FORMS.get(name)
+    if form is None:
+        from opmux.kernels.fused_op import with_contract
+        from opmux.kernels.ops.activation import op as decls
 
-    op = f"activation.{name}"
-    _, out = check_vllm_rounding(op, input, True, out)
-    if torch.is_grad_enabled() and (input.requires_grad or out.requires_grad):
-        _checks.no_grad(op, ("x", input), ("out", out))
-    shared = out.untyped_storage().data_ptr() == input.untyped_storage().data_ptr()
-    if shared and torch._C._overlaps(out, input):
-        _checks.alias(op, "out", out, "x", input, False)
+        form = _CPU_FORMS[name] = with_contract(getattr(decls, name), partial(_forward_native, name))
+    form(input, True, out)
+
+
+def _forward_native(name: str, x: Tensor, vllm_rounding: bool, out: Tensor) -> None:
     F = torch.nn.functional
-    d = input.shape[-1] // 2
-    gate, up = (
-        (input[..., d:], input[..., :d]) if name == "mul_and_silu" else (input[..., :d], input[..., d:])
-    )
+    d = x.shape[-1] // 2
+    gate, up = (x[..., d:], x[..., :d]) if name == "mul_and_silu" else (x[..., :d], x[..., d:])
     # inference mode: an ``out`` made under it may be written outside it, as the op's kernels do
     with torch.inference_mode():
         if name in ("silu_and_mul", "mul_and_silu"):

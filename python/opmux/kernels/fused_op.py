@@ -39,7 +39,7 @@ from .ops._group import _INSTANCES
 from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
 
-__all__ = ["FusedOp", "dtype_name", "platform_device"]
+__all__ = ["FusedOp", "dtype_name", "platform_device", "with_contract"]
 
 _WARNED: set[tuple[str, str, str]] = set()
 #: every torch library op of opmux (kept alive for the process: dropping it unregisters them)
@@ -285,6 +285,13 @@ def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool, flag: Any 
     fn: Callable[..., Any] = scope["bound"]
     fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
     return fn
+
+
+def with_contract(decl: Decl, run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run(*args)`` behind ``decl``'s whole contract (its checks and values, then the generic
+    guard: inference-only, version bumps, overlaps): for an entry that computes the op another
+    way, e.g. an engine's convention in ``opmux.compat``, with the op's errors."""
+    return _make_bound(decl, run, reference=True)
 
 
 R = TypeVar("R")
