@@ -263,6 +263,58 @@ def _contract(decl: Decl) -> tuple[list[str], dict[str, Any]]:
     return lines + _guard_lines(decl), scope
 
 
+def _lane_result(decl: Decl) -> str | None:
+    """What the public function returns after a lane ran (its value ``R``: the output the lane
+    allocated, for an op returning one tensor), or None: the op's results need a form lanes lack
+    (several outputs)."""
+    if decl.returns == "()":
+        return "None"
+    if decl.returns == "Tensor" and decl.has_out:
+        return "R if out is None else out"
+    return None
+
+
+def _lane_lines(decl: Decl, key: str, forced: bool, result: str) -> list[str]:
+    """The serving lane of a default call: the chosen native kernel's own C++ check of the whole
+    contract for the call's serving form, which runs the kernel (a result) or does nothing
+    (None: the Python contract then speaks). What C++ cannot see stays here: grad mode (no input
+    may require grad; written tensors' versions are bumped) and that every tensor argument is a
+    torch tensor (tvm-ffi would take any DLPack array)."""
+    tensors = [p for p in decl.params if p.is_tensor]
+    names = ", ".join(p.name for p in decl.params)
+    guard = _guard_lines(decl)
+    no_grad = guard[1:3]  # "if <any requires grad>:", "NO_GRAD(...)" (under "if GRAD():")
+    written = [p for p in tensors if p.written]
+    required = [p.name for p in written if p.type != "Tensor?"]
+    bumps = [f"        BUMP(({', '.join(required)},))"] if required else []
+    for p in written:
+        if p.type == "Tensor?":
+            bumps += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
+    typed = " and ".join(
+        f"({p.name} is None or isinstance({p.name}, TENSOR))" if p.type == "Tensor?" else f"isinstance({p.name}, TENSOR)"
+        for p in tensors
+        if p.name != key
+    )
+    pdl = "LFLAG if enable_pdl is None else bool(enable_pdl)" if forced else "LFLAG"
+    lines = [
+        "    try:",
+        f"        LANE, LFLAG = (LANE_CPU if {key}.is_cpu else LANE_CUDA if {key}.is_cuda else NO_LANES)"
+        f"[{key}.dtype]"
+        + (f" if backend is None else LANE_FORCED.get((backend, {key}.is_cpu, {key}.dtype), NO_LANE)" if forced else ""),
+        "    except (KeyError, TypeError, AttributeError):",
+        "        LANE = None",
+        "    if LANE is not None" + (f" and {typed}" if typed else "") + ":",
+        "        G = GRAD()",
+        "        if G:",
+        *(f"    {line}" for line in no_grad),
+        f"        R = LANE({names}) if LFLAG is None else LANE({names}, {pdl})",
+        "        if R is not None:",
+    ]
+    if bumps:
+        lines += ["            if G:", *(f"        {line}" for line in bumps)]
+    return [*lines, f"            return {result}"]
+
+
 def _call(flag: Any, pdl: bool) -> str:
     """The kernel call of generated code; ``flag``: the kernel takes a trailing PDL flag."""
     if flag is None:
@@ -311,6 +363,14 @@ class FusedOp(Generic[R]):
         #: (small, large) of those where the device has a size rule
         self._cpu: dict[torch.dtype, Any] = {}
         self._cuda: dict[torch.dtype, Any] = {}
+        #: the serving lanes of default calls (native kernels that check their call in C++):
+        #: dtype -> lane (cpu), dtype -> (lane, PDL flag) (cuda); see ``_lane_lines``
+        self._lane_cpu: dict[torch.dtype, tuple[Callable[..., Any], Any]] = {}
+        self._lane_cuda: dict[torch.dtype, tuple[Callable[..., Any], Any]] = {}
+        #: (backend, is_cpu, dtype) -> (lane, PDL flag) of forced calls (like ``_forced``)
+        self._lane_forced: dict[tuple[Any, ...], tuple[Callable[..., Any], Any]] = {}
+        #: (backend, device) -> (lane, PDL flag) of the native backends whose source has one
+        self._lanes: dict[tuple[str, str], tuple[Callable[..., Any], Any]] = {}
         #: (backend, is_cpu, dtype) -> (kernel, PDL flag)
         self._forced: dict[tuple[Any, ...], tuple[Callable[..., Any], Any]] = {}
         self._bound: dict[tuple[str, str], Callable[..., R]] = {}
@@ -323,6 +383,8 @@ class FusedOp(Generic[R]):
         self._predicates = {b.name: b.requires.predicate for b in self.spec.backends if b.requires.predicate}
         self._predicate_fns: dict[str, Callable[..., str | None]] = {}
         self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
+        #: how a lane's call ends (None: the op has no lane form; see ``_lane_result``)
+        self.lane_form = _lane_result(decl)
         self._library: dict[str, Any] = {}
         #: the Python kernel of each library op (what the dispatcher calls; benchmarks time it alone)
         self._library_kernels: dict[str, Callable[..., Any]] = {}
@@ -346,6 +408,18 @@ class FusedOp(Generic[R]):
         kernel = obj.kernel(self.op_name, device)
         return pdl_entry(kernel) if device == "cuda" else (kernel, None)
 
+    def _lane(self, backend: str, device: str) -> tuple[Callable[..., Any], Any] | None:
+        """(lane, PDL flag) of a native backend whose source has a serving lane for this op."""
+        if backend in self._python or not self.lane_form:
+            return None
+        obj = registry.resolve_target(self.spec.backend(backend).target)
+        if not isinstance(obj, NativeLoader):
+            return None
+        lane = obj.lane(self.op_name, device)
+        if lane is None:
+            return None
+        return pdl_entry(lane) if device == "cuda" else (lane, None)
+
     def kernel(self, backend: str, device: str) -> Callable[..., Any]:
         """The kernel of ``backend`` for ``device``, taking ``check``'s kernel arguments (a
         native CUDA kernel gets its default PDL flag appended)."""
@@ -365,6 +439,9 @@ class FusedOp(Generic[R]):
                     return _make_bound(self.decl, _raiser(exc), reference=False)
                 fn = _make_bound(self.decl, kernel, reference=False, flag=flag)
                 self._kernels[(backend, device)] = (kernel, flag)
+                lane = self._lane(backend, device)
+                if lane is not None:
+                    self._lanes[(backend, device)] = lane
             self._bound[(backend, device)] = fn
         return fn
 
@@ -408,6 +485,9 @@ class FusedOp(Generic[R]):
         """Drop the cached choices (the bound kernels stay: the same choice reuses them)."""
         self._cpu.clear()
         self._cuda.clear()
+        self._lane_cpu.clear()
+        self._lane_cuda.clear()
+        self._lane_forced.clear()
         self._forced.clear()
 
     def forget_kernels(self) -> None:
@@ -415,6 +495,7 @@ class FusedOp(Generic[R]):
         ``refresh()``); a backend that failed is tried again."""
         self._bound.clear()
         self._kernels.clear()
+        self._lanes.clear()
         self._failed.clear()
         self.invalidate()
 
@@ -501,6 +582,7 @@ class FusedOp(Generic[R]):
                 self._failed[sel.chosen] = exc.detail
                 self._bound.pop((sel.chosen, _native_device(x)), None)
                 self._kernels.pop((sel.chosen, _native_device(x)), None)
+                self._lanes.pop((sel.chosen, _native_device(x)), None)
                 self.invalidate()
                 continue
             break
@@ -522,18 +604,34 @@ class FusedOp(Generic[R]):
             and (sel.chosen, _native_device(x)) in self._kernels
             and _dispatch_state.cacheable(gen)
         ):
-            self._remember(x, self._kernels[(sel.chosen, _native_device(x))], backend)
+            self._remember(
+                x,
+                self._kernels[(sel.chosen, _native_device(x))],
+                backend,
+                self._lanes.get((sel.chosen, _native_device(x))),
+            )
             if not _dispatch_state.cacheable(gen):  # raced with use_backends: drop it
                 self.invalidate()
         return result
 
-    def _remember(self, x: torch.Tensor, entry: tuple[Callable[..., Any], Any], backend: Any) -> None:
+    def _remember(
+        self,
+        x: torch.Tensor,
+        entry: tuple[Callable[..., Any], Any],
+        backend: Any,
+        lane: tuple[Callable[..., Any], Any] | None = None,
+    ) -> None:
         """Cache ``entry`` (kernel, PDL flag) for calls like this one (default: per dtype, per size
-        side where the op has size classes; forced: per ``backend`` value)."""
+        side where the op has size classes; forced: per ``backend`` value), and the chosen
+        backend's serving ``lane`` (default calls of an op without size classes)."""
         if backend is not None:
             key = tuple(backend) if isinstance(backend, list) else backend
             self._forced[(key, x.is_cpu, x.dtype)] = entry
+            if lane is not None:
+                self._lane_forced[(key, x.is_cpu, x.dtype)] = lane
             return
+        if lane is not None and not self._thresholds["cpu" if x.is_cpu else "cuda"]:
+            (self._lane_cpu if x.is_cpu else self._lane_cuda)[x.dtype] = lane
         fn: Any = entry[0] if x.is_cpu else entry  # the CPU kernels take no flag
         cache = self._cpu if x.is_cpu else self._cuda
         threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
@@ -631,6 +729,8 @@ class FusedOp(Generic[R]):
         # call (a miss, CUDA, a forced backend) falls through to the general form below. The
         # lookup's try costs nothing when nothing is raised (zero-cost exceptions, 3.11+); the
         # contract runs outside it, so its own errors are never taken for a cache miss.
+        if self.lane_form is not None:
+            body += _lane_lines(decl, key, forced, self.lane_form if returns else "None")
         body += [
             "    try:",
             # (backend first: a forced call then reads nothing here)
@@ -677,6 +777,12 @@ class FusedOp(Generic[R]):
             "CUDA_T": self._thresholds["cuda"] or 1 << 62,
             "FORCED": self._forced,
             "DISPATCH": self._dispatch,
+            "LANE_CPU": self._lane_cpu,
+            "LANE_CUDA": self._lane_cuda,
+            "NO_LANES": {},
+            "NO_LANE": (None, None),
+            "LANE_FORCED": self._lane_forced,
+            "TENSOR": torch.Tensor,
         }
         exec("\n".join(body), scope)
         fn: Callable[..., R] = scope[decl.short_name]

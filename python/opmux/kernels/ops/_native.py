@@ -34,6 +34,18 @@ class NativeLoader:
         # (``fused_op.pdl_entry``), so no wrapper frame runs per call
         return self._load(group, device, f"{name}_{device}")
 
+    def lane(self, op: str, device: str) -> Callable[..., Any] | None:
+        """The serving lane of ``op`` for ``device`` (``<name>_<device>_lane``), or None where the
+        source has none. A lane takes the op's public arguments (then the PDL flag on CUDA),
+        checks in C++ that the call is in the contract's serving form (every rule the Python
+        contract states, for that form) and runs the kernel, or returns None having done nothing:
+        the caller then runs the Python contract, which accepts the call or raises the op's error."""
+        group, _, name = op.partition(".")
+        try:
+            return self._load(group, device, f"{name}_{device}_lane")
+        except (BackendUnavailable, AttributeError):  # AttributeError: a JIT module without it
+            return None
+
     def _load(self, group: str, device: str, name: str) -> Callable[..., Any]:
         if self.kind == "aot":
             from .. import aot

@@ -1,0 +1,170 @@
+// Serving lanes: `<name>_<device>_lane(<the op's public arguments>[, bool enable_pdl])`.
+//
+// The Python argument contract (ops/<group>/op.py and the generic guard fused_op generates)
+// is the op's one contract; it costs microseconds of Python per call. A lane is the native
+// kernel's own check of that contract for the op's serving form (the layouts and argument
+// kinds a serving engine passes), in C++: when every rule holds it runs the kernel and
+// returns a result; otherwise it returns None having done nothing, and the caller runs the
+// Python contract, which accepts the call (a form the lane does not cover) or raises the
+// op's error. So a lane may refuse anything, but must never accept a call the Python
+// contract refuses (tests/unit/test_lanes.py checks both on every parity and contract case).
+//
+// What only Python can see stays there (fused_op._lane_lines): grad mode, and that every
+// tensor argument is a torch tensor. Scalars arrive as AnyView so that a lane can take
+// exactly the Python types the contract's serving form takes (an int eps is not a float).
+#pragma once
+
+#include <tvm/ffi/any.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+
+#include "opmux/common.h"
+
+namespace opmux {
+namespace lane {
+
+using tvm::ffi::Any;
+using tvm::ffi::AnyView;
+using tvm::ffi::Tensor;
+using tvm::ffi::TypeIndex;
+
+// The call is not in this lane's form: nothing was done, the Python contract decides.
+inline Any refused() { return Any(); }
+// The kernel ran on the caller's tensors (the public function returns them / None).
+inline Any ran() { return Any(true); }
+
+inline bool is_float(DLDataType d) {
+  return d.lanes == 1 && ((d.code == kDLFloat && (d.bits == 32 || d.bits == 16)) ||
+                          (d.code == kDLBfloat && d.bits == 16));
+}
+inline bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+inline bool is_dtype(const TensorView& t, DLDataTypeCode code, int bits) {
+  DLDataType d = t.dtype();
+  return d.lanes == 1 && d.code == code && d.bits == bits;
+}
+inline bool same_device(const TensorView& a, const TensorView& b) {
+  return a.device().device_type == b.device().device_type &&
+         a.device().device_id == b.device().device_id;
+}
+
+// Scalars: exactly the Python type the serving form takes (a Python bool is not an int here).
+inline bool float_arg(const AnyView& v, double* out) {
+  if (v.type_index() != TypeIndex::kTVMFFIFloat) return false;
+  *out = v.cast<double>();
+  return true;
+}
+inline bool finite_float(const AnyView& v, double* out) {
+  return float_arg(v, out) && std::isfinite(*out);
+}
+inline bool positive_float(const AnyView& v, double* out) {  // 0 < v < inf (NaN fails)
+  return float_arg(v, out) && *out > 0.0 && *out < HUGE_VAL;
+}
+inline bool bool_arg(const AnyView& v, bool* out) {
+  if (v.type_index() != TypeIndex::kTVMFFIBool) return false;
+  *out = v.cast<bool>();
+  return true;
+}
+inline bool int_arg(const AnyView& v, int64_t* out) {
+  if (v.type_index() != TypeIndex::kTVMFFIInt) return false;
+  *out = v.cast<int64_t>();
+  return true;
+}
+// An optional tensor argument: None, or a tensor (anything else: not this lane's form).
+inline bool opt_tensor(const AnyView& v, std::optional<TensorView>* out) {
+  if (v.type_index() == TypeIndex::kTVMFFINone) {
+    out->reset();
+    return true;
+  }
+  *out = v.as<TensorView>();
+  return out->has_value();
+}
+
+// [rows, n] addressed as rows with a unit last stride (any row stride; n <= 1: any strides).
+inline bool rows_view(const TensorView& t, int64_t rows, int64_t n) {
+  return t.ndim() == 2 && t.size(0) == rows && t.size(1) == n && (n <= 1 || t.stride(1) == 1);
+}
+// A dense [n] vector.
+inline bool vector(const TensorView& t, int64_t n) {
+  return t.ndim() == 1 && t.size(0) == n && (n <= 1 || t.stride(0) == 1);
+}
+
+// No two elements at one address (_checks._distinct_addresses): with the dims of size > 1 by
+// increasing |stride|, each stride clears the span of the smaller ones.
+inline bool distinct(const TensorView& t) {
+  const int nd = t.ndim();
+  int64_t st[8], n[8];
+  int k = 0;
+  if (nd > 8) return false;
+  for (int i = 0; i < nd; ++i) {
+    if (t.size(i) == 0) return true;
+    if (t.size(i) > 1) {
+      st[k] = std::llabs(t.stride(i));
+      n[k] = t.size(i);
+      ++k;
+    }
+  }
+  for (int i = 1; i < k; ++i)  // insertion sort by stride (k <= 8)
+    for (int j = i; j > 0 && st[j] < st[j - 1]; --j) std::swap(st[j], st[j - 1]), std::swap(n[j], n[j - 1]);
+  int64_t span = 1;
+  for (int i = 0; i < k; ++i) {
+    if (st[i] < span) return false;
+    span = st[i] * (n[i] - 1) + span;
+  }
+  return true;
+}
+
+// [lo, hi) byte range a view can touch (numel > 0).
+inline void extent(const TensorView& t, uintptr_t* lo, uintptr_t* hi) {
+  int64_t neg = 0, pos = 0;
+  for (int i = 0; i < t.ndim(); ++i) {
+    const int64_t reach = t.stride(i) * (t.size(i) - 1);
+    (reach < 0 ? neg : pos) += reach;
+  }
+  const int64_t item = (t.dtype().bits * t.dtype().lanes + 7) / 8;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data_ptr<char>(t));
+  *lo = base + neg * item;
+  *hi = base + (pos + 1) * item;
+}
+
+// The very same view: one address, dtype and shape, and the same stride in every dim of size > 1
+// (_checks.alias's rule; a stride of a size-1 dim addresses nothing).
+inline bool same_view(const TensorView& a, const TensorView& b) {
+  if (data_ptr<char>(a) != data_ptr<char>(b) || !same_dtype(a.dtype(), b.dtype()) ||
+      a.ndim() != b.ndim())
+    return false;
+  for (int i = 0; i < a.ndim(); ++i) {
+    if (a.size(i) != b.size(i)) return false;
+    if (a.size(i) > 1 && a.stride(i) != b.stride(i)) return false;
+  }
+  return true;
+}
+
+// The generic guard's rule for a written tensor `w` and another argument `o`: no common byte,
+// or (a read `o`) the very same view, i.e. in place. Anything else: the Python guard decides.
+inline bool may_share(const TensorView& w, const TensorView& o, bool o_written) {
+  if (w.numel() == 0 || o.numel() == 0) return true;
+  uintptr_t wl, wh, ol, oh;
+  extent(w, &wl, &wh);
+  extent(o, &ol, &oh);
+  if (wh <= ol || oh <= wl) return true;
+  return !o_written && same_view(w, o);
+}
+
+// A fresh dense tensor from the caller's framework (torch's allocator, on `like`'s device).
+inline Tensor empty(std::initializer_list<int64_t> shape, DLDataType dtype, DLDevice device) {
+  int64_t dims[8];
+  int n = 0;
+  for (int64_t s : shape) dims[n++] = s;
+  return Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, tvm::ffi::ShapeView(dims, n), dtype, device);
+}
+
+}  // namespace lane
+}  // namespace opmux

@@ -1,0 +1,41 @@
+// The serving lanes' checks of the norms (lane.h): rmsnorm / gemma_rmsnorm (x, weight, eps, out)
+// and the fused adds (x, residual, weight, eps), mirroring layernorm/op.py's contract for [T, H]
+// rows. Each returns whether the call is in the lane; shared by the CPU and CUDA units.
+#pragma once
+
+#include "opmux/lane.h"
+
+namespace opmux {
+namespace lane {
+
+// x [T, H] float rows, weight a dense [H] of x's dtype on x's device, eps a float in (0, inf).
+inline bool norm_inputs(int32_t device_type, const TensorView& x, const TensorView& weight,
+                        const AnyView& eps_arg, double* eps) {
+  if (!positive_float(eps_arg, eps) || x.ndim() != 2 || x.device().device_type != device_type ||
+      !is_float(x.dtype()) || !same_dtype(weight.dtype(), x.dtype()) || !same_device(x, weight))
+    return false;
+  const int64_t h = x.size(1);
+  return rows_view(x, x.size(0), h) && vector(weight, h);
+}
+
+// rmsnorm's out: None (allocated by the lane) or [T, H] like x, holding its elements apart, and
+// either apart from x and weight or (x) the very same view: in place.
+inline bool norm_out(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& out) {
+  if (!out) return true;
+  const TensorView& o = *out;
+  return rows_view(o, x.size(0), x.size(1)) && same_dtype(o.dtype(), x.dtype()) && same_device(o, x) &&
+         distinct(o) && may_share(o, x, false) && may_share(o, weight, false);
+}
+
+// The fused adds: residual [T, H] like x; x and residual (both written) apart from each other
+// and from weight, each holding its elements apart.
+inline bool fused_add_args(int32_t device_type, const TensorView& x, const TensorView& residual,
+                           const TensorView& weight, const AnyView& eps_arg, double* eps) {
+  return norm_inputs(device_type, x, weight, eps_arg, eps) &&
+         rows_view(residual, x.size(0), x.size(1)) && same_dtype(residual.dtype(), x.dtype()) &&
+         same_device(residual, x) && distinct(x) && distinct(residual) &&
+         may_share(x, residual, true) && may_share(x, weight, false) && may_share(residual, weight, false);
+}
+
+}  // namespace lane
+}  // namespace opmux
