@@ -44,7 +44,7 @@ def _lane(op: Any, device: str, allow_tree: bool) -> tuple[str, Callable[..., An
         if entry is None:
             return None
         lane, flag = entry
-        return backend, (lane if flag is None else lambda *a: lane(*a, flag))
+        return backend, (lane if flag is None else lambda *a, _l=lane, _f=flag: _l(*a, _f))
     if not allow_tree:
         raise AssertionError(f"{op.op_name}: no native backend loads on {device}")
     return None

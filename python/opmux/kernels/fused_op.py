@@ -271,6 +271,8 @@ def _lane_result(decl: Decl) -> str | None:
         return "None"
     if decl.returns == "Tensor" and decl.has_out:
         return "R if out is None else out"
+    if decl.outputs is not None:
+        return "LRES"
     return None
 
 
@@ -291,28 +293,57 @@ def _lane_lines(decl: Decl, key: str, forced: bool, result: str) -> list[str]:
         if p.type == "Tensor?":
             bumps += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
     typed = " and ".join(
-        f"({p.name} is None or isinstance({p.name}, TENSOR))" if p.type == "Tensor?" else f"isinstance({p.name}, TENSOR)"
+        f"({p.name} is None or isinstance({p.name}, TENSOR))"
+        if p.type == "Tensor?"
+        else f"isinstance({p.name}, TENSOR)"
         for p in tensors
         if p.name != key
     )
     pdl = "LFLAG if enable_pdl is None else bool(enable_pdl)" if forced else "LFLAG"
+    outs = [p.name for p in decl.params if p.written and p.type == "Tensor?"]
+    allocated = decl.outputs is not None and result == "LRES"
+    if allocated:  # the lane gets the outputs ``outputs`` allocates, for a call that passes none
+        typed = " and ".join([*([typed] if typed else []), *(f"{o} is None" for o in outs)])
+        lane_args = ", ".join(
+            f"LOUT[{outs.index(p.name)}]" if p.name in outs else p.name for p in decl.params
+        )
+    else:
+        lane_args = names
     lines = [
         "    try:",
         f"        LANE, LFLAG = (LANE_CPU if {key}.is_cpu else LANE_CUDA if {key}.is_cuda else NO_LANES)"
         f"[{key}.dtype]"
-        + (f" if backend is None else LANE_FORCED.get((backend, {key}.is_cpu, {key}.dtype), NO_LANE)" if forced else ""),
+        + (
+            f" if backend is None else LANE_FORCED.get((backend, {key}.is_cpu, {key}.dtype), NO_LANE)"
+            if forced
+            else ""
+        ),
         "    except (KeyError, TypeError, AttributeError):",
         "        LANE = None",
         "    if LANE is not None" + (f" and {typed}" if typed else "") + ":",
         "        G = GRAD()",
         "        if G:",
         *(f"    {line}" for line in no_grad),
-        f"        R = LANE({names}) if LFLAG is None else LANE({names}, {pdl})",
-        "        if R is not None:",
     ]
+    pad = "        "
+    if allocated:
+        lines += [
+            "        try:",  # an input it cannot size (a 0-d x, ...): the contract speaks
+            f"            LOUT, LRES = OUTPUTS({names})",
+            "        except Exception:",
+            "            LOUT = None",
+            "        if LOUT is not None:",
+        ]
+        pad = "            "
+    lines += [
+        f"{pad}R = LANE({lane_args}) if LFLAG is None else LANE({lane_args}, {pdl})",
+        f"{pad}if R is not None:",
+    ]
+    if allocated:  # its optional outputs are fresh: only the caller's written tensors are bumped
+        bumps = [line for line in bumps[:1] if required]
     if bumps:
-        lines += ["            if G:", *(f"        {line}" for line in bumps)]
-    return [*lines, f"            return {result}"]
+        lines += [f"{pad}    if G:", *(f"{pad}{line}" for line in bumps)]
+    return [*lines, f"{pad}    return {result}"]
 
 
 def _call(flag: Any, pdl: bool) -> str:
@@ -782,6 +813,7 @@ class FusedOp(Generic[R]):
             "NO_LANES": {},
             "NO_LANE": (None, None),
             "LANE_FORCED": self._lane_forced,
+            "OUTPUTS": decl.outputs,
             "TENSOR": torch.Tensor,
         }
         exec("\n".join(body), scope)

@@ -95,6 +95,10 @@ class Decl:
     values: Callable[..., None] | None
     python_backends: tuple[tuple[str, Callable[..., None]], ...]
     key_arg: int
+    #: for a serving lane of an op with several outputs: ``outputs(*args) -> (outs, result)``
+    #: allocates the optional outputs (``outs``, in signature order) for a call that passes
+    #: none, and says what the call returns (see ``fused_op._lane_lines``)
+    outputs: Callable[..., tuple[tuple[Any, ...], Any]] | None = None
     #: the arguments ``declare`` was given (for ``variant``)
     declared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -129,6 +133,7 @@ def declare(
     size_priority: tuple[tuple[str, int, tuple[str, ...]], ...] = (),
     samples: str | None = None,
     key_arg: int = 0,
+    outputs: Callable[..., tuple[tuple[Any, ...], Any]] | None = None,
 ) -> Decl:
     """Declare op ``name`` (``group.op``); see the module docstring for what follows.
 
@@ -137,7 +142,8 @@ def declare(
     ``(kernel_args, result)``. ``values(*args)`` checks tensor contents (e.g. index ranges) and
     is skipped under torch.compile's fake tensors. ``dtypes`` narrows the key tensor dtypes
     every backend takes; ``samples`` names another op's parity cases to reuse; ``key_arg`` is
-    the index of the argument whose device and dtype choose the backend.
+    the index of the argument whose device and dtype choose the backend. ``outputs`` (ops with
+    several results) allocates a serving lane's outputs: ``outputs(*args) -> (outs, result)``.
     """
     params, returns = parse_signature(signature)
     if any(p.name == "out" for p in params[:-1]):
@@ -169,7 +175,7 @@ def declare(
         size_priority=size_priority,
     )
     declared = {k: v for k, v in locals().items() if k in _DECLARE_ARGS}
-    return Decl(spec, params, returns, check, reference, values, python, key_arg, declared)
+    return Decl(spec, params, returns, check, reference, values, python, key_arg, outputs, declared)
 
 
 def variant(of: Decl, name: str, *, doc: str, **changes: Any) -> Decl:
@@ -194,4 +200,5 @@ _DECLARE_ARGS = (
     "size_priority",
     "samples",
     "key_arg",
+    "outputs",
 )

@@ -414,6 +414,7 @@ void act_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t 
   }
 }
 
+
 }  // namespace activation_cpu
 }  // namespace opmux
 
@@ -421,6 +422,7 @@ void act_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t 
 #include <tvm/ffi/function.h>
 
 #include "opmux/checks.h"
+#include "opmux/activation_lanes.h"
 
 namespace opmux {
 namespace activation_cpu {
@@ -490,6 +492,56 @@ void gelu_tanh_and_mul_cpu(TensorView out, TensorView x, bool vllm_rounding) {
   run<GeluTanh>("opmux.gelu_tanh_and_mul", out, x);
 }
 
+// Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
+lane::Any silu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { silu_and_mul_cpu(o, x, v); });
+}
+lane::Any gelu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { gelu_and_mul_cpu(o, x, v); });
+}
+lane::Any gelu_tanh_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { gelu_tanh_and_mul_cpu(o, x, v); });
+}
+lane::Any mul_and_silu_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { mul_and_silu_cpu(o, x, v); });
+}
+lane::Any fatrelu_and_mul_cpu_lane(TensorView x, lane::AnyView threshold_arg, lane::AnyView out) {
+  double t;
+  if (!lane::finite_float(threshold_arg, &t)) return lane::refused();
+  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { fatrelu_and_mul_cpu(o, x, t); });
+}
+lane::Any swiglustep_and_mul_cpu_lane(TensorView x, lane::AnyView limit_arg, lane::AnyView out) {
+  double l;
+  if (!lane::positive_float(limit_arg, &l)) return lane::refused();
+  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { swiglustep_and_mul_cpu(o, x, l); });
+}
+lane::Any swigluoai_and_mul_cpu_lane(TensorView x, lane::AnyView alpha_arg, lane::AnyView limit_arg, lane::AnyView out) {
+  double a, l;
+  if (!lane::finite_float(alpha_arg, &a) || !lane::positive_float(limit_arg, &l)) return lane::refused();
+  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { swigluoai_and_mul_cpu(o, x, a, l); });
+}
+lane::Any gelu_new_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<false>(kDLCPU, x, out, [&](TensorView o) { gelu_new_cpu(o, x, v); });
+}
+lane::Any gelu_fast_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<false>(kDLCPU, x, out, [&](TensorView o) { gelu_fast_cpu(o, x, v); });
+}
+lane::Any gelu_quick_cpu_lane(TensorView x, lane::AnyView out) {
+  return lane::act_lane<false>(kDLCPU, x, out, [&](TensorView o) { gelu_quick_cpu(o, x); });
+}
+
 }  // namespace activation_cpu
 }  // namespace opmux
 
@@ -503,4 +555,14 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cpu, opmux::activation_cpu::swig
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cpu, opmux::activation_cpu::gelu_new_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cpu, opmux::activation_cpu::gelu_fast_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cpu, opmux::activation_cpu::gelu_quick_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cpu_lane, opmux::activation_cpu::silu_and_mul_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cpu_lane, opmux::activation_cpu::gelu_and_mul_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cpu_lane, opmux::activation_cpu::gelu_tanh_and_mul_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul_and_silu_cpu_lane, opmux::activation_cpu::mul_and_silu_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fatrelu_and_mul_cpu_lane, opmux::activation_cpu::fatrelu_and_mul_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swiglustep_and_mul_cpu_lane, opmux::activation_cpu::swiglustep_and_mul_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cpu_lane, opmux::activation_cpu::swigluoai_and_mul_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cpu_lane, opmux::activation_cpu::gelu_new_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cpu_lane, opmux::activation_cpu::gelu_fast_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cpu_lane, opmux::activation_cpu::gelu_quick_cpu_lane);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "opmux/checks.h"
+#include "opmux/activation_lanes.h"
 #include "opmux/cuda_utils.cuh"
 
 namespace opmux {
@@ -401,6 +402,57 @@ void gelu_quick_cuda(TensorView out, TensorView x, bool enable_pdl) {
   run_act<GeluQuick>("opmux.gelu_quick", out, x);
 }
 
+
+// Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
+lane::Any silu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { silu_and_mul_cuda(o, x, v, enable_pdl); });
+}
+lane::Any gelu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { gelu_and_mul_cuda(o, x, v, enable_pdl); });
+}
+lane::Any gelu_tanh_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { gelu_tanh_and_mul_cuda(o, x, v, enable_pdl); });
+}
+lane::Any mul_and_silu_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { mul_and_silu_cuda(o, x, v, enable_pdl); });
+}
+lane::Any fatrelu_and_mul_cuda_lane(TensorView x, lane::AnyView threshold_arg, lane::AnyView out, bool enable_pdl) {
+  double t;
+  if (!lane::finite_float(threshold_arg, &t)) return lane::refused();
+  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { fatrelu_and_mul_cuda(o, x, t, enable_pdl); });
+}
+lane::Any swiglustep_and_mul_cuda_lane(TensorView x, lane::AnyView limit_arg, lane::AnyView out, bool enable_pdl) {
+  double l;
+  if (!lane::positive_float(limit_arg, &l)) return lane::refused();
+  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { swiglustep_and_mul_cuda(o, x, l, enable_pdl); });
+}
+lane::Any swigluoai_and_mul_cuda_lane(TensorView x, lane::AnyView alpha_arg, lane::AnyView limit_arg, lane::AnyView out, bool enable_pdl) {
+  double a, l;
+  if (!lane::finite_float(alpha_arg, &a) || !lane::positive_float(limit_arg, &l)) return lane::refused();
+  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { swigluoai_and_mul_cuda(o, x, a, l, enable_pdl); });
+}
+lane::Any gelu_new_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<false>(kDLCUDA, x, out, [&](TensorView o) { gelu_new_cuda(o, x, v, enable_pdl); });
+}
+lane::Any gelu_fast_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
+  bool v;
+  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
+  return lane::act_lane<false>(kDLCUDA, x, out, [&](TensorView o) { gelu_fast_cuda(o, x, v, enable_pdl); });
+}
+lane::Any gelu_quick_cuda_lane(TensorView x, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane<false>(kDLCUDA, x, out, [&](TensorView o) { gelu_quick_cuda(o, x, enable_pdl); });
+}
+
 }  // namespace activation_cuda
 }  // namespace opmux
 
@@ -414,3 +466,13 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cuda, opmux::activation_cuda::sw
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cuda, opmux::activation_cuda::gelu_new_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cuda, opmux::activation_cuda::gelu_fast_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cuda, opmux::activation_cuda::gelu_quick_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cuda_lane, opmux::activation_cuda::silu_and_mul_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cuda_lane, opmux::activation_cuda::gelu_and_mul_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cuda_lane, opmux::activation_cuda::gelu_tanh_and_mul_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul_and_silu_cuda_lane, opmux::activation_cuda::mul_and_silu_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fatrelu_and_mul_cuda_lane, opmux::activation_cuda::fatrelu_and_mul_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swiglustep_and_mul_cuda_lane, opmux::activation_cuda::swiglustep_and_mul_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cuda_lane, opmux::activation_cuda::swigluoai_and_mul_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cuda_lane, opmux::activation_cuda::gelu_new_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cuda_lane, opmux::activation_cuda::gelu_fast_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cuda_lane, opmux::activation_cuda::gelu_quick_cuda_lane);
