@@ -191,3 +191,34 @@ def test_default_call_takes_the_lane(device_type: str, request: pytest.FixtureRe
     y = ops.layernorm.rmsnorm(x, w)
     assert x.dtype in (op._lane_cpu if dev == "cpu" else op._lane_cuda)
     torch.testing.assert_close(y, ops.layernorm.rmsnorm(x, w, backend="torch"), atol=1e-5, rtol=1e-5)
+
+
+def test_interleaved_views_of_one_buffer(device_type: str, request: pytest.FixtureRequest) -> None:
+    """q and k as views of one qkv buffer (the serving layout): the lane proves them apart as the
+    Python guard does and runs; views that share elements are refused (the contract raises)."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"native lanes run on cpu and cuda, not {device_type}")
+    op = op_instance("layernorm.qk_norm")
+    found = _lane(op, dev, request.config.getoption("--allow-tree"))
+    if found is None:
+        pytest.skip("no native qk_norm lane here")
+    backend, lane = found
+    w = torch.randn(16, device=dev)
+
+    def views(k_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        qkv = torch.randn(4, 12 * 16, generator=torch.Generator().manual_seed(0)).to(dev)
+        return qkv[:, :128].view(4, 8, 16), qkv[:, k_start : k_start + 32].view(4, 2, 16)
+
+    with torch.no_grad():
+        q, k = views(128)
+        assert lane(q, k, w, w, 1e-6) is not None
+        q2, k2 = views(128)
+        op.bind(backend, dev)(q2, k2, w, w, 1e-6)
+        assert torch.equal(q, q2) and torch.equal(k, k2)
+        q, k = views(120)  # k's first head is the last half of q's last head
+        snap = (q.clone(), k.clone())
+        assert lane(q, k, w, w, 1e-6) is None
+        assert torch.equal(q, snap[0]) and torch.equal(k, snap[1])
+        with pytest.raises(ValueError, match="overlap in memory"):
+            op.bind(backend, dev)(q, k, w, w, 1e-6)

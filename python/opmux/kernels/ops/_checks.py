@@ -206,11 +206,11 @@ def alias(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor, b
     ``b``, the very same view (in place, e.g. ``out=x``)."""
     if not a.numel() or not b.numel():
         return
-    same = (
+    same = (  # the stride of a dimension of size 1 addresses nothing
         a.data_ptr() == b.data_ptr()
         and a.dtype == b.dtype
         and a.shape == b.shape
-        and a.stride() == b.stride()
+        and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape, strict=True) if n > 1)
     )
     if same and not both_written:
         return

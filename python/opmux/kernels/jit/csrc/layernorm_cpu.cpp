@@ -486,6 +486,14 @@ void qk_norm_cpu(TensorView q, TensorView k, TensorView q_weight, TensorView k_w
   });
 }
 
+lane::Any qk_norm_cpu_lane(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
+                           lane::AnyView eps_arg) {
+  double eps;
+  if (!lane::qk_norm_args(kDLCPU, q, k, q_weight, k_weight, eps_arg, &eps)) return lane::refused();
+  qk_norm_cpu(q, k, q_weight, k_weight, eps);
+  return lane::ran();
+}
+
 }  // namespace layernorm_cpu
 }  // namespace opmux
 
@@ -504,4 +512,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cpu_lane, opmux::layernorm_cpu::gemm
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_cpu_lane, opmux::layernorm_cpu::fused_add_rmsnorm_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cpu_lane,
                               opmux::layernorm_cpu::gemma_fused_add_rmsnorm_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cpu_lane, opmux::layernorm_cpu::qk_norm_cpu_lane);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -569,6 +569,14 @@ void fused_add_rmsnorm_static_quant_fp8_cuda(TensorView q, TensorView x, TensorV
   run_quant<true>("opmux.fused_add_rmsnorm_static_quant_fp8", q, x, residual, weight, scale, eps);
 }
 
+lane::Any qk_norm_cuda_lane(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
+                           lane::AnyView eps_arg, bool enable_pdl) {
+  double eps;
+  if (!lane::qk_norm_args(kDLCUDA, q, k, q_weight, k_weight, eps_arg, &eps)) return lane::refused();
+  qk_norm_cuda(q, k, q_weight, k_weight, eps, enable_pdl);
+  return lane::ran();
+}
+
 }  // namespace layernorm_cuda
 }  // namespace opmux
 
@@ -587,3 +595,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cuda_lane, opmux::layernorm_cuda::ge
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_cuda_lane, opmux::layernorm_cuda::fused_add_rmsnorm_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cuda_lane,
                               opmux::layernorm_cuda::gemma_fused_add_rmsnorm_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cuda_lane, opmux::layernorm_cuda::qk_norm_cuda_lane);

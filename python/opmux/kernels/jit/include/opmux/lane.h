@@ -147,15 +147,65 @@ inline bool same_view(const TensorView& a, const TensorView& b) {
   return true;
 }
 
-// The generic guard's rule for a written tensor `w` and another argument `o`: no common byte,
-// or (a read `o`) the very same view, i.e. in place. Anything else: the Python guard decides.
+inline int64_t floor_div(int64_t a, int64_t b) {  // Python's //, b > 0
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+// Is delta = sum(k_i * s_i) with -(nb_i - 1) <= k_i <= na_i - 1? (_checks._reachable)
+inline bool reachable(int64_t delta, const int64_t* s, const int64_t* na, const int64_t* nb, int k) {
+  if (k == 0) return delta == 0;
+  int64_t reach = 0;
+  for (int i = 1; i < k; ++i) reach += (std::max(na[i], nb[i]) - 1) * s[i];
+  const int64_t lo = std::max(-(nb[0] - 1), -floor_div(reach - delta, s[0]));
+  const int64_t hi = std::min(na[0] - 1, floor_div(delta + reach, s[0]));
+  if (hi - lo > 64) return true;  // strides that do not nest: assume the worst
+  for (int64_t j = lo; j <= hi; ++j)
+    if (reachable(delta - j * s[0], s + 1, na + 1, nb + 1, k - 1)) return true;
+  return false;
+}
+
+// Two views with the same strides that touch no common element (_checks._disjoint: q and k views
+// of one qkv buffer); false when unsure.
+inline bool disjoint_views(const TensorView& a, const TensorView& b) {
+  const int64_t size = (a.dtype().bits * a.dtype().lanes + 7) / 8;
+  if (size != (b.dtype().bits * b.dtype().lanes + 7) / 8 || a.ndim() != b.ndim() || a.ndim() > 8)
+    return false;
+  int64_t s[8], na[8], nb[8];
+  int k = 0;
+  for (int i = 0; i < a.ndim(); ++i) {
+    const int64_t sa = a.stride(i), sb = b.stride(i), xa = a.size(i), xb = b.size(i);
+    if (xa > 1 && xb > 1 && sa != sb) return false;
+    const int64_t st = xa > 1 ? sa : sb;
+    if (st == 0) continue;
+    if (st < 0) return false;  // (torch views have none)
+    s[k] = st, na[k] = xa, nb[k] = xb, ++k;
+  }
+  // by stride descending, then sizes descending (Python's sorted(..., reverse=True))
+  for (int i = 1; i < k; ++i)
+    for (int j = i; j > 0; --j) {
+      const bool before = s[j] > s[j - 1] || (s[j] == s[j - 1] && (na[j] > na[j - 1] ||
+                                                                 (na[j] == na[j - 1] && nb[j] > nb[j - 1])));
+      if (!before) break;
+      std::swap(s[j], s[j - 1]), std::swap(na[j], na[j - 1]), std::swap(nb[j], nb[j - 1]);
+    }
+  const int64_t bytes = static_cast<int64_t>(reinterpret_cast<uintptr_t>(data_ptr<char>(b)) -
+                                             reinterpret_cast<uintptr_t>(data_ptr<char>(a)));
+  if (bytes % size != 0) return false;
+  return !reachable(bytes / size, s, na, nb, k);
+}
+
+// The generic guard's rule for a written tensor `w` and another argument `o`: no common byte;
+// or (a read `o`) the very same view, i.e. in place; or interleaved views that provably share no
+// element (_checks.alias). Anything else: the Python guard decides.
 inline bool may_share(const TensorView& w, const TensorView& o, bool o_written) {
   if (w.numel() == 0 || o.numel() == 0) return true;
   uintptr_t wl, wh, ol, oh;
   extent(w, &wl, &wh);
   extent(o, &ol, &oh);
   if (wh <= ol || oh <= wl) return true;
-  return !o_written && same_view(w, o);
+  if (same_view(w, o)) return !o_written;
+  return disjoint_views(w, o);
 }
 
 // A fresh dense tensor from the caller's framework (torch's allocator, on `like`'s device).

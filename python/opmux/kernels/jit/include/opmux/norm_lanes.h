@@ -37,5 +37,21 @@ inline bool fused_add_args(int32_t device_type, const TensorView& x, const Tenso
          may_share(x, residual, true) && may_share(x, weight, false) && may_share(residual, weight, false);
 }
 
+// qk_norm: q [Tq, Hq, D] and k [Tk, Hk, D] (any token and head strides, a unit last stride),
+// weights dense [D], all of q's dtype and device; q and k (written) apart from each other and the
+// weights (interleaved views of one qkv buffer included), each holding its elements apart.
+inline bool qk_norm_args(int32_t device_type, const TensorView& q, const TensorView& k,
+                         const TensorView& qw, const TensorView& kw, const AnyView& eps_arg, double* eps) {
+  if (!positive_float(eps_arg, eps) || q.ndim() != 3 || k.ndim() != 3 ||
+      q.device().device_type != device_type || !is_float(q.dtype()))
+    return false;
+  const int64_t d = q.size(2);
+  for (const TensorView* t : {&k, &qw, &kw})
+    if (!same_dtype(t->dtype(), q.dtype()) || !same_device(*t, q)) return false;
+  return k.size(2) == d && vector(qw, d) && vector(kw, d) && (d <= 1 || (q.stride(2) == 1 && k.stride(2) == 1)) &&
+         distinct(q) && distinct(k) && may_share(q, k, true) && may_share(q, qw, false) &&
+         may_share(q, kw, false) && may_share(k, qw, false) && may_share(k, kw, false);
+}
+
 }  // namespace lane
 }  // namespace opmux
