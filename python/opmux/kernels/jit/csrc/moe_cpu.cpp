@@ -250,6 +250,7 @@ inline int64_t batched_align_impl(int32_t* sorted, int32_t* experts, int32_t* po
 #include <tvm/ffi/function.h>
 
 #include "opmux/moe_checks.h"
+#include "opmux/moe_lanes.h"
 
 namespace opmux {
 namespace moe_cpu {
@@ -347,6 +348,35 @@ void batched_moe_align_block_size_cpu(TensorView sorted_ids, TensorView expert_i
   }
 }
 
+// Serving lanes (opmux/lane.h, moe_lanes.h): the contract's form checked here, else None.
+lane::Any topk_softmax_cpu_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
+                                lane::AnyView correction_bias, lane::AnyView moe_softcapping,
+                                lane::AnyView bias_on_logits, lane::AnyView topk_weights, lane::AnyView topk_ids,
+                                lane::AnyView token_expert_indices) {
+  double cap;
+  bool bol;
+  lane::RouteArgs a;
+  if (!lane::softmax_scoring(moe_softcapping, bias_on_logits, &cap, &bol) ||
+      !lane::route_args(kDLCPU, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
+                        token_expert_indices, &a))
+    return lane::refused();
+  topk_softmax_cpu(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
+                   a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, cap, bol);
+  return lane::ran();
+}
+
+lane::Any topk_sigmoid_cpu_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
+                                lane::AnyView correction_bias, lane::AnyView topk_weights, lane::AnyView topk_ids,
+                                lane::AnyView token_expert_indices) {
+  lane::RouteArgs a;
+  if (!lane::route_args(kDLCPU, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
+                        token_expert_indices, &a))
+    return lane::refused();
+  topk_sigmoid_cpu(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
+                   a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize);
+  return lane::ran();
+}
+
 }  // namespace moe_cpu
 }  // namespace opmux
 
@@ -354,4 +384,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu, opmux::moe_cpu::topk_softmax_cpu
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cpu, opmux::moe_cpu::topk_sigmoid_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cpu, opmux::moe_cpu::batched_moe_align_block_size_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu, opmux::moe_cpu::moe_align_block_size_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu_lane, opmux::moe_cpu::topk_softmax_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cpu_lane, opmux::moe_cpu::topk_sigmoid_cpu_lane);
 #endif  // OPMUX_CPU_KERNELS_ONLY

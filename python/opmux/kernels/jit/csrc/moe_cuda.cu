@@ -42,6 +42,7 @@
 
 #include "opmux/cuda_utils.cuh"
 #include "opmux/moe_checks.h"
+#include "opmux/moe_lanes.h"
 
 namespace opmux {
 namespace moe_cuda {
@@ -574,6 +575,35 @@ void batched_moe_align_block_size_cuda(TensorView sorted_ids, TensorView expert_
   cuda::launch(op, a.device_id, props, batched_align_kernel, grid, block, 0, stream, p);
 }
 
+// Serving lanes (opmux/lane.h, moe_lanes.h): the contract's form checked here, else None.
+lane::Any topk_softmax_cuda_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
+                                 lane::AnyView correction_bias, lane::AnyView moe_softcapping,
+                                 lane::AnyView bias_on_logits, lane::AnyView topk_weights, lane::AnyView topk_ids,
+                                 lane::AnyView token_expert_indices, bool enable_pdl) {
+  double cap;
+  bool bol;
+  lane::RouteArgs a;
+  if (!lane::softmax_scoring(moe_softcapping, bias_on_logits, &cap, &bol) ||
+      !lane::route_args(kDLCUDA, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
+                        token_expert_indices, &a))
+    return lane::refused();
+  topk_softmax_cuda(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
+                    a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, cap, bol, enable_pdl);
+  return lane::ran();
+}
+
+lane::Any topk_sigmoid_cuda_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
+                                 lane::AnyView correction_bias, lane::AnyView topk_weights, lane::AnyView topk_ids,
+                                 lane::AnyView token_expert_indices, bool enable_pdl) {
+  lane::RouteArgs a;
+  if (!lane::route_args(kDLCUDA, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
+                        token_expert_indices, &a))
+    return lane::refused();
+  topk_sigmoid_cuda(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
+                    a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, enable_pdl);
+  return lane::ran();
+}
+
 }  // namespace moe_cuda
 }  // namespace opmux
 
@@ -581,3 +611,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda, opmux::moe_cuda::topk_softmax_c
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cuda, opmux::moe_cuda::topk_sigmoid_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cuda, opmux::moe_cuda::batched_moe_align_block_size_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda, opmux::moe_cuda::moe_align_block_size_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda_lane, opmux::moe_cuda::topk_softmax_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cuda_lane, opmux::moe_cuda::topk_sigmoid_cuda_lane);

@@ -272,6 +272,17 @@ def check_sigmoid(
     )
 
 
+def outputs_route(g: Tensor, topk: int, *_: Any) -> tuple[tuple[Any, ...], tuple[Tensor, Tensor]]:
+    """A routing op's serving lane outputs (Decl.outputs): what the contract allocates for a call
+    without buffers, float32 weights and int32 ids [T, topk] (no token_expert_indices)."""
+    if type(topk) is not int or not 0 < topk <= g.shape[1]:
+        raise ValueError("not the serving form")  # the contract speaks
+    t, dev = g.shape[0], g.device
+    p = _checks.PROTOS.get(dev) or _checks.protos(dev)
+    w, ids = p[torch.float32].new_empty(t, topk), p[torch.int32].new_empty(t, topk)
+    return (w, ids, None), (w, ids)
+
+
 def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = None) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu:
@@ -835,6 +846,7 @@ topk_softmax = declare(
     reference=ref_topk,
     torch=torch_topk,
     tolerances=_ROUTING_TOLERANCES,
+    outputs=outputs_route,
 )
 moe_align_block_size = declare(
     _AL,
@@ -862,6 +874,7 @@ topk_sigmoid = declare(
     reference=ref_sigmoid,
     torch=torch_sigmoid,
     tolerances=_ROUTING_TOLERANCES,
+    outputs=outputs_route,
 )
 batched_moe_align_block_size = declare(
     _BA,
