@@ -13,6 +13,8 @@ time:
 
 * ``bare``: the chosen backend's kernel on prepared kernel arguments (for aot/jit: the bare
   tvm-ffi function), the floor;
+* ``bare+outputs``: the same with the outputs the call returns allocated per call
+  (``torch.empty_like`` of each): the floor of a call that returns fresh tensors;
 * ``bound``: the backend as dispatch binds it (the argument contract, then the kernel);
 * ``default``: the public function (``ops.<group>.<name>(...)``);
 * ``forced``: the public function with ``backend=<the chosen one>``;
@@ -23,7 +25,7 @@ time:
 * ``flashinfer``: FlashInfer's function for the same op, where FlashInfer is importable (CUDA).
 
 Derived: ``dispatch`` = default - bound (goal on the CPU: <= 100 ns); forced / default and
-torch.ops / default (goal <= 1.2); default - bare. One more row compares an op with size
+torch.ops / default (goal <= 1.2); default - bare and default - bare+outputs. One more row compares an op with size
 classes against the same op without. And ``import opmux.kernels.ops`` is timed with
 ``python -X importtime`` in fresh interpreters (goal <= 20 ms; torch must not be imported).
 Writes ``<out>/host_overhead.md`` and ``.json``.
@@ -50,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+EMPTY_LIKE = torch.empty_like
 
 
 def _args(op: str, dev: str, h: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -199,13 +203,26 @@ class _Cell:
         native_dev = "cuda" if device == "cuda" else "cpu"
         args, _ = _args("layernorm.rmsnorm" if label.startswith("(") else op.op_name, device, h)
         self.chosen = chosen = explain(op.op_name, *args).chosen
-        kargs, _ = op.decl.check(op.op_name, *_full(op, args))
+        kargs, result = op.decl.check(op.op_name, *_full(op, args))
         paths: dict[str, Callable[[], Any]] = {}
         if chosen not in ("reference", "torch"):
             entry = getattr(op, "entry", None)  # (kernel, PDL flag); older trees: the kernel alone
             kernel, flag = entry(chosen, native_dev) if entry else (op.kernel(chosen, native_dev), None)
             bare_args = (*kargs, flag) if flag is not None else kargs
             paths["bare"] = lambda: kernel(*bare_args)
+            # the same with fresh outputs (torch.empty_like of each the call returns), as any
+            # caller that wants results must allocate them: the floor of an op that returns tensors
+            made = [r for r in (result if isinstance(result, tuple) else (result,)) if r is not None]
+            slots = [i for i, a in enumerate(bare_args) if any(a is r for r in made)]
+            if slots:
+
+                def bare_alloc(slots: list[int] = slots, base: tuple[Any, ...] = bare_args) -> Any:
+                    a = list(base)
+                    for i in slots:
+                        a[i] = EMPTY_LIKE(base[i])
+                    return kernel(*a)
+
+                paths["bare+outputs"] = bare_alloc
         bound, public = op.bind(chosen, native_dev), op.public  # both called as a user holds them
         paths["bound"] = lambda: bound(*args)
         paths["default"] = lambda: public(*args)
@@ -248,6 +265,8 @@ def summarize(label: str, chosen: str, samples: dict[str, list[float]]) -> dict[
         row["torch_ops_hop_ns"] = round(med["torch.ops"] - med["torch.ops kernel"], 1)
     if "bare" in med:
         row["over_bare_ns"] = round(med["default"] - med["bare"], 1)
+        floor = med.get("bare+outputs", med["bare"])
+        row["over_floor_ns"] = round(med["default"] - floor, 1)
     return row
 
 
@@ -444,18 +463,28 @@ def _render_hop(hop: list[dict[str, Any]]) -> str:
 
 
 def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any], cmd: str) -> str:
-    cols = ["bare", "bound", "default", "forced", "torch.ops", "torch.ops kernel", "flashinfer"]
+    cols = [
+        "bare",
+        "bare+outputs",
+        "bound",
+        "default",
+        "forced",
+        "torch.ops",
+        "torch.ops kernel",
+        "flashinfer",
+    ]
     cols = [c for c in cols if any(f"{c}_ns" in r for r in rows)]
     head = "| op | backend | " + " | ".join(f"{c} (ns)" for c in cols)
     head += " | dispatch (ns) | dispatch, min (ns) | forced / default | torch.ops / default"
-    head += " | torch.ops - its kernel (ns) | default - bare (ns) |"
-    lines = [head, "|---|---|" + "---:|" * (len(cols) + 6)]
+    head += " | torch.ops - its kernel (ns) | default - bare (ns) | default - bare+outputs (ns) |"
+    lines = [head, "|---|---|" + "---:|" * (len(cols) + 7)]
     for r in rows:
         cells = [str(r.get(f"{c}_ns", "-")) for c in cols]
         cells += [str(r["dispatch_ns"]), str(r["dispatch_min_ns"]), str(r["forced_ratio"])]
         cells.append(str(r.get("torch_ops_ratio", "-")))
         cells.append(str(r.get("torch_ops_hop_ns", "-")))
         cells.append(str(r.get("over_bare_ns", "-")))
+        cells.append(str(r.get("over_floor_ns", "-")))
         lines.append(f"| {r['op']} | {r['backend']} | " + " | ".join(cells) + " |")
     sized = next(r for r in rows if r["op"].startswith("(size classes: sized)"))
     return (
@@ -467,7 +496,9 @@ def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any
         + ". Columns are explained in the script's docstring: "
         "`dispatch` = default - bound (the public call over the bound kernel, contract included in both; "
         "the median of per-round differences, and the difference of the fastest rounds), "
-        "`bare` = the chosen kernel alone on prepared arguments.\n\n"
+        "`bare` = the chosen kernel alone on prepared arguments, `bare+outputs` = the same with the "
+        "outputs it returns allocated per call (torch.empty_like: what any caller that wants results "
+        "pays).\n\n"
         + "\n".join(lines)
         + f"\n\nSize classes: the same op with a size rule costs {sized['vs_plain_default_ns']} ns more per "
         "default call than without.\n\n"

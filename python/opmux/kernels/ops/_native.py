@@ -43,7 +43,7 @@ class NativeLoader:
         group, _, name = op.partition(".")
         try:
             return self._load(group, device, f"{name}_{device}_lane")
-        except (BackendUnavailable, AttributeError):  # AttributeError: a JIT module without it
+        except Exception:  # a source without one (AttributeError), ...: a lane is only ever a shortcut
             return None
 
     def _load(self, group: str, device: str, name: str) -> Callable[..., Any]:
