@@ -493,53 +493,35 @@ void gelu_tanh_and_mul_cpu(TensorView out, TensorView x, bool vllm_rounding) {
 }
 
 // Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
-lane::Any silu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { silu_and_mul_cpu(o, x, v); });
+lane::Any silu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
+  return lane::act_lane_bool<true>(kDLCPU, silu_and_mul_cpu, x, vllm_rounding, out);
 }
-lane::Any gelu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { gelu_and_mul_cpu(o, x, v); });
+lane::Any gelu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
+  return lane::act_lane_bool<true>(kDLCPU, gelu_and_mul_cpu, x, vllm_rounding, out);
 }
-lane::Any gelu_tanh_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { gelu_tanh_and_mul_cpu(o, x, v); });
+lane::Any gelu_tanh_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
+  return lane::act_lane_bool<true>(kDLCPU, gelu_tanh_and_mul_cpu, x, vllm_rounding, out);
 }
-lane::Any mul_and_silu_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { mul_and_silu_cpu(o, x, v); });
+lane::Any mul_and_silu_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
+  return lane::act_lane_bool<true>(kDLCPU, mul_and_silu_cpu, x, vllm_rounding, out);
 }
-lane::Any fatrelu_and_mul_cpu_lane(TensorView x, lane::AnyView threshold_arg, lane::AnyView out) {
-  double t;
-  if (!lane::finite_float(threshold_arg, &t)) return lane::refused();
-  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { fatrelu_and_mul_cpu(o, x, t); });
+lane::Any fatrelu_and_mul_cpu_lane(TensorView x, lane::AnyView threshold, lane::AnyView out) {
+  return lane::act_lane_finite<true>(kDLCPU, fatrelu_and_mul_cpu, x, threshold, out);
 }
-lane::Any swiglustep_and_mul_cpu_lane(TensorView x, lane::AnyView limit_arg, lane::AnyView out) {
-  double l;
-  if (!lane::positive_float(limit_arg, &l)) return lane::refused();
-  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { swiglustep_and_mul_cpu(o, x, l); });
+lane::Any swiglustep_and_mul_cpu_lane(TensorView x, lane::AnyView limit, lane::AnyView out) {
+  return lane::act_lane_positive<true>(kDLCPU, swiglustep_and_mul_cpu, x, limit, out);
 }
-lane::Any swigluoai_and_mul_cpu_lane(TensorView x, lane::AnyView alpha_arg, lane::AnyView limit_arg, lane::AnyView out) {
-  double a, l;
-  if (!lane::finite_float(alpha_arg, &a) || !lane::positive_float(limit_arg, &l)) return lane::refused();
-  return lane::act_lane<true>(kDLCPU, x, out, [&](TensorView o) { swigluoai_and_mul_cpu(o, x, a, l); });
+lane::Any swigluoai_and_mul_cpu_lane(TensorView x, lane::AnyView alpha, lane::AnyView limit, lane::AnyView out) {
+  return lane::act_lane_oai<true>(kDLCPU, swigluoai_and_mul_cpu, x, alpha, limit, out);
 }
-lane::Any gelu_new_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<false>(kDLCPU, x, out, [&](TensorView o) { gelu_new_cpu(o, x, v); });
+lane::Any gelu_new_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
+  return lane::act_lane_bool<false>(kDLCPU, gelu_new_cpu, x, vllm_rounding, out);
 }
-lane::Any gelu_fast_cpu_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<false>(kDLCPU, x, out, [&](TensorView o) { gelu_fast_cpu(o, x, v); });
+lane::Any gelu_fast_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
+  return lane::act_lane_bool<false>(kDLCPU, gelu_fast_cpu, x, vllm_rounding, out);
 }
 lane::Any gelu_quick_cpu_lane(TensorView x, lane::AnyView out) {
-  return lane::act_lane<false>(kDLCPU, x, out, [&](TensorView o) { gelu_quick_cpu(o, x); });
+  return lane::act_lane_plain<false>(kDLCPU, gelu_quick_cpu, x, out);
 }
 
 }  // namespace activation_cpu

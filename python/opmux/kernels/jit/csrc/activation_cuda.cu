@@ -404,53 +404,35 @@ void gelu_quick_cuda(TensorView out, TensorView x, bool enable_pdl) {
 
 
 // Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
-lane::Any silu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { silu_and_mul_cuda(o, x, v, enable_pdl); });
+lane::Any silu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_bool<true>(kDLCUDA, silu_and_mul_cuda, x, vllm_rounding, out, enable_pdl);
 }
-lane::Any gelu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { gelu_and_mul_cuda(o, x, v, enable_pdl); });
+lane::Any gelu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_bool<true>(kDLCUDA, gelu_and_mul_cuda, x, vllm_rounding, out, enable_pdl);
 }
-lane::Any gelu_tanh_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { gelu_tanh_and_mul_cuda(o, x, v, enable_pdl); });
+lane::Any gelu_tanh_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_bool<true>(kDLCUDA, gelu_tanh_and_mul_cuda, x, vllm_rounding, out, enable_pdl);
 }
-lane::Any mul_and_silu_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { mul_and_silu_cuda(o, x, v, enable_pdl); });
+lane::Any mul_and_silu_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_bool<true>(kDLCUDA, mul_and_silu_cuda, x, vllm_rounding, out, enable_pdl);
 }
-lane::Any fatrelu_and_mul_cuda_lane(TensorView x, lane::AnyView threshold_arg, lane::AnyView out, bool enable_pdl) {
-  double t;
-  if (!lane::finite_float(threshold_arg, &t)) return lane::refused();
-  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { fatrelu_and_mul_cuda(o, x, t, enable_pdl); });
+lane::Any fatrelu_and_mul_cuda_lane(TensorView x, lane::AnyView threshold, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_finite<true>(kDLCUDA, fatrelu_and_mul_cuda, x, threshold, out, enable_pdl);
 }
-lane::Any swiglustep_and_mul_cuda_lane(TensorView x, lane::AnyView limit_arg, lane::AnyView out, bool enable_pdl) {
-  double l;
-  if (!lane::positive_float(limit_arg, &l)) return lane::refused();
-  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { swiglustep_and_mul_cuda(o, x, l, enable_pdl); });
+lane::Any swiglustep_and_mul_cuda_lane(TensorView x, lane::AnyView limit, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_positive<true>(kDLCUDA, swiglustep_and_mul_cuda, x, limit, out, enable_pdl);
 }
-lane::Any swigluoai_and_mul_cuda_lane(TensorView x, lane::AnyView alpha_arg, lane::AnyView limit_arg, lane::AnyView out, bool enable_pdl) {
-  double a, l;
-  if (!lane::finite_float(alpha_arg, &a) || !lane::positive_float(limit_arg, &l)) return lane::refused();
-  return lane::act_lane<true>(kDLCUDA, x, out, [&](TensorView o) { swigluoai_and_mul_cuda(o, x, a, l, enable_pdl); });
+lane::Any swigluoai_and_mul_cuda_lane(TensorView x, lane::AnyView alpha, lane::AnyView limit, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_oai<true>(kDLCUDA, swigluoai_and_mul_cuda, x, alpha, limit, out, enable_pdl);
 }
-lane::Any gelu_new_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<false>(kDLCUDA, x, out, [&](TensorView o) { gelu_new_cuda(o, x, v, enable_pdl); });
+lane::Any gelu_new_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_bool<false>(kDLCUDA, gelu_new_cuda, x, vllm_rounding, out, enable_pdl);
 }
-lane::Any gelu_fast_cuda_lane(TensorView x, lane::AnyView vllm_rounding_arg, lane::AnyView out, bool enable_pdl) {
-  bool v;
-  if (!lane::bool_arg(vllm_rounding_arg, &v)) return lane::refused();
-  return lane::act_lane<false>(kDLCUDA, x, out, [&](TensorView o) { gelu_fast_cuda(o, x, v, enable_pdl); });
+lane::Any gelu_fast_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
+  return lane::act_lane_bool<false>(kDLCUDA, gelu_fast_cuda, x, vllm_rounding, out, enable_pdl);
 }
 lane::Any gelu_quick_cuda_lane(TensorView x, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane<false>(kDLCUDA, x, out, [&](TensorView o) { gelu_quick_cuda(o, x, enable_pdl); });
+  return lane::act_lane_plain<false>(kDLCUDA, gelu_quick_cuda, x, out, enable_pdl);
 }
 
 }  // namespace activation_cuda

@@ -34,5 +34,39 @@ inline Any act_lane(int32_t device_type, const TensorView& x, const AnyView& out
   return y;
 }
 
+// One lane per scalar kind: `fn` is the op's kernel entry (out, x, scalars...[, enable_pdl]).
+template <bool GATED, typename F, typename... Pdl>
+inline Any act_lane_plain(int32_t dev, F fn, const TensorView& x, const AnyView& out, Pdl... pdl) {
+  return act_lane<GATED>(dev, x, out, [&](TensorView o) { fn(o, x, pdl...); });
+}
+template <bool GATED, typename F, typename... Pdl>
+inline Any act_lane_bool(int32_t dev, F fn, const TensorView& x, const AnyView& flag, const AnyView& out,
+                         Pdl... pdl) {  // vllm_rounding
+  bool v;
+  if (!bool_arg(flag, &v)) return refused();
+  return act_lane<GATED>(dev, x, out, [&](TensorView o) { fn(o, x, v, pdl...); });
+}
+template <bool GATED, typename F, typename... Pdl>
+inline Any act_lane_finite(int32_t dev, F fn, const TensorView& x, const AnyView& a, const AnyView& out,
+                           Pdl... pdl) {  // fatrelu's threshold
+  double v;
+  if (!finite_float(a, &v)) return refused();
+  return act_lane<GATED>(dev, x, out, [&](TensorView o) { fn(o, x, v, pdl...); });
+}
+template <bool GATED, typename F, typename... Pdl>
+inline Any act_lane_positive(int32_t dev, F fn, const TensorView& x, const AnyView& a, const AnyView& out,
+                             Pdl... pdl) {  // swiglustep's limit
+  double v;
+  if (!positive_float(a, &v)) return refused();
+  return act_lane<GATED>(dev, x, out, [&](TensorView o) { fn(o, x, v, pdl...); });
+}
+template <bool GATED, typename F, typename... Pdl>
+inline Any act_lane_oai(int32_t dev, F fn, const TensorView& x, const AnyView& alpha, const AnyView& limit,
+                        const AnyView& out, Pdl... pdl) {  // swigluoai's alpha and limit
+  double a, l;
+  if (!finite_float(alpha, &a) || !positive_float(limit, &l)) return refused();
+  return act_lane<GATED>(dev, x, out, [&](TensorView o) { fn(o, x, a, l, pdl...); });
+}
+
 }  // namespace lane
 }  // namespace opmux
