@@ -35,6 +35,7 @@
 #include "opmux/cuda_utils.cuh"
 #include "opmux/dtype_checks.h"
 #include "opmux/quant_checks.h"
+#include "opmux/quant_lanes.h"
 
 namespace opmux {
 namespace quantization_cuda {
@@ -662,6 +663,74 @@ void per_token_group_quant_int8_cuda(TensorView q, TensorView scales, TensorView
   group_entry<int8_t>("opmux.per_token_group_quant_int8", q, scales, x, group_size, eps, false, false);
 }
 
+// Serving lanes (opmux/lane.h, opmux/quant_lanes.h): the contract's serving form checked here,
+// then the kernel with the contract's arguments; else None (nothing done). As quantization_cpu.cpp.
+lane::Any per_token_quant_fp8_cuda_lane(TensorView x, lane::AnyView scale_ub, lane::AnyView divide_by_scale,
+                                        lane::AnyView out_q, lane::AnyView out_scale, bool enable_pdl) {
+  bool divide;
+  std::optional<TensorView> q, s;
+  if (!lane::per_token_args(kDLCUDA, x, scale_ub, divide_by_scale, out_q, out_scale, &divide, &q, &s))
+    return lane::refused();
+  lane::F32View s1 = lane::F32View::vector_of(*s, x.size(0));
+  lane::F32View ub = lane::F32View::none(x.device());
+  per_token_quant_fp8_cuda(*q, s1.view(), x, ub.view(), divide, enable_pdl);
+  return lane::ran();
+}
+
+lane::Any per_tensor_quant_fp8_cuda_lane(TensorView x, lane::AnyView scale, lane::AnyView out_q,
+                                         lane::AnyView out_scale, bool enable_pdl) {
+  std::optional<TensorView> q, s;
+  if (!lane::per_tensor_args(kDLCUDA, x, scale, out_q, out_scale, &q, &s)) return lane::refused();
+  lane::F32View dynamic = lane::F32View::none(x.device());
+  per_tensor_quant_fp8_cuda(*q, *s, x, dynamic.view(), enable_pdl);
+  return lane::ran();
+}
+
+lane::Any per_token_group_quant_fp8_cuda_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
+                                              lane::AnyView column_major_scales, lane::AnyView scale_tma_aligned,
+                                              lane::AnyView scale_ue8m0, lane::AnyView divide_by_scale,
+                                              lane::AnyView out_q, lane::AnyView out_scale, bool enable_pdl) {
+  int64_t gs;
+  double e;
+  bool ue8m0, divide;
+  std::optional<TensorView> q, s;
+  if (!lane::bool_arg(scale_ue8m0, &ue8m0) || !lane::bool_arg(divide_by_scale, &divide) ||
+      !lane::group_args<false>(kDLCUDA, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
+                               &gs, &e, &q, &s))
+    return lane::refused();
+  per_token_group_quant_fp8_cuda(*q, *s, x, gs, e, ue8m0, divide, enable_pdl);
+  return lane::ran();
+}
+
+lane::Any per_token_group_quant_int8_cuda_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
+                                               lane::AnyView column_major_scales, lane::AnyView scale_tma_aligned,
+                                               lane::AnyView out_q, lane::AnyView out_scale, bool enable_pdl) {
+  int64_t gs;
+  double e;
+  std::optional<TensorView> q, s;
+  if (!lane::group_args<true>(kDLCUDA, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
+                              &gs, &e, &q, &s))
+    return lane::refused();
+  per_token_group_quant_int8_cuda(*q, *s, x, gs, e, enable_pdl);
+  return lane::ran();
+}
+
+lane::Any static_quant_fp8_cuda_lane(TensorView x, TensorView scale, lane::AnyView out_arg, bool enable_pdl) {
+  std::optional<TensorView> out;
+  bool one;
+  int64_t gm, gn;
+  if (!lane::static_args(kDLCUDA, x, scale, out_arg, &out, &one, &gm, &gn)) return lane::refused();
+  lane::F32View s11 = lane::F32View::one_by_one(scale);
+  const TensorView s2 = one ? s11.view() : scale;
+  if (out) {
+    static_quant_fp8_cuda(*out, x, s2, gm, gn, enable_pdl);
+    return lane::ran();
+  }
+  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, lane::kFp8E4m3, x.device());
+  static_quant_fp8_cuda(y, x, s2, gm, gn, enable_pdl);
+  return y;
+}
+
 }  // namespace quantization_cuda
 }  // namespace opmux
 
@@ -672,3 +741,10 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cuda,
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cuda, opmux::quantization_cuda::static_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cuda,
                               opmux::quantization_cuda::per_token_group_quant_int8_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cuda_lane, opmux::quantization_cuda::per_token_quant_fp8_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cuda_lane, opmux::quantization_cuda::per_tensor_quant_fp8_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cuda_lane,
+                              opmux::quantization_cuda::per_token_group_quant_fp8_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cuda_lane,
+                              opmux::quantization_cuda::per_token_group_quant_int8_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cuda_lane, opmux::quantization_cuda::static_quant_fp8_cuda_lane);

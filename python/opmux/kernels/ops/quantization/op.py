@@ -670,6 +670,47 @@ def torch_group_int8(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float) -> No
     s.copy_(scale.squeeze(-1))
 
 
+# -- serving lanes' outputs (``Decl.outputs``): what the check's serving path allocates --------
+def _fp8_rows(x: Tensor) -> tuple[Tensor, Any, int, int]:
+    t, h = x.shape  # a serving lane takes [T, H] x only (anything else raises: no lane)
+    p = _checks.PROTOS.get(x.device) or _checks.protos(x.device)
+    return p[torch.uint8].new_empty(t, h).view(torch.float8_e4m3fn), p, t, h
+
+
+def outputs_per_token(
+    x: Tensor, scale_ub: Any = None, divide_by_scale: Any = False, out_q: Any = None, out_scale: Any = None
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    q, p, t, _ = _fp8_rows(x)
+    s = p[torch.float32].new_empty(t, 1)
+    return (q, s), (q, s)
+
+
+def outputs_per_tensor(
+    x: Tensor, scale: Any = None, out_q: Any = None, out_scale: Any = None
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    q, p, _, _ = _fp8_rows(x)
+    s = p[torch.float32].new_empty(1)
+    return (q, s), (q, s)
+
+
+def outputs_group(
+    x: Tensor, group_size: Any = 128, *_: Any
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    q, p, t, h = _fp8_rows(x)
+    s = p[torch.float32].new_empty(t, h // group_size)
+    return (q, s), (q, s)
+
+
+def outputs_group_int8(
+    x: Tensor, group_size: Any = 128, *_: Any
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    t, h = x.shape
+    p = _checks.PROTOS.get(x.device) or _checks.protos(x.device)
+    q = p[torch.int8].new_empty(t, h)
+    s = p[torch.float32].new_empty(t, h // group_size)
+    return (q, s), (q, s)
+
+
 #: Scales (float32) are computed from the exact row/group max with IEEE division in every
 #: backend (group scales with ``divide_by_scale`` on CUDA: the reciprocal product, in every CUDA
 #: backend; ``group_scale_of``), so they agree to fp32 rounding whatever the input dtype. The fp8 output is compared
@@ -690,6 +731,7 @@ per_token_quant_fp8 = declare(
     "Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q fp8 [..., H], scale fp32 [..., 1]); scale = max(min(amax, ub)/448, 1/(448*512))",
     check=check_per_token,
+    outputs=outputs_per_token,
     reference=ref_per_token,
     torch=torch_per_token,
     tolerances=_TOLERANCES,
@@ -699,6 +741,7 @@ per_tensor_quant_fp8 = declare(
     "(Tensor x, Tensor? scale=None, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q fp8 [..., H], scale fp32 [1]); scale = amax(x)/448 (dynamic) or the given one (static)",
     check=check_per_tensor,
+    outputs=outputs_per_tensor,
     reference=ref_per_tensor,
     torch=torch_per_tensor,
     tolerances=_TOLERANCES,
@@ -710,6 +753,7 @@ per_token_group_quant_fp8 = declare(
     "Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q fp8 [..., H], scale fp32 [..., H/g]); scale = max(group amax, eps)/448",
     check=check_group,
+    outputs=outputs_group,
     reference=ref_group,
     torch=torch_group,
     tolerances=_TOLERANCES,
@@ -722,6 +766,7 @@ per_token_group_quant_int8 = declare(
     "bool scale_tma_aligned=False, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q int8 [..., H], scale fp32 [..., H/g]); scale = max(group amax, eps)/127, q truncated",
     check=check_group_int8,
+    outputs=outputs_group_int8,
     reference=ref_group_int8,
     torch=torch_group_int8,
     tolerances=_TOLERANCES,
