@@ -214,7 +214,7 @@ def alias(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor, b
     )
     if same and not both_written:
         return
-    if not same and _disjoint(a, b):
+    if not same and (_apart(a, b) or _disjoint(a, b)):
         return
     need = (
         "arguments written in place must be distinct tensors"
@@ -261,6 +261,25 @@ def _distinct_addresses(shape: Any, strides: Any) -> bool:
             return False
         span = st * (n - 1) + span
     return True
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The [lo, hi) bytes a (non-empty) view can touch."""
+    neg = pos = 0
+    for st, n in zip(t.stride(), t.shape, strict=True):
+        reach = st * (n - 1)
+        if reach < 0:
+            neg += reach
+        else:
+            pos += reach
+    size, base = t.element_size(), t.data_ptr()
+    return base + neg * size, base + (pos + 1) * size
+
+
+def _apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """No byte in common (torch's overlap test gives up on non-dense views: "too hard")."""
+    (alo, ahi), (blo, bhi) = _extent(a), _extent(b)
+    return ahi <= blo or bhi <= alo
 
 
 def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
