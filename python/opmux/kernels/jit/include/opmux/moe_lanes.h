@@ -47,6 +47,18 @@ inline bool route_out(const TensorView& o, const TensorView& g, int64_t k, bool 
          (k <= 1 || o.stride(1) == 1) && (o.size(0) <= 1 || o.stride(0) >= k) && distinct(o);
 }
 
+// An optional tensor argument: None or a tensor. lane::opt_tensor's as<TensorView>() matches only
+// an argument held as a tvm-ffi Tensor object, not the DLTensor* a torch tensor arrives as, so it
+// refuses every torch tensor; try_cast converts both.
+inline bool opt_tensor_arg(const AnyView& v, std::optional<TensorView>* out) {
+  if (v.type_index() == TypeIndex::kTVMFFINone) {
+    out->reset();
+    return true;
+  }
+  *out = v.try_cast<TensorView>();
+  return out->has_value();
+}
+
 struct RouteArgs {
   int64_t k;
   bool renormalize;
@@ -64,8 +76,8 @@ inline bool route_args(int32_t device_type, const TensorView& g, const AnyView& 
   if (e < 1 || !rows_view(g, t, e)) return false;
   if (!int_arg(topk_arg, &a->k) || a->k < 1 || a->k > e) return false;
   if (!bool_arg(renormalize_arg, &a->renormalize)) return false;
-  if (!opt_tensor(bias_arg, &a->bias) || !opt_tensor(w_arg, &a->w) || !opt_tensor(ids_arg, &a->ids) ||
-      !opt_tensor(tei_arg, &a->tei))
+  if (!opt_tensor_arg(bias_arg, &a->bias) || !opt_tensor_arg(w_arg, &a->w) || !opt_tensor_arg(ids_arg, &a->ids) ||
+      !opt_tensor_arg(tei_arg, &a->tei))
     return false;
   const int64_t k = a->k;
   if (a->bias) {
