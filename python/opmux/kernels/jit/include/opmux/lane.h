@@ -83,7 +83,7 @@ inline bool opt_tensor(const AnyView& v, std::optional<TensorView>* out) {
     out->reset();
     return true;
   }
-  *out = v.as<TensorView>();
+  *out = v.try_cast<TensorView>();  // (as<> takes only a raw DLTensor*; a torch tensor arrives as a Tensor)
   return out->has_value();
 }
 
