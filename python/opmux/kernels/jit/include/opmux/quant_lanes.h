@@ -15,18 +15,6 @@ namespace lane {
 constexpr DLDataType kFp8E4m3 = {kDLFloat8_e4m3fn, 8, 1};
 constexpr DLDataType kF32 = {kDLFloat, 32, 1};
 
-// An optional tensor argument: None, or a tensor. (lane::opt_tensor's AnyView::as<TensorView>
-// takes only a DLTensor*, the strict check, and so refuses the ffi Tensor (type index 70) that a
-// torch tensor arrives as; try_cast takes both.)
-inline bool opt_tensor_arg(const AnyView& v, std::optional<TensorView>* out) {
-  if (v.type_index() == TypeIndex::kTVMFFINone) {
-    out->reset();
-    return true;
-  }
-  *out = v.try_cast<TensorView>();
-  return out->has_value();
-}
-
 inline bool is_fp8(const TensorView& t) { return is_dtype(t, kDLFloat8_e4m3fn, 8); }
 inline bool is_f32(const TensorView& t) { return is_dtype(t, kDLFloat, 32); }
 inline bool on(int32_t device_type, const TensorView& t, const TensorView& x) {
@@ -111,7 +99,7 @@ inline bool per_token_args(int32_t device_type, const TensorView& x, const AnyVi
                            const AnyView& out_q_arg, const AnyView& out_scale_arg, bool* divide,
                            std::optional<TensorView>* out_q, std::optional<TensorView>* out_scale) {
   if (ub_arg.type_index() != TypeIndex::kTVMFFINone || !bool_arg(divide_arg, divide) || !quant_x(device_type, x) ||
-      !opt_tensor_arg(out_q_arg, out_q) || !opt_tensor_arg(out_scale_arg, out_scale) || !*out_q || !*out_scale)
+      !opt_tensor(out_q_arg, out_q) || !opt_tensor(out_scale_arg, out_scale) || !*out_q || !*out_scale)
     return false;
   const TensorView &q = **out_q, &s = **out_scale;
   const int64_t t = x.size(0), h = x.size(1);
@@ -124,8 +112,8 @@ inline bool per_token_args(int32_t device_type, const TensorView& x, const AnyVi
 inline bool per_tensor_args(int32_t device_type, const TensorView& x, const AnyView& scale_arg,
                             const AnyView& out_q_arg, const AnyView& out_scale_arg, std::optional<TensorView>* out_q,
                             std::optional<TensorView>* out_scale) {
-  if (scale_arg.type_index() != TypeIndex::kTVMFFINone || !quant_x(device_type, x) || !opt_tensor_arg(out_q_arg, out_q) ||
-      !opt_tensor_arg(out_scale_arg, out_scale) || !*out_q || !*out_scale)
+  if (scale_arg.type_index() != TypeIndex::kTVMFFINone || !quant_x(device_type, x) || !opt_tensor(out_q_arg, out_q) ||
+      !opt_tensor(out_scale_arg, out_scale) || !*out_q || !*out_scale)
     return false;
   const TensorView &q = **out_q, &s = **out_scale;
   return is_fp8(q) && on(device_type, q, x) && written_rows(q, x.size(0), x.size(1)) && is_f32(s) &&
@@ -143,7 +131,7 @@ inline bool group_args(int32_t device_type, const TensorView& x, const AnyView& 
   bool cm, tma;
   if (!int_arg(gs_arg, gs) || *gs <= 0 || !positive_float(eps_arg, eps) || !bool_arg(cm_arg, &cm) || cm ||
       !bool_arg(tma_arg, &tma) || tma || !quant_x(device_type, x) || x.size(1) % *gs != 0 ||
-      !opt_tensor_arg(out_q_arg, out_q) || !opt_tensor_arg(out_scale_arg, out_scale) || !*out_q || !*out_scale)
+      !opt_tensor(out_q_arg, out_q) || !opt_tensor(out_scale_arg, out_scale) || !*out_q || !*out_scale)
     return false;
   const TensorView &q = **out_q, &s = **out_scale;
   const int64_t t = x.size(0), h = x.size(1);
@@ -157,7 +145,7 @@ inline bool group_args(int32_t device_type, const TensorView& x, const AnyView& 
 // from x and scale. -> the kernel's group_m, group_n.
 inline bool static_args(int32_t device_type, const TensorView& x, const TensorView& scale, const AnyView& out_arg,
                         std::optional<TensorView>* out, bool* one, int64_t* gm, int64_t* gn) {
-  if (!quant_x(device_type, x) || !is_f32(scale) || !on(device_type, scale, x) || !opt_tensor_arg(out_arg, out))
+  if (!quant_x(device_type, x) || !is_f32(scale) || !on(device_type, scale, x) || !opt_tensor(out_arg, out))
     return false;
   const int64_t t = x.size(0), h = x.size(1);
   if (scale.ndim() == 2) {
