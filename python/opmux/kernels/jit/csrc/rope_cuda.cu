@@ -17,6 +17,7 @@
 
 #include "opmux/cuda_utils.cuh"
 #include "opmux/head_checks.h"
+#include "opmux/rope_lanes.h"
 
 namespace opmux {
 namespace rope_cuda {
@@ -281,7 +282,23 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, TensorView ke
   });
 }
 
+// Serving lane (opmux/lane.h, rope_lanes.h): the contract's form checked here, else None having
+// done nothing. Positions are not read (the values hook reads CPU positions only); the sizes the
+// kernel itself refuses are refused here too (the contract path then raises the kernel's error).
+lane::Any rotary_embedding_cuda_lane(TensorView positions, TensorView query, lane::AnyView key,
+                                     lane::AnyView head_size, TensorView cos_sin_cache, lane::AnyView is_neox,
+                                     lane::AnyView vllm_rounding, bool enable_pdl) {
+  lane::RopeLaneArgs a;
+  if (!lane::rope_args(kDLCUDA, positions, query, key, head_size, cos_sin_cache, is_neox, vllm_rounding, &a) ||
+      positions.size(0) > 0x7fffffff || a.q.shape[1] + a.k.shape[1] > (1 << 20) ||
+      cos_sin_cache.size(1) * static_cast<int64_t>(sizeof(float)) > 48 * 1024)
+    return lane::refused();
+  rotary_embedding_cuda(positions, a.q.view(), a.k.view(), cos_sin_cache, a.neox, a.vllm, enable_pdl);
+  return lane::ran();
+}
+
 }  // namespace rope_cuda
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rotary_embedding_cuda, opmux::rope_cuda::rotary_embedding_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(rotary_embedding_cuda_lane, opmux::rope_cuda::rotary_embedding_cuda_lane);
