@@ -226,6 +226,7 @@ inline void gather_cache_impl(const char* src, char* dst, const int32_t* table, 
 
 #include "opmux/block_checks.h"
 #include "opmux/kvcache_checks.h"
+#include "opmux/kvcache_lanes.h"
 
 namespace opmux {
 namespace kvcache_cpu {
@@ -279,6 +280,18 @@ void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cach
     reshape_and_cache_fp8_impl(data_ptr<const scalar_t>(key), data_ptr<const scalar_t>(value),
                                data_ptr<uint8_t>(key_cache), data_ptr<uint8_t>(value_cache), slots, l, ks, vs);
   });
+}
+
+// Serving lane (opmux/lane.h, kvcache_lanes.h): the contract's form checked here, with the values
+// hook (slots in [-1, num_blocks * block_size)), else None having done nothing.
+lane::Any reshape_and_cache_cpu_lane(TensorView key, TensorView value, TensorView key_cache,
+                                     TensorView value_cache, TensorView slot_mapping, lane::AnyView k_scale,
+                                     lane::AnyView v_scale) {
+  if (!lane::cache_args(kDLCPU, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) ||
+      first_bad_slot(data_ptr<const int64_t>(slot_mapping), key.size(0), key_cache.size(0) * key_cache.size(1)) >= 0)
+    return lane::refused();
+  reshape_and_cache_cpu(key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, false);
+  return lane::ran();
 }
 
 void copy_blocks_cpu(TensorView cache, TensorView block_mapping) {
@@ -357,6 +370,7 @@ void gather_cache_cpu(TensorView src_cache, TensorView dst, TensorView block_tab
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cpu, opmux::kvcache_cpu::reshape_and_cache_cpu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cpu_lane, opmux::kvcache_cpu::reshape_and_cache_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(copy_blocks_cpu, opmux::kvcache_cpu::copy_blocks_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(concat_and_cache_mla_cpu, opmux::kvcache_cpu::concat_and_cache_mla_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache_cpu, opmux::kvcache_cpu::gather_cache_cpu);

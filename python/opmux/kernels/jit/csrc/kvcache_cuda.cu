@@ -20,6 +20,7 @@
 #include "opmux/cuda_fp8.cuh"
 #include "opmux/cuda_utils.cuh"
 #include "opmux/kvcache_checks.h"
+#include "opmux/kvcache_lanes.h"
 
 namespace opmux {
 namespace kvcache_cuda {
@@ -164,6 +165,20 @@ void reshape_and_cache_cuda(TensorView key, TensorView value, TensorView key_cac
     if (fp8) launch_cache<scalar_t, true>(op, p, a.tokens, a.device_id);
     else launch_cache<scalar_t, false>(op, p, a.tokens, a.device_id);
   });
+}
+
+// Serving lane (opmux/lane.h, kvcache_lanes.h): the contract's form checked here, else None having
+// done nothing. Slots are not read (the values hook reads CPU slots only); the sizes the kernel
+// itself refuses are refused here too (the contract path then raises the kernel's error).
+lane::Any reshape_and_cache_cuda_lane(TensorView key, TensorView value, TensorView key_cache,
+                                      TensorView value_cache, TensorView slot_mapping, lane::AnyView k_scale,
+                                      lane::AnyView v_scale, bool enable_pdl) {
+  if (!lane::cache_args(kDLCUDA, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) ||
+      key.size(1) * key.size(2) > INT32_MAX || key_cache.size(1) > INT32_MAX || key.size(0) > INT32_MAX)
+    return lane::refused();
+  reshape_and_cache_cuda(key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, false,
+                         enable_pdl);
+  return lane::ran();
 }
 
 // -- the block ops ----------------------------------------------------------------------------
@@ -409,6 +424,7 @@ void gather_cache_cuda(TensorView src_cache, TensorView dst, TensorView block_ta
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cuda, opmux::kvcache_cuda::reshape_and_cache_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cuda_lane, opmux::kvcache_cuda::reshape_and_cache_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(copy_blocks_cuda, opmux::kvcache_cuda::copy_blocks_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(concat_and_cache_mla_cuda, opmux::kvcache_cuda::concat_and_cache_mla_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache_cuda, opmux::kvcache_cuda::gather_cache_cuda);
