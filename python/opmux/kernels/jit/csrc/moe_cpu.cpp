@@ -377,6 +377,25 @@ lane::Any topk_sigmoid_cpu_lane(TensorView gating_output, lane::AnyView topk, la
   return lane::ran();
 }
 
+// moe_align_block_size's serving lane (moe_lanes.h align_args), with the values hook (ids in
+// [0, num_experts)) checked before anything is written.
+lane::Any moe_align_block_size_cpu_lane(TensorView topk_ids, lane::AnyView block_size, lane::AnyView num_experts,
+                                        lane::AnyView expert_map, lane::AnyView pad_sorted_token_ids,
+                                        lane::AnyView unused_expert_id, lane::AnyView sorted_token_ids,
+                                        lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded,
+                                        lane::AnyView cumsum_buffer) {
+  lane::AlignLaneArgs a;
+  if (!lane::align_args(kDLCPU, topk_ids, block_size, num_experts, expert_map, pad_sorted_token_ids,
+                        unused_expert_id, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer, &a))
+    return lane::refused();
+  const bool ok = lane::is_dtype(topk_ids, kDLInt, 64) ? lane::ids_in_range<int64_t>(topk_ids, a.num_experts)
+                                                       : lane::ids_in_range<int32_t>(topk_ids, a.num_experts);
+  if (!ok) return lane::refused();
+  moe_align_block_size_cpu(*a.sorted, *a.experts, *a.post, *a.post, false, topk_ids, topk_ids, false, a.block_size,
+                           a.num_experts, a.pad, a.unused);
+  return lane::ran();
+}
+
 }  // namespace moe_cpu
 }  // namespace opmux
 
@@ -386,4 +405,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cpu, opmux::moe_cpu::
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu, opmux::moe_cpu::moe_align_block_size_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu_lane, opmux::moe_cpu::topk_softmax_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cpu_lane, opmux::moe_cpu::topk_sigmoid_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu_lane, opmux::moe_cpu::moe_align_block_size_cpu_lane);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -604,6 +604,27 @@ lane::Any topk_sigmoid_cuda_lane(TensorView gating_output, lane::AnyView topk, l
   return lane::ran();
 }
 
+// moe_align_block_size's serving lane (moe_lanes.h align_args); ids are not read (the values hook
+// reads CPU ids only). The num_experts the kernel itself refuses (shared memory) is refused here
+// too: the contract path then raises the kernel's error.
+lane::Any moe_align_block_size_cuda_lane(TensorView topk_ids, lane::AnyView block_size, lane::AnyView num_experts,
+                                         lane::AnyView expert_map, lane::AnyView pad_sorted_token_ids,
+                                         lane::AnyView unused_expert_id, lane::AnyView sorted_token_ids,
+                                         lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded,
+                                         lane::AnyView cumsum_buffer, bool enable_pdl) {
+  int64_t e = 0;  // the kernel's shared-memory bound first: nothing allocated for a call it refuses
+  if (!lane::int_arg(num_experts, &e) || e <= 0 || e >= (int64_t(1) << 31) ||
+      (48 * 1024 - (e + 1) * 4) / (4 * e) < 1)
+    return lane::refused();
+  lane::AlignLaneArgs a;
+  if (!lane::align_args(kDLCUDA, topk_ids, block_size, num_experts, expert_map, pad_sorted_token_ids,
+                        unused_expert_id, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer, &a))
+    return lane::refused();
+  moe_align_block_size_cuda(*a.sorted, *a.experts, *a.post, *a.post, false, topk_ids, topk_ids, false, a.block_size,
+                            a.num_experts, a.pad, a.unused, enable_pdl);
+  return lane::ran();
+}
+
 }  // namespace moe_cuda
 }  // namespace opmux
 
@@ -613,3 +634,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cuda, opmux::moe_cuda
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda, opmux::moe_cuda::moe_align_block_size_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda_lane, opmux::moe_cuda::topk_softmax_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cuda_lane, opmux::moe_cuda::topk_sigmoid_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda_lane, opmux::moe_cuda::moe_align_block_size_cuda_lane);

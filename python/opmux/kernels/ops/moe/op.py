@@ -283,6 +283,40 @@ def outputs_route(g: Tensor, topk: int, *_: Any) -> tuple[tuple[Any, ...], tuple
     return (w, ids, None), (w, ids)
 
 
+def outputs_align(
+    ids: Tensor,
+    block_size: int,
+    num_experts: int,
+    expert_map: Tensor | None = None,
+    pad_sorted_token_ids: bool = True,
+    unused_expert_id: int = -1,
+    *_: Any,
+) -> tuple[tuple[Any, ...], tuple[Tensor, Tensor, Tensor]]:
+    """moe_align_block_size's serving lane outputs (Decl.outputs): the three int32 buffers check_align's
+    serving path allocates for a call without buffers (no cumsum_buffer). Only for
+    pad_sorted_token_ids=True: the contract pads its own buffer whatever that flag says, the lane
+    pads a buffer it is given as the flag says."""
+    if not (
+        expert_map is None
+        and pad_sorted_token_ids is True
+        and type(block_size) is int
+        and type(num_experts) is int
+        and type(unused_expert_id) is int
+        and 0 < block_size < 2**31
+        and 0 < num_experts < 2**31
+        and -(2**31) < unused_expert_id < 2**31
+    ):
+        raise ValueError("not the serving form")  # the contract speaks
+    t, k = ids.shape
+    max_padded = t * k + num_experts * (block_size - 1)
+    if max_padded >= 2**31:
+        raise ValueError("not the serving form")
+    dev = ids.device
+    new = (_checks.PROTOS.get(dev) or _checks.protos(dev))[torch.int32].new_empty
+    sorted_ids, experts, post = new(max_padded), new((max_padded + block_size - 1) // block_size), new(1)
+    return (sorted_ids, experts, post, None), (sorted_ids, experts, post)
+
+
 def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = None) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu:
@@ -862,6 +896,7 @@ moe_align_block_size = declare(
     torch=torch_align,
     dtypes=("int32", "int64"),  # int64 ids (vLLM's, sgl's) are read as they are
     tolerances=(INT32_EXACT, ("int64", (0.0, 0.0))),
+    outputs=outputs_align,
 )
 topk_sigmoid = declare(
     _TS,

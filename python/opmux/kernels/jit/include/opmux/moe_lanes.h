@@ -114,5 +114,80 @@ inline bool softmax_scoring(const AnyView& cap_arg, const AnyView& bol_arg, doub
   return float_arg(cap_arg, cap) && *cap >= 0.0 && *cap < HUGE_VAL && bool_arg(bol_arg, bol);
 }
 
+
+// moe_align_block_size (moe/op.py check_align / values_align, the generic guard): topk_ids int32 /
+// int64 [T, k], contiguous; block_size and num_experts ints in (0, 2^31); expert_map None;
+// pad_sorted_token_ids a bool; unused_expert_id an int in (-2^31, 2^31); T * k + E * (bs - 1) <
+// 2^31; cumsum_buffer None; sorted_token_ids / expert_ids / num_tokens_post_padded either all None
+// (allocated here as the contract does: int32 [T*k + E*(bs-1)], [ceil(that / bs)], [1]; kernel
+// padding on) or all given, as the contract takes caller buffers: dense int32 vectors on
+// topk_ids' device of at least need = T*k + min(E, T*k)*(bs-1), need / bs and 1 elements (and
+// < 2^31), apart from each other and from topk_ids (kernel padding as pad_sorted_token_ids says).
+// The CPU ids range (the values hook) is the CPU lane's.
+struct AlignLaneArgs {
+  int64_t block_size, num_experts, unused;
+  bool pad;
+  std::optional<TensorView> sorted, experts, post;
+  Tensor sorted_new, experts_new, post_new;
+};
+inline bool int32_out(const TensorView& o, const TensorView& ids, int64_t n) {
+  return is_dtype(o, kDLInt, 32) && same_device(o, ids) && o.ndim() == 1 && o.size(0) >= n &&
+         o.size(0) < (int64_t(1) << 31) && vector(o, o.size(0));
+}
+inline bool align_args(int32_t device_type, const TensorView& ids, const AnyView& bs_arg, const AnyView& e_arg,
+                       const AnyView& map_arg, const AnyView& pad_arg, const AnyView& unused_arg,
+                       const AnyView& sorted_arg, const AnyView& experts_arg, const AnyView& post_arg,
+                       const AnyView& cumsum_arg, AlignLaneArgs* a) {
+  constexpr int64_t kInt32 = int64_t(1) << 31;
+  if (map_arg.type_index() != TypeIndex::kTVMFFINone || cumsum_arg.type_index() != TypeIndex::kTVMFFINone)
+    return false;
+  if (!int_arg(bs_arg, &a->block_size) || !int_arg(e_arg, &a->num_experts) || !bool_arg(pad_arg, &a->pad) ||
+      !int_arg(unused_arg, &a->unused))
+    return false;
+  const int64_t bs = a->block_size, e = a->num_experts;
+  if (bs <= 0 || bs >= kInt32 || e <= 0 || e >= kInt32 || a->unused <= -kInt32 || a->unused >= kInt32) return false;
+  if (ids.device().device_type != device_type || ids.ndim() != 2 ||
+      !(is_dtype(ids, kDLInt, 32) || is_dtype(ids, kDLInt, 64)))
+    return false;
+  const int64_t t = ids.size(0), k = ids.size(1), numel = t * k;
+  if (numel > 0 && ((k > 1 && ids.stride(1) != 1) || (t > 1 && ids.stride(0) != k))) return false;
+  if (numel >= kInt32) return false;
+  const int64_t max_padded = numel + e * (bs - 1);
+  if (max_padded >= kInt32) return false;
+  if (!opt_tensor(sorted_arg, &a->sorted) || !opt_tensor(experts_arg, &a->experts) ||
+      !opt_tensor(post_arg, &a->post))
+    return false;
+  const int given = !!a->sorted + !!a->experts + !!a->post;
+  if (given == 0) {  // the contract's own buffers; its kernel pads
+    a->pad = true;
+    const DLDataType i32{kDLInt, 32, 1};
+    a->sorted_new = empty({max_padded}, i32, ids.device());
+    a->experts_new = empty({(max_padded + bs - 1) / bs}, i32, ids.device());
+    a->post_new = empty({1}, i32, ids.device());
+    a->sorted = TensorView(a->sorted_new);
+    a->experts = TensorView(a->experts_new);
+    a->post = TensorView(a->post_new);
+    return true;
+  }
+  if (given != 3) return false;
+  const int64_t need = numel + std::min(e, numel) * (bs - 1);
+  const TensorView &so = *a->sorted, &ex = *a->experts, &po = *a->post;
+  // the generic guard: the three written; topk_ids read
+  return int32_out(so, ids, need) && int32_out(ex, ids, need / bs) && int32_out(po, ids, 1) && distinct(so) &&
+         distinct(ex) && distinct(po) && may_share(so, ids, false) && may_share(so, ex, true) &&
+         may_share(so, po, true) && may_share(ex, ids, false) && may_share(ex, po, true) &&
+         may_share(po, ids, false);
+}
+
+// The CPU values hook: every id in [0, num_experts).
+template <typename I>
+inline bool ids_in_range(const TensorView& ids, int64_t num_experts) {
+  const I* p = data_ptr<const I>(ids);
+  const int64_t n = ids.size(0) * ids.size(1);
+  for (int64_t i = 0; i < n; ++i)
+    if (p[i] < 0 || p[i] >= num_experts) return false;
+  return true;
+}
+
 }  // namespace lane
 }  // namespace opmux
