@@ -182,6 +182,9 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
     if not libs:
         _log(f"target {target.name!r} ships no AOT library (targets.toml: aot.compiler = 'none')")
         return info
+    # the whole library is one translation unit per device, for every arch of the target: on a
+    # small build machine that takes far longer than the JIT's serving-time compile limit (300 s)
+    os.environ.setdefault("OPMUX_JIT_COMPILE_TIMEOUT", "3600")
     try:
         from opmux.kernels.jit.compile import build as _build
         from opmux.kernels.jit.compile import toolchain as _toolchain
