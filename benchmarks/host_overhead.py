@@ -213,7 +213,11 @@ class _Cell:
             # the same with fresh outputs (torch.empty_like of each the call returns), as any
             # caller that wants results must allocate them: the floor of an op that returns tensors
             made = [r for r in (result if isinstance(result, tuple) else (result,)) if r is not None]
-            slots = [i for i, a in enumerate(bare_args) if any(a is r for r in made)]
+            # (by address: a kernel may take a view of what the call returns, e.g. fp8 as uint8)
+            ptrs = {r.data_ptr() for r in made if isinstance(r, torch.Tensor) and r.numel()}
+            slots = [
+                i for i, a in enumerate(bare_args) if isinstance(a, torch.Tensor) and a.data_ptr() in ptrs
+            ]
             if slots:
 
                 def bare_alloc(slots: list[int] = slots, base: tuple[Any, ...] = bare_args) -> Any:

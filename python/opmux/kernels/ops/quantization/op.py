@@ -674,7 +674,7 @@ def torch_group_int8(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float) -> No
 def _fp8_rows(x: Tensor) -> tuple[Tensor, Any, int, int]:
     t, h = x.shape  # a serving lane takes [T, H] x only (anything else raises: no lane)
     p = _checks.PROTOS.get(x.device) or _checks.protos(x.device)
-    return p[torch.uint8].new_empty(t, h).view(torch.float8_e4m3fn), p, t, h
+    return p[torch.float8_e4m3fn].new_empty(t, h), p, t, h
 
 
 def outputs_per_token(
