@@ -83,6 +83,28 @@ def _args(op: str, dev: str, h: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (torch.randn(1, 64, device=dev), 8), {}
     if op == "moe.moe_align_block_size":
         return (torch.randint(0, 64, (1, 8), device=dev, dtype=torch.int32), 16, 64), {}
+    if op == "layernorm.rmsnorm_static_quant_fp8":
+        return (r(1, h), r(h), torch.ones(1, device=dev)), {}
+    if op == "layernorm.fused_add_rmsnorm_static_quant_fp8":
+        return (r(1, h), r(1, h), r(h), torch.ones(1, device=dev)), {}
+    if op == "moe.topk_sigmoid":
+        return (torch.randn(1, 64, device=dev), 8), {}
+    if op == "moe.batched_moe_align_block_size":
+        return (torch.randint(0, 9, (8,), device=dev, dtype=torch.int32), 8, 16), {}
+    if op == "kvcache.concat_and_cache_mla":
+        cache = torch.zeros(64, 16, 576, device=dev, dtype=dt)
+        return (r(1, 512), r(1, 64), cache, torch.zeros(1, dtype=torch.long, device=dev)), {}
+    if op == "kvcache.gather_cache":
+        i32 = torch.int32
+        src, dst = torch.zeros(64, 16, 576, device=dev, dtype=dt), torch.zeros(16, 576, device=dev, dtype=dt)
+        return (
+            src,
+            dst,
+            torch.zeros(1, 1, dtype=i32, device=dev),
+            torch.tensor([0, 16], dtype=i32, device=dev),
+        ), {}
+    if op == "kvcache.copy_blocks":
+        return (torch.zeros(64, 16, 576, device=dev, dtype=dt), torch.tensor([[0, 1]], device=dev)), {}
     if op == "kvcache.reshape_and_cache":
         k = r(1, 8, 128)
         caches = [torch.zeros(64, 16, 8, 128, device=dev, dtype=dt) for _ in range(2)]
