@@ -396,6 +396,20 @@ lane::Any moe_align_block_size_cpu_lane(TensorView topk_ids, lane::AnyView block
   return lane::ran();
 }
 
+// batched_moe_align_block_size's serving lane (moe_lanes.h batched_args), with the values hook
+// (counts in [0, max_tokens_per_batch]) checked before anything is written.
+lane::Any batched_moe_align_block_size_cpu_lane(TensorView expert_num_tokens, lane::AnyView max_tokens_per_batch,
+                                                lane::AnyView block_size, lane::AnyView sorted_ids,
+                                                lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded) {
+  lane::BatchedLaneArgs a;
+  if (!lane::batched_args(kDLCPU, expert_num_tokens, max_tokens_per_batch, block_size, sorted_ids, expert_ids,
+                          num_tokens_post_padded, &a) ||
+      !lane::counts_in_range(expert_num_tokens, a.m))
+    return lane::refused();
+  batched_moe_align_block_size_cpu(*a.sorted, *a.experts, *a.post, expert_num_tokens, a.m, a.block_size);
+  return lane::ran();
+}
+
 }  // namespace moe_cpu
 }  // namespace opmux
 
@@ -406,4 +420,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu, opmux::moe_cpu::moe_alig
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu_lane, opmux::moe_cpu::topk_softmax_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cpu_lane, opmux::moe_cpu::topk_sigmoid_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu_lane, opmux::moe_cpu::moe_align_block_size_cpu_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cpu_lane,
+                              opmux::moe_cpu::batched_moe_align_block_size_cpu_lane);
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -625,6 +625,20 @@ lane::Any moe_align_block_size_cuda_lane(TensorView topk_ids, lane::AnyView bloc
   return lane::ran();
 }
 
+// batched_moe_align_block_size's serving lane (moe_lanes.h batched_args); counts are not read (the
+// values hook reads CPU counts only; the kernel clamps).
+lane::Any batched_moe_align_block_size_cuda_lane(TensorView expert_num_tokens, lane::AnyView max_tokens_per_batch,
+                                                 lane::AnyView block_size, lane::AnyView sorted_ids,
+                                                 lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded,
+                                                 bool enable_pdl) {
+  lane::BatchedLaneArgs a;
+  if (!lane::batched_args(kDLCUDA, expert_num_tokens, max_tokens_per_batch, block_size, sorted_ids, expert_ids,
+                          num_tokens_post_padded, &a))
+    return lane::refused();
+  batched_moe_align_block_size_cuda(*a.sorted, *a.experts, *a.post, expert_num_tokens, a.m, a.block_size, enable_pdl);
+  return lane::ran();
+}
+
 }  // namespace moe_cuda
 }  // namespace opmux
 
@@ -635,3 +649,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda, opmux::moe_cuda::moe_al
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda_lane, opmux::moe_cuda::topk_softmax_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cuda_lane, opmux::moe_cuda::topk_sigmoid_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda_lane, opmux::moe_cuda::moe_align_block_size_cuda_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cuda_lane,
+                              opmux::moe_cuda::batched_moe_align_block_size_cuda_lane);

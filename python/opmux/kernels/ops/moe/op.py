@@ -317,6 +317,28 @@ def outputs_align(
     return (sorted_ids, experts, post, None), (sorted_ids, experts, post)
 
 
+def outputs_batched(
+    expert_num_tokens: Tensor, max_tokens_per_batch: int, block_size: int, *_: Any
+) -> tuple[tuple[Any, ...], tuple[Tensor, Tensor, Tensor]]:
+    """batched_moe_align_block_size's serving lane outputs (Decl.outputs): the three int32 buffers
+    check_batched's serving path allocates for a call without buffers."""
+    if not (
+        type(max_tokens_per_batch) is int
+        and type(block_size) is int
+        and 0 < max_tokens_per_batch < 2**31
+        and 0 < block_size < 2**31
+    ):
+        raise ValueError("not the serving form")  # the contract speaks
+    (e,) = expert_num_tokens.shape
+    n = e * ((max_tokens_per_batch + block_size - 1) // block_size * block_size)
+    if not (0 < e and n < 2**31 and e * max_tokens_per_batch < 2**31):
+        raise ValueError("not the serving form")
+    dev = expert_num_tokens.device
+    new = (_checks.PROTOS.get(dev) or _checks.protos(dev))[torch.int32].new_empty
+    sorted_ids, experts, post = new(n), new(n // block_size), new(1)
+    return (sorted_ids, experts, post), (sorted_ids, experts, post)
+
+
 def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = None) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
     if ids.is_cpu:
@@ -923,4 +945,5 @@ batched_moe_align_block_size = declare(
     torch=torch_batched,
     dtypes=("int32",),
     tolerances=(INT32_EXACT,),
+    outputs=outputs_batched,
 )

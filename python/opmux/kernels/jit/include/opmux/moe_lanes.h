@@ -189,5 +189,46 @@ inline bool ids_in_range(const TensorView& ids, int64_t num_experts) {
   return true;
 }
 
+// batched_moe_align_block_size (moe/op.py check_batched / values_batched, the generic guard):
+// expert_num_tokens int32 [E] (E >= 1), dense; max_tokens_per_batch and block_size ints in
+// (0, 2^31); n = E * round_up(m, bs) < 2^31 and E * m < 2^31; sorted_ids / expert_ids /
+// num_tokens_post_padded all given (the `outputs` hook's, or the caller's as _batched_buffer takes
+// them: dense int32 vectors on the counts' device of at least n, n / bs and 1 elements, < 2^31),
+// each holding its elements apart, apart from each other and from expert_num_tokens (no shared
+// byte at all: stricter than the guard's same-view exception). None of them: refused (the public
+// function passes the hook's). The CPU counts range (the values hook) is the CPU lane's.
+struct BatchedLaneArgs {
+  int64_t m, block_size;
+  std::optional<TensorView> sorted, experts, post;
+};
+inline bool batched_args(int32_t device_type, const TensorView& counts, const AnyView& m_arg, const AnyView& bs_arg,
+                         const AnyView& sorted_arg, const AnyView& experts_arg, const AnyView& post_arg,
+                         BatchedLaneArgs* a) {
+  constexpr int64_t kInt32 = int64_t(1) << 31;
+  if (!int_arg(m_arg, &a->m) || !int_arg(bs_arg, &a->block_size)) return false;
+  const int64_t m = a->m, bs = a->block_size;
+  if (m <= 0 || m >= kInt32 || bs <= 0 || bs >= kInt32) return false;
+  if (counts.device().device_type != device_type || !is_dtype(counts, kDLInt, 32) || counts.ndim() != 1) return false;
+  const int64_t e = counts.size(0);
+  if (e < 1 || e >= kInt32 || !vector(counts, e)) return false;
+  const int64_t n = e * ((m + bs - 1) / bs * bs);
+  if (n >= kInt32 || e * m >= kInt32) return false;
+  if (!opt_tensor(sorted_arg, &a->sorted) || !opt_tensor(experts_arg, &a->experts) || !opt_tensor(post_arg, &a->post) ||
+      !a->sorted || !a->experts || !a->post)
+    return false;
+  const TensorView &so = *a->sorted, &ex = *a->experts, &po = *a->post;
+  return int32_out(so, counts, n) && int32_out(ex, counts, n / bs) && int32_out(po, counts, 1) && distinct(so) &&
+         distinct(ex) && distinct(po) && may_share(so, counts, true) && may_share(ex, counts, true) &&
+         may_share(po, counts, true) && may_share(so, ex, true) && may_share(so, po, true) && may_share(ex, po, true);
+}
+
+// The CPU values hook: every count in [0, max_tokens_per_batch].
+inline bool counts_in_range(const TensorView& counts, int64_t m) {
+  const int32_t* p = data_ptr<const int32_t>(counts);
+  for (int64_t i = 0; i < counts.size(0); ++i)
+    if (p[i] < 0 || p[i] > m) return false;
+  return true;
+}
+
 }  // namespace lane
 }  // namespace opmux
