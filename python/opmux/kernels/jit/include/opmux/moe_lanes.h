@@ -6,7 +6,7 @@
 // token_expert_indices (int32): None (weights and ids: allocated here as the contract does) or
 // [T, k] rows on gating_output's device (unit last stride when k > 1, row stride >= k when
 // T > 1), each element at its own address, and overlapping no other argument as the generic
-// guard has it (guard_pair). Shared by the CPU and CUDA units.
+// guard has it (lane::may_share). Shared by the CPU and CUDA units.
 #pragma once
 
 #include "opmux/lane.h"
@@ -14,49 +14,11 @@
 namespace opmux {
 namespace lane {
 
-// The generic guard's overlap rule for a written `w` and another argument `o` (fused_op's
-// OVERLAPS + _checks.alias), where it accepts and no more: either is empty; or both are dense
-// (torch's overlap test then compares byte ranges) and share no byte; or (a read `o`) the very
-// same view; or not the same view and provably no common element (lane::disjoint_views).
-// lane::may_share also admits non-dense views sharing no byte, which the Python guard refuses
-// when they are views of one storage with different strides (torch._C._overlaps answers "too
-// hard", then _checks._disjoint is unsure): not used here.
-inline bool dense_rows(const TensorView& t) {  // row-major contiguous (size-1 dims: any stride)
-  int64_t expect = 1;
-  for (int i = t.ndim() - 1; i >= 0; --i) {
-    if (t.size(i) == 1) continue;
-    if (t.stride(i) != expect) return false;
-    expect *= t.size(i);
-  }
-  return true;
-}
-inline bool guard_pair(const TensorView& w, const TensorView& o, bool o_written) {
-  if (w.numel() == 0 || o.numel() == 0) return true;
-  uintptr_t wl, wh, ol, oh;
-  extent(w, &wl, &wh);
-  extent(o, &ol, &oh);
-  if ((wh <= ol || oh <= wl) && dense_rows(w) && dense_rows(o)) return true;
-  if (same_view(w, o)) return !o_written;
-  return disjoint_views(w, o);
-}
-
 // A routing output (moe/op.py's _buffer): [T, k] of an accepted dtype on g's device, rows with a
 // unit last stride (k > 1) that do not overlap (T > 1: row stride >= k), elements apart.
 inline bool route_out(const TensorView& o, const TensorView& g, int64_t k, bool dtype_ok) {
   return dtype_ok && o.ndim() == 2 && o.size(0) == g.size(0) && o.size(1) == k && same_device(o, g) &&
          (k <= 1 || o.stride(1) == 1) && (o.size(0) <= 1 || o.stride(0) >= k) && distinct(o);
-}
-
-// An optional tensor argument: None or a tensor. lane::opt_tensor's as<TensorView>() matches only
-// an argument held as a tvm-ffi Tensor object, not the DLTensor* a torch tensor arrives as, so it
-// refuses every torch tensor; try_cast converts both.
-inline bool opt_tensor_arg(const AnyView& v, std::optional<TensorView>* out) {
-  if (v.type_index() == TypeIndex::kTVMFFINone) {
-    out->reset();
-    return true;
-  }
-  *out = v.try_cast<TensorView>();
-  return out->has_value();
 }
 
 struct RouteArgs {
@@ -76,8 +38,8 @@ inline bool route_args(int32_t device_type, const TensorView& g, const AnyView& 
   if (e < 1 || !rows_view(g, t, e)) return false;
   if (!int_arg(topk_arg, &a->k) || a->k < 1 || a->k > e) return false;
   if (!bool_arg(renormalize_arg, &a->renormalize)) return false;
-  if (!opt_tensor_arg(bias_arg, &a->bias) || !opt_tensor_arg(w_arg, &a->w) || !opt_tensor_arg(ids_arg, &a->ids) ||
-      !opt_tensor_arg(tei_arg, &a->tei))
+  if (!opt_tensor(bias_arg, &a->bias) || !opt_tensor(w_arg, &a->w) || !opt_tensor(ids_arg, &a->ids) ||
+      !opt_tensor(tei_arg, &a->tei))
     return false;
   const int64_t k = a->k;
   if (a->bias) {
@@ -94,9 +56,9 @@ inline bool route_args(int32_t device_type, const TensorView& g, const AnyView& 
   for (int i = 0; i < 3; ++i) {
     if (!*outs[i]) continue;
     const TensorView& o = **outs[i];
-    if (!guard_pair(o, g, false) || (a->bias && !guard_pair(o, *a->bias, false))) return false;
+    if (!may_share(o, g, false) || (a->bias && !may_share(o, *a->bias, false))) return false;
     for (int j = i + 1; j < 3; ++j)
-      if (*outs[j] && !guard_pair(o, **outs[j], true)) return false;
+      if (*outs[j] && !may_share(o, **outs[j], true)) return false;
   }
   if (!a->w) {
     a->w_new = empty({t, k}, DLDataType{kDLFloat, 32, 1}, g.device());
