@@ -292,18 +292,19 @@ def _lane_lines(decl: Decl, key: str, forced: bool, result: str) -> list[str]:
     for p in written:
         if p.type == "Tensor?":
             bumps += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
+    outs = [p.name for p in decl.params if p.written and p.type == "Tensor?"]
+    allocated = decl.outputs is not None and result == "LRES"
     typed = " and ".join(
-        f"({p.name} is None or isinstance({p.name}, TENSOR))"
+        f"{p.name} is None"  # the outputs ``outputs`` allocates: the lane runs only without them
+        if allocated and p.name in outs
+        else f"({p.name} is None or isinstance({p.name}, TENSOR))"
         if p.type == "Tensor?"
         else f"isinstance({p.name}, TENSOR)"
         for p in tensors
         if p.name != key
     )
     pdl = "LFLAG if enable_pdl is None else bool(enable_pdl)" if forced else "LFLAG"
-    outs = [p.name for p in decl.params if p.written and p.type == "Tensor?"]
-    allocated = decl.outputs is not None and result == "LRES"
     if allocated:  # the lane gets the outputs ``outputs`` allocates, for a call that passes none
-        typed = " and ".join([*([typed] if typed else []), *(f"{o} is None" for o in outs)])
         lane_args = ", ".join(
             f"LOUT[{outs.index(p.name)}]" if p.name in outs else p.name for p in decl.params
         )
