@@ -249,3 +249,46 @@ def test_interleaved_views_of_one_buffer(device_type: str, request: pytest.Fixtu
         assert torch.equal(q, snap[0]) and torch.equal(k, snap[1])
         with pytest.raises(ValueError, match="overlap in memory"):
             op.bind(backend, dev)(q, k, w, w, 1e-6)
+
+
+def test_numpy_scalars_take_the_contract(device_type: str, request: pytest.FixtureRequest) -> None:
+    """tvm-ffi passes a numpy scalar as a number: the public function keeps it from the lane, so the
+    contract refuses it on every path as on the torch backend (review of the lanes)."""
+    np = pytest.importorskip("numpy")
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"native lanes run on cpu and cuda, not {device_type}")
+    from opmux.kernels import ops
+
+    if _lane(op_instance("layernorm.rmsnorm"), dev, request.config.getoption("--allow-tree")) is None:
+        pytest.skip("no native rmsnorm lane here")
+    x, w = torch.randn(2, 64, device=dev), torch.randn(64, device=dev)
+    ops.layernorm.rmsnorm(x, w, 1e-6), ops.layernorm.rmsnorm(x, w, 1e-6)  # the lane is bound
+    for backend in (None, "torch"):
+        with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+            ops.layernorm.rmsnorm(x, w, np.float32(1e-6), backend=backend)
+    g = torch.randn(3, 16, device=dev)
+    ops.moe.topk_softmax(g, 2), ops.moe.topk_softmax(g, 2)
+    with pytest.raises((TypeError, ValueError)):
+        ops.moe.topk_softmax(g, 2, moe_softcapping=np.float32(0.0))
+
+
+@pytest.mark.parametrize(
+    "shape, strides", [((1, 64), (96, 1)), ((0, 8), (4, 1)), ((2, 0), (16, 16)), ((3, 64), (64, 1))]
+)
+def test_norm_output_layout_is_empty_like(
+    shape: tuple[int, int], strides: tuple[int, int], device_type: str, request: pytest.FixtureRequest
+) -> None:
+    """rmsnorm returns torch.empty_like(x) (x's strides for a dense x, e.g. a [1, H] slice of a
+    wider row): the lane allocates only where that is the dense [T, H] (review of the lanes)."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"native lanes run on cpu and cuda, not {device_type}")
+    from opmux.kernels import ops
+
+    if _lane(op_instance("layernorm.rmsnorm"), dev, request.config.getoption("--allow-tree")) is None:
+        pytest.skip("no native rmsnorm lane here")
+    x = torch.randn(256, device=dev).as_strided(shape, strides)
+    w = torch.randn(shape[1], device=dev)
+    ops.layernorm.rmsnorm(x, w), ops.layernorm.rmsnorm(x, w)
+    assert ops.layernorm.rmsnorm(x, w).stride() == torch.empty_like(x).stride()

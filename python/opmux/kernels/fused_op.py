@@ -303,6 +303,10 @@ def _lane_lines(decl: Decl, key: str, forced: bool, result: str) -> list[str]:
         for p in tensors
         if p.name != key
     )
+    # tvm-ffi passes any numbers.Real / Integral (numpy scalars, Fraction) as a float / int: the
+    # lane would take what the contract refuses, so only exact Python floats and ints reach it
+    scalars = " and ".join(f"type({p.name}) is {p.type}" for p in decl.params if p.type in ("float", "int"))
+    typed = " and ".join(t for t in (typed, scalars) if t)
     pdl = "LFLAG if enable_pdl is None else bool(enable_pdl)" if forced else "LFLAG"
     if allocated:  # the lane gets the outputs ``outputs`` allocates, for a call that passes none
         lane_args = ", ".join(

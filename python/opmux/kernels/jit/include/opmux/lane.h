@@ -10,8 +10,10 @@
 // contract refuses (tests/unit/test_lanes.py checks both on every parity and contract case).
 //
 // What only Python can see stays there (fused_op._lane_lines): grad mode, and that every
-// tensor argument is a torch tensor. Scalars arrive as AnyView so that a lane can take
-// exactly the Python types the contract's serving form takes (an int eps is not a float).
+// tensor argument is a torch tensor, and that every float / int scalar is exactly a Python float
+// / int (tvm-ffi passes any numbers.Real / Integral, numpy scalars included, as one). Scalars
+// arrive as AnyView so that a lane can tell a bool, an int and a float apart (an int eps is not
+// a float).
 #pragma once
 
 #include <tvm/ffi/any.h>

@@ -21,7 +21,10 @@ inline bool norm_inputs(int32_t device_type, const TensorView& x, const TensorVi
 // rmsnorm's out: None (allocated by the lane) or [T, H] like x, holding its elements apart, and
 // either apart from x and weight or (x) the very same view: in place.
 inline bool norm_out(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& out) {
-  if (!out) return true;
+  // None: the lane allocates a dense [T, H], which is torch.empty_like(x) (the contract's output)
+  // only for an x of strides (H, 1): empty_like keeps the strides of any dense x (a [1, H] slice
+  // of a wider row keeps its row stride); other layouts are the Python path's
+  if (!out) return x.stride(0) == x.size(1) && x.stride(1) == 1;
   const TensorView& o = *out;
   return rows_view(o, x.size(0), x.size(1)) && same_dtype(o.dtype(), x.dtype()) && same_device(o, x) &&
          distinct(o) && may_share(o, x, false) && may_share(o, weight, false);
