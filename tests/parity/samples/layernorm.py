@@ -224,6 +224,18 @@ def qk_norm_samples(device: str, dtype: torch.dtype) -> list[Sample]:
             {},
         )
     )
+    # one decode token of each kind: its heads are the rows (CPU: one pass, not one per head)
+    qkv1 = _randn((1, 8 * 64), dtype, device, g)
+    for name, q1, k1 in (
+        ("1-token-qkv-slices", qkv1[:, :256].view(1, 4, 64), qkv1[:, 256:384].view(1, 2, 64)),
+        (
+            "1-token-padded-heads",
+            _randn((1, 3, 80), dtype, device, g)[..., :64],
+            _randn((1, 2, 80), dtype, device, g)[..., :64],
+        ),
+    ):
+        w1, w2 = _randn((64,), dtype, device, g), _randn((64,), dtype, device, g)
+        out.append(Sample(name, (q1, k1, w1, w2), {}))
     return out
 
 

@@ -307,11 +307,13 @@ void rmsnorm_quant_impl(uint8_t* q, int64_t q_stride, const T* x, int64_t x_stri
 }
 
 // q [Tq, Hq, D] and k [Tk, Hk, D] in place. Heads of a token are D apart in the usual layout,
-// which makes each tensor plain rows of stride D; otherwise one pass per head over the tokens.
+// which makes each tensor plain rows of stride D, and so are one token's heads whatever the
+// token stride (a decode step: one pass, not one per head); otherwise one pass per head over the
+// tokens.
 template <typename T>
 void qk_norm_heads(T* x, const cpu::HeadLayout& h, const T* w, int64_t d, float eps) {
   if (h.tokens == 0 || h.heads == 0) return;
-  if (h.heads == 1 || h.token_stride == h.heads * h.head_stride) {
+  if (h.heads == 1 || h.tokens == 1 || h.token_stride == h.heads * h.head_stride) {
     const int64_t stride = h.heads == 1 ? h.token_stride : h.head_stride;
     rmsnorm_impl<false, T>(x, stride, x, stride, w, h.tokens * h.heads, d, eps);
     return;
