@@ -100,6 +100,9 @@ def pytest_configure(config: pytest.Config) -> None:
         # Triton kernels run on CPU only through the interpreter; set before triton loads.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ["OPMUX_FALLBACK"] = "error"  # a parity run never silently tests another backend
+    # the library ops' C++ kernels are built and checked by test_torch_kernels.py, not in the
+    # background of every test
+    os.environ.setdefault("OPMUX_TORCH_KERNELS", "0")
     config.stash[MATRIX] = Matrix(target=target, device_type=_DEVICES[target])
 
 

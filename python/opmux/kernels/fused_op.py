@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import _dispatch_state, _warn, facts, registry, tracing
+from . import _dispatch_state, _warn, facts, registry, torch_kernels, tracing
 from .errors import BackendUnavailable, FallbackError
 from .ops import _checks
 from .ops._decl import Decl, Param
@@ -42,6 +42,21 @@ from .selector import REFERENCE, Selection, select
 __all__ = ["FusedOp", "dtype_name", "platform_device", "with_contract"]
 
 _WARNED: set[tuple[str, str, str]] = set()
+#: [True] while the library ops' C++ kernels (torch_kernels) are wanted but not registered yet:
+#: the Python kernels then start their build and register them once it is done
+_BRIDGE_PENDING = [torch_kernels.enabled()]
+_bridge_ids = iter(range(1 << 30))
+
+
+def _bridge_poll() -> None:
+    if not torch_kernels.kick() and not torch_kernels.enabled():
+        _BRIDGE_PENDING[0] = False
+    elif torch_kernels.poll():
+        _BRIDGE_PENDING[0] = False
+
+
+#: a lane result the bridge can push as the library op's result (None: the op returns nothing)
+_BRIDGE_FORMS = ("None", "R if out is None else out")
 #: every torch library op of opmux (kept alive for the process: dropping it unregisters them)
 _LIB = torch.library.Library("opmux", "FRAGMENT")  # type: ignore[no-untyped-call]
 #: bound once: dynamo folds this to True while tracing; eager pays one call
@@ -421,6 +436,11 @@ class FusedOp(Generic[R]):
         self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
         #: how a lane's call ends (None: the op has no lane form; see ``_lane_result``)
         self.lane_form = _lane_result(decl)
+        #: this op's id in the library ops' C++ kernels (torch_kernels); whether they hold its lanes
+        self._bridge_id = next(_bridge_ids)
+        self._bridge: Any = None
+        #: library op name -> (params, returns, Python kernel): what the bridge's twin is made of
+        self._library_defs: dict[str, tuple[tuple[Param, ...], str, Callable[..., Any]]] = {}
         self._library: dict[str, Any] = {}
         #: the Python kernel of each library op (what the dispatcher calls; benchmarks time it alone)
         self._library_kernels: dict[str, Callable[..., Any]] = {}
@@ -525,6 +545,8 @@ class FusedOp(Generic[R]):
         self._lane_cuda.clear()
         self._lane_forced.clear()
         self._forced.clear()
+        if self._bridge is not None:
+            self._bridge["opmux_bridge_clear"](self._bridge_id)
 
     def forget_kernels(self) -> None:
         """Drop the bound kernels and forget failures (the settings that found them changed:
@@ -668,6 +690,8 @@ class FusedOp(Generic[R]):
             return
         if lane is not None and not self._thresholds["cpu" if x.is_cpu else "cuda"]:
             (self._lane_cpu if x.is_cpu else self._lane_cuda)[x.dtype] = lane
+            if self._bridge is not None:
+                self._bridge_lane(x.is_cpu, x.dtype, lane)
         fn: Any = entry[0] if x.is_cpu else entry  # the CPU kernels take no flag
         cache = self._cpu if x.is_cpu else self._cuda
         threshold = self._thresholds["cpu" if x.is_cpu else "cuda"]
@@ -682,15 +706,22 @@ class FusedOp(Generic[R]):
         their kernel is the hot path itself, generated for the schema's own parameters (no
         wrapper frame, no compiling check: the dispatcher only calls it with real tensors)."""
         decl, name = self.decl, self.decl.short_name
+        # until the C++ kernels are registered, each call of a Python kernel checks on their build
+        poll = ["    if BRIDGE_PENDING[0]:", "        BRIDGE_POLL()"]
         if decl.has_out:
             rest = tuple(p for p in decl.params if p.name != "out")
-            impl = self._make_public(compiled=False, params=rest, prologue=["    out = None"], forced=False)
+            impl = self._make_public(
+                compiled=False, params=rest, prologue=[*poll, "    out = None"], forced=False
+            )
             self._define(name, rest, decl.returns, impl)
             out = Param("out", "Tensor", written=True)
-            impl = self._make_public(compiled=False, params=(out, *rest), forced=False, returns=False)
+            impl = self._make_public(
+                compiled=False, params=(out, *rest), prologue=poll, forced=False, returns=False
+            )
             self._define(f"{name}_out", (out, *rest), "()", impl)
         else:
-            self._define(name, decl.params, decl.returns, self._make_public(compiled=False, forced=False))
+            impl = self._make_public(compiled=False, prologue=poll, forced=False)
+            self._define(name, decl.params, decl.returns, impl)
 
     def _define(self, name: str, params: tuple[Param, ...], returns: str, fn: Callable[..., Any]) -> None:
         decl = self.decl
@@ -714,6 +745,45 @@ class FusedOp(Generic[R]):
         torch.library.register_fake(f"opmux::{name}", fake, lib=_LIB)
         self._library[name] = getattr(torch.ops.opmux, name).default
         self._library_kernels[name] = fn
+        self._library_defs[name] = (params, returns, fn)
+        if self.lane_form in _BRIDGE_FORMS:
+            torch_kernels.register(name, self)
+
+    # -- the library ops' C++ kernels (torch_kernels, jit/csrc/torch_bridge.cpp) ---------------
+    def _bridge_define(self, name: str, bridge: Any) -> None:
+        """Give library op ``name`` the bridge's C++ kernel (CPU, CUDA): its twin ``_py_<name>``
+        keeps the Python kernel for what the lane does not run."""
+        params, returns, fn = self._library_defs[name]
+        twin = f"_py_{name}"
+        aliases = iter(range(len(params)))
+        _LIB.define(f"{twin}({', '.join(_schema_param(p, next(aliases)) for p in params)}) -> {returns}")  # type: ignore[no-untyped-call]
+        _LIB.impl(twin, fn, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+        index = {p.name: i for i, p in enumerate(params)}
+        key = self.decl.params[self.key_arg].name
+        bridge["opmux_bridge_define"](
+            name,
+            self._bridge_id,
+            [index.get(p.name, -1) for p in self.decl.params],
+            index[key],
+            returns == "Tensor",
+            [i for i, p in enumerate(params) if p.written],
+            [i for i, p in enumerate(params) if p.is_tensor],
+            twin,
+        )
+        self._bridge = bridge
+        for is_cpu, lanes in ((True, self._lane_cpu), (False, self._lane_cuda)):
+            for dtype, lane in list(lanes.items()):
+                self._bridge_lane(is_cpu, dtype, lane)
+
+    def _bridge_lane(self, is_cpu: bool, dtype: torch.dtype, lane: tuple[Callable[..., Any], Any]) -> None:
+        fn, flag = lane
+        self._bridge["opmux_bridge_set_lane"](
+            self._bridge_id,
+            1 if is_cpu else 2,
+            dtype_name(dtype),
+            fn,
+            -1 if flag is None else int(bool(flag)),
+        )
 
     def _make_public(
         self,
@@ -820,6 +890,8 @@ class FusedOp(Generic[R]):
             "LANE_FORCED": self._lane_forced,
             "OUTPUTS": decl.outputs,
             "TENSOR": torch.Tensor,
+            "BRIDGE_PENDING": _BRIDGE_PENDING,
+            "BRIDGE_POLL": _bridge_poll,
         }
         exec("\n".join(body), scope)
         fn: Callable[..., R] = scope[decl.short_name]

@@ -1,0 +1,295 @@
+// The library ops' C++ kernels: `torch.ops.opmux.<name>` without a round trip into Python.
+//
+// Every op is a torch library op (fused_op._register_library) whose kernel is the generated
+// Python hot path; the dispatcher's boxing into a Python kernel costs microseconds per call
+// (docs/benchmarks/host_overhead*.md). This unit registers one boxed C++ kernel per library op for
+// the CPU and CUDA keys that runs the op's serving lane (opmux/lane.h) itself:
+//
+//   torch.ops.opmux.<name>(...) -> dispatcher -> LaneKernel: the lane the default call bound for
+//   (device, dtype) (fused_op._remember -> opmux_bridge_set_lane), called on DLTensor views of the
+//   arguments -> its result pushed; or, when there is no bound lane, grad mode is on and an input
+//   requires grad, or the lane refuses, the op's Python kernel (its twin library op
+//   `opmux::_py_<name>`, same schema): the contract, selection, errors, exactly as before.
+//
+// What the Python hot path does around a lane is done here the same way: no input may require
+// grad (the twin raises the contract's error); written tensors' versions are bumped in grad mode;
+// a lane's kernel error keeps its class (ValueError, TypeError, IndexError) and message.
+// Compiled against the torch C++ API of the interpreter's torch (not its stable ABI: that cannot
+// read requires_grad or bump a version), so it is built per torch build, in the JIT cache
+// (opmux/kernels/torch_kernels.py), and never on the hot path.
+#include <ATen/DLConvertor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+#include <tvm/ffi/any.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/string.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace opmux {
+namespace torch_bridge {
+
+namespace ffi = tvm::ffi;
+
+constexpr int kMaxArgs = 24;
+
+// The lanes one op's default calls bound, per (device type, dtype): shared by its library ops
+// (the functional form and `_out`). `flag`: -1, the lane takes no PDL flag (CPU); else the flag.
+struct Bound {
+  ffi::Function lane;
+  int flag = -1;
+};
+struct OpLanes {
+  std::mutex mu;
+  std::unordered_map<int64_t, Bound> bound;  // (device type << 8 | scalar type) -> lane
+  static int64_t key(c10::DeviceType d, c10::ScalarType s) {
+    return (static_cast<int64_t>(d) << 8) | static_cast<int64_t>(s);
+  }
+  bool find(c10::DeviceType d, c10::ScalarType s, Bound* out) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = bound.find(key(d, s));
+    if (it == bound.end()) return false;
+    *out = it->second;
+    return true;
+  }
+};
+
+std::mutex g_mu;
+std::atomic<int64_t> g_lane_calls{0};
+std::unordered_map<int64_t, std::shared_ptr<OpLanes>>& ops() {
+  static std::unordered_map<int64_t, std::shared_ptr<OpLanes>> table;
+  return table;
+}
+std::shared_ptr<OpLanes> op_lanes(int64_t op_id) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& slot = ops()[op_id];
+  if (!slot) slot = std::make_shared<OpLanes>();
+  return slot;
+}
+
+// Tensors a lane allocates (lane::empty -> TVMFFIEnvTensorAlloc) come from here while the bridge
+// calls it: at::empty on the arguments' device, handed over as DLPack; the last one is kept so
+// that the result crosses back as the very tensor, not a DLPack re-wrap.
+thread_local at::Tensor t_last_alloc;
+int alloc_tensor(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ctx,
+                 void (*set_error)(void* error_ctx, const char* kind, const char* message)) {
+  try {
+    c10::Device device = proto->device.device_type == kDLCUDA
+                             ? c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(proto->device.device_id))
+                             : c10::Device(c10::DeviceType::CPU);
+    at::ScalarType dtype = at::toScalarType(proto->dtype);
+    at::Tensor t = at::empty(c10::IntArrayRef(proto->shape, proto->ndim), at::TensorOptions().dtype(dtype).device(device));
+    *out = at::toDLPackVersioned(t);
+    t_last_alloc = std::move(t);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(error_ctx, "RuntimeError", e.what());
+    return -1;
+  }
+}
+
+// The library op's kernel. `lane_map[i]`: the schema index of the lane's i-th argument (the op's
+// public parameters in order), or -1 (None: a parameter the library op lacks, `out` of the
+// functional form).
+class LaneKernel final : public c10::OperatorKernel {
+ public:
+  LaneKernel(std::shared_ptr<OpLanes> lanes, std::vector<int> lane_map, int key_index, bool returns_lane_result,
+             std::vector<int> written, std::vector<int> tensors, c10::OperatorHandle twin)
+      : lanes_(std::move(lanes)),
+        lane_map_(std::move(lane_map)),
+        key_index_(key_index),
+        returns_lane_result_(returns_lane_result),
+        written_(std::move(written)),
+        tensors_(std::move(tensors)),
+        twin_(std::move(twin)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    if (!try_lane(op, stack)) twin_.callBoxed(stack);
+  }
+
+ private:
+  bool try_lane(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const size_t n = op.schema().arguments().size();
+    auto args = torch::jit::last(*stack, n);
+    const c10::IValue& key = args[key_index_];
+    if (!key.isTensor()) return false;
+    const at::Tensor& x = key.toTensor();
+    Bound b;
+    if (!lanes_->find(x.device().type(), x.scalar_type(), &b)) return false;
+    const bool grad = c10::GradMode::is_enabled();
+    if (grad) {
+      for (int i : tensors_) {
+        const c10::IValue& v = args[i];
+        if (v.isTensor() && v.toTensor().requires_grad()) return false;  // the contract raises
+      }
+    }
+    const int nl = static_cast<int>(lane_map_.size());
+    if (nl + 1 > kMaxArgs) return false;
+    std::array<DLTensor, kMaxArgs> dl;
+    std::array<ffi::AnyView, kMaxArgs> packed;
+    for (int i = 0; i < nl; ++i) {
+      const int s = lane_map_[i];
+      if (s < 0) {
+        packed[i] = ffi::AnyView(nullptr);
+        continue;
+      }
+      const c10::IValue& v = args[s];
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (!t.has_storage() || t.is_sparse() || t.is_quantized() || t.is_nested()) return false;
+        at::toDLPackNonOwning(t, &dl[i]);
+        packed[i] = ffi::AnyView(&dl[i]);
+      } else if (v.isNone()) {
+        packed[i] = ffi::AnyView(nullptr);
+      } else if (v.isBool()) {
+        packed[i] = ffi::AnyView(v.toBool());
+      } else if (v.isInt()) {
+        packed[i] = ffi::AnyView(v.toInt());
+      } else if (v.isDouble()) {
+        packed[i] = ffi::AnyView(v.toDouble());
+      } else {
+        return false;  // (a list, a string: no lane takes one)
+      }
+    }
+    int na = nl;
+    if (b.flag >= 0) packed[na++] = ffi::AnyView(static_cast<bool>(b.flag));
+
+    // the lane's environment: torch's current stream and allocator, as tvm-ffi's Python call sets them
+    const bool cuda = x.is_cuda();
+    TVMFFIStreamHandle old_stream = nullptr;
+    const int32_t dev_id = cuda ? x.device().index() : 0;
+    if (cuda) {
+      const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+      TVMFFIEnvSetStream(kDLCUDA, dev_id, impl->getStream(x.device()).native_handle(), &old_stream);
+    }
+    DLPackManagedTensorAllocator old_alloc = nullptr;
+    TVMFFIEnvSetDLPackManagedTensorAllocator(alloc_tensor, 0, &old_alloc);
+    ffi::Any result;
+    std::string kind, message;
+    try {
+      b.lane.CallPacked(packed.data(), na, &result);
+    } catch (const ffi::Error& e) {
+      kind = e.kind();
+      message = e.message();
+    }
+    TVMFFIEnvSetDLPackManagedTensorAllocator(old_alloc, 0, nullptr);
+    if (cuda) TVMFFIEnvSetStream(kDLCUDA, dev_id, old_stream, nullptr);
+    at::Tensor fresh = std::move(t_last_alloc);
+    t_last_alloc = at::Tensor();
+    if (!kind.empty()) {  // raised inside the kernel after the lane accepted: the Python path's error
+      TORCH_CHECK_VALUE(kind != "ValueError", message);
+      TORCH_CHECK_TYPE(kind != "TypeError", message);
+      TORCH_CHECK_INDEX(kind != "IndexError", message);
+      TORCH_CHECK_NOT_IMPLEMENTED(kind != "NotImplementedError", message);
+      TORCH_CHECK(false, message);
+    }
+    if (result.type_index() == ffi::TypeIndex::kTVMFFINone) return false;  // refused: nothing done
+    g_lane_calls.fetch_add(1, std::memory_order_relaxed);
+    if (grad) {
+      for (int i : written_) {
+        const c10::IValue& v = args[i];
+        if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
+      }
+    }
+    at::Tensor out;
+    if (returns_lane_result_) {
+      auto t = result.try_cast<ffi::Tensor>();
+      TORCH_CHECK(t.has_value(), "opmux: ", op.schema().name(), ": its lane ran but returned no tensor");
+      if (fresh.defined() && fresh.data_ptr() == t->data_ptr()) {
+        out = std::move(fresh);
+      } else {
+        out = at::fromDLPackVersioned(t->ToDLPackVersioned());
+      }
+    }
+    torch::jit::drop(*stack, n);
+    if (returns_lane_result_) stack->emplace_back(std::move(out));
+    return true;
+  }
+
+  std::shared_ptr<OpLanes> lanes_;
+  std::vector<int> lane_map_;
+  int key_index_;
+  bool returns_lane_result_;
+  std::vector<int> written_, tensors_;
+  c10::OperatorHandle twin_;
+};
+
+std::vector<std::unique_ptr<torch::Library>>& libraries() {
+  static std::vector<std::unique_ptr<torch::Library>> libs;
+  return libs;
+}
+
+std::vector<int> ints(const ffi::Array<int64_t>& a) {
+  std::vector<int> v;
+  for (int64_t x : a) v.push_back(static_cast<int>(x));
+  return v;
+}
+
+// Registers the C++ kernel of library op `opmux::<name>` for the CPU and CUDA keys.
+void define(const ffi::String& name, int64_t op_id, const ffi::Array<int64_t>& lane_map, int64_t key_index,
+            bool returns_lane_result, const ffi::Array<int64_t>& written, const ffi::Array<int64_t>& tensors,
+            const ffi::String& twin) {
+  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(("opmux::" + std::string(twin)).c_str(), "");
+  std::shared_ptr<OpLanes> lanes = op_lanes(op_id);
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (c10::DispatchKey k : {c10::DispatchKey::CPU, c10::DispatchKey::CUDA}) {
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "opmux", k, __FILE__, __LINE__);
+    lib->impl(std::string(name).c_str(),
+              torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LaneKernel>(
+                  lanes, ints(lane_map), static_cast<int>(key_index), returns_lane_result, ints(written),
+                  ints(tensors), handle)));
+    libraries().push_back(std::move(lib));
+  }
+  // the kernel itself refuses grad inputs (the twin raises the contract's error), so autograd's
+  // not-implemented fallback, a boxed pass over every argument per call, is skipped
+  auto autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "opmux", c10::DispatchKey::Autograd,
+                                                   __FILE__, __LINE__);
+  autograd->impl(std::string(name).c_str(), torch::CppFunction::makeFallthrough());
+  libraries().push_back(std::move(autograd));
+}
+
+// The lane a default call of op `op_id` bound for (device, dtype) (fused_op._remember).
+void set_lane(int64_t op_id, int64_t device_type, const ffi::String& dtype, ffi::Function lane, int64_t flag) {
+  static const std::unordered_map<std::string, c10::ScalarType> kDtypes = {
+      {"float32", c10::ScalarType::Float},  {"float16", c10::ScalarType::Half},
+      {"bfloat16", c10::ScalarType::BFloat16}, {"int32", c10::ScalarType::Int},
+      {"int64", c10::ScalarType::Long},     {"int8", c10::ScalarType::Char},
+      {"uint8", c10::ScalarType::Byte},     {"float8_e4m3fn", c10::ScalarType::Float8_e4m3fn}};
+  auto it = kDtypes.find(std::string(dtype));
+  if (it == kDtypes.end()) return;  // (a dtype no lane takes: the Python kernel serves it)
+  const c10::DeviceType d = device_type == kDLCUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  std::shared_ptr<OpLanes> lanes = op_lanes(op_id);
+  std::lock_guard<std::mutex> lock(lanes->mu);
+  lanes->bound[OpLanes::key(d, it->second)] = Bound{std::move(lane), static_cast<int>(flag)};
+}
+
+// Forget every lane op `op_id` bound (its cached choices were dropped: fused_op.invalidate).
+void clear(int64_t op_id) {
+  std::shared_ptr<OpLanes> lanes = op_lanes(op_id);
+  std::lock_guard<std::mutex> lock(lanes->mu);
+  lanes->bound.clear();
+}
+
+int64_t lane_calls() { return g_lane_calls.load(); }
+
+}  // namespace torch_bridge
+}  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_define, opmux::torch_bridge::define);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_set_lane, opmux::torch_bridge::set_lane);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_clear, opmux::torch_bridge::clear);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_lane_calls, opmux::torch_bridge::lane_calls);

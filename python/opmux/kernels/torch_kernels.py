@@ -1,0 +1,271 @@
+"""C++ kernels for the torch library ops (``jit/csrc/torch_bridge.cpp``).
+
+``torch.ops.opmux.<name>`` reaches the op's generated Python kernel through the dispatcher,
+whose boxing into Python costs more than a whole default call (docs/benchmarks/host_overhead*).
+The bridge registers a C++ kernel for the CPU and CUDA keys of every library op whose serving
+lane returns what the op does: it runs the lane the default call bound, and hands anything else
+(no bound lane yet, grad inputs, a refused form) to the Python kernel, kept as the twin library
+op ``opmux::_py_<name>``. Same contract, same errors, same results; only the hop is gone.
+
+It is compiled against the torch in this interpreter (its C++ API: the stable ABI can neither
+read ``requires_grad`` nor bump a version), once per torch build, into the JIT cache, in a
+background thread started by the first library-op call (the Python kernels serve meanwhile), or
+up front by ``python -m opmux.kernels.jit prewarm``. ``OPMUX_TORCH_KERNELS=0`` keeps the Python
+kernels. A build that cannot run (no compiler, a read-only cache, JIT off) warns once and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _env, _warn
+
+__all__ = [
+    "ENV",
+    "TorchKernelsWarning",
+    "build",
+    "enable",
+    "enabled",
+    "kick",
+    "lane_calls",
+    "library_path",
+    "poll",
+    "register",
+    "status",
+]
+
+#: ``0`` keeps the Python kernels of the library ops (the bridge is neither built nor loaded)
+ENV = "OPMUX_TORCH_KERNELS"
+_SOURCE = Path(__file__).resolve().parent / "jit" / "csrc" / "torch_bridge.cpp"
+
+
+class TorchKernelsWarning(RuntimeWarning):
+    """The C++ library-op kernels could not be built or loaded; the Python kernels serve."""
+
+
+_lock = threading.Lock()
+_warned = False
+_module: Any = None
+_state = "off"  # off -> building -> ready | failed
+_detail = ""
+_thread: threading.Thread | None = None
+#: (library op name, FusedOp) of every library op defined so far, registered when the bridge loads
+_pending: list[tuple[str, Any]] = []
+
+
+def enabled() -> bool:
+    """Whether the bridge may be used (``$OPMUX_TORCH_KERNELS``, default on)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def status() -> tuple[str, str]:
+    """(state, detail): ``off`` (not asked for yet), ``building``, ``ready`` or ``failed``."""
+    return _state, _detail
+
+
+def _flags() -> tuple[list[str], list[str]]:
+    from .jit.compile.toolchain import tvm_ffi_paths
+
+    torch_dir = Path(torch.__file__).resolve().parent
+    includes, libtvm = tvm_ffi_paths()
+    dlpack = [p / "dlpack" for p in includes if (p / "dlpack").is_dir()]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    compile_flags = [
+        "-O2",
+        "-std=c++17",
+        "-fPIC",
+        "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{p}" for p in includes),
+        *(f"-I{p.parent}" for p in dlpack),
+        f"-I{torch_dir / 'include'}",
+        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+    ]
+    lib = torch_dir / "lib"
+    link_flags = [
+        "-shared",
+        f"-L{lib}",
+        "-ltorch_cpu",
+        "-lc10",
+        f"-Wl,-rpath,{lib}",
+        str(libtvm),
+        f"-Wl,-rpath,{libtvm.parent}",
+    ]
+    return compile_flags, link_flags
+
+
+def library_path() -> Path:
+    """Where the bridge for this torch build lives in the JIT cache (keyed by the source, torch's
+    version and build, tvm-ffi's version and the compiler)."""
+    from .jit.compile import publish
+    from .jit.compile.toolchain import find_cxx, tvm_ffi_version
+
+    cxx = find_cxx()
+    cflags, lflags = _flags()
+    h = hashlib.sha256()
+    for part in (
+        _SOURCE.read_bytes(),
+        torch.__version__.encode(),
+        str(getattr(torch.version, "git_version", "")).encode(),
+        tvm_ffi_version().encode(),
+        cxx.identity.encode(),
+        " ".join(cflags + lflags).encode(),
+    ):
+        h.update(part)
+        h.update(b"\0")
+    return publish.cache_root() / "torch_bridge" / h.hexdigest()[:20] / "torch_bridge.so"
+
+
+def build(*, out: Any = None) -> Path:
+    """Build the bridge into the cache unless it is there; -> its path. Raises what the JIT
+    build raises (CompileError, CompileTimeout, JitCacheUnavailable, ToolchainNotFound)."""
+    from .jit.compile import publish
+    from .jit.compile.build import CompileError, CompileTimeout
+    from .jit.compile.load import JitDisabled, jit_enabled
+    from .jit.compile.toolchain import find_cxx
+
+    target = library_path()
+    if target.is_file():
+        return target
+    if not jit_enabled():
+        raise JitDisabled("torch_bridge", "the torch library ops' C++ kernels")
+    group = publish.ensure_dir(publish.ensure_dir(target.parent.parent) / target.parent.name)
+    with publish.module_lock(group, out=out):
+        if target.is_file():
+            return target
+        cflags, lflags = _flags()
+        fd, tmp = tempfile.mkstemp(prefix=".torch_bridge.", suffix=".so", dir=group)
+        os.close(fd)
+        command = [find_cxx().path, *cflags, str(_SOURCE), "-o", tmp, *lflags]
+        timeout = float(_env.get("OPMUX_JIT_COMPILE_TIMEOUT"))
+        if out is not None:
+            print(f"opmux: building the torch library-op kernels for torch {torch.__version__} ...", file=out)
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise CompileTimeout(command, timeout, str(exc.stderr or "")) from None
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise CompileError(command, -1, f"cannot run the compiler: {exc}") from exc
+        if proc.returncode != 0:
+            Path(tmp).unlink(missing_ok=True)
+            raise CompileError(command, proc.returncode, proc.stderr + proc.stdout)
+        os.replace(tmp, target)
+        if out is not None:
+            print(f"opmux: built {target} in {time.monotonic() - start:.1f} s", file=out)
+    return target
+
+
+def _load(path: Path) -> Any:
+    import tvm_ffi
+
+    return tvm_ffi.load_module(str(path))
+
+
+def _background() -> None:
+    global _module, _state, _detail
+    try:
+        module = _load(build())
+    except Exception as exc:  # a machine fault: warn once, the Python kernels keep serving
+        with _lock:
+            _state, _detail = "failed", f"{type(exc).__name__}: {exc}"
+        return
+    with _lock:
+        _module = module
+        _state = "ready"
+
+
+def kick(*, wait: bool = False) -> bool:
+    """Start building / loading the bridge (once); with ``wait``, finish it here. -> whether it is
+    ready. Called by the library ops' Python kernels on their first call and by prewarm."""
+    global _thread, _state
+    if not enabled():
+        return False
+    with _lock:
+        if _state == "off":
+            _state = "building"
+            _thread = threading.Thread(target=_background, name="opmux-torch-kernels", daemon=True)
+            _thread.start()
+        thread = _thread
+    if wait and thread is not None:
+        thread.join()
+    return _state == "ready"
+
+
+def poll() -> bool:
+    """The Python kernels' per-call check while the bridge is pending: register it once it is
+    built (on the calling thread), warn once if it failed. -> True when nothing is pending."""
+    global _pending, _warned
+    state = _state
+    if state == "building":
+        return False
+    if state == "failed":
+        if not _warned:
+            _warned = True
+            _warn.warn_at_caller(
+                f"opmux: the C++ kernels of torch.ops.opmux.* are unavailable ({_detail}); the library "
+                f"ops keep their Python kernels (microseconds more per call). Set {ENV}=0 to silence this.",
+                TorchKernelsWarning,
+            )
+        return True
+    if state == "ready":
+        with _lock:
+            pending, _pending = _pending, []
+        for name, op in pending:
+            op._bridge_define(name, _module)
+        return True
+    return False
+
+
+def register(name: str, op: Any) -> None:
+    """Remember library op ``name`` of ``op`` for the bridge (defined now if it is loaded)."""
+    with _lock:
+        if _state != "ready":
+            _pending.append((name, op))
+            return
+    op._bridge_define(name, _module)
+
+
+def enable() -> None:
+    """Build (or load) the bridge and register it now, on this thread; raises what the build
+    raises. For prewarm, benchmarks and tests: serving processes get it in the background."""
+    global _state, _detail, _module
+    with _lock:
+        if _state == "ready":
+            module = None
+        else:
+            module = _load(build())
+    if module is not None:
+        with _lock:
+            if _state != "ready":
+                _module, _state, _detail = module, "ready", ""
+    poll()
+
+
+def lane_calls() -> int:
+    """How many library-op calls the bridge's C++ kernels ran through a lane (tests, benchmarks)."""
+    return int(_module["opmux_bridge_lane_calls"]()) if _module is not None else 0
+
+
+def module() -> Any:
+    """The loaded bridge module, or None."""
+    return _module

@@ -1,0 +1,171 @@
+"""The library ops' C++ kernels (``torch_kernels``, jit/csrc/torch_bridge.cpp) against their
+Python kernels.
+
+``torch.ops.opmux.<name>`` runs a C++ kernel that calls the serving lane the default call bound,
+and hands everything else to the Python kernel (the twin library op ``opmux::_py_<name>``). Both
+must be one op: on every parity sample, invalid sample and contract-corpus case of every bridged
+op, the C++ path and the twin give the same results (bit for bit, same strides) or the same error
+class and message, and write the same tensors. Plus what the C++ kernel does itself: grad inputs,
+version bumps, a kernel error's class, and that accepted cases really ran the lane.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from test_lanes import _DEVICE, _cases, _full, _same, _tensors
+
+from opmux.kernels import torch_kernels
+from opmux.kernels.explain import op_instance
+from opmux.kernels.fused_op import _BRIDGE_FORMS
+
+
+@pytest.fixture(scope="module")
+def bridge() -> Any:
+    try:
+        torch_kernels.enable()
+    except Exception as exc:  # the build needs a C++ compiler and torch's headers
+        pytest.fail(f"the torch library-op kernels did not build: {exc}")
+    return torch_kernels.module()
+
+
+def _bridged() -> list[str]:
+    from opmux.kernels import registry
+
+    out = []
+    for name, spec in registry.all_ops().items():
+        if "aot" in spec.backend_names and op_instance(name).lane_form in _BRIDGE_FORMS:
+            out.append(name)
+    return out
+
+
+def _library_call(op: Any, full: list[Any]) -> tuple[Any, Any, list[Any]]:
+    """(C++-kernel library op, its Python twin, positional arguments) for the public arguments."""
+    names = [p.name for p in op.decl.params]
+    short = op.decl.short_name
+    if op.decl.has_out:
+        out = full[names.index("out")]
+        rest = [v for n, v in zip(names, full, strict=True) if n != "out"]
+        if out is not None:
+            return (
+                getattr(torch.ops.opmux, f"{short}_out").default,
+                getattr(torch.ops.opmux, f"_py_{short}_out").default,
+                [out, *rest],
+            )
+        return getattr(torch.ops.opmux, short).default, getattr(torch.ops.opmux, f"_py_{short}").default, rest
+    return (
+        getattr(torch.ops.opmux, short).default,
+        getattr(torch.ops.opmux, f"_py_{short}").default,
+        list(full),
+    )
+
+
+def _run(fn: Any, args: list[Any]) -> tuple[Any, BaseException | None]:
+    try:
+        return fn(*args), None
+    except Exception as exc:
+        return None, exc
+
+
+@pytest.mark.parametrize("op_name", _bridged())
+def test_cpp_kernel_is_the_python_kernel(op_name: str, device_type: str, bridge: Any) -> None:
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the C++ library-op kernels run on cpu and cuda, not {device_type}")
+    op = op_instance(op_name)
+    before = torch_kernels.lane_calls()
+    compared = 0
+    with torch.no_grad():
+        for name, make in _cases(op_name, dev):
+            args, kwargs = make()
+            full = _full(op, args, kwargs)
+            if full is None:
+                continue
+            # bind the lane for this dtype the way serving does: one default call first
+            key = full[op.key_arg]
+            if isinstance(key, torch.Tensor) and (key.is_cpu or key.is_cuda):
+                warm_args, warm_kwargs = make()
+                try:
+                    op.public(*warm_args, **warm_kwargs)
+                except Exception:
+                    pass
+            cpp, twin, call = _library_call(op, full)
+            got, err = _run(cpp, call)
+            args2, kwargs2 = make()
+            full2 = _full(op, args2, kwargs2)
+            assert full2 is not None
+            _, _, call2 = _library_call(op, full2)
+            want, err2 = _run(twin, call2)
+            compared += 1
+            if err is not None or err2 is not None:
+                assert err is not None and err2 is not None, f"{op_name} {name}: {err!r} vs {err2!r}"
+                assert (type(err), str(err)) == (type(err2), str(err2)), f"{op_name} {name}"
+                continue
+            for a, b in zip(_tensors(call), _tensors(call2), strict=True):
+                assert _same(a, b), f"{op_name} {name}: an argument differs after the call"
+            for g, w in zip(_tensors(got), _tensors(want), strict=True):
+                assert _same(g, w), f"{op_name} {name}: the result differs"
+                assert g.stride() == w.stride(), f"{op_name} {name}: strides {g.stride()} != {w.stride()}"
+    assert compared, f"{op_name}: no case compared"
+    assert torch_kernels.lane_calls() > before, f"{op_name}: the C++ kernel never ran a lane"
+
+
+def test_grad_inputs_and_versions(device_type: str, bridge: Any) -> None:
+    """Grad inputs get the contract's error, written tensors' versions are bumped in grad mode."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the C++ library-op kernels run on cpu and cuda, not {device_type}")
+    from opmux.kernels import ops
+
+    x = torch.randn(4, 64, device=dev)
+    r = torch.randn(4, 64, device=dev)
+    w = torch.randn(64, device=dev)
+    ops.layernorm.fused_add_rmsnorm(x.clone(), r.clone(), w)  # binds the lane
+    ops.layernorm.rmsnorm(x, w)
+    before = torch_kernels.lane_calls()
+    v = (x._version, r._version)
+    torch.ops.opmux.fused_add_rmsnorm.default(x, r, w, 1e-6)
+    assert torch_kernels.lane_calls() == before + 1
+    assert (x._version, r._version) == (v[0] + 1, v[1] + 1)
+    with torch.no_grad():
+        torch.ops.opmux.fused_add_rmsnorm.default(x, r, w, 1e-6)
+    assert (x._version, r._version) == (v[0] + 1, v[1] + 1)  # no bump without grad mode, as the default call
+    wg = w.clone().requires_grad_()
+    with pytest.raises(ValueError) as cpp:
+        torch.ops.opmux.rmsnorm.default(x, wg, 1e-6)
+    with pytest.raises(ValueError) as public:
+        ops.layernorm.rmsnorm(x, wg)
+    assert str(cpp.value) == str(public.value)
+    with torch.no_grad():  # not a grad call: the lane runs
+        y = torch.ops.opmux.rmsnorm.default(x, wg, 1e-6)
+    assert not y.requires_grad and torch.equal(y, ops.layernorm.rmsnorm(x, w))
+
+
+def test_refused_forms_and_invalidation(device_type: str, bridge: Any) -> None:
+    """A form the lane refuses takes the Python kernel; forcing another backend (use_backends)
+    drops the bound lanes, so the C++ kernel no longer bypasses the choice."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the C++ library-op kernels run on cpu and cuda, not {device_type}")
+    from opmux.kernels import ops, use_backends
+
+    x = torch.randn(3, 5, 64, device=dev)  # 3-D: not the lane's [T, H] form
+    w = torch.randn(64, device=dev)
+    ops.layernorm.rmsnorm(x[0], w)
+    before = torch_kernels.lane_calls()
+    y = torch.ops.opmux.rmsnorm.default(x, w, 1e-6)
+    torch.testing.assert_close(y, ops.layernorm.rmsnorm(x, w, backend="torch"), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError) as cpp:
+        torch.ops.opmux.rmsnorm.default(x, w, -1.0)
+    with pytest.raises(ValueError) as public:
+        ops.layernorm.rmsnorm(x, w, -1.0)
+    assert str(cpp.value) == str(public.value)
+    two_d = x[0].contiguous()
+    torch.ops.opmux.rmsnorm.default(two_d, w, 1e-6)
+    ran = torch_kernels.lane_calls()
+    with use_backends("layernorm.rmsnorm=torch"):
+        torch.ops.opmux.rmsnorm.default(two_d, w, 1e-6)
+    assert torch_kernels.lane_calls() == ran  # the forced choice ran, not the bound lane
+    assert ran > before
