@@ -18,7 +18,12 @@ time:
 * ``bound``: the backend as dispatch binds it (the argument contract, then the kernel);
 * ``default``: the public function (``ops.<group>.<name>(...)``);
 * ``forced``: the public function with ``backend=<the chosen one>``;
-* ``torch.ops``: ``torch.ops.opmux.<name>`` (what a torch.compile'd graph without CUDA graphs runs);
+* ``torch.ops``: ``torch.ops.opmux.<name>`` (what a torch.compile'd graph without CUDA graphs runs),
+  with the library ops' C++ kernels registered (``opmux.kernels.torch_kernels``: built, or loaded
+  from the JIT cache, before the rounds);
+* ``torch.ops, Python kernel``: the same op with its Python kernel (the twin library op
+  ``opmux::_py_<name>``, what ``torch.ops`` ran before the C++ kernels and still runs for the ops
+  with several results);
 * ``torch.ops kernel``: that library op's Python kernel called directly (``torch.ops - its
   kernel`` is then what the dispatcher adds for the op's schema: the hop, boxing every argument
   and result);
@@ -189,6 +194,37 @@ def _library(op: Any, args: tuple[Any, ...]) -> tuple[Callable[[], Any], Callabl
     return (lambda: overload(*full)), (None if kernel is None else lambda: kernel(*full))
 
 
+def _library_twin(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
+    """``torch.ops.opmux._py_<name>`` (the library op with its Python kernel), where there is one."""
+    full = _full(op, args)
+    if op.decl.has_out:
+        full = full[:-1]
+    packet = getattr(torch.ops.opmux, f"_py_{op.decl.short_name}", None) if _CPP_KERNELS[0] == "on" else None
+    if packet is None:
+        return None
+    overload = packet.default
+    return lambda: overload(*full)
+
+
+#: whether the library ops' C++ kernels are registered in this process ("on", or why not)
+_CPP_KERNELS = ["not asked"]
+
+
+def _enable_cpp_kernels() -> None:
+    try:
+        from opmux.kernels import torch_kernels
+    except ImportError:  # a --baseline tree from before them
+        _CPP_KERNELS[0] = "absent (this tree predates them)"
+        return
+    try:
+        torch_kernels.enable()
+    except Exception as exc:
+        _CPP_KERNELS[0] = f"unavailable: {type(exc).__name__}: {exc}"
+        print(f"host_overhead: {_CPP_KERNELS[0]}", file=sys.stderr, flush=True)
+        return
+    _CPP_KERNELS[0] = "on"
+
+
 def _twins() -> list[tuple[str, Any]]:
     """Two torch-backend rmsnorm ops, one with size classes (a rule on every device whose both
     sides pick the same backend), one without: the cost of size classes alone."""
@@ -257,6 +293,9 @@ class _Cell:
             paths["torch.ops"], kernel_alone = _library(op, args)
             if kernel_alone is not None:
                 paths["torch.ops kernel"] = kernel_alone
+            twin = _library_twin(op, args)
+            if twin is not None:
+                paths["torch.ops py"] = twin
             peer = _flashinfer(op.op_name) if device == "cuda" else None
             if peer is not None:
                 paths["flashinfer"] = lambda: peer(*args)
@@ -287,6 +326,8 @@ def summarize(label: str, chosen: str, samples: dict[str, list[float]]) -> dict[
     row["forced_ratio"] = round(med["forced"] / med["default"], 3)
     if "torch.ops" in med:
         row["torch_ops_ratio"] = round(med["torch.ops"] / med["default"], 3)
+    if "torch.ops py" in med:
+        row["torch_ops_py_ratio"] = round(med["torch.ops py"] / med["default"], 3)
     if "torch.ops kernel" in med:  # what the dispatcher adds for this schema (boxing included)
         row["torch_ops_hop_ns"] = round(med["torch.ops"] - med["torch.ops kernel"], 1)
     if "bare" in med:
@@ -300,6 +341,7 @@ def cells(device: str, n: int, ops: list[str]) -> list[_Cell]:
     """Every op's cell (plus the size-class twins), all set up before any round runs."""
     from opmux.kernels.explain import op_instance
 
+    _enable_cpp_kernels()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     h = 4096 if device == "cuda" else 128
     from opmux.kernels import registry
@@ -496,18 +538,20 @@ def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any
         "default",
         "forced",
         "torch.ops",
+        "torch.ops py",
         "torch.ops kernel",
         "flashinfer",
     ]
     cols = [c for c in cols if any(f"{c}_ns" in r for r in rows)]
     head = "| op | backend | " + " | ".join(f"{c} (ns)" for c in cols)
-    head += " | dispatch (ns) | dispatch, min (ns) | forced / default | torch.ops / default"
+    head += " | dispatch (ns) | dispatch, min (ns) | forced / default | torch.ops / default | torch.ops py / default"
     head += " | torch.ops - its kernel (ns) | default - bare (ns) | default - bare+outputs (ns) |"
-    lines = [head, "|---|---|" + "---:|" * (len(cols) + 7)]
+    lines = [head, "|---|---|" + "---:|" * (len(cols) + 8)]
     for r in rows:
         cells = [str(r.get(f"{c}_ns", "-")) for c in cols]
         cells += [str(r["dispatch_ns"]), str(r["dispatch_min_ns"]), str(r["forced_ratio"])]
         cells.append(str(r.get("torch_ops_ratio", "-")))
+        cells.append(str(r.get("torch_ops_py_ratio", "-")))
         cells.append(str(r.get("torch_ops_hop_ns", "-")))
         cells.append(str(r.get("over_bare_ns", "-")))
         cells.append(str(r.get("over_floor_ns", "-")))
@@ -519,6 +563,7 @@ def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any
         f"rounds (interleaved over every op) of {meta['n']} calls per path, each round's calls timed in "
         f"{meta['batches']} batches and the fastest batch kept (best-of: the machine is shared)"
         + ("; a batch's time is the calling thread's CPU time" if meta["device"].startswith("cpu") else "")
+        + f". The library ops' C++ kernels: {meta.get('cpp_kernels', '?')}"
         + ". Columns are explained in the script's docstring: "
         "`dispatch` = default - bound (the public call over the bound kernel, contract included in both; "
         "the median of per-round differences, and the difference of the fastest rounds), "
@@ -605,6 +650,7 @@ def main() -> None:
         "n": n,
         "threads": torch.get_num_threads(),
         "batches": BATCHES[args.device],
+        "cpp_kernels": _CPP_KERNELS[0],
     }
     cmd = " ".join(["python", "benchmarks/host_overhead.py", *sys.argv[1:]])
     if "site-packages" not in Path(opmux.__file__).resolve().parts:

@@ -284,6 +284,14 @@ KNOBS: Mapping[str, Knob] = _knobs(
         _seconds,
     ),
     Knob(
+        "OPMUX_TORCH_KERNELS",
+        "bool",
+        "1",
+        "Give `torch.ops.opmux.*` C++ kernels that run the bound serving lane (built per torch into the "
+        "JIT cache, in the background; see docs/architecture.md); 0 keeps their Python kernels.",
+        _bool,
+    ),
+    Knob(
         "OPMUX_TRACE",
         "bool",
         "0",

@@ -65,7 +65,7 @@ _pending: list[tuple[str, Any]] = []
 
 def enabled() -> bool:
     """Whether the bridge may be used (``$OPMUX_TORCH_KERNELS``, default on)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return bool(_env.get(ENV))
 
 
 def status() -> tuple[str, str]:

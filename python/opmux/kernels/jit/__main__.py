@@ -189,9 +189,18 @@ def _cmd_prewarm(args: argparse.Namespace, table: Mapping[str, JitModule], kerne
     cache_root()
     archs = parse_cuda_archs(" ".join(args.archs)) if args.archs else []
     results = prewarm(selected, kernel_path=kernel_path, archs=archs, jobs=args.jobs, budget=args.budget)
+    failed = any(r.status == "failed" for r in results)
+    if args.torch_kernels:  # imports torch: only when asked
+        from opmux.kernels import torch_kernels
+
+        try:
+            torch_kernels.build(out=sys.stderr)
+        except Exception as exc:
+            print(f"opmux: prewarm torch_bridge ... failed: {exc}", file=sys.stderr)
+            failed = True
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=1))
-    return 1 if any(r.status == "failed" for r in results) else 0
+    return 1 if failed else 0
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
@@ -241,6 +250,11 @@ def _parser() -> argparse.ArgumentParser:
         help="CUDA archs, e.g. sm_90a 10.0a (default: $OPMUX_CUDA_ARCHS or the GPUs)",
     )
     pre.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    pre.add_argument(
+        "--torch-kernels",
+        action="store_true",
+        help="also build the torch library ops' C++ kernels for this torch (imports torch)",
+    )
     pre.add_argument(
         "--budget", type=float, metavar="SECONDS", help="stop (killing in-flight compiles) after this long"
     )
