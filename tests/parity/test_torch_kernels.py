@@ -101,7 +101,9 @@ def test_cpp_kernel_is_the_python_kernel(op_name: str, device_type: str, bridge:
             compared += 1
             if err is not None or err2 is not None:
                 assert err is not None and err2 is not None, f"{op_name} {name}: {err!r} vs {err2!r}"
-                assert (type(err), str(err)) == (type(err2), str(err2)), f"{op_name} {name}"
+                # (torch's own schema errors, raised before any kernel, name the op they parse)
+                twin_msg = str(err2).replace("opmux::_py_", "opmux::")
+                assert (type(err), str(err)) == (type(err2), twin_msg), f"{op_name} {name}"
                 continue
             for a, b in zip(_tensors(call), _tensors(call2), strict=True):
                 assert _same(a, b), f"{op_name} {name}: an argument differs after the call"

@@ -55,8 +55,9 @@ def _bridge_poll() -> None:
         _BRIDGE_PENDING[0] = False
 
 
-#: a lane result the bridge can push as the library op's result (None: the op returns nothing)
-_BRIDGE_FORMS = ("None", "R if out is None else out")
+#: the lane forms whose results the bridge can push: nothing, the one tensor the lane allocated,
+#: or several (the caller's buffers or the lane's, lane.h ``ran_all``): every op with a lane
+_BRIDGE_FORMS = ("None", "R if out is None else out", "LRES")
 #: every torch library op of opmux (kept alive for the process: dropping it unregisters them)
 _LIB = torch.library.Library("opmux", "FRAGMENT")  # type: ignore[no-untyped-call]
 #: bound once: dynamo folds this to True while tracing; eager pays one call
@@ -760,12 +761,19 @@ class FusedOp(Generic[R]):
         _LIB.impl(twin, fn, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
         index = {p.name: i for i, p in enumerate(params)}
         key = self.decl.params[self.key_arg].name
+        if returns == "()":
+            results: list[int] = []
+        elif returns == "Tensor":
+            results = [-1]  # the lane's own
+        else:  # several: the optional written parameters, in order, are the results' buffers
+            buffers = [i for i, p in enumerate(params) if p.written and p.type == "Tensor?"]
+            results = buffers[: returns.count("Tensor")]
         bridge["opmux_bridge_define"](
             name,
             self._bridge_id,
             [index.get(p.name, -1) for p in self.decl.params],
             index[key],
-            returns == "Tensor",
+            results,
             [i for i, p in enumerate(params) if p.written],
             [i for i, p in enumerate(params) if p.is_tensor],
             twin,

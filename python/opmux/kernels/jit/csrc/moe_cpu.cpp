@@ -362,7 +362,7 @@ lane::Any topk_softmax_cpu_lane(TensorView gating_output, lane::AnyView topk, la
     return lane::refused();
   topk_softmax_cpu(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
                    a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, cap, bol);
-  return lane::ran();
+  return lane::ran_all({&a.w_new, &a.ids_new});
 }
 
 lane::Any topk_sigmoid_cpu_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
@@ -374,7 +374,7 @@ lane::Any topk_sigmoid_cpu_lane(TensorView gating_output, lane::AnyView topk, la
     return lane::refused();
   topk_sigmoid_cpu(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
                    a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize);
-  return lane::ran();
+  return lane::ran_all({&a.w_new, &a.ids_new});
 }
 
 // moe_align_block_size's serving lane (moe_lanes.h align_args), with the values hook (ids in
@@ -393,7 +393,7 @@ lane::Any moe_align_block_size_cpu_lane(TensorView topk_ids, lane::AnyView block
   if (!ok) return lane::refused();
   moe_align_block_size_cpu(*a.sorted, *a.experts, *a.post, *a.post, false, topk_ids, topk_ids, false, a.block_size,
                            a.num_experts, a.pad, a.unused);
-  return lane::ran();
+  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
 }
 
 // batched_moe_align_block_size's serving lane (moe_lanes.h batched_args), with the values hook
@@ -407,7 +407,7 @@ lane::Any batched_moe_align_block_size_cpu_lane(TensorView expert_num_tokens, la
       !lane::counts_in_range(expert_num_tokens, a.m))
     return lane::refused();
   batched_moe_align_block_size_cpu(*a.sorted, *a.experts, *a.post, expert_num_tokens, a.m, a.block_size);
-  return lane::ran();
+  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
 }
 
 }  // namespace moe_cpu

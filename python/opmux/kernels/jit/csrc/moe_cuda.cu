@@ -589,7 +589,7 @@ lane::Any topk_softmax_cuda_lane(TensorView gating_output, lane::AnyView topk, l
     return lane::refused();
   topk_softmax_cuda(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
                     a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, cap, bol, enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&a.w_new, &a.ids_new});
 }
 
 lane::Any topk_sigmoid_cuda_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
@@ -601,7 +601,7 @@ lane::Any topk_sigmoid_cuda_lane(TensorView gating_output, lane::AnyView topk, l
     return lane::refused();
   topk_sigmoid_cuda(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
                     a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&a.w_new, &a.ids_new});
 }
 
 // moe_align_block_size's serving lane (moe_lanes.h align_args); ids are not read (the values hook
@@ -622,7 +622,7 @@ lane::Any moe_align_block_size_cuda_lane(TensorView topk_ids, lane::AnyView bloc
     return lane::refused();
   moe_align_block_size_cuda(*a.sorted, *a.experts, *a.post, *a.post, false, topk_ids, topk_ids, false, a.block_size,
                             a.num_experts, a.pad, a.unused, enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
 }
 
 // batched_moe_align_block_size's serving lane (moe_lanes.h batched_args); counts are not read (the
@@ -636,7 +636,7 @@ lane::Any batched_moe_align_block_size_cuda_lane(TensorView expert_num_tokens, l
                           num_tokens_post_padded, &a))
     return lane::refused();
   batched_moe_align_block_size_cuda(*a.sorted, *a.experts, *a.post, expert_num_tokens, a.m, a.block_size, enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
 }
 
 }  // namespace moe_cuda

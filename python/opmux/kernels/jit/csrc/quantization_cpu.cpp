@@ -483,21 +483,23 @@ lane::Any per_token_quant_fp8_cpu_lane(TensorView x, lane::AnyView scale_ub, lan
                                        lane::AnyView out_q, lane::AnyView out_scale) {
   bool divide;
   std::optional<TensorView> q, s;
-  if (!lane::per_token_args(kDLCPU, x, scale_ub, divide_by_scale, out_q, out_scale, &divide, &q, &s))
+  lane::Fresh fresh;
+  if (!lane::per_token_args(kDLCPU, x, scale_ub, divide_by_scale, out_q, out_scale, &divide, &q, &s, &fresh))
     return lane::refused();
   lane::F32View s1 = lane::F32View::vector_of(*s, x.size(0));
   lane::F32View ub = lane::F32View::none(x.device());
   per_token_quant_fp8_cpu(*q, s1.view(), x, ub.view(), divide);
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any per_tensor_quant_fp8_cpu_lane(TensorView x, lane::AnyView scale, lane::AnyView out_q,
                                         lane::AnyView out_scale) {
   std::optional<TensorView> q, s;
-  if (!lane::per_tensor_args(kDLCPU, x, scale, out_q, out_scale, &q, &s)) return lane::refused();
+  lane::Fresh fresh;
+  if (!lane::per_tensor_args(kDLCPU, x, scale, out_q, out_scale, &q, &s, &fresh)) return lane::refused();
   lane::F32View dynamic = lane::F32View::none(x.device());
   per_tensor_quant_fp8_cpu(*q, *s, x, dynamic.view());
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any per_token_group_quant_fp8_cpu_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
@@ -508,12 +510,13 @@ lane::Any per_token_group_quant_fp8_cpu_lane(TensorView x, lane::AnyView group_s
   double e;
   bool ue8m0, divide;
   std::optional<TensorView> q, s;
+  lane::Fresh fresh;
   if (!lane::bool_arg(scale_ue8m0, &ue8m0) || !lane::bool_arg(divide_by_scale, &divide) ||
       !lane::group_args<false>(kDLCPU, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                               &gs, &e, &q, &s))
+                               &gs, &e, &q, &s, &fresh))
     return lane::refused();
   per_token_group_quant_fp8_cpu(*q, *s, x, gs, e, ue8m0, divide);
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any per_token_group_quant_int8_cpu_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
@@ -522,11 +525,12 @@ lane::Any per_token_group_quant_int8_cpu_lane(TensorView x, lane::AnyView group_
   int64_t gs;
   double e;
   std::optional<TensorView> q, s;
+  lane::Fresh fresh;
   if (!lane::group_args<true>(kDLCPU, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                              &gs, &e, &q, &s))
+                              &gs, &e, &q, &s, &fresh))
     return lane::refused();
   per_token_group_quant_int8_cpu(*q, *s, x, gs, e);
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any static_quant_fp8_cpu_lane(TensorView x, TensorView scale, lane::AnyView out_arg) {

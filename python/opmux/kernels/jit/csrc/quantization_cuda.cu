@@ -669,21 +669,23 @@ lane::Any per_token_quant_fp8_cuda_lane(TensorView x, lane::AnyView scale_ub, la
                                         lane::AnyView out_q, lane::AnyView out_scale, bool enable_pdl) {
   bool divide;
   std::optional<TensorView> q, s;
-  if (!lane::per_token_args(kDLCUDA, x, scale_ub, divide_by_scale, out_q, out_scale, &divide, &q, &s))
+  lane::Fresh fresh;
+  if (!lane::per_token_args(kDLCUDA, x, scale_ub, divide_by_scale, out_q, out_scale, &divide, &q, &s, &fresh))
     return lane::refused();
   lane::F32View s1 = lane::F32View::vector_of(*s, x.size(0));
   lane::F32View ub = lane::F32View::none(x.device());
   per_token_quant_fp8_cuda(*q, s1.view(), x, ub.view(), divide, enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any per_tensor_quant_fp8_cuda_lane(TensorView x, lane::AnyView scale, lane::AnyView out_q,
                                          lane::AnyView out_scale, bool enable_pdl) {
   std::optional<TensorView> q, s;
-  if (!lane::per_tensor_args(kDLCUDA, x, scale, out_q, out_scale, &q, &s)) return lane::refused();
+  lane::Fresh fresh;
+  if (!lane::per_tensor_args(kDLCUDA, x, scale, out_q, out_scale, &q, &s, &fresh)) return lane::refused();
   lane::F32View dynamic = lane::F32View::none(x.device());
   per_tensor_quant_fp8_cuda(*q, *s, x, dynamic.view(), enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any per_token_group_quant_fp8_cuda_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
@@ -694,12 +696,13 @@ lane::Any per_token_group_quant_fp8_cuda_lane(TensorView x, lane::AnyView group_
   double e;
   bool ue8m0, divide;
   std::optional<TensorView> q, s;
+  lane::Fresh fresh;
   if (!lane::bool_arg(scale_ue8m0, &ue8m0) || !lane::bool_arg(divide_by_scale, &divide) ||
       !lane::group_args<false>(kDLCUDA, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                               &gs, &e, &q, &s))
+                               &gs, &e, &q, &s, &fresh))
     return lane::refused();
   per_token_group_quant_fp8_cuda(*q, *s, x, gs, e, ue8m0, divide, enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any per_token_group_quant_int8_cuda_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
@@ -708,11 +711,12 @@ lane::Any per_token_group_quant_int8_cuda_lane(TensorView x, lane::AnyView group
   int64_t gs;
   double e;
   std::optional<TensorView> q, s;
+  lane::Fresh fresh;
   if (!lane::group_args<true>(kDLCUDA, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                              &gs, &e, &q, &s))
+                              &gs, &e, &q, &s, &fresh))
     return lane::refused();
   per_token_group_quant_int8_cuda(*q, *s, x, gs, e, enable_pdl);
-  return lane::ran();
+  return lane::ran_all({&fresh.q, &fresh.s});
 }
 
 lane::Any static_quant_fp8_cuda_lane(TensorView x, TensorView scale, lane::AnyView out_arg, bool enable_pdl) {

@@ -17,7 +17,7 @@
 // Compiled against the torch C++ API of the interpreter's torch (not its stable ABI: that cannot
 // read requires_grad or bump a version), so it is built per torch build, in the JIT cache
 // (opmux/kernels/torch_kernels.py), and never on the hot path.
-#include <ATen/DLConvertor.h>
+#include <ATen/DLConvertor.h>  // at::getDLDataType, at::toScalarType
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -82,19 +82,43 @@ std::shared_ptr<OpLanes> op_lanes(int64_t op_id) {
 }
 
 // Tensors a lane allocates (lane::empty -> TVMFFIEnvTensorAlloc) come from here while the bridge
-// calls it: at::empty on the arguments' device, handed over as DLPack; the last one is kept so
-// that the result crosses back as the very tensor, not a DLPack re-wrap.
-thread_local at::Tensor t_last_alloc;
+// calls it: at::empty on the requested device, lent to tvm-ffi as DLPack (the at::Tensor owns the
+// memory; the DLPack deleter drops that reference). Each is also kept here, so that a result
+// crosses back as the very tensor, not a DLPack re-wrap.
+struct Lent {
+  at::Tensor tensor;
+  DLManagedTensorVersioned managed;
+};
+thread_local std::vector<at::Tensor> t_allocs;
+
+void fill_dl(const at::Tensor& t, DLTensor* dl) {
+  dl->data = t.data_ptr();
+  dl->device = t.is_cuda() ? DLDevice{kDLCUDA, static_cast<int32_t>(t.device().index())} : DLDevice{kDLCPU, 0};
+  dl->ndim = static_cast<int32_t>(t.dim());
+  dl->dtype = at::getDLDataType(t);
+  dl->shape = const_cast<int64_t*>(t.sizes().data());
+  dl->strides = const_cast<int64_t*>(t.strides().data());
+  dl->byte_offset = 0;
+}
+
 int alloc_tensor(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ctx,
                  void (*set_error)(void* error_ctx, const char* kind, const char* message)) {
   try {
     c10::Device device = proto->device.device_type == kDLCUDA
                              ? c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(proto->device.device_id))
                              : c10::Device(c10::DeviceType::CPU);
-    at::ScalarType dtype = at::toScalarType(proto->dtype);
-    at::Tensor t = at::empty(c10::IntArrayRef(proto->shape, proto->ndim), at::TensorOptions().dtype(dtype).device(device));
-    *out = at::toDLPackVersioned(t);
-    t_last_alloc = std::move(t);
+    auto lent = std::make_unique<Lent>();
+    lent->tensor = at::empty(c10::IntArrayRef(proto->shape, proto->ndim),
+                             at::TensorOptions().dtype(at::toScalarType(proto->dtype)).device(device));
+    DLManagedTensorVersioned& m = lent->managed;
+    m.version.major = DLPACK_MAJOR_VERSION;
+    m.version.minor = DLPACK_MINOR_VERSION;
+    m.flags = 0;
+    fill_dl(lent->tensor, &m.dl_tensor);
+    m.manager_ctx = lent.get();
+    m.deleter = [](DLManagedTensorVersioned* self) { delete static_cast<Lent*>(self->manager_ctx); };
+    t_allocs.push_back(lent->tensor);
+    *out = &lent.release()->managed;
     return 0;
   } catch (const std::exception& e) {
     set_error(error_ctx, "RuntimeError", e.what());
@@ -102,17 +126,36 @@ int alloc_tensor(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ct
   }
 }
 
+// The allocated tensor whose data a lane's result holds (every result a lane allocates is).
+// (Matched by address, dtype and shape, each taken once: empty tensors share the null address.)
+at::Tensor allocated(const ffi::Any& v, std::vector<at::Tensor>* allocs, const c10::OperatorHandle& op) {
+  auto t = v.try_cast<ffi::Tensor>();
+  TORCH_CHECK(t.has_value(), "opmux: ", op.schema().name(), ": its lane returned ", v.GetTypeKey(), ", not a tensor");
+  for (at::Tensor& a : *allocs) {
+    if (!a.defined() || a.data_ptr() != t->data_ptr() || a.dim() != t->ndim()) continue;
+    DLDataType d = at::getDLDataType(a), e = t->dtype();
+    if (d.code != e.code || d.bits != e.bits || d.lanes != e.lanes) continue;
+    bool same = true;
+    for (int i = 0; i < a.dim(); ++i) same = same && a.size(i) == t->size(i);
+    if (!same) continue;
+    at::Tensor out = std::move(a);
+    a = at::Tensor();
+    return out;
+  }
+  TORCH_CHECK(false, "opmux: ", op.schema().name(), ": its lane returned a tensor it did not allocate here");
+}
+
 // The library op's kernel. `lane_map[i]`: the schema index of the lane's i-th argument (the op's
 // public parameters in order), or -1 (None: a parameter the library op lacks, `out` of the
 // functional form).
 class LaneKernel final : public c10::OperatorKernel {
  public:
-  LaneKernel(std::shared_ptr<OpLanes> lanes, std::vector<int> lane_map, int key_index, bool returns_lane_result,
+  LaneKernel(std::shared_ptr<OpLanes> lanes, std::vector<int> lane_map, int key_index, std::vector<int> results,
              std::vector<int> written, std::vector<int> tensors, c10::OperatorHandle twin)
       : lanes_(std::move(lanes)),
         lane_map_(std::move(lane_map)),
         key_index_(key_index),
-        returns_lane_result_(returns_lane_result),
+        results_(std::move(results)),
         written_(std::move(written)),
         tensors_(std::move(tensors)),
         twin_(std::move(twin)) {}
@@ -150,8 +193,10 @@ class LaneKernel final : public c10::OperatorKernel {
       const c10::IValue& v = args[s];
       if (v.isTensor()) {
         const at::Tensor& t = v.toTensor();
-        if (!t.has_storage() || t.is_sparse() || t.is_quantized() || t.is_nested()) return false;
-        at::toDLPackNonOwning(t, &dl[i]);
+        if (t.layout() != c10::kStrided || !t.has_storage() || t.is_quantized() || t.is_nested() ||
+            !(t.is_cpu() || t.is_cuda()))
+          return false;
+        fill_dl(t, &dl[i]);
         packed[i] = ffi::AnyView(&dl[i]);
       } else if (v.isNone()) {
         packed[i] = ffi::AnyView(nullptr);
@@ -188,8 +233,8 @@ class LaneKernel final : public c10::OperatorKernel {
     }
     TVMFFIEnvSetDLPackManagedTensorAllocator(old_alloc, 0, nullptr);
     if (cuda) TVMFFIEnvSetStream(kDLCUDA, dev_id, old_stream, nullptr);
-    at::Tensor fresh = std::move(t_last_alloc);
-    t_last_alloc = at::Tensor();
+    std::vector<at::Tensor> allocs;
+    allocs.swap(t_allocs);
     if (!kind.empty()) {  // raised inside the kernel after the lane accepted: the Python path's error
       TORCH_CHECK_VALUE(kind != "ValueError", message);
       TORCH_CHECK_TYPE(kind != "TypeError", message);
@@ -205,25 +250,34 @@ class LaneKernel final : public c10::OperatorKernel {
         if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
       }
     }
-    at::Tensor out;
-    if (returns_lane_result_) {
-      auto t = result.try_cast<ffi::Tensor>();
-      TORCH_CHECK(t.has_value(), "opmux: ", op.schema().name(), ": its lane ran but returned no tensor");
-      if (fresh.defined() && fresh.data_ptr() == t->data_ptr()) {
-        out = std::move(fresh);
-      } else {
-        out = at::fromDLPackVersioned(t->ToDLPackVersioned());
+    // the op's results: none; the one tensor the lane allocated (results_ = {-1}); or several, each
+    // the caller's buffer (results_[i]: its schema index) or the lane's (ran_all: an array)
+    std::vector<c10::IValue> outs;
+    if (results_.size() == 1 && results_[0] < 0) {
+      outs.emplace_back(allocated(result, &allocs, op));
+    } else if (!results_.empty()) {
+      auto many = result.try_cast<ffi::Array<ffi::Any>>();
+      for (size_t i = 0; i < results_.size(); ++i) {
+        const int s = results_[i];
+        const bool given = s >= 0 && args[s].isTensor();
+        if (given) {
+          outs.emplace_back(args[s]);
+        } else {
+          TORCH_CHECK(many.has_value() && many->size() == results_.size(), "opmux: ", op.schema().name(),
+                      ": its lane ran without returning the results it allocated");
+          outs.emplace_back(allocated((*many)[i], &allocs, op));
+        }
       }
     }
     torch::jit::drop(*stack, n);
-    if (returns_lane_result_) stack->emplace_back(std::move(out));
+    for (c10::IValue& v : outs) stack->emplace_back(std::move(v));
     return true;
   }
 
   std::shared_ptr<OpLanes> lanes_;
   std::vector<int> lane_map_;
   int key_index_;
-  bool returns_lane_result_;
+  std::vector<int> results_;
   std::vector<int> written_, tensors_;
   c10::OperatorHandle twin_;
 };
@@ -239,10 +293,11 @@ std::vector<int> ints(const ffi::Array<int64_t>& a) {
   return v;
 }
 
-// Registers the C++ kernel of library op `opmux::<name>` for the CPU and CUDA keys.
+// Registers the C++ kernel of library op `opmux::<name>` for the CPU and CUDA keys. `results`: what
+// it returns, as above (empty: nothing).
 void define(const ffi::String& name, int64_t op_id, const ffi::Array<int64_t>& lane_map, int64_t key_index,
-            bool returns_lane_result, const ffi::Array<int64_t>& written, const ffi::Array<int64_t>& tensors,
-            const ffi::String& twin) {
+            const ffi::Array<int64_t>& results, const ffi::Array<int64_t>& written,
+            const ffi::Array<int64_t>& tensors, const ffi::String& twin) {
   auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(("opmux::" + std::string(twin)).c_str(), "");
   std::shared_ptr<OpLanes> lanes = op_lanes(op_id);
   std::lock_guard<std::mutex> lock(g_mu);
@@ -250,8 +305,8 @@ void define(const ffi::String& name, int64_t op_id, const ffi::Array<int64_t>& l
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "opmux", k, __FILE__, __LINE__);
     lib->impl(std::string(name).c_str(),
               torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LaneKernel>(
-                  lanes, ints(lane_map), static_cast<int>(key_index), returns_lane_result, ints(written),
-                  ints(tensors), handle)));
+                  lanes, ints(lane_map), static_cast<int>(key_index), ints(results), ints(written), ints(tensors),
+                  handle)));
     libraries().push_back(std::move(lib));
   }
   // the kernel itself refuses grad inputs (the twin raises the contract's error), so autograd's

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <tvm/ffi/any.h>
+#include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
@@ -40,6 +41,17 @@ using tvm::ffi::TypeIndex;
 inline Any refused() { return Any(); }
 // The kernel ran on the caller's tensors (the public function returns them / None).
 inline Any ran() { return Any(true); }
+// The kernel ran; an op with several results called without some of its output buffers (as the
+// torch library op's C++ kernel calls it, torch_bridge.cpp; the Python path passes them all, from
+// its `outputs` hook) returns its results in order: the ones allocated here, None for the caller's.
+inline Any ran_all(std::initializer_list<const Tensor*> fresh) {
+  bool any = false;
+  for (const Tensor* t : fresh) any = any || t->defined();
+  if (!any) return ran();
+  tvm::ffi::Array<Any> out;
+  for (const Tensor* t : fresh) out.push_back(t->defined() ? Any(*t) : Any());
+  return Any(out);
+}
 
 inline bool is_float(DLDataType d) {
   return d.lanes == 1 && ((d.code == kDLFloat && (d.bits == 32 || d.bits == 16)) ||

@@ -157,11 +157,13 @@ inline bool ids_in_range(const TensorView& ids, int64_t num_experts) {
 // num_tokens_post_padded all given (the `outputs` hook's, or the caller's as _batched_buffer takes
 // them: dense int32 vectors on the counts' device of at least n, n / bs and 1 elements, < 2^31),
 // each holding its elements apart, apart from each other and from expert_num_tokens (no shared
-// byte at all: stricter than the guard's same-view exception). None of them: refused (the public
-// function passes the hook's). The CPU counts range (the values hook) is the CPU lane's.
+// byte at all: stricter than the guard's same-view exception); or none of them (allocated here as
+// the contract does: int32 [n], [n / bs], [1]; the lane returns them). The CPU counts range (the
+// values hook) is the CPU lane's.
 struct BatchedLaneArgs {
   int64_t m, block_size;
   std::optional<TensorView> sorted, experts, post;
+  Tensor sorted_new, experts_new, post_new;  // allocated here when the caller passed none
 };
 inline bool batched_args(int32_t device_type, const TensorView& counts, const AnyView& m_arg, const AnyView& bs_arg,
                          const AnyView& sorted_arg, const AnyView& experts_arg, const AnyView& post_arg,
@@ -175,9 +177,20 @@ inline bool batched_args(int32_t device_type, const TensorView& counts, const An
   if (e < 1 || e >= kInt32 || !vector(counts, e)) return false;
   const int64_t n = e * ((m + bs - 1) / bs * bs);
   if (n >= kInt32 || e * m >= kInt32) return false;
-  if (!opt_tensor(sorted_arg, &a->sorted) || !opt_tensor(experts_arg, &a->experts) || !opt_tensor(post_arg, &a->post) ||
-      !a->sorted || !a->experts || !a->post)
+  if (!opt_tensor(sorted_arg, &a->sorted) || !opt_tensor(experts_arg, &a->experts) || !opt_tensor(post_arg, &a->post))
     return false;
+  const int given = !!a->sorted + !!a->experts + !!a->post;
+  if (given == 0) {  // the contract's own buffers (the lane returns them)
+    const DLDataType i32{kDLInt, 32, 1};
+    a->sorted_new = empty({n}, i32, counts.device());
+    a->experts_new = empty({n / bs}, i32, counts.device());
+    a->post_new = empty({1}, i32, counts.device());
+    a->sorted = TensorView(a->sorted_new);
+    a->experts = TensorView(a->experts_new);
+    a->post = TensorView(a->post_new);
+    return true;
+  }
+  if (given != 3) return false;
   const TensorView &so = *a->sorted, &ex = *a->experts, &po = *a->post;
   return int32_out(so, counts, n) && int32_out(ex, counts, n / bs) && int32_out(po, counts, 1) && distinct(so) &&
          distinct(ex) && distinct(po) && may_share(so, counts, true) && may_share(ex, counts, true) &&

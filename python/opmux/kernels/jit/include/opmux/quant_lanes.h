@@ -4,8 +4,11 @@
 // non-negative-strided float32 group scales, default (False) column_major_scales /
 // scale_tma_aligned. The ops with two results get their outputs from the Python side
 // (quantization/op.py's `outputs` hooks) and check them here like caller-given ones; a call
-// without them (None) is refused. Shared by the CPU and CUDA units.
+// without them (the torch library op's C++ kernel) has them allocated here (Fresh). Shared by the
+// CPU and CUDA units.
 #pragma once
+
+#include <array>
 
 #include "opmux/lane.h"
 
@@ -93,13 +96,32 @@ struct F32View {
   }
 };
 
+// The two results of a quantization: both given (the `outputs` hook's or the caller's), or both
+// None (allocated here as the contract does: the quantized [T, H], float32 scales of `scale_shape`
+// ({n, 0}: a vector of n); the lane returns them: ran_all). One of them alone: refused.
+struct Fresh {
+  Tensor q, s;
+  bool outputs(const TensorView& x, DLDataType q_dtype, std::array<int64_t, 2> scale_shape,
+               std::optional<TensorView>* out_q, std::optional<TensorView>* out_scale) {
+    if (*out_q && *out_scale) return true;
+    if (*out_q || *out_scale) return false;
+    q = empty({x.size(0), x.size(1)}, q_dtype, x.device());
+    s = scale_shape[1] == 0 ? empty({scale_shape[0]}, kF32, x.device())
+                            : empty({scale_shape[0], scale_shape[1]}, kF32, x.device());
+    *out_q = TensorView(q);
+    *out_scale = TensorView(s);
+    return true;
+  }
+};
+
 // per_token_quant_fp8's serving form: scale_ub None, divide_by_scale a bool, out_q fp8 [T, H]
 // and out_scale float32 [T] or [T, 1] (dense), both given (the `outputs` hook's or the caller's).
 inline bool per_token_args(int32_t device_type, const TensorView& x, const AnyView& ub_arg, const AnyView& divide_arg,
                            const AnyView& out_q_arg, const AnyView& out_scale_arg, bool* divide,
-                           std::optional<TensorView>* out_q, std::optional<TensorView>* out_scale) {
+                           std::optional<TensorView>* out_q, std::optional<TensorView>* out_scale, Fresh* fresh) {
   if (ub_arg.type_index() != TypeIndex::kTVMFFINone || !bool_arg(divide_arg, divide) || !quant_x(device_type, x) ||
-      !opt_tensor(out_q_arg, out_q) || !opt_tensor(out_scale_arg, out_scale) || !*out_q || !*out_scale)
+      !opt_tensor(out_q_arg, out_q) || !opt_tensor(out_scale_arg, out_scale) ||
+      !fresh->outputs(x, kFp8E4m3, {x.size(0), 1}, out_q, out_scale))
     return false;
   const TensorView &q = **out_q, &s = **out_scale;
   const int64_t t = x.size(0), h = x.size(1);
@@ -111,9 +133,9 @@ inline bool per_token_args(int32_t device_type, const TensorView& x, const AnyVi
 // per_tensor_quant_fp8's dynamic serving form: scale None, out_q fp8 [T, H], out_scale float32 [1].
 inline bool per_tensor_args(int32_t device_type, const TensorView& x, const AnyView& scale_arg,
                             const AnyView& out_q_arg, const AnyView& out_scale_arg, std::optional<TensorView>* out_q,
-                            std::optional<TensorView>* out_scale) {
+                            std::optional<TensorView>* out_scale, Fresh* fresh) {
   if (scale_arg.type_index() != TypeIndex::kTVMFFINone || !quant_x(device_type, x) || !opt_tensor(out_q_arg, out_q) ||
-      !opt_tensor(out_scale_arg, out_scale) || !*out_q || !*out_scale)
+      !opt_tensor(out_scale_arg, out_scale) || !fresh->outputs(x, kFp8E4m3, {1, 0}, out_q, out_scale))
     return false;
   const TensorView &q = **out_q, &s = **out_scale;
   return is_fp8(q) && on(device_type, q, x) && written_rows(q, x.size(0), x.size(1)) && is_f32(s) &&
@@ -127,11 +149,12 @@ template <bool INT8>
 inline bool group_args(int32_t device_type, const TensorView& x, const AnyView& gs_arg, const AnyView& eps_arg,
                        const AnyView& cm_arg, const AnyView& tma_arg, const AnyView& out_q_arg,
                        const AnyView& out_scale_arg, int64_t* gs, double* eps, std::optional<TensorView>* out_q,
-                       std::optional<TensorView>* out_scale) {
+                       std::optional<TensorView>* out_scale, Fresh* fresh) {
   bool cm, tma;
   if (!int_arg(gs_arg, gs) || *gs <= 0 || !positive_float(eps_arg, eps) || !bool_arg(cm_arg, &cm) || cm ||
       !bool_arg(tma_arg, &tma) || tma || !quant_x(device_type, x) || x.size(1) % *gs != 0 ||
-      !opt_tensor(out_q_arg, out_q) || !opt_tensor(out_scale_arg, out_scale) || !*out_q || !*out_scale)
+      !opt_tensor(out_q_arg, out_q) || !opt_tensor(out_scale_arg, out_scale) ||
+      !fresh->outputs(x, INT8 ? DLDataType{kDLInt, 8, 1} : kFp8E4m3, {x.size(0), x.size(1) / *gs}, out_q, out_scale))
     return false;
   const TensorView &q = **out_q, &s = **out_scale;
   const int64_t t = x.size(0), h = x.size(1);
