@@ -230,6 +230,9 @@ class LaneKernel final : public c10::OperatorKernel {
     } catch (const ffi::Error& e) {
       kind = e.kind();
       message = e.message();
+    } catch (const std::exception& e) {  // (the environment is restored below either way)
+      kind = "RuntimeError";
+      message = e.what();
     }
     TVMFFIEnvSetDLPackManagedTensorAllocator(old_alloc, 0, nullptr);
     if (cuda) TVMFFIEnvSetStream(kDLCUDA, dev_id, old_stream, nullptr);

@@ -1,0 +1,79 @@
+"""The library ops' C++ kernels when they cannot be had: the Python kernels keep serving.
+
+Each case runs in a fresh interpreter (the bridge is process state): a build that cannot run
+(no compiler) warns once with TorchKernelsWarning and changes no result; OPMUX_TORCH_KERNELS=0
+starts no build at all; JIT off with nothing cached is the same fault as no compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = textwrap.dedent(
+    """
+    import warnings
+    import torch
+    from opmux.kernels import ops, torch_kernels
+
+    x, w = torch.randn(3, 32), torch.randn(32)
+    want = ops.layernorm.rmsnorm(x, w)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = torch.ops.opmux.rmsnorm(x, w, 1e-6)  # starts the build (if enabled)
+        torch_kernels.kick(wait=True)
+        second = torch.ops.opmux.rmsnorm(x, w, 1e-6)
+        third = torch.ops.opmux.rmsnorm(x, w, 1e-6)
+    assert torch.equal(first, want) and torch.equal(second, want) and torch.equal(third, want)
+    kinds = [type(c.message).__name__ for c in caught if "torch.ops.opmux" in str(c.message)]
+    print("STATE", torch_kernels.status()[0], "WARNINGS", len(kinds), *kinds)
+    print("DETAIL", torch_kernels.status()[1][:200])
+    """
+)
+
+
+def _run(tmp_path: Path, **env: str) -> str:
+    full = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "python"),
+        "OPMUX_CACHE_DIR": str(tmp_path / "cache"),
+        "TRITON_INTERPRET": "1",
+        **env,
+    }
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=full, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_no_compiler_warns_once_and_serves(tmp_path: Path) -> None:
+    out = _run(tmp_path, OPMUX_TORCH_KERNELS="1", CXX=str(tmp_path / "no-such-compiler"))
+    assert "STATE failed WARNINGS 1 TorchKernelsWarning" in out, out
+    assert "no-such-compiler" in out or "CXX" in out, out
+
+
+def test_disabled_builds_nothing(tmp_path: Path) -> None:
+    out = _run(tmp_path, OPMUX_TORCH_KERNELS="0")
+    assert "STATE off WARNINGS 0" in out, out
+    assert not (tmp_path / "cache" / "torch_bridge").exists()
+
+
+def test_jit_off_with_nothing_cached_is_a_fault_not_a_crash(tmp_path: Path) -> None:
+    out = _run(tmp_path, OPMUX_TORCH_KERNELS="1", OPMUX_JIT="0")
+    assert "STATE failed WARNINGS 1 TorchKernelsWarning" in out, out
+    assert "OPMUX_JIT=0" in out, out
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_bad_value_is_named(tmp_path: Path, value: str) -> None:
+    full = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OPMUX_TORCH_KERNELS": value}
+    code = "from opmux.kernels import torch_kernels; torch_kernels.enabled()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+    assert proc.returncode != 0
+    assert "OPMUX_TORCH_KERNELS" in proc.stderr and value in proc.stderr, proc.stderr
