@@ -47,7 +47,9 @@ def _run(tmp_path: Path, **env: str) -> str:
         "TRITON_INTERPRET": "1",
         **env,
     }
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=full, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=full, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
