@@ -102,7 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["OPMUX_FALLBACK"] = "error"  # a parity run never silently tests another backend
     # the library ops' C++ kernels are built and checked by test_torch_kernels.py, not in the
     # background of every test
-    os.environ.setdefault("OPMUX_TORCH_KERNELS", "0")
+    os.environ.setdefault("OPMUX_TORCH_KERNELS", "off")
     config.stash[MATRIX] = Matrix(target=target, device_type=_DEVICES[target])
 
 

@@ -24,8 +24,11 @@ from opmux.kernels.fused_op import _BRIDGE_FORMS
 
 @pytest.fixture(scope="module")
 def bridge() -> Any:
-    try:
-        torch_kernels.enable()
+    from opmux.kernels import _env
+
+    try:  # both devices' keys, whatever the default: this is the run that checks them
+        with _env.scope(OPMUX_TORCH_KERNELS="all"):
+            torch_kernels.enable()
     except Exception as exc:  # the build needs a C++ compiler and torch's headers
         pytest.fail(f"the torch library-op kernels did not build: {exc}")
     return torch_kernels.module()

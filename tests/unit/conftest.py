@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any triton kernel is defined
 # the library ops keep their Python kernels here: no background build of the C++ ones races a
 # test (tests/parity/test_torch_kernels.py builds and checks those)
-os.environ.setdefault("OPMUX_TORCH_KERNELS", "0")
+os.environ.setdefault("OPMUX_TORCH_KERNELS", "off")
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_CACHE_DIR",
     "DEVICE_TYPES",
     "FALLBACK_POLICIES",
+    "TORCH_KERNEL_DEVICES",
     "JIT",
     "KNOBS",
     "Knob",
@@ -48,6 +49,8 @@ __all__ = [
 #: Device types opmux knows; ``OPMUX_DEVICE`` accepts exactly these.
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "hip", "xpu", "npu", "mps")
 FALLBACK_POLICIES: tuple[str, ...] = ("silent", "warn", "error")
+#: ``OPMUX_TORCH_KERNELS``: the devices whose library-op calls get the C++ kernels
+TORCH_KERNEL_DEVICES: tuple[str, ...] = ("off", "cpu", "all")
 #: The default cache root, written only here.
 DEFAULT_CACHE_DIR = "~/.cache/opmux/jit"
 
@@ -285,11 +288,13 @@ KNOBS: Mapping[str, Knob] = _knobs(
     ),
     Knob(
         "OPMUX_TORCH_KERNELS",
-        "bool",
-        "1",
-        "Give `torch.ops.opmux.*` C++ kernels that run the bound serving lane (built per torch into the "
-        "JIT cache, in the background; see docs/architecture.md); 0 keeps their Python kernels.",
-        _bool,
+        "choice",
+        "cpu",
+        "Which devices' `torch.ops.opmux.*` calls get C++ kernels that run the bound serving lane "
+        "(built per torch into the JIT cache, in the background; docs/architecture.md): `cpu`, `all` "
+        "(CPU and CUDA; CUDA is opt-in until a GPU run has checked it), or `off` (the Python kernels).",
+        _choice(TORCH_KERNEL_DEVICES),
+        TORCH_KERNEL_DEVICES,
     ),
     Knob(
         "OPMUX_TRACE",

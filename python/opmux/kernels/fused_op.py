@@ -777,6 +777,7 @@ class FusedOp(Generic[R]):
             [i for i, p in enumerate(params) if p.written],
             [i for i, p in enumerate(params) if p.is_tensor],
             twin,
+            torch_kernels.devices(),
         )
         self._bridge = bridge
         for is_cpu, lanes in ((True, self._lane_cpu), (False, self._lane_cuda)):

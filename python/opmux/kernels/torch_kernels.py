@@ -10,9 +10,10 @@ op ``opmux::_py_<name>``. Same contract, same errors, same results; only the hop
 It is compiled against the torch in this interpreter (its C++ API: the stable ABI can neither
 read ``requires_grad`` nor bump a version), once per torch build, into the JIT cache, in a
 background thread started by the first library-op call (the Python kernels serve meanwhile), or
-up front by ``python -m opmux.kernels.jit prewarm``. ``OPMUX_TORCH_KERNELS=0`` keeps the Python
-kernels. A build that cannot run (no compiler, a read-only cache, JIT off) warns once and
-changes nothing.
+up front by ``python -m opmux.kernels.jit prewarm --torch-kernels``. ``OPMUX_TORCH_KERNELS``:
+``cpu`` (default), ``all`` (the CUDA key too: opt-in until a GPU run of
+tests/parity/test_torch_kernels.py has checked it) or ``off`` (the Python kernels). A build that
+cannot run (no compiler, a read-only cache, JIT off) warns once and changes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "TorchKernelsWarning",
     "build",
     "enable",
+    "devices",
     "enabled",
     "kick",
     "lane_calls",
@@ -44,7 +46,8 @@ __all__ = [
     "status",
 ]
 
-#: ``0`` keeps the Python kernels of the library ops (the bridge is neither built nor loaded)
+#: ``off`` keeps the Python kernels of the library ops (the bridge is neither built nor loaded);
+#: ``cpu`` (default) gives the CPU key C++ kernels, ``all`` the CUDA key too
 ENV = "OPMUX_TORCH_KERNELS"
 _SOURCE = Path(__file__).resolve().parent / "jit" / "csrc" / "torch_bridge.cpp"
 
@@ -64,8 +67,14 @@ _pending: list[tuple[str, Any]] = []
 
 
 def enabled() -> bool:
-    """Whether the bridge may be used (``$OPMUX_TORCH_KERNELS``, default on)."""
-    return bool(_env.get(ENV))
+    """Whether the bridge may be used (``$OPMUX_TORCH_KERNELS`` is not ``off``)."""
+    return _env.get(ENV) != "off"
+
+
+def devices() -> list[int]:
+    """The DLPack device types whose dispatch keys get the C++ kernels (``$OPMUX_TORCH_KERNELS``:
+    ``cpu``, the default, or ``all``: CUDA too, opt-in until a GPU run has checked it)."""
+    return {"off": [], "cpu": [1], "all": [1, 2]}[_env.get(ENV)]
 
 
 def status() -> tuple[str, str]:
@@ -223,7 +232,7 @@ def poll() -> bool:
             _warned = True
             _warn.warn_at_caller(
                 f"opmux: the C++ kernels of torch.ops.opmux.* are unavailable ({_detail}); the library "
-                f"ops keep their Python kernels (microseconds more per call). Set {ENV}=0 to silence this.",
+                f"ops keep their Python kernels (microseconds more per call). Set {ENV}=off to silence this.",
                 TorchKernelsWarning,
             )
         return True

@@ -296,15 +296,16 @@ std::vector<int> ints(const ffi::Array<int64_t>& a) {
   return v;
 }
 
-// Registers the C++ kernel of library op `opmux::<name>` for the CPU and CUDA keys. `results`: what
-// it returns, as above (empty: nothing).
+// Registers the C++ kernel of library op `opmux::<name>` for the dispatch keys of `devices` (DLPack
+// device types: CPU, CUDA). `results`: what it returns, as above (empty: nothing).
 void define(const ffi::String& name, int64_t op_id, const ffi::Array<int64_t>& lane_map, int64_t key_index,
             const ffi::Array<int64_t>& results, const ffi::Array<int64_t>& written,
-            const ffi::Array<int64_t>& tensors, const ffi::String& twin) {
+            const ffi::Array<int64_t>& tensors, const ffi::String& twin, const ffi::Array<int64_t>& devices) {
   auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(("opmux::" + std::string(twin)).c_str(), "");
   std::shared_ptr<OpLanes> lanes = op_lanes(op_id);
   std::lock_guard<std::mutex> lock(g_mu);
-  for (c10::DispatchKey k : {c10::DispatchKey::CPU, c10::DispatchKey::CUDA}) {
+  for (int64_t device : devices) {
+    const c10::DispatchKey k = device == kDLCUDA ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "opmux", k, __FILE__, __LINE__);
     lib->impl(std::string(name).c_str(),
               torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LaneKernel>(
@@ -312,6 +313,7 @@ void define(const ffi::String& name, int64_t op_id, const ffi::Array<int64_t>& l
                   handle)));
     libraries().push_back(std::move(lib));
   }
+  if (devices.empty()) return;
   // the kernel itself refuses grad inputs (the twin raises the contract's error), so autograd's
   // not-implemented fallback, a boxed pass over every argument per call, is skipped
   auto autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "opmux", c10::DispatchKey::Autograd,
