@@ -35,8 +35,8 @@ __all__ = [
     "ENV",
     "TorchKernelsWarning",
     "build",
-    "enable",
     "devices",
+    "enable",
     "enabled",
     "kick",
     "lane_calls",
@@ -68,7 +68,7 @@ _pending: list[tuple[str, Any]] = []
 
 def enabled() -> bool:
     """Whether the bridge may be used (``$OPMUX_TORCH_KERNELS`` is not ``off``)."""
-    return _env.get(ENV) != "off"
+    return bool(_env.get(ENV) != "off")
 
 
 def devices() -> list[int]:
