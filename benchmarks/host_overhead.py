@@ -208,16 +208,18 @@ def _library_twin(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
 
 #: whether the library ops' C++ kernels are registered in this process ("on", or why not)
 _CPP_KERNELS = ["not asked"]
+_CPP_KEY = "__cpp_kernels__"  # (a worker's first line carries its state under this key)
 
 
-def _enable_cpp_kernels() -> None:
+def _enable_cpp_kernels(device: str) -> None:
     try:
-        from opmux.kernels import torch_kernels
+        from opmux.kernels import _env, torch_kernels
     except ImportError:  # a --baseline tree from before them
         _CPP_KERNELS[0] = "absent (this tree predates them)"
         return
-    try:
-        torch_kernels.enable()
+    try:  # the device's key whatever $OPMUX_TORCH_KERNELS says: this run measures them
+        with _env.scope(OPMUX_TORCH_KERNELS="all" if device == "cuda" else "cpu"):
+            torch_kernels.enable()
     except Exception as exc:
         _CPP_KERNELS[0] = f"unavailable: {type(exc).__name__}: {exc}"
         print(f"host_overhead: {_CPP_KERNELS[0]}", file=sys.stderr, flush=True)
@@ -341,7 +343,7 @@ def cells(device: str, n: int, ops: list[str]) -> list[_Cell]:
     """Every op's cell (plus the size-class twins), all set up before any round runs."""
     from opmux.kernels.explain import op_instance
 
-    _enable_cpp_kernels()
+    _enable_cpp_kernels(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     h = 4096 if device == "cuda" else 128
     from opmux.kernels import registry
@@ -377,7 +379,7 @@ def _worker(device: str, n: int, ops: list[str]) -> None:
     """``--worker``: set up every cell, then one round per ``round`` line on stdin (a JSON line
     of label -> path -> ns on stdout each time)."""
     all_cells = cells(device, n, ops)
-    print(json.dumps({c.label: c.chosen for c in all_cells}), flush=True)
+    print(json.dumps({c.label: c.chosen for c in all_cells} | {_CPP_KEY: _CPP_KERNELS[0]}), flush=True)
     for line in sys.stdin:
         if line.strip() != "round":
             break
@@ -408,6 +410,9 @@ def compare(rev: str, device: str, rounds: int, n: int, ops: list[str]) -> dict[
                 cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
             )
             chosen[name] = json.loads(procs[name].stdout.readline())  # type: ignore[union-attr]
+            cpp = chosen[name].pop(_CPP_KEY, "?")
+            if name == "after":
+                _CPP_KERNELS[0] = cpp
         samples: dict[str, dict[str, dict[str, list[float]]]] = {t: {} for t in trees}
         imports: dict[str, list[float]] = {t: [] for t in trees}
         for r in range(rounds):
