@@ -110,8 +110,14 @@ def test_cpp_kernel_is_the_python_kernel(op_name: str, device_type: str, bridge:
                 continue
             for a, b in zip(_tensors(call), _tensors(call2), strict=True):
                 assert _same(a, b), f"{op_name} {name}: an argument differs after the call"
+            theirs, ours = _tensors(call2), _tensors(call)
             for g, w in zip(_tensors(got), _tensors(want), strict=True):
                 assert _same(g, w), f"{op_name} {name}: the result differs"
+                # a result that is one of the caller's tensors (a buffer, in place) is it on both paths
+                at = next((i for i, t in enumerate(theirs) if t is w), None)
+                assert (at is None and all(g is not t for t in ours)) or (at is not None and g is ours[at]), (
+                    f"{op_name} {name}: a result is not the caller's tensor it is on the Python path"
+                )
                 assert g.stride() == w.stride(), f"{op_name} {name}: strides {g.stride()} != {w.stride()}"
     assert compared, f"{op_name}: no case compared"
     assert torch_kernels.lane_calls() > before, f"{op_name}: the C++ kernel never ran a lane"
@@ -146,6 +152,14 @@ def test_grad_inputs_and_versions(device_type: str, bridge: Any) -> None:
     with torch.no_grad():  # not a grad call: the lane runs
         y = torch.ops.opmux.rmsnorm.default(x, wg, 1e-6)
     assert not y.requires_grad and torch.equal(y, ops.layernorm.rmsnorm(x, w))
+    with torch.inference_mode():  # inference tensors (a serving KV cache, ...) have no version
+        xi, ri = x.clone(), r.clone()
+    xp, rp = xi.clone(), ri.clone()
+    before = torch_kernels.lane_calls()
+    torch.ops.opmux.fused_add_rmsnorm.default(xi, ri, w, 1e-6)  # grad mode on, as above
+    assert torch_kernels.lane_calls() == before + 1
+    torch.ops.opmux._py_fused_add_rmsnorm.default(xp, rp, w, 1e-6)
+    assert torch.equal(xi, xp) and torch.equal(ri, rp)
 
 
 def test_refused_forms_and_invalidation(device_type: str, bridge: Any) -> None:

@@ -34,7 +34,8 @@ _SCRIPT = textwrap.dedent(
     assert torch.equal(first, want) and torch.equal(second, want) and torch.equal(third, want)
     kinds = [type(c.message).__name__ for c in caught if "torch.ops.opmux" in str(c.message)]
     print("STATE", torch_kernels.status()[0], "WARNINGS", len(kinds), *kinds)
-    print("DETAIL", torch_kernels.status()[1][:200])
+    detail = torch_kernels.status()[1]
+    print("DETAIL", detail[:200], "...", detail[-300:])
     """
 )
 
@@ -58,6 +59,22 @@ def test_no_compiler_warns_once_and_serves(tmp_path: Path) -> None:
     out = _run(tmp_path, OPMUX_TORCH_KERNELS="cpu", CXX=str(tmp_path / "no-such-compiler"))
     assert "STATE failed WARNINGS 1 TorchKernelsWarning" in out, out
     assert "no-such-compiler" in out or "CXX" in out, out
+
+
+def test_a_failed_compile_is_remembered(tmp_path: Path) -> None:
+    """A compiler that runs and fails (an old torch's headers, ...): the next process does not
+    compile again only to warn again; prewarm's build(retry=True) would."""
+    cxx = tmp_path / "failing-c++"
+    cxx.write_text(
+        "#!/bin/sh\ncase \"$*\" in *--version*) echo 'failing-c++ 1.0'; exit 0;; esac\n"
+        "echo 'error: this compiler refuses' >&2\nexit 1\n"
+    )
+    cxx.chmod(0o755)
+    first = _run(tmp_path, OPMUX_TORCH_KERNELS="cpu", CXX=str(cxx))
+    assert "STATE failed WARNINGS 1 TorchKernelsWarning" in first and "this compiler refuses" in first, first
+    assert list((tmp_path / "cache" / "torch_bridge").glob("*/FAILED.txt"))
+    second = _run(tmp_path, OPMUX_TORCH_KERNELS="cpu", CXX=str(cxx))
+    assert "STATE failed WARNINGS 1 TorchKernelsWarning" in second and "(cached)" in second, second
 
 
 def test_disabled_builds_nothing(tmp_path: Path) -> None:

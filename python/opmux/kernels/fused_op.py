@@ -786,13 +786,18 @@ class FusedOp(Generic[R]):
 
     def _bridge_lane(self, is_cpu: bool, dtype: torch.dtype, lane: tuple[Callable[..., Any], Any]) -> None:
         fn, flag = lane
+        if flag is not None and not isinstance(flag, bool):
+            return  # PER_DEVICE (a host with mixed GPUs): resolved per call, by the Python path only
         self._bridge["opmux_bridge_set_lane"](
             self._bridge_id,
             1 if is_cpu else 2,
             dtype_name(dtype),
             fn,
-            -1 if flag is None else int(bool(flag)),
+            -1 if flag is None else int(flag),
         )
+        if (self._lane_cpu if is_cpu else self._lane_cuda).get(dtype) is not lane:
+            # invalidated meanwhile (use_backends, tracing, refresh on another thread): take it back
+            self._bridge["opmux_bridge_clear"](self._bridge_id)
 
     def _make_public(
         self,

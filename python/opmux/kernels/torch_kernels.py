@@ -50,6 +50,7 @@ __all__ = [
 #: ``cpu`` (default) gives the CPU key C++ kernels, ``all`` the CUDA key too
 ENV = "OPMUX_TORCH_KERNELS"
 _SOURCE = Path(__file__).resolve().parent / "jit" / "csrc" / "torch_bridge.cpp"
+_FAILED = "FAILED.txt"  # beside the library: the compile for this key failed (its error)
 
 
 class TorchKernelsWarning(RuntimeWarning):
@@ -91,7 +92,7 @@ def _flags() -> tuple[list[str], list[str]]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     compile_flags = [
         "-O2",
-        "-std=c++17",
+        "-std=c++20",  # (torch's headers from 2.13 on use C++20 features)
         "-fPIC",
         "-w",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
@@ -135,9 +136,10 @@ def library_path() -> Path:
     return publish.cache_root() / "torch_bridge" / h.hexdigest()[:20] / "torch_bridge.so"
 
 
-def build(*, out: Any = None) -> Path:
+def build(*, out: Any = None, retry: bool = False) -> Path:
     """Build the bridge into the cache unless it is there; -> its path. Raises what the JIT
-    build raises (CompileError, CompileTimeout, JitCacheUnavailable, ToolchainNotFound)."""
+    build raises (CompileError, CompileTimeout, JitCacheUnavailable, ToolchainNotFound). A
+    compile that failed for this key is not tried again unless ``retry`` (prewarm)."""
     from .jit.compile import publish
     from .jit.compile.build import CompileError, CompileTimeout
     from .jit.compile.load import JitDisabled, jit_enabled
@@ -146,6 +148,9 @@ def build(*, out: Any = None) -> Path:
     target = library_path()
     if target.is_file():
         return target
+    failed = target.with_name(_FAILED)
+    if not retry and failed.is_file():  # this source, torch and compiler failed before: no rebuild
+        raise CompileError(["(cached)"], -1, failed.read_text(errors="replace"))
     if not jit_enabled():
         raise JitDisabled("torch_bridge", "the torch library ops' C++ kernels")
     group = publish.ensure_dir(publish.ensure_dir(target.parent.parent) / target.parent.name)
@@ -177,8 +182,13 @@ def build(*, out: Any = None) -> Path:
             raise CompileError(command, -1, f"cannot run the compiler: {exc}") from exc
         if proc.returncode != 0:
             Path(tmp).unlink(missing_ok=True)
-            raise CompileError(command, proc.returncode, proc.stderr + proc.stdout)
+            error = CompileError(command, proc.returncode, proc.stderr + proc.stdout)
+            # the compiler ran and refused (an old torch, ...): remembered, so that every later
+            # process does not compile in the background only to warn again (prewarm retries)
+            failed.write_text(str(error)[-4000:])
+            raise error
         os.replace(tmp, target)
+        failed.unlink(missing_ok=True)
         if out is not None:
             print(f"opmux: built {target} in {time.monotonic() - start:.1f} s", file=out)
     return target
@@ -256,18 +266,27 @@ def register(name: str, op: Any) -> None:
 
 def enable() -> None:
     """Build (or load) the bridge and register it now, on this thread; raises what the build
-    raises. For prewarm, benchmarks and tests: serving processes get it in the background."""
+    raises. For servers (before their threads start: registering kernels while another thread
+    dispatches the same op is not safe in torch), prewarm, benchmarks and tests; other processes
+    get it in the background, registered by the next library-op call."""
     global _state, _detail, _module
-    with _lock:
-        if _state == "ready":
-            module = None
-        else:
-            module = _load(build())
-    if module is not None:
+    if _state != "ready":
+        module = _load(build())  # (outside the lock: a compile takes seconds)
         with _lock:
             if _state != "ready":
                 _module, _state, _detail = module, "ready", ""
     poll()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while the build thread ran has no such thread: start over there."""
+    global _state, _thread, _lock
+    _lock = threading.Lock()
+    if _state == "building":
+        _state, _thread = "off", None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def lane_calls() -> int:

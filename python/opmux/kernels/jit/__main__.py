@@ -194,7 +194,7 @@ def _cmd_prewarm(args: argparse.Namespace, table: Mapping[str, JitModule], kerne
         from opmux.kernels import torch_kernels
 
         try:
-            torch_kernels.build(out=sys.stderr)
+            torch_kernels.build(out=sys.stderr, retry=True)
         except Exception as exc:
             print(f"opmux: prewarm torch_bridge ... failed: {exc}", file=sys.stderr)
             failed = True

@@ -17,13 +17,8 @@
 // Compiled against the torch C++ API of the interpreter's torch (not its stable ABI: that cannot
 // read requires_grad or bump a version), so it is built per torch build, in the JIT cache
 // (opmux/kernels/torch_kernels.py), and never on the hot path.
-#include <ATen/DLConvertor.h>  // at::getDLDataType, at::toScalarType
-#include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/empty.h>
-#include <c10/core/GradMode.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/library.h>
+// tvm-ffi's DLPack (1.x) first: a torch before 2.9 ships an older ATen/dlpack.h under the same
+// include guard, which is then never read (nothing here uses torch's DLPack helpers).
 #include <tvm/ffi/any.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
@@ -31,6 +26,12 @@
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/string.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
 
 #include <array>
 #include <atomic>
@@ -91,15 +92,44 @@ struct Lent {
 };
 thread_local std::vector<at::Tensor> t_allocs;
 
-void fill_dl(const at::Tensor& t, DLTensor* dl) {
+// The dtypes a lane can take, both ways (by hand: torch's DLPack helpers are not in every torch).
+struct DtypeMap {
+  c10::ScalarType scalar;
+  DLDataType dl;
+};
+constexpr DtypeMap kDtypes[] = {
+    {c10::ScalarType::Float, {kDLFloat, 32, 1}},       {c10::ScalarType::Half, {kDLFloat, 16, 1}},
+    {c10::ScalarType::BFloat16, {kDLBfloat, 16, 1}},   {c10::ScalarType::Double, {kDLFloat, 64, 1}},
+    {c10::ScalarType::Int, {kDLInt, 32, 1}},           {c10::ScalarType::Long, {kDLInt, 64, 1}},
+    {c10::ScalarType::Short, {kDLInt, 16, 1}},         {c10::ScalarType::Char, {kDLInt, 8, 1}},
+    {c10::ScalarType::Byte, {kDLUInt, 8, 1}},          {c10::ScalarType::Bool, {kDLBool, 8, 1}},
+    {c10::ScalarType::Float8_e4m3fn, {kDLFloat8_e4m3fn, 8, 1}},
+};
+bool to_dl(c10::ScalarType s, DLDataType* out) {
+  for (const DtypeMap& m : kDtypes)
+    if (m.scalar == s) return *out = m.dl, true;
+  return false;
+}
+bool to_scalar(DLDataType d, c10::ScalarType* out) {
+  for (const DtypeMap& m : kDtypes)
+    if (m.dl.code == d.code && m.dl.bits == d.bits && m.dl.lanes == d.lanes) return *out = m.scalar, true;
+  return false;
+}
+
+// A DLTensor view of `t` (its sizes and strides, not copies); false: a dtype no lane takes.
+bool fill_dl(const at::Tensor& t, DLTensor* dl) {
+  if (!to_dl(t.scalar_type(), &dl->dtype)) return false;
   dl->data = t.data_ptr();
   dl->device = t.is_cuda() ? DLDevice{kDLCUDA, static_cast<int32_t>(t.device().index())} : DLDevice{kDLCPU, 0};
   dl->ndim = static_cast<int32_t>(t.dim());
-  dl->dtype = at::getDLDataType(t);
   dl->shape = const_cast<int64_t*>(t.sizes().data());
   dl->strides = const_cast<int64_t*>(t.strides().data());
   dl->byte_offset = 0;
+  return true;
 }
+
+// A failure inside the allocator (out of memory, ...): rethrown as itself once the lane is back.
+thread_local std::exception_ptr t_alloc_error;
 
 int alloc_tensor(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ctx,
                  void (*set_error)(void* error_ctx, const char* kind, const char* message)) {
@@ -107,9 +137,10 @@ int alloc_tensor(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ct
     c10::Device device = proto->device.device_type == kDLCUDA
                              ? c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(proto->device.device_id))
                              : c10::Device(c10::DeviceType::CPU);
+    c10::ScalarType dtype;
+    TORCH_CHECK(to_scalar(proto->dtype, &dtype), "opmux: a lane asked for a tensor of an unknown dtype");
     auto lent = std::make_unique<Lent>();
-    lent->tensor = at::empty(c10::IntArrayRef(proto->shape, proto->ndim),
-                             at::TensorOptions().dtype(at::toScalarType(proto->dtype)).device(device));
+    lent->tensor = at::empty(c10::IntArrayRef(proto->shape, proto->ndim), at::TensorOptions().dtype(dtype).device(device));
     DLManagedTensorVersioned& m = lent->managed;
     m.version.major = DLPACK_MAJOR_VERSION;
     m.version.minor = DLPACK_MINOR_VERSION;
@@ -120,7 +151,12 @@ int alloc_tensor(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ct
     t_allocs.push_back(lent->tensor);
     *out = &lent.release()->managed;
     return 0;
+  } catch (const c10::Error& e) {
+    t_alloc_error = std::current_exception();
+    set_error(error_ctx, "RuntimeError", e.what_without_backtrace());
+    return -1;
   } catch (const std::exception& e) {
+    t_alloc_error = std::current_exception();
     set_error(error_ctx, "RuntimeError", e.what());
     return -1;
   }
@@ -133,8 +169,8 @@ at::Tensor allocated(const ffi::Any& v, std::vector<at::Tensor>* allocs, const c
   TORCH_CHECK(t.has_value(), "opmux: ", op.schema().name(), ": its lane returned ", v.GetTypeKey(), ", not a tensor");
   for (at::Tensor& a : *allocs) {
     if (!a.defined() || a.data_ptr() != t->data_ptr() || a.dim() != t->ndim()) continue;
-    DLDataType d = at::getDLDataType(a), e = t->dtype();
-    if (d.code != e.code || d.bits != e.bits || d.lanes != e.lanes) continue;
+    DLDataType d, e = t->dtype();
+    if (!to_dl(a.scalar_type(), &d) || d.code != e.code || d.bits != e.bits || d.lanes != e.lanes) continue;
     bool same = true;
     for (int i = 0; i < a.dim(); ++i) same = same && a.size(i) == t->size(i);
     if (!same) continue;
@@ -196,7 +232,7 @@ class LaneKernel final : public c10::OperatorKernel {
         if (t.layout() != c10::kStrided || !t.has_storage() || t.is_quantized() || t.is_nested() ||
             !(t.is_cpu() || t.is_cuda()))
           return false;
-        fill_dl(t, &dl[i]);
+        if (!fill_dl(t, &dl[i])) return false;  // (a dtype no lane takes: the contract names it)
         packed[i] = ffi::AnyView(&dl[i]);
       } else if (v.isNone()) {
         packed[i] = ffi::AnyView(nullptr);
@@ -238,6 +274,11 @@ class LaneKernel final : public c10::OperatorKernel {
     if (cuda) TVMFFIEnvSetStream(kDLCUDA, dev_id, old_stream, nullptr);
     std::vector<at::Tensor> allocs;
     allocs.swap(t_allocs);
+    if (t_alloc_error) {  // torch's own error (torch.OutOfMemoryError, ...), as the allocation raised it
+      std::exception_ptr e = t_alloc_error;
+      t_alloc_error = nullptr;
+      std::rethrow_exception(e);
+    }
     if (!kind.empty()) {  // raised inside the kernel after the lane accepted: the Python path's error
       TORCH_CHECK_VALUE(kind != "ValueError", message);
       TORCH_CHECK_TYPE(kind != "TypeError", message);
@@ -247,10 +288,10 @@ class LaneKernel final : public c10::OperatorKernel {
     }
     if (result.type_index() == ffi::TypeIndex::kTVMFFINone) return false;  // refused: nothing done
     g_lane_calls.fetch_add(1, std::memory_order_relaxed);
-    if (grad) {
+    if (grad) {  // as torch._C._increment_version: inference tensors have no version to bump
       for (int i : written_) {
         const c10::IValue& v = args[i];
-        if (v.isTensor()) v.toTensor().unsafeGetTensorImpl()->bump_version();
+        if (v.isTensor() && !v.toTensor().is_inference()) v.toTensor().unsafeGetTensorImpl()->bump_version();
       }
     }
     // the op's results: none; the one tensor the lane allocated (results_ = {-1}); or several, each
