@@ -188,3 +188,25 @@ def test_refused_forms_and_invalidation(device_type: str, bridge: Any) -> None:
         torch.ops.opmux.rmsnorm.default(two_d, w, 1e-6)
     assert torch_kernels.lane_calls() == ran  # the forced choice ran, not the bound lane
     assert ran > before
+
+
+def test_tracing_sees_every_library_call(device_type: str, bridge: Any) -> None:
+    """Tracing drops the bound lanes (the bridge's too), so each torch.ops call is recorded by the
+    Python kernel with the backend it chose; after tracing, the C++ kernel takes over again."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the C++ library-op kernels run on cpu and cuda, not {device_type}")
+    from opmux.kernels import ops, tracing
+
+    x, w = torch.randn(2, 64, device=dev), torch.randn(64, device=dev)
+    ops.layernorm.rmsnorm(x, w)
+    torch.ops.opmux.rmsnorm.default(x, w, 1e-6)
+    ran = torch_kernels.lane_calls()
+    with tracing.capture() as calls:
+        for _ in range(3):
+            torch.ops.opmux.rmsnorm.default(x, w, 1e-6)
+    assert torch_kernels.lane_calls() == ran
+    assert [c.op for c in calls].count("layernorm.rmsnorm") == 3
+    ops.layernorm.rmsnorm(x, w)  # binds again
+    torch.ops.opmux.rmsnorm.default(x, w, 1e-6)
+    assert torch_kernels.lane_calls() == ran + 1
