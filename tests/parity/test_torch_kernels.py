@@ -210,3 +210,33 @@ def test_tracing_sees_every_library_call(device_type: str, bridge: Any) -> None:
     ops.layernorm.rmsnorm(x, w)  # binds again
     torch.ops.opmux.rmsnorm.default(x, w, 1e-6)
     assert torch_kernels.lane_calls() == ran + 1
+
+
+@pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+)  # (inductor's)
+def test_compiled_graph_runs_the_cpp_kernels(device_type: str, bridge: Any) -> None:
+    """What torch.compile's graph calls (the library ops) runs the C++ kernels, with the eager
+    results, the in-place op's writes included."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the C++ library-op kernels run on cpu and cuda, not {device_type}")
+    from opmux.kernels import ops
+
+    def f(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = ops.activation.silu_and_mul(torch.cat([x, x], -1))
+        ops.layernorm.fused_add_rmsnorm(y, r, w)
+        tw, ti = ops.moe.topk_softmax(g, 4)
+        return y, r, tw, ti
+
+    x, r, w = torch.randn(4, 128, device=dev), torch.randn(4, 128, device=dev), torch.randn(128, device=dev)
+    g = torch.randn(4, 16, device=dev)
+    with torch.no_grad():
+        want = f(x.clone(), r.clone(), w, g)  # (binds the lanes)
+        compiled = torch.compile(f, fullgraph=True)
+        compiled(x.clone(), r.clone(), w, g)
+        before = torch_kernels.lane_calls()
+        got = compiled(x.clone(), r.clone(), w, g)
+    assert torch_kernels.lane_calls() == before + 3
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
