@@ -49,15 +49,14 @@ _bridge_ids = iter(range(1 << 30))
 
 
 def _bridge_poll() -> None:
-    if not torch_kernels.kick() and not torch_kernels.enabled():
+    if not torch_kernels.enabled():
         _BRIDGE_PENDING[0] = False
-    elif torch_kernels.poll():
+        return
+    torch_kernels.kick()
+    if torch_kernels.poll():
         _BRIDGE_PENDING[0] = False
 
 
-#: the lane forms whose results the bridge can push: nothing, the one tensor the lane allocated,
-#: or several (the caller's buffers or the lane's, lane.h ``ran_all``): every op with a lane
-_BRIDGE_FORMS = ("None", "R if out is None else out", "LRES")
 #: every torch library op of opmux (kept alive for the process: dropping it unregisters them)
 _LIB = torch.library.Library("opmux", "FRAGMENT")  # type: ignore[no-untyped-call]
 #: bound once: dynamo folds this to True while tracing; eager pays one call
@@ -440,8 +439,8 @@ class FusedOp(Generic[R]):
         #: this op's id in the library ops' C++ kernels (torch_kernels); whether they hold its lanes
         self._bridge_id = next(_bridge_ids)
         self._bridge: Any = None
-        #: library op name -> (params, returns, Python kernel): what the bridge's twin is made of
-        self._library_defs: dict[str, tuple[tuple[Param, ...], str, Callable[..., Any]]] = {}
+        #: library op name -> (params, schema, returns, Python kernel): what the bridge's twin is made of
+        self._library_defs: dict[str, tuple[tuple[Param, ...], str, str, Callable[..., Any]]] = {}
         self._library: dict[str, Any] = {}
         #: the Python kernel of each library op (what the dispatcher calls; benchmarks time it alone)
         self._library_kernels: dict[str, Callable[..., Any]] = {}
@@ -746,18 +745,19 @@ class FusedOp(Generic[R]):
         torch.library.register_fake(f"opmux::{name}", fake, lib=_LIB)
         self._library[name] = getattr(torch.ops.opmux, name).default
         self._library_kernels[name] = fn
-        self._library_defs[name] = (params, returns, fn)
-        if self.lane_form in _BRIDGE_FORMS:
+        self._library_defs[name] = (params, schema, returns, fn)
+        # every lane form's results can be pushed from C++: nothing, the one tensor the lane
+        # allocated, or several (the caller's buffers or the lane's, lane.h ``ran_all``)
+        if self.lane_form is not None:
             torch_kernels.register(name, self)
 
     # -- the library ops' C++ kernels (torch_kernels, jit/csrc/torch_bridge.cpp) ---------------
     def _bridge_define(self, name: str, bridge: Any) -> None:
         """Give library op ``name`` the bridge's C++ kernel (CPU, CUDA): its twin ``_py_<name>``
         keeps the Python kernel for what the lane does not run."""
-        params, returns, fn = self._library_defs[name]
+        params, schema, returns, fn = self._library_defs[name]
         twin = f"_py_{name}"
-        aliases = iter(range(len(params)))
-        _LIB.define(f"{twin}({', '.join(_schema_param(p, next(aliases)) for p in params)}) -> {returns}")  # type: ignore[no-untyped-call]
+        _LIB.define(f"{twin}({schema}) -> {returns}")  # type: ignore[no-untyped-call]
         _LIB.impl(twin, fn, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
         index = {p.name: i for i, p in enumerate(params)}
         key = self.decl.params[self.key_arg].name

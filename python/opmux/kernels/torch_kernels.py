@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -141,7 +140,7 @@ def build(*, out: Any = None, retry: bool = False) -> Path:
     build raises (CompileError, CompileTimeout, JitCacheUnavailable, ToolchainNotFound). A
     compile that failed for this key is not tried again unless ``retry`` (prewarm)."""
     from .jit.compile import publish
-    from .jit.compile.build import CompileError, CompileTimeout
+    from .jit.compile.build import CompileError, _run
     from .jit.compile.load import JitDisabled, jit_enabled
     from .jit.compile.toolchain import find_cxx
 
@@ -161,32 +160,19 @@ def build(*, out: Any = None, retry: bool = False) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=".torch_bridge.", suffix=".so", dir=group)
         os.close(fd)
         command = [find_cxx().path, *cflags, str(_SOURCE), "-o", tmp, *lflags]
-        timeout = float(_env.get("OPMUX_JIT_COMPILE_TIMEOUT"))
         if out is not None:
             print(f"opmux: building the torch library-op kernels for torch {torch.__version__} ...", file=out)
         start = time.monotonic()
         try:
-            proc = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
+            _run(command, [])  # the JIT's compiler run: its timeout, the whole process group killed
+        except BaseException as error:
             Path(tmp).unlink(missing_ok=True)
-            raise CompileTimeout(command, timeout, str(exc.stderr or "")) from None
-        except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
-            raise CompileError(command, -1, f"cannot run the compiler: {exc}") from exc
-        if proc.returncode != 0:
-            Path(tmp).unlink(missing_ok=True)
-            error = CompileError(command, proc.returncode, proc.stderr + proc.stdout)
             # the compiler ran and refused (an old torch, ...): remembered, so that every later
-            # process does not compile in the background only to warn again (prewarm retries)
-            failed.write_text(str(error)[-4000:])
-            raise error
+            # process does not compile in the background only to warn again (prewarm retries); a
+            # timeout (-9) or a compiler that could not start (-1) is not
+            if isinstance(error, CompileError) and error.returncode > 0:
+                failed.write_text(str(error)[-4000:])
+            raise
         os.replace(tmp, target)
         failed.unlink(missing_ok=True)
         if out is not None:

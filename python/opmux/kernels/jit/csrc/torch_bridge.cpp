@@ -93,17 +93,24 @@ struct Lent {
 thread_local std::vector<at::Tensor> t_allocs;
 
 // The dtypes a lane can take, both ways (by hand: torch's DLPack helpers are not in every torch).
+// `name`: torch's (fused_op.dtype_name), as set_lane receives it.
 struct DtypeMap {
   c10::ScalarType scalar;
   DLDataType dl;
+  const char* name;
 };
 constexpr DtypeMap kDtypes[] = {
-    {c10::ScalarType::Float, {kDLFloat, 32, 1}},       {c10::ScalarType::Half, {kDLFloat, 16, 1}},
-    {c10::ScalarType::BFloat16, {kDLBfloat, 16, 1}},   {c10::ScalarType::Double, {kDLFloat, 64, 1}},
-    {c10::ScalarType::Int, {kDLInt, 32, 1}},           {c10::ScalarType::Long, {kDLInt, 64, 1}},
-    {c10::ScalarType::Short, {kDLInt, 16, 1}},         {c10::ScalarType::Char, {kDLInt, 8, 1}},
-    {c10::ScalarType::Byte, {kDLUInt, 8, 1}},          {c10::ScalarType::Bool, {kDLBool, 8, 1}},
-    {c10::ScalarType::Float8_e4m3fn, {kDLFloat8_e4m3fn, 8, 1}},
+    {c10::ScalarType::Float, {kDLFloat, 32, 1}, "float32"},
+    {c10::ScalarType::Half, {kDLFloat, 16, 1}, "float16"},
+    {c10::ScalarType::BFloat16, {kDLBfloat, 16, 1}, "bfloat16"},
+    {c10::ScalarType::Double, {kDLFloat, 64, 1}, "float64"},
+    {c10::ScalarType::Int, {kDLInt, 32, 1}, "int32"},
+    {c10::ScalarType::Long, {kDLInt, 64, 1}, "int64"},
+    {c10::ScalarType::Short, {kDLInt, 16, 1}, "int16"},
+    {c10::ScalarType::Char, {kDLInt, 8, 1}, "int8"},
+    {c10::ScalarType::Byte, {kDLUInt, 8, 1}, "uint8"},
+    {c10::ScalarType::Bool, {kDLBool, 8, 1}, "bool"},
+    {c10::ScalarType::Float8_e4m3fn, {kDLFloat8_e4m3fn, 8, 1}, "float8_e4m3fn"},
 };
 bool to_dl(c10::ScalarType s, DLDataType* out) {
   for (const DtypeMap& m : kDtypes)
@@ -365,17 +372,14 @@ void define(const ffi::String& name, int64_t op_id, const ffi::Array<int64_t>& l
 
 // The lane a default call of op `op_id` bound for (device, dtype) (fused_op._remember).
 void set_lane(int64_t op_id, int64_t device_type, const ffi::String& dtype, ffi::Function lane, int64_t flag) {
-  static const std::unordered_map<std::string, c10::ScalarType> kDtypes = {
-      {"float32", c10::ScalarType::Float},  {"float16", c10::ScalarType::Half},
-      {"bfloat16", c10::ScalarType::BFloat16}, {"int32", c10::ScalarType::Int},
-      {"int64", c10::ScalarType::Long},     {"int8", c10::ScalarType::Char},
-      {"uint8", c10::ScalarType::Byte},     {"float8_e4m3fn", c10::ScalarType::Float8_e4m3fn}};
-  auto it = kDtypes.find(std::string(dtype));
-  if (it == kDtypes.end()) return;  // (a dtype no lane takes: the Python kernel serves it)
+  const DtypeMap* m = nullptr;
+  for (const DtypeMap& e : kDtypes)
+    if (std::string(dtype) == e.name) m = &e;
+  if (m == nullptr) return;  // (a dtype no lane takes: the Python kernel serves it)
   const c10::DeviceType d = device_type == kDLCUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   std::shared_ptr<OpLanes> lanes = op_lanes(op_id);
   std::lock_guard<std::mutex> lock(lanes->mu);
-  lanes->bound[OpLanes::key(d, it->second)] = Bound{std::move(lane), static_cast<int>(flag)};
+  lanes->bound[OpLanes::key(d, m->scalar)] = Bound{std::move(lane), static_cast<int>(flag)};
 }
 
 // Forget every lane op `op_id` bound (its cached choices were dropped: fused_op.invalidate).
