@@ -307,6 +307,26 @@ def _close(c: Cell, band: float) -> bool:
     return 1 / (1 + band) <= r <= 1 + band or unsettled or not 1 / (1 + band) <= same <= 1 + band
 
 
+def _enable_bridge() -> str:
+    """The torch-linked bridge (torch_kernels: the default calls' entries into lanes that allocate
+    their outputs), built and loaded before any cell, as a server would (prewarm): a user's first
+    calls otherwise start its build in the background and run without it until it is done."""
+    try:
+        from opmux.kernels import torch_kernels
+    except ImportError:
+        return "absent"
+    if not torch_kernels.enabled():
+        return "off (OPMUX_TORCH_KERNELS)"
+    try:
+        torch_kernels.enable()
+    except Exception as exc:
+        print(
+            f"bench_cpu: the bridge is unavailable: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True
+        )
+        return f"unavailable: {type(exc).__name__}"
+    return "on" if torch_kernels.module() is not None else "off"
+
+
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 1024
@@ -315,6 +335,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     load0 = os.getloadavg()
     bw0 = bandwidth_gbs(args.threads)
     ft0 = first_touch_gbs(args.threads)
+    bridge = _enable_bridge()
     cells: list[Cell] = []
     for case in bc.cases(extra=True):
         if args.ops and not any(s in case.op for s in args.ops.split(",")):
@@ -392,6 +413,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         "loadavg": [round(x, 2) for x in (*load0, *os.getloadavg())],
         "first_touch_gbs": [round(ft0, 1), round(ft1, 1)],
         "wall_s": round(time.time() - t_start, 1),
+        "bridge": bridge,
     }
     return rows, meta
 
@@ -407,7 +429,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any], cmd: str, notes: st
         "",
         f"`{cmd}`: {meta['model']} ({meta['flags']}; L2 {meta.get('L2 cache', '?')}, "
         f"L3 {meta.get('L3 cache', '?')}), {meta['threads']} threads, torch {meta['torch']}, "
-        f"Python {meta['python']}; one process, {meta['wall_s']} s.",
+        f"Python {meta['python']}; one process, {meta['wall_s']} s; the torch-linked bridge "
+        f"(`torch_kernels`: the default calls' entries of the ops returning several tensors): "
+        f"{meta.get('bridge', 'not recorded')}.",
         "",
         "Every candidate is timed in the same process, interleaved: all cells are set up first "
         f"(inputs, compiled graphs, warm-up), then {meta['rounds']} rounds each time every cell, "

@@ -217,14 +217,18 @@ def _enable_cpp_kernels(device: str) -> None:
     except ImportError:  # a --baseline tree from before them
         _CPP_KERNELS[0] = "absent (this tree predates them)"
         return
-    try:  # the device's key whatever $OPMUX_TORCH_KERNELS says: this run measures them
+    try:  # the device's key whatever $OPMUX_TORCH_KERNELS says: this run measures them (the
+        # devices are read once, here: library ops registered later get the same keys)
         with _env.scope(OPMUX_TORCH_KERNELS="all" if device == "cuda" else "cpu"):
             torch_kernels.enable()
     except Exception as exc:
         _CPP_KERNELS[0] = f"unavailable: {type(exc).__name__}: {exc}"
         print(f"host_overhead: {_CPP_KERNELS[0]}", file=sys.stderr, flush=True)
         return
-    _CPP_KERNELS[0] = "on"
+    # (their entries for the default calls of the ops returning several tensors: where the
+    # interpreter's headers let the bridge hold them; the default column then times them)
+    entries = "on" if getattr(torch_kernels, "_entry", None) is not None else "off"
+    _CPP_KERNELS[0] = f"on (the default calls' entries into the lanes allocating their outputs: {entries})"
 
 
 def _twins() -> list[tuple[str, Any]]:

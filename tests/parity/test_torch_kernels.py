@@ -239,3 +239,121 @@ def test_compiled_graph_runs_the_cpp_kernels(device_type: str, bridge: Any) -> N
     assert torch_kernels.lane_calls() == before + 3
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+
+
+def _entry_ops() -> list[str]:
+    from opmux.kernels.fused_op import FusedOp
+
+    out = []
+    for name in _bridged():
+        op: FusedOp[Any] = op_instance(name)
+        if op.decl.outputs is not None and op.lane_form == "LRES":
+            out.append(name)
+    return out
+
+
+def _default(op: Any, make: Any, *, entries: bool) -> tuple[Any, BaseException | None, list[Any], int]:
+    """A default call of ``make()``'s arguments after one binding call, with the bridge's entries
+    or the plain tvm-ffi lanes: (result, error, its tensor arguments, what was bound: 0 nothing,
+    1 a lane, 2 an entry)."""
+    from opmux.kernels import _env
+    from opmux.kernels.fused_op import _ENTRY_TYPE
+
+    op.invalidate()
+    # (all inside the scope: leaving it drops every op's bound choices, config._notify)
+    with _env.scope(OPMUX_TORCH_KERNELS="all" if entries else "off"):
+        try:
+            op.public(*make()[0], **make()[1])  # binds the lane (an entry where the scope allows)
+        except Exception:
+            pass
+        args, kwargs = make()
+        key = _full(op, args, kwargs)
+        bound = 0
+        if key is not None and isinstance(key[op.key_arg], torch.Tensor):
+            x = key[op.key_arg]
+            lane = (op._lane_cpu if x.is_cpu else op._lane_cuda).get(x.dtype)
+            bound = 0 if lane is None else 2 if type(lane[0]) is _ENTRY_TYPE else 1
+        try:
+            got, err = op.public(*args, **kwargs), None
+        except Exception as exc:
+            got, err = None, exc
+    return got, err, [*args, *kwargs.values()], bound
+
+
+@pytest.mark.parametrize("op_name", _entry_ops())
+def test_default_entry_is_the_lane_call(op_name: str, device_type: str, bridge: Any) -> None:
+    """The default call's entry into a lane that allocates its outputs (torch_kernels.lane_entry)
+    is the tvm-ffi lane call with Python-allocated outputs: on every parity, invalid and corpus
+    case, the same results bit for bit (dtypes, shapes, strides, fresh tensors) or the same error
+    class and message, and the entry really ran."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the bridge's entries run on cpu and cuda, not {device_type}")
+    op = op_instance(op_name)
+    before = torch_kernels.entry_calls()
+    compared = lanes = 0
+    try:
+        with torch.no_grad():
+            for name, make in _cases(op_name, dev):
+                want, err2, theirs, plain = _default(op, make, entries=False)
+                got, err, ours, entry = _default(op, make, entries=True)
+                # wherever a default call binds a lane, the entry is bound instead
+                assert entry == (2 if plain else 0), f"{op_name} {name}: bound {entry} vs {plain}"
+                lanes += plain > 0
+                compared += 1
+                if err is not None or err2 is not None:
+                    assert err is not None and err2 is not None, f"{op_name} {name}: {err!r} vs {err2!r}"
+                    assert (type(err), str(err)) == (type(err2), str(err2)), f"{op_name} {name}"
+                    continue
+                for a, b in zip(_tensors(ours), _tensors(theirs), strict=True):
+                    assert _same(a, b), f"{op_name} {name}: an argument differs after the call"
+                for g, w in zip(_tensors(got), _tensors(want), strict=True):
+                    assert _same(g, w), f"{op_name} {name}: the result differs"
+                    assert g.stride() == w.stride(), f"{op_name} {name}: strides {g.stride()} != {w.stride()}"
+                    in_theirs = any(w is t for t in _tensors(theirs))
+                    assert in_theirs == any(g is t for t in _tensors(ours)), (
+                        f"{op_name} {name}: buffer identity"
+                    )
+    finally:
+        op.invalidate()
+    assert compared, f"{op_name}: no case compared"
+    if not lanes:
+        pytest.skip(f"{op_name}: its default backend on {dev} has no serving lane")
+    assert torch_kernels.entry_calls() > before, f"{op_name}: the entry never ran a lane"
+
+
+def test_entry_grad_and_refusals(device_type: str, bridge: Any) -> None:
+    """Through the entry: a grad input gets the contract's error, a form the lane refuses (caller
+    buffers, a 3-D gating) the contract's path, torch's errors and values as before."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the bridge's entries run on cpu and cuda, not {device_type}")
+    from opmux.kernels import _env, ops
+    from opmux.kernels.fused_op import _ENTRY_TYPE
+
+    op = op_instance("moe.topk_softmax")
+    op.invalidate()
+    g = torch.randn(3, 16, device=dev)
+    with _env.scope(OPMUX_TORCH_KERNELS="all"):  # (leaving it drops the bound choices)
+        ops.moe.topk_softmax(g, 4)
+        lanes = op._lane_cpu if g.is_cpu else op._lane_cuda
+        assert type(lanes[g.dtype][0]) is _ENTRY_TYPE
+        before = torch_kernels.entry_calls()
+        w, ids = ops.moe.topk_softmax(g, 4, renormalize=True)
+        assert torch_kernels.entry_calls() == before + 1
+        ref_w, ref_ids = ops.moe.topk_softmax(g, 4, renormalize=True, backend="torch")
+        torch.testing.assert_close(w, ref_w)
+        assert (
+            torch.equal(ids, ref_ids.to(ids.dtype)) and ids.dtype == torch.int32 and w.dtype == torch.float32
+        )
+        with pytest.raises(ValueError) as err:  # topk > experts: the lane refuses, the contract names it
+            ops.moe.topk_softmax(g, 20)
+        assert "topk" in str(err.value)
+        gg = g.clone().requires_grad_()
+        with pytest.raises(ValueError, match="grad"):
+            ops.moe.topk_softmax(gg, 4)
+        bw, bids = torch.empty(3, 4, device=dev), torch.empty(3, 4, device=dev, dtype=torch.int32)
+        rw, rids = ops.moe.topk_softmax(g, 4, renormalize=True, topk_weights=bw, topk_ids=bids)
+        assert rw is bw and rids is bids and torch.equal(bids, ids)  # caller buffers: not the entry
+        assert torch_kernels.entry_calls() == before + 1
+    op.invalidate()

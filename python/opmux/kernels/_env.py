@@ -289,10 +289,11 @@ KNOBS: Mapping[str, Knob] = _knobs(
     Knob(
         "OPMUX_TORCH_KERNELS",
         "choice",
-        "cpu",
-        "Which devices' `torch.ops.opmux.*` calls get C++ kernels that run the bound serving lane "
-        "(built per torch into the JIT cache, in the background; docs/architecture.md): `cpu`, `all` "
-        "(CPU and CUDA; CUDA is opt-in until a GPU run has checked it), or `off` (the Python kernels).",
+        "all",
+        "Which devices get the torch-linked bridge (built per torch into the JIT cache, in the "
+        "background; docs/architecture.md): C++ kernels for `torch.ops.opmux.*` that run the bound "
+        "serving lane, and the default calls' entry into the lanes of ops returning several tensors. "
+        "`all` (CPU and CUDA), `cpu`, or `off` (the Python kernels; outputs allocated in Python).",
         _choice(TORCH_KERNEL_DEVICES),
         TORCH_KERNEL_DEVICES,
     ),

@@ -26,7 +26,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from types import CodeType
+from types import BuiltinFunctionType, CodeType
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -46,6 +46,33 @@ _WARNED: set[tuple[str, str, str]] = set()
 #: the Python kernels then start their build and register them once it is done
 _BRIDGE_PENDING = [True]
 _bridge_ids = iter(range(1 << 30))
+#: [True] until the bridge's entries for the default calls of ops whose lanes allocate their outputs
+#: (``Decl.outputs``) are in place: their public functions then start its build and, once it is
+#: built, swap their bound lanes for the entries (``FusedOp._bind_entries``)
+_ENTRY_PENDING = [True]
+#: the ops whose default calls bound a lane the entry could serve, before the bridge was ready
+_ENTRY_WAITING: list[FusedOp[Any]] = []
+#: what ``torch_kernels.lane_entry`` returns (a C function taking the lane's arguments)
+_ENTRY_TYPE = BuiltinFunctionType
+
+
+def _entry_poll() -> None:
+    """The public functions' per-call check while the entries are pending (see _ENTRY_PENDING):
+    start the bridge's build; once it is built, give every waiting op its entries. Unlike
+    _bridge_poll this registers nothing with the dispatcher (the entries need no registration)."""
+    if not torch_kernels.enabled():
+        _ENTRY_PENDING[0] = False
+        return
+    torch_kernels.kick()
+    state = torch_kernels.status()[0]
+    if state == "building":
+        return
+    _ENTRY_PENDING[0] = False
+    if state == "ready":
+        while _ENTRY_WAITING:
+            _ENTRY_WAITING.pop()._bind_entries()
+    else:
+        torch_kernels.warn_failed()
 
 
 def _bridge_poll() -> None:
@@ -347,11 +374,20 @@ def _lane_lines(decl: Decl, key: str, forced: bool, result: str) -> list[str]:
     ]
     pad = "        "
     if allocated:
+        # the bridge's entry (torch_kernels.lane_entry): the lane allocates, results come back as
+        # torch tensors; else the outputs are allocated here and passed to the lane
         lines += [
-            "        try:",  # an input it cannot size (a 0-d x, ...): the contract speaks
-            f"            LOUT, LRES = OUTPUTS({names})",
-            "        except Exception:",
+            "        if type(LANE) is ENTRY:",
+            f"            R = LANE({names}) if LFLAG is None else LANE({names}, {pdl})",
+            "            if R is not None:",
+            *(["                if G:", *(f"            {line}" for line in bumps[:1])] if required else []),
+            "                return R",
             "            LOUT = None",
+            "        else:",
+            "            try:",  # an input it cannot size (a 0-d x, ...): the contract speaks
+            f"                LOUT, LRES = OUTPUTS({names})",
+            "            except Exception:",
+            "                LOUT = None",
             "        if LOUT is not None:",
         ]
         pad = "            "
@@ -418,6 +454,9 @@ class FusedOp(Generic[R]):
         #: dtype -> lane (cpu), dtype -> (lane, PDL flag) (cuda); see ``_lane_lines``
         self._lane_cpu: dict[torch.dtype, tuple[Callable[..., Any], Any]] = {}
         self._lane_cuda: dict[torch.dtype, tuple[Callable[..., Any], Any]] = {}
+        #: (is_cpu, dtype) -> the native (lane, PDL flag) behind each of those: the same, or what the
+        #: bridge's entry (torch_kernels.lane_entry) there calls
+        self._lane_native: dict[tuple[bool, torch.dtype], tuple[Callable[..., Any], Any]] = {}
         #: (backend, is_cpu, dtype) -> (lane, PDL flag) of forced calls (like ``_forced``)
         self._lane_forced: dict[tuple[Any, ...], tuple[Callable[..., Any], Any]] = {}
         #: (backend, device) -> (lane, PDL flag) of the native backends whose source has one
@@ -543,10 +582,12 @@ class FusedOp(Generic[R]):
         self._cuda.clear()
         self._lane_cpu.clear()
         self._lane_cuda.clear()
+        self._lane_native.clear()
         self._lane_forced.clear()
         self._forced.clear()
-        if self._bridge is not None:
-            self._bridge["opmux_bridge_clear"](self._bridge_id)
+        bridge = torch_kernels.module()
+        if bridge is not None:
+            bridge["opmux_bridge_clear"](self._bridge_id)
 
     def forget_kernels(self) -> None:
         """Drop the bound kernels and forget failures (the settings that found them changed:
@@ -689,7 +730,8 @@ class FusedOp(Generic[R]):
                 self._lane_forced[(key, x.is_cpu, x.dtype)] = lane
             return
         if lane is not None and not self._thresholds["cpu" if x.is_cpu else "cuda"]:
-            (self._lane_cpu if x.is_cpu else self._lane_cuda)[x.dtype] = lane
+            self._lane_native[(x.is_cpu, x.dtype)] = lane
+            (self._lane_cpu if x.is_cpu else self._lane_cuda)[x.dtype] = self._entry(x.is_cpu, x.dtype, lane)
             if self._bridge is not None:
                 self._bridge_lane(x.is_cpu, x.dtype, lane)
         fn: Any = entry[0] if x.is_cpu else entry  # the CPU kernels take no flag
@@ -780,9 +822,8 @@ class FusedOp(Generic[R]):
             torch_kernels.devices(),
         )
         self._bridge = bridge
-        for is_cpu, lanes in ((True, self._lane_cpu), (False, self._lane_cuda)):
-            for dtype, lane in list(lanes.items()):
-                self._bridge_lane(is_cpu, dtype, lane)
+        for (is_cpu, dtype), lane in list(self._lane_native.items()):
+            self._bridge_lane(is_cpu, dtype, lane)
 
     def _bridge_lane(self, is_cpu: bool, dtype: torch.dtype, lane: tuple[Callable[..., Any], Any]) -> None:
         fn, flag = lane
@@ -795,9 +836,38 @@ class FusedOp(Generic[R]):
             fn,
             -1 if flag is None else int(flag),
         )
-        if (self._lane_cpu if is_cpu else self._lane_cuda).get(dtype) is not lane:
+        if self._lane_native.get((is_cpu, dtype)) is not lane:
             # invalidated meanwhile (use_backends, tracing, refresh on another thread): take it back
             self._bridge["opmux_bridge_clear"](self._bridge_id)
+
+    # -- the default call's entry into lanes that allocate their outputs (torch_kernels) -------
+    def _entry(self, is_cpu: bool, dtype: torch.dtype, lane: tuple[Callable[..., Any], Any]) -> Any:
+        """What the default call keeps for ``lane``: the bridge's entry into it where the op's lane
+        allocates its outputs and the bridge is loaded, else the lane itself (an op waiting for
+        the bridge is given its entries once it is built)."""
+        if self.decl.outputs is None or self.lane_form != "LRES":
+            return lane
+        fn, flag = lane
+        entry = None
+        if flag is None or isinstance(flag, bool):  # (PER_DEVICE: resolved per call, in Python)
+            entry = torch_kernels.lane_entry(
+                self._bridge_id, is_cpu, dtype_name(dtype), self.op_name, fn, flag
+            )
+        if entry is not None:
+            return entry, flag
+        if _ENTRY_PENDING[0] and self not in _ENTRY_WAITING:
+            _ENTRY_WAITING.append(self)
+        return lane
+
+    def _bind_entries(self) -> None:
+        """Swap the lanes bound so far for the bridge's entries (it has just been built)."""
+        for (is_cpu, dtype), lane in list(self._lane_native.items()):
+            entry = self._entry(is_cpu, dtype, lane)
+            table = self._lane_cpu if is_cpu else self._lane_cuda
+            if entry is not lane and table.get(dtype) is lane:
+                table[dtype] = entry
+                if self._lane_native.get((is_cpu, dtype)) is not lane:  # invalidated meanwhile
+                    table.pop(dtype, None)
 
     def _make_public(
         self,
@@ -849,6 +919,8 @@ class FusedOp(Generic[R]):
         # call (a miss, CUDA, a forced backend) falls through to the general form below. The
         # lookup's try costs nothing when nothing is raised (zero-cost exceptions, 3.11+); the
         # contract runs outside it, so its own errors are never taken for a cache miss.
+        if compiled and decl.outputs is not None and self.lane_form == "LRES":
+            body += ["    if ENTRY_PENDING[0]:", "        ENTRY_POLL()"]  # (see _ENTRY_PENDING)
         if self.lane_form is not None:
             body += _lane_lines(decl, key, forced, self.lane_form if returns else "None")
         body += [
@@ -906,6 +978,9 @@ class FusedOp(Generic[R]):
             "TENSOR": torch.Tensor,
             "BRIDGE_PENDING": _BRIDGE_PENDING,
             "BRIDGE_POLL": _bridge_poll,
+            "ENTRY": _ENTRY_TYPE,
+            "ENTRY_PENDING": _ENTRY_PENDING,
+            "ENTRY_POLL": _entry_poll,
         }
         exec("\n".join(body), scope)
         fn: Callable[..., R] = scope[decl.short_name]

@@ -6,14 +6,17 @@ The bridge registers a C++ kernel for the CPU and CUDA keys of every library op 
 lane returns what the op does: it runs the lane the default call bound, and hands anything else
 (no bound lane yet, grad inputs, a refused form) to the Python kernel, kept as the twin library
 op ``opmux::_py_<name>``. Same contract, same errors, same results; only the hop is gone.
+Where the interpreter's C headers are installed it also holds the default calls' entry into the
+lanes that allocate their outputs (``lane_entry``: the outputs allocated in C++, no tvm-ffi
+conversion of the results).
 
 It is compiled against the torch in this interpreter (its C++ API: the stable ABI can neither
 read ``requires_grad`` nor bump a version), once per torch build, into the JIT cache, in a
-background thread started by the first library-op call (the Python kernels serve meanwhile), or
-up front by ``python -m opmux.kernels.jit prewarm --torch-kernels``. ``OPMUX_TORCH_KERNELS``:
-``cpu`` (default), ``all`` (the CUDA key too: opt-in until a GPU run of
-tests/parity/test_torch_kernels.py has checked it) or ``off`` (the Python kernels). A build that
-cannot run (no compiler, a read-only cache, JIT off) warns once and changes nothing.
+background thread started by the first library-op call or the first default call of an op with
+an entry (the Python paths serve meanwhile), or up front by ``python -m opmux.kernels.jit
+prewarm --torch-kernels``. ``OPMUX_TORCH_KERNELS``: ``all`` (default: CPU and CUDA), ``cpu`` or
+``off`` (the Python kernels), read once when the bridge is first asked for. A build that cannot
+run (no compiler, a read-only cache, JIT off) warns once and changes nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class TorchKernelsWarning(RuntimeWarning):
 _lock = threading.Lock()
 _warned = False
 _module: Any = None
+_entry: Any = None  # the Python entry module (OPMUX_BRIDGE_PY), or None
+_devices: list[int] | None = None  # devices() when the bridge was first asked for
 _state = "off"  # off -> building -> ready | failed
 _detail = ""
 _thread: threading.Thread | None = None
@@ -72,8 +77,11 @@ def enabled() -> bool:
 
 
 def devices() -> list[int]:
-    """The DLPack device types whose dispatch keys get the C++ kernels (``$OPMUX_TORCH_KERNELS``:
-    ``cpu``, the default, or ``all``: CUDA too, opt-in until a GPU run has checked it)."""
+    """The DLPack device types whose dispatch keys get the C++ kernels and whose default calls
+    the entries (``$OPMUX_TORCH_KERNELS``: ``all``, the default, or ``cpu``), as read when the
+    bridge was first asked for: ops registered later get the same keys."""
+    if _devices is not None:
+        return _devices
     return {"off": [], "cpu": [1], "all": [1, 2]}[_env.get(ENV)]
 
 
@@ -89,6 +97,7 @@ def _flags() -> tuple[list[str], list[str]]:
     includes, libtvm = tvm_ffi_paths()
     dlpack = [p / "dlpack" for p in includes if (p / "dlpack").is_dir()]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    python = _python_include()
     compile_flags = [
         "-O2",
         "-std=c++20",  # (torch's headers from 2.13 on use C++20 features)
@@ -99,11 +108,13 @@ def _flags() -> tuple[list[str], list[str]]:
         *(f"-I{p.parent}" for p in dlpack),
         f"-I{torch_dir / 'include'}",
         f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        *(["-DOPMUX_BRIDGE_PY", f"-I{python}"] if python is not None else []),
     ]
     lib = torch_dir / "lib"
     link_flags = [
         "-shared",
         f"-L{lib}",
+        *(["-ltorch_python"] if python is not None else []),
         "-ltorch_cpu",
         "-lc10",
         f"-Wl,-rpath,{lib}",
@@ -111,6 +122,16 @@ def _flags() -> tuple[list[str], list[str]]:
         f"-Wl,-rpath,{libtvm.parent}",
     ]
     return compile_flags, link_flags
+
+
+def _python_include() -> Path | None:
+    """The interpreter's C headers, where installed: the bridge then also holds the default
+    call's entry into the lanes that allocate their outputs (``lane_entry``)."""
+    import sysconfig
+
+    include = sysconfig.get_paths().get("include")
+    path = Path(include) if include else None
+    return path if path is not None and (path / "Python.h").is_file() else None
 
 
 def library_path() -> Path:
@@ -180,23 +201,42 @@ def build(*, out: Any = None, retry: bool = False) -> Path:
     return target
 
 
-def _load(path: Path) -> Any:
+def _load(path: Path) -> tuple[Any, Any]:
+    """(the tvm-ffi module, the Python entry module or None: built without the interpreter's
+    headers)."""
+    import importlib.machinery
+    import importlib.util
+
     import tvm_ffi
 
-    return tvm_ffi.load_module(str(path))
+    module = tvm_ffi.load_module(str(path))
+    entry = None
+    if "-DOPMUX_BRIDGE_PY" in _flags()[0]:
+        loader = importlib.machinery.ExtensionFileLoader("_opmux_torch_bridge", str(path))
+        spec = importlib.util.spec_from_file_location("_opmux_torch_bridge", str(path), loader=loader)
+        if spec is not None:
+            entry = importlib.util.module_from_spec(spec)
+            loader.exec_module(entry)
+    return module, entry
 
 
 def _background() -> None:
-    global _module, _state, _detail
+    global _module, _entry, _state, _detail
     try:
-        module = _load(build())
+        module, entry = _load(build())
     except Exception as exc:  # a machine fault: warn once, the Python kernels keep serving
         with _lock:
             _state, _detail = "failed", f"{type(exc).__name__}: {exc}"
         return
     with _lock:
-        _module = module
+        _module, _entry = module, entry
         _state = "ready"
+
+
+def _fix_devices() -> None:
+    global _devices
+    if _devices is None:
+        _devices = devices()
 
 
 def kick(*, wait: bool = False) -> bool:
@@ -207,6 +247,7 @@ def kick(*, wait: bool = False) -> bool:
         return False
     with _lock:
         if _state == "off":
+            _fix_devices()
             _state = "building"
             _thread = threading.Thread(target=_background, name="opmux-torch-kernels", daemon=True)
             _thread.start()
@@ -219,18 +260,12 @@ def kick(*, wait: bool = False) -> bool:
 def poll() -> bool:
     """The Python kernels' per-call check while the bridge is pending: register it once it is
     built (on the calling thread), warn once if it failed. -> True when nothing is pending."""
-    global _pending, _warned
+    global _pending
     state = _state
     if state == "building":
         return False
     if state == "failed":
-        if not _warned:
-            _warned = True
-            _warn.warn_at_caller(
-                f"opmux: the C++ kernels of torch.ops.opmux.* are unavailable ({_detail}); the library "
-                f"ops keep their Python kernels (microseconds more per call). Set {ENV}=off to silence this.",
-                TorchKernelsWarning,
-            )
+        warn_failed()
         return True
     if state == "ready":
         with _lock:
@@ -239,6 +274,36 @@ def poll() -> bool:
             op._bridge_define(name, _module)
         return True
     return False
+
+
+def warn_failed() -> None:
+    """Once per process: the bridge could not be built or loaded (why), and what serves instead."""
+    global _warned
+    if not _warned:
+        _warned = True
+        _warn.warn_at_caller(
+            f"opmux: the C++ kernels of torch.ops.opmux.* are unavailable ({_detail}); the library "
+            f"ops keep their Python kernels and the default calls of the ops returning several tensors "
+            f"allocate them in Python (microseconds more per call). Set {ENV}=off to silence this.",
+            TorchKernelsWarning,
+        )
+
+
+def lane_entry(op_id: int, is_cpu: bool, dtype: str, name: str, lane: Any, flag: bool | None) -> Any:
+    """The bridge's entry into ``lane`` for a default call (``lane`` allocates its outputs), or
+    None: the bridge is not loaded, or was built without the interpreter's headers. Called with
+    the lane's arguments (its trailing PDL flag too), it returns the lane's results as torch
+    tensors, or None where the lane refuses, as the tvm-ffi call would."""
+    device = 1 if is_cpu else 2
+    if _entry is None or _module is None or not enabled() or device not in devices():
+        return None
+    _module["opmux_bridge_set_lane"](op_id, device, dtype, lane, -1 if flag is None else int(flag))
+    return _entry.lane(op_id, device, dtype, name)
+
+
+def entry_calls() -> int:
+    """How many default calls the bridge's entries ran through a lane (tests, benchmarks)."""
+    return int(_entry.lane_calls()) if _entry is not None else 0
 
 
 def register(name: str, op: Any) -> None:
@@ -255,12 +320,14 @@ def enable() -> None:
     raises. For servers (before their threads start: registering kernels while another thread
     dispatches the same op is not safe in torch), prewarm, benchmarks and tests; other processes
     get it in the background, registered by the next library-op call."""
-    global _state, _detail, _module
+    global _state, _detail, _module, _entry
     if _state != "ready":
-        module = _load(build())  # (outside the lock: a compile takes seconds)
+        with _lock:
+            _fix_devices()
+        module, entry = _load(build())  # (outside the lock: a compile takes seconds)
         with _lock:
             if _state != "ready":
-                _module, _state, _detail = module, "ready", ""
+                _module, _entry, _state, _detail = module, entry, "ready", ""
     poll()
 
 

@@ -32,6 +32,10 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+#ifdef OPMUX_BRIDGE_PY  // the default call's entry (below); built where the interpreter's headers are
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#endif
 
 #include <array>
 #include <atomic>
@@ -171,9 +175,9 @@ int alloc_tensor(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ct
 
 // The allocated tensor whose data a lane's result holds (every result a lane allocates is).
 // (Matched by address, dtype and shape, each taken once: empty tensors share the null address.)
-at::Tensor allocated(const ffi::Any& v, std::vector<at::Tensor>* allocs, const c10::OperatorHandle& op) {
+at::Tensor allocated(const ffi::Any& v, std::vector<at::Tensor>* allocs, const std::string& name) {
   auto t = v.try_cast<ffi::Tensor>();
-  TORCH_CHECK(t.has_value(), "opmux: ", op.schema().name(), ": its lane returned ", v.GetTypeKey(), ", not a tensor");
+  TORCH_CHECK(t.has_value(), "opmux: ", name, ": its lane returned ", v.GetTypeKey(), ", not a tensor");
   for (at::Tensor& a : *allocs) {
     if (!a.defined() || a.data_ptr() != t->data_ptr() || a.dim() != t->ndim()) continue;
     DLDataType d, e = t->dtype();
@@ -185,7 +189,49 @@ at::Tensor allocated(const ffi::Any& v, std::vector<at::Tensor>* allocs, const c
     a = at::Tensor();
     return out;
   }
-  TORCH_CHECK(false, "opmux: ", op.schema().name(), ": its lane returned a tensor it did not allocate here");
+  TORCH_CHECK(false, "opmux: ", name, ": its lane returned a tensor it did not allocate here");
+}
+
+// One lane call in the environment tvm-ffi's Python call would set: torch's current stream of
+// `cuda_key`'s device (null: a CPU call) and, for the tensors the lane allocates, at::empty
+// (alloc_tensor). Whatever it raises is kept in `call` (the caller raises it its own way).
+struct Call {
+  ffi::Any result;
+  std::string kind, message;           // a kernel error: its class name and message
+  std::exception_ptr alloc_error;      // torch's own error from an allocation
+  std::vector<at::Tensor> allocs;      // what the lane allocated (its results among them)
+};
+
+void run_lane(const ffi::Function& lane, const ffi::AnyView* packed, int na, const at::Tensor* cuda_key, Call* call) {
+  TVMFFIStreamHandle old_stream = nullptr;
+  const int32_t dev_id = cuda_key != nullptr ? cuda_key->device().index() : 0;
+  if (cuda_key != nullptr) {
+    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    TVMFFIEnvSetStream(kDLCUDA, dev_id, impl->getStream(cuda_key->device()).native_handle(), &old_stream);
+  }
+  DLPackManagedTensorAllocator old_alloc = nullptr;
+  TVMFFIEnvSetDLPackManagedTensorAllocator(alloc_tensor, 0, &old_alloc);
+  try {
+    lane.CallPacked(packed, na, &call->result);
+  } catch (const ffi::Error& e) {
+    call->kind = e.kind();
+    call->message = e.message();
+  } catch (const std::exception& e) {  // (the environment is restored below either way)
+    call->kind = "RuntimeError";
+    call->message = e.what();
+  }
+  TVMFFIEnvSetDLPackManagedTensorAllocator(old_alloc, 0, nullptr);
+  if (cuda_key != nullptr) TVMFFIEnvSetStream(kDLCUDA, dev_id, old_stream, nullptr);
+  call->allocs.swap(t_allocs);
+  t_allocs.clear();
+  call->alloc_error = t_alloc_error;
+  t_alloc_error = nullptr;
+}
+
+// A tensor a lane can take as a DLTensor view (torch's strided CPU / CUDA tensors).
+bool viewable(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && t.has_storage() && !t.is_quantized() && !t.is_nested() &&
+         (t.is_cpu() || t.is_cuda());
 }
 
 // The library op's kernel. `lane_map[i]`: the schema index of the lane's i-th argument (the op's
@@ -236,10 +282,7 @@ class LaneKernel final : public c10::OperatorKernel {
       const c10::IValue& v = args[s];
       if (v.isTensor()) {
         const at::Tensor& t = v.toTensor();
-        if (t.layout() != c10::kStrided || !t.has_storage() || t.is_quantized() || t.is_nested() ||
-            !(t.is_cpu() || t.is_cuda()))
-          return false;
-        if (!fill_dl(t, &dl[i])) return false;  // (a dtype no lane takes: the contract names it)
+        if (!viewable(t) || !fill_dl(t, &dl[i])) return false;  // (a dtype no lane takes: the contract names it)
         packed[i] = ffi::AnyView(&dl[i]);
       } else if (v.isNone()) {
         packed[i] = ffi::AnyView(nullptr);
@@ -256,43 +299,19 @@ class LaneKernel final : public c10::OperatorKernel {
     int na = nl;
     if (b.flag >= 0) packed[na++] = ffi::AnyView(static_cast<bool>(b.flag));
 
-    // the lane's environment: torch's current stream and allocator, as tvm-ffi's Python call sets them
-    const bool cuda = x.is_cuda();
-    TVMFFIStreamHandle old_stream = nullptr;
-    const int32_t dev_id = cuda ? x.device().index() : 0;
-    if (cuda) {
-      const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-      TVMFFIEnvSetStream(kDLCUDA, dev_id, impl->getStream(x.device()).native_handle(), &old_stream);
+    Call call;
+    run_lane(b.lane, packed.data(), na, x.is_cuda() ? &x : nullptr, &call);
+    if (call.alloc_error) std::rethrow_exception(call.alloc_error);  // torch's own (OutOfMemoryError, ...)
+    if (!call.kind.empty()) {  // raised inside the kernel after the lane accepted: the Python path's error
+      TORCH_CHECK_VALUE(call.kind != "ValueError", call.message);
+      TORCH_CHECK_TYPE(call.kind != "TypeError", call.message);
+      TORCH_CHECK_INDEX(call.kind != "IndexError", call.message);
+      TORCH_CHECK_NOT_IMPLEMENTED(call.kind != "NotImplementedError", call.message);
+      TORCH_CHECK(false, call.message);
     }
-    DLPackManagedTensorAllocator old_alloc = nullptr;
-    TVMFFIEnvSetDLPackManagedTensorAllocator(alloc_tensor, 0, &old_alloc);
-    ffi::Any result;
-    std::string kind, message;
-    try {
-      b.lane.CallPacked(packed.data(), na, &result);
-    } catch (const ffi::Error& e) {
-      kind = e.kind();
-      message = e.message();
-    } catch (const std::exception& e) {  // (the environment is restored below either way)
-      kind = "RuntimeError";
-      message = e.what();
-    }
-    TVMFFIEnvSetDLPackManagedTensorAllocator(old_alloc, 0, nullptr);
-    if (cuda) TVMFFIEnvSetStream(kDLCUDA, dev_id, old_stream, nullptr);
-    std::vector<at::Tensor> allocs;
-    allocs.swap(t_allocs);
-    if (t_alloc_error) {  // torch's own error (torch.OutOfMemoryError, ...), as the allocation raised it
-      std::exception_ptr e = t_alloc_error;
-      t_alloc_error = nullptr;
-      std::rethrow_exception(e);
-    }
-    if (!kind.empty()) {  // raised inside the kernel after the lane accepted: the Python path's error
-      TORCH_CHECK_VALUE(kind != "ValueError", message);
-      TORCH_CHECK_TYPE(kind != "TypeError", message);
-      TORCH_CHECK_INDEX(kind != "IndexError", message);
-      TORCH_CHECK_NOT_IMPLEMENTED(kind != "NotImplementedError", message);
-      TORCH_CHECK(false, message);
-    }
+    ffi::Any& result = call.result;
+    std::vector<at::Tensor>& allocs = call.allocs;
+    const std::string& name = op.schema().name();
     if (result.type_index() == ffi::TypeIndex::kTVMFFINone) return false;  // refused: nothing done
     g_lane_calls.fetch_add(1, std::memory_order_relaxed);
     if (grad) {  // as torch._C._increment_version: inference tensors have no version to bump
@@ -305,7 +324,7 @@ class LaneKernel final : public c10::OperatorKernel {
     // the caller's buffer (results_[i]: its schema index) or the lane's (ran_all: an array)
     std::vector<c10::IValue> outs;
     if (results_.size() == 1 && results_[0] < 0) {
-      outs.emplace_back(allocated(result, &allocs, op));
+      outs.emplace_back(allocated(result, &allocs, name));
     } else if (!results_.empty()) {
       auto many = result.try_cast<ffi::Array<ffi::Any>>();
       for (size_t i = 0; i < results_.size(); ++i) {
@@ -314,9 +333,9 @@ class LaneKernel final : public c10::OperatorKernel {
         if (given) {
           outs.emplace_back(args[s]);
         } else {
-          TORCH_CHECK(many.has_value() && many->size() == results_.size(), "opmux: ", op.schema().name(),
+          TORCH_CHECK(many.has_value() && many->size() == results_.size(), "opmux: ", name,
                       ": its lane ran without returning the results it allocated");
-          outs.emplace_back(allocated((*many)[i], &allocs, op));
+          outs.emplace_back(allocated((*many)[i], &allocs, name));
         }
       }
     }
@@ -391,6 +410,146 @@ void clear(int64_t op_id) {
 
 int64_t lane_calls() { return g_lane_calls.load(); }
 
+
+#ifdef OPMUX_BRIDGE_PY
+// -- The default call's entry into a lane that allocates its outputs (fused_op: Decl.outputs) --
+// Through tvm-ffi, the outputs of an op returning several tensors cost about 1 us each on the host
+// (allocated in Python, or returned by the lane and converted back), more than the lane itself at
+// T=1. This entry takes the public function's arguments as they are (torch tensors, int, float,
+// bool, None), lets the lane allocate with at::empty and wraps its results as torch tensors: one
+// Python call, no conversion layer. The Python side keeps the contract (grad refusal, which form
+// reaches a lane); this returns None where the lane refuses, exactly as the tvm-ffi call would.
+constexpr const char* kCapsule = "opmux.torch_bridge.lane";
+std::atomic<int64_t> g_py_lane_calls{0};
+
+struct PyLane {
+  ffi::Function lane;
+  std::string name;
+};
+
+PyObject* raise_kind(const std::string& kind, const std::string& message) {
+  PyObject* cls = kind == "ValueError"            ? PyExc_ValueError
+                  : kind == "TypeError"           ? PyExc_TypeError
+                  : kind == "IndexError"          ? PyExc_IndexError
+                  : kind == "NotImplementedError" ? PyExc_NotImplementedError
+                  : kind == "MemoryError"         ? PyExc_MemoryError
+                                                  : PyExc_RuntimeError;
+  PyErr_SetString(cls, message.c_str());
+  return nullptr;
+}
+
+PyObject* py_lane_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  auto* pl = static_cast<PyLane*>(PyCapsule_GetPointer(self, kCapsule));
+  if (pl == nullptr) return nullptr;
+  if (nargs > kMaxArgs) Py_RETURN_NONE;
+  std::array<DLTensor, kMaxArgs> dl;
+  std::array<ffi::AnyView, kMaxArgs> packed;
+  const at::Tensor* cuda_key = nullptr;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    PyObject* o = args[i];
+    if (o == Py_None) {
+      packed[i] = ffi::AnyView(nullptr);
+    } else if (PyBool_Check(o)) {
+      packed[i] = ffi::AnyView(o == Py_True);
+    } else if (PyLong_CheckExact(o)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        Py_RETURN_NONE;  // (out of int64: the contract names it)
+      }
+      packed[i] = ffi::AnyView(static_cast<int64_t>(v));
+    } else if (PyFloat_CheckExact(o)) {
+      packed[i] = ffi::AnyView(PyFloat_AS_DOUBLE(o));
+    } else if (THPVariable_Check(o)) {
+      const at::Tensor& t = THPVariable_Unpack(o);
+      if (!viewable(t) || !fill_dl(t, &dl[i])) Py_RETURN_NONE;
+      if (cuda_key == nullptr && t.is_cuda()) cuda_key = &t;
+      packed[i] = ffi::AnyView(&dl[i]);
+    } else {
+      Py_RETURN_NONE;  // (anything else: the contract speaks)
+    }
+  }
+  Call call;
+  Py_BEGIN_ALLOW_THREADS;  // as tvm-ffi's call: a CPU kernel at prefill sizes runs for a while
+  run_lane(pl->lane, packed.data(), static_cast<int>(nargs), cuda_key, &call);
+  Py_END_ALLOW_THREADS;
+  if (call.alloc_error) {  // torch's own error (torch.OutOfMemoryError, ...), as its Python API raises it
+    torch::translate_exception_to_python(call.alloc_error);
+    return nullptr;
+  }
+  if (!call.kind.empty()) return raise_kind(call.kind, call.message);
+  if (call.result.type_index() == ffi::TypeIndex::kTVMFFINone) Py_RETURN_NONE;  // refused: nothing done
+  try {
+    auto many = call.result.try_cast<ffi::Array<ffi::Any>>();
+    std::vector<at::Tensor> outs;
+    if (many.has_value()) {
+      for (const ffi::Any& v : *many) outs.push_back(allocated(v, &call.allocs, pl->name));
+    } else {
+      outs.push_back(allocated(call.result, &call.allocs, pl->name));
+    }
+    g_py_lane_calls.fetch_add(1, std::memory_order_relaxed);
+    if (!many.has_value()) return THPVariable_Wrap(std::move(outs[0]));
+    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(outs.size()));
+    if (tuple == nullptr) return nullptr;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      PyObject* t = THPVariable_Wrap(std::move(outs[i]));
+      if (t == nullptr) {
+        Py_DECREF(tuple);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), t);
+    }
+    return tuple;
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyMethodDef g_py_lane_def = {"lane", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(py_lane_call)),
+                             METH_FASTCALL, "opmux: a serving lane's entry from the default call"};
+
+// lane(op_id, device_type, dtype) -> the entry of the lane set_lane bound for (op, device, dtype), or None
+PyObject* py_make_lane(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  long long op_id = 0, device_type = 0;
+  const char* dtype = nullptr;
+  if (nargs != 4 || (op_id = PyLong_AsLongLong(args[0]), PyErr_Occurred()) ||
+      (device_type = PyLong_AsLongLong(args[1]), PyErr_Occurred()) || (dtype = PyUnicode_AsUTF8(args[2])) == nullptr ||
+      !PyUnicode_Check(args[3])) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "lane(op_id, device_type, dtype, name)");
+    return nullptr;
+  }
+  const DtypeMap* m = nullptr;
+  for (const DtypeMap& e : kDtypes)
+    if (std::string(dtype) == e.name) m = &e;
+  if (m == nullptr) Py_RETURN_NONE;
+  const c10::DeviceType d = device_type == kDLCUDA ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  Bound b;
+  if (!op_lanes(op_id)->find(d, m->scalar, &b)) Py_RETURN_NONE;
+  auto* pl = new PyLane{std::move(b.lane), PyUnicode_AsUTF8(args[3])};
+  PyObject* capsule = PyCapsule_New(pl, kCapsule, [](PyObject* c) {
+    delete static_cast<PyLane*>(PyCapsule_GetPointer(c, kCapsule));
+  });
+  if (capsule == nullptr) {
+    delete pl;
+    return nullptr;
+  }
+  PyObject* fn = PyCFunction_NewEx(&g_py_lane_def, capsule, nullptr);
+  Py_DECREF(capsule);
+  return fn;
+}
+
+PyObject* py_lane_calls(PyObject*, PyObject*) { return PyLong_FromLongLong(g_py_lane_calls.load()); }
+
+PyMethodDef g_module_methods[] = {
+    {"lane", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(py_make_lane)), METH_FASTCALL,
+     "lane(op_id, device_type, dtype, name): the default call's entry into a bound lane, or None"},
+    {"lane_calls", py_lane_calls, METH_NOARGS, "how many calls these entries ran through a lane"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_opmux_torch_bridge", nullptr, -1, g_module_methods};
+#endif  // OPMUX_BRIDGE_PY
 }  // namespace torch_bridge
 }  // namespace opmux
 
@@ -398,3 +557,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_define, opmux::torch_bridge::define);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_set_lane, opmux::torch_bridge::set_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_clear, opmux::torch_bridge::clear);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_lane_calls, opmux::torch_bridge::lane_calls);
+
+#ifdef OPMUX_BRIDGE_PY
+PyMODINIT_FUNC PyInit__opmux_torch_bridge() { return PyModule_Create(&opmux::torch_bridge::g_module); }
+#endif
