@@ -8,6 +8,8 @@
 #
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
+# bridge:  the torch-linked bridge and the serving lanes alone (test_torch_kernels, test_lanes), every
+#          test's outcome listed (OUT_DIR/bridge.log);
 # bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*);
 # sweeps:  benchmarks/tune/run_sweeps.sh, the launch-layout sweeps ($SWEEPS families; OUT_DIR/sweeps);
 # host:    benchmarks/host_overhead.py --device cuda (OUT_DIR/host_overhead_cuda.*);
@@ -63,6 +65,9 @@ for stage in $STAGES; do
         parity) python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/parity.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        bridge) python3 -m pytest "$REPO/tests/parity/test_torch_kernels.py" "$REPO/tests/parity/test_lanes.py" --target cuda \
+                    "${PARITY_TREE[@]}" -p no:cacheprovider --import-mode=importlib -q -rA --rootdir "$REPO" 2>&1 \
+                    | tee "$OUT/bridge.log" | grep -v '^PASSED' | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         bench) python3 "$REPO/benchmarks/bench_gpu.py" --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" \
                     | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         # shellcheck disable=SC2086  # CHAIN_ARGS: words on purpose

@@ -96,3 +96,47 @@ def test_a_bad_value_is_named(tmp_path: Path, value: str) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
     assert proc.returncode != 0
     assert "OPMUX_TORCH_KERNELS" in proc.stderr and value in proc.stderr, proc.stderr
+
+
+_ENTRY_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from opmux.kernels import ops, torch_kernels
+    from opmux.kernels.explain import op_instance
+    from opmux.kernels.fused_op import _ENTRY_TYPE
+
+    g = torch.randn(3, 16)
+    with torch.no_grad():
+        want = ops.moe.topk_softmax(g, 4)  # binds the tvm-ffi lane, starts the bridge's build
+        first = torch_kernels.status()[0]
+        torch_kernels.kick(wait=True)
+        ops.moe.topk_softmax(g, 4)  # the pending check: the bound lane becomes the entry
+        got = ops.moe.topk_softmax(g, 4)
+    lane = op_instance("moe.topk_softmax")._lane_cpu[torch.float32][0]
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    headers = torch_kernels._python_include() is not None
+    print("FIRST", first, "HEADERS", headers, "ENTRY", type(lane) is _ENTRY_TYPE, "CALLS", torch_kernels.entry_calls())
+    """
+)
+
+
+def test_a_default_call_starts_the_bridge_and_takes_its_entry(tmp_path: Path) -> None:
+    """The default call of an op whose lane allocates its outputs starts the bridge's build in the
+    background (no torch.ops call, no enable()); once built, a later call swaps its bound lane for
+    the entry (where the interpreter's headers let the bridge hold it), with the same results."""
+    full = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "python"),
+        "OPMUX_CACHE_DIR": str(tmp_path / "cache"),
+        "TRITON_INTERPRET": "1",
+        "OPMUX_TORCH_KERNELS": "all",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _ENTRY_SCRIPT], capture_output=True, text=True, env=full, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FIRST building" in proc.stdout, proc.stdout
+    if "HEADERS True" in proc.stdout:
+        assert "ENTRY True CALLS 1" in proc.stdout, proc.stdout
+    else:  # built without the entry: the tvm-ffi lane stays
+        assert "ENTRY False CALLS 0" in proc.stdout, proc.stdout

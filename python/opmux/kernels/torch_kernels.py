@@ -62,7 +62,7 @@ class TorchKernelsWarning(RuntimeWarning):
 _lock = threading.Lock()
 _warned = False
 _module: Any = None
-_entry: Any = None  # the Python entry module (OPMUX_BRIDGE_PY), or None
+_entry: Any = None  # the Python entry module (BRIDGE_PY_ENTRY), or None
 _devices: list[int] | None = None  # devices() when the bridge was first asked for
 _state = "off"  # off -> building -> ready | failed
 _detail = ""
@@ -108,7 +108,7 @@ def _flags() -> tuple[list[str], list[str]]:
         *(f"-I{p.parent}" for p in dlpack),
         f"-I{torch_dir / 'include'}",
         f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        *(["-DOPMUX_BRIDGE_PY", f"-I{python}"] if python is not None else []),
+        *(["-DBRIDGE_PY_ENTRY", f"-I{python}"] if python is not None else []),
     ]
     lib = torch_dir / "lib"
     link_flags = [
@@ -211,7 +211,7 @@ def _load(path: Path) -> tuple[Any, Any]:
 
     module = tvm_ffi.load_module(str(path))
     entry = None
-    if "-DOPMUX_BRIDGE_PY" in _flags()[0]:
+    if "-DBRIDGE_PY_ENTRY" in _flags()[0]:
         loader = importlib.machinery.ExtensionFileLoader("_opmux_torch_bridge", str(path))
         spec = importlib.util.spec_from_file_location("_opmux_torch_bridge", str(path), loader=loader)
         if spec is not None:

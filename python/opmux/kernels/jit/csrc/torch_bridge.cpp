@@ -32,7 +32,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
-#ifdef OPMUX_BRIDGE_PY  // the default call's entry (below); built where the interpreter's headers are
+#ifdef BRIDGE_PY_ENTRY  // the default call's entry (below); built where the interpreter's headers are
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #endif
@@ -411,7 +411,7 @@ void clear(int64_t op_id) {
 int64_t lane_calls() { return g_lane_calls.load(); }
 
 
-#ifdef OPMUX_BRIDGE_PY
+#ifdef BRIDGE_PY_ENTRY
 // -- The default call's entry into a lane that allocates its outputs (fused_op: Decl.outputs) --
 // Through tvm-ffi, the outputs of an op returning several tensors cost about 1 us each on the host
 // (allocated in Python, or returned by the lane and converted back), more than the lane itself at
@@ -549,7 +549,7 @@ PyMethodDef g_module_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_opmux_torch_bridge", nullptr, -1, g_module_methods};
-#endif  // OPMUX_BRIDGE_PY
+#endif  // BRIDGE_PY_ENTRY
 }  // namespace torch_bridge
 }  // namespace opmux
 
@@ -558,6 +558,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_set_lane, opmux::torch_bridge::set_la
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_clear, opmux::torch_bridge::clear);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_lane_calls, opmux::torch_bridge::lane_calls);
 
-#ifdef OPMUX_BRIDGE_PY
+#ifdef BRIDGE_PY_ENTRY
 PyMODINIT_FUNC PyInit__opmux_torch_bridge() { return PyModule_Create(&opmux::torch_bridge::g_module); }
 #endif
