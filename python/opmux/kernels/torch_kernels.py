@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: ``off`` keeps the Python kernels of the library ops (the bridge is neither built nor loaded);
-#: ``cpu`` (default) gives the CPU key C++ kernels, ``all`` the CUDA key too
+#: ``cpu`` gives the CPU key C++ kernels, ``all`` (default) the CUDA key too
 ENV = "OPMUX_TORCH_KERNELS"
 _SOURCE = Path(__file__).resolve().parent / "jit" / "csrc" / "torch_bridge.cpp"
 _FAILED = "FAILED.txt"  # beside the library: the compile for this key failed (its error)
