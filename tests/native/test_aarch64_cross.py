@@ -25,8 +25,9 @@ DRIVER = Path(__file__).resolve().parent / "aarch64" / "kernel_check.cpp"
 CROSS_CXX = "aarch64-linux-gnu-g++"
 QEMU = ("qemu-aarch64-static", "qemu-aarch64")
 APT_HINT = "install the Debian packages: apt-get install -y g++-aarch64-linux-gnu qemu-user-static"
-# The flags of the JIT / AOT CPU build (jit/compile/build.py), as a standalone program.
-FLAGS = ["-std=c++17", "-O3", "-fopenmp", "-Wall"]
+# The flags of the JIT / AOT CPU build (jit/compile/build.py: compile_flags), as a standalone
+# program (no -fPIC / -shared).
+FLAGS = ["-std=c++17", "-O3", "-fno-trapping-math", "-fopenmp", "-Wall"]
 # Every op group the driver must report on (a case line "ok   <name> ...").
 OPS = [
     "conversions",

@@ -60,6 +60,7 @@ def _compile(src: Path, out: Path, openmp: bool = True) -> subprocess.Popen:
         cxx,
         "-std=c++17",
         "-O3",
+        "-fno-trapping-math",  # as compile_flags("cpu")
         "-fPIC",
         "-shared",
         *(["-fopenmp"] if openmp else []),

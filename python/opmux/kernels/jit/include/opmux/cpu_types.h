@@ -25,30 +25,36 @@ OPMUX_CPU_INLINE uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f,
 
 // IEEE half -> float (after M. Dukhan's FP16 library, MIT): normals are rebased by an
 // exponent offset and a power-of-two scale; subnormals go through a magic-number subtract.
+// The select is a mask on a signed compare (two_w >> 1 fits in int32): x86 has no unsigned
+// vector compare before AVX-512, and with one GCC left the loops around this scalar (~6x
+// slower on an AVX2 CPU, where the fp16 kernels run this portable path).
 OPMUX_CPU_INLINE float half_to_float(uint16_t h) {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;
   const uint32_t two_w = w + w;  // drops the sign bit
   const float normalized = bits_to_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float denormalized = bits_to_f32((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t mag = two_w < (1u << 27) ? f32_to_bits(denormalized) : f32_to_bits(normalized);
+  const uint32_t sub = 0u - static_cast<uint32_t>(static_cast<int32_t>(two_w >> 1) < (1 << 26));
+  const uint32_t mag = (f32_to_bits(denormalized) & sub) | (f32_to_bits(normalized) & ~sub);
   return bits_to_f32(sign | mag);
 }
 
-// float -> IEEE half, round to nearest even; overflow -> inf, NaN -> quiet NaN.
+// float -> IEEE half, round to nearest even; overflow -> inf, NaN -> quiet NaN. The compares
+// are signed, on |f|'s bits (see half_to_float: they keep the loops vectorized).
 OPMUX_CPU_INLINE uint16_t float_to_half(float f) {
   float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;  // rounds, saturates to inf
   const uint32_t w = f32_to_bits(f);
-  const uint32_t shl1_w = w + w;
   const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
-  base = bits_to_f32((bias >> 1) + 0x07800000u) + base;
+  const int32_t mag = static_cast<int32_t>(w & 0x7FFFFFFFu);
+  int32_t bias = mag & 0x7F800000;
+  bias = bias < 0x38800000 ? 0x38800000 : bias;
+  base = bits_to_f32(static_cast<uint32_t>(bias) + 0x07800000u) + base;
   const uint32_t bits = f32_to_bits(base);
   const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
   const uint32_t mantissa_bits = bits & 0x00000FFFu;
   const uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+  const uint32_t nan = 0u - static_cast<uint32_t>(mag > 0x7F800000);
+  return static_cast<uint16_t>((sign >> 16) | (0x7E00u & nan) | (nonsign & ~nan));
 }
 
 OPMUX_CPU_INLINE float bf16_to_float(uint16_t b) { return bits_to_f32(static_cast<uint32_t>(b) << 16); }
