@@ -214,26 +214,23 @@ OPMUX_CPU_CLONES float add_rstd_row(const T* xr, T* rr, int64_t hidden, float ep
   int64_t i = 0;
   for (; i + kLanes <= hidden; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
-      const T s = from_float<T>(to_float(xr[i + l]) + to_float(rr[i + l]));
-      rr[i + l] = s;
-      const float f = to_float(s);
+      const float f = cpu::store_rounded(rr + i + l, to_float(xr[i + l]) + to_float(rr[i + l]));
       acc[l] += f * f;
     }
   }
   float sum = 0.f;
   for (int l = 0; l < kLanes; ++l) sum += acc[l];
   for (; i < hidden; ++i) {
-    const T s = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
-    rr[i] = s;
-    const float f = to_float(s);
+    const float f = cpu::store_rounded(rr + i, to_float(xr[i]) + to_float(rr[i]));
     sum += f * f;
   }
   return inv_rms(sum, hidden, eps);
 }
 
-// One row of fused add + RMSNorm, portable: pass 2 re-reads the row, hot in L1/L2.
+// One row of fused add + RMSNorm, portable: pass 2 re-reads the row, hot in L1/L2. Multiversioned
+// too (scale_row is inlined here: a plain function would run it as baseline SSE2).
 template <bool GEMMA, typename T>
-void fused_add_row(T* xr, T* rr, const T* w, int64_t hidden, float eps) {
+OPMUX_CPU_CLONES void fused_add_row(T* xr, T* rr, const T* w, int64_t hidden, float eps) {
   scale_row<GEMMA>(xr, rr, w, hidden, add_rstd_row(xr, rr, hidden, eps));
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
 #include "opmux/cpu_vec.h"
 
@@ -21,16 +22,32 @@ using cpu::to_float;
 // bytes (query and key read and written) than this run on one thread.
 constexpr int64_t kParallelMinBytes = 64 << 10;
 
+// One token's heads; multiversioned (OPMUX_CPU_CLONES). The neox halves are two restrict
+// pointers (they are `half` apart and never overlap), so the loop vectorizes without a runtime
+// alias check.
+template <typename T>
+OPMUX_CPU_INLINE void rotate_halves(T* __restrict lo, T* __restrict hi, const float* __restrict cos,
+                                    const float* __restrict sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = to_float(lo[i]), b = to_float(hi[i]);
+    lo[i] = from_float<T>(a * cos[i] - b * sin[i]);
+    hi[i] = from_float<T>(b * cos[i] + a * sin[i]);
+  }
+}
+
 template <bool NEOX, typename T>
-void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos, const float* sin,
-                  int64_t half) {
+OPMUX_CPU_CLONES void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos,
+                                   const float* sin, int64_t half) {
   for (int64_t head = 0; head < h.heads; ++head) {
     T* v = x + t * h.token_stride + head * h.head_stride;
+    if (NEOX) {
+      rotate_halves(v, v + half, cos, sin, half);
+      continue;
+    }
     for (int64_t i = 0; i < half; ++i) {
-      const int64_t i1 = NEOX ? i : 2 * i, i2 = NEOX ? i + half : 2 * i + 1;
-      const float a = to_float(v[i1]), b = to_float(v[i2]);
-      v[i1] = from_float<T>(a * cos[i] - b * sin[i]);
-      v[i2] = from_float<T>(b * cos[i] + a * sin[i]);
+      const float a = to_float(v[2 * i]), b = to_float(v[2 * i + 1]);
+      v[2 * i] = from_float<T>(a * cos[i] - b * sin[i]);
+      v[2 * i + 1] = from_float<T>(b * cos[i] + a * sin[i]);
     }
   }
 }

@@ -76,6 +76,21 @@ template <> OPMUX_CPU_INLINE float from_float<float>(float v) { return v; }
 template <> OPMUX_CPU_INLINE half_t from_float<half_t>(float v) { return half_t{float_to_half(v)}; }
 template <> OPMUX_CPU_INLINE bf16_t from_float<bf16_t>(float v) { return bf16_t{float_to_bf16(v)}; }
 
+// *p = v rounded to T; returns the value stored, as a load of it would give. Through the bits,
+// not a struct copy: GCC's vectorizer does not take an aggregate assignment ("more than one data
+// ref"), so a loop that stores a named half_t / bf16_t stays scalar.
+OPMUX_CPU_INLINE float store_rounded(float* p, float v) { *p = v; return v; }
+OPMUX_CPU_INLINE float store_rounded(half_t* p, float v) {
+  const uint16_t b = float_to_half(v);
+  p->bits = b;
+  return half_to_float(b);
+}
+OPMUX_CPU_INLINE float store_rounded(bf16_t* p, float v) {
+  const uint16_t b = float_to_bf16(v);
+  p->bits = b;
+  return bf16_to_float(b);
+}
+
 // A [tokens, heads, dim] tensor (dim dense) as the per-head CPU kernels (qk_norm, rope) address
 // it: base + t * token_stride + h * head_stride, in elements. The tvm-ffi side fills it from the
 // checked opmux::Heads (opmux/head_checks.h); the kernels themselves need no tvm-ffi.
