@@ -6,6 +6,7 @@
 // the argument checks and the tvm-ffi entry points.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
@@ -130,6 +131,7 @@ void gated_vllm_row(T* o, const T* a, const T* b, int64_t n) {
 
 // One row, in chunks through a float buffer: convert, activate, multiply, convert back. Each
 // loop is a plain element-wise loop the compiler vectorizes (per ISA, see OPMUX_CPU_CLONES).
+// float16 chunks go through float buffers (cpu::half_chunk_to_float: F16C where the CPU has it).
 template <typename T, typename Act>
 OPMUX_CPU_CLONES void gated_row(T* o, const T* a, const T* b, int64_t d, ActParams p) {
   float buf[cpu::kChunk];
@@ -138,6 +140,14 @@ OPMUX_CPU_CLONES void gated_row(T* o, const T* a, const T* b, int64_t d, ActPara
     const T* ac = a + i0;
     const T* bc = b + i0;
     T* oc = o + i0;
+    if constexpr (std::is_same<T, cpu::half_t>::value) {
+      float fa[cpu::kChunk], fb[cpu::kChunk];
+      cpu::half_chunk_to_float(fa, ac, n);
+      cpu::half_chunk_to_float(fb, bc, n);
+      for (int i = 0; i < n; ++i) buf[i] = Act::gated(fa[i], fb[i], p);
+      cpu::half_chunk_from_float(oc, buf, n);
+      continue;
+    }
     for (int i = 0; i < n; ++i) buf[i] = Act::gated(to_float(ac[i]), to_float(bc[i]), p);
     for (int i = 0; i < n; ++i) oc[i] = from_float<T>(buf[i]);
   }
@@ -149,6 +159,13 @@ OPMUX_CPU_CLONES void act_row(T* o, const T* a, int64_t d) {
   float buf[cpu::kChunk];
   for (int64_t i0 = 0; i0 < d; i0 += cpu::kChunk) {
     const int n = static_cast<int>(d - i0 < cpu::kChunk ? d - i0 : cpu::kChunk);
+    if constexpr (std::is_same<T, cpu::half_t>::value) {
+      float fa[cpu::kChunk];
+      cpu::half_chunk_to_float(fa, a + i0, n);
+      for (int i = 0; i < n; ++i) buf[i] = Act::apply(fa[i]);
+      cpu::half_chunk_from_float(o + i0, buf, n);
+      continue;
+    }
     for (int i = 0; i < n; ++i) buf[i] = Act::apply(to_float(a[i0 + i]));
     for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
   }
@@ -161,6 +178,13 @@ OPMUX_CPU_CLONES void oai_row(T* o, const T* x, int64_t d, ActParams p) {
   for (int64_t i0 = 0; i0 < d; i0 += cpu::kChunk) {
     const int n = static_cast<int>(d - i0 < cpu::kChunk ? d - i0 : cpu::kChunk);
     const T* xc = x + 2 * i0;
+    if constexpr (std::is_same<T, cpu::half_t>::value) {
+      float fx[2 * cpu::kChunk];
+      cpu::half_chunk_to_float(fx, xc, 2 * n);
+      for (int i = 0; i < n; ++i) buf[i] = SwigluOai::gated(fx[2 * i], fx[2 * i + 1], p);
+      cpu::half_chunk_from_float(o + i0, buf, n);
+      continue;
+    }
     for (int i = 0; i < n; ++i) buf[i] = SwigluOai::gated(to_float(xc[2 * i]), to_float(xc[2 * i + 1]), p);
     for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
   }

@@ -57,6 +57,42 @@ OPMUX_CPU_INLINE void scale_row(T* out, const T* x, const T* w, int64_t n, float
     out[i] = from_float<T>((to_float(x[i]) * rstd) * weight_factor<GEMMA>(to_float(w[i])));
 }
 
+// float16 rows through float chunks (cpu::half_chunk_to_float: F16C where the CPU has it), with
+// the templates' operation order (chunks are whole multiples of kLanes), so the same bits.
+OPMUX_CPU_INLINE int64_t chunk_at(int64_t i0, int64_t end) {
+  return end - i0 < cpu::kChunk ? end - i0 : cpu::kChunk;
+}
+OPMUX_CPU_INLINE float sum_squares(const cpu::half_t* v, int64_t n) {
+  float acc[kLanes] = {};
+  float buf[cpu::kChunk];
+  const int64_t full = n - n % kLanes;
+  for (int64_t i0 = 0; i0 < full; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, full);
+    cpu::half_chunk_to_float(buf, v + i0, c);
+    for (int64_t j = 0; j < c; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += buf[j + l] * buf[j + l];
+  }
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += acc[l];
+  for (int64_t i = full; i < n; ++i) {
+    const float f = to_float(v[i]);
+    sum += f * f;
+  }
+  return sum;
+}
+template <bool GEMMA>
+OPMUX_CPU_INLINE void scale_row(cpu::half_t* out, const cpu::half_t* x, const cpu::half_t* w, int64_t n,
+                                float rstd) {
+  float fx[cpu::kChunk], fw[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, n);
+    cpu::half_chunk_to_float(fx, x + i0, c);
+    cpu::half_chunk_to_float(fw, w + i0, c);
+    for (int64_t j = 0; j < c; ++j) fx[j] = (fx[j] * rstd) * weight_factor<GEMMA>(fw[j]);
+    cpu::half_chunk_from_float(out + i0, fx, c);
+  }
+}
+
 OPMUX_CPU_INLINE float inv_rms(float sum, int64_t n, float eps) {
   return 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
 }
@@ -76,6 +112,21 @@ OPMUX_CPU_CLONES void quant_row(uint8_t* q, const T* x, const T* w, int64_t n, f
   for (int64_t i = 0; i < n; ++i) {
     const float y = to_float(from_float<T>((to_float(x[i]) * rstd) * to_float(w[i])));
     q[i] = cpu::float_to_e4m3fn_branchless(y * inv);
+  }
+}
+
+OPMUX_CPU_CLONES void quant_row(uint8_t* q, const cpu::half_t* x, const cpu::half_t* w, int64_t n, float rstd,
+                               float inv) {
+  float fx[cpu::kChunk], fw[cpu::kChunk];
+  cpu::half_t h[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, n);
+    cpu::half_chunk_to_float(fx, x + i0, c);
+    cpu::half_chunk_to_float(fw, w + i0, c);
+    for (int64_t j = 0; j < c; ++j) fx[j] = (fx[j] * rstd) * fw[j];
+    cpu::half_chunk_from_float(h, fx, c);  // the rmsnorm output as stored, then read back
+    cpu::half_chunk_to_float(fx, h, c);
+    for (int64_t j = 0; j < c; ++j) q[i0 + j] = cpu::float_to_e4m3fn_branchless(fx[j] * inv);
   }
 }
 
@@ -221,6 +272,29 @@ OPMUX_CPU_CLONES float add_rstd_row(const T* xr, T* rr, int64_t hidden, float ep
   float sum = 0.f;
   for (int l = 0; l < kLanes; ++l) sum += acc[l];
   for (; i < hidden; ++i) {
+    const float f = cpu::store_rounded(rr + i, to_float(xr[i]) + to_float(rr[i]));
+    sum += f * f;
+  }
+  return inv_rms(sum, hidden, eps);
+}
+
+OPMUX_CPU_CLONES float add_rstd_row(const cpu::half_t* xr, cpu::half_t* rr, int64_t hidden, float eps) {
+  float acc[kLanes] = {};
+  float fx[cpu::kChunk], fr[cpu::kChunk];
+  const int64_t full = hidden - hidden % kLanes;
+  for (int64_t i0 = 0; i0 < full; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, full);
+    cpu::half_chunk_to_float(fx, xr + i0, c);
+    cpu::half_chunk_to_float(fr, rr + i0, c);
+    for (int64_t j = 0; j < c; ++j) fr[j] = fx[j] + fr[j];
+    cpu::half_chunk_from_float(rr + i0, fr, c);
+    cpu::half_chunk_to_float(fr, rr + i0, c);  // the residual as stored
+    for (int64_t j = 0; j < c; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += fr[j + l] * fr[j + l];
+  }
+  float sum = 0.f;
+  for (int l = 0; l < kLanes; ++l) sum += acc[l];
+  for (int64_t i = full; i < hidden; ++i) {
     const float f = cpu::store_rounded(rr + i, to_float(xr[i]) + to_float(rr[i]));
     sum += f * f;
   }

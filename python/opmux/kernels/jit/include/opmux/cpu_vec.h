@@ -104,6 +104,56 @@ inline void advise_huge_pages(const void* p, int64_t bytes) {
 #endif
 }
 
+// -- float16 rows on a CPU without AVX-512 (vec_level() 0) ------------------------------------
+// The portable conversions (cpu_types.h) vectorize but cost ~10 integer operations a value; where
+// the CPU has F16C (every AVX2 x86-64) the portable kernels convert their float16 rows in chunks
+// through a float buffer with vcvtph2ps / vcvtps2ph instead: the same values (both round to
+// nearest even; a NaN stays a NaN, its payload aside). Not under OPMUX_CPU_NO_CLONES (the
+// baseline build the tests force), nor on other compilers or architectures: there the portable
+// loops run.
+#if OPMUX_CPU_VEC512
+__attribute__((target("avx,f16c"))) inline void f16c_to_float(float* o, const half_t* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < n; ++i) o[i] = _cvtsh_ss(x[i].bits);
+}
+__attribute__((target("avx,f16c"))) inline void f16c_from_float(half_t* o, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) o[i].bits = static_cast<uint16_t>(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
+// Whether the float16 chunk conversions below use F16C; detected once.
+inline bool has_f16c() {
+#if OPMUX_CPU_VEC512
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// o[0, n) = x[0, n) as float / rounded to float16 (F16C where has_f16c(), else the portable loop).
+inline void half_chunk_to_float(float* o, const half_t* x, int64_t n) {
+#if OPMUX_CPU_VEC512
+  if (has_f16c()) return f16c_to_float(o, x, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) o[i] = half_to_float(x[i].bits);
+}
+inline void half_chunk_from_float(half_t* o, const float* x, int64_t n) {
+#if OPMUX_CPU_VEC512
+  if (has_f16c()) return f16c_from_float(o, x, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) o[i].bits = float_to_half(x[i]);
+}
+
 }  // namespace cpu
 }  // namespace opmux
 
