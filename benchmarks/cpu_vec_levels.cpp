@@ -4,7 +4,7 @@
 // rounds, us per call. docs/benchmarks/cpu.md quotes it.
 //
 //   J=python/opmux/kernels/jit
-//   for v in 0 1 2; do g++ -std=c++17 -O3 -DOPMUX_CPU_VEC_MAX=$v -I$J/include -I$J/csrc \
+//   for v in 0 1 2; do g++ -std=c++17 -O3 -fno-trapping-math -DOPMUX_CPU_VEC_MAX=$v -I$J/include -I$J/csrc \
 //     benchmarks/cpu_vec_levels.cpp -o /tmp/vec$v && /tmp/vec$v; done
 #define OPMUX_CPU_KERNELS_ONLY 1
 #include "activation_cpu.cpp"

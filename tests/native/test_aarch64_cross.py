@@ -2,7 +2,9 @@
 scalar reference, no Python, torch or tvm-ffi) cross-compiled with Debian's aarch64-linux-gnu-g++
 (static, so qemu needs no aarch64 sysroot) and run under qemu-user; the same driver built natively
 with the x86 multiversioned clones disabled (-DOPMUX_CPU_NO_CLONES), so the portable code path is
-checked on x86 too; the driver shown to fail on a deliberately broken kernel; and the AOT library's
+checked on x86 too; the same with the clones in but no AVX-512 (-DOPMUX_CPU_VEC_MAX=0: what an
+AVX2 CPU runs, the x86-64-v3 / AVX2 copies and the F16C float16 chunks where this CPU has them);
+the driver shown to fail on a deliberately broken kernel; and the AOT library's
 translation unit (csrc/aot_cpu.cpp, kernels plus tvm-ffi entry points) compiled for aarch64.
 
 Needs the Debian packages g++-aarch64-linux-gnu and qemu-user-static for the aarch64 test; skips
@@ -80,6 +82,9 @@ def builds(tmp_path_factory):
     if host is not None:
         out = d / "kernel_check_native"
         jobs["native"] = (out, _start(_build_cmd(host, out, "-DOPMUX_CPU_NO_CLONES")))
+        if platform.machine().lower() in ("x86_64", "amd64"):
+            out = d / "kernel_check_vec0"
+            jobs["vec0"] = (out, _start(_build_cmd(host, out, "-DOPMUX_CPU_VEC_MAX=0")))
         if _avx512_level() > 0:  # the AVX-512 row kernels (opmux/cpu_vec.h), each level built
             for level in range(1, _avx512_level() + 1):
                 out = d / f"kernel_check_vec{level}"
@@ -121,12 +126,12 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
 
 
-def _assert_passed(r: subprocess.CompletedProcess, arch: str) -> None:
+def _assert_passed(r: subprocess.CompletedProcess, arch: str, *, clones: bool = False) -> None:
     out = r.stdout + r.stderr
     failures = "\n".join(line for line in out.splitlines() if not line.startswith("ok   "))
     assert r.returncode == 0, f"kernel_check failed on {arch} (exit {r.returncode}):\n{failures}"
     first = out.splitlines()[0]
-    assert f"arch={arch}" in first and "clones=none" in first and "vec=0" in first, first
+    assert f"arch={arch}" in first and ("clones=none" in first) != clones and "vec=0" in first, first
     m = re.search(r"all (\d+) cases passed", out)
     assert m and int(m.group(1)) >= MIN_CASES, out[-2000:]
     missing = [op for op in OPS if f"\nok   {op} " not in "\n" + out]
@@ -144,12 +149,22 @@ def test_aarch64_under_qemu(builds):
 
 
 def test_native_portable_path(builds):
-    """The x86 build without the avx512f / avx2 clones: the baseline copy every CPU can run."""
+    """The x86 build without the multiversioned clones: the baseline copy every CPU can run."""
     if "native" not in builds:
         pytest.skip("no C++ compiler (g++ or c++)")
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine())
     exe = _wait_build(builds, "native")
     _assert_passed(_run([str(exe)]), arch)
+
+
+def test_native_clones_without_avx512(builds):
+    """The x86 build with its clones but no AVX-512 row kernels (vec level 0): the code an AVX2 CPU
+    runs, its x86-64-v3 copy (FMA-contracted reductions: the fused quantization's rstd must still
+    be rmsnorm's) and the F16C float16 chunks, where this CPU has them."""
+    if "vec0" not in builds:
+        pytest.skip("not an x86-64 host, or no C++ compiler")
+    exe = _wait_build(builds, "vec0")
+    _assert_passed(_run([str(exe)]), "x86_64", clones=True)
 
 
 @pytest.mark.parametrize("level", [1, 2])

@@ -113,8 +113,8 @@ def compile_flags(device: Device, *, archs: Sequence[str] = (), ptx_arch: str | 
     CPU: ``-std=c++17 -O3 -fno-trapping-math -fPIC -shared -fopenmp`` (``-fopenmp`` is dropped
     at build time when the compiler cannot link OpenMP). ``-fno-trapping-math`` (clang's default)
     lets GCC if-convert the clamps and selects of the portable kernels (exp_f, the activations),
-    so their loops vectorize in the AVX2 clone: without it they stay scalar, 5-8x slower on a CPU
-    without AVX-512 (docs/benchmarks/cpu.md). It changes no value (no reassociation, no
+    so their loops vectorize in the x86-64-v3 / AVX2 clones: without it they stay scalar (the
+    silu row 8x slower on an AVX2 CPU without AVX-512, docs/benchmarks/cpu.md). It changes no value (no reassociation, no
     finite-math assumption); only floating-point exception flags, which nothing reads.
     CUDA: one ``-gencode`` per arch plus PTX.
     """

@@ -146,10 +146,10 @@ OPMUX_CPU_CLONES void gated_row(T* o, const T* a, const T* b, int64_t d, ActPara
       cpu::half_chunk_to_float(fb, bc, n);
       for (int i = 0; i < n; ++i) buf[i] = Act::gated(fa[i], fb[i], p);
       cpu::half_chunk_from_float(oc, buf, n);
-      continue;
+    } else {
+      for (int i = 0; i < n; ++i) buf[i] = Act::gated(to_float(ac[i]), to_float(bc[i]), p);
+      for (int i = 0; i < n; ++i) oc[i] = from_float<T>(buf[i]);
     }
-    for (int i = 0; i < n; ++i) buf[i] = Act::gated(to_float(ac[i]), to_float(bc[i]), p);
-    for (int i = 0; i < n; ++i) oc[i] = from_float<T>(buf[i]);
   }
 }
 
@@ -164,10 +164,10 @@ OPMUX_CPU_CLONES void act_row(T* o, const T* a, int64_t d) {
       cpu::half_chunk_to_float(fa, a + i0, n);
       for (int i = 0; i < n; ++i) buf[i] = Act::apply(fa[i]);
       cpu::half_chunk_from_float(o + i0, buf, n);
-      continue;
+    } else {
+      for (int i = 0; i < n; ++i) buf[i] = Act::apply(to_float(a[i0 + i]));
+      for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
     }
-    for (int i = 0; i < n; ++i) buf[i] = Act::apply(to_float(a[i0 + i]));
-    for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
   }
 }
 
@@ -183,10 +183,10 @@ OPMUX_CPU_CLONES void oai_row(T* o, const T* x, int64_t d, ActParams p) {
       cpu::half_chunk_to_float(fx, xc, 2 * n);
       for (int i = 0; i < n; ++i) buf[i] = SwigluOai::gated(fx[2 * i], fx[2 * i + 1], p);
       cpu::half_chunk_from_float(o + i0, buf, n);
-      continue;
+    } else {
+      for (int i = 0; i < n; ++i) buf[i] = SwigluOai::gated(to_float(xc[2 * i]), to_float(xc[2 * i + 1]), p);
+      for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
     }
-    for (int i = 0; i < n; ++i) buf[i] = SwigluOai::gated(to_float(xc[2 * i]), to_float(xc[2 * i + 1]), p);
-    for (int i = 0; i < n; ++i) o[i0 + i] = from_float<T>(buf[i]);
   }
 }
 

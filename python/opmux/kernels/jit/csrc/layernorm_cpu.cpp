@@ -58,7 +58,8 @@ OPMUX_CPU_INLINE void scale_row(T* out, const T* x, const T* w, int64_t n, float
 }
 
 // float16 rows through float chunks (cpu::half_chunk_to_float: F16C where the CPU has it), with
-// the templates' operation order (chunks are whole multiples of kLanes), so the same bits.
+// the templates' operation order (chunks are whole multiples of kLanes), so the same bits (a NaN
+// stored by F16C keeps part of its payload, as at vector level 1; still a NaN).
 OPMUX_CPU_INLINE int64_t chunk_at(int64_t i0, int64_t end) {
   return end - i0 < cpu::kChunk ? end - i0 : cpu::kChunk;
 }
@@ -97,10 +98,18 @@ OPMUX_CPU_INLINE float inv_rms(float sum, int64_t n, float eps) {
   return 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
 }
 
-// One row; multiversioned (OPMUX_CPU_CLONES in opmux/cpu_math.h).
+// A row's 1 / rms. Multiversioned (OPMUX_CPU_CLONES in opmux/cpu_math.h), and the one place
+// both rmsnorm_row and the fused quantization take it from: the x86-64-v3 copy contracts the
+// squares into FMAs, so a reduction compiled for another target could differ in the last bit.
+template <typename T>
+OPMUX_CPU_CLONES float rstd_row(const T* x, int64_t hidden, float eps) {
+  return inv_rms(sum_squares(x, hidden), hidden, eps);
+}
+
+// One row; multiversioned.
 template <bool GEMMA, typename T>
 OPMUX_CPU_CLONES void rmsnorm_row(T* out, const T* x, const T* w, int64_t hidden, float eps) {
-  scale_row<GEMMA>(out, x, w, hidden, inv_rms(sum_squares(x, hidden), hidden, eps));
+  scale_row<GEMMA>(out, x, w, hidden, rstd_row(x, hidden, eps));
 }
 
 // The static fp8 epilogue: q[i] = e4m3(float(round_T((x[i] * rstd) * w[i])) * inv), i.e. the
@@ -370,8 +379,7 @@ void rmsnorm_quant_impl(uint8_t* q, int64_t q_stride, const T* x, int64_t x_stri
     }
 #endif
     {
-      rstd = rr == nullptr ? inv_rms(sum_squares(xr, hidden), hidden, eps)
-                           : add_rstd_row(xr, rr, hidden, eps);
+      rstd = rr == nullptr ? rstd_row(xr, hidden, eps) : add_rstd_row(xr, rr, hidden, eps);
     }
     quant_row(q + r * q_stride, rr ? rr : xr, w, hidden, rstd, inv);
   }

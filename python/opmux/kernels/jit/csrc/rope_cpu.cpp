@@ -22,9 +22,8 @@ using cpu::to_float;
 // bytes (query and key read and written) than this run on one thread.
 constexpr int64_t kParallelMinBytes = 64 << 10;
 
-// One token's heads; multiversioned (OPMUX_CPU_CLONES). The neox halves are two restrict
-// pointers (they are `half` apart and never overlap), so the loop vectorizes without a runtime
-// alias check.
+// The neox halves of one head as two restrict pointers (they are `half` apart and never
+// overlap), so the loop vectorizes without a runtime alias check.
 template <typename T>
 OPMUX_CPU_INLINE void rotate_halves(T* __restrict lo, T* __restrict hi, const float* __restrict cos,
                                     const float* __restrict sin, int64_t half) {
@@ -35,12 +34,13 @@ OPMUX_CPU_INLINE void rotate_halves(T* __restrict lo, T* __restrict hi, const fl
   }
 }
 
+// One token's heads; multiversioned (OPMUX_CPU_CLONES).
 template <bool NEOX, typename T>
 OPMUX_CPU_CLONES void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos,
                                    const float* sin, int64_t half) {
   for (int64_t head = 0; head < h.heads; ++head) {
     T* v = x + t * h.token_stride + head * h.head_stride;
-    if (NEOX) {
+    if constexpr (NEOX) {
       rotate_halves(v, v + half, cos, sin, half);
       continue;
     }

@@ -1,10 +1,13 @@
-// AVX-512 building blocks for the CPU units, and the thread count of a call.
+// AVX-512 building blocks for the CPU units, F16C float16 chunk conversions for CPUs without
+// AVX-512, and the thread count of a call.
 //
 // The portable kernels (plain loops the compiler vectorizes, multiversioned by OPMUX_CPU_CLONES)
 // run everywhere. Where GCC targets x86-64 Linux, each unit also carries explicit AVX-512 row
 // kernels, compiled for AVX-512 F/BW/VL/DQ inside `#pragma GCC target` regions (no -march flag:
 // the library stays loadable on any x86-64) and picked at run time by vec_level():
-//   0  the portable kernels (no AVX-512, another compiler or architecture, OPMUX_CPU_NO_CLONES)
+//   0  the portable kernels (no AVX-512, another compiler or architecture, OPMUX_CPU_NO_CLONES);
+//      on an AVX2 CPU their x86-64-v3 / AVX2 clones, with float16 rows converted by F16C in
+//      chunks (half_chunk_to_float below)
 //   1  AVX-512: float16 <-> float32 by vcvtph2ps / vcvtps2ph, bfloat16 stores rounded in integer
 //      registers (round to nearest even, NaN kept quiet)
 //   2  level 1 + AVX512_BF16: a bfloat16 store is one vcvtneps2bf16 (a lane whose input is an fp32
@@ -109,9 +112,14 @@ inline void advise_huge_pages(const void* p, int64_t bytes) {
 // the CPU has F16C (every AVX2 x86-64) the portable kernels convert their float16 rows in chunks
 // through a float buffer with vcvtph2ps / vcvtps2ph instead: the same values (both round to
 // nearest even; a NaN stays a NaN, its payload aside). Not under OPMUX_CPU_NO_CLONES (the
-// baseline build the tests force), nor on other compilers or architectures: there the portable
-// loops run.
-#if OPMUX_CPU_VEC512
+// baseline build the tests force), nor on other compilers or architectures, nor before GCC 11
+// (whose __builtin_cpu_supports knows no "f16c"): there the portable loops run.
+#if OPMUX_CPU_VEC512 && __GNUC__ >= 11
+#define OPMUX_CPU_F16C 1
+#else
+#define OPMUX_CPU_F16C 0
+#endif
+#if OPMUX_CPU_F16C
 __attribute__((target("avx,f16c"))) inline void f16c_to_float(float* o, const half_t* x, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -129,9 +137,9 @@ __attribute__((target("avx,f16c"))) inline void f16c_from_float(half_t* o, const
 
 // Whether the float16 chunk conversions below use F16C; detected once.
 inline bool has_f16c() {
-#if OPMUX_CPU_VEC512
+#if OPMUX_CPU_F16C
   static const bool yes = [] {
-    __builtin_cpu_init();
+    __builtin_cpu_init();  // "avx" too: it checks that the OS saves the YMM registers
     return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
   }();
   return yes;
@@ -142,13 +150,13 @@ inline bool has_f16c() {
 
 // o[0, n) = x[0, n) as float / rounded to float16 (F16C where has_f16c(), else the portable loop).
 inline void half_chunk_to_float(float* o, const half_t* x, int64_t n) {
-#if OPMUX_CPU_VEC512
+#if OPMUX_CPU_F16C
   if (has_f16c()) return f16c_to_float(o, x, n);
 #endif
   for (int64_t i = 0; i < n; ++i) o[i] = half_to_float(x[i].bits);
 }
 inline void half_chunk_from_float(half_t* o, const float* x, int64_t n) {
-#if OPMUX_CPU_VEC512
+#if OPMUX_CPU_F16C
   if (has_f16c()) return f16c_from_float(o, x, n);
 #endif
   for (int64_t i = 0; i < n; ++i) o[i].bits = float_to_half(x[i]);
