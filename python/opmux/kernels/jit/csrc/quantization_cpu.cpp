@@ -75,6 +75,48 @@ OPMUX_CPU_INLINE void quantize_div(int8_t* q, const T* x, int64_t n, float scale
   quantize(q, x, n, 1.0f / scale);  // not used: int8 has no division mode
 }
 
+// float16 rows through float chunks (cpu::half_chunk_to_float: F16C where the CPU has it); the
+// same values as the templates above (the conversion is exact, each element's math unchanged).
+OPMUX_CPU_INLINE int64_t chunk_at(int64_t i0, int64_t n) { return n - i0 < cpu::kChunk ? n - i0 : cpu::kChunk; }
+OPMUX_CPU_INLINE float abs_max(const cpu::half_t* v, int64_t n) {
+  float buf[cpu::kChunk];
+  uint32_t m = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, n);
+    cpu::half_chunk_to_float(buf, v + i0, c);
+    const uint32_t u = cpu::f32_to_bits(abs_max(buf, c));
+    m = m < u ? u : m;
+  }
+  return cpu::bits_to_f32(m);
+}
+OPMUX_CPU_INLINE void quantize(uint8_t* q, const cpu::half_t* x, int64_t n, float inv) {
+  float buf[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, n);
+    cpu::half_chunk_to_float(buf, x + i0, c);
+    quantize(q + i0, buf, c, inv);
+  }
+}
+OPMUX_CPU_INLINE void quantize_div(uint8_t* q, const cpu::half_t* x, int64_t n, float scale) {
+  float buf[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, n);
+    cpu::half_chunk_to_float(buf, x + i0, c);
+    quantize_div(q + i0, buf, c, scale);
+  }
+}
+OPMUX_CPU_INLINE void quantize(int8_t* q, const cpu::half_t* x, int64_t n, float inv) {
+  float buf[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, n);
+    cpu::half_chunk_to_float(buf, x + i0, c);
+    quantize(q + i0, buf, c, inv);
+  }
+}
+OPMUX_CPU_INLINE void quantize_div(int8_t* q, const cpu::half_t* x, int64_t n, float scale) {
+  quantize(q, x, n, 1.0f / scale);  // not used: int8 has no division mode
+}
+
 OPMUX_CPU_INLINE float token_scale(float amax, const float* ub) {
   if (ub != nullptr) amax = std::min(amax, *ub);  // NaN amax stays NaN
   return std::max(amax / kFp8Max, kMinScale);

@@ -35,6 +35,25 @@ OPMUX_CPU_INLINE void rotate_halves(T* __restrict lo, T* __restrict hi, const fl
 }
 
 // One token's heads; multiversioned (OPMUX_CPU_CLONES).
+// float16 halves through float chunks (cpu::half_chunk_to_float: F16C where the CPU has it), the
+// same expressions.
+OPMUX_CPU_INLINE void rotate_halves(cpu::half_t* lo, cpu::half_t* hi, const float* cos, const float* sin,
+                                    int64_t half) {
+  float a[cpu::kChunk], b[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < half; i0 += cpu::kChunk) {
+    const int64_t c = half - i0 < cpu::kChunk ? half - i0 : cpu::kChunk;
+    cpu::half_chunk_to_float(a, lo + i0, c);
+    cpu::half_chunk_to_float(b, hi + i0, c);
+    for (int64_t j = 0; j < c; ++j) {
+      const float x = a[j], y = b[j];
+      a[j] = x * cos[i0 + j] - y * sin[i0 + j];
+      b[j] = y * cos[i0 + j] + x * sin[i0 + j];
+    }
+    cpu::half_chunk_from_float(lo + i0, a, c);
+    cpu::half_chunk_from_float(hi + i0, b, c);
+  }
+}
+
 template <bool NEOX, typename T>
 OPMUX_CPU_CLONES void rotate_heads(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos,
                                    const float* sin, int64_t half) {
