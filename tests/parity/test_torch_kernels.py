@@ -357,3 +357,35 @@ def test_entry_grad_and_refusals(device_type: str, bridge: Any) -> None:
         assert rw is bw and rids is bids and torch.equal(bids, ids)  # caller buffers: not the entry
         assert torch_kernels.entry_calls() == before + 1
     op.invalidate()
+
+
+def test_forced_calls_take_their_own_entry(device_type: str, bridge: Any) -> None:
+    """A forced call (``backend=`` the default's native backend) binds an entry of its own (its own
+    bridge id: the default's id is also its torch.ops kernel's), runs through it with the default
+    call's results, and leaves the default's entry running its lane."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the bridge's entries run on cpu and cuda, not {device_type}")
+    from opmux.kernels import _env, ops
+    from opmux.kernels.fused_op import _ENTRY_TYPE
+
+    op = op_instance("moe.topk_softmax")
+    op.invalidate()
+    g = torch.randn(3, 16, device=dev)
+    with _env.scope(OPMUX_TORCH_KERNELS="all"), torch.no_grad():
+        want = ops.moe.topk_softmax(g, 4)
+        native = [b for (b, d) in op._kernels if d == ("cpu" if g.is_cpu else "cuda")]
+        assert native, "the default call bound no native kernel"
+        for backend in native:
+            ops.moe.topk_softmax(g, 4, backend=backend)
+            lane = op._lane_forced[(backend, g.is_cpu, g.dtype)]
+            assert type(lane[0]) is _ENTRY_TYPE, backend
+            before = torch_kernels.entry_calls()
+            got = ops.moe.topk_softmax(g, 4, backend=backend)
+            assert torch_kernels.entry_calls() == before + 1, backend
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), backend
+        before = torch_kernels.entry_calls()
+        again = ops.moe.topk_softmax(g, 4)
+        assert torch_kernels.entry_calls() == before + 1
+        assert all(torch.equal(a, b) for a, b in zip(again, want, strict=True))
+    op.invalidate()

@@ -459,6 +459,10 @@ class FusedOp(Generic[R]):
         self._lane_native: dict[tuple[bool, torch.dtype], tuple[Callable[..., Any], Any]] = {}
         #: (backend, is_cpu, dtype) -> (lane, PDL flag) of forced calls (like ``_forced``)
         self._lane_forced: dict[tuple[Any, ...], tuple[Callable[..., Any], Any]] = {}
+        #: the native lanes behind those (as ``_lane_native``), and the bridge id of each forced
+        #: backend's entries (its own: the default's id is also its torch.ops kernel's)
+        self._lane_forced_native: dict[tuple[Any, ...], tuple[Callable[..., Any], Any]] = {}
+        self._forced_ids: dict[Any, int] = {}
         #: (backend, device) -> (lane, PDL flag) of the native backends whose source has one
         self._lanes: dict[tuple[str, str], tuple[Callable[..., Any], Any]] = {}
         #: (backend, is_cpu, dtype) -> (kernel, PDL flag)
@@ -584,10 +588,12 @@ class FusedOp(Generic[R]):
         self._lane_cuda.clear()
         self._lane_native.clear()
         self._lane_forced.clear()
+        self._lane_forced_native.clear()
         self._forced.clear()
         bridge = torch_kernels.module()
         if bridge is not None:
-            bridge["opmux_bridge_clear"](self._bridge_id)
+            for op_id in (self._bridge_id, *self._forced_ids.values()):
+                bridge["opmux_bridge_clear"](op_id)
 
     def forget_kernels(self) -> None:
         """Drop the bound kernels and forget failures (the settings that found them changed:
@@ -727,7 +733,10 @@ class FusedOp(Generic[R]):
             key = tuple(backend) if isinstance(backend, list) else backend
             self._forced[(key, x.is_cpu, x.dtype)] = entry
             if lane is not None:
-                self._lane_forced[(key, x.is_cpu, x.dtype)] = lane
+                self._lane_forced_native[(key, x.is_cpu, x.dtype)] = lane
+                self._lane_forced[(key, x.is_cpu, x.dtype)] = self._entry(
+                    x.is_cpu, x.dtype, lane, self._forced_id(key)
+                )
             return
         if lane is not None and not self._thresholds["cpu" if x.is_cpu else "cuda"]:
             self._lane_native[(x.is_cpu, x.dtype)] = lane
@@ -841,17 +850,23 @@ class FusedOp(Generic[R]):
             self._bridge["opmux_bridge_clear"](self._bridge_id)
 
     # -- the default call's entry into lanes that allocate their outputs (torch_kernels) -------
-    def _entry(self, is_cpu: bool, dtype: torch.dtype, lane: tuple[Callable[..., Any], Any]) -> Any:
-        """What the default call keeps for ``lane``: the bridge's entry into it where the op's lane
-        allocates its outputs and the bridge is loaded, else the lane itself (an op waiting for
-        the bridge is given its entries once it is built)."""
+    def _forced_id(self, backend: Any) -> int:
+        return self._forced_ids.setdefault(backend, next(_bridge_ids))
+
+    def _entry(
+        self, is_cpu: bool, dtype: torch.dtype, lane: tuple[Callable[..., Any], Any], op_id: int | None = None
+    ) -> Any:
+        """What the default call (or, with a forced backend's ``op_id``, a forced call) keeps for
+        ``lane``: the bridge's entry into it where the op's lane allocates its outputs and the
+        bridge is loaded, else the lane itself (an op waiting for the bridge is given its entries
+        once it is built)."""
         if self.decl.outputs is None or self.lane_form != "LRES":
             return lane
         fn, flag = lane
         entry = None
         if flag is None or isinstance(flag, bool):  # (PER_DEVICE: resolved per call, in Python)
             entry = torch_kernels.lane_entry(
-                self._bridge_id, is_cpu, dtype_name(dtype), self.op_name, fn, flag
+                self._bridge_id if op_id is None else op_id, is_cpu, dtype_name(dtype), self.op_name, fn, flag
             )
         if entry is not None:
             return entry, flag
@@ -868,6 +883,12 @@ class FusedOp(Generic[R]):
                 table[dtype] = entry
                 if self._lane_native.get((is_cpu, dtype)) is not lane:  # invalidated meanwhile
                     table.pop(dtype, None)
+        for fkey, lane in list(self._lane_forced_native.items()):
+            entry = self._entry(fkey[1], fkey[2], lane, self._forced_id(fkey[0]))
+            if entry is not lane and self._lane_forced.get(fkey) is lane:
+                self._lane_forced[fkey] = entry
+                if self._lane_forced_native.get(fkey) is not lane:  # invalidated meanwhile
+                    self._lane_forced.pop(fkey, None)
 
     def _make_public(
         self,
