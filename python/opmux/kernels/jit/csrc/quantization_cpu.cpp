@@ -89,29 +89,28 @@ OPMUX_CPU_INLINE float abs_max(const cpu::half_t* v, int64_t n) {
   }
   return cpu::bits_to_f32(m);
 }
-OPMUX_CPU_INLINE void quantize(uint8_t* q, const cpu::half_t* x, int64_t n, float inv) {
+// quantize (DIV: quantize_div) of a float16 row, chunk by chunk through a float buffer.
+template <bool DIV, typename Q>
+OPMUX_CPU_INLINE void quantize_half(Q* q, const cpu::half_t* x, int64_t n, float s) {
   float buf[cpu::kChunk];
   for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
     const int64_t c = chunk_at(i0, n);
     cpu::half_chunk_to_float(buf, x + i0, c);
-    quantize(q + i0, buf, c, inv);
+    if constexpr (DIV) {
+      quantize_div(q + i0, buf, c, s);
+    } else {
+      quantize(q + i0, buf, c, s);
+    }
   }
+}
+OPMUX_CPU_INLINE void quantize(uint8_t* q, const cpu::half_t* x, int64_t n, float inv) {
+  quantize_half<false>(q, x, n, inv);
 }
 OPMUX_CPU_INLINE void quantize_div(uint8_t* q, const cpu::half_t* x, int64_t n, float scale) {
-  float buf[cpu::kChunk];
-  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
-    const int64_t c = chunk_at(i0, n);
-    cpu::half_chunk_to_float(buf, x + i0, c);
-    quantize_div(q + i0, buf, c, scale);
-  }
+  quantize_half<true>(q, x, n, scale);
 }
 OPMUX_CPU_INLINE void quantize(int8_t* q, const cpu::half_t* x, int64_t n, float inv) {
-  float buf[cpu::kChunk];
-  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
-    const int64_t c = chunk_at(i0, n);
-    cpu::half_chunk_to_float(buf, x + i0, c);
-    quantize(q + i0, buf, c, inv);
-  }
+  quantize_half<false>(q, x, n, inv);
 }
 OPMUX_CPU_INLINE void quantize_div(int8_t* q, const cpu::half_t* x, int64_t n, float scale) {
   quantize(q, x, n, 1.0f / scale);  // not used: int8 has no division mode
