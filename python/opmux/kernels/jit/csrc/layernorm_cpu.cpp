@@ -22,6 +22,8 @@ using cpu::to_float;
 // Measured cut-over (benchmarks/bench_cpu.py, docs/benchmarks/cpu.md): calls that move fewer
 // bytes than this run on one thread (a parallel region's fork / join costs more than it saves).
 constexpr int64_t kParallelMinBytes = 64 << 10;
+// Rows per task of the row loops (the threads' share and the portable kernels' call).
+constexpr int64_t kRowBlock = 32;
 // Independent partial sums: lets the compiler vectorize the reduction without -ffast-math.
 constexpr int kLanes = 16;
 
@@ -50,9 +52,16 @@ OPMUX_CPU_INLINE float weight_factor(float w) {
   return GEMMA ? 1.0f + w : w;
 }
 
-// out[i] = (x[i] * rstd) * w[i], same operation order as the torch reference.
+// out[i] = (x[i] * rstd) * w[i], same operation order as the torch reference. In place (out ==
+// x: qk_norm) the loop names one row pointer: GCC's run-time overlap check between out and x
+// would otherwise find them overlapping and run its scalar copy of the loop.
 template <bool GEMMA, typename T>
 OPMUX_CPU_INLINE void scale_row(T* out, const T* x, const T* w, int64_t n, float rstd) {
+  if (out == x) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = from_float<T>((to_float(out[i]) * rstd) * weight_factor<GEMMA>(to_float(w[i])));
+    return;
+  }
   for (int64_t i = 0; i < n; ++i)
     out[i] = from_float<T>((to_float(x[i]) * rstd) * weight_factor<GEMMA>(to_float(w[i])));
 }
@@ -98,18 +107,48 @@ OPMUX_CPU_INLINE float inv_rms(float sum, int64_t n, float eps) {
   return 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
 }
 
-// A row's 1 / rms. Multiversioned (OPMUX_CPU_CLONES in opmux/cpu_math.h), and the one place
-// both rmsnorm_row and the fused quantization take it from: the x86-64-v3 copy contracts the
-// squares into FMAs, so a reduction compiled for another target could differ in the last bit.
+// A row's 1 / rms. Multiversioned (OPMUX_CPU_CLONES in opmux/cpu_math.h) for the fused
+// quantization; rmsnorm_rows inlines the same reduction into its clone of the same target. The
+// x86-64-v3 copy contracts the squares into FMAs, so the reduction must never run in a copy
+// compiled for another target than rmsnorm's (the last bit could differ).
 template <typename T>
 OPMUX_CPU_CLONES float rstd_row(const T* x, int64_t hidden, float eps) {
   return inv_rms(sum_squares(x, hidden), hidden, eps);
 }
 
-// One row; multiversioned.
+// Rows [r0, r1) of rmsnorm; one multiversioned call per block of rows, not per row: an ifunc call
+// per row (two, with the reduction's) cost more than qk_norm's 128-element rows themselves.
 template <bool GEMMA, typename T>
-OPMUX_CPU_CLONES void rmsnorm_row(T* out, const T* x, const T* w, int64_t hidden, float eps) {
-  scale_row<GEMMA>(out, x, w, hidden, rstd_row(x, hidden, eps));
+OPMUX_CPU_CLONES void rmsnorm_rows(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
+                                   int64_t r0, int64_t r1, int64_t hidden, float eps) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + r * x_stride;
+    scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
+  }
+}
+
+// float16 rows: a row of at most kChunk elements is converted once for both passes (sum_squares
+// of the float chunk sums in the order of the float16 overload above: the same bits), and the
+// weight factors once per block of rows.
+template <bool GEMMA>
+OPMUX_CPU_CLONES void rmsnorm_rows(cpu::half_t* out, int64_t out_stride, const cpu::half_t* x, int64_t x_stride,
+                                   const cpu::half_t* w, int64_t r0, int64_t r1, int64_t hidden, float eps) {
+  if (hidden > cpu::kChunk) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const cpu::half_t* xr = x + r * x_stride;
+      scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
+    }
+    return;
+  }
+  float fw[cpu::kChunk], fx[cpu::kChunk];
+  cpu::half_chunk_to_float(fw, w, hidden);
+  for (int64_t j = 0; j < hidden; ++j) fw[j] = weight_factor<GEMMA>(fw[j]);
+  for (int64_t r = r0; r < r1; ++r) {
+    cpu::half_chunk_to_float(fx, x + r * x_stride, hidden);
+    const float rstd = inv_rms(sum_squares(static_cast<const float*>(fx), hidden), hidden, eps);
+    for (int64_t j = 0; j < hidden; ++j) fx[j] = (fx[j] * rstd) * fw[j];
+    cpu::half_chunk_from_float(out + r * out_stride, fx, hidden);
+  }
 }
 
 // The static fp8 epilogue: q[i] = e4m3(float(round_T((x[i] * rstd) * w[i])) * inv), i.e. the
@@ -247,20 +286,23 @@ void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, cons
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
-  for (int64_t r = 0; r < rows; ++r) {
-    T* o = out + r * out_stride;
-    const T* xr = x + r * x_stride;
+  for (int64_t b = 0; b < rows; b += kRowBlock) {
+    const int64_t e = rows - b < kRowBlock ? rows : b + kRowBlock;
 #if OPMUX_CPU_VEC512
-    if (level == 2) {
-      v512::rmsnorm_row<true, GEMMA, T>(o, xr, w, hidden, eps);
-      continue;
-    }
-    if (level == 1) {
-      v512::rmsnorm_row<false, GEMMA, T>(o, xr, w, hidden, eps);
+    if (level >= 1) {
+      for (int64_t r = b; r < e; ++r) {
+        T* o = out + r * out_stride;
+        const T* xr = x + r * x_stride;
+        if (level == 2) {
+          v512::rmsnorm_row<true, GEMMA, T>(o, xr, w, hidden, eps);
+        } else {
+          v512::rmsnorm_row<false, GEMMA, T>(o, xr, w, hidden, eps);
+        }
+      }
       continue;
     }
 #endif
-    rmsnorm_row<GEMMA, T>(o, xr, w, hidden, eps);
+    rmsnorm_rows<GEMMA>(out, out_stride, x, x_stride, w, b, e, hidden, eps);
   }
 }
 

@@ -1,5 +1,5 @@
-// AVX-512 building blocks for the CPU units, F16C float16 chunk conversions for CPUs without
-// AVX-512, and the thread count of a call.
+// AVX-512 building blocks for the CPU units, F16C float16 chunk conversions and AVX2 building
+// blocks for CPUs without AVX-512, and the thread count of a call.
 //
 // The portable kernels (plain loops the compiler vectorizes, multiversioned by OPMUX_CPU_CLONES)
 // run everywhere. Where GCC targets x86-64 Linux, each unit also carries explicit AVX-512 row
@@ -162,8 +162,85 @@ inline void half_chunk_from_float(half_t* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i].bits = float_to_half(x[i]);
 }
 
+// Whether this CPU runs the AVX2 row kernels below (AVX2 + FMA + F16C: every x86-64-v3 CPU);
+// detected once. Only kernels that are bound by the latency of long arithmetic chains have one
+// (gelu: the portable loop keeps one vector in flight; these interleave two).
+inline bool has_v256() {
+#if OPMUX_CPU_F16C
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
 }  // namespace cpu
 }  // namespace opmux
+
+#if OPMUX_CPU_F16C
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace opmux {
+namespace cpu {
+namespace v256 {
+
+#define OPMUX_V256_INLINE inline __attribute__((always_inline))
+
+constexpr int kW = 8;  // fp32 lanes
+
+// 8 elements <-> fp32 lanes (whole vectors only: the callers finish a row's tail portably).
+OPMUX_V256_INLINE __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+OPMUX_V256_INLINE __m256 load(const half_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+OPMUX_V256_INLINE __m256 load(const bf16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+OPMUX_V256_INLINE void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+OPMUX_V256_INLINE void store(half_t* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+// bfloat16: cpu::float_to_bf16 on 8 lanes (round to nearest even, NaN -> quiet NaN), the same bits.
+OPMUX_V256_INLINE void store(bf16_t* p, __m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i b = _mm256_blendv_epi8(r, q, nan);  // 8 x 32-bit lanes, each < 2^16
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+// 2^y for finite y >= -200 or NaN: cpu::exp2_f on 8 lanes (the same reduction, Estrin order and
+// two-factor scaling, so subnormal results and 0 come out as there).
+OPMUX_V256_INLINE __m256 exp2_8(__m256 y) {
+  const __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(y, n);
+  const __m256 f2 = _mm256_mul_ps(f, f);
+  const __m256 e01 = _mm256_fmadd_ps(_mm256_set1_ps(6.931472028550421e-1f), f, _mm256_set1_ps(1.0f));
+  const __m256 e23 = _mm256_fmadd_ps(_mm256_set1_ps(5.550332471162809e-2f), f, _mm256_set1_ps(2.402264791363012e-1f));
+  const __m256 e45 = _mm256_fmadd_ps(_mm256_set1_ps(1.339887440266574e-3f), f, _mm256_set1_ps(9.618437357674640e-3f));
+  const __m256 e46 = _mm256_fmadd_ps(_mm256_set1_ps(1.535336188319500e-4f), f2, e45);
+  const __m256 q = _mm256_fmadd_ps(_mm256_fmadd_ps(e46, f2, e23), f2, e01);
+  const __m256i ni = _mm256_cvtps_epi32(n);  // (a NaN lane: garbage exponent, q is NaN anyway)
+  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(q, s1), s2);
+}
+
+}  // namespace v256
+}  // namespace cpu
+}  // namespace opmux
+
+#pragma GCC pop_options
+#endif  // OPMUX_CPU_F16C
 
 #if OPMUX_CPU_VEC512
 #pragma GCC push_options
