@@ -127,27 +127,50 @@ OPMUX_CPU_CLONES void rmsnorm_rows(T* out, int64_t out_stride, const T* x, int64
   }
 }
 
-// float16 rows: a row of at most kChunk elements is converted once for both passes (sum_squares
-// of the float chunk sums in the order of the float16 overload above: the same bits), and the
-// weight factors once per block of rows.
+// 16-bit rows (float16, bfloat16) of at most kChunk elements: each row is converted to float once
+// for both passes (sum_squares of the float chunk sums in the order of the 16-bit overloads
+// above: the same bits), the weight factors once per block of rows. float16 converts by F16C where
+// the CPU has it (cpu::half_chunk_to_float), bfloat16 by its shift.
+OPMUX_CPU_INLINE void chunk_to_float(float* o, const cpu::half_t* x, int64_t n) { cpu::half_chunk_to_float(o, x, n); }
+OPMUX_CPU_INLINE void chunk_to_float(float* o, const cpu::bf16_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = to_float(x[i]);
+}
+OPMUX_CPU_INLINE void chunk_from_float(cpu::half_t* o, const float* x, int64_t n) { cpu::half_chunk_from_float(o, x, n); }
+OPMUX_CPU_INLINE void chunk_from_float(cpu::bf16_t* o, const float* x, int64_t n) {
+#if OPMUX_CPU_F16C
+  if (cpu::has_v256()) return cpu::v256::bf16_chunk_from_float(o, x, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) o[i] = from_float<cpu::bf16_t>(x[i]);
+}
+template <bool GEMMA, typename T>
+OPMUX_CPU_INLINE void rmsnorm_short_rows(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
+                                         int64_t r0, int64_t r1, int64_t hidden, float eps) {
+  float fw[cpu::kChunk], fx[cpu::kChunk];
+  chunk_to_float(fw, w, hidden);
+  for (int64_t j = 0; j < hidden; ++j) fw[j] = weight_factor<GEMMA>(fw[j]);
+  for (int64_t r = r0; r < r1; ++r) {
+    chunk_to_float(fx, x + r * x_stride, hidden);
+    const float rstd = inv_rms(sum_squares(static_cast<const float*>(fx), hidden), hidden, eps);
+    for (int64_t j = 0; j < hidden; ++j) fx[j] = (fx[j] * rstd) * fw[j];
+    chunk_from_float(out + r * out_stride, fx, hidden);
+  }
+}
 template <bool GEMMA>
 OPMUX_CPU_CLONES void rmsnorm_rows(cpu::half_t* out, int64_t out_stride, const cpu::half_t* x, int64_t x_stride,
                                    const cpu::half_t* w, int64_t r0, int64_t r1, int64_t hidden, float eps) {
-  if (hidden > cpu::kChunk) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const cpu::half_t* xr = x + r * x_stride;
-      scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
-    }
-    return;
-  }
-  float fw[cpu::kChunk], fx[cpu::kChunk];
-  cpu::half_chunk_to_float(fw, w, hidden);
-  for (int64_t j = 0; j < hidden; ++j) fw[j] = weight_factor<GEMMA>(fw[j]);
+  if (hidden <= cpu::kChunk) return rmsnorm_short_rows<GEMMA>(out, out_stride, x, x_stride, w, r0, r1, hidden, eps);
   for (int64_t r = r0; r < r1; ++r) {
-    cpu::half_chunk_to_float(fx, x + r * x_stride, hidden);
-    const float rstd = inv_rms(sum_squares(static_cast<const float*>(fx), hidden), hidden, eps);
-    for (int64_t j = 0; j < hidden; ++j) fx[j] = (fx[j] * rstd) * fw[j];
-    cpu::half_chunk_from_float(out + r * out_stride, fx, hidden);
+    const cpu::half_t* xr = x + r * x_stride;
+    scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
+  }
+}
+template <bool GEMMA>
+OPMUX_CPU_CLONES void rmsnorm_rows(cpu::bf16_t* out, int64_t out_stride, const cpu::bf16_t* x, int64_t x_stride,
+                                   const cpu::bf16_t* w, int64_t r0, int64_t r1, int64_t hidden, float eps) {
+  if (hidden <= cpu::kChunk) return rmsnorm_short_rows<GEMMA>(out, out_stride, x, x_stride, w, r0, r1, hidden, eps);
+  for (int64_t r = r0; r < r1; ++r) {
+    const cpu::bf16_t* xr = x + r * x_stride;
+    scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
   }
 }
 

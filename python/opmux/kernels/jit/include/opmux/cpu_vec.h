@@ -235,6 +235,13 @@ OPMUX_V256_INLINE __m256 exp2_8(__m256 y) {
   return _mm256_mul_ps(_mm256_mul_ps(q, s1), s2);
 }
 
+// o[0, n) = x[0, n) rounded to bfloat16 (cpu::float_to_bf16's bits), 8 lanes at a time.
+inline void bf16_chunk_from_float(bf16_t* o, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) store(o + i, _mm256_loadu_ps(x + i));
+  for (; i < n; ++i) o[i].bits = float_to_bf16(x[i]);
+}
+
 }  // namespace v256
 }  // namespace cpu
 }  // namespace opmux
