@@ -164,7 +164,7 @@ inline void half_chunk_from_float(half_t* o, const float* x, int64_t n) {
 
 // Whether this CPU runs the AVX2 row kernels below (AVX2 + FMA + F16C: every x86-64-v3 CPU);
 // detected once. Only kernels that are bound by the latency of long arithmetic chains have one
-// (gelu: the portable loop keeps one vector in flight; these interleave two).
+// (gelu: the portable loop keeps one vector in flight; these interleave four).
 inline bool has_v256() {
 #if OPMUX_CPU_F16C
   static const bool yes = [] {
