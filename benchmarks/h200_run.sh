@@ -25,6 +25,7 @@
 #          expression of $SHARDS_K (";"-separated), side by side, each stopped after
 #          $COMPAT_TIMEOUT s, the cores shared out among them (OMP_NUM_THREADS) (OUT_DIR/shard_<n>.log):
 #          long upstream grids such as vLLM's swap_blocks;
+# "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
 #          chain.log); its arguments from $CHAIN_ARGS (default --budget-s 360).
@@ -35,7 +36,7 @@
 #          (default --budget-s 420).
 set -uo pipefail
 OUT=${1:?usage: h200_run.sh OUT_DIR STAGES [bench args]}
-STAGES=${2:-"prewarm parity bench"}
+STAGES=${2-"prewarm parity bench"}  # empty: install only
 shift 2 || shift $#
 REPO=$PWD
 SITE=/tmp/opmux-env/site-packages   # a "site-packages" path: the parity harness refuses a tree
