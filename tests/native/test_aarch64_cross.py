@@ -96,12 +96,11 @@ def builds(tmp_path_factory):
         p.communicate()  # reaps it and closes its pipe
 
 
-def _avx512_level() -> int:
-    """The vector level opmux/cpu_vec.h takes on this machine: 0 (portable), 1 (AVX-512 F/BW/VL/DQ),
-    2 (and AVX512_BF16), from /proc/cpuinfo; 0 off x86-64 Linux."""
+def _cpu_flags() -> list[str]:
+    """This x86-64 Linux CPU's feature flags (/proc/cpuinfo), or none elsewhere."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not Path("/proc/cpuinfo").exists():
-        return 0
-    flags = next(
+        return []
+    return next(
         (
             ln.split(":", 1)[1].split()
             for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -109,6 +108,12 @@ def _avx512_level() -> int:
         ),
         [],
     )
+
+
+def _avx512_level() -> int:
+    """The vector level opmux/cpu_vec.h takes on this machine: 0 (portable), 1 (AVX-512 F/BW/VL/DQ),
+    2 (and AVX512_BF16), from /proc/cpuinfo; 0 off x86-64 Linux."""
+    flags = _cpu_flags()
     if not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags):
         return 0
     return 2 if "avx512_bf16" in flags else 1
@@ -164,7 +169,23 @@ def test_native_clones_without_avx512(builds):
     if "vec0" not in builds:
         pytest.skip("not an x86-64 host, or no C++ compiler")
     exe = _wait_build(builds, "vec0")
-    _assert_passed(_run([str(exe)]), "x86_64", clones=True)
+    r = _run([str(exe)])
+    _assert_passed(r, "x86_64", clones=True)
+    # the AVX2 rows (cpu::v256: gelu, rope's 16-bit NeoX heads, the bfloat16 chunk store) ran where
+    # the CPU has AVX2 + FMA + F16C (every x86-64-v3 CPU) and GCC 11 or newer built them, only there
+    v3 = {"avx2", "fma", "f16c"} <= set(_cpu_flags()) and _gcc_major(_host_cxx()) >= 11
+    assert f"v256={int(v3)}" in r.stdout.splitlines()[0], r.stdout.splitlines()[0]
+
+
+def _gcc_major(cxx: str | None) -> int:
+    """GCC's major version (0: not GCC, e.g. clang, or none)."""
+    if cxx is None:
+        return 0
+    r = subprocess.run([cxx, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True, timeout=30)
+    v = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    if r.returncode != 0 or "clang" in v.lower():
+        return 0
+    return int(r.stdout.strip().split(".")[0] or 0)
 
 
 @pytest.mark.parametrize("level", [1, 2])

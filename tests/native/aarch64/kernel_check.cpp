@@ -257,6 +257,14 @@ void check_conversions() {
       if (!same(xk, x)) c.fail_msg("bf16_to_float", b, "got %.9g, expected %.9g", xk, x);
     }
   }
+#if OPMUX_CPU_F16C
+  if (has_v256()) {  // the AVX2 rows' bfloat16 store (opmux/cpu_vec.h): float_to_bf16's bits, NaN too
+    Case c("conversions", "float -> bfloat16, AVX2 chunks (v256::bf16_chunk_from_float)");
+    std::vector<bf16_t> got(fs.size());
+    v256::bf16_chunk_from_float(got.data(), fs.data(), static_cast<int64_t>(fs.size()));
+    for (size_t i = 0; i < fs.size(); ++i) c.equal("bf16_chunk_from_float", i, got[i].bits, float_to_bf16(fs[i]));
+  }
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -875,8 +883,9 @@ int main(int argc, char** argv) {
   const char* omp = "off";
 #endif
   const char* clones = OPMUX_STR(OPMUX_CPU_CLONES);
-  std::printf("kernel_check: arch=%s openmp=%s clones=%s vec=%d\n", arch, omp, *clones ? clones : "none",
-              opmux::cpu::vec_level());  // vec: the AVX-512 level taken (opmux/cpu_vec.h), 0 = portable
+  // vec: the AVX-512 level taken (opmux/cpu_vec.h), 0 = portable; v256: the AVX2 rows taken at level 0
+  std::printf("kernel_check: arch=%s openmp=%s clones=%s vec=%d v256=%d\n", arch, omp, *clones ? clones : "none",
+              opmux::cpu::vec_level(), opmux::cpu::has_v256() ? 1 : 0);
   const std::vector<std::pair<const char*, std::function<void()>>> groups = {
       {"conversions", check_conversions},
       {"layernorm", [] { layernorm_group<float>(); layernorm_group<half_t>(); layernorm_group<bf16_t>(); }},

@@ -116,19 +116,8 @@ OPMUX_CPU_CLONES float rstd_row(const T* x, int64_t hidden, float eps) {
   return inv_rms(sum_squares(x, hidden), hidden, eps);
 }
 
-// Rows [r0, r1) of rmsnorm; one multiversioned call per block of rows, not per row: an ifunc call
-// per row (two, with the reduction's) cost more than qk_norm's 128-element rows themselves.
-template <bool GEMMA, typename T>
-OPMUX_CPU_CLONES void rmsnorm_rows(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
-                                   int64_t r0, int64_t r1, int64_t hidden, float eps) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* xr = x + r * x_stride;
-    scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
-  }
-}
-
 // 16-bit rows (float16, bfloat16) of at most kChunk elements: each row is converted to float once
-// for both passes (sum_squares of the float chunk sums in the order of the 16-bit overloads
+// for both passes (sum_squares of the float chunk sums in the order of sum_squares' 16-bit forms
 // above: the same bits), the weight factors once per block of rows. float16 converts by F16C where
 // the CPU has it (cpu::half_chunk_to_float), bfloat16 by its shift.
 OPMUX_CPU_INLINE void chunk_to_float(float* o, const cpu::half_t* x, int64_t n) { cpu::half_chunk_to_float(o, x, n); }
@@ -155,21 +144,17 @@ OPMUX_CPU_INLINE void rmsnorm_short_rows(T* out, int64_t out_stride, const T* x,
     chunk_from_float(out + r * out_stride, fx, hidden);
   }
 }
-template <bool GEMMA>
-OPMUX_CPU_CLONES void rmsnorm_rows(cpu::half_t* out, int64_t out_stride, const cpu::half_t* x, int64_t x_stride,
-                                   const cpu::half_t* w, int64_t r0, int64_t r1, int64_t hidden, float eps) {
-  if (hidden <= cpu::kChunk) return rmsnorm_short_rows<GEMMA>(out, out_stride, x, x_stride, w, r0, r1, hidden, eps);
-  for (int64_t r = r0; r < r1; ++r) {
-    const cpu::half_t* xr = x + r * x_stride;
-    scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
+
+// Rows [r0, r1) of rmsnorm; one multiversioned call per block of rows, not per row: an ifunc call
+// per row (two, with the reduction's) cost more than qk_norm's 128-element rows themselves.
+template <bool GEMMA, typename T>
+OPMUX_CPU_CLONES void rmsnorm_rows(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
+                                   int64_t r0, int64_t r1, int64_t hidden, float eps) {
+  if constexpr (sizeof(T) == 2) {
+    if (hidden <= cpu::kChunk) return rmsnorm_short_rows<GEMMA>(out, out_stride, x, x_stride, w, r0, r1, hidden, eps);
   }
-}
-template <bool GEMMA>
-OPMUX_CPU_CLONES void rmsnorm_rows(cpu::bf16_t* out, int64_t out_stride, const cpu::bf16_t* x, int64_t x_stride,
-                                   const cpu::bf16_t* w, int64_t r0, int64_t r1, int64_t hidden, float eps) {
-  if (hidden <= cpu::kChunk) return rmsnorm_short_rows<GEMMA>(out, out_stride, x, x_stride, w, r0, r1, hidden, eps);
   for (int64_t r = r0; r < r1; ++r) {
-    const cpu::bf16_t* xr = x + r * x_stride;
+    const T* xr = x + r * x_stride;
     scale_row<GEMMA>(out + r * out_stride, xr, w, hidden, inv_rms(sum_squares(xr, hidden), hidden, eps));
   }
 }
