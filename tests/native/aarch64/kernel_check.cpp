@@ -546,6 +546,7 @@ void rope_group() {
     check_rope<T, T>(6, 2, 2, 80, 32, neox, false);      // cache in the query dtype
     check_rope<T, float>(40, 8, 4, 128, 128, neox, true);  // large enough for OpenMP
     check_rope<T, float>(0, 2, 1, 64, 64, neox, false);
+    check_rope<T, float>(3, 2, 1, 80, 20, neox, true);  // half = 10: the 8-lane rows' scalar tail
   }
 }
 

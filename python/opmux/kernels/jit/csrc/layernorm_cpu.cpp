@@ -291,11 +291,13 @@ void rmsnorm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, cons
   (void)nt, (void)level;
   if (out != x && out_stride == hidden)  // a new output (not qk_norm's in-place rows)
     cpu::advise_huge_pages(out, rows * hidden * static_cast<int64_t>(sizeof(T)));
+  // blocks of at most kRowBlock rows, and at least one block per thread (32 rows on 2 threads: 16 each)
+  const int64_t share = (rows + nt - 1) / nt, blk = share < kRowBlock ? (share > 0 ? share : 1) : kRowBlock;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
-  for (int64_t b = 0; b < rows; b += kRowBlock) {
-    const int64_t e = rows - b < kRowBlock ? rows : b + kRowBlock;
+  for (int64_t b = 0; b < rows; b += blk) {
+    const int64_t e = rows - b < blk ? rows : b + blk;
 #if OPMUX_CPU_VEC512
     if (level >= 1) {
       for (int64_t r = b; r < e; ++r) {

@@ -62,9 +62,10 @@ using namespace cpu::v256;
 
 // One token's NeoX heads of a 16-bit T, 8 lanes of each half at a time with no float buffers
 // (rotate_halves' chunks cost a call and a pass through memory per half and head; the memory-
-// bound T = 4096 case is then short of the copy bandwidth). The same expressions, each product
-// rounded before the sum as in the torch reference (the portable clones may contract them into
-// FMAs instead: a last-bit difference, inside every tolerance).
+// bound T = 4096 case is then short of the copy bandwidth). The same expressions, with the
+// AVX-512 rows' rounding: the second product rounded, the first fused into the sum (explicit FMAs,
+// so GCC's contraction of the operators cannot pick another; the portable clones may contract
+// either: a last-bit difference, inside every tolerance).
 template <typename T>
 void rotate_heads_neox(T* x, const cpu::HeadLayout& h, int64_t t, const float* cos, const float* sin,
                        int64_t half) {
@@ -75,8 +76,8 @@ void rotate_heads_neox(T* x, const cpu::HeadLayout& h, int64_t t, const float* c
     for (int64_t i = 0; i < vec; i += kW) {
       const __m256 a = load(lo + i), b = load(hi + i);
       const __m256 c = _mm256_loadu_ps(cos + i), s = _mm256_loadu_ps(sin + i);
-      store(lo + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
-      store(hi + i, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+      store(lo + i, _mm256_fmsub_ps(a, c, _mm256_mul_ps(b, s)));
+      store(hi + i, _mm256_fmadd_ps(b, c, _mm256_mul_ps(a, s)));
     }
     for (int64_t i = vec; i < half; ++i) {
       const float a = to_float(lo[i]), b = to_float(hi[i]);

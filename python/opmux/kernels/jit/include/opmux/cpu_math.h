@@ -13,8 +13,9 @@
 // exp_f / exp2_f / sigmoid_f / tanh_f / normal_cdf_f are branch-free (selects only, no libm
 // calls), so a loop that calls them vectorizes. exp_f: Cephes range reduction + degree-6
 // polynomial, ~1-2 ulp, overflow -> inf, underflow -> 0 (through subnormals), NaN -> NaN.
-// normal_cdf_f: relative accuracy ~1e-6 wherever g Phi(g) is above 1e-30, including the negative
-// tail where 1 + erf cancels.
+// normal_cdf_f: relative error of g Phi(g) below 1e-6 for g >= -2.4, growing to ~2e-5 in the far
+// negative tail (g ~ -11, the conditioning of erfc at the input's rounding: Cephes erfcf's was the
+// same), with no cancellation where 1 + erf would cancel.
 // The vector clones may contract a * b + c into FMA, so their last bit can differ from the
 // baseline copy (well inside fp32 tolerances).
 #pragma once

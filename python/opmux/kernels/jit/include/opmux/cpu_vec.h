@@ -7,7 +7,8 @@
 // the library stays loadable on any x86-64) and picked at run time by vec_level():
 //   0  the portable kernels (no AVX-512, another compiler or architecture, OPMUX_CPU_NO_CLONES);
 //      on an AVX2 CPU their x86-64-v3 / AVX2 clones, with float16 rows converted by F16C in
-//      chunks (half_chunk_to_float below)
+//      chunks (half_chunk_to_float below), and where it has AVX2 + FMA + F16C the few explicit
+//      AVX2 rows of namespace v256 (has_v256())
 //   1  AVX-512: float16 <-> float32 by vcvtph2ps / vcvtps2ph, bfloat16 stores rounded in integer
 //      registers (round to nearest even, NaN kept quiet)
 //   2  level 1 + AVX512_BF16: a bfloat16 store is one vcvtneps2bf16 (a lane whose input is an fp32
@@ -163,8 +164,10 @@ inline void half_chunk_from_float(half_t* o, const float* x, int64_t n) {
 }
 
 // Whether this CPU runs the AVX2 row kernels below (AVX2 + FMA + F16C: every x86-64-v3 CPU);
-// detected once. Only kernels that are bound by the latency of long arithmetic chains have one
-// (gelu: the portable loop keeps one vector in flight; these interleave four).
+// detected once. Only where the portable loops measured short of torch.compile have one: gelu
+// (bound by the latency of its chain: the portable loop keeps one vector in flight, the AVX2 row
+// interleaves four), rope's 16-bit NeoX heads and the short norm rows' bfloat16 store (per-call
+// conversions through float buffers).
 inline bool has_v256() {
 #if OPMUX_CPU_F16C
   static const bool yes = [] {
