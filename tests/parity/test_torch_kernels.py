@@ -322,18 +322,23 @@ def test_default_entry_is_the_lane_call(op_name: str, device_type: str, bridge: 
     assert torch_kernels.entry_calls() > before, f"{op_name}: the entry never ran a lane"
 
 
-def test_entry_grad_and_refusals(device_type: str, bridge: Any) -> None:
-    """Through the entry: a grad input gets the contract's error, a form the lane refuses (caller
-    buffers, a 3-D gating) the contract's path, torch's errors and values as before."""
+def _topk_softmax_entry_case(device_type: str) -> tuple[str, Any, torch.Tensor]:
+    """(device, topk_softmax's op with no bound choices, gating [3, 16]) for the entry tests."""
     dev = _DEVICE.get(device_type)
     if dev is None:
         pytest.skip(f"the bridge's entries run on cpu and cuda, not {device_type}")
+    op = op_instance("moe.topk_softmax")
+    op.invalidate()
+    return dev, op, torch.randn(3, 16, device=dev)
+
+
+def test_entry_grad_and_refusals(device_type: str, bridge: Any) -> None:
+    """Through the entry: a grad input gets the contract's error, a form the lane refuses (caller
+    buffers, a 3-D gating) the contract's path, torch's errors and values as before."""
+    dev, op, g = _topk_softmax_entry_case(device_type)
     from opmux.kernels import _env, ops
     from opmux.kernels.fused_op import _ENTRY_TYPE
 
-    op = op_instance("moe.topk_softmax")
-    op.invalidate()
-    g = torch.randn(3, 16, device=dev)
     with _env.scope(OPMUX_TORCH_KERNELS="all"):  # (leaving it drops the bound choices)
         ops.moe.topk_softmax(g, 4)
         lanes = op._lane_cpu if g.is_cpu else op._lane_cuda
@@ -363,15 +368,10 @@ def test_forced_calls_take_their_own_entry(device_type: str, bridge: Any) -> Non
     """A forced call (``backend=`` the default's native backend) binds an entry of its own (its own
     bridge id: the default's id is also its torch.ops kernel's), runs through it with the default
     call's results, and leaves the default's entry running its lane."""
-    dev = _DEVICE.get(device_type)
-    if dev is None:
-        pytest.skip(f"the bridge's entries run on cpu and cuda, not {device_type}")
+    _, op, g = _topk_softmax_entry_case(device_type)
     from opmux.kernels import _env, ops
     from opmux.kernels.fused_op import _ENTRY_TYPE
 
-    op = op_instance("moe.topk_softmax")
-    op.invalidate()
-    g = torch.randn(3, 16, device=dev)
     with _env.scope(OPMUX_TORCH_KERNELS="all"), torch.no_grad():
         want = ops.moe.topk_softmax(g, 4)
         native = [b for (b, d) in op._kernels if d == ("cpu" if g.is_cpu else "cuda")]
