@@ -11,7 +11,7 @@ version bumps, a kernel error's class, and that accepted cases really ran the la
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -234,11 +234,120 @@ def test_compiled_graph_runs_the_cpp_kernels(device_type: str, bridge: Any) -> N
         want = f(x.clone(), r.clone(), w, g)  # (binds the lanes)
         compiled = torch.compile(f, fullgraph=True)
         compiled(x.clone(), r.clone(), w, g)
-        before = torch_kernels.lane_calls()
+        before, entered = torch_kernels.lane_calls(), torch_kernels.op_calls()
         got = compiled(x.clone(), r.clone(), w, g)
     assert torch_kernels.lane_calls() == before + 3
+    assert torch_kernels.op_calls() == entered + 3  # (the graph's calls take the bridge's entry)
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+
+
+def _torch_entry(name: str) -> tuple[Any, Any]:
+    """(``torch.ops.opmux.<name>.default``, torch's own entry into it, which the bridge's wraps)."""
+    overload = getattr(torch.ops.opmux, name).default
+    assert type(overload._op).__name__ == "OpCall", f"{name}: torch.ops has no bridge entry"
+    return overload, overload._op.__wrapped__
+
+
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except Exception as exc:
+        return ("raised", type(exc), str(exc))
+
+
+def _same_outcome(got: Any, want: Any) -> bool:
+    if got[0] != want[0]:
+        return False
+    if got[0] == "raised":
+        return bool(got == want)
+    a, b = _tensors(got[1]), _tensors(want[1])
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_torch_ops_entry_is_torchs_entry(device_type: str, bridge: Any) -> None:
+    """``torch.ops.opmux.<name>`` and its default overload call through the bridge's entry
+    (OpCall): same results, same errors, same hash as torch's entry for every way of passing the
+    arguments; what it does not take (wrong types, unknown keywords, a torch-function mode, a tensor
+    subclass) is torch's own entry's."""
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the C++ library-op kernels run on cpu and cuda, not {device_type}")
+    from opmux.kernels import ops
+
+    g = torch.randn(3, 16, device=dev)
+    ops.moe.topk_softmax(g, 4)  # (defines the library op and binds the lane)
+    overload, torchs = _torch_entry("topk_softmax")
+    packet = torch.ops.opmux.topk_softmax
+    assert type(packet._op).__name__ == "OpCall"
+    # OpOverload / OpOverloadPacket hash as their _op: the entry keeps torch's hash
+    assert hash(overload) == hash(torchs) and hash(packet) == hash(packet._op.__wrapped__)
+    assert torch.jit._builtins._find_builtin(packet.op) == "opmux::topk_softmax"
+    assert overload.op.__name__ == torchs.__name__
+    bias = torch.randn(16, device=dev)
+    calls: list[tuple[tuple[Any, ...], dict[str, Any], bool]] = [
+        # (args, kwargs, whether the bridge's entry takes the call itself)
+        ((g, 4), {}, True),
+        ((g, 4, True), {}, True),
+        ((g, 4), {"renormalize": True, "correction_bias": bias}, True),
+        ((g,), {"topk": 2, "moe_softcapping": 30.0}, True),
+        ((g, 4, False, None, 0.0, False, None, None, None), {}, True),
+        ((g, 4), {"topk_weights": torch.empty(3, 4, device=dev)}, True),
+        ((g, 0), {}, True),  # (the contract's error, raised by the Python kernel behind the C++ one)
+        ((g, 4), {"moe_softcapping": 1}, False),  # an int for a float: torch converts it
+        ((g, 4.0), {}, False),  # torch's schema error
+        ((g, True), {}, False),
+        ((g, "4"), {}, False),
+        ((None, 4), {}, False),
+        ((g,), {}, False),  # topk missing
+        ((g, 4), {"top_k": 4}, False),
+        ((g, 4), {"topk": 4}, False),  # given twice
+        ((g, 4, False, None, 0.0, False, None, None, None, None), {}, False),  # too many
+        ((g.double(), 4), {}, True),
+        ((g.t(), 4), {}, True),
+    ]
+    with torch.no_grad():
+        for args, kwargs, taken in calls:
+            before = torch_kernels.op_calls()
+            got = _outcome(overload, *args, **kwargs)
+            assert (torch_kernels.op_calls() > before) == taken, f"{args[1:]} {kwargs}"
+            assert _same_outcome(got, _outcome(torchs, *args, **kwargs)), f"{args[1:]} {kwargs}: {got}"
+            assert _same_outcome(_outcome(packet, *args, **kwargs), got), f"{args[1:]} {kwargs}"
+
+        class Seen(torch.Tensor):
+            seen = 0
+
+            @classmethod
+            def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                cls.seen += 1
+                return super().__torch_function__(func, types, args, kwargs or {})
+
+        class Mode(torch.overrides.TorchFunctionMode):
+            funcs: ClassVar[list[Any]] = []
+
+            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                self.funcs.append(func)
+                return func(*args, **(kwargs or {}))
+
+        before = torch_kernels.op_calls()
+        overload(g.as_subclass(Seen), 4)
+        assert Seen.seen >= 1 and torch_kernels.op_calls() == before  # torch's entry ran its protocol
+        with Mode():  # (the mode's own call of the op, made with the mode off, takes the entry)
+            overload(g, 4)
+        assert Mode.funcs == [overload] and torch_kernels.op_calls() == before + 1
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Dispatched(TorchDispatchMode):
+            funcs: ClassVar[list[Any]] = []
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                self.funcs.append(func)
+                return func(*args, **(kwargs or {}))
+
+        with Dispatched():  # the entry calls the dispatcher: a dispatch mode sees the call
+            overload(g, 4)
+        assert overload in Dispatched.funcs and torch_kernels.op_calls() == before + 3  # (+ its own call)
 
 
 def _entry_ops() -> list[str]:

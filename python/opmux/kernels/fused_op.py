@@ -830,6 +830,7 @@ class FusedOp(Generic[R]):
             twin,
             torch_kernels.devices(),
         )
+        torch_kernels.attach_call(name)
         self._bridge = bridge
         for (is_cpu, dtype), lane in list(self._lane_native.items()):
             self._bridge_lane(is_cpu, dtype, lane)

@@ -36,6 +36,7 @@ from . import _env, _warn
 __all__ = [
     "ENV",
     "TorchKernelsWarning",
+    "attach_call",
     "build",
     "devices",
     "enable",
@@ -43,6 +44,7 @@ __all__ = [
     "kick",
     "lane_calls",
     "library_path",
+    "op_calls",
     "poll",
     "register",
     "status",
@@ -340,6 +342,37 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def attach_call(name: str) -> bool:
+    """Give ``torch.ops.opmux.<name>`` (the packet and its default overload) the bridge's entry
+    from Python (``OpCall`` in torch_bridge.cpp): torch's own conversion of the arguments costs
+    about 0.4 us per scalar, which an op with several options pays on every call, compiled graphs
+    included (Inductor passes every argument). The entry converts the same values, calls the same
+    operator through the dispatcher and hands anything else to torch's entry; it hashes as torch's
+    does, so the op objects stay the same keys. -> whether it is attached (no Python entry in this
+    build, another overload, or a schema it does not cover: torch's entry stays)."""
+    if _entry is None or not hasattr(_entry, "op_call"):
+        return False
+    packet = getattr(torch.ops.opmux, name)
+    if list(packet.overloads()) != ["default"]:
+        return False
+    qualname = f"opmux::{name}"
+    for holder in (packet.default, packet):
+        original = holder._op
+        if type(original).__name__ == "OpCall":
+            continue
+        call = _entry.op_call(qualname, original)
+        if call is None:
+            return False
+        holder._op = call  # (OpOverload / OpOverloadPacket.__call__: ``self._op(*args, **kwargs)``)
+        torch.jit._builtins._register_builtin(call, qualname)  # TorchScript resolves it as before
+    return True
+
+
+def op_calls() -> int:
+    """How many ``torch.ops.opmux.*`` calls the bridge's entries took (tests, benchmarks)."""
+    return int(_entry.op_calls()) if _entry is not None and hasattr(_entry, "op_calls") else 0
 
 
 def lane_calls() -> int:

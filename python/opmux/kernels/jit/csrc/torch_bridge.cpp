@@ -32,15 +32,18 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
-#ifdef BRIDGE_PY_ENTRY  // the default call's entry (below); built where the interpreter's headers are
+#ifdef BRIDGE_PY_ENTRY  // the Python entries (below); built where the interpreter's headers are
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <structmember.h>  // (after Python.h)
 #endif
 
 #include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -542,10 +545,258 @@ PyObject* py_make_lane(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* py_lane_calls(PyObject*, PyObject*) { return PyLong_FromLongLong(g_py_lane_calls.load()); }
 
+// -- `torch.ops.opmux.<name>`'s call from Python (torch_kernels.fast_calls) ---------------------
+// torch's Python entry into a library op (OpOverload._op: pybind, createStackForSchema) converts
+// every scalar argument with isinstance checks against SymInt / SymFloat / SymBool: about 0.4 us a
+// scalar and 0.2 us a None on the hosts measured, so an op with nine parameters pays 3-4 us before
+// the dispatcher runs (docs/benchmarks/host_overhead*.md). OpCall is that entry for one library op
+// whose schema has only Tensor, Tensor?, int, float and bool parameters and Tensor results: it
+// converts exactly what torch would (exact tensors, Python int / float / bool, None), calls the
+// same operator through the dispatcher (callBoxed, the GIL released, as torch does: every dispatch
+// key, mode, fake and functional tensor, profiler and tracer keeps working) and returns what
+// torch's entry returns. Anything else (a torch-function mode, a tensor subclass, a SymInt, a
+// keyword it does not know, a missing argument) is handed to torch's own entry, kept as
+// `original`: the same call, the same errors. It hashes as `original` does, because OpOverload
+// and OpOverloadPacket hash as their `_op` and may already be keys of torch's tables.
+enum class ArgKind : uint8_t { kTensor, kOptTensor, kInt, kFloat, kBool };
+
+struct ArgSpec {
+  ArgKind kind;
+  PyObject* name;  // interned
+  std::optional<c10::IValue> fallback;  // the schema's default
+};
+
+struct OpCallState {
+  c10::OperatorHandle op;
+  std::vector<ArgSpec> args;
+  size_t returns;
+};
+
+struct OpCall {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  OpCallState* state;
+  PyObject* original;
+  Py_hash_t hash;
+};
+
+std::atomic<int64_t> g_op_calls{0};
+
+// One argument as torch's createStackForSchema converts it; false: not a case handled here.
+bool push_arg(const ArgSpec& spec, PyObject* o, torch::jit::Stack* stack) {
+  switch (spec.kind) {
+    case ArgKind::kOptTensor:
+      if (o == Py_None) {
+        stack->emplace_back();
+        return true;
+      }
+      [[fallthrough]];
+    case ArgKind::kTensor:
+      if (!THPVariable_CheckExact(o)) return false;  // (None for a Tensor, a subclass: torch's entry)
+      stack->emplace_back(THPVariable_Unpack(o));
+      return true;
+    case ArgKind::kInt: {
+      if (!PyLong_CheckExact(o)) return false;
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+      }
+      stack->emplace_back(static_cast<int64_t>(v));
+      return true;
+    }
+    case ArgKind::kFloat:
+      if (!PyFloat_CheckExact(o)) return false;
+      stack->emplace_back(PyFloat_AS_DOUBLE(o));
+      return true;
+    case ArgKind::kBool:
+      if (o != Py_True && o != Py_False) return false;
+      stack->emplace_back(o == Py_True);
+      return true;
+  }
+  return false;
+}
+
+bool build_stack(const OpCallState& st, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                 torch::jit::Stack* stack) {
+  const Py_ssize_t nkw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  const size_t n = st.args.size();
+  if (static_cast<size_t>(nargs + nkw) > n) return false;
+  stack->reserve(n);
+  for (Py_ssize_t i = 0; i < nargs; ++i)
+    if (!push_arg(st.args[i], args[i], stack)) return false;
+  Py_ssize_t used = 0;
+  for (size_t i = static_cast<size_t>(nargs); i < n; ++i) {
+    const ArgSpec& spec = st.args[i];
+    PyObject* value = nullptr;
+    for (Py_ssize_t j = 0; j < nkw && value == nullptr; ++j) {
+      PyObject* key = PyTuple_GET_ITEM(kwnames, j);
+      if (key == spec.name || PyUnicode_Compare(key, spec.name) == 0) value = args[nargs + j];
+    }
+    if (value != nullptr) {
+      if (!push_arg(spec, value, stack)) return false;
+      ++used;
+    } else if (spec.fallback.has_value()) {
+      stack->push_back(*spec.fallback);
+    } else {
+      return false;  // (missing: torch's entry names it)
+    }
+  }
+  return used == nkw;  // (an unknown keyword, or one given twice: torch's entry names it)
+}
+
+struct NoGil {  // pybind11::gil_scoped_release without pybind
+  PyThreadState* state = PyEval_SaveThread();
+  ~NoGil() { PyEval_RestoreThread(state); }
+};
+
+PyObject* op_call(PyObject* self_obj, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<OpCall*>(self_obj);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  torch::jit::Stack stack;
+  if (at::impl::torch_function_mode_enabled() || !build_stack(*self->state, args, nargs, kwnames, &stack))
+    return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+  g_op_calls.fetch_add(1, std::memory_order_relaxed);
+  HANDLE_TH_ERRORS
+  {
+    NoGil released;
+    self->state->op.callBoxed(&stack);
+  }
+  const size_t nr = self->state->returns;
+  TORCH_CHECK(stack.size() == nr, "opmux: ", self->state->op.schema().name(), " left ", stack.size(),
+              " values, not ", nr);
+  for (const c10::IValue& v : stack)
+    TORCH_CHECK(v.isTensor(), "opmux: ", self->state->op.schema().name(), " returned a non-tensor");
+  if (nr == 0) Py_RETURN_NONE;
+  if (nr == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(nr));
+  if (tuple == nullptr) return nullptr;
+  for (size_t i = 0; i < nr; ++i) {
+    PyObject* t = THPVariable_Wrap(std::move(stack[i]).toTensor());
+    if (t == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), t);
+  }
+  return tuple;
+  END_HANDLE_TH_ERRORS
+}
+
+void op_call_dealloc(PyObject* self_obj) {
+  auto* self = reinterpret_cast<OpCall*>(self_obj);
+  PyTypeObject* type = Py_TYPE(self_obj);
+  if (self->state != nullptr) {
+    for (ArgSpec& a : self->state->args) Py_XDECREF(a.name);
+    delete self->state;
+  }
+  Py_XDECREF(self->original);
+  type->tp_free(self_obj);
+  Py_DECREF(type);
+}
+
+Py_hash_t op_call_hash(PyObject* self) { return reinterpret_cast<OpCall*>(self)->hash; }
+
+PyObject* op_call_repr(PyObject* self) { return PyObject_Repr(reinterpret_cast<OpCall*>(self)->original); }
+
+// Attributes are the original's (``__name__``, ``__module__``, what torch reads or sets on `_op`);
+// ``__wrapped__`` is the original itself.
+PyObject* op_call_getattro(PyObject* self, PyObject* name) {
+  PyObject* original = reinterpret_cast<OpCall*>(self)->original;
+  if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0) {
+    Py_INCREF(original);
+    return original;
+  }
+  return PyObject_GetAttr(original, name);
+}
+int op_call_setattro(PyObject* self, PyObject* name, PyObject* value) {
+  return PyObject_SetAttr(reinterpret_cast<OpCall*>(self)->original, name, value);
+}
+
+PyMemberDef g_op_call_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(OpCall, vectorcall)), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot g_op_call_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(op_call_dealloc)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_hash, reinterpret_cast<void*>(op_call_hash)},
+    {Py_tp_repr, reinterpret_cast<void*>(op_call_repr)},
+    {Py_tp_getattro, reinterpret_cast<void*>(op_call_getattro)},
+    {Py_tp_setattro, reinterpret_cast<void*>(op_call_setattro)},
+    {Py_tp_members, g_op_call_members},
+    {0, nullptr}};
+
+PyType_Spec g_op_call_spec = {"_opmux_torch_bridge.OpCall", sizeof(OpCall), 0,
+                              Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, g_op_call_slots};
+PyObject* g_op_call_type = nullptr;
+
+// op_call(qualname, original) -> an OpCall for library op `qualname` (its default overload) that
+// hands what it does not take to `original`, or None: a schema it does not cover.
+PyObject* py_make_op_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyCallable_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "op_call(qualname, original)");
+    return nullptr;
+  }
+  const char* qualname = PyUnicode_AsUTF8(args[0]);
+  if (qualname == nullptr) return nullptr;
+  const Py_hash_t hash = PyObject_Hash(args[1]);
+  if (hash == -1) return nullptr;
+  HANDLE_TH_ERRORS
+  auto handle = c10::Dispatcher::singleton().findSchema({qualname, ""});
+  if (!handle.has_value()) Py_RETURN_NONE;
+  const c10::FunctionSchema& schema = handle->schema();
+  if (schema.is_vararg() || schema.is_varret()) Py_RETURN_NONE;
+  for (const c10::Argument& r : schema.returns())
+    if (r.type()->kind() != c10::TypeKind::TensorType) Py_RETURN_NONE;
+  auto state = std::make_unique<OpCallState>(OpCallState{*handle, {}, schema.returns().size()});
+  for (const c10::Argument& a : schema.arguments()) {
+    ArgKind kind;
+    const c10::TypePtr& t = a.type();
+    if (a.kwarg_only() || a.N().has_value()) Py_RETURN_NONE;  // (none of opmux's schemas has these)
+    switch (t->kind()) {
+      case c10::TypeKind::TensorType: kind = ArgKind::kTensor; break;
+      case c10::TypeKind::IntType: kind = ArgKind::kInt; break;
+      case c10::TypeKind::FloatType: kind = ArgKind::kFloat; break;
+      case c10::TypeKind::BoolType: kind = ArgKind::kBool; break;
+      case c10::TypeKind::OptionalType:
+        if (t->expectRef<c10::OptionalType>().getElementType()->kind() != c10::TypeKind::TensorType)
+          Py_RETURN_NONE;
+        kind = ArgKind::kOptTensor;
+        break;
+      default: Py_RETURN_NONE;
+    }
+    PyObject* name = PyUnicode_InternFromString(a.name().c_str());
+    if (name == nullptr) {
+      for (ArgSpec& s : state->args) Py_DECREF(s.name);
+      return nullptr;
+    }
+    state->args.push_back(ArgSpec{kind, name, a.default_value()});
+  }
+  auto* self = PyObject_New(OpCall, reinterpret_cast<PyTypeObject*>(g_op_call_type));
+  if (self == nullptr) {
+    for (ArgSpec& s : state->args) Py_DECREF(s.name);
+    return nullptr;
+  }
+  self->vectorcall = op_call;
+  self->state = state.release();
+  Py_INCREF(args[1]);
+  self->original = args[1];
+  self->hash = hash;
+  return reinterpret_cast<PyObject*>(self);
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* py_op_calls(PyObject*, PyObject*) { return PyLong_FromLongLong(g_op_calls.load()); }
+
 PyMethodDef g_module_methods[] = {
     {"lane", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(py_make_lane)), METH_FASTCALL,
      "lane(op_id, device_type, dtype, name): the default call's entry into a bound lane, or None"},
     {"lane_calls", py_lane_calls, METH_NOARGS, "how many calls these entries ran through a lane"},
+    {"op_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(py_make_op_call)), METH_FASTCALL,
+     "op_call(qualname, original): torch.ops' entry into a library op, or None"},
+    {"op_calls", py_op_calls, METH_NOARGS, "how many library-op calls OpCall entries took (raised or not)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_opmux_torch_bridge", nullptr, -1, g_module_methods};
@@ -559,5 +810,10 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_clear, opmux::torch_bridge::clear);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(opmux_bridge_lane_calls, opmux::torch_bridge::lane_calls);
 
 #ifdef BRIDGE_PY_ENTRY
-PyMODINIT_FUNC PyInit__opmux_torch_bridge() { return PyModule_Create(&opmux::torch_bridge::g_module); }
+PyMODINIT_FUNC PyInit__opmux_torch_bridge() {
+  using opmux::torch_bridge::g_op_call_type;
+  if (g_op_call_type == nullptr) g_op_call_type = PyType_FromSpec(&opmux::torch_bridge::g_op_call_spec);
+  if (g_op_call_type == nullptr) return nullptr;
+  return PyModule_Create(&opmux::torch_bridge::g_module);
+}
 #endif
