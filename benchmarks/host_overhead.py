@@ -24,6 +24,9 @@ time:
 * ``torch.ops, Python kernel``: the same op with its Python kernel (the twin library op
   ``opmux::_py_<name>``, what ``torch.ops`` ran before the C++ kernels and still runs for the ops
   with several results);
+* ``torch.ops torch``: the same call through torch's own Python entry into the op (pybind,
+  ``createStackForSchema``), where ``torch.ops`` takes the bridge's (``OpCall``, its ``__wrapped__``):
+  the two entries side by side;
 * ``torch.ops kernel``: that library op's Python kernel called directly (``torch.ops - its
   kernel`` is then what the dispatcher adds for the op's schema: the hop, boxing every argument
   and result);
@@ -194,6 +197,15 @@ def _library(op: Any, args: tuple[Any, ...]) -> tuple[Callable[[], Any], Callabl
     return (lambda: overload(*full)), (None if kernel is None else lambda: kernel(*full))
 
 
+def _library_torch_entry(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
+    """The same call as ``_library``'s through torch's own entry, where the bridge's wraps it."""
+    full = _full(op, args)
+    if op.decl.has_out:
+        full = full[:-1]
+    torchs = getattr(getattr(torch.ops.opmux, op.decl.short_name).default._op, "__wrapped__", None)
+    return None if torchs is None else (lambda: torchs(*full))
+
+
 def _library_twin(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
     """``torch.ops.opmux._py_<name>`` (the library op with its Python kernel), where there is one."""
     full = _full(op, args)
@@ -299,6 +311,9 @@ class _Cell:
             paths["torch.ops"], kernel_alone = _library(op, args)
             if kernel_alone is not None:
                 paths["torch.ops kernel"] = kernel_alone
+            torchs = _library_torch_entry(op, args)
+            if torchs is not None:
+                paths["torch.ops torch"] = torchs
             twin = _library_twin(op, args)
             if twin is not None:
                 paths["torch.ops py"] = twin
@@ -332,6 +347,8 @@ def summarize(label: str, chosen: str, samples: dict[str, list[float]]) -> dict[
     row["forced_ratio"] = round(med["forced"] / med["default"], 3)
     if "torch.ops" in med:
         row["torch_ops_ratio"] = round(med["torch.ops"] / med["default"], 3)
+    if "torch.ops torch" in med:
+        row["torch_ops_torch_ratio"] = round(med["torch.ops torch"] / med["default"], 3)
     if "torch.ops py" in med:
         row["torch_ops_py_ratio"] = round(med["torch.ops py"] / med["default"], 3)
     if "torch.ops kernel" in med:  # what the dispatcher adds for this schema (boxing included)
@@ -547,19 +564,22 @@ def _render(meta: dict[str, Any], rows: list[dict[str, Any]], imp: dict[str, Any
         "default",
         "forced",
         "torch.ops",
+        "torch.ops torch",
         "torch.ops py",
         "torch.ops kernel",
         "flashinfer",
     ]
     cols = [c for c in cols if any(f"{c}_ns" in r for r in rows)]
     head = "| op | backend | " + " | ".join(f"{c} (ns)" for c in cols)
-    head += " | dispatch (ns) | dispatch, min (ns) | forced / default | torch.ops / default | torch.ops py / default"
+    head += " | dispatch (ns) | dispatch, min (ns) | forced / default | torch.ops / default"
+    head += " | torch.ops torch / default | torch.ops py / default"
     head += " | torch.ops - its kernel (ns) | default - bare (ns) | default - bare+outputs (ns) |"
-    lines = [head, "|---|---|" + "---:|" * (len(cols) + 8)]
+    lines = [head, "|---|---|" + "---:|" * (len(cols) + 9)]
     for r in rows:
         cells = [str(r.get(f"{c}_ns", "-")) for c in cols]
         cells += [str(r["dispatch_ns"]), str(r["dispatch_min_ns"]), str(r["forced_ratio"])]
         cells.append(str(r.get("torch_ops_ratio", "-")))
+        cells.append(str(r.get("torch_ops_torch_ratio", "-")))
         cells.append(str(r.get("torch_ops_py_ratio", "-")))
         cells.append(str(r.get("torch_ops_hop_ns", "-")))
         cells.append(str(r.get("over_bare_ns", "-")))
