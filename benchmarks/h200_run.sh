@@ -12,7 +12,8 @@
 #          test's outcome listed (OUT_DIR/bridge.log);
 # bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*);
 # sweeps:  benchmarks/tune/run_sweeps.sh, the launch-layout sweeps ($SWEEPS families; OUT_DIR/sweeps);
-# host:    benchmarks/host_overhead.py --device cuda (OUT_DIR/host_overhead_cuda.*);
+# host:    benchmarks/host_overhead.py --device cuda (OUT_DIR/host_overhead_cuda.*), more arguments
+#          from $HOST_ARGS (e.g. "--rounds 9");
 # sanitize: compute-sanitizer memcheck over the KV-cache bad-index tests and the parity cases of
 #          $SANITIZE_K (pytest -k; default: the block-table, MLA, batched-align, sigmoid and fused
 #          fp8 ops), the caching allocator off so that every tensor is its own allocation
@@ -76,7 +77,7 @@ for stage in $STAGES; do
                     | tee "$OUT/chain.log" | grep -v '^ ' | tail -60; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         sweeps) (cd "$REPO" && bash benchmarks/tune/run_sweeps.sh "$OUT/sweeps" ${SWEEPS:-act norm quant}) \
                     || rc=1 ;;
-        host) python3 "$REPO/benchmarks/host_overhead.py" --device cuda --out "$OUT" 2>&1 \
+        host) python3 "$REPO/benchmarks/host_overhead.py" --device cuda --out "$OUT" ${HOST_ARGS:-} 2>&1 \
                     | tee "$OUT/host.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         ncu) nb=${NCU_BENCH:-$OUT/bench.json}; [[ $nb == /* ]] || nb=$REPO/$nb
              # shellcheck disable=SC2086  # NCU_ARGS: words on purpose

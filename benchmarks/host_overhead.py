@@ -33,7 +33,9 @@ time:
 * ``flashinfer``: FlashInfer's function for the same op, where FlashInfer is importable (CUDA).
 
 Derived: ``dispatch`` = default - bound (goal on the CPU: <= 100 ns); forced / default and
-torch.ops / default (goal <= 1.2); default - bare and default - bare+outputs. One more row compares an op with size
+torch.ops / default (goal <= 1.2); default - bare and default - bare+outputs. Each is taken per
+round, from the two paths timed in that round, and its median over rounds is reported (a busy
+spell of a shared host that spans a round then costs both sides of the ratio). One more row compares an op with size
 classes against the same op without. And ``import opmux.kernels.ops`` is timed with
 ``python -X importtime`` in fresh interpreters (goal <= 20 ms; torch must not be imported).
 Writes ``<out>/host_overhead.md`` and ``.json``.
@@ -344,19 +346,24 @@ def summarize(label: str, chosen: str, samples: dict[str, list[float]]) -> dict[
     pairs = [d - b for d, b in zip(samples["default"], samples["bound"], strict=True)]
     row["dispatch_ns"] = round(statistics.median(pairs), 1)
     row["dispatch_min_ns"] = round(min(samples["default"]) - min(samples["bound"]), 1)
-    row["forced_ratio"] = round(med["forced"] / med["default"], 3)
-    if "torch.ops" in med:
-        row["torch_ops_ratio"] = round(med["torch.ops"] / med["default"], 3)
-    if "torch.ops torch" in med:
-        row["torch_ops_torch_ratio"] = round(med["torch.ops torch"] / med["default"], 3)
+
+    def ratio(path: str) -> float:  # per round, then the median: a spell longer than a round cancels
+        return round(statistics.median(a / d for a, d in zip(samples[path], samples["default"], strict=True)), 3)
+
+    def over(path: str) -> float:
+        return round(statistics.median(d - a for a, d in zip(samples[path], samples["default"], strict=True)), 1)
+
+    row["forced_ratio"] = ratio("forced")
+    for path, key in (("torch.ops", "torch_ops_ratio"), ("torch.ops torch", "torch_ops_torch_ratio")):
+        if path in med:
+            row[key] = ratio(path)
     if "torch.ops py" in med:
-        row["torch_ops_py_ratio"] = round(med["torch.ops py"] / med["default"], 3)
+        row["torch_ops_py_ratio"] = ratio("torch.ops py")
     if "torch.ops kernel" in med:  # what the dispatcher adds for this schema (boxing included)
         row["torch_ops_hop_ns"] = round(med["torch.ops"] - med["torch.ops kernel"], 1)
     if "bare" in med:
-        row["over_bare_ns"] = round(med["default"] - med["bare"], 1)
-        floor = med.get("bare+outputs", med["bare"])
-        row["over_floor_ns"] = round(med["default"] - floor, 1)
+        row["over_bare_ns"] = over("bare")
+        row["over_floor_ns"] = over("bare+outputs" if "bare+outputs" in med else "bare")
     return row
 
 
