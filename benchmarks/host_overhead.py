@@ -348,10 +348,14 @@ def summarize(label: str, chosen: str, samples: dict[str, list[float]]) -> dict[
     row["dispatch_min_ns"] = round(min(samples["default"]) - min(samples["bound"]), 1)
 
     def ratio(path: str) -> float:  # per round, then the median: a spell longer than a round cancels
-        return round(statistics.median(a / d for a, d in zip(samples[path], samples["default"], strict=True)), 3)
+        return round(
+            statistics.median(a / d for a, d in zip(samples[path], samples["default"], strict=True)), 3
+        )
 
     def over(path: str) -> float:
-        return round(statistics.median(d - a for a, d in zip(samples[path], samples["default"], strict=True)), 1)
+        return round(
+            statistics.median(d - a for a, d in zip(samples[path], samples["default"], strict=True)), 1
+        )
 
     row["forced_ratio"] = ratio("forced")
     for path, key in (("torch.ops", "torch_ops_ratio"), ("torch.ops torch", "torch_ops_torch_ratio")):
