@@ -356,7 +356,7 @@ def _entry_ops() -> list[str]:
     out = []
     for name in _bridged():
         op: FusedOp[Any] = op_instance(name)
-        if op.decl.outputs is not None and op.lane_form == "LRES":
+        if op.entry_form:
             out.append(name)
     return out
 
@@ -391,8 +391,9 @@ def _default(op: Any, make: Any, *, entries: bool) -> tuple[Any, BaseException |
 
 @pytest.mark.parametrize("op_name", _entry_ops())
 def test_default_entry_is_the_lane_call(op_name: str, device_type: str, bridge: Any) -> None:
-    """The default call's entry into a lane that allocates its outputs (torch_kernels.lane_entry)
-    is the tvm-ffi lane call with Python-allocated outputs: on every parity, invalid and corpus
+    """The default call's entry into its lane (torch_kernels.lane_entry; FusedOp.entry_form: in
+    place, one fresh result, several results) is the tvm-ffi lane call (with Python-allocated
+    outputs for several results): on every parity, invalid and corpus
     case, the same results bit for bit (dtypes, shapes, strides, fresh tensors) or the same error
     class and message, and the entry really ran."""
     dev = _DEVICE.get(device_type)

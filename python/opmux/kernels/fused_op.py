@@ -858,10 +858,9 @@ class FusedOp(Generic[R]):
         self, is_cpu: bool, dtype: torch.dtype, lane: tuple[Callable[..., Any], Any], op_id: int | None = None
     ) -> Any:
         """What the default call (or, with a forced backend's ``op_id``, a forced call) keeps for
-        ``lane``: the bridge's entry into it where the op's lane allocates its outputs and the
-        bridge is loaded, else the lane itself (an op waiting for the bridge is given its entries
-        once it is built)."""
-        if self.decl.outputs is None or self.lane_form != "LRES":
+        ``lane``: the bridge's entry into it where the bridge is loaded, else the lane itself (an
+        op waiting for the bridge is given its entries once it is built)."""
+        if not self.entry_form:
             return lane
         fn, flag = lane
         entry = None
@@ -874,6 +873,17 @@ class FusedOp(Generic[R]):
         if _ENTRY_PENDING[0] and self not in _ENTRY_WAITING:
             _ENTRY_WAITING.append(self)
         return lane
+
+    @property
+    def entry_form(self) -> bool:
+        """Whether the default call enters its lane through the bridge (torch_kernels.lane_entry)
+        once it is loaded: every lane form, its results (nothing, the caller's tensors, the ones
+        the lane allocates) crossing back as torch tensors without tvm-ffi's conversion (about
+        0.15 us per tensor argument on the H200's host, and a DLPack round trip per result); an
+        op with several results only where ``outputs`` sizes them (``LRES``)."""
+        if self.lane_form == "LRES":
+            return self.decl.outputs is not None
+        return self.lane_form is not None
 
     def _bind_entries(self) -> None:
         """Swap the lanes bound so far for the bridge's entries (it has just been built)."""
@@ -941,7 +951,7 @@ class FusedOp(Generic[R]):
         # call (a miss, CUDA, a forced backend) falls through to the general form below. The
         # lookup's try costs nothing when nothing is raised (zero-cost exceptions, 3.11+); the
         # contract runs outside it, so its own errors are never taken for a cache miss.
-        if compiled and decl.outputs is not None and self.lane_form == "LRES":
+        if compiled and self.entry_form:
             body += ["    if ENTRY_PENDING[0]:", "        ENTRY_POLL()"]  # (see _ENTRY_PENDING)
         if self.lane_form is not None:
             body += _lane_lines(decl, key, forced, self.lane_form if returns else "None")

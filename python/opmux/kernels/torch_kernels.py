@@ -6,9 +6,9 @@ The bridge registers a C++ kernel for the CPU and CUDA keys of every library op 
 lane returns what the op does: it runs the lane the default call bound, and hands anything else
 (no bound lane yet, grad inputs, a refused form) to the Python kernel, kept as the twin library
 op ``opmux::_py_<name>``. Same contract, same errors, same results; only the hop is gone.
-Where the interpreter's C headers are installed it also holds the default calls' entry into the
-lanes that allocate their outputs (``lane_entry``: the outputs allocated in C++, no tvm-ffi
-conversion of the results), and ``torch.ops.opmux.<name>``'s own entry from Python
+Where the interpreter's C headers are installed it also holds the default calls' entry into their
+lanes (``lane_entry``: the arguments read as torch tensors, the outputs allocated in C++, no tvm-ffi
+conversion either way), and ``torch.ops.opmux.<name>``'s own entry from Python
 (``attach_call``: torch's converts each scalar argument at about 0.4 us).
 
 It is compiled against the torch in this interpreter (its C++ API: the stable ABI can neither

@@ -415,13 +415,15 @@ int64_t lane_calls() { return g_lane_calls.load(); }
 
 
 #ifdef BRIDGE_PY_ENTRY
-// -- The default call's entry into a lane that allocates its outputs (fused_op: Decl.outputs) --
+// -- The default call's entry into its lane (fused_op: FusedOp.entry_form) --
 // Through tvm-ffi, the outputs of an op returning several tensors cost about 1 us each on the host
 // (allocated in Python, or returned by the lane and converted back), more than the lane itself at
-// T=1. This entry takes the public function's arguments as they are (torch tensors, int, float,
-// bool, None), lets the lane allocate with at::empty and wraps its results as torch tensors: one
-// Python call, no conversion layer. The Python side keeps the contract (grad refusal, which form
-// reaches a lane); this returns None where the lane refuses, exactly as the tvm-ffi call would.
+// T=1, and each tensor argument is converted on the way in. This entry takes the public function's
+// arguments as they are (torch tensors, int, float, bool, None), lets the lane allocate with
+// at::empty and wraps its results as torch tensors (a lane that ran on the caller's tensors:
+// True): one Python call, no conversion layer. The Python side keeps the contract (grad refusal,
+// which form reaches a lane); this returns None where the lane refuses, exactly as the tvm-ffi
+// call would.
 constexpr const char* kCapsule = "opmux.torch_bridge.lane";
 std::atomic<int64_t> g_py_lane_calls{0};
 
@@ -483,6 +485,11 @@ PyObject* py_lane_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
   }
   if (!call.kind.empty()) return raise_kind(call.kind, call.message);
   if (call.result.type_index() == ffi::TypeIndex::kTVMFFINone) Py_RETURN_NONE;  // refused: nothing done
+  if (call.result.type_index() == ffi::TypeIndex::kTVMFFIBool) {  // lane::ran(): on the caller's tensors
+    g_py_lane_calls.fetch_add(1, std::memory_order_relaxed);
+    if (call.result.cast<bool>()) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+  }
   try {
     auto many = call.result.try_cast<ffi::Array<ffi::Any>>();
     std::vector<at::Tensor> outs;
