@@ -242,7 +242,7 @@ def _enable_cpp_kernels(device: str) -> None:
     # (their entries for the default calls of the ops returning several tensors: where the
     # interpreter's headers let the bridge hold them; the default column then times them)
     entries = "on" if getattr(torch_kernels, "_entry", None) is not None else "off"
-    _CPP_KERNELS[0] = f"on (the default calls' entries into the lanes allocating their outputs: {entries})"
+    _CPP_KERNELS[0] = f"on (the default calls' entries into their lanes: {entries})"
 
 
 def _twins() -> list[tuple[str, Any]]:

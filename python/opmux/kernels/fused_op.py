@@ -850,7 +850,7 @@ class FusedOp(Generic[R]):
             # invalidated meanwhile (use_backends, tracing, refresh on another thread): take it back
             self._bridge["opmux_bridge_clear"](self._bridge_id)
 
-    # -- the default call's entry into lanes that allocate their outputs (torch_kernels) -------
+    # -- the default call's entry into its lane (torch_kernels) ---------------------------------
     def _forced_id(self, backend: Any) -> int:
         return self._forced_ids.setdefault(backend, next(_bridge_ids))
 

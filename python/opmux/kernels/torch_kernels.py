@@ -129,7 +129,7 @@ def _flags() -> tuple[list[str], list[str]]:
 
 def _python_include() -> Path | None:
     """The interpreter's C headers, where installed: the bridge then also holds the default
-    call's entry into the lanes that allocate their outputs (``lane_entry``)."""
+    call's entry into its lane (``lane_entry``)."""
     import sysconfig
 
     include = sysconfig.get_paths().get("include")
@@ -286,8 +286,8 @@ def warn_failed() -> None:
         _warned = True
         _warn.warn_at_caller(
             f"opmux: the C++ kernels of torch.ops.opmux.* are unavailable ({_detail}); the library "
-            f"ops keep their Python kernels and the default calls of the ops returning several tensors "
-            f"allocate them in Python (microseconds more per call). Set {ENV}=off to silence this.",
+            f"ops keep their Python kernels and torch's entry, and the default calls call their lanes "
+            f"through tvm-ffi (microseconds more per call). Set {ENV}=off to silence this.",
             TorchKernelsWarning,
         )
 
