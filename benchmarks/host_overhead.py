@@ -25,8 +25,8 @@ time:
   ``opmux::_py_<name>``, what ``torch.ops`` ran before the C++ kernels and still runs for the ops
   with several results);
 * ``torch.ops torch``: the same call through torch's own Python entry into the op (pybind,
-  ``createStackForSchema``), where ``torch.ops`` takes the bridge's (``OpCall``, its ``__wrapped__``):
-  the two entries side by side;
+  ``createStackForSchema``), where ``torch.ops`` takes the bridge's (``OpCall``, its ``__wrapped__``,
+  behind the same ``__call__`` frame as OpOverload's): the two entries side by side;
 * ``torch.ops kernel``: that library op's Python kernel called directly (``torch.ops - its
   kernel`` is then what the dispatcher adds for the op's schema: the hop, boxing every argument
   and result);
@@ -199,13 +199,29 @@ def _library(op: Any, args: tuple[Any, ...]) -> tuple[Callable[[], Any], Callabl
     return (lambda: overload(*full)), (None if kernel is None else lambda: kernel(*full))
 
 
+class _Overload:
+    """torch's OpOverload.__call__ (``self._op(*args, **kwargs)``) around another ``_op``: the
+    same Python frame as ``torch.ops``, so the two entries compare like for like."""
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: Callable[..., Any]) -> None:
+        self._op = op
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._op(*args, **kwargs)
+
+
 def _library_torch_entry(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
     """The same call as ``_library``'s through torch's own entry, where the bridge's wraps it."""
     full = _full(op, args)
     if op.decl.has_out:
         full = full[:-1]
     torchs = getattr(getattr(torch.ops.opmux, op.decl.short_name).default._op, "__wrapped__", None)
-    return None if torchs is None else (lambda: torchs(*full))
+    if torchs is None:
+        return None
+    overload = _Overload(torchs)
+    return lambda: overload(*full)
 
 
 def _library_twin(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:

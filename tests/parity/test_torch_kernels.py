@@ -350,6 +350,44 @@ def test_torch_ops_entry_is_torchs_entry(device_type: str, bridge: Any) -> None:
         assert overload in Dispatched.funcs and torch_kernels.op_calls() == before + 3  # (+ its own call)
 
 
+def test_torch_ops_entry_as_an_object(device_type: str, bridge: Any) -> None:
+    """The entry swapped onto a library op that did not have it keeps the op objects' hashes (sets
+    and dicts made before still find them), copies as itself, takes weak references, cannot be
+    made from Python, and leaves torch.overrides.redispatch_function to torch's entry."""
+    import copy
+    import weakref
+
+    dev = _DEVICE.get(device_type)
+    if dev is None:
+        pytest.skip(f"the C++ library-op kernels run on cpu and cuda, not {device_type}")
+    entry = torch_kernels._entry
+    assert entry is not None, "the bridge has no Python entry (no interpreter headers?)"
+    lib = torch.library.Library("opmux_entry_test", "DEF")  # (a fresh op: nothing attached yet)
+    try:
+        lib.define("scale(Tensor x, float a=2.0, bool neg=False) -> Tensor")
+        lib.impl("scale", lambda x, a=2.0, neg=False: x * (-a if neg else a), "CompositeExplicitAutograd")
+        packet = torch.ops.opmux_entry_test.scale
+        overload = packet.default
+        keys, table = {overload, packet}, {overload: 1, packet: 2}
+        for holder in (overload, packet):
+            holder._op = entry.op_call("opmux_entry_test::scale", holder._op)
+        call = overload._op
+        assert type(call).__name__ == "OpCall"
+        assert overload in keys and packet in keys and table[overload] == 1 and table[packet] == 2
+        assert copy.copy(call) is call and copy.deepcopy(call) is call and copy.deepcopy(overload) is overload
+        assert weakref.ref(call)() is call
+        with pytest.raises(TypeError):
+            type(call)()
+        x = torch.randn(4, device=dev)
+        before = torch_kernels.op_calls()
+        assert torch.equal(overload(x, 3.0, neg=True), -3.0 * x) and torch.equal(packet(x), 2.0 * x)
+        assert torch_kernels.op_calls() == before + 2
+        redispatched = torch.overrides.redispatch_function(overload, (), (x,), {"a": 0.5})
+        assert torch.equal(redispatched, 0.5 * x)
+    finally:
+        lib._destroy()
+
+
 def _entry_ops() -> list[str]:
     from opmux.kernels.fused_op import FusedOp
 

@@ -367,7 +367,8 @@ def attach_call(name: str) -> bool:
         if call is None:
             return False
         holder._op = call  # (OpOverload / OpOverloadPacket.__call__: ``self._op(*args, **kwargs)``)
-        torch.jit._builtins._register_builtin(call, qualname)  # TorchScript resolves it as before
+        if holder is packet:  # TorchScript resolves the packet's function as before
+            torch.jit._builtins._register_builtin(call, qualname)
     return True
 
 

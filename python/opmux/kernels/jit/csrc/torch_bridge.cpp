@@ -573,10 +573,16 @@ struct ArgSpec {
   std::optional<c10::IValue> fallback;  // the schema's default
 };
 
-struct OpCallState {
+struct OpCallState {  // (made and dropped with the GIL held)
   c10::OperatorHandle op;
   std::vector<ArgSpec> args;
   size_t returns;
+  OpCallState(c10::OperatorHandle h, size_t r) : op(std::move(h)), returns(r) {}
+  OpCallState(const OpCallState&) = delete;
+  OpCallState& operator=(const OpCallState&) = delete;
+  ~OpCallState() {
+    for (ArgSpec& a : args) Py_XDECREF(a.name);
+  }
 };
 
 struct OpCall {
@@ -585,9 +591,20 @@ struct OpCall {
   OpCallState* state;
   PyObject* original;
   Py_hash_t hash;
+  PyObject* weakrefs;
 };
 
 std::atomic<int64_t> g_op_calls{0};
+
+// Whether `t` has dimension names (torch < 2.13; later torchs have none). (A template: the
+// discarded branch is not compiled where Tensor lacks the method.)
+template <typename T>
+bool named(const T& t) {
+  if constexpr (requires { t.has_names(); })
+    return t.has_names();
+  else
+    return false;
+}
 
 // One argument as torch's createStackForSchema converts it; false: not a case handled here.
 bool push_arg(const ArgSpec& spec, PyObject* o, torch::jit::Stack* stack) {
@@ -600,6 +617,7 @@ bool push_arg(const ArgSpec& spec, PyObject* o, torch::jit::Stack* stack) {
       [[fallthrough]];
     case ArgKind::kTensor:
       if (!THPVariable_CheckExact(o)) return false;  // (None for a Tensor, a subclass: torch's entry)
+      if (named(THPVariable_Unpack(o))) return false;  // (torch's entry refuses named tensors)
       stack->emplace_back(THPVariable_Unpack(o));
       return true;
     case ArgKind::kInt: {
@@ -658,29 +676,46 @@ struct NoGil {  // pybind11::gil_scoped_release without pybind
   ~NoGil() { PyEval_RestoreThread(state); }
 };
 
-PyObject* op_call(PyObject* self_obj, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  auto* self = reinterpret_cast<OpCall*>(self_obj);
-  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  torch::jit::Stack stack;
-  if (at::impl::torch_function_mode_enabled() || !build_stack(*self->state, args, nargs, kwnames, &stack))
-    return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-  g_op_calls.fetch_add(1, std::memory_order_relaxed);
-  HANDLE_TH_ERRORS
-  {
-    NoGil released;
-    self->state->op.callBoxed(&stack);
+// What torch's entry would do before converting anything (then it is the one to call): a
+// torch-function mode, or (torch 2.13+) a pending `_skip_one_hop_torch_function` that its
+// has_torch_function check consumes (torch.overrides.redispatch_function).
+template <typename TLS = at::impl::PythonTorchFunctionTLS>
+bool torch_function_pending() {
+  if (at::impl::torch_function_mode_enabled()) return true;
+  if constexpr (requires { TLS::peek_skip_next(); })
+    return TLS::peek_skip_next();
+  else
+    return false;
+}
+
+// A C++ exception from the call, raised in Python as torch's pybind entry raises it: pybind's
+// own exceptions keep their class (a cast error is a TypeError), a Python error is restored, and
+// torch's (c10::Error and kin) are translated by torch. No warning handler: torch's entry has
+// none either (a TORCH_WARN goes to c10's handler, not to Python's warning filters).
+PyObject* raise_from_call() {
+  try {
+    throw;
+  } catch (pybind11::error_already_set& e) {
+    e.restore();
+  } catch (const pybind11::builtin_exception& e) {
+    e.set_error();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
   }
-  const size_t nr = self->state->returns;
-  TORCH_CHECK(stack.size() == nr, "opmux: ", self->state->op.schema().name(), " left ", stack.size(),
-              " values, not ", nr);
-  for (const c10::IValue& v : stack)
-    TORCH_CHECK(v.isTensor(), "opmux: ", self->state->op.schema().name(), " returned a non-tensor");
+  return nullptr;
+}
+
+PyObject* wrap_results(torch::jit::Stack* stack, const OpCallState& st) {
+  const size_t nr = st.returns;
+  TORCH_CHECK(stack->size() == nr, "opmux: ", st.op.schema().name(), " left ", stack->size(), " values, not ", nr);
+  for (const c10::IValue& v : *stack)
+    TORCH_CHECK(v.isTensor(), "opmux: ", st.op.schema().name(), " returned a non-tensor");
   if (nr == 0) Py_RETURN_NONE;
-  if (nr == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
+  if (nr == 1) return THPVariable_Wrap(std::move((*stack)[0]).toTensor());
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(nr));
   if (tuple == nullptr) return nullptr;
   for (size_t i = 0; i < nr; ++i) {
-    PyObject* t = THPVariable_Wrap(std::move(stack[i]).toTensor());
+    PyObject* t = THPVariable_Wrap(std::move((*stack)[i]).toTensor());
     if (t == nullptr) {
       Py_DECREF(tuple);
       return nullptr;
@@ -688,16 +723,31 @@ PyObject* op_call(PyObject* self_obj, PyObject* const* args, size_t nargsf, PyOb
     PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), t);
   }
   return tuple;
-  END_HANDLE_TH_ERRORS
+}
+
+PyObject* op_call(PyObject* self_obj, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<OpCall*>(self_obj);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  try {
+    torch::jit::Stack stack;
+    if (torch_function_pending() || !build_stack(*self->state, args, nargs, kwnames, &stack))
+      return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    g_op_calls.fetch_add(1, std::memory_order_relaxed);
+    {
+      NoGil released;  // (its destructor takes the GIL back before any catch below runs)
+      self->state->op.callBoxed(&stack);
+    }
+    return wrap_results(&stack, *self->state);
+  } catch (...) {
+    return raise_from_call();
+  }
 }
 
 void op_call_dealloc(PyObject* self_obj) {
   auto* self = reinterpret_cast<OpCall*>(self_obj);
   PyTypeObject* type = Py_TYPE(self_obj);
-  if (self->state != nullptr) {
-    for (ArgSpec& a : self->state->args) Py_XDECREF(a.name);
-    delete self->state;
-  }
+  if (self->weakrefs != nullptr) PyObject_ClearWeakRefs(self_obj);
+  delete self->state;
   Py_XDECREF(self->original);
   type->tp_free(self_obj);
   Py_DECREF(type);
@@ -709,8 +759,12 @@ PyObject* op_call_repr(PyObject* self) { return PyObject_Repr(reinterpret_cast<O
 
 // Attributes are the original's (``__name__``, ``__module__``, what torch reads or sets on `_op`);
 // ``__wrapped__`` is the original itself.
+// ``__copy__`` / ``__deepcopy__`` give the object itself, as for torch's builtin.
 PyObject* op_call_getattro(PyObject* self, PyObject* name) {
   PyObject* original = reinterpret_cast<OpCall*>(self)->original;
+  if (PyUnicode_Check(name) && (PyUnicode_CompareWithASCIIString(name, "__copy__") == 0 ||
+                                PyUnicode_CompareWithASCIIString(name, "__deepcopy__") == 0))
+    return PyObject_GenericGetAttr(self, name);
   if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0) {
     Py_INCREF(original);
     return original;
@@ -720,9 +774,18 @@ PyObject* op_call_getattro(PyObject* self, PyObject* name) {
 int op_call_setattro(PyObject* self, PyObject* name, PyObject* value) {
   return PyObject_SetAttr(reinterpret_cast<OpCall*>(self)->original, name, value);
 }
+PyObject* op_call_self(PyObject* self, PyObject* const*, Py_ssize_t) {
+  Py_INCREF(self);
+  return self;
+}
+PyMethodDef g_op_call_methods[] = {
+    {"__copy__", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(op_call_self)), METH_FASTCALL, nullptr},
+    {"__deepcopy__", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(op_call_self)), METH_FASTCALL, nullptr},
+    {nullptr, nullptr, 0, nullptr}};
 
 PyMemberDef g_op_call_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(OpCall, vectorcall)), READONLY, nullptr},
+    {"__weaklistoffset__", T_PYSSIZET, static_cast<Py_ssize_t>(offsetof(OpCall, weakrefs)), READONLY, nullptr},
     {nullptr, 0, 0, 0, nullptr}};
 
 PyType_Slot g_op_call_slots[] = {
@@ -733,10 +796,12 @@ PyType_Slot g_op_call_slots[] = {
     {Py_tp_getattro, reinterpret_cast<void*>(op_call_getattro)},
     {Py_tp_setattro, reinterpret_cast<void*>(op_call_setattro)},
     {Py_tp_members, g_op_call_members},
+    {Py_tp_methods, g_op_call_methods},
     {0, nullptr}};
 
 PyType_Spec g_op_call_spec = {"_opmux_torch_bridge.OpCall", sizeof(OpCall), 0,
-                              Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, g_op_call_slots};
+                              Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+                              g_op_call_slots};
 PyObject* g_op_call_type = nullptr;
 
 // op_call(qualname, original) -> an OpCall for library op `qualname` (its default overload) that
@@ -756,11 +821,11 @@ PyObject* py_make_op_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const c10::FunctionSchema& schema = handle->schema();
   if (schema.is_vararg() || schema.is_varret()) Py_RETURN_NONE;
   for (const c10::Argument& r : schema.returns())
-    if (r.type()->kind() != c10::TypeKind::TensorType) Py_RETURN_NONE;
-  auto state = std::make_unique<OpCallState>(OpCallState{*handle, {}, schema.returns().size()});
+    if (r.real_type()->kind() != c10::TypeKind::TensorType) Py_RETURN_NONE;
+  auto state = std::make_unique<OpCallState>(*handle, schema.returns().size());
   for (const c10::Argument& a : schema.arguments()) {
     ArgKind kind;
-    const c10::TypePtr& t = a.type();
+    const c10::TypePtr& t = a.real_type();  // (SymInt, ScalarType, ... are not IntType here)
     if (a.kwarg_only() || a.N().has_value()) Py_RETURN_NONE;  // (none of opmux's schemas has these)
     switch (t->kind()) {
       case c10::TypeKind::TensorType: kind = ArgKind::kTensor; break;
@@ -775,17 +840,12 @@ PyObject* py_make_op_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       default: Py_RETURN_NONE;
     }
     PyObject* name = PyUnicode_InternFromString(a.name().c_str());
-    if (name == nullptr) {
-      for (ArgSpec& s : state->args) Py_DECREF(s.name);
-      return nullptr;
-    }
+    if (name == nullptr) return nullptr;
     state->args.push_back(ArgSpec{kind, name, a.default_value()});
   }
   auto* self = PyObject_New(OpCall, reinterpret_cast<PyTypeObject*>(g_op_call_type));
-  if (self == nullptr) {
-    for (ArgSpec& s : state->args) Py_DECREF(s.name);
-    return nullptr;
-  }
+  if (self == nullptr) return nullptr;
+  self->weakrefs = nullptr;
   self->vectorcall = op_call;
   self->state = state.release();
   Py_INCREF(args[1]);
