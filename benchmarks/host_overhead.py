@@ -187,14 +187,19 @@ def _full(op: Any, args: tuple[Any, ...]) -> list[Any]:
     return list(args) + [eval(p.default) for p in op.decl.params[len(args) :]]
 
 
+def _library_args(op: Any, args: tuple[Any, ...]) -> list[Any]:
+    """The library op's arguments for ``args``, every one positional (defaults filled in; the
+    functional form of an op with ``out`` has no ``out``)."""
+    full = _full(op, args)
+    return full[:-1] if op.decl.has_out else full
+
+
 def _library(op: Any, args: tuple[Any, ...]) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
     """``torch.ops.opmux.<name>`` with every argument positional (defaults filled in), and its
     Python kernel called directly (None where the tree does not expose it)."""
     decl = op.decl
-    full = _full(op, args)
+    full = _library_args(op, args)
     overload = getattr(torch.ops.opmux, decl.short_name).default
-    if decl.has_out:
-        full = full[:-1]
     kernel = getattr(op, "_library_kernels", {}).get(decl.short_name)
     return (lambda: overload(*full)), (None if kernel is None else lambda: kernel(*full))
 
@@ -214,9 +219,7 @@ class _Overload:
 
 def _library_torch_entry(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
     """The same call as ``_library``'s through torch's own entry, where the bridge's wraps it."""
-    full = _full(op, args)
-    if op.decl.has_out:
-        full = full[:-1]
+    full = _library_args(op, args)
     torchs = getattr(getattr(torch.ops.opmux, op.decl.short_name).default._op, "__wrapped__", None)
     if torchs is None:
         return None
@@ -226,9 +229,7 @@ def _library_torch_entry(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | 
 
 def _library_twin(op: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
     """``torch.ops.opmux._py_<name>`` (the library op with its Python kernel), where there is one."""
-    full = _full(op, args)
-    if op.decl.has_out:
-        full = full[:-1]
+    full = _library_args(op, args)
     packet = getattr(torch.ops.opmux, f"_py_{op.decl.short_name}", None) if _CPP_KERNELS[0] == "on" else None
     if packet is None:
         return None

@@ -64,9 +64,9 @@ def _library_call(op: Any, full: list[Any]) -> tuple[Any, Any, list[Any]]:
     )
 
 
-def _run(fn: Any, args: list[Any]) -> tuple[Any, BaseException | None]:
+def _run(fn: Any, args: Any, kwargs: Any = None) -> tuple[Any, BaseException | None]:
     try:
-        return fn(*args), None
+        return fn(*args, **(kwargs or {})), None
     except Exception as exc:
         return None, exc
 
@@ -249,20 +249,13 @@ def _torch_entry(name: str) -> tuple[Any, Any]:
     return overload, overload._op.__wrapped__
 
 
-def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return ("ok", fn(*args, **kwargs))
-    except Exception as exc:
-        return ("raised", type(exc), str(exc))
-
-
-def _same_outcome(got: Any, want: Any) -> bool:
-    if got[0] != want[0]:
-        return False
-    if got[0] == "raised":
-        return bool(got == want)
-    a, b = _tensors(got[1]), _tensors(want[1])
-    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+def _same_outcome(got: tuple[Any, BaseException | None], want: tuple[Any, BaseException | None]) -> bool:
+    """Two ``_run`` outcomes: the same results, or the same error class and message."""
+    (a, err), (b, err2) = got, want
+    if err is not None or err2 is not None:
+        return err is not None and err2 is not None and (type(err), str(err)) == (type(err2), str(err2))
+    ta, tb = _tensors(a), _tensors(b)
+    return len(ta) == len(tb) and all(_same(x, y) for x, y in zip(ta, tb, strict=True))
 
 
 def test_torch_ops_entry_is_torchs_entry(device_type: str, bridge: Any) -> None:
@@ -309,10 +302,10 @@ def test_torch_ops_entry_is_torchs_entry(device_type: str, bridge: Any) -> None:
     with torch.no_grad():
         for args, kwargs, taken in calls:
             before = torch_kernels.op_calls()
-            got = _outcome(overload, *args, **kwargs)
+            got = _run(overload, args, kwargs)
             assert (torch_kernels.op_calls() > before) == taken, f"{args[1:]} {kwargs}"
-            assert _same_outcome(got, _outcome(torchs, *args, **kwargs)), f"{args[1:]} {kwargs}: {got}"
-            assert _same_outcome(_outcome(packet, *args, **kwargs), got), f"{args[1:]} {kwargs}"
+            assert _same_outcome(got, _run(torchs, args, kwargs)), f"{args[1:]} {kwargs}: {got}"
+            assert _same_outcome(_run(packet, args, kwargs), got), f"{args[1:]} {kwargs}"
 
         class Seen(torch.Tensor):
             seen = 0

@@ -353,7 +353,7 @@ def attach_call(name: str) -> bool:
     operator through the dispatcher and hands anything else to torch's entry; it hashes as torch's
     does, so the op objects stay the same keys. -> whether it is attached (no Python entry in this
     build, another overload, or a schema it does not cover: torch's entry stays)."""
-    if _entry is None or not hasattr(_entry, "op_call"):
+    if _entry is None:
         return False
     packet = getattr(torch.ops.opmux, name)
     if list(packet.overloads()) != ["default"]:
@@ -374,7 +374,7 @@ def attach_call(name: str) -> bool:
 
 def op_calls() -> int:
     """How many ``torch.ops.opmux.*`` calls the bridge's entries took (tests, benchmarks)."""
-    return int(_entry.op_calls()) if _entry is not None and hasattr(_entry, "op_calls") else 0
+    return int(_entry.op_calls()) if _entry is not None else 0
 
 
 def lane_calls() -> int:

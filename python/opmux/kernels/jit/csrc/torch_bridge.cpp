@@ -425,6 +425,18 @@ int64_t lane_calls() { return g_lane_calls.load(); }
 // which form reaches a lane); this returns None where the lane refuses, exactly as the tvm-ffi
 // call would.
 constexpr const char* kCapsule = "opmux.torch_bridge.lane";
+
+// An exact Python int's value; false (no error left set): outside int64.
+bool int64_value(PyObject* o, int64_t* out) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = static_cast<int64_t>(v);
+  return true;
+}
 std::atomic<int64_t> g_py_lane_calls{0};
 
 struct PyLane {
@@ -457,13 +469,9 @@ PyObject* py_lane_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
     } else if (PyBool_Check(o)) {
       packed[i] = ffi::AnyView(o == Py_True);
     } else if (PyLong_CheckExact(o)) {
-      int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-      if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        Py_RETURN_NONE;  // (out of int64: the contract names it)
-      }
-      packed[i] = ffi::AnyView(static_cast<int64_t>(v));
+      int64_t v = 0;
+      if (!int64_value(o, &v)) Py_RETURN_NONE;  // (out of int64: the contract names it)
+      packed[i] = ffi::AnyView(v);
     } else if (PyFloat_CheckExact(o)) {
       packed[i] = ffi::AnyView(PyFloat_AS_DOUBLE(o));
     } else if (THPVariable_Check(o)) {
@@ -552,7 +560,7 @@ PyObject* py_make_lane(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 PyObject* py_lane_calls(PyObject*, PyObject*) { return PyLong_FromLongLong(g_py_lane_calls.load()); }
 
-// -- `torch.ops.opmux.<name>`'s call from Python (torch_kernels.fast_calls) ---------------------
+// -- `torch.ops.opmux.<name>`'s call from Python (torch_kernels.attach_call) --------------------
 // torch's Python entry into a library op (OpOverload._op: pybind, createStackForSchema) converts
 // every scalar argument with isinstance checks against SymInt / SymFloat / SymBool: about 0.4 us a
 // scalar and 0.2 us a None on the hosts measured, so an op with nine parameters pays 3-4 us before
@@ -615,20 +623,17 @@ bool push_arg(const ArgSpec& spec, PyObject* o, torch::jit::Stack* stack) {
         return true;
       }
       [[fallthrough]];
-    case ArgKind::kTensor:
+    case ArgKind::kTensor: {
       if (!THPVariable_CheckExact(o)) return false;  // (None for a Tensor, a subclass: torch's entry)
-      if (named(THPVariable_Unpack(o))) return false;  // (torch's entry refuses named tensors)
-      stack->emplace_back(THPVariable_Unpack(o));
+      const at::Tensor& t = THPVariable_Unpack(o);
+      if (named(t)) return false;  // (torch's entry refuses named tensors)
+      stack->emplace_back(t);
       return true;
+    }
     case ArgKind::kInt: {
-      if (!PyLong_CheckExact(o)) return false;
-      int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-      if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return false;
-      }
-      stack->emplace_back(static_cast<int64_t>(v));
+      int64_t v = 0;
+      if (!PyLong_CheckExact(o) || !int64_value(o, &v)) return false;
+      stack->emplace_back(v);
       return true;
     }
     case ArgKind::kFloat:
@@ -762,12 +767,14 @@ PyObject* op_call_repr(PyObject* self) { return PyObject_Repr(reinterpret_cast<O
 // ``__copy__`` / ``__deepcopy__`` give the object itself, as for torch's builtin.
 PyObject* op_call_getattro(PyObject* self, PyObject* name) {
   PyObject* original = reinterpret_cast<OpCall*>(self)->original;
-  if (PyUnicode_Check(name) && (PyUnicode_CompareWithASCIIString(name, "__copy__") == 0 ||
-                                PyUnicode_CompareWithASCIIString(name, "__deepcopy__") == 0))
-    return PyObject_GenericGetAttr(self, name);
-  if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0) {
-    Py_INCREF(original);
-    return original;
+  if (PyUnicode_Check(name)) {
+    if (PyUnicode_CompareWithASCIIString(name, "__copy__") == 0 ||
+        PyUnicode_CompareWithASCIIString(name, "__deepcopy__") == 0)
+      return PyObject_GenericGetAttr(self, name);
+    if (PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0) {
+      Py_INCREF(original);
+      return original;
+    }
   }
   return PyObject_GetAttr(original, name);
 }
