@@ -330,3 +330,77 @@ def no_caller_outputs_when_compiling(op: str, names: str, *bufs: torch.Tensor | 
             f"{op}: {names} are not supported under torch.compile yet; call without them and use "
             "the returned tensors"
         )
+
+
+# -- the pieces the generated contract checks use (ops/_contract_codegen.py) -----------------
+INF = math.inf
+
+
+def dtype_in(op: str, name: str, t: torch.Tensor, names: tuple[str, ...]) -> None:
+    """``t``'s dtype is one of ``names`` (torch dtype names)."""
+    if _dt(t.dtype) not in names:
+        raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}; supported: {', '.join(names)}")
+
+
+def finite_float(op: str, name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{op}: {name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def dtype_choice(op: str, name: str, v: object, names: tuple[str, ...]) -> None:
+    """A dtype argument: None (the default) or one of ``names``."""
+    if v is None or (isinstance(v, torch.dtype) and _dt(v) in names):
+        return
+    raise TypeError(f"{op}: {name} must be None or one of {', '.join('torch.' + n for n in names)}, got {v!r}")
+
+
+def out_dtype(op: str, name: str, t: torch.Tensor, arg: str, v: Any, names: tuple[str, ...]) -> Any:
+    """A caller's output whose dtype the op could also be told (``arg``): it must be a valid
+    one and agree with ``arg`` when both are given. Returns the dtype."""
+    if _dt(t.dtype) not in names:
+        raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}; supported: {', '.join(names)}")
+    if v is not None and t.dtype != v:
+        raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)} but {arg} is {_dt(v)}; make them agree")
+    return t.dtype
+
+
+def unit_last_stride(op: str, name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: {name} has a non-contiguous last dimension (stride {t.stride(-1)}); "
+            f"kernels need stride 1 there: pass {name}.contiguous()"
+        )
+
+
+def dense_vector(op: str, name: str, t: torch.Tensor) -> None:
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(
+            f"{op}: {name} has stride {t.stride(0)}; kernels need a dense vector: pass {name}.contiguous()"
+        )
+
+
+def has_unit_stride(t: torch.Tensor) -> bool:
+    """Some dim of ``t`` has unit stride (or ``t`` has at most one element per dim but one)."""
+    return any(st == 1 or n <= 1 for st, n in zip(t.stride(), t.shape, strict=True)) or t.dim() == 0
+
+
+def unit_stride_somewhere(op: str, name: str, t: torch.Tensor) -> None:
+    if not has_unit_stride(t):
+        raise ValueError(
+            f"{op}: {name} has strides {tuple(t.stride())}; kernels need unit stride in one of its "
+            f"dims (row-major, or the transposed view of a column-major buffer): pass {name}.contiguous()"
+        )
+
+
+def flat_rows(op: str, name: str, t: torch.Tensor, last: int) -> torch.Tensor:
+    """``t`` ([*T, last], any strides) as a [rows, last] view, never a copy."""
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, last)
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
+            f"[rows, {last}]; pass a tensor whose leading dims are contiguous ({name}.contiguous())"
+        ) from None

@@ -25,15 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..spec import BackendSpec, OpSpec
+from ..spec import BackendSpec, OpSpec, Requirement
 from ._common import AOT, JIT, PRIORITY, TOLERANCES, TORCH, TORCH_NPU, TRITON
+from ._contract import Contract
 
 __all__ = ["NATIVE_TARGETS", "Decl", "Param", "declare", "parse_signature", "variant"]
 
 #: where the two loaders of the native backend live (``_native.AOT`` / ``_native.JIT``)
 NATIVE_TARGETS = {"aot": "opmux.kernels.ops._native:AOT", "jit": "opmux.kernels.ops._native:JIT"}
-_TYPES = ("Tensor", "Tensor?", "float", "int", "bool")
-_PARAM = re.compile(r"^(Tensor|float|int|bool)(\(a!\))?(\?)? ([a-z_][a-z0-9_]*)(?:=(\S+))?$")
+_TYPES = ("Tensor", "Tensor?", "float", "int", "bool", "ScalarType?")
+_PARAM = re.compile(r"^(Tensor|float|int|bool|ScalarType)(\(a!\))?(\?)? ([a-z_][a-z0-9_]*)(?:=(\S+))?$")
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ class Decl:
     spec: OpSpec
     params: tuple[Param, ...]
     returns: str
-    check: Callable[..., tuple[tuple[Any, ...], Any]]
+    #: the hand-written check of an op without a contract (None: the contract's generated one)
+    check_fn: Callable[..., tuple[tuple[Any, ...], Any]] | None
     reference: Callable[..., Any]
     values: Callable[..., None] | None
     python_backends: tuple[tuple[str, Callable[..., None]], ...]
@@ -101,6 +103,22 @@ class Decl:
     outputs: Callable[..., tuple[tuple[Any, ...], Any]] | None = None
     #: the arguments ``declare`` was given (for ``variant``)
     declared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    #: the argument contract as data (``ops/_contract.py``); its check is generated into
+    #: ``ops/<group>/_contracts.py``
+    contract: Contract | None = None
+
+    @property
+    def check(self) -> Callable[..., tuple[tuple[Any, ...], Any]]:
+        """``check(op, *args) -> (kernel_args, result)``: the contract's generated function
+        (imported on first use: it needs torch), or the hand-written one."""
+        if self.check_fn is None:
+            import importlib
+
+            package = self.spec.reference.partition(":")[0].rpartition(".")[0]
+            assert self.contract is not None
+            fn = getattr(importlib.import_module(f"{package}._contracts"), f"check_{self.contract.name}")
+            object.__setattr__(self, "check_fn", fn)
+        return self.check_fn  # type: ignore[return-value]
 
     @property
     def name(self) -> str:
@@ -120,7 +138,8 @@ def declare(
     name: str,
     signature: str,
     *,
-    check: Callable[..., tuple[tuple[Any, ...], Any]],
+    check: Callable[..., tuple[tuple[Any, ...], Any]] | None = None,
+    contract: Contract | None = None,
     reference: Callable[..., Any],
     doc: str,
     values: Callable[..., None] | None = None,
@@ -134,6 +153,8 @@ def declare(
     samples: str | None = None,
     key_arg: int = 0,
     outputs: Callable[..., tuple[tuple[Any, ...], Any]] | None = None,
+    vendor: tuple[tuple[str, Callable[..., None], Requirement], ...] = (),
+    priority: tuple[tuple[str, tuple[str, ...]], ...] = (),
 ) -> Decl:
     """Declare op ``name`` (``group.op``); see the module docstring for what follows.
 
@@ -146,6 +167,8 @@ def declare(
     several results) allocates a serving lane's outputs: ``outputs(*args) -> (outs, result)``.
     """
     params, returns = parse_signature(signature)
+    if (check is None) == (contract is None):
+        raise ValueError(f"{name}: give exactly one of check= (hand-written) or contract= (data)")
     if any(p.name == "out" for p in params[:-1]):
         raise ValueError(f"{name}: 'out' must be the last parameter")
     package = _target(reference).partition(":")[0].rpartition(".")[0]
@@ -158,16 +181,22 @@ def declare(
         backends.append(BackendSpec("triton", f"{package}.triton_kernels:{short}", TRITON))
     requirements = {"torch": TORCH, "torch_npu": TORCH_NPU}
     backends += [BackendSpec(n, _target(fn), requirements[n]) for n, fn in python]
+    # vendor libraries called from Python (e.g. cuBLASLt through torch._scaled_mm): name,
+    # function (the kernel arguments, like every backend), requirement
+    backends += [BackendSpec(n, _target(fn), req) for n, fn, req in vendor]
+    python = (*python, *((n, fn) for n, fn, _ in vendor))
     if dtypes is not None:
         backends = [replace(b, requires=replace(b.requires, dtypes=dtypes)) for b in backends]
     names = {b.name for b in backends}
-    priority = tuple((dev, tuple(b for b in order if b in names)) for dev, order in PRIORITY)
+    # the op's own order on a device (measured: docs/benchmarks) replaces the default one there
+    own = dict(priority)
+    orders = tuple((dev, tuple(b for b in own.get(dev, order) if b in names)) for dev, order in PRIORITY)
     spec = OpSpec(
         name=name,
         reference=_target(reference),
         backends=tuple(backends),
         default_priority=("torch",) if "torch" in names else (),
-        priority=priority,
+        priority=orders,
         tolerances=tolerances,
         samples=f"{name.partition('.')[0]}:{samples or short}",
         mutates=tuple(p.name for p in params if p.written),
@@ -175,7 +204,7 @@ def declare(
         size_priority=size_priority,
     )
     declared = {k: v for k, v in locals().items() if k in _DECLARE_ARGS}
-    return Decl(spec, params, returns, check, reference, values, python, key_arg, outputs, declared)
+    return Decl(spec, params, returns, check, reference, values, python, key_arg, outputs, declared, contract)
 
 
 def variant(of: Decl, name: str, *, doc: str, **changes: Any) -> Decl:
@@ -201,4 +230,7 @@ _DECLARE_ARGS = (
     "samples",
     "key_arg",
     "outputs",
+    "contract",
+    "vendor",
+    "priority",
 )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .. import _checks
+from .._contract import FLOATS, Arg, Contract, Rule, Scalar
 from .._decl import declare, variant
 
 if TYPE_CHECKING:
@@ -23,60 +23,33 @@ else:
 Act = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
-def check(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Tensor]:
-    try:  # the serving call ([T, 2d] rows, no out), each attribute read once; else the full checks
-        xs = x.shape
-        if (
-            out is None
-            and len(xs) == 2
-            and xs[1] % 2 == 0
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] == 0 or x.stride()[1] == 1)
-            and type(x) is torch.Tensor  # plain tensors (subclasses: the full checks, a plain out)
-        ):
-            out = x.new_empty(xs[0], xs[1] // 2)  # x's dtype and device, dense
-            return (out, x), out
-    except Exception:  # not a tensor, ...: the full checks say what is wrong
-        pass
-    _checks.tensor(op, "x", x)
-    _checks.float_dtype(op, "x", x)
-    if x.dim() < 1 or x.shape[-1] % 2:
-        raise ValueError(f"{op}: x has shape {tuple(x.shape)}; its last dim must be even ([..., 2*d])")
-    d = x.shape[-1] // 2
-    if out is None:
-        out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
-    else:
-        _checks.tensor(op, "out", out)
-        if tuple(out.shape) != (*x.shape[:-1], d):
-            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {(*x.shape[:-1], d)}")
-        _checks.like(op, "x", x, "out", out)
-    return (_checks.rows(op, "out", out, d), _checks.rows(op, "x", x, 2 * d)), out
+# -- the contracts (ops/_contract.py; their checks are generated into _contracts.py) ---------------
+_X_PAIRS = Arg("x", "*T, D2", dtypes=FLOATS, shape_hint="its last dim must be even ([..., 2*d])")
+_EVEN = Rule("D2 % 2 == 0", "x has shape {tuple(x.shape)}; its last dim must be even ([..., 2*d])")
+_OUT_HALF = Arg("out", "*T, D2 // 2", like="x", out=True)
 
 
-def check_vllm_rounding(
-    op: str, x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None
-) -> tuple[tuple[Any, ...], Tensor]:
-    """check's contract plus the kernel mode (a bool): kernel arguments (out, x, vllm_rounding).
-    The serving call's lane is check's, inline (a call frame less: about 0.2 us a call)."""
-    try:
-        xs = x.shape
-        if (
-            out is None
-            and type(vllm_rounding) is bool
-            and len(xs) == 2
-            and xs[1] % 2 == 0
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] == 0 or x.stride()[1] == 1)
-            and type(x) is torch.Tensor
-        ):
-            out = x.new_empty(xs[0], xs[1] // 2)  # x's dtype and device, dense
-            return (out, x, vllm_rounding), out
-    except Exception:  # not a tensor, ...: the full checks say what is wrong
-        pass
-    if not isinstance(vllm_rounding, bool):
-        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
-    args, out = check(op, x, out)
-    return (*args, vllm_rounding), out
+def _gated_contract(name: str, *scalars: Scalar) -> Contract:
+    """x [*T, 2d] -> out [*T, d]: kernel arguments (out, x, *scalars), rows views."""
+    items = (*scalars, _X_PAIRS, _EVEN, _OUT_HALF)
+    return Contract(name, items, kernel=("out", "x", *(s.name for s in scalars)), result="out")
+
+
+GATED_ROUNDING = _gated_contract("gated_rounding", Scalar("vllm_rounding", "bool"))
+GATED_THRESHOLD = _gated_contract("gated_threshold", Scalar("threshold", "finite"))
+GATED_LIMIT = _gated_contract("gated_limit", Scalar("limit", "positive"))
+GATED_OAI = _gated_contract("gated_oai", Scalar("alpha", "finite"), Scalar("limit", "positive"))
+
+
+def _elementwise_contract(name: str, *scalars: Scalar) -> Contract:
+    """x [*T, n] -> out [*T, n]: kernel arguments (out, x, *scalars), rows views."""
+    x = Arg("x", "*T, N", dtypes=FLOATS, shape_hint="expected at least one dim ([..., n])")
+    items = (*scalars, x, Arg("out", "*T, N", like="x", out=True))
+    return Contract(name, items, kernel=("out", "x", *(s.name for s in scalars)), result="out")
+
+
+ELEMENTWISE = _elementwise_contract("elementwise")
+ELEMENTWISE_ROUNDING = _elementwise_contract("elementwise_rounding", Scalar("vllm_rounding", "bool"))
 
 
 def _gated(act: Act, x: Tensor, fp32: bool) -> Tensor:
@@ -135,7 +108,7 @@ silu_and_mul = declare(
     "(Tensor x, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor",
     doc="x: [..., 2d] -> silu(x[..., :d]) * x[..., d:], in fp32; vllm_rounding: the activation by IEEE "
     "expf / erff / tanhf and division, rounded to x's dtype, then the product in x's dtype (vLLM's kernel)",
-    check=check_vllm_rounding,
+    contract=GATED_ROUNDING,
     reference=partial(reference, act=_silu),
     torch=partial(torch_gated, approximate=None),
     torch_npu=partial(npu_gated, approximate=None),
@@ -160,37 +133,6 @@ gelu_tanh_and_mul = variant(
 
 
 # -- the other gated forms (vLLM's activation set) ---------------------------------------------
-def _finite(op: str, name: str, v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{op}: {name} must be a finite number, got {v!r}")
-    return float(v)
-
-
-def check_threshold(
-    op: str, x: Tensor, threshold: float = 0.0, out: Tensor | None = None
-) -> tuple[tuple[Any, ...], Tensor]:
-    t = _finite(op, "threshold", threshold)
-    args, out = check(op, x, out)
-    return (*args, t), out
-
-
-def check_limit(
-    op: str, x: Tensor, limit: float = 7.0, out: Tensor | None = None
-) -> tuple[tuple[Any, ...], Tensor]:
-    lim = _checks.positive_float(op, "limit", limit)
-    args, out = check(op, x, out)
-    return (*args, lim), out
-
-
-def check_oai(
-    op: str, x: Tensor, alpha: float = 1.702, limit: float = 7.0, out: Tensor | None = None
-) -> tuple[tuple[Any, ...], Tensor]:
-    a = _finite(op, "alpha", alpha)
-    lim = _checks.positive_float(op, "limit", limit)
-    args, out = check(op, x, out)
-    return (*args, a, lim), out
-
-
 def _clamp_abs(u: Tensor, limit: float) -> Tensor:
     return u.clamp(min=-limit, max=limit)
 
@@ -261,7 +203,7 @@ mul_and_silu = declare(
     "(Tensor x, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor",
     doc="x: [..., 2d] -> x[..., :d] * silu(x[..., d:]), in fp32; vllm_rounding: silu by IEEE expf "
     "and division, rounded to x's dtype, then the product in x's dtype (vLLM's kernel, bit for bit)",
-    check=check_vllm_rounding,
+    contract=GATED_ROUNDING,
     reference=ref_mul_and_silu,
     torch=torch_mul_and_silu,
     samples="mul_and_silu",
@@ -270,7 +212,7 @@ fatrelu_and_mul = declare(
     "activation.fatrelu_and_mul",
     "(Tensor x, float threshold=0.0, Tensor(a!)? out=None) -> Tensor",
     doc="x: [..., 2d] -> threshold(x[..., :d]) * x[..., d:] (gate kept where > threshold, else 0)",
-    check=check_threshold,
+    contract=GATED_THRESHOLD,
     reference=ref_fatrelu,
     torch=torch_fatrelu,
     samples="fatrelu_and_mul",
@@ -279,7 +221,7 @@ swiglustep_and_mul = declare(
     "activation.swiglustep_and_mul",
     "(Tensor x, float limit=7.0, Tensor(a!)? out=None) -> Tensor",
     doc="x: [..., 2d] -> min(silu(x[..., :d]), limit) * clamp(x[..., d:], -limit, limit), in fp32",
-    check=check_limit,
+    contract=GATED_LIMIT,
     reference=ref_swiglustep,
     torch=torch_swiglustep,
     samples="swiglustep_and_mul",
@@ -289,7 +231,7 @@ swigluoai_and_mul = declare(
     "(Tensor x, float alpha=1.702, float limit=7.0, Tensor(a!)? out=None) -> Tensor",
     doc="x: [..., 2d] of interleaved (gate, up) pairs -> (clamp(up, -limit, limit) + 1) * g * "
     "sigmoid(alpha * g), g = min(gate, limit) (gpt-oss), in fp32",
-    check=check_oai,
+    contract=GATED_OAI,
     reference=ref_swigluoai,
     torch=torch_swigluoai,
     samples="swigluoai_and_mul",
@@ -297,35 +239,6 @@ swigluoai_and_mul = declare(
 
 
 # -- element-wise activations -------------------------------------------------------------------
-def check_elementwise(op: str, x: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Tensor]:
-    try:  # the serving call ([T, n] rows with a dense last dim, no out): one block, else the full checks
-        xs = x.shape
-        if (
-            out is None
-            and len(xs) == 2
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] <= 1 or x.stride()[1] == 1)
-            and type(x) is torch.Tensor  # plain tensors (subclasses: the full checks, a plain out)
-        ):
-            out = x.new_empty(xs[0], xs[1])  # x's dtype and device, dense (ints: a Size costs ~0.8 us more)
-            return (out, x), out
-    except Exception:  # not a tensor, ...: the full checks say what is wrong
-        pass
-    _checks.tensor(op, "x", x)
-    _checks.float_dtype(op, "x", x)
-    if x.dim() < 1:
-        raise ValueError(f"{op}: x has shape {tuple(x.shape)}; expected at least one dim ([..., n])")
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    else:
-        _checks.tensor(op, "out", out)
-        if out.shape != x.shape:
-            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {tuple(x.shape)}")
-        _checks.like(op, "x", x, "out", out)
-    n = x.shape[-1]
-    return (_checks.rows(op, "out", out, n), _checks.rows(op, "x", x, n)), out
-
-
 # tanh forms as sigmoids (0.5 (1 + tanh z) == sigmoid(2z)): no cancellation in the negative tail.
 def _gelu_new(x: Tensor) -> Tensor:
     return _gelu_tanh(x)
@@ -346,29 +259,6 @@ def ref_elementwise(x: Tensor, out: Tensor | None = None, *, act: Act) -> Tensor
 
 def torch_elementwise(out: Tensor, x: Tensor, *, act: Act) -> None:
     out.copy_(act(x.float() if x.dtype != torch.float64 else x))
-
-
-def check_elementwise_vllm(
-    op: str, x: Tensor, vllm_rounding: bool = False, out: Tensor | None = None
-) -> tuple[tuple[Any, ...], Tensor]:
-    try:  # check_elementwise's serving lane, inline (a call frame less)
-        xs = x.shape
-        if (
-            out is None
-            and type(vllm_rounding) is bool
-            and len(xs) == 2
-            and x.dtype in _checks.FLOAT_DTYPES
-            and (xs[1] <= 1 or x.stride()[1] == 1)
-            and type(x) is torch.Tensor  # plain tensors (subclasses: the full checks, a plain out)
-        ):
-            out = x.new_empty(xs[0], xs[1])
-            return (out, x, vllm_rounding), out
-    except Exception:
-        pass
-    if not isinstance(vllm_rounding, bool):
-        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
-    args, out = check_elementwise(op, x, out)
-    return (*args, vllm_rounding), out
 
 
 # vLLM's kernels round to x's dtype after each step (csrc/activation_kernels.cu gelu_new_kernel /
@@ -410,7 +300,7 @@ gelu_new = declare(
     "(Tensor x, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor",
     doc="x -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2's gelu), in fp32; "
     "vllm_rounding: rounded to x's dtype after each step, as vLLM's kernel",
-    check=check_elementwise_vllm,
+    contract=ELEMENTWISE_ROUNDING,
     reference=partial(ref_gelu_vllm, act=_gelu_new, vllm=_gelu_new_vllm),
     torch=partial(torch_gelu_vllm, act=_gelu_new, vllm=_gelu_new_vllm),
     samples="gelu_new",
@@ -427,7 +317,7 @@ gelu_quick = declare(
     "activation.gelu_quick",
     "(Tensor x, Tensor(a!)? out=None) -> Tensor",
     doc="x -> x * sigmoid(1.702 x), in fp32 (vLLM's kernel computes it in float too)",
-    check=check_elementwise,
+    contract=ELEMENTWISE,
     reference=partial(ref_elementwise, act=_gelu_quick),
     torch=partial(torch_elementwise, act=_gelu_quick),
     samples="gelu_quick",

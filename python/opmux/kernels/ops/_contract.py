@@ -1,0 +1,148 @@
+"""An op's argument contract stated once, as data (torch-free).
+
+A :class:`Contract` lists, in the order they are checked, the op's tensors (:class:`Arg`: dtype
+set or ``like=`` another tensor, a symbolic shape such as ``"*T, H"`` or ``"cdiv(N, 128), cdiv(K, 128)"``,
+a layout), its scalars (:class:`Scalar`: a kind with its range), named relations between them
+(:class:`Rule`: an expression over the shape symbols and scalars, with its message; a rule may
+be tagged with the device type it binds on), the outputs it allocates when the caller passes
+none, and the kernel arguments as views of the checked arguments. From that one statement
+``_contract_codegen`` writes the op's ``check`` (a fast path for the serving form and the full
+checks with their messages) into ``ops/<group>/_contracts.py``, a committed file a reader can open
+and a traceback can point at (``python tools/gen_contracts.py`` rewrites it; a test fails when
+it is stale). What cannot be declared (index ranges read from tensor contents, ...) stays in the
+declaration's ``values=`` hook, whose Python side is authoritative.
+
+Shapes: comma-separated dims; ``*T`` is any number of leading dims (at most one, first), a name
+binds a symbol at its first use and is compared at later ones, anything else is a Python
+expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a kernel may assume):
+
+* ``rows``: a ``[rows, last]`` view with unit last stride; the kernel gets that view
+  (``[*T, H]`` tensors; never a copy: a layout that cannot be viewed is an error);
+* ``matrix``: exactly the declared (2-d) shape with unit last stride; the kernel gets it as is;
+* ``vector``: a dense 1-d tensor;
+* ``strided``: any strides (the kernel takes them); with ``*T`` the leading dims are flattened
+  (a view) as for ``rows``;
+* ``strided_unit``: any strides, but one of the dims has unit stride (TMA-friendly scales).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["FLOATS", "FP8", "Arg", "Contract", "Rule", "Scalar"]
+
+FLOATS = ("float32", "float16", "bfloat16")
+FP8 = ("float8_e4m3fn",)
+LAYOUTS = ("rows", "matrix", "vector", "strided", "strided_unit")
+SCALAR_KINDS = {
+    "bool": "a bool",
+    "positive": "a finite number > 0",
+    "finite": "a finite number",
+    "positive_int": "a positive int",
+    "dtype": "a torch.dtype",
+}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One tensor argument. ``out=True``: an output the op allocates when the caller passes
+    None (its dtype ``like=`` a tensor, or from ``dtype_from=``, a dtype scalar)."""
+
+    name: str
+    shape: str
+    dtypes: tuple[str, ...] = ()
+    like: str = ""
+    device_of: str = ""  # on this tensor's device (when ``like`` does not already say so)
+    layout: str = "rows"
+    out: bool = False
+    dtype_from: str = ""
+    #: the message's tail when the shape is wrong, after "<name> has shape (..); " (default: the
+    #: expected shape)
+    shape_hint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Arg {self.name!r}: layout {self.layout!r}; valid: {', '.join(LAYOUTS)}")
+        if bool(self.dtypes) + bool(self.like) + bool(self.dtype_from) != 1:
+            raise ValueError(f"Arg {self.name!r}: give exactly one of dtypes=, like= or dtype_from=")
+        if self.dtype_from and not self.out:
+            raise ValueError(f"Arg {self.name!r}: dtype_from= is for outputs")
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(d.strip() for d in self.shape.split(",") if d.strip())
+
+    @property
+    def batched(self) -> bool:
+        return bool(self.dims) and self.dims[0].startswith("*")
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """One scalar argument and its range (``SCALAR_KINDS``)."""
+
+    name: str
+    kind: str
+    #: for ``dtype``: the dtype names it may be (None: the default, given by ``default``)
+    choices: tuple[str, ...] = ()
+    default: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCALAR_KINDS:
+            raise ValueError(f"Scalar {self.name!r}: kind {self.kind!r}; valid: {', '.join(SCALAR_KINDS)}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A relation the arguments must satisfy: ``expr`` (over shape symbols and scalars) or a
+    ``ValueError`` with ``message`` (a format string over the same names, plus ``op``). A rule
+    tagged with ``device`` (``"cuda"``) binds only on that device type: device limits (int32
+    sizes, shared memory) are stated here too, once."""
+
+    expr: str
+    message: str
+    device: str = ""
+
+
+Item = Arg | Scalar | Rule
+
+
+@dataclass(frozen=True)
+class Contract:
+    """The contract: ``items`` in check order, ``kernel`` the kernel arguments (tensor names
+    stand for their checked views), ``result`` what the op returns (an output's name or
+    ``None``). ``name`` names the generated check function (``check_<name>``)."""
+
+    name: str
+    items: tuple[Item, ...]
+    kernel: tuple[str, ...]
+    result: str = "None"
+
+    def __post_init__(self) -> None:
+        names = [i.name for i in self.items if not isinstance(i, Rule)]
+        for k in self.kernel:
+            if k not in names:
+                raise ValueError(f"contract {self.name!r}: kernel argument {k!r} is not declared")
+        if self.result != "None" and self.result not in names:
+            raise ValueError(f"contract {self.name!r}: result {self.result!r} is not declared")
+        for a in self.tensors:
+            for i, d in enumerate(a.dims):
+                if d.startswith("*") and i:
+                    raise ValueError(f"contract {self.name!r}: {a.name}: '*' only on the first dim")
+            ref = a.like or a.device_of
+            if ref and ref not in names[: names.index(a.name)]:
+                raise ValueError(f"contract {self.name!r}: {a.name} refers to {ref!r} before it is declared")
+
+    @property
+    def tensors(self) -> tuple[Arg, ...]:
+        return tuple(i for i in self.items if isinstance(i, Arg))
+
+    @property
+    def scalars(self) -> tuple[Scalar, ...]:
+        return tuple(i for i in self.items if isinstance(i, Scalar))
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(i for i in self.items if isinstance(i, Rule))

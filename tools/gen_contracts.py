@@ -1,0 +1,52 @@
+"""Write every op group's ``_contracts.py`` from the contracts its ``op.py`` declares.
+
+    python tools/gen_contracts.py          # rewrite the files that changed
+    python tools/gen_contracts.py --check  # exit 1, naming them, when any is stale
+
+``nox -s contracts`` runs the first; ``tests/unit/test_contracts.py`` the second's check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def expected() -> dict[Path, str]:
+    """path -> the text each group's ``_contracts.py`` should have (groups with contracts)."""
+    sys.path.insert(0, str(ROOT / "python"))
+    import importlib
+
+    from opmux.kernels.ops._contract_codegen import render_group
+    from opmux.kernels.ops._group import decls
+
+    ops = ROOT / "python" / "opmux" / "kernels" / "ops"
+    out: dict[Path, str] = {}
+    for folder in sorted(p for p in ops.iterdir() if (p / "op.py").is_file()):
+        found = decls(importlib.import_module(f"opmux.kernels.ops.{folder.name}.op"))
+        if any(d.contract is not None for d in found):
+            out[folder / "_contracts.py"] = render_group(found)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
+    a = p.parse_args(argv)
+    stale = [path for path, text in expected().items() if not path.is_file() or path.read_text() != text]
+    if a.check:
+        for path in stale:
+            print(f"stale: {path.relative_to(ROOT)} (run: python tools/gen_contracts.py)", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in expected().items():
+        if path in stale:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
