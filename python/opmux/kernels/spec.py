@@ -23,7 +23,7 @@ __all__ = [
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "hip", "xpu", "npu", "mps")
 #: Dtype names as ``str(torch.float16).removeprefix("torch.")`` spells them. ``int32`` and
 #: ``int64`` are for ops whose key tensor holds indices (``moe.moe_align_block_size``'s expert ids).
-DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "float8_e4m3fn")
 #: Environment capabilities a backend may need (see ``selector.Facts.capabilities``).
 Capability = Literal["triton", "jit:cpu", "jit:cuda", "aot:cpu", "aot:cuda", "torch_npu"]
 

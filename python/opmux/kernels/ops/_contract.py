@@ -45,6 +45,21 @@ SCALAR_KINDS = {
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def split_dims(shape: str) -> tuple[str, ...]:
+    """``"*T, cdiv(K, 128)"`` -> ``("*T", "cdiv(K, 128)")``: commas inside parentheses stay."""
+    dims, depth, cur = [], 0, ""
+    for ch in shape:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and not depth:
+            dims.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        dims.append(cur.strip())
+    return tuple(dims)
+
+
 @dataclass(frozen=True)
 class Arg:
     """One tensor argument. ``out=True``: an output the op allocates when the caller passes
@@ -72,7 +87,7 @@ class Arg:
 
     @property
     def dims(self) -> tuple[str, ...]:
-        return tuple(d.strip() for d in self.shape.split(",") if d.strip())
+        return split_dims(self.shape)
 
     @property
     def batched(self) -> bool:

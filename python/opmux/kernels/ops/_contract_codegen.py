@@ -275,16 +275,21 @@ class _Writer:
                     self.bound.add(d)
             else:
                 conds.append(f"{n}.shape[{idx}] != {d}")
-        expected = _expected_text(dims, self.bound)
-        hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {expected}"
+        before = set(self.bound) - {d.lstrip("*") for d in dims if d.lstrip("*") in binds_of(binds)}
+
+        def hint(known: set[str]) -> str:
+            return f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}"
+
         # binding needs the rank first; comparisons need the bindings
         self.emit(depth, f"if {conds[0]}:")
-        self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint}")')
+        self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint(before)}")')
         for line in binds:
             self.emit(depth, line)
         if conds[1:]:
             self.emit(depth, f"if {' or '.join(conds[1:])}:")
-            self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint}")')
+            self.emit(
+                depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint(self.bound)}")'
+            )
 
     def layout(self, a: Arg) -> None:
         n, dims = a.name, a.dims
@@ -315,9 +320,22 @@ def _shape_expr(dims: tuple[str, ...]) -> str:
     return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
 
 
+def binds_of(lines: list[str]) -> set[str]:
+    return {line.partition(" = ")[0] for line in lines}
+
+
 def _expected_text(dims: tuple[str, ...], bound: set[str]) -> str:
-    """How a shape message states the expected shape: ``[..., {H}]`` with values filled in."""
-    parts = ["..." if d.startswith("*") else f"{{{d}}}" for d in dims]
+    """How a shape message states the expected shape: ``[..., 16, 3]``, the values of the
+    symbols bound so far filled in, the others by name (``[..., K]``)."""
+    parts = []
+    for d in dims:
+        names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)) - {"cdiv"}
+        if d.startswith("*"):
+            parts.append("...")
+        elif names <= bound:
+            parts.append(f"{{{d}}}")
+        else:
+            parts.append(d)
     return f"[{', '.join(parts)}]"
 
 

@@ -63,7 +63,7 @@ class NativeLoader:
 
         try:
             mod = jit.load_module(f"{group}_{device}")
-        except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable) as exc:
+        except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable, KeyError) as exc:
             raise BackendUnavailable("jit", f"{type(exc).__name__}: {exc}") from exc
         return mod[name]
 

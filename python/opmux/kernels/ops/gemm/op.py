@@ -1,0 +1,161 @@
+"""Block-scaled fp8 GEMM (``w8a8_block_fp8_matmul``): one declaration (``ops/_decl.py``).
+
+``out[m, n] = sum_kb a_scale[m, kb] * b_scale[n // 128, kb] * sum_{k in kb} a[m, k] * b[n, k]``:
+a [*T, K] e4m3 activations with 1x128 scales, b [N, K] e4m3 weights with 128x128 scales (the
+DeepSeek-V3 / Qwen3 / Llama fp8 checkpoints' recipe), each 128-wide K block summed in fp32.
+
+Kernel arguments: ``(out, a, b, a_scale, b_scale)``: out [M, N] (bf16, fp16 or fp32) and a [M, K]
+as rows views with unit last stride, b [N, K] with unit last stride, a_scale [M, ceil(K/128)]
+float32 with unit stride on one of its dims (row-major as vLLM writes it, or the transposed view
+of SGLang's / DeepGEMM's column-major scales), b_scale [ceil(N/128), ceil(K/128)] float32 with
+unit last stride. Tails (N = 7748, K = 3884) are the kernels' business, not the caller's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...spec import Requirement
+from .._contract import FP8, Arg, Contract, Rule, Scalar
+from .._decl import declare
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    from .._torch import torch
+
+BLOCK = 128  # the recipe's block: 1x128 activation and 128x128 weight scales
+OUT_DTYPES = ("bfloat16", "float16", "float32")
+
+CONTRACT = Contract(
+    "w8a8_block",
+    (
+        Arg("a", "*T, K", dtypes=FP8),
+        Rule("K > 0", "a has shape {tuple(a.shape)}; K (its last dim) must be at least 1"),
+        Arg("b", "N, K", dtypes=FP8, device_of="a", layout="matrix"),
+        Arg("a_scale", "*T, cdiv(K, 128)", dtypes=("float32",), device_of="a", layout="strided_unit"),
+        Arg("b_scale", "cdiv(N, 128), cdiv(K, 128)", dtypes=("float32",), device_of="a", layout="matrix"),
+        Scalar("out_dtype", "dtype", choices=OUT_DTYPES, default="bfloat16"),
+        Arg("out", "*T, N", dtype_from="out_dtype", device_of="a", out=True),
+    ),
+    kernel=("out", "a", "b", "a_scale", "b_scale"),
+    result="out",
+)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def reference(
+    a: Tensor,
+    b: Tensor,
+    a_scale: Tensor,
+    b_scale: Tensor,
+    out_dtype: torch.dtype | None = None,
+    out: Tensor | None = None,
+) -> Tensor:
+    """The definition, one 128-wide K block at a time in float32 (the parity oracle)."""
+    k, n = a.shape[-1], b.shape[0]
+    a2, bf = a.reshape(-1, k).float(), b.float()
+    sa = a_scale.reshape(-1, a_scale.shape[-1])
+    sb = b_scale.repeat_interleave(BLOCK, dim=0)[:n]  # [N, Kt]: each row's weight block scales
+    acc = torch.zeros(a2.shape[0], n, dtype=torch.float32, device=a.device)
+    for kb in range(_cdiv(k, BLOCK)):
+        ks = slice(kb * BLOCK, min(k, (kb + 1) * BLOCK))
+        acc += (a2[:, ks] @ bf[:, ks].T) * sa[:, kb : kb + 1] * sb[:, kb]
+    dtype = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+    y = acc.to(dtype).reshape(*a.shape[:-1], n)
+    return y if out is None else out.copy_(y)
+
+
+def torch_w8a8(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor) -> None:
+    """Dequantize both operands to float32 and multiply: what a user without a kernel would do."""
+    m, k = a.shape
+    n = b.shape[0]
+    if not m or not n:
+        return
+    ad = a.float() * a_scale.repeat_interleave(BLOCK, dim=1)[:, :k]
+    bd = b.float() * b_scale.repeat_interleave(BLOCK, dim=0)[:n].repeat_interleave(BLOCK, dim=1)[:, :k]
+    torch.mm(ad, bd.T, out=out) if out.dtype == torch.float32 else out.copy_(ad @ bd.T)
+
+
+# -- cuBLASLt through torch._scaled_mm (sm_90, CUDA 12.9+) ---------------------------------------
+def scaled_mm_supports(
+    a: Any, b: Any, a_scale: Any, b_scale: Any, out_dtype: Any = None, out: Any = None
+) -> str | None:
+    """Where cuBLASLt's blockwise fp8 GEMM computes this call right: K and N multiples of 16
+    (its leading dimensions), a bf16 output, CUDA 12.9+. Everything else is refused with the
+    reason (the call then runs on the next backend); M and the scales' layout are made right by
+    ``scaled_mm`` itself."""
+    try:
+        k, n = a.shape[-1], b.shape[0]
+        dtype = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+    except Exception:  # not tensors: the contract names the problem
+        return None
+    if a.device.type != "cuda":
+        return None
+    if k % 16 or n % 16:
+        return f"cuBLASLt's blockwise fp8 GEMM needs K and N multiples of 16 (K={k}, N={n})"
+    if dtype != torch.bfloat16:
+        return f"cuBLASLt's blockwise fp8 GEMM writes bfloat16 only, not {dtype}"
+    cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+    if cuda < (12, 9):
+        return f"cuBLASLt's blockwise fp8 GEMM needs CUDA 12.9+; torch is built with {torch.version.cuda}"
+    return None
+
+
+def scaled_mm(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor) -> None:
+    """cuBLASLt's 1x128 x 128x128 blockwise GEMM, with what it silently gets wrong made right:
+    M padded to a multiple of 4, the activation scales laid out M-major with that padded stride,
+    the weight scales dense."""
+    m, k = a.shape
+    n, kt = b.shape[0], b_scale.shape[1]
+    if not m or not n:
+        return
+    mp = -(-m // 4) * 4
+    if mp != m or a.stride(0) != k:
+        a_in = a.new_zeros(mp, k)
+        a_in[:m] = a
+    else:
+        a_in = a
+    sa = torch.ones(kt, mp, dtype=torch.float32, device=a.device)  # [Kt, Mp]: its transpose is M-major
+    sa[:, :m] = a_scale.T
+    sb = b_scale.contiguous()
+    y = torch._scaled_mm(a_in, b.T, scale_a=sa.T, scale_b=sb.T, out_dtype=out.dtype)
+    out.copy_(y[:m])
+
+
+w8a8_block_fp8_matmul = declare(
+    "gemm.w8a8_block_fp8_matmul",
+    "(Tensor a, Tensor b, Tensor a_scale, Tensor b_scale, ScalarType? out_dtype=None, "
+    "Tensor(a!)? out=None) -> Tensor",
+    doc="a [*T, K] e4m3 (1x128 scales a_scale [*T, ceil(K/128)]) x b [N, K] e4m3 (128x128 scales "
+    "b_scale [ceil(N/128), ceil(K/128)]) -> [*T, N] in out_dtype (bfloat16, float16, float32; "
+    "default bfloat16); each 128-wide K block summed in fp32",
+    contract=CONTRACT,
+    reference=reference,
+    torch=torch_w8a8,
+    vendor=(
+        (
+            "scaled_mm",
+            scaled_mm,
+            Requirement(
+                devices=("cuda",),
+                dtypes=FP8,
+                sm_min=90,
+                sm_max=90,
+                predicate="opmux.kernels.ops.gemm.op:scaled_mm_supports",
+            ),
+        ),
+    ),
+    dtypes=FP8,
+    priority=(("cuda", ("aot", "jit", "triton", "scaled_mm", "torch")),),
+    tolerances=(
+        ("float32", (1e-4, 1e-4)),
+        ("float16", (2e-3, 2e-3)),
+        ("bfloat16", (1.6e-2, 1.6e-2)),
+        ("float8_e4m3fn", (0.0, 0.0)),
+    ),
+)
