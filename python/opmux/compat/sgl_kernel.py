@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from opmux.kernels.ops._torch import torch
 
-from . import _direct
+from . import _direct, _gemm
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FusedSetKVBufferArg",
     "apply_rope_with_cos_sin_cache_inplace",
+    "fp8_blockwise_scaled_mm",
     "fused_add_rmsnorm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
@@ -40,6 +41,7 @@ __all__ = [
     "silu_and_mul",
     "topk_sigmoid",
     "topk_softmax",
+    "w8a8_block_fp8_matmul",
 ]
 
 
@@ -384,3 +386,19 @@ def moe_align_block_size(
         cumsum_buffer,
         pad_sorted_token_ids,
     )
+
+
+# -- block-scaled fp8 GEMM ---------------------------------------------------------------------
+def fp8_blockwise_scaled_mm(
+    mat_a: Tensor, mat_b: Tensor, scales_a: Tensor, scales_b: Tensor, out_dtype: Any
+) -> Tensor:
+    """sgl-kernel's CUTLASS entry: mat_b [K, N] column-major, scales_b [K/128, N/128]."""
+    return _gemm.column_major_matmul("fp8_blockwise_scaled_mm", mat_a, mat_b, scales_a, scales_b, out_dtype, None)
+
+
+def w8a8_block_fp8_matmul(
+    A: Tensor, B: Tensor, As: Tensor, Bs: Tensor, block_size: list[int], output_dtype: Any = None
+) -> Tensor:
+    """SGLang's Triton entry (sglang.srt.layers.quantization.fp8_kernel)."""
+    dtype = torch.float16 if output_dtype is None else output_dtype
+    return _gemm.triton_block_matmul("w8a8_block_fp8_matmul", A, B, As, Bs, block_size, dtype)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from opmux.kernels.ops._torch import torch
 
-from . import _direct, _fp8
+from . import _direct, _fp8, _gemm
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,6 +28,7 @@ __all__ = [
     "convert_fp8",
     "copy_blocks",
     "copy_blocks_mla",
+    "cutlass_scaled_mm",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
     "fatrelu_and_mul",
@@ -57,6 +58,8 @@ __all__ = [
     "swiglustep_and_mul_triton",
     "topk_sigmoid",
     "topk_softmax",
+    "w8a8_block_fp8_matmul",
+    "w8a8_triton_block_scaled_mm",
 ]
 
 _ONES: dict[tuple[Any, ...], Tensor] = {}
@@ -586,3 +589,28 @@ def gather_cache(
     cu = cu_seq_lens if cu_seq_lens.shape[0] == b + 1 else cu_seq_lens[: b + 1]
     starts = None if seq_starts is None else seq_starts[:b]
     _ops("kvcache").gather_cache(src_cache, dst, table, cu, starts)
+
+
+# -- block-scaled fp8 GEMM (vllm/model_executor/layers/quantization/utils/fp8_utils.py, _custom_ops) --
+def w8a8_block_fp8_matmul(
+    A: Tensor, B: Tensor, As: Tensor, Bs: Tensor, block_size: list[int], output_dtype: Any = None
+) -> Tensor:
+    """vLLM's Triton entry: A [..., K] e4m3, B [N, K], As [..., K/128], Bs [N/128, K/128]."""
+    dtype = torch.float16 if output_dtype is None else output_dtype
+    return _gemm.triton_block_matmul("w8a8_block_fp8_matmul", A, B, As, Bs, block_size, dtype)
+
+
+def w8a8_triton_block_scaled_mm(
+    A: Tensor, B: Tensor, As: Tensor, Bs: Tensor, block_size: list[int], output_dtype: Any = None
+) -> Tensor:
+    """vLLM's later name of the same entry."""
+    dtype = torch.float16 if output_dtype is None else output_dtype
+    return _gemm.triton_block_matmul("w8a8_triton_block_scaled_mm", A, B, As, Bs, block_size, dtype)
+
+
+def cutlass_scaled_mm(
+    a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: Any, bias: Tensor | None = None
+) -> Tensor:
+    """vLLM's ``cutlass_scaled_mm`` with block scales: b [K, N] column-major, scale_a [M, K/128],
+    scale_b [K/128, N/128]."""
+    return _gemm.column_major_matmul("cutlass_scaled_mm", a, b, scale_a, scale_b, out_dtype, bias)
