@@ -156,7 +156,7 @@ def test_size_classes_are_cached_per_side() -> None:
         "test.sized",
         "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
         doc="rmsnorm with a CPU size rule",
-        check=ln.check_norm,
+        check=ln.rmsnorm.check,
         reference=ln.rmsnorm.reference,
         torch=dict(ln.rmsnorm.python_backends)["torch"],
         native=False,

@@ -339,6 +339,8 @@ INF = math.inf
 def dtype_in(op: str, name: str, t: torch.Tensor, names: tuple[str, ...]) -> None:
     """``t``'s dtype is one of ``names`` (torch dtype names)."""
     if _dt(t.dtype) not in names:
+        if len(names) == 1:
+            raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}, expected {names[0]}")
         raise TypeError(f"{op}: {name} has dtype {_dt(t.dtype)}; supported: {', '.join(names)}")
 
 
@@ -404,3 +406,15 @@ def flat_rows(op: str, name: str, t: torch.Tensor, last: int) -> torch.Tensor:
             f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
             f"[rows, {last}]; pass a tensor whose leading dims are contiguous ({name}.contiguous())"
         ) from None
+
+
+def same_address(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` start at one address (both non-empty; fakes have none: checked at the real call)."""
+    return bool(a.numel()) and not is_fake(a) and a.data_ptr() == b.data_ptr()
+
+
+def one_element(op: str, name: str, t: torch.Tensor, note: str) -> torch.Tensor:
+    """A tensor of one element (any shape) as a [1] view."""
+    if t.numel() != 1:
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected one element{note}")
+    return t.reshape(1)

@@ -12,7 +12,7 @@ and a traceback can point at (``python tools/gen_contracts.py`` rewrites it; a t
 it is stale). What cannot be declared (index ranges read from tensor contents, ...) stays in the
 declaration's ``values=`` hook, whose Python side is authoritative.
 
-Shapes: comma-separated dims; ``*T`` is any number of leading dims (at most one, first), a name
+Shapes: ``"=x"`` is x's whole shape; otherwise comma-separated dims; ``*T`` is any number of leading dims (at most one, first), a name
 binds a symbol at its first use and is compared at later ones, anything else is a Python
 expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a kernel may assume):
 
@@ -22,7 +22,11 @@ expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a ke
 * ``vector``: a dense 1-d tensor;
 * ``strided``: any strides (the kernel takes them); with ``*T`` the leading dims are flattened
   (a view) as for ``rows``;
-* ``strided_unit``: any strides, but one of the dims has unit stride (TMA-friendly scales).
+* ``strided_unit``: any strides, but one of the dims has unit stride (TMA-friendly scales);
+* ``element``: one element of any shape (a per-tensor scale); the kernel gets a [1] view.
+
+An output's kernel view may be reinterpreted (``kernel_dtype="uint8"``: fp8 buffers, which
+kernels write as bytes).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ __all__ = ["FLOATS", "FP8", "Arg", "Contract", "Rule", "Scalar"]
 
 FLOATS = ("float32", "float16", "bfloat16")
 FP8 = ("float8_e4m3fn",)
-LAYOUTS = ("rows", "matrix", "vector", "strided", "strided_unit")
+LAYOUTS = ("rows", "matrix", "vector", "strided", "strided_unit", "element")
 SCALAR_KINDS = {
     "bool": "a bool",
     "positive": "a finite number > 0",
@@ -76,6 +80,10 @@ class Arg:
     #: the message's tail when the shape is wrong, after "<name> has shape (..); " (default: the
     #: expected shape)
     shape_hint: str = ""
+    #: appended to the expected shape in that message (e.g. ``" (x's last dim)"``)
+    note: str = ""
+    #: the dtype the kernel sees the checked view as (``"uint8"`` for fp8 outputs), or ""
+    kernel_dtype: str = ""
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -84,10 +92,19 @@ class Arg:
             raise ValueError(f"Arg {self.name!r}: give exactly one of dtypes=, like= or dtype_from=")
         if self.dtype_from and not self.out:
             raise ValueError(f"Arg {self.name!r}: dtype_from= is for outputs")
+        if self.out and self.dtypes and len(self.dtypes) != 1:
+            raise ValueError(f"Arg {self.name!r}: an output's dtypes= names the one dtype it is made in")
+        if (self.layout == "element") != (self.shape == ""):
+            raise ValueError(f"Arg {self.name!r}: layout='element' goes with shape='' (one element)")
+
+    @property
+    def same_as(self) -> str:
+        """The tensor whose whole shape this one has (``shape="=x"``), or ""."""
+        return self.shape[1:].strip() if self.shape.startswith("=") else ""
 
     @property
     def dims(self) -> tuple[str, ...]:
-        return split_dims(self.shape)
+        return () if self.same_as else split_dims(self.shape)
 
     @property
     def batched(self) -> bool:
@@ -146,6 +163,8 @@ class Contract:
             for i, d in enumerate(a.dims):
                 if d.startswith("*") and i:
                     raise ValueError(f"contract {self.name!r}: {a.name}: '*' only on the first dim")
+            if a.same_as and a.same_as not in names[: names.index(a.name)]:
+                raise ValueError(f"contract {self.name!r}: {a.name} refers to {a.same_as!r} before it is declared")
             ref = a.like or a.device_of
             if ref and ref not in names[: names.index(a.name)]:
                 raise ValueError(f"contract {self.name!r}: {a.name} refers to {ref!r} before it is declared")
@@ -157,6 +176,12 @@ class Contract:
     @property
     def scalars(self) -> tuple[Scalar, ...]:
         return tuple(i for i in self.items if isinstance(i, Scalar))
+
+    def dims_of(self, a: Arg) -> tuple[str, ...]:
+        """``a``'s dims, those of the tensor it is shaped like for ``shape="=x"``."""
+        while a.same_as:
+            a = next(t for t in self.tensors if t.name == a.same_as)
+        return a.dims
 
     @property
     def rules(self) -> tuple[Rule, ...]:

@@ -75,6 +75,10 @@ class _Writer:
                 self.full_rule(item)
         for a in self.views:  # layouts last: a wrong shape or dtype is named first
             self.layout(a)
+            if a.kernel_dtype:
+                dt = "_" + a.kernel_dtype.upper()
+                _CONSTS[dt] = f"torch.{a.kernel_dtype}"
+                self.emit(1, f"{a.name}_v = {a.name}_v.view({dt})")
         kargs = ", ".join(self.view_name(k) for k in c.kernel)
         self.emit(1, f"return ({kargs},), {c.result}")
         return "\n".join(self.lines) + "\n"
@@ -105,8 +109,15 @@ class _Writer:
                 continue
             s = f"{a.name}_s"
             setup.append(f"{s} = {a.name}.shape")
-            dims = a.dims
-            conds.append(f"len({s}) == {len(dims)}")
+            dims = c.dims_of(a)
+            if a.same_as:
+                conds.append(f"{s} == {a.same_as}_s")
+                dims = ()  # its dims are the other's, checked there
+            elif a.layout == "element":
+                conds.append(f"{s} == _ONE")
+                _CONSTS["_ONE"] = "(1,)"
+            else:
+                conds.append(f"len({s}) == {len(dims)}")
             if a.dtypes:
                 conds.append(f"{a.name}.dtype in {_dtype_tuple(a.dtypes)}")
             for i, d in enumerate(dims):
@@ -123,8 +134,10 @@ class _Writer:
             ref = a.like or a.device_of
             if ref:
                 conds.append(f"{a.name}.device == {ref}.device")
-            n = len(dims)
-            if a.layout in ("rows", "matrix"):
+            n = len(c.dims_of(a))
+            if a.layout == "element":
+                pass
+            elif a.layout in ("rows", "matrix"):
                 conds.append(f"({s}[{n - 1}] <= 1 or {a.name}.stride()[{n - 1}] == 1)")
             elif a.layout == "vector":
                 conds.append(f"({s}[0] <= 1 or {a.name}.stride()[0] == 1)")
@@ -156,10 +169,22 @@ class _Writer:
             self.emit(depth, f"{s.name}_ = {self.scalar_value(s, fast=True)}")
         for line in allocs:
             self.emit(depth, line)
-        kargs = ", ".join(k if k not in {s.name for s in c.scalars} else f"{k}_" for k in c.kernel)
+        kargs = ", ".join(self.fast_view(k) for k in c.kernel)
         self.emit(depth, f"return ({kargs},), {c.result}")
         self.emit(1, "except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong")
         self.emit(2, "pass")
+
+    def fast_view(self, name: str) -> str:
+        """A kernel argument on the fast path: the tensor itself (already in its kernel form),
+        reinterpreted where declared; a scalar's checked value."""
+        a = next((t for t in self.c.tensors if t.name == name), None)
+        if a is None:
+            return f"{name}_"
+        if a.kernel_dtype:
+            dt = "_" + a.kernel_dtype.upper()
+            _CONSTS[dt] = f"torch.{a.kernel_dtype}"
+            return f"{name}.view({dt})"
+        return name
 
     def device_of_first(self) -> str:
         return next(a.name for a in self.c.tensors if not a.out)
@@ -185,7 +210,18 @@ class _Writer:
 
     def alloc(self, a: Arg, fast: bool) -> str:
         ref = a.like or a.device_of or self.device_of_first()
-        shape = _shape_expr(tuple(d.lstrip("*") for d in a.dims) if fast else a.dims)
+        if a.dtypes:  # made in its one dtype
+            dt = "_" + a.dtypes[0].upper()
+            _CONSTS[dt] = f"torch.{a.dtypes[0]}"
+            src = a.same_as or ref
+            shape = "" if a.same_as else ", " + _shape_expr(self.c.dims_of(a))
+            if a.same_as:
+                return f"torch.empty_like({src}, dtype={dt})"
+            return f"torch.empty({shape[2:]}, dtype={dt}, device={src}.device)"
+        if a.same_as and not a.dtype_from:
+            return f"torch.empty_like({a.same_as})"
+        dims = self.c.dims_of(a)
+        shape = _shape_expr(tuple(d.lstrip("*") for d in dims) if fast else dims)
         if a.dtype_from:
             dt = f"{a.dtype_from}_"
             if fast:
@@ -248,10 +284,20 @@ class _Writer:
     def shape_checks(self, a: Arg, depth: int) -> None:
         n = a.name
         dims = a.dims
+        if a.layout == "element":  # checked and viewed with its layout
+            return
+        if a.same_as:  # x's whole shape
+            ref = a.same_as
+            self.emit(depth, f"if tuple({n}.shape) != tuple({ref}.shape):")
+            self.emit(
+                depth + 1,
+                f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}, expected {{tuple({ref}.shape)}} like {ref}")',
+            )
+            return
         if a.out:  # an output: the whole shape at once (every symbol is bound by the inputs)
             want = _shape_expr(dims)
             self.emit(depth, f"if tuple({n}.shape) != {want}:")
-            hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {{{want}}}"
+            hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {{{want}}}{a.note}"
             self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint}")')
             return
         rank = len(dims)
@@ -278,7 +324,7 @@ class _Writer:
         before = set(self.bound) - {d.lstrip("*") for d in dims if d.lstrip("*") in binds_of(binds)}
 
         def hint(known: set[str]) -> str:
-            return f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}"
+            return f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}{a.note}"
 
         # binding needs the rank first; comparisons need the bindings
         self.emit(depth, f"if {conds[0]}:")
@@ -292,7 +338,10 @@ class _Writer:
             )
 
     def layout(self, a: Arg) -> None:
-        n, dims = a.name, a.dims
+        n, dims = a.name, self.c.dims_of(a)
+        if a.layout == "element":
+            self.emit(1, f'{n}_v = _checks.one_element(op, "{n}", {n}, {a.note!r})')
+            return
         last = dims[-1].lstrip("*")
         if a.layout == "rows":
             self.emit(1, f'{n}_v = _checks.rows(op, "{n}", {n}, {last})')
@@ -305,7 +354,7 @@ class _Writer:
         else:
             if a.layout == "strided_unit":
                 self.emit(1, f'_checks.unit_stride_somewhere(op, "{n}", {n})')
-            if a.batched:
+            if dims[0].startswith("*"):
                 self.emit(1, f'{n}_v = _checks.flat_rows(op, "{n}", {n}, {last})')
             else:
                 self.emit(1, f"{n}_v = {n}")

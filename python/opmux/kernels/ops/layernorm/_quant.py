@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _checks
-from ..quantization.op import FP8_MAX, _out_q, _to_fp8
-from . import op as _ln  # rmsnorm's contract and math; op.py imports this module (read at call time)
+from .._contract import FP8, Arg, Contract, Rule
+from ..quantization.op import FP8_MAX, _to_fp8
+from . import _contract_items as _ln_c
+from . import op as _ln  # rmsnorm's math; op.py imports this module (read at call time)
 
 if TYPE_CHECKING:
     import torch
@@ -33,57 +34,34 @@ else:
 Kernel = tuple[tuple[Any, ...], Any]
 
 
-# -- the contract ---------------------------------------------------------------------------
-def _scale(op: str, x: Tensor, scale: Tensor) -> Tensor:
-    """The static per-tensor scale: one float32 element on x's device, as a [1] view."""
-    _checks.tensor(op, "scale", scale)
-    _checks.exact_dtype(op, "scale", scale, torch.float32)
-    if scale.numel() != 1:
-        raise ValueError(
-            f"{op}: scale has shape {tuple(scale.shape)}, expected one element (a per-tensor static scale)"
-        )
-    _checks.same_device(op, "x", x, scale=scale)
-    return scale.reshape(1)
-
-
-def _q(op: str, x: Tensor, out: Tensor | None, hidden: int) -> tuple[Tensor, Tensor]:
-    """(the fp8 result, its uint8 [T, H] rows view for the kernels)."""
-    if out is None:
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        q2 = q.view(-1, hidden) if x.dim() != 2 else q
-    else:
-        q, q2 = out, _out_q(op, x, out, hidden, torch.float8_e4m3fn, "out")
-    return q, q2.view(torch.uint8)
-
-
-def check_norm_quant(
-    op: str, x: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6, out: Tensor | None = None
-) -> Kernel:
-    hidden = _ln._x_weight(op, x, weight, eps)
-    s1 = _scale(op, x, scale)
-    x2 = _checks.rows(op, "x", x, hidden)
-    q, q2 = _q(op, x, out, hidden)
-    return (q2, x2, weight, s1, float(eps)), q
-
-
-def check_add_quant(
-    op: str,
-    x: Tensor,
-    residual: Tensor,
-    weight: Tensor,
-    scale: Tensor,
-    eps: float = 1e-6,
-    out: Tensor | None = None,
-) -> Kernel:
-    (x2, r2, w, e), _ = _ln.check_add(op, x, residual, weight, eps)
-    # partial overlaps: the generated alias check; fakes (torch.compile) are checked at the real call
-    if x2.numel() and not _checks.is_fake(x2) and x2.data_ptr() == r2.data_ptr():
-        raise ValueError(
-            f"{op}: x and residual must be different tensors (residual is updated in place, x is read)"
-        )
-    s1 = _scale(op, x, scale)
-    q, q2 = _q(op, x, out, x2.shape[-1])
-    return (q2, x2, r2, w, s1, e), q
+# -- the contracts (their checks are generated into _contracts.py) ---------------------------
+_SCALE = Arg("scale", "", dtypes=("float32",), device_of="x", layout="element", note=" (a per-tensor static scale)")
+_Q = Arg("out", "=x", dtypes=FP8, device_of="x", out=True, kernel_dtype="uint8")
+#: q = e4m3(norm(x) / scale): kernel arguments (q, x, weight, scale, eps)
+NORM_QUANT = Contract(
+    "norm_quant",
+    (_ln_c.X, _ln_c.WEIGHT, _ln_c.EPS, _SCALE, _Q),
+    kernel=("out", "x", "weight", "scale", "eps"),
+    result="out",
+)
+#: residual += x; q = e4m3(norm(residual) / scale): kernel arguments (q, x, residual, weight, scale, eps)
+ADD_QUANT = Contract(
+    "add_quant",
+    (
+        _ln_c.X,
+        _ln_c.WEIGHT,
+        _ln_c.EPS,
+        _ln_c.RESIDUAL,
+        Rule(
+            "not _checks.same_address(x, residual)",
+            "x and residual must be different tensors (residual is updated in place, x is read)",
+        ),
+        _SCALE,
+        _Q,
+    ),
+    kernel=("out", "x", "residual", "weight", "scale", "eps"),
+    result="out",
+)
 
 
 # -- the reference (fp32 math; also run in float64 as the parity oracle) ---------------------

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks
 from .._common import FP8_E4M3_TOLERANCE, TOLERANCES
+from .._contract import Arg, Contract
 from .._decl import declare, variant
+from . import _contract_items as _c
 from . import _quant
 
 if TYPE_CHECKING:
@@ -27,99 +29,16 @@ else:
 Kernel = tuple[tuple[Any, ...], Any]
 
 
-# -- the contract ---------------------------------------------------------------------------
-def _x_weight(op: str, x: Tensor, weight: Tensor, eps: float) -> int:
-    try:  # the usual call, in a few reads; anything else takes the full checks (same messages)
-        hidden: int = x.shape[-1]
-        if (
-            x.dtype in _checks.FLOAT_DTYPES
-            and weight.dtype == x.dtype
-            and weight.shape == (hidden,)
-            and (hidden < 2 or weight.stride()[0] == 1)
-            and type(eps) is float
-            and 0.0 < eps < math.inf
-            and x.device == weight.device
-            and isinstance(x, torch.Tensor)
-            and isinstance(weight, torch.Tensor)
-        ):
-            return hidden
-    except Exception:  # not tensors, 0-d x, ...: the full checks say what is wrong
-        pass
-    _checks.tensor(op, "x", x)
-    _checks.tensor(op, "weight", weight)
-    _checks.float_dtype(op, "x", x)
-    hidden = x.shape[-1] if x.dim() else 0
-    _checks.vector(op, "weight", weight, hidden, "x's last dim")
-    _checks.like(op, "x", x, "weight", weight)
-    _checks.positive_float(op, "eps", eps)
-    return hidden
-
-
-def check_norm(op: str, x: Tensor, weight: Tensor, eps: float, out: Tensor | None) -> Kernel:
-    try:  # the serving call ([T, H] rows, no out), each attribute read once; else the full checks
-        xs, dt = x.shape, x.dtype
-        if (
-            out is None
-            and type(eps) is float
-            and 0.0 < eps < math.inf
-            and len(xs) == 2
-            and dt in _checks.FLOAT_DTYPES
-            and weight.dtype == dt
-            and weight.shape == xs[1:]
-            and (xs[1] <= 1 or (x.stride()[1] == 1 and weight.stride()[0] == 1))
-            and x.device == weight.device
-            and isinstance(x, torch.Tensor)
-            and isinstance(weight, torch.Tensor)
-        ):
-            out = torch.empty_like(x)
-            return (out, x, weight, eps), out
-    except Exception:  # not tensors, ...: the full checks say what is wrong
-        pass
-    hidden = _x_weight(op, x, weight, eps)
-    x2 = _checks.rows(op, "x", x, hidden)
-    if out is None:
-        out = torch.empty_like(x)
-        o2 = out if x2 is x else out.view(x2.shape)  # empty_like(x) is dense in x's dim order
-    else:
-        _checks.tensor(op, "out", out)
-        if out.shape != x.shape:
-            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {tuple(x.shape)} like x")
-        _checks.like(op, "x", x, "out", out)
-        o2 = _checks.rows(op, "out", out, hidden)
-    return (o2, x2, weight, float(eps)), out
-
-
-def check_add(op: str, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Kernel:
-    try:  # the serving call ([T, H] rows, dense weight), each attribute read once; else the full checks
-        xs, dt, dev = x.shape, x.dtype, x.device
-        if (
-            type(eps) is float
-            and 0.0 < eps < math.inf
-            and len(xs) == 2
-            and dt in _checks.FLOAT_DTYPES
-            and residual.dtype == dt
-            and weight.dtype == dt
-            and residual.shape == xs
-            and weight.shape == xs[1:]
-            and (xs[1] <= 1 or (x.stride()[1] == 1 and residual.stride()[1] == 1 and weight.stride()[0] == 1))
-            and residual.device == dev
-            and weight.device == dev
-            and isinstance(x, torch.Tensor)
-            and isinstance(residual, torch.Tensor)
-            and isinstance(weight, torch.Tensor)
-        ):
-            return (x, residual, weight, eps), None
-    except Exception:  # not tensors, 0-d x, ...: the full checks say what is wrong
-        pass
-    hidden = _x_weight(op, x, weight, eps)
-    _checks.tensor(op, "residual", residual)
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"{op}: residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x"
-        )
-    _checks.like(op, "x", x, "residual", residual)
-    rows = _checks.rows
-    return (rows(op, "x", x, hidden), rows(op, "residual", residual, hidden), weight, float(eps)), None
+# -- the contracts (ops/_contract.py; their checks are generated into _contracts.py) ------------
+#: y = norm(x): out like x; kernel arguments (out, x, weight, eps)
+NORM = Contract(
+    "norm",
+    (_c.X, _c.WEIGHT, _c.EPS, Arg("out", "=x", like="x", out=True)),
+    kernel=("out", "x", "weight", "eps"),
+    result="out",
+)
+#: in place: residual += x; x = norm(residual); kernel arguments (x, residual, weight, eps)
+ADD = Contract("add", (_c.X, _c.WEIGHT, _c.EPS, _c.RESIDUAL), kernel=("x", "residual", "weight", "eps"))
 
 
 def check_qk_norm(op: str, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> Kernel:
@@ -257,7 +176,7 @@ rmsnorm = declare(
     "layernorm.rmsnorm",
     "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
     doc="y = x * rsqrt(mean(x^2) + eps) * weight over the last dim, in fp32",
-    check=check_norm,
+    contract=NORM,
     reference=partial(ref_norm, gemma=False),
     torch=partial(torch_norm, gemma=False),
     torch_npu=npu_rmsnorm,
@@ -274,7 +193,7 @@ fused_add_rmsnorm = declare(
     "layernorm.fused_add_rmsnorm",
     "(Tensor(a!) x, Tensor(a!) residual, Tensor weight, float eps=1e-06) -> ()",
     doc="in place: residual += x; x = rmsnorm(residual, weight, eps)",
-    check=check_add,
+    contract=ADD,
     reference=partial(ref_add, gemma=False),
     torch=partial(torch_add, gemma=False),
     torch_npu=npu_fused_add,
@@ -305,7 +224,7 @@ rmsnorm_static_quant_fp8 = declare(
     "layernorm.rmsnorm_static_quant_fp8",
     "(Tensor x, Tensor weight, Tensor scale, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
     doc="q fp8 = e4m3(rmsnorm(x, weight, eps) * (1 / scale)); scale: one float32 (static, per tensor)",
-    check=_quant.check_norm_quant,
+    contract=_quant.NORM_QUANT,
     reference=_quant.ref_norm_quant,
     torch=_quant.torch_norm_quant,
     tolerances=_QUANT_TOLERANCES,
@@ -314,7 +233,7 @@ fused_add_rmsnorm_static_quant_fp8 = declare(
     "layernorm.fused_add_rmsnorm_static_quant_fp8",
     "(Tensor x, Tensor(a!) residual, Tensor weight, Tensor scale, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
     doc="residual += x (in place); q fp8 = e4m3(rmsnorm(residual, weight, eps) * (1 / scale)); x is only read",
-    check=_quant.check_add_quant,
+    contract=_quant.ADD_QUANT,
     reference=_quant.ref_add_quant,
     torch=_quant.torch_add_quant,
     tolerances=_QUANT_TOLERANCES,
