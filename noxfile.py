@@ -168,6 +168,14 @@ def variants(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tools" / "variants.py"), *session.posargs)
 
 
+@nox.session(default=False)
+def contracts(session: nox.Session) -> None:
+    """Regenerate ops/<group>/_contracts.py from the declared contracts (`-- --check`: fail when stale)."""
+    session.install(TORCH)
+    env = {"PYTHONPATH": str(ROOT / "python")}
+    session.run("python", str(ROOT / "tools" / "gen_contracts.py"), *session.posargs, env=env)
+
+
 @nox.session(name="bench-gpu", python=False, default=False)
 def bench_gpu(session: nox.Session) -> None:
     """GPU benchmark of the installed CUDA wheel against its peers (needs a CUDA GPU):

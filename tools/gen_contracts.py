@@ -15,15 +15,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def expected() -> dict[Path, str]:
-    """path -> the text each group's ``_contracts.py`` should have (groups with contracts)."""
-    sys.path.insert(0, str(ROOT / "python"))
+def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
+    """path -> the text each group's ``_contracts.py`` should have (groups with contracts), for
+    the ``opmux`` package at ``package`` (the tree's by default)."""
+    sys.path.insert(0, str(package.parent))
     import importlib
 
     from opmux.kernels.ops._contract_codegen import render_group
     from opmux.kernels.ops._group import decls
 
-    ops = ROOT / "python" / "opmux" / "kernels" / "ops"
+    ops = package / "kernels" / "ops"
     out: dict[Path, str] = {}
     for folder in sorted(p for p in ops.iterdir() if (p / "op.py").is_file()):
         found = decls(importlib.import_module(f"opmux.kernels.ops.{folder.name}.op"))
@@ -35,16 +36,17 @@ def expected() -> dict[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
+    p.add_argument("--package", type=Path, default=ROOT / "python" / "opmux", help="the opmux package (%(default)s)")
     a = p.parse_args(argv)
-    stale = [path for path, text in expected().items() if not path.is_file() or path.read_text() != text]
+    want = expected(a.package.resolve())
+    stale = [path for path, text in want.items() if not path.is_file() or path.read_text() != text]
     if a.check:
         for path in stale:
-            print(f"stale: {path.relative_to(ROOT)} (run: python tools/gen_contracts.py)", file=sys.stderr)
+            print(f"stale: {path} (run: python tools/gen_contracts.py)", file=sys.stderr)
         return 1 if stale else 0
-    for path, text in expected().items():
-        if path in stale:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(ROOT)}")
+    for path in stale:
+        path.write_text(want[path])
+        print(f"wrote {path}")
     return 0
 
 
