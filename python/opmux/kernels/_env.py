@@ -37,6 +37,7 @@ __all__ = [
     "JIT",
     "KNOBS",
     "TORCH_KERNEL_DEVICES",
+    "TUNED_CONFIG_DIR",
     "Knob",
     "child_environ",
     "get",
@@ -57,6 +58,7 @@ DEFAULT_CACHE_DIR = "~/.cache/opmux/jit"
 JIT = "OPMUX_JIT"
 CACHE_DIR = "OPMUX_CACHE_DIR"
 CUDA_ARCHS = "OPMUX_CUDA_ARCHS"
+TUNED_CONFIG_DIR = "OPMUX_TUNED_CONFIG_DIR"
 
 _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
@@ -321,6 +323,18 @@ KNOBS: Mapping[str, Knob] = _knobs(
         "CUDA archs for JIT builds, e.g. `sm_90a` or `8.0;9.0` (unset: the local device's arch). "
         "Normalised to `sm_80,sm_90a` form.",
         _cuda_archs,
+    ),
+    Knob(
+        TUNED_CONFIG_DIR,
+        "path",
+        None,
+        "A directory of tuned launch configurations, searched before the tables shipped in the "
+        "wheel (`opmux/kernels/configs/<op>/`): first `DIR/<op>/`, then `DIR` itself, so a "
+        "folder of vLLM / SGLang tuned files works unchanged (`N=..,K=..,device_name=..,"
+        "dtype=fp8_w8a8,block_shape=[128,128].json`). `python -m opmux.kernels.tune` writes them. "
+        "A malformed file is skipped with a warning naming it. Read once, at the first lookup "
+        "(`opmux.kernels.tuned.refresh()` rereads it).",
+        _path,
     ),
     Knob(
         "OPMUX_JIT_VERBOSE",

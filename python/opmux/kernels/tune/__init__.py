@@ -1,0 +1,9 @@
+"""The tuner of launch configurations (``python -m opmux.kernels.tune``); imports no torch."""
+
+from __future__ import annotations
+
+from .models import MODELS, model_shapes
+from .runner import Entry, Report, tune
+from .space import DEFAULT_MS, candidates
+
+__all__ = ["DEFAULT_MS", "MODELS", "Entry", "Report", "candidates", "model_shapes", "tune"]

@@ -1,0 +1,94 @@
+"""``python -m opmux.kernels.tune OP --shapes "N,K;N,K" | --models M1,M2 [--m 1,16,64] --budget-s S
+--out DIR [--backend triton] [--tp 1] [--json]``: thin; the work is :func:`runner.tune`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from opmux.kernels.tune.models import MODELS, model_shapes
+from opmux.kernels.tune.runner import OP, tune
+from opmux.kernels.tune.space import DEFAULT_MS
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected integers separated by commas, e.g. 1,16,64"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, e.g. 1,16,64")
+    return values
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for part in text.split(";"):
+        if not part.strip():
+            continue
+        values = _ints(part)
+        if len(values) != 2:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected N,K, e.g. --shapes '4096,7168;7168,2048'")
+        shapes.append((values[0], values[1]))
+    return shapes
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m opmux.kernels.tune",
+        description="Tune launch configurations; writes vLLM-compatible tables to --out "
+        "(point OPMUX_TUNED_CONFIG_DIR at it to use them).",
+        allow_abbrev=False,
+    )
+    p.add_argument("op", choices=[OP])
+    p.add_argument("--shapes", type=_shapes, default=[], help='weight shapes "N,K;N,K"')
+    p.add_argument("--models", default="", help=f"comma-separated presets: {', '.join(MODELS)}")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size applied to --models (default 1)")
+    p.add_argument("--m", type=_ints, default=list(DEFAULT_MS), help="batch sizes M (default: vLLM's list)")
+    p.add_argument("--budget-s", type=float, required=True, help="wall-clock budget in seconds for this run")
+    p.add_argument("--out", type=Path, required=True, help="directory of the tables (reread to resume)")
+    p.add_argument("--backend", choices=["triton"], default="triton")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
+    p.add_argument("--max-configs", type=int, default=None, help="at most this many configs per entry")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        shapes = list(args.shapes)
+        for name in filter(None, (x.strip() for x in args.models.split(","))):
+            shapes += [s for s in model_shapes(name, tp=args.tp) if s not in shapes]
+        if not shapes:
+            raise ValueError("nothing to tune: give --shapes 'N,K;...' or --models " + ",".join(MODELS))
+        if args.budget_s <= 0:
+            raise ValueError(f"--budget-s {args.budget_s}: expected a positive number of seconds")
+        report = tune(
+            shapes,
+            args.m,
+            out=args.out,
+            budget_s=args.budget_s,
+            op=args.op,
+            backend=args.backend,
+            device=args.device,
+            max_configs=args.max_configs,
+        )
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        done = sum(not e.skipped for e in report.entries)
+        print(f"{done} entries tuned, {len(report.unfinished)} left; tables in {args.out} ({report.timing})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

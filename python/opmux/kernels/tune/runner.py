@@ -1,0 +1,200 @@
+"""The tuning loop: time candidate configs per (N, K, M), keep the fastest, write tables.
+
+Resumable: each table in the output directory is reread first and its finished M entries are
+skipped; a table is rewritten atomically after every M, so a stopped run loses at most the M
+it was timing. A wall-clock budget is shared by the remaining entries (each gets an equal share
+of what is left, so an early entry cannot starve the rest); each entry times at least the
+default config and the next candidate.
+
+On a GPU each candidate is timed in a CUDA graph (``triton.testing.do_bench_cudagraph``),
+after a check that it matches the default config's output. Without one the kernels run in the
+Triton interpreter and are timed with ``time.perf_counter``: that exercises the loop, the files
+and the resume, and the numbers mean nothing (the report says so).
+
+torch and triton are imported when a run starts, not when this module is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from opmux.kernels import tuned
+from opmux.kernels.tune.space import candidates
+
+__all__ = ["Entry", "Report", "tune"]
+
+OP = "gemm.w8a8_block_fp8_matmul"
+
+
+@dataclass
+class Entry:
+    n: int
+    k: int
+    m: int
+    config: dict[str, int]
+    us: float
+    tried: int
+    skipped: bool = False
+
+
+@dataclass
+class Report:
+    device_name: str
+    timing: str
+    out: str
+    entries: list[Entry] = field(default_factory=list)
+    unfinished: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "device_name": self.device_name,
+            "timing": self.timing,
+            "out": self.out,
+            "entries": [e.__dict__ for e in self.entries],
+            "unfinished": [list(x) for x in self.unfinished],
+        }
+
+
+def _setup(device: str | None) -> tuple[Any, Any, str]:
+    """(torch, the triton_kernels module, device) with the interpreter on when there is no GPU."""
+    import torch  # lazy: the CLI imports torch when a run starts, never at package import
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton loads the kernels
+    from opmux.kernels.ops.gemm import triton_kernels
+
+    return torch, triton_kernels, device
+
+
+def _inputs(torch: Any, n: int, k: int, m: int, device: str, out_dtype: Any) -> tuple[Any, ...]:
+    gen = torch.Generator(device="cpu").manual_seed(n * 31 + k * 7 + m)
+    kb = math.ceil(k / 128)
+    a = torch.randn(m, k, generator=gen).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
+    b = torch.randn(n, k, generator=gen).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
+    a_scale = (torch.rand(m, kb, generator=gen) + 0.5).to(device)
+    b_scale = (torch.rand(math.ceil(n / 128), kb, generator=gen) + 0.5).to(device)
+    out = torch.empty(m, n, dtype=out_dtype, device=device)
+    return out, a, b, a_scale, b_scale
+
+
+def _timer(torch: Any, device: str) -> Callable[[Callable[[], None]], float]:
+    if device != "cpu":
+        import triton.testing
+
+        def bench_gpu(fn: Callable[[], None]) -> float:
+            fn()  # compile outside the graph
+            torch.cuda.synchronize()
+            return float(triton.testing.do_bench_cudagraph(fn, rep=20)) * 1e3
+
+        return bench_gpu
+
+    def bench_cpu(fn: Callable[[], None]) -> float:
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+
+    return bench_cpu
+
+
+def tune(
+    shapes: Sequence[tuple[int, int]],
+    ms: Sequence[int],
+    *,
+    out: Path,
+    budget_s: float,
+    op: str = OP,
+    backend: str = "triton",
+    device: str | None = None,
+    max_configs: int | None = None,
+    progress: IO[str] | None = None,
+) -> Report:
+    """Tune ``op`` for every (N, K) in ``shapes`` and M in ``ms``; tables go to ``out``.
+    Progress lines go to ``progress`` (``sys.stderr`` when None, looked up at the call)."""
+    progress = sys.stderr if progress is None else progress
+    if op != OP or backend != "triton":
+        raise ValueError(f"cannot tune {op} on {backend!r}; tunable: {OP} on triton")
+    torch, kernels, device = _setup(device)
+    dev_name = kernels.device_name(torch.device(device))
+    timing = (
+        "CUDA graphs (triton.testing.do_bench_cudagraph)"
+        if device != "cpu"
+        else "time.perf_counter in the Triton interpreter: NOT meaningful, a test of the tuner only"
+    )
+    report = Report(dev_name, timing, str(out))
+    bench = _timer(torch, device)
+    deadline = time.monotonic() + budget_s
+
+    tables: dict[tuple[int, int], dict[int, dict[str, int]]] = {}
+    todo: list[tuple[int, int, int]] = []
+    for n, k in shapes:
+        key = tuned.table_key(op, backend, dev_name, (n, k))
+        path = out / key.file_name()
+        table: dict[int, dict[str, int]] = {}
+        if path.exists():  # resume: what a previous run finished stays
+            table = {m: dict(c) for m, c in tuned.read_table(path, key).items()}
+        tables[(n, k)] = table
+        for m in ms:
+            if m in table:
+                report.entries.append(Entry(n, k, m, table[m], math.nan, 0, skipped=True))
+            else:
+                todo.append((n, k, m))
+    total = len(todo)
+    print(
+        f"tuning {op} on {dev_name}: {total} entries, budget {budget_s:g} s; timing: {timing}", file=progress
+    )
+
+    for done, (n, k, m) in enumerate(todo):
+        share = (deadline - time.monotonic()) / (total - done)
+        if share <= 0:
+            report.unfinished = todo[done:]
+            break
+        entry_deadline = time.monotonic() + share
+        args = _inputs(torch, n, k, m, device, torch.bfloat16)
+        reference = None
+        best: tuple[float, dict[str, int]] | None = None
+        tried = 0
+        for config in candidates(op, backend, m, (n, k)):
+            if tried >= 2 and time.monotonic() > entry_deadline:
+                break
+            if max_configs is not None and tried >= max_configs:
+                break
+            tried += 1
+            try:
+                kernels.launch(*args, config)
+                if reference is None:
+                    reference = args[0].float().clone()
+                elif not torch.allclose(args[0].float(), reference, rtol=2e-2, atol=1e-2):
+                    continue  # a wrong config is never written
+                us = bench(functools.partial(kernels.launch, *args, config))
+            except Exception as err:  # out of resources, a compile failure: skip the config
+                print(f"  skipped {config}: {type(err).__name__}: {err}".splitlines()[0], file=progress)
+                continue
+            if best is None or us < best[0]:
+                best = (us, config)
+        if best is None:
+            report.unfinished.append((n, k, m))
+            continue
+        tables[(n, k)][m] = best[1]
+        path = out / tuned.table_key(op, backend, dev_name, (n, k)).file_name()
+        tuned.write_table(path, tables[(n, k)])
+        report.entries.append(Entry(n, k, m, best[1], best[0], tried))
+        print(
+            f"[{done + 1}/{total}] N={n} K={k} M={m} best {best[0]:.1f} us ({tried} configs)", file=progress
+        )
+    if report.unfinished:
+        print(
+            f"budget spent: {len(report.unfinished)} entries left; run again to continue (finished ones are kept)",
+            file=progress,
+        )
+    return report

@@ -1,0 +1,454 @@
+"""Tuned launch configurations: the config for (op, backend, device name, shape, M).
+
+Torch-free. Tables are JSON files named and shaped as vLLM's and SGLang's tuned files, so
+theirs work unchanged::
+
+    N=7168,K=18432,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json
+    {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+           "num_warps": 4, "num_stages": 4}, "64": {...}, ...}
+
+A file name is a list of ``name=value`` components (:class:`TableKey`); the order is the
+writer's, the match is by value (``[128, 128]``, SGLang's spelling, equals vLLM's
+``[128,128]``). The Triton backend's files carry no backend component (so they stay vLLM's
+files); every other backend adds one, e.g. ``...,backend=cuda.json`` holding
+``{"<M>": {"config_id": 3}}``.
+
+Search order for a table, first readable match wins:
+
+1. ``$OPMUX_TUNED_CONFIG_DIR/<op>/``, then ``$OPMUX_TUNED_CONFIG_DIR/`` (a vLLM folder as is);
+2. ``opmux/kernels/configs/<op>/`` shipped in the wheel;
+3. none: :func:`default_config`, the op's tested heuristic.
+
+A user file that cannot be used (bad JSON, an unknown key, a bad value) is skipped with a
+:class:`TunedConfigWarning` naming it, and the search goes on. Within a table the entry of the
+nearest M key is used (``min |M - key|``, the smaller key on a tie, as vLLM).
+
+Cost of :func:`lookup` after the first call for a given (op, backend, device, shape, M): one
+dict lookup. Tables are read once per key and the user directory once per process:
+:func:`refresh` (also run when ``config.scope`` starts or ends) forgets both.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from opmux.kernels import _env
+
+__all__ = [
+    "SCHEMAS",
+    "Config",
+    "Schema",
+    "Table",
+    "TableError",
+    "TableKey",
+    "TunedConfigWarning",
+    "default_config",
+    "find_table",
+    "lookup",
+    "nearest",
+    "read_table",
+    "refresh",
+    "search_dirs",
+    "shipped_dir",
+    "shipped_tables",
+    "table_key",
+    "validate_entry",
+    "write_table",
+]
+
+Config = Mapping[str, int]
+Table = Mapping[int, Config]
+
+#: The backend whose files carry no ``backend=`` component (vLLM's and SGLang's files).
+UNMARKED_BACKEND = "triton"
+_COMPONENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\[[^\]]*\]|[^,]*)(?:,|$)")
+
+
+class TunedConfigWarning(UserWarning):
+    """A tuned-config file was skipped; the message names it and says why."""
+
+
+class TableError(ValueError):
+    """A tuned-config file that cannot be used: ``path`` and the ``reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason))
+
+
+@dataclass(frozen=True)
+class TableKey:
+    """The identity of one table file: op, backend, device and the named components.
+
+    >>> key = table_key("gemm.w8a8_block_fp8_matmul", "triton", "NVIDIA_H200", (4096, 7168))
+    >>> key.file_name()
+    'N=4096,K=7168,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json'
+    >>> TableKey.parse(key.op, key.file_name()) == key
+    True
+    """
+
+    op: str
+    backend: str
+    device_name: str
+    shape: tuple[tuple[str, int], ...]
+    tags: tuple[tuple[str, str], ...]
+
+    def file_name(self) -> str:
+        parts = [f"{name}={value}" for name, value in self.shape]
+        parts.append(f"device_name={self.device_name}")
+        parts += [f"{name}={value}" for name, value in self.tags]
+        if self.backend != UNMARKED_BACKEND:
+            parts.append(f"backend={self.backend}")
+        return ",".join(parts) + ".json"
+
+    @classmethod
+    def parse(cls, op: str, file_name: str) -> TableKey:
+        """The key of a file name of ``op``'s tables; ValueError when it is not one."""
+        schema = _schema_for(op)
+        stem = file_name[:-5] if file_name.endswith(".json") else file_name
+        fields: dict[str, str] = {}
+        pos = 0
+        while pos < len(stem):
+            match = _COMPONENT.match(stem, pos)
+            if match is None or match.group(1) in fields:
+                raise ValueError(f"{file_name!r} is not a list of name=value components")
+            fields[match.group(1)] = match.group(2)
+            pos = match.end()
+        backend = fields.pop("backend", UNMARKED_BACKEND)
+        device = fields.pop("device_name", None)
+        try:
+            shape = tuple((name, int(fields.pop(name))) for name in schema.shape)
+        except (KeyError, ValueError):
+            raise ValueError(f"{file_name!r} lacks integer {', '.join(schema.shape)}") from None
+        tags = tuple((name, _norm(fields.pop(name, ""))) for name, _ in schema.tags)
+        if device is None or fields:
+            extra = ", ".join(fields) or "device_name missing"
+            raise ValueError(f"{file_name!r} does not name a {op} table ({extra})")
+        return cls(op, backend, device, shape, tags)
+
+
+def _norm(value: str) -> str:
+    return re.sub(r"\s+", "", value)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What an op's tables look like: shape components, fixed tags, entry keys per backend, and
+    the default heuristic ``default(m, shape) -> config`` per backend."""
+
+    shape: tuple[str, ...]
+    tags: tuple[tuple[str, str], ...]
+    entries: Mapping[str, Callable[[Mapping[str, Any]], list[str]]]
+    defaults: Mapping[str, Callable[[int, tuple[int, ...]], dict[str, int]]]
+
+
+def _pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+_TRITON_GEMM_KEYS = (
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+    "num_warps",
+    "num_stages",
+)
+
+
+def _check_triton_block_fp8(entry: Mapping[str, Any]) -> list[str]:
+    """Problems with one entry of a Triton block-fp8 GEMM table (empty: usable)."""
+    problems = [f"missing {key}" for key in _TRITON_GEMM_KEYS if key not in entry]
+    unknown = sorted(set(entry) - set(_TRITON_GEMM_KEYS) - {"SPLIT_K"})
+    if unknown:
+        known = ", ".join((*_TRITON_GEMM_KEYS, "SPLIT_K"))
+        problems.append(f"unknown key(s) {', '.join(unknown)} (known: {known})")
+    for key, value in entry.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            problems.append(f"{key}={value!r} is not an integer")
+    if problems:
+        return problems
+    if entry["BLOCK_SIZE_K"] != 128:
+        problems.append(f"BLOCK_SIZE_K={entry['BLOCK_SIZE_K']} (must be 128: one K step per scale block)")
+    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
+        if not (_pow2(entry[key]) and 16 <= entry[key] <= 256):
+            problems.append(f"{key}={entry[key]} (a power of two in 16..256)")
+    if not (_pow2(entry["num_warps"]) and entry["num_warps"] <= 16):
+        problems.append(f"num_warps={entry['num_warps']} (1, 2, 4, 8 or 16)")
+    if not 1 <= entry["num_stages"] <= 8:
+        problems.append(f"num_stages={entry['num_stages']} (1..8)")
+    if entry["GROUP_SIZE_M"] < 1:
+        problems.append(f"GROUP_SIZE_M={entry['GROUP_SIZE_M']} (>= 1)")
+    if not 1 <= entry.get("SPLIT_K", 1) <= 64:
+        problems.append(f"SPLIT_K={entry['SPLIT_K']} (1..64)")
+    return problems
+
+
+def _check_config_id(entry: Mapping[str, Any]) -> list[str]:
+    value = entry.get("config_id")
+    if set(entry) != {"config_id"} or not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return [f"expected {{'config_id': <int >= 0>}}, got {dict(entry)!r}"]
+    return []
+
+
+def _default_triton_block_fp8(m: int, shape: tuple[int, ...]) -> dict[str, int]:
+    """Used when no table matches. Small M (decode) is weight-bound: a thin M tile and narrow N
+    tiles give more programs over N; large M is compute-bound: 128x128 tiles, 8 warps."""
+    if m <= 16:
+        bm, bn, group, warps, stages = 16, 64, 1, 4, 4
+    elif m <= 32:
+        bm, bn, group, warps, stages = 32, 64, 1, 4, 4
+    elif m <= 64:
+        bm, bn, group, warps, stages = 64, 64, 8, 4, 3
+    elif m <= 256:
+        bm, bn, group, warps, stages = 64, 128, 8, 4, 3
+    else:
+        bm, bn, group, warps, stages = 128, 128, 8, 8, 3
+    return {
+        "BLOCK_SIZE_M": bm,
+        "BLOCK_SIZE_N": bn,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": group,
+        "num_warps": warps,
+        "num_stages": stages,
+    }
+
+
+def _no_default(m: int, shape: tuple[int, ...]) -> dict[str, int]:
+    return {"config_id": 0}
+
+
+#: Each op with tuned tables. A new op or backend adds its entry here.
+SCHEMAS: Mapping[str, Schema] = {
+    "gemm.w8a8_block_fp8_matmul": Schema(
+        shape=("N", "K"),
+        tags=(("dtype", "fp8_w8a8"), ("block_shape", "[128,128]")),
+        entries={"triton": _check_triton_block_fp8, "cuda": _check_config_id},
+        defaults={"triton": _default_triton_block_fp8, "cuda": _no_default},
+    ),
+}
+
+
+def _schema_for(op: str) -> Schema:
+    try:
+        return SCHEMAS[op]
+    except KeyError:
+        raise ValueError(
+            f"no tuned-config schema for op {op!r}; ops with one: {', '.join(SCHEMAS)}"
+        ) from None
+
+
+def _entry_check(op: str, backend: str) -> Callable[[Mapping[str, Any]], list[str]]:
+    schema = _schema_for(op)
+    try:
+        return schema.entries[backend]
+    except KeyError:
+        raise ValueError(
+            f"no tuned-config schema for {op} backend {backend!r}; backends: {', '.join(schema.entries)}"
+        ) from None
+
+
+def table_key(op: str, backend: str, device_name: str, shape: tuple[int, ...]) -> TableKey:
+    """The key of ``op``'s table for ``shape`` (in the schema's order, e.g. ``(N, K)``)."""
+    schema = _schema_for(op)
+    _entry_check(op, backend)
+    if len(shape) != len(schema.shape):
+        raise ValueError(f"{op}: shape {shape} does not match ({', '.join(schema.shape)})")
+    return TableKey(op, backend, device_name, tuple(zip(schema.shape, shape, strict=True)), schema.tags)
+
+
+def validate_entry(op: str, backend: str, entry: Any) -> list[str]:
+    """Problems with one table entry (empty when usable)."""
+    if not isinstance(entry, Mapping):
+        return [f"entry {entry!r} is not an object"]
+    return _entry_check(op, backend)(entry)
+
+
+def read_table(path: Path, key: TableKey) -> dict[int, Config]:
+    """Read and validate one table file; :class:`TableError` naming the file when unusable."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TableError(str(path), f"unreadable ({err})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise TableError(str(path), 'expected a non-empty object {"<M>": {...}, ...}')
+    table: dict[int, Config] = {}
+    for m_text, entry in raw.items():
+        try:
+            m = int(m_text)
+        except ValueError:
+            m = -1
+        if m < 0:
+            raise TableError(str(path), f"key {m_text!r} is not a batch size M >= 0")
+        problems = validate_entry(key.op, key.backend, entry)
+        if problems:
+            raise TableError(str(path), f"M={m_text}: " + "; ".join(problems))
+        table[m] = MappingProxyType(dict(entry))
+    return dict(sorted(table.items()))
+
+
+def write_table(path: Path, table: Mapping[int, Mapping[str, int]]) -> None:
+    """Write a table atomically (a private temp file, then ``os.replace``), keys ascending."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({str(m): dict(table[m]) for m in sorted(table)}, indent=4) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def shipped_dir(op: str) -> Path:
+    """Where the wheel's tables of ``op`` live."""
+    return Path(__file__).resolve().parent / "configs" / op
+
+
+def search_dirs(op: str) -> list[tuple[Path, bool]]:
+    """The directories searched for ``op``'s tables, in order, each with whether it is the
+    user's (a bad user file warns; a bad shipped file is a bug the tests catch)."""
+    dirs: list[tuple[Path, bool]] = []
+    user = _user_dir()
+    if user is not None:
+        dirs += [(user / op, True), (user, True)]
+    dirs.append((shipped_dir(op), False))
+    return dirs
+
+
+class _State:
+    # the user dir is read once (hot path); refresh() forgets it, the tables and the results
+    user_dir: Path | None = None
+    user_dir_read = False
+    index: ClassVar[dict[Path, dict[TableKey, Path]]] = {}
+    tables: ClassVar[dict[TableKey, tuple[list[int], list[Config]] | None]] = {}
+    results: ClassVar[dict[tuple[str, str, str, tuple[int, ...], int], Config]] = {}
+
+
+_MAX_RESULTS = 1 << 16
+
+
+def refresh() -> None:
+    """Forget the user directory, the tables read and the lookups made (reread on next use)."""
+    _State.user_dir = None
+    _State.user_dir_read = False
+    _State.index = {}
+    _State.tables = {}
+    _State.results = {}
+
+
+_env.on_change(refresh)
+
+
+def _user_dir() -> Path | None:
+    if not _State.user_dir_read:
+        _State.user_dir = _env.get(_env.TUNED_CONFIG_DIR)
+        _State.user_dir_read = True
+    return _State.user_dir
+
+
+def _dir_index(op: str, directory: Path) -> dict[TableKey, Path]:
+    index = _State.index.get(directory)
+    if index is None:
+        index = {}
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            names = []
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            try:
+                index.setdefault(TableKey.parse(op, name), directory / name)
+            except ValueError:
+                continue  # another op's file (vLLM's folders mix MoE and GEMM tables)
+        _State.index[directory] = index
+    return index
+
+
+def find_table(key: TableKey) -> tuple[Path, dict[int, Config]] | None:
+    """The first usable table for ``key`` along :func:`search_dirs` (warning for each skipped
+    user file), or None."""
+    for directory, user in search_dirs(key.op):
+        path = _dir_index(key.op, directory).get(key)
+        if path is None:
+            continue
+        try:
+            return path, read_table(path, key)
+        except TableError as err:
+            if not user:
+                raise
+            warnings.warn(
+                f"opmux: ignoring tuned config {err.path}: {err.reason}; "
+                f"looking further ({', '.join(str(d) for d, _ in search_dirs(key.op))}), "
+                "then the default heuristic",
+                TunedConfigWarning,
+                stacklevel=3,
+            )
+    return None
+
+
+def nearest(keys: list[int], m: int) -> int:
+    """Index of the key nearest ``m`` in ascending ``keys`` (the smaller one on a tie)."""
+    i = bisect.bisect_left(keys, m)
+    if i == 0:
+        return 0
+    if i == len(keys):
+        return i - 1
+    return i - 1 if m - keys[i - 1] <= keys[i] - m else i
+
+
+def default_config(op: str, backend: str, m: int, shape: tuple[int, ...]) -> dict[str, int]:
+    """The op's heuristic configuration when no table matches."""
+    _entry_check(op, backend)
+    return _schema_for(op).defaults[backend](m, shape)
+
+
+def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: int) -> Config:
+    """The launch configuration of ``op`` on ``backend`` for ``shape`` (schema order, e.g.
+    ``(N, K)``) and batch size ``m``: a tuned table's nearest-M entry, else the default.
+    Read-only; the same object for the same arguments."""
+    memo = (op, backend, device_name, shape, m)
+    config = _State.results.get(memo)
+    if config is not None:
+        return config
+    key = table_key(op, backend, device_name, shape)
+    if key not in _State.tables:
+        found = find_table(key)
+        _State.tables[key] = None if found is None else (list(found[1]), list(found[1].values()))
+    table = _State.tables[key]
+    if table is None:
+        config = MappingProxyType(default_config(op, backend, m, shape))
+    else:
+        keys, entries = table
+        config = entries[nearest(keys, m)]
+    if len(_State.results) >= _MAX_RESULTS:
+        _State.results.clear()
+    _State.results[memo] = config
+    return config
+
+
+def shipped_tables() -> Iterable[tuple[Path, TableKey]]:
+    """Every file under the shipped ``configs/`` with its parsed key (ValueError if a name is
+    not a table of its folder's op): for the test that validates what ships."""
+    root = Path(__file__).resolve().parent / "configs"
+    if not root.is_dir():
+        return
+    for op_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for path in sorted(op_dir.iterdir()):
+            yield path, TableKey.parse(op_dir.name, path.name)

@@ -1,0 +1,132 @@
+"""The tuner end to end on the CPU (Triton interpreter, one tiny shape): tables written in
+vLLM's format, the budget, resume, the model presets and the CLI both ways."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opmux.kernels import _env, tuned
+from opmux.kernels.tune import MODELS, candidates, model_shapes, tune
+from opmux.kernels.tune.__main__ import main
+
+OP = "gemm.w8a8_block_fp8_matmul"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    tuned.refresh()
+    yield
+    tuned.refresh()
+
+
+def _table(out: Path) -> dict[int, dict[str, int]]:
+    key = tuned.table_key(OP, "triton", "cpu", (200, 300))
+    return {m: dict(c) for m, c in tuned.read_table(out / key.file_name(), key).items()}
+
+
+def test_tune_writes_resumes_and_serves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = tune([(200, 300)], [1, 7], out=tmp_path, budget_s=60, device="cpu", max_configs=2)
+    err = capsys.readouterr().err
+    assert "NOT meaningful" in report.timing and "NOT meaningful" in err
+    assert "[1/2] N=200 K=300 M=1 best" in err and "[2/2] N=200 K=300 M=7 best" in err
+    table = _table(tmp_path)
+    assert sorted(table) == [1, 7]
+    assert all(e.tried == 2 and not e.skipped for e in report.entries)
+
+    # resume: finished M entries are skipped, only the new one is timed, old ones kept
+    again = tune([(200, 300)], [1, 7, 33], out=tmp_path, budget_s=60, device="cpu", max_configs=1)
+    assert [(e.m, e.skipped) for e in again.entries] == [(1, True), (7, True), (33, False)]
+    assert "[1/1] N=200 K=300 M=33" in capsys.readouterr().err
+    assert {m: c for m, c in _table(tmp_path).items() if m != 33} == table
+
+    # the launcher picks the tables up through OPMUX_TUNED_CONFIG_DIR
+    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
+        assert dict(tuned.lookup(OP, "triton", "cpu", (200, 300), 30)) == _table(tmp_path)[33]
+
+
+def test_budget_spent_leaves_entries_for_the_next_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tune([(200, 300)], [1, 7], out=tmp_path, budget_s=1e-9, device="cpu")
+    assert report.unfinished == [(200, 300, 1), (200, 300, 7)]
+    assert "run again to continue" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_candidates_start_with_the_default_and_are_valid() -> None:
+    for m in (1, 64, 65, 4096):
+        space = candidates(OP, "triton", m, (4096, 7168))
+        assert space[0] == tuned.default_config(OP, "triton", m, (4096, 7168))
+        assert len({json.dumps(c, sort_keys=True) for c in space}) == len(space)
+        assert all(tuned.validate_entry(OP, "triton", c) == [] for c in space)
+        assert any("SPLIT_K" in c for c in space) == (m <= 64)
+        assert all(c["BLOCK_SIZE_M"] <= max(16, m) * 2 for c in space)
+
+
+def test_model_presets() -> None:
+    assert set(MODELS) == {"DeepSeek-V3", "Qwen3-235B-A22B", "Qwen3-32B", "Llama-3.1-70B", "Llama-3.1-8B"}
+    ds = model_shapes("DeepSeek-V3")
+    assert {(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (36864, 7168), (7168, 18432)} <= set(ds)
+    assert model_shapes("Llama-3.1-70B", tp=8) == [(1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584)]
+    assert model_shapes("Qwen3-235B-A22B") == [(9216, 4096), (4096, 8192)]
+    with pytest.raises(ValueError, match=r"unknown model 'GPT-5'.*DeepSeek-V3"):
+        model_shapes("GPT-5")
+    with pytest.raises(ValueError, match="does not split over tp=3"):
+        model_shapes("Llama-3.1-8B", tp=3)
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [OP, "--shapes", "200,300", "--m", "3", "--budget-s", "60", "--out", str(tmp_path)]
+    assert main([*argv, "--device", "cpu", "--max-configs", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device_name"] == "cpu" and [e["m"] for e in report["entries"]] == [3]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([OP, "--budget-s", "5", "--out", "x"], "nothing to tune"),
+        ([OP, "--models", "GPT-5", "--budget-s", "5", "--out", "x"], "unknown model"),
+        ([OP, "--shapes", "1,2", "--budget-s", "0", "--out", "x"], "positive number of seconds"),
+    ],
+)
+def test_cli_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_cli_bad_shapes_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([OP, "--shapes", "1,2,3", "--budget-s", "5", "--out", "x"])
+    assert info.value.code == 2 and "expected N,K" in capsys.readouterr().err
+
+
+def test_cli_subprocess(tmp_path: Path) -> None:
+    argv = [
+        "--shapes",
+        "200,300",
+        "--m",
+        "1",
+        "--budget-s",
+        "60",
+        "--out",
+        str(tmp_path),
+        "--max-configs",
+        "1",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "opmux.kernels.tune", OP, *argv, "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        env={**_env.child_environ(), "PYTHONPATH": str(ROOT / "python")},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "1 entries tuned, 0 left" in done.stdout and "[1/1] N=200 K=300 M=1" in done.stderr
