@@ -90,7 +90,7 @@ def error(torch: Any, y: Any, ref: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--models", default="", help="comma-separated model names (default: all)")
+    ap.add_argument("--models", default="", help="comma-separated model names (default: all), tensor parallel 1")
     ap.add_argument("--m", default=",".join(map(str, M_DEFAULT)), help="the M values (default %(default)s)")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--target-us", type=float, default=3000.0, help="graph length aimed at")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     fns = impls(torch, backends)
     seen: set[tuple[int, int]] = set()
     for model in models:
-        for layer, (n, k) in MODELS[model].items():
+        for layer, n, k, _split in MODELS[model]:
             if (n, k) in seen:
                 continue
             seen.add((n, k))

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 PKG = "python/opmux"
-DATA_DIRS = ("kernels/jit/csrc", "kernels/jit/include")
+DATA_DIRS = ("kernels/jit/csrc", "kernels/jit/include", "kernels/configs")
 GENERATED = ("_version.py",)  # written at build time, ignored in the tree
 DEFAULT_LICENSE_GLOBS = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
 STRAY = re.compile(r"(__pycache__|\.py[cod]$|\.git/|\.orig$|\.rej$|~$|\.egg-info/|/tests?/)")
@@ -52,7 +52,8 @@ def _package_tree(root: Path) -> list[str]:
 
 
 def required_data_files(root: Path) -> set[str]:
-    """Non-Python files the wheel must carry: every file under csrc/ and include/, py.typed."""
+    """Non-Python files the wheel must carry: every file under csrc/, include/ and configs/ (tuned
+    launch configurations), py.typed."""
     files = {p for p in _package_tree(root) if any(p.startswith(f"opmux/{d}/") for d in DATA_DIRS)}
     if (Path(root) / PKG / "py.typed").exists():
         files.add("opmux/py.typed")

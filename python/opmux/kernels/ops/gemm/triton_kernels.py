@@ -142,10 +142,15 @@ def _split_k_reduce_kernel(W, C, M, N, stride_cm, SPLIT_K: tl.constexpr, BLOCK: 
 @functools.cache
 def device_name(device: torch.device) -> str:
     """The name tuned tables are keyed by: vLLM's ``get_device_name().replace(" ", "_")``; ``cpu``
-    for the Triton interpreter on the host. Cached: the driver query is not free."""
-    if device.type == "cpu":
-        return "cpu"
-    return torch.cuda.get_device_name(device).replace(" ", "_")
+    for the Triton interpreter on the host. Cached per device: the driver query is not free."""
+    name = _NAMES.get(device)
+    if name is None:
+        name = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).replace(" ", "_")
+        _NAMES[device] = name
+    return name
+
+
+_NAMES: dict[torch.device, str] = {}
 
 
 def launch(
