@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...errors import BackendUnavailable
 from ...spec import Requirement
 from .._contract import FP8, Arg, Contract, Rule, Scalar
 from .._decl import declare
@@ -114,6 +115,9 @@ def scaled_mm(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tenso
     n, kt = b.shape[0], b_scale.shape[1]
     if not m or not n:
         return
+    why = scaled_mm_supports(a, b, a_scale, b_scale, out_dtype=out.dtype)
+    if why:  # forced onto a call it would compute wrong or refuse: say so, compute nothing
+        raise BackendUnavailable("scaled_mm", why)
     mp = -(-m // 4) * 4
     if mp != m or a.stride(0) != k:
         a_in = a.new_zeros(mp, k)

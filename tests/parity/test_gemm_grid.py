@@ -1,0 +1,62 @@
+"""gemm.w8a8_block_fp8_matmul on vLLM's grid (tests/kernels/quantization/test_block_fp8.py): every
+backend that runs on the device against the fp32 per-tile reference, at vLLM's criterion (mean
+|out - ref| / mean |ref| < 1e-3). M 1, 7, 8, 83, 84, 4096; N up to 13,824; K up to 16,384, with
+ceil-division tails (N = 7748, K = 3884). On a GPU only: the CPU runs the small parity samples
+(the Triton interpreter would take hours here)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from opmux.kernels import registry
+from opmux.kernels.errors import BackendUnavailable
+from opmux.kernels.explain import op_instance
+from opmux.kernels.ops.gemm.op import reference
+
+OP = "gemm.w8a8_block_fp8_matmul"
+MS = (1, 7, 8, 83, 84, 4096)
+NK = ((128, 256), (512, 3884), (7748, 4096), (7168, 13824), (13824, 16384), (4096, 7168))
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _inputs(m: int, n: int, k: int, dev: str) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=dev).manual_seed(m * 31 + n * 7 + k)
+    fp8 = torch.float8_e4m3fn
+    fmax = torch.finfo(fp8).max
+    a = ((torch.rand(m, k, device=dev, generator=g) - 0.5) * 2 * fmax).clamp(-fmax, fmax).to(fp8)
+    b = ((torch.rand(n, k, device=dev, generator=g) - 0.5) * 2 * fmax).clamp(-fmax, fmax).to(fp8)
+    factor = 1e-2  # vLLM's scales: rand * 1e-2
+    sa = torch.rand(m, -(-k // 128), device=dev, generator=g) * factor
+    sb = torch.rand(-(-n // 128), -(-k // 128), device=dev, generator=g) * factor
+    return a, b, sa, sb
+
+
+@pytest.mark.parametrize("backend", ["default", *[b.name for b in registry.get(OP).backends]])
+def test_vllm_grid(backend: str, device_type: str) -> None:
+    if device_type == "cpu":
+        pytest.skip("the vLLM grid runs on a GPU (the CPU runs the op's small parity samples)")
+    dev = "cuda"
+    op = op_instance(OP)
+    fn = op if backend == "default" else op.impl(backend)
+    spec = registry.get(OP)
+    if backend != "default" and "cuda" not in spec.backend(backend).requires.devices:
+        pytest.skip(f"{backend} does not run on cuda")
+    failures = []
+    for m, (n, k), dtype in itertools.product(MS, NK, DTYPES):
+        if backend == "torch" and m * k * n > 2**40:
+            continue  # the dequantizing torch backend at M=4096, N=K=16k: minutes, proves nothing more
+        a, b, sa, sb = _inputs(m, n, k, dev)
+        want = reference(a, b, sa, sb, dtype).float()
+        try:
+            got = fn(a, b, sa, sb, out_dtype=dtype).float()
+        except BackendUnavailable as exc:
+            if backend == "scaled_mm" and "cuBLASLt" in str(exc):
+                continue  # a shape or dtype cuBLASLt would compute wrong: refused, by design
+            pytest.skip(f"{backend}: {exc}")
+        err = float((got - want).abs().mean() / want.abs().mean())
+        if not err < 1e-3:
+            failures.append(f"M={m} N={n} K={k} {dtype}: mean relative error {err:.2e}")
+    assert not failures, "\n".join(failures)
