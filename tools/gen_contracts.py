@@ -1,4 +1,6 @@
-"""Write every op group's ``_contracts.py`` from the contracts its ``op.py`` declares.
+"""Write every op group's ``_contracts.py`` (its Python checks) and its C++ serving lanes
+(``jit/include/opmux/contracts/<group>.h`` and ``<group>_<device>_lanes.inc``) from the contracts
+its ``op.py`` declares.
 
     python tools/gen_contracts.py          # rewrite the files that changed
     python tools/gen_contracts.py --check  # exit 1, naming them, when any is stale
@@ -22,6 +24,7 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
     import importlib
 
     from opmux.kernels.ops._contract_codegen import render_group
+    from opmux.kernels.ops._contract_cpp import render_entries, render_header
     from opmux.kernels.ops._group import decls
 
     ops = package / "kernels" / "ops"
@@ -30,6 +33,14 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
         found = decls(importlib.import_module(f"opmux.kernels.ops.{folder.name}.op"))
         if any(d.contract is not None for d in found):
             out[folder / "_contracts.py"] = render_group(found)
+        include = package / "kernels" / "jit" / "include" / "opmux" / "contracts"
+        header = render_header(folder.name, found)
+        if header is not None:
+            out[include / f"{folder.name}.h"] = header
+            for device in ("cpu", "cuda"):
+                entries = render_entries(folder.name, device, found)
+                assert entries is not None
+                out[include / f"{folder.name}_{device}_lanes.inc"] = entries
     return out
 
 
@@ -45,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stale: {path} (run: python tools/gen_contracts.py)", file=sys.stderr)
         return 1 if stale else 0
     for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(want[path])
         print(f"wrote {path}")
     return 0

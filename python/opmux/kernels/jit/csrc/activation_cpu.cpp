@@ -506,7 +506,7 @@ void act_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t 
 #include <tvm/ffi/function.h>
 
 #include "opmux/checks.h"
-#include "opmux/activation_lanes.h"
+#include "opmux/contracts/activation.h"
 
 namespace opmux {
 namespace activation_cpu {
@@ -576,38 +576,6 @@ void gelu_tanh_and_mul_cpu(TensorView out, TensorView x, bool vllm_rounding) {
   run<GeluTanh>("opmux.gelu_tanh_and_mul", out, x);
 }
 
-// Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
-lane::Any silu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
-  return lane::act_lane_bool<true>(kDLCPU, silu_and_mul_cpu, x, vllm_rounding, out);
-}
-lane::Any gelu_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
-  return lane::act_lane_bool<true>(kDLCPU, gelu_and_mul_cpu, x, vllm_rounding, out);
-}
-lane::Any gelu_tanh_and_mul_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
-  return lane::act_lane_bool<true>(kDLCPU, gelu_tanh_and_mul_cpu, x, vllm_rounding, out);
-}
-lane::Any mul_and_silu_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
-  return lane::act_lane_bool<true>(kDLCPU, mul_and_silu_cpu, x, vllm_rounding, out);
-}
-lane::Any fatrelu_and_mul_cpu_lane(TensorView x, lane::AnyView threshold, lane::AnyView out) {
-  return lane::act_lane_finite<true>(kDLCPU, fatrelu_and_mul_cpu, x, threshold, out);
-}
-lane::Any swiglustep_and_mul_cpu_lane(TensorView x, lane::AnyView limit, lane::AnyView out) {
-  return lane::act_lane_positive<true>(kDLCPU, swiglustep_and_mul_cpu, x, limit, out);
-}
-lane::Any swigluoai_and_mul_cpu_lane(TensorView x, lane::AnyView alpha, lane::AnyView limit, lane::AnyView out) {
-  return lane::act_lane_oai<true>(kDLCPU, swigluoai_and_mul_cpu, x, alpha, limit, out);
-}
-lane::Any gelu_new_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
-  return lane::act_lane_bool<false>(kDLCPU, gelu_new_cpu, x, vllm_rounding, out);
-}
-lane::Any gelu_fast_cpu_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out) {
-  return lane::act_lane_bool<false>(kDLCPU, gelu_fast_cpu, x, vllm_rounding, out);
-}
-lane::Any gelu_quick_cpu_lane(TensorView x, lane::AnyView out) {
-  return lane::act_lane_plain<false>(kDLCPU, gelu_quick_cpu, x, out);
-}
-
 }  // namespace activation_cpu
 }  // namespace opmux
 
@@ -621,14 +589,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cpu, opmux::activation_cpu::swig
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cpu, opmux::activation_cpu::gelu_new_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cpu, opmux::activation_cpu::gelu_fast_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cpu, opmux::activation_cpu::gelu_quick_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cpu_lane, opmux::activation_cpu::silu_and_mul_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cpu_lane, opmux::activation_cpu::gelu_and_mul_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cpu_lane, opmux::activation_cpu::gelu_tanh_and_mul_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul_and_silu_cpu_lane, opmux::activation_cpu::mul_and_silu_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fatrelu_and_mul_cpu_lane, opmux::activation_cpu::fatrelu_and_mul_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(swiglustep_and_mul_cpu_lane, opmux::activation_cpu::swiglustep_and_mul_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cpu_lane, opmux::activation_cpu::swigluoai_and_mul_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cpu_lane, opmux::activation_cpu::gelu_new_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cpu_lane, opmux::activation_cpu::gelu_fast_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cpu_lane, opmux::activation_cpu::gelu_quick_cpu_lane);
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/activation_cpu_lanes.inc"
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -16,7 +16,7 @@
 #include <type_traits>
 
 #include "opmux/checks.h"
-#include "opmux/activation_lanes.h"
+#include "opmux/contracts/activation.h"
 #include "opmux/cuda_utils.cuh"
 
 namespace opmux {
@@ -403,38 +403,6 @@ void gelu_quick_cuda(TensorView out, TensorView x, bool enable_pdl) {
 }
 
 
-// Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
-lane::Any silu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_bool<true>(kDLCUDA, silu_and_mul_cuda, x, vllm_rounding, out, enable_pdl);
-}
-lane::Any gelu_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_bool<true>(kDLCUDA, gelu_and_mul_cuda, x, vllm_rounding, out, enable_pdl);
-}
-lane::Any gelu_tanh_and_mul_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_bool<true>(kDLCUDA, gelu_tanh_and_mul_cuda, x, vllm_rounding, out, enable_pdl);
-}
-lane::Any mul_and_silu_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_bool<true>(kDLCUDA, mul_and_silu_cuda, x, vllm_rounding, out, enable_pdl);
-}
-lane::Any fatrelu_and_mul_cuda_lane(TensorView x, lane::AnyView threshold, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_finite<true>(kDLCUDA, fatrelu_and_mul_cuda, x, threshold, out, enable_pdl);
-}
-lane::Any swiglustep_and_mul_cuda_lane(TensorView x, lane::AnyView limit, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_positive<true>(kDLCUDA, swiglustep_and_mul_cuda, x, limit, out, enable_pdl);
-}
-lane::Any swigluoai_and_mul_cuda_lane(TensorView x, lane::AnyView alpha, lane::AnyView limit, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_oai<true>(kDLCUDA, swigluoai_and_mul_cuda, x, alpha, limit, out, enable_pdl);
-}
-lane::Any gelu_new_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_bool<false>(kDLCUDA, gelu_new_cuda, x, vllm_rounding, out, enable_pdl);
-}
-lane::Any gelu_fast_cuda_lane(TensorView x, lane::AnyView vllm_rounding, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_bool<false>(kDLCUDA, gelu_fast_cuda, x, vllm_rounding, out, enable_pdl);
-}
-lane::Any gelu_quick_cuda_lane(TensorView x, lane::AnyView out, bool enable_pdl) {
-  return lane::act_lane_plain<false>(kDLCUDA, gelu_quick_cuda, x, out, enable_pdl);
-}
-
 }  // namespace activation_cuda
 }  // namespace opmux
 
@@ -448,13 +416,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cuda, opmux::activation_cuda::sw
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cuda, opmux::activation_cuda::gelu_new_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cuda, opmux::activation_cuda::gelu_fast_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cuda, opmux::activation_cuda::gelu_quick_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_cuda_lane, opmux::activation_cuda::silu_and_mul_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul_cuda_lane, opmux::activation_cuda::gelu_and_mul_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul_cuda_lane, opmux::activation_cuda::gelu_tanh_and_mul_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul_and_silu_cuda_lane, opmux::activation_cuda::mul_and_silu_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fatrelu_and_mul_cuda_lane, opmux::activation_cuda::fatrelu_and_mul_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(swiglustep_and_mul_cuda_lane, opmux::activation_cuda::swiglustep_and_mul_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(swigluoai_and_mul_cuda_lane, opmux::activation_cuda::swigluoai_and_mul_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_new_cuda_lane, opmux::activation_cuda::gelu_new_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_fast_cuda_lane, opmux::activation_cuda::gelu_fast_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_quick_cuda_lane, opmux::activation_cuda::gelu_quick_cuda_lane);
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/activation_cuda_lanes.inc"

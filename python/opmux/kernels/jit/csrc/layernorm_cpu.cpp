@@ -463,6 +463,7 @@ void qk_norm_heads(T* x, const cpu::HeadLayout& h, const T* w, int64_t d, float 
 
 #include "opmux/checks.h"
 #include "opmux/head_checks.h"
+#include "opmux/contracts/layernorm.h"
 #include "opmux/norm_lanes.h"
 #include "opmux/quant_checks.h"
 
@@ -512,48 +513,6 @@ void gemma_rmsnorm_cpu(TensorView out, TensorView x, TensorView weight, double e
 void gemma_fused_add_rmsnorm_cpu(TensorView x, TensorView residual, TensorView weight,
                                  double eps) {
   run_fused_add<true>("opmux.gemma_fused_add_rmsnorm", x, residual, weight, eps);
-}
-
-// Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
-template <bool GEMMA>
-lane::Any norm_lane(const char* op, TensorView x, TensorView weight, lane::AnyView eps_arg,
-                    lane::AnyView out_arg) {
-  double eps;
-  std::optional<TensorView> out;
-  if (!lane::opt_tensor(out_arg, &out) || !lane::norm_inputs(kDLCPU, x, weight, eps_arg, &eps) ||
-      !lane::norm_out(x, weight, out))
-    return lane::refused();
-  if (out) {
-    run_rmsnorm<GEMMA>(op, *out, x, weight, eps);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, x.dtype(), x.device());
-  run_rmsnorm<GEMMA>(op, y, x, weight, eps);
-  return y;
-}
-
-template <bool GEMMA>
-lane::Any fused_add_lane(const char* op, TensorView x, TensorView residual, TensorView weight,
-                         lane::AnyView eps_arg) {
-  double eps;
-  if (!lane::fused_add_args(kDLCPU, x, residual, weight, eps_arg, &eps)) return lane::refused();
-  run_fused_add<GEMMA>(op, x, residual, weight, eps);
-  return lane::ran();
-}
-
-lane::Any rmsnorm_cpu_lane(TensorView x, TensorView weight, lane::AnyView eps, lane::AnyView out) {
-  return norm_lane<false>("opmux.rmsnorm", x, weight, eps, out);
-}
-lane::Any gemma_rmsnorm_cpu_lane(TensorView x, TensorView weight, lane::AnyView eps, lane::AnyView out) {
-  return norm_lane<true>("opmux.gemma_rmsnorm", x, weight, eps, out);
-}
-lane::Any fused_add_rmsnorm_cpu_lane(TensorView x, TensorView residual, TensorView weight,
-                                     lane::AnyView eps) {
-  return fused_add_lane<false>("opmux.fused_add_rmsnorm", x, residual, weight, eps);
-}
-lane::Any gemma_fused_add_rmsnorm_cpu_lane(TensorView x, TensorView residual, TensorView weight,
-                                           lane::AnyView eps) {
-  return fused_add_lane<true>("opmux.gemma_fused_add_rmsnorm", x, residual, weight, eps);
 }
 
 // q [rows, hidden] fp8 bytes, x [rows, hidden], (residual like x,) weight [hidden], scale: one
@@ -672,14 +631,11 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cpu,
                               opmux::layernorm_cpu::rmsnorm_static_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cpu,
                               opmux::layernorm_cpu::fused_add_rmsnorm_static_quant_fp8_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_cpu_lane, opmux::layernorm_cpu::rmsnorm_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cpu_lane, opmux::layernorm_cpu::gemma_rmsnorm_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_cpu_lane, opmux::layernorm_cpu::fused_add_rmsnorm_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cpu_lane,
-                              opmux::layernorm_cpu::gemma_fused_add_rmsnorm_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cpu_lane, opmux::layernorm_cpu::qk_norm_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cpu_lane,
                               opmux::layernorm_cpu::rmsnorm_static_quant_fp8_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cpu_lane,
                               opmux::layernorm_cpu::fused_add_rmsnorm_static_quant_fp8_cpu_lane);
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/layernorm_cpu_lanes.inc"
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -28,6 +28,7 @@
 #include "opmux/cuda_fp8.cuh"
 #include "opmux/cuda_utils.cuh"
 #include "opmux/head_checks.h"
+#include "opmux/contracts/layernorm.h"
 #include "opmux/norm_lanes.h"
 #include "opmux/quant_checks.h"
 
@@ -448,52 +449,6 @@ void gemma_fused_add_rmsnorm_cuda(TensorView x, TensorView residual, TensorView 
   run<true, true>("opmux.gemma_fused_add_rmsnorm", "x", x, "residual", residual, weight, eps);
 }
 
-// Serving lanes (opmux/lane.h): the contract's serving form checked here, else None.
-template <bool GEMMA>
-lane::Any norm_lane(const char* op, TensorView x, TensorView weight, lane::AnyView eps_arg,
-                    lane::AnyView out_arg, bool enable_pdl) {
-  double eps;
-  std::optional<TensorView> out;
-  if (!lane::opt_tensor(out_arg, &out) || !lane::norm_inputs(kDLCUDA, x, weight, eps_arg, &eps) ||
-      !lane::norm_out(x, weight, out))
-    return lane::refused();
-  cuda::PdlScope pdl(enable_pdl);
-  if (out) {
-    run<false, GEMMA>(op, "out", *out, "x", x, weight, eps);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, x.dtype(), x.device());
-  run<false, GEMMA>(op, "out", y, "x", x, weight, eps);
-  return y;
-}
-
-template <bool GEMMA>
-lane::Any fused_add_lane(const char* op, TensorView x, TensorView residual, TensorView weight,
-                         lane::AnyView eps_arg, bool enable_pdl) {
-  double eps;
-  if (!lane::fused_add_args(kDLCUDA, x, residual, weight, eps_arg, &eps)) return lane::refused();
-  cuda::PdlScope pdl(enable_pdl);
-  run<true, GEMMA>(op, "x", x, "residual", residual, weight, eps);
-  return lane::ran();
-}
-
-lane::Any rmsnorm_cuda_lane(TensorView x, TensorView weight, lane::AnyView eps, lane::AnyView out,
-                            bool enable_pdl) {
-  return norm_lane<false>("opmux.rmsnorm", x, weight, eps, out, enable_pdl);
-}
-lane::Any gemma_rmsnorm_cuda_lane(TensorView x, TensorView weight, lane::AnyView eps,
-                                  lane::AnyView out, bool enable_pdl) {
-  return norm_lane<true>("opmux.gemma_rmsnorm", x, weight, eps, out, enable_pdl);
-}
-lane::Any fused_add_rmsnorm_cuda_lane(TensorView x, TensorView residual, TensorView weight,
-                                      lane::AnyView eps, bool enable_pdl) {
-  return fused_add_lane<false>("opmux.fused_add_rmsnorm", x, residual, weight, eps, enable_pdl);
-}
-lane::Any gemma_fused_add_rmsnorm_cuda_lane(TensorView x, TensorView residual, TensorView weight,
-                                            lane::AnyView eps, bool enable_pdl) {
-  return fused_add_lane<true>("opmux.gemma_fused_add_rmsnorm", x, residual, weight, eps, enable_pdl);
-}
-
 HeadRows head_rows(TensorView t, const Heads& h, TensorView weight) {
   return {data_ptr<void>(t), data_ptr<const void>(weight), h.token_stride, h.head_stride,
           h.heads, h.tokens * h.heads};
@@ -623,13 +578,10 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cuda,
                               opmux::layernorm_cuda::rmsnorm_static_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cuda,
                               opmux::layernorm_cuda::fused_add_rmsnorm_static_quant_fp8_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_cuda_lane, opmux::layernorm_cuda::rmsnorm_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm_cuda_lane, opmux::layernorm_cuda::gemma_rmsnorm_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_cuda_lane, opmux::layernorm_cuda::fused_add_rmsnorm_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm_cuda_lane,
-                              opmux::layernorm_cuda::gemma_fused_add_rmsnorm_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cuda_lane, opmux::layernorm_cuda::qk_norm_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cuda_lane,
                               opmux::layernorm_cuda::rmsnorm_static_quant_fp8_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cuda_lane,
                               opmux::layernorm_cuda::fused_add_rmsnorm_static_quant_fp8_cuda_lane);
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/layernorm_cuda_lanes.inc"

@@ -7,7 +7,12 @@
 // returns a result; otherwise it returns None having done nothing, and the caller runs the
 // Python contract, which accepts the call (a form the lane does not cover) or raises the
 // op's error. So a lane may refuse anything, but must never accept a call the Python
-// contract refuses (tests/unit/test_lanes.py checks both on every parity and contract case).
+// contract refuses (tests/parity/test_lanes.py checks both on every parity and contract case).
+//
+// An op declared with a contract (ops/_contract.py) that states its serving form exactly gets its
+// lane generated from that contract by tools/gen_contracts.py: opmux/contracts/<group>.h (the
+// checks) and opmux/contracts/<group>_<device>_lanes.inc (the entries, included by the unit).
+// The helpers below are what those checks, and the remaining hand-written lanes, are made of.
 //
 // What only Python can see stays there (fused_op._lane_lines): grad mode, and that every
 // tensor argument is a torch tensor, and that every float / int scalar is exactly a Python float

@@ -1,6 +1,6 @@
-// The serving lanes' checks of the norms (lane.h): rmsnorm / gemma_rmsnorm (x, weight, eps, out)
-// and the fused adds (x, residual, weight, eps), mirroring layernorm/op.py's contract for [T, H]
-// rows. Each returns whether the call is in the lane; shared by the CPU and CUDA units.
+// The hand-written serving lanes' checks of the norms whose contracts no generated lane states yet
+// (lane.h): qk_norm and the static fp8 forms. rmsnorm, the fused add and their Gemma variants have
+// lanes generated from their contracts (opmux/contracts/layernorm.h). Shared by the CPU and CUDA units.
 #pragma once
 
 #include "opmux/lane.h"
@@ -8,7 +8,9 @@
 namespace opmux {
 namespace lane {
 
-// x [T, H] float rows, weight a dense [H] of x's dtype on x's device, eps a float in (0, inf).
+// x [T, H] float rows, weight a dense [H] of x's dtype on x's device, eps a float in (0, inf): the
+// static fp8 norms' inputs (rmsnorm and the fused add have lanes generated from their contracts:
+// opmux/contracts/layernorm.h).
 inline bool norm_inputs(int32_t device_type, const TensorView& x, const TensorView& weight,
                         const AnyView& eps_arg, double* eps) {
   if (!positive_float(eps_arg, eps) || x.ndim() != 2 || x.device().device_type != device_type ||
@@ -16,28 +18,6 @@ inline bool norm_inputs(int32_t device_type, const TensorView& x, const TensorVi
     return false;
   const int64_t h = x.size(1);
   return rows_view(x, x.size(0), h) && vector(weight, h);
-}
-
-// rmsnorm's out: None (allocated by the lane) or [T, H] like x, holding its elements apart, and
-// either apart from x and weight or (x) the very same view: in place.
-inline bool norm_out(const TensorView& x, const TensorView& weight, const std::optional<TensorView>& out) {
-  // None: the lane allocates a dense [T, H], which is torch.empty_like(x) (the contract's output)
-  // only for an x of strides (H, 1): empty_like keeps the strides of any dense x (a [1, H] slice
-  // of a wider row keeps its row stride); other layouts are the Python path's
-  if (!out) return x.stride(0) == x.size(1) && x.stride(1) == 1;
-  const TensorView& o = *out;
-  return rows_view(o, x.size(0), x.size(1)) && same_dtype(o.dtype(), x.dtype()) && same_device(o, x) &&
-         distinct(o) && may_share(o, x, false) && may_share(o, weight, false);
-}
-
-// The fused adds: residual [T, H] like x; x and residual (both written) apart from each other
-// and from weight, each holding its elements apart.
-inline bool fused_add_args(int32_t device_type, const TensorView& x, const TensorView& residual,
-                           const TensorView& weight, const AnyView& eps_arg, double* eps) {
-  return norm_inputs(device_type, x, weight, eps_arg, eps) &&
-         rows_view(residual, x.size(0), x.size(1)) && same_dtype(residual.dtype(), x.dtype()) &&
-         same_device(residual, x) && distinct(x) && distinct(residual) &&
-         may_share(x, residual, true) && may_share(x, weight, false) && may_share(residual, weight, false);
 }
 
 // qk_norm: q [Tq, Hq, D] and k [Tk, Hk, D] (any token and head strides, a unit last stride),
