@@ -155,6 +155,7 @@ def declare(
     outputs: Callable[..., tuple[tuple[Any, ...], Any]] | None = None,
     vendor: tuple[tuple[str, Callable[..., None], Requirement], ...] = (),
     priority: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    native_predicate: str | None = None,
 ) -> Decl:
     """Declare op ``name`` (``group.op``); see the module docstring for what follows.
 
@@ -176,7 +177,10 @@ def declare(
     python = tuple((n, fn) for n, fn in (("torch", torch), ("torch_npu", torch_npu)) if fn is not None)
     backends: list[BackendSpec] = []
     if native:
-        backends += [BackendSpec(k, NATIVE_TARGETS[k], req) for k, req in (("aot", AOT), ("jit", JIT))]
+        # a per-call predicate (``"module:function"``, called with the op's arguments, returning
+        # a reason or None) where the native kernel takes fewer layouts than the contract (TMA)
+        reqs = [(k, replace(r, predicate=native_predicate) if native_predicate else r) for k, r in (("aot", AOT), ("jit", JIT))]
+        backends += [BackendSpec(k, NATIVE_TARGETS[k], req) for k, req in reqs]
     if triton:
         backends.append(BackendSpec("triton", f"{package}.triton_kernels:{short}", TRITON))
     requirements = {"torch": TORCH, "torch_npu": TORCH_NPU}
@@ -233,4 +237,5 @@ _DECLARE_ARGS = (
     "contract",
     "vendor",
     "priority",
+    "native_predicate",
 )

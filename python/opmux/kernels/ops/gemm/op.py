@@ -82,6 +82,42 @@ def torch_w8a8(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tens
     torch.mm(ad, bd.T, out=out) if out.dtype == torch.float32 else out.copy_(ad @ bd.T)
 
 
+# -- the CUDA kernel's own limits (TMA) ------------------------------------------------------------
+def native_supports(
+    a: Any, b: Any, a_scale: Any, b_scale: Any, out_dtype: Any = None, out: Any = None
+) -> str | None:
+    """Where the CUTLASS kernel (TMA) takes this call: 16-byte aligned a, b and out, and row
+    strides of 16 bytes' multiples (jit/csrc/gemm_cuda.cu states them). Anything else runs on the
+    next backend (Triton), which takes every layout of the contract. CPU calls: no limit."""
+    try:
+        if a.device.type != "cuda":
+            return None
+        cap = torch.cuda.get_device_capability(a.device)
+        if cap != (9, 0):
+            return f"the CUDA kernel is built for sm_90a (Hopper) only; this GPU is sm_{cap[0]}{cap[1]}"
+        m, n = a.numel() // max(a.shape[-1], 1), b.shape[0]
+        item = (out.dtype if out is not None else (out_dtype or torch.bfloat16)).itemsize
+        ldo = out.stride(-2) if out is not None and out.dim() >= 2 else n
+        lda = a.stride(-2) if a.dim() >= 2 else a.shape[-1]
+        bad = [
+            name
+            for name, ok in (
+                ("a's data", a.data_ptr() % 16 == 0),
+                ("b's data", b.data_ptr() % 16 == 0),
+                ("out's data", out is None or out.data_ptr() % 16 == 0),
+                (f"a's row stride {lda}", m <= 1 or lda % 16 == 0),
+                (f"b's row stride {b.stride(0)}", n <= 1 or b.stride(0) % 16 == 0),
+                (f"out's row stride {ldo} x {item} bytes", m <= 1 or ldo * item % 16 == 0),
+            )
+            if not ok
+        ]
+    except Exception:  # not tensors: the contract names the problem
+        return None
+    if bad:
+        return "the CUDA (TMA) kernel needs 16-byte aligned data and row strides; here: " + ", ".join(bad)
+    return None
+
+
 # -- cuBLASLt through torch._scaled_mm (sm_90, CUDA 12.9+) ---------------------------------------
 def scaled_mm_supports(
     a: Any, b: Any, a_scale: Any, b_scale: Any, out_dtype: Any = None, out: Any = None
@@ -155,6 +191,7 @@ w8a8_block_fp8_matmul = declare(
         ),
     ),
     dtypes=FP8,
+    native_predicate="opmux.kernels.ops.gemm.op:native_supports",
     priority=(("cuda", ("aot", "jit", "triton", "scaled_mm", "torch")),),
     tolerances=(
         ("float32", (1e-4, 1e-4)),
