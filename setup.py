@@ -211,6 +211,14 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
             info["aot_missing"][lib] = {"why": "toolchain", "message": msg}
             continue
         info["toolchains"][tc.kind] = {"path": tc.path, "version": tc.version}
+        if lib == "cuda":
+            # The CUDA library holds CUTLASS-based units (gemm_cuda.cu): their headers come from
+            # the nvidia-cutlass build requirement (build_shared_library adds the include dir).
+            try:
+                _toolchain.find_cutlass()
+            except _toolchain.ToolchainNotFound as exc:
+                info["aot_missing"][lib] = {"why": "toolchain", "message": str(exc).removeprefix("opmux: ").strip()}
+                continue
         archs = list(target.aot.archs) if lib != "cpu" else []
         ptx = (target.aot.ptx or None) if lib != "cpu" else None
         _log(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from ... import _env
-from .toolchain import Toolchain, find_cxx, find_nvcc, tvm_ffi_paths
+from .toolchain import Toolchain, cutlass_include_dir, find_cutlass, find_cxx, find_nvcc, tvm_ffi_paths, uses_cutlass
 
 __all__ = [
     "CompileError",
@@ -116,13 +116,16 @@ def compile_flags(device: Device, *, archs: Sequence[str] = (), ptx_arch: str | 
     so their loops vectorize in the x86-64-v3 / AVX2 clones: without it they stay scalar (the
     silu row 8x slower on an AVX2 CPU without AVX-512, docs/benchmarks/cpu.md). It changes no value (no reassociation, no
     finite-math assumption); only floating-point exception flags, which nothing reads.
-    CUDA: one ``-gencode`` per arch plus PTX.
+    CUDA: ``-std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -shared``, then one
+    ``-gencode`` per arch plus PTX.
     """
     if device == "cpu":
         return ["-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fopenmp"]
     if device == "cuda":
         _check_archs(archs, ptx_arch)
-        flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-shared"]
+        # --expt-relaxed-constexpr: CUTLASS / CuTe call constexpr host functions from
+        # host-device code (CUTLASS's own builds pass it); it changes nothing for other units.
+        flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-shared"]
         for arch in archs:
             flags += ["-gencode", f"arch=compute_{arch[3:]},code={arch}"]
         if ptx_arch is not None:
@@ -240,6 +243,17 @@ def _merge_depfiles(target: Path, parts: Sequence[Path], output: Path) -> None:
     target.write_text(f"{output}: " + " ".join(deps) + "\n")
 
 
+def _cutlass_includes(device: Device, sources: Sequence[Path], include_dirs: Sequence[Path]) -> list[Path]:
+    """CUTLASS's include dir for a CUDA build (unless the caller passed it), [] for CPU builds."""
+    if device != "cuda":
+        return []
+    given = {Path(d).resolve() for d in include_dirs}
+    include = find_cutlass() if uses_cutlass(sources) else cutlass_include_dir()
+    if include is None or include.resolve() in given:
+        return []
+    return [include]
+
+
 def build_shared_library(
     output: Path,
     *,
@@ -254,7 +268,11 @@ def build_shared_library(
     """Compile ``sources`` into the shared library ``output``; return the commands run.
 
     ``include_dirs`` come first (the JIT loader passes ``KERNEL_PATH/include`` and
-    ``KERNEL_PATH/csrc``), then tvm-ffi's headers; the library links ``-ltvm_ffi`` with an
+    ``KERNEL_PATH/csrc``), then tvm-ffi's headers, then (CUDA builds) CUTLASS's headers from the
+    installed nvidia-cutlass package: a source that includes ``cutlass/`` or ``cute/`` headers
+    needs them (:class:`~.toolchain.ToolchainNotFound` naming ``pip install nvidia-cutlass``
+    otherwise), any other CUDA build gets them when they are installed (the AOT unit includes
+    the CUTLASS-based units indirectly); the library links ``-ltvm_ffi`` with an
     rpath to tvm-ffi's lib dir. ``depfile`` receives the make-style list of headers the
     compiler read (``-MMD``), which the cache key needs. ``toolchain`` defaults to
     :func:`find_cxx` / :func:`find_nvcc`. Prints one progress line to stderr.
@@ -268,7 +286,7 @@ def build_shared_library(
     if device == "cpu" and not _supports_openmp(toolchain.path):
         flags.remove("-fopenmp")
     tvm_includes, libtvm = tvm_ffi_paths()
-    includes = [f"-I{d}" for d in [*include_dirs, *tvm_includes]]
+    includes = [f"-I{d}" for d in [*include_dirs, *tvm_includes, *_cutlass_includes(device, sources, include_dirs)]]
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     commands: list[str] = []

@@ -12,9 +12,12 @@ a compile (from the compiler's ``-MMD`` depfile):
   list, so a lookup re-hashes the recorded headers' current contents: an edited, deleted or
   renamed header gives another key and a rebuild.
 
-Only content and root-relative labels go in (``kernel/include/opmux/x.h``, ``tvm_ffi/...``),
-never an absolute path, so moving the package or the venv keeps hitting the cache. Headers
-outside the known roots (the toolkit's and the system's) are covered by the compiler version.
+Only content and root-relative labels go in (``kernel/include/opmux/x.h``, ``tvm_ffi/...``,
+``cutlass/cute/tensor.hpp``), never an absolute path, so moving the package or the venv keeps
+hitting the cache. Besides the roots a caller passes, :func:`extra_roots` adds the header trees
+of installed packages that change compiled output (CUTLASS's, from nvidia-cutlass): a unit that
+reads them is keyed on their content too. Headers outside every known root (the toolkit's and
+the system's) are covered by the compiler version.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "CACHE_FORMAT",
     "ENV_VARS",
     "HeaderDigest",
+    "extra_roots",
     "SourceKey",
     "file_digest",
     "full_key",
@@ -165,6 +169,24 @@ def parse_depfile(text: str) -> list[str]:
     return deps
 
 
+def extra_roots() -> dict[str, Path]:
+    """Header roots outside the kernel tree whose contents change compiled output, by label:
+    ``cutlass`` (nvidia-cutlass's ``source/include``) when installed. Merged into the roots
+    of :func:`label_headers` and :func:`resolve_label`, so a CUTLASS-based module's key covers
+    every CUTLASS header it read and an upgraded or removed nvidia-cutlass means a rebuild."""
+    from .toolchain import cutlass_include_dir  # lazy: keeps this module import-light
+
+    include = cutlass_include_dir()
+    return {"cutlass": include} if include is not None else {}
+
+
+def _with_extra(roots: Mapping[str, Path]) -> dict[str, Path]:
+    merged = dict(roots)
+    for label, root in extra_roots().items():
+        merged.setdefault(label, root)
+    return merged
+
+
 def label_headers(
     deps: Sequence[str], *, roots: Mapping[str, Path], sources: Sequence[Path], cwd: Path
 ) -> list[str]:
@@ -173,7 +195,7 @@ def label_headers(
     The sources themselves are skipped (already in the source key), and so is anything
     outside ``roots`` (toolkit and system headers: covered by the compiler version).
     """
-    resolved_roots = [(label, root.resolve()) for label, root in roots.items()]
+    resolved_roots = [(label, root.resolve()) for label, root in _with_extra(roots).items()]
     skip = {s.resolve() for s in sources}
     labels: list[str] = []
     for dep in deps:
@@ -192,11 +214,15 @@ def label_headers(
 def resolve_label(label: str, roots: Mapping[str, Path]) -> Path | None:
     """The current file behind a label, or None when its root is not known here."""
     root, _, rel = label.partition("/")
+    if root not in roots:
+        roots = _with_extra(roots)
     return roots[root] / rel if root in roots and rel else None
 
 
 def hash_headers(labels: Sequence[str], roots: Mapping[str, Path]) -> list[HeaderDigest] | None:
     """Current (label, sha256) of each header; None when one is missing (the entry is stale)."""
+    if any(label.partition("/")[0] not in roots for label in labels):
+        roots = _with_extra(roots)  # once, not per header
     digests: list[HeaderDigest] = []
     for label in labels:
         path = resolve_label(label, roots)

@@ -28,7 +28,10 @@ __all__ = [
     "CUDA_ARCHS_ENV",
     "Toolchain",
     "ToolchainNotFound",
+    "CUTLASS_REQUIREMENT",
     "cuda_arch_for_capability",
+    "cutlass_include_dir",
+    "find_cutlass",
     "find_cxx",
     "find_hipcc",
     "find_nvcc",
@@ -38,6 +41,7 @@ __all__ = [
     "ptx_arch_for",
     "tvm_ffi_paths",
     "tvm_ffi_version",
+    "uses_cutlass",
 ]
 
 #: Overrides the CUDA arch list for JIT builds, e.g. ``"9.0a"``, ``"sm_80,sm_90a"``, ``"8.0;9.0"``
@@ -301,3 +305,59 @@ def tvm_ffi_version() -> str:
         return importlib.metadata.version("apache-tvm-ffi")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+# --- CUTLASS --------------------------------------------------------------------------------------
+
+#: The pip requirement that provides the CUTLASS / CuTe headers of the CUTLASS-based CUDA units
+#: (the ``nvidia-cutlass`` wheel ships them under ``cutlass_library/source/include``).
+CUTLASS_REQUIREMENT = "nvidia-cutlass==4.2.0"
+
+_CUTLASS_INCLUDE = re.compile(r'(?m)^[ \t]*#[ \t]*include[ \t]*[<"](?:cutlass|cute)/')
+
+
+def cutlass_include_dir() -> Path | None:
+    """``cutlass_library/source/include`` of the installed nvidia-cutlass, or None.
+
+    Located with :func:`importlib.util.find_spec` (never imported: ``cutlass_library``'s
+    ``__init__`` is slow and has side effects). A directory without ``cutlass/cutlass.h`` and
+    ``cute/tensor.hpp`` (a broken or header-less install) counts as missing.
+    """
+    try:
+        spec = importlib.util.find_spec("cutlass_library")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        include = Path(location) / "source" / "include"
+        if (include / "cutlass" / "cutlass.h").is_file() and (include / "cute" / "tensor.hpp").is_file():
+            return include
+    return None
+
+
+def find_cutlass() -> Path:
+    """:func:`cutlass_include_dir`, or :class:`ToolchainNotFound` naming the pip requirement."""
+    include = cutlass_include_dir()
+    if include is None:
+        raise ToolchainNotFound(
+            "CUTLASS headers (the nvidia-cutlass package)",
+            ["importlib.util.find_spec('cutlass_library') -> <package>/source/include/cutlass/cutlass.h"],
+            f"A CUDA kernel of opmux is built on CUTLASS; install its headers: pip install {CUTLASS_REQUIREMENT}",
+        )
+    return include
+
+
+def uses_cutlass(sources: Sequence[Path]) -> bool:
+    """Whether any source includes a CUTLASS or CuTe header directly (``#include "cutlass/..."``
+    or ``<cute/...>``): such a unit needs :func:`find_cutlass`'s include dir. The AOT
+    translation unit includes the units through a generated header, so setup.py asks for the
+    headers itself."""
+    for source in sources:
+        try:
+            text = Path(source).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if _CUTLASS_INCLUDE.search(text):
+            return True
+    return False
