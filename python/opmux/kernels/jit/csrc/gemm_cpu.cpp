@@ -8,8 +8,8 @@
 //   (round to nearest even; NaN propagates), as the op's float32 reference.
 // Two kernels:
 //   * the packed GEMM (any M): per item of (128 columns of b) x (up to kMc rows of a), b's 128 rows
-//     are decoded to float once for the whole K ([kb][16-column panel][k][16] layout) and kept
-//     while the thread's next items share them, a's rows decoded per K block; a 6 x 16 register
+//     are decoded to float once for the whole K ([kb][16-column panel][k][16] layout; AVX2: 8 x 8
+//     bytes decoded in registers and transposed) and kept while the thread's next items share them, a's rows decoded per K block; a 6 x 16 register
 //     tile (12 AVX2 FMA accumulators, b loaded, a broadcast) per K block, scaled into a float
 //     tile of the item; 128 columns = one b_scale block, so b's scale is one number per K block.
 //   * the skinny GEMM (M <= 4, decode; AVX2 only): no packing; each b row is decoded 8 bytes at a
@@ -191,6 +191,47 @@ inline void decode_a_rows(float* ap, const uint8_t* a, int64_t lda, int64_t mr, 
     int64_t k = 0;
     for (; k + 8 <= kc; k += 8) _mm256_storeu_ps(d + k, e4m3x8(s + k));
     for (; k < kc; ++k) d[k] = lut[s[k]];
+  }
+}
+
+// pack_b, 8 x 8 bytes at a time: decoded by e4m3x8, transposed in registers (k-major panels).
+inline void pack_b(float* bp, const Problem& p, int64_t n0, int64_t nc) {
+  const int64_t panels = (nc + kNr - 1) / kNr;
+  for (int64_t kb = 0; kb < p.kt; ++kb) {
+    const int64_t k0 = kb * kBlock, kc = block_len(p, kb);
+    for (int64_t pn = 0; pn < panels; ++pn) {
+      float* dst = bp + (kb * panels + pn) * kBlock * kNr;
+      for (int h = 0; h < kNr / 8; ++h) {
+        const int64_t c0 = pn * kNr + h * 8;
+        for (int64_t k = 0; k < kc; k += 8) {
+          const int64_t len = std::min<int64_t>(8, kc - k);
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) {
+            const int64_t n = c0 + i;
+            const uint8_t* src = p.b + (n0 + n) * p.ldb + k0 + k;
+            r[i] = n >= nc ? _mm256_setzero_ps() : len == 8 ? e4m3x8(src) : e4m3x8_tail(src, len);
+          }
+          const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+          const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+          const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+          const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+          const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+          const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+          const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+          const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+          __m256 o[8];
+          o[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+          o[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+          o[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+          o[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+          o[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+          o[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+          o[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+          o[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+          for (int i = 0; i < len; ++i) _mm256_storeu_ps(dst + (k + i) * kNr + h * 8, o[i]);
+        }
+      }
+    }
   }
 }
 
@@ -388,7 +429,15 @@ void packed_impl(T* out, const Problem& p, int64_t mc, int nt, bool v256) {
       const int64_t jc = it / nic, ic = it % nic;
       const int64_t n0 = jc * kNc, nc = std::min(kNc, p.N - n0);
       if (jc != packed_jc) {
+#if OPMUX_CPU_F16C
+        if (v256) {
+          v256::pack_b(bp.data(), p, n0, nc);
+        } else {
+          pack_b(bp.data(), p, n0, nc);
+        }
+#else
         pack_b(bp.data(), p, n0, nc);
+#endif
         packed_jc = jc;
       }
       const int64_t m0 = ic * mc, mcur = std::min(mc, p.M - m0);
