@@ -11,7 +11,8 @@
 //     are decoded to float once for the whole K ([kb][16-column panel][k][16] layout; AVX2: 8 x 8
 //     bytes decoded in registers and transposed) and kept while the thread's next items share
 //     them, a's rows decoded per K block; a 6 x 16 register tile (12 AVX2 FMA accumulators, b
-//     loaded, a broadcast) per K block, scaled into a float tile of the item; 128 columns = one b_scale block, so b's scale is one number per K block.
+//     loaded, a broadcast) per K block, scaled into a float tile of the item; 128 columns = one
+//     b_scale block, so b's scale is one number per K block.
 //   * the skinny GEMM (M <= 4, decode; AVX2 only): no packing; each b row is decoded 8 bytes at a
 //     time in registers (bit operations, exact) and used by the M rows of a (decoded once), one
 //     fp32 dot product per (row, column, K block).
