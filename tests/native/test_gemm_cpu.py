@@ -87,7 +87,9 @@ def _check(out, a, b, sa, sb):
     err = (out.double() - want).abs()
     bound = tol * (mag + want.abs()) + ATOL.get(out.dtype, 1e-30)
     bad = (err > bound).nonzero()
-    assert bad.numel() == 0, [(tuple(i.tolist()), out[tuple(i)].item(), want[tuple(i)].item()) for i in bad[:5]]
+    assert bad.numel() == 0, [
+        (tuple(i.tolist()), out[tuple(i)].item(), want[tuple(i)].item()) for i in bad[:5]
+    ]
 
 
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
@@ -111,7 +113,9 @@ def test_a_scale_column_major(fn, m):
     _check(out, a, b, sa, sb)
 
 
-@pytest.mark.parametrize("m,n,k", [(2, 7748, 3884), (37, 7748, 389), (200, 333, 1000), (6, 16, 8), (13, 130, 129)])
+@pytest.mark.parametrize(
+    "m,n,k", [(2, 7748, 3884), (37, 7748, 389), (200, 333, 1000), (6, 16, 8), (13, 130, 129)]
+)
 def test_tails_and_tiles(fn, m, n, k):
     a, b, sa, sb = _inputs(m, n, k, seed=m + n + k)
     out = torch.empty(m, n, dtype=torch.bfloat16)
@@ -213,13 +217,13 @@ def test_native_errors(fn):
     m, n, k = 4, 200, 300
     a, b, sa, sb = _inputs(m, n, k, seed=3)
     out = torch.empty(m, n)
-    with pytest.raises(ValueError, match="a_scale.shape\\[1\\] is 2, expected 3"):
+    with pytest.raises(ValueError, match=r"a_scale.shape\[1\] is 2, expected 3"):
         fn(out, a, b, sa[:, :2], sb)
-    with pytest.raises(ValueError, match="b_scale.shape\\[0\\] is 1, expected 2"):
+    with pytest.raises(ValueError, match=r"b_scale.shape\[0\] is 1, expected 2"):
         fn(out, a, b, sa, sb[:1])
-    with pytest.raises(ValueError, match="b.shape\\[1\\]"):
+    with pytest.raises(ValueError, match=r"b.shape\[1\]"):
         fn(out, a, b[:, :299].contiguous(), sa, sb)
-    with pytest.raises(ValueError, match="out.shape\\[1\\]"):
+    with pytest.raises(ValueError, match=r"out.shape\[1\]"):
         fn(torch.empty(m, n + 1), a, b, sa, sb)
     with pytest.raises(ValueError, match="a has dtype"):
         fn(out, a.float(), b, sa, sb)

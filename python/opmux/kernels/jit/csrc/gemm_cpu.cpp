@@ -387,7 +387,8 @@ void packed_item(T* out, const Problem& p, const float* bp, float* ap, float* c,
 #else
       decode_a_rows(ap + g * kMr * kBlock, arow, p.lda, mr, kc);
 #endif
-      for (int64_t i = 0; i < kMr; ++i) sa[g * kMr + i] = i < mr ? p.sa[(m0 + g * kMr + i) * p.sa_m + kb * p.sa_k] : 0.0f;
+      for (int64_t i = 0; i < kMr; ++i)
+        sa[g * kMr + i] = i < mr ? p.sa[(m0 + g * kMr + i) * p.sa_m + kb * p.sa_k] : 0.0f;
     }
     for (int64_t pn = 0; pn < panels; ++pn) {
       const float* b = bp + (kb * panels + pn) * kBlock * kNr;
