@@ -26,6 +26,7 @@
 #          expression of $SHARDS_K (";"-separated), side by side, each stopped after
 #          $COMPAT_TIMEOUT s, the cores shared out among them (OMP_NUM_THREADS) (OUT_DIR/shard_<n>.log):
 #          long upstream grids such as vLLM's swap_blocks;
+# gemm-jit: JIT-build gemm_cuda (a cache carried in OPMUX_CACHE_DIR is used when its key matches);
 # gemm-grid / gemm-tune / gemm-bench: gemm.w8a8_block_fp8_matmul's vLLM grid (OUT_DIR/gemm_grid.log), its
 #          tuner over the models' linear shapes into OUT_DIR/configs ($GEMM_TUNE_ARGS), its benchmark
 #          (OUT_DIR/gemm.{json,md}, $GEMM_BENCH_ARGS) with those tables in OPMUX_TUNED_CONFIG_DIR;
@@ -44,7 +45,7 @@ STAGES=${2-"prewarm parity bench"}  # empty: install only
 shift 2 || shift $#
 REPO=$PWD
 SITE=/tmp/opmux-env/site-packages   # a "site-packages" path: the parity harness refuses a tree
-export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 OPMUX_CACHE_DIR=/tmp/opmux-jit-cache
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 OPMUX_CACHE_DIR=${OPMUX_CACHE_DIR:-/tmp/opmux-jit-cache}
 PARITY_TREE=()
 if [[ ${OPMUX_FROM_TREE:-0} == 1 ]]; then
     # development runs: the tree's python/ (JIT kernels only, no AOT library), peers from .whl
@@ -116,15 +117,16 @@ for stage in $STAGES; do
                 for ((j = 1; j <= i; j++)); do echo "shard $j (${ks[j-1]}): $(tail -1 "$OUT/shard_$j.log")"; done ;;
         # gemm.w8a8_block_fp8_matmul: vLLM's grid on every backend, the tuner (resumable: the
         # tables already in $OUT/configs are kept), the benchmark against its peers
-        gemm-grid) python3 -m pytest "$REPO/tests/parity/test_gemm_grid.py" --target cuda "${PARITY_TREE[@]}" \
+        gemm-jit) python3 -c "from opmux.kernels import jit; jit.load_module('gemm_cuda')" || rc=1 ;;
+        gemm-grid) timeout "${GEMM_GRID_TIMEOUT:-200}" python3 -m pytest "$REPO/tests/parity/test_gemm_grid.py" --target cuda "${PARITY_TREE[@]}" \
                     -p no:cacheprovider --import-mode=importlib -q -rA --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/gemm_grid.log" | tail -30; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         # shellcheck disable=SC2086  # GEMM_TUNE_ARGS: words on purpose
-        gemm-tune) python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --out "$OUT/configs" \
+        gemm-tune) timeout "${GEMM_TUNE_TIMEOUT:-400}" python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --out "$OUT/configs" \
                     ${GEMM_TUNE_ARGS:---models DeepSeek-V3,Qwen3-235B-A22B,Qwen3-32B,Llama-3.1-70B,Llama-3.1-8B --budget-s 300} \
                     2>&1 | tee "$OUT/gemm_tune.log" | tail -30; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         # shellcheck disable=SC2086  # GEMM_BENCH_ARGS: words on purpose
-        gemm-bench) OPMUX_TUNED_CONFIG_DIR=${OPMUX_TUNED_CONFIG_DIR:-$OUT/configs} python3 "$REPO/benchmarks/bench_gemm.py" \
+        gemm-bench) OPMUX_TUNED_CONFIG_DIR=${OPMUX_TUNED_CONFIG_DIR:-$OUT/configs} timeout "${GEMM_BENCH_TIMEOUT:-400}" python3 "$REPO/benchmarks/bench_gemm.py" \
                     --out "$OUT" ${GEMM_BENCH_ARGS:---budget-s 300} 2>&1 | tee "$OUT/gemm_bench.log" | tail -60; \
                     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
