@@ -148,6 +148,7 @@ def run_case(
     s0 = sets[0]
     ref = torch.empty(m, n, device="cuda")
     torch_w8a8(ref, s0["a"], s0["b"], s0["sa"], s0["sb"])
+    ref = ref.to(torch.bfloat16).float()  # vLLM's criterion compares in the output dtype (bf16 here)
     flops = 2 * m * n * k
     est_us = max(3.0, flops / 600e12 * 1e6, n * k / 3.5e12 * 1e6)
     R = max(len(sets), min(200, math.ceil(args.target_us / est_us)))

@@ -34,6 +34,8 @@ def _inputs(m: int, n: int, k: int, dev: str) -> tuple[torch.Tensor, ...]:
     return a, b, sa, sb
 
 
+# a tree without the AOT library falls back from aot with a warning: the run still proves the rest
+@pytest.mark.filterwarnings("ignore:opmux.*falls back:RuntimeWarning")
 @pytest.mark.parametrize("backend", ["default", *[b.name for b in registry.get(OP).backends]])
 def test_vllm_grid(backend: str, device_type: str) -> None:
     if device_type == "cpu":
@@ -52,6 +54,10 @@ def test_vllm_grid(backend: str, device_type: str) -> None:
         want = reference(a, b, sa, sb, dtype).float()
         try:
             got = fn(a, b, sa, sb, out_dtype=dtype).float()
+        except ValueError as exc:
+            if backend in ("aot", "jit") and "CUDA (CUTLASS/TMA) kernel needs" in str(exc):
+                continue  # forced onto a layout TMA cannot read: refused (the default call takes Triton)
+            raise
         except BackendUnavailable as exc:
             if backend == "scaled_mm" and "cuBLASLt" in str(exc):
                 continue  # a shape or dtype cuBLASLt would compute wrong: refused, by design
