@@ -25,7 +25,7 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
 
     from opmux.kernels.ops._contract_codegen import render_group
     from opmux.kernels.ops._contract_cpp import render_entries, render_header
-    from opmux.kernels.ops._group import decls
+    from opmux.kernels.ops._catalog import decls
 
     ops = package / "kernels" / "ops"
     out: dict[Path, str] = {}
