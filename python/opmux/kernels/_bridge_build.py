@@ -32,7 +32,6 @@ and the builder writes its output (the compiler's errors) to ``build.log``:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -204,9 +203,20 @@ def _build_locked(target: Path, *, out: TextIO | None, how: str) -> Path:
     return target
 
 
-def _die_with_parent() -> None:  # runs in the forked child, before exec (single-threaded parent only)
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _death_signal() -> Any:
+    """A ``preexec_fn`` that makes the child die with this process (``PR_SET_PDEATHSIG``),
+    resolved here, before the fork, so the child only makes the call; None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def die_with_parent() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return die_with_parent
 
 
 def _compile(command: list[str]) -> None:
@@ -215,7 +225,8 @@ def _compile(command: list[str]) -> None:
     from .jit.compile.build import CompileError, CompileTimeout, _drain, _kill_group
 
     timeout = float(_env.get("OPMUX_JIT_COMPILE_TIMEOUT"))
-    single = sys.platform.startswith("linux") and threading.active_count() == 1
+    # preexec_fn is unsafe while other threads run (the fork copies their locks): one thread only
+    preexec = _death_signal() if threading.active_count() == 1 else None
     try:
         proc = subprocess.Popen(
             command,
@@ -223,7 +234,7 @@ def _compile(command: list[str]) -> None:
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
-            preexec_fn=_die_with_parent if single else None,
+            preexec_fn=preexec,
         )
     except OSError as exc:  # not executable, vanished: the compiler's fault, not the cache's
         raise CompileError(command, -1, f"cannot run the compiler: {exc}") from exc
@@ -280,14 +291,26 @@ def _start_builder(target: Path) -> int | None:
     return proc.pid
 
 
-def obtain() -> Path:
+def obtain(decided: threading.Event | None = None) -> Path:
     """The bridge's library, built by the one builder if need be; waits (polling) for it.
 
     For a process's background thread: it starts a detached builder when no build is running
     and returns once a library is published. Raises the cached failure, JitDisabled, what
-    ``library_path`` raises (no compiler, no cache), or the builder's failure."""
+    ``library_path`` raises (no compiler, no cache), or the builder's failure. ``decided`` is
+    set once a build is running (this one's builder or another) or there is nothing to wait
+    for: a process that exits waits for that much (not for the compile), so that asking for
+    the bridge always leaves a builder behind."""
+    try:
+        return _obtain(decided)
+    finally:
+        if decided is not None:
+            decided.set()
+
+
+def _obtain(decided: threading.Event | None) -> Path:
     from .jit.compile import lock as _lock
     from .jit.compile.build import CompileError
+    from .jit.compile.errors import JitLockTimeout
     from .jit.compile.load import JitDisabled, jit_enabled
 
     target = library_path()
@@ -300,10 +323,18 @@ def obtain() -> Path:
     group = _group(target)
     lock_path = group / ".lock"
     started: int | None = None
+    waited_from = time.monotonic()
+    limit = float(_env.get("OPMUX_JIT_LOCK_TIMEOUT"))  # a build's compile is bounded below it
     while True:
         if target.is_file():
             return target
-        if _lock.is_free(lock_path):
+        if not _lock.is_free(lock_path):
+            if decided is not None:
+                decided.set()
+            if time.monotonic() - waited_from > limit:
+                holder = _lock.holder_of(lock_path)
+                raise JitLockTimeout(str(lock_path), time.monotonic() - waited_from, holder.describe())
+        else:
             if target.is_file():  # published just before its builder let go
                 return target
             failed = target.with_name(FAILED)

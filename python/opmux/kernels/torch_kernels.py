@@ -24,6 +24,7 @@ run (no compiler, a read-only cache, JIT off) warns once and changes nothing.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from pathlib import Path
@@ -114,7 +115,7 @@ def _load(path: Path) -> tuple[Any, Any]:
 def _background() -> None:
     global _module, _entry, _state, _detail
     try:
-        module, entry = _load(_bridge_build.obtain())  # built by one builder, for every process
+        module, entry = _load(_bridge_build.obtain(_decided))  # one builder, for every process
     except Exception as exc:  # a machine fault: warn once, the Python kernels keep serving
         with _lock:
             _state, _detail = "failed", f"{type(exc).__name__}: {exc}"
@@ -222,10 +223,25 @@ def enable() -> None:
     poll()
 
 
+#: set by the background thread once a builder runs (or nothing is left to start)
+_decided = threading.Event()
+
+
+def _settle_at_exit() -> None:
+    """A process that asked for the bridge and exits at once still leaves its builder running:
+    wait (briefly) until the background thread has started it or seen one, not for the compile."""
+    if _state == "building":
+        _decided.wait(30)
+
+
+atexit.register(_settle_at_exit)
+
+
 def _after_fork_in_child() -> None:
     """A child forked while the build thread ran has no such thread: start over there."""
-    global _state, _thread, _lock
+    global _state, _thread, _lock, _decided
     _lock = threading.Lock()
+    _decided = threading.Event()
     if _state == "building":
         _state, _thread = "off", None
 
