@@ -28,6 +28,10 @@ on this cache gets the fast path. A serving process that wants it before its thr
 Every compile appends one line to ``builds.log`` beside the library (pid, time, what started it),
 and the builder writes its output (the compiler's errors) to ``build.log``:
 ``python -m opmux.kernels env`` reports the bridge's state from them (:func:`state`).
+
+(About 450 lines, one job: the key, the locked build, the builder and the state all read the
+same cache directory and its files, so they sit together; ``torch_kernels`` keeps loading and
+registering.)
 """
 
 from __future__ import annotations
