@@ -23,9 +23,9 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
     sys.path.insert(0, str(package.parent))
     import importlib
 
+    from opmux.kernels.ops._catalog import decls
     from opmux.kernels.ops._contract_codegen import render_group
     from opmux.kernels.ops._contract_cpp import render_entries, render_header
-    from opmux.kernels.ops._group import decls
 
     ops = package / "kernels" / "ops"
     out: dict[Path, str] = {}

@@ -134,3 +134,90 @@ def test_prewarm_children_see_scoped_settings(kernel: Path, tmp_path: Path) -> N
         assert os.environ["OPMUX_CACHE_DIR"] != str(scoped)
         assert main(["prewarm", "--modules", "one"], table=TABLE, kernel_path=kernel) == 0
     assert [p.name for p in scoped.iterdir()] == ["one"]
+
+
+FAKE_NVCC = """\
+#!/bin/sh
+if [ "$1" = "--version" ]; then
+  echo "nvcc: NVIDIA (R) Cuda compiler driver"
+  echo "Cuda compilation tools, release 12.8, V12.8.93"
+  exit 0
+fi
+echo "fake nvcc: cannot compile" >&2
+exit 1
+"""
+
+
+@pytest.fixture
+def no_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An nvcc (a stand-in that only answers --version) and no visible GPU; the environment
+    for a child process that sees the same."""
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.delenv("OPMUX_CUDA_ARCHS", raising=False)
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return {"CUDA_HOME": str(home), "CUDA_VISIBLE_DEVICES": ""}
+
+
+CUDA_TABLE = {
+    **TABLE,
+    "one_cuda": JitModule("one_cuda", ("one.cu",), "cuda"),
+    "two_cuda": JitModule("two_cuda", ("two.cu",), "cuda"),
+}
+
+
+def test_prewarm_without_a_gpu_skips_cuda_in_one_line(
+    kernel: Path, no_gpu: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["prewarm", "--modules", "one", "one_cuda", "two_cuda", "--json"]
+    assert main(argv, table=CUDA_TABLE, kernel_path=kernel) == 0
+    out, err = capsys.readouterr()
+    assert {r["name"]: r["status"] for r in json.loads(out)} == {
+        "one": "compiled",
+        "one_cuda": "skipped",
+        "two_cuda": "skipped",
+    }
+    skipped = [line for line in err.splitlines() if "skipped" in line]
+    assert skipped == [
+        "opmux: prewarm: 2 CUDA module(s) skipped (one_cuda, two_cuda): no CUDA device visible; "
+        "set $OPMUX_CUDA_ARCHS (e.g. '9.0a') to build for a GPU that is not visible here, "
+        "or pass --archs (e.g. --archs 9.0a)"
+    ]
+    assert "Traceback" not in err and "opmux: prewarm one (cpu) ... compiled" in err
+
+
+def test_prewarm_builds_cuda_for_a_named_arch_without_a_gpu(
+    kernel: Path, no_gpu: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (kernel / "csrc" / "one.cu").write_text("__global__ void k() {}\n")
+    for named in (["--archs", "sm_90a"], []):
+        if not named:
+            monkeypatch.setenv("OPMUX_CUDA_ARCHS", "9.0a")
+        argv = ["prewarm", "--modules", "one_cuda", "--json", *named]
+        assert main(argv, table=CUDA_TABLE, kernel_path=kernel) == 1  # the stand-in nvcc cannot compile
+        out, err = capsys.readouterr()
+        assert [r["status"] for r in json.loads(out)] == ["failed"]
+        assert "fake nvcc: cannot compile" in err and "skipped" not in err
+
+
+def test_prewarm_without_a_gpu_as_a_process(tmp_path: Path, no_gpu: dict[str, str]) -> None:
+    env = {**os.environ, **no_gpu, "PYTHONPATH": PYTHONPATH, "OPMUX_CACHE_DIR": str(tmp_path / "c")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "opmux.kernels.jit", "prewarm", "--device", "cuda", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    assert len(results) >= 6 and {r["status"] for r in results} == {"skipped"}
+    assert {r["device"] for r in results} == {"cuda"}
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CUDA module(s) skipped" in lines[0] and "--archs" in lines[0], proc.stderr

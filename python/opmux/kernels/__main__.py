@@ -44,7 +44,7 @@ def env_info() -> dict[str, Any]:
 
     import opmux
 
-    from . import aot, platform
+    from . import _bridge_build, aot, platform
     from .jit.compile import toolchain
 
     out: dict[str, Any] = {"opmux": opmux.__version__, "build": opmux.build_info()}
@@ -66,6 +66,7 @@ def env_info() -> dict[str, Any]:
     out["toolchains"] = tcs
     out["aot"] = {d: aot.available(d) for d in ("cpu", "cuda")}
     out["jit_cache"] = _cache_info()
+    out["torch_bridge"] = _bridge_build.state()
     dists = sorted(
         d.metadata["Name"]
         for d in metadata.distributions()

@@ -17,7 +17,8 @@ __all__ = ["explain", "op_instance"]
 def op_instance(name: str) -> Any:
     """The live ``FusedOp`` of ``name`` (imports torch)."""
     from . import registry
-    from .ops._group import _INSTANCES, decls, instance
+    from .fused_op import _INSTANCES, instance
+    from .ops._catalog import decls
 
     spec = registry.get(name)
     if name in _INSTANCES:  # also ops made outside a group (tests, benchmarks)

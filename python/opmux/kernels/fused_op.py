@@ -35,13 +35,14 @@ from . import _dispatch_state, _warn, facts, registry, torch_kernels, tracing
 from .errors import BackendUnavailable, FallbackError
 from .ops import _checks
 from .ops._decl import Decl, Param
-from .ops._group import _INSTANCES
 from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
 
-__all__ = ["FusedOp", "dtype_name", "platform_device", "with_contract"]
+__all__ = ["FusedOp", "dtype_name", "instance", "platform_device", "with_contract"]
 
 _WARNED: set[tuple[str, str, str]] = set()
+#: op name -> its live op (each FusedOp registers itself here)
+_INSTANCES: dict[str, FusedOp[Any]] = {}
 #: [True] while the library ops' C++ kernels (torch_kernels) are wanted but not registered yet:
 #: the Python kernels then start their build and register them once it is done
 _BRIDGE_PENDING = [True]
@@ -1026,6 +1027,14 @@ class FusedOp(Generic[R]):
         fn.__module__ = decl.spec.reference.partition(":")[0].rpartition(".")[0]
         fn.__doc__ = decl.spec.doc
         return fn
+
+
+def instance(decl: Decl) -> FusedOp[Any]:
+    """The live op of ``decl`` (one per process: it owns the torch library registrations)."""
+    op = _INSTANCES.get(decl.name)
+    if op is None:
+        op = FusedOp(decl)
+    return op
 
 
 def _schema_param(p: Param, alias: int) -> str:

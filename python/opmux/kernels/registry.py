@@ -45,8 +45,7 @@ def _load_catalog() -> None:
     global _loaded
     if _loaded:
         return
-    from .ops._catalog import GROUPS
-    from .ops._group import decls
+    from .ops._catalog import GROUPS, decls
 
     for group in GROUPS:
         for decl in decls(importlib.import_module(f"opmux.kernels.ops.{group}.op")):

@@ -12,27 +12,29 @@ conversion either way), and ``torch.ops.opmux.<name>``'s own entry from Python
 (``attach_call``: torch's converts each scalar argument at about 0.4 us).
 
 It is compiled against the torch in this interpreter (its C++ API: the stable ABI can neither
-read ``requires_grad`` nor bump a version), once per torch build, into the JIT cache, in a
-background thread started by the first library-op call or the first default call of an op with
-an entry (the Python paths serve meanwhile), or up front by ``python -m opmux.kernels.jit
-prewarm --torch-kernels``. ``OPMUX_TORCH_KERNELS``: ``all`` (default: CPU and CUDA), ``cpu`` or
+read ``requires_grad`` nor bump a version), once per torch build, into the JIT cache: by one
+detached builder for every process on that cache (``_bridge_build``), started by the first
+library-op call or the first default call of an op with an entry, whose background thread then
+waits for it (the Python paths serve meanwhile; a process that exits first leaves the builder to
+finish and publish for the next one), or up front by ``enable()`` / ``python -m
+opmux.kernels.jit prewarm --torch-kernels``. ``OPMUX_TORCH_KERNELS``: ``all`` (default: CPU and CUDA), ``cpu`` or
 ``off`` (the Python kernels), read once when the bridge is first asked for. A build that cannot
 run (no compiler, a read-only cache, JIT off) warns once and changes nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
+import atexit
 import os
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import _env, _warn
+from . import _bridge_build, _env, _warn
+from ._bridge_build import _flags, build, library_path
+from ._bridge_build import _python_include as _python_include  # (tests read it here)
 
 __all__ = [
     "ENV",
@@ -54,8 +56,6 @@ __all__ = [
 #: ``off`` keeps the Python kernels of the library ops (the bridge is neither built nor loaded);
 #: ``cpu`` gives the CPU key C++ kernels, ``all`` (default) the CUDA key too
 ENV = "OPMUX_TORCH_KERNELS"
-_SOURCE = Path(__file__).resolve().parent / "jit" / "csrc" / "torch_bridge.cpp"
-_FAILED = "FAILED.txt"  # beside the library: the compile for this key failed (its error)
 
 
 class TorchKernelsWarning(RuntimeWarning):
@@ -93,117 +93,6 @@ def status() -> tuple[str, str]:
     return _state, _detail
 
 
-def _flags() -> tuple[list[str], list[str]]:
-    from .jit.compile.toolchain import tvm_ffi_paths
-
-    torch_dir = Path(torch.__file__).resolve().parent
-    includes, libtvm = tvm_ffi_paths()
-    dlpack = [p / "dlpack" for p in includes if (p / "dlpack").is_dir()]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    python = _python_include()
-    compile_flags = [
-        "-O2",
-        "-std=c++20",  # (torch's headers from 2.13 on use C++20 features)
-        "-fPIC",
-        "-w",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        *(f"-I{p}" for p in includes),
-        *(f"-I{p.parent}" for p in dlpack),
-        f"-I{torch_dir / 'include'}",
-        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        *(["-DBRIDGE_PY_ENTRY", f"-I{python}"] if python is not None else []),
-    ]
-    lib = torch_dir / "lib"
-    link_flags = [
-        "-shared",
-        f"-L{lib}",
-        *(["-ltorch_python"] if python is not None else []),
-        "-ltorch_cpu",
-        "-lc10",
-        f"-Wl,-rpath,{lib}",
-        str(libtvm),
-        f"-Wl,-rpath,{libtvm.parent}",
-    ]
-    return compile_flags, link_flags
-
-
-def _python_include() -> Path | None:
-    """The interpreter's C headers, where installed: the bridge then also holds the default
-    call's entry into its lane (``lane_entry``)."""
-    import sysconfig
-
-    include = sysconfig.get_paths().get("include")
-    path = Path(include) if include else None
-    return path if path is not None and (path / "Python.h").is_file() else None
-
-
-def library_path() -> Path:
-    """Where the bridge for this torch build lives in the JIT cache (keyed by the source, torch's
-    version and build, tvm-ffi's version and the compiler)."""
-    from .jit.compile import publish
-    from .jit.compile.toolchain import find_cxx, tvm_ffi_version
-
-    cxx = find_cxx()
-    cflags, lflags = _flags()
-    h = hashlib.sha256()
-    for part in (
-        _SOURCE.read_bytes(),
-        torch.__version__.encode(),
-        str(getattr(torch.version, "git_version", "")).encode(),
-        tvm_ffi_version().encode(),
-        cxx.identity.encode(),
-        " ".join(cflags + lflags).encode(),
-    ):
-        h.update(part)
-        h.update(b"\0")
-    return publish.cache_root() / "torch_bridge" / h.hexdigest()[:20] / "torch_bridge.so"
-
-
-def build(*, out: Any = None, retry: bool = False) -> Path:
-    """Build the bridge into the cache unless it is there; -> its path. Raises what the JIT
-    build raises (CompileError, CompileTimeout, JitCacheUnavailable, ToolchainNotFound). A
-    compile that failed for this key is not tried again unless ``retry`` (prewarm)."""
-    from .jit.compile import publish
-    from .jit.compile.build import CompileError, _run
-    from .jit.compile.load import JitDisabled, jit_enabled
-    from .jit.compile.toolchain import find_cxx
-
-    target = library_path()
-    if target.is_file():
-        return target
-    failed = target.with_name(_FAILED)
-    if not retry and failed.is_file():  # this source, torch and compiler failed before: no rebuild
-        raise CompileError(["(cached)"], -1, failed.read_text(errors="replace"))
-    if not jit_enabled():
-        raise JitDisabled("torch_bridge", "the torch library ops' C++ kernels")
-    group = publish.ensure_dir(publish.ensure_dir(target.parent.parent) / target.parent.name)
-    with publish.module_lock(group, out=out):
-        if target.is_file():
-            return target
-        cflags, lflags = _flags()
-        fd, tmp = tempfile.mkstemp(prefix=".torch_bridge.", suffix=".so", dir=group)
-        os.close(fd)
-        command = [find_cxx().path, *cflags, str(_SOURCE), "-o", tmp, *lflags]
-        if out is not None:
-            print(f"opmux: building the torch library-op kernels for torch {torch.__version__} ...", file=out)
-        start = time.monotonic()
-        try:
-            _run(command, [])  # the JIT's compiler run: its timeout, the whole process group killed
-        except BaseException as error:
-            Path(tmp).unlink(missing_ok=True)
-            # the compiler ran and refused (an old torch, ...): remembered, so that every later
-            # process does not compile in the background only to warn again (prewarm retries); a
-            # timeout (-9) or a compiler that could not start (-1) is not
-            if isinstance(error, CompileError) and error.returncode > 0:
-                failed.write_text(str(error)[-4000:])
-            raise
-        os.replace(tmp, target)
-        failed.unlink(missing_ok=True)
-        if out is not None:
-            print(f"opmux: built {target} in {time.monotonic() - start:.1f} s", file=out)
-    return target
-
-
 def _load(path: Path) -> tuple[Any, Any]:
     """(the tvm-ffi module, the Python entry module or None: built without the interpreter's
     headers)."""
@@ -226,7 +115,7 @@ def _load(path: Path) -> tuple[Any, Any]:
 def _background() -> None:
     global _module, _entry, _state, _detail
     try:
-        module, entry = _load(build())
+        module, entry = _load(_bridge_build.obtain(_decided))  # one builder, for every process
     except Exception as exc:  # a machine fault: warn once, the Python kernels keep serving
         with _lock:
             _state, _detail = "failed", f"{type(exc).__name__}: {exc}"
@@ -334,10 +223,25 @@ def enable() -> None:
     poll()
 
 
+#: set by the background thread once a builder runs (or nothing is left to start)
+_decided = threading.Event()
+
+
+def _settle_at_exit() -> None:
+    """A process that asked for the bridge and exits at once still leaves its builder running:
+    wait (briefly) until the background thread has started it or seen one, not for the compile."""
+    if _state == "building":
+        _decided.wait(30)
+
+
+atexit.register(_settle_at_exit)
+
+
 def _after_fork_in_child() -> None:
     """A child forked while the build thread ran has no such thread: start over there."""
-    global _state, _thread, _lock
+    global _state, _thread, _lock, _decided
     _lock = threading.Lock()
+    _decided = threading.Event()
     if _state == "building":
         _state, _thread = "off", None
 

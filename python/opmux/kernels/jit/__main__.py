@@ -2,7 +2,9 @@
 
 Prewarm builds each module in its own child process (its own session), so ``-j`` runs them
 in parallel and ``--budget`` can stop in-flight compiles by killing their process groups;
-the cache's staging/lock design makes a killed build harmless. Errors go to stderr, exit 1.
+the cache's staging/lock design makes a killed build harmless. The CUDA archs are found once,
+before any child starts: with no GPU here and none named (``--archs``, ``$OPMUX_CUDA_ARCHS``)
+the CUDA modules are skipped in one line that says how to name one. Errors go to stderr, exit 1.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TextIO
 
 from .. import _env
 from .compile import cache as _cache
+from .compile import toolchain as _toolchain
 from .compile.publish import cache_root
 from .compile.toolchain import parse_cuda_archs
 from .modules import MODULES, JitModule
@@ -65,6 +68,26 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _cuda_archs(modules: Sequence[JitModule], archs: Sequence[str]) -> tuple[list[str], str | None]:
+    """(archs for the CUDA modules, None) or ([], why none can be built here).
+
+    Named archs (``--archs``) are used as they are. Otherwise the archs are detected once, here,
+    as every child would (``$OPMUX_CUDA_ARCHS``, else the visible GPUs through torch), and handed
+    to the children. No nvcc is not decided here: each module reports it (skipped) in its child.
+    """
+    if archs or not any(m.device == "cuda" for m in modules):
+        return list(archs), None
+    try:
+        nvcc = _toolchain.find_nvcc()
+    except _toolchain.ToolchainNotFound:
+        return [], None
+    try:
+        return _toolchain.local_cuda_archs(nvcc=nvcc), None
+    except RuntimeError as exc:  # no GPU visible, a CPU-only torch, a broken driver
+        reason = str(exc).removeprefix("opmux: ")
+        return [], f"{reason}, or pass --archs (e.g. --archs 9.0a)"
+
+
 def _kill(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -84,7 +107,8 @@ def prewarm(
 ) -> list[PrewarmResult]:
     """Build ``modules`` into the cache, ``jobs`` at a time, stopping at ``budget`` seconds.
 
-    Prints one line per module to ``out`` (stderr). Compiling is allowed even under
+    Prints one line per module to ``out`` (stderr), and one line for all the CUDA modules when
+    no arch can be found for them here (skipped). Compiling is allowed even under
     ``OPMUX_JIT=0``: that variable forbids compiling at run time, and this is build time.
     """
     out = sys.stderr if out is None else out
@@ -92,6 +116,16 @@ def prewarm(
     pending = list(modules)
     running: dict[subprocess.Popen[str], tuple[JitModule, float]] = {}
     results: list[PrewarmResult] = []
+    archs, no_archs = _cuda_archs(pending, archs)
+    if no_archs is not None:
+        cuda = [m for m in pending if m.device == "cuda"]
+        pending = [m for m in pending if m.device != "cuda"]
+        results.extend(PrewarmResult(m.name, m.device, "skipped", 0.0, no_archs) for m in cuda)
+        out.write(
+            f"opmux: prewarm: {len(cuda)} CUDA module(s) skipped "
+            f"({', '.join(m.name for m in cuda)}): {no_archs}\n"
+        )
+        out.flush()
     env = _child_env()
 
     def report(result: PrewarmResult) -> None:

@@ -11,36 +11,15 @@ import importlib
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._decl import Decl
+from ._catalog import decls
 
-if TYPE_CHECKING:
-    from ..fused_op import FusedOp
-
-__all__ = ["decls", "exports", "instance"]
-
-#: op name -> its live op (FusedOp registers itself here)
-_INSTANCES: dict[str, FusedOp[Any]] = {}
-
-
-def decls(module: ModuleType) -> list[Decl]:
-    """The ops a declaration module declares, by name."""
-    return sorted((v for v in vars(module).values() if isinstance(v, Decl)), key=lambda d: d.name)
+__all__ = ["exports"]
 
 
 def _declaration_module(package: str) -> ModuleType:
     return importlib.import_module(f"{package}.op")
-
-
-def instance(decl: Decl) -> FusedOp[Any]:
-    """The live op of ``decl`` (one per process: it owns the torch library registrations)."""
-    op = _INSTANCES.get(decl.name)
-    if op is None:
-        from ..fused_op import FusedOp  # imports torch: only when an op is first used
-
-        op = FusedOp(decl)
-    return op
 
 
 def exports(package: str) -> tuple[list[str], Callable[[str], Any]]:
@@ -51,6 +30,8 @@ def exports(package: str) -> tuple[list[str], Callable[[str], Any]]:
         decl = by_name.get(name)
         if decl is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}; ops: {', '.join(by_name)}")
+        from ..fused_op import instance  # imports torch: only when an op is first used
+
         public = instance(decl).public
         # later ``group.op`` lookups are plain module-dict hits, not this hook (~1 us per call on
         # the CPU); the object stays the one users hold (its code is swapped in place, never it)

@@ -34,7 +34,7 @@ from typing import TextIO
 
 from .errors import JitLockTimeout
 
-__all__ = ["Holder", "hold", "holder_of", "is_free", "wait_free"]
+__all__ = ["Holder", "adopt", "hold", "holder_of", "is_free", "try_hold", "wait_free"]
 
 #: Seconds between progress lines while waiting.
 REPORT_EVERY = 10.0
@@ -199,6 +199,37 @@ def hold(path: Path, *, timeout: float, what: str, out: TextIO | None = None) ->
         yield waiter.start
     finally:
         os.close(fd)  # closing drops the flock
+
+
+def try_hold(path: Path) -> int | None:
+    """Take the lock ``path`` now if nobody holds it: -> the open descriptor that holds it (the
+    caller closes it, or hands it to a child process with ``pass_fds``: the lock belongs to the
+    open file, so whoever keeps a copy keeps the lock), or None when it is held."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            if not _try_flock(fd):
+                os.close(fd)
+                return None
+            if _same_file(fd, path):
+                _record(fd)
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # deleted or replaced after we opened it: try the new file
+
+
+def adopt(fd: int, path: Path) -> bool:
+    """For a process handed ``fd`` by :func:`try_hold`'s caller: whether it holds the lock
+    ``path`` (then its record names this process)."""
+    try:
+        if not (_same_file(fd, path) and _try_flock(fd)):  # our own lock: flock succeeds again
+            return False
+    except OSError:
+        return False
+    _record(fd)
+    return True
 
 
 def is_free(path: Path) -> bool:

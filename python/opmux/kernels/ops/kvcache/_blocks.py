@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
+from ._entries import entries as _entries
 
 if TYPE_CHECKING:
     import torch
@@ -298,8 +299,6 @@ def mla_values(
 def _mla_write(
     kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None
 ) -> None:
-    from .op import _entries
-
     nb, bs = kv_cache.shape[:2]
     keep = (slot_mapping >= 0) & (slot_mapping < nb * bs)
     slots = slot_mapping[keep]

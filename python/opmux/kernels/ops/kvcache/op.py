@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _checks
 from .._decl import declare
 from . import _blocks
+from ._entries import entries as _entries
 
 if TYPE_CHECKING:
     import torch
@@ -231,15 +232,6 @@ def values(
 def _block_size(key_cache: Tensor) -> int:
     s = key_cache.shape  # [nb, bs, h, d] or the paged [nb, h, d / x, bs, x]
     return int(s[3] if len(s) == 5 else s[1])
-
-
-def _entries(x: Tensor, scale: Tensor | None, cache: Tensor) -> Tensor:
-    """What the cache stores for rows ``x``: themselves, or fp8(x / scale) (an IEEE division,
-    saturated to +-448; vLLM's convention) converted to the cache's dtype."""
-    if scale is None:
-        return x.to(cache.dtype)
-    y = (x.float() / scale.float().reshape(())).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return y if cache.dtype == torch.float8_e4m3fn else y.to(cache.dtype)
 
 
 def _put(cache: Tensor, blk: Tensor, off: Tensor, rows: Tensor, paged: bool = False) -> None:

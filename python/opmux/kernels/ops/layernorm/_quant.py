@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .._contract import FP8, Arg, Contract, Rule
 from ..quantization.op import FP8_MAX, _to_fp8
 from . import _contract_items as _ln_c
-from . import op as _ln  # rmsnorm's math; op.py imports this module (read at call time)
+from . import _rms
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,9 @@ Kernel = tuple[tuple[Any, ...], Any]
 
 
 # -- the contracts (their checks are generated into _contracts.py) ---------------------------
-_SCALE = Arg("scale", "", dtypes=("float32",), device_of="x", layout="element", note=" (a per-tensor static scale)")
+_SCALE = Arg(
+    "scale", "", dtypes=("float32",), device_of="x", layout="element", note=" (a per-tensor static scale)"
+)
 _Q = Arg("out", "=x", dtypes=FP8, device_of="x", out=True, kernel_dtype="uint8")
 #: q = e4m3(norm(x) / scale): kernel arguments (q, x, weight, scale, eps)
 NORM_QUANT = Contract(
@@ -74,7 +76,7 @@ def _ref_quant(y: Tensor, scale: Tensor) -> Tensor:
 def ref_norm_quant(
     x: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6, out: Tensor | None = None
 ) -> Tensor:
-    q = _ref_quant(_ln._ref(x, weight, eps, False), scale)
+    q = _ref_quant(_rms.ref(x, weight, eps, False), scale)
     return q if out is None else out.copy_(q)
 
 
@@ -88,7 +90,7 @@ def ref_add_quant(
 ) -> Tensor:
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     residual.copy_((x.to(acc) + residual).to(residual.dtype))
-    q = _ref_quant(_ln._ref(residual, weight, eps, False), scale)
+    q = _ref_quant(_rms.ref(residual, weight, eps, False), scale)
     return q if out is None else out.copy_(q)
 
 
@@ -98,11 +100,11 @@ def _quantize_into(q: Tensor, y: Tensor, scale: Tensor) -> None:
 
 
 def torch_norm_quant(q: Tensor, x: Tensor, weight: Tensor, scale: Tensor, eps: float) -> None:
-    _quantize_into(q, _ln._norm(x, weight, eps, False), scale)
+    _quantize_into(q, _rms.norm(x, weight, eps, False), scale)
 
 
 def torch_add_quant(
     q: Tensor, x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float
 ) -> None:
     residual.add_(x)
-    _quantize_into(q, _ln._norm(residual, weight, eps, False), scale)
+    _quantize_into(q, _rms.norm(residual, weight, eps, False), scale)

@@ -19,6 +19,8 @@ from .._contract import Arg, Contract
 from .._decl import declare, variant
 from . import _contract_items as _c
 from . import _quant
+from ._rms import norm as _norm
+from ._rms import ref as _ref
 
 if TYPE_CHECKING:
     import torch
@@ -102,12 +104,6 @@ def check_qk_norm(op: str, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Ten
 
 
 # -- the reference (fp32 math; also run in float64 as the parity oracle) ---------------------
-def _ref(x: Tensor, weight: Tensor, eps: float, gemma: bool) -> Tensor:
-    xf = x.float() if x.dtype != torch.float64 else x
-    w = weight.to(xf.dtype) + 1.0 if gemma else weight.to(xf.dtype)
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype)
-
-
 def ref_norm(
     x: Tensor, weight: Tensor, eps: float = 1e-6, out: Tensor | None = None, *, gemma: bool
 ) -> Tensor:
@@ -128,11 +124,6 @@ def ref_qk_norm(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: f
 
 
 # -- the torch backends (kernel arguments) ---------------------------------------------------
-def _norm(x: Tensor, weight: Tensor, eps: float, gemma: bool) -> Tensor:
-    w = weight.float() + 1.0 if gemma else weight.float()
-    return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
-
-
 def torch_norm(out: Tensor, x: Tensor, weight: Tensor, eps: float, *, gemma: bool) -> None:
     out.copy_(_norm(x, weight, eps, gemma))
 
