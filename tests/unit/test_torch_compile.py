@@ -127,7 +127,11 @@ def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
             fn(*sample.args, **sample.kwargs)
     assert recorder.calls, f"{op}: the compile path called no torch.ops.opmux op"
     for func, args, kwargs in recorder.calls:
-        torch.library.opcheck(func, args, kwargs)
+        utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+        fp8 = any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (*args, *kwargs.values()))
+        if fp8:  # SchemaCheckMode compares inputs with arithmetic torch lacks for fp8 (mul on the CPU)
+            utils = utils[1:]
+        torch.library.opcheck(func, args, kwargs, test_utils=utils)
 
 
 def test_public_functions_check_for_dynamo_once_it_is_imported(tmp_path: Path) -> None:
