@@ -29,15 +29,17 @@ def libs(tmp_path_factory):
     src = JIT / "csrc" / "gemm_cpu.cpp"
     # the portable kernels alone (no multiversioned clones, no AVX2 kernels): what other CPUs run
     (d / "portable.cpp").write_text('#define OPMUX_CPU_NO_CLONES 1\n#include "gemm_cpu.cpp"\n')
+    # named gemm_*: a library named libomp* would read as a second OpenMP runtime to
+    # test_native_cpu.py::test_threads_follow_torch (it scans /proc/self/maps by file name)
     jobs = {
-        "omp": _compile(src, d / "libomp.so"),
-        "noomp": _compile(src, d / "libnoomp.so", openmp=False),
-        "portable": _compile(d / "portable.cpp", d / "libportable.so"),
+        "omp": _compile(src, d / "gemm_omp.so"),
+        "noomp": _compile(src, d / "gemm_noomp.so", openmp=False),
+        "portable": _compile(d / "portable.cpp", d / "gemm_portable.so"),
     }
     for name, p in jobs.items():
         out, _ = p.communicate()
         assert p.returncode == 0, f"{name} build failed:\n{out}"
-    return {n: tvm_ffi.load_module(str(d / f"lib{n}.so")) for n in jobs}
+    return {n: tvm_ffi.load_module(str(d / f"gemm_{n}.so")) for n in jobs}
 
 
 @pytest.fixture(scope="module", params=["omp", "noomp", "portable"])
