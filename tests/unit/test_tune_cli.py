@@ -130,3 +130,26 @@ def test_cli_subprocess(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "1 entries tuned, 0 left" in done.stdout and "[1/1] N=200 K=300 M=1" in done.stderr
+
+
+def test_select_times_each_backend_and_writes_size_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tune(
+        [(200, 300), (130, 260)], [1, 5], out=tmp_path, budget_s=120, device="cpu", backend="select"
+    )
+    assert not report.unfinished
+    for e in report.entries:
+        assert e.config["backend"] in e.timings and len(e.timings) >= 2  # at least two backends raced
+        assert e.timings[e.config["backend"]] == min(e.timings.values())
+    classes = tuned.table_key(OP, "select", "cpu", (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
+    table = tuned.read_table(tmp_path / classes.file_name(), classes)
+    assert sorted(table) == [1, 5]
+    assert "size classes by M over 4 entries" in capsys.readouterr().err
+    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
+        assert tuned.lookup(OP, "select", "cpu", (999, 999), 1) == table[1]  # any shape: the classes
+
+
+def test_cuda_backend_needs_a_gpu(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs a GPU"):
+        tune([(200, 300)], [1], out=tmp_path, budget_s=1, device="cpu", backend="cuda")

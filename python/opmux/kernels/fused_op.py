@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import _dispatch_state, _warn, facts, registry, torch_kernels, tracing
+from . import _dispatch_state, _warn, facts, measured, registry, torch_kernels, tracing
 from .errors import BackendUnavailable, FallbackError
 from .ops import _checks
 from .ops._decl import Decl, Param
@@ -478,6 +478,8 @@ class FusedOp(Generic[R]):
         self._predicates = {b.name: b.requires.predicate for b in self.spec.backends if b.requires.predicate}
         self._predicate_fns: dict[str, Callable[..., str | None]] = {}
         self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
+        #: the backend order per call comes from measured select tables (``measured``)
+        self._measured = measured.measured_op(self.op_name)
         #: how a lane's call ends (None: the op has no lane form; see ``_lane_result``)
         self.lane_form = _lane_result(decl)
         #: this op's id in the library ops' C++ kernels (torch_kernels); whether they hold its lanes
@@ -650,6 +652,7 @@ class FusedOp(Generic[R]):
             arg_rejections=self._arg_rejections(args, kwargs),
             failed=self._failed,
             numel=x.numel(),
+            preferred=measured.preferred(self.op_name, x.device, args, kwargs) if self._measured else None,
         )
 
     def _apply_policy(self, sel: Selection) -> None:
@@ -706,6 +709,7 @@ class FusedOp(Generic[R]):
             )
         elif (
             not self._predicates
+            and not self._measured  # its choice depends on the call's shape: never cached per dtype
             and (x.is_cpu or x.is_cuda)
             and (sel.chosen, _native_device(x)) in self._kernels
             and _dispatch_state.cacheable(gen)

@@ -100,6 +100,8 @@ class Selection:
     decisions: tuple[Decision, ...]
     forced: tuple[str, ...] | None = None
     fallback_from: Decision | None = None
+    #: what ordered the backends beyond the declared priority (a measured size class), or ""
+    basis: str = ""
 
     @property
     def fallback(self) -> bool:
@@ -122,6 +124,8 @@ class Selection:
                 else ("ok" if d.accepted else d.reason.value if d.reason else "")
             )
             lines.append(f"  {d.backend:<10} {mark:<18} {d.detail}")
+        if self.basis:
+            lines.append(f"  order: {self.basis}")
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, object]:
@@ -131,6 +135,7 @@ class Selection:
             "forced": list(self.forced) if self.forced else None,
             "fallback_from": self.fallback_from.as_dict() if self.fallback_from else None,
             "decisions": [d.as_dict() for d in self.decisions],
+            "basis": self.basis or None,
         }
 
 
@@ -177,6 +182,7 @@ def select(
     arg_rejections: Mapping[str, str] | None = None,
     failed: Mapping[str, str] | None = None,
     numel: int | None = None,
+    preferred: tuple[str, str] | None = None,
 ) -> Selection:
     """Choose a backend for one call.
 
@@ -184,12 +190,21 @@ def select(
     backend is checked for device, arch, dtype, machine capabilities, the call's
     arguments (``arg_rejections``, from predicates) and earlier run-time failures
     (``failed``); ``numel`` (the key tensor's size) picks a size class's priority where the
-    spec declares one. With nothing acceptable the reference (``forward_native``) runs. The
+    spec declares one; ``preferred`` (backend, why), the backend measured fastest for this
+    call's shape class (``measured.preferred``), goes first where the device's priority has it.
+    With nothing acceptable the reference (``forward_native``) runs. The
     caller applies the fallback policy when ``Selection.fallback`` is set.
     """
     arg_rejections = arg_rejections or {}
     failed = failed or {}
     priority = spec.priority_for(facts.device_type, numel)
+    basis = ""
+    if preferred is not None and preferred[0] in priority:
+        # the measured kernel first, with its other deliveries (aot <-> jit) in their order
+        same = next((g for g in _SAME_KERNEL if preferred[0] in g), {preferred[0]})
+        first = tuple(n for n in priority if n in same)
+        priority = (*first, *(n for n in priority if n not in same))
+        basis = f"{'/'.join(first)} first: {preferred[1]}"
     checked: dict[str, Decision] = {}
     for backend in spec.backends:
         d = _check(backend, facts, dtype)
@@ -253,4 +268,4 @@ def select(
             and not (same and not forced)
         ):
             fallback_from = first
-    return Selection(spec.name, chosen, tuple(decisions), forced, fallback_from)
+    return Selection(spec.name, chosen, tuple(decisions), forced, fallback_from, basis)

@@ -11,7 +11,12 @@ A file name is a list of ``name=value`` components (:class:`TableKey`); the orde
 writer's, the match is by value (``[128, 128]``, SGLang's spelling, equals vLLM's
 ``[128,128]``). The Triton backend's files carry no backend component (so they stay vLLM's
 files); every other backend adds one, e.g. ``...,backend=cuda.json`` holding
-``{"<M>": {"config_id": 3}}``.
+``{"<M>": {"config_id": 3}}`` (the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu``
+lists them), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
+measured fastest for that shape and M on that device (``python -m opmux.kernels.tune ...
+--backend select`` writes it), which dispatch tries first. A select table with ``N=0,K=0``
+holds the size classes by M measured over all the tuned shapes: it applies to a shape with no
+table of its own.
 
 Search order for a table, first readable match wins:
 
@@ -53,6 +58,7 @@ __all__ = [
     "TableKey",
     "TunedConfigWarning",
     "default_config",
+    "device_name",
     "find_table",
     "lookup",
     "nearest",
@@ -61,12 +67,13 @@ __all__ = [
     "search_dirs",
     "shipped_dir",
     "shipped_tables",
+    "source",
     "table_key",
     "validate_entry",
     "write_table",
 ]
 
-Config = Mapping[str, int]
+Config = Mapping[str, Any]
 Table = Mapping[int, Config]
 
 #: The backend whose files carry no ``backend=`` component (vLLM's and SGLang's files).
@@ -153,7 +160,11 @@ class Schema:
     shape: tuple[str, ...]
     tags: tuple[tuple[str, str], ...]
     entries: Mapping[str, Callable[[Mapping[str, Any]], list[str]]]
-    defaults: Mapping[str, Callable[[int, tuple[int, ...]], dict[str, int]]]
+    defaults: Mapping[str, Callable[[int, tuple[int, ...]], dict[str, Any]]]
+    #: (shape, M) of a call from the kernel's arguments (a native kernel's tuned-config lookup)
+    kernel_problem: Callable[..., tuple[tuple[int, ...], int]] | None = None
+    #: (shape, M) of a call from the public function's arguments (the measured selection)
+    call_problem: Callable[..., tuple[tuple[int, ...], int]] | None = None
 
 
 def _pow2(value: int) -> bool:
@@ -228,8 +239,38 @@ def _default_triton_block_fp8(m: int, shape: tuple[int, ...]) -> dict[str, int]:
     }
 
 
-def _no_default(m: int, shape: tuple[int, ...]) -> dict[str, int]:
-    return {"config_id": 0}
+#: a CUDA entry's id meaning "the kernel's own heuristic" (only ever a default, never in a file)
+KERNEL_HEURISTIC = -1
+
+
+def _cuda_kernel_heuristic(m: int, shape: tuple[int, ...]) -> dict[str, int]:
+    """No table: the CUDA kernel picks by its tested heuristic (``default_config`` in its unit)."""
+    return {"config_id": KERNEL_HEURISTIC}
+
+
+def _check_select(entry: Mapping[str, Any]) -> list[str]:
+    value = entry.get("backend")
+    if set(entry) != {"backend"} or not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", value):
+        return [f"expected {{'backend': '<backend name>'}}, got {dict(entry)!r}"]
+    return []
+
+
+def _no_preference(m: int, shape: tuple[int, ...]) -> dict[str, Any]:
+    """No measurement for this shape: the device's declared priority decides."""
+    return {}
+
+
+#: the shape of a select table measured over every tuned shape (size classes by M alone)
+ANY_SHAPE = 0
+
+
+def _gemm_kernel_problem(out: Any, a: Any, b: Any, *rest: Any) -> tuple[tuple[int, ...], int]:
+    return (b.shape[0], a.shape[1]), a.shape[0]
+
+
+def _gemm_call_problem(a: Any, b: Any, *rest: Any, **kwargs: Any) -> tuple[tuple[int, ...], int]:
+    k = a.shape[-1]
+    return (b.shape[0], k), a.numel() // k if k else 0
 
 
 #: Each op with tuned tables. A new op or backend adds its entry here.
@@ -237,8 +278,14 @@ SCHEMAS: Mapping[str, Schema] = {
     "gemm.w8a8_block_fp8_matmul": Schema(
         shape=("N", "K"),
         tags=(("dtype", "fp8_w8a8"), ("block_shape", "[128,128]")),
-        entries={"triton": _check_triton_block_fp8, "cuda": _check_config_id},
-        defaults={"triton": _default_triton_block_fp8, "cuda": _no_default},
+        entries={"triton": _check_triton_block_fp8, "cuda": _check_config_id, "select": _check_select},
+        defaults={
+            "triton": _default_triton_block_fp8,
+            "cuda": _cuda_kernel_heuristic,
+            "select": _no_preference,
+        },
+        kernel_problem=_gemm_kernel_problem,
+        call_problem=_gemm_call_problem,
     ),
 }
 
@@ -338,6 +385,7 @@ class _State:
     index: ClassVar[dict[Path, dict[TableKey, Path]]] = {}
     tables: ClassVar[dict[TableKey, tuple[list[int], list[Config]] | None]] = {}
     results: ClassVar[dict[tuple[str, str, str, tuple[int, ...], int], Config]] = {}
+    memos: ClassVar[list[dict[Any, Any]]] = []
 
 
 _MAX_RESULTS = 1 << 16
@@ -350,6 +398,15 @@ def refresh() -> None:
     _State.index = {}
     _State.tables = {}
     _State.results = {}
+    for memo in _State.memos:
+        memo.clear()
+
+
+def memo() -> dict[Any, Any]:
+    """A dict for a reader's results derived from the tables: emptied by :func:`refresh`."""
+    table: dict[Any, Any] = {}
+    _State.memos.append(table)
+    return table
 
 
 _env.on_change(refresh)
@@ -413,7 +470,7 @@ def nearest(keys: list[int], m: int) -> int:
     return i - 1 if m - keys[i - 1] <= keys[i] - m else i
 
 
-def default_config(op: str, backend: str, m: int, shape: tuple[int, ...]) -> dict[str, int]:
+def default_config(op: str, backend: str, m: int, shape: tuple[int, ...]) -> dict[str, Any]:
     """The op's heuristic configuration when no table matches."""
     _entry_check(op, backend)
     return _schema_for(op).defaults[backend](m, shape)
@@ -427,11 +484,9 @@ def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: i
     config = _State.results.get(memo)
     if config is not None:
         return config
-    key = table_key(op, backend, device_name, shape)
-    if key not in _State.tables:
-        found = find_table(key)
-        _State.tables[key] = None if found is None else (list(found[1]), list(found[1].values()))
-    table = _State.tables[key]
+    table = _table(table_key(op, backend, device_name, shape))
+    if table is None and backend == "select":  # the size classes measured over every shape
+        table = _table(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape)))
     if table is None:
         config = MappingProxyType(default_config(op, backend, m, shape))
     else:
@@ -441,6 +496,46 @@ def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: i
         _State.results.clear()
     _State.results[memo] = config
     return config
+
+
+def _table(key: TableKey) -> tuple[list[int], list[Config]] | None:
+    if key not in _State.tables:
+        found = find_table(key)
+        _State.tables[key] = None if found is None else (list(found[1]), list(found[1].values()))
+    return _State.tables[key]
+
+
+def source(op: str, backend: str, device_name: str, shape: tuple[int, ...]) -> str:
+    """Where :func:`lookup` takes ``op``'s entries for ``shape`` from: a file's path, or
+    ``"default"`` (for ``explain``)."""
+    keys = [table_key(op, backend, device_name, shape)]
+    if backend == "select":
+        keys.append(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape)))
+    for key in keys:
+        found = find_table(key)
+        if found is not None:
+            return str(found[0])
+    return "default"
+
+
+_DEVICE_NAMES: dict[tuple[str, int | None], str] = {}
+
+
+def device_name(device: Any) -> str:
+    """The name tables are keyed by for a torch device: vLLM's
+    ``torch.cuda.get_device_name().replace(" ", "_")`` (``NVIDIA_H200``), ``cpu`` for the host.
+    Memoized per device (the driver query is not free); torch is imported only by a caller."""
+    memo = (device.type, device.index)
+    name = _DEVICE_NAMES.get(memo)
+    if name is None:
+        if device.type == "cpu":
+            name = "cpu"
+        else:
+            import torch
+
+            name = torch.cuda.get_device_name(device).replace(" ", "_")
+        _DEVICE_NAMES[memo] = name
+    return name
 
 
 def shipped_tables() -> Iterable[tuple[Path, TableKey]]:

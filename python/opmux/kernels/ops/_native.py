@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .. import tuned
 from ..errors import BackendUnavailable
 
 __all__ = ["AOT", "JIT", "NativeLoader"]
@@ -30,6 +31,10 @@ class NativeLoader:
         here: the loaders memoize their modules, and dispatch keeps what it binds until its
         choices are invalidated (so a JIT ``reset`` or a new cache dir is seen)."""
         group, _, name = op.partition(".")
+        schema = tuned.SCHEMAS.get(op)
+        if schema is not None and device in schema.entries and schema.kernel_problem is not None:
+            cfg = self._load(group, device, f"{name}_{device}_cfg")
+            return _with_tuned_config(op, device, cfg, schema.kernel_problem)
         # a CUDA kernel takes a trailing ``enable_pdl``: dispatch binds it with its flag
         # (``fused_op.pdl_entry``), so no wrapper frame runs per call
         return self._load(group, device, f"{name}_{device}")
@@ -66,6 +71,25 @@ class NativeLoader:
         except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable, KeyError) as exc:
             raise BackendUnavailable("jit", f"{type(exc).__name__}: {exc}") from exc
         return mod[name]
+
+
+def _with_tuned_config(
+    op: str, device: str, cfg_kernel: Callable[..., Any], problem: Callable[..., tuple[tuple[int, ...], int]]
+) -> Callable[..., Any]:
+    """The kernel of an op with tuned native configs (``tuned.SCHEMAS[op].entries[device]``):
+    its ``<name>_<device>_cfg`` entry called with the config id of the tuned table for the
+    call's shape and M on this device (``configs/<op>/...,backend=<device>.json``), or -1, the
+    kernel's own heuristic, where none matches. One frame and a memoized lookup per call."""
+    lookup, name_of = tuned.lookup, tuned.device_name
+
+    def run(*args: Any) -> Any:
+        *kargs, flag = args  # native CUDA kernels take a trailing PDL flag
+        shape, m = problem(*kargs)
+        config_id = lookup(op, device, name_of(kargs[0].device), shape, m)["config_id"]
+        return cfg_kernel(*kargs, config_id, flag)
+
+    run.__qualname__ = f"{op}[{device}, tuned]"
+    return run
 
 
 AOT = NativeLoader("aot")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opmux.kernels.tune.models import MODELS, model_shapes
-from opmux.kernels.tune.runner import OP, tune
+from opmux.kernels.tune.runner import BACKENDS, OP, tune
 from opmux.kernels.tune.space import DEFAULT_MS
 
 
@@ -52,7 +52,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--m", type=_ints, default=list(DEFAULT_MS), help="batch sizes M (default: vLLM's list)")
     p.add_argument("--budget-s", type=float, required=True, help="wall-clock budget in seconds for this run")
     p.add_argument("--out", type=Path, required=True, help="directory of the tables (reread to resume)")
-    p.add_argument("--backend", choices=["triton"], default="triton")
+    p.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default="triton",
+        help="triton: launch configs; cuda: the CUTLASS instantiation; select: the backend tried first (tune it last)",
+    )
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
     p.add_argument("--max-configs", type=int, default=None, help="at most this many configs per entry")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")

@@ -1,5 +1,13 @@
 """The tuning loop: time candidate configs per (N, K, M), keep the fastest, write tables.
 
+Three backends of the GEMM are tuned the same way (:class:`Tunable`): ``triton`` (launch
+configurations: tiles, warps, stages, split-K), ``cuda`` (which instantiation of the CUTLASS
+kernel: ``config_id``) and ``select`` (which backend the dispatcher tries first for the shape
+and M: each accepted backend timed through the public function with ``backend=`` forced). Tune
+``select`` last: it times the other backends with the tables they have then. After the
+per-shape select tables, the run writes the size classes by M over every shape it timed
+(``N=0,K=0``: the backend with the least total time at each M), for shapes without a table.
+
 Resumable: each table in the output directory is reread first and its finished M entries are
 skipped; a table is rewritten atomically after every M, so a stopped run loses at most the M
 it was timing. A wall-clock budget is shared by the remaining entries (each gets an equal share
@@ -29,9 +37,14 @@ from typing import IO, Any
 from opmux.kernels import tuned
 from opmux.kernels.tune.space import candidates
 
-__all__ = ["Entry", "Report", "tune"]
+__all__ = ["BACKENDS", "Entry", "Report", "tune"]
 
 OP = "gemm.w8a8_block_fp8_matmul"
+BACKENDS = ("triton", "cuda", "select")
+
+
+def _label(config: dict[str, Any]) -> str:
+    return ",".join(str(v) for v in config.values())
 
 
 @dataclass
@@ -43,6 +56,8 @@ class Entry:
     us: float
     tried: int
     skipped: bool = False
+    #: us per candidate timed (its label: the config's values)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,17 +78,99 @@ class Report:
         }
 
 
-def _setup(device: str | None) -> tuple[Any, Any, str]:
-    """(torch, the triton_kernels module, device) with the interpreter on when there is no GPU."""
+def _setup(device: str | None) -> tuple[Any, str]:
+    """(torch, device) with the Triton interpreter on when there is no GPU."""
     import torch  # lazy: the CLI imports torch when a run starts, never at package import
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton loads the kernels
+    return torch, device
+
+
+@dataclass
+class Tunable:
+    """One backend's candidates and how to run one of them on (out, a, b, a_scale, b_scale)."""
+
+    candidates: Callable[[int, tuple[int, int]], list[dict[str, Any]]]
+    run: Callable[[tuple[Any, ...], dict[str, Any]], None]
+
+
+def _triton(op: str) -> Tunable:
     from opmux.kernels.ops.gemm import triton_kernels
 
-    return torch, triton_kernels, device
+    return Tunable(
+        lambda m, shape: candidates(op, "triton", m, shape),
+        lambda args, config: triton_kernels.launch(*args, config),
+    )
+
+
+def _native_cfg(device: str) -> Any:
+    """The CUDA kernel's ``_cfg`` entry: the AOT library's, else a JIT build (ValueError if neither)."""
+    from opmux.kernels.errors import BackendUnavailable
+    from opmux.kernels.ops._native import AOT, JIT
+
+    errors = []
+    for loader in (AOT, JIT):
+        try:
+            return loader._load("gemm", device, f"w8a8_block_fp8_matmul_{device}_cfg")
+        except BackendUnavailable as err:
+            errors.append(str(err))
+    raise ValueError("the CUDA kernel is unavailable: " + "; ".join(errors))
+
+
+def _cuda(op: str, device: str) -> Tunable:
+    if device != "cuda":
+        raise ValueError("--backend cuda tunes the CUDA kernel: it needs a GPU")
+    from opmux.kernels.ops._native import AOT, JIT
+
+    cfg = _native_cfg(device)
+    count = default = None
+    for loader in (AOT, JIT):
+        try:
+            count = int(loader._load("gemm", device, "w8a8_block_fp8_matmul_cuda_configs")())
+            default = loader._load("gemm", device, "w8a8_block_fp8_matmul_cuda_default_config")
+            break
+        except Exception:
+            continue
+    if count is None or default is None:
+        raise ValueError("the CUDA kernel's config list is unavailable")
+
+    def cands(m: int, shape: tuple[int, int]) -> list[dict[str, Any]]:
+        first = int(default(m, shape[0], shape[1]))
+        return [{"config_id": first}] + [{"config_id": i} for i in range(count) if i != first]
+
+    return Tunable(cands, lambda args, config: cfg(*args, config["config_id"], False))
+
+
+def _select(op: str, device: str) -> Tunable:
+    import torch
+
+    from opmux.kernels import ops
+    from opmux.kernels.explain import op_instance
+    from opmux.kernels.selector import Reason
+
+    fn = ops.gemm.w8a8_block_fp8_matmul
+
+    def cands(m: int, shape: tuple[int, int]) -> list[dict[str, Any]]:
+        n, k = shape
+        a = torch.empty(max(m, 1), k, device=device).to(torch.float8_e4m3fn)
+        b = torch.empty(n, k, device=device).to(torch.float8_e4m3fn)
+        sa = torch.ones(max(m, 1), math.ceil(k / 128), device=device)
+        sb = torch.ones(math.ceil(n / 128), math.ceil(k / 128), device=device)
+        sel = op_instance(op).select_for((a, b, sa, sb), {})
+        return [
+            {"backend": d.backend}
+            for d in sel.decisions
+            if (d.backend == sel.chosen or d.reason == Reason.LOWER_PRIORITY) and d.backend != "reference"
+        ]
+
+    def run(args: tuple[Any, ...], config: dict[str, Any]) -> None:
+        out, a, b, sa, sb = args
+        fn(a, b, sa, sb, out=out, backend=config["backend"])
+
+    return Tunable(cands, run)
 
 
 def _inputs(torch: Any, n: int, k: int, m: int, device: str, out_dtype: Any) -> tuple[Any, ...]:
@@ -122,10 +219,17 @@ def tune(
     """Tune ``op`` for every (N, K) in ``shapes`` and M in ``ms``; tables go to ``out``.
     Progress lines go to ``progress`` (``sys.stderr`` when None, looked up at the call)."""
     progress = sys.stderr if progress is None else progress
-    if op != OP or backend != "triton":
-        raise ValueError(f"cannot tune {op} on {backend!r}; tunable: {OP} on triton")
-    torch, kernels, device = _setup(device)
-    dev_name = kernels.device_name(torch.device(device))
+    if op != OP or backend not in BACKENDS:
+        raise ValueError(f"cannot tune {op} on {backend!r}; tunable: {OP} on {', '.join(BACKENDS)}")
+    torch, device = _setup(device)
+    tunable = (
+        _triton(op)
+        if backend == "triton"
+        else _cuda(op, device)
+        if backend == "cuda"
+        else _select(op, device)
+    )
+    dev_name = tuned.device_name(torch.device(device))
     timing = (
         "CUDA graphs (triton.testing.do_bench_cudagraph)"
         if device != "cpu"
@@ -135,12 +239,12 @@ def tune(
     bench = _timer(torch, device)
     deadline = time.monotonic() + budget_s
 
-    tables: dict[tuple[int, int], dict[int, dict[str, int]]] = {}
+    tables: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     todo: list[tuple[int, int, int]] = []
     for n, k in shapes:
         key = tuned.table_key(op, backend, dev_name, (n, k))
         path = out / key.file_name()
-        table: dict[int, dict[str, int]] = {}
+        table: dict[int, dict[str, Any]] = {}
         if path.exists():  # resume: what a previous run finished stays
             table = {m: dict(c) for m, c in tuned.read_table(path, key).items()}
         tables[(n, k)] = table
@@ -162,21 +266,23 @@ def tune(
         entry_deadline = time.monotonic() + share
         args = _inputs(torch, n, k, m, device, torch.bfloat16)
         reference = None
-        best: tuple[float, dict[str, int]] | None = None
+        best: tuple[float, dict[str, Any]] | None = None
         tried = 0
-        for config in candidates(op, backend, m, (n, k)):
+        timings: dict[str, float] = {}
+        for config in tunable.candidates(m, (n, k)):
             if tried >= 2 and time.monotonic() > entry_deadline:
                 break
             if max_configs is not None and tried >= max_configs:
                 break
             tried += 1
             try:
-                kernels.launch(*args, config)
+                tunable.run(args, config)
                 if reference is None:
                     reference = args[0].float().clone()
                 elif not torch.allclose(args[0].float(), reference, rtol=2e-2, atol=1e-2):
                     continue  # a wrong config is never written
-                us = bench(functools.partial(kernels.launch, *args, config))
+                us = bench(functools.partial(tunable.run, args, config))
+                timings[_label(config)] = us
             except Exception as err:  # out of resources, a compile failure: skip the config
                 print(f"  skipped {config}: {type(err).__name__}: {err}".splitlines()[0], file=progress)
                 continue
@@ -188,13 +294,33 @@ def tune(
         tables[(n, k)][m] = best[1]
         path = out / tuned.table_key(op, backend, dev_name, (n, k)).file_name()
         tuned.write_table(path, tables[(n, k)])
-        report.entries.append(Entry(n, k, m, best[1], best[0], tried))
+        report.entries.append(Entry(n, k, m, best[1], best[0], tried, timings=timings))
         print(
             f"[{done + 1}/{total}] N={n} K={k} M={m} best {best[0]:.1f} us ({tried} configs)", file=progress
         )
+    if backend == "select":
+        _write_size_classes(report, out, op, dev_name, progress)
     if report.unfinished:
         print(
             f"budget spent: {len(report.unfinished)} entries left; run again to continue (finished ones are kept)",
             file=progress,
         )
     return report
+
+
+def _write_size_classes(report: Report, out: Path, op: str, dev_name: str, progress: IO[str]) -> None:
+    """The ``N=0,K=0`` select table: per M, the backend whose summed time over this run's
+    shapes is least (only shapes where every summed backend was timed count)."""
+    by_m: dict[int, list[dict[str, float]]] = {}
+    for e in report.entries:
+        if e.timings:
+            by_m.setdefault(e.m, []).append(e.timings)
+    table: dict[int, dict[str, Any]] = {}
+    for m, rows in sorted(by_m.items()):
+        common = set.intersection(*(set(r) for r in rows))
+        if common:
+            table[m] = {"backend": min(common, key=lambda b: sum(r[b] for r in rows))}
+    if table:
+        path = out / tuned.table_key(op, "select", dev_name, (tuned.ANY_SHAPE, tuned.ANY_SHAPE)).file_name()
+        tuned.write_table(path, table)
+        print(f"size classes by M over {len(report.entries)} entries: {path.name}", file=progress)

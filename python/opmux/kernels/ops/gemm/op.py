@@ -146,27 +146,32 @@ def scaled_mm_supports(
 def scaled_mm(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor) -> None:
     """cuBLASLt's 1x128 x 128x128 blockwise GEMM, with what it silently gets wrong made right:
     M padded to a multiple of 4, the activation scales laid out M-major with that padded stride,
-    the weight scales dense."""
+    the weight scales dense. Each fix is one kernel at most, and none where the caller's layout
+    is already cuBLASLt's (M a multiple of 4, column-major scales as SGLang and DeepGEMM keep them)."""
     m, k = a.shape
-    n, kt = b.shape[0], b_scale.shape[1]
+    n = b.shape[0]
     if not m or not n:
         return
     why = scaled_mm_supports(a, b, a_scale, b_scale, out_dtype=out.dtype)
     if why:  # forced onto a call it would compute wrong or refuse: say so, compute nothing
         raise BackendUnavailable("scaled_mm", why)
     mp = -(-m // 4) * 4
-    if mp != m or a.stride(0) != k:
-        a_in = a.new_zeros(mp, k)
-        a_in[:m] = a
-    else:
-        a_in = a
-    sa = torch.ones(kt, mp, dtype=torch.float32, device=a.device)  # [Kt, Mp]: its transpose is M-major
-    sa[:, :m] = a_scale.T
+    a_in = a
+    if mp != m or a.stride(0) != k:  # one pad kernel (on the bytes: fp8 has no pad of its own)
+        a_in = torch.nn.functional.pad(a.view(torch.uint8), (0, 0, 0, mp - m)).view(a.dtype)
+    if mp == m and a_scale.stride(0) == 1 and a_scale.stride(1) == m:
+        sa = a_scale  # M-major already: [M, Kt] with strides (1, M)
+    else:  # [Kt, Mp] dense, its transpose M-major; padded rows' scales 1 (their products are dropped)
+        sa = (
+            torch.nn.functional.pad(a_scale.t(), (0, mp - m), value=1.0).T
+            if mp != m
+            else a_scale.t().contiguous().T
+        )
     sb = b_scale.contiguous()
     if mp == m and out.is_contiguous():  # written in place: no copy of the result
-        torch._scaled_mm(a_in, b.T, scale_a=sa.T, scale_b=sb.T, out_dtype=out.dtype, out=out)
+        torch._scaled_mm(a_in, b.T, scale_a=sa, scale_b=sb.T, out_dtype=out.dtype, out=out)
         return
-    y = torch._scaled_mm(a_in, b.T, scale_a=sa.T, scale_b=sb.T, out_dtype=out.dtype)
+    y = torch._scaled_mm(a_in, b.T, scale_a=sa, scale_b=sb.T, out_dtype=out.dtype)
     out.copy_(y[:m])
 
 

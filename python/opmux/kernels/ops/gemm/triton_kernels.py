@@ -16,7 +16,6 @@ fixed order and casts: deterministic (no atomics), so results do not depend on s
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 
 import torch
@@ -139,20 +138,6 @@ def _split_k_reduce_kernel(W, C, M, N, stride_cm, SPLIT_K: tl.constexpr, BLOCK: 
     tl.store(C + row * stride_cm + cols, _cast(acc, C.dtype.element_ty), mask=mask)
 
 
-@functools.cache
-def device_name(device: torch.device) -> str:
-    """The name tuned tables are keyed by: vLLM's ``get_device_name().replace(" ", "_")``; ``cpu``
-    for the Triton interpreter on the host. Cached per device: the driver query is not free."""
-    name = _NAMES.get(device)
-    if name is None:
-        name = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).replace(" ", "_")
-        _NAMES[device] = name
-    return name
-
-
-_NAMES: dict[torch.device, str] = {}
-
-
 def launch(
     out: torch.Tensor,
     a: torch.Tensor,
@@ -212,5 +197,5 @@ def w8a8_block_fp8_matmul(
     n = b.shape[0]
     if m == 0 or n == 0:
         return
-    config = tuned.lookup(OP, BACKEND, device_name(a.device), (n, k), m)
+    config = tuned.lookup(OP, BACKEND, tuned.device_name(a.device), (n, k), m)
     launch(out, a, b, a_scale, b_scale, config)

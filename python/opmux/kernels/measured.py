@@ -1,0 +1,50 @@
+"""Measured selection: the backend a tuned ``select`` table names for a call's shape class.
+
+An op whose tuned-config schema (``tuned.SCHEMAS``) has a ``select`` entry and a
+``call_problem`` gets its backend order per call from measurements, not from a guess: the
+table for (device, shape) (or the device's size classes by M over every tuned shape) names the
+backend measured fastest at the nearest M, and dispatch tries that one first, then the
+device's declared priority. ``explain`` and the trace say which file decided. Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import tuned
+
+__all__ = ["measured_op", "preferred"]
+
+_MEMO: dict[tuple[str, str, tuple[int, ...], int], tuple[str, str] | None] = tuned.memo()
+_MAX = 1 << 14
+
+
+def measured_op(op: str) -> bool:
+    """Whether ``op`` has measured selection tables (checked once, when its dispatch is built)."""
+    schema = tuned.SCHEMAS.get(op)
+    return schema is not None and "select" in schema.entries and schema.call_problem is not None
+
+
+def preferred(op: str, device: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """(backend, why) measured fastest for this call on ``device``, or None (no table: the
+    declared priority decides; arguments the contract will refuse: it speaks first)."""
+    problem = tuned.SCHEMAS[op].call_problem
+    assert problem is not None  # measured_op
+    try:
+        shape, m = problem(*args, **kwargs)
+        name = tuned.device_name(device)
+    except Exception:  # not tensors, a 0-d a, ...: the contract names the problem
+        return None
+    memo = (op, name, shape, m)
+    if memo in _MEMO:
+        return _MEMO[memo]
+    backend = tuned.lookup(op, "select", name, shape, m).get("backend")
+    found = None
+    if backend:
+        dims = ", ".join(f"{d}={v}" for d, v in zip(tuned.SCHEMAS[op].shape, shape, strict=True))
+        where = tuned.source(op, "select", name, shape)
+        found = (backend, f"measured fastest on {name} for M={m}, {dims} (nearest M of {where})")
+    if len(_MEMO) >= _MAX:
+        _MEMO.clear()
+    _MEMO[memo] = found
+    return found

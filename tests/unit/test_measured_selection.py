@@ -1,0 +1,88 @@
+"""Measured selection: a select table puts the backend measured fastest for the call's shape
+first (with its other delivery, aot <-> jit), explain says which file decided, and the native
+CUDA kernel takes its config id from the cuda table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from opmux.kernels import _env, measured, registry, tuned
+from opmux.kernels.ops import _native
+from opmux.kernels.selector import Facts, select
+
+OP = "gemm.w8a8_block_fp8_matmul"
+DEV = "NVIDIA_H200"
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setattr(tuned, "device_name", lambda device: DEV)
+    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
+        tuned.refresh()
+        yield tmp_path
+    tuned.refresh()
+
+
+def _write(directory: Path, backend: str, shape: tuple[int, int], table: dict[str, Any]) -> None:
+    name = tuned.table_key(OP, backend, DEV, shape).file_name()
+    (directory / name).write_text(json.dumps(table), encoding="utf-8")
+    tuned.refresh()
+
+
+def _t(*shape: int) -> Any:
+    numel = 1
+    for d in shape:
+        numel *= d
+    return SimpleNamespace(shape=shape, numel=lambda: numel)
+
+
+H200 = Facts("cuda", "sm_90a", frozenset({"cuda", "triton", "cuda_jit", "aot_cuda", "nvcc"}))
+
+
+def test_no_table_keeps_the_declared_priority() -> None:
+    assert measured.measured_op(OP)
+    assert measured.preferred(OP, None, (_t(16, 7168), _t(4096, 7168)), {}) is None
+
+
+def test_the_measured_backend_goes_first(fresh: Path) -> None:
+    _write(fresh, "select", (4096, 7168), {"1": {"backend": "triton"}, "2048": {"backend": "jit"}})
+    pref = measured.preferred(OP, None, (_t(2, 8, 7168), _t(4096, 7168)), {})  # M = 16 rows
+    assert pref is not None and pref[0] == "triton"
+    assert "M=16, N=4096, K=7168" in pref[1] and "backend=select.json" in pref[1]
+    spec = registry.get(OP)
+    sel = select(spec, H200, dtype="float8_e4m3fn", preferred=pref)
+    assert sel.decisions[0].backend == "triton"
+    assert "triton first: measured fastest" in sel.trace_str() and sel.as_dict()["basis"]
+
+    jit = measured.preferred(OP, None, (_t(4000, 7168), _t(4096, 7168)), {})
+    assert jit is not None and jit[0] == "jit"
+    order = [d.backend for d in select(spec, H200, dtype="float8_e4m3fn", preferred=jit).decisions]
+    assert order[:2] == ["aot", "jit"]  # the same kernel's deliveries lead, in priority order
+
+
+def test_bad_arguments_leave_it_to_the_contract() -> None:
+    assert measured.preferred(OP, None, (3, None), {}) is None
+
+
+def test_native_kernel_takes_the_tuned_config_id(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def fake_load(self: Any, group: str, device: str, name: str) -> Any:
+        assert name == "w8a8_block_fp8_matmul_cuda_cfg"
+        return lambda *args: calls.append(args)
+
+    monkeypatch.setattr(_native.NativeLoader, "_load", fake_load)
+    kernel = _native.JIT.kernel(OP, "cuda")
+    dev = SimpleNamespace(type="cuda", index=0)
+    out, a, b = SimpleNamespace(device=dev), SimpleNamespace(shape=(16, 7168), device=dev), _t(4096, 7168)
+    kernel(out, a, b, "sa", "sb", True)
+    assert calls[-1][-2:] == (tuned.KERNEL_HEURISTIC, True)  # no table: the kernel's heuristic
+    _write(fresh, "cuda", (4096, 7168), {"1": {"config_id": 4}, "4096": {"config_id": 0}})
+    kernel(out, a, b, "sa", "sb", False)
+    assert calls[-1][-2:] == (4, False)
