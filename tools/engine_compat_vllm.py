@@ -7,7 +7,8 @@ kernels) exactly where vLLM calls its ``_C`` kernel; ``forward_native`` is vLLM'
 the test's reference. ``torch.ops._C.<name>`` is registered on opmux.compat.vllm's function for
 every name it has. A kernel opmux does not have is registered too (the test modules look these
 names up when they are imported), as an op that raises ``NotImplementedError`` naming it, so
-only its cases fail; likewise the GEMM wrappers test_block_fp8 imports.
+only its cases fail; likewise the GEMM wrappers test_block_fp8 imports that opmux lacks (DeepGEMM's,
+FlashInfer's): its Triton and CUTLASS block-fp8 GEMMs run opmux's ``gemm.w8a8_block_fp8_matmul``.
 """
 
 from __future__ import annotations
@@ -601,11 +602,16 @@ def install(ops: Any, module: Callable[..., types.ModuleType]) -> list[str]:
     module(
         "vllm.model_executor.layers.quantization.utils.fp8_utils",
         per_token_group_quant_fp8=ops.per_token_group_quant_fp8,
-        w8a8_triton_block_scaled_mm=_not_opmux("w8a8_triton_block_scaled_mm"),
+        w8a8_triton_block_scaled_mm=ops.w8a8_triton_block_scaled_mm,
+        w8a8_block_fp8_matmul=ops.w8a8_block_fp8_matmul,
     )
+    def cutlass_block_scaled_mm(A: Any, B: Any, As: Any, Bs: Any, block_size: Any, output_dtype: Any) -> Any:
+        # vLLM's layer-level wrapper: B [N, K] given as the column-major [K, N] _custom_ops takes
+        return ops.cutlass_scaled_mm(A, B.T, As, Bs.T, output_dtype)
+
     module(
         "vllm.model_executor.kernels.linear.scaled_mm.cutlass",
-        cutlass_scaled_mm=_not_opmux("cutlass_scaled_mm"),
+        cutlass_scaled_mm=cutlass_block_scaled_mm,
     )
     module(
         "vllm.utils.deep_gemm",
