@@ -28,7 +28,9 @@
 #          long upstream grids such as vLLM's swap_blocks;
 # gemm-jit: JIT-build gemm_cuda (a cache carried in OPMUX_CACHE_DIR is used when its key matches);
 # gemm-grid / gemm-tune / gemm-bench: gemm.w8a8_block_fp8_matmul's vLLM grid (OUT_DIR/gemm_grid.log), its
-#          tuner over the models' linear shapes into OUT_DIR/configs ($GEMM_TUNE_ARGS), its benchmark
+#          tuner over the models' linear shapes into $GEMM_TUNE_OUT (default OUT_DIR/configs; the shipped
+#          folder resumes from the shipped tables), one run per backend of $GEMM_TUNE_BACKENDS (default
+#          triton; "triton cuda select": select last), arguments $GEMM_TUNE_ARGS, its benchmark
 #          (OUT_DIR/gemm.{json,md}, $GEMM_BENCH_ARGS) with those tables in OPMUX_TUNED_CONFIG_DIR;
 # "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
@@ -122,9 +124,12 @@ for stage in $STAGES; do
                     -p no:cacheprovider --import-mode=importlib -q -rA --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/gemm_grid.log" | tail -30; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         # shellcheck disable=SC2086  # GEMM_TUNE_ARGS: words on purpose
-        gemm-tune) timeout "${GEMM_TUNE_TIMEOUT:-400}" python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --out "$OUT/configs" \
-                    ${GEMM_TUNE_ARGS:---models DeepSeek-V3,Qwen3-235B-A22B,Qwen3-32B,Llama-3.1-70B,Llama-3.1-8B --budget-s 300} \
-                    2>&1 | tee "$OUT/gemm_tune.log" | tail -30; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        gemm-tune) for be in ${GEMM_TUNE_BACKENDS:-triton}; do  # select last: it races the others' tables
+                    timeout "${GEMM_TUNE_TIMEOUT:-400}" python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul \
+                        --out "${GEMM_TUNE_OUT:-$OUT/configs}" --backend "$be" \
+                        ${GEMM_TUNE_ARGS:---models DeepSeek-V3,Qwen3-235B-A22B,Qwen3-32B,Llama-3.1-70B,Llama-3.1-8B --budget-s 300} \
+                        2>&1 | tee -a "$OUT/gemm_tune.log" | tail -12; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                    done ;;
         # shellcheck disable=SC2086  # GEMM_BENCH_ARGS: words on purpose
         gemm-bench) OPMUX_TUNED_CONFIG_DIR=${OPMUX_TUNED_CONFIG_DIR:-$OUT/configs} timeout "${GEMM_BENCH_TIMEOUT:-400}" python3 "$REPO/benchmarks/bench_gemm.py" \
                     --out "$OUT" ${GEMM_BENCH_ARGS:---budget-s 300} 2>&1 | tee "$OUT/gemm_bench.log" | tail -60; \

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from opmux.kernels import tuned
+from opmux.kernels import _env, tuned
 from opmux.kernels.tune.space import candidates
 
 __all__ = ["BACKENDS", "Entry", "Report", "tune"]
@@ -163,12 +163,15 @@ def _select(op: str, device: str) -> Tunable:
         return [
             {"backend": d.backend}
             for d in sel.decisions
-            if (d.backend == sel.chosen or d.reason == Reason.LOWER_PRIORITY) and d.backend != "reference"
+            if (d.backend == sel.chosen or d.reason == Reason.LOWER_PRIORITY)
+            and d.backend != "reference"
+            and (device == "cpu" or d.backend != "torch")  # dequantize-and-mm: never fastest on a GPU
         ]
 
     def run(args: tuple[Any, ...], config: dict[str, Any]) -> None:
         out, a, b, sa, sb = args
-        fn(a, b, sa, sb, out=out, backend=config["backend"])
+        with _env.scope(OPMUX_FALLBACK="error"):  # a backend that cannot run is not timed as another
+            fn(a, b, sa, sb, out=out, backend=config["backend"])
 
     return Tunable(cands, run)
 
