@@ -135,6 +135,15 @@ def scaled_mm_supports(
         return None
     if k % 16 or n % 16:
         return f"cuBLASLt's blockwise fp8 GEMM needs K and N multiples of 16 (K={k}, N={n})"
+    kt, nt = -(-k // 128), -(-n // 128)
+    if k % 128 or (kt % 4 and nt > 1):
+        # measured on the H200 (cuBLASLt of CUDA 13.0): with ceil(K/128) not a multiple of 4 and
+        # more than one 128-row weight block its results are silently wrong (relative error
+        # 0.2 to 1e17 at K = 256, 384, 640, 768, 1280), and a padded scale stride is refused
+        return (
+            f"cuBLASLt's blockwise fp8 GEMM computes wrong results unless K is a multiple of 512 "
+            f"(or of 128 with N <= 128); K={k}, N={n}"
+        )
     if dtype != torch.bfloat16:
         return f"cuBLASLt's blockwise fp8 GEMM writes bfloat16 only, not {dtype}"
     cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
