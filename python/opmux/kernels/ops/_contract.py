@@ -181,6 +181,9 @@ class Rule:
     expr: str
     message: str
     device: str = ""
+    #: a named rule is also stated by the native entry points (``rule_<name>`` in
+    #: ``contracts/<group>.h``: a direct native call refuses with the same words)
+    name: str = ""
 
 
 Item = Arg | Scalar | Rule

@@ -250,7 +250,8 @@ class _Writer:
             align = 4 if form == "tma_columns" else 1
             self.emit(depth, f"{'el' if i else ''}if {flag}:")
             view = f"_checks.column_major({rows}, {last}, {align}, {_dtype_const(a.dtypes[0])}, {ref}.device)"
-            self.emit(depth + 1, f"{a.name} = {view}" + ("" if fast else f".view({_shape_expr(dims)[1:-1]})"))
+            shape = ", ".join(self.fast_expr(d.lstrip("*")) for d in dims) if fast else _shape_expr(dims)[1:-1]
+            self.emit(depth + 1, f"{a.name} = {view}.view({shape})")  # (the result's strides: as a view has them)
         self.emit(depth, "else:")
         self.emit(depth + 1, f"{a.name} = {self.alloc_dense(a, ref, fast)}")
 

@@ -193,9 +193,9 @@ def outputs_group(x: Any, group_size: Any = 128, eps: Any = 1e-10, column_major_
     T, H = x.shape  # its serving rank, else raises
     out_q = x.new_empty(T, H, dtype=_DT_FLOAT8_E4M3FN)
     if scale_tma_aligned:
-        out_scale = _checks.column_major(T, H // group_size, 4, _DT_FLOAT32, x.device)
+        out_scale = _checks.column_major(T, H // group_size, 4, _DT_FLOAT32, x.device).view(T, H // group_size)
     elif column_major_scales:
-        out_scale = _checks.column_major(T, H // group_size, 1, _DT_FLOAT32, x.device)
+        out_scale = _checks.column_major(T, H // group_size, 1, _DT_FLOAT32, x.device).view(T, H // group_size)
     else:
         out_scale = x.new_empty(T, H // group_size, dtype=_DT_FLOAT32)
     return (out_q, out_scale,), (out_q, out_scale)
@@ -288,9 +288,9 @@ def outputs_group_int8(x: Any, group_size: Any = 128, eps: Any = 1e-10, column_m
     T, H = x.shape  # its serving rank, else raises
     out_q = x.new_empty(T, H, dtype=_DT_INT8)
     if scale_tma_aligned:
-        out_scale = _checks.column_major(T, H // group_size, 4, _DT_FLOAT32, x.device)
+        out_scale = _checks.column_major(T, H // group_size, 4, _DT_FLOAT32, x.device).view(T, H // group_size)
     elif column_major_scales:
-        out_scale = _checks.column_major(T, H // group_size, 1, _DT_FLOAT32, x.device)
+        out_scale = _checks.column_major(T, H // group_size, 1, _DT_FLOAT32, x.device).view(T, H // group_size)
     else:
         out_scale = x.new_empty(T, H // group_size, dtype=_DT_FLOAT32)
     return (out_q, out_scale,), (out_q, out_scale)
@@ -371,7 +371,7 @@ def outputs_per_token(x: Any, scale_ub: Any = None, divide_by_scale: Any = False
     return (out_q, out_scale,), (out_q, out_scale)
 
 
-def check_static(op: str, x: Any, scale: Any, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_static_blocks(op: str, x: Any, scale: Any, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         x_s = x.shape
         scale_s0 = scale.shape

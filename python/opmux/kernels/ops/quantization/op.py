@@ -79,8 +79,12 @@ _F32 = ("float32",)
 _X = Arg("x", "*T, H", dtypes=FLOATS, note=" with H >= 1")
 _H = Rule("H >= 1", "x has shape {tuple(x.shape)}, expected [..., H] with H >= 1")
 #: the CUDA kernels index rows and the hidden dim with 32-bit ints
-_CUDA_ROWS = Rule("prod(T) <= 2**31 - 1", "x has {prod(T)} rows; at most 2^31 - 1 on CUDA", device="cuda")
-_CUDA_H = Rule("H <= 2**31 - 1", "x's last dim {H} is too large; at most 2^31 - 1 on CUDA", device="cuda")
+_CUDA_ROWS = Rule(
+    "prod(T) <= 2**31 - 1", "x has {prod(T)} rows; at most 2^31 - 1 on CUDA", device="cuda", name="cuda_rows"
+)
+_CUDA_H = Rule(
+    "H <= 2**31 - 1", "x's last dim {H} is too large; at most 2^31 - 1 on CUDA", device="cuda", name="cuda_hidden"
+)
 
 
 def _q(dtypes: tuple[str, ...] = FP8, name: str = "out_q") -> Arg:
@@ -121,7 +125,7 @@ PER_TENSOR = Contract(
 )
 #: x [*T, H], scale [Gm, Gn] (or one element) -> q: kernel arguments (q, x, scale, rows per block, columns per block)
 STATIC = Contract(
-    "static",
+    "static_blocks",
     (
         _X,
         _H,
@@ -161,7 +165,7 @@ def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
         _CUDA_ROWS,
         _CUDA_H,
         Scalar("group_size", "positive_int"),
-        Rule("H % group_size == 0", "x's last dim {H} is not a multiple of group_size {group_size}"),
+        Rule("H % group_size == 0", "x's last dim {H} is not a multiple of group_size {group_size}", name="group_multiple"),
         Scalar("eps", "positive"),
         Scalar("column_major_scales", "bool"),
         Scalar("scale_tma_aligned", "bool"),
