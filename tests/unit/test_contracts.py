@@ -80,7 +80,7 @@ def test_rule_and_scalar_messages_come_from_the_contract() -> None:
     exec(compile(text.replace("from .._torch import torch", "import torch"), "<toy>", "exec"), scope)
     check = scope["check_toy"]
     x, w = torch.randn(3, 8), torch.randn(8)
-    (out, xv, wv, eps), res = check("toy.norm", x, w, 1e-6)  # type: ignore[operator]
+    (out, xv, _wv, eps), res = check("toy.norm", x, w, 1e-6)  # type: ignore[operator]
     assert res is out and out.shape == x.shape and xv is x and eps == 1e-6
     with pytest.raises(ValueError, match="x has 6 columns; a multiple of 4 is needed"):
         check("toy.norm", torch.randn(3, 6), torch.randn(6), 1e-6)  # type: ignore[operator]
@@ -104,7 +104,10 @@ _F32 = ("float32",)
     ("make", "message"),
     [
         (lambda: Arg("s", "*T, C", dtypes=_F32, layout="scales"), "is for outputs"),
-        (lambda: Arg("s", "*T, C", dtypes=_F32, out=True, alloc=(("f", "columns"),)), "go with layout='scales'"),
+        (
+            lambda: Arg("s", "*T, C", dtypes=_F32, out=True, alloc=(("f", "columns"),)),
+            "go with layout='scales'",
+        ),
         (
             lambda: Arg("s", "*T, C", dtypes=_F32, out=True, layout="scales", alloc=(("f", "diagonal"),)),
             "alloc 'diagonal'",
@@ -121,7 +124,10 @@ _F32 = ("float32",)
             ),
             "allocated by 'cm', not a bool scalar",
         ),
-        (lambda: Contract("c", (Arg("x", "H", dtypes=FLOATS),), kernel=("x",), result=("x", "y")), "'y' is not"),
+        (
+            lambda: Contract("c", (Arg("x", "H", dtypes=FLOATS),), kernel=("x",), result=("x", "y")),
+            "'y' is not",
+        ),
     ],
 )
 def test_invalid_output_forms_are_refused(make: object, message: str) -> None:
@@ -138,7 +144,9 @@ def _two_outputs() -> tuple[Contract, object]:
         "toy_quant",
         (
             Arg("x", "*T, H", dtypes=FLOATS),
-            Rule("H <= 64", "x has {prod(T)} rows of {H}; at most 64 wide on CUDA", device="cuda", name="wide"),
+            Rule(
+                "H <= 64", "x has {prod(T)} rows of {H}; at most 64 wide on CUDA", device="cuda", name="wide"
+            ),
             Arg("ub", "", dtypes=_F32, device_of="x", layout="element"),
             Scalar("g", "positive_int"),
             Rule("H % g == 0", "x's last dim {H} is not a multiple of g {g}", name="multiple"),
@@ -187,11 +195,11 @@ def test_several_outputs_flag_layouts_and_packed_forms() -> None:
     ``outputs_<contract>`` allocating what the check's serving form does."""
     import torch
 
-    c, decl = _two_outputs()
+    _c, decl = _two_outputs()
     scope = _exec(decl)
     check, outputs = scope["check_toy_quant"], scope["outputs_toy_quant"]
     x = torch.randn(3, 8)
-    (q, s, xv, ub, g, gm), (rq, rs) = check("toy.quant", x)  # type: ignore[operator]
+    (q, s, _xv, ub, _g, gm), (rq, rs) = check("toy.quant", x)  # type: ignore[operator]
     assert rq is q and rs is s and s.shape == (3, 4) and s.is_contiguous() and ub.numel() == 0 and gm == 1
     (q, s, *_), (_, rs) = check("toy.quant", x.view(1, 3, 8), None, 2, True)  # type: ignore[operator]
     assert rs.shape == (1, 3, 4) and s.stride() == (1, 3)  # a [T, G] view of a column-major [G, T]
@@ -202,7 +210,9 @@ def test_several_outputs_flag_layouts_and_packed_forms() -> None:
         check("toy.quant", x, None, 2, False, False, None, packed)  # type: ignore[operator]
     (_, sv, *_), _ = check("toy.quant", x, None, 2, False, True, None, packed)  # type: ignore[operator]
     assert sv.shape == (3, 1)
-    with pytest.raises(ValueError, match=r"s has shape \(3, 2\), expected \[\.\.\., 1\] \(4 per int32\) for 3 rows"):
+    with pytest.raises(
+        ValueError, match=r"s has shape \(3, 2\), expected \[\.\.\., 1\] \(4 per int32\) for 3 rows"
+    ):
         check("toy.quant", x, None, 2, False, True, None, torch.zeros(3, 2, dtype=torch.int32))  # type: ignore[operator]
     with pytest.raises(ValueError, match=r"s has overlapping or negative strides \(0, 0\)"):
         check("toy.quant", x, None, 2, False, False, None, torch.zeros(1).expand(3, 4))  # type: ignore[operator]
@@ -228,7 +238,7 @@ def test_extended_lane_states_the_same_contract_in_cpp() -> None:
     assert "kernel(q_t, s_t, x, ub_none.view(), g, std::max<int64_t>(T / 2, 1));" in text
     assert "return ran_all({&q_fresh, &s_fresh});" in text
     assert (
-        'inline void rule_multiple(const char* op, int64_t H, int64_t g) {\n'
+        "inline void rule_multiple(const char* op, int64_t H, int64_t g) {\n"
         '  if (!(H % g == 0)) TVM_FFI_THROW(ValueError) << op << ": " << "x\'s last dim " << H '
         '<< " is not a multiple of g " << g;\n}'
     ) in text

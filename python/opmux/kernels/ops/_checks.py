@@ -354,7 +354,9 @@ def dtype_choice(op: str, name: str, v: object, names: tuple[str, ...]) -> None:
     """A dtype argument: None (the default) or one of ``names``."""
     if v is None or (isinstance(v, torch.dtype) and _dt(v) in names):
         return
-    raise TypeError(f"{op}: {name} must be None or one of {', '.join('torch.' + n for n in names)}, got {v!r}")
+    raise TypeError(
+        f"{op}: {name} must be None or one of {', '.join('torch.' + n for n in names)}, got {v!r}"
+    )
 
 
 def out_dtype(op: str, name: str, t: torch.Tensor, arg: str, v: Any, names: tuple[str, ...]) -> Any:
@@ -425,7 +427,9 @@ def distinct(op: str, name: str, t: torch.Tensor) -> None:
     """A written tensor of any strides holds each element at its own address (the one rule:
     ``_distinct_addresses``; lane.h ``distinct`` in C++)."""
     if not _distinct_addresses(t.shape, t.stride()) or min(t.stride(), default=0) < 0:
-        raise ValueError(f"{op}: {name} has overlapping or negative strides {t.stride()} for shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{op}: {name} has overlapping or negative strides {t.stride()} for shape {tuple(t.shape)}"
+        )
 
 
 def flat_vector(op: str, name: str, t: torch.Tensor, n: int, note: str) -> torch.Tensor:
@@ -457,13 +461,22 @@ def scale_rows(op: str, name: str, t: torch.Tensor, rows: int, cols: int, note: 
                 f"[{rows}, {cols}]"
             ) from None
     else:
-        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected [..., {cols}]{note} for {rows} rows")
+        raise ValueError(
+            f"{op}: {name} has shape {tuple(t.shape)}, expected [..., {cols}]{note} for {rows} rows"
+        )
     distinct(op, name, v)
     return v
 
 
 def packed_dtype(
-    op: str, name: str, t: torch.Tensor, names: tuple[str, ...], packed: str, flag: bool, flag_name: str, what: str
+    op: str,
+    name: str,
+    t: torch.Tensor,
+    names: tuple[str, ...],
+    packed: str,
+    flag: bool,
+    flag_name: str,
+    what: str,
 ) -> bool:
     """Whether ``t`` is an output's packed form (dtype ``packed``, allowed by ``flag``), else of
     ``names``."""

@@ -213,13 +213,17 @@ class Contract:
         for a in self.tensors:
             for flag, _ in a.alloc:
                 if flag not in bools:
-                    raise ValueError(f"contract {self.name!r}: {a.name} is allocated by {flag!r}, not a bool scalar")
+                    raise ValueError(
+                        f"contract {self.name!r}: {a.name} is allocated by {flag!r}, not a bool scalar"
+                    )
         for a in self.tensors:
             for i, d in enumerate(a.dims):
                 if d.startswith("*") and i:
                     raise ValueError(f"contract {self.name!r}: {a.name}: '*' only on the first dim")
             if a.same_as and a.same_as not in names[: names.index(a.name)]:
-                raise ValueError(f"contract {self.name!r}: {a.name} refers to {a.same_as!r} before it is declared")
+                raise ValueError(
+                    f"contract {self.name!r}: {a.name} refers to {a.same_as!r} before it is declared"
+                )
             ref = a.like or a.device_of
             if ref and ref not in names[: names.index(a.name)]:
                 raise ValueError(f"contract {self.name!r}: {a.name} refers to {ref!r} before it is declared")

@@ -184,7 +184,9 @@ class _Writer:
             self.emit(depth, line)
         kargs = ", ".join(self.fast_view(k) for k in c.kernel)
         self.emit(depth, f"return ({kargs},), {self.result()}")
-        self.emit(1, "except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong")
+        self.emit(
+            1, "except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong"
+        )
         self.emit(2, "pass")
 
     def fast_view(self, name: str) -> str:
@@ -214,11 +216,15 @@ class _Writer:
     def nothing(self, a: Arg) -> str:
         """What the kernel gets for an absent optional input: an empty tensor of its dtype."""
         dev = self.device_of_first()
-        return f"(_checks.PROTOS.get({dev}.device) or _checks.protos({dev}.device))[{_dtype_const(a.dtypes[0])}]"
+        return (
+            f"(_checks.PROTOS.get({dev}.device) or _checks.protos({dev}.device))[{_dtype_const(a.dtypes[0])}]"
+        )
 
     def fast_expr(self, expr: str) -> str:
         """An expression on the fast path: a batch symbol is one dim there, so ``prod(T)`` is T."""
-        return re.sub(r"\bprod\((\w+)\)", lambda m: m.group(1) if m.group(1) in self.batch else m.group(0), expr)
+        return re.sub(
+            r"\bprod\((\w+)\)", lambda m: m.group(1) if m.group(1) in self.batch else m.group(0), expr
+        )
 
     def result(self) -> str:
         names = self.c.results
@@ -250,8 +256,12 @@ class _Writer:
             align = 4 if form == "tma_columns" else 1
             self.emit(depth, f"{'el' if i else ''}if {flag}:")
             view = f"_checks.column_major({rows}, {last}, {align}, {_dtype_const(a.dtypes[0])}, {ref}.device)"
-            shape = ", ".join(self.fast_expr(d.lstrip("*")) for d in dims) if fast else _shape_expr(dims)[1:-1]
-            self.emit(depth + 1, f"{a.name} = {view}.view({shape})")  # (the result's strides: as a view has them)
+            shape = (
+                ", ".join(self.fast_expr(d.lstrip("*")) for d in dims) if fast else _shape_expr(dims)[1:-1]
+            )
+            self.emit(
+                depth + 1, f"{a.name} = {view}.view({shape})"
+            )  # (the result's strides: as a view has them)
         self.emit(depth, "else:")
         self.emit(depth + 1, f"{a.name} = {self.alloc_dense(a, ref, fast)}")
 
@@ -319,7 +329,10 @@ class _Writer:
         self.emit(1, f"{v}_ = {self.scalar_value(s, fast=False)}")
 
     def full_rule(self, r: Rule) -> None:
-        self.emit(1, f"if not ({r.expr}){'' if not r.device else f' and {self.device_of_first()}.device.type == {r.device!r}'}:")
+        self.emit(
+            1,
+            f"if not ({r.expr}){'' if not r.device else f' and {self.device_of_first()}.device.type == {r.device!r}'}:",
+        )
         self.emit(2, f"raise ValueError(f{('{op}: ' + r.message)!r})")
 
     def full_arg(self, a: Arg) -> None:
@@ -328,7 +341,9 @@ class _Writer:
         if a.out and len(outs) > 1 and a is outs[0]:  # caller's buffers: not under torch.compile
             names = [o.name for o in outs]
             self.emit(1, f"if {' or '.join(f'{n} is not None' for n in names)}:")
-            self.emit(2, f'_checks.no_caller_outputs_when_compiling(op, "{" / ".join(names)}", {", ".join(names)})')
+            self.emit(
+                2, f'_checks.no_caller_outputs_when_compiling(op, "{" / ".join(names)}", {", ".join(names)})'
+            )
         if a.packed is not None:
             self.emit(1, f"{a.name}_p = False")
         if self.absent(a):
@@ -432,7 +447,9 @@ class _Writer:
         before = set(self.bound) - {d.lstrip("*") for d in dims if d.lstrip("*") in binds_of(binds)}
 
         def hint(known: set[str]) -> str:
-            return f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}{a.note}"
+            return (
+                f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}{a.note}"
+            )
 
         # binding needs the rank first; comparisons need the bindings
         self.emit(depth, f"if {conds[0]}:")
@@ -442,7 +459,8 @@ class _Writer:
         if conds[1:]:
             self.emit(depth, f"if {' or '.join(conds[1:])}:")
             self.emit(
-                depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint(self.bound)}")'
+                depth + 1,
+                f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint(self.bound)}")',
             )
 
     def layout(self, a: Arg) -> None:
@@ -503,7 +521,10 @@ def _outputs(w: _Writer) -> str:
         dims = [d.lstrip("*") for d in c.dims_of(a)]
         names = [d if d.isidentifier() and d not in known else "_" for d in dims]
         known |= set(dims)
-        w.emit(1, f"{', '.join(names)}{',' if len(names) == 1 else ''} = {a.name}.shape  # its serving rank, else raises")
+        w.emit(
+            1,
+            f"{', '.join(names)}{',' if len(names) == 1 else ''} = {a.name}.shape  # its serving rank, else raises",
+        )
     for a in c.outputs:
         if a.alloc:
             w.alloc_flagged(a, fast=True)

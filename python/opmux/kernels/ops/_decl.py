@@ -193,7 +193,10 @@ def declare(
     if native:
         # a per-call predicate (``"module:function"``, called with the op's arguments, returning
         # a reason or None) where the native kernel takes fewer layouts than the contract (TMA)
-        reqs = [(k, replace(r, predicate=native_predicate) if native_predicate else r) for k, r in (("aot", AOT), ("jit", JIT))]
+        reqs = [
+            (k, replace(r, predicate=native_predicate) if native_predicate else r)
+            for k, r in (("aot", AOT), ("jit", JIT))
+        ]
         backends += [BackendSpec(k, NATIVE_TARGETS[k], req) for k, req in reqs]
     if triton:
         backends.append(BackendSpec("triton", f"{package}.triton_kernels:{short}", TRITON))

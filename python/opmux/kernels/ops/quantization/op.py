@@ -39,7 +39,7 @@ fp8 tensors cross into the native kernels as ``uint8`` views (a DLPack-safe byte
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._common import FP8_E4M3_TOLERANCE
 from .._contract import FLOATS, FP8, Arg, Contract, Packed, Rule, Scalar
@@ -62,6 +62,7 @@ INT8_MAX = 127.0
 #: smallest per-token scale (vLLM's MIN_SCALING_FACTOR): keeps 1/scale finite for zero rows
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 
+
 def _to_fp8(y: Tensor) -> Tensor:
     """fp32 -> e4m3fn, round to nearest even, saturating (torch's cast maps >= 480 to NaN)."""
     return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -83,13 +84,24 @@ _CUDA_ROWS = Rule(
     "prod(T) <= 2**31 - 1", "x has {prod(T)} rows; at most 2^31 - 1 on CUDA", device="cuda", name="cuda_rows"
 )
 _CUDA_H = Rule(
-    "H <= 2**31 - 1", "x's last dim {H} is too large; at most 2^31 - 1 on CUDA", device="cuda", name="cuda_hidden"
+    "H <= 2**31 - 1",
+    "x's last dim {H} is too large; at most 2^31 - 1 on CUDA",
+    device="cuda",
+    name="cuda_hidden",
 )
 
 
 def _q(dtypes: tuple[str, ...] = FP8, name: str = "out_q") -> Arg:
     """The quantized output, x's shape (fp8 crosses into the kernels as its bytes)."""
-    return Arg(name, "*T, H", dtypes=dtypes, device_of="x", out=True, note=" like x", kernel_dtype="uint8" if dtypes == FP8 else "")
+    return Arg(
+        name,
+        "*T, H",
+        dtypes=dtypes,
+        device_of="x",
+        out=True,
+        note=" like x",
+        kernel_dtype="uint8" if dtypes == FP8 else "",
+    )
 
 
 #: x [*T, H] -> (q, one scale per row): kernel arguments (q, scales [rows], x, scale_ub or empty, divide)
@@ -103,7 +115,15 @@ PER_TOKEN = Contract(
         Arg("scale_ub", "", dtypes=_F32, device_of="x", layout="element"),
         Scalar("divide_by_scale", "bool"),
         _q(),
-        Arg("out_scale", "*T, 1", dtypes=_F32, device_of="x", out=True, layout="flat", note=" (one per row of x)"),
+        Arg(
+            "out_scale",
+            "*T, 1",
+            dtypes=_F32,
+            device_of="x",
+            out=True,
+            layout="flat",
+            note=" (one per row of x)",
+        ),
     ),
     kernel=("out_q", "out_scale", "x", "scale_ub", "divide_by_scale"),
     result=("out_q", "out_scale"),
@@ -156,7 +176,11 @@ def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
         note=" (one per group)",
         alloc=(("scale_tma_aligned", "tma_columns"), ("column_major_scales", "columns")),
         packed=Packed(
-            "int32", "scale_ue8m0", "cdiv(H // group_size, 4)", "packed UE8M0", "ceil(G / 4) packed UE8M0 int32"
+            "int32",
+            "scale_ue8m0",
+            "cdiv(H // group_size, 4)",
+            "packed UE8M0",
+            "ceil(G / 4) packed UE8M0 int32",
         ),
     )
     items = (
@@ -165,7 +189,11 @@ def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
         _CUDA_ROWS,
         _CUDA_H,
         Scalar("group_size", "positive_int"),
-        Rule("H % group_size == 0", "x's last dim {H} is not a multiple of group_size {group_size}", name="group_multiple"),
+        Rule(
+            "H % group_size == 0",
+            "x's last dim {H} is not a multiple of group_size {group_size}",
+            name="group_multiple",
+        ),
         Scalar("eps", "positive"),
         Scalar("column_major_scales", "bool"),
         Scalar("scale_tma_aligned", "bool"),
