@@ -80,7 +80,7 @@ def test_rule_and_scalar_messages_come_from_the_contract() -> None:
     exec(compile(text.replace("from .._torch import torch", "import torch"), "<toy>", "exec"), scope)
     check = scope["check_toy"]
     x, w = torch.randn(3, 8), torch.randn(8)
-    (out, xv, wv, eps), res = check("toy.norm", x, w, 1e-6)  # type: ignore[operator]
+    (out, xv, _wv, eps), res = check("toy.norm", x, w, 1e-6)  # type: ignore[operator]
     assert res is out and out.shape == x.shape and xv is x and eps == 1e-6
     with pytest.raises(ValueError, match="x has 6 columns; a multiple of 4 is needed"):
         check("toy.norm", torch.randn(3, 6), torch.randn(6), 1e-6)  # type: ignore[operator]
@@ -94,3 +94,152 @@ def test_rule_and_scalar_messages_come_from_the_contract() -> None:
         check("toy.norm", x, w[:4], 1e-6)  # type: ignore[operator]
     with pytest.raises(ValueError, match="dense vector"):
         check("toy.norm", x, torch.randn(16)[::2], 1e-6)  # type: ignore[operator]
+
+
+# -- the forms the quantization ops added ---------------------------------------------------------
+_F32 = ("float32",)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Arg("s", "*T, C", dtypes=_F32, layout="scales"), "is for outputs"),
+        (
+            lambda: Arg("s", "*T, C", dtypes=_F32, out=True, alloc=(("f", "columns"),)),
+            "go with layout='scales'",
+        ),
+        (
+            lambda: Arg("s", "*T, C", dtypes=_F32, out=True, layout="scales", alloc=(("f", "diagonal"),)),
+            "alloc 'diagonal'",
+        ),
+        (lambda: Arg("s", "G", dtypes=_F32, layout="blocks"), "2-d shape"),
+        (
+            lambda: Contract(
+                "c",
+                (
+                    Arg("x", "*T, H", dtypes=FLOATS),
+                    Arg("s", "*T, H", dtypes=_F32, out=True, layout="scales", alloc=(("cm", "columns"),)),
+                ),
+                kernel=("s", "x"),
+            ),
+            "allocated by 'cm', not a bool scalar",
+        ),
+        (
+            lambda: Contract("c", (Arg("x", "H", dtypes=FLOATS),), kernel=("x",), result=("x", "y")),
+            "'y' is not",
+        ),
+    ],
+)
+def test_invalid_output_forms_are_refused(make: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()  # type: ignore[operator]
+
+
+def _two_outputs() -> tuple[Contract, object]:
+    """A toy quantization: x [*T, H] -> (q like x, group scales chosen by flags / packed)."""
+    from opmux.kernels.ops._contract import Packed
+    from opmux.kernels.ops._decl import declare
+
+    c = Contract(
+        "toy_quant",
+        (
+            Arg("x", "*T, H", dtypes=FLOATS),
+            Rule(
+                "H <= 64", "x has {prod(T)} rows of {H}; at most 64 wide on CUDA", device="cuda", name="wide"
+            ),
+            Arg("ub", "", dtypes=_F32, device_of="x", layout="element"),
+            Scalar("g", "positive_int"),
+            Rule("H % g == 0", "x's last dim {H} is not a multiple of g {g}", name="multiple"),
+            Scalar("cm", "bool"),
+            Scalar("packed", "bool"),
+            Arg("q", "*T, H", like="x", out=True),
+            Arg(
+                "s",
+                "*T, H // g",
+                dtypes=_F32,
+                device_of="x",
+                out=True,
+                layout="scales",
+                note=" (one per group)",
+                alloc=(("cm", "columns"),),
+                packed=Packed("int32", "packed", "cdiv(H // g, 4)", "packed", "4 per int32"),
+            ),
+        ),
+        kernel=("q", "s", "x", "ub", "g", "max(prod(T) // 2, 1)"),
+        result=("q", "s"),
+    )
+    decl = declare(
+        "toy.quant",
+        "(Tensor x, Tensor? ub=None, int g=2, bool cm=False, bool packed=False, Tensor(a!)? q=None, "
+        "Tensor(a!)? s=None) -> (Tensor, Tensor)",
+        contract=c,
+        reference=_two_outputs,
+        doc="toy",
+        triton=False,
+    )
+    return c, decl
+
+
+def _exec(decl: object) -> dict[str, object]:
+    from opmux.kernels.ops._contract_codegen import render_group
+
+    text = render_group([decl]).replace("from .. import _checks", "from opmux.kernels.ops import _checks")  # type: ignore[list-item]
+    scope: dict[str, object] = {}
+    exec(compile(text.replace("from .._torch import torch", "import torch"), "<toy>", "exec"), scope)
+    return scope
+
+
+def test_several_outputs_flag_layouts_and_packed_forms() -> None:
+    """Outputs allocated as their flags say (column-major), a caller's packed form allowed only
+    with its flag, an absent optional input as an empty view, a kernel expression, the generated
+    ``outputs_<contract>`` allocating what the check's serving form does."""
+    import torch
+
+    _c, decl = _two_outputs()
+    scope = _exec(decl)
+    check, outputs = scope["check_toy_quant"], scope["outputs_toy_quant"]
+    x = torch.randn(3, 8)
+    (q, s, _xv, ub, _g, gm), (rq, rs) = check("toy.quant", x)  # type: ignore[operator]
+    assert rq is q and rs is s and s.shape == (3, 4) and s.is_contiguous() and ub.numel() == 0 and gm == 1
+    (q, s, *_), (_, rs) = check("toy.quant", x.view(1, 3, 8), None, 2, True)  # type: ignore[operator]
+    assert rs.shape == (1, 3, 4) and s.stride() == (1, 3)  # a [T, G] view of a column-major [G, T]
+    (outs, res) = outputs(x, None, 2, True)  # type: ignore[operator]
+    assert outs[1].stride() == (1, 3) and res[1] is outs[1]
+    packed = torch.zeros(3, 1, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"s has dtype int32 \(packed\), which needs packed=True"):
+        check("toy.quant", x, None, 2, False, False, None, packed)  # type: ignore[operator]
+    (_, sv, *_), _ = check("toy.quant", x, None, 2, False, True, None, packed)  # type: ignore[operator]
+    assert sv.shape == (3, 1)
+    with pytest.raises(
+        ValueError, match=r"s has shape \(3, 2\), expected \[\.\.\., 1\] \(4 per int32\) for 3 rows"
+    ):
+        check("toy.quant", x, None, 2, False, True, None, torch.zeros(3, 2, dtype=torch.int32))  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"s has overlapping or negative strides \(0, 0\)"):
+        check("toy.quant", x, None, 2, False, False, None, torch.zeros(1).expand(3, 4))  # type: ignore[operator]
+    with pytest.raises(ValueError, match="x's last dim 8 is not a multiple of g 3"):
+        check("toy.quant", x, None, 3)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"ub has shape \(2,\), expected one element"):
+        check("toy.quant", x, torch.ones(2))  # type: ignore[operator]
+
+
+def test_extended_lane_states_the_same_contract_in_cpp() -> None:
+    """The C++ lane of a contract with several outputs: device-tagged rules bind on their device,
+    ``prod(T)`` is the serving form's one batch dim, a flag that allocates another way refuses a
+    fresh output, fresh outputs come back as ``ran_all``; a named rule is a native ``rule_<name>``."""
+    from opmux.kernels.ops._contract_cpp import extended_form, lane_form, render_header
+
+    c, decl = _two_outputs()
+    assert lane_form(c) is not None and extended_form(c, decl) is None  # type: ignore[arg-type]
+    text = render_header("toy", [decl])  # type: ignore[list-item]
+    assert text is not None
+    assert "if (!(device_type != kDLCUDA || (H <= 64))) return refused();" in text
+    assert "if (!(ub_arg.type_index() == TypeIndex::kTVMFFINone)) return refused();" in text
+    assert "if (!s && cm) return refused();" in text
+    assert "kernel(q_t, s_t, x, ub_none.view(), g, std::max<int64_t>(T / 2, 1));" in text
+    assert "return ran_all({&q_fresh, &s_fresh});" in text
+    assert (
+        "inline void rule_multiple(const char* op, int64_t H, int64_t g) {\n"
+        '  if (!(H % g == 0)) TVM_FFI_THROW(ValueError) << op << ": " << "x\'s last dim " << H '
+        '<< " is not a multiple of g " << g;\n}'
+    ) in text
+    assert "inline void rule_wide(const char* op, int64_t H, int64_t T)" in text

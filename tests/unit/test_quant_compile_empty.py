@@ -1,4 +1,5 @@
-"""The quant ops' cached empty tensor ("no scale_ub" / "dynamic") is never a fake one: when the
+"""The quant ops' empty tensor ("no scale_ub" / "dynamic": ``_checks.PROTOS``, the contract's
+view of an absent optional input) is never a cached fake one: when the
 first call on a device is traced by torch.compile, the fake op runs the checks on fake tensors,
 and a FakeTensor cached then reached the kernel of the compiled graph's real run and of every
 later eager call ("Cannot access data pointer of Tensor (e.g. FakeTensor ...)")."""
@@ -11,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from opmux.kernels.ops import quantization
-from opmux.kernels.ops.quantization import op as quant_op
+from opmux.kernels.ops import _checks, quantization
 
 
 def _per_token(x: torch.Tensor) -> Any:
@@ -27,11 +27,11 @@ def _per_tensor(x: torch.Tensor) -> Any:
 def test_first_call_compiled_then_eager(
     fn: Callable[[torch.Tensor], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(quant_op, "_EMPTY", {})  # the first call on this device is the traced one
+    monkeypatch.setattr(_checks, "PROTOS", {})  # the first call on this device is the traced one
     torch._dynamo.reset()
     x = torch.randn(4, 64)
     q_c, s_c = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
-    assert all(type(e) is torch.Tensor for e in quant_op._EMPTY.values())
+    assert all(type(e) is torch.Tensor for p in _checks.PROTOS.values() for e in p.values())
     q_e, s_e = fn(x)
     assert torch.equal(s_c, s_e)
     assert torch.equal(q_c.view(torch.uint8), q_e.view(torch.uint8))

@@ -354,7 +354,9 @@ def dtype_choice(op: str, name: str, v: object, names: tuple[str, ...]) -> None:
     """A dtype argument: None (the default) or one of ``names``."""
     if v is None or (isinstance(v, torch.dtype) and _dt(v) in names):
         return
-    raise TypeError(f"{op}: {name} must be None or one of {', '.join('torch.' + n for n in names)}, got {v!r}")
+    raise TypeError(
+        f"{op}: {name} must be None or one of {', '.join('torch.' + n for n in names)}, got {v!r}"
+    )
 
 
 def out_dtype(op: str, name: str, t: torch.Tensor, arg: str, v: Any, names: tuple[str, ...]) -> Any:
@@ -418,3 +420,76 @@ def one_element(op: str, name: str, t: torch.Tensor, note: str) -> torch.Tensor:
     if t.numel() != 1:
         raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected one element{note}")
     return t.reshape(1)
+
+
+# -- the quantization ops' forms (outputs of several layouts, packed scales) ----------------
+def distinct(op: str, name: str, t: torch.Tensor) -> None:
+    """A written tensor of any strides holds each element at its own address (the one rule:
+    ``_distinct_addresses``; lane.h ``distinct`` in C++)."""
+    if not _distinct_addresses(t.shape, t.stride()) or min(t.stride(), default=0) < 0:
+        raise ValueError(
+            f"{op}: {name} has overlapping or negative strides {t.stride()} for shape {tuple(t.shape)}"
+        )
+
+
+def flat_vector(op: str, name: str, t: torch.Tensor, n: int, note: str) -> torch.Tensor:
+    """A caller's output of ``n`` elements (any shape) as a dense [n] view (per-row scales)."""
+    if t.numel() != n:
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {n} element(s){note}")
+    try:
+        v = t.view(n)
+        if n > 1 and v.stride(0) != 1:
+            raise RuntimeError
+        return v
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
+            f"a dense [{n}] vector"
+        ) from None
+
+
+def scale_rows(op: str, name: str, t: torch.Tensor, rows: int, cols: int, note: str) -> torch.Tensor:
+    """Group scales ``[..., cols]`` holding ``rows`` rows, any strides, as a [rows, cols] view."""
+    if t.dim() == 2 and t.shape == (rows, cols):
+        v = t
+    elif t.dim() >= 1 and t.shape[-1] == cols and t.numel() == rows * cols:
+        try:
+            v = t.view(rows, cols)
+        except RuntimeError:
+            raise ValueError(
+                f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
+                f"[{rows}, {cols}]"
+            ) from None
+    else:
+        raise ValueError(
+            f"{op}: {name} has shape {tuple(t.shape)}, expected [..., {cols}]{note} for {rows} rows"
+        )
+    distinct(op, name, v)
+    return v
+
+
+def packed_dtype(
+    op: str,
+    name: str,
+    t: torch.Tensor,
+    names: tuple[str, ...],
+    packed: str,
+    flag: bool,
+    flag_name: str,
+    what: str,
+) -> bool:
+    """Whether ``t`` is an output's packed form (dtype ``packed``, allowed by ``flag``), else of
+    ``names``."""
+    if _dt(t.dtype) == packed:
+        if not flag:
+            raise TypeError(f"{op}: {name} has dtype {packed} ({what}), which needs {flag_name}=True")
+        return True
+    dtype_in(op, name, t, names)
+    return False
+
+
+def column_major(rows: int, cols: int, align: int, dtype: Any, device: Any) -> torch.Tensor:
+    """A fresh [rows, cols] view of a column-major buffer whose columns hold ``rows`` rounded up
+    to ``align`` (TMA-aligned scales: 4)."""
+    m = -(-rows // align) * align
+    return torch.empty((cols, m), dtype=dtype, device=device).t()[:rows]

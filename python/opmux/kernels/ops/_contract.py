@@ -23,7 +23,22 @@ expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a ke
 * ``strided``: any strides (the kernel takes them); with ``*T`` the leading dims are flattened
   (a view) as for ``rows``;
 * ``strided_unit``: any strides, but one of the dims has unit stride (TMA-friendly scales);
-* ``element``: one element of any shape (a per-tensor scale); the kernel gets a [1] view.
+* ``element``: one element of any shape (a per-tensor scale); the kernel gets a [1] view;
+* ``flat``: (an output) allocated in its declared shape; a caller's may have any shape of as many
+  elements that views as a dense vector; the kernel gets that [n] view (per-row scales);
+* ``scales``: (an output) allocated ``[*T, C]``; a caller's may have any leading dims holding the
+  rows and any strides with each element at its own address (``distinct``); the kernel gets the
+  ``[rows, C]`` view (group scales: row-major, column-major, TMA-aligned);
+* ``blocks``: a ``[Gm, Gn]`` tensor of any strides, or one element (rank <= 1) standing for
+  ``[1, 1]``, the kernel getting that [1, 1] view (static block scales).
+
+An output may be allocated in another layout when a bool scalar says so (``alloc=``, the first
+flag set wins: column-major or TMA-aligned scales), and may take a packed form (``packed=``:
+another dtype and last dim, allowed only when its flag is set; a contract without that flag
+refuses it with the same words). A tensor optional in the signature (``Tensor?``, not written)
+is checked only when given; the kernel then gets an empty tensor of its dtype instead. Rule,
+shape and kernel expressions may use ``prod(T)`` (the rows of a ``*T`` batch) and ``cdiv``,
+``max``; a kernel argument that is not a declared name is such an expression.
 
 An output's kernel view may be reinterpreted (``kernel_dtype="uint8"``: fp8 buffers, which
 kernels write as bytes).
@@ -34,11 +49,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["FLOATS", "FP8", "Arg", "Contract", "Rule", "Scalar"]
+__all__ = ["FLOATS", "FP8", "Arg", "Contract", "Packed", "Rule", "Scalar"]
 
 FLOATS = ("float32", "float16", "bfloat16")
 FP8 = ("float8_e4m3fn",)
-LAYOUTS = ("rows", "matrix", "vector", "strided", "strided_unit", "element")
+LAYOUTS = ("rows", "matrix", "vector", "strided", "strided_unit", "element", "flat", "scales", "blocks")
+#: how an output may be allocated instead of densely (``Arg.alloc``): a ``[rows, C]`` view of a
+#: column-major ``[C, rows]`` buffer, or of a ``[C, cdiv(rows, 4) * 4]`` one (TMA-aligned)
+ALLOCS = ("columns", "tma_columns")
 SCALAR_KINDS = {
     "bool": "a bool",
     "positive": "a finite number > 0",
@@ -65,6 +83,20 @@ def split_dims(shape: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Packed:
+    """An output's packed form: ``dtype`` elements, ``last`` of them per row (an expression over
+    the symbols), allowed only when the bool scalar ``flag`` is set; ``name`` names it in the
+    dtype message, ``what`` in the shape one (sgl-kernel's UE8M0 group scales: four exponent
+    bytes per int32)."""
+
+    dtype: str
+    flag: str
+    last: str
+    name: str
+    what: str
+
+
+@dataclass(frozen=True)
 class Arg:
     """One tensor argument. ``out=True``: an output the op allocates when the caller passes
     None (its dtype ``like=`` a tensor, or from ``dtype_from=``, a dtype scalar)."""
@@ -84,6 +116,10 @@ class Arg:
     note: str = ""
     #: the dtype the kernel sees the checked view as (``"uint8"`` for fp8 outputs), or ""
     kernel_dtype: str = ""
+    #: (bool scalar, one of ``ALLOCS``) pairs: an output allocated that way when its flag is set
+    alloc: tuple[tuple[str, str], ...] = ()
+    #: an output's packed form (``scales`` layout only)
+    packed: Packed | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -96,6 +132,15 @@ class Arg:
             raise ValueError(f"Arg {self.name!r}: an output's dtypes= names the one dtype it is made in")
         if (self.layout == "element") != (self.shape == ""):
             raise ValueError(f"Arg {self.name!r}: layout='element' goes with shape='' (one element)")
+        if self.layout in ("flat", "scales") and not self.out:
+            raise ValueError(f"Arg {self.name!r}: layout {self.layout!r} is for outputs")
+        if (self.alloc or self.packed) and self.layout != "scales":
+            raise ValueError(f"Arg {self.name!r}: alloc= and packed= go with layout='scales'")
+        for _, form in self.alloc:
+            if form not in ALLOCS:
+                raise ValueError(f"Arg {self.name!r}: alloc {form!r}; valid: {', '.join(ALLOCS)}")
+        if self.layout == "blocks" and len(split_dims(self.shape)) != 2:
+            raise ValueError(f"Arg {self.name!r}: layout='blocks' is a 2-d shape ('Gm, Gn')")
 
     @property
     def same_as(self) -> str:
@@ -136,6 +181,9 @@ class Rule:
     expr: str
     message: str
     device: str = ""
+    #: a named rule is also stated by the native entry points (``rule_<name>`` in
+    #: ``contracts/<group>.h``: a direct native call refuses with the same words)
+    name: str = ""
 
 
 Item = Arg | Scalar | Rule
@@ -150,24 +198,46 @@ class Contract:
     name: str
     items: tuple[Item, ...]
     kernel: tuple[str, ...]
-    result: str = "None"
+    #: an output's name, several (a tuple of results), or ``"None"``
+    result: str | tuple[str, ...] = "None"
 
     def __post_init__(self) -> None:
         names = [i.name for i in self.items if not isinstance(i, Rule)]
         for k in self.kernel:
-            if k not in names:
+            if k.isidentifier() and k not in names:
                 raise ValueError(f"contract {self.name!r}: kernel argument {k!r} is not declared")
-        if self.result != "None" and self.result not in names:
-            raise ValueError(f"contract {self.name!r}: result {self.result!r} is not declared")
+        for r in self.results:
+            if r not in names:
+                raise ValueError(f"contract {self.name!r}: result {r!r} is not declared")
+        bools = {s.name for s in self.scalars if s.kind == "bool"}
+        for a in self.tensors:
+            for flag, _ in a.alloc:
+                if flag not in bools:
+                    raise ValueError(
+                        f"contract {self.name!r}: {a.name} is allocated by {flag!r}, not a bool scalar"
+                    )
         for a in self.tensors:
             for i, d in enumerate(a.dims):
                 if d.startswith("*") and i:
                     raise ValueError(f"contract {self.name!r}: {a.name}: '*' only on the first dim")
             if a.same_as and a.same_as not in names[: names.index(a.name)]:
-                raise ValueError(f"contract {self.name!r}: {a.name} refers to {a.same_as!r} before it is declared")
+                raise ValueError(
+                    f"contract {self.name!r}: {a.name} refers to {a.same_as!r} before it is declared"
+                )
             ref = a.like or a.device_of
             if ref and ref not in names[: names.index(a.name)]:
                 raise ValueError(f"contract {self.name!r}: {a.name} refers to {ref!r} before it is declared")
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        """The names the op returns, in order."""
+        if isinstance(self.result, tuple):
+            return self.result
+        return () if self.result == "None" else (self.result,)
+
+    @property
+    def outputs(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.tensors if a.out)
 
     @property
     def tensors(self) -> tuple[Arg, ...]:

@@ -49,6 +49,7 @@ class _Writer:
         self.lines: list[str] = []
         self.bound: set[str] = set()  # shape symbols bound so far (full path)
         self.views: list[Arg] = []  # the tensors whose kernel views are taken last, in order
+        self.batch: set[str] = set()  # the batch symbols (``*T``): one dim on the fast path
 
     # -- helpers ---------------------------------------------------------------------------
     def emit(self, depth: int, text: str) -> None:
@@ -80,13 +81,13 @@ class _Writer:
                 _CONSTS[dt] = f"torch.{a.kernel_dtype}"
                 self.emit(1, f"{a.name}_v = {a.name}_v.view({dt})")
         kargs = ", ".join(self.view_name(k) for k in c.kernel)
-        self.emit(1, f"return ({kargs},), {c.result}")
+        self.emit(1, f"return ({kargs},), {self.result()}")
         return "\n".join(self.lines) + "\n"
 
     def view_name(self, name: str) -> str:
         arg = next((a for a in self.c.tensors if a.name == name), None)
         if arg is None:
-            return f"{name}_"  # the checked scalar
+            return f"{name}_" if name.isidentifier() else name  # the checked scalar, an expression
         return f"{name}_v"
 
     # -- the fast path -----------------------------------------------------------------------
@@ -97,19 +98,26 @@ class _Writer:
         binds: list[str] = []
         allocs: list[str] = []
         known: dict[str, str] = {}  # symbol -> expression on the fast path
+        flags = {f for a in c.tensors for f, _ in a.alloc}
         for item in c.items:
             if isinstance(item, Scalar):
-                conds += self.fast_scalar(item)
+                # a flag that allocates an output another way: the serving form has it False
+                conds += [f"{item.name} is False"] if item.name in flags else self.fast_scalar(item)
             elif isinstance(item, Rule):
                 continue
-            elif item.out:
+            elif item.out or self.absent(item):
                 conds.append(f"{item.name} is None")
         for a in c.tensors:
-            if a.out:
+            if a.out or self.absent(a):
                 continue
             s = f"{a.name}_s"
             setup.append(f"{s} = {a.name}.shape")
             dims = c.dims_of(a)
+            if a.layout == "blocks":  # one element stands for [1, 1] (a view: more elements raise)
+                setup[-1] = f"{s}0 = {a.name}.shape"
+                setup.append(f"{a.name}_v = {a.name} if len({s}0) == 2 else {a.name}.view(1, 1)")
+                setup.append(f"{s} = {a.name}_v.shape")
+                conds.append(f"len({s}0) <= 2")
             if a.same_as:
                 conds.append(f"{s} == {a.same_as}_s")
                 dims = ()  # its dims are the other's, checked there
@@ -146,6 +154,7 @@ class _Writer:
             conds.append(f"type({a.name}) is _TENSOR")
         for name, expr in known.items():
             binds.append(f"{name} = {expr}")
+        self.batch = {d.lstrip("*") for a in c.tensors for d in c.dims_of(a) if d.startswith("*")}
         rules = [r for r in c.rules if not r.device]
         for a in c.tensors:
             if a.out:
@@ -161,8 +170,12 @@ class _Writer:
             self.emit(3, line)
         depth = 3
         if rules or any(r.device for r in c.rules):
-            tests = [f"({r.expr})" for r in rules]
-            tests += [f"({r.expr} or {self.device_of_first()}.device.type != {r.device!r})" for r in c.rules if r.device]
+            tests = [f"({self.fast_expr(r.expr)})" for r in rules]
+            tests += [
+                f"({self.fast_expr(r.expr)} or {self.device_of_first()}.device.type != {r.device!r})"
+                for r in c.rules
+                if r.device
+            ]
             self.emit(3, f"if {' and '.join(tests)}:")
             depth = 4
         for s in c.scalars:
@@ -170,8 +183,10 @@ class _Writer:
         for line in allocs:
             self.emit(depth, line)
         kargs = ", ".join(self.fast_view(k) for k in c.kernel)
-        self.emit(depth, f"return ({kargs},), {c.result}")
-        self.emit(1, "except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong")
+        self.emit(depth, f"return ({kargs},), {self.result()}")
+        self.emit(
+            1, "except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong"
+        )
         self.emit(2, "pass")
 
     def fast_view(self, name: str) -> str:
@@ -179,12 +194,76 @@ class _Writer:
         reinterpreted where declared; a scalar's checked value."""
         a = next((t for t in self.c.tensors if t.name == name), None)
         if a is None:
-            return f"{name}_"
+            return f"{name}_" if name.isidentifier() else self.fast_expr(name)
+        if self.absent(a):
+            return self.nothing(a)
+        if a.layout == "blocks":
+            return f"{name}_v"
+        if a.layout == "flat":
+            return f"{name}.view(-1)"
         if a.kernel_dtype:
             dt = "_" + a.kernel_dtype.upper()
             _CONSTS[dt] = f"torch.{a.kernel_dtype}"
             return f"{name}.view({dt})"
         return name
+
+    # -- the forms the quantization ops added (optional inputs, flat / scales / blocks) -----------
+    def absent(self, a: Arg) -> bool:
+        """An input the signature makes optional (``Tensor?``, not written): checked when given."""
+        p = next((p for p in self.params if p.name == a.name), None)
+        return not a.out and p is not None and p.type == "Tensor?"
+
+    def nothing(self, a: Arg) -> str:
+        """What the kernel gets for an absent optional input: an empty tensor of its dtype."""
+        dev = self.device_of_first()
+        return (
+            f"(_checks.PROTOS.get({dev}.device) or _checks.protos({dev}.device))[{_dtype_const(a.dtypes[0])}]"
+        )
+
+    def fast_expr(self, expr: str) -> str:
+        """An expression on the fast path: a batch symbol is one dim there, so ``prod(T)`` is T."""
+        return re.sub(
+            r"\bprod\((\w+)\)", lambda m: m.group(1) if m.group(1) in self.batch else m.group(0), expr
+        )
+
+    def result(self) -> str:
+        names = self.c.results
+        if isinstance(self.c.result, tuple):
+            return f"({', '.join(names)})"
+        return self.c.result
+
+    def alloc_dense(self, a: Arg, ref: str, fast: bool) -> str:
+        """A fresh dense output in its declared shape (``*T`` leading dims)."""
+        dt = _dtype_const(a.dtypes[0])
+        dims = self.c.dims_of(a)
+        if fast:  # ints, not a tuple
+            return f"{ref}.new_empty({', '.join(self.fast_expr(d.lstrip('*')) for d in dims)}, dtype={dt})"
+        return f"torch.empty({_shape_expr(dims)}, dtype={dt}, device={ref}.device)"
+
+    def alloc_flagged(self, a: Arg, fast: bool = False) -> None:
+        """Allocate ``a`` as its first set flag says, else densely (the full path: when the
+        caller passed None)."""
+        ref = a.like or a.device_of or self.device_of_first()
+        dims = self.c.dims_of(a)
+        rows, last = _rows_expr(dims[0]), dims[-1]
+        depth = 1
+        if fast:
+            rows, last = self.fast_expr(rows), self.fast_expr(last)
+        else:
+            self.emit(1, f"if {a.name} is None:")
+            depth = 2
+        for i, (flag, form) in enumerate(a.alloc):
+            align = 4 if form == "tma_columns" else 1
+            self.emit(depth, f"{'el' if i else ''}if {flag}:")
+            view = f"_checks.column_major({rows}, {last}, {align}, {_dtype_const(a.dtypes[0])}, {ref}.device)"
+            shape = (
+                ", ".join(self.fast_expr(d.lstrip("*")) for d in dims) if fast else _shape_expr(dims)[1:-1]
+            )
+            self.emit(
+                depth + 1, f"{a.name} = {view}.view({shape})"
+            )  # (the result's strides: as a view has them)
+        self.emit(depth, "else:")
+        self.emit(depth + 1, f"{a.name} = {self.alloc_dense(a, ref, fast)}")
 
     def device_of_first(self) -> str:
         return next(a.name for a in self.c.tensors if not a.out)
@@ -210,6 +289,8 @@ class _Writer:
 
     def alloc(self, a: Arg, fast: bool) -> str:
         ref = a.like or a.device_of or self.device_of_first()
+        if a.dtypes and not a.same_as and (a.layout in ("flat", "scales") or a.batched):
+            return self.alloc_dense(a, ref, fast)
         if a.dtypes:  # made in its one dtype
             dt = "_" + a.dtypes[0].upper()
             _CONSTS[dt] = f"torch.{a.dtypes[0]}"
@@ -248,12 +329,31 @@ class _Writer:
         self.emit(1, f"{v}_ = {self.scalar_value(s, fast=False)}")
 
     def full_rule(self, r: Rule) -> None:
-        self.emit(1, f"if not ({r.expr}){'' if not r.device else f' and {self.device_of_first()}.device.type == {r.device!r}'}:")
+        self.emit(
+            1,
+            f"if not ({r.expr}){'' if not r.device else f' and {self.device_of_first()}.device.type == {r.device!r}'}:",
+        )
         self.emit(2, f"raise ValueError(f{('{op}: ' + r.message)!r})")
 
     def full_arg(self, a: Arg) -> None:
         depth = 1
-        if a.out:
+        outs = self.c.outputs
+        if a.out and len(outs) > 1 and a is outs[0]:  # caller's buffers: not under torch.compile
+            names = [o.name for o in outs]
+            self.emit(1, f"if {' or '.join(f'{n} is not None' for n in names)}:")
+            self.emit(
+                2, f'_checks.no_caller_outputs_when_compiling(op, "{" / ".join(names)}", {", ".join(names)})'
+            )
+        if a.packed is not None:
+            self.emit(1, f"{a.name}_p = False")
+        if self.absent(a):
+            self.emit(1, f"if {a.name} is not None:")
+            depth = 2
+        if a.out and a.alloc:
+            self.alloc_flagged(a)
+            self.emit(1, "else:")
+            depth = 2
+        elif a.out:
             self.emit(1, f"if {a.name} is None:")
             if a.dtype_from:
                 self.emit(2, f"{a.name} = {self.alloc(a, fast=False)}")
@@ -263,7 +363,15 @@ class _Writer:
             depth = 2
         n = a.name
         self.emit(depth, f'_checks.tensor(op, "{n}", {n})')
-        if a.dtypes:
+        if a.packed is not None:
+            p = a.packed
+            has_flag = any(s.name == p.flag for s in self.c.scalars)
+            self.emit(
+                depth,
+                f'{n}_p = _checks.packed_dtype(op, "{n}", {n}, {a.dtypes!r}, "{p.dtype}", '
+                f'{p.flag if has_flag else False}, "{p.flag}", {p.name!r})',
+            )
+        elif a.dtypes:
             if a.dtypes == FLOATS:
                 self.emit(depth, f'_checks.float_dtype(op, "{n}", {n})')
             else:
@@ -284,7 +392,22 @@ class _Writer:
     def shape_checks(self, a: Arg, depth: int) -> None:
         n = a.name
         dims = a.dims
-        if a.layout == "element":  # checked and viewed with its layout
+        if a.layout in ("element", "flat", "scales"):  # checked and viewed with its layout
+            return
+        if a.layout == "blocks":  # [Gm, Gn], or one element as [1, 1]
+            gm, gn = dims
+            self.emit(depth, f"if {n}.dim() <= 1 and {n}.numel() == 1:")
+            self.emit(depth + 1, f"{n}_v = {n}.reshape(1, 1)")
+            self.emit(depth, f"elif {n}.dim() == 2:")
+            self.emit(depth + 1, f"{n}_v = {n}")
+            self.emit(depth, "else:")
+            self.emit(
+                depth + 1,
+                f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}, expected one element or '
+                f'{_expected_text(dims, set())}{a.note}")',
+            )
+            self.emit(depth, f"{gm}, {gn} = {n}_v.shape")
+            self.bound |= {gm, gn}
             return
         if a.same_as:  # x's whole shape
             ref = a.same_as
@@ -324,7 +447,9 @@ class _Writer:
         before = set(self.bound) - {d.lstrip("*") for d in dims if d.lstrip("*") in binds_of(binds)}
 
         def hint(known: set[str]) -> str:
-            return f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}{a.note}"
+            return (
+                f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}{a.note}"
+            )
 
         # binding needs the rank first; comparisons need the bindings
         self.emit(depth, f"if {conds[0]}:")
@@ -334,13 +459,34 @@ class _Writer:
         if conds[1:]:
             self.emit(depth, f"if {' or '.join(conds[1:])}:")
             self.emit(
-                depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint(self.bound)}")'
+                depth + 1,
+                f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint(self.bound)}")',
             )
 
     def layout(self, a: Arg) -> None:
         n, dims = a.name, self.c.dims_of(a)
+        if self.absent(a):
+            self.emit(1, f"if {n} is None:")
+            self.emit(2, f"{n}_v = {self.nothing(a)}")
+            self.emit(1, "else:")
+            self.emit(2, f'{n}_v = _checks.one_element(op, "{n}", {n}, {a.note!r})')
+            return
         if a.layout == "element":
             self.emit(1, f'{n}_v = _checks.one_element(op, "{n}", {n}, {a.note!r})')
+            return
+        if a.layout == "blocks":  # viewed with its shape check
+            return
+        if a.layout == "flat":
+            count = " * ".join(_rows_expr(d) for d in dims)
+            self.emit(1, f'{n}_v = _checks.flat_vector(op, "{n}", {n}, {count}, {a.note!r})')
+            return
+        if a.layout == "scales":
+            rows, last = _rows_expr(dims[0]), dims[-1]
+            cols, note = last, repr(a.note)
+            if a.packed is not None:
+                cols = f"{a.packed.last} if {n}_p else {last}"
+                note = f"{' (' + a.packed.what + ')'!r} if {n}_p else {a.note!r}"
+            self.emit(1, f'{n}_v = _checks.scale_rows(op, "{n}", {n}, {rows}, {cols}, {note})')
             return
         last = dims[-1].lstrip("*")
         if a.layout == "rows":
@@ -358,6 +504,47 @@ class _Writer:
                 self.emit(1, f'{n}_v = _checks.flat_rows(op, "{n}", {n}, {last})')
             else:
                 self.emit(1, f"{n}_v = {n}")
+
+
+def _outputs(w: _Writer) -> str:
+    """``outputs_<name>(<the op's arguments>) -> (outputs, result)``: the fresh outputs of a call
+    in the serving form (its inputs of their serving rank), allocated as the check allocates
+    them, for the serving lane (``Decl.outputs``); another form raises (the contract then runs)."""
+    c = w.c
+    sig = ", ".join(f"{p.name}: Any{w.default(p.name)}" for p in w.params)
+    w.lines = []
+    w.emit(0, f"def outputs_{c.name}({sig}) -> tuple[tuple[Any, ...], Any]:")
+    known: set[str] = set()
+    for a in c.tensors:
+        if a.out or w.absent(a) or a.same_as:
+            continue
+        dims = [d.lstrip("*") for d in c.dims_of(a)]
+        names = [d if d.isidentifier() and d not in known else "_" for d in dims]
+        known |= set(dims)
+        w.emit(
+            1,
+            f"{', '.join(names)}{',' if len(names) == 1 else ''} = {a.name}.shape  # its serving rank, else raises",
+        )
+    for a in c.outputs:
+        if a.alloc:
+            w.alloc_flagged(a, fast=True)
+        else:
+            w.emit(1, f"{a.name} = {w.alloc(a, fast=True)}")
+    outs = ", ".join(a.name for a in c.outputs)
+    w.emit(1, f"return ({outs},), {w.result()}")
+    return "\n".join(w.lines) + "\n"
+
+
+def _rows_expr(dim: str) -> str:
+    """A dim as a count: ``*T`` is its rows, ``prod(T)``."""
+    return f"prod({dim[1:]})" if dim.startswith("*") else dim
+
+
+def _dtype_const(name: str) -> str:
+    """A module constant holding one torch dtype (``_DT_FLOAT32``)."""
+    const = "_DT_" + name.upper()
+    _CONSTS[const] = f"torch.{name}"
+    return const
 
 
 def _subst(expr: str, known: dict[str, str]) -> str:
@@ -419,6 +606,12 @@ def render_group(decls: Iterable[Decl]) -> str:
     bodies = []
     for d in seen.values():
         assert d.contract is not None
-        bodies.append("\n\n" + _Writer(d.contract, d).render())
+        w = _Writer(d.contract, d)
+        bodies.append("\n\n" + w.render())
+        if len(d.contract.outputs) > 1:
+            bodies.append("\n\n" + _outputs(w))
     consts = "".join(f"{k} = {v}\n" for k, v in sorted(_CONSTS.items()))
-    return "".join([_HEADER, "\n\n", consts, *bodies])
+    header = _HEADER
+    if any("prod(" in b for b in bodies):  # the rows of a batch (``*T``)
+        header = header.replace("from typing import Any\n", "from math import prod\nfrom typing import Any\n")
+    return "".join([header, "\n\n", consts, *bodies])

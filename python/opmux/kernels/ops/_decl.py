@@ -99,8 +99,9 @@ class Decl:
     key_arg: int
     #: for a serving lane of an op with several outputs: ``outputs(*args) -> (outs, result)``
     #: allocates the optional outputs (``outs``, in signature order) for a call that passes
-    #: none, and says what the call returns (see ``fused_op._lane_lines``)
-    outputs: Callable[..., tuple[tuple[Any, ...], Any]] | None = None
+    #: none, and says what the call returns (see ``fused_op._lane_lines``); None for a contract
+    #: with several outputs: its generated ``outputs_<contract>`` (``Decl.outputs``)
+    outputs_fn: Callable[..., tuple[tuple[Any, ...], Any]] | None = None
     #: the arguments ``declare`` was given (for ``variant``)
     declared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     #: the argument contract as data (``ops/_contract.py``); its check is generated into
@@ -112,13 +113,26 @@ class Decl:
         """``check(op, *args) -> (kernel_args, result)``: the contract's generated function
         (imported on first use: it needs torch), or the hand-written one."""
         if self.check_fn is None:
-            import importlib
-
-            package = self.spec.reference.partition(":")[0].rpartition(".")[0]
             assert self.contract is not None
-            fn = getattr(importlib.import_module(f"{package}._contracts"), f"check_{self.contract.name}")
+            fn = getattr(self._generated(), f"check_{self.contract.name}")
             object.__setattr__(self, "check_fn", fn)
         return self.check_fn  # type: ignore[return-value]
+
+    @property
+    def outputs(self) -> Callable[..., tuple[tuple[Any, ...], Any]] | None:
+        """The hand-written ``outputs`` hook, or the generated one of a contract with several
+        outputs (imported on first use, as ``check``), or None."""
+        if self.outputs_fn is None and self.contract is not None and len(self.contract.outputs) > 1:
+            fn = getattr(self._generated(), f"outputs_{self.contract.name}")
+            object.__setattr__(self, "outputs_fn", fn)
+        return self.outputs_fn
+
+    def _generated(self) -> Any:
+        """The group's ``_contracts`` module (it needs torch: imported on first use)."""
+        import importlib
+
+        package = self.spec.reference.partition(":")[0].rpartition(".")[0]
+        return importlib.import_module(f"{package}._contracts")
 
     @property
     def name(self) -> str:
@@ -179,7 +193,10 @@ def declare(
     if native:
         # a per-call predicate (``"module:function"``, called with the op's arguments, returning
         # a reason or None) where the native kernel takes fewer layouts than the contract (TMA)
-        reqs = [(k, replace(r, predicate=native_predicate) if native_predicate else r) for k, r in (("aot", AOT), ("jit", JIT))]
+        reqs = [
+            (k, replace(r, predicate=native_predicate) if native_predicate else r)
+            for k, r in (("aot", AOT), ("jit", JIT))
+        ]
         backends += [BackendSpec(k, NATIVE_TARGETS[k], req) for k, req in reqs]
     if triton:
         backends.append(BackendSpec("triton", f"{package}.triton_kernels:{short}", TRITON))

@@ -427,7 +427,7 @@ void per_group_impl(Q* q, const ScaleOut& so, const T* x, const QuantRows& a, in
 #include "opmux/checks.h"
 #include "opmux/dtype_checks.h"
 #include "opmux/quant_checks.h"
-#include "opmux/quant_lanes.h"
+#include "opmux/contracts/quantization.h"
 
 namespace opmux {
 namespace quantization_cpu {
@@ -494,10 +494,8 @@ void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, 
   constexpr bool kInt8 = std::is_same<Q, int8_t>::value;
   check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}});
   QuantArgs a = check_quant_args(op, q, x, kInt8);
-  if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
-    TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
-                              << " must be a positive multiple of group_size " << group_size;
-  }
+  check_positive_int(op, "group_size", group_size);
+  lane::contract::rule_group_multiple(op, a.hidden, group_size);  // the contract's words
   check_eps(op, eps);
   const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
   if (a.rows == 0) return;
@@ -518,78 +516,6 @@ void per_token_group_quant_int8_cpu(TensorView q, TensorView scales, TensorView 
   group_entry<int8_t>("opmux.per_token_group_quant_int8", q, scales, x, group_size, eps, false, false);
 }
 
-// Serving lanes (opmux/lane.h, opmux/quant_lanes.h): the contract's serving form checked here,
-// then the kernel with the contract's arguments; else None (nothing done).
-lane::Any per_token_quant_fp8_cpu_lane(TensorView x, lane::AnyView scale_ub, lane::AnyView divide_by_scale,
-                                       lane::AnyView out_q, lane::AnyView out_scale) {
-  bool divide;
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::per_token_args(kDLCPU, x, scale_ub, divide_by_scale, out_q, out_scale, &divide, &q, &s, &fresh))
-    return lane::refused();
-  lane::F32View s1 = lane::F32View::vector_of(*s, x.size(0));
-  lane::F32View ub = lane::F32View::none(x.device());
-  per_token_quant_fp8_cpu(*q, s1.view(), x, ub.view(), divide);
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any per_tensor_quant_fp8_cpu_lane(TensorView x, lane::AnyView scale, lane::AnyView out_q,
-                                        lane::AnyView out_scale) {
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::per_tensor_args(kDLCPU, x, scale, out_q, out_scale, &q, &s, &fresh)) return lane::refused();
-  lane::F32View dynamic = lane::F32View::none(x.device());
-  per_tensor_quant_fp8_cpu(*q, *s, x, dynamic.view());
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any per_token_group_quant_fp8_cpu_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
-                                             lane::AnyView column_major_scales, lane::AnyView scale_tma_aligned,
-                                             lane::AnyView scale_ue8m0, lane::AnyView divide_by_scale,
-                                             lane::AnyView out_q, lane::AnyView out_scale) {
-  int64_t gs;
-  double e;
-  bool ue8m0, divide;
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::bool_arg(scale_ue8m0, &ue8m0) || !lane::bool_arg(divide_by_scale, &divide) ||
-      !lane::group_args<false>(kDLCPU, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                               &gs, &e, &q, &s, &fresh))
-    return lane::refused();
-  per_token_group_quant_fp8_cpu(*q, *s, x, gs, e, ue8m0, divide);
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any per_token_group_quant_int8_cpu_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
-                                              lane::AnyView column_major_scales, lane::AnyView scale_tma_aligned,
-                                              lane::AnyView out_q, lane::AnyView out_scale) {
-  int64_t gs;
-  double e;
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::group_args<true>(kDLCPU, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                              &gs, &e, &q, &s, &fresh))
-    return lane::refused();
-  per_token_group_quant_int8_cpu(*q, *s, x, gs, e);
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any static_quant_fp8_cpu_lane(TensorView x, TensorView scale, lane::AnyView out_arg) {
-  std::optional<TensorView> out;
-  bool one;
-  int64_t gm, gn;
-  if (!lane::static_args(kDLCPU, x, scale, out_arg, &out, &one, &gm, &gn)) return lane::refused();
-  lane::F32View s11 = lane::F32View::one_by_one(scale);
-  const TensorView s2 = one ? s11.view() : scale;
-  if (out) {
-    static_quant_fp8_cpu(*out, x, s2, gm, gn);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, lane::kFp8E4m3, x.device());
-  static_quant_fp8_cpu(y, x, s2, gm, gn);
-  return y;
-}
-
 }  // namespace quantization_cpu
 }  // namespace opmux
 
@@ -600,11 +526,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cpu,
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cpu, opmux::quantization_cpu::static_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cpu,
                               opmux::quantization_cpu::per_token_group_quant_int8_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cpu_lane, opmux::quantization_cpu::per_token_quant_fp8_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cpu_lane, opmux::quantization_cpu::per_tensor_quant_fp8_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cpu_lane,
-                              opmux::quantization_cpu::per_token_group_quant_fp8_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cpu_lane,
-                              opmux::quantization_cpu::per_token_group_quant_int8_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cpu_lane, opmux::quantization_cpu::static_quant_fp8_cpu_lane);
+
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/quantization_cpu_lanes.inc"
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -35,7 +35,7 @@
 #include "opmux/cuda_utils.cuh"
 #include "opmux/dtype_checks.h"
 #include "opmux/quant_checks.h"
-#include "opmux/quant_lanes.h"
+#include "opmux/contracts/quantization.h"
 
 namespace opmux {
 namespace quantization_cuda {
@@ -529,12 +529,12 @@ void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
   cuda::launch(op, device_id, props, kernel, grid, block, 0, stream, p);
 }
 
-// The shared checks, plus the 32-bit index limits of these kernels.
+// The shared checks, plus the 32-bit index limits of these kernels (the contract's CUDA rules).
 inline QuantArgs check_cuda_quant_args(const char* op, const TensorView& q, const TensorView& x,
                                        bool int8_q = false) {
   QuantArgs a = check_quant_args(op, q, x, int8_q);
-  if (a.hidden > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": hidden size " << a.hidden << " too large";
-  if (a.rows > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": " << a.rows << " rows: at most 2^31 - 1";
+  lane::contract::rule_cuda_rows(op, a.rows);
+  lane::contract::rule_cuda_hidden(op, a.hidden);
   return a;
 }
 
@@ -623,10 +623,8 @@ void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, 
   constexpr bool kInt8 = std::is_same<Q, int8_t>::value;
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
   QuantArgs a = check_cuda_quant_args(op, q, x, kInt8);
-  if (group_size <= 0 || a.hidden == 0 || a.hidden % group_size != 0) {
-    TVM_FFI_THROW(ValueError) << op << ": x's hidden size " << a.hidden
-                              << " must be a positive multiple of group_size " << group_size;
-  }
+  check_positive_int(op, "group_size", group_size);
+  lane::contract::rule_group_multiple(op, a.hidden, group_size);  // the contract's words
   check_eps(op, eps);
   const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
   if (a.rows == 0) return;
@@ -663,78 +661,6 @@ void per_token_group_quant_int8_cuda(TensorView q, TensorView scales, TensorView
   group_entry<int8_t>("opmux.per_token_group_quant_int8", q, scales, x, group_size, eps, false, false);
 }
 
-// Serving lanes (opmux/lane.h, opmux/quant_lanes.h): the contract's serving form checked here,
-// then the kernel with the contract's arguments; else None (nothing done). As quantization_cpu.cpp.
-lane::Any per_token_quant_fp8_cuda_lane(TensorView x, lane::AnyView scale_ub, lane::AnyView divide_by_scale,
-                                        lane::AnyView out_q, lane::AnyView out_scale, bool enable_pdl) {
-  bool divide;
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::per_token_args(kDLCUDA, x, scale_ub, divide_by_scale, out_q, out_scale, &divide, &q, &s, &fresh))
-    return lane::refused();
-  lane::F32View s1 = lane::F32View::vector_of(*s, x.size(0));
-  lane::F32View ub = lane::F32View::none(x.device());
-  per_token_quant_fp8_cuda(*q, s1.view(), x, ub.view(), divide, enable_pdl);
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any per_tensor_quant_fp8_cuda_lane(TensorView x, lane::AnyView scale, lane::AnyView out_q,
-                                         lane::AnyView out_scale, bool enable_pdl) {
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::per_tensor_args(kDLCUDA, x, scale, out_q, out_scale, &q, &s, &fresh)) return lane::refused();
-  lane::F32View dynamic = lane::F32View::none(x.device());
-  per_tensor_quant_fp8_cuda(*q, *s, x, dynamic.view(), enable_pdl);
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any per_token_group_quant_fp8_cuda_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
-                                              lane::AnyView column_major_scales, lane::AnyView scale_tma_aligned,
-                                              lane::AnyView scale_ue8m0, lane::AnyView divide_by_scale,
-                                              lane::AnyView out_q, lane::AnyView out_scale, bool enable_pdl) {
-  int64_t gs;
-  double e;
-  bool ue8m0, divide;
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::bool_arg(scale_ue8m0, &ue8m0) || !lane::bool_arg(divide_by_scale, &divide) ||
-      !lane::group_args<false>(kDLCUDA, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                               &gs, &e, &q, &s, &fresh))
-    return lane::refused();
-  per_token_group_quant_fp8_cuda(*q, *s, x, gs, e, ue8m0, divide, enable_pdl);
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any per_token_group_quant_int8_cuda_lane(TensorView x, lane::AnyView group_size, lane::AnyView eps,
-                                               lane::AnyView column_major_scales, lane::AnyView scale_tma_aligned,
-                                               lane::AnyView out_q, lane::AnyView out_scale, bool enable_pdl) {
-  int64_t gs;
-  double e;
-  std::optional<TensorView> q, s;
-  lane::Fresh fresh;
-  if (!lane::group_args<true>(kDLCUDA, x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale,
-                              &gs, &e, &q, &s, &fresh))
-    return lane::refused();
-  per_token_group_quant_int8_cuda(*q, *s, x, gs, e, enable_pdl);
-  return lane::ran_all({&fresh.q, &fresh.s});
-}
-
-lane::Any static_quant_fp8_cuda_lane(TensorView x, TensorView scale, lane::AnyView out_arg, bool enable_pdl) {
-  std::optional<TensorView> out;
-  bool one;
-  int64_t gm, gn;
-  if (!lane::static_args(kDLCUDA, x, scale, out_arg, &out, &one, &gm, &gn)) return lane::refused();
-  lane::F32View s11 = lane::F32View::one_by_one(scale);
-  const TensorView s2 = one ? s11.view() : scale;
-  if (out) {
-    static_quant_fp8_cuda(*out, x, s2, gm, gn, enable_pdl);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, lane::kFp8E4m3, x.device());
-  static_quant_fp8_cuda(y, x, s2, gm, gn, enable_pdl);
-  return y;
-}
-
 }  // namespace quantization_cuda
 }  // namespace opmux
 
@@ -745,10 +671,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cuda,
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cuda, opmux::quantization_cuda::static_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cuda,
                               opmux::quantization_cuda::per_token_group_quant_int8_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cuda_lane, opmux::quantization_cuda::per_token_quant_fp8_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cuda_lane, opmux::quantization_cuda::per_tensor_quant_fp8_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cuda_lane,
-                              opmux::quantization_cuda::per_token_group_quant_fp8_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_int8_cuda_lane,
-                              opmux::quantization_cuda::per_token_group_quant_int8_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(static_quant_fp8_cuda_lane, opmux::quantization_cuda::static_quant_fp8_cuda_lane);
+
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/quantization_cuda_lanes.inc"

@@ -39,11 +39,10 @@ fp8 tensors cross into the native kernels as ``uint8`` views (a DLPack-safe byte
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import _checks
 from .._common import FP8_E4M3_TOLERANCE
+from .._contract import FLOATS, FP8, Arg, Contract, Packed, Rule, Scalar
 from .._decl import declare
 
 if TYPE_CHECKING:
@@ -63,20 +62,6 @@ INT8_MAX = 127.0
 #: smallest per-token scale (vLLM's MIN_SCALING_FACTOR): keeps 1/scale finite for zero rows
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 
-_EMPTY: dict[torch.device, Tensor] = {}
-
-
-def _empty(device: torch.device) -> Tensor:
-    """A cached 0-element float32 tensor: "no scale_ub" / "dynamic" for the kernels. Only a plain
-    tensor is cached: under torch.compile the checks run in the fake op on fake tensors, and a
-    cached FakeTensor would reach the kernels of every later real call."""
-    e = _EMPTY.get(device)
-    if e is None:
-        e = torch.empty(0, dtype=torch.float32, device=device)
-        if type(e) is torch.Tensor:
-            e = _EMPTY.setdefault(device, e)
-    return e
-
 
 def _to_fp8(y: Tensor) -> Tensor:
     """fp32 -> e4m3fn, round to nearest even, saturating (torch's cast maps >= 480 to NaN)."""
@@ -89,390 +74,143 @@ def _to_int8(y: Tensor) -> Tensor:
     return torch.trunc(y).to(torch.int8)
 
 
-def _hidden(op: str, x: Tensor) -> int:
-    _checks.tensor(op, "x", x)
-    _checks.float_dtype(op, "x", x)
-    if x.dim() < 1 or x.shape[-1] == 0:
-        raise ValueError(f"{op}: x has shape {tuple(x.shape)}, expected [..., H] with H >= 1")
-    return int(x.shape[-1])
+# -- the contracts (ops/_contract.py; their checks are generated into _contracts.py) -------------
+_F32 = ("float32",)
+#: x [*T, H] float rows, H >= 1
+_X = Arg("x", "*T, H", dtypes=FLOATS, note=" with H >= 1")
+_H = Rule("H >= 1", "x has shape {tuple(x.shape)}, expected [..., H] with H >= 1")
+#: the CUDA kernels index rows and the hidden dim with 32-bit ints
+_CUDA_ROWS = Rule(
+    "prod(T) <= 2**31 - 1", "x has {prod(T)} rows; at most 2^31 - 1 on CUDA", device="cuda", name="cuda_rows"
+)
+_CUDA_H = Rule(
+    "H <= 2**31 - 1",
+    "x's last dim {H} is too large; at most 2^31 - 1 on CUDA",
+    device="cuda",
+    name="cuda_hidden",
+)
 
 
-def _flag(op: str, name: str, v: object) -> bool:
-    if not isinstance(v, bool):
-        raise TypeError(f"{op}: {name} must be a bool, got {v!r}")
-    return v
+def _q(dtypes: tuple[str, ...] = FP8, name: str = "out_q") -> Arg:
+    """The quantized output, x's shape (fp8 crosses into the kernels as its bytes)."""
+    return Arg(
+        name,
+        "*T, H",
+        dtypes=dtypes,
+        device_of="x",
+        out=True,
+        note=" like x",
+        kernel_dtype="uint8" if dtypes == FP8 else "",
+    )
 
 
-def _out_q(op: str, x: Tensor, out_q: Tensor, h: int, dtype: torch.dtype, name: str = "out_q") -> Tensor:
-    """The caller's q buffer as the [T, H] rows view the kernels write."""
-    _checks.tensor(op, name, out_q)
-    _checks.exact_dtype(op, name, out_q, dtype)
-    if out_q.shape != x.shape:
-        raise ValueError(f"{op}: {name} has shape {tuple(out_q.shape)}, expected {tuple(x.shape)} like x")
-    _checks.same_device(op, "x", x, **{name: out_q})
-    return _checks.rows(op, name, out_q, h)
+#: x [*T, H] -> (q, one scale per row): kernel arguments (q, scales [rows], x, scale_ub or empty, divide)
+PER_TOKEN = Contract(
+    "per_token",
+    (
+        _X,
+        _H,
+        _CUDA_ROWS,
+        _CUDA_H,
+        Arg("scale_ub", "", dtypes=_F32, device_of="x", layout="element"),
+        Scalar("divide_by_scale", "bool"),
+        _q(),
+        Arg(
+            "out_scale",
+            "*T, 1",
+            dtypes=_F32,
+            device_of="x",
+            out=True,
+            layout="flat",
+            note=" (one per row of x)",
+        ),
+    ),
+    kernel=("out_q", "out_scale", "x", "scale_ub", "divide_by_scale"),
+    result=("out_q", "out_scale"),
+)
+#: x [*T, H] -> (q, one scale): kernel arguments (q, scale [1], x, static scale or empty)
+PER_TENSOR = Contract(
+    "per_tensor",
+    (
+        _X,
+        _H,
+        _CUDA_ROWS,
+        _CUDA_H,
+        Arg("scale", "", dtypes=_F32, device_of="x", layout="element"),
+        _q(),
+        Arg("out_scale", "1", dtypes=_F32, device_of="x", out=True, layout="flat", note=" (one per tensor)"),
+    ),
+    kernel=("out_q", "out_scale", "x", "scale"),
+    result=("out_q", "out_scale"),
+)
+#: x [*T, H], scale [Gm, Gn] (or one element) -> q: kernel arguments (q, x, scale, rows per block, columns per block)
+STATIC = Contract(
+    "static_blocks",
+    (
+        _X,
+        _H,
+        _CUDA_ROWS,
+        _CUDA_H,
+        Arg("scale", "Gm, Gn", dtypes=_F32, device_of="x", layout="blocks", note=" (2-D group scales)"),
+        Rule(
+            "Gm > 0 and Gn > 0 and prod(T) % Gm == 0 and H % Gn == 0",
+            "scale has shape {tuple(scale.shape)}: its dims must divide x's rows and hidden size {(prod(T), H)}",
+        ),
+        _q(name="out"),
+    ),
+    kernel=("out", "x", "scale", "max(prod(T) // Gm, 1)", "H // Gn"),
+    result="out",
+)
 
 
-def _out_vector(op: str, x: Tensor, s: Tensor, n: int, what: str) -> Tensor:
-    """The caller's float32 scale buffer of ``n`` elements as a dense [n] view."""
-    _checks.tensor(op, "out_scale", s)
-    _checks.exact_dtype(op, "out_scale", s, torch.float32)
-    _checks.same_device(op, "x", x, out_scale=s)
-    if s.numel() != n:
-        raise ValueError(f"{op}: out_scale has shape {tuple(s.shape)}, expected {n} element(s) ({what})")
-    try:
-        v = s.view(n)
-        if n > 1 and v.stride(0) != 1:
-            raise RuntimeError
-        return v
-    except RuntimeError:
-        raise ValueError(
-            f"{op}: out_scale with shape {tuple(s.shape)} and strides {s.stride()} cannot be viewed as "
-            f"a dense [{n}] vector"
-        ) from None
+def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
+    """x [*T, H] -> (q, a scale per group of ``group_size``): kernel arguments (q, scales
+    [rows, G] of any strides, x, group_size, eps, *flags)."""
+    scales = Arg(
+        "out_scale",
+        "*T, H // group_size",
+        dtypes=_F32,
+        device_of="x",
+        out=True,
+        layout="scales",
+        note=" (one per group)",
+        alloc=(("scale_tma_aligned", "tma_columns"), ("column_major_scales", "columns")),
+        packed=Packed(
+            "int32",
+            "scale_ue8m0",
+            "cdiv(H // group_size, 4)",
+            "packed UE8M0",
+            "ceil(G / 4) packed UE8M0 int32",
+        ),
+    )
+    items = (
+        _X,
+        _H,
+        _CUDA_ROWS,
+        _CUDA_H,
+        Scalar("group_size", "positive_int"),
+        Rule(
+            "H % group_size == 0",
+            "x's last dim {H} is not a multiple of group_size {group_size}",
+            name="group_multiple",
+        ),
+        Scalar("eps", "positive"),
+        Scalar("column_major_scales", "bool"),
+        Scalar("scale_tma_aligned", "bool"),
+        Rule(
+            "column_major_scales or not scale_tma_aligned",
+            "scale_tma_aligned needs column_major_scales=True (TMA-aligned column-major scales)",
+        ),
+        *flags,
+        _q(q),
+        scales,
+    )
+    kernel = ("out_q", "out_scale", "x", "group_size", "eps", *(f.name for f in flags))
+    return Contract(name, items, kernel=kernel, result=("out_q", "out_scale"))
 
 
-def _no_self_overlap(op: str, name: str, t: Tensor) -> None:
-    """Every element of ``t`` at its own address (any order of the strides)."""
-    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1)
-    span = 1
-    for st, sz in dims:
-        if st < span:
-            raise ValueError(
-                f"{op}: {name} has overlapping or negative strides {t.stride()} for shape {tuple(t.shape)}"
-            )
-        span = st * sz
-
-
-def check_per_token(
-    op: str,
-    x: Tensor,
-    scale_ub: Tensor | None = None,
-    divide_by_scale: bool = False,
-    out_q: Tensor | None = None,
-    out_scale: Tensor | None = None,
-) -> tuple[tuple[Any, ...], Any]:
-    """-> ((q2 as uint8 [T, H], scales [T], x2 [T, H], scale_ub or an empty tensor, divide), (q, scales))."""
-    try:  # the serving call ([T, H] rows, no buffers), each attribute read once; else the full checks
-        if (
-            scale_ub is None
-            and out_q is None
-            and out_scale is None
-            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
-            and type(divide_by_scale) is bool
-        ):
-            t, h = x.shape  # not 2-D raises: the full checks name it
-            if h >= 1 and x.dtype in _checks.FLOAT_DTYPES and (h == 1 or x.stride()[1] == 1):
-                dev = x.device
-                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
-                q2 = p[torch.uint8].new_empty(t, h)  # fp8 crosses as its bytes
-                s = p[torch.float32].new_empty(t, 1)
-                ub = _EMPTY.get(dev)
-                if ub is None:
-                    ub = _empty(dev)
-                # ravel: the dense [T] view of s (s.view(t), ~0.15 us less)
-                return (q2, s.ravel(), x, ub, divide_by_scale), (q2.view(torch.float8_e4m3fn), s)
-    except Exception:  # not a tensor, ...: the full checks say what is wrong
-        pass
-    h = _hidden(_PT, x)
-    if scale_ub is not None:
-        _checks.tensor(_PT, "scale_ub", scale_ub)
-        _checks.exact_dtype(_PT, "scale_ub", scale_ub, torch.float32)
-        if scale_ub.numel() != 1:
-            raise ValueError(f"{_PT}: scale_ub has shape {tuple(scale_ub.shape)}, expected one element")
-        _checks.same_device(_PT, "x", x, scale_ub=scale_ub)
-    _flag(_PT, "divide_by_scale", divide_by_scale)
-    x2 = _checks.rows(_PT, "x", x, h)
-    if out_q is None and out_scale is None:  # the serving case
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-        q2, s1 = q.view(-1, h), s.view(-1)
-    else:
-        _checks.no_caller_outputs_when_compiling(_PT, "out_q / out_scale", out_q, out_scale)
-        if out_q is None:
-            q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-            q2 = q.view(-1, h)
-        else:
-            q, q2 = out_q, _out_q(_PT, x, out_q, h, torch.float8_e4m3fn)
-        if out_scale is None:
-            s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-            s1 = s.view(-1)
-        else:
-            s, s1 = out_scale, _out_vector(_PT, x, out_scale, x2.shape[0], "one per row of x")
-    ub = _empty(x.device) if scale_ub is None else scale_ub.reshape(1)
-    return (q2.view(torch.uint8), s1, x2, ub, divide_by_scale), (q, s)
-
-
-def check_per_tensor(
-    op: str,
-    x: Tensor,
-    scale: Tensor | None = None,
-    out_q: Tensor | None = None,
-    out_scale: Tensor | None = None,
-) -> tuple[tuple[Any, ...], Any]:
-    """-> ((q2 as uint8 [T, H], out scale [1], x2 [T, H], static scale [1] or an empty tensor), (q, scale))."""
-    try:  # the dynamic serving call ([T, H] rows, no buffers), each attribute read once
-        if scale is None and out_q is None and out_scale is None and type(x) is torch.Tensor:
-            t, h = x.shape  # not 2-D raises: the full checks name it
-            if h >= 1 and x.dtype in _checks.FLOAT_DTYPES and (h == 1 or x.stride()[1] == 1):
-                dev = x.device
-                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
-                q2 = p[torch.uint8].new_empty(t, h)  # fp8 crosses as its bytes
-                s = p[torch.float32].new_empty(1)
-                static = _EMPTY.get(dev)
-                if static is None:
-                    static = _empty(dev)
-                return (q2, s, x, static), (q2.view(torch.float8_e4m3fn), s)
-    except Exception:  # not a tensor, ...: the full checks say what is wrong
-        pass
-    h = _hidden(_PTT, x)
-    if scale is not None:
-        _checks.tensor(_PTT, "scale", scale)
-        _checks.exact_dtype(_PTT, "scale", scale, torch.float32)
-        if scale.numel() != 1:
-            raise ValueError(f"{_PTT}: scale has shape {tuple(scale.shape)}, expected one element")
-        _checks.same_device(_PTT, "x", x, scale=scale)
-    x2 = _checks.rows(_PTT, "x", x, h)
-    _checks.no_caller_outputs_when_compiling(_PTT, "out_q / out_scale", out_q, out_scale)
-    if out_q is None:
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        q2 = q.view(-1, h)
-    else:
-        q, q2 = out_q, _out_q(_PTT, x, out_q, h, torch.float8_e4m3fn)
-    if out_scale is None:
-        s = s1 = torch.empty(1, dtype=torch.float32, device=x.device)
-    else:
-        s, s1 = out_scale, _out_vector(_PTT, x, out_scale, 1, "one per tensor")
-    static = _empty(x.device) if scale is None else scale.reshape(1)
-    return (q2.view(torch.uint8), s1, x2, static), (q, s)
-
-
-def check_static(op: str, x: Tensor, scale: Tensor, out: Tensor | None = None) -> tuple[tuple[Any, ...], Any]:
-    """-> ((q2 as uint8 [T, H], x2 [T, H], scale2 [Gm, Gn] (any strides), group_m, group_n), q)."""
-    try:  # the serving call ([T, H] rows, one scale or [Gm, Gn] scales, no out), each attribute read once
-        xs, ss = x.shape, scale.shape
-        if (
-            out is None
-            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
-            and type(scale) is torch.Tensor
-            and len(xs) == 2
-            and xs[1] >= 1
-            and x.dtype in _checks.FLOAT_DTYPES
-            and scale.dtype == torch.float32
-            and (xs[1] == 1 or x.stride()[1] == 1)
-        ):
-            dev, n = x.device, len(ss)
-            if n == 2:
-                gm, gn = ss
-                ok = gm > 0 and gn > 0 and xs[0] % gm == 0 and xs[1] % gn == 0 and min(scale.stride()) >= 0
-                s2 = scale
-            else:  # one scale ([1] or 0-d): the [1, 1] view the full checks make (reshape of one element)
-                ok = n == 0 or (n == 1 and ss[0] == 1)
-                gm = gn = 1
-                s2 = scale.view(1, 1) if ok else scale
-            if ok and scale.device == dev:
-                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
-                q2 = p[torch.uint8].new_empty(xs[0], xs[1])  # fp8 crosses as its bytes
-                return (q2, x, s2, max(xs[0] // gm, 1), xs[1] // gn), q2.view(torch.float8_e4m3fn)
-    except Exception:  # not tensors, ...: the full checks say what is wrong
-        pass
-    h = _hidden(_PS, x)
-    _checks.tensor(_PS, "scale", scale)
-    _checks.exact_dtype(_PS, "scale", scale, torch.float32)
-    _checks.same_device(_PS, "x", x, scale=scale)
-    x2 = _checks.rows(_PS, "x", x, h)
-    t = x2.shape[0]
-    if scale.dim() <= 1 and scale.numel() == 1:
-        s2 = scale.reshape(1, 1)
-    elif scale.dim() == 2:
-        s2 = scale
-    else:
-        raise ValueError(
-            f"{_PS}: scale has shape {tuple(scale.shape)}, expected one element or [Gm, Gn] (2-D group scales)"
-        )
-    gm_n, gn_n = s2.shape
-    if gm_n == 0 or gn_n == 0 or t % gm_n or h % gn_n:
-        raise ValueError(
-            f"{_PS}: scale has shape {tuple(scale.shape)}: its dims must divide x's rows and hidden size {(t, h)}"
-        )
-    if min(s2.stride()) < 0:
-        raise ValueError(f"{_PS}: scale has negative strides {s2.stride()}")
-    if out is None:
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        q2 = q.view(-1, h)
-    else:
-        q, q2 = out, _out_q(_PS, x, out, h, torch.float8_e4m3fn, "out")
-    return (q2.view(torch.uint8), x2, s2, max(t // gm_n, 1), h // gn_n), q
-
-
-def _group_common(
-    op: str, x: Tensor, group_size: int, eps: float, column_major_scales: bool, scale_tma_aligned: bool
-) -> tuple[int, int, float, Tensor]:
-    h = _hidden(op, x)
-    gs = _checks.positive_int(op, "group_size", group_size)
-    if h % gs:
-        raise ValueError(f"{op}: x's last dim {h} is not a multiple of group_size {gs}")
-    eps = _checks.positive_float(op, "eps", eps)
-    _flag(op, "column_major_scales", column_major_scales)
-    if _flag(op, "scale_tma_aligned", scale_tma_aligned) and not column_major_scales:
-        raise ValueError(
-            f"{op}: scale_tma_aligned needs column_major_scales=True (TMA-aligned column-major scales)"
-        )
-    return h, gs, eps, _checks.rows(op, "x", x, h)
-
-
-def _group_scales(x: Tensor, t: int, g: int, column_major: bool, tma: bool) -> tuple[Tensor, Tensor]:
-    """The op's own float32 scales: (kernel view [T, G], result [..., G])."""
-    if column_major:  # a [T, G] view of a contiguous [G, T] (TMA: [G, T rounded up to 4]) tensor
-        m = (t + 3) // 4 * 4 if tma else t
-        s2 = torch.empty((g, m), dtype=torch.float32, device=x.device).t()[:t]
-    else:
-        s2 = torch.empty((t, g), dtype=torch.float32, device=x.device)
-    return s2, s2.view(*x.shape[:-1], g)
-
-
-def _out_group_scales(op: str, x: Tensor, s: Tensor, t: int, g: int, packed_ok: bool) -> Tensor:
-    """The caller's group scales as a [T, G] (float32) or [T, ceil(G / 4)] (packed int32) view."""
-    _checks.tensor(op, "out_scale", s)
-    packed = s.dtype == torch.int32
-    if not packed or not packed_ok:
-        if packed:
-            raise TypeError(f"{op}: out_scale has dtype int32 (packed UE8M0), which needs scale_ue8m0=True")
-        _checks.exact_dtype(op, "out_scale", s, torch.float32)
-    _checks.same_device(op, "x", x, out_scale=s)
-    cols = (g + 3) // 4 if packed else g
-    what = f"[..., {cols}] (ceil(G / 4) packed UE8M0 int32)" if packed else f"[..., {g}] (one per group)"
-    if s.dim() == 2 and s.shape == (t, cols):
-        s2 = s
-    elif s.dim() >= 1 and s.shape[-1] == cols and s.numel() == t * cols:
-        try:
-            s2 = s.view(t, cols)
-        except RuntimeError:
-            raise ValueError(
-                f"{op}: out_scale with shape {tuple(s.shape)} and strides {s.stride()} cannot be viewed as [{t}, {cols}]"
-            ) from None
-    else:
-        raise ValueError(f"{op}: out_scale has shape {tuple(s.shape)}, expected {what} for {t} rows")
-    _no_self_overlap(op, "out_scale", s2)
-    return s2
-
-
-def check_group(
-    op: str,
-    x: Tensor,
-    group_size: int = 128,
-    eps: float = 1e-10,
-    column_major_scales: bool = False,
-    scale_tma_aligned: bool = False,
-    scale_ue8m0: bool = False,
-    divide_by_scale: bool = False,
-    out_q: Tensor | None = None,
-    out_scale: Tensor | None = None,
-) -> tuple[tuple[Any, ...], Any]:
-    """-> ((q2 as uint8 [T, H], scales [T, G] float32 or [T, ceil(G/4)] packed int32 (any
-    strides), x2 [T, H], group_size, eps, ue8m0, divide), (q, scales))."""
-    try:  # the serving call ([T, H] rows, row-major scales, no buffers); else the full checks
-        if (
-            out_q is None
-            and out_scale is None
-            and column_major_scales is False
-            and scale_tma_aligned is False
-            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
-            and type(scale_ue8m0) is bool
-            and type(divide_by_scale) is bool
-            and type(group_size) is int
-            and group_size > 0
-            and type(eps) is float
-            and 0.0 < eps < math.inf
-        ):
-            t, h = x.shape  # not 2-D raises: the full checks name it
-            if (
-                h >= 1
-                and h % group_size == 0
-                and x.dtype in _checks.FLOAT_DTYPES
-                and (h == 1 or x.stride()[1] == 1)
-            ):
-                dev = x.device
-                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
-                q2 = p[torch.uint8].new_empty(t, h)  # fp8 crosses as its bytes
-                s2 = p[torch.float32].new_empty(t, h // group_size)
-                kargs = (q2, s2, x, group_size, eps, scale_ue8m0, divide_by_scale)
-                return kargs, (q2.view(torch.float8_e4m3fn), s2)
-    except Exception:  # not a tensor, ...: the full checks say what is wrong
-        pass
-    h, gs, eps, x2 = _group_common(_PG, x, group_size, eps, column_major_scales, scale_tma_aligned)
-    ue8m0 = _flag(_PG, "scale_ue8m0", scale_ue8m0)
-    divide = _flag(_PG, "divide_by_scale", divide_by_scale)
-    t, g = x2.shape[0], h // gs
-    if out_q is None and out_scale is None:
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        q2 = q.view(-1, h)
-        s2, s = _group_scales(x, t, g, column_major_scales, scale_tma_aligned)
-    else:
-        _checks.no_caller_outputs_when_compiling(_PG, "out_q / out_scale", out_q, out_scale)
-        if out_q is None:
-            q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-            q2 = q.view(-1, h)
-        else:
-            q, q2 = out_q, _out_q(_PG, x, out_q, h, torch.float8_e4m3fn)
-        if out_scale is None:
-            s2, s = _group_scales(x, t, g, column_major_scales, scale_tma_aligned)
-        else:
-            s, s2 = out_scale, _out_group_scales(_PG, x, out_scale, t, g, ue8m0)
-    return (q2.view(torch.uint8), s2, x2, gs, eps, ue8m0, divide), (q, s)
-
-
-def check_group_int8(
-    op: str,
-    x: Tensor,
-    group_size: int = 128,
-    eps: float = 1e-10,
-    column_major_scales: bool = False,
-    scale_tma_aligned: bool = False,
-    out_q: Tensor | None = None,
-    out_scale: Tensor | None = None,
-) -> tuple[tuple[Any, ...], Any]:
-    """-> ((q2 int8 [T, H], scales [T, G] float32 (any strides), x2 [T, H], group_size, eps), (q, scales))."""
-    try:  # the serving call ([T, H] rows, row-major scales, no buffers); else the full checks
-        if (
-            out_q is None
-            and out_scale is None
-            and column_major_scales is False
-            and scale_tma_aligned is False
-            and type(x) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
-            and type(group_size) is int
-            and group_size > 0
-            and type(eps) is float
-            and 0.0 < eps < math.inf
-        ):
-            t, h = x.shape  # not 2-D raises: the full checks name it
-            if (
-                h >= 1
-                and h % group_size == 0
-                and x.dtype in _checks.FLOAT_DTYPES
-                and (h == 1 or x.stride()[1] == 1)
-            ):
-                dev = x.device
-                p = _checks.PROTOS.get(dev) or _checks.protos(dev)
-                q = p[torch.int8].new_empty(t, h)
-                s2 = p[torch.float32].new_empty(t, h // group_size)
-                return (q, s2, x, group_size, eps), (q, s2)
-    except Exception:  # not a tensor, ...: the full checks say what is wrong
-        pass
-    h, gs, eps, x2 = _group_common(_PGI, x, group_size, eps, column_major_scales, scale_tma_aligned)
-    t, g = x2.shape[0], h // gs
-    if out_q is not None or out_scale is not None:
-        _checks.no_caller_outputs_when_compiling(_PGI, "out_q / out_scale", out_q, out_scale)
-    if out_q is None:
-        q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
-        q2 = q.view(-1, h)
-    else:
-        q, q2 = out_q, _out_q(_PGI, x, out_q, h, torch.int8)
-    if out_scale is None:
-        s2, s = _group_scales(x, t, g, column_major_scales, scale_tma_aligned)
-    else:
-        s, s2 = out_scale, _out_group_scales(_PGI, x, out_scale, t, g, False)
-    return (q2, s2, x2, gs, eps), (q, s)
+GROUP = _group_contract("group", FP8, Scalar("scale_ue8m0", "bool"), Scalar("divide_by_scale", "bool"))
+GROUP_INT8 = _group_contract("group_int8", ("int8",))
 
 
 # -- references (the oracle calls them with float64 tensors, out buffers included) -------------
@@ -670,47 +408,6 @@ def torch_group_int8(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float) -> No
     s.copy_(scale.squeeze(-1))
 
 
-# -- serving lanes' outputs (``Decl.outputs``): what the check's serving path allocates --------
-def _fp8_rows(x: Tensor) -> tuple[Tensor, Any, int, int]:
-    t, h = x.shape  # a serving lane takes [T, H] x only (anything else raises: no lane)
-    p = _checks.PROTOS.get(x.device) or _checks.protos(x.device)
-    return p[torch.float8_e4m3fn].new_empty(t, h), p, t, h
-
-
-def outputs_per_token(
-    x: Tensor, scale_ub: Any = None, divide_by_scale: Any = False, out_q: Any = None, out_scale: Any = None
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    q, p, t, _ = _fp8_rows(x)
-    s = p[torch.float32].new_empty(t, 1)
-    return (q, s), (q, s)
-
-
-def outputs_per_tensor(
-    x: Tensor, scale: Any = None, out_q: Any = None, out_scale: Any = None
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    q, p, _, _ = _fp8_rows(x)
-    s = p[torch.float32].new_empty(1)
-    return (q, s), (q, s)
-
-
-def outputs_group(
-    x: Tensor, group_size: Any = 128, *_: Any
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    q, p, t, h = _fp8_rows(x)
-    s = p[torch.float32].new_empty(t, h // group_size)
-    return (q, s), (q, s)
-
-
-def outputs_group_int8(
-    x: Tensor, group_size: Any = 128, *_: Any
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    t, h = x.shape
-    p = _checks.PROTOS.get(x.device) or _checks.protos(x.device)
-    q = p[torch.int8].new_empty(t, h)
-    s = p[torch.float32].new_empty(t, h // group_size)
-    return (q, s), (q, s)
-
-
 #: Scales (float32) are computed from the exact row/group max with IEEE division in every
 #: backend (group scales with ``divide_by_scale`` on CUDA: the reciprocal product, in every CUDA
 #: backend; ``group_scale_of``), so they agree to fp32 rounding whatever the input dtype. The fp8 output is compared
@@ -730,8 +427,7 @@ per_token_quant_fp8 = declare(
     "(Tensor x, Tensor? scale_ub=None, bool divide_by_scale=False, Tensor(a!)? out_q=None, "
     "Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q fp8 [..., H], scale fp32 [..., 1]); scale = max(min(amax, ub)/448, 1/(448*512))",
-    check=check_per_token,
-    outputs=outputs_per_token,
+    contract=PER_TOKEN,
     reference=ref_per_token,
     torch=torch_per_token,
     tolerances=_TOLERANCES,
@@ -740,8 +436,7 @@ per_tensor_quant_fp8 = declare(
     _PTT,
     "(Tensor x, Tensor? scale=None, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q fp8 [..., H], scale fp32 [1]); scale = amax(x)/448 (dynamic) or the given one (static)",
-    check=check_per_tensor,
-    outputs=outputs_per_tensor,
+    contract=PER_TENSOR,
     reference=ref_per_tensor,
     torch=torch_per_tensor,
     tolerances=_TOLERANCES,
@@ -752,8 +447,7 @@ per_token_group_quant_fp8 = declare(
     "bool scale_tma_aligned=False, bool scale_ue8m0=False, bool divide_by_scale=False, "
     "Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q fp8 [..., H], scale fp32 [..., H/g]); scale = max(group amax, eps)/448",
-    check=check_group,
-    outputs=outputs_group,
+    contract=GROUP,
     reference=ref_group,
     torch=torch_group,
     tolerances=_TOLERANCES,
@@ -765,8 +459,7 @@ per_token_group_quant_int8 = declare(
     "(Tensor x, int group_size=128, float eps=1e-10, bool column_major_scales=False, "
     "bool scale_tma_aligned=False, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
     doc="x: [..., H] -> (q int8 [..., H], scale fp32 [..., H/g]); scale = max(group amax, eps)/127, q truncated",
-    check=check_group_int8,
-    outputs=outputs_group_int8,
+    contract=GROUP_INT8,
     reference=ref_group_int8,
     torch=torch_group_int8,
     tolerances=_TOLERANCES,
@@ -775,7 +468,7 @@ static_quant_fp8 = declare(
     _PS,
     "(Tensor x, Tensor scale, Tensor(a!)? out=None) -> Tensor",
     doc="x: [..., H], scale [Gm, Gn] (or one element) -> q fp8 [..., H]; q = x * (1 / scale of its block)",
-    check=check_static,
+    contract=STATIC,
     reference=ref_static,
     torch=torch_static,
     tolerances=_TOLERANCES,

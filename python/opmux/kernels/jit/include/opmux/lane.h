@@ -227,6 +227,49 @@ inline bool may_share(const TensorView& w, const TensorView& o, bool o_written) 
   return disjoint_views(w, o);
 }
 
+// n elements (any shape) addressable as one dense [n] vector: every dim of size > 1 has the
+// stride of the dims after it (_checks.flat_vector's view(n) with unit stride).
+inline bool flat_dense(const TensorView& t, int64_t n) {
+  if (t.numel() != n) return false;
+  int64_t want = 1;
+  for (int i = t.ndim() - 1; i >= 0; --i) {
+    if (t.size(i) == 1) continue;
+    if (t.stride(i) != want) return false;
+    want *= t.size(i);
+  }
+  return true;
+}
+
+// A view on the stack (the kernel argument a contract names for what the caller's tensor is not
+// as such): an empty tensor for an absent optional input, the dense [n] vector of a flat output,
+// the [1, 1] block of one element. It must outlive the kernel call.
+struct View {
+  DLTensor dl;
+  int64_t shape[2];
+  int64_t strides[2];
+  View(const View&) = delete;
+  View(void* data, uint64_t offset, DLDevice dev, DLDataType dtype, int ndim, int64_t n) {
+    shape[0] = n;
+    shape[1] = 1;
+    strides[0] = strides[1] = 1;
+    dl.data = data;
+    dl.device = dev;
+    dl.ndim = ndim;
+    dl.dtype = dtype;
+    dl.shape = shape;
+    dl.strides = strides;
+    dl.byte_offset = offset;
+  }
+  static View empty(DLDevice dev, DLDataType dtype) { return View(nullptr, 0, dev, dtype, 1, 0); }
+  static View flat(const TensorView& t, int64_t n) { return View(t.data_ptr(), t.byte_offset(), t.device(), t.dtype(), 1, n); }
+  static View block(const TensorView& t) { return View(t.data_ptr(), t.byte_offset(), t.device(), t.dtype(), 2, 1); }
+  TensorView view() {  // (shape / strides re-pointed: a view of this object's arrays)
+    dl.shape = shape;
+    dl.strides = strides;
+    return TensorView(&dl);
+  }
+};
+
 // A fresh dense tensor from the caller's framework (torch's allocator, on `like`'s device).
 inline Tensor empty(std::initializer_list<int64_t> shape, DLDataType dtype, DLDevice device) {
   int64_t dims[8];
