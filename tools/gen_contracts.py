@@ -26,9 +26,9 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
     import importlib
 
     from opmux.kernels.ops._catalog import decls
-    from opmux.kernels.ops._decl import Decl
     from opmux.kernels.ops._contract_codegen import render_group
     from opmux.kernels.ops._contract_cpp import render_entries, render_header
+    from opmux.kernels.ops._decl import Decl
     from opmux.kernels.ops._entry_codegen import render_group as render_entrypoints
 
     ops = package / "kernels" / "ops"
@@ -57,7 +57,9 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--check", action="store_true", help="only report stale files (exit 1)")
-    p.add_argument("--package", type=Path, default=ROOT / "python" / "opmux", help="the opmux package (%(default)s)")
+    p.add_argument(
+        "--package", type=Path, default=ROOT / "python" / "opmux", help="the opmux package (%(default)s)"
+    )
     a = p.parse_args(argv)
     want = expected(a.package.resolve())
     stale = [path for path, text in want.items() if not path.is_file() or path.read_text() != text]

@@ -99,7 +99,7 @@ class Decl:
     key_arg: int
     #: for a serving lane of an op with several outputs: ``outputs(*args) -> (outs, result)``
     #: allocates the optional outputs (``outs``, in signature order) for a call that passes
-    #: none, and says what the call returns (see ``fused_op._lane_lines``)
+    #: none, and says what the call returns (see ``_entry_codegen._lane_lines``)
     outputs: Callable[..., tuple[tuple[Any, ...], Any]] | None = None
     #: the arguments ``declare`` was given (for ``variant``)
     declared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -179,7 +179,10 @@ def declare(
     if native:
         # a per-call predicate (``"module:function"``, called with the op's arguments, returning
         # a reason or None) where the native kernel takes fewer layouts than the contract (TMA)
-        reqs = [(k, replace(r, predicate=native_predicate) if native_predicate else r) for k, r in (("aot", AOT), ("jit", JIT))]
+        reqs = [
+            (k, replace(r, predicate=native_predicate) if native_predicate else r)
+            for k, r in (("aot", AOT), ("jit", JIT))
+        ]
         backends += [BackendSpec(k, NATIVE_TARGETS[k], req) for k, req in reqs]
     if triton:
         backends.append(BackendSpec("triton", f"{package}.triton_kernels:{short}", TRITON))

@@ -72,6 +72,8 @@ _TABLES = {
     "ENTRY_PENDING": "entry_pending",
     "ENTRY_POLL": "entry_poll",
 }
+#: the tables that may be None (``values``, ``outputs``)
+_OPTIONAL = ("VALUES", "OUTPUTS")
 #: is_dynamo_compiling (a constant False in eager, folded to True while dynamo traces), then the
 #: flag torch.export sets without dynamo (see ``_entry_runtime.DYNAMO``)
 _COMPILING = "DYNAMO() or COMPILER._is_compiling_flag"
@@ -142,8 +144,6 @@ def _guard_lines(decl: Decl) -> list[str]:
         lines.append(f"    if {present}not {w.name}.is_contiguous():")
         lines.append(f"        SELF(OP, {w.name!r}, {w.name})")
     return lines
-
-
 
 
 def lane_form(decl: Decl) -> str | None:
@@ -250,7 +250,6 @@ def _call(flag: object, pdl: bool) -> str:
     return (
         "KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))" if pdl else "KERNEL(*KARGS, FLAG)"
     )
-
 
 
 def _contract_lines(decl: Decl) -> list[str]:
@@ -452,7 +451,11 @@ def _make(decl: Decl) -> list[str]:
         )
         funcs += [kernel, _fake_lines(decl, f"fake_{lib}", params, returns)]
         library.append(f"{lib!r}: (library_{lib}, fake_{lib})")
-    body = [f"    {n} = t.{_TABLES[n]}" for n in _used(line for f in funcs for line in f)]
+    # (the optional hooks as Any: the text calls them only where the op declares them)
+    body = [
+        f"    {n}{': Any' if n in _OPTIONAL else ''} = t.{_TABLES[n]}"
+        for n in _used(line for f in funcs for line in f)
+    ]
     for f in funcs:
         body += ["", *_indent(f, 1)]
     body += ["", f"    return Entrypoints({name}, {{{', '.join(library)}}})"]
@@ -474,7 +477,7 @@ def _bind(decl: Decl) -> list[str]:
         f"def bind_{decl.short_name}(",
         "    OP: str,",
         "    CHECK: Callable[..., Any],",
-        "    VALUES: Callable[..., Any] | None,",
+        "    VALUES: Any,",
         "    KERNEL: Callable[..., Any],",
         "    FLAG: Any,",
         "    reference: bool,",
@@ -493,7 +496,11 @@ def render_group(decls: Iterable[Decl]) -> str:
     per op (by name)."""
     found = sorted(decls, key=lambda d: d.short_name)
     forms = "".join(f"    {d.short_name!r}: {form(d)!r},\n" for d in found)
-    parts = [_HEADER, "#: op -> the form its functions were generated for (``form``)\n", f"FORMS = {{\n{forms}}}\n"]
+    parts = [
+        _HEADER,
+        "#: op -> the form its functions were generated for (``form``)\n",
+        f"FORMS = {{\n{forms}}}\n",
+    ]
     for d in found:
         parts.append("\n\n" + "\n".join(_make(d)) + "\n")
         parts.append("\n\n" + "\n".join(_bind(d)) + "\n")

@@ -272,7 +272,7 @@ def make_fatrelu_and_mul(t: Tables) -> Entrypoints:
 def bind_fatrelu_and_mul(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -567,7 +567,7 @@ def make_gelu_and_mul(t: Tables) -> Entrypoints:
 def bind_gelu_and_mul(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -862,7 +862,7 @@ def make_gelu_fast(t: Tables) -> Entrypoints:
 def bind_gelu_fast(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1157,7 +1157,7 @@ def make_gelu_new(t: Tables) -> Entrypoints:
 def bind_gelu_new(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1452,7 +1452,7 @@ def make_gelu_quick(t: Tables) -> Entrypoints:
 def bind_gelu_quick(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1747,7 +1747,7 @@ def make_gelu_tanh_and_mul(t: Tables) -> Entrypoints:
 def bind_gelu_tanh_and_mul(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -2042,7 +2042,7 @@ def make_mul_and_silu(t: Tables) -> Entrypoints:
 def bind_mul_and_silu(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -2337,7 +2337,7 @@ def make_silu_and_mul(t: Tables) -> Entrypoints:
 def bind_silu_and_mul(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -2632,7 +2632,7 @@ def make_swigluoai_and_mul(t: Tables) -> Entrypoints:
 def bind_swigluoai_and_mul(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -2927,7 +2927,7 @@ def make_swiglustep_and_mul(t: Tables) -> Entrypoints:
 def bind_swiglustep_and_mul(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,

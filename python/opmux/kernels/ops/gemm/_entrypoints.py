@@ -317,7 +317,7 @@ def make_w8a8_block_fp8_matmul(t: Tables) -> Entrypoints:
 def bind_w8a8_block_fp8_matmul(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,

@@ -38,7 +38,7 @@ def make_concat_and_cache_mla(t: Tables) -> Entrypoints:
     """``kvcache.concat_and_cache_mla``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
+    VALUES: Any = t.values
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -221,7 +221,7 @@ def make_concat_and_cache_mla(t: Tables) -> Entrypoints:
 def bind_concat_and_cache_mla(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -308,7 +308,7 @@ def make_copy_blocks(t: Tables) -> Entrypoints:
     """``kvcache.copy_blocks``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
+    VALUES: Any = t.values
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -459,7 +459,7 @@ def make_copy_blocks(t: Tables) -> Entrypoints:
 def bind_copy_blocks(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -522,7 +522,7 @@ def make_gather_cache(t: Tables) -> Entrypoints:
     """``kvcache.gather_cache``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
+    VALUES: Any = t.values
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -705,7 +705,7 @@ def make_gather_cache(t: Tables) -> Entrypoints:
 def bind_gather_cache(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -792,7 +792,7 @@ def make_reshape_and_cache(t: Tables) -> Entrypoints:
     """``kvcache.reshape_and_cache``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
+    VALUES: Any = t.values
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -1043,7 +1043,7 @@ def make_reshape_and_cache(t: Tables) -> Entrypoints:
 def bind_reshape_and_cache(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1181,7 +1181,7 @@ def make_swap_blocks(t: Tables) -> Entrypoints:
     """``kvcache.swap_blocks``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
+    VALUES: Any = t.values
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -1344,7 +1344,7 @@ def make_swap_blocks(t: Tables) -> Entrypoints:
 def bind_swap_blocks(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,

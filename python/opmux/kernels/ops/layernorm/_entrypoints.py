@@ -214,7 +214,7 @@ def make_fused_add_rmsnorm(t: Tables) -> Entrypoints:
 def bind_fused_add_rmsnorm(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -635,7 +635,7 @@ def make_fused_add_rmsnorm_static_quant_fp8(t: Tables) -> Entrypoints:
 def bind_fused_add_rmsnorm_static_quant_fp8(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -929,7 +929,7 @@ def make_gemma_fused_add_rmsnorm(t: Tables) -> Entrypoints:
 def bind_gemma_fused_add_rmsnorm(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1257,7 +1257,7 @@ def make_gemma_rmsnorm(t: Tables) -> Entrypoints:
 def bind_gemma_rmsnorm(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1526,7 +1526,7 @@ def make_qk_norm(t: Tables) -> Entrypoints:
 def bind_qk_norm(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1869,7 +1869,7 @@ def make_rmsnorm(t: Tables) -> Entrypoints:
 def bind_rmsnorm(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -2209,7 +2209,7 @@ def make_rmsnorm_static_quant_fp8(t: Tables) -> Entrypoints:
 def bind_rmsnorm_static_quant_fp8(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,

@@ -37,8 +37,8 @@ def make_batched_moe_align_block_size(t: Tables) -> Entrypoints:
     """``moe.batched_moe_align_block_size``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
-    OUTPUTS = t.outputs
+    VALUES: Any = t.values
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -311,7 +311,7 @@ def make_batched_moe_align_block_size(t: Tables) -> Entrypoints:
 def bind_batched_moe_align_block_size(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -452,8 +452,8 @@ def make_moe_align_block_size(t: Tables) -> Entrypoints:
     """``moe.moe_align_block_size``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
-    OUTPUTS = t.outputs
+    VALUES: Any = t.values
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -818,7 +818,7 @@ def make_moe_align_block_size(t: Tables) -> Entrypoints:
 def bind_moe_align_block_size(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1028,7 +1028,7 @@ def make_topk_sigmoid(t: Tables) -> Entrypoints:
     """``moe.topk_sigmoid``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    OUTPUTS = t.outputs
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -1321,7 +1321,7 @@ def make_topk_sigmoid(t: Tables) -> Entrypoints:
 def bind_topk_sigmoid(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1477,7 +1477,7 @@ def make_topk_softmax(t: Tables) -> Entrypoints:
     """``moe.topk_softmax``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    OUTPUTS = t.outputs
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -1770,7 +1770,7 @@ def make_topk_softmax(t: Tables) -> Entrypoints:
 def bind_topk_softmax(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,

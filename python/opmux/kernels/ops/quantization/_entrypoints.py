@@ -38,7 +38,7 @@ def make_per_tensor_quant_fp8(t: Tables) -> Entrypoints:
     """``quantization.per_tensor_quant_fp8``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    OUTPUTS = t.outputs
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -271,7 +271,7 @@ def make_per_tensor_quant_fp8(t: Tables) -> Entrypoints:
 def bind_per_tensor_quant_fp8(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -382,7 +382,7 @@ def make_per_token_group_quant_fp8(t: Tables) -> Entrypoints:
     """``quantization.per_token_group_quant_fp8``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    OUTPUTS = t.outputs
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -599,7 +599,7 @@ def make_per_token_group_quant_fp8(t: Tables) -> Entrypoints:
 def bind_per_token_group_quant_fp8(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -698,7 +698,7 @@ def make_per_token_group_quant_int8(t: Tables) -> Entrypoints:
     """``quantization.per_token_group_quant_int8``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    OUTPUTS = t.outputs
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -915,7 +915,7 @@ def make_per_token_group_quant_int8(t: Tables) -> Entrypoints:
 def bind_per_token_group_quant_int8(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1014,7 +1014,7 @@ def make_per_token_quant_fp8(t: Tables) -> Entrypoints:
     """``quantization.per_token_quant_fp8``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    OUTPUTS = t.outputs
+    OUTPUTS: Any = t.outputs
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -1247,7 +1247,7 @@ def make_per_token_quant_fp8(t: Tables) -> Entrypoints:
 def bind_per_token_quant_fp8(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
@@ -1605,7 +1605,7 @@ def make_static_quant_fp8(t: Tables) -> Entrypoints:
 def bind_static_quant_fp8(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,

@@ -34,7 +34,7 @@ def make_rotary_embedding(t: Tables) -> Entrypoints:
     """``rope.rotary_embedding``: its public function, its library ops' kernels and fakes."""
     OP = t.op
     CHECK = t.check
-    VALUES = t.values
+    VALUES: Any = t.values
     LIB = t.lib
     CPU = t.cpu
     CUDA = t.cuda
@@ -249,7 +249,7 @@ def make_rotary_embedding(t: Tables) -> Entrypoints:
 def bind_rotary_embedding(
     OP: str,
     CHECK: Callable[..., Any],
-    VALUES: Callable[..., Any] | None,
+    VALUES: Any,
     KERNEL: Callable[..., Any],
     FLAG: Any,
     reference: bool,
