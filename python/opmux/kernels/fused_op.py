@@ -1,10 +1,10 @@
 """FusedOp: one declared operator (``ops/_decl.py``), many backends, one cheap dispatch.
 
-Everything per op is generated from its declaration, ahead of time, into its group's
-``_entrypoints.py`` (``ops/_entry_codegen.py``; ``python tools/gen_contracts.py`` writes it): the
-bound function of each backend (the argument contract, then the kernel), the public function
-with its hot path and the torch library ops' Python kernels and fakes. A FusedOp builds them on
-its runtime tables when the op is first used. The hot path is one dict lookup by
+Everything per op that runs per call is generated from its declaration, ahead of time, into
+its group's ``_entrypoints.py`` (``ops/_entry_codegen.py``; ``python tools/gen_contracts.py``
+writes it): the bound function of each backend (the argument contract, then the kernel), the
+public function with its hot path and the torch library ops' Python kernels and fakes. A FusedOp
+makes them on its runtime tables when the op is first used. The hot path is one dict lookup by
 device kind and dtype (two for an op with size classes); a miss runs the full explainable
 selection, applies the fallback policy, binds the chosen backend's kernel and caches it. A
 forced ``backend=`` is cached the same way, by its value.
@@ -113,8 +113,9 @@ def _make_bound(
     decl: Decl, run: Callable[..., Any], reference: bool, flag: Any = None, module: Any = None
 ) -> Callable[..., Any]:
     """check, values, the generic guard, then the kernel (or, for ``reference``, the reference);
-    ``flag``: the kernel's default PDL flag (None: it takes none)."""
-    bind = getattr(generated(decl, module), f"bind_{decl.short_name}")
+    ``flag``: the kernel's default PDL flag (None: it takes none); ``module``: the op's
+    generated entry points, already checked (``generated``)."""
+    bind = getattr(module if module is not None else generated(decl), f"bind_{decl.short_name}")
     fn: Callable[..., Any] = bind(decl.name, decl.check, decl.values, run, flag, reference)
     fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
     return fn
