@@ -276,7 +276,7 @@ def _twins() -> list[tuple[str, Any]]:
             f"bench.{name}_rmsnorm",
             "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
             doc="rmsnorm on the torch backend (benchmark only)",
-            check=ln.check_norm,
+            check=ln.rmsnorm.check,
             reference=ln.rmsnorm.reference,
             torch=dict(ln.rmsnorm.python_backends)["torch"],
             native=False,

@@ -25,6 +25,7 @@ device index when the backend is bound, never per call). Every other kernel igno
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -34,7 +35,7 @@ from . import _dispatch_state, _warn, facts, registry, torch_kernels, tracing
 from .errors import BackendUnavailable, FallbackError
 from .ops import _entry_codegen
 from .ops._decl import Decl, Param
-from .ops._entry_runtime import ENTRY, Entrypoints, Tables
+from .ops._entry_runtime import ENTRY
 from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
 
@@ -109,14 +110,26 @@ def generated(decl: Decl, module: Any = None) -> Any:
     return module
 
 
+def _function(module: Any, name: str, scope: dict[str, Any]) -> Callable[..., Any]:
+    """Function ``name`` of the generated ``module`` running on ``scope``: the module's names and
+    one op's tables (``_entry_codegen.TABLES``), its globals as an op's own."""
+    template = getattr(module, name)
+    return types.FunctionType(template.__code__, scope, template.__name__, template.__defaults__)
+
+
 def _make_bound(
     decl: Decl, run: Callable[..., Any], reference: bool, flag: Any = None, module: Any = None
 ) -> Callable[..., Any]:
     """check, values, the generic guard, then the kernel (or, for ``reference``, the reference);
     ``flag``: the kernel's default PDL flag (None: it takes none); ``module``: the op's
     generated entry points, already checked (``generated``)."""
-    bind = getattr(module if module is not None else generated(decl), f"bind_{decl.short_name}")
-    fn: Callable[..., Any] = bind(decl.name, decl.check, decl.values, run, flag, reference)
+    module = module if module is not None else generated(decl)
+    scope = {**vars(module), "OP": decl.name, "CHECK": decl.check, "VALUES": decl.values}
+    scope |= {"KERNEL": run, "FLAG": flag}
+    name = decl.short_name
+    fn = _function(
+        module, f"reference_{name}" if reference else f"bound_{name}{'' if flag is None else '_pdl'}", scope
+    )
     fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
     return fn
 
@@ -266,12 +279,12 @@ class FusedOp(Generic[R]):
         self._library: dict[str, Any] = {}
         #: the Python kernel of each library op (what the dispatcher calls; benchmarks time it alone)
         self._library_kernels: dict[str, Callable[..., Any]] = {}
-        made: Entrypoints = getattr(self._entrypoints, f"make_{decl.short_name}")(self._tables())
-        self._register_library(made.library)
+        #: the globals of the op's generated functions: their module's names and the op's tables
+        self._scope = self._tables()
+        self._register_library()
         #: the public function (``ops.<group>.<name>``): the hot path, or the library op under
         #: torch.compile
-        self.public = self._describe(made.public)
-        self.public.__qualname__ = decl.short_name
+        self.public = self._describe(_function(self._entrypoints, decl.short_name, self._scope))
         _dispatch_state.track(self)
         _INSTANCES[self.op_name] = self
 
@@ -533,28 +546,30 @@ class FusedOp(Generic[R]):
         cache.setdefault(x.dtype, [None, None])[x.numel() >= threshold] = fn
 
     # -- generated entry points ----------------------------------------------------------
-    def _tables(self) -> Tables:
-        """The runtime state the generated functions close over (``_entry_runtime.Tables``)."""
-        return Tables(
-            op=self.op_name,
-            check=self.decl.check,
-            values=self.decl.values,
-            outputs=self.decl.outputs,
-            lib=self._library,
-            cpu=self._cpu,
-            cuda=self._cuda,
-            cpu_t=self._thresholds["cpu"] or 1 << 62,
-            cuda_t=self._thresholds["cuda"] or 1 << 62,
-            forced=self._forced,
-            dispatch=self._dispatch,
-            lane_cpu=self._lane_cpu,
-            lane_cuda=self._lane_cuda,
-            lane_forced=self._lane_forced,
-            bridge_pending=_BRIDGE_PENDING,
-            bridge_poll=_bridge_poll,
-            entry_pending=_ENTRY_PENDING,
-            entry_poll=_entry_poll,
-        )
+    def _tables(self) -> dict[str, Any]:
+        """The generated module's names and the op's tables (``_entry_codegen.TABLES``): the
+        globals its functions run on, filled and cleared in place, never rebound."""
+        return {
+            **vars(self._entrypoints),
+            "OP": self.op_name,
+            "CHECK": self.decl.check,
+            "VALUES": self.decl.values,
+            "OUTPUTS": self.decl.outputs,
+            "LIB": self._library,
+            "CPU": self._cpu,
+            "CUDA": self._cuda,
+            "CPU_T": self._thresholds["cpu"] or 1 << 62,
+            "CUDA_T": self._thresholds["cuda"] or 1 << 62,
+            "FORCED": self._forced,
+            "DISPATCH": self._dispatch,
+            "LANE_CPU": self._lane_cpu,
+            "LANE_CUDA": self._lane_cuda,
+            "LANE_FORCED": self._lane_forced,
+            "BRIDGE_PENDING": _BRIDGE_PENDING,
+            "BRIDGE_POLL": _bridge_poll,
+            "ENTRY_PENDING": _ENTRY_PENDING,
+            "ENTRY_POLL": _entry_poll,
+        }
 
     def _describe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` under the op's group (its module) and doc, as the group's own functions."""
@@ -562,13 +577,14 @@ class FusedOp(Generic[R]):
         fn.__doc__ = self.decl.spec.doc
         return fn
 
-    def _register_library(self, library: dict[str, tuple[Callable[..., Any], Callable[..., Any]]]) -> None:
+    def _register_library(self) -> None:
         """``opmux::<name>`` (and ``opmux::<name>_out`` for an optional ``out``), fake included;
         their kernel is the hot path itself, generated for the schema's own parameters (no
         wrapper frame, no compiling check: the dispatcher only calls it with real tensors)."""
         for name, params, returns in _entry_codegen.library_ops(self.decl):
-            kernel, fake = library[name]
-            self._define(name, params, returns, self._describe(kernel), fake)
+            kernel = self._describe(_function(self._entrypoints, f"library_{name}", self._scope))
+            fake = _function(self._entrypoints, f"fake_{name}", self._scope)
+            self._define(name, params, returns, kernel, fake)
 
     def _define(
         self,
