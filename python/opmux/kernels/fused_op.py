@@ -91,10 +91,10 @@ _LIB = torch.library.Library("opmux", "FRAGMENT")  # type: ignore[no-untyped-cal
 
 
 def generated(decl: Decl, module: Any = None) -> Any:
-    """The module with ``decl``'s generated entry points (``make_<op>``, ``bind_<op>``): its
-    group's ``_entrypoints`` (the package of its reference), or ``module`` (an op declared at
-    run time: tests, benchmarks). Refused when they were generated for another form of the op
-    (its declaration changed since) or not at all."""
+    """The module with ``decl``'s generated functions (``ops/_entry_codegen.py``): its group's
+    ``_entrypoints`` (the package of its reference), or ``module`` (an op declared at run time:
+    tests, benchmarks). Refused when they were generated for another form of the op (its
+    declaration changed since) or not at all."""
     if module is None:
         package = decl.spec.reference.partition(":")[0].rpartition(".")[0]
         try:
@@ -108,6 +108,13 @@ def generated(decl: Decl, module: Any = None) -> Any:
             "changed): run python tools/gen_contracts.py"
         )
     return module
+
+
+def _names(module: Any) -> dict[str, Any]:
+    """The generated ``module``'s names, for an op's globals: without its ``__name__`` & co., so
+    the globals are not taken for the module's own (torch.compile would read the op's tables as
+    attributes of the module)."""
+    return {k: v for k, v in vars(module).items() if not k.startswith("__") or k == "__builtins__"}
 
 
 def _function(module: Any, name: str, scope: dict[str, Any]) -> Callable[..., Any]:
@@ -124,7 +131,7 @@ def _make_bound(
     ``flag``: the kernel's default PDL flag (None: it takes none); ``module``: the op's
     generated entry points, already checked (``generated``)."""
     module = module if module is not None else generated(decl)
-    scope = {**vars(module), "OP": decl.name, "CHECK": decl.check, "VALUES": decl.values}
+    scope = {**_names(module), "OP": decl.name, "CHECK": decl.check, "VALUES": decl.values}
     scope |= {"KERNEL": run, "FLAG": flag}
     name = decl.short_name
     fn = _function(
@@ -550,7 +557,7 @@ class FusedOp(Generic[R]):
         """The generated module's names and the op's tables (``_entry_codegen.TABLES``): the
         globals its functions run on, filled and cleared in place, never rebound."""
         return {
-            **vars(self._entrypoints),
+            **_names(self._entrypoints),
             "OP": self.op_name,
             "CHECK": self.decl.check,
             "VALUES": self.decl.values,
