@@ -120,6 +120,7 @@ def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # take the torch.compile path, eagerly (the public function's module, its group's generated
     # _entrypoints.py, holds the check it makes)
     monkeypatch.setitem(fn.__globals__, "DYNAMO", lambda: True)
+    monkeypatch.setitem(fn.__globals__, "DYNAMO_ON", [True])
     recorder = _RecordOpmuxOps()
     with recorder:
         for sample in samples[:2]:
@@ -137,8 +138,9 @@ def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_public_functions_are_their_generated_source_and_compile_to_the_library_op(tmp_path: Path) -> None:
     """The public functions are the functions of their group's generated ``_entrypoints.py`` (a
-    traceback points there; nothing swaps their code), and torch.compile, imported after they
-    ran, sees the library op (the same function objects, ops made before or after)."""
+    traceback points there; nothing swaps their code). They skip the is_dynamo_compiling call
+    until torch._dynamo is imported (nothing can trace them before), and torch.compile, imported
+    after they ran, sees the library op (the same function objects, ops made before or after)."""
     import os
     import subprocess
 
@@ -147,7 +149,7 @@ def test_public_functions_are_their_generated_source_and_compile_to_the_library_
         "from opmux.kernels.ops.layernorm import rmsnorm\n"
         "x, w = torch.randn(2, 8), torch.ones(8)\n"
         "rmsnorm(x, w)\n"
-        "assert 'torch._dynamo' not in sys.modules\n"
+        "assert 'torch._dynamo' not in sys.modules and rmsnorm.__globals__['DYNAMO_ON'] == [False]\n"
         "assert rmsnorm.__code__.co_filename.endswith('layernorm/_entrypoints.py'), rmsnorm.__code__\n"
         "before = rmsnorm.__code__\n"
         "graphs = []\n"
@@ -157,6 +159,7 @@ def test_public_functions_are_their_generated_source_and_compile_to_the_library_
         "f = torch.compile(lambda a, b: rmsnorm(a, b) * 2, fullgraph=True, backend=seen)\n"
         "torch.testing.assert_close(f(x, w), rmsnorm(x, w) * 2)\n"
         "assert rmsnorm.__code__ is before and 'opmux.rmsnorm' in graphs[0], graphs\n"
+        "assert rmsnorm.__globals__['DYNAMO_ON'] == [True]\n"
         "from opmux.kernels.ops.activation import silu_and_mul\n"
         "g = torch.compile(lambda a: silu_and_mul(a), fullgraph=True, backend='aot_eager')\n"
         "a = torch.randn(2, 16)\n"

@@ -40,6 +40,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -80,9 +81,9 @@ TABLES = {
     "KERNEL": ("Callable[..., Any]", "a bound function's kernel (or reference)"),
     "FLAG": ("Any", "the kernel's default PDL flag (None: it takes none)"),
 }
-#: is_dynamo_compiling (a constant False in eager, folded to True while dynamo traces), then the
-#: flag torch.export sets without dynamo (see ``_entry_runtime.DYNAMO``)
-_COMPILING = "DYNAMO() or COMPILER._is_compiling_flag"
+#: once torch._dynamo is imported, is_dynamo_compiling (a constant False in eager, folded to True
+#: while dynamo traces); then the flag torch.export sets without dynamo (``_entry_runtime.DYNAMO``)
+_COMPILING = "DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag"
 
 
 def _sig(params: tuple[Param, ...]) -> str:

@@ -16,6 +16,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -85,7 +86,7 @@ FORMS = {
 
 # -- activation.fatrelu_and_mul ------------------------------------------------------------------
 def fatrelu_and_mul(x, threshold=0.0, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['fatrelu_and_mul'](x, threshold)
         LIB['fatrelu_and_mul_out'](out, x, threshold)
@@ -354,7 +355,7 @@ def reference_fatrelu_and_mul(x, threshold=0.0, out=None, enable_pdl=None):
 
 # -- activation.gelu_and_mul ---------------------------------------------------------------------
 def gelu_and_mul(x, vllm_rounding=False, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['gelu_and_mul'](x, vllm_rounding)
         LIB['gelu_and_mul_out'](out, x, vllm_rounding)
@@ -623,7 +624,7 @@ def reference_gelu_and_mul(x, vllm_rounding=False, out=None, enable_pdl=None):
 
 # -- activation.gelu_fast ------------------------------------------------------------------------
 def gelu_fast(x, vllm_rounding=False, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['gelu_fast'](x, vllm_rounding)
         LIB['gelu_fast_out'](out, x, vllm_rounding)
@@ -892,7 +893,7 @@ def reference_gelu_fast(x, vllm_rounding=False, out=None, enable_pdl=None):
 
 # -- activation.gelu_new -------------------------------------------------------------------------
 def gelu_new(x, vllm_rounding=False, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['gelu_new'](x, vllm_rounding)
         LIB['gelu_new_out'](out, x, vllm_rounding)
@@ -1161,7 +1162,7 @@ def reference_gelu_new(x, vllm_rounding=False, out=None, enable_pdl=None):
 
 # -- activation.gelu_quick -----------------------------------------------------------------------
 def gelu_quick(x, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['gelu_quick'](x)
         LIB['gelu_quick_out'](out, x)
@@ -1430,7 +1431,7 @@ def reference_gelu_quick(x, out=None, enable_pdl=None):
 
 # -- activation.gelu_tanh_and_mul ----------------------------------------------------------------
 def gelu_tanh_and_mul(x, vllm_rounding=False, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['gelu_tanh_and_mul'](x, vllm_rounding)
         LIB['gelu_tanh_and_mul_out'](out, x, vllm_rounding)
@@ -1699,7 +1700,7 @@ def reference_gelu_tanh_and_mul(x, vllm_rounding=False, out=None, enable_pdl=Non
 
 # -- activation.mul_and_silu ---------------------------------------------------------------------
 def mul_and_silu(x, vllm_rounding=False, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['mul_and_silu'](x, vllm_rounding)
         LIB['mul_and_silu_out'](out, x, vllm_rounding)
@@ -1968,7 +1969,7 @@ def reference_mul_and_silu(x, vllm_rounding=False, out=None, enable_pdl=None):
 
 # -- activation.silu_and_mul ---------------------------------------------------------------------
 def silu_and_mul(x, vllm_rounding=False, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['silu_and_mul'](x, vllm_rounding)
         LIB['silu_and_mul_out'](out, x, vllm_rounding)
@@ -2237,7 +2238,7 @@ def reference_silu_and_mul(x, vllm_rounding=False, out=None, enable_pdl=None):
 
 # -- activation.swigluoai_and_mul ----------------------------------------------------------------
 def swigluoai_and_mul(x, alpha=1.702, limit=7.0, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['swigluoai_and_mul'](x, alpha, limit)
         LIB['swigluoai_and_mul_out'](out, x, alpha, limit)
@@ -2506,7 +2507,7 @@ def reference_swigluoai_and_mul(x, alpha=1.702, limit=7.0, out=None, enable_pdl=
 
 # -- activation.swiglustep_and_mul ---------------------------------------------------------------
 def swiglustep_and_mul(x, limit=7.0, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['swiglustep_and_mul'](x, limit)
         LIB['swiglustep_and_mul_out'](out, x, limit)

@@ -16,6 +16,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -76,7 +77,7 @@ FORMS = {
 
 # -- gemm.w8a8_block_fp8_matmul ------------------------------------------------------------------
 def w8a8_block_fp8_matmul(a, b, a_scale, b_scale, out_dtype=None, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['w8a8_block_fp8_matmul'](a, b, a_scale, b_scale, out_dtype)
         LIB['w8a8_block_fp8_matmul_out'](out, a, b, a_scale, b_scale, out_dtype)

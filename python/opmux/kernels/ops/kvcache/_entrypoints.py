@@ -16,6 +16,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -80,7 +81,7 @@ FORMS = {
 
 # -- kvcache.concat_and_cache_mla ----------------------------------------------------------------
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, scale=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['concat_and_cache_mla'](kv_c, k_pe, kv_cache, slot_mapping, scale)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -321,7 +322,7 @@ def reference_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, scale=Non
 
 # -- kvcache.copy_blocks -------------------------------------------------------------------------
 def copy_blocks(cache, block_mapping, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['copy_blocks'](cache, block_mapping)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -506,7 +507,7 @@ def reference_copy_blocks(cache, block_mapping, enable_pdl=None):
 
 # -- kvcache.gather_cache ------------------------------------------------------------------------
 def gather_cache(src_cache, dst, block_table, cu_seq_lens, seq_starts=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['gather_cache'](src_cache, dst, block_table, cu_seq_lens, seq_starts)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -747,7 +748,7 @@ def reference_gather_cache(src_cache, dst, block_table, cu_seq_lens, seq_starts=
 
 # -- kvcache.reshape_and_cache -------------------------------------------------------------------
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['reshape_and_cache'](key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -1107,7 +1108,7 @@ def reference_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping
 
 # -- kvcache.swap_blocks -------------------------------------------------------------------------
 def swap_blocks(src, dst, block_mapping, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['swap_blocks'](src, dst, block_mapping)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()

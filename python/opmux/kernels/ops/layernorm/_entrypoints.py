@@ -16,6 +16,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -82,7 +83,7 @@ FORMS = {
 
 # -- layernorm.fused_add_rmsnorm -----------------------------------------------------------------
 def fused_add_rmsnorm(x, residual, weight, eps=1e-06, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['fused_add_rmsnorm'](x, residual, weight, eps)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -309,7 +310,7 @@ def reference_fused_add_rmsnorm(x, residual, weight, eps=1e-06, enable_pdl=None)
 
 # -- layernorm.fused_add_rmsnorm_static_quant_fp8 ------------------------------------------------
 def fused_add_rmsnorm_static_quant_fp8(x, residual, weight, scale, eps=1e-06, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['fused_add_rmsnorm_static_quant_fp8'](x, residual, weight, scale, eps)
         LIB['fused_add_rmsnorm_static_quant_fp8_out'](out, x, residual, weight, scale, eps)
@@ -743,7 +744,7 @@ def reference_fused_add_rmsnorm_static_quant_fp8(x, residual, weight, scale, eps
 
 # -- layernorm.gemma_fused_add_rmsnorm -----------------------------------------------------------
 def gemma_fused_add_rmsnorm(x, residual, weight, eps=1e-06, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['gemma_fused_add_rmsnorm'](x, residual, weight, eps)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -970,7 +971,7 @@ def reference_gemma_fused_add_rmsnorm(x, residual, weight, eps=1e-06, enable_pdl
 
 # -- layernorm.gemma_rmsnorm ---------------------------------------------------------------------
 def gemma_rmsnorm(x, weight, eps=1e-06, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['gemma_rmsnorm'](x, weight, eps)
         LIB['gemma_rmsnorm_out'](out, x, weight, eps)
@@ -1266,7 +1267,7 @@ def reference_gemma_rmsnorm(x, weight, eps=1e-06, out=None, enable_pdl=None):
 
 # -- layernorm.qk_norm ---------------------------------------------------------------------------
 def qk_norm(q, k, q_weight, k_weight, eps=1e-06, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['qk_norm'](q, k, q_weight, k_weight, eps)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -1528,7 +1529,7 @@ def reference_qk_norm(q, k, q_weight, k_weight, eps=1e-06, enable_pdl=None):
 
 # -- layernorm.rmsnorm ---------------------------------------------------------------------------
 def rmsnorm(x, weight, eps=1e-06, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['rmsnorm'](x, weight, eps)
         LIB['rmsnorm_out'](out, x, weight, eps)
@@ -1824,7 +1825,7 @@ def reference_rmsnorm(x, weight, eps=1e-06, out=None, enable_pdl=None):
 
 # -- layernorm.rmsnorm_static_quant_fp8 ----------------------------------------------------------
 def rmsnorm_static_quant_fp8(x, weight, scale, eps=1e-06, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['rmsnorm_static_quant_fp8'](x, weight, scale, eps)
         LIB['rmsnorm_static_quant_fp8_out'](out, x, weight, scale, eps)

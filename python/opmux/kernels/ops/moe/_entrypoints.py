@@ -16,6 +16,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -79,7 +80,7 @@ FORMS = {
 
 # -- moe.batched_moe_align_block_size ------------------------------------------------------------
 def batched_moe_align_block_size(expert_num_tokens, max_tokens_per_batch, block_size, sorted_ids=None, expert_ids=None, num_tokens_post_padded=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['batched_moe_align_block_size'](expert_num_tokens, max_tokens_per_batch, block_size, sorted_ids, expert_ids, num_tokens_post_padded)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -464,7 +465,7 @@ def reference_batched_moe_align_block_size(expert_num_tokens, max_tokens_per_bat
 
 # -- moe.moe_align_block_size --------------------------------------------------------------------
 def moe_align_block_size(topk_ids, block_size, num_experts, expert_map=None, pad_sorted_token_ids=True, unused_expert_id=-1, sorted_token_ids=None, expert_ids=None, num_tokens_post_padded=None, cumsum_buffer=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['moe_align_block_size'](topk_ids, block_size, num_experts, expert_map, pad_sorted_token_ids, unused_expert_id, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -1010,7 +1011,7 @@ def reference_moe_align_block_size(topk_ids, block_size, num_experts, expert_map
 
 # -- moe.topk_sigmoid ----------------------------------------------------------------------------
 def topk_sigmoid(gating_output, topk, renormalize=False, correction_bias=None, topk_weights=None, topk_ids=None, token_expert_indices=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['topk_sigmoid'](gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids, token_expert_indices)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -1430,7 +1431,7 @@ def reference_topk_sigmoid(gating_output, topk, renormalize=False, correction_bi
 
 # -- moe.topk_softmax ----------------------------------------------------------------------------
 def topk_softmax(gating_output, topk, renormalize=False, correction_bias=None, moe_softcapping=0.0, bias_on_logits=False, topk_weights=None, topk_ids=None, token_expert_indices=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['topk_softmax'](gating_output, topk, renormalize, correction_bias, moe_softcapping, bias_on_logits, topk_weights, topk_ids, token_expert_indices)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()

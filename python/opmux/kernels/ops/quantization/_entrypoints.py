@@ -16,6 +16,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -80,7 +81,7 @@ FORMS = {
 
 # -- quantization.per_tensor_quant_fp8 -----------------------------------------------------------
 def per_tensor_quant_fp8(x, scale=None, out_q=None, out_scale=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['per_tensor_quant_fp8'](x, scale, out_q, out_scale)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -395,7 +396,7 @@ def reference_per_tensor_quant_fp8(x, scale=None, out_q=None, out_scale=None, en
 
 # -- quantization.per_token_group_quant_fp8 ------------------------------------------------------
 def per_token_group_quant_fp8(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, scale_ue8m0=False, divide_by_scale=False, out_q=None, out_scale=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['per_token_group_quant_fp8'](x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, divide_by_scale, out_q, out_scale)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -682,7 +683,7 @@ def reference_per_token_group_quant_fp8(x, group_size=128, eps=1e-10, column_maj
 
 # -- quantization.per_token_group_quant_int8 -----------------------------------------------------
 def per_token_group_quant_int8(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, out_q=None, out_scale=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['per_token_group_quant_int8'](x, group_size, eps, column_major_scales, scale_tma_aligned, out_q, out_scale)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -969,7 +970,7 @@ def reference_per_token_group_quant_int8(x, group_size=128, eps=1e-10, column_ma
 
 # -- quantization.per_token_quant_fp8 ------------------------------------------------------------
 def per_token_quant_fp8(x, scale_ub=None, divide_by_scale=False, out_q=None, out_scale=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['per_token_quant_fp8'](x, scale_ub, divide_by_scale, out_q, out_scale)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -1284,7 +1285,7 @@ def reference_per_token_quant_fp8(x, scale_ub=None, divide_by_scale=False, out_q
 
 # -- quantization.static_quant_fp8 ---------------------------------------------------------------
 def static_quant_fp8(x, scale, out=None, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
             return LIB['static_quant_fp8'](x, scale)
         LIB['static_quant_fp8_out'](out, x, scale)

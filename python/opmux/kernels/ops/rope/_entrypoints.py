@@ -16,6 +16,7 @@ from .._entry_runtime import (
     BUMP,
     COMPILER,
     DYNAMO,
+    DYNAMO_ON,
     ENTRY,
     GRAD,
     NO_GRAD,
@@ -76,7 +77,7 @@ FORMS = {
 
 # -- rope.rotary_embedding -----------------------------------------------------------------------
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=True, vllm_rounding=False, backend=None, enable_pdl=None):
-    if DYNAMO() or COMPILER._is_compiling_flag:
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         return LIB['rotary_embedding'](positions, query, key, head_size, cos_sin_cache, is_neox, vllm_rounding)
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
