@@ -170,7 +170,7 @@ def variants(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def contracts(session: nox.Session) -> None:
-    """Regenerate ops/<group>/_contracts.py from the declared contracts (`-- --check`: fail when stale)."""
+    """Regenerate ops/<group>/_contracts.py, _entrypoints.py and the C++ lanes from the declarations (`-- --check`: fail when stale)."""
     session.install(TORCH)
     env = {"PYTHONPATH": str(ROOT / "python")}
     session.run("python", str(ROOT / "tools" / "gen_contracts.py"), *session.posargs, env=env)

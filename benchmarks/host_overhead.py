@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -275,7 +276,7 @@ def _twins() -> list[tuple[str, Any]]:
             f"bench.{name}_rmsnorm",
             "(Tensor x, Tensor weight, float eps=1e-06, Tensor(a!)? out=None) -> Tensor",
             doc="rmsnorm on the torch backend (benchmark only)",
-            check=ln.check_norm,
+            check=ln.rmsnorm.check,
             reference=ln.rmsnorm.reference,
             torch=dict(ln.rmsnorm.python_backends)["torch"],
             native=False,
@@ -283,8 +284,23 @@ def _twins() -> list[tuple[str, Any]]:
             size_priority=rule,
             samples="rmsnorm",
         )
-        out.append((f"(size classes: {name}) torch rmsnorm", FusedOp(decl)))
+        out.append((f"(size classes: {name}) torch rmsnorm", FusedOp(decl, *_entrypoints(decl))))
     return out
+
+
+def _entrypoints(decl: Any) -> tuple[Any, ...]:
+    """The generated functions of a benchmark-only op (no group holds them): the generator's
+    text for it, as a module of its reference's package; () for a --baseline tree whose FusedOp
+    generates them itself."""
+    try:
+        from opmux.kernels.ops._entry_codegen import render_group
+    except ImportError:
+        return ()
+    package = decl.spec.reference.partition(":")[0].rpartition(".")[0]
+    module = types.ModuleType(f"{package}._bench_entrypoints")
+    module.__package__ = package
+    exec(compile(render_group([decl]), f"<{decl.name} entry points>", "exec"), module.__dict__)
+    return (module,)
 
 
 class _Cell:

@@ -59,7 +59,7 @@ def _full(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] |
     values |= dict(zip((p.name for p in params), args, strict=False)) | kwargs
     if any(p.name not in values for p in params):
         return None
-    # the public function calls a lane only with torch tensors there (fused_op._lane_lines)
+    # the public function calls a lane only with torch tensors there (ops/_entry_codegen._lane_lines)
     for p in params:
         v = values[p.name]
         if p.is_tensor and not (isinstance(v, torch.Tensor) or (v is None and p.type == "Tensor?")):

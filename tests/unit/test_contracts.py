@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +15,37 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_checks_are_current() -> None:
-    """ops/<group>/_contracts.py is what tools/gen_contracts.py writes from the declarations."""
+    """ops/<group>/_contracts.py and every group's _entrypoints.py (its ops' public, bound and
+    library-op functions) are what tools/gen_contracts.py writes from the declarations."""
     r = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "gen_contracts.py"), "--check"], capture_output=True, text=True
     )
     assert r.returncode == 0, r.stderr
+    from opmux.kernels.ops._catalog import GROUPS
+
+    spec = importlib.util.spec_from_file_location("gen_contracts", ROOT / "tools" / "gen_contracts.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    ops = ROOT / "python" / "opmux" / "kernels" / "ops"
+    made = {p.relative_to(ops) for p in gen.expected() if p.name == "_entrypoints.py"}
+    assert made == {Path(g) / "_entrypoints.py" for g in GROUPS}
+
+
+def test_entry_points_of_another_form_are_refused() -> None:
+    """fused_op takes an op's generated functions only for the declaration they were written
+    from: a changed one (here: a values check added) asks for the generator, never runs stale."""
+    from dataclasses import replace
+
+    from opmux.kernels.fused_op import generated
+    from opmux.kernels.ops._entry_codegen import form
+    from opmux.kernels.ops.activation import op as act
+
+    assert generated(act.silu_and_mul).FORMS["silu_and_mul"] == form(act.silu_and_mul)
+    with pytest.raises(
+        RuntimeError, match=r"activation\.silu_and_mul: .* run python tools/gen_contracts\.py"
+    ):
+        generated(replace(act.silu_and_mul, values=lambda *args: None))
 
 
 def test_dims_split_outside_parentheses() -> None:

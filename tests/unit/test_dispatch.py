@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -166,7 +167,7 @@ def test_size_classes_are_cached_per_side() -> None:
     # the triton target follows the reference's package: layernorm.triton_kernels:sized
     decl = replace(decl, spec=_with_triton(decl.spec, ln.rmsnorm.spec))
     try:
-        op = FusedOp(decl)
+        op = FusedOp(decl, _entrypoints_of(decl))
         small, big, w = torch.randn(2, 8), torch.randn(40, 64), torch.randn(8)
         w64 = torch.randn(64)
         with tracing.capture() as calls:
@@ -178,6 +179,18 @@ def test_size_classes_are_cached_per_side() -> None:
         torch.testing.assert_close(op.public(big, w64), ln.rmsnorm.reference(big, w64), atol=1e-5, rtol=1e-5)
     finally:
         registry._OPS.pop("test.sized")
+
+
+def _entrypoints_of(decl: Any) -> types.ModuleType:
+    """The generated entry points of an op declared here (no group holds them): the generator's
+    text for it, as a module of the package of its reference."""
+    from opmux.kernels.ops._entry_codegen import render_group
+
+    package = decl.spec.reference.partition(":")[0].rpartition(".")[0]
+    module = types.ModuleType(f"{package}._test_entrypoints")
+    module.__package__ = package
+    exec(compile(render_group([decl]), f"<{decl.name} entry points>", "exec"), module.__dict__)
+    return module
 
 
 def _with_triton(spec: Any, like: Any) -> Any:

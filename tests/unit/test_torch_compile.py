@@ -117,10 +117,10 @@ def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = registry.get(op)
     samples = op_samples(spec)("cpu", torch.float32)
     fn = _public(op)
-    # take the torch.compile path, eagerly (the public function is generated: its globals
-    # hold what it calls)
-    for flag in ("COMPILING", "DYNAMO"):
-        monkeypatch.setitem(fn.__globals__, flag, lambda: True)
+    # take the torch.compile path, eagerly (the public function's module, its group's generated
+    # _entrypoints.py, holds the check it makes)
+    monkeypatch.setitem(fn.__globals__, "DYNAMO", lambda: True)
+    monkeypatch.setitem(fn.__globals__, "DYNAMO_ON", [True])
     recorder = _RecordOpmuxOps()
     with recorder:
         for sample in samples[:2]:
@@ -128,16 +128,19 @@ def test_opcheck_every_op(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert recorder.calls, f"{op}: the compile path called no torch.ops.opmux op"
     for func, args, kwargs in recorder.calls:
         utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-        fp8 = any(isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (*args, *kwargs.values()))
+        fp8 = any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn for t in (*args, *kwargs.values())
+        )
         if fp8:  # SchemaCheckMode compares inputs with arithmetic torch lacks for fp8 (mul on the CPU)
             utils = utils[1:]
         torch.library.opcheck(func, args, kwargs, test_utils=utils)
 
 
-def test_public_functions_check_for_dynamo_once_it_is_imported(tmp_path: Path) -> None:
-    """Before torch._dynamo is imported nothing can trace the public functions, so they skip the
-    is_dynamo_compiling call; its import gives them the checked code before it loads, and
-    torch.compile then sees the library op (the same function objects, ops made before or after)."""
+def test_public_functions_are_their_generated_source_and_compile_to_the_library_op(tmp_path: Path) -> None:
+    """The public functions are the functions of their group's generated ``_entrypoints.py`` (a
+    traceback points there; nothing swaps their code). They skip the is_dynamo_compiling call
+    until torch._dynamo is imported (nothing can trace them before), and torch.compile, imported
+    after they ran, sees the library op (the same function objects, ops made before or after)."""
     import os
     import subprocess
 
@@ -146,14 +149,18 @@ def test_public_functions_check_for_dynamo_once_it_is_imported(tmp_path: Path) -
         "from opmux.kernels.ops.layernorm import rmsnorm\n"
         "x, w = torch.randn(2, 8), torch.ones(8)\n"
         "rmsnorm(x, w)\n"
-        "assert 'torch._dynamo' not in sys.modules\n"
-        "assert 'DYNAMO' not in rmsnorm.__code__.co_names\n"
-        "assert '_is_compiling_flag' in rmsnorm.__code__.co_names  # torch.export's flag: still read\n"
-        "f = torch.compile(lambda a, b: rmsnorm(a, b) * 2, fullgraph=True, backend='aot_eager')\n"
-        "assert 'DYNAMO' in rmsnorm.__code__.co_names\n"
+        "assert 'torch._dynamo' not in sys.modules and rmsnorm.__globals__['DYNAMO_ON'] == [False]\n"
+        "assert rmsnorm.__code__.co_filename.endswith('layernorm/_entrypoints.py'), rmsnorm.__code__\n"
+        "before = rmsnorm.__code__\n"
+        "graphs = []\n"
+        "def seen(gm, inputs):\n"
+        "    graphs.append(str(gm.graph))\n"
+        "    return gm.forward\n"
+        "f = torch.compile(lambda a, b: rmsnorm(a, b) * 2, fullgraph=True, backend=seen)\n"
         "torch.testing.assert_close(f(x, w), rmsnorm(x, w) * 2)\n"
+        "assert rmsnorm.__code__ is before and 'opmux.rmsnorm' in graphs[0], graphs\n"
+        "assert rmsnorm.__globals__['DYNAMO_ON'] == [True]\n"
         "from opmux.kernels.ops.activation import silu_and_mul\n"
-        "assert 'DYNAMO' in silu_and_mul.__code__.co_names\n"
         "g = torch.compile(lambda a: silu_and_mul(a), fullgraph=True, backend='aot_eager')\n"
         "a = torch.randn(2, 16)\n"
         "torch.testing.assert_close(g(a), silu_and_mul(a))\n"

@@ -1,8 +1,10 @@
 """FusedOp: one declared operator (``ops/_decl.py``), many backends, one cheap dispatch.
 
-Everything per op is generated from its declaration when the op is first used: the bound
-function of each backend (the argument contract, then the kernel), the public function with
-its hot path and the torch library ops with their fakes. The hot path is one dict lookup by
+Everything per op that runs per call is generated from its declaration, ahead of time, into
+its group's ``_entrypoints.py`` (``ops/_entry_codegen.py``; ``python tools/gen_contracts.py``
+writes it): the bound function of each backend (the argument contract, then the kernel), the
+public function with its hot path and the torch library ops' Python kernels and fakes. A FusedOp
+makes them on its runtime tables when the op is first used. The hot path is one dict lookup by
 device kind and dtype (two for an op with size classes); a miss runs the full explainable
 selection, applies the fallback policy, binds the chosen backend's kernel and caches it. A
 forced ``backend=`` is cached the same way, by its value.
@@ -22,19 +24,18 @@ device index when the backend is bound, never per call). Every other kernel igno
 
 from __future__ import annotations
 
-import sys
-import threading
-import weakref
+import importlib
+import types
 from collections.abc import Callable, Sequence
-from types import BuiltinFunctionType, CodeType
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from . import _dispatch_state, _warn, facts, measured, registry, torch_kernels, tracing
 from .errors import BackendUnavailable, FallbackError
-from .ops import _checks
+from .ops import _entry_codegen
 from .ops._decl import Decl, Param
+from .ops._entry_runtime import ENTRY
 from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
 
@@ -54,7 +55,7 @@ _ENTRY_PENDING = [True]
 #: the ops whose default calls bound a lane the entry could serve, before the bridge was ready
 _ENTRY_WAITING: list[FusedOp[Any]] = []
 #: what ``torch_kernels.lane_entry`` returns (a C function taking the lane's arguments)
-_ENTRY_TYPE = BuiltinFunctionType
+_ENTRY_TYPE = ENTRY
 
 
 def _entry_poll() -> None:
@@ -87,58 +88,57 @@ def _bridge_poll() -> None:
 
 #: every torch library op of opmux (kept alive for the process: dropping it unregisters them)
 _LIB = torch.library.Library("opmux", "FRAGMENT")  # type: ignore[no-untyped-call]
-#: bound once: dynamo folds this to True while tracing; eager pays one call
-_compiling = torch.compiler.is_compiling
-#: the cheap form in the generated hot path: is_dynamo_compiling (a constant False in eager, 20 ns)
-#: then the flag is_compiling reads (torch.export sets it without dynamo); 85 ns for the call
-_COMPILING = (
-    "DYNAMO() or COMPILER._is_compiling_flag"
-    if hasattr(torch.compiler, "_is_compiling_flag") and hasattr(torch.compiler, "is_dynamo_compiling")
-    else "COMPILING()"
-)
 
 
-# -- torch.compile awareness at no per-call cost ---------------------------------------
-# Until torch._dynamo is imported nothing can trace the public functions, so they start without
-# the is_dynamo_compiling call (the is_compiling flag, which torch.export sets, is still read);
-# a meta-path entry that finds nothing sees torch._dynamo's import begin and, before it loads,
-# gives each of them its checked code (``fn.__code__``: the function object users hold stays).
-_UNCHECKED: weakref.WeakKeyDictionary[Callable[..., Any], CodeType] = weakref.WeakKeyDictionary()
-_watch_lock = threading.Lock()
-_dynamo_seen = False
+def generated(decl: Decl, module: Any = None) -> Any:
+    """The module with ``decl``'s generated functions (``ops/_entry_codegen.py``): its group's
+    ``_entrypoints`` (the package of its reference), or ``module`` (an op declared at run time:
+    tests, benchmarks). Refused when they were generated for another form of the op (its
+    declaration changed since) or not at all."""
+    if module is None:
+        package = decl.spec.reference.partition(":")[0].rpartition(".")[0]
+        try:
+            module = importlib.import_module(f"{package}._entrypoints")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{package}._entrypoints":
+                raise
+    if module is None or getattr(module, "FORMS", {}).get(decl.short_name) != _entry_codegen.form(decl):
+        raise RuntimeError(
+            f"opmux: {decl.name}: its generated entry points are missing or stale (the declaration "
+            "changed): run python tools/gen_contracts.py"
+        )
+    return module
 
 
-class _DynamoWatch:
-    """On ``sys.meta_path`` while some public function runs without the dynamo check."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "torch._dynamo":
-            _checked_everywhere()
-
-
-_WATCH = _DynamoWatch()
+def _names(module: Any) -> dict[str, Any]:
+    """The generated ``module``'s names, for an op's globals: without its ``__name__`` & co., so
+    the globals are not taken for the module's own (torch.compile would read the op's tables as
+    attributes of the module)."""
+    return {k: v for k, v in vars(module).items() if not k.startswith("__") or k == "__builtins__"}
 
 
-def _checked_everywhere() -> None:
-    global _dynamo_seen
-    with _watch_lock:
-        _dynamo_seen = True
-        for fn, code in list(_UNCHECKED.items()):
-            fn.__code__ = code
-        _UNCHECKED.clear()
-        if _WATCH in sys.meta_path:
-            sys.meta_path.remove(_WATCH)
+def _function(module: Any, name: str, scope: dict[str, Any]) -> Callable[..., Any]:
+    """Function ``name`` of the generated ``module`` running on ``scope``: the module's names and
+    one op's tables (``_entry_codegen.TABLES``), its globals as an op's own."""
+    template = getattr(module, name)
+    return types.FunctionType(template.__code__, scope, template.__name__, template.__defaults__)
 
 
-def _until_dynamo(fn: Callable[..., Any], checked: CodeType) -> None:
-    """``fn`` runs its current (unchecked) code until torch._dynamo is imported, then ``checked``."""
-    with _watch_lock:
-        if _dynamo_seen or "torch._dynamo" in sys.modules:
-            fn.__code__ = checked
-            return
-        _UNCHECKED[fn] = checked
-        if _WATCH not in sys.meta_path:
-            sys.meta_path.insert(0, _WATCH)
+def _make_bound(
+    decl: Decl, run: Callable[..., Any], reference: bool, flag: Any = None, module: Any = None
+) -> Callable[..., Any]:
+    """check, values, the generic guard, then the kernel (or, for ``reference``, the reference);
+    ``flag``: the kernel's default PDL flag (None: it takes none); ``module``: the op's
+    generated entry points, already checked (``generated``)."""
+    module = module if module is not None else generated(decl)
+    scope = {**_names(module), "OP": decl.name, "CHECK": decl.check, "VALUES": decl.values}
+    scope |= {"KERNEL": run, "FLAG": flag}
+    name = decl.short_name
+    fn = _function(
+        module, f"reference_{name}" if reference else f"bound_{name}{'' if flag is None else '_pdl'}", scope
+    )
+    fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
+    return fn
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -216,217 +216,6 @@ def _with_flag(kernel: Callable[..., Any], flag: Any) -> Callable[..., Any]:
     return lambda *kargs: kernel(*kargs, flag)
 
 
-# -- code generation -------------------------------------------------------------------
-# Generated once per op (like dataclasses' __init__): the hot path gets the op's own
-# positional parameters, so no *args/**kwargs packing and no per-call indirection.
-def _sig(params: tuple[Param, ...]) -> str:
-    return ", ".join(p.name if p.default is None else f"{p.name}={p.default}" for p in params)
-
-
-def _guard_lines(decl: Decl) -> list[str]:
-    """The generic contract: no grad inputs in grad mode, versions bumped, no partial overlap."""
-    tensors = [p for p in decl.params if p.is_tensor]
-    written = [p for p in tensors if p.written]
-
-    any_grad = " or ".join(
-        f"({p.name} is not None and {p.name}.requires_grad)"
-        if p.type == "Tensor?"
-        else f"{p.name}.requires_grad"
-        for p in tensors
-    )
-    lines = [
-        "    if GRAD():",
-        f"        if {any_grad}:",
-        f"            NO_GRAD(OP, {', '.join(f'({p.name!r}, {p.name})' for p in tensors)},)",
-    ]
-    # one C call bumps every written tensor the caller passed (an inference tensor has no
-    # counter and is skipped there); an output the contract allocates is fresh: nothing to bump
-    required = [p.name for p in written if p.type != "Tensor?"]
-    if required:
-        lines.append(f"        BUMP(({', '.join(required)},))")
-    for p in written:
-        if p.type == "Tensor?":
-            lines += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
-    # torch._C._overlaps costs about 0.25 us per pair; two tensors on different storages never
-    # overlap, and a storage's address costs a fifth of that: fetched once per tensor (an
-    # optional one where it is present), compared per pair; only a shared storage pays for the
-    # full check. The pairs of an absent optional tensor (``out=None``) cost one ``is None``.
-    done: set[str] = set()  # storages fetched at the top level
-    for w in sorted(written, key=lambda p: p.type == "Tensor?"):
-        others = [
-            o for o in tensors if o.name != w.name and not (o.written and tensors.index(o) < tensors.index(w))
-        ]
-        if not others:
-            continue
-        pad = "    "
-        local = set(done)
-        if w.type == "Tensor?":
-            lines.append(f"    if {w.name} is not None:")
-            pad = "        "
-        for t in (w, *(o for o in others if o.type != "Tensor?")):
-            if t.name not in local:
-                lines.append(f"{pad}S_{t.name} = {t.name}.untyped_storage().data_ptr()")
-                local.add(t.name)
-                if pad == "    ":
-                    done.add(t.name)
-        for o in others:
-            same = (
-                f"{o.name} is not None and S_{w.name} == {o.name}.untyped_storage().data_ptr()"
-                if o.type == "Tensor?"
-                else f"S_{w.name} == S_{o.name}"
-            )
-            lines.append(f"{pad}if {same} and OVERLAPS({w.name}, {o.name}):")
-            lines.append(f"{pad}    ALIAS(OP, {w.name!r}, {w.name}, {o.name!r}, {o.name}, {o.written})")
-    # a written tensor whose own elements share memory (an expand()ed or windowed view): kernels
-    # would race on it. A dense one cannot (one flag read); the others are checked once per layout
-    for w in written:
-        present = f"{w.name} is not None and " if w.type == "Tensor?" else ""
-        lines.append(f"    if {present}not {w.name}.is_contiguous():")
-        lines.append(f"        SELF(OP, {w.name!r}, {w.name})")
-    return lines
-
-
-def _contract(decl: Decl) -> tuple[list[str], dict[str, Any]]:
-    """The contract's lines (they leave ``KARGS``, ``RESULT``) and the names they use."""
-    names = ", ".join(p.name for p in decl.params)
-    lines = [f"    KARGS, RESULT = CHECK(OP, {names})"]
-    if decl.values is not None:
-        lines.append(f"    VALUES({names})")
-    scope: dict[str, Any] = {
-        "CHECK": decl.check,
-        "VALUES": decl.values,
-        "OP": decl.name,
-        "GRAD": torch.is_grad_enabled,
-        "NO_GRAD": _checks.no_grad,
-        "BUMP": torch._C._increment_version,
-        "OVERLAPS": torch._C._overlaps,
-        "ALIAS": _checks.alias,
-        "SELF": _checks.self_overlap,
-    }
-    return lines + _guard_lines(decl), scope
-
-
-def _lane_result(decl: Decl) -> str | None:
-    """What the public function returns after a lane ran (its value ``R``: the output the lane
-    allocated, for an op returning one tensor), or None: the op's results need a form lanes lack
-    (several outputs)."""
-    if decl.returns == "()":
-        return "None"
-    if decl.returns == "Tensor" and decl.has_out:
-        return "R if out is None else out"
-    if decl.outputs is not None:
-        return "LRES"
-    return None
-
-
-def _lane_lines(decl: Decl, key: str, forced: bool, result: str) -> list[str]:
-    """The serving lane of a default call: the chosen native kernel's own C++ check of the whole
-    contract for the call's serving form, which runs the kernel (a result) or does nothing
-    (None: the Python contract then speaks). What C++ cannot see stays here: grad mode (no input
-    may require grad; written tensors' versions are bumped) and that every tensor argument is a
-    torch tensor (tvm-ffi would take any DLPack array)."""
-    tensors = [p for p in decl.params if p.is_tensor]
-    names = ", ".join(p.name for p in decl.params)
-    guard = _guard_lines(decl)
-    no_grad = guard[1:3]  # "if <any requires grad>:", "NO_GRAD(...)" (under "if GRAD():")
-    written = [p for p in tensors if p.written]
-    required = [p.name for p in written if p.type != "Tensor?"]
-    bumps = [f"        BUMP(({', '.join(required)},))"] if required else []
-    for p in written:
-        if p.type == "Tensor?":
-            bumps += [f"        if {p.name} is not None:", f"            BUMP(({p.name},))"]
-    outs = [p.name for p in decl.params if p.written and p.type == "Tensor?"]
-    allocated = decl.outputs is not None and result == "LRES"
-    typed = " and ".join(
-        f"{p.name} is None"  # the outputs ``outputs`` allocates: the lane runs only without them
-        if allocated and p.name in outs
-        else f"({p.name} is None or isinstance({p.name}, TENSOR))"
-        if p.type == "Tensor?"
-        else f"isinstance({p.name}, TENSOR)"
-        for p in tensors
-        if p.name != key
-    )
-    # tvm-ffi passes any numbers.Real / Integral (numpy scalars, Fraction) as a float / int: the
-    # lane would take what the contract refuses, so only exact Python floats and ints reach it
-    scalars = " and ".join(f"type({p.name}) is {p.type}" for p in decl.params if p.type in ("float", "int"))
-    typed = " and ".join(t for t in (typed, scalars) if t)
-    pdl = "LFLAG if enable_pdl is None else bool(enable_pdl)" if forced else "LFLAG"
-    if allocated:  # the lane gets the outputs ``outputs`` allocates, for a call that passes none
-        lane_args = ", ".join(
-            f"LOUT[{outs.index(p.name)}]" if p.name in outs else p.name for p in decl.params
-        )
-    else:
-        lane_args = names
-    lines = [
-        "    try:",
-        f"        LANE, LFLAG = (LANE_CPU if {key}.is_cpu else LANE_CUDA if {key}.is_cuda else NO_LANES)"
-        f"[{key}.dtype]"
-        + (
-            f" if backend is None else LANE_FORCED.get((backend, {key}.is_cpu, {key}.dtype), NO_LANE)"
-            if forced
-            else ""
-        ),
-        "    except (KeyError, TypeError, AttributeError):",
-        "        LANE = None",
-        "    if LANE is not None" + (f" and {typed}" if typed else "") + ":",
-        "        G = GRAD()",
-        "        if G:",
-        *(f"    {line}" for line in no_grad),
-    ]
-    pad = "        "
-    if allocated:
-        # the bridge's entry (torch_kernels.lane_entry): the lane allocates, results come back as
-        # torch tensors; else the outputs are allocated here and passed to the lane
-        lines += [
-            "        if type(LANE) is ENTRY:",
-            f"            R = LANE({names}) if LFLAG is None else LANE({names}, {pdl})",
-            "            if R is not None:",
-            *(["                if G:", *(f"            {line}" for line in bumps[:1])] if required else []),
-            "                return R",
-            "            LOUT = None",
-            "        else:",
-            "            try:",  # an input it cannot size (a 0-d x, ...): the contract speaks
-            f"                LOUT, LRES = OUTPUTS({names})",
-            "            except Exception:",
-            "                LOUT = None",
-            "        if LOUT is not None:",
-        ]
-        pad = "            "
-    lines += [
-        f"{pad}R = LANE({lane_args}) if LFLAG is None else LANE({lane_args}, {pdl})",
-        f"{pad}if R is not None:",
-    ]
-    if allocated:  # its optional outputs are fresh: only the caller's written tensors are bumped
-        bumps = [line for line in bumps[:1] if required]
-    if bumps:
-        lines += [f"{pad}    if G:", *(f"{pad}{line}" for line in bumps)]
-    return [*lines, f"{pad}    return {result}"]
-
-
-def _call(flag: Any, pdl: bool) -> str:
-    """The kernel call of generated code; ``flag``: the kernel takes a trailing PDL flag."""
-    if flag is None:
-        return "KERNEL(*KARGS)"
-    return (
-        "KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))" if pdl else "KERNEL(*KARGS, FLAG)"
-    )
-
-
-def _make_bound(decl: Decl, run: Callable[..., Any], reference: bool, flag: Any = None) -> Callable[..., Any]:
-    """check, values, the generic guard, then the kernel (or, for ``reference``, the reference);
-    ``flag``: the kernel's default PDL flag (None: it takes none)."""
-    names = ", ".join(p.name for p in decl.params)
-    contract, scope = _contract(decl)
-    body = [f"def bound({_sig(decl.params)}, enable_pdl=None):", *contract]
-    body += [f"    return RUN({names})"] if reference else [f"    {_call(flag, True)}", "    return RESULT"]
-    scope["RUN"] = scope["KERNEL"] = run
-    scope["FLAG"] = flag
-    exec("\n".join(body), scope)
-    fn: Callable[..., Any] = scope["bound"]
-    fn.__qualname__ = f"{decl.name}[{'reference' if reference else 'kernel'}]"
-    return fn
-
-
 def with_contract(decl: Decl, run: Callable[..., Any]) -> Callable[..., Any]:
     """``run(*args)`` behind ``decl``'s whole contract (its checks and values, then the generic
     guard: inference-only, version bumps, overlaps): for an entry that computes the op another
@@ -440,8 +229,11 @@ R = TypeVar("R")
 class FusedOp(Generic[R]):
     """A declared op with its dispatch; see the module docstring."""
 
-    def __init__(self, decl: Decl) -> None:
+    def __init__(self, decl: Decl, entrypoints: Any = None) -> None:
+        """``entrypoints``: the module with the op's generated functions where its group has
+        none (an op declared at run time; see ``generated``)."""
         self.decl = decl
+        self._entrypoints = generated(decl, entrypoints)
         self.spec = registry.register(decl.spec)
         self.op_name = decl.name
         self.key_arg = decl.key_arg
@@ -452,7 +244,7 @@ class FusedOp(Generic[R]):
         self._cpu: dict[torch.dtype, Any] = {}
         self._cuda: dict[torch.dtype, Any] = {}
         #: the serving lanes of default calls (native kernels that check their call in C++):
-        #: dtype -> lane (cpu), dtype -> (lane, PDL flag) (cuda); see ``_lane_lines``
+        #: dtype -> lane (cpu), dtype -> (lane, PDL flag) (cuda); see ``_entry_codegen._lane_lines``
         self._lane_cpu: dict[torch.dtype, tuple[Callable[..., Any], Any]] = {}
         self._lane_cuda: dict[torch.dtype, tuple[Callable[..., Any], Any]] = {}
         #: (is_cpu, dtype) -> the native (lane, PDL flag) behind each of those: the same, or what the
@@ -480,8 +272,14 @@ class FusedOp(Generic[R]):
         self._thresholds = {dev: self.spec.size_threshold(dev) for dev in ("cpu", "cuda")}
         #: the backend order per call comes from measured select tables (``measured``)
         self._measured = measured.measured_op(self.op_name)
-        #: how a lane's call ends (None: the op has no lane form; see ``_lane_result``)
-        self.lane_form = _lane_result(decl)
+        #: how a lane's call ends (None: the op has no lane form; see ``_entry_codegen.lane_form``)
+        self.lane_form = _entry_codegen.lane_form(decl)
+        #: whether the default call enters its lane through the bridge (torch_kernels.lane_entry)
+        #: once it is loaded: every lane form, its results (nothing, the caller's tensors, the ones
+        #: the lane allocates) crossing back as torch tensors without tvm-ffi's conversion (about
+        #: 0.15 us per tensor argument on the H200's host, and a DLPack round trip per result); an
+        #: op with several results only where ``outputs`` sizes them (``LRES``)
+        self.entry_form = _entry_codegen.entry_form(decl)
         #: this op's id in the library ops' C++ kernels (torch_kernels); whether they hold its lanes
         self._bridge_id = next(_bridge_ids)
         self._bridge: Any = None
@@ -490,10 +288,12 @@ class FusedOp(Generic[R]):
         self._library: dict[str, Any] = {}
         #: the Python kernel of each library op (what the dispatcher calls; benchmarks time it alone)
         self._library_kernels: dict[str, Callable[..., Any]] = {}
+        #: the globals of the op's generated functions: their module's names and the op's tables
+        self._scope = self._tables()
         self._register_library()
         #: the public function (``ops.<group>.<name>``): the hot path, or the library op under
         #: torch.compile
-        self.public = self._make_public(compiled=True)
+        self.public = self._describe(_function(self._entrypoints, decl.short_name, self._scope))
         _dispatch_state.track(self)
         _INSTANCES[self.op_name] = self
 
@@ -532,14 +332,14 @@ class FusedOp(Generic[R]):
         fn = self._bound.get((backend, device))
         if fn is None:
             if backend == REFERENCE:
-                fn = _make_bound(self.decl, self.decl.reference, reference=True)
+                fn = _make_bound(self.decl, self.decl.reference, True, module=self._entrypoints)
             else:
                 try:
                     kernel, flag = self.entry(backend, device)
                 except BackendUnavailable as exc:
                     # not cached: the contract still speaks first, then the call raises it
-                    return _make_bound(self.decl, _raiser(exc), reference=False)
-                fn = _make_bound(self.decl, kernel, reference=False, flag=flag)
+                    return _make_bound(self.decl, _raiser(exc), False, module=self._entrypoints)
+                fn = _make_bound(self.decl, kernel, False, flag, self._entrypoints)
                 self._kernels[(backend, device)] = (kernel, flag)
                 lane = self._lane(backend, device)
                 if lane is not None:
@@ -757,41 +557,54 @@ class FusedOp(Generic[R]):
         cache.setdefault(x.dtype, [None, None])[x.numel() >= threshold] = fn
 
     # -- generated entry points ----------------------------------------------------------
+    def _tables(self) -> dict[str, Any]:
+        """The generated module's names and the op's tables (``_entry_codegen.TABLES``): the
+        globals its functions run on, filled and cleared in place, never rebound."""
+        return {
+            **_names(self._entrypoints),
+            "OP": self.op_name,
+            "CHECK": self.decl.check,
+            "VALUES": self.decl.values,
+            "OUTPUTS": self.decl.outputs,
+            "LIB": self._library,
+            "CPU": self._cpu,
+            "CUDA": self._cuda,
+            "CPU_T": self._thresholds["cpu"] or 1 << 62,
+            "CUDA_T": self._thresholds["cuda"] or 1 << 62,
+            "FORCED": self._forced,
+            "DISPATCH": self._dispatch,
+            "LANE_CPU": self._lane_cpu,
+            "LANE_CUDA": self._lane_cuda,
+            "LANE_FORCED": self._lane_forced,
+            "BRIDGE_PENDING": _BRIDGE_PENDING,
+            "BRIDGE_POLL": _bridge_poll,
+            "ENTRY_PENDING": _ENTRY_PENDING,
+            "ENTRY_POLL": _entry_poll,
+        }
+
+    def _describe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` under the op's group (its module) and doc, as the group's own functions."""
+        fn.__module__ = self.decl.spec.reference.partition(":")[0].rpartition(".")[0]
+        fn.__doc__ = self.decl.spec.doc
+        return fn
+
     def _register_library(self) -> None:
         """``opmux::<name>`` (and ``opmux::<name>_out`` for an optional ``out``), fake included;
         their kernel is the hot path itself, generated for the schema's own parameters (no
         wrapper frame, no compiling check: the dispatcher only calls it with real tensors)."""
-        decl, name = self.decl, self.decl.short_name
-        # until the C++ kernels are registered, each call of a Python kernel checks on their build
-        poll = ["    if BRIDGE_PENDING[0]:", "        BRIDGE_POLL()"]
-        if decl.has_out:
-            rest = tuple(p for p in decl.params if p.name != "out")
-            impl = self._make_public(
-                compiled=False, params=rest, prologue=[*poll, "    out = None"], forced=False
-            )
-            self._define(name, rest, decl.returns, impl)
-            out = Param("out", "Tensor", written=True)
-            impl = self._make_public(
-                compiled=False, params=(out, *rest), prologue=poll, forced=False, returns=False
-            )
-            self._define(f"{name}_out", (out, *rest), "()", impl)
-        else:
-            impl = self._make_public(compiled=False, prologue=poll, forced=False)
-            self._define(name, decl.params, decl.returns, impl)
+        for name, params, returns in _entry_codegen.library_ops(self.decl):
+            kernel = self._describe(_function(self._entrypoints, f"library_{name}", self._scope))
+            fake = _function(self._entrypoints, f"fake_{name}", self._scope)
+            self._define(name, params, returns, kernel, fake)
 
-    def _define(self, name: str, params: tuple[Param, ...], returns: str, fn: Callable[..., Any]) -> None:
-        decl = self.decl
-        present = {p.name for p in params}
-        # the schema carries the signature's defaults, so a call may leave trailing ones out:
-        # the fake binds its arguments as the signature does (a parameter the library op lacks,
-        # e.g. ``out`` of the functional form, is None)
-        call = ", ".join(p.name if p.name in present else "None" for p in decl.params)
-        src = f"def fake({_sig(params)}):\n    RESULT = CHECK(OP, {call})[1]\n"
-        src += "    return None\n" if returns == "()" else "    return RESULT\n"
-        scope: dict[str, Any] = {"CHECK": decl.check, "OP": decl.name}
-        exec(src, scope)
-        fake = scope["fake"]
-
+    def _define(
+        self,
+        name: str,
+        params: tuple[Param, ...],
+        returns: str,
+        fn: Callable[..., Any],
+        fake: Callable[..., Any],
+    ) -> None:
         aliases = iter(range(len(params)))
         schema = ", ".join(_schema_param(p, next(aliases)) for p in params)
         _LIB.define(f"{name}({schema}) -> {returns}")  # type: ignore[no-untyped-call]
@@ -879,17 +692,6 @@ class FusedOp(Generic[R]):
             _ENTRY_WAITING.append(self)
         return lane
 
-    @property
-    def entry_form(self) -> bool:
-        """Whether the default call enters its lane through the bridge (torch_kernels.lane_entry)
-        once it is loaded: every lane form, its results (nothing, the caller's tensors, the ones
-        the lane allocates) crossing back as torch tensors without tvm-ffi's conversion (about
-        0.15 us per tensor argument on the H200's host, and a DLPack round trip per result); an
-        op with several results only where ``outputs`` sizes them (``LRES``)."""
-        if self.lane_form == "LRES":
-            return self.decl.outputs is not None
-        return self.lane_form is not None
-
     def _bind_entries(self) -> None:
         """Swap the lanes bound so far for the bridge's entries (it has just been built)."""
         for (is_cpu, dtype), lane in list(self._lane_native.items()):
@@ -905,132 +707,6 @@ class FusedOp(Generic[R]):
                 self._lane_forced[fkey] = entry
                 if self._lane_forced_native.get(fkey) is not lane:  # invalidated meanwhile
                     self._lane_forced.pop(fkey, None)
-
-    def _make_public(
-        self,
-        *,
-        compiled: bool,
-        params: tuple[Param, ...] | None = None,
-        prologue: Sequence[str] = (),
-        forced: bool = True,
-        returns: bool = True,
-    ) -> Callable[..., R]:
-        """The public function; with ``compiled``, torch.compile sees the library op instead.
-        ``params`` / ``prologue`` / ``forced`` / ``returns`` shape a library op's kernel: its
-        schema's parameters (the prologue sets the others), no ``backend=``, ``None`` returned."""
-        decl = self.decl
-        names = ", ".join(p.name for p in decl.params)
-        key = decl.params[self.key_arg].name
-        sig = _sig(decl.params if params is None else params)
-        # ``backend`` is keyword-only in the docs but not in the code: CPython does not specialise
-        # calls to a function with keyword-only parameters (20-50 ns per call here)
-        body = [
-            f"def {decl.short_name}({sig}, backend=None, enable_pdl=None):"
-            if forced
-            else f"def {decl.short_name}({sig}):"
-        ]
-        body += prologue
-        if compiled and decl.has_out:
-            rest = ", ".join(p.name for p in decl.params if p.name != "out")
-            body += [
-                f"    if {_COMPILING}:",
-                "        if out is None:",
-                f"            return LIB[{decl.short_name!r}]({rest})",
-                f"        LIB[{decl.short_name + '_out'!r}](out, {rest})",
-                "        return out",
-            ]
-        elif compiled:
-            body += [f"    if {_COMPILING}:", f"        return LIB[{decl.short_name!r}]({names})"]
-        # a device with a size rule keeps a (small, large) pair per dtype; the others one kernel
-        cpu, cuda = (
-            f"{cache}[{key}.dtype]" + (f"[{key}.numel() >= {cache}_T]" if self._thresholds[dev] else "")
-            for cache, dev in (("CPU", "cpu"), ("CUDA", "cuda"))
-        )
-        contract, scope = _contract(decl)
-        dispatch = "        {}DISPATCH(({},), {{}}, {})".format(
-            "return " if returns else "", names, "backend, enable_pdl" if forced else "None"
-        )
-        done = "    return RESULT" if returns else "    return None"
-        # The CPU default call first, on its own: two tensor reads (is_cpu, dtype), one dict
-        # lookup, then the contract and the kernel (CPU kernels take no PDL flag). Every other
-        # call (a miss, CUDA, a forced backend) falls through to the general form below. The
-        # lookup's try costs nothing when nothing is raised (zero-cost exceptions, 3.11+); the
-        # contract runs outside it, so its own errors are never taken for a cache miss.
-        if compiled and self.entry_form:
-            body += ["    if ENTRY_PENDING[0]:", "        ENTRY_POLL()"]  # (see _ENTRY_PENDING)
-        if self.lane_form is not None:
-            body += _lane_lines(decl, key, forced, self.lane_form if returns else "None")
-        body += [
-            "    try:",
-            # (backend first: a forced call then reads nothing here)
-            f"        KERNEL = {cpu} if {'backend is None and ' if forced else ''}{key}.is_cpu else None",
-            "    except (KeyError, TypeError, AttributeError):",
-            "        KERNEL = None",
-            "    if KERNEL is not None:",
-            *(f"    {line}" for line in contract),
-            "        KERNEL(*KARGS)",
-            f"    {done}",
-        ]
-        # CUDA and forced caches hold (kernel, PDL flag): FLAG None = the kernel takes no flag
-        general = [f"if {key}.is_cuda:", f"    KERNEL, FLAG = {cuda}"]
-        if forced:
-            general = [
-                "if backend is None:",
-                *(f"    {line}" for line in general),
-                f"elif {key}.is_cpu or {key}.is_cuda:",
-                f"    KERNEL, FLAG = FORCED[backend, {key}.is_cpu, {key}.dtype]",
-            ]
-        body += [
-            "    try:",
-            *(f"        {line}" for line in general),
-            "    except (KeyError, TypeError, AttributeError):",
-            "        KERNEL = None",
-            "    if KERNEL is None:",
-            dispatch,
-            *([] if returns else ["        return None"]),
-            *contract,
-            "    if FLAG is None:",
-            "        KERNEL(*KARGS)",
-            "    else:",
-            f"        {_call(True, forced)}",
-            done,
-        ]
-        scope |= {
-            "COMPILING": _compiling,
-            "DYNAMO": getattr(torch.compiler, "is_dynamo_compiling", None),
-            "COMPILER": torch.compiler,
-            "LIB": self._library,
-            "CPU": self._cpu,
-            "CUDA": self._cuda,
-            "CPU_T": self._thresholds["cpu"] or 1 << 62,
-            "CUDA_T": self._thresholds["cuda"] or 1 << 62,
-            "FORCED": self._forced,
-            "DISPATCH": self._dispatch,
-            "LANE_CPU": self._lane_cpu,
-            "LANE_CUDA": self._lane_cuda,
-            "NO_LANES": {},
-            "NO_LANE": (None, None),
-            "LANE_FORCED": self._lane_forced,
-            "OUTPUTS": decl.outputs,
-            "TENSOR": torch.Tensor,
-            "BRIDGE_PENDING": _BRIDGE_PENDING,
-            "BRIDGE_POLL": _bridge_poll,
-            "ENTRY": _ENTRY_TYPE,
-            "ENTRY_PENDING": _ENTRY_PENDING,
-            "ENTRY_POLL": _entry_poll,
-        }
-        exec("\n".join(body), scope)
-        fn: Callable[..., R] = scope[decl.short_name]
-        if compiled and _COMPILING.startswith("DYNAMO() or "):
-            checked = fn.__code__
-            unchecked = "\n".join(body).replace(_COMPILING, _COMPILING.removeprefix("DYNAMO() or "))
-            exec(unchecked, scope)
-            fn.__code__ = scope[decl.short_name].__code__
-            scope[decl.short_name] = fn
-            _until_dynamo(fn, checked)
-        fn.__module__ = decl.spec.reference.partition(":")[0].rpartition(".")[0]
-        fn.__doc__ = decl.spec.doc
-        return fn
 
 
 def instance(decl: Decl) -> FusedOp[Any]:

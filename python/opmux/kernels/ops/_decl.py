@@ -99,7 +99,7 @@ class Decl:
     key_arg: int
     #: for a serving lane of an op with several outputs: ``outputs(*args) -> (outs, result)``
     #: allocates the optional outputs (``outs``, in signature order) for a call that passes
-    #: none, and says what the call returns (see ``fused_op._lane_lines``); None for a contract
+    #: none, and says what the call returns (see ``_entry_codegen._lane_lines``); None for a contract
     #: with several outputs: its generated ``outputs_<contract>`` (``Decl.outputs``)
     outputs_fn: Callable[..., tuple[tuple[Any, ...], Any]] | None = None
     #: the arguments ``declare`` was given (for ``variant``)

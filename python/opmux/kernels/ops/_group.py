@@ -34,7 +34,7 @@ def exports(package: str) -> tuple[list[str], Callable[[str], Any]]:
 
         public = instance(decl).public
         # later ``group.op`` lookups are plain module-dict hits, not this hook (~1 us per call on
-        # the CPU); the object stays the one users hold (its code is swapped in place, never it)
+        # the CPU); the object is the one users hold, for the life of the process
         setattr(sys.modules[package], name, public)
         return public
 
