@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ._contract import FLOATS, Arg, Contract, Rule, Scalar
+from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, Rule, Scalar, When
 from ._decl import Decl
 
 __all__ = ["render_group"]
@@ -84,6 +84,8 @@ class _Writer:
         return "\n".join(self.lines) + "\n"
 
     def view_name(self, name: str) -> str:
+        if name in LITERALS:
+            return name
         arg = next((a for a in self.c.tensors if a.name == name), None)
         if arg is None:
             return f"{name}_"  # the checked scalar
@@ -116,13 +118,20 @@ class _Writer:
             elif a.layout == "element":
                 conds.append(f"{s} == _ONE")
                 _CONSTS["_ONE"] = "(1,)"
+            elif a.tail:
+                conds.append(f"len({s}) >= {len(dims)}")
             else:
                 conds.append(f"len({s}) == {len(dims)}")
-            if a.dtypes:
+            if a.dtypes and a.dtypes != ANY:
                 conds.append(f"{a.name}.dtype in {_dtype_tuple(a.dtypes)}")
             for i, d in enumerate(dims):
                 d = d.lstrip("*")
-                if d.isidentifier():
+                if d.endswith("..."):  # trailing dims: a tuple
+                    if d[:-3] in known:
+                        conds.append(f"{s}[{i}:] == {known[d[:-3]]}")
+                    else:
+                        known[d[:-3]] = f"{s}[{i}:]"
+                elif d.isidentifier():
                     if d in known:
                         conds.append(f"{s}[{i}] == {known[d]}")
                     else:
@@ -132,7 +141,7 @@ class _Writer:
             if a.like:
                 conds.append(f"{a.name}.dtype == {a.like}.dtype")
             ref = a.like or a.device_of
-            if ref:
+            if ref and not a.any_device:
                 conds.append(f"{a.name}.device == {ref}.device")
             n = len(c.dims_of(a))
             if a.layout == "element":
@@ -143,6 +152,8 @@ class _Writer:
                 conds.append(f"({s}[0] <= 1 or {a.name}.stride()[0] == 1)")
             elif a.layout == "strided_unit":
                 conds.append(f"_checks.has_unit_stride({a.name})")
+            elif a.layout in _CACHE_LAYOUTS:
+                conds.append(_layout_ok(a, len(dims) - 1))
             conds.append(f"type({a.name}) is _TENSOR")
         for name, expr in known.items():
             binds.append(f"{name} = {expr}")
@@ -177,6 +188,8 @@ class _Writer:
     def fast_view(self, name: str) -> str:
         """A kernel argument on the fast path: the tensor itself (already in its kernel form),
         reinterpreted where declared; a scalar's checked value."""
+        if name in LITERALS:
+            return name
         a = next((t for t in self.c.tensors if t.name == name), None)
         if a is None:
             return f"{name}_"
@@ -263,13 +276,15 @@ class _Writer:
             depth = 2
         n = a.name
         self.emit(depth, f'_checks.tensor(op, "{n}", {n})')
-        if a.dtypes:
+        if a.dtypes and a.dtypes != ANY:
             if a.dtypes == FLOATS:
                 self.emit(depth, f'_checks.float_dtype(op, "{n}", {n})')
             else:
                 self.emit(depth, f'_checks.dtype_in(op, "{n}", {n}, {a.dtypes!r})')
         self.shape_checks(a, depth)
-        if a.like:
+        if a.like and a.any_device:
+            self.emit(depth, f'_checks.same_dtype(op, "{a.like}", {a.like}, {n}={n})')
+        elif a.like:
             self.emit(depth, f'_checks.like(op, "{a.like}", {a.like}, "{n}", {n})')
         if a.device_of:
             self.emit(depth, f'_checks.same_device(op, "{a.device_of}", {a.device_of}, {n}={n})')
@@ -297,16 +312,23 @@ class _Writer:
         if a.out:  # an output: the whole shape at once (every symbol is bound by the inputs)
             want = _shape_expr(dims)
             self.emit(depth, f"if tuple({n}.shape) != {want}:")
-            hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {{{want}}}{a.note}"
+            hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {a.expect or f'{{{want}}}'}{a.note}"
             self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint}")')
             return
         rank = len(dims)
-        bad = f"{n}.dim() < {rank - 1}" if a.batched else f"{n}.dim() != {rank}"
+        bad = f"{n}.dim() < {rank - 1}" if a.batched else f"{n}.dim() < {rank}" if a.tail else f"{n}.dim() != {rank}"
         conds = [bad]
         binds: list[str] = []
         for i, d in enumerate(dims):
-            idx = i - rank  # from the end
-            if d.startswith("*"):
+            idx = i if a.tail else i - rank  # trailing E...: from the start, else from the end
+            if d.endswith("..."):
+                sym = d[:-3]
+                if sym in self.bound:
+                    conds.append(f"tuple({n}.shape[{idx}:]) != tuple({sym})")
+                else:
+                    binds.append(f"{sym} = tuple({n}.shape[{idx}:])")
+                    self.bound.add(sym)
+            elif d.startswith("*"):
                 sym = d[1:]
                 if sym in self.bound:
                     conds.append(f"tuple({n}.shape[:{idx + 1}]) != tuple({sym})")
@@ -321,10 +343,12 @@ class _Writer:
                     self.bound.add(d)
             else:
                 conds.append(f"{n}.shape[{idx}] != {d}")
-        before = set(self.bound) - {d.lstrip("*") for d in dims if d.lstrip("*") in binds_of(binds)}
+        before = set(self.bound) - binds_of(binds)
 
         def hint(known: set[str]) -> str:
-            return f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}{a.note}"
+            if a.shape_hint:
+                return f"; {a.shape_hint}"
+            return f", expected {a.expect or _expected_text(dims, known)}{a.note}"
 
         # binding needs the rank first; comparisons need the bindings
         self.emit(depth, f"if {conds[0]}:")
@@ -342,6 +366,12 @@ class _Writer:
         if a.layout == "element":
             self.emit(1, f'{n}_v = _checks.one_element(op, "{n}", {n}, {a.note!r})')
             return
+        if a.layout in _CACHE_LAYOUTS:  # checked as is: the kernel takes the tensor itself
+            self.emit(1, f"if not {_layout_ok(a, len(dims) - 1)}:")
+            hint = (a.layout_hint or _LAYOUT_HINTS[a.layout]).replace("{t}", n).replace("{k}", str(len(dims) - 1))
+            self.emit(2, f"raise ValueError(f{('{op}: ' + n + ' ' + hint)!r})")
+            self.emit(1, f"{n}_v = {n}")
+            return
         last = dims[-1].lstrip("*")
         if a.layout == "rows":
             self.emit(1, f'{n}_v = _checks.rows(op, "{n}", {n}, {last})')
@@ -358,6 +388,53 @@ class _Writer:
                 self.emit(1, f'{n}_v = _checks.flat_rows(op, "{n}", {n}, {last})')
             else:
                 self.emit(1, f"{n}_v = {n}")
+
+
+#: the layouts the kernel takes as they are, checked by a predicate of _checks
+_CACHE_LAYOUTS = ("dense_last", "contiguous", "entries", "blocks")
+#: their messages, after "<name> " ({t}: the tensor's name, {k}: where its trailing dims start)
+_LAYOUT_HINTS = {
+    "dense_last": "has a non-contiguous last dimension (stride {{t}.stride(-1)}); pass .contiguous()",
+    "contiguous": "has strides {{t}.stride()}; it must be contiguous: pass {t}.contiguous()",
+    "entries": "has strides {{t}.stride()}; its entries (dims {k}..) must be contiguous and no stride negative",
+    "blocks": "has shape {tuple({t}.shape)} and strides {{t}.stride()}; each block {t}[b] must be one dense "
+    "region (its dimensions a permutation of a contiguous layout, e.g. NHD or HND), blocks apart, no stride negative",
+}
+
+
+def _layout_ok(a: Arg, last: int) -> str:
+    """The Python predicate of a cache layout (``last``: the index of a trailing E... dim)."""
+    n = a.name
+    if a.layout == "dense_last":
+        return f"_checks.dense_last({n})"
+    if a.layout == "contiguous":
+        return f"(_checks.dense_from({n}, 0) or {n}.numel() == 0)"
+    if a.layout == "entries":
+        return f"_checks.dense_from({n}, {last})"
+    return f"_checks.dense_blocks({n})"
+
+
+def _when(w: When) -> str:
+    """A form's condition in Python (anything but a tensor: not this form)."""
+    if w.given:
+        return f"{w.arg} is not None"
+    if w.ndim >= 0:
+        return f"isinstance({w.arg}, _TENSOR) and {w.arg}.dim() == {w.ndim}"
+    return f"isinstance({w.arg}, _TENSOR) and {w.arg}.dtype in {_dtype_tuple((w.dtype,))}"
+
+
+def _render_forms(f: Forms, decl: Decl) -> str:
+    """The check of an op with several forms: each form's own, and one that picks it."""
+    sig = ", ".join(f"{p.name}: Any{'' if p.default is None else f' = {p.default}'}" for p in decl.params)
+    names = ", ".join(p.name for p in decl.params)
+    lines = [f"def check_{f.name}(op: str, {sig}) -> tuple[tuple[Any, ...], Any]:"]
+    lines.append(f'    """The form of the call: {", ".join(c.name for c in f.contracts)}."""')
+    for when, c in f.cases:
+        lines.append(f"    if {' and '.join(f'({_when(w)})' for w in when)}:")
+        lines.append(f"        return check_{c.name}(op, {names})")
+    lines.append(f"    return check_{f.default.name}(op, {names})")
+    bodies = [_Writer(c, decl).render() for c in f.contracts]
+    return "\n\n".join(["\n".join(lines) + "\n", *bodies])
 
 
 def _subst(expr: str, known: dict[str, str]) -> str:
@@ -379,7 +456,9 @@ def _expected_text(dims: tuple[str, ...], bound: set[str]) -> str:
     parts = []
     for d in dims:
         names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)) - {"cdiv"}
-        if d.startswith("*"):
+        if d.endswith("..."):
+            parts.append(f"{{', '.join(map(str, {d[:-3]}))}}" if d[:-3] in bound else "...")
+        elif d.startswith("*"):
             parts.append("...")
         elif names <= bound:
             parts.append(f"{{{d}}}")
@@ -419,6 +498,9 @@ def render_group(decls: Iterable[Decl]) -> str:
     bodies = []
     for d in seen.values():
         assert d.contract is not None
+        if isinstance(d.contract, Forms):
+            bodies.append("\n\n" + _render_forms(d.contract, d))
+            continue
         bodies.append("\n\n" + _Writer(d.contract, d).render())
     consts = "".join(f"{k} = {v}\n" for k, v in sorted(_CONSTS.items()))
     return "".join([_HEADER, "\n\n", consts, *bodies])

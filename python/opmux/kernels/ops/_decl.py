@@ -27,7 +27,7 @@ from typing import Any
 
 from ..spec import BackendSpec, OpSpec, Requirement
 from ._common import AOT, JIT, PRIORITY, TOLERANCES, TORCH, TORCH_NPU, TRITON
-from ._contract import Contract
+from ._contract import Contract, Forms
 
 __all__ = ["NATIVE_TARGETS", "Decl", "Param", "declare", "parse_signature", "variant"]
 
@@ -105,7 +105,7 @@ class Decl:
     declared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     #: the argument contract as data (``ops/_contract.py``); its check is generated into
     #: ``ops/<group>/_contracts.py``
-    contract: Contract | None = None
+    contract: Contract | Forms | None = None
 
     @property
     def check(self) -> Callable[..., tuple[tuple[Any, ...], Any]]:
@@ -139,7 +139,7 @@ def declare(
     signature: str,
     *,
     check: Callable[..., tuple[tuple[Any, ...], Any]] | None = None,
-    contract: Contract | None = None,
+    contract: Contract | Forms | None = None,
     reference: Callable[..., Any],
     doc: str,
     values: Callable[..., None] | None = None,
