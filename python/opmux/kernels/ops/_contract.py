@@ -197,7 +197,9 @@ class Contract:
                 if d.startswith("*") and i:
                     raise ValueError(f"contract {self.name!r}: {a.name}: '*' only on the first dim")
                 if d.endswith("...") and (i != len(a.dims) - 1 or a.batched or not d[:-3].isidentifier()):
-                    raise ValueError(f"contract {self.name!r}: {a.name}: 'E...' only on the last dim, without '*'")
+                    raise ValueError(
+                        f"contract {self.name!r}: {a.name}: 'E...' only on the last dim, without '*'"
+                    )
             if a.same_as and a.same_as not in names[: names.index(a.name)]:
                 raise ValueError(f"contract {self.name!r}: {a.name} refers to {a.same_as!r} before it is declared")
             ref = a.like or a.device_of

@@ -316,7 +316,8 @@ class _Writer:
             self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint}")')
             return
         rank = len(dims)
-        bad = f"{n}.dim() < {rank - 1}" if a.batched else f"{n}.dim() < {rank}" if a.tail else f"{n}.dim() != {rank}"
+        least = rank - 1 if a.batched else rank if a.tail else -1  # *T: any number; E...: one or more
+        bad = f"{n}.dim() < {least}" if least >= 0 else f"{n}.dim() != {rank}"
         conds = [bad]
         binds: list[str] = []
         for i, d in enumerate(dims):
@@ -368,7 +369,8 @@ class _Writer:
             return
         if a.layout in _CACHE_LAYOUTS:  # checked as is: the kernel takes the tensor itself
             self.emit(1, f"if not {_layout_ok(a, len(dims) - 1)}:")
-            hint = (a.layout_hint or _LAYOUT_HINTS[a.layout]).replace("{t}", n).replace("{k}", str(len(dims) - 1))
+            hint = a.layout_hint or _LAYOUT_HINTS[a.layout]
+            hint = hint.replace("{t}", n).replace("{k}", str(len(dims) - 1))
             self.emit(2, f"raise ValueError(f{('{op}: ' + n + ' ' + hint)!r})")
             self.emit(1, f"{n}_v = {n}")
             return

@@ -24,10 +24,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, Scalar, When
+from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, When
 from ._decl import Decl
 
-__all__ = ["lane_form", "render_header", "render_entries"]
+__all__ = ["lane_form", "render_entries", "render_header"]
 
 _DL = {
     "float32": "kDLFloat, 32",

@@ -48,7 +48,9 @@ COPY_CONTRACT = Contract(
     "copy_blocks",
     (
         Arg("cache", "NB, B...", dtypes=ANY, layout="blocks", expect=_BLOCKS),
-        Arg("block_mapping", "P, 2", dtypes=("int64",), device_of="cache", layout="contiguous", expect=_PAIRS),
+        Arg(
+            "block_mapping", "P, 2", dtypes=("int64",), device_of="cache", layout="contiguous", expect=_PAIRS
+        ),
         Rule(f"P <= {_I32}", "more than 2^31 - 1 pairs", device="cuda"),
     ),
     kernel=("cache", "block_mapping"),
@@ -66,7 +68,10 @@ SWAP_CONTRACT = Contract(
             "block_mapping is on {block_mapping.device}; it must be a CPU tensor (its pairs are read on the host "
             "to issue the copies)",
         ),
-        Rule("C == B", "dst has blocks of shape {tuple(dst.shape[1:])}, expected {tuple(src.shape[1:])} like src"),
+        Rule(
+            "C == B",
+            "dst has blocks of shape {tuple(dst.shape[1:])}, expected {tuple(src.shape[1:])} like src",
+        ),
     ),
     kernel=("src", "dst", "block_mapping"),
 )
@@ -75,7 +80,9 @@ _KV_C = Arg("kv_c", "T, R", dtypes=FLOATS, layout="dense_last", expect="[T, kv_l
 _K_PE = Arg("k_pe", "T, P", like="kv_c", layout="dense_last", expect="[{T}, pe_dim]")
 _ENTRY = "[num_blocks, block_size, {R + P}] (kv_lora_rank {R} + pe_dim {P})"
 _MLA_SLOTS = Arg("slot_mapping", "T", dtypes=("int64",), device_of="kv_c", layout="dense_last")
-_MLA_LIMITS = Rule(f"T <= {_I32} and R + P <= {_I32}", "sizes exceed the kernel's 32-bit indexing", device="cuda")
+_MLA_LIMITS = Rule(
+    f"T <= {_I32} and R + P <= {_I32}", "sizes exceed the kernel's 32-bit indexing", device="cuda"
+)
 _MLA_ARGS = ("kv_c", "k_pe", "kv_cache", "slot_mapping")
 MLA_CONTRACT = Forms(
     "concat_and_cache_mla",
@@ -87,9 +94,23 @@ MLA_CONTRACT = Forms(
                 (
                     _KV_C,
                     _K_PE,
-                    Arg("kv_cache", "NB, BS, R + P", dtypes=FP8, device_of="kv_c", layout="dense_last", expect=_ENTRY),
+                    Arg(
+                        "kv_cache",
+                        "NB, BS, R + P",
+                        dtypes=FP8,
+                        device_of="kv_c",
+                        layout="dense_last",
+                        expect=_ENTRY,
+                    ),
                     Rule("scale is not None", "an fp8 kv_cache needs scale (entries are fp8(x / scale))"),
-                    Arg("scale", "", dtypes=("float32",), device_of="kv_c", layout="element", note=" (a per-tensor scale)"),
+                    Arg(
+                        "scale",
+                        "",
+                        dtypes=("float32",),
+                        device_of="kv_c",
+                        layout="element",
+                        note=" (a per-tensor scale)",
+                    ),
                     _MLA_SLOTS,
                     _MLA_LIMITS,
                 ),
@@ -119,9 +140,20 @@ MLA_CONTRACT = Forms(
 _ROWS = " (block_table has {B} rows)"
 _DENSE_VECTOR = "has stride {{t}.stride(0)}; pass {t}.contiguous()"
 _GATHER_ITEMS = (
-    Arg("src_cache", "NB, BS, E...", dtypes=ANY, layout="entries", expect="[num_blocks, block_size >= 1, entry...]"),
-    Rule("BS >= 1", "src_cache has shape {tuple(src_cache.shape)}, expected [num_blocks, block_size >= 1, entry...]"),
-    Arg("dst", "N, E...", like="src_cache", layout="entries", expect="[num_tokens, {', '.join(map(str, E))}]"),
+    Arg(
+        "src_cache",
+        "NB, BS, E...",
+        dtypes=ANY,
+        layout="entries",
+        expect="[num_blocks, block_size >= 1, entry...]",
+    ),
+    Rule(
+        "BS >= 1",
+        "src_cache has shape {tuple(src_cache.shape)}, expected [num_blocks, block_size >= 1, entry...]",
+    ),
+    Arg(
+        "dst", "N, E...", like="src_cache", layout="entries", expect="[num_tokens, {', '.join(map(str, E))}]"
+    ),
     Arg(
         "block_table",
         "B, W",
@@ -132,7 +164,13 @@ _GATHER_ITEMS = (
         layout_hint="has strides {block_table.stride()}; its rows must be contiguous",
     ),
     Arg(
-        "cu_seq_lens", "B + 1", dtypes=("int32",), device_of="src_cache", layout="dense_last", note=_ROWS, layout_hint=_DENSE_VECTOR
+        "cu_seq_lens",
+        "B + 1",
+        dtypes=("int32",),
+        device_of="src_cache",
+        layout="dense_last",
+        note=_ROWS,
+        layout_hint=_DENSE_VECTOR,
     ),
     Rule(f"B <= {_I32}", "more than 2^31 - 1 sequences", device="cuda"),
 )
@@ -148,7 +186,13 @@ GATHER_CONTRACT = Forms(
                 (
                     *_GATHER_ITEMS,
                     Arg(
-                        "seq_starts", "B", dtypes=("int32",), device_of="src_cache", layout="dense_last", note=_ROWS, layout_hint=_DENSE_VECTOR
+                        "seq_starts",
+                        "B",
+                        dtypes=("int32",),
+                        device_of="src_cache",
+                        layout="dense_last",
+                        note=_ROWS,
+                        layout_hint=_DENSE_VECTOR,
                     ),
                 ),
                 kernel=(*_GATHER_ARGS, "seq_starts", "True"),

@@ -68,7 +68,7 @@ _NO_SCALES = Rule(
     "k_scale is None and v_scale is None",
     "k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {key_cache.dtype}",
 )
-_SCALES = (
+_SCALES: tuple[Rule | Arg, ...] = (
     Rule(
         "k_scale is not None and v_scale is not None",
         "an fp8 cache needs k_scale and v_scale (entries are fp8(x / scale))",
@@ -79,7 +79,9 @@ _SCALES = (
     ),
 )
 _CUDA_LIMITS = Rule(
-    f"T <= {_I32} and H * D <= {_I32} and BS <= {_I32}", "sizes exceed the kernel's 32-bit indexing", device="cuda"
+    f"T <= {_I32} and H * D <= {_I32} and BS <= {_I32}",
+    "sizes exceed the kernel's 32-bit indexing",
+    device="cuda",
 )
 _NHD_HINT = (
     "has strides {{t}.stride()}; its head_dim must be dense (stride 1) and no stride negative (NHD [num_blocks, "
@@ -93,7 +95,14 @@ def _nhd(dtype: dict[str, Any]) -> tuple[Arg, Arg]:
     expect = "[num_blocks, block_size, {H}, {D}] (or vLLM's paged [num_blocks, H, D // x, block_size, x])"
     kc = Arg("key_cache", "NB, BS, H, D", layout="dense_last", expect=expect, layout_hint=_NHD_HINT, **dtype)
     like = {"like": "key_cache"} if "dtypes" in dtype else dtype
-    vc = Arg("value_cache", "NB, BS, H, D", layout="dense_last", expect="{tuple(key_cache.shape)}", layout_hint=_NHD_HINT, **like)
+    vc = Arg(
+        "value_cache",
+        "NB, BS, H, D",
+        layout="dense_last",
+        expect="{tuple(key_cache.shape)}",
+        layout_hint=_NHD_HINT,
+        **like,
+    )
     return kc, vc
 
 
@@ -108,9 +117,14 @@ def _paged(dtype: dict[str, Any]) -> tuple[Arg, Rule, Arg]:
         layout_hint="has strides {{t}.stride()}; its x dimension must be dense",
         **dtype,
     )
-    x = Rule("X >= 1 and D % X == 0 and DX == D // X", "key_cache has shape {tuple(key_cache.shape)}, expected " + expect)
+    x = Rule(
+        "X >= 1 and D % X == 0 and DX == D // X",
+        "key_cache has shape {tuple(key_cache.shape)}, expected " + expect,
+    )
     like = {"like": "key_cache"} if "dtypes" in dtype else dtype
-    vc = Arg("value_cache", "NB, H, D, BS", layout="strided", expect="the paged [{NB}, {H}, {D}, {BS}]", **like)
+    vc = Arg(
+        "value_cache", "NB, H, D, BS", layout="strided", expect="the paged [{NB}, {H}, {D}, {BS}]", **like
+    )
     return kc, x, vc
 
 
@@ -126,16 +140,26 @@ CONTRACT = Forms(
         (
             (When("key_cache", ndim=5), When("key_cache", dtype="float8_e4m3fn")),
             Contract(
-                "cache_paged_fp8", (_KEY, _HEADS, _VALUE, *_paged(_FP8_CACHE), *_SCALES, _SLOTS, _CUDA_LIMITS), kernel=_FP8
+                "cache_paged_fp8",
+                (_KEY, _HEADS, _VALUE, *_paged(_FP8_CACHE), *_SCALES, _SLOTS, _CUDA_LIMITS),
+                kernel=_FP8,
             ),
         ),
         (
             (When("key_cache", ndim=5),),
-            Contract("cache_paged", (_KEY, _HEADS, _VALUE, *_paged(_OF_KEY), _NO_SCALES, _SLOTS, _CUDA_LIMITS), kernel=_PLAIN),
+            Contract(
+                "cache_paged",
+                (_KEY, _HEADS, _VALUE, *_paged(_OF_KEY), _NO_SCALES, _SLOTS, _CUDA_LIMITS),
+                kernel=_PLAIN,
+            ),
         ),
         (
             (When("key_cache", dtype="float8_e4m3fn"),),
-            Contract("cache_nhd_fp8", (_KEY, _HEADS, _VALUE, *_nhd(_FP8_CACHE), *_SCALES, _SLOTS, _CUDA_LIMITS), kernel=_FP8),
+            Contract(
+                "cache_nhd_fp8",
+                (_KEY, _HEADS, _VALUE, *_nhd(_FP8_CACHE), *_SCALES, _SLOTS, _CUDA_LIMITS),
+                kernel=_FP8,
+            ),
         ),
     ),
     default=Contract(
