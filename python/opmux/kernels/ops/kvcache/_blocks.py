@@ -41,7 +41,7 @@ GATHER = "kvcache.gather_cache"
 
 
 # -- the contracts (ops/_contract.py; their checks are generated into _contracts.py) ------------
-_I32 = 2147483647  # the CUDA kernels' 32-bit grids
+I32 = 2147483647  # the CUDA kernels' 32-bit grids
 _BLOCKS = "[num_blocks, ...] (at least 2-D)"
 _PAIRS = "[num_pairs, 2] (src, dst)"
 COPY_CONTRACT = Contract(
@@ -51,7 +51,7 @@ COPY_CONTRACT = Contract(
         Arg(
             "block_mapping", "P, 2", dtypes=("int64",), device_of="cache", layout="contiguous", expect=_PAIRS
         ),
-        Rule(f"P <= {_I32}", "more than 2^31 - 1 pairs", device="cuda"),
+        Rule(f"P <= {I32}", "more than 2^31 - 1 pairs", device="cuda"),
     ),
     kernel=("cache", "block_mapping"),
     values_cpp="pairs_ok(device_type, block_mapping, cache.size(0))",
@@ -81,7 +81,7 @@ _K_PE = Arg("k_pe", "T, P", like="kv_c", layout="dense_last", expect="[{T}, pe_d
 _ENTRY = "[num_blocks, block_size, {R + P}] (kv_lora_rank {R} + pe_dim {P})"
 _MLA_SLOTS = Arg("slot_mapping", "T", dtypes=("int64",), device_of="kv_c", layout="dense_last")
 _MLA_LIMITS = Rule(
-    f"T <= {_I32} and R + P <= {_I32}", "sizes exceed the kernel's 32-bit indexing", device="cuda"
+    f"T <= {I32} and R + P <= {I32}", "sizes exceed the kernel's 32-bit indexing", device="cuda"
 )
 _MLA_ARGS = ("kv_c", "k_pe", "kv_cache", "slot_mapping")
 MLA_CONTRACT = Forms(
@@ -137,8 +137,21 @@ MLA_CONTRACT = Forms(
     ),
 )
 
-_ROWS = " (block_table has {B} rows)"
-_DENSE_VECTOR = "has stride {{t}.stride(0)}; pass {t}.contiguous()"
+
+def _per_sequence(name: str, n: str) -> Arg:
+    """A dense int32 [n] of a value per sequence (block_table's rows), on src_cache's device."""
+    hint = "has stride {{t}.stride(0)}; pass {t}.contiguous()"
+    return Arg(
+        name,
+        n,
+        dtypes=("int32",),
+        device_of="src_cache",
+        layout="dense_last",
+        note=" (block_table has {B} rows)",
+        layout_hint=hint,
+    )
+
+
 _GATHER_ITEMS = (
     Arg(
         "src_cache",
@@ -163,16 +176,8 @@ _GATHER_ITEMS = (
         expect="[batch, max_blocks]",
         layout_hint="has strides {block_table.stride()}; its rows must be contiguous",
     ),
-    Arg(
-        "cu_seq_lens",
-        "B + 1",
-        dtypes=("int32",),
-        device_of="src_cache",
-        layout="dense_last",
-        note=_ROWS,
-        layout_hint=_DENSE_VECTOR,
-    ),
-    Rule(f"B <= {_I32}", "more than 2^31 - 1 sequences", device="cuda"),
+    _per_sequence("cu_seq_lens", "B + 1"),
+    Rule(f"B <= {I32}", "more than 2^31 - 1 sequences", device="cuda"),
 )
 _GATHER_ARGS = ("src_cache", "dst", "block_table", "cu_seq_lens")
 _GATHER_VALUES = "gather_values_ok(device_type, src_cache, dst, block_table, cu_seq_lens, {})"
@@ -185,15 +190,7 @@ GATHER_CONTRACT = Forms(
                 "gather_from",
                 (
                     *_GATHER_ITEMS,
-                    Arg(
-                        "seq_starts",
-                        "B",
-                        dtypes=("int32",),
-                        device_of="src_cache",
-                        layout="dense_last",
-                        note=_ROWS,
-                        layout_hint=_DENSE_VECTOR,
-                    ),
+                    _per_sequence("seq_starts", "B"),
                 ),
                 kernel=(*_GATHER_ARGS, "seq_starts", "True"),
                 values_cpp=_GATHER_VALUES.format("&*seq_starts"),
@@ -282,7 +279,7 @@ def torch_swap_blocks(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
 
 
 # -- concat_and_cache_mla --------------------------------------------------------------------
-def _slots(op: str, slot_mapping: Tensor, num_slots: int) -> None:
+def slots_in_range(op: str, slot_mapping: Tensor, num_slots: int) -> None:
     """CPU ``slot_mapping`` in ``[-1, num_slots)``; else ValueError naming the first bad slot."""
     if slot_mapping.is_cpu and not _checks.in_range(slot_mapping, -1, num_slots):
         t = int(((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()[0, 0])
@@ -295,7 +292,7 @@ def _slots(op: str, slot_mapping: Tensor, num_slots: int) -> None:
 def mla_values(
     kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
 ) -> None:
-    _slots(MLA, slot_mapping, kv_cache.shape[0] * kv_cache.shape[1])
+    slots_in_range(MLA, slot_mapping, kv_cache.shape[0] * kv_cache.shape[1])
 
 
 def _mla_write(
@@ -311,7 +308,7 @@ def _mla_write(
 def mla_reference(
     kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
 ) -> None:
-    _slots(MLA, slot_mapping.cpu(), kv_cache.shape[0] * kv_cache.shape[1])
+    slots_in_range(MLA, slot_mapping.cpu(), kv_cache.shape[0] * kv_cache.shape[1])
     _mla_write(kv_c, k_pe, kv_cache, slot_mapping, scale)
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _checks
 from .._contract import FLOATS, FP8, Arg, Contract, Forms, Rule, When
 from .._decl import declare
 from . import _blocks
@@ -41,22 +40,9 @@ else:
 _OP = "kvcache.reshape_and_cache"
 
 
-def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
-    # in_range: a decode-sized mapping read as one list, an empty one passes; the rest only when
-    # something is wrong
-    if slot_mapping.is_cpu and not _checks.in_range(slot_mapping, -1, num_slots):
-        bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
-        if bad.numel():
-            t = int(bad[0, 0])
-            raise ValueError(
-                f"{_OP}: slot_mapping[{t}] = {int(slot_mapping[t])} is out of range: "
-                f"valid slots are [0, {num_slots}) (num_blocks * block_size), or -1 to skip"
-            )
-
-
 # -- the contract: four forms (a cache of key's dtype or fp8 with its scales; NHD / HND views or
 # vLLM's paged layout), their checks generated into _contracts.py ------------------------------
-_I32 = 2147483647  # the CUDA kernel's 32-bit indexing
+_I32 = _blocks.I32
 _KEY = Arg("key", "T, H, D", dtypes=FLOATS, layout="dense_last", expect="[T, H, D]")
 _HEADS = Rule(
     "H >= 1 and D >= 1",
@@ -181,7 +167,7 @@ def values(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
 ) -> None:
-    _check_slots(slot_mapping, key_cache.shape[0] * _block_size(key_cache))
+    _blocks.slots_in_range(_OP, slot_mapping, key_cache.shape[0] * _block_size(key_cache))
 
 
 def _block_size(key_cache: Tensor) -> int:
@@ -213,7 +199,7 @@ def reference(
     v_scale: Tensor | None = None,
 ) -> None:
     nb, bs, paged = key_cache.shape[0], _block_size(key_cache), key_cache.dim() == 5
-    _check_slots(slot_mapping.cpu(), nb * bs)
+    _blocks.slots_in_range(_OP, slot_mapping.cpu(), nb * bs)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     blk, off = slots // bs, slots % bs
