@@ -152,6 +152,10 @@ class _Writer:
                 conds.append(f"({s}[0] <= 1 or {a.name}.stride()[0] == 1)")
             elif a.layout == "strided_unit":
                 conds.append(f"_checks.has_unit_stride({a.name})")
+            elif a.layout == "dense_last":  # (a torch tensor has no negative stride)
+                conds.append(f"({s}[-1] <= 1 or {a.name}.stride(-1) == 1)")
+            elif a.layout == "contiguous":  # torch's rule: size-1 dims aside, or empty
+                conds.append(f"{a.name}.is_contiguous()")
             elif a.layout in _CACHE_LAYOUTS:
                 conds.append(_layout_ok(a, len(dims) - 1))
             conds.append(f"type({a.name}) is _TENSOR")
@@ -173,7 +177,7 @@ class _Writer:
         depth = 3
         if rules or any(r.device for r in c.rules):
             tests = [f"({r.expr})" for r in rules]
-            tests += [f"({r.expr} or {self.device_of_first()}.device.type != {r.device!r})" for r in c.rules if r.device]
+            tests += [f"({r.expr} or {self._not_on(r.device)})" for r in c.rules if r.device]
             self.emit(3, f"if {' and '.join(tests)}:")
             depth = 4
         for s in c.scalars:
@@ -198,6 +202,11 @@ class _Writer:
             _CONSTS[dt] = f"torch.{a.kernel_dtype}"
             return f"{name}.view({dt})"
         return name
+
+    def _not_on(self, device: str) -> str:
+        """The fast path's test that a device rule does not bind (``is_cuda``: no device object)."""
+        first = self.device_of_first()
+        return f"not {first}.is_cuda" if device == "cuda" else f"{first}.device.type != {device!r}"
 
     def device_of_first(self) -> str:
         return next(a.name for a in self.c.tensors if not a.out)

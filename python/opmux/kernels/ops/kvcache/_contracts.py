@@ -41,19 +41,19 @@ def check_mla_fp8(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: An
         if (
             len(kv_c_s) == 2
             and kv_c.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and _checks.dense_last(kv_c)
+            and (kv_c_s[-1] <= 1 or kv_c.stride(-1) == 1)
             and type(kv_c) is _TENSOR
             and len(k_pe_s) == 2
             and k_pe_s[0] == kv_c_s[0]
             and k_pe.dtype == kv_c.dtype
             and k_pe.device == kv_c.device
-            and _checks.dense_last(k_pe)
+            and (k_pe_s[-1] <= 1 or k_pe.stride(-1) == 1)
             and type(k_pe) is _TENSOR
             and len(kv_cache_s) == 3
             and kv_cache.dtype in _FLOAT8_E4M3FN
             and kv_cache_s[2] == kv_c_s[1] + k_pe_s[1]
             and kv_cache.device == kv_c.device
-            and _checks.dense_last(kv_cache)
+            and (kv_cache_s[-1] <= 1 or kv_cache.stride(-1) == 1)
             and type(kv_cache) is _TENSOR
             and scale_s == _ONE
             and scale.dtype in _FLOAT32
@@ -63,7 +63,7 @@ def check_mla_fp8(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: An
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == kv_c_s[0]
             and slot_mapping.device == kv_c.device
-            and _checks.dense_last(slot_mapping)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
             and type(slot_mapping) is _TENSOR
         ):
             T = kv_c_s[0]
@@ -71,7 +71,7 @@ def check_mla_fp8(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: An
             P = k_pe_s[1]
             NB = kv_cache_s[0]
             BS = kv_cache_s[1]
-            if (scale is not None) and (T <= 2147483647 and R + P <= 2147483647 or kv_c.device.type != 'cuda'):
+            if (scale is not None) and (T <= 2147483647 and R + P <= 2147483647 or not kv_c.is_cuda):
                 return (kv_c, k_pe, kv_cache, slot_mapping, scale, True,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -136,25 +136,25 @@ def check_mla(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any, s
         if (
             len(kv_c_s) == 2
             and kv_c.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and _checks.dense_last(kv_c)
+            and (kv_c_s[-1] <= 1 or kv_c.stride(-1) == 1)
             and type(kv_c) is _TENSOR
             and len(k_pe_s) == 2
             and k_pe_s[0] == kv_c_s[0]
             and k_pe.dtype == kv_c.dtype
             and k_pe.device == kv_c.device
-            and _checks.dense_last(k_pe)
+            and (k_pe_s[-1] <= 1 or k_pe.stride(-1) == 1)
             and type(k_pe) is _TENSOR
             and len(kv_cache_s) == 3
             and kv_cache_s[2] == kv_c_s[1] + k_pe_s[1]
             and kv_cache.dtype == kv_c.dtype
             and kv_cache.device == kv_c.device
-            and _checks.dense_last(kv_cache)
+            and (kv_cache_s[-1] <= 1 or kv_cache.stride(-1) == 1)
             and type(kv_cache) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == kv_c_s[0]
             and slot_mapping.device == kv_c.device
-            and _checks.dense_last(slot_mapping)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
             and type(slot_mapping) is _TENSOR
         ):
             T = kv_c_s[0]
@@ -162,7 +162,7 @@ def check_mla(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any, s
             P = k_pe_s[1]
             NB = kv_cache_s[0]
             BS = kv_cache_s[1]
-            if (scale is None) and (T <= 2147483647 and R + P <= 2147483647 or kv_c.device.type != 'cuda'):
+            if (scale is None) and (T <= 2147483647 and R + P <= 2147483647 or not kv_c.is_cuda):
                 return (kv_c, k_pe, kv_cache, slot_mapping, slot_mapping, False,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -225,13 +225,13 @@ def check_copy_blocks(op: str, cache: Any, block_mapping: Any) -> tuple[tuple[An
             and block_mapping.dtype in _INT64
             and block_mapping_s[1] == 2
             and block_mapping.device == cache.device
-            and (_checks.dense_from(block_mapping, 0) or block_mapping.numel() == 0)
+            and block_mapping.is_contiguous()
             and type(block_mapping) is _TENSOR
         ):
             NB = cache_s[0]
             B = cache_s[1:]
             P = block_mapping_s[0]
-            if (P <= 2147483647 or cache.device.type != 'cuda'):
+            if (P <= 2147483647 or not cache.is_cuda):
                 return (cache, block_mapping,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -286,19 +286,19 @@ def check_gather_from(op: str, src_cache: Any, dst: Any, block_table: Any, cu_se
             and len(block_table_s) == 2
             and block_table.dtype in _INT32
             and block_table.device == src_cache.device
-            and _checks.dense_last(block_table)
+            and (block_table_s[-1] <= 1 or block_table.stride(-1) == 1)
             and type(block_table) is _TENSOR
             and len(cu_seq_lens_s) == 1
             and cu_seq_lens.dtype in _INT32
             and cu_seq_lens_s[0] == block_table_s[0] + 1
             and cu_seq_lens.device == src_cache.device
-            and _checks.dense_last(cu_seq_lens)
+            and (cu_seq_lens_s[-1] <= 1 or cu_seq_lens.stride(-1) == 1)
             and type(cu_seq_lens) is _TENSOR
             and len(seq_starts_s) == 1
             and seq_starts.dtype in _INT32
             and seq_starts_s[0] == block_table_s[0]
             and seq_starts.device == src_cache.device
-            and _checks.dense_last(seq_starts)
+            and (seq_starts_s[-1] <= 1 or seq_starts.stride(-1) == 1)
             and type(seq_starts) is _TENSOR
         ):
             NB = src_cache_s[0]
@@ -307,7 +307,7 @@ def check_gather_from(op: str, src_cache: Any, dst: Any, block_table: Any, cu_se
             N = dst_s[0]
             B = block_table_s[0]
             W = block_table_s[1]
-            if (BS >= 1) and (B <= 2147483647 or src_cache.device.type != 'cuda'):
+            if (BS >= 1) and (B <= 2147483647 or not src_cache.is_cuda):
                 return (src_cache, dst, block_table, cu_seq_lens, seq_starts, True,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -386,13 +386,13 @@ def check_gather(op: str, src_cache: Any, dst: Any, block_table: Any, cu_seq_len
             and len(block_table_s) == 2
             and block_table.dtype in _INT32
             and block_table.device == src_cache.device
-            and _checks.dense_last(block_table)
+            and (block_table_s[-1] <= 1 or block_table.stride(-1) == 1)
             and type(block_table) is _TENSOR
             and len(cu_seq_lens_s) == 1
             and cu_seq_lens.dtype in _INT32
             and cu_seq_lens_s[0] == block_table_s[0] + 1
             and cu_seq_lens.device == src_cache.device
-            and _checks.dense_last(cu_seq_lens)
+            and (cu_seq_lens_s[-1] <= 1 or cu_seq_lens.stride(-1) == 1)
             and type(cu_seq_lens) is _TENSOR
         ):
             NB = src_cache_s[0]
@@ -401,7 +401,7 @@ def check_gather(op: str, src_cache: Any, dst: Any, block_table: Any, cu_seq_len
             N = dst_s[0]
             B = block_table_s[0]
             W = block_table_s[1]
-            if (BS >= 1) and (B <= 2147483647 or src_cache.device.type != 'cuda'):
+            if (BS >= 1) and (B <= 2147483647 or not src_cache.is_cuda):
                 return (src_cache, dst, block_table, cu_seq_lens, cu_seq_lens, False,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -474,18 +474,18 @@ def check_cache_paged_fp8(op: str, key: Any, value: Any, key_cache: Any, value_c
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and _checks.dense_last(key)
+            and (key_s[-1] <= 1 or key.stride(-1) == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
             and value.device == key.device
-            and _checks.dense_last(value)
+            and (value_s[-1] <= 1 or value.stride(-1) == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 5
             and key_cache.dtype in _FLOAT8_E4M3FN
             and key_cache_s[1] == key_s[1]
             and key_cache.device == key.device
-            and _checks.dense_last(key_cache)
+            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -507,7 +507,7 @@ def check_cache_paged_fp8(op: str, key: Any, value: Any, key_cache: Any, value_c
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
             and slot_mapping.device == key.device
-            and _checks.dense_last(slot_mapping)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
             and type(slot_mapping) is _TENSOR
         ):
             T = key_s[0]
@@ -517,7 +517,7 @@ def check_cache_paged_fp8(op: str, key: Any, value: Any, key_cache: Any, value_c
             DX = key_cache_s[2]
             BS = key_cache_s[3]
             X = key_cache_s[4]
-            if (H >= 1 and D >= 1) and (X >= 1 and D % X == 0 and DX == D // X) and (k_scale is not None and v_scale is not None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or key.device.type != 'cuda'):
+            if (H >= 1 and D >= 1) and (X >= 1 and D % X == 0 and DX == D // X) and (k_scale is not None and v_scale is not None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or not key.is_cuda):
                 return (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, True,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -598,18 +598,18 @@ def check_cache_paged(op: str, key: Any, value: Any, key_cache: Any, value_cache
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and _checks.dense_last(key)
+            and (key_s[-1] <= 1 or key.stride(-1) == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
             and value.device == key.device
-            and _checks.dense_last(value)
+            and (value_s[-1] <= 1 or value.stride(-1) == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 5
             and key_cache_s[1] == key_s[1]
             and key_cache.dtype == key.dtype
             and key_cache.device == key.device
-            and _checks.dense_last(key_cache)
+            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -623,7 +623,7 @@ def check_cache_paged(op: str, key: Any, value: Any, key_cache: Any, value_cache
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
             and slot_mapping.device == key.device
-            and _checks.dense_last(slot_mapping)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
             and type(slot_mapping) is _TENSOR
         ):
             T = key_s[0]
@@ -633,7 +633,7 @@ def check_cache_paged(op: str, key: Any, value: Any, key_cache: Any, value_cache
             DX = key_cache_s[2]
             BS = key_cache_s[3]
             X = key_cache_s[4]
-            if (H >= 1 and D >= 1) and (X >= 1 and D % X == 0 and DX == D // X) and (k_scale is None and v_scale is None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or key.device.type != 'cuda'):
+            if (H >= 1 and D >= 1) and (X >= 1 and D % X == 0 and DX == D // X) and (k_scale is None and v_scale is None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or not key.is_cuda):
                 return (key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, False,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -707,19 +707,19 @@ def check_cache_nhd_fp8(op: str, key: Any, value: Any, key_cache: Any, value_cac
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and _checks.dense_last(key)
+            and (key_s[-1] <= 1 or key.stride(-1) == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
             and value.device == key.device
-            and _checks.dense_last(value)
+            and (value_s[-1] <= 1 or value.stride(-1) == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 4
             and key_cache.dtype in _FLOAT8_E4M3FN
             and key_cache_s[2] == key_s[1]
             and key_cache_s[3] == key_s[2]
             and key_cache.device == key.device
-            and _checks.dense_last(key_cache)
+            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -728,7 +728,7 @@ def check_cache_nhd_fp8(op: str, key: Any, value: Any, key_cache: Any, value_cac
             and value_cache_s[3] == key_s[2]
             and value_cache.dtype == key_cache.dtype
             and value_cache.device == key_cache.device
-            and _checks.dense_last(value_cache)
+            and (value_cache_s[-1] <= 1 or value_cache.stride(-1) == 1)
             and type(value_cache) is _TENSOR
             and k_scale_s == _ONE
             and k_scale.dtype in _FLOAT32
@@ -742,7 +742,7 @@ def check_cache_nhd_fp8(op: str, key: Any, value: Any, key_cache: Any, value_cac
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
             and slot_mapping.device == key.device
-            and _checks.dense_last(slot_mapping)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
             and type(slot_mapping) is _TENSOR
         ):
             T = key_s[0]
@@ -750,7 +750,7 @@ def check_cache_nhd_fp8(op: str, key: Any, value: Any, key_cache: Any, value_cac
             D = key_s[2]
             NB = key_cache_s[0]
             BS = key_cache_s[1]
-            if (H >= 1 and D >= 1) and (k_scale is not None and v_scale is not None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or key.device.type != 'cuda'):
+            if (H >= 1 and D >= 1) and (k_scale is not None and v_scale is not None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or not key.is_cuda):
                 return (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, True,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -829,19 +829,19 @@ def check_cache_nhd(op: str, key: Any, value: Any, key_cache: Any, value_cache: 
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and _checks.dense_last(key)
+            and (key_s[-1] <= 1 or key.stride(-1) == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
             and value.device == key.device
-            and _checks.dense_last(value)
+            and (value_s[-1] <= 1 or value.stride(-1) == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 4
             and key_cache_s[2] == key_s[1]
             and key_cache_s[3] == key_s[2]
             and key_cache.dtype == key.dtype
             and key_cache.device == key.device
-            and _checks.dense_last(key_cache)
+            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -850,13 +850,13 @@ def check_cache_nhd(op: str, key: Any, value: Any, key_cache: Any, value_cache: 
             and value_cache_s[3] == key_s[2]
             and value_cache.dtype == key.dtype
             and value_cache.device == key.device
-            and _checks.dense_last(value_cache)
+            and (value_cache_s[-1] <= 1 or value_cache.stride(-1) == 1)
             and type(value_cache) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
             and slot_mapping.device == key.device
-            and _checks.dense_last(slot_mapping)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
             and type(slot_mapping) is _TENSOR
         ):
             T = key_s[0]
@@ -864,7 +864,7 @@ def check_cache_nhd(op: str, key: Any, value: Any, key_cache: Any, value_cache: 
             D = key_s[2]
             NB = key_cache_s[0]
             BS = key_cache_s[1]
-            if (H >= 1 and D >= 1) and (k_scale is None and v_scale is None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or key.device.type != 'cuda'):
+            if (H >= 1 and D >= 1) and (k_scale is None and v_scale is None) and (T <= 2147483647 and H * D <= 2147483647 and BS <= 2147483647 or not key.is_cuda):
                 return (key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, False,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -940,7 +940,7 @@ def check_swap_blocks(op: str, src: Any, dst: Any, block_mapping: Any) -> tuple[
             and len(block_mapping_s) == 2
             and block_mapping.dtype in _INT64
             and block_mapping_s[1] == 2
-            and (_checks.dense_from(block_mapping, 0) or block_mapping.numel() == 0)
+            and block_mapping.is_contiguous()
             and type(block_mapping) is _TENSOR
         ):
             NS = src_s[0]
