@@ -99,6 +99,7 @@ class _Writer:
         binds: list[str] = []
         allocs: list[str] = []
         known: dict[str, str] = {}  # symbol -> expression on the fast path
+        devices: list[tuple[str, str]] = []  # (tensor, the one it shares a device with)
         for item in c.items:
             if isinstance(item, Scalar):
                 conds += self.fast_scalar(item)
@@ -142,7 +143,7 @@ class _Writer:
                 conds.append(f"{a.name}.dtype == {a.like}.dtype")
             ref = a.like or a.device_of
             if ref and not a.any_device:
-                conds.append(f"{a.name}.device == {ref}.device")
+                devices.append((a.name, ref))
             n = len(c.dims_of(a))
             if a.layout == "element":
                 pass
@@ -153,12 +154,15 @@ class _Writer:
             elif a.layout == "strided_unit":
                 conds.append(f"_checks.has_unit_stride({a.name})")
             elif a.layout == "dense_last":  # (a torch tensor has no negative stride)
-                conds.append(f"({s}[-1] <= 1 or {a.name}.stride(-1) == 1)")
+                conds.append(f"({s}[-1] <= 1 or {a.name}.stride()[-1] == 1)")
             elif a.layout == "contiguous":  # torch's rule: size-1 dims aside, or empty
                 conds.append(f"{a.name}.is_contiguous()")
             elif a.layout in _CACHE_LAYOUTS:
                 conds.append(_layout_ok(a, len(dims) - 1))
             conds.append(f"type({a.name}) is _TENSOR")
+        if devices:  # one device: all on the CPU (a flag each), else the devices compared
+            cpu = " and ".join(f"{n}.is_cpu" for n in dict.fromkeys(x for pair in devices for x in pair))
+            conds.append(f"(({cpu}) or ({' and '.join(f'{n}.device == {r}.device' for n, r in devices)}))")
         for name, expr in known.items():
             binds.append(f"{name} = {expr}")
         rules = [r for r in c.rules if not r.device]
@@ -426,12 +430,12 @@ def _layout_ok(a: Arg, last: int) -> str:
 
 
 def _when(w: When) -> str:
-    """A form's condition in Python (anything but a tensor: not this form)."""
+    """A form's condition in Python, over the rank and dtype read once (None: not a tensor)."""
     if w.given:
         return f"{w.arg} is not None"
     if w.ndim >= 0:
-        return f"isinstance({w.arg}, _TENSOR) and {w.arg}.dim() == {w.ndim}"
-    return f"isinstance({w.arg}, _TENSOR) and {w.arg}.dtype in {_dtype_tuple((w.dtype,))}"
+        return f"{w.arg}_n == {w.ndim}"
+    return f"{w.arg}_d in {_dtype_tuple((w.dtype,))}"
 
 
 def _render_forms(f: Forms, decl: Decl) -> str:
@@ -440,6 +444,10 @@ def _render_forms(f: Forms, decl: Decl) -> str:
     names = ", ".join(p.name for p in decl.params)
     lines = [f"def check_{f.name}(op: str, {sig}) -> tuple[tuple[Any, ...], Any]:"]
     lines.append(f'    """The form of the call: {", ".join(c.name for c in f.contracts)}."""')
+    for arg in dict.fromkeys(w.arg for when, _ in f.cases for w in when if not w.given):
+        lines.append(f"    {arg}_n = {arg}_d = None")
+        lines.append(f"    if type({arg}) is _TENSOR or isinstance({arg}, _TENSOR):")
+        lines.append(f"        {arg}_n, {arg}_d = {arg}.dim(), {arg}.dtype")
     for when, c in f.cases:
         lines.append(f"    if {' and '.join(f'({_when(w)})' for w in when)}:")
         lines.append(f"        return check_{c.name}(op, {names})")

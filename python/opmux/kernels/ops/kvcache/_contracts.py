@@ -26,7 +26,10 @@ _TENSOR = torch.Tensor
 
 def check_concat_and_cache_mla(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any, scale: Any = None) -> tuple[tuple[Any, ...], Any]:
     """The form of the call: mla_fp8, mla."""
-    if (isinstance(kv_cache, _TENSOR) and kv_cache.dtype in _FLOAT8_E4M3FN):
+    kv_cache_n = kv_cache_d = None
+    if type(kv_cache) is _TENSOR or isinstance(kv_cache, _TENSOR):
+        kv_cache_n, kv_cache_d = kv_cache.dim(), kv_cache.dtype
+    if (kv_cache_d in _FLOAT8_E4M3FN):
         return check_mla_fp8(op, kv_c, k_pe, kv_cache, slot_mapping, scale)
     return check_mla(op, kv_c, k_pe, kv_cache, slot_mapping, scale)
 
@@ -41,30 +44,27 @@ def check_mla_fp8(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: An
         if (
             len(kv_c_s) == 2
             and kv_c.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and (kv_c_s[-1] <= 1 or kv_c.stride(-1) == 1)
+            and (kv_c_s[-1] <= 1 or kv_c.stride()[-1] == 1)
             and type(kv_c) is _TENSOR
             and len(k_pe_s) == 2
             and k_pe_s[0] == kv_c_s[0]
             and k_pe.dtype == kv_c.dtype
-            and k_pe.device == kv_c.device
-            and (k_pe_s[-1] <= 1 or k_pe.stride(-1) == 1)
+            and (k_pe_s[-1] <= 1 or k_pe.stride()[-1] == 1)
             and type(k_pe) is _TENSOR
             and len(kv_cache_s) == 3
             and kv_cache.dtype in _FLOAT8_E4M3FN
             and kv_cache_s[2] == kv_c_s[1] + k_pe_s[1]
-            and kv_cache.device == kv_c.device
-            and (kv_cache_s[-1] <= 1 or kv_cache.stride(-1) == 1)
+            and (kv_cache_s[-1] <= 1 or kv_cache.stride()[-1] == 1)
             and type(kv_cache) is _TENSOR
             and scale_s == _ONE
             and scale.dtype in _FLOAT32
-            and scale.device == kv_c.device
             and type(scale) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == kv_c_s[0]
-            and slot_mapping.device == kv_c.device
-            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride()[-1] == 1)
             and type(slot_mapping) is _TENSOR
+            and ((k_pe.is_cpu and kv_c.is_cpu and kv_cache.is_cpu and scale.is_cpu and slot_mapping.is_cpu) or (k_pe.device == kv_c.device and kv_cache.device == kv_c.device and scale.device == kv_c.device and slot_mapping.device == kv_c.device))
         ):
             T = kv_c_s[0]
             R = kv_c_s[1]
@@ -136,26 +136,24 @@ def check_mla(op: str, kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any, s
         if (
             len(kv_c_s) == 2
             and kv_c.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and (kv_c_s[-1] <= 1 or kv_c.stride(-1) == 1)
+            and (kv_c_s[-1] <= 1 or kv_c.stride()[-1] == 1)
             and type(kv_c) is _TENSOR
             and len(k_pe_s) == 2
             and k_pe_s[0] == kv_c_s[0]
             and k_pe.dtype == kv_c.dtype
-            and k_pe.device == kv_c.device
-            and (k_pe_s[-1] <= 1 or k_pe.stride(-1) == 1)
+            and (k_pe_s[-1] <= 1 or k_pe.stride()[-1] == 1)
             and type(k_pe) is _TENSOR
             and len(kv_cache_s) == 3
             and kv_cache_s[2] == kv_c_s[1] + k_pe_s[1]
             and kv_cache.dtype == kv_c.dtype
-            and kv_cache.device == kv_c.device
-            and (kv_cache_s[-1] <= 1 or kv_cache.stride(-1) == 1)
+            and (kv_cache_s[-1] <= 1 or kv_cache.stride()[-1] == 1)
             and type(kv_cache) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == kv_c_s[0]
-            and slot_mapping.device == kv_c.device
-            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride()[-1] == 1)
             and type(slot_mapping) is _TENSOR
+            and ((k_pe.is_cpu and kv_c.is_cpu and kv_cache.is_cpu and slot_mapping.is_cpu) or (k_pe.device == kv_c.device and kv_cache.device == kv_c.device and slot_mapping.device == kv_c.device))
         ):
             T = kv_c_s[0]
             R = kv_c_s[1]
@@ -224,9 +222,9 @@ def check_copy_blocks(op: str, cache: Any, block_mapping: Any) -> tuple[tuple[An
             and len(block_mapping_s) == 2
             and block_mapping.dtype in _INT64
             and block_mapping_s[1] == 2
-            and block_mapping.device == cache.device
             and block_mapping.is_contiguous()
             and type(block_mapping) is _TENSOR
+            and ((block_mapping.is_cpu and cache.is_cpu) or (block_mapping.device == cache.device))
         ):
             NB = cache_s[0]
             B = cache_s[1:]
@@ -280,26 +278,23 @@ def check_gather_from(op: str, src_cache: Any, dst: Any, block_table: Any, cu_se
             and len(dst_s) >= 2
             and dst_s[1:] == src_cache_s[2:]
             and dst.dtype == src_cache.dtype
-            and dst.device == src_cache.device
             and _checks.dense_from(dst, 1)
             and type(dst) is _TENSOR
             and len(block_table_s) == 2
             and block_table.dtype in _INT32
-            and block_table.device == src_cache.device
-            and (block_table_s[-1] <= 1 or block_table.stride(-1) == 1)
+            and (block_table_s[-1] <= 1 or block_table.stride()[-1] == 1)
             and type(block_table) is _TENSOR
             and len(cu_seq_lens_s) == 1
             and cu_seq_lens.dtype in _INT32
             and cu_seq_lens_s[0] == block_table_s[0] + 1
-            and cu_seq_lens.device == src_cache.device
-            and (cu_seq_lens_s[-1] <= 1 or cu_seq_lens.stride(-1) == 1)
+            and (cu_seq_lens_s[-1] <= 1 or cu_seq_lens.stride()[-1] == 1)
             and type(cu_seq_lens) is _TENSOR
             and len(seq_starts_s) == 1
             and seq_starts.dtype in _INT32
             and seq_starts_s[0] == block_table_s[0]
-            and seq_starts.device == src_cache.device
-            and (seq_starts_s[-1] <= 1 or seq_starts.stride(-1) == 1)
+            and (seq_starts_s[-1] <= 1 or seq_starts.stride()[-1] == 1)
             and type(seq_starts) is _TENSOR
+            and ((dst.is_cpu and src_cache.is_cpu and block_table.is_cpu and cu_seq_lens.is_cpu and seq_starts.is_cpu) or (dst.device == src_cache.device and block_table.device == src_cache.device and cu_seq_lens.device == src_cache.device and seq_starts.device == src_cache.device))
         ):
             NB = src_cache_s[0]
             BS = src_cache_s[1]
@@ -380,20 +375,18 @@ def check_gather(op: str, src_cache: Any, dst: Any, block_table: Any, cu_seq_len
             and len(dst_s) >= 2
             and dst_s[1:] == src_cache_s[2:]
             and dst.dtype == src_cache.dtype
-            and dst.device == src_cache.device
             and _checks.dense_from(dst, 1)
             and type(dst) is _TENSOR
             and len(block_table_s) == 2
             and block_table.dtype in _INT32
-            and block_table.device == src_cache.device
-            and (block_table_s[-1] <= 1 or block_table.stride(-1) == 1)
+            and (block_table_s[-1] <= 1 or block_table.stride()[-1] == 1)
             and type(block_table) is _TENSOR
             and len(cu_seq_lens_s) == 1
             and cu_seq_lens.dtype in _INT32
             and cu_seq_lens_s[0] == block_table_s[0] + 1
-            and cu_seq_lens.device == src_cache.device
-            and (cu_seq_lens_s[-1] <= 1 or cu_seq_lens.stride(-1) == 1)
+            and (cu_seq_lens_s[-1] <= 1 or cu_seq_lens.stride()[-1] == 1)
             and type(cu_seq_lens) is _TENSOR
+            and ((dst.is_cpu and src_cache.is_cpu and block_table.is_cpu and cu_seq_lens.is_cpu) or (dst.device == src_cache.device and block_table.device == src_cache.device and cu_seq_lens.device == src_cache.device))
         ):
             NB = src_cache_s[0]
             BS = src_cache_s[1]
@@ -453,11 +446,14 @@ def check_gather(op: str, src_cache: Any, dst: Any, block_table: Any, cu_seq_len
 
 def check_reshape_and_cache(op: str, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any, k_scale: Any = None, v_scale: Any = None) -> tuple[tuple[Any, ...], Any]:
     """The form of the call: cache_paged_fp8, cache_paged, cache_nhd_fp8, cache_nhd."""
-    if (isinstance(key_cache, _TENSOR) and key_cache.dim() == 5) and (isinstance(key_cache, _TENSOR) and key_cache.dtype in _FLOAT8_E4M3FN):
+    key_cache_n = key_cache_d = None
+    if type(key_cache) is _TENSOR or isinstance(key_cache, _TENSOR):
+        key_cache_n, key_cache_d = key_cache.dim(), key_cache.dtype
+    if (key_cache_n == 5) and (key_cache_d in _FLOAT8_E4M3FN):
         return check_cache_paged_fp8(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    if (isinstance(key_cache, _TENSOR) and key_cache.dim() == 5):
+    if (key_cache_n == 5):
         return check_cache_paged(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    if (isinstance(key_cache, _TENSOR) and key_cache.dtype in _FLOAT8_E4M3FN):
+    if (key_cache_d in _FLOAT8_E4M3FN):
         return check_cache_nhd_fp8(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     return check_cache_nhd(op, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
@@ -474,18 +470,16 @@ def check_cache_paged_fp8(op: str, key: Any, value: Any, key_cache: Any, value_c
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and (key_s[-1] <= 1 or key.stride(-1) == 1)
+            and (key_s[-1] <= 1 or key.stride()[-1] == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
-            and value.device == key.device
-            and (value_s[-1] <= 1 or value.stride(-1) == 1)
+            and (value_s[-1] <= 1 or value.stride()[-1] == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 5
             and key_cache.dtype in _FLOAT8_E4M3FN
             and key_cache_s[1] == key_s[1]
-            and key_cache.device == key.device
-            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
+            and (key_cache_s[-1] <= 1 or key_cache.stride()[-1] == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -493,22 +487,19 @@ def check_cache_paged_fp8(op: str, key: Any, value: Any, key_cache: Any, value_c
             and value_cache_s[2] == key_s[2]
             and value_cache_s[3] == key_cache_s[3]
             and value_cache.dtype == key_cache.dtype
-            and value_cache.device == key_cache.device
             and type(value_cache) is _TENSOR
             and k_scale_s == _ONE
             and k_scale.dtype in _FLOAT32
-            and k_scale.device == key.device
             and type(k_scale) is _TENSOR
             and v_scale_s == _ONE
             and v_scale.dtype in _FLOAT32
-            and v_scale.device == key.device
             and type(v_scale) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
-            and slot_mapping.device == key.device
-            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride()[-1] == 1)
             and type(slot_mapping) is _TENSOR
+            and ((value.is_cpu and key.is_cpu and key_cache.is_cpu and value_cache.is_cpu and k_scale.is_cpu and v_scale.is_cpu and slot_mapping.is_cpu) or (value.device == key.device and key_cache.device == key.device and value_cache.device == key_cache.device and k_scale.device == key.device and v_scale.device == key.device and slot_mapping.device == key.device))
         ):
             T = key_s[0]
             H = key_s[1]
@@ -598,18 +589,16 @@ def check_cache_paged(op: str, key: Any, value: Any, key_cache: Any, value_cache
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and (key_s[-1] <= 1 or key.stride(-1) == 1)
+            and (key_s[-1] <= 1 or key.stride()[-1] == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
-            and value.device == key.device
-            and (value_s[-1] <= 1 or value.stride(-1) == 1)
+            and (value_s[-1] <= 1 or value.stride()[-1] == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 5
             and key_cache_s[1] == key_s[1]
             and key_cache.dtype == key.dtype
-            and key_cache.device == key.device
-            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
+            and (key_cache_s[-1] <= 1 or key_cache.stride()[-1] == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -617,14 +606,13 @@ def check_cache_paged(op: str, key: Any, value: Any, key_cache: Any, value_cache
             and value_cache_s[2] == key_s[2]
             and value_cache_s[3] == key_cache_s[3]
             and value_cache.dtype == key.dtype
-            and value_cache.device == key.device
             and type(value_cache) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
-            and slot_mapping.device == key.device
-            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride()[-1] == 1)
             and type(slot_mapping) is _TENSOR
+            and ((value.is_cpu and key.is_cpu and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu) or (value.device == key.device and key_cache.device == key.device and value_cache.device == key.device and slot_mapping.device == key.device))
         ):
             T = key_s[0]
             H = key_s[1]
@@ -707,19 +695,17 @@ def check_cache_nhd_fp8(op: str, key: Any, value: Any, key_cache: Any, value_cac
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and (key_s[-1] <= 1 or key.stride(-1) == 1)
+            and (key_s[-1] <= 1 or key.stride()[-1] == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
-            and value.device == key.device
-            and (value_s[-1] <= 1 or value.stride(-1) == 1)
+            and (value_s[-1] <= 1 or value.stride()[-1] == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 4
             and key_cache.dtype in _FLOAT8_E4M3FN
             and key_cache_s[2] == key_s[1]
             and key_cache_s[3] == key_s[2]
-            and key_cache.device == key.device
-            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
+            and (key_cache_s[-1] <= 1 or key_cache.stride()[-1] == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -727,23 +713,20 @@ def check_cache_nhd_fp8(op: str, key: Any, value: Any, key_cache: Any, value_cac
             and value_cache_s[2] == key_s[1]
             and value_cache_s[3] == key_s[2]
             and value_cache.dtype == key_cache.dtype
-            and value_cache.device == key_cache.device
-            and (value_cache_s[-1] <= 1 or value_cache.stride(-1) == 1)
+            and (value_cache_s[-1] <= 1 or value_cache.stride()[-1] == 1)
             and type(value_cache) is _TENSOR
             and k_scale_s == _ONE
             and k_scale.dtype in _FLOAT32
-            and k_scale.device == key.device
             and type(k_scale) is _TENSOR
             and v_scale_s == _ONE
             and v_scale.dtype in _FLOAT32
-            and v_scale.device == key.device
             and type(v_scale) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
-            and slot_mapping.device == key.device
-            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride()[-1] == 1)
             and type(slot_mapping) is _TENSOR
+            and ((value.is_cpu and key.is_cpu and key_cache.is_cpu and value_cache.is_cpu and k_scale.is_cpu and v_scale.is_cpu and slot_mapping.is_cpu) or (value.device == key.device and key_cache.device == key.device and value_cache.device == key_cache.device and k_scale.device == key.device and v_scale.device == key.device and slot_mapping.device == key.device))
         ):
             T = key_s[0]
             H = key_s[1]
@@ -829,19 +812,17 @@ def check_cache_nhd(op: str, key: Any, value: Any, key_cache: Any, value_cache: 
         if (
             len(key_s) == 3
             and key.dtype in _FLOAT32_FLOAT16_BFLOAT16
-            and (key_s[-1] <= 1 or key.stride(-1) == 1)
+            and (key_s[-1] <= 1 or key.stride()[-1] == 1)
             and type(key) is _TENSOR
             and value_s == key_s
             and value.dtype == key.dtype
-            and value.device == key.device
-            and (value_s[-1] <= 1 or value.stride(-1) == 1)
+            and (value_s[-1] <= 1 or value.stride()[-1] == 1)
             and type(value) is _TENSOR
             and len(key_cache_s) == 4
             and key_cache_s[2] == key_s[1]
             and key_cache_s[3] == key_s[2]
             and key_cache.dtype == key.dtype
-            and key_cache.device == key.device
-            and (key_cache_s[-1] <= 1 or key_cache.stride(-1) == 1)
+            and (key_cache_s[-1] <= 1 or key_cache.stride()[-1] == 1)
             and type(key_cache) is _TENSOR
             and len(value_cache_s) == 4
             and value_cache_s[0] == key_cache_s[0]
@@ -849,15 +830,14 @@ def check_cache_nhd(op: str, key: Any, value: Any, key_cache: Any, value_cache: 
             and value_cache_s[2] == key_s[1]
             and value_cache_s[3] == key_s[2]
             and value_cache.dtype == key.dtype
-            and value_cache.device == key.device
-            and (value_cache_s[-1] <= 1 or value_cache.stride(-1) == 1)
+            and (value_cache_s[-1] <= 1 or value_cache.stride()[-1] == 1)
             and type(value_cache) is _TENSOR
             and len(slot_mapping_s) == 1
             and slot_mapping.dtype in _INT64
             and slot_mapping_s[0] == key_s[0]
-            and slot_mapping.device == key.device
-            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride(-1) == 1)
+            and (slot_mapping_s[-1] <= 1 or slot_mapping.stride()[-1] == 1)
             and type(slot_mapping) is _TENSOR
+            and ((value.is_cpu and key.is_cpu and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu) or (value.device == key.device and key_cache.device == key.device and value_cache.device == key.device and slot_mapping.device == key.device))
         ):
             T = key_s[0]
             H = key_s[1]
