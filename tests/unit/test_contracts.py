@@ -207,10 +207,63 @@ def _two_outputs() -> tuple[Contract, object]:
     return c, decl
 
 
-def _exec(decl: object) -> dict[str, object]:
+# -- the cache extensions: Forms, trailing E... dims, any-dtype caches, cache layouts -----------
+def _toy_forms() -> tuple[object, object]:
+    """A toy paged-cache write: a cache of x's dtype (the serving form) or fp8 with a scale."""
+    from opmux.kernels.ops._contract import ANY, FP8, Forms, When
+    from opmux.kernels.ops._decl import declare
+
+    x = Arg("x", "T, E...", dtypes=FLOATS, layout="entries")
+    slots = Arg(
+        "slots", "T", dtypes=("int64",), device_of="x", layout="dense_last", expect="[{T}] (one a row)"
+    )
+    plain = Contract(
+        "toy_plain",
+        (
+            x,
+            Arg("cache", "NB, E...", like="x", layout="paged", expect="[num_blocks, {E}]"),
+            Rule("scale is None", "scale is for an fp8 cache"),
+            slots,
+        ),
+        kernel=("x", "cache", "slots", "slots", "False"),
+        values_cpp="slots_fit(device_type, slots)",
+        values_header="opmux/toy_values.h",
+    )
+    fp8 = Contract(
+        "toy_fp8",
+        (
+            x,
+            Arg("cache", "NB, E...", dtypes=FP8, device_of="x", layout="paged"),
+            Arg("scale", "", dtypes=("float32",), device_of="x", layout="element"),
+            slots,
+        ),
+        kernel=("x", "cache", "slots", "scale", "True"),
+    )
+    forms = Forms("toy_write", cases=(((When("cache", dtype="float8_e4m3fn"),), fp8),), default=plain)
+    decl = declare(
+        "toy.write",
+        "(Tensor x, Tensor(a!) cache, Tensor slots, Tensor? scale=None) -> ()",
+        contract=forms,
+        reference=_toy_forms,
+        doc="toy",
+        triton=False,
+    )
+    swap = Contract(
+        "toy_swap",
+        (
+            Arg("src", "NS, B...", dtypes=ANY, layout="paged"),
+            Arg("dst", "ND, C...", like="src", any_device=True, layout="paged"),
+            Rule("C == B", "dst has blocks {C}, src {B}"),
+        ),
+        kernel=("src", "dst"),
+    )
+    return decl, swap
+
+
+def _exec_checks(*decls: object) -> dict[str, object]:
     from opmux.kernels.ops._contract_codegen import render_group
 
-    text = render_group([decl]).replace("from .. import _checks", "from opmux.kernels.ops import _checks")  # type: ignore[list-item]
+    text = render_group(decls).replace("from .. import _checks", "from opmux.kernels.ops import _checks")  # type: ignore[arg-type]
     scope: dict[str, object] = {}
     exec(compile(text.replace("from .._torch import torch", "import torch"), "<toy>", "exec"), scope)
     return scope
@@ -223,7 +276,7 @@ def test_several_outputs_flag_layouts_and_packed_forms() -> None:
     import torch
 
     _c, decl = _two_outputs()
-    scope = _exec(decl)
+    scope = _exec_checks(decl)
     check, outputs = scope["check_toy_quant"], scope["outputs_toy_quant"]
     x = torch.randn(3, 8)
     (q, s, _xv, ub, _g, gm), (rq, rs) = check("toy.quant", x)  # type: ignore[operator]
@@ -270,3 +323,95 @@ def test_extended_lane_states_the_same_contract_in_cpp() -> None:
         '<< " is not a multiple of g " << g;\n}'
     ) in text
     assert "inline void rule_wide(const char* op, int64_t H, int64_t T)" in text
+
+
+def test_forms_pick_the_contract_of_the_call() -> None:
+    import torch
+
+    from opmux.kernels.ops._decl import declare
+
+    decl, swap = _toy_forms()
+    swap_decl = declare(
+        "toy.swap",
+        "(Tensor src, Tensor(a!) dst) -> ()",
+        contract=swap,
+        reference=_toy_forms,
+        doc="toy",
+        native=False,
+        triton=False,
+    )
+    check = _exec_checks(decl, swap_decl)["check_toy_write"]
+    x, cache, slots = torch.randn(3, 2, 4), torch.zeros(5, 2, 4), torch.arange(3)
+    kargs, _ = check("toy.write", x, cache, slots)  # type: ignore[operator]
+    assert kargs[-2:] == (slots, False) and kargs[1] is cache
+    q, scale = cache.to(torch.float8_e4m3fn), torch.tensor(0.5)
+    kargs, _ = check("toy.write", x, q, slots, scale)  # type: ignore[operator]
+    assert kargs[-1] is True and kargs[-2].shape == (1,)
+    with pytest.raises(ValueError, match="scale is for an fp8 cache"):
+        check("toy.write", x, cache, slots, scale)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"cache has shape \(5, 2, 3\), expected \[num_blocks, \(2, 4\)\]"):
+        check("toy.write", x, torch.zeros(5, 2, 3), slots)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"slots has shape \(2,\), expected \[3\] \(one a row\)"):
+        check("toy.write", x, cache, slots[:2])  # type: ignore[operator]
+    with pytest.raises(ValueError, match="each block cache\\[b\\] must be one dense region"):
+        check("toy.write", x, torch.zeros(5, 2, 8)[:, :, ::2], slots)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"its entries \(dims 1\.\.\) must be contiguous"):
+        check("toy.write", torch.randn(3, 4, 2).transpose(1, 2), cache, slots)  # type: ignore[operator]
+    with pytest.raises(ValueError, match="slots has a non-contiguous last dimension"):
+        check("toy.write", x, cache, torch.arange(6)[::2])  # type: ignore[operator]
+    swap_check = _exec_checks(decl, swap_decl)["check_toy_swap"]
+    a = torch.zeros(4, 2, dtype=torch.int16)  # any dtype; another device would do
+    assert swap_check("toy.swap", a, torch.zeros(3, 2, dtype=torch.int16))[0][0] is a  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"dst has blocks \(3,\), src \(2,\)"):
+        swap_check("toy.swap", a, torch.zeros(3, 3, dtype=torch.int16))  # type: ignore[operator]
+
+
+def test_forms_lanes_run_the_forms_a_lane_can_state() -> None:
+    """The C++ lane picks the form as Python does; the fp8 form (a one-element scale) has none."""
+    from opmux.kernels.ops._contract_cpp import lane_form, render_entries, render_header
+
+    decl, swap = _toy_forms()
+    assert lane_form(decl.contract) is None  # type: ignore[attr-defined]
+    assert lane_form(decl.contract.cases[0][1]) == "scale's layout element"  # type: ignore[attr-defined]
+    assert lane_form(swap) == "dst may be on another device"  # type: ignore[arg-type]
+    header = render_header("toy", [decl])  # type: ignore[list-item]
+    assert header is not None
+    assert '#include "opmux/toy_values.h"' in header
+    assert (
+        "if (is_dtype(cache, kDLFloat8_e4m3fn, 8)) return refused();  // no lane: scale's layout element"
+        in header
+    )
+    assert "if (!(is_none(scale_arg))) return refused();" in header
+    assert "if (!(same_tail(cache, 1, x, 1))) return refused();" in header
+    assert "if (!(slots_fit(device_type, slots))) return refused();" in header
+    assert "kernel(x, cache, slots, slots, false);" in header
+    entries = render_entries("toy", "cpu", [decl])  # type: ignore[list-item]
+    assert entries is not None and "lane::AnyView scale" in entries
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: Contract("c", (Arg("x", "E..., H", dtypes=FLOATS),), kernel=("x",)),
+            "'E...' only on the last dim",
+        ),
+        (
+            lambda: Contract("c", (Arg("x", "*T, E...", dtypes=FLOATS),), kernel=("x",)),
+            "'E...' only on the last dim",
+        ),
+    ],
+)
+def test_invalid_trailing_dims_are_refused(make: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()  # type: ignore[operator]
+
+
+def test_forms_need_conditions_and_names_of_their_own() -> None:
+    from opmux.kernels.ops._contract import Forms, When
+
+    c = Contract("c", (Arg("x", "H", dtypes=FLOATS),), kernel=("x",))
+    with pytest.raises(ValueError, match="a name of its own"):
+        Forms("f", cases=(((When("x", ndim=2),), c),), default=c)
+    with pytest.raises(ValueError, match="needs a condition"):
+        Forms("f", cases=(((), Contract("d", c.items, kernel=("x",))),), default=c)

@@ -493,3 +493,36 @@ def column_major(rows: int, cols: int, align: int, dtype: Any, device: Any) -> t
     to ``align`` (TMA-aligned scales: 4)."""
     m = -(-rows // align) * align
     return torch.empty((cols, m), dtype=dtype, device=device).t()[:rows]
+
+
+# -- the layouts of caches (ops/_contract.py: dense_last, contiguous, entries, blocks) -------------
+def dense_last(t: torch.Tensor) -> bool:
+    """A unit last stride (or at most one element there) and no stride negative."""
+    st = t.stride()
+    return (not st or st[-1] == 1 or t.shape[-1] <= 1) and min(st, default=0) >= 0
+
+
+def dense_from(t: torch.Tensor, first: int) -> bool:
+    """Dims ``first..`` C-contiguous (size-1 dims aside) and no stride negative."""
+    expect = 1
+    for s, n in reversed(list(zip(t.stride()[first:], t.shape[first:], strict=True))):
+        if n > 1 and s != expect:
+            return False
+        expect *= n
+    return min(t.stride(), default=0) >= 0
+
+
+def dense_blocks(t: torch.Tensor) -> bool:
+    """Each block ``t[b]`` one dense region (inner strides a permutation of a contiguous
+    layout, none negative) and blocks apart."""
+    st, sh = t.stride(), t.shape
+    if min(st) < 0:
+        return False
+    if 0 in sh:
+        return True
+    expect = 1
+    for s, n in sorted((s, n) for s, n in zip(st[1:], sh[1:], strict=True) if n > 1):
+        if s != expect:
+            return False
+        expect *= n
+    return sh[0] <= 1 or st[0] >= expect

@@ -31,6 +31,11 @@ expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a ke
   ``[rows, C]`` view (group scales: row-major, column-major, TMA-aligned);
 * ``blocks``: a ``[Gm, Gn]`` tensor of any strides, or one element (rank <= 1) standing for
   ``[1, 1]``, the kernel getting that [1, 1] view (static block scales).
+* ``dense_last``: the declared rank, a unit last stride, no stride negative (KV caches' rows);
+* ``contiguous``: C-contiguous (size-1 dims aside), or empty;
+* ``entries``: the trailing ``E...`` dims C-contiguous, no stride negative (a cache's entries);
+* ``paged``: each ``t[b]`` one dense region (its dims a permutation of a contiguous layout),
+  blocks apart, no stride negative (paged caches copied block by block).
 
 An output may be allocated in another layout when a bool scalar says so (``alloc=``, the first
 flag set wins: column-major or TMA-aligned scales), and may take a packed form (``packed=``:
@@ -39,6 +44,13 @@ refuses it with the same words). A tensor optional in the signature (``Tensor?``
 is checked only when given; the kernel then gets an empty tensor of its dtype instead. Rule,
 shape and kernel expressions may use ``prod(T)`` (the rows of a ``*T`` batch) and ``cdiv``,
 ``max``; a kernel argument that is not a declared name is such an expression.
+
+The cache layouts (``dense_last`` .. ``paged``) keep the tensor as is for the kernel; their
+message is the declaration's ``layout_hint`` (an f-string after "<name> "), or the layout's own. A shape may end in ``E...``:
+one or more trailing dims, bound as a tuple (one dim in the serving form of the fast path). Caches
+copied as bytes take any dtype (``dtypes=ANY``). An op with several forms (a cache of another
+dtype or layout) is a :class:`Forms`: one contract per form, chosen by the arguments' ranks,
+dtypes or presence (:class:`When`).
 
 An output's kernel view may be reinterpreted (``kernel_dtype="uint8"``: fp8 buffers, which
 kernels write as bytes).
@@ -49,14 +61,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["FLOATS", "FP8", "Arg", "Contract", "Packed", "Rule", "Scalar"]
+__all__ = ["ANY", "FLOATS", "FP8", "Arg", "Contract", "Forms", "Packed", "Rule", "Scalar", "When"]
 
 FLOATS = ("float32", "float16", "bfloat16")
 FP8 = ("float8_e4m3fn",)
-LAYOUTS = ("rows", "matrix", "vector", "strided", "strided_unit", "element", "flat", "scales", "blocks")
+LAYOUTS: tuple[str, ...] = (
+    "rows",
+    "matrix",
+    "vector",
+    "strided",
+    "strided_unit",
+    "element",
+    "flat",
+    "scales",
+    "blocks",
+)
+LAYOUTS += ("dense_last", "contiguous", "entries", "paged")
 #: how an output may be allocated instead of densely (``Arg.alloc``): a ``[rows, C]`` view of a
 #: column-major ``[C, rows]`` buffer, or of a ``[C, cdiv(rows, 4) * 4]`` one (TMA-aligned)
 ALLOCS = ("columns", "tma_columns")
+#: any dtype (caches copied as bytes): no dtype check in Python, whole-byte elements in C++
+ANY = ("any",)
 SCALAR_KINDS = {
     "bool": "a bool",
     "positive": "a finite number > 0",
@@ -120,6 +145,12 @@ class Arg:
     alloc: tuple[tuple[str, str], ...] = ()
     #: an output's packed form (``scales`` layout only)
     packed: Packed | None = None
+    #: the expected shape as a shape message states it (an f-string), replacing the generated one
+    expect: str = ""
+    #: the message's tail, after "<name> ", when the layout does not hold (the new layouts)
+    layout_hint: str = ""
+    #: with ``like=``: its dtype only, on any device (swaps between devices)
+    any_device: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -155,6 +186,11 @@ class Arg:
     def batched(self) -> bool:
         return bool(self.dims) and self.dims[0].startswith("*")
 
+    @property
+    def tail(self) -> str:
+        """The symbol of trailing ``E...`` dims, or ""."""
+        return self.dims[-1][:-3] if self.dims and self.dims[-1].endswith("...") else ""
+
 
 @dataclass(frozen=True)
 class Scalar:
@@ -187,6 +223,8 @@ class Rule:
 
 
 Item = Arg | Scalar | Rule
+#: kernel arguments that are constants (a form's flag), not declared names
+LITERALS = ("True", "False")
 
 
 @dataclass(frozen=True)
@@ -200,11 +238,16 @@ class Contract:
     kernel: tuple[str, ...]
     #: an output's name, several (a tuple of results), or ``"None"``
     result: str | tuple[str, ...] = "None"
+    #: the values hook's C++ counterpart for the lane: a bool expression over the lane's checked
+    #: arguments (and ``device_type``), declared in ``values_header``; false refuses the call to the
+    #: Python path (it may refuse what Python accepts, never accept what it refuses)
+    values_cpp: str = ""
+    values_header: str = ""
 
     def __post_init__(self) -> None:
         names = [i.name for i in self.items if not isinstance(i, Rule)]
         for k in self.kernel:
-            if k.isidentifier() and k not in names:
+            if k.isidentifier() and k not in names and k not in LITERALS:
                 raise ValueError(f"contract {self.name!r}: kernel argument {k!r} is not declared")
         for r in self.results:
             if r not in names:
@@ -220,6 +263,10 @@ class Contract:
             for i, d in enumerate(a.dims):
                 if d.startswith("*") and i:
                     raise ValueError(f"contract {self.name!r}: {a.name}: '*' only on the first dim")
+                if d.endswith("...") and (i != len(a.dims) - 1 or a.batched or not d[:-3].isidentifier()):
+                    raise ValueError(
+                        f"contract {self.name!r}: {a.name}: 'E...' only on the last dim, without '*'"
+                    )
             if a.same_as and a.same_as not in names[: names.index(a.name)]:
                 raise ValueError(
                     f"contract {self.name!r}: {a.name} refers to {a.same_as!r} before it is declared"
@@ -227,6 +274,11 @@ class Contract:
             ref = a.like or a.device_of
             if ref and ref not in names[: names.index(a.name)]:
                 raise ValueError(f"contract {self.name!r}: {a.name} refers to {ref!r} before it is declared")
+
+    def required(self, name: str) -> bool:
+        """Whether a rule makes the optional input ``name`` required (an and-ed ``name is not
+        None``): this contract (a form of a :class:`Forms`) checks it as given, never as absent."""
+        return any(f"{name} is not None" in (t.strip() for t in r.expr.split(" and ")) for r in self.rules)
 
     @property
     def results(self) -> tuple[str, ...]:
@@ -256,3 +308,38 @@ class Contract:
     @property
     def rules(self) -> tuple[Rule, ...]:
         return tuple(i for i in self.items if isinstance(i, Rule))
+
+
+@dataclass(frozen=True)
+class When:
+    """A condition on one argument that picks a form: its rank (``ndim``), its dtype, or whether
+    it is given (``given``: a ``Tensor?`` argument not None)."""
+
+    arg: str
+    ndim: int = -1
+    dtype: str = ""
+    given: bool = False
+
+
+@dataclass(frozen=True)
+class Forms:
+    """An op's contract in several forms (e.g. a cache of key's dtype, or fp8 with scales; NHD or
+    vLLM's paged layout): ``cases`` in order, each ``(conditions, contract)``, the first whose
+    conditions all hold applies; else ``default`` (the serving form). Each form is a whole
+    contract (shared items are shared Python values); its check is ``check_<its name>``."""
+
+    name: str
+    cases: tuple[tuple[tuple[When, ...], Contract], ...]
+    default: Contract
+
+    def __post_init__(self) -> None:
+        names = [self.name, self.default.name, *(c.name for _, c in self.cases)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"forms {self.name!r}: each form needs a name of its own")
+        for when, _ in self.cases:
+            if not when:
+                raise ValueError(f"forms {self.name!r}: a case needs a condition (the default has none)")
+
+    @property
+    def contracts(self) -> tuple[Contract, ...]:
+        return (*(c for _, c in self.cases), self.default)

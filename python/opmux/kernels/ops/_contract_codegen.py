@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ._contract import FLOATS, Arg, Contract, Rule, Scalar
+from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, Rule, Scalar, When
 from ._decl import Decl
 
 __all__ = ["render_group"]
@@ -43,9 +43,10 @@ def _sym(name: str) -> str:
 class _Writer:
     """The text of one check function."""
 
-    def __init__(self, c: Contract, decl: Decl) -> None:
+    def __init__(self, c: Contract, decl: Decl, given: frozenset[str] = frozenset()) -> None:
         self.c = c
         self.params = decl.params
+        self.given = given  # optional inputs this form is chosen by (When(..., given=True))
         self.lines: list[str] = []
         self.bound: set[str] = set()  # shape symbols bound so far (full path)
         self.views: list[Arg] = []  # the tensors whose kernel views are taken last, in order
@@ -85,6 +86,8 @@ class _Writer:
         return "\n".join(self.lines) + "\n"
 
     def view_name(self, name: str) -> str:
+        if name in LITERALS:
+            return name
         arg = next((a for a in self.c.tensors if a.name == name), None)
         if arg is None:
             return f"{name}_" if name.isidentifier() else name  # the checked scalar, an expression
@@ -99,6 +102,7 @@ class _Writer:
         allocs: list[str] = []
         known: dict[str, str] = {}  # symbol -> expression on the fast path
         flags = {f for a in c.tensors for f, _ in a.alloc}
+        devices: list[tuple[str, str]] = []  # (tensor, the one it shares a device with)
         for item in c.items:
             if isinstance(item, Scalar):
                 # a flag that allocates an output another way: the serving form has it False
@@ -124,13 +128,20 @@ class _Writer:
             elif a.layout == "element":
                 conds.append(f"{s} == _ONE")
                 _CONSTS["_ONE"] = "(1,)"
+            elif a.tail:
+                conds.append(f"len({s}) >= {len(dims)}")
             else:
                 conds.append(f"len({s}) == {len(dims)}")
-            if a.dtypes:
+            if a.dtypes and a.dtypes != ANY:
                 conds.append(f"{a.name}.dtype in {_dtype_tuple(a.dtypes)}")
             for i, d in enumerate(dims):
                 d = d.lstrip("*")
-                if d.isidentifier():
+                if d.endswith("..."):  # trailing dims: a tuple
+                    if d[:-3] in known:
+                        conds.append(f"{s}[{i}:] == {known[d[:-3]]}")
+                    else:
+                        known[d[:-3]] = f"{s}[{i}:]"
+                elif d.isidentifier():
                     if d in known:
                         conds.append(f"{s}[{i}] == {known[d]}")
                     else:
@@ -140,8 +151,8 @@ class _Writer:
             if a.like:
                 conds.append(f"{a.name}.dtype == {a.like}.dtype")
             ref = a.like or a.device_of
-            if ref:
-                conds.append(f"{a.name}.device == {ref}.device")
+            if ref and not a.any_device:
+                devices.append((a.name, ref))
             n = len(c.dims_of(a))
             if a.layout == "element":
                 pass
@@ -151,7 +162,16 @@ class _Writer:
                 conds.append(f"({s}[0] <= 1 or {a.name}.stride()[0] == 1)")
             elif a.layout == "strided_unit":
                 conds.append(f"_checks.has_unit_stride({a.name})")
+            elif a.layout == "dense_last":  # (a torch tensor has no negative stride)
+                conds.append(f"({s}[-1] <= 1 or {a.name}.stride()[-1] == 1)")
+            elif a.layout == "contiguous":  # torch's rule: size-1 dims aside, or empty
+                conds.append(f"{a.name}.is_contiguous()")
+            elif a.layout in _CACHE_LAYOUTS:
+                conds.append(_layout_ok(a, len(dims) - 1))
             conds.append(f"type({a.name}) is _TENSOR")
+        if devices:  # one device: all on the CPU (a flag each), else the devices compared
+            cpu = " and ".join(f"{n}.is_cpu" for n in dict.fromkeys(x for pair in devices for x in pair))
+            conds.append(f"(({cpu}) or ({' and '.join(f'{n}.device == {r}.device' for n, r in devices)}))")
         for name, expr in known.items():
             binds.append(f"{name} = {expr}")
         self.batch = {d.lstrip("*") for a in c.tensors for d in c.dims_of(a) if d.startswith("*")}
@@ -171,11 +191,7 @@ class _Writer:
         depth = 3
         if rules or any(r.device for r in c.rules):
             tests = [f"({self.fast_expr(r.expr)})" for r in rules]
-            tests += [
-                f"({self.fast_expr(r.expr)} or {self.device_of_first()}.device.type != {r.device!r})"
-                for r in c.rules
-                if r.device
-            ]
+            tests += [f"({self.fast_expr(r.expr)} or {self._not_on(r.device)})" for r in c.rules if r.device]
             self.emit(3, f"if {' and '.join(tests)}:")
             depth = 4
         for s in c.scalars:
@@ -192,6 +208,8 @@ class _Writer:
     def fast_view(self, name: str) -> str:
         """A kernel argument on the fast path: the tensor itself (already in its kernel form),
         reinterpreted where declared; a scalar's checked value."""
+        if name in LITERALS:
+            return name
         a = next((t for t in self.c.tensors if t.name == name), None)
         if a is None:
             return f"{name}_" if name.isidentifier() else self.fast_expr(name)
@@ -211,7 +229,9 @@ class _Writer:
     def absent(self, a: Arg) -> bool:
         """An input the signature makes optional (``Tensor?``, not written): checked when given."""
         p = next((p for p in self.params if p.name == a.name), None)
-        return not a.out and p is not None and p.type == "Tensor?"
+        if a.out or p is None or p.type != "Tensor?":
+            return False
+        return a.name not in self.given and not self.c.required(a.name)
 
     def nothing(self, a: Arg) -> str:
         """What the kernel gets for an absent optional input: an empty tensor of its dtype."""
@@ -264,6 +284,11 @@ class _Writer:
             )  # (the result's strides: as a view has them)
         self.emit(depth, "else:")
         self.emit(depth + 1, f"{a.name} = {self.alloc_dense(a, ref, fast)}")
+
+    def _not_on(self, device: str) -> str:
+        """The fast path's test that a device rule does not bind (``is_cuda``: no device object)."""
+        first = self.device_of_first()
+        return f"not {first}.is_cuda" if device == "cuda" else f"{first}.device.type != {device!r}"
 
     def device_of_first(self) -> str:
         return next(a.name for a in self.c.tensors if not a.out)
@@ -371,13 +396,15 @@ class _Writer:
                 f'{n}_p = _checks.packed_dtype(op, "{n}", {n}, {a.dtypes!r}, "{p.dtype}", '
                 f'{p.flag if has_flag else False}, "{p.flag}", {p.name!r})',
             )
-        elif a.dtypes:
+        elif a.dtypes and a.dtypes != ANY:
             if a.dtypes == FLOATS:
                 self.emit(depth, f'_checks.float_dtype(op, "{n}", {n})')
             else:
                 self.emit(depth, f'_checks.dtype_in(op, "{n}", {n}, {a.dtypes!r})')
         self.shape_checks(a, depth)
-        if a.like:
+        if a.like and a.any_device:
+            self.emit(depth, f'_checks.same_dtype(op, "{a.like}", {a.like}, {n}={n})')
+        elif a.like:
             self.emit(depth, f'_checks.like(op, "{a.like}", {a.like}, "{n}", {n})')
         if a.device_of:
             self.emit(depth, f'_checks.same_device(op, "{a.device_of}", {a.device_of}, {n}={n})')
@@ -420,16 +447,24 @@ class _Writer:
         if a.out:  # an output: the whole shape at once (every symbol is bound by the inputs)
             want = _shape_expr(dims)
             self.emit(depth, f"if tuple({n}.shape) != {want}:")
-            hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {{{want}}}{a.note}"
+            hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {a.expect or f'{{{want}}}'}{a.note}"
             self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint}")')
             return
         rank = len(dims)
-        bad = f"{n}.dim() < {rank - 1}" if a.batched else f"{n}.dim() != {rank}"
+        least = rank - 1 if a.batched else rank if a.tail else -1  # *T: any number; E...: one or more
+        bad = f"{n}.dim() < {least}" if least >= 0 else f"{n}.dim() != {rank}"
         conds = [bad]
         binds: list[str] = []
         for i, d in enumerate(dims):
-            idx = i - rank  # from the end
-            if d.startswith("*"):
+            idx = i if a.tail else i - rank  # trailing E...: from the start, else from the end
+            if d.endswith("..."):
+                sym = d[:-3]
+                if sym in self.bound:
+                    conds.append(f"tuple({n}.shape[{idx}:]) != tuple({sym})")
+                else:
+                    binds.append(f"{sym} = tuple({n}.shape[{idx}:])")
+                    self.bound.add(sym)
+            elif d.startswith("*"):
                 sym = d[1:]
                 if sym in self.bound:
                     conds.append(f"tuple({n}.shape[:{idx + 1}]) != tuple({sym})")
@@ -444,12 +479,12 @@ class _Writer:
                     self.bound.add(d)
             else:
                 conds.append(f"{n}.shape[{idx}] != {d}")
-        before = set(self.bound) - {d.lstrip("*") for d in dims if d.lstrip("*") in binds_of(binds)}
+        before = set(self.bound) - binds_of(binds)
 
         def hint(known: set[str]) -> str:
-            return (
-                f"; {a.shape_hint}" if a.shape_hint else f", expected {_expected_text(dims, known)}{a.note}"
-            )
+            if a.shape_hint:
+                return f"; {a.shape_hint}"
+            return f", expected {a.expect or _expected_text(dims, known)}{a.note}"
 
         # binding needs the rank first; comparisons need the bindings
         self.emit(depth, f"if {conds[0]}:")
@@ -487,6 +522,13 @@ class _Writer:
                 cols = f"{a.packed.last} if {n}_p else {last}"
                 note = f"{' (' + a.packed.what + ')'!r} if {n}_p else {a.note!r}"
             self.emit(1, f'{n}_v = _checks.scale_rows(op, "{n}", {n}, {rows}, {cols}, {note})')
+            return
+        if a.layout in _CACHE_LAYOUTS:  # checked as is: the kernel takes the tensor itself
+            self.emit(1, f"if not {_layout_ok(a, len(dims) - 1)}:")
+            hint = a.layout_hint or _LAYOUT_HINTS[a.layout]
+            hint = hint.replace("{t}", n).replace("{k}", str(len(dims) - 1))
+            self.emit(2, f"raise ValueError(f{('{op}: ' + n + ' ' + hint)!r})")
+            self.emit(1, f"{n}_v = {n}")
             return
         last = dims[-1].lstrip("*")
         if a.layout == "rows":
@@ -547,6 +589,58 @@ def _dtype_const(name: str) -> str:
     return const
 
 
+#: the layouts the kernel takes as they are, checked by a predicate of _checks
+_CACHE_LAYOUTS = ("dense_last", "contiguous", "entries", "paged")
+#: their messages, after "<name> " ({t}: the tensor's name, {k}: where its trailing dims start)
+_LAYOUT_HINTS = {
+    "dense_last": "has a non-contiguous last dimension (stride {{t}.stride(-1)}); pass .contiguous()",
+    "contiguous": "has strides {{t}.stride()}; it must be contiguous: pass {t}.contiguous()",
+    "entries": "has strides {{t}.stride()}; its entries (dims {k}..) must be contiguous and no stride negative",
+    "paged": "has shape {tuple({t}.shape)} and strides {{t}.stride()}; each block {t}[b] must be one dense "
+    "region (its dimensions a permutation of a contiguous layout, e.g. NHD or HND), blocks apart, no stride negative",
+}
+
+
+def _layout_ok(a: Arg, last: int) -> str:
+    """The Python predicate of a cache layout (``last``: the index of a trailing E... dim)."""
+    n = a.name
+    if a.layout == "dense_last":
+        return f"_checks.dense_last({n})"
+    if a.layout == "contiguous":
+        return f"(_checks.dense_from({n}, 0) or {n}.numel() == 0)"
+    if a.layout == "entries":
+        return f"_checks.dense_from({n}, {last})"
+    return f"_checks.dense_blocks({n})"
+
+
+def _when(w: When) -> str:
+    """A form's condition in Python, over the rank and dtype read once (None: not a tensor)."""
+    if w.given:
+        return f"{w.arg} is not None"
+    if w.ndim >= 0:
+        return f"{w.arg}_n == {w.ndim}"
+    return f"{w.arg}_d in {_dtype_tuple((w.dtype,))}"
+
+
+def _render_forms(f: Forms, decl: Decl) -> str:
+    """The check of an op with several forms: each form's own, and one that picks it."""
+    sig = ", ".join(f"{p.name}: Any{'' if p.default is None else f' = {p.default}'}" for p in decl.params)
+    names = ", ".join(p.name for p in decl.params)
+    lines = [f"def check_{f.name}(op: str, {sig}) -> tuple[tuple[Any, ...], Any]:"]
+    lines.append(f'    """The form of the call: {", ".join(c.name for c in f.contracts)}."""')
+    for arg in dict.fromkeys(w.arg for when, _ in f.cases for w in when if not w.given):
+        lines.append(f"    {arg}_n = {arg}_d = None")
+        lines.append(f"    if type({arg}) is _TENSOR or isinstance({arg}, _TENSOR):")
+        lines.append(f"        {arg}_n, {arg}_d = {arg}.dim(), {arg}.dtype")
+    for when, c in f.cases:
+        lines.append(f"    if {' and '.join(f'({_when(w)})' for w in when)}:")
+        lines.append(f"        return check_{c.name}(op, {names})")
+    lines.append(f"    return check_{f.default.name}(op, {names})")
+    given = {id(c): frozenset(w.arg for w in when if w.given) for when, c in f.cases}
+    bodies = [_Writer(c, decl, given.get(id(c), frozenset())).render() for c in f.contracts]
+    return "\n\n".join(["\n".join(lines) + "\n", *bodies])
+
+
 def _subst(expr: str, known: dict[str, str]) -> str:
     return re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: known.get(m.group(0), m.group(0)), expr)
 
@@ -566,7 +660,9 @@ def _expected_text(dims: tuple[str, ...], bound: set[str]) -> str:
     parts = []
     for d in dims:
         names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", d)) - {"cdiv"}
-        if d.startswith("*"):
+        if d.endswith("..."):
+            parts.append(f"{{', '.join(map(str, {d[:-3]}))}}" if d[:-3] in bound else "...")
+        elif d.startswith("*"):
             parts.append("...")
         elif names <= bound:
             parts.append(f"{{{d}}}")
@@ -606,6 +702,9 @@ def render_group(decls: Iterable[Decl]) -> str:
     bodies = []
     for d in seen.values():
         assert d.contract is not None
+        if isinstance(d.contract, Forms):
+            bodies.append("\n\n" + _render_forms(d.contract, d))
+            continue
         w = _Writer(d.contract, d)
         bodies.append("\n\n" + w.render())
         if len(d.contract.outputs) > 1:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ._contract import FLOATS, Arg, Contract
+from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, When
 from ._decl import Decl
 
 __all__ = ["lane_form", "render_entries", "render_header"]
@@ -45,30 +45,49 @@ _SCALAR = {
     "finite": ("double", "finite_float"),
 }
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: ``x is None`` / ``x is not None`` of an argument: what a rule may ask of a tensor in C++
+_IS_NONE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*) is (not )?None\b")
+#: the layouts a lane checks, and their C++ predicates (opmux/lane.h; {t}: the tensor, {k}: where
+#: its trailing E... dims start)
+_LANE_LAYOUTS = {
+    "rows": "",
+    "matrix": "",
+    "vector": "",
+    "dense_last": "dense_last({t})",
+    "contiguous": "contiguous({t})",
+    "entries": "dense_from({t}, {k})",
+    "paged": "dense_blocks({t})",
+}
 
 
-def lane_form(c: Contract) -> str | None:
-    """None when the contract's serving form can be checked in C++ exactly, else why not."""
+def lane_form(c: Contract | Forms) -> str | None:
+    """None when the contract's serving form (a Forms: its default) can be checked in C++
+    exactly, else why not."""
+    if isinstance(c, Forms):
+        return lane_form(c.default)
     for s in c.scalars:
         if s.kind not in _SCALAR:
             return f"scalar {s.name} of kind {s.kind}"
     for a in c.tensors:
-        if a.layout not in ("rows", "matrix", "vector"):
+        if a.layout not in _LANE_LAYOUTS:
             return f"{a.name}'s layout {a.layout}"
         if a.kernel_dtype or a.dtype_from:
             return f"{a.name} is reinterpreted or takes its dtype from an argument"
-        if any(d not in _DL for d in a.dtypes):
+        if a.any_device:
+            return f"{a.name} may be on another device"
+        if a.dtypes != ANY and any(d not in _DL for d in a.dtypes):
             return f"{a.name}'s dtypes {a.dtypes}"
     symbols = {d.lstrip("*") for a in c.tensors for d in c.dims_of(a) if d.lstrip("*").isidentifier()}
     for r in c.rules:
-        names = set(_NAME.findall(r.expr)) - {"and", "or", "not", "cdiv"}
+        names = set(_NAME.findall(_IS_NONE.sub("", r.expr))) - {"and", "or", "not", "cdiv"}
         if not names <= symbols or "." in r.expr:
             return f"rule {r.expr!r} reads more than shapes"
     return None
 
 
 def _cpp_expr(expr: str) -> str:
-    out = re.sub(r"\b(\d+)\*\*(\d+)\b", lambda m: f"{int(m.group(1)) ** int(m.group(2))}LL", expr)
+    out = _IS_NONE.sub(lambda m: f"{'!' if m.group(2) else ''}is_none({m.group(1)}_arg)", expr)
+    out = re.sub(r"\b(\d+)\*\*(\d+)\b", lambda m: f"{int(m.group(1)) ** int(m.group(2))}LL", out)
     out = re.sub(r"\bprod\((\w+)\)", r"\1", out)  # the serving form's batch is one dim
     out = re.sub(r"\bmax\(", "std::max<int64_t>(", out)
     out = re.sub(r"\bnot\s+", "!", out)
@@ -82,10 +101,35 @@ def _dims(c: Contract, a: Arg) -> tuple[str, ...]:
     return tuple(d.lstrip("*") for d in c.dims_of(a))
 
 
+def _lane_params(decl: Decl) -> list[tuple[str, str]]:
+    """(C++ type, name) of a lane's parameters: tensors as views, optional ones (None or a
+    tensor) and scalars as AnyView ``<name>_arg``."""
+    return [
+        ("const TensorView&", p.name) if p.type == "Tensor" else ("const AnyView&", f"{p.name}_arg")
+        for p in decl.params
+    ]
+
+
+def _tail(dims: tuple[str, ...]) -> str:
+    return dims[-1][:-3] if dims and dims[-1].endswith("...") else ""
+
+
 class _Lane:
     def __init__(self, c: Contract, decl: Decl) -> None:
         self.c, self.decl = c, decl
         self.lines: list[str] = []
+        #: the symbols of trailing E... dims: (the tensor, where they start)
+        self.tails: dict[str, tuple[str, int]] = {}
+        #: the optional tensors (``Tensor?``) the contract declares as inputs: ``(*name)`` here
+        self.opt = {
+            p.name
+            for p in decl.params
+            if p.type == "Tensor?" and any(a.name == p.name and not a.out for a in c.tensors)
+        }
+
+    def ref(self, name: str) -> str:
+        """A tensor argument as C++ names it."""
+        return f"(*{name})" if name in self.opt else name
 
     def emit(self, text: str, depth: int = 1) -> None:
         self.lines.append("  " * depth + text)
@@ -96,12 +140,7 @@ class _Lane:
     def render(self) -> str:
         c, params = self.c, self.decl.params
         tensors = {a.name: a for a in c.tensors}
-        args = []
-        for p in params:
-            if p.name in tensors and not (tensors[p.name].out and p.type == "Tensor?"):
-                args.append(f"const TensorView& {p.name}")
-            else:
-                args.append(f"const AnyView& {p.name}_arg")
+        args = [f"{t} {n}" for t, n in _lane_params(self.decl)]
         head = f"template <typename Kernel>\ninline Any {c.name}(int32_t device_type, {', '.join(args)}, Kernel&& kernel) {{"
         self.lines = [
             f"// {c.name}: {self.decl.name}'s contract (ops/{self.decl.name.partition('.')[0]}/op.py)",
@@ -111,6 +150,14 @@ class _Lane:
             ctype, reader = _SCALAR[s.kind]
             self.emit(f"{ctype} {s.name};")
             self.refuse_unless(f"{reader}({s.name}_arg, &{s.name})")
+        for p in params:  # optional inputs: the declared ones given, the others None
+            if p.type != "Tensor?" or (p.name in tensors and tensors[p.name].out):
+                continue
+            if p.name in self.opt:
+                self.emit(f"std::optional<TensorView> {p.name};")
+                self.refuse_unless(f"opt_tensor({p.name}_arg, &{p.name}) && {p.name}")
+            else:
+                self.refuse_unless(f"is_none({p.name}_arg)")
         outs = [a for a in c.tensors if a.out]
         for a in outs:
             self.emit(f"std::optional<TensorView> {a.name};")
@@ -131,33 +178,44 @@ class _Lane:
             self.check_tensor(a, bound, f"(*{a.name})", depth=2)
             self.emit("}")
         self.guard(outs)
+        if c.values_cpp:  # the values hook's counterpart: refuses what Python's would raise on
+            self.refuse_unless(c.values_cpp)
         self.call(outs)
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
 
     def check_input(self, a: Arg, bound: dict[str, str]) -> None:
-        first = not bound
-        self.check_tensor(a, bound, a.name, depth=1)
+        first = not bound and not self.tails
+        self.check_tensor(a, bound, self.ref(a.name), depth=1)
         if first:
-            self.refuse_unless(f"{a.name}.device().device_type == device_type")
+            self.refuse_unless(f"{self.ref(a.name)}.device().device_type == device_type")
 
     def check_tensor(self, a: Arg, bound: dict[str, str], t: str, depth: int) -> None:
         dims = _dims(self.c, a)
-        conds = [f"{t}.ndim() == {len(dims)}"]
-        if a.dtypes:
+        tail = _tail(dims)
+        conds = [f"{t}.ndim() {'>=' if tail else '=='} {len(dims)}"]
+        if a.dtypes == ANY:
+            conds.append(f"byte_dtype({t})")
+        elif a.dtypes:
             if a.dtypes == FLOATS:
                 conds.append(f"is_float({t}.dtype())")
             else:
                 conds.append(" || ".join(f"is_dtype({t}, {_DL[d]})" for d in a.dtypes))
         if a.like:
-            conds.append(f"same_dtype({t}.dtype(), {a.like}.dtype())")
+            conds.append(f"same_dtype({t}.dtype(), {self.ref(a.like)}.dtype())")
         ref = a.like or a.device_of
         if ref:
-            conds.append(f"same_device({t}, {ref})")
+            conds.append(f"same_device({t}, {self.ref(ref)})")
         self.refuse_unless(" && ".join(f"({x})" if "||" in x else x for x in conds), depth)
         sizes = []
         for i, d in enumerate(dims):
-            if d.isidentifier() and d not in bound:
+            if d.endswith("..."):  # trailing dims: those of their first tensor
+                if d[:-3] in self.tails:
+                    other, j = self.tails[d[:-3]]
+                    sizes.append(f"same_tail({t}, {i}, {other}, {j})")
+                else:
+                    self.tails[d[:-3]] = (t, i)
+            elif d.isidentifier() and d not in bound:
                 bound[d] = f"{t}.size({i})"
                 self.emit(f"const int64_t {d} = {t}.size({i});", depth)
             else:
@@ -169,22 +227,25 @@ class _Lane:
             self.refuse_unless(f"{t}.size({n - 1}) <= 1 || {t}.stride({n - 1}) == 1", depth)
         elif a.layout == "vector":
             self.refuse_unless(f"{t}.size(0) <= 1 || {t}.stride(0) == 1", depth)
+        elif _LANE_LAYOUTS[a.layout]:
+            self.refuse_unless(_LANE_LAYOUTS[a.layout].format(t=t, k=n - 1), depth)
 
     def guard(self, outs: list[Arg]) -> None:
         """The generic guard of the signature's written tensors (fused_op's, for the serving form)."""
-        params = [p for p in self.decl.params if p.is_tensor]
+        declared = {a.name for a in self.c.tensors}
+        params = [p for p in self.decl.params if p.is_tensor and p.name in declared]  # the others are None
         fresh = {a.name for a in outs}
         written = [p for p in params if p.written]
         for i, w in enumerate(written):
             present = f"{w.name} && " if w.name in fresh else ""
-            wt = f"*{w.name}" if w.name in fresh else w.name
+            wt = f"*{w.name}" if w.name in fresh else self.ref(w.name)
             conds = [f"distinct({wt})"]
             for o in params:
                 if o.name == w.name or (o.written and written.index(o) < i):
                     continue
                 if o.name in fresh:
                     continue  # two optional outputs: never both fresh and shared (none has two)
-                conds.append(f"may_share({wt}, {o.name}, {'true' if o.written else 'false'})")
+                conds.append(f"may_share({wt}, {self.ref(o.name)}, {'true' if o.written else 'false'})")
             cond = " && ".join(conds)
             if present:
                 self.emit(f"if ({w.name} && !({cond})) return refused();")
@@ -194,7 +255,7 @@ class _Lane:
     def call(self, outs: list[Arg]) -> None:
         kargs = []
         for k in self.c.kernel:
-            kargs.append(k)
+            kargs.append(k.lower() if k in LITERALS else f"*{k}" if k in self.opt else k)
         if not outs:
             self.emit(f"kernel({', '.join(kargs)});")
             self.emit("return ran();")
@@ -221,6 +282,33 @@ class _Lane:
         self.emit("return fresh;")
 
 
+def _when_cpp(w: When) -> str:
+    if w.given:
+        return f"!is_none({w.arg}_arg)"
+    if w.ndim >= 0:
+        return f"{w.arg}.ndim() == {w.ndim}"
+    return f"is_dtype({w.arg}, {_DL[w.dtype]})"
+
+
+def _render_forms(f: Forms, decl: Decl) -> str:
+    """The lane of an op with several forms: the form of the call picked as in Python, run
+    through its own lane, or refused where that form has none (the Python contract runs)."""
+    params = _lane_params(decl)
+    names = ", ".join(n for _, n in params)
+    lines = [
+        f"// {f.name}: {decl.name}'s forms (ops/{decl.name.partition('.')[0]}): the call's, by its lane",
+        "template <typename Kernel>",
+        f"inline Any {f.name}(int32_t device_type, {', '.join(f'{t} {n}' for t, n in params)}, Kernel&& kernel) {{",
+    ]
+    for when, c in f.cases:
+        cond = " && ".join(_when_cpp(w) for w in when)
+        why = lane_form(c)
+        run = "refused()" if why else f"{c.name}(device_type, {names}, kernel)"
+        lines.append(f"  if ({cond}) return {run};{f'  // no lane: {why}' if why else ''}")
+    lines.append(f"  return {f.default.name}(device_type, {names}, kernel);")
+    return "\n".join([*lines, "}"]) + "\n"
+
+
 def _lane_decls(decls: Iterable[Decl]) -> list[Decl]:
     return [
         d
@@ -243,16 +331,30 @@ def render_header(group: str, decls: Iterable[Decl]) -> str | None:
     if not found:
         return None
     seen: dict[str, str] = {}
+    headers: list[str] = []
     for d in found:
         assert d.contract is not None
-        if d.contract.name not in seen:
-            seen[d.contract.name] = _render_lane(d)
-    rules = _native_rules(d.contract for d in found if d.contract is not None)
+        forms = d.contract.contracts if isinstance(d.contract, Forms) else (d.contract,)
+        for c in forms:
+            if c.name in seen:
+                pass
+            elif c is d.contract:
+                seen[c.name] = _render_lane(d)
+            elif lane_form(c) is None:
+                seen[c.name] = _Lane(c, d).render()
+            if c.values_header and c.values_header not in headers:
+                headers.append(c.values_header)
+        if isinstance(d.contract, Forms):
+            seen.setdefault(d.contract.name, _render_forms(d.contract, d))
+    includes = "".join(f'#include "{h}"\n' for h in ["opmux/lane.h", *headers])
+    rules = _native_rules(
+        c for d in found for c in (d.contract.contracts if isinstance(d.contract, Forms) else (d.contract,))
+    )
     return (
         f"// Generated by tools/gen_contracts.py from ops/{group}/op.py's contracts: do not edit.\n"
         "// The serving lanes' checks (opmux/lane.h): each runs `kernel` on the caller's tensors or a\n"
         "// fresh output when the call is in the contract's serving form, else refuses (None).\n"
-        '#pragma once\n\n#include "opmux/lane.h"\n\nnamespace opmux {\nnamespace lane {\nnamespace contract {\n\n'
+        f"#pragma once\n\n{includes}\nnamespace opmux {{\nnamespace lane {{\nnamespace contract {{\n\n"
         + "\n".join([*seen.values(), *rules])
         + "\n}  // namespace contract\n}  // namespace lane\n}  // namespace opmux\n"
     )
@@ -278,14 +380,10 @@ def render_entries(group: str, device: str, decls: Iterable[Decl]) -> str | None
     for d in found:
         c = d.contract
         assert c is not None
-        tensors = {a.name: a for a in c.tensors}
         params = []
         names = []
         for p in d.params:
-            if p.name in tensors and p.type != "Tensor?":
-                params.append(f"TensorView {p.name}")
-            else:
-                params.append(f"lane::AnyView {p.name}")
+            params.append(f"{'TensorView' if p.type == 'Tensor' else 'lane::AnyView'} {p.name}")
             names.append(p.name)
         if pdl:
             params.append("bool enable_pdl")
@@ -309,7 +407,8 @@ _INT = {"positive_int": ("int64_t", "int_arg")}
 
 def _optional_input(decl: Decl, a: Arg) -> bool:
     p = next((p for p in decl.params if p.name == a.name), None)
-    return not a.out and p is not None and p.type == "Tensor?"
+    required = isinstance(decl.contract, Contract) and decl.contract.required(a.name)
+    return not a.out and p is not None and p.type == "Tensor?" and not required
 
 
 def extended_form(c: Contract, decl: Decl) -> str | None:

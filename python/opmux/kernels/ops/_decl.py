@@ -27,7 +27,7 @@ from typing import Any
 
 from ..spec import BackendSpec, OpSpec, Requirement
 from ._common import AOT, JIT, PRIORITY, TOLERANCES, TORCH, TORCH_NPU, TRITON
-from ._contract import Contract
+from ._contract import Contract, Forms
 
 __all__ = ["NATIVE_TARGETS", "Decl", "Param", "declare", "parse_signature", "variant"]
 
@@ -106,7 +106,7 @@ class Decl:
     declared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     #: the argument contract as data (``ops/_contract.py``); its check is generated into
     #: ``ops/<group>/_contracts.py``
-    contract: Contract | None = None
+    contract: Contract | Forms | None = None
 
     @property
     def check(self) -> Callable[..., tuple[tuple[Any, ...], Any]]:
@@ -122,7 +122,7 @@ class Decl:
     def outputs(self) -> Callable[..., tuple[tuple[Any, ...], Any]] | None:
         """The hand-written ``outputs`` hook, or the generated one of a contract with several
         outputs (imported on first use, as ``check``), or None."""
-        if self.outputs_fn is None and self.contract is not None and len(self.contract.outputs) > 1:
+        if self.outputs_fn is None and isinstance(self.contract, Contract) and len(self.contract.outputs) > 1:
             fn = getattr(self._generated(), f"outputs_{self.contract.name}")
             object.__setattr__(self, "outputs_fn", fn)
         return self.outputs_fn
@@ -153,7 +153,7 @@ def declare(
     signature: str,
     *,
     check: Callable[..., tuple[tuple[Any, ...], Any]] | None = None,
-    contract: Contract | None = None,
+    contract: Contract | Forms | None = None,
     reference: Callable[..., Any],
     doc: str,
     values: Callable[..., None] | None = None,

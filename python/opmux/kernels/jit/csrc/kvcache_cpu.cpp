@@ -226,7 +226,7 @@ inline void gather_cache_impl(const char* src, char* dst, const int32_t* table, 
 
 #include "opmux/block_checks.h"
 #include "opmux/kvcache_checks.h"
-#include "opmux/kvcache_lanes.h"
+#include "opmux/contracts/kvcache.h"
 
 namespace opmux {
 namespace kvcache_cpu {
@@ -280,18 +280,6 @@ void reshape_and_cache_cpu(TensorView key, TensorView value, TensorView key_cach
     reshape_and_cache_fp8_impl(data_ptr<const scalar_t>(key), data_ptr<const scalar_t>(value),
                                data_ptr<uint8_t>(key_cache), data_ptr<uint8_t>(value_cache), slots, l, ks, vs);
   });
-}
-
-// Serving lane (opmux/lane.h, kvcache_lanes.h): the contract's form checked here, with the values
-// hook (slots in [-1, num_blocks * block_size)), else None having done nothing.
-lane::Any reshape_and_cache_cpu_lane(TensorView key, TensorView value, TensorView key_cache,
-                                     TensorView value_cache, TensorView slot_mapping, lane::AnyView k_scale,
-                                     lane::AnyView v_scale) {
-  if (!lane::cache_args(kDLCPU, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) ||
-      first_bad_slot(data_ptr<const int64_t>(slot_mapping), key.size(0), key_cache.size(0) * key_cache.size(1)) >= 0)
-    return lane::refused();
-  reshape_and_cache_cpu(key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, false);
-  return lane::ran();
 }
 
 void copy_blocks_cpu(TensorView cache, TensorView block_mapping) {
@@ -366,42 +354,14 @@ void gather_cache_cpu(TensorView src_cache, TensorView dst, TensorView block_tab
   gather_cache_impl(data_ptr<const char>(src_cache), data_ptr<char>(dst), table, cu, starts, l);
 }
 
-// The block ops' serving lanes (kvcache_lanes.h), each with its values hook checked before
-// anything is written, else None having done nothing.
-lane::Any copy_blocks_cpu_lane(TensorView cache, TensorView block_mapping) {
-  if (!lane::copy_blocks_args(kDLCPU, cache, block_mapping) || !lane::pairs_in_range(block_mapping, cache.size(0)))
-    return lane::refused();
-  copy_blocks_cpu(cache, block_mapping);
-  return lane::ran();
-}
-lane::Any concat_and_cache_mla_cpu_lane(TensorView kv_c, TensorView k_pe, TensorView kv_cache, TensorView slot_mapping,
-                                        lane::AnyView scale) {
-  if (!lane::mla_args(kDLCPU, kv_c, k_pe, kv_cache, slot_mapping, scale) ||
-      first_bad_slot(data_ptr<const int64_t>(slot_mapping), kv_c.size(0), kv_cache.size(0) * kv_cache.size(1)) >= 0)
-    return lane::refused();
-  concat_and_cache_mla_cpu(kv_c, k_pe, kv_cache, slot_mapping, slot_mapping, false);
-  return lane::ran();
-}
-lane::Any gather_cache_cpu_lane(TensorView src_cache, TensorView dst, TensorView block_table, TensorView cu_seq_lens,
-                                lane::AnyView seq_starts_arg) {
-  std::optional<TensorView> starts;
-  if (!lane::opt_tensor(seq_starts_arg, &starts) ||
-      !lane::gather_args(kDLCPU, src_cache, dst, block_table, cu_seq_lens, starts) ||
-      !lane::gather_values_ok(src_cache, dst, block_table, cu_seq_lens, starts))
-    return lane::refused();
-  gather_cache_cpu(src_cache, dst, block_table, cu_seq_lens, starts ? *starts : cu_seq_lens, starts.has_value());
-  return lane::ran();
-}
-
 }  // namespace kvcache_cpu
 }  // namespace opmux
 
+// The serving lanes, generated from the contracts (ops/kvcache; opmux/lane.h)
+#include "opmux/contracts/kvcache_cpu_lanes.inc"
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cpu, opmux::kvcache_cpu::reshape_and_cache_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cpu_lane, opmux::kvcache_cpu::reshape_and_cache_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(copy_blocks_cpu, opmux::kvcache_cpu::copy_blocks_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(concat_and_cache_mla_cpu, opmux::kvcache_cpu::concat_and_cache_mla_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache_cpu, opmux::kvcache_cpu::gather_cache_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(copy_blocks_cpu_lane, opmux::kvcache_cpu::copy_blocks_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(concat_and_cache_mla_cpu_lane, opmux::kvcache_cpu::concat_and_cache_mla_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache_cpu_lane, opmux::kvcache_cpu::gather_cache_cpu_lane);
 #endif  // OPMUX_CPU_KERNELS_ONLY

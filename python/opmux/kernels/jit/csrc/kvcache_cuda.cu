@@ -17,10 +17,10 @@
 #include <type_traits>
 
 #include "opmux/block_checks.h"
+#include "opmux/contracts/kvcache.h"
 #include "opmux/cuda_fp8.cuh"
 #include "opmux/cuda_utils.cuh"
 #include "opmux/kvcache_checks.h"
-#include "opmux/kvcache_lanes.h"
 
 namespace opmux {
 namespace kvcache_cuda {
@@ -165,20 +165,6 @@ void reshape_and_cache_cuda(TensorView key, TensorView value, TensorView key_cac
     if (fp8) launch_cache<scalar_t, true>(op, p, a.tokens, a.device_id);
     else launch_cache<scalar_t, false>(op, p, a.tokens, a.device_id);
   });
-}
-
-// Serving lane (opmux/lane.h, kvcache_lanes.h): the contract's form checked here, else None having
-// done nothing. Slots are not read (the values hook reads CPU slots only); the sizes the kernel
-// itself refuses are refused here too (the contract path then raises the kernel's error).
-lane::Any reshape_and_cache_cuda_lane(TensorView key, TensorView value, TensorView key_cache,
-                                      TensorView value_cache, TensorView slot_mapping, lane::AnyView k_scale,
-                                      lane::AnyView v_scale, bool enable_pdl) {
-  if (!lane::cache_args(kDLCUDA, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) ||
-      key.size(1) * key.size(2) > INT32_MAX || key_cache.size(1) > INT32_MAX || key.size(0) > INT32_MAX)
-    return lane::refused();
-  reshape_and_cache_cuda(key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, false,
-                         enable_pdl);
-  return lane::ran();
 }
 
 // -- the block ops ----------------------------------------------------------------------------
@@ -420,43 +406,13 @@ void gather_cache_cuda(TensorView src_cache, TensorView dst, TensorView block_ta
   });
 }
 
-// The block ops' serving lanes (kvcache_lanes.h), else None having done nothing. Index values are
-// not read (the values hooks read CPU tensors only; the kernels skip bad ones); the sizes the
-// kernels themselves refuse are refused here too (the contract path then raises the kernel's error).
-lane::Any copy_blocks_cuda_lane(TensorView cache, TensorView block_mapping, bool enable_pdl) {
-  if (!lane::copy_blocks_args(kDLCUDA, cache, block_mapping) || block_mapping.size(0) > INT32_MAX)
-    return lane::refused();
-  copy_blocks_cuda(cache, block_mapping, enable_pdl);
-  return lane::ran();
-}
-lane::Any concat_and_cache_mla_cuda_lane(TensorView kv_c, TensorView k_pe, TensorView kv_cache,
-                                         TensorView slot_mapping, lane::AnyView scale, bool enable_pdl) {
-  if (!lane::mla_args(kDLCUDA, kv_c, k_pe, kv_cache, slot_mapping, scale) || kv_c.size(0) > INT32_MAX ||
-      kv_cache.size(2) > INT32_MAX)
-    return lane::refused();
-  concat_and_cache_mla_cuda(kv_c, k_pe, kv_cache, slot_mapping, slot_mapping, false, enable_pdl);
-  return lane::ran();
-}
-lane::Any gather_cache_cuda_lane(TensorView src_cache, TensorView dst, TensorView block_table, TensorView cu_seq_lens,
-                                 lane::AnyView seq_starts_arg, bool enable_pdl) {
-  std::optional<TensorView> starts;
-  if (!lane::opt_tensor(seq_starts_arg, &starts) ||
-      !lane::gather_args(kDLCUDA, src_cache, dst, block_table, cu_seq_lens, starts) ||
-      block_table.size(0) > INT32_MAX)
-    return lane::refused();
-  gather_cache_cuda(src_cache, dst, block_table, cu_seq_lens, starts ? *starts : cu_seq_lens, starts.has_value(),
-                    enable_pdl);
-  return lane::ran();
-}
-
 }  // namespace kvcache_cuda
 }  // namespace opmux
 
+// The serving lanes, generated from the contracts (ops/kvcache; opmux/lane.h)
+#include "opmux/contracts/kvcache_cuda_lanes.inc"
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cuda, opmux::kvcache_cuda::reshape_and_cache_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(reshape_and_cache_cuda_lane, opmux::kvcache_cuda::reshape_and_cache_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(copy_blocks_cuda, opmux::kvcache_cuda::copy_blocks_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(concat_and_cache_mla_cuda, opmux::kvcache_cuda::concat_and_cache_mla_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache_cuda, opmux::kvcache_cuda::gather_cache_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(copy_blocks_cuda_lane, opmux::kvcache_cuda::copy_blocks_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(concat_and_cache_mla_cuda_lane, opmux::kvcache_cuda::concat_and_cache_mla_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gather_cache_cuda_lane, opmux::kvcache_cuda::gather_cache_cuda_lane);

@@ -37,23 +37,21 @@ def check_w8a8_block(op: str, a: Any, b: Any, a_scale: Any, b_scale: Any, out_dt
             and len(b_s) == 2
             and b.dtype in _FLOAT8_E4M3FN
             and b_s[1] == a_s[1]
-            and b.device == a.device
             and (b_s[1] <= 1 or b.stride()[1] == 1)
             and type(b) is _TENSOR
             and len(a_scale_s) == 2
             and a_scale.dtype in _FLOAT32
             and a_scale_s[0] == a_s[0]
             and a_scale_s[1] == cdiv(a_s[1], 128)
-            and a_scale.device == a.device
             and _checks.has_unit_stride(a_scale)
             and type(a_scale) is _TENSOR
             and len(b_scale_s) == 2
             and b_scale.dtype in _FLOAT32
             and b_scale_s[0] == cdiv(b_s[0], 128)
             and b_scale_s[1] == cdiv(a_s[1], 128)
-            and b_scale.device == a.device
             and (b_scale_s[1] <= 1 or b_scale.stride()[1] == 1)
             and type(b_scale) is _TENSOR
+            and ((b.is_cpu and a.is_cpu and a_scale.is_cpu and b_scale.is_cpu) or (b.device == a.device and a_scale.device == a.device and b_scale.device == a.device))
         ):
             T = a_s[0]
             K = a_s[1]

@@ -22,9 +22,10 @@ and skip such pairs (or tokens) instead, never touching memory out of bounds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _checks
+from .._contract import ANY, FLOATS, FP8, Arg, Contract, Forms, Rule, When
 from ._entries import entries as _entries
 
 if TYPE_CHECKING:
@@ -39,48 +40,176 @@ MLA = "kvcache.concat_and_cache_mla"
 GATHER = "kvcache.gather_cache"
 
 
+# -- the contracts (ops/_contract.py; their checks are generated into _contracts.py) ------------
+I32 = 2147483647  # the CUDA kernels' 32-bit grids
+_BLOCKS = "[num_blocks, ...] (at least 2-D)"
+_PAIRS = "[num_pairs, 2] (src, dst)"
+COPY_CONTRACT = Contract(
+    "copy_blocks",
+    (
+        Arg("cache", "NB, B...", dtypes=ANY, layout="paged", expect=_BLOCKS),
+        Arg(
+            "block_mapping", "P, 2", dtypes=("int64",), device_of="cache", layout="contiguous", expect=_PAIRS
+        ),
+        Rule(f"P <= {I32}", "more than 2^31 - 1 pairs", device="cuda"),
+    ),
+    kernel=("cache", "block_mapping"),
+    values_cpp="pairs_ok(device_type, block_mapping, cache.size(0))",
+    values_header="opmux/kvcache_values.h",
+)
+SWAP_CONTRACT = Contract(
+    "swap_blocks",
+    (
+        Arg("src", "NS, B...", dtypes=ANY, layout="paged", expect=_BLOCKS),
+        Arg("dst", "ND, C...", like="src", any_device=True, layout="paged", expect=_BLOCKS),
+        Arg("block_mapping", "P, 2", dtypes=("int64",), layout="contiguous", expect=_PAIRS),
+        Rule(
+            "block_mapping.is_cpu",
+            "block_mapping is on {block_mapping.device}; it must be a CPU tensor (its pairs are read on the host "
+            "to issue the copies)",
+        ),
+        Rule(
+            "C == B",
+            "dst has blocks of shape {tuple(dst.shape[1:])}, expected {tuple(src.shape[1:])} like src",
+        ),
+    ),
+    kernel=("src", "dst", "block_mapping"),
+)
+
+_KV_C = Arg("kv_c", "T, R", dtypes=FLOATS, layout="dense_last", expect="[T, kv_lora_rank]")
+_K_PE = Arg("k_pe", "T, P", like="kv_c", layout="dense_last", expect="[{T}, pe_dim]")
+_ENTRY = "[num_blocks, block_size, {R + P}] (kv_lora_rank {R} + pe_dim {P})"
+_MLA_SLOTS = Arg("slot_mapping", "T", dtypes=("int64",), device_of="kv_c", layout="dense_last")
+_MLA_LIMITS = Rule(
+    f"T <= {I32} and R + P <= {I32}", "sizes exceed the kernel's 32-bit indexing", device="cuda"
+)
+_MLA_ARGS = ("kv_c", "k_pe", "kv_cache", "slot_mapping")
+MLA_CONTRACT = Forms(
+    "concat_and_cache_mla",
+    cases=(
+        (
+            (When("kv_cache", dtype="float8_e4m3fn"),),
+            Contract(
+                "mla_fp8",
+                (
+                    _KV_C,
+                    _K_PE,
+                    Arg(
+                        "kv_cache",
+                        "NB, BS, R + P",
+                        dtypes=FP8,
+                        device_of="kv_c",
+                        layout="dense_last",
+                        expect=_ENTRY,
+                    ),
+                    Rule("scale is not None", "an fp8 kv_cache needs scale (entries are fp8(x / scale))"),
+                    Arg(
+                        "scale",
+                        "",
+                        dtypes=("float32",),
+                        device_of="kv_c",
+                        layout="element",
+                        note=" (a per-tensor scale)",
+                    ),
+                    _MLA_SLOTS,
+                    _MLA_LIMITS,
+                ),
+                kernel=(*_MLA_ARGS, "scale", "True"),
+            ),
+        ),
+    ),
+    default=Contract(
+        "mla",
+        (
+            _KV_C,
+            _K_PE,
+            Arg("kv_cache", "NB, BS, R + P", like="kv_c", layout="dense_last", expect=_ENTRY),
+            Rule(
+                "scale is None",
+                "scale applies to an fp8 kv_cache (float8_e4m3fn); this cache is {kv_cache.dtype}",
+            ),
+            _MLA_SLOTS,
+            _MLA_LIMITS,
+        ),
+        kernel=(*_MLA_ARGS, "slot_mapping", "False"),  # no scale: slot_mapping in its place (unread)
+        values_cpp="slots_ok(device_type, slot_mapping, kv_cache.size(0) * kv_cache.size(1))",
+        values_header="opmux/kvcache_values.h",
+    ),
+)
+
+
+def _per_sequence(name: str, n: str) -> Arg:
+    """A dense int32 [n] of a value per sequence (block_table's rows), on src_cache's device."""
+    hint = "has stride {{t}.stride(0)}; pass {t}.contiguous()"
+    return Arg(
+        name,
+        n,
+        dtypes=("int32",),
+        device_of="src_cache",
+        layout="dense_last",
+        note=" (block_table has {B} rows)",
+        layout_hint=hint,
+    )
+
+
+_GATHER_ITEMS = (
+    Arg(
+        "src_cache",
+        "NB, BS, E...",
+        dtypes=ANY,
+        layout="entries",
+        expect="[num_blocks, block_size >= 1, entry...]",
+    ),
+    Rule(
+        "BS >= 1",
+        "src_cache has shape {tuple(src_cache.shape)}, expected [num_blocks, block_size >= 1, entry...]",
+    ),
+    Arg(
+        "dst", "N, E...", like="src_cache", layout="entries", expect="[num_tokens, {', '.join(map(str, E))}]"
+    ),
+    Arg(
+        "block_table",
+        "B, W",
+        dtypes=("int32",),
+        device_of="src_cache",
+        layout="dense_last",
+        expect="[batch, max_blocks]",
+        layout_hint="has strides {block_table.stride()}; its rows must be contiguous",
+    ),
+    _per_sequence("cu_seq_lens", "B + 1"),
+    Rule(f"B <= {I32}", "more than 2^31 - 1 sequences", device="cuda"),
+)
+_GATHER_ARGS = ("src_cache", "dst", "block_table", "cu_seq_lens")
+_GATHER_VALUES = "gather_values_ok(device_type, src_cache, dst, block_table, cu_seq_lens, {})"
+GATHER_CONTRACT = Forms(
+    "gather_cache",
+    cases=(
+        (
+            (When("seq_starts", given=True),),
+            Contract(
+                "gather_from",
+                (
+                    *_GATHER_ITEMS,
+                    _per_sequence("seq_starts", "B"),
+                ),
+                kernel=(*_GATHER_ARGS, "seq_starts", "True"),
+                values_cpp=_GATHER_VALUES.format("&*seq_starts"),
+                values_header="opmux/kvcache_values.h",
+            ),
+        ),
+    ),
+    # no seq_starts: cu_seq_lens in its place (unread)
+    default=Contract(
+        "gather",
+        _GATHER_ITEMS,
+        kernel=(*_GATHER_ARGS, "cu_seq_lens", "False"),
+        values_cpp=_GATHER_VALUES.format("nullptr"),
+        values_header="opmux/kvcache_values.h",
+    ),
+)
+
+
 # -- shared ----------------------------------------------------------------------------------
-def _dense_blocks(t: Tensor) -> bool:
-    """Each block ``t[b]`` is one dense region (inner strides a permutation of a contiguous
-    layout, none negative) and blocks do not overlap."""
-    st, sh = t.stride(), t.shape
-    if min(st) < 0:
-        return False
-    if 0 in sh:
-        return True
-    expect = 1
-    for s, n in sorted((s, n) for s, n in zip(st[1:], sh[1:], strict=True) if n > 1):
-        if s != expect:
-            return False
-        expect *= n
-    return sh[0] <= 1 or st[0] >= expect
-
-
-def _block_cache(op: str, name: str, t: Tensor) -> None:
-    if t.dim() < 2:
-        raise ValueError(
-            f"{op}: {name} has shape {tuple(t.shape)}, expected [num_blocks, ...] (at least 2-D)"
-        )
-    if not _dense_blocks(t):
-        raise ValueError(
-            f"{op}: {name} has shape {tuple(t.shape)} and strides {t.stride()}; each block {name}[b] must be "
-            "one dense region (its dimensions a permutation of a contiguous layout, e.g. NHD or HND), "
-            "blocks apart, no stride negative"
-        )
-
-
-def _mapping(op: str, m: Tensor) -> None:
-    _checks.exact_dtype(op, "block_mapping", m, torch.int64)
-    if m.dim() != 2 or m.shape[1] != 2:
-        raise ValueError(
-            f"{op}: block_mapping has shape {tuple(m.shape)}, expected [num_pairs, 2] (src, dst)"
-        )
-    if (m.shape[0] > 1 and m.stride() != (2, 1)) or (m.shape[0] == 1 and m.stride(1) != 1):
-        raise ValueError(
-            f"{op}: block_mapping has strides {m.stride()}; it must be contiguous: pass block_mapping.contiguous()"
-        )
-
-
 def _mapping_range(op: str, m: Tensor, col: int, what: str, n: int) -> None:
     """``m[:, col]`` (a CPU tensor) in ``[0, n)``; else ValueError naming the first bad entry."""
     c = m[:, col]
@@ -98,16 +227,6 @@ def _byte_view(t: Tensor) -> Tensor:
 
 
 # -- copy_blocks -----------------------------------------------------------------------------
-def copy_blocks_check(op: str, cache: Tensor, block_mapping: Tensor) -> tuple[tuple[Any, ...], None]:
-    """-> ((cache, block_mapping), None)."""
-    _checks.tensor(op, "cache", cache)
-    _checks.tensor(op, "block_mapping", block_mapping)
-    _mapping(op, block_mapping)
-    _checks.same_device(op, "cache", cache, block_mapping=block_mapping)
-    _block_cache(op, "cache", cache)
-    return (cache, block_mapping), None
-
-
 def copy_blocks_values(cache: Tensor, block_mapping: Tensor) -> None:
     if block_mapping.is_cpu:
         for col, what in ((0, "source"), (1, "destination")):
@@ -132,28 +251,6 @@ def torch_copy_blocks(cache: Tensor, block_mapping: Tensor) -> None:
 
 
 # -- swap_blocks -----------------------------------------------------------------------------
-def swap_blocks_check(
-    op: str, src: Tensor, dst: Tensor, block_mapping: Tensor
-) -> tuple[tuple[Any, ...], None]:
-    """-> ((src, dst, block_mapping), None)."""
-    for name, t in (("src", src), ("dst", dst), ("block_mapping", block_mapping)):
-        _checks.tensor(op, name, t)
-    _checks.same_dtype(op, "src", src, dst=dst)
-    _mapping(op, block_mapping)
-    if not block_mapping.is_cpu:
-        raise ValueError(
-            f"{op}: block_mapping is on {block_mapping.device}; it must be a CPU tensor (its pairs are read "
-            "on the host to issue the copies)"
-        )
-    _block_cache(op, "src", src)
-    _block_cache(op, "dst", dst)
-    if src.shape[1:] != dst.shape[1:]:
-        raise ValueError(
-            f"{op}: dst has blocks of shape {tuple(dst.shape[1:])}, expected {tuple(src.shape[1:])} like src"
-        )
-    return (src, dst, block_mapping), None
-
-
 def swap_blocks_values(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
     _mapping_range(SWAP, block_mapping, 0, "src", src.shape[0])
     _mapping_range(SWAP, block_mapping, 1, "dst", dst.shape[0])
@@ -182,7 +279,7 @@ def torch_swap_blocks(src: Tensor, dst: Tensor, block_mapping: Tensor) -> None:
 
 
 # -- concat_and_cache_mla --------------------------------------------------------------------
-def _slots(op: str, slot_mapping: Tensor, num_slots: int) -> None:
+def slots_in_range(op: str, slot_mapping: Tensor, num_slots: int) -> None:
     """CPU ``slot_mapping`` in ``[-1, num_slots)``; else ValueError naming the first bad slot."""
     if slot_mapping.is_cpu and not _checks.in_range(slot_mapping, -1, num_slots):
         t = int(((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()[0, 0])
@@ -192,108 +289,10 @@ def _slots(op: str, slot_mapping: Tensor, num_slots: int) -> None:
         )
 
 
-def _dense_last(t: Tensor) -> bool:
-    """A unit last stride (or at most one element there) and no stride negative: the layout the
-    full checks of concat_and_cache_mla take."""
-    st = t.stride()
-    return (st[-1] == 1 or t.shape[-1] <= 1) and min(st) >= 0
-
-
-def mla_check(
-    op: str, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
-) -> tuple[tuple[Any, ...], None]:
-    """-> ((kv_c, k_pe, kv_cache, slot_mapping, scale, fp8), None); for a cache that is not
-    fp8 the scale is passed as slot_mapping (unread)."""
-    try:  # the serving call (CPU tensors, a cache of kv_c's dtype, no scale), each attribute read once
-        if (
-            scale is None
-            and type(kv_c) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
-            and type(k_pe) is torch.Tensor
-            and type(kv_cache) is torch.Tensor
-            and type(slot_mapping) is torch.Tensor
-            and kv_c.is_cpu
-            and k_pe.is_cpu
-            and kv_cache.is_cpu
-            and slot_mapping.is_cpu
-        ):
-            dt = kv_c.dtype
-            t, r = kv_c.shape  # a wrong number of dims raises: the full checks name it
-            tp, p = k_pe.shape
-            nb, bs, entry = kv_cache.shape
-            (ts,) = slot_mapping.shape
-            if (
-                t > 0  # nothing empty: an empty tensor counts as contiguous whatever its strides
-                and r > 0
-                and p > 0
-                and nb > 0
-                and bs > 0
-                and dt in _checks.FLOAT_DTYPES
-                and k_pe.dtype == dt
-                and kv_cache.dtype == dt
-                and slot_mapping.dtype == torch.int64
-                and tp == t
-                and ts == t
-                and entry == r + p
-                # contiguous (and not empty): a unit last stride (or one element there), no stride negative
-                and (kv_c.is_contiguous() or _dense_last(kv_c))
-                and (k_pe.is_contiguous() or _dense_last(k_pe))
-                and (kv_cache.is_contiguous() or _dense_last(kv_cache))
-                and (slot_mapping.is_contiguous() or _dense_last(slot_mapping))
-            ):
-                return (kv_c, k_pe, kv_cache, slot_mapping, slot_mapping, False), None
-    except Exception:  # not tensors, other dims, ...: the full checks say what is wrong
-        pass
-    for name, arg in (("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache), ("slot_mapping", slot_mapping)):
-        _checks.tensor(op, name, arg)
-    _checks.float_dtype(op, "kv_c", kv_c)
-    _checks.same_dtype(op, "kv_c", kv_c, k_pe=k_pe)
-    fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    if fp8:
-        if scale is None:
-            raise ValueError(f"{op}: an fp8 kv_cache needs scale (entries are fp8(x / scale))")
-        _checks.tensor(op, "scale", scale)
-        _checks.exact_dtype(op, "scale", scale, torch.float32)
-        _checks.same_device(op, "kv_c", kv_c, scale=scale)
-        if scale.numel() != 1:
-            raise ValueError(
-                f"{op}: scale has shape {tuple(scale.shape)}, expected one element (a per-tensor scale)"
-            )
-    else:
-        _checks.same_dtype(op, "kv_c", kv_c, kv_cache=kv_cache)
-        if scale is not None:
-            raise ValueError(
-                f"{op}: scale applies to an fp8 kv_cache (float8_e4m3fn); this cache is {kv_cache.dtype}"
-            )
-    _checks.exact_dtype(op, "slot_mapping", slot_mapping, torch.int64)
-    _checks.same_device(op, "kv_c", kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping)
-    if kv_c.dim() != 2:
-        raise ValueError(f"{op}: kv_c has shape {tuple(kv_c.shape)}, expected [T, kv_lora_rank]")
-    t, r = int(kv_c.shape[0]), int(kv_c.shape[1])
-    if k_pe.dim() != 2 or k_pe.shape[0] != t:
-        raise ValueError(f"{op}: k_pe has shape {tuple(k_pe.shape)}, expected [{t}, pe_dim]")
-    p = int(k_pe.shape[1])
-    if kv_cache.dim() != 3 or kv_cache.shape[2] != r + p:
-        raise ValueError(
-            f"{op}: kv_cache has shape {tuple(kv_cache.shape)}, expected [num_blocks, block_size, {r + p}] "
-            f"(kv_lora_rank {r} + pe_dim {p})"
-        )
-    if slot_mapping.shape != (t,):
-        raise ValueError(f"{op}: slot_mapping has shape {tuple(slot_mapping.shape)}, expected [{t}]")
-    for name, x in (("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache), ("slot_mapping", slot_mapping)):
-        if x.shape[-1] > 1 and x.stride(-1) != 1:
-            raise ValueError(
-                f"{op}: {name} has a non-contiguous last dimension (stride {x.stride(-1)}); pass .contiguous()"
-            )
-        if min(x.stride(), default=0) < 0:
-            raise ValueError(f"{op}: {name} has strides {x.stride()}; no stride may be negative")
-    s = scale if fp8 and scale is not None else slot_mapping
-    return (kv_c, k_pe, kv_cache, slot_mapping, s, fp8), None
-
-
 def mla_values(
     kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
 ) -> None:
-    _slots(MLA, slot_mapping, kv_cache.shape[0] * kv_cache.shape[1])
+    slots_in_range(MLA, slot_mapping, kv_cache.shape[0] * kv_cache.shape[1])
 
 
 def _mla_write(
@@ -309,7 +308,7 @@ def _mla_write(
 def mla_reference(
     kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, scale: Tensor | None = None
 ) -> None:
-    _slots(MLA, slot_mapping.cpu(), kv_cache.shape[0] * kv_cache.shape[1])
+    slots_in_range(MLA, slot_mapping.cpu(), kv_cache.shape[0] * kv_cache.shape[1])
     _mla_write(kv_c, k_pe, kv_cache, slot_mapping, scale)
 
 
@@ -320,77 +319,6 @@ def torch_mla(
 
 
 # -- gather_cache ----------------------------------------------------------------------------
-def _c_dense(t: Tensor, first: int) -> bool:
-    """Dimensions ``first..`` of ``t`` are C-contiguous (size-1 dimensions aside)."""
-    expect = 1
-    for s, n in reversed(list(zip(t.stride()[first:], t.shape[first:], strict=True))):
-        if n > 1 and s != expect:
-            return False
-        expect *= n
-    return True
-
-
-def gather_check(
-    op: str,
-    src_cache: Tensor,
-    dst: Tensor,
-    block_table: Tensor,
-    cu_seq_lens: Tensor,
-    seq_starts: Tensor | None = None,
-) -> tuple[tuple[Any, ...], None]:
-    """-> ((src_cache, dst, block_table, cu_seq_lens, seq_starts, has_starts), None); without
-    seq_starts, cu_seq_lens is passed in its place (unread)."""
-    named = [
-        ("src_cache", src_cache),
-        ("dst", dst),
-        ("block_table", block_table),
-        ("cu_seq_lens", cu_seq_lens),
-    ]
-    if seq_starts is not None:
-        named.append(("seq_starts", seq_starts))
-    for name, t in named:
-        _checks.tensor(op, name, t)
-    _checks.same_dtype(op, "src_cache", src_cache, dst=dst)
-    for name, t in named[2:]:
-        _checks.exact_dtype(op, name, t, torch.int32)
-    _checks.same_device(op, "src_cache", src_cache, **dict(named[1:]))
-    if src_cache.dim() < 3 or src_cache.shape[1] < 1:
-        raise ValueError(
-            f"{op}: src_cache has shape {tuple(src_cache.shape)}, expected [num_blocks, block_size >= 1, entry...]"
-        )
-    if dst.dim() != src_cache.dim() - 1 or dst.shape[1:] != src_cache.shape[2:]:
-        raise ValueError(
-            f"{op}: dst has shape {tuple(dst.shape)}, expected [num_tokens, {', '.join(map(str, src_cache.shape[2:]))}]"
-        )
-    if not _c_dense(src_cache, 2) or min(src_cache.stride()) < 0:
-        raise ValueError(
-            f"{op}: src_cache has strides {src_cache.stride()}; its entries (dims 2..) must be contiguous and "
-            "no stride negative"
-        )
-    if not _c_dense(dst, 1) or min(dst.stride()) < 0:
-        raise ValueError(
-            f"{op}: dst has strides {dst.stride()}; its entries (dims 1..) must be contiguous and no stride negative"
-        )
-    if block_table.dim() != 2:
-        raise ValueError(
-            f"{op}: block_table has shape {tuple(block_table.shape)}, expected [batch, max_blocks]"
-        )
-    b = block_table.shape[0]
-    if (block_table.shape[1] > 1 and block_table.stride(1) != 1) or min(block_table.stride()) < 0:
-        raise ValueError(f"{op}: block_table has strides {block_table.stride()}; its rows must be contiguous")
-    for name, v, n in (("cu_seq_lens", cu_seq_lens, b + 1), ("seq_starts", seq_starts, b)):
-        if v is None:
-            continue
-        if v.shape != (n,):
-            raise ValueError(
-                f"{op}: {name} has shape {tuple(v.shape)}, expected [{n}] (block_table has {b} rows)"
-            )
-        if n > 1 and v.stride(0) != 1:
-            raise ValueError(f"{op}: {name} has stride {v.stride(0)}; pass {name}.contiguous()")
-    starts = seq_starts if seq_starts is not None else cu_seq_lens
-    return (src_cache, dst, block_table, cu_seq_lens, starts, seq_starts is not None), None
-
-
 def _gather_plan(
     src_cache: Tensor, dst: Tensor, block_table: Tensor, cu_seq_lens: Tensor, seq_starts: Tensor | None
 ) -> tuple[list[int], list[int], list[int]]:

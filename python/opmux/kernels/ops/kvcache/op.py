@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _checks
+from .._contract import FLOATS, FP8, Arg, Contract, Forms, Rule, When
 from .._decl import declare
 from . import _blocks
 from ._entries import entries as _entries
@@ -40,181 +40,122 @@ else:
 _OP = "kvcache.reshape_and_cache"
 
 
-def _check_slots(slot_mapping: Tensor, num_slots: int) -> None:
-    # in_range: a decode-sized mapping read as one list, an empty one passes; the rest only when
-    # something is wrong
-    if slot_mapping.is_cpu and not _checks.in_range(slot_mapping, -1, num_slots):
-        bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
-        if bad.numel():
-            t = int(bad[0, 0])
-            raise ValueError(
-                f"{_OP}: slot_mapping[{t}] = {int(slot_mapping[t])} is out of range: "
-                f"valid slots are [0, {num_slots}) (num_blocks * block_size), or -1 to skip"
-            )
+# -- the contract: four forms (a cache of key's dtype or fp8 with its scales; NHD / HND views or
+# vLLM's paged layout), their checks generated into _contracts.py ------------------------------
+_I32 = _blocks.I32
+_KEY = Arg("key", "T, H, D", dtypes=FLOATS, layout="dense_last", expect="[T, H, D]")
+_HEADS = Rule(
+    "H >= 1 and D >= 1",
+    "key has shape {tuple(key.shape)}: {'H (heads)' if H < 1 else 'D (head_dim)'} is 0; H and D must be at least 1",
+)
+_VALUE = Arg("value", "=key", like="key", layout="dense_last")
+_SLOTS = Arg("slot_mapping", "T", dtypes=("int64",), device_of="key", layout="dense_last")
+_NO_SCALES = Rule(
+    "k_scale is None and v_scale is None",
+    "k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {key_cache.dtype}",
+)
+_SCALES: tuple[Rule | Arg, ...] = (
+    Rule(
+        "k_scale is not None and v_scale is not None",
+        "an fp8 cache needs k_scale and v_scale (entries are fp8(x / scale))",
+    ),
+    *(
+        Arg(n, "", dtypes=("float32",), device_of="key", layout="element", note=" (a per-tensor scale)")
+        for n in ("k_scale", "v_scale")
+    ),
+)
+_CUDA_LIMITS = Rule(
+    f"T <= {_I32} and H * D <= {_I32} and BS <= {_I32}",
+    "sizes exceed the kernel's 32-bit indexing",
+    device="cuda",
+)
+_NHD_HINT = (
+    "has strides {{t}.stride()}; its head_dim must be dense (stride 1) and no stride negative (NHD [num_blocks, "
+    "block_size, H, D] and HND [num_blocks, H, block_size, D] caches, as their [num_blocks, block_size, H, D] "
+    "view, are both fine)"
+)
 
 
-def _scale(name: str, s: Tensor, ref: Tensor) -> None:
-    _checks.tensor(_OP, name, s)
-    _checks.exact_dtype(_OP, name, s, torch.float32)
-    _checks.same_device(_OP, "key", ref, **{name: s})
-    if s.numel() != 1:
-        raise ValueError(
-            f"{_OP}: {name} has shape {tuple(s.shape)}, expected one element (a per-tensor scale)"
-        )
-
-
-def check(
-    op: str,
-    key: Tensor,
-    value: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    slot_mapping: Tensor,
-    k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None,
-) -> tuple[tuple[Any, ...], None]:
-    """-> ((key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, fp8), None); for a
-    cache that is not fp8 the scales are passed as slot_mapping (unread)."""
-    try:  # the usual call (a cache of key's dtype), each attribute read once; else the full checks
-        if (
-            k_scale is None
-            and v_scale is None
-            and type(key) is torch.Tensor  # plain tensors (fake ones, subclasses: the full checks)
-            and type(value) is torch.Tensor
-            and type(key_cache) is torch.Tensor
-            and type(value_cache) is torch.Tensor
-            and type(slot_mapping) is torch.Tensor
-        ):
-            ks, kcs, dt = key.shape, key_cache.shape, key.dtype
-            t, h, d = ks  # not [T, H, D] / a 4-D cache / a 1-D slot_mapping raises: the full checks
-            _, _, ch, cd = kcs
-            (ts,) = slot_mapping.shape
-            if (
-                h >= 1
-                and d >= 1
-                and ch == h
-                and cd == d
-                and ts == t
-                and dt in _checks.FLOAT_DTYPES
-                and value.dtype is dt
-                and key_cache.dtype is dt
-                and value_cache.dtype is dt
-                and slot_mapping.dtype is torch.int64
-                and value.shape == ks
-                and value_cache.shape == kcs
-            ):
-                if key.is_cpu:  # the CPU serving call: one bool a tensor, no device objects
-                    one_device = (
-                        value.is_cpu and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu
-                    )
-                else:
-                    dev = key.device
-                    one_device = (
-                        value.device == dev
-                        and key_cache.device == dev
-                        and value_cache.device == dev
-                        and slot_mapping.device == dev
-                    )
-                kst, vst = key.stride(), value.stride()
-                cst, vcst = key_cache.stride(), value_cache.stride()
-                if (
-                    one_device
-                    and (d == 1 or (kst[2] == 1 and vst[2] == 1))
-                    and (t <= 1 or slot_mapping.stride()[0] == 1)
-                    # the caches: a dense head_dim, no stride negative
-                    and (cst[3] == 1 or (d == 1 and cst[3] >= 0))
-                    and (vcst[3] == 1 or (d == 1 and vcst[3] >= 0))
-                    and cst[0] >= 0
-                    and cst[1] >= 0
-                    and cst[2] >= 0
-                    and vcst[0] >= 0
-                    and vcst[1] >= 0
-                    and vcst[2] >= 0
-                ):
-                    sm = slot_mapping  # the scales' places (unread for a cache that is not fp8)
-                    return (key, value, key_cache, value_cache, sm, sm, sm, False), None
-    except Exception:  # not tensors, ...: the full checks say what is wrong
-        pass
-    for name, arg in (
-        ("key", key),
-        ("value", value),
-        ("key_cache", key_cache),
-        ("value_cache", value_cache),
-        ("slot_mapping", slot_mapping),
-    ):
-        _checks.tensor(_OP, name, arg)
-    _checks.float_dtype(_OP, "key", key)
-    _checks.same_dtype(_OP, "key", key, value=value)
-    fp8 = key_cache.dtype == torch.float8_e4m3fn
-    if fp8:
-        _checks.same_dtype(_OP, "key_cache", key_cache, value_cache=value_cache)
-        if k_scale is None or v_scale is None:
-            raise ValueError(f"{_OP}: an fp8 cache needs k_scale and v_scale (entries are fp8(x / scale))")
-        _scale("k_scale", k_scale, key)
-        _scale("v_scale", v_scale, key)
-    else:
-        _checks.same_dtype(_OP, "key", key, key_cache=key_cache, value_cache=value_cache)
-        if k_scale is not None or v_scale is not None:
-            raise ValueError(
-                f"{_OP}: k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {key_cache.dtype}"
-            )
-    _checks.exact_dtype(_OP, "slot_mapping", slot_mapping, torch.int64)
-    _checks.same_device(
-        _OP, "key", key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping
+def _nhd(dtype: dict[str, Any]) -> tuple[Arg, Arg]:
+    """key_cache / value_cache [num_blocks, block_size, H, D] (NHD, or HND as its permuted view)."""
+    expect = "[num_blocks, block_size, {H}, {D}] (or vLLM's paged [num_blocks, H, D // x, block_size, x])"
+    kc = Arg("key_cache", "NB, BS, H, D", layout="dense_last", expect=expect, layout_hint=_NHD_HINT, **dtype)
+    like = {"like": "key_cache"} if "dtypes" in dtype else dtype
+    vc = Arg(
+        "value_cache",
+        "NB, BS, H, D",
+        layout="dense_last",
+        expect="{tuple(key_cache.shape)}",
+        layout_hint=_NHD_HINT,
+        **like,
     )
-    if key.dim() != 3:
-        raise ValueError(f"{_OP}: key has shape {tuple(key.shape)}, expected [T, H, D]")
-    t, h, d = key.shape
-    if h < 1 or d < 1:
-        raise ValueError(
-            f"{_OP}: key has shape {tuple(key.shape)}: {'H (heads)' if h < 1 else 'D (head_dim)'} is 0; "
-            f"H and D must be at least 1"
-        )
-    if value.shape != key.shape:
-        raise ValueError(f"{_OP}: value has shape {tuple(value.shape)}, expected {tuple(key.shape)} like key")
-    paged = key_cache.dim() == 5
-    if paged:  # vLLM's paged layout: key [nb, H, D/x, bs, x], value [nb, H, D, bs]
-        nb, _, _, bs, x = key_cache.shape
-        if x < 1 or d % x or key_cache.shape[1:3] != (h, d // x):
-            raise ValueError(
-                f"{_OP}: key_cache has shape {tuple(key_cache.shape)}, expected the paged "
-                f"[num_blocks, {h}, {d} // x, block_size, x] with x dividing {d}"
-            )
-        if value_cache.shape != (nb, h, d, bs):
-            raise ValueError(
-                f"{_OP}: value_cache has shape {tuple(value_cache.shape)}, expected the paged [{nb}, {h}, {d}, {bs}]"
-            )
-    elif key_cache.dim() != 4 or key_cache.shape[2:] != (h, d):
-        raise ValueError(
-            f"{_OP}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, block_size, {h}, {d}]"
-            " (or vLLM's paged [num_blocks, H, D // x, block_size, x])"
-        )
-    elif value_cache.shape != key_cache.shape:
-        raise ValueError(
-            f"{_OP}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)}"
-        )
-    if slot_mapping.shape != (t,):
-        raise ValueError(f"{_OP}: slot_mapping has shape {tuple(slot_mapping.shape)}, expected [{t}]")
-    for name, r in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
-        if r.shape[-1] > 1 and r.stride(-1) != 1:
-            raise ValueError(
-                f"{_OP}: {name} has a non-contiguous last dimension (stride {r.stride(-1)}); pass .contiguous()"
-            )
-    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if min(c.stride()) < 0:
-            raise ValueError(f"{_OP}: {name} has strides {c.stride()}; no stride may be negative")
-        if paged and c is key_cache and key_cache.shape[4] > 1 and key_cache.stride(4) != 1:
-            raise ValueError(f"{_OP}: key_cache has strides {c.stride()}; its x dimension must be dense")
-        if not paged and d > 1 and c.stride(3) != 1:
-            raise ValueError(
-                f"{_OP}: {name} has strides {c.stride()}; its head_dim must be dense (stride 1) and no "
-                f"stride negative (NHD [num_blocks, block_size, H, D] and HND [num_blocks, H, block_size, D] "
-                f"caches, as their [num_blocks, block_size, H, D] view, are both fine)"
-            )
-    if fp8:
-        assert k_scale is not None and v_scale is not None
-        return (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, True), None
-    return (key, value, key_cache, value_cache, slot_mapping, slot_mapping, slot_mapping, False), None
+    return kc, vc
+
+
+def _paged(dtype: dict[str, Any]) -> tuple[Arg, Rule, Arg]:
+    """vLLM's paged layout: key [num_blocks, H, D // x, block_size, x] (x dense), value [num_blocks, H, D, block_size]."""
+    expect = "the paged [num_blocks, {H}, {D} // x, block_size, x] with x dividing {D}"
+    kc = Arg(
+        "key_cache",
+        "NB, H, DX, BS, X",
+        layout="dense_last",
+        expect=expect,
+        layout_hint="has strides {{t}.stride()}; its x dimension must be dense",
+        **dtype,
+    )
+    x = Rule(
+        "X >= 1 and D % X == 0 and DX == D // X",
+        "key_cache has shape {tuple(key_cache.shape)}, expected " + expect,
+    )
+    like = {"like": "key_cache"} if "dtypes" in dtype else dtype
+    vc = Arg(
+        "value_cache", "NB, H, D, BS", layout="strided", expect="the paged [{NB}, {H}, {D}, {BS}]", **like
+    )
+    return kc, x, vc
+
+
+_OF_KEY = {"like": "key"}
+_FP8_CACHE = {"dtypes": FP8, "device_of": "key"}
+_ARGS = ("key", "value", "key_cache", "value_cache", "slot_mapping")
+#: a cache of key's dtype: the scales' places hold slot_mapping (unread)
+_PLAIN = (*_ARGS, "slot_mapping", "slot_mapping", "False")
+_FP8 = (*_ARGS, "k_scale", "v_scale", "True")
+CONTRACT = Forms(
+    "reshape_and_cache",
+    cases=(
+        (
+            (When("key_cache", ndim=5), When("key_cache", dtype="float8_e4m3fn")),
+            Contract(
+                "cache_paged_fp8",
+                (_KEY, _HEADS, _VALUE, *_paged(_FP8_CACHE), *_SCALES, _SLOTS, _CUDA_LIMITS),
+                kernel=_FP8,
+            ),
+        ),
+        (
+            (When("key_cache", ndim=5),),
+            Contract(
+                "cache_paged",
+                (_KEY, _HEADS, _VALUE, *_paged(_OF_KEY), _NO_SCALES, _SLOTS, _CUDA_LIMITS),
+                kernel=_PLAIN,
+            ),
+        ),
+        (
+            (When("key_cache", dtype="float8_e4m3fn"),),
+            Contract(
+                "cache_nhd_fp8",
+                (_KEY, _HEADS, _VALUE, *_nhd(_FP8_CACHE), *_SCALES, _SLOTS, _CUDA_LIMITS),
+                kernel=_FP8,
+            ),
+        ),
+    ),
+    default=Contract(
+        "cache_nhd",
+        (_KEY, _HEADS, _VALUE, *_nhd(_OF_KEY), _NO_SCALES, _SLOTS, _CUDA_LIMITS),
+        kernel=_PLAIN,
+        values_cpp="slots_ok(device_type, slot_mapping, key_cache.size(0) * key_cache.size(1))",
+        values_header="opmux/kvcache_values.h",
+    ),
+)
 
 
 def values(
@@ -226,7 +167,7 @@ def values(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
 ) -> None:
-    _check_slots(slot_mapping, key_cache.shape[0] * _block_size(key_cache))
+    _blocks.slots_in_range(_OP, slot_mapping, key_cache.shape[0] * _block_size(key_cache))
 
 
 def _block_size(key_cache: Tensor) -> int:
@@ -258,7 +199,7 @@ def reference(
     v_scale: Tensor | None = None,
 ) -> None:
     nb, bs, paged = key_cache.shape[0], _block_size(key_cache), key_cache.dim() == 5
-    _check_slots(slot_mapping.cpu(), nb * bs)
+    _blocks.slots_in_range(_OP, slot_mapping.cpu(), nb * bs)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     blk, off = slots // bs, slots % bs
@@ -290,7 +231,7 @@ reshape_and_cache = declare(
     "Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
     doc="key/value [T, H, D] -> key_cache/value_cache[slot // bs, slot % bs] (slot -1: skip); "
     "NHD or HND caches (any head/page strides) or vLLM's paged layout; fp8 cache: fp8(x / scale)",
-    check=check,
+    contract=CONTRACT,
     values=values,
     reference=reference,
     torch=torch_write,
@@ -309,7 +250,7 @@ copy_blocks = declare(
     "(Tensor(a!) cache, Tensor block_mapping) -> ()",
     doc="cache[dst] = cache[src] for each (src, dst) row of block_mapping (int64 [n, 2]); any cache dtype, "
     "dense blocks (NHD, HND, paged, MLA) at any block stride; vLLM's copy_blocks / copy_blocks_mla per cache",
-    check=_blocks.copy_blocks_check,
+    contract=_blocks.COPY_CONTRACT,
     values=_blocks.copy_blocks_values,
     reference=_blocks.copy_blocks_reference,
     torch=_blocks.torch_copy_blocks,
@@ -323,7 +264,7 @@ swap_blocks = declare(
     "(Tensor src, Tensor(a!) dst, Tensor block_mapping) -> ()",
     doc="dst[d] = src[s] for each (s, d) row of the CPU block_mapping, src and dst on any devices "
     "(CPU <-> GPU swaps): one copy-engine transfer (cudaMemcpyAsync) per run of consecutive blocks",
-    check=_blocks.swap_blocks_check,
+    contract=_blocks.SWAP_CONTRACT,
     values=_blocks.swap_blocks_values,
     reference=_blocks.swap_blocks_reference,
     torch=_blocks.torch_swap_blocks,
@@ -339,7 +280,7 @@ concat_and_cache_mla = declare(
     "(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, Tensor? scale=None) -> ()",
     doc="kv_cache[slot // bs, slot % bs] = [kv_c | k_pe] (slot -1: skip); MLA's latent cache "
     "[num_blocks, block_size, kv_lora_rank + pe_dim]; fp8 cache: fp8(x / scale)",
-    check=_blocks.mla_check,
+    contract=_blocks.MLA_CONTRACT,
     values=_blocks.mla_values,
     reference=_blocks.mla_reference,
     torch=_blocks.torch_mla,
@@ -351,7 +292,7 @@ gather_cache = declare(
     "(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts=None) -> ()",
     doc="dst[cu_seq_lens[b] + i] = src_cache[block_table[b, seq_starts[b] // bs + i // bs], i % bs] for "
     "each sequence b (int32 block_table / cu_seq_lens / seq_starts); any cache dtype",
-    check=_blocks.gather_check,
+    contract=_blocks.GATHER_CONTRACT,
     values=_blocks.gather_values,
     reference=_blocks.gather_reference,
     torch=_blocks.torch_gather,

@@ -38,14 +38,13 @@ def check_add(op: str, x: Any, residual: Any, weight: Any, eps: Any = 1e-06) -> 
             and len(weight_s) == 1
             and weight_s[0] == x_s[1]
             and weight.dtype == x.dtype
-            and weight.device == x.device
             and (weight_s[0] <= 1 or weight.stride()[0] == 1)
             and type(weight) is _TENSOR
             and residual_s == x_s
             and residual.dtype == x.dtype
-            and residual.device == x.device
             and (residual_s[1] <= 1 or residual.stride()[1] == 1)
             and type(residual) is _TENSOR
+            and ((weight.is_cpu and x.is_cpu and residual.is_cpu) or (weight.device == x.device and residual.device == x.device))
         ):
             T = x_s[0]
             H = x_s[1]
@@ -95,18 +94,16 @@ def check_add_quant(op: str, x: Any, residual: Any, weight: Any, scale: Any, eps
             and len(weight_s) == 1
             and weight_s[0] == x_s[1]
             and weight.dtype == x.dtype
-            and weight.device == x.device
             and (weight_s[0] <= 1 or weight.stride()[0] == 1)
             and type(weight) is _TENSOR
             and residual_s == x_s
             and residual.dtype == x.dtype
-            and residual.device == x.device
             and (residual_s[1] <= 1 or residual.stride()[1] == 1)
             and type(residual) is _TENSOR
             and scale_s == _ONE
             and scale.dtype in _FLOAT32
-            and scale.device == x.device
             and type(scale) is _TENSOR
+            and ((weight.is_cpu and x.is_cpu and residual.is_cpu and scale.is_cpu) or (weight.device == x.device and residual.device == x.device and scale.device == x.device))
         ):
             T = x_s[0]
             H = x_s[1]
@@ -172,9 +169,9 @@ def check_norm(op: str, x: Any, weight: Any, eps: Any = 1e-06, out: Any = None) 
             and len(weight_s) == 1
             and weight_s[0] == x_s[1]
             and weight.dtype == x.dtype
-            and weight.device == x.device
             and (weight_s[0] <= 1 or weight.stride()[0] == 1)
             and type(weight) is _TENSOR
+            and ((weight.is_cpu and x.is_cpu) or (weight.device == x.device))
         ):
             T = x_s[0]
             H = x_s[1]
@@ -227,13 +224,12 @@ def check_norm_quant(op: str, x: Any, weight: Any, scale: Any, eps: Any = 1e-06,
             and len(weight_s) == 1
             and weight_s[0] == x_s[1]
             and weight.dtype == x.dtype
-            and weight.device == x.device
             and (weight_s[0] <= 1 or weight.stride()[0] == 1)
             and type(weight) is _TENSOR
             and scale_s == _ONE
             and scale.dtype in _FLOAT32
-            and scale.device == x.device
             and type(scale) is _TENSOR
+            and ((weight.is_cpu and x.is_cpu and scale.is_cpu) or (weight.device == x.device and scale.device == x.device))
         ):
             T = x_s[0]
             H = x_s[1]

@@ -39,7 +39,7 @@ def check_per_tensor(op: str, x: Any, scale: Any = None, out_q: Any = None, out_
         ):
             T = x_s[0]
             H = x_s[1]
-            if (H >= 1) and (T <= 2**31 - 1 or x.device.type != 'cuda') and (H <= 2**31 - 1 or x.device.type != 'cuda'):
+            if (H >= 1) and (T <= 2**31 - 1 or not x.is_cuda) and (H <= 2**31 - 1 or not x.is_cuda):
                 out_q = x.new_empty(T, H, dtype=_DT_FLOAT8_E4M3FN)
                 out_scale = x.new_empty(1, dtype=_DT_FLOAT32)
                 return (out_q.view(_UINT8), out_scale.view(-1), x, (_checks.PROTOS.get(x.device) or _checks.protos(x.device))[_DT_FLOAT32],), (out_q, out_scale)
@@ -116,7 +116,7 @@ def check_group(op: str, x: Any, group_size: Any = 128, eps: Any = 1e-10, column
         ):
             T = x_s[0]
             H = x_s[1]
-            if (H >= 1) and (H % group_size == 0) and (column_major_scales or not scale_tma_aligned) and (T <= 2**31 - 1 or x.device.type != 'cuda') and (H <= 2**31 - 1 or x.device.type != 'cuda'):
+            if (H >= 1) and (H % group_size == 0) and (column_major_scales or not scale_tma_aligned) and (T <= 2**31 - 1 or not x.is_cuda) and (H <= 2**31 - 1 or not x.is_cuda):
                 group_size_ = group_size
                 eps_ = eps
                 column_major_scales_ = column_major_scales
@@ -220,7 +220,7 @@ def check_group_int8(op: str, x: Any, group_size: Any = 128, eps: Any = 1e-10, c
         ):
             T = x_s[0]
             H = x_s[1]
-            if (H >= 1) and (H % group_size == 0) and (column_major_scales or not scale_tma_aligned) and (T <= 2**31 - 1 or x.device.type != 'cuda') and (H <= 2**31 - 1 or x.device.type != 'cuda'):
+            if (H >= 1) and (H % group_size == 0) and (column_major_scales or not scale_tma_aligned) and (T <= 2**31 - 1 or not x.is_cuda) and (H <= 2**31 - 1 or not x.is_cuda):
                 group_size_ = group_size
                 eps_ = eps
                 column_major_scales_ = column_major_scales
@@ -311,7 +311,7 @@ def check_per_token(op: str, x: Any, scale_ub: Any = None, divide_by_scale: Any 
         ):
             T = x_s[0]
             H = x_s[1]
-            if (H >= 1) and (T <= 2**31 - 1 or x.device.type != 'cuda') and (H <= 2**31 - 1 or x.device.type != 'cuda'):
+            if (H >= 1) and (T <= 2**31 - 1 or not x.is_cuda) and (H <= 2**31 - 1 or not x.is_cuda):
                 divide_by_scale_ = divide_by_scale
                 out_q = x.new_empty(T, H, dtype=_DT_FLOAT8_E4M3FN)
                 out_scale = x.new_empty(T, 1, dtype=_DT_FLOAT32)
@@ -386,14 +386,14 @@ def check_static_blocks(op: str, x: Any, scale: Any, out: Any = None) -> tuple[t
             and len(scale_s0) <= 2
             and len(scale_s) == 2
             and scale.dtype in _FLOAT32
-            and scale.device == x.device
             and type(scale) is _TENSOR
+            and ((scale.is_cpu and x.is_cpu) or (scale.device == x.device))
         ):
             T = x_s[0]
             H = x_s[1]
             Gm = scale_s[0]
             Gn = scale_s[1]
-            if (H >= 1) and (Gm > 0 and Gn > 0 and T % Gm == 0 and H % Gn == 0) and (T <= 2**31 - 1 or x.device.type != 'cuda') and (H <= 2**31 - 1 or x.device.type != 'cuda'):
+            if (H >= 1) and (Gm > 0 and Gn > 0 and T % Gm == 0 and H % Gn == 0) and (T <= 2**31 - 1 or not x.is_cuda) and (H <= 2**31 - 1 or not x.is_cuda):
                 out = x.new_empty(T, H, dtype=_DT_FLOAT8_E4M3FN)
                 return (out.view(_UINT8), x, scale_v, max(T // Gm, 1), H // Gn,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong

@@ -270,6 +270,63 @@ struct View {
   }
 };
 
+// -- the cache layouts of contracts (ops/_contract.py; _checks.dense_last, dense_from, dense_blocks) --
+inline bool is_none(const AnyView& v) { return v.type_index() == TypeIndex::kTVMFFINone; }
+inline bool no_negative_stride(const TensorView& t) {
+  for (int i = 0; i < t.ndim(); ++i)
+    if (t.stride(i) < 0) return false;
+  return true;
+}
+// Elements of whole bytes (a cache of any dtype, copied as bytes).
+inline bool byte_dtype(const TensorView& t) {
+  const DLDataType d = t.dtype();
+  return d.lanes == 1 && d.bits >= 8 && d.bits % 8 == 0;
+}
+// A unit last stride (or at most one element there), no stride negative.
+inline bool dense_last(const TensorView& t) {
+  const int n = t.ndim();
+  return (n == 0 || t.size(n - 1) <= 1 || t.stride(n - 1) == 1) && no_negative_stride(t);
+}
+// Dims first.. C-contiguous (size-1 dims aside), no stride negative.
+inline bool dense_from(const TensorView& t, int first) {
+  int64_t expect = 1;
+  for (int i = t.ndim() - 1; i >= first; --i) {
+    if (t.size(i) > 1 && t.stride(i) != expect) return false;
+    expect *= t.size(i);
+  }
+  return no_negative_stride(t);
+}
+// C-contiguous, or empty.
+inline bool contiguous(const TensorView& t) { return t.numel() == 0 || dense_from(t, 0); }
+// Each block t[b] one dense region (its inner strides a permutation of a contiguous layout),
+// blocks apart, no stride negative.
+inline bool dense_blocks(const TensorView& t) {
+  const int nd = t.ndim();
+  if (nd < 2 || nd > 8 || !no_negative_stride(t)) return false;
+  for (int i = 0; i < nd; ++i)
+    if (t.size(i) == 0) return true;
+  int64_t st[8], n[8];
+  int k = 0;
+  for (int i = 1; i < nd; ++i)
+    if (t.size(i) > 1) st[k] = t.stride(i), n[k] = t.size(i), ++k;
+  for (int i = 1; i < k; ++i)  // sorted by (stride, size) as Python's sorted()
+    for (int j = i; j > 0 && (st[j] < st[j - 1] || (st[j] == st[j - 1] && n[j] < n[j - 1])); --j)
+      std::swap(st[j], st[j - 1]), std::swap(n[j], n[j - 1]);
+  int64_t expect = 1;
+  for (int i = 0; i < k; ++i) {
+    if (st[i] != expect) return false;
+    expect *= n[i];
+  }
+  return t.size(0) <= 1 || t.stride(0) >= expect;
+}
+// a's dims from i on are b's from j on (a shape's trailing E... dims).
+inline bool same_tail(const TensorView& a, int i, const TensorView& b, int j) {
+  if (a.ndim() - i != b.ndim() - j) return false;
+  for (; i < a.ndim(); ++i, ++j)
+    if (a.size(i) != b.size(j)) return false;
+  return true;
+}
+
 // A fresh dense tensor from the caller's framework (torch's allocator, on `like`'s device).
 inline Tensor empty(std::initializer_list<int64_t> shape, DLDataType dtype, DLDevice device) {
   int64_t dims[8];
