@@ -14,6 +14,7 @@ import pytest
 from opmux.kernels import _env, tuned
 from opmux.kernels.tune import MODELS, candidates, model_shapes, tune
 from opmux.kernels.tune.__main__ import main
+from opmux.kernels.tune.runner import _label
 
 OP = "gemm.w8a8_block_fp8_matmul"
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +67,38 @@ def test_candidates_start_with_the_default_and_are_valid() -> None:
         assert space[0] == tuned.default_config(OP, "triton", m, (4096, 7168))
         assert len({json.dumps(c, sort_keys=True) for c in space}) == len(space)
         assert all(tuned.validate_entry(OP, "triton", c) == [] for c in space)
-        assert any("SPLIT_K" in c for c in space) == (m <= 64)
+        assert any("SPLIT_K" in c for c in space) == (m < 4096)  # where a grid leaves SMs idle
         assert all(c["BLOCK_SIZE_M"] <= max(16, m) * 2 for c in space)
+
+
+def test_split_k_wherever_tiles_leave_sms_idle() -> None:
+    """Small N: split-K up to prefill M, the configs that fill the SMs 1-4 times first; a grid
+    that fills the GPU on its own gets none."""
+    space = candidates(OP, "triton", 512, (576, 7168), sms=132)
+    assert any(c.get("SPLIT_K", 1) > 1 for c in space)
+    programs = [
+        -(-512 // c["BLOCK_SIZE_M"]) * -(-576 // c["BLOCK_SIZE_N"]) * c.get("SPLIT_K", 1) for c in space
+    ]
+    filled = [132 <= p <= 4 * 132 for p in programs[1:]]
+    assert any(filled) and filled == sorted(filled, reverse=True)
+    assert not any("SPLIT_K" in c for c in candidates(OP, "triton", 512, (24576, 7168), sms=132))
+
+
+def test_retune_times_kept_entries_again_their_config_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tune([(200, 300)], [7], out=tmp_path, budget_s=60, device="cpu", max_configs=1)
+    kept = _table(tmp_path)[7]
+    again = tune([(200, 300)], [7], out=tmp_path, budget_s=60, device="cpu", max_configs=2, retune=True)
+    (entry,) = again.entries
+    assert not entry.skipped and entry.tried == 2
+    assert next(iter(entry.timings)) == _label(kept)  # the kept config was timed first
+    assert (
+        "--retune"
+        in subprocess.run(
+            [sys.executable, "-m", "opmux.kernels.tune", "--help"], capture_output=True, text=True, check=True
+        ).stdout
+    )
 
 
 def test_model_presets() -> None:

@@ -60,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
     p.add_argument("--max-configs", type=int, default=None, help="at most this many configs per entry")
+    p.add_argument(
+        "--retune",
+        action="store_true",
+        help="time the entries already in --out again (their config first) instead of keeping them",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     return p
 
@@ -83,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend=args.backend,
             device=args.device,
             max_configs=args.max_configs,
+            retune=args.retune,
         )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

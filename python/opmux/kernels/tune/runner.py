@@ -97,11 +97,14 @@ class Tunable:
     run: Callable[[tuple[Any, ...], dict[str, Any]], None]
 
 
-def _triton(op: str) -> Tunable:
+def _triton(op: str, torch: Any, device: str) -> Tunable:
     from opmux.kernels.ops.gemm import triton_kernels
 
+    sms = {}
+    if device != "cpu":  # the space's split-K and order follow the GPU's SM count
+        sms["sms"] = torch.cuda.get_device_properties(device).multi_processor_count
     return Tunable(
-        lambda m, shape: candidates(op, "triton", m, shape),
+        lambda m, shape: candidates(op, "triton", m, shape, **sms),
         lambda args, config: triton_kernels.launch(*args, config),
     )
 
@@ -239,15 +242,18 @@ def tune(
     device: str | None = None,
     max_configs: int | None = None,
     progress: IO[str] | None = None,
+    retune: bool = False,
 ) -> Report:
     """Tune ``op`` for every (N, K) in ``shapes`` and M in ``ms``; tables go to ``out``.
+    Entries already in a table are kept, or with ``retune`` timed again with their config
+    tried first (a wider space then never writes a slower config than the one it replaces).
     Progress lines go to ``progress`` (``sys.stderr`` when None, looked up at the call)."""
     progress = sys.stderr if progress is None else progress
     if op != OP or backend not in BACKENDS:
         raise ValueError(f"cannot tune {op} on {backend!r}; tunable: {OP} on {', '.join(BACKENDS)}")
     torch, device = _setup(device)
     tunable = (
-        _triton(op)
+        _triton(op, torch, device)
         if backend == "triton"
         else _cuda(op, device)
         if backend == "cuda"
@@ -273,7 +279,7 @@ def tune(
             table = {m: dict(c) for m, c in tuned.read_table(path, key).items()}
         tables[(n, k)] = table
         for m in ms:
-            if m in table:
+            if m in table and not retune:
                 report.entries.append(Entry(n, k, m, table[m], math.nan, 0, skipped=True))
             else:
                 todo.append((n, k, m))
@@ -298,7 +304,9 @@ def tune(
         best: tuple[float, dict[str, Any]] | None = None
         tried = 0
         timings: dict[str, float] = {}
-        for config in tunable.candidates(m, (n, k)):
+        previous = tables[(n, k)].get(m)
+        space = tunable.candidates(m, (n, k))
+        for config in [previous, *(c for c in space if c != previous)] if previous else space:
             if tried >= 2 and time.monotonic() > entry_deadline:
                 break
             if max_configs is not None and tried >= max_configs:

@@ -37,16 +37,22 @@ _GROUP_M = (1, 8, 16, 32, 64)
 _WARPS = (4, 8)
 _STAGES = (2, 3, 4, 5)
 _SPLIT_K = (2, 4, 8)
-#: split-K is tried only up to this M (decode: too few N tiles to fill the GPU)
-_SPLIT_K_MAX_M = 64
+#: the SMs a tuned GPU has when the caller does not say (an H100 / H200: 132)
+_SMS = 132
+
+
+def _programs(m: int, n: int, c: dict[str, int]) -> int:
+    return -(-m // c["BLOCK_SIZE_M"]) * -(-n // c["BLOCK_SIZE_N"]) * c.get("SPLIT_K", 1)
 
 
 def candidates(
-    op: str, backend: str, m: int, shape: tuple[int, ...], *, seed: int = 0
+    op: str, backend: str, m: int, shape: tuple[int, ...], *, seed: int = 0, sms: int = _SMS
 ) -> list[dict[str, int]]:
     """Configs to time for ``m``: the default heuristic first, then the space in a seeded
-    shuffle (a budget that stops early has still sampled the whole space). Tiles taller than
-    M needs (beyond 16) are left out; every config passes the table validator."""
+    shuffle (a budget that stops early has still sampled the whole space), those whose
+    programs fill the ``sms`` one to four times over first. Split-K is in the space wherever
+    a tile grid leaves SMs idle (small N, not only decode M). Tiles taller than M needs
+    (beyond 16) are left out; every config passes the table validator."""
     if (op, backend) != ("gemm.w8a8_block_fp8_matmul", "triton"):
         raise ValueError(
             f"no tuning space for {op} on {backend!r}; tunable: gemm.w8a8_block_fp8_matmul on triton"
@@ -66,9 +72,10 @@ def candidates(
             "num_stages": stages,
         }
         space.append(base)
-        if m <= _SPLIT_K_MAX_M:
+        if _programs(m, shape[0], base) < sms:
             space += [{**base, "SPLIT_K": s} for s in _SPLIT_K]
     random.Random(seed).shuffle(space)
+    space.sort(key=lambda c: not sms <= _programs(m, shape[0], c) <= 4 * sms)  # stable: still shuffled
     ordered = [first] + [c for c in space if c != first]
     assert all(not tuned.validate_entry(op, backend, c) for c in ordered)  # internal invariant
     return ordered
