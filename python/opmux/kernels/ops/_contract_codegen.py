@@ -327,8 +327,10 @@ class _Writer:
     def alloc(self, a: Arg, fast: bool) -> str:
         ref = a.like or a.device_of or self.device_of_first()
         if a.at_least:  # an index buffer: its own length (``alloc_shape``), from the device's prototype
-            n = a.alloc_shape or a.dims[0]
-            return f"(_checks.PROTOS.get({ref}.device) or _checks.protos({ref}.device))[{_dtype_const(a.dtypes[0])}].new_empty({n})"
+            n, dt = a.alloc_shape or a.dims[0], _dtype_const(a.dtypes[0])
+            if not fast:  # (fake tensors too: torch.compile)
+                return f"torch.empty({n}, dtype={dt}, device={ref}.device)"
+            return f"(_checks.PROTOS.get({ref}.device) or _checks.protos({ref}.device))[{dt}].new_empty({n})"
         if a.dtypes and not a.same_as and (a.layout in ("flat", "scales") or a.batched):
             return self.alloc_dense(a, ref, fast)
         if a.dtypes:  # made in its one dtype
@@ -416,7 +418,8 @@ class _Writer:
                 f'{p.flag if has_flag else False}, "{p.flag}", {p.name!r})',
             )
         elif a.dtype_hint:
-            self.emit(depth, f"if {n}.dtype not in {_dtype_tuple(a.dtypes)}:")
+            allowed = ", ".join(_dtype_const(d) for d in a.dtypes)  # (``_FLOAT32`` may be one dtype)
+            self.emit(depth, f"if {n}.dtype not in ({allowed},):")
             hint = a.dtype_hint.replace("{dtype}", f"{{_checks._dt({n}.dtype)}}")
             self.emit(depth + 1, f"raise TypeError(f{('{op}: ' + n + ' ' + hint)!r})")
         elif a.dtypes and a.dtypes != ANY:

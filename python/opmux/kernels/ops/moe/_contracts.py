@@ -17,6 +17,7 @@ def cdiv(a: int, b: int) -> int:
 
 _DT_FLOAT32 = torch.float32
 _DT_INT32 = torch.int32
+_DT_INT64 = torch.int64
 _FLOAT32 = torch.float32
 _FLOAT32_FLOAT16_BFLOAT16 = (torch.float32, torch.float16, torch.bfloat16)
 _INT32 = torch.int32
@@ -66,21 +67,21 @@ def check_batched_align(op: str, expert_num_tokens: Any, max_tokens_per_batch: A
     if sorted_ids is not None or expert_ids is not None or num_tokens_post_padded is not None:
         _checks.no_caller_outputs_when_compiling(op, "sorted_ids / expert_ids / num_tokens_post_padded", sorted_ids, expert_ids, num_tokens_post_padded)
     if sorted_ids is None:
-        sorted_ids = (_checks.PROTOS.get(expert_num_tokens.device) or _checks.protos(expert_num_tokens.device))[_DT_INT32].new_empty(E * (cdiv(max_tokens_per_batch, block_size) * block_size))
+        sorted_ids = torch.empty(E * (cdiv(max_tokens_per_batch, block_size) * block_size), dtype=_DT_INT32, device=expert_num_tokens.device)
     else:
         _checks.tensor(op, "sorted_ids", sorted_ids)
         _checks.dtype_in(op, "sorted_ids", sorted_ids, ('int32',))
         _checks.at_least(op, "sorted_ids", sorted_ids, E * (cdiv(max_tokens_per_batch, block_size) * block_size), ' (E * round_up(max_tokens_per_batch, block_size))')
         _checks.same_device(op, "expert_num_tokens", expert_num_tokens, sorted_ids=sorted_ids)
     if expert_ids is None:
-        expert_ids = (_checks.PROTOS.get(expert_num_tokens.device) or _checks.protos(expert_num_tokens.device))[_DT_INT32].new_empty(E * cdiv(max_tokens_per_batch, block_size))
+        expert_ids = torch.empty(E * cdiv(max_tokens_per_batch, block_size), dtype=_DT_INT32, device=expert_num_tokens.device)
     else:
         _checks.tensor(op, "expert_ids", expert_ids)
         _checks.dtype_in(op, "expert_ids", expert_ids, ('int32',))
         _checks.at_least(op, "expert_ids", expert_ids, E * cdiv(max_tokens_per_batch, block_size), ' (one per block)')
         _checks.same_device(op, "expert_num_tokens", expert_num_tokens, expert_ids=expert_ids)
     if num_tokens_post_padded is None:
-        num_tokens_post_padded = (_checks.PROTOS.get(expert_num_tokens.device) or _checks.protos(expert_num_tokens.device))[_DT_INT32].new_empty(1)
+        num_tokens_post_padded = torch.empty(1, dtype=_DT_INT32, device=expert_num_tokens.device)
     else:
         _checks.tensor(op, "num_tokens_post_padded", num_tokens_post_padded)
         _checks.dtype_in(op, "num_tokens_post_padded", num_tokens_post_padded, ('int32',))
@@ -141,7 +142,7 @@ def check_moe_align(op: str, topk_ids: Any, block_size: Any, num_experts: Any, e
         pass
     sorted_token_ids_none = sorted_token_ids is None
     _checks.tensor(op, "topk_ids", topk_ids)
-    if topk_ids.dtype not in _INT32_INT64:
+    if topk_ids.dtype not in (_DT_INT32, _DT_INT64,):
         raise TypeError(f'{op}: topk_ids has dtype {_checks._dt(topk_ids.dtype)}, expected int32')
     if topk_ids.dim() != 2:
         raise ValueError(f"{op}: topk_ids has shape {tuple(topk_ids.shape)}, expected [T, k]")
@@ -174,21 +175,21 @@ def check_moe_align(op: str, topk_ids: Any, block_size: Any, num_experts: Any, e
     if sorted_token_ids is not None or expert_ids is not None or num_tokens_post_padded is not None or cumsum_buffer is not None:
         _checks.no_caller_outputs_when_compiling(op, "sorted_token_ids / expert_ids / num_tokens_post_padded / cumsum_buffer", sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer)
     if sorted_token_ids is None:
-        sorted_token_ids = (_checks.PROTOS.get(topk_ids.device) or _checks.protos(topk_ids.device))[_DT_INT32].new_empty(T * k + num_experts * (block_size - 1))
+        sorted_token_ids = torch.empty(T * k + num_experts * (block_size - 1), dtype=_DT_INT32, device=topk_ids.device)
     else:
         _checks.tensor(op, "sorted_token_ids", sorted_token_ids)
         _checks.dtype_in(op, "sorted_token_ids", sorted_token_ids, ('int32',))
         _checks.at_least(op, "sorted_token_ids", sorted_token_ids, T * k + min(num_experts, T * k) * (block_size - 1), ' (T*k + min(E, T*k)*(block_size-1))')
         _checks.same_device(op, "topk_ids", topk_ids, sorted_token_ids=sorted_token_ids)
     if expert_ids is None:
-        expert_ids = (_checks.PROTOS.get(topk_ids.device) or _checks.protos(topk_ids.device))[_DT_INT32].new_empty(cdiv(T * k + num_experts * (block_size - 1), block_size))
+        expert_ids = torch.empty(cdiv(T * k + num_experts * (block_size - 1), block_size), dtype=_DT_INT32, device=topk_ids.device)
     else:
         _checks.tensor(op, "expert_ids", expert_ids)
         _checks.dtype_in(op, "expert_ids", expert_ids, ('int32',))
         _checks.at_least(op, "expert_ids", expert_ids, (T * k + min(num_experts, T * k) * (block_size - 1)) // block_size, ' (one per block)')
         _checks.same_device(op, "topk_ids", topk_ids, expert_ids=expert_ids)
     if num_tokens_post_padded is None:
-        num_tokens_post_padded = (_checks.PROTOS.get(topk_ids.device) or _checks.protos(topk_ids.device))[_DT_INT32].new_empty(1)
+        num_tokens_post_padded = torch.empty(1, dtype=_DT_INT32, device=topk_ids.device)
     else:
         _checks.tensor(op, "num_tokens_post_padded", num_tokens_post_padded)
         _checks.dtype_in(op, "num_tokens_post_padded", num_tokens_post_padded, ('int32',))
@@ -284,7 +285,7 @@ def check_topk_sigmoid(op: str, gating_output: Any, topk: Any, renormalize: Any 
         topk_weights = torch.empty((T, topk), dtype=_FLOAT32, device=gating_output.device)
     else:
         _checks.tensor(op, "topk_weights", topk_weights)
-        if topk_weights.dtype not in _FLOAT32:
+        if topk_weights.dtype not in (_DT_FLOAT32,):
             raise TypeError(f'{op}: topk_weights has dtype {_checks._dt(topk_weights.dtype)}; expected float32')
         if tuple(topk_weights.shape) != (T, topk):
             raise ValueError(f"{op}: topk_weights has shape {tuple(topk_weights.shape)}, expected [{T}, {topk}]")
@@ -293,14 +294,14 @@ def check_topk_sigmoid(op: str, gating_output: Any, topk: Any, renormalize: Any 
         topk_ids = torch.empty((T, topk), dtype=_INT32, device=gating_output.device)
     else:
         _checks.tensor(op, "topk_ids", topk_ids)
-        if topk_ids.dtype not in _INT32_INT64:
+        if topk_ids.dtype not in (_DT_INT32, _DT_INT64,):
             raise TypeError(f'{op}: topk_ids has dtype {_checks._dt(topk_ids.dtype)}; expected int32 or int64')
         if tuple(topk_ids.shape) != (T, topk):
             raise ValueError(f"{op}: topk_ids has shape {tuple(topk_ids.shape)}, expected [{T}, {topk}]")
         _checks.same_device(op, "gating_output", gating_output, topk_ids=topk_ids)
     if token_expert_indices is not None:
         _checks.tensor(op, "token_expert_indices", token_expert_indices)
-        if token_expert_indices.dtype not in _INT32:
+        if token_expert_indices.dtype not in (_DT_INT32,):
             raise TypeError(f'{op}: token_expert_indices has dtype {_checks._dt(token_expert_indices.dtype)}; expected int32')
         if token_expert_indices.dim() != 2:
             raise ValueError(f"{op}: token_expert_indices has shape {tuple(token_expert_indices.shape)}, expected [{T}, {topk}]")
@@ -398,7 +399,7 @@ def check_topk_softmax(op: str, gating_output: Any, topk: Any, renormalize: Any 
         topk_weights = torch.empty((T, topk), dtype=_FLOAT32, device=gating_output.device)
     else:
         _checks.tensor(op, "topk_weights", topk_weights)
-        if topk_weights.dtype not in _FLOAT32:
+        if topk_weights.dtype not in (_DT_FLOAT32,):
             raise TypeError(f'{op}: topk_weights has dtype {_checks._dt(topk_weights.dtype)}; expected float32')
         if tuple(topk_weights.shape) != (T, topk):
             raise ValueError(f"{op}: topk_weights has shape {tuple(topk_weights.shape)}, expected [{T}, {topk}]")
@@ -407,14 +408,14 @@ def check_topk_softmax(op: str, gating_output: Any, topk: Any, renormalize: Any 
         topk_ids = torch.empty((T, topk), dtype=_INT32, device=gating_output.device)
     else:
         _checks.tensor(op, "topk_ids", topk_ids)
-        if topk_ids.dtype not in _INT32_INT64:
+        if topk_ids.dtype not in (_DT_INT32, _DT_INT64,):
             raise TypeError(f'{op}: topk_ids has dtype {_checks._dt(topk_ids.dtype)}; expected int32 or int64')
         if tuple(topk_ids.shape) != (T, topk):
             raise ValueError(f"{op}: topk_ids has shape {tuple(topk_ids.shape)}, expected [{T}, {topk}]")
         _checks.same_device(op, "gating_output", gating_output, topk_ids=topk_ids)
     if token_expert_indices is not None:
         _checks.tensor(op, "token_expert_indices", token_expert_indices)
-        if token_expert_indices.dtype not in _INT32:
+        if token_expert_indices.dtype not in (_DT_INT32,):
             raise TypeError(f'{op}: token_expert_indices has dtype {_checks._dt(token_expert_indices.dtype)}; expected int32')
         if token_expert_indices.dim() != 2:
             raise ValueError(f"{op}: token_expert_indices has shape {tuple(token_expert_indices.shape)}, expected [{T}, {topk}]")
