@@ -220,7 +220,11 @@ class _Writer:
             return name
         a = next((t for t in self.c.tensors if t.name == name), None)
         if a is None:
-            return f"{name}_" if name.isidentifier() else _none_of(self.fast_expr(name), self.c, lambda n: "True")
+            return (
+                f"{name}_"
+                if name.isidentifier()
+                else _none_of(self.fast_expr(name), self.c, lambda n: "True")
+            )
         if self.absent(a):
             return self.nothing(a)
         if a.layout == "blocks":

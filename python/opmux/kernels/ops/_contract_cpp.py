@@ -489,7 +489,8 @@ class _ExtLane(_Lane):
         for a in outs:
             self.emit(f"std::optional<TensorView> {a.name};")
             self.refuse_unless(f"opt_tensor({a.name}_arg, &{a.name})")
-        bound: dict[str, str] = {s.name: s.name for s in c.scalars if s.kind in (*_INT, "int32")}  # (shapes name them)
+        ints = (*_INT, "int32")  # a shape may name an int scalar
+        bound: dict[str, str] = {s.name: s.name for s in c.scalars if s.kind in ints}
         first = next(a.name for a in c.tensors if not a.out and not _optional_input(d, a))
         for a in c.tensors:
             if a.out or _optional_input(d, a):

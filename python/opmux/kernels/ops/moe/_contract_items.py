@@ -182,7 +182,9 @@ BATCHED_ALIGN = Contract(
             note=" with E >= 1",
             layout_hint="has stride {{t}.stride(0)}; it must be dense",
         ),
-        Rule("E >= 1", "expert_num_tokens has shape {tuple(expert_num_tokens.shape)}, expected [E] with E >= 1"),
+        Rule(
+            "E >= 1", "expert_num_tokens has shape {tuple(expert_num_tokens.shape)}, expected [E] with E >= 1"
+        ),
         Scalar("max_tokens_per_batch", "positive_int"),
         Scalar("block_size", "positive_int"),
         # (the int32 bounds of the scalars first: implied by the slots' bound, and no C++ overflow)
@@ -192,7 +194,9 @@ BATCHED_ALIGN = Contract(
             "{E} experts of {max_tokens_per_batch} tokens padded to blocks of {block_size} "
             f"({{{_SLOTS}}} slots) do not fit int32",
         ),
-        _index_buffer("sorted_ids", _SLOTS, "E * round_up(max_tokens_per_batch, block_size)", "expert_num_tokens"),
+        _index_buffer(
+            "sorted_ids", _SLOTS, "E * round_up(max_tokens_per_batch, block_size)", "expert_num_tokens"
+        ),
         _index_buffer(
             "expert_ids", "E * cdiv(max_tokens_per_batch, block_size)", "one per block", "expert_num_tokens"
         ),
