@@ -415,3 +415,165 @@ def test_forms_need_conditions_and_names_of_their_own() -> None:
         Forms("f", cases=(((When("x", ndim=2),), c),), default=c)
     with pytest.raises(ValueError, match="needs a condition"):
         Forms("f", cases=(((), Contract("d", c.items, kernel=("x",))),), default=c)
+
+
+# -- the moe extensions: index buffers of at least a length, several-dtype and optional written
+# -- tensors, int32 scalars, scalars named in shapes, kernel flags of what the caller passed
+def _toy_align() -> tuple[Contract, object]:
+    """A toy alignment: ids [T, k] -> (slots: at least T*k + min(n, T*k) padded, allocated longer;
+    routes [T, k] int32 or int64, rows apart), an optional map [n] and a written count buffer."""
+    from opmux.kernels.ops._decl import declare
+
+    c = Contract(
+        "toy_align",
+        (
+            Arg(
+                "ids",
+                "T, k",
+                dtypes=("int32", "int64"),
+                layout="contiguous",
+                dtype_hint="has dtype {dtype}, expected int32",
+                layout_hint="is not contiguous",
+            ),
+            Scalar("n", "positive_int"),
+            Scalar("fill", "int32"),
+            Scalar("cap", "off_or_positive"),
+            Rule("T * k + n < 2**31", "{T * k + n} slots do not fit int32", name="fits"),
+            Arg("map", "n", dtypes=("int32",), device_of="ids", layout="vector", note=" (one per expert)"),
+            Arg(
+                "slots",
+                "T * k + min(n, T * k)",
+                dtypes=("int32",),
+                device_of="ids",
+                layout="vector",
+                out=True,
+                at_least=True,
+                alloc_shape="T * k + n",
+                note=" (padded)",
+            ),
+            Arg(
+                "routes",
+                "T, k",
+                dtypes=("int32", "int64"),
+                device_of="ids",
+                layout="rows_apart",
+                out=True,
+                expect="[{T}, {k}]",
+                dtype_hint="has dtype {dtype}; expected int32 or int64",
+            ),
+            Arg(
+                "counts",
+                "n + 1",
+                dtypes=("int32",),
+                device_of="ids",
+                layout="vector",
+                at_least=True,
+                note=" (n + 1)",
+            ),
+        ),
+        kernel=("slots", "routes", "counts", "counts is not None", "ids", "map", "slots is None or fill > 0"),
+        result=("slots", "routes"),
+        lane_optional=True,
+    )
+    decl = declare(
+        "toy.align",
+        "(Tensor ids, int n, Tensor? map=None, int fill=-1, float cap=0.0, Tensor(a!)? slots=None, "
+        "Tensor(a!)? routes=None, Tensor(a!)? counts=None) -> (Tensor, Tensor)",
+        contract=c,
+        reference=_toy_align,
+        doc="toy",
+        triton=False,
+    )
+    return c, decl
+
+
+def test_index_buffers_optional_written_inputs_and_int32_scalars() -> None:
+    """A caller's buffer may be longer than its declared length (the op's own is ``alloc_shape``
+    long), an output of several dtypes is made in the first, a written optional input is checked
+    when given, a shape names a scalar, a kernel flag says whether the caller passed an output
+    (as passed, not after the op allocated its own), and the generated ``outputs_<contract>``
+    bounds its sizes by the rules and refuses where that flag would differ."""
+    import torch
+
+    _c, decl = _toy_align()
+    scope = _exec_checks(decl)
+    check, outputs = scope["check_toy_align"], scope["outputs_toy_align"]
+    ids = torch.zeros(2, 3, dtype=torch.int64)
+    (slots, routes, counts, has_counts, _, m, own), res = check("toy.align", ids, 4)  # type: ignore[operator]
+    assert slots.shape == (10,) and routes.dtype == torch.int32 and res == (slots, routes)
+    assert counts.numel() == 0 and has_counts is False and m.numel() == 0 and own is True
+    mine = torch.zeros(20, dtype=torch.int32)
+    (slots, *_, own), _ = check("toy.align", ids.clone(), 4, None, -1, 0.0, mine)  # type: ignore[operator]
+    assert slots is mine and own is False  # the caller's buffer, and fill <= 0: as passed
+    with pytest.raises(
+        ValueError, match=r"slots has shape \(9,\), expected a vector of at least 10 \(padded\)"
+    ):
+        check("toy.align", ids, 4, None, -1, 0.0, torch.zeros(9, dtype=torch.int32))  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"slots has stride 2; it must be dense"):
+        check("toy.align", ids, 4, None, -1, 0.0, torch.zeros(40, dtype=torch.int32)[::2])  # type: ignore[operator]
+    with pytest.raises(TypeError, match=r"routes has dtype float32; expected int32 or int64"):
+        check("toy.align", ids, 4, None, -1, 0.0, None, torch.zeros(2, 3))  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"routes rows overlap \(strides \(1, 1\)\)"):
+        check(
+            "toy.align",
+            ids,
+            4,
+            None,
+            -1,
+            0.0,
+            None,
+            torch.zeros(4, dtype=torch.int64).as_strided((2, 3), (1, 1)),
+        )  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"map has shape \(3,\), expected \[4\] \(one per expert\)"):
+        check("toy.align", ids, 4, torch.zeros(3, dtype=torch.int32))  # type: ignore[operator]
+    with pytest.raises(
+        ValueError, match=r"counts has shape \(4,\), expected a vector of at least 5 \(n \+ 1\)"
+    ):
+        check("toy.align", ids, 4, None, -1, 0.0, None, None, torch.zeros(4, dtype=torch.int32))  # type: ignore[operator]
+    (*_, counts, has_counts, _, _, _), _ = check(  # type: ignore[operator]
+        "toy.align", ids, 4, None, -1, 0.0, None, None, torch.zeros(5, dtype=torch.int32)
+    )
+    assert counts.shape == (5,) and has_counts is True
+    with pytest.raises(ValueError, match=r"fill must be an int32, got 2147483648"):
+        check("toy.align", ids, 4, None, 2**31)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"cap must be finite and >= 0 \(0: off\), got -1.0"):
+        check("toy.align", ids, 4, None, -1, -1.0)  # type: ignore[operator]
+    with pytest.raises(TypeError, match=r"ids has dtype float32, expected int32"):
+        check("toy.align", ids.float(), 4)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"ids is not contiguous"):
+        check("toy.align", ids.t(), 4)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"2147483651 slots do not fit int32"):
+        check("toy.align", ids, 2**31 - 3)  # type: ignore[operator]
+    outs, res = outputs(ids, 4, None, 1)  # type: ignore[operator]
+    assert outs[0].shape == (10,) and outs[2] is None and res == (outs[0], outs[1])
+    for bad in ((ids, 4, None, -1), (ids, 2**31 - 3, None, 1)):  # the flag would differ; past the rules
+        with pytest.raises(ValueError, match="not the serving form"):
+            outputs(*bad)  # type: ignore[operator]
+
+
+def test_index_buffers_in_the_cpp_lane() -> None:
+    """The lane of that contract: optional inputs taken when given (checked there, the kernel
+    getting an empty view otherwise), buffers of at least their length, the op's own of its
+    ``alloc_shape``, ``min`` and ``x is None`` of the caller's arguments in C++."""
+    from opmux.kernels.ops._contract_cpp import extended_form, render_header
+
+    c, decl = _toy_align()
+    assert extended_form(c, decl) is None  # type: ignore[arg-type]
+    text = render_header("toy", [decl])  # type: ignore[list-item]
+    assert text is not None
+    assert (
+        "if (!(int_arg(fill_arg, &fill) && fill > -2147483648LL && fill < 2147483648LL)) return refused();"
+        in text
+    )
+    assert "if (!(float_arg(cap_arg, &cap) && cap >= 0.0 && cap < HUGE_VAL)) return refused();" in text
+    assert "if (!((*map).size(0) == n)) return refused();" in text
+    assert (
+        "(*slots).size(0) >= T * k + std::min<int64_t>(n, T * k) && (*slots).size(0) < 2147483648LL" in text
+    )
+    assert "if (!(rows_apart((*routes)))) return refused();" in text
+    assert "empty({T * k + n}, DLDataType{kDLInt, 32, 1}, ids.device())" in text
+    assert (
+        "kernel(slots_t, routes_t, (counts ? *counts : counts_none.view()), !is_none(counts_arg), ids, "
+        "(map ? *map : map_none.view()), is_none(slots_arg) || fill > 0);"
+    ) in text
+    assert "(!counts || may_share(*slots, *counts, true))" in text

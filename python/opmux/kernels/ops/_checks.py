@@ -526,3 +526,39 @@ def dense_blocks(t: torch.Tensor) -> bool:
             return False
         expect *= n
     return sh[0] <= 1 or st[0] >= expect
+
+
+# -- the pieces of the moe ops' contracts (index buffers, routing outputs, int32 scalars) ------
+def at_least(op: str, name: str, t: torch.Tensor, n: int, note: str) -> None:
+    """A buffer the kernels index in int32 and write whole: a dense vector of at least ``n``
+    elements and fewer than 2^31."""
+    if t.dim() != 1 or t.shape[0] < n:
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected a vector of at least {n}{note}")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(f"{op}: {name} has stride {t.stride(0)}; it must be dense")
+    if t.shape[0] >= 2**31:
+        raise ValueError(f"{op}: {name} has {t.shape[0]} elements; at most {2**31 - 1}")
+
+
+def rows_apart(op: str, name: str, t: torch.Tensor) -> None:
+    """A [T, k] matrix with a unit last stride whose rows do not overlap (each row written whole)."""
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(f"{op}: {name} has a non-contiguous last dimension (stride {t.stride(1)})")
+    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        raise ValueError(f"{op}: {name} rows overlap (strides {t.stride()})")
+
+
+def int32(op: str, name: str, v: object) -> int:
+    """An int the kernels take as int32 (a fill value)."""
+    if isinstance(v, bool) or not isinstance(v, int) or abs(v) >= 2**31:
+        raise ValueError(f"{op}: {name} must be an int32, got {v!r}")
+    return v
+
+
+def off_or_positive(op: str, name: str, v: object) -> float:
+    """A finite float >= 0 whose 0 turns a feature off (a softcap)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{op}: {name} must be a float, got {v!r}")
+    if not (0.0 <= v < math.inf):
+        raise ValueError(f"{op}: {name} must be finite and >= 0 (0: off), got {v!r}")
+    return float(v)

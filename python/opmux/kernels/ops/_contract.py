@@ -54,6 +54,14 @@ dtypes or presence (:class:`When`).
 
 An output's kernel view may be reinterpreted (``kernel_dtype="uint8"``: fp8 buffers, which
 kernels write as bytes).
+
+Index buffers (the moe align ops): an output or a written ``Tensor?`` input may be ``at_least=True``,
+a dense int32-indexed vector of at least the declared length (a caller's may be longer; the op's
+own is ``alloc_shape`` long when that differs). An output's ``dtypes`` may name several (the
+caller's may be any; the op's own is the first), with the dtype message ``dtype_hint``. A shape may
+name an int scalar declared before it (``"num_experts"``). A kernel argument may ask ``x is None`` of
+an output (whether the caller passed it, read before the op allocates its own). A contract with
+``lane_optional=True`` takes its optional inputs in its serving lane too (checked when given).
 """
 
 from __future__ import annotations
@@ -77,6 +85,8 @@ LAYOUTS: tuple[str, ...] = (
     "blocks",
 )
 LAYOUTS += ("dense_last", "contiguous", "entries", "paged")
+#: a [T, k] matrix with a unit last stride whose rows do not overlap (routing outputs)
+LAYOUTS += ("rows_apart",)
 #: how an output may be allocated instead of densely (``Arg.alloc``): a ``[rows, C]`` view of a
 #: column-major ``[C, rows]`` buffer, or of a ``[C, cdiv(rows, 4) * 4]`` one (TMA-aligned)
 ALLOCS = ("columns", "tma_columns")
@@ -88,6 +98,10 @@ SCALAR_KINDS = {
     "finite": "a finite number",
     "positive_int": "a positive int",
     "dtype": "a torch.dtype",
+}
+SCALAR_KINDS |= {
+    "int32": "an int in (-2^31, 2^31)",
+    "off_or_positive": "a finite float >= 0 (0: off)",
 }
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -124,7 +138,8 @@ class Packed:
 @dataclass(frozen=True)
 class Arg:
     """One tensor argument. ``out=True``: an output the op allocates when the caller passes
-    None (its dtype ``like=`` a tensor, or from ``dtype_from=``, a dtype scalar)."""
+    None (its dtype ``like=`` a tensor, or from ``dtype_from=``, a dtype scalar, or the first of
+    ``dtypes=``: a caller's may be any of them)."""
 
     name: str
     shape: str
@@ -151,6 +166,12 @@ class Arg:
     layout_hint: str = ""
     #: with ``like=``: its dtype only, on any device (swaps between devices)
     any_device: bool = False
+    #: a dense int32-indexed vector of at least the declared length (index buffers)
+    at_least: bool = False
+    #: the shape of the op's own output when it is not the declared one (``at_least`` buffers)
+    alloc_shape: str = ""
+    #: the message's tail, after "<name> ", when the dtype is wrong (an f-string; ``{dtype}``: its dtype)
+    dtype_hint: str = ""
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -159,8 +180,8 @@ class Arg:
             raise ValueError(f"Arg {self.name!r}: give exactly one of dtypes=, like= or dtype_from=")
         if self.dtype_from and not self.out:
             raise ValueError(f"Arg {self.name!r}: dtype_from= is for outputs")
-        if self.out and self.dtypes and len(self.dtypes) != 1:
-            raise ValueError(f"Arg {self.name!r}: an output's dtypes= names the one dtype it is made in")
+        if self.at_least and self.layout != "vector":
+            raise ValueError(f"Arg {self.name!r}: at_least= is for vectors")
         if (self.layout == "element") != (self.shape == ""):
             raise ValueError(f"Arg {self.name!r}: layout='element' goes with shape='' (one element)")
         if self.layout in ("flat", "scales") and not self.out:
@@ -243,6 +264,8 @@ class Contract:
     #: Python path (it may refuse what Python accepts, never accept what it refuses)
     values_cpp: str = ""
     values_header: str = ""
+    #: the serving lane also takes the optional inputs (``Tensor?``) when given, checked as here
+    lane_optional: bool = False
 
     def __post_init__(self) -> None:
         names = [i.name for i in self.items if not isinstance(i, Rule)]

@@ -11,7 +11,7 @@ open it, a traceback points at it); ``python tools/gen_contracts.py`` rewrites i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, Rule, Scalar, When
 from ._decl import Decl
@@ -68,6 +68,8 @@ class _Writer:
         sig = ", ".join(f"{p.name}: Any{self.default(p.name)}" for p in self.params)
         self.emit(0, f"def check_{c.name}(op: str, {sig}) -> tuple[tuple[Any, ...], Any]:")
         self.fast_path()
+        for n in _asked_none(c):  # whether the caller passed it, before the op allocates its own
+            self.emit(1, f"{n}_none = {n} is None")
         for item in c.items:
             if isinstance(item, Arg):
                 self.full_arg(item)
@@ -90,7 +92,9 @@ class _Writer:
             return name
         arg = next((a for a in self.c.tensors if a.name == name), None)
         if arg is None:
-            return f"{name}_" if name.isidentifier() else name  # the checked scalar, an expression
+            if not name.isidentifier():  # an expression (``x is None`` of an output: as passed)
+                return _none_of(name, self.c, lambda n: f"{n}_none")
+            return f"{name}_"  # the checked scalar
         return f"{name}_v"
 
     # -- the fast path -----------------------------------------------------------------------
@@ -100,7 +104,7 @@ class _Writer:
         setup: list[str] = []
         binds: list[str] = []
         allocs: list[str] = []
-        known: dict[str, str] = {}  # symbol -> expression on the fast path
+        known: dict[str, str] = {s.name: s.name for s in c.scalars}  # symbol -> expression on the fast path
         flags = {f for a in c.tensors for f, _ in a.alloc}
         devices: list[tuple[str, str]] = []  # (tensor, the one it shares a device with)
         for item in c.items:
@@ -168,12 +172,16 @@ class _Writer:
                 conds.append(f"{a.name}.is_contiguous()")
             elif a.layout in _CACHE_LAYOUTS:
                 conds.append(_layout_ok(a, len(dims) - 1))
+            elif a.layout == "rows_apart":
+                conds.append(f"({s}[1] <= 1 or {a.name}.stride()[1] == 1)")
+                conds.append(f"({s}[0] <= 1 or {a.name}.stride()[0] >= {s}[1])")
             conds.append(f"type({a.name}) is _TENSOR")
         if devices:  # one device: all on the CPU (a flag each), else the devices compared
             cpu = " and ".join(f"{n}.is_cpu" for n in dict.fromkeys(x for pair in devices for x in pair))
             conds.append(f"(({cpu}) or ({' and '.join(f'{n}.device == {r}.device' for n, r in devices)}))")
         for name, expr in known.items():
-            binds.append(f"{name} = {expr}")
+            if name != expr:  # (a scalar named in a shape is itself)
+                binds.append(f"{name} = {expr}")
         self.batch = {d.lstrip("*") for a in c.tensors for d in c.dims_of(a) if d.startswith("*")}
         rules = [r for r in c.rules if not r.device]
         for a in c.tensors:
@@ -212,7 +220,11 @@ class _Writer:
             return name
         a = next((t for t in self.c.tensors if t.name == name), None)
         if a is None:
-            return f"{name}_" if name.isidentifier() else self.fast_expr(name)
+            return (
+                f"{name}_"
+                if name.isidentifier()
+                else _none_of(self.fast_expr(name), self.c, lambda n: "True")
+            )
         if self.absent(a):
             return self.nothing(a)
         if a.layout == "blocks":
@@ -303,6 +315,10 @@ class _Writer:
             return [f"type({v}) is float", f"-_checks.INF < {v} < _checks.INF"]
         if s.kind == "positive_int":
             return [f"type({v}) is int", f"{v} > 0"]
+        if s.kind == "int32":
+            return [f"type({v}) is int", f"-2147483648 < {v} < 2147483648"]
+        if s.kind == "off_or_positive":
+            return [f"type({v}) is float", f"0.0 <= {v} < _checks.INF"]
         return [f"({v} is None or {v} in {_dtype_tuple(s.choices)})"]
 
     def scalar_value(self, s: Scalar, fast: bool) -> str:
@@ -314,6 +330,11 @@ class _Writer:
 
     def alloc(self, a: Arg, fast: bool) -> str:
         ref = a.like or a.device_of or self.device_of_first()
+        if a.at_least:  # an index buffer: its own length (``alloc_shape``), from the device's prototype
+            n, dt = a.alloc_shape or a.dims[0], _dtype_const(a.dtypes[0])
+            if not fast:  # (fake tensors too: torch.compile)
+                return f"torch.empty({n}, dtype={dt}, device={ref}.device)"
+            return f"(_checks.PROTOS.get({ref}.device) or _checks.protos({ref}.device))[{dt}].new_empty({n})"
         if a.dtypes and not a.same_as and (a.layout in ("flat", "scales") or a.batched):
             return self.alloc_dense(a, ref, fast)
         if a.dtypes:  # made in its one dtype
@@ -340,6 +361,10 @@ class _Writer:
     # -- the full checks ----------------------------------------------------------------------
     def full_scalar(self, s: Scalar) -> None:
         v = s.name
+        self.bound.add(v)  # a shape may name it
+        if s.kind in ("int32", "off_or_positive"):
+            self.emit(1, f'{v}_ = _checks.{s.kind}(op, "{v}", {v})')
+            return
         if s.kind == "bool":
             self.emit(1, f"if not isinstance({v}, bool):")
             self.emit(2, f'raise TypeError(f"{{op}}: {v} must be a bool, got {{{v}!r}}")')
@@ -364,7 +389,7 @@ class _Writer:
         depth = 1
         outs = self.c.outputs
         if a.out and len(outs) > 1 and a is outs[0]:  # caller's buffers: not under torch.compile
-            names = [o.name for o in outs]
+            names = [o.name for o in outs] + self.written_inputs()
             self.emit(1, f"if {' or '.join(f'{n} is not None' for n in names)}:")
             self.emit(
                 2, f'_checks.no_caller_outputs_when_compiling(op, "{" / ".join(names)}", {", ".join(names)})'
@@ -396,6 +421,11 @@ class _Writer:
                 f'{n}_p = _checks.packed_dtype(op, "{n}", {n}, {a.dtypes!r}, "{p.dtype}", '
                 f'{p.flag if has_flag else False}, "{p.flag}", {p.name!r})',
             )
+        elif a.dtype_hint:
+            allowed = ", ".join(_dtype_const(d) for d in a.dtypes)  # (``_FLOAT32`` may be one dtype)
+            self.emit(depth, f"if {n}.dtype not in ({allowed},):")
+            hint = a.dtype_hint.replace("{dtype}", f"{{_checks._dt({n}.dtype)}}")
+            self.emit(depth + 1, f"raise TypeError(f{('{op}: ' + n + ' ' + hint)!r})")
         elif a.dtypes and a.dtypes != ANY:
             if a.dtypes == FLOATS:
                 self.emit(depth, f'_checks.float_dtype(op, "{n}", {n})')
@@ -420,6 +450,9 @@ class _Writer:
         n = a.name
         dims = a.dims
         if a.layout in ("element", "flat", "scales"):  # checked and viewed with its layout
+            return
+        if a.at_least:  # layout and length at once
+            self.emit(depth, f'_checks.at_least(op, "{n}", {n}, {dims[0]}, {a.note!r})')
             return
         if a.layout == "blocks":  # [Gm, Gn], or one element as [1, 1]
             gm, gn = dims
@@ -500,6 +533,21 @@ class _Writer:
 
     def layout(self, a: Arg) -> None:
         n, dims = a.name, self.c.dims_of(a)
+        if a.layout != "element" and self.absent(a) and a.name not in self.given:  # checked when given
+            self.emit(1, f"if {n} is None:")
+            self.emit(2, f"{n}_v = {self.nothing(a)}")
+            self.emit(1, "else:")
+            start = len(self.lines)
+            self.given = self.given | {n}
+            try:
+                self.layout(a)
+            finally:
+                self.given = self.given - {n}
+            self.lines[start:] = ["    " + line for line in self.lines[start:]]
+            return
+        if a.at_least or a.layout == "rows_apart" or (a.layout == "vector" and a.layout_hint):
+            self.index_layout(a)
+            return
         if self.absent(a):
             self.emit(1, f"if {n} is None:")
             self.emit(2, f"{n}_v = {self.nothing(a)}")
@@ -547,6 +595,38 @@ class _Writer:
             else:
                 self.emit(1, f"{n}_v = {n}")
 
+    # -- the forms the moe ops added (index buffers, routing outputs, optional inputs' flags) -----
+    def index_layout(self, a: Arg) -> None:
+        """An index buffer (checked with its shape), a routing output, a vector with its own
+        message."""
+        n = a.name
+        if a.layout == "rows_apart":
+            self.emit(1, f'_checks.rows_apart(op, "{n}", {n})')
+        elif a.layout == "vector" and a.layout_hint and not a.at_least:
+            self.emit(1, f"if {n}.shape[0] > 1 and {n}.stride(0) != 1:")
+            hint = a.layout_hint.replace("{t}", n)
+            self.emit(2, f"raise ValueError(f{('{op}: ' + n + ' ' + hint)!r})")
+        self.emit(1, f"{n}_v = {n}")
+
+    def written_inputs(self) -> list[str]:
+        """The written optional inputs (buffers the op fills but does not allocate)."""
+        declared = {a.name for a in self.c.tensors if not a.out}
+        return [p.name for p in self.params if p.written and p.type == "Tensor?" and p.name in declared]
+
+
+def _asked_none(c: Contract) -> list[str]:
+    """The outputs a kernel expression asks ``x is None`` of (whether the caller passed it)."""
+    outs = [a.name for a in c.outputs]
+    return [n for n in outs if any(re.search(rf"\b{n} is (not )?None\b", k) for k in c.kernel)]
+
+
+def _none_of(expr: str, c: Contract, value: Callable[[str], str]) -> str:
+    """``expr`` with ``x is None`` of an asked output replaced by ``value(x)``."""
+    for n in _asked_none(c):
+        expr = re.sub(rf"\b{n} is not None\b", f"not {value(n)}", expr)
+        expr = re.sub(rf"\b{n} is None\b", value(n), expr)
+    return expr
+
 
 def _outputs(w: _Writer) -> str:
     """``outputs_<name>(<the op's arguments>) -> (outputs, result)``: the fresh outputs of a call
@@ -567,13 +647,27 @@ def _outputs(w: _Writer) -> str:
             1,
             f"{', '.join(names)}{',' if len(names) == 1 else ''} = {a.name}.shape  # its serving rank, else raises",
         )
+    scalars = {s.name for s in c.scalars}
+    sized = " ".join(f"{a.shape} {a.alloc_shape}" for a in c.outputs)
+    if scalars & set(re.findall(r"\w+", sized)):  # sized by scalars: bounded by the rules first
+        rules = [f"({r.expr})" for r in c.rules if not r.device and " None" not in r.expr]
+        w.emit(1, f"if not ({' and '.join(rules)}):")
+        w.emit(2, 'raise ValueError("not the serving form")  # the contract speaks')
+    for k in c.kernel:  # a kernel argument asking whether the caller passed an output: the same both ways
+        given, fresh = _none_of(k, c, lambda n: "False"), _none_of(k, c, lambda n: "True")
+        if given != fresh:
+            w.emit(1, f"if ({given}) != ({fresh}):")
+            w.emit(2, 'raise ValueError("not the serving form")  # the contract speaks')
     for a in c.outputs:
         if a.alloc:
             w.alloc_flagged(a, fast=True)
         else:
             w.emit(1, f"{a.name} = {w.alloc(a, fast=True)}")
-    outs = ", ".join(a.name for a in c.outputs)
-    w.emit(1, f"return ({outs},), {w.result()}")
+    outs = [a.name for a in c.outputs]
+    bufs = [p.name for p in w.params if p.written and p.type == "Tensor?"]  # the lane's, in order
+    if set(bufs) != set(outs):  # the written inputs the call passes none of: None
+        outs = [n if n in outs else "None" for n in bufs]
+    w.emit(1, f"return ({', '.join(outs)},), {w.result()}")
     return "\n".join(w.lines) + "\n"
 
 

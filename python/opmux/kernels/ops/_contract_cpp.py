@@ -58,6 +58,7 @@ _LANE_LAYOUTS = {
     "entries": "dense_from({t}, {k})",
     "paged": "dense_blocks({t})",
 }
+_LANE_LAYOUTS["rows_apart"] = "rows_apart({t})"
 
 
 def lane_form(c: Contract | Forms) -> str | None:
@@ -90,6 +91,7 @@ def _cpp_expr(expr: str) -> str:
     out = re.sub(r"\b(\d+)\*\*(\d+)\b", lambda m: f"{int(m.group(1)) ** int(m.group(2))}LL", out)
     out = re.sub(r"\bprod\((\w+)\)", r"\1", out)  # the serving form's batch is one dim
     out = re.sub(r"\bmax\(", "std::max<int64_t>(", out)
+    out = re.sub(r"\bmin\(", "std::min<int64_t>(", out)
     out = re.sub(r"\bnot\s+", "!", out)
     out = re.sub(r"\band\b", "&&", out)
     out = re.sub(r"\bor\b", "||", out)
@@ -184,11 +186,15 @@ class _Lane:
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
 
+    #: whether the first input's device was checked (the others are checked against it)
+    device_checked = False
+
     def check_input(self, a: Arg, bound: dict[str, str]) -> None:
-        first = not bound and not self.tails
+        first = not self.device_checked
         self.check_tensor(a, bound, self.ref(a.name), depth=1)
         if first:
             self.refuse_unless(f"{self.ref(a.name)}.device().device_type == device_type")
+            self.device_checked = True
 
     def check_tensor(self, a: Arg, bound: dict[str, str], t: str, depth: int) -> None:
         dims = _dims(self.c, a)
@@ -218,6 +224,8 @@ class _Lane:
             elif d.isidentifier() and d not in bound:
                 bound[d] = f"{t}.size({i})"
                 self.emit(f"const int64_t {d} = {t}.size({i});", depth)
+            elif a.at_least:  # a buffer of at least that many elements, indexed in int32
+                sizes.append(f"{t}.size(0) >= {_cpp_expr(d)} && {t}.size(0) < 2147483648LL")
             else:
                 sizes.append(f"{t}.size({i}) == {_cpp_expr(d)}")
         if sizes:
@@ -403,6 +411,11 @@ def render_entries(group: str, device: str, decls: Iterable[Decl]) -> str | None
 
 # -- the forms the quantization ops added: several outputs, optional inputs, flat / scales / blocks
 _INT = {"positive_int": ("int64_t", "int_arg")}
+#: the scalar kinds the moe ops added: their lane's reading and range
+_MOE_SCALARS = {
+    "int32": ("int64_t", "int_arg({v}_arg, &{v}) && {v} > -2147483648LL && {v} < 2147483648LL"),
+    "off_or_positive": ("double", "float_arg({v}_arg, &{v}) && {v} >= 0.0 && {v} < HUGE_VAL"),
+}
 
 
 def _optional_input(decl: Decl, a: Arg) -> bool:
@@ -414,9 +427,11 @@ def _optional_input(decl: Decl, a: Arg) -> bool:
 def extended_form(c: Contract, decl: Decl) -> str | None:
     """None when ``_ExtLane`` can check the contract's serving form exactly, else why not."""
     for s in c.scalars:
-        if s.kind not in _SCALAR and s.kind not in _INT:
+        if s.kind not in _SCALAR and s.kind not in _INT and s.kind not in _MOE_SCALARS:
             return f"scalar {s.name} of kind {s.kind}"
     for a in c.tensors:
+        if a.layout in ("rows_apart", "contiguous"):
+            continue
         if a.layout == "element" and not _optional_input(decl, a):
             return f"{a.name}: a required one-element tensor"
         if a.layout not in ("rows", "matrix", "vector", "flat", "scales", "blocks", "element"):
@@ -428,7 +443,7 @@ def extended_form(c: Contract, decl: Decl) -> str | None:
     names = {d.lstrip("*") for a in c.tensors for d in c.dims_of(a) if d.lstrip("*").isidentifier()}
     names |= {s.name for s in c.scalars} | {"and", "or", "not", "cdiv", "prod", "max"}
     for expr in (*(r.expr for r in c.rules), *(k for k in c.kernel if not k.isidentifier())):
-        if not set(_NAME.findall(expr)) <= names or "." in expr:
+        if not set(_NAME.findall(_IS_NONE.sub("", expr))) <= names or "." in expr:
             return f"{expr!r} reads more than shapes and scalars"
     return None
 
@@ -452,7 +467,11 @@ class _ExtLane(_Lane):
             f"template <typename Kernel>\ninline Any {c.name}(int32_t device_type, {', '.join(args)}, Kernel&& kernel) {{",
         ]
         for s in c.scalars:
-            if s.kind in _INT:
+            if s.kind in _MOE_SCALARS:
+                ctype, reads = _MOE_SCALARS[s.kind]
+                self.emit(f"{ctype} {s.name};")
+                self.refuse_unless(reads.format(v=s.name))
+            elif s.kind in _INT:
                 self.emit(f"int64_t {s.name};")
                 self.refuse_unless(f"int_arg({s.name}_arg, &{s.name}) && {s.name} > 0")
             else:
@@ -460,13 +479,18 @@ class _ExtLane(_Lane):
                 self.emit(f"{ctype} {s.name};")
                 self.refuse_unless(f"{reader}({s.name}_arg, &{s.name})")
         outs = c.outputs
+        given = self.given_inputs()
         for a in c.tensors:
-            if _optional_input(d, a):  # the serving form: absent
+            if a.name in given:  # taken when given (checked after the rules)
+                self.emit(f"std::optional<TensorView> {a.name};")
+                self.refuse_unless(f"opt_tensor({a.name}_arg, &{a.name})")
+            elif _optional_input(d, a):  # the serving form: absent
                 self.refuse_unless(f"{a.name}_arg.type_index() == TypeIndex::kTVMFFINone")
         for a in outs:
             self.emit(f"std::optional<TensorView> {a.name};")
             self.refuse_unless(f"opt_tensor({a.name}_arg, &{a.name})")
-        bound: dict[str, str] = {}
+        ints = (*_INT, "int32")  # a shape may name an int scalar
+        bound: dict[str, str] = {s.name: s.name for s in c.scalars if s.kind in ints}
         first = next(a.name for a in c.tensors if not a.out and not _optional_input(d, a))
         for a in c.tensors:
             if a.out or _optional_input(d, a):
@@ -480,6 +504,11 @@ class _ExtLane(_Lane):
             if r.device:
                 cond = f"device_type != {_DEVICE[r.device]} || ({cond})"
             self.refuse_unless(cond)
+        for a in c.tensors:
+            if a.name in given:
+                self.emit(f"if ({a.name}) {{")
+                self.check_tensor(a, bound, f"(*{a.name})", depth=2)
+                self.emit("}")
         for a in outs:
             self.emit(f"if ({a.name}) {{")
             self.check_output(a, bound)
@@ -487,6 +516,8 @@ class _ExtLane(_Lane):
             for flag, _ in a.alloc:  # allocated another way: Python's
                 self.emit(f"if (!{a.name} && {flag}) return refused();")
         self.guard_all(outs)
+        if c.values_cpp:  # the values hook's counterpart, before anything is written
+            self.refuse_unless(c.values_cpp)
         self.call_all(outs, first)
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
@@ -507,9 +538,15 @@ class _ExtLane(_Lane):
         self.emit(f"const TensorView {n}_k = {n}.ndim() == 2 ? {n} : {n}_block.view();")
         bound[gm], bound[gn] = gm, gn
 
+    def given_inputs(self) -> set[str]:
+        """The optional inputs a ``lane_optional`` contract takes when given."""
+        if not self.c.lane_optional:
+            return set()
+        return {a.name for a in self.c.tensors if _optional_input(self.decl, a)}
+
     def check_output(self, a: Arg, bound: dict[str, str]) -> None:
         t = f"(*{a.name})"
-        if a.layout in ("rows", "matrix", "vector"):
+        if a.layout in ("rows", "matrix", "vector", "rows_apart"):
             self.check_tensor(a, bound, t, depth=2)
             return
         dims = _dims(self.c, a)
@@ -530,8 +567,8 @@ class _ExtLane(_Lane):
         """The generic guard: each written tensor holds its elements apart and overlaps no other
         argument (an output the caller gave: checked when given)."""
         d = self.decl
-        fresh = {a.name for a in outs}
-        absent = {a.name for a in self.c.tensors if _optional_input(d, a)}
+        fresh = {a.name for a in outs} | self.given_inputs()  # (std::optional views)
+        absent = {a.name for a in self.c.tensors if _optional_input(d, a)} - fresh
         params = [p for p in d.params if p.is_tensor and p.name not in absent]
         written = [p for p in params if p.written]
         for i, w in enumerate(written):
@@ -554,7 +591,7 @@ class _ExtLane(_Lane):
         """Allocate the outputs the caller left out, run the kernel on the contract's views."""
         views: dict[str, str] = {}
         for a in outs:
-            dims = [_cpp_expr(x) for x in _dims(self.c, a)]
+            dims = [_cpp_expr(x) for x in (a.alloc_shape,) if x] or [_cpp_expr(x) for x in _dims(self.c, a)]
             dtype = f"{a.like}.dtype()" if a.like else f"DLDataType{{{_DL[a.dtypes[0]]}, 1}}"
             dev = a.like or a.device_of or first
             self.emit(
@@ -571,6 +608,8 @@ class _ExtLane(_Lane):
                     f"View {a.name}_none = View::empty({first}.device(), DLDataType{{{_DL[a.dtypes[0]]}, 1}});"
                 )
                 views[a.name] = f"{a.name}_none.view()"
+                if a.name in self.given_inputs():
+                    views[a.name] = f"({a.name} ? *{a.name} : {a.name}_none.view())"
             elif a.layout == "blocks":
                 views[a.name] = f"{a.name}_k"
         kargs = [views.get(k, k) if k.isidentifier() else _cpp_expr(k) for k in self.c.kernel]

@@ -250,7 +250,7 @@ inline int64_t batched_align_impl(int32_t* sorted, int32_t* experts, int32_t* po
 #include <tvm/ffi/function.h>
 
 #include "opmux/moe_checks.h"
-#include "opmux/moe_lanes.h"
+#include "opmux/contracts/moe.h"
 
 namespace opmux {
 namespace moe_cpu {
@@ -348,68 +348,6 @@ void batched_moe_align_block_size_cpu(TensorView sorted_ids, TensorView expert_i
   }
 }
 
-// Serving lanes (opmux/lane.h, moe_lanes.h): the contract's form checked here, else None.
-lane::Any topk_softmax_cpu_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
-                                lane::AnyView correction_bias, lane::AnyView moe_softcapping,
-                                lane::AnyView bias_on_logits, lane::AnyView topk_weights, lane::AnyView topk_ids,
-                                lane::AnyView token_expert_indices) {
-  double cap;
-  bool bol;
-  lane::RouteArgs a;
-  if (!lane::softmax_scoring(moe_softcapping, bias_on_logits, &cap, &bol) ||
-      !lane::route_args(kDLCPU, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
-                        token_expert_indices, &a))
-    return lane::refused();
-  topk_softmax_cpu(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
-                   a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, cap, bol);
-  return lane::ran_all({&a.w_new, &a.ids_new});
-}
-
-lane::Any topk_sigmoid_cpu_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
-                                lane::AnyView correction_bias, lane::AnyView topk_weights, lane::AnyView topk_ids,
-                                lane::AnyView token_expert_indices) {
-  lane::RouteArgs a;
-  if (!lane::route_args(kDLCPU, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
-                        token_expert_indices, &a))
-    return lane::refused();
-  topk_sigmoid_cpu(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
-                   a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize);
-  return lane::ran_all({&a.w_new, &a.ids_new});
-}
-
-// moe_align_block_size's serving lane (moe_lanes.h align_args), with the values hook (ids in
-// [0, num_experts)) checked before anything is written.
-lane::Any moe_align_block_size_cpu_lane(TensorView topk_ids, lane::AnyView block_size, lane::AnyView num_experts,
-                                        lane::AnyView expert_map, lane::AnyView pad_sorted_token_ids,
-                                        lane::AnyView unused_expert_id, lane::AnyView sorted_token_ids,
-                                        lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded,
-                                        lane::AnyView cumsum_buffer) {
-  lane::AlignLaneArgs a;
-  if (!lane::align_args(kDLCPU, topk_ids, block_size, num_experts, expert_map, pad_sorted_token_ids,
-                        unused_expert_id, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer, &a))
-    return lane::refused();
-  const bool ok = lane::is_dtype(topk_ids, kDLInt, 64) ? lane::ids_in_range<int64_t>(topk_ids, a.num_experts)
-                                                       : lane::ids_in_range<int32_t>(topk_ids, a.num_experts);
-  if (!ok) return lane::refused();
-  moe_align_block_size_cpu(*a.sorted, *a.experts, *a.post, *a.post, false, topk_ids, topk_ids, false, a.block_size,
-                           a.num_experts, a.pad, a.unused);
-  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
-}
-
-// batched_moe_align_block_size's serving lane (moe_lanes.h batched_args), with the values hook
-// (counts in [0, max_tokens_per_batch]) checked before anything is written.
-lane::Any batched_moe_align_block_size_cpu_lane(TensorView expert_num_tokens, lane::AnyView max_tokens_per_batch,
-                                                lane::AnyView block_size, lane::AnyView sorted_ids,
-                                                lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded) {
-  lane::BatchedLaneArgs a;
-  if (!lane::batched_args(kDLCPU, expert_num_tokens, max_tokens_per_batch, block_size, sorted_ids, expert_ids,
-                          num_tokens_post_padded, &a) ||
-      !lane::counts_in_range(expert_num_tokens, a.m))
-    return lane::refused();
-  batched_moe_align_block_size_cpu(*a.sorted, *a.experts, *a.post, expert_num_tokens, a.m, a.block_size);
-  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
-}
-
 }  // namespace moe_cpu
 }  // namespace opmux
 
@@ -417,9 +355,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu, opmux::moe_cpu::topk_softmax_cpu
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cpu, opmux::moe_cpu::topk_sigmoid_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cpu, opmux::moe_cpu::batched_moe_align_block_size_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu, opmux::moe_cpu::moe_align_block_size_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cpu_lane, opmux::moe_cpu::topk_softmax_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cpu_lane, opmux::moe_cpu::topk_sigmoid_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cpu_lane, opmux::moe_cpu::moe_align_block_size_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cpu_lane,
-                              opmux::moe_cpu::batched_moe_align_block_size_cpu_lane);
+
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/moe_cpu_lanes.inc"
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -42,7 +42,7 @@
 
 #include "opmux/cuda_utils.cuh"
 #include "opmux/moe_checks.h"
-#include "opmux/moe_lanes.h"
+#include "opmux/contracts/moe.h"
 
 namespace opmux {
 namespace moe_cuda {
@@ -473,14 +473,11 @@ void moe_align_block_size_cuda(TensorView sorted_token_ids, TensorView expert_id
   const char* op = "opmux.moe_align_block_size";
   AlignArgs a = check_align_args(op, kDLCUDA, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer,
                                  has_cumsum, topk_ids, expert_map, has_map, block_size, num_experts);
-  // shared memory: W * E counters + E slots + 1, within the default 48 KiB
+  // shared memory: W * E counters + E slots + 1, within the default 48 KiB (W >= 1: the contract's rule)
+  lane::contract::rule_align_smem(op, num_experts);
   constexpr int64_t kSmem = 48 * 1024;
   const int64_t fixed = (num_experts + 1) * 4;
   const int64_t warps = std::min<int64_t>(32, (kSmem - fixed) / (4 * num_experts));
-  if (warps < 1) {
-    TVM_FFI_THROW(ValueError) << op << ": num_experts " << num_experts << " is too large for this kernel (max "
-                              << (kSmem - 4) / 8 << ")";
-  }
   AlignParams p;
   p.sorted = data_ptr<int32_t>(sorted_token_ids);
   p.experts = data_ptr<int32_t>(expert_ids);
@@ -575,70 +572,6 @@ void batched_moe_align_block_size_cuda(TensorView sorted_ids, TensorView expert_
   cuda::launch(op, a.device_id, props, batched_align_kernel, grid, block, 0, stream, p);
 }
 
-// Serving lanes (opmux/lane.h, moe_lanes.h): the contract's form checked here, else None.
-lane::Any topk_softmax_cuda_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
-                                 lane::AnyView correction_bias, lane::AnyView moe_softcapping,
-                                 lane::AnyView bias_on_logits, lane::AnyView topk_weights, lane::AnyView topk_ids,
-                                 lane::AnyView token_expert_indices, bool enable_pdl) {
-  double cap;
-  bool bol;
-  lane::RouteArgs a;
-  if (!lane::softmax_scoring(moe_softcapping, bias_on_logits, &cap, &bol) ||
-      !lane::route_args(kDLCUDA, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
-                        token_expert_indices, &a))
-    return lane::refused();
-  topk_softmax_cuda(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
-                    a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, cap, bol, enable_pdl);
-  return lane::ran_all({&a.w_new, &a.ids_new});
-}
-
-lane::Any topk_sigmoid_cuda_lane(TensorView gating_output, lane::AnyView topk, lane::AnyView renormalize,
-                                 lane::AnyView correction_bias, lane::AnyView topk_weights, lane::AnyView topk_ids,
-                                 lane::AnyView token_expert_indices, bool enable_pdl) {
-  lane::RouteArgs a;
-  if (!lane::route_args(kDLCUDA, gating_output, topk, renormalize, correction_bias, topk_weights, topk_ids,
-                        token_expert_indices, &a))
-    return lane::refused();
-  topk_sigmoid_cuda(*a.w, *a.ids, a.tei ? *a.tei : *a.ids, a.tei.has_value(), gating_output,
-                    a.bias ? *a.bias : gating_output, a.bias.has_value(), a.renormalize, enable_pdl);
-  return lane::ran_all({&a.w_new, &a.ids_new});
-}
-
-// moe_align_block_size's serving lane (moe_lanes.h align_args); ids are not read (the values hook
-// reads CPU ids only). The num_experts the kernel itself refuses (shared memory) is refused here
-// too: the contract path then raises the kernel's error.
-lane::Any moe_align_block_size_cuda_lane(TensorView topk_ids, lane::AnyView block_size, lane::AnyView num_experts,
-                                         lane::AnyView expert_map, lane::AnyView pad_sorted_token_ids,
-                                         lane::AnyView unused_expert_id, lane::AnyView sorted_token_ids,
-                                         lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded,
-                                         lane::AnyView cumsum_buffer, bool enable_pdl) {
-  int64_t e = 0;  // the kernel's shared-memory bound first: nothing allocated for a call it refuses
-  if (!lane::int_arg(num_experts, &e) || e <= 0 || e >= (int64_t(1) << 31) ||
-      (48 * 1024 - (e + 1) * 4) / (4 * e) < 1)
-    return lane::refused();
-  lane::AlignLaneArgs a;
-  if (!lane::align_args(kDLCUDA, topk_ids, block_size, num_experts, expert_map, pad_sorted_token_ids,
-                        unused_expert_id, sorted_token_ids, expert_ids, num_tokens_post_padded, cumsum_buffer, &a))
-    return lane::refused();
-  moe_align_block_size_cuda(*a.sorted, *a.experts, *a.post, *a.post, false, topk_ids, topk_ids, false, a.block_size,
-                            a.num_experts, a.pad, a.unused, enable_pdl);
-  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
-}
-
-// batched_moe_align_block_size's serving lane (moe_lanes.h batched_args); counts are not read (the
-// values hook reads CPU counts only; the kernel clamps).
-lane::Any batched_moe_align_block_size_cuda_lane(TensorView expert_num_tokens, lane::AnyView max_tokens_per_batch,
-                                                 lane::AnyView block_size, lane::AnyView sorted_ids,
-                                                 lane::AnyView expert_ids, lane::AnyView num_tokens_post_padded,
-                                                 bool enable_pdl) {
-  lane::BatchedLaneArgs a;
-  if (!lane::batched_args(kDLCUDA, expert_num_tokens, max_tokens_per_batch, block_size, sorted_ids, expert_ids,
-                          num_tokens_post_padded, &a))
-    return lane::refused();
-  batched_moe_align_block_size_cuda(*a.sorted, *a.experts, *a.post, expert_num_tokens, a.m, a.block_size, enable_pdl);
-  return lane::ran_all({&a.sorted_new, &a.experts_new, &a.post_new});
-}
-
 }  // namespace moe_cuda
 }  // namespace opmux
 
@@ -646,8 +579,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda, opmux::moe_cuda::topk_softmax_c
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cuda, opmux::moe_cuda::topk_sigmoid_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cuda, opmux::moe_cuda::batched_moe_align_block_size_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda, opmux::moe_cuda::moe_align_block_size_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_softmax_cuda_lane, opmux::moe_cuda::topk_softmax_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(topk_sigmoid_cuda_lane, opmux::moe_cuda::topk_sigmoid_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_align_block_size_cuda_lane, opmux::moe_cuda::moe_align_block_size_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(batched_moe_align_block_size_cuda_lane,
-                              opmux::moe_cuda::batched_moe_align_block_size_cuda_lane);
+
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/moe_cuda_lanes.inc"

@@ -191,6 +191,8 @@ def check_group(op: str, x: Any, group_size: Any = 128, eps: Any = 1e-10, column
 
 def outputs_group(x: Any, group_size: Any = 128, eps: Any = 1e-10, column_major_scales: Any = False, scale_tma_aligned: Any = False, scale_ue8m0: Any = False, divide_by_scale: Any = False, out_q: Any = None, out_scale: Any = None) -> tuple[tuple[Any, ...], Any]:
     T, H = x.shape  # its serving rank, else raises
+    if not ((H >= 1) and (H % group_size == 0) and (column_major_scales or not scale_tma_aligned)):
+        raise ValueError("not the serving form")  # the contract speaks
     out_q = x.new_empty(T, H, dtype=_DT_FLOAT8_E4M3FN)
     if scale_tma_aligned:
         out_scale = _checks.column_major(T, H // group_size, 4, _DT_FLOAT32, x.device).view(T, H // group_size)
@@ -286,6 +288,8 @@ def check_group_int8(op: str, x: Any, group_size: Any = 128, eps: Any = 1e-10, c
 
 def outputs_group_int8(x: Any, group_size: Any = 128, eps: Any = 1e-10, column_major_scales: Any = False, scale_tma_aligned: Any = False, out_q: Any = None, out_scale: Any = None) -> tuple[tuple[Any, ...], Any]:
     T, H = x.shape  # its serving rank, else raises
+    if not ((H >= 1) and (H % group_size == 0) and (column_major_scales or not scale_tma_aligned)):
+        raise ValueError("not the serving form")  # the contract speaks
     out_q = x.new_empty(T, H, dtype=_DT_INT8)
     if scale_tma_aligned:
         out_scale = _checks.column_major(T, H // group_size, 4, _DT_FLOAT32, x.device).view(T, H // group_size)

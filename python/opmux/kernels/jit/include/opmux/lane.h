@@ -327,6 +327,13 @@ inline bool same_tail(const TensorView& a, int i, const TensorView& b, int j) {
   return true;
 }
 
+// -- the moe ops' contracts (ops/_contract.py: cdiv in sizes, the rows_apart layout) ----------------
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }  // ceil(a / b), a >= 0, b > 0
+// A [T, k] matrix with a unit last stride whose rows do not overlap (_checks.rows_apart).
+inline bool rows_apart(const TensorView& t) {
+  return t.ndim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) && (t.size(0) <= 1 || t.stride(0) >= t.size(1));
+}
+
 // A fresh dense tensor from the caller's framework (torch's allocator, on `like`'s device).
 inline Tensor empty(std::initializer_list<int64_t> shape, DLDataType dtype, DLDevice device) {
   int64_t dims[8];
