@@ -415,3 +415,45 @@ def test_forms_need_conditions_and_names_of_their_own() -> None:
         Forms("f", cases=(((When("x", ndim=2),), c),), default=c)
     with pytest.raises(ValueError, match="needs a condition"):
         Forms("f", cases=(((), Contract("d", c.items, kernel=("x",))),), default=c)
+
+
+def _heads_decl() -> object:
+    from opmux.kernels.ops._decl import declare
+
+    c = Contract(
+        "heads",
+        (Arg("q", "*T, H, D", dtypes=FLOATS, layout="heads"), Arg("w", "D", like="q", layout="vector")),
+        kernel=("q", "w"),
+    )
+    return declare(
+        "toy.heads",
+        "(Tensor(a!) q, Tensor w) -> ()",
+        contract=c,
+        reference=test_heads_layout_views_leading_dims_as_tokens,
+        doc="toy",
+        native=False,
+        triton=False,
+    )
+
+
+def test_heads_layout_views_leading_dims_as_tokens() -> None:
+    """``heads``: [*T, H, D] reaches the kernel as [tokens, H, D] (any token and head strides);
+    its lane takes the serving [T, H, D] as is, refusing a last stride other than 1."""
+    import torch
+
+    from opmux.kernels.ops._contract_cpp import _Lane, lane_form
+
+    decl = _heads_decl()
+    check = _exec_checks(decl)["check_heads"]
+    q = torch.randn(2, 3, 4, 8)
+    (qv, _), _ = check("toy.heads", q, torch.randn(8))  # type: ignore[operator]
+    assert qv.shape == (6, 4, 8) and qv.data_ptr() == q.data_ptr()
+    qkv = torch.randn(5, 6, 8)[:, 2:4]  # a head slice: token stride 48, head stride 8
+    (qv, _), _ = check("toy.heads", qkv, torch.randn(8))  # type: ignore[operator]
+    assert qv.stride() == (48, 8, 1)
+    with pytest.raises(ValueError, match="non-contiguous last dimension"):
+        check("toy.heads", torch.randn(5, 4, 16)[..., ::2], torch.randn(8))  # type: ignore[operator]
+    assert lane_form(decl.contract) is None  # type: ignore[attr-defined]
+    text = _Lane(decl.contract, decl).render()  # type: ignore[attr-defined]
+    assert "if (!(q.ndim() == 3 && is_float(q.dtype()))) return refused();" in text
+    assert "if (!(q.size(2) <= 1 || q.stride(2) == 1)) return refused();" in text

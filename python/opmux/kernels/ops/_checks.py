@@ -154,6 +154,12 @@ def heads(op: str, name: str, t: torch.Tensor, tokens: int, num_heads: int, head
         ) from None
 
 
+def heads_of(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t`` ([..., H, D], at least 2-d) as its [tokens, H, D] view (``heads``)."""
+    n, d = t.shape[-2], t.shape[-1]
+    return heads(op, name, t, t.shape[:-2].numel(), n, d)
+
+
 #: index tensors up to this many elements are range-checked as a Python list (tolist: one C
 #: call, ~0.15 us) rather than with aminmax and two item reads (~1.5 us)
 SMALL = 64

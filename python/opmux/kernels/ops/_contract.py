@@ -36,6 +36,8 @@ expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a ke
 * ``entries``: the trailing ``E...`` dims C-contiguous, no stride negative (a cache's entries);
 * ``paged``: each ``t[b]`` one dense region (its dims a permutation of a contiguous layout),
   blocks apart, no stride negative (paged caches copied block by block).
+* ``heads``: ``[*T, H, D]`` with a unit last stride, any token and head strides (q / k views of
+  one qkv buffer); the kernel gets the ``[tokens, H, D]`` view (never a copy).
 
 An output may be allocated in another layout when a bool scalar says so (``alloc=``, the first
 flag set wins: column-major or TMA-aligned scales), and may take a packed form (``packed=``:
@@ -77,6 +79,7 @@ LAYOUTS: tuple[str, ...] = (
     "blocks",
 )
 LAYOUTS += ("dense_last", "contiguous", "entries", "paged")
+LAYOUTS += ("heads",)
 #: how an output may be allocated instead of densely (``Arg.alloc``): a ``[rows, C]`` view of a
 #: column-major ``[C, rows]`` buffer, or of a ``[C, cdiv(rows, 4) * 4]`` one (TMA-aligned)
 ALLOCS = ("columns", "tma_columns")

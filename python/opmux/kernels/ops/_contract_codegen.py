@@ -168,6 +168,8 @@ class _Writer:
                 conds.append(f"{a.name}.is_contiguous()")
             elif a.layout in _CACHE_LAYOUTS:
                 conds.append(_layout_ok(a, len(dims) - 1))
+            elif a.layout == "heads":  # one leading dim: its own [tokens, H, D] view
+                conds.append(f"({s}[{n - 1}] <= 1 or {a.name}.stride()[{n - 1}] == 1)")
             conds.append(f"type({a.name}) is _TENSOR")
         if devices:  # one device: all on the CPU (a flag each), else the devices compared
             cpu = " and ".join(f"{n}.is_cpu" for n in dict.fromkeys(x for pair in devices for x in pair))
@@ -533,6 +535,8 @@ class _Writer:
         last = dims[-1].lstrip("*")
         if a.layout == "rows":
             self.emit(1, f'{n}_v = _checks.rows(op, "{n}", {n}, {last})')
+        elif a.layout == "heads":
+            self.emit(1, f'{n}_v = _checks.heads_of(op, "{n}", {n})')
         elif a.layout == "matrix":
             self.emit(1, f'_checks.unit_last_stride(op, "{n}", {n})')
             self.emit(1, f"{n}_v = {n}")

@@ -57,6 +57,7 @@ _LANE_LAYOUTS = {
     "contiguous": "contiguous({t})",
     "entries": "dense_from({t}, {k})",
     "paged": "dense_blocks({t})",
+    "heads": "{t}.size({k}) <= 1 || {t}.stride({k}) == 1",  # [T, H, D] as is: a unit last stride
 }
 
 
