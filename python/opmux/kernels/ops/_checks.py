@@ -86,6 +86,16 @@ def like(op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor) 
         )
 
 
+def like_or(
+    op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor, dtypes: tuple[str, ...]
+) -> None:
+    """``t`` has one of ``dtypes`` or ``ref``'s dtype, and ``ref``'s device (rope's cache)."""
+    if t.dtype != ref.dtype and _dt(t.dtype) not in dtypes:
+        allowed = " or ".join(f"torch.{d}" for d in dtypes)
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected {allowed} or {ref.dtype} ({ref_name}'s)")
+    same_device(op, ref_name, ref, **{name: t})
+
+
 def same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
     for name, t in others.items():
         if t.device != ref.device:
