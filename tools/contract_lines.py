@@ -1,7 +1,8 @@
 """Count the per-op contract code written by hand (issue #25's measure).
 
 What counts: the Python hooks a declaration names (``check=``, ``values=``, ``outputs=``) with
-the module-private helpers they call, and the C++ serving-lane code written by hand (the
+the module-private helpers they call, the kernel-view escape hatches (``ops/<group>/_views.py``),
+and the C++ serving-lane code written by hand (the
 ``*_lanes.h`` / ``*_values.h`` headers and ``*_lane`` entries in the units). What does not: the
 contracts themselves (data), the generated files (``_contracts.py``, ``_entrypoints.py``,
 ``contracts/*``), the shared check library (``_checks.py``, ``lane.h``) and the native entry
@@ -70,6 +71,12 @@ def python_hooks(group: Path) -> dict[str, int]:
                     found[f"{where.relative_to(OPS)}:{f}"] = (
                         (node.end_lineno or node.lineno) - node.lineno + 1
                     )
+    if "_views" in modules:  # the escape hatch of kernel views (``Arg(view=...)``): all of it
+        funcs, _ = _functions(modules["_views"])
+        for f, node in funcs.items():
+            found[f"{modules['_views'].relative_to(OPS)}:{f}"] = (
+                (node.end_lineno or node.lineno) - node.lineno + 1
+            )
     return found
 
 

@@ -577,3 +577,118 @@ def test_index_buffers_in_the_cpp_lane() -> None:
         "(map ? *map : map_none.view()), is_none(slots_arg) || fill > 0);"
     ) in text
     assert "(!counts || may_share(*slots, *counts, true))" in text
+
+
+def _heads_decl() -> object:
+    from opmux.kernels.ops._decl import declare
+
+    c = Contract(
+        "heads",
+        (Arg("q", "*T, H, D", dtypes=FLOATS, layout="heads"), Arg("w", "D", like="q", layout="vector")),
+        kernel=("q", "w"),
+    )
+    return declare(
+        "toy.heads",
+        "(Tensor(a!) q, Tensor w) -> ()",
+        contract=c,
+        reference=test_heads_layout_views_leading_dims_as_tokens,
+        doc="toy",
+        native=False,
+        triton=False,
+    )
+
+
+def test_heads_layout_views_leading_dims_as_tokens() -> None:
+    """``heads``: [*T, H, D] reaches the kernel as [tokens, H, D] (any token and head strides);
+    its lane takes the serving [T, H, D] as is, refusing a last stride other than 1."""
+    import torch
+
+    from opmux.kernels.ops._contract_cpp import _Lane, lane_form
+
+    decl = _heads_decl()
+    check = _exec_checks(decl)["check_heads"]
+    q = torch.randn(2, 3, 4, 8)
+    (qv, _), _ = check("toy.heads", q, torch.randn(8))  # type: ignore[operator]
+    assert qv.shape == (6, 4, 8) and qv.data_ptr() == q.data_ptr()
+    qkv = torch.randn(5, 6, 8)[:, 2:4]  # a head slice: token stride 48, head stride 8
+    (qv, _), _ = check("toy.heads", qkv, torch.randn(8))  # type: ignore[operator]
+    assert qv.stride() == (48, 8, 1)
+    with pytest.raises(ValueError, match="non-contiguous last dimension"):
+        check("toy.heads", torch.randn(5, 4, 16)[..., ::2], torch.randn(8))  # type: ignore[operator]
+    assert lane_form(decl.contract) is None  # type: ignore[attr-defined]
+    text = _Lane(decl.contract, decl).render()  # type: ignore[attr-defined]
+    assert "if (!(q.ndim() == 3 && is_float(q.dtype()))) return refused();" in text
+    assert "if (!(q.size(2) <= 1 || q.stride(2) == 1)) return refused();" in text
+
+
+def _rope_like() -> object:
+    from opmux.kernels.ops._decl import declare
+
+    heads = {
+        "layout": "heads",
+        "view": "heads",
+        "view_args": ("pos", "d"),
+        "view_cpp": "heads_view({t}, T, d, &{v})",
+    }
+    c = Contract(
+        "rot",
+        (
+            Scalar("d", "positive_int"),
+            Arg("pos", "*T", dtypes=("int64",), layout="flat"),
+            Arg("q", "*T, Hq, d", dtypes=FLOATS, device_of="pos", **heads),  # type: ignore[arg-type]
+            Arg("k", "*T, Hk, d", like="q", none_as="q_v[:, :0]", **heads),  # type: ignore[arg-type]
+            Arg("c", "P, R", like="q", or_dtypes=("float32",), layout="dense_last"),
+            Rule("Hq + Hk <= 8", "{Hq + Hk} heads", device="cuda", name="toy_heads"),
+        ),
+        kernel=("pos", "q", "k", "c"),
+    )
+    return declare(
+        "toy.rot",
+        "(Tensor pos, Tensor(a!) q, Tensor(a!)? k, int d, Tensor c) -> ()",
+        contract=c,
+        reference=test_escape_hatch_views_stand_ins_and_other_dtypes,
+        doc="toy",
+        native=False,
+        triton=False,
+    )
+
+
+def test_escape_hatch_views_stand_ins_and_other_dtypes() -> None:
+    """``view=``: the escape hatch makes the kernel view (rope's heads, [T, H * D] or [T, H, D])
+    and binds its dims; ``none_as=``: an optional input's stand-in when None (given in the
+    serving form); ``or_dtypes=``: like another or these; ``flat`` inputs reach the kernel as
+    their dense [tokens]; the C++ lane states the same through the hatch's counterpart."""
+    import torch
+
+    from opmux.kernels.ops._contract_codegen import render_group
+    from opmux.kernels.ops._contract_cpp import _ViewLane, view_form
+
+    decl = _rope_like()
+    text = render_group([decl])  # type: ignore[list-item]
+    text = text.replace("from . import _views", "from opmux.kernels.ops.rope import _views")
+    text = text.replace("from .. import _checks", "from opmux.kernels.ops import _checks")
+    scope: dict[str, object] = {}
+    exec(compile(text.replace("from .._torch import torch", "import torch"), "<toy>", "exec"), scope)
+    check = scope["check_rot"]
+    pos, c = torch.arange(3), torch.randn(8, 4)
+    q, k = torch.randn(3, 2 * 8), torch.randn(3, 1, 8)
+    (p, qv, kv, _), _ = check("toy.rot", pos, q, k, 8, c)  # type: ignore[operator]
+    assert p is pos and qv.shape == (3, 2, 8) and qv.data_ptr() == q.data_ptr() and kv is k
+    (p, qv, kv, _), _ = check("toy.rot", pos.view(1, 3), q.view(1, 3, 16), None, 8, c)  # type: ignore[operator]
+    assert p.shape == (3,) and kv.shape == (3, 0, 8)  # no key: no heads
+    with pytest.raises(
+        TypeError, match=r"c has dtype torch.float16; expected torch.float32 or torch.float32 \(q's\)"
+    ):
+        check("toy.rot", pos, q, k, 8, c.half())  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"q has shape \(3, 12\); expected positions' shape followed by"):
+        check("toy.rot", pos, torch.randn(3, 12), k, 8, c)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"pos has strides \(2,\); kernels need a dense vector"):
+        check("toy.rot", torch.arange(6)[::2], q, k, 8, c)  # type: ignore[operator]
+    assert view_form(decl.contract) is None  # type: ignore[attr-defined]
+    lane = _ViewLane(decl.contract, decl).render()  # type: ignore[attr-defined]
+    assert "if (!(heads_view(q, T, d, &q_h))) return refused();" in lane
+    assert "const int64_t Hk = k_h.shape[1];" in lane
+    assert "if (!(opt_tensor(k_arg, &k) && k)) return refused();" in lane
+    assert "same_dtype(c.dtype(), q.dtype()) || is_dtype(c, kDLFloat, 32)" in lane
+    assert "if (!(device_type != kDLCUDA || (Hq + Hk <= 8))) return refused();" in lane
+    assert "kernel(pos, q_h.view(), k_h.view(), c);" in lane

@@ -86,6 +86,16 @@ def like(op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor) 
         )
 
 
+def like_or(
+    op: str, ref_name: str, ref: torch.Tensor, name: str, t: torch.Tensor, dtypes: tuple[str, ...]
+) -> None:
+    """``t`` has one of ``dtypes`` or ``ref``'s dtype, and ``ref``'s device (rope's cache)."""
+    if t.dtype != ref.dtype and _dt(t.dtype) not in dtypes:
+        allowed = " or ".join(f"torch.{d}" for d in dtypes)
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected {allowed} or {ref.dtype} ({ref_name}'s)")
+    same_device(op, ref_name, ref, **{name: t})
+
+
 def same_device(op: str, ref_name: str, ref: torch.Tensor, **others: torch.Tensor) -> None:
     for name, t in others.items():
         if t.device != ref.device:
@@ -152,6 +162,12 @@ def heads(op: str, name: str, t: torch.Tensor, tokens: int, num_heads: int, head
             f"{op}: {name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
             f"[{tokens}, {num_heads}, {head_dim}]; pass a tensor whose leading dims are contiguous"
         ) from None
+
+
+def heads_of(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t`` ([..., H, D], at least 2-d) as its [tokens, H, D] view (``heads``)."""
+    n, d = t.shape[-2], t.shape[-1]
+    return heads(op, name, t, t.shape[:-2].numel(), n, d)
 
 
 #: index tensors up to this many elements are range-checked as a Python list (tolist: one C

@@ -25,7 +25,8 @@ expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a ke
 * ``strided_unit``: any strides, but one of the dims has unit stride (TMA-friendly scales);
 * ``element``: one element of any shape (a per-tensor scale); the kernel gets a [1] view;
 * ``flat``: (an output) allocated in its declared shape; a caller's may have any shape of as many
-  elements that views as a dense vector; the kernel gets that [n] view (per-row scales);
+  elements that views as a dense vector; the kernel gets that [n] view (per-row scales). An
+  input ``[*T]`` reaches the kernel as its [tokens] reshape, which must be dense (rope's positions);
 * ``scales``: (an output) allocated ``[*T, C]``; a caller's may have any leading dims holding the
   rows and any strides with each element at its own address (``distinct``); the kernel gets the
   ``[rows, C]`` view (group scales: row-major, column-major, TMA-aligned);
@@ -36,6 +37,8 @@ expression over bound symbols (``H // 2``, ``cdiv(K, 128)``). Layouts (what a ke
 * ``entries``: the trailing ``E...`` dims C-contiguous, no stride negative (a cache's entries);
 * ``paged``: each ``t[b]`` one dense region (its dims a permutation of a contiguous layout),
   blocks apart, no stride negative (paged caches copied block by block).
+* ``heads``: ``[*T, H, D]`` with a unit last stride, any token and head strides (q / k views of
+  one qkv buffer); the kernel gets the ``[tokens, H, D]`` view (never a copy).
 
 An output may be allocated in another layout when a bool scalar says so (``alloc=``, the first
 flag set wins: column-major or TMA-aligned scales), and may take a packed form (``packed=``:
@@ -87,6 +90,7 @@ LAYOUTS: tuple[str, ...] = (
 LAYOUTS += ("dense_last", "contiguous", "entries", "paged")
 #: a [T, k] matrix with a unit last stride whose rows do not overlap (routing outputs)
 LAYOUTS += ("rows_apart",)
+LAYOUTS += ("heads",)
 #: how an output may be allocated instead of densely (``Arg.alloc``): a ``[rows, C]`` view of a
 #: column-major ``[C, rows]`` buffer, or of a ``[C, cdiv(rows, 4) * 4]`` one (TMA-aligned)
 ALLOCS = ("columns", "tma_columns")
@@ -172,6 +176,20 @@ class Arg:
     alloc_shape: str = ""
     #: the message's tail, after "<name> ", when the dtype is wrong (an f-string; ``{dtype}``: its dtype)
     dtype_hint: str = ""
+    #: with ``like=``: these dtypes too (rope's cache: float32 or query's)
+    or_dtypes: tuple[str, ...] = ()
+    #: an optional input's stand-in when None (an expression over the checked views, e.g. an
+    #: empty view of another); such an input is given in the serving form
+    none_as: str = ""
+    #: the escape hatch for a kernel view a shape cannot state (rope's head count, read from a
+    #: hidden size [H * D] or [H, D]): a function of the group's ``_views`` module, called as
+    #: ``view(op, name, t, *view_args)`` at the tensor's place in the check order; it returns the
+    #: view (the shape names its dims, bound from it) or raises the contract's message (Python is
+    #: authoritative). ``view_cpp``: its C++ counterpart for the lane, a bool call filling a
+    #: ``lane::HeadsView`` ({t}: the tensor, {v}: the view), which may only refuse
+    view: str = ""
+    view_args: tuple[str, ...] = ()
+    view_cpp: str = ""
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -184,7 +202,9 @@ class Arg:
             raise ValueError(f"Arg {self.name!r}: at_least= is for vectors")
         if (self.layout == "element") != (self.shape == ""):
             raise ValueError(f"Arg {self.name!r}: layout='element' goes with shape='' (one element)")
-        if self.layout in ("flat", "scales") and not self.out:
+        if self.none_as and not self.view:
+            raise ValueError(f"Arg {self.name!r}: none_as= goes with view=")
+        if self.layout == "scales" and not self.out:
             raise ValueError(f"Arg {self.name!r}: layout {self.layout!r} is for outputs")
         if (self.alloc or self.packed) and self.layout != "scales":
             raise ValueError(f"Arg {self.name!r}: alloc= and packed= go with layout='scales'")

@@ -40,7 +40,52 @@ def _sym(name: str) -> str:
     return name if name.isidentifier() else ""
 
 
-class _Writer:
+class _ViewWriter:
+    """The escape hatch's views (``Arg.view``) and optional inputs with a stand-in (``none_as``),
+    mixed into :class:`_Writer`: rope's heads, inferred from a hidden size."""
+
+    def stand_in(self: _Writer, a: Arg) -> bool:  # type: ignore[misc]
+        p = next((p for p in self.params if p.name == a.name), None)
+        return bool(a.none_as) and p is not None and p.type == "Tensor?"
+
+    def view_call(self: _Writer, a: Arg, fast: bool) -> str:  # type: ignore[misc]
+        args = [n if fast or any(t.name == n for t in self.c.tensors) else f"{n}_" for n in a.view_args]
+        return f'_views.{a.view}(op, "{a.name}", {a.name}, {", ".join(args)})'
+
+    def view_binds(self: _Writer, a: Arg, scalars: set[str]) -> list[str]:  # type: ignore[misc]
+        """The view's dims that name a symbol not yet bound: bound from its shape."""
+        out = []
+        for i, d in enumerate(self.c.dims_of(a)):
+            if d.isidentifier() and d not in self.bound and d not in scalars:
+                out.append(f"{d} = {a.name}_v.shape[{i}]")
+                self.bound.add(d)
+        return out
+
+    def fast_views(self: _Writer) -> list[str]:  # type: ignore[misc]
+        lines: list[str] = []
+        scalars = {s.name for s in self.c.scalars}
+        saved, self.bound = self.bound, set()
+        for a in self.c.tensors:
+            if a.view:
+                lines.append(f"{a.name}_v = {self.view_call(a, fast=True)}")
+                lines += self.view_binds(a, scalars)
+        self.bound = saved
+        return lines
+
+    def full_view(self: _Writer, a: Arg, depth: int) -> None:  # type: ignore[misc]
+        self.emit(depth, f"{a.name}_v = {self.view_call(a, fast=False)}")
+        if self.stand_in(a):
+            self.emit(1, "else:")
+            self.emit(2, f"{a.name}_v = {a.none_as}")
+        for line in self.view_binds(a, {s.name for s in self.c.scalars}):
+            self.emit(1, line)
+
+
+#: an input ``flat`` layout's message, after "<name> "
+_FLAT_HINT = "has strides {{t}.stride()}; kernels need a dense vector: pass {t}.contiguous()"
+
+
+class _Writer(_ViewWriter):
     """The text of one check function."""
 
     def __init__(self, c: Contract, decl: Decl, given: frozenset[str] = frozenset()) -> None:
@@ -126,7 +171,9 @@ class _Writer:
                 setup.append(f"{a.name}_v = {a.name} if len({s}0) == 2 else {a.name}.view(1, 1)")
                 setup.append(f"{s} = {a.name}_v.shape")
                 conds.append(f"len({s}0) <= 2")
-            if a.same_as:
+            if a.view:  # the escape hatch views it (below): no rank or dims here
+                dims = ()
+            elif a.same_as:
                 conds.append(f"{s} == {a.same_as}_s")
                 dims = ()  # its dims are the other's, checked there
             elif a.layout == "element":
@@ -152,14 +199,20 @@ class _Writer:
                         known[d] = f"{s}[{i}]"
                 else:
                     conds.append(f"{s}[{i}] == {_subst(d, known)}")
-            if a.like:
+            if a.like and a.or_dtypes:
+                conds.append(
+                    f"({a.name}.dtype == {a.like}.dtype or {a.name}.dtype in {_dtype_tuple(a.or_dtypes)})"
+                )
+            elif a.like:
                 conds.append(f"{a.name}.dtype == {a.like}.dtype")
             ref = a.like or a.device_of
             if ref and not a.any_device:
                 devices.append((a.name, ref))
             n = len(c.dims_of(a))
-            if a.layout == "element":
+            if a.layout == "element" or a.view:
                 pass
+            elif a.layout == "flat":  # an input: its one serving dim dense
+                conds.append(f"({s}[0] <= 1 or {a.name}.stride()[0] == 1)")
             elif a.layout in ("rows", "matrix"):
                 conds.append(f"({s}[{n - 1}] <= 1 or {a.name}.stride()[{n - 1}] == 1)")
             elif a.layout == "vector":
@@ -175,6 +228,8 @@ class _Writer:
             elif a.layout == "rows_apart":
                 conds.append(f"({s}[1] <= 1 or {a.name}.stride()[1] == 1)")
                 conds.append(f"({s}[0] <= 1 or {a.name}.stride()[0] >= {s}[1])")
+            elif a.layout == "heads":  # one leading dim: its own [tokens, H, D] view
+                conds.append(f"({s}[{n - 1}] <= 1 or {a.name}.stride()[{n - 1}] == 1)")
             conds.append(f"type({a.name}) is _TENSOR")
         if devices:  # one device: all on the CPU (a flag each), else the devices compared
             cpu = " and ".join(f"{n}.is_cpu" for n in dict.fromkeys(x for pair in devices for x in pair))
@@ -182,6 +237,7 @@ class _Writer:
         for name, expr in known.items():
             if name != expr:  # (a scalar named in a shape is itself)
                 binds.append(f"{name} = {expr}")
+        binds += self.fast_views()
         self.batch = {d.lstrip("*") for a in c.tensors for d in c.dims_of(a) if d.startswith("*")}
         rules = [r for r in c.rules if not r.device]
         for a in c.tensors:
@@ -227,9 +283,9 @@ class _Writer:
             )
         if self.absent(a):
             return self.nothing(a)
-        if a.layout == "blocks":
+        if a.layout == "blocks" or a.view:
             return f"{name}_v"
-        if a.layout == "flat":
+        if a.layout == "flat" and a.out:
             return f"{name}.view(-1)"
         if a.kernel_dtype:
             dt = "_" + a.kernel_dtype.upper()
@@ -241,7 +297,7 @@ class _Writer:
     def absent(self, a: Arg) -> bool:
         """An input the signature makes optional (``Tensor?``, not written): checked when given."""
         p = next((p for p in self.params if p.name == a.name), None)
-        if a.out or p is None or p.type != "Tensor?":
+        if a.out or p is None or p.type != "Tensor?" or a.none_as:
             return False
         return a.name not in self.given and not self.c.required(a.name)
 
@@ -396,7 +452,7 @@ class _Writer:
             )
         if a.packed is not None:
             self.emit(1, f"{a.name}_p = False")
-        if self.absent(a):
+        if self.absent(a) or self.stand_in(a):
             self.emit(1, f"if {a.name} is not None:")
             depth = 2
         if a.out and a.alloc:
@@ -431,8 +487,11 @@ class _Writer:
                 self.emit(depth, f'_checks.float_dtype(op, "{n}", {n})')
             else:
                 self.emit(depth, f'_checks.dtype_in(op, "{n}", {n}, {a.dtypes!r})')
-        self.shape_checks(a, depth)
-        if a.like and a.any_device:
+        if not a.view:
+            self.shape_checks(a, depth)
+        if a.like and a.or_dtypes:
+            self.emit(depth, f'_checks.like_or(op, "{a.like}", {a.like}, "{n}", {n}, {a.or_dtypes!r})')
+        elif a.like and a.any_device:
             self.emit(depth, f'_checks.same_dtype(op, "{a.like}", {a.like}, {n}={n})')
         elif a.like:
             self.emit(depth, f'_checks.like(op, "{a.like}", {a.like}, "{n}", {n})')
@@ -444,12 +503,15 @@ class _Writer:
                 depth,
                 f'{a.dtype_from}_ = _checks.out_dtype(op, "{n}", {n}, "{a.dtype_from}", {a.dtype_from}, {choices!r})',
             )
+        if a.view:
+            self.full_view(a, depth)
+            return
         self.views.append(a)
 
     def shape_checks(self, a: Arg, depth: int) -> None:
         n = a.name
         dims = a.dims
-        if a.layout in ("element", "flat", "scales"):  # checked and viewed with its layout
+        if a.layout in ("element", "scales") or (a.layout == "flat" and a.out):  # with its layout
             return
         if a.at_least:  # layout and length at once
             self.emit(depth, f'_checks.at_least(op, "{n}", {n}, {dims[0]}, {a.note!r})')
@@ -499,10 +561,11 @@ class _Writer:
                     self.bound.add(sym)
             elif d.startswith("*"):
                 sym = d[1:]
+                end = idx + 1 or ""  # (``*T`` alone: the whole shape)
                 if sym in self.bound:
-                    conds.append(f"tuple({n}.shape[:{idx + 1}]) != tuple({sym})")
+                    conds.append(f"tuple({n}.shape[:{end}]) != tuple({sym})")
                 else:
-                    binds.append(f"{sym} = tuple({n}.shape[:{idx + 1}])")
+                    binds.append(f"{sym} = tuple({n}.shape[:{end}])")
                     self.bound.add(sym)
             elif d.isidentifier():
                 if d in self.bound:
@@ -559,6 +622,12 @@ class _Writer:
             return
         if a.layout == "blocks":  # viewed with its shape check
             return
+        if a.layout == "flat" and not a.out:  # [*T] as its dense [tokens] (a read input: reshape)
+            hint = (a.layout_hint or _FLAT_HINT).replace("{t}", n)
+            self.emit(1, f"{n}_v = {n}.reshape(-1)")
+            self.emit(1, f"if {n}_v.shape[0] > 1 and {n}_v.stride(0) != 1:")
+            self.emit(2, f"raise ValueError(f{('{op}: ' + n + ' ' + hint)!r})")
+            return
         if a.layout == "flat":
             count = " * ".join(_rows_expr(d) for d in dims)
             self.emit(1, f'{n}_v = _checks.flat_vector(op, "{n}", {n}, {count}, {a.note!r})')
@@ -581,6 +650,8 @@ class _Writer:
         last = dims[-1].lstrip("*")
         if a.layout == "rows":
             self.emit(1, f'{n}_v = _checks.rows(op, "{n}", {n}, {last})')
+        elif a.layout == "heads":
+            self.emit(1, f'{n}_v = _checks.heads_of(op, "{n}", {n})')
         elif a.layout == "matrix":
             self.emit(1, f'_checks.unit_last_stride(op, "{n}", {n})')
             self.emit(1, f"{n}_v = {n}")
@@ -805,6 +876,8 @@ def render_group(decls: Iterable[Decl]) -> str:
             bodies.append("\n\n" + _outputs(w))
     consts = "".join(f"{k} = {v}\n" for k, v in sorted(_CONSTS.items()))
     header = _HEADER
+    if any("_views." in b for b in bodies):  # the escape hatch's views (``Arg.view``)
+        header = header.replace("from .. import _checks\n", "from .. import _checks\nfrom . import _views\n")
     if any("prod(" in b for b in bodies):  # the rows of a batch (``*T``)
         header = header.replace("from typing import Any\n", "from math import prod\nfrom typing import Any\n")
     return "".join([header, "\n\n", consts, *bodies])

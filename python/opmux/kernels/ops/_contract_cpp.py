@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, When
 from ._decl import Decl
@@ -57,6 +58,7 @@ _LANE_LAYOUTS = {
     "contiguous": "contiguous({t})",
     "entries": "dense_from({t}, {k})",
     "paged": "dense_blocks({t})",
+    "heads": "{t}.size({k}) <= 1 || {t}.stride({k}) == 1",  # [T, H, D] as is: a unit last stride
 }
 _LANE_LAYOUTS["rows_apart"] = "rows_apart({t})"
 
@@ -322,7 +324,11 @@ def _lane_decls(decls: Iterable[Decl]) -> list[Decl]:
         d
         for d in decls
         if d.contract is not None
-        and (lane_form(d.contract) is None or extended_form(d.contract, d) is None)
+        and (
+            lane_form(d.contract) is None
+            or extended_form(d.contract, d) is None
+            or view_form(d.contract) is None
+        )
         and d.spec.backend_names
         and any(b.name in ("aot", "jit") for b in d.spec.backends)
     ]
@@ -330,6 +336,8 @@ def _lane_decls(decls: Iterable[Decl]) -> list[Decl]:
 
 def _render_lane(d: Decl) -> str:
     assert d.contract is not None
+    if isinstance(d.contract, Contract) and view_form(d.contract) is None:
+        return _ViewLane(d.contract, d).render()
     return (_Lane if lane_form(d.contract) is None else _ExtLane)(d.contract, d).render()
 
 
@@ -649,3 +657,113 @@ def _native_rules(contracts: Iterable[Contract]) -> list[str]:
                 "}\n"
             )
     return list(out.values())
+
+
+# -- the escape hatch's views (``Arg.view``: rope's heads) and flat inputs -------------------------
+def view_form(c: Contract | Forms) -> str | None:
+    """None when ``_ViewLane`` can check the contract's serving form exactly (inputs only, some
+    viewed through the escape hatch's C++ counterpart), else why not."""
+    if isinstance(c, Forms) or not any(a.view for a in c.tensors):
+        return "no escape hatch view"
+    for s in c.scalars:
+        if s.kind not in _SCALAR and s.kind not in _INT:
+            return f"scalar {s.name} of kind {s.kind}"
+    for a in c.tensors:
+        if a.out or a.kernel_dtype or a.dtype_from or a.any_device or a.same_as:
+            return f"{a.name}: an output, reinterpreted or shaped by another"
+        if a.view and not a.view_cpp:
+            return f"{a.name}'s view has no C++ counterpart"
+        if not a.view and a.layout not in _LANE_LAYOUTS and a.layout != "flat":
+            return f"{a.name}'s layout {a.layout}"
+        if any(d not in _DL for d in (*a.dtypes, *a.or_dtypes)):
+            return f"{a.name}'s dtypes {a.dtypes}"
+    names = {d.lstrip("*") for a in c.tensors for d in c.dims_of(a) if d.lstrip("*").isidentifier()}
+    names |= {s.name for s in c.scalars} | {"and", "or", "not", "cdiv", "prod", "max"}
+    for r in c.rules:
+        if not set(_NAME.findall(r.expr)) <= names or "." in r.expr:
+            return f"rule {r.expr!r} reads more than shapes and scalars"
+    return None
+
+
+class _ViewLane(_Lane):
+    """A lane whose serving form has tensors viewed by the escape hatch's C++ counterpart (a
+    ``HeadsView``; it may only refuse), int scalars, and ``flat`` inputs as dense [T] vectors."""
+
+    def render(self) -> str:
+        c, d = self.c, self.decl
+        args = [f"{t} {n}" for t, n in _lane_params(d)]
+        self.lines = [
+            f"// {c.name}: {d.name}'s contract (ops/{d.name.partition('.')[0]}/op.py)",
+            f"template <typename Kernel>\ninline Any {c.name}(int32_t device_type, {', '.join(args)}, Kernel&& kernel) {{",
+        ]
+        for sc in c.scalars:
+            ctype, reader = _SCALAR.get(sc.kind) or _INT[sc.kind]
+            self.emit(f"{ctype} {sc.name};")
+            self.refuse_unless(
+                f"{reader}({sc.name}_arg, &{sc.name})"
+                + (" && " + sc.name + " > 0" if sc.kind in _INT else "")
+            )
+        for name in sorted(self.opt):  # the serving form has them given
+            self.emit(f"std::optional<TensorView> {name};")
+            self.refuse_unless(f"opt_tensor({name}_arg, &{name}) && {name}")
+        bound: dict[str, str] = {}
+        for a in c.tensors:
+            if a.view:
+                self.heads(a, bound)
+            else:
+                self.check_input(replace(a, layout="vector") if a.layout == "flat" else a, bound)
+        for r in c.rules:
+            cond = _cpp_expr(r.expr)
+            if r.device:
+                cond = f"device_type != {_DEVICE[r.device]} || ({cond})"
+            self.refuse_unless(cond)
+        self.guard([])
+        if c.values_cpp:  # the values hook's counterpart: refuses what Python's would raise on
+            self.refuse_unless(c.values_cpp)
+        views = {a.name: f"{a.name}_h.view()" for a in c.tensors if a.view}
+        kargs = [
+            k.lower() if k in LITERALS else views.get(k, self.ref(k) if k.isidentifier() else _cpp_expr(k))
+            for k in c.kernel
+        ]
+        self.emit(f"kernel({', '.join(kargs)});")
+        self.emit("return ran();")
+        self.lines.append("}")
+        return "\n".join(self.lines) + "\n"
+
+    def heads(self, a: Arg, bound: dict[str, str]) -> None:
+        """The tensor's dtype and device, then its view by the escape hatch's counterpart; the
+        view's dims that name a new symbol are bound from it."""
+        t = self.ref(a.name)
+        conds = []
+        if a.dtypes == FLOATS:
+            conds.append(f"is_float({t}.dtype())")
+        elif a.dtypes:
+            conds.append(" || ".join(f"is_dtype({t}, {_DL[x]})" for x in a.dtypes))
+        if a.like:
+            conds.append(f"same_dtype({t}.dtype(), {self.ref(a.like)}.dtype())")
+        ref = a.like or a.device_of
+        if ref:
+            conds.append(f"same_device({t}, {self.ref(ref)})")
+        if conds:
+            self.refuse_unless(" && ".join(f"({x})" if "||" in x else x for x in conds))
+        self.emit(f"HeadsView {a.name}_h;")
+        self.refuse_unless(a.view_cpp.format(t=t, v=f"{a.name}_h"))
+        scalars = {sc.name for sc in self.c.scalars}
+        for i, dim in enumerate(_dims(self.c, a)):
+            if dim.isidentifier() and dim not in bound and dim not in scalars:
+                bound[dim] = f"{a.name}_h.shape[{i}]"
+                self.emit(f"const int64_t {dim} = {a.name}_h.shape[{i}];")
+
+    def check_tensor(self, a: Arg, bound: dict[str, str], t: str, depth: int) -> None:
+        if not a.or_dtypes:
+            super().check_tensor(a, bound, t, depth)
+            return
+        # like= or other dtypes: the dtype stated here, the rest as usual
+        ok = " || ".join(
+            [
+                f"same_dtype({t}.dtype(), {self.ref(a.like)}.dtype())",
+                *(f"is_dtype({t}, {_DL[x]})" for x in a.or_dtypes),
+            ]
+        )
+        self.refuse_unless(ok, depth)
+        super().check_tensor(replace(a, like="", device_of=a.like, dtypes=ANY), bound, t, depth)

@@ -578,14 +578,6 @@ void qk_norm_cpu(TensorView q, TensorView k, TensorView q_weight, TensorView k_w
   });
 }
 
-lane::Any qk_norm_cpu_lane(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
-                           lane::AnyView eps_arg) {
-  double eps;
-  if (!lane::qk_norm_args(kDLCPU, q, k, q_weight, k_weight, eps_arg, &eps)) return lane::refused();
-  qk_norm_cpu(q, k, q_weight, k_weight, eps);
-  return lane::ran();
-}
-
 // The static fp8 norms' serving lanes (norm_lanes.h norm_quant_args / fused_add_quant_args): the
 // kernel takes the fp8 result itself (its bytes; check_fp8_bytes accepts float8_e4m3fn).
 lane::Any rmsnorm_static_quant_fp8_cpu_lane(TensorView x, TensorView weight, TensorView scale, lane::AnyView eps_arg,
@@ -631,7 +623,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cpu,
                               opmux::layernorm_cpu::rmsnorm_static_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cpu,
                               opmux::layernorm_cpu::fused_add_rmsnorm_static_quant_fp8_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cpu_lane, opmux::layernorm_cpu::qk_norm_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cpu_lane,
                               opmux::layernorm_cpu::rmsnorm_static_quant_fp8_cpu_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cpu_lane,

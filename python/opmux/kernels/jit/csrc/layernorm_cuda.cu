@@ -524,14 +524,6 @@ void fused_add_rmsnorm_static_quant_fp8_cuda(TensorView q, TensorView x, TensorV
   run_quant<true>("opmux.fused_add_rmsnorm_static_quant_fp8", q, x, residual, weight, scale, eps);
 }
 
-lane::Any qk_norm_cuda_lane(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight,
-                           lane::AnyView eps_arg, bool enable_pdl) {
-  double eps;
-  if (!lane::qk_norm_args(kDLCUDA, q, k, q_weight, k_weight, eps_arg, &eps)) return lane::refused();
-  qk_norm_cuda(q, k, q_weight, k_weight, eps, enable_pdl);
-  return lane::ran();
-}
-
 // The static fp8 norms' serving lanes (norm_lanes.h norm_quant_args / fused_add_quant_args): the
 // kernel takes the fp8 result itself (its bytes; check_fp8_bytes accepts float8_e4m3fn).
 lane::Any rmsnorm_static_quant_fp8_cuda_lane(TensorView x, TensorView weight, TensorView scale, lane::AnyView eps_arg,
@@ -578,7 +570,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cuda,
                               opmux::layernorm_cuda::rmsnorm_static_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cuda,
                               opmux::layernorm_cuda::fused_add_rmsnorm_static_quant_fp8_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_norm_cuda_lane, opmux::layernorm_cuda::qk_norm_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cuda_lane,
                               opmux::layernorm_cuda::rmsnorm_static_quant_fp8_cuda_lane);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cuda_lane,

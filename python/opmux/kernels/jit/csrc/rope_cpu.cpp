@@ -264,7 +264,7 @@ void dispatch_style(const int64_t* pos, T* q, T* k, const C* cache, const RopeLa
 #include <tvm/ffi/function.h>
 
 #include "opmux/head_checks.h"
-#include "opmux/rope_lanes.h"
+#include "opmux/contracts/rope.h"
 
 namespace opmux {
 namespace rope_cpu {
@@ -297,22 +297,10 @@ void rotary_embedding_cpu(TensorView positions, TensorView query, TensorView key
   });
 }
 
-// Serving lane (opmux/lane.h, rope_lanes.h): the contract's form checked here, with the values
-// hook (positions in [0, max_position)), else None having done nothing.
-lane::Any rotary_embedding_cpu_lane(TensorView positions, TensorView query, lane::AnyView key,
-                                    lane::AnyView head_size, TensorView cos_sin_cache, lane::AnyView is_neox,
-                                    lane::AnyView vllm_rounding) {
-  lane::RopeLaneArgs a;
-  if (!lane::rope_args(kDLCPU, positions, query, key, head_size, cos_sin_cache, is_neox, vllm_rounding, &a) ||
-      first_bad_position(data_ptr<const int64_t>(positions), positions.size(0), cos_sin_cache.size(0)) >= 0)
-    return lane::refused();
-  rotary_embedding_cpu(positions, a.q.view(), a.k.view(), cos_sin_cache, a.neox, a.vllm);
-  return lane::ran();
-}
-
 }  // namespace rope_cpu
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rotary_embedding_cpu, opmux::rope_cpu::rotary_embedding_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rotary_embedding_cpu_lane, opmux::rope_cpu::rotary_embedding_cpu_lane);
+
+#include "opmux/contracts/rope_cpu_lanes.inc"
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -17,7 +17,7 @@
 
 #include "opmux/cuda_utils.cuh"
 #include "opmux/head_checks.h"
-#include "opmux/rope_lanes.h"
+#include "opmux/contracts/rope.h"
 
 namespace opmux {
 namespace rope_cuda {
@@ -247,14 +247,8 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, TensorView ke
   const char* op = "opmux.rotary_embedding";
   RopeArgs a = check_rope_args(op, kDLCUDA, positions, query, key, cos_sin_cache);
   if (a.q.tokens == 0 || a.q.heads + a.k.heads == 0) return;
-  if (a.q.tokens > 0x7fffffff || a.q.heads + a.k.heads > (1 << 20)) {
-    TVM_FFI_THROW(ValueError) << op << ": too many tokens (" << a.q.tokens << ") or heads ("
-                              << a.q.heads + a.k.heads << ")";
-  }
-  if (a.rot_dim * sizeof(float) > 48 * 1024) {
-    TVM_FFI_THROW(ValueError) << op << ": rotary_dim " << a.rot_dim
-                              << " exceeds the 12288 this kernel stages in shared memory";
-  }
+  lane::contract::rule_rope_sizes(op, a.k.heads, a.q.heads, a.q.tokens);  // the contract's CUDA limits
+  lane::contract::rule_rope_smem(op, a.rot_dim);
   RopeParams p;
   p.pos = data_ptr<const int64_t>(positions);
   p.q = data_ptr<void>(query);
@@ -282,23 +276,9 @@ void rotary_embedding_cuda(TensorView positions, TensorView query, TensorView ke
   });
 }
 
-// Serving lane (opmux/lane.h, rope_lanes.h): the contract's form checked here, else None having
-// done nothing. Positions are not read (the values hook reads CPU positions only); the sizes the
-// kernel itself refuses are refused here too (the contract path then raises the kernel's error).
-lane::Any rotary_embedding_cuda_lane(TensorView positions, TensorView query, lane::AnyView key,
-                                     lane::AnyView head_size, TensorView cos_sin_cache, lane::AnyView is_neox,
-                                     lane::AnyView vllm_rounding, bool enable_pdl) {
-  lane::RopeLaneArgs a;
-  if (!lane::rope_args(kDLCUDA, positions, query, key, head_size, cos_sin_cache, is_neox, vllm_rounding, &a) ||
-      positions.size(0) > 0x7fffffff || a.q.shape[1] + a.k.shape[1] > (1 << 20) ||
-      cos_sin_cache.size(1) * static_cast<int64_t>(sizeof(float)) > 48 * 1024)
-    return lane::refused();
-  rotary_embedding_cuda(positions, a.q.view(), a.k.view(), cos_sin_cache, a.neox, a.vllm, enable_pdl);
-  return lane::ran();
-}
-
 }  // namespace rope_cuda
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(rotary_embedding_cuda, opmux::rope_cuda::rotary_embedding_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rotary_embedding_cuda_lane, opmux::rope_cuda::rotary_embedding_cuda_lane);
+
+#include "opmux/contracts/rope_cuda_lanes.inc"

@@ -208,6 +208,83 @@ def check_norm(op: str, x: Any, weight: Any, eps: Any = 1e-06, out: Any = None) 
     return (out_v, x_v, weight_v, eps_,), out
 
 
+def check_qk_norm(op: str, q: Any, k: Any, q_weight: Any, k_weight: Any, eps: Any = 1e-06) -> tuple[tuple[Any, ...], Any]:
+    try:  # the serving form, each attribute read once; anything else: the full checks
+        q_s = q.shape
+        k_s = k.shape
+        q_weight_s = q_weight.shape
+        k_weight_s = k_weight.shape
+        if (
+            type(eps) is float
+            and 0.0 < eps < _checks.INF
+            and len(q_s) == 3
+            and q.dtype in _FLOAT32_FLOAT16_BFLOAT16
+            and (q_s[2] <= 1 or q.stride()[2] == 1)
+            and type(q) is _TENSOR
+            and len(k_s) == 3
+            and k_s[2] == q_s[2]
+            and k.dtype == q.dtype
+            and (k_s[2] <= 1 or k.stride()[2] == 1)
+            and type(k) is _TENSOR
+            and len(q_weight_s) == 1
+            and q_weight_s[0] == q_s[2]
+            and q_weight.dtype == q.dtype
+            and (q_weight_s[0] <= 1 or q_weight.stride()[0] == 1)
+            and type(q_weight) is _TENSOR
+            and len(k_weight_s) == 1
+            and k_weight_s[0] == q_s[2]
+            and k_weight.dtype == q.dtype
+            and (k_weight_s[0] <= 1 or k_weight.stride()[0] == 1)
+            and type(k_weight) is _TENSOR
+            and ((k.is_cpu and q.is_cpu and q_weight.is_cpu and k_weight.is_cpu) or (k.device == q.device and q_weight.device == q.device and k_weight.device == q.device))
+        ):
+            Tq = q_s[0]
+            Hq = q_s[1]
+            D = q_s[2]
+            Tk = k_s[0]
+            Hk = k_s[1]
+            eps_ = eps
+            return (q, k, q_weight, k_weight, eps_,), None
+    except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
+        pass
+    _checks.tensor(op, "q", q)
+    _checks.float_dtype(op, "q", q)
+    if q.dim() < 2:
+        raise ValueError(f"{op}: q has shape {tuple(q.shape)}; expected [..., heads, head_dim]")
+    Tq = tuple(q.shape[:-2])
+    Hq = q.shape[-2]
+    D = q.shape[-1]
+    _checks.tensor(op, "k", k)
+    if k.dim() < 2:
+        raise ValueError(f"{op}: k has shape {tuple(k.shape)}; its head_dim must be {D} like q's")
+    Tk = tuple(k.shape[:-2])
+    Hk = k.shape[-2]
+    if k.shape[-1] != D:
+        raise ValueError(f"{op}: k has shape {tuple(k.shape)}; its head_dim must be {D} like q's")
+    _checks.like(op, "q", q, "k", k)
+    _checks.tensor(op, "q_weight", q_weight)
+    if q_weight.dim() != 1:
+        raise ValueError(f"{op}: q_weight has shape {tuple(q_weight.shape)}, expected [{D}] (head_dim)")
+    if q_weight.shape[-1] != D:
+        raise ValueError(f"{op}: q_weight has shape {tuple(q_weight.shape)}, expected [{D}] (head_dim)")
+    _checks.like(op, "q", q, "q_weight", q_weight)
+    _checks.tensor(op, "k_weight", k_weight)
+    if k_weight.dim() != 1:
+        raise ValueError(f"{op}: k_weight has shape {tuple(k_weight.shape)}, expected [{D}] (head_dim)")
+    if k_weight.shape[-1] != D:
+        raise ValueError(f"{op}: k_weight has shape {tuple(k_weight.shape)}, expected [{D}] (head_dim)")
+    _checks.like(op, "q", q, "k_weight", k_weight)
+    _checks.positive_float(op, "eps", eps)
+    eps_ = float(eps)
+    q_v = _checks.heads_of(op, "q", q)
+    k_v = _checks.heads_of(op, "k", k)
+    _checks.dense_vector(op, "q_weight", q_weight)
+    q_weight_v = q_weight
+    _checks.dense_vector(op, "k_weight", k_weight)
+    k_weight_v = k_weight
+    return (q_v, k_v, q_weight_v, k_weight_v, eps_,), None
+
+
 def check_norm_quant(op: str, x: Any, weight: Any, scale: Any, eps: Any = 1e-06, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         x_s = x.shape

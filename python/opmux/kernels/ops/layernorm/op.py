@@ -9,13 +9,11 @@ unit last stride, weights dense [H], eps > 0. NaN and Inf propagate as in the re
 
 from __future__ import annotations
 
-import math
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import _checks
 from .._common import FP8_E4M3_TOLERANCE, TOLERANCES
-from .._contract import Arg, Contract
+from .._contract import FLOATS, Arg, Contract
 from .._decl import declare, variant
 from . import _contract_items as _c
 from . import _quant
@@ -27,9 +25,6 @@ if TYPE_CHECKING:
     from torch import Tensor
 else:
     from .._torch import torch
-
-Kernel = tuple[tuple[Any, ...], Any]
-
 
 # -- the contracts (ops/_contract.py; their checks are generated into _contracts.py) ------------
 #: y = norm(x): out like x; kernel arguments (out, x, weight, eps)
@@ -43,64 +38,19 @@ NORM = Contract(
 ADD = Contract("add", (_c.X, _c.WEIGHT, _c.EPS, _c.RESIDUAL), kernel=("x", "residual", "weight", "eps"))
 
 
-def check_qk_norm(op: str, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float) -> Kernel:
-    """q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views; weights dense [D]."""
-    try:  # the usual call ([T, H, D] q and k: their own views), each attribute read once
-        qs, ks, dt, dev = q.shape, k.shape, q.dtype, q.device
-        if (
-            type(eps) is float
-            and 0.0 < eps < math.inf
-            and len(qs) == 3
-            and len(ks) == 3
-            and ks[2] == qs[2]
-            and q_weight.shape == qs[2:]
-            and k_weight.shape == qs[2:]
-            and dt in _checks.FLOAT_DTYPES
-            and k.dtype == dt
-            and q_weight.dtype == dt
-            and k_weight.dtype == dt
-            and (
-                qs[2] <= 1
-                or (
-                    q.stride()[2] == 1
-                    and k.stride()[2] == 1
-                    and q_weight.stride()[0] == 1
-                    and k_weight.stride()[0] == 1
-                )
-            )
-            and k.device == dev
-            and q_weight.device == dev
-            and k_weight.device == dev
-            and isinstance(q, torch.Tensor)
-            and isinstance(k, torch.Tensor)
-            and isinstance(q_weight, torch.Tensor)
-            and isinstance(k_weight, torch.Tensor)
-        ):
-            return (q, k, q_weight, k_weight, eps), None
-    except Exception:  # not tensors, ...: the full checks say what is wrong
-        pass
-    for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
-        _checks.tensor(op, name, t)
-    _checks.float_dtype(op, "q", q)
-    _checks.same_dtype(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
-    _checks.same_device(op, "q", q, k=k, q_weight=q_weight, k_weight=k_weight)
-    _checks.positive_float(op, "eps", eps)
-    if q.dim() < 2 or k.dim() < 2:
-        raise ValueError(
-            f"{op}: q and k must be [..., heads, head_dim], got shapes {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    d = q.shape[-1]
-    if k.shape[-1] != d:
-        raise ValueError(f"{op}: k has shape {tuple(k.shape)}; its head_dim must be {d} like q's")
-    _checks.vector(op, "q_weight", q_weight, d, "head_dim")
-    _checks.vector(op, "k_weight", k_weight, d, "head_dim")
-
-    def view(name: str, t: Tensor) -> Tensor:
-        heads = t.shape[-2]
-        tokens = t.numel() // (heads * d) if heads * d else t.shape[:-2].numel()
-        return _checks.heads(op, name, t, tokens, heads, d)
-
-    return (view("q", q), view("k", k), q_weight, k_weight, float(eps)), None
+#: in place, per head: q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views (token
+#: counts may differ); kernel arguments (q, k, q_weight, k_weight, eps)
+QK_NORM = Contract(
+    "qk_norm",
+    (
+        Arg("q", "*Tq, Hq, D", dtypes=FLOATS, layout="heads", shape_hint="expected [..., heads, head_dim]"),
+        Arg("k", "*Tk, Hk, D", like="q", layout="heads", shape_hint="its head_dim must be {D} like q's"),
+        Arg("q_weight", "D", like="q", layout="vector", note=" (head_dim)"),
+        Arg("k_weight", "D", like="q", layout="vector", note=" (head_dim)"),
+        _c.EPS,
+    ),
+    kernel=("q", "k", "q_weight", "k_weight", "eps"),
+)
 
 
 # -- the reference (fp32 math; also run in float64 as the parity oracle) ---------------------
@@ -203,7 +153,7 @@ qk_norm = declare(
     "layernorm.qk_norm",
     "(Tensor(a!) q, Tensor(a!) k, Tensor q_weight, Tensor k_weight, float eps=1e-06) -> ()",
     doc="in place: rmsnorm of every head of q [..., Hq, D] and k [..., Hk, D] over D, weights [D] (fp32 math)",
-    check=check_qk_norm,
+    contract=QK_NORM,
     reference=ref_qk_norm,
     torch=torch_qk_norm,
     torch_npu=npu_qk_norm,

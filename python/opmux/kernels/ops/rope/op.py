@@ -11,10 +11,12 @@ token: its rotated q / k elements become NaN.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _checks
+from .._contract import FLOATS, Arg, Contract, Rule, Scalar
 from .._decl import declare
+from . import _views
 
 if TYPE_CHECKING:
     import torch
@@ -23,143 +25,64 @@ else:
     from .._torch import torch
 
 _OP = "rope.rotary_embedding"
-Views = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
+#: query / key: [T, H, head_size] views made by the escape hatch (its C++ counterpart: the lane's)
+_HEADS = {
+    "layout": "heads",
+    "view": "heads",
+    "view_args": ("positions", "head_size"),
+    "view_cpp": "heads_view({t}, T, head_size, &{v})",
+}
 
 
-def _num_heads(name: str, t: Tensor, lead: int, head_size: int) -> int:
-    rest = tuple(t.shape[lead:])
-    if len(rest) == 1 and rest[0] % head_size == 0:
-        return rest[0] // head_size
-    if len(rest) == 2 and rest[1] == head_size:
-        return rest[0]
-    raise ValueError(
-        f"{_OP}: {name} has shape {tuple(t.shape)}; expected positions' shape followed by "
-        f"[num_heads * head_size] or [num_heads, head_size] with head_size {head_size}"
-    )
-
-
-def _views(positions: Tensor, query: Tensor, key: Tensor, head_size: int, cos_sin_cache: Tensor) -> Views:
-    """positions as [T], query / key as [T, H, head_size] views (no dtype checks: the float64
-    oracle goes through here too)."""
-    _checks.positive_int(_OP, "head_size", head_size)
-    lead = positions.dim()
-    for name, t in (("query", query), ("key", key)):
-        if tuple(t.shape[:lead]) != tuple(positions.shape):
-            raise ValueError(
-                f"{_OP}: {name} has shape {tuple(t.shape)}; its leading dims must be positions' {tuple(positions.shape)}"
-            )
-    if cos_sin_cache.dim() != 2:
-        raise ValueError(
-            f"{_OP}: cos_sin_cache must be [max_position, rotary_dim], got shape {tuple(cos_sin_cache.shape)}"
-        )
-    rot = cos_sin_cache.shape[1]
-    if rot <= 0 or rot % 2 or rot > head_size:
-        raise ValueError(
-            f"{_OP}: cos_sin_cache.shape[1] (rotary_dim) is {rot}; it must be even, positive and <= head_size {head_size}"
-        )
-    tokens = positions.numel()
-    if cos_sin_cache.stride(1) != 1:
-        raise ValueError(
-            f"{_OP}: cos_sin_cache has strides {cos_sin_cache.stride()}; its last dim must be contiguous: "
-            "pass cos_sin_cache.contiguous()"
-        )
-    pos = positions.reshape(tokens)
-    if tokens > 1 and pos.stride(0) != 1:
-        raise ValueError(
-            f"{_OP}: positions has strides {positions.stride()}; kernels need dense positions: "
-            "pass positions.contiguous()"
-        )
-    q = _checks.heads(_OP, "query", query, tokens, _num_heads("query", query, lead, head_size), head_size)
-    k = _checks.heads(_OP, "key", key, tokens, _num_heads("key", key, lead, head_size), head_size)
-    return pos, q, k
-
-
-def check(
-    op: str,
-    positions: Tensor,
-    query: Tensor,
-    key: Tensor | None,
-    head_size: int,
-    cos_sin_cache: Tensor,
-    is_neox: bool = True,
-    vllm_rounding: bool = False,
-) -> tuple[tuple[Any, ...], None]:
-    try:  # the usual call ([T] positions, a key), each attribute read once; else the full checks
-        ps, cs, dt, dev = positions.shape, cos_sin_cache.shape, query.dtype, query.device
-        if (
-            key is not None
-            and type(head_size) is int
-            and head_size > 0
-            and type(is_neox) is bool
-            and type(vllm_rounding) is bool
-            and len(ps) == 1
-            and len(cs) == 2
-            and 0 < cs[1] <= head_size
-            and cs[1] % 2 == 0
-            and positions.dtype == torch.int64
-            and dt in _checks.FLOAT_DTYPES
-            and key.dtype == dt
-            and (cos_sin_cache.dtype == torch.float32 or cos_sin_cache.dtype == dt)
-            and cos_sin_cache.stride()[1] == 1
-            and (ps[0] <= 1 or positions.stride()[0] == 1)
-            and positions.device == dev
-            and key.device == dev
-            and cos_sin_cache.device == dev
-            and isinstance(positions, torch.Tensor)
-            and isinstance(query, torch.Tensor)
-            and isinstance(key, torch.Tensor)
-            and isinstance(cos_sin_cache, torch.Tensor)
-        ):
-            q = _heads_view(query, ps[0], head_size)
-            k = _heads_view(key, ps[0], head_size)
-            if q is not None and k is not None:
-                return (positions, q, k, cos_sin_cache, is_neox, vllm_rounding), None
-    except Exception:  # not tensors, ...: the full checks say what is wrong
-        pass
-    key = _no_key(positions, query, head_size) if key is None else key
-    for name, t in (
-        ("positions", positions),
-        ("query", query),
-        ("key", key),
-        ("cos_sin_cache", cos_sin_cache),
-    ):
-        _checks.tensor(_OP, name, t)
-    _checks.exact_dtype(_OP, "positions", positions, torch.int64)
-    _checks.float_dtype(_OP, "query", query)
-    _checks.same_dtype(_OP, "query", query, key=key)
-    if cos_sin_cache.dtype not in (torch.float32, query.dtype):
-        raise TypeError(
-            f"{_OP}: cos_sin_cache has dtype {cos_sin_cache.dtype}; expected torch.float32 or {query.dtype} (query's)"
-        )
-    _checks.same_device(_OP, "query", query, positions=positions, key=key, cos_sin_cache=cos_sin_cache)
-    if not isinstance(is_neox, bool):
-        raise TypeError(f"{_OP}: is_neox must be a bool, got {is_neox!r}")
-    if not isinstance(vllm_rounding, bool):
-        raise TypeError(f"{_OP}: vllm_rounding must be a bool, got {vllm_rounding!r}")
-    pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
-    return (pos, q, k, cos_sin_cache, is_neox, vllm_rounding), None
-
-
-def _heads_view(t: Tensor, tokens: int, head_size: int) -> Tensor | None:
-    """``t`` ([T, H, head_size], or [T, H * head_size]) as the [T, H, head_size] view the full
-    checks make (a 3-D one as it is: the view would be itself), or None: the full checks decide."""
-    shape = t.shape
-    if shape[0] != tokens or (head_size > 1 and t.stride()[-1] != 1):
-        return None
-    if len(shape) == 3 and shape[2] == head_size:
-        return t
-    if len(shape) == 2 and shape[1] % head_size == 0:
-        return t.view(tokens, shape[1] // head_size, head_size)
-    return None
-
-
-def _no_key(positions: Tensor, query: Tensor, head_size: int) -> Tensor:
-    """``key=None`` (vLLM's query-only rotation): a key with no heads, ``[*positions, 0, head_size]``;
-    every backend then rotates nothing of it. Bad arguments fall through to the usual checks."""
-    if isinstance(positions, torch.Tensor) and isinstance(query, torch.Tensor):
-        hs = _checks.positive_int(_OP, "head_size", head_size)
-        return torch.empty((*positions.shape, 0, hs), dtype=query.dtype, device=query.device)
-    return query  # not reached by a valid call: the tensor checks report what is wrong
+#: positions [*T] (dense as [T]), query / key [*T, H * D] or [*T, H, D] as [T, H, D] views (the
+#: head count inferred: the escape hatch, _views.py), key None as no heads; cos_sin_cache [P, R]
+#: float32 or query's dtype; kernel arguments (positions, query, key, cos_sin_cache, is_neox,
+#: vllm_rounding). The CUDA kernel's limits are its device-tagged rules.
+ROPE = Contract(
+    "rope",
+    (
+        Scalar("head_size", "positive_int"),
+        Arg(
+            "positions",
+            "*T",
+            dtypes=("int64",),
+            layout="flat",
+            layout_hint="has strides {{t}.stride()}; kernels need dense positions: pass {t}.contiguous()",
+        ),
+        Arg("query", "*T, Hq, head_size", dtypes=FLOATS, device_of="positions", **_HEADS),
+        Arg("key", "*T, Hk, head_size", like="query", none_as="query_v[:, :0]", **_HEADS),
+        Arg(
+            "cos_sin_cache",
+            "P, R",
+            like="query",
+            or_dtypes=("float32",),
+            layout="dense_last",
+            expect="[max_position, rotary_dim]",
+            layout_hint="has strides {{t}.stride()}; its last dim must be contiguous: pass {t}.contiguous()",
+        ),
+        Scalar("is_neox", "bool"),
+        Scalar("vllm_rounding", "bool"),
+        Rule(
+            "R > 0 and R % 2 == 0 and R <= head_size",
+            "cos_sin_cache.shape[1] (rotary_dim) is {R}; it must be even, positive and <= head_size {head_size}",
+        ),
+        Rule(
+            "prod(T) <= 2**31 - 1 and Hq + Hk <= 2**20",
+            "too many tokens ({prod(T)}) or heads ({Hq + Hk})",
+            device="cuda",
+            name="rope_sizes",
+        ),
+        Rule(
+            "R * 4 <= 48 * 1024",
+            "rotary_dim {R} exceeds the 12288 this kernel stages in shared memory",
+            device="cuda",
+            name="rope_smem",
+        ),
+    ),
+    kernel=("positions", "query", "key", "cos_sin_cache", "is_neox", "vllm_rounding"),
+    values_cpp="positions_ok(device_type, positions, P)",
+    values_header="opmux/rope_values.h",
+)
 
 
 def values(
@@ -229,8 +152,10 @@ def reference(
     is_neox: bool = True,
     vllm_rounding: bool = False,
 ) -> None:
-    key = _no_key(positions, query, head_size) if key is None else key
-    pos, q, k = _views(positions, query, key, head_size, cos_sin_cache)
+    """The oracle (also in float64, which the contract's dtypes refuse): the contract's views."""
+    q = _views.heads(_OP, "query", query, positions, head_size)
+    k = q[:, :0] if key is None else _views.heads(_OP, "key", key, positions, head_size)
+    pos = positions.reshape(-1)
     _check_positions(pos.cpu(), cos_sin_cache.shape[0])  # the oracle may sync
     _rotate(pos, q, k, cos_sin_cache, is_neox, vllm_rounding)
 
@@ -260,7 +185,7 @@ rotary_embedding = declare(
     "bool is_neox=True, bool vllm_rounding=False) -> ()",
     doc="in place: rotate query/key heads by cos_sin_cache[positions] (neox or gptj, partial rotary; key may be None); "
     "vllm_rounding: cos / sin, each product and sum rounded to query's dtype (vLLM's kernel), else fp32, one rounding",
-    check=check,
+    contract=ROPE,
     values=values,
     reference=reference,
     torch=torch_rope,

@@ -334,6 +334,34 @@ inline bool rows_apart(const TensorView& t) {
   return t.ndim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) && (t.size(0) <= 1 || t.stride(0) >= t.size(1));
 }
 
+// A [T, H, D] view of a [T, H * D] or [T, H, D] tensor with a unit last stride and no negative
+// stride (a 3-D one as it is): the C++ counterpart of an escape hatch's heads view (rope's query
+// and key, ops/rope/_views.py), false when unsure. v.view() points into v: keep v alive.
+struct HeadsView {
+  DLTensor dl;
+  int64_t shape[3], strides[3];
+  TensorView view() const { return TensorView(&dl); }
+};
+inline bool heads_view(const TensorView& t, int64_t tokens, int64_t d, HeadsView* v) {
+  if (t.ndim() < 2 || t.size(0) != tokens || t.stride(t.ndim() - 1) != 1) return false;
+  v->dl.data = t.data_ptr();
+  v->dl.device = t.device();
+  v->dl.dtype = t.dtype();
+  v->dl.byte_offset = t.byte_offset();
+  if (t.ndim() == 3 && t.size(2) == d) {
+    for (int i = 0; i < 3; ++i) v->shape[i] = t.size(i), v->strides[i] = t.stride(i);
+  } else if (t.ndim() == 2 && t.size(1) % d == 0) {
+    v->shape[0] = tokens, v->shape[1] = t.size(1) / d, v->shape[2] = d;
+    v->strides[0] = t.stride(0), v->strides[1] = d, v->strides[2] = 1;
+  } else {
+    return false;
+  }
+  v->dl.ndim = 3;
+  v->dl.shape = v->shape;
+  v->dl.strides = v->strides;
+  return (v->shape[0] <= 1 || v->strides[0] >= 0) && (v->shape[1] <= 1 || v->strides[1] >= 0);
+}
+
 // A fresh dense tensor from the caller's framework (torch's allocator, on `like`'s device).
 inline Tensor empty(std::initializer_list<int64_t> shape, DLDataType dtype, DLDevice device) {
   int64_t dims[8];

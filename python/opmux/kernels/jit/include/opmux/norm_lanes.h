@@ -1,5 +1,5 @@
 // The hand-written serving lanes' checks of the norms whose contracts no generated lane states yet
-// (lane.h): qk_norm and the static fp8 forms. rmsnorm, the fused add and their Gemma variants have
+// (lane.h): the static fp8 forms. rmsnorm, the fused add, their Gemma variants and qk_norm have
 // lanes generated from their contracts (opmux/contracts/layernorm.h). Shared by the CPU and CUDA units.
 #pragma once
 
@@ -18,22 +18,6 @@ inline bool norm_inputs(int32_t device_type, const TensorView& x, const TensorVi
     return false;
   const int64_t h = x.size(1);
   return rows_view(x, x.size(0), h) && vector(weight, h);
-}
-
-// qk_norm: q [Tq, Hq, D] and k [Tk, Hk, D] (any token and head strides, a unit last stride),
-// weights dense [D], all of q's dtype and device; q and k (written) apart from each other and the
-// weights (interleaved views of one qkv buffer included), each holding its elements apart.
-inline bool qk_norm_args(int32_t device_type, const TensorView& q, const TensorView& k,
-                         const TensorView& qw, const TensorView& kw, const AnyView& eps_arg, double* eps) {
-  if (!positive_float(eps_arg, eps) || q.ndim() != 3 || k.ndim() != 3 ||
-      q.device().device_type != device_type || !is_float(q.dtype()))
-    return false;
-  const int64_t d = q.size(2);
-  for (const TensorView* t : {&k, &qw, &kw})
-    if (!same_dtype(t->dtype(), q.dtype()) || !same_device(*t, q)) return false;
-  return k.size(2) == d && vector(qw, d) && vector(kw, d) && (d <= 1 || (q.stride(2) == 1 && k.stride(2) == 1)) &&
-         distinct(q) && distinct(k) && may_share(q, k, true) && may_share(q, qw, false) &&
-         may_share(q, kw, false) && may_share(k, qw, false) && may_share(k, kw, false);
 }
 
 // rmsnorm_static_quant_fp8 / fused_add_rmsnorm_static_quant_fp8 (layernorm/_quant.py): scale a

@@ -62,6 +62,34 @@ inline Any norm(int32_t device_type, const TensorView& x, const TensorView& weig
   return fresh;
 }
 
+// qk_norm: layernorm.qk_norm's contract (ops/layernorm/op.py)
+template <typename Kernel>
+inline Any qk_norm(int32_t device_type, const TensorView& q, const TensorView& k, const TensorView& q_weight, const TensorView& k_weight, const AnyView& eps_arg, Kernel&& kernel) {
+  double eps;
+  if (!(positive_float(eps_arg, &eps))) return refused();
+  if (!(q.ndim() == 3 && is_float(q.dtype()))) return refused();
+  const int64_t Tq = q.size(0);
+  const int64_t Hq = q.size(1);
+  const int64_t D = q.size(2);
+  if (!(q.size(2) <= 1 || q.stride(2) == 1)) return refused();
+  if (!(q.device().device_type == device_type)) return refused();
+  if (!(k.ndim() == 3 && same_dtype(k.dtype(), q.dtype()) && same_device(k, q))) return refused();
+  const int64_t Tk = k.size(0);
+  const int64_t Hk = k.size(1);
+  if (!(k.size(2) == D)) return refused();
+  if (!(k.size(2) <= 1 || k.stride(2) == 1)) return refused();
+  if (!(q_weight.ndim() == 1 && same_dtype(q_weight.dtype(), q.dtype()) && same_device(q_weight, q))) return refused();
+  if (!(q_weight.size(0) == D)) return refused();
+  if (!(q_weight.size(0) <= 1 || q_weight.stride(0) == 1)) return refused();
+  if (!(k_weight.ndim() == 1 && same_dtype(k_weight.dtype(), q.dtype()) && same_device(k_weight, q))) return refused();
+  if (!(k_weight.size(0) == D)) return refused();
+  if (!(k_weight.size(0) <= 1 || k_weight.stride(0) == 1)) return refused();
+  if (!(distinct(q) && may_share(q, k, true) && may_share(q, q_weight, false) && may_share(q, k_weight, false))) return refused();
+  if (!(distinct(k) && may_share(k, q_weight, false) && may_share(k, k_weight, false))) return refused();
+  kernel(q, k, q_weight, k_weight, eps);
+  return ran();
+}
+
 }  // namespace contract
 }  // namespace lane
 }  // namespace opmux
