@@ -77,7 +77,9 @@ def _run(require: bool) -> list[str]:
         return []
     problems = []
     if (r["state"], r["source"]) != ("ready", "shipped"):
-        problems.append(f"the bridge is {r['state']!r} from {r['source'] or 'nowhere'} ({r['detail']}), not shipped")
+        problems.append(
+            f"the bridge is {r['state']!r} from {r['source'] or 'nowhere'} ({r['detail']}), not shipped"
+        )
     if r["lane_calls"] < 1:
         problems.append("torch.ops.opmux.silu_and_mul did not run the C++ kernel (no lane call)")
     if not r["correct"]:
@@ -93,7 +95,9 @@ def _run(require: bool) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--require", action="store_true", help="fail when no bridge is shipped for this torch")
+    parser.add_argument(
+        "--require", action="store_true", help="fail when no bridge is shipped for this torch"
+    )
     args = parser.parse_args(argv)
     problems = _run(args.require)
     for p in problems:

@@ -192,7 +192,9 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
     bridges = data["bridge_torch"]
     bad = [v for v in bridges if not _TORCH.match(v)]
     if bad or len(set(bridges)) != len(bridges):
-        raise _fail(where, f"bridge_torch = {bridges!r}: distinct torch versions like '2.14.1' or '2.13.0+cpu'")
+        raise _fail(
+            where, f"bridge_torch = {bridges!r}: distinct torch versions like '2.14.1' or '2.13.0+cpu'"
+        )
     if bridges and "cpu" not in aot.libraries:
         raise _fail(where, "bridge_torch needs the C++ compiler of the cpu AOT library (aot.libraries)")
     _one_of(where, "jit", data["jit"], COMPILERS)
