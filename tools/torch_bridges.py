@@ -16,7 +16,6 @@ environment).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import re
@@ -44,9 +43,11 @@ class FetchError(RuntimeError):
 
 def _pip() -> list[str]:
     """A pip to fetch with: this interpreter's, else the one on PATH (build's isolated environment
-    may have none of its own); the target interpreter is named explicitly either way."""
-    if importlib.util.find_spec("pip") is not None:
-        return [sys.executable, "-m", "pip"]
+    may have none of its own); the target interpreter is named explicitly either way. (Asked in a
+    subprocess: looking pip up here would make setuptools' distutils shim step aside.)"""
+    own = [sys.executable, "-m", "pip"]
+    if subprocess.run([*own, "--version"], capture_output=True, check=False).returncode == 0:
+        return own
     found = shutil.which("pip3") or shutil.which("pip")
     if found is None:
         raise FetchError("no pip to fetch torch with (neither this interpreter's nor one on PATH)")
