@@ -36,7 +36,11 @@ def _synthetic_wheel(root: Path, tmp_path: Path, target: targets.Target, *, drop
         else None,
     }
     info["bridges"] = {
-        f"torch_bridge-torch{v}-x.so": {"requested": v, "torch": v, "python": "cpython-312"}
+        f"torch_bridge_torch{v.replace('.', '_').replace('+', '_')}_x.so": {
+            "requested": v,
+            "torch": v,
+            "python": "cpython-312",
+        }
         for v in target.bridge_torch
     }
     di = f"{dist}-{version}.dist-info"
@@ -116,15 +120,15 @@ def _with_build_info(wheel: Path, tmp_path: Path, edit) -> Path:
 def test_shipped_bridges_are_golden(root, tmp_path):
     cpu = targets.load()["cpu"]
     wheel = _synthetic_wheel(root, tmp_path, cpu)
-    bridge = f"{wheel_check.BRIDGES}/torch_bridge-torch2.13.0+cpu-x.so"
+    bridge = f"{wheel_check.BRIDGES}/torch_bridge_torch2_13_0_cpu_x.so"
     assert wheel_check.check_wheel(wheel, root, cpu) == []
     # a bridge file the build info does not name is a stray; one it names must be there
     (tmp_path / "stray").mkdir()
     (tmp_path / "gone").mkdir()
     stray = _synthetic_wheel(
-        root, tmp_path / "stray", cpu, add=[f"{wheel_check.BRIDGES}/torch_bridge-other.so"]
+        root, tmp_path / "stray", cpu, add=[f"{wheel_check.BRIDGES}/torch_bridge_other.so"]
     )
-    assert f"{stray.name}: unexpected file {wheel_check.BRIDGES}/torch_bridge-other.so" in (
+    assert f"{stray.name}: unexpected file {wheel_check.BRIDGES}/torch_bridge_other.so" in (
         wheel_check.check_wheel(stray, root, cpu)
     )
     gone = _synthetic_wheel(root, tmp_path / "gone", cpu, drop=[bridge])
@@ -134,11 +138,11 @@ def test_shipped_bridges_are_golden(root, tmp_path):
 def test_a_torch_release_without_its_bridge_is_named(root, tmp_path):
     cpu = targets.load()["cpu"]
     wheel = _synthetic_wheel(
-        root, tmp_path, cpu, drop=[f"{wheel_check.BRIDGES}/torch_bridge-torch2.14.1-x.so"]
+        root, tmp_path, cpu, drop=[f"{wheel_check.BRIDGES}/torch_bridge_torch2_14_1_x.so"]
     )
 
     def failed(info: dict) -> None:
-        del info["bridges"]["torch_bridge-torch2.14.1-x.so"]
+        del info["bridges"]["torch_bridge_torch2_14_1_x.so"]
         info["bridges_missing"] = {"2.14.1": {"why": "compile", "message": "error: no member named X"}}
 
     problems = wheel_check.check_wheel(_with_build_info(wheel, tmp_path, failed), root, cpu)

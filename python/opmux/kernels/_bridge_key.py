@@ -16,6 +16,7 @@ torch wheels it fetched with the same :class:`Key` and :func:`compile_flags`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sysconfig
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ __all__ = ["SHIPPED_DIR", "Key", "compile_flags", "current", "link_flags", "ship
 
 #: the wheel's prebuilt bridges (absent in a source tree: setup.py writes them into the wheel)
 SHIPPED_DIR = Path(__file__).resolve().parent / "bridges"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9]")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,9 @@ class Key:
     tvm_ffi: str  # the apache-tvm-ffi version
 
     def filename(self) -> str:
-        """The shipped bridge's file name: every field in it, so that equal names mean equal keys."""
+        """The shipped bridge's file name: the fields spelled out for a reader, and a digest of
+        their exact values, so that equal names mean equal keys. (A Python identifier before
+        ``.so``, as a wheel's checks want of a library in a package.)"""
         parts = (
             f"torch{self.torch}",
             f"g{self.git[:12] or 'none'}",
@@ -47,7 +50,9 @@ class Key:
             self.python,
             f"tvmffi{self.tvm_ffi}",
         )
-        return "torch_bridge-" + "-".join(_UNSAFE.sub("_", p) for p in parts) + ".so"
+        exact = "\0".join((self.torch, self.git, str(self.cxx11_abi), self.python, self.tvm_ffi))
+        digest = hashlib.sha256(exact.encode()).hexdigest()[:10]
+        return "torch_bridge_" + "_".join(_UNSAFE.sub("_", p) for p in parts) + f"_{digest}.so"
 
     def describe(self) -> str:
         return (
@@ -84,7 +89,7 @@ def shipped() -> Path | None:
 
 def shipped_names() -> list[str]:
     """Every bridge the wheel ships (for ``env``: what a process that matched none could have had)."""
-    return sorted(p.name for p in SHIPPED_DIR.glob("torch_bridge-*.so")) if SHIPPED_DIR.is_dir() else []
+    return sorted(p.name for p in SHIPPED_DIR.glob("torch_bridge_*.so")) if SHIPPED_DIR.is_dir() else []
 
 
 def compile_flags(torch_dir: Path, cxx11_abi: int, python_include: Path | None) -> list[str]:
