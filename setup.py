@@ -197,7 +197,7 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
     except ImportError as exc:  # only while the tree is incomplete
         for lib in libs:
             info["aot_missing"][lib] = {"why": "build-api", "message": f"cannot import the build API: {exc}"}
-        _report_missing(target, info)
+        _report_missing(target, info["aot_missing"])
         return info
     out_dir.mkdir(parents=True, exist_ok=True)
     for i, lib in enumerate(libs, 1):
@@ -251,7 +251,7 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
         size = (out_dir / filename).stat().st_size / 2**20
         _log(f"[{i}/{len(libs)}] {filename}: {size:.1f} MiB in {time.monotonic() - start:.1f} s")
         info["aot"].append(filename)
-    _report_missing(target, info)
+    _report_missing(target, info["aot_missing"])
     return info
 
 
@@ -279,23 +279,20 @@ def build_bridges(target: _targets.Target, out_dir: Path, *, workdir: Path) -> d
             )
         _log(f"{len(built)} torch bridge(s) in {time.monotonic() - start:.1f} s")
         info = {"bridges": built, "bridges_missing": missing}
-    for version, why in info["bridges_missing"].items():
-        _log(f"torch bridge for torch {version} left out: {why['message']}")
-    if info["bridges_missing"] and _require_aot():
-        raise SystemExit(
-            f"opmux: OPMUX_REQUIRE_AOT=1 and the {target.name} wheel would lack the torch bridges of "
-            f"{sorted(info['bridges_missing'])} (targets.toml bridge_torch); see the messages above"
-        )
+    _report_missing(target, info["bridges_missing"], "torch bridge for torch", "the torch bridges of ")
     return info
 
 
-def _report_missing(target: _targets.Target, info: dict) -> None:
-    for lib, why in info["aot_missing"].items():
-        _log(f"AOT library for {lib} left out: {why['message']}")
-    if info["aot_missing"] and _require_aot():
+def _report_missing(
+    target: _targets.Target, missing: dict, what: str = "AOT library for", lacks: str = ""
+) -> None:
+    """Say what was left out and why; under OPMUX_REQUIRE_AOT=1 (release builds) refuse it."""
+    for name, why in missing.items():
+        _log(f"{what} {name} left out: {why['message']}")
+    if missing and _require_aot():
         raise SystemExit(
             f"opmux: OPMUX_REQUIRE_AOT=1 and the {target.name} wheel would lack "
-            f"{sorted(info['aot_missing'])}; see the messages above"
+            f"{lacks}{sorted(missing)}; see the messages above"
         )
 
 
