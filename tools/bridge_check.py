@@ -6,7 +6,8 @@ Run with the interpreter of a venv that has the wheel and torch:
 
 In a fresh subprocess (``python -I`` from a temporary directory, a fresh empty ``OPMUX_CACHE_DIR``,
 ``CXX`` naming no compiler), it calls ``silu_and_mul`` (the default call) and
-``torch.ops.opmux.silu_and_mul``, and checks: the bridge was loaded from the wheel (``shipped``),
+``torch.ops.opmux.silu_and_mul`` (twice: the first call registers the C++ kernels, on its thread,
+as with a cache-built bridge), and checks: the bridge was loaded from the wheel (``shipped``),
 the library op ran its C++ kernel through a lane with the right result, ``python -m
 opmux.kernels env`` says ``shipped``, and nothing was compiled (no ``builds.log``, no bridge in the
 cache). Where the wheel ships no bridge for this interpreter's torch build, Python and tvm-ffi, it
@@ -34,6 +35,7 @@ from opmux.kernels import _bridge_build, _bridge_key, ops, torch_kernels
 x = torch.randn(8, 128)
 want = torch.nn.functional.silu(x[:, :64]) * x[:, 64:]
 ops.activation.silu_and_mul(x)  # the default call: the bridge's entry wants the bridge
+torch.ops.opmux.silu_and_mul(x)  # the first library-op call registers the C++ kernels (its thread)
 before = torch_kernels.lane_calls()
 y = torch.ops.opmux.silu_and_mul(x)
 print("RESULT " + json.dumps({
