@@ -1,4 +1,4 @@
-"""Only what setuptools cannot declare: the AOT libraries, the build info and the wheel tag.
+"""Only what setuptools cannot declare: the AOT libraries, the torch bridges, the build info and the wheel tag.
 
 The target comes from ``[tool.opmux] target`` in pyproject.toml (each pyproject_<target>.toml
 sets its own); what to build for it comes from targets.toml, which ships in the sdist.  The
@@ -6,9 +6,14 @@ libraries are built with opmux's own ``opmux.kernels.jit.compile.build.build_sha
 (torch-free), imported from this tree's python/ directory, into
 ``build_lib/opmux/kernels/aot/``.
 
+The prebuilt torch bridges of the target's ``bridge_torch`` releases are compiled against torch
+wheels fetched for the build interpreter (tools/torch_bridges.py) into
+``build_lib/opmux/kernels/bridges/``.
+
 A target whose AOT compiler is absent still builds a wheel (namespace + JIT sources) and says
 so; ``OPMUX_REQUIRE_AOT=1`` makes that an error (release builds set it).  ``OPMUX_RELEASE=1``
 refuses a dirty or untagged git tree and any development version (tools/release.py).
+``OPMUX_REQUIRE_AOT=1`` also refuses a wheel without every torch bridge of its target.
 
 Reproducible: the same sources and ``SOURCE_DATE_EPOCH`` give the same bytes, wherever the tree
 and the isolated build environment sit.  The libraries are compiled through a small compiler
@@ -192,7 +197,7 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
     except ImportError as exc:  # only while the tree is incomplete
         for lib in libs:
             info["aot_missing"][lib] = {"why": "build-api", "message": f"cannot import the build API: {exc}"}
-        _report_missing(target, info)
+        _report_missing(target, info["aot_missing"])
         return info
     out_dir.mkdir(parents=True, exist_ok=True)
     for i, lib in enumerate(libs, 1):
@@ -246,17 +251,48 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
         size = (out_dir / filename).stat().st_size / 2**20
         _log(f"[{i}/{len(libs)}] {filename}: {size:.1f} MiB in {time.monotonic() - start:.1f} s")
         info["aot"].append(filename)
-    _report_missing(target, info)
+    _report_missing(target, info["aot_missing"])
     return info
 
 
-def _report_missing(target: _targets.Target, info: dict) -> None:
-    for lib, why in info["aot_missing"].items():
-        _log(f"AOT library for {lib} left out: {why['message']}")
-    if info["aot_missing"] and _require_aot():
+def build_bridges(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
+    """The prebuilt torch bridges of ``target.bridge_torch`` (tools/torch_bridges.py) into
+    ``out_dir``; return the build-info fields ``bridges`` and ``bridges_missing``."""
+    info: dict = {"bridges": {}, "bridges_missing": {}}
+    if not target.bridge_torch:
+        return info
+    from tools import torch_bridges
+
+    from opmux.kernels.jit.compile import toolchain as _toolchain
+
+    try:
+        tc = _reproducible_toolchain(_toolchain.find_cxx(), workdir)
+    except _toolchain.ToolchainNotFound as exc:
+        message = f"cxx not found: {str(exc).removeprefix('opmux: ').strip()}; {HOW_TO_GET['cxx']}"
+        info["bridges_missing"] = {v: {"why": "toolchain", "message": message} for v in target.bridge_torch}
+    else:
+        _log(f"building the torch bridges for torch {', '.join(target.bridge_torch)}")
+        start = time.monotonic()
+        with _Heartbeat("the torch bridges"):
+            built, missing = torch_bridges.build(
+                target.bridge_torch, out_dir, workdir / "torch-bridges", tc.path, _log
+            )
+        _log(f"{len(built)} torch bridge(s) in {time.monotonic() - start:.1f} s")
+        info = {"bridges": built, "bridges_missing": missing}
+    _report_missing(target, info["bridges_missing"], "torch bridge for torch", "the torch bridges of ")
+    return info
+
+
+def _report_missing(
+    target: _targets.Target, missing: dict, what: str = "AOT library for", lacks: str = ""
+) -> None:
+    """Say what was left out and why; under OPMUX_REQUIRE_AOT=1 (release builds) refuse it."""
+    for name, why in missing.items():
+        _log(f"{what} {name} left out: {why['message']}")
+    if missing and _require_aot():
         raise SystemExit(
             f"opmux: OPMUX_REQUIRE_AOT=1 and the {target.name} wheel would lack "
-            f"{sorted(info['aot_missing'])}; see the messages above"
+            f"{lacks}{sorted(missing)}; see the messages above"
         )
 
 
@@ -418,6 +454,7 @@ class BuildPy(build_py):
         workdir = Path(self.get_finalized_command("build").build_temp) / "opmux-aot"
         aot = build_aot(target, pkg / "kernels" / "aot", workdir=workdir)
         self.distribution._opmux_aot = aot["aot"]  # read by BdistWheel for the wheel tag
+        bridges = build_bridges(target, pkg / "kernels" / "bridges", workdir=workdir)
         fields = {
             "target": target.name,
             "distribution": target.distribution,
@@ -429,6 +466,7 @@ class BuildPy(build_py):
             "ptx": (target.aot.ptx or None) if aot["aot"] else None,
             "aot": aot["aot"],
             "aot_missing": aot["aot_missing"],
+            **bridges,
             "commit": _git_commit(),
             "build_time": _build_time(),
         }

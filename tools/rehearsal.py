@@ -12,7 +12,8 @@ steps (.github/workflows/release.yml), each through the same command:
 4. ``twine upload`` to a pypiserver on 127.0.0.1 with upload auth (tools/package_index.py), then
    the same upload again, which the index must refuse and the tooling must stop on;
 5. in fresh venvs, ``pip install <distribution>`` by name from that index (torch from the usual
-   place), and import-smoke, find-spec and, where the machine has the device, parity on it.
+   place), and import-smoke, find-spec, the shipped torch bridge (tools/bridge_check.py) and,
+   where the machine has the device, parity on it.
 
 It ends with a table: target, wheel, size, tag, checks, installed-by-name.  Exit status 1 when
 any step of any requested target failed.
@@ -219,10 +220,12 @@ def installed_checks(
     with tempfile.TemporaryDirectory(prefix="opmux-installed-") as tmp:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["HOME"] = tmp
-        for script in ("import_smoke.py", "find_spec_check.py"):
+        # the pinned torch is one of every target's bridge_torch: its bridge must serve, compiling nothing
+        bridge = ["bridge_check.py", *(["--require"] if target.bridge_torch else [])]
+        for script in (["import_smoke.py"], ["find_spec_check.py"], bridge):
             _run(
-                [str(vpy), "-I", str(project / "tools" / script)],
-                step=f"{target.name}: {script}",
+                [str(vpy), "-I", str(project / "tools" / script[0]), *script[1:]],
+                step=f"{target.name}: {script[0]}",
                 cwd=Path(tmp),
                 env=env,
             )

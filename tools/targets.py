@@ -34,6 +34,7 @@ _ARCH = re.compile(r"^(sm_\d+[af]?|gfx[0-9a-f]+)$")
 _PTX = re.compile(r"^(compute_\d+[af]?)?$")
 _TOOLKIT = re.compile(r"^\d+\.\d+$")
 _DRIVER = re.compile(r"^\d{3}$")
+_TORCH = re.compile(r"^\d+\.\d+\.\d+(\+[a-z0-9.]+)?$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")
 
 _TOP_KEYS = {"default": str, "targets": dict}
@@ -53,6 +54,7 @@ _TARGET_KEYS: dict[str, type | tuple[type, ...]] = {
     "build_requires": list,
     "driver": str,
     "machines": list,
+    "bridge_torch": list,
 }
 _AOT_KEYS: dict[str, type] = {"compiler": str, "libraries": list, "archs": list, "ptx": str, "toolkit": str}
 
@@ -102,6 +104,7 @@ class Target:
     build_requires: tuple[str, ...] = ()
     driver: str = ""
     machines: tuple[str, ...] = ("x86_64",)
+    bridge_torch: tuple[str, ...] = ()
 
     @property
     def cuda_major(self) -> int | None:
@@ -186,6 +189,14 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
         raise _fail(where, f"machines = {data['machines']!r} must be a non-empty subset of {list(MACHINES)}")
     if len(set(aot.libraries)) != len(aot.libraries) or len(set(aot.archs)) != len(aot.archs):
         raise _fail(aot_where, "duplicate entry in libraries or archs")
+    bridges = data["bridge_torch"]
+    bad = [v for v in bridges if not _TORCH.match(v)]
+    if bad or len(set(bridges)) != len(bridges):
+        raise _fail(
+            where, f"bridge_torch = {bridges!r}: distinct torch versions like '2.14.1' or '2.13.0+cpu'"
+        )
+    if bridges and "cpu" not in aot.libraries:
+        raise _fail(where, "bridge_torch needs the C++ compiler of the cpu AOT library (aot.libraries)")
     _one_of(where, "jit", data["jit"], COMPILERS)
     _one_of(where, "triton", data["triton"], TRITON)
     if not _DIST.match(data["distribution"]):
@@ -219,6 +230,7 @@ def _target(where: str, name: str, data: Any, default: str) -> Target:
         build_requires=tuple(data["build_requires"]),
         driver=data["driver"],
         machines=tuple(data["machines"]),
+        bridge_torch=tuple(bridges),
     )
 
 
@@ -264,8 +276,8 @@ def markdown_table(targets: dict[str, Target]) -> str:
     """The README's target table, generated from the table (a test keeps them in sync)."""
     rows = [
         "| target | distribution | AOT libraries | archs | CUDA (driver) | machines | JIT | Triton "
-        "| vendor backends | parity device | parity runner | size budget |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| torch bridges shipped | vendor backends | parity device | parity runner | size budget |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in targets.values():
         libs = ", ".join(f"`{f}`" for f in t.aot.filenames) or "none"
@@ -275,7 +287,7 @@ def markdown_table(targets: dict[str, Target]) -> str:
         cuda = f"{t.aot.toolkit} (R{t.driver}+)" if t.aot.toolkit else "-"
         rows.append(
             f"| {name} | `{t.distribution}` | {aot} | {archs} | {cuda} | {', '.join(t.machines)} | "
-            f"{t.jit} | {t.triton} | "
+            f"{t.jit} | {t.triton} | {', '.join(t.bridge_torch) or '-'} | "
             f"{', '.join(t.vendor_backends) or '-'} | {t.parity_device} | {', '.join(t.runner)} | "
             f"{t.wheel_size_mb:g} MB |"
         )

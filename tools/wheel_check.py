@@ -3,7 +3,8 @@
 The expected content of a wheel is computed from the source tree and targets.toml, never
 written down by hand: every Python module of the package, every file under
 ``kernels/jit/csrc`` and ``kernels/jit/include``, ``py.typed``, the generated ``_version.py``
-and ``_build_info.py``, the target's AOT libraries and the dist-info files - and nothing else.
+and ``_build_info.py``, the target's AOT libraries, its prebuilt torch bridges (one per release of
+its ``bridge_torch``, named in the build info) and the dist-info files - and nothing else.
 Every check returns a list of problems, each naming the file concerned.
 """
 
@@ -40,7 +41,8 @@ __all__ = [
 
 PKG = "python/opmux"
 DATA_DIRS = ("kernels/jit/csrc", "kernels/jit/include", "kernels/configs")
-GENERATED = ("_version.py",)  # written at build time, ignored in the tree
+GENERATED = ("_version.py",)
+BRIDGES = "opmux/kernels/bridges"  # the prebuilt torch bridges, named in _build_info's "bridges"  # written at build time, ignored in the tree
 DEFAULT_LICENSE_GLOBS = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
 STRAY = re.compile(r"(__pycache__|\.py[cod]$|\.git/|\.orig$|\.rej$|~$|\.egg-info/|/tests?/)")
 
@@ -168,9 +170,13 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
     aot_libs = {
         f"opmux/kernels/aot/libopmux_aot_{lib}.so" for lib in target.aot.libraries if lib not in missing_ok
     }
+    bridges = {f"{BRIDGES}/{name}" for name in info.get("bridges", {})}
+    problems += _check_bridges(wheel.name, info, target)
     pyproject = tomllib.loads((root / target.pyproject).read_text(encoding="utf-8"))
     dist_info = f"{dist}-{version}.dist-info"
-    expected = expected_package_files(root) | aot_libs | _dist_info_files(root, dist_info, pyproject)
+    expected = (
+        expected_package_files(root) | aot_libs | bridges | _dist_info_files(root, dist_info, pyproject)
+    )
 
     for f in sorted(expected - have):
         problems.append(f"{wheel.name}: missing {f}")
@@ -261,6 +267,27 @@ def check_wheel(wheel: Path, root: Path, target: _targets.Target) -> list[str]:
     return problems
 
 
+def _check_bridges(wheel: str, info: dict, target: _targets.Target) -> list[str]:
+    """Every torch release of the target's ``bridge_torch`` has its bridge, recorded in the build
+    info (the files themselves are in the golden list from there), or was left out because the
+    build machine could not compile or fetch it (OPMUX_REQUIRE_AOT=1 refuses that at build time)."""
+    if not info:
+        return []
+    built = {entry.get("requested") for entry in info.get("bridges", {}).values()}
+    missing = info.get("bridges_missing", {})
+    out = []
+    for version in target.bridge_torch:
+        why = missing.get(version, {})
+        if version in built or why.get("why") in ("toolchain", "torch"):
+            continue
+        reason = f": {why.get('message')}" if why else ""
+        out.append(f"{wheel}: no torch bridge for torch {version} (targets.toml bridge_torch){reason}")
+    extra = sorted(v for v in built if v not in target.bridge_torch)
+    if extra:
+        out.append(f"{wheel}: torch bridges for {extra}, which targets.toml bridge_torch does not list")
+    return out
+
+
 def _check_device_code(wheel: Path, target: _targets.Target, have: set[str]) -> list[str]:
     """The CUDA AOT library holds exactly the table's cubins and PTX (read with cuobjdump)."""
     member = "opmux/kernels/aot/libopmux_aot_cuda.so"
@@ -295,7 +322,7 @@ def sdist_required_files(root: Path, target: _targets.Target) -> set[str]:
     # The sdist carries no target: every target's pyproject and what setup.py imports.
     table = _targets.load(Path(root) / "targets.toml")
     files = {"setup.py", "targets.toml", "README.md", "MANIFEST.in", *(t.pyproject for t in table.values())}
-    files |= {"tools/__init__.py", "tools/targets.py", "tools/release.py"}
+    files |= {"tools/__init__.py", "tools/targets.py", "tools/release.py", "tools/torch_bridges.py"}
     files |= {p for p in _stage.source_files(root) if p.startswith(("csrc/", PKG + "/"))}
     return files
 

@@ -93,6 +93,7 @@ def test_cibuildwheel_table_tests_and_repairs_every_wheel(root, name):
     cfg = cibw.load(root / TABLE[name].pyproject)
     assert cfg.build_frontend == "build"
     assert "import_smoke.py" in cfg.test_command and "find_spec_check.py" in cfg.test_command
+    assert "bridge_check.py" in cfg.test_command
     assert cfg.test_requires, "the test venv needs torch"
     repair = cfg.repair("W.whl", "D")
     assert repair[:2] == ["auditwheel", "repair"]

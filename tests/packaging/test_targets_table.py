@@ -27,6 +27,12 @@ def test_repo_table_is_valid():
     assert "sm_90a" in table["cuda"].aot.archs
     assert (table["cuda"].cuda_major, table["cuda12"].cuda_major, table["cpu"].cuda_major) == (13, 12, None)
     assert table["cuda"].image("aarch64") == "quay.io/pypa/manylinux_2_28_aarch64"
+    # the newest two torch releases, in the builds each target's users install
+    assert (table["cuda"].bridge_torch, table["cpu"].bridge_torch) == (
+        ("2.14.1", "2.13.0"),
+        ("2.14.1", "2.13.0+cpu"),
+    )
+    assert all(not t.bridge_torch for t in table.values() if "cpu" not in t.aot.libraries)
 
 
 def test_unknown_key_is_rejected():
@@ -79,6 +85,21 @@ def test_duplicate_distribution_is_rejected():
         ('driver = "580"', 'driver = "R580"', r"an nvcc target names its driver branch"),
         ('machines = ["x86_64", "aarch64"]', 'machines = ["riscv64"]', r"must be a non-empty subset of"),
         ("wheel_size_mb = 5\n", 'wheel_size_mb = "5"\n', r"wheel_size_mb = '5' must be of type int/float"),
+        (
+            'bridge_torch = ["2.14.1", "2.13.0+cpu"]',
+            'bridge_torch = ["2.14"]',
+            r"distinct torch versions like",
+        ),
+        (
+            'bridge_torch = ["2.14.1", "2.13.0+cpu"]',
+            'bridge_torch = ["2.13.0+cpu", "2.13.0+cpu"]',
+            r"distinct torch versions like",
+        ),
+        (
+            'bridge_torch = []\njit = "none"\ntriton = "yes"\nvendor_backends = ["aiter"]',
+            'bridge_torch = ["2.14.1"]\njit = "none"\ntriton = "yes"\nvendor_backends = ["aiter"]',
+            r"\[targets\.rocm\]: bridge_torch needs the C\+\+ compiler",
+        ),
         (
             'pyproject = "pyproject_cpu.toml"',
             'pyproject = "cpu.toml"',

@@ -35,9 +35,18 @@ def _synthetic_wheel(root: Path, tmp_path: Path, target: targets.Target, *, drop
         if "cuda" in target.aot.libraries
         else None,
     }
+    info["bridges"] = {
+        f"torch_bridge_torch{v.replace('.', '_').replace('+', '_')}_x.so": {
+            "requested": v,
+            "torch": v,
+            "python": "cpython-312",
+        }
+        for v in target.bridge_torch
+    }
     di = f"{dist}-{version}.dist-info"
     files = {f: b"" for f in wheel_check.expected_package_files(root)}
     files.update({f"opmux/kernels/aot/{n}": b"\x7fELF" for n in target.aot.filenames})
+    files.update({f"{wheel_check.BRIDGES}/{n}": b"\x7fELF" for n in info["bridges"]})
     files["opmux/_build_info.py"] = f"BUILD_INFO = {info!r}\n".encode()
     requires = "".join(f"Requires-Dist: {r}\n" for r in target.requirements)
     files[f"{di}/METADATA"] = (
@@ -91,6 +100,61 @@ def test_missing_aot_library_is_named(root, tmp_path):
     wheel = _synthetic_wheel(root, tmp_path, cpu, drop=["opmux/kernels/aot/libopmux_aot_cpu.so"])
     problems = wheel_check.check_wheel(wheel, root, cpu)
     assert f"{wheel.name}: missing opmux/kernels/aot/libopmux_aot_cpu.so" in problems
+
+
+def _with_build_info(wheel: Path, tmp_path: Path, edit) -> Path:
+    """A copy of ``wheel`` whose _build_info.py is ``edit(info)``."""
+    out = tmp_path / "edited" / wheel.name
+    out.parent.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(out, "w") as zout:
+        for name in zin.namelist():
+            data = zin.read(name)
+            if name == "opmux/_build_info.py":
+                info = wheel_check.read_build_info(data.decode())
+                edit(info)
+                data = f"BUILD_INFO = {info!r}\n".encode()
+            zout.writestr(name, data)
+    return out
+
+
+def test_shipped_bridges_are_golden(root, tmp_path):
+    cpu = targets.load()["cpu"]
+    wheel = _synthetic_wheel(root, tmp_path, cpu)
+    bridge = f"{wheel_check.BRIDGES}/torch_bridge_torch2_13_0_cpu_x.so"
+    assert wheel_check.check_wheel(wheel, root, cpu) == []
+    # a bridge file the build info does not name is a stray; one it names must be there
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "gone").mkdir()
+    stray = _synthetic_wheel(
+        root, tmp_path / "stray", cpu, add=[f"{wheel_check.BRIDGES}/torch_bridge_other.so"]
+    )
+    assert f"{stray.name}: unexpected file {wheel_check.BRIDGES}/torch_bridge_other.so" in (
+        wheel_check.check_wheel(stray, root, cpu)
+    )
+    gone = _synthetic_wheel(root, tmp_path / "gone", cpu, drop=[bridge])
+    assert wheel_check.check_wheel(gone, root, cpu) == [f"{gone.name}: missing {bridge}"]
+
+
+def test_a_torch_release_without_its_bridge_is_named(root, tmp_path):
+    cpu = targets.load()["cpu"]
+    wheel = _synthetic_wheel(
+        root, tmp_path, cpu, drop=[f"{wheel_check.BRIDGES}/torch_bridge_torch2_14_1_x.so"]
+    )
+
+    def failed(info: dict) -> None:
+        del info["bridges"]["torch_bridge_torch2_14_1_x.so"]
+        info["bridges_missing"] = {"2.14.1": {"why": "compile", "message": "error: no member named X"}}
+
+    problems = wheel_check.check_wheel(_with_build_info(wheel, tmp_path, failed), root, cpu)
+    assert problems == [
+        f"{wheel.name}: no torch bridge for torch 2.14.1 (targets.toml bridge_torch): error: no member named X"
+    ]
+
+    def unfetchable(info: dict) -> None:  # a build machine that cannot reach torch's wheel
+        failed(info)
+        info["bridges_missing"]["2.14.1"]["why"] = "torch"
+
+    assert wheel_check.check_wheel(_with_build_info(wheel, tmp_path / "t", unfetchable), root, cpu) == []
 
 
 def test_stray_files_are_named(root, tmp_path, target):

@@ -1,6 +1,7 @@
 """Building the torch bridge (``jit/csrc/torch_bridge.cpp``): one build per torch build, across processes.
 
-The bridge is compiled against this interpreter's torch into the JIT cache
+Only for a torch build the wheel ships no bridge for (``_bridge_key``: a shipped one is loaded by
+``torch_kernels`` and nothing here runs). The bridge is compiled against this interpreter's torch into the JIT cache
 (``<cache>/torch_bridge/<key>/torch_bridge.so``, the key in :func:`library_path`). Two ways in:
 
 * :func:`build`, in the calling process: ``enable()``, ``prewarm --torch-kernels``, and the
@@ -49,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _env
+from . import _bridge_key, _env
 
 __all__ = ["BUILDS_LOG", "BUILD_LOG", "FAILED", "build", "library_path", "main", "obtain", "state"]
 
@@ -74,37 +75,13 @@ def _python_include() -> Path | None:
 def _flags() -> tuple[list[str], list[str]]:
     import torch  # lazy: the CLI's ``env`` reads the state without a build
 
-    from .jit.compile.toolchain import tvm_ffi_paths
-
     torch_dir = Path(torch.__file__).resolve().parent
-    includes, libtvm = tvm_ffi_paths()
-    dlpack = [p / "dlpack" for p in includes if (p / "dlpack").is_dir()]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     python = _python_include()
-    compile_flags = [
-        "-O2",
-        "-std=c++20",  # (torch's headers from 2.13 on use C++20 features)
-        "-fPIC",
-        "-w",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        *(f"-I{p}" for p in includes),
-        *(f"-I{p.parent}" for p in dlpack),
-        f"-I{torch_dir / 'include'}",
-        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        *(["-DBRIDGE_PY_ENTRY", f"-I{python}"] if python is not None else []),
-    ]
-    lib = torch_dir / "lib"
-    link_flags = [
-        "-shared",
-        f"-L{lib}",
-        *(["-ltorch_python"] if python is not None else []),
-        "-ltorch_cpu",
-        "-lc10",
-        f"-Wl,-rpath,{lib}",
-        str(libtvm),
-        f"-Wl,-rpath,{libtvm.parent}",
-    ]
-    return compile_flags, link_flags
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return (
+        _bridge_key.compile_flags(torch_dir, abi, python),
+        _bridge_key.link_flags(torch_dir, entries=python is not None, rpath=True),
+    )
 
 
 def library_path(*, create: bool = True) -> Path:
@@ -391,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def state() -> dict[str, Any]:
-    """The bridge on this machine, from the cache (no build started): ``state`` is ``built``,
-    ``building``, ``failed``, ``not built``, ``disabled`` or ``unavailable``, with ``reason``."""
+    """The bridge a process here would use, and why (nothing built or loaded): ``state`` is
+    ``shipped`` (the wheel's, for this exact torch build), ``cache-built``, ``building``,
+    ``failed``, ``not built``, ``disabled`` or ``unavailable``, with ``reason``."""
     setting = _env.get("OPMUX_TORCH_KERNELS")
     if setting == "off":
         return {
@@ -401,6 +379,28 @@ def state() -> dict[str, Any]:
         }
     if importlib.util.find_spec("torch") is None:
         return {"state": "unavailable", "reason": "torch is not installed"}
+    key = _bridge_key.current()
+    shipped = _bridge_key.SHIPPED_DIR / key.filename()
+    if shipped.is_file():
+        return {
+            "state": "shipped",
+            "reason": f"the wheel ships it for {key.describe()}: loaded at first use, nothing compiled",
+            "path": str(shipped),
+            "devices": setting,
+            "entries": True,
+        }
+    wheel = _bridge_key.shipped_names()
+    why_not = (
+        f"the wheel ships no bridge for {key.describe()} (it has {len(wheel)}: {', '.join(wheel)}); "
+        if wheel
+        else "this install ships no bridge (a source tree, or a target without them); "
+    )
+    state = _cache_state(setting)
+    return {**state, "reason": why_not + state["reason"]}
+
+
+def _cache_state(setting: str) -> dict[str, Any]:
+    """The bridge of this torch build in the JIT cache."""
     from .jit.compile import lock as _lock
     from .jit.compile.errors import JitCacheUnavailable
     from .jit.compile.load import jit_enabled
@@ -414,8 +414,8 @@ def state() -> dict[str, Any]:
     group = target.parent
     if target.is_file():
         return {
-            "state": "built",
-            "reason": "in the cache for this torch and compiler; loaded at first use",
+            "state": "cache-built",
+            "reason": "built into the cache for this torch and compiler; loaded at first use",
             **info,
         }
     if not _lock.is_free(group / ".lock"):

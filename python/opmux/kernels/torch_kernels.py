@@ -11,8 +11,12 @@ lanes (``lane_entry``: the arguments read as torch tensors, the outputs allocate
 conversion either way), and ``torch.ops.opmux.<name>``'s own entry from Python
 (``attach_call``: torch's converts each scalar argument at about 0.4 us).
 
-It is compiled against the torch in this interpreter (its C++ API: the stable ABI can neither
-read ``requires_grad`` nor bump a version), once per torch build, into the JIT cache: by one
+It is bound to one torch build (its C++ API: the stable ABI can neither read ``requires_grad`` nor
+bump a version). A wheel ships it, prebuilt, for the torch builds its target lists (targets.toml
+``bridge_torch``): where this process's torch, C++ ABI, Python ABI and tvm-ffi match one exactly
+(``_bridge_key``), it is loaded on the first call that wants it, on the calling thread, with no
+compiler and no wait. Otherwise it is compiled against the torch in this interpreter, once per
+torch build, into the JIT cache: by one
 detached builder for every process on that cache (``_bridge_build``), started by the first
 library-op call or the first default call of an op with an entry, whose background thread then
 waits for it (the Python paths serve meanwhile; a process that exits first leaves the builder to
@@ -32,7 +36,7 @@ from typing import Any
 
 import torch
 
-from . import _bridge_build, _env, _warn
+from . import _bridge_build, _bridge_key, _env, _warn
 from ._bridge_build import _flags, build, library_path
 from ._bridge_build import _python_include as _python_include  # (tests read it here)
 
@@ -69,6 +73,7 @@ _entry: Any = None  # the Python entry module (BRIDGE_PY_ENTRY), or None
 _devices: list[int] | None = None  # devices() when the bridge was first asked for
 _state = "off"  # off -> building -> ready | failed
 _detail = ""
+_source = ""  # where the loaded bridge came from: "shipped" (the wheel) or "cache" (built here)
 _thread: threading.Thread | None = None
 #: (library op name, FusedOp) of every library op defined so far, registered when the bridge loads
 _pending: list[tuple[str, Any]] = []
@@ -93,9 +98,16 @@ def status() -> tuple[str, str]:
     return _state, _detail
 
 
-def _load(path: Path) -> tuple[Any, Any]:
+def source() -> str:
+    """Where the loaded bridge came from: ``shipped`` (the wheel's, for this exact torch build),
+    ``cache`` (compiled here into the JIT cache) or ``""`` (none loaded)."""
+    return _source
+
+
+def _load(path: Path, *, entries: bool | None = None) -> tuple[Any, Any]:
     """(the tvm-ffi module, the Python entry module or None: built without the interpreter's
-    headers)."""
+    headers). ``entries``: whether it holds them (a shipped bridge always does); None: as a
+    cache build here would."""
     import importlib.machinery
     import importlib.util
 
@@ -103,7 +115,7 @@ def _load(path: Path) -> tuple[Any, Any]:
 
     module = tvm_ffi.load_module(str(path))
     entry = None
-    if "-DBRIDGE_PY_ENTRY" in _flags()[0]:
+    if entries if entries is not None else "-DBRIDGE_PY_ENTRY" in _flags()[0]:
         loader = importlib.machinery.ExtensionFileLoader("_opmux_torch_bridge", str(path))
         spec = importlib.util.spec_from_file_location("_opmux_torch_bridge", str(path), loader=loader)
         if spec is not None:
@@ -113,7 +125,7 @@ def _load(path: Path) -> tuple[Any, Any]:
 
 
 def _background() -> None:
-    global _module, _entry, _state, _detail
+    global _module, _entry, _state, _detail, _source
     try:
         module, entry = _load(_bridge_build.obtain(_decided))  # one builder, for every process
     except Exception as exc:  # a machine fault: warn once, the Python kernels keep serving
@@ -121,8 +133,29 @@ def _background() -> None:
             _state, _detail = "failed", f"{type(exc).__name__}: {exc}"
         return
     with _lock:
-        _module, _entry = module, entry
+        _module, _entry, _source = module, entry, "cache"
         _state = "ready"
+
+
+def _load_shipped() -> bool:
+    """Load the wheel's bridge for this exact torch build, if it ships one (under ``_lock``, state
+    ``off``): -> whether it is loaded. A shipped bridge that fails to load is a broken install:
+    the state is ``failed`` (warned once) and no build is started over it."""
+    global _module, _entry, _state, _detail, _source
+    try:
+        path = _bridge_key.shipped()
+    except Exception:  # (no tvm-ffi metadata, ...): the cache build reports it
+        return False
+    if path is None:
+        return False
+    try:
+        _module, _entry = _load(path, entries=True)
+    except Exception as exc:
+        _state, _detail = "failed", f"the shipped {path.name} did not load: {type(exc).__name__}: {exc}"
+        return True
+    _state, _source = "ready", "shipped"
+    _decided.set()
+    return True
 
 
 def _fix_devices() -> None:
@@ -132,17 +165,19 @@ def _fix_devices() -> None:
 
 
 def kick(*, wait: bool = False) -> bool:
-    """Start building / loading the bridge (once); with ``wait``, finish it here. -> whether it is
-    ready. Called by the library ops' Python kernels on their first call and by prewarm."""
+    """Load the bridge (once): the wheel's for this torch build, here, or else one built into the
+    cache, in the background; with ``wait``, finish it here. -> whether it is ready. Called by
+    the library ops' Python kernels and the default calls on their first call, and by prewarm."""
     global _thread, _state
     if not enabled():
         return False
     with _lock:
         if _state == "off":
             _fix_devices()
-            _state = "building"
-            _thread = threading.Thread(target=_background, name="opmux-torch-kernels", daemon=True)
-            _thread.start()
+            if not _load_shipped():  # the wheel has none for this torch build: build it
+                _state = "building"
+                _thread = threading.Thread(target=_background, name="opmux-torch-kernels", daemon=True)
+                _thread.start()
         thread = _thread
     if wait and thread is not None:
         thread.join()
@@ -212,14 +247,17 @@ def enable() -> None:
     raises. For servers (before their threads start: registering kernels while another thread
     dispatches the same op is not safe in torch), prewarm, benchmarks and tests; other processes
     get it in the background, registered by the next library-op call."""
-    global _state, _detail, _module, _entry
+    global _state, _detail, _module, _entry, _source
     if _state != "ready":
         with _lock:
             _fix_devices()
-        module, entry = _load(build())  # (outside the lock: a compile takes seconds)
-        with _lock:
-            if _state != "ready":
-                _module, _entry, _state, _detail = module, entry, "ready", ""
+            if _state == "off":
+                _load_shipped()
+        if _state != "ready":
+            module, entry = _load(build())  # (outside the lock: a compile takes seconds)
+            with _lock:
+                if _state != "ready":
+                    _module, _entry, _state, _detail, _source = module, entry, "ready", "", "cache"
     poll()
 
 
