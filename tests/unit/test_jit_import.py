@@ -82,3 +82,15 @@ def test_aot_present_loads_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     first = aot.load_library("cpu")
     assert first is not None and first.aot_f(1) == 8
     assert aot.load_library("cpu") is first
+
+
+def test_ops_package_import_is_light() -> None:
+    """``import opmux.kernels.ops`` (goal <= 20 ms, docs/benchmarks/host_overhead*.md) lists the
+    groups only: no declarations, no contracts, none of dataclasses' inspect machinery."""
+    code = (
+        "import sys, opmux.kernels.ops as ops\n"
+        "assert ops.__all__, ops.__all__\n"
+        "bad = {'torch', 'inspect', 'dataclasses', 'opmux.kernels.ops._decl', 'opmux.kernels.ops._contract'}\n"
+        "assert not bad & set(sys.modules), bad & set(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})

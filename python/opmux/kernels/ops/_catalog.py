@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from ._decl import Decl
+if TYPE_CHECKING:  # (importing it costs dataclasses and inspect: `import opmux.kernels.ops` stays light)
+    from ._decl import Decl
 
 __all__ = ["GROUPS", "decls"]
 
@@ -27,4 +29,6 @@ GROUPS: tuple[str, ...] = tuple(
 
 def decls(module: ModuleType) -> list[Decl]:
     """The ops a declaration module declares, by name."""
+    from ._decl import Decl
+
     return sorted((v for v in vars(module).values() if isinstance(v, Decl)), key=lambda d: d.name)
