@@ -345,7 +345,8 @@ def _render_lane(d: Decl) -> str:
         return _ViewLane(d.contract, d).render()
     if lane_form(d.contract) is None:
         return _Lane(d.contract, d).render()
-    if isinstance(d.contract, Contract) and extended_form(d.contract, d) is not None:
+    assert isinstance(d.contract, Contract)  # (a Forms is lane_form's)
+    if extended_form(d.contract, d) is not None:
         return _Lane(_lane_contract(d.contract, d), d).render()  # element_form holds
     return _ExtLane(d.contract, d).render()
 
