@@ -692,3 +692,57 @@ def test_escape_hatch_views_stand_ins_and_other_dtypes() -> None:
     assert "same_dtype(c.dtype(), q.dtype()) || is_dtype(c, kDLFloat, 32)" in lane
     assert "if (!(device_type != kDLCUDA || (Hq + Hk <= 8))) return refused();" in lane
     assert "kernel(pos, q_h.view(), k_h.view(), c);" in lane
+
+
+def _norm_quant_like(scale_type: str = "Tensor") -> object:
+    from opmux.kernels.ops._contract import FP8
+    from opmux.kernels.ops._decl import declare
+
+    c = Contract(
+        "nq",
+        (
+            Arg("x", "*T, H", dtypes=FLOATS),
+            Arg("r", "=x", like="x"),
+            Rule("not _checks.same_address(x, r)", "x and r must be different tensors"),
+            Arg("scale", "", dtypes=("float32",), device_of="x", layout="element"),
+            Arg("out", "=x", dtypes=FP8, device_of="x", out=True, kernel_dtype="uint8"),
+        ),
+        kernel=("out", "x", "r", "scale"),
+        result="out",
+    )
+    return declare(
+        "toy.nq",
+        f"(Tensor x, Tensor(a!) r, {scale_type} scale, Tensor(a!)? out=None) -> Tensor",
+        contract=c,
+        reference=test_required_element_fp8_output_and_addresses_in_the_cpp_lane,
+        doc="toy",
+        triton=False,
+    )
+
+
+def test_required_element_fp8_output_and_addresses_in_the_cpp_lane() -> None:
+    """A required one-element input's lane form is the float32 [1] the kernel gets (others go to
+    Python), an fp8 output reinterpreted as uint8 reaches the kernel as itself (the kernels take
+    fp8 bytes), ``same_address`` is lane.h's, and a fresh output is checked against the written
+    input before it (the static fp8 norms)."""
+    from opmux.kernels.ops._contract_cpp import element_form, extended_form, lane_form, render_header
+
+    decl = _norm_quant_like()
+    c = decl.contract  # type: ignore[attr-defined]
+    assert lane_form(c) is not None and extended_form(c, decl) is not None  # type: ignore[arg-type]
+    assert element_form(c, decl) is None  # type: ignore[arg-type]
+    text = render_header("toy", [decl])  # type: ignore[list-item]
+    assert text is not None
+    assert (
+        "if (!(scale.ndim() == 1 && is_dtype(scale, kDLFloat, 32) && same_device(scale, x))) return refused();"
+        in text
+    )
+    assert "if (!(scale.size(0) == 1)) return refused();" in text
+    assert "if (!(!same_address(x, r))) return refused();" in text
+    assert "if (!(r.size(0) == T && r.size(1) == H)) return refused();" in text
+    assert "is_dtype((*out), kDLFloat8_e4m3fn, 8) && same_device((*out), x)" in text
+    assert "may_share(*out, r, true)" in text
+    assert "kernel(*out, x, r, scale);" in text
+    assert "Tensor fresh = empty({T, H}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());" in text
+    optional = _norm_quant_like("Tensor?")  # an optional one: no lane form of its own here
+    assert element_form(optional.contract, optional) == "scale's layout element"  # type: ignore[attr-defined, arg-type]

@@ -199,7 +199,7 @@ def in_range(t: torch.Tensor, lo: int, hi: int) -> bool:
     return lo <= int(a) and int(b) < hi
 
 
-# -- the generic part of the contract (called from the code fused_op generates) ---------
+# -- the generic part of the contract (called from the entry points _entry_codegen writes) --
 def no_grad(op: str, *named: tuple[str, torch.Tensor | None]) -> None:
     """In grad mode, an input that requires grad is an error: the ops have no autograd formula."""
     for name, t in named:

@@ -14,9 +14,10 @@ nothing and the Python contract speaks. From each contract this writes, into
   such a contract, calling the unit's kernel ``<op>_<device>`` (CUDA: with ``enable_pdl``), and
   their exports. The unit includes it after its own namespace closes.
 
-A contract a lane cannot state exactly (a rule over tensor contents or addresses, a dtype
-argument, one-element or reinterpreted tensors) gets no generated lane: ``lane_form`` says why,
-and such an op keeps its hand-written lane or has none (the Python contract then runs).
+A contract a lane cannot state exactly (a rule over tensor contents, a dtype argument,
+reinterpreted tensors) gets no generated lane: ``lane_form`` (and the extended forms'
+``extended_form``, ``view_form``, ``element_form``) say why, and such an op has none (the Python
+contract then runs).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ._contract import ANY, FLOATS, LITERALS, Arg, Contract, Forms, When
+from ._contract import ANY, FLOATS, FP8, LITERALS, Arg, Contract, Forms, Rule, When
 from ._decl import Decl
 
-__all__ = ["lane_form", "render_entries", "render_header"]
+__all__ = ["element_form", "lane_form", "render_entries", "render_header"]
 
 _DL = {
     "float32": "kDLFloat, 32",
@@ -48,6 +49,8 @@ _SCALAR = {
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: ``x is None`` / ``x is not None`` of an argument: what a rule may ask of a tensor in C++
 _IS_NONE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*) is (not )?None\b")
+#: ``_checks.same_address(a, b)`` of two tensors: lane.h's ``same_address`` (``element_form``)
+_SAME_ADDRESS = re.compile(r"\b_checks\.same_address\((\w+), (\w+)\)")
 #: the layouts a lane checks, and their C++ predicates (opmux/lane.h; {t}: the tensor, {k}: where
 #: its trailing E... dims start)
 _LANE_LAYOUTS = {
@@ -90,6 +93,7 @@ def lane_form(c: Contract | Forms) -> str | None:
 
 def _cpp_expr(expr: str) -> str:
     out = _IS_NONE.sub(lambda m: f"{'!' if m.group(2) else ''}is_none({m.group(1)}_arg)", expr)
+    out = _SAME_ADDRESS.sub(r"same_address(\1, \2)", out)
     out = re.sub(r"\b(\d+)\*\*(\d+)\b", lambda m: f"{int(m.group(1)) ** int(m.group(2))}LL", out)
     out = re.sub(r"\bprod\((\w+)\)", r"\1", out)  # the serving form's batch is one dim
     out = re.sub(r"\bmax\(", "std::max<int64_t>(", out)
@@ -251,8 +255,8 @@ class _Lane:
             wt = f"*{w.name}" if w.name in fresh else self.ref(w.name)
             conds = [f"distinct({wt})"]
             for o in params:
-                if o.name == w.name or (o.written and written.index(o) < i):
-                    continue
+                if o.name == w.name or (o.written and written.index(o) < i and w.name not in fresh):
+                    continue  # (a fresh w: its pair with an earlier written o was left to here)
                 if o.name in fresh:
                     continue  # two optional outputs: never both fresh and shared (none has two)
                 conds.append(f"may_share({wt}, {self.ref(o.name)}, {'true' if o.written else 'false'})")
@@ -328,6 +332,7 @@ def _lane_decls(decls: Iterable[Decl]) -> list[Decl]:
             lane_form(d.contract) is None
             or extended_form(d.contract, d) is None
             or view_form(d.contract) is None
+            or (isinstance(d.contract, Contract) and element_form(d.contract, d) is None)
         )
         and d.spec.backend_names
         and any(b.name in ("aot", "jit") for b in d.spec.backends)
@@ -338,7 +343,12 @@ def _render_lane(d: Decl) -> str:
     assert d.contract is not None
     if isinstance(d.contract, Contract) and view_form(d.contract) is None:
         return _ViewLane(d.contract, d).render()
-    return (_Lane if lane_form(d.contract) is None else _ExtLane)(d.contract, d).render()
+    if lane_form(d.contract) is None:
+        return _Lane(d.contract, d).render()
+    assert isinstance(d.contract, Contract)  # (a Forms is lane_form's)
+    if extended_form(d.contract, d) is not None:
+        return _Lane(_lane_contract(d.contract, d), d).render()  # element_form holds
+    return _ExtLane(d.contract, d).render()
 
 
 def render_header(group: str, decls: Iterable[Decl]) -> str | None:
@@ -767,3 +777,35 @@ class _ViewLane(_Lane):
         )
         self.refuse_unless(ok, depth)
         super().check_tensor(replace(a, like="", device_of=a.like, dtypes=ANY), bound, t, depth)
+
+
+# -- required one-element inputs, fp8 outputs and distinct addresses (the static fp8 norms) -------
+def _lane_contract(c: Contract, decl: Decl) -> Contract:
+    """The contract's serving form as ``_Lane`` states it: a required one-element input (a
+    ``Tensor`` parameter) as the [1] vector the kernel gets (its other shapes: Python's), and an
+    fp8 output reinterpreted as uint8 as itself (the kernels take an fp8 tensor for its bytes:
+    ``check_fp8_bytes``)."""
+    required = {p.name for p in decl.params if p.type == "Tensor"}
+    items = []
+    for i in c.items:
+        if isinstance(i, Arg) and i.layout == "element" and i.name in required:
+            i = replace(i, shape="1", layout="vector")
+        elif isinstance(i, Arg) and i.out and i.kernel_dtype == "uint8" and i.dtypes == FP8:
+            i = replace(i, kernel_dtype="")
+        items.append(i)
+    return replace(c, items=tuple(items))
+
+
+def element_form(c: Contract, decl: Decl) -> str | None:
+    """None when ``_Lane`` can check the contract as ``_lane_contract`` states it, its rules
+    reading shapes or whether two required tensors start at one address (``same_address``),
+    else why not."""
+    required = {p.name for p in decl.params if p.type == "Tensor"}
+    items = []
+    for i in _lane_contract(c, decl).items:
+        if isinstance(i, Rule):
+            if any(not set(m.groups()) <= required for m in _SAME_ADDRESS.finditer(i.expr)):
+                return f"rule {i.expr!r}: the address of an optional tensor"
+            i = replace(i, expr=_SAME_ADDRESS.sub("", i.expr))
+        items.append(i)
+    return lane_form(replace(c, items=tuple(items)))

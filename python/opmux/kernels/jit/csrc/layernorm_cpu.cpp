@@ -464,7 +464,6 @@ void qk_norm_heads(T* x, const cpu::HeadLayout& h, const T* w, int64_t d, float 
 #include "opmux/checks.h"
 #include "opmux/head_checks.h"
 #include "opmux/contracts/layernorm.h"
-#include "opmux/norm_lanes.h"
 #include "opmux/quant_checks.h"
 
 namespace opmux {
@@ -578,38 +577,6 @@ void qk_norm_cpu(TensorView q, TensorView k, TensorView q_weight, TensorView k_w
   });
 }
 
-// The static fp8 norms' serving lanes (norm_lanes.h norm_quant_args / fused_add_quant_args): the
-// kernel takes the fp8 result itself (its bytes; check_fp8_bytes accepts float8_e4m3fn).
-lane::Any rmsnorm_static_quant_fp8_cpu_lane(TensorView x, TensorView weight, TensorView scale, lane::AnyView eps_arg,
-                                            lane::AnyView out_arg) {
-  double eps;
-  std::optional<TensorView> out;
-  if (!lane::opt_tensor(out_arg, &out) || !lane::norm_quant_args(kDLCPU, x, weight, scale, eps_arg, out, &eps))
-    return lane::refused();
-  if (out) {
-    rmsnorm_static_quant_fp8_cpu(*out, x, weight, scale, eps);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
-  rmsnorm_static_quant_fp8_cpu(y, x, weight, scale, eps);
-  return y;
-}
-lane::Any fused_add_rmsnorm_static_quant_fp8_cpu_lane(TensorView x, TensorView residual, TensorView weight,
-                                                      TensorView scale, lane::AnyView eps_arg, lane::AnyView out_arg) {
-  double eps;
-  std::optional<TensorView> out;
-  if (!lane::opt_tensor(out_arg, &out) ||
-      !lane::fused_add_quant_args(kDLCPU, x, residual, weight, scale, eps_arg, out, &eps))
-    return lane::refused();
-  if (out) {
-    fused_add_rmsnorm_static_quant_fp8_cpu(*out, x, residual, weight, scale, eps);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
-  fused_add_rmsnorm_static_quant_fp8_cpu(y, x, residual, weight, scale, eps);
-  return y;
-}
-
 }  // namespace layernorm_cpu
 }  // namespace opmux
 
@@ -623,10 +590,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cpu,
                               opmux::layernorm_cpu::rmsnorm_static_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cpu,
                               opmux::layernorm_cpu::fused_add_rmsnorm_static_quant_fp8_cpu);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cpu_lane,
-                              opmux::layernorm_cpu::rmsnorm_static_quant_fp8_cpu_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cpu_lane,
-                              opmux::layernorm_cpu::fused_add_rmsnorm_static_quant_fp8_cpu_lane);
 // the serving lanes generated from the contracts (tools/gen_contracts.py)
 #include "opmux/contracts/layernorm_cpu_lanes.inc"
 #endif  // OPMUX_CPU_KERNELS_ONLY

@@ -29,7 +29,6 @@
 #include "opmux/cuda_utils.cuh"
 #include "opmux/head_checks.h"
 #include "opmux/contracts/layernorm.h"
-#include "opmux/norm_lanes.h"
 #include "opmux/quant_checks.h"
 
 namespace opmux {
@@ -524,39 +523,6 @@ void fused_add_rmsnorm_static_quant_fp8_cuda(TensorView q, TensorView x, TensorV
   run_quant<true>("opmux.fused_add_rmsnorm_static_quant_fp8", q, x, residual, weight, scale, eps);
 }
 
-// The static fp8 norms' serving lanes (norm_lanes.h norm_quant_args / fused_add_quant_args): the
-// kernel takes the fp8 result itself (its bytes; check_fp8_bytes accepts float8_e4m3fn).
-lane::Any rmsnorm_static_quant_fp8_cuda_lane(TensorView x, TensorView weight, TensorView scale, lane::AnyView eps_arg,
-                                             lane::AnyView out_arg, bool enable_pdl) {
-  double eps;
-  std::optional<TensorView> out;
-  if (!lane::opt_tensor(out_arg, &out) || !lane::norm_quant_args(kDLCUDA, x, weight, scale, eps_arg, out, &eps))
-    return lane::refused();
-  if (out) {
-    rmsnorm_static_quant_fp8_cuda(*out, x, weight, scale, eps, enable_pdl);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
-  rmsnorm_static_quant_fp8_cuda(y, x, weight, scale, eps, enable_pdl);
-  return y;
-}
-lane::Any fused_add_rmsnorm_static_quant_fp8_cuda_lane(TensorView x, TensorView residual, TensorView weight,
-                                                       TensorView scale, lane::AnyView eps_arg, lane::AnyView out_arg,
-                                                       bool enable_pdl) {
-  double eps;
-  std::optional<TensorView> out;
-  if (!lane::opt_tensor(out_arg, &out) ||
-      !lane::fused_add_quant_args(kDLCUDA, x, residual, weight, scale, eps_arg, out, &eps))
-    return lane::refused();
-  if (out) {
-    fused_add_rmsnorm_static_quant_fp8_cuda(*out, x, residual, weight, scale, eps, enable_pdl);
-    return lane::ran();
-  }
-  lane::Tensor y = lane::empty({x.size(0), x.size(1)}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
-  fused_add_rmsnorm_static_quant_fp8_cuda(y, x, residual, weight, scale, eps, enable_pdl);
-  return y;
-}
-
 }  // namespace layernorm_cuda
 }  // namespace opmux
 
@@ -570,9 +536,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cuda,
                               opmux::layernorm_cuda::rmsnorm_static_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cuda,
                               opmux::layernorm_cuda::fused_add_rmsnorm_static_quant_fp8_cuda);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_static_quant_fp8_cuda_lane,
-                              opmux::layernorm_cuda::rmsnorm_static_quant_fp8_cuda_lane);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_static_quant_fp8_cuda_lane,
-                              opmux::layernorm_cuda::fused_add_rmsnorm_static_quant_fp8_cuda_lane);
 // the serving lanes generated from the contracts (tools/gen_contracts.py)
 #include "opmux/contracts/layernorm_cuda_lanes.inc"

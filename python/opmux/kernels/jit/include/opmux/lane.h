@@ -1,8 +1,9 @@
 // Serving lanes: `<name>_<device>_lane(<the op's public arguments>[, bool enable_pdl])`.
 //
-// The Python argument contract (ops/<group>/op.py and the generic guard fused_op generates)
-// is the op's one contract; it costs microseconds of Python per call. A lane is the native
-// kernel's own check of that contract for the op's serving form (the layouts and argument
+// The Python argument contract (ops/<group>/op.py's contracts, checked by the generated
+// ops/<group>/_contracts.py, and the generic guard of the entry points that ops/_entry_codegen.py
+// writes) is the op's one contract; it costs microseconds of Python per call. A lane is the
+// native kernel's own check of that contract for the op's serving form (the layouts and argument
 // kinds a serving engine passes), in C++: when every rule holds it runs the kernel and
 // returns a result; otherwise it returns None having done nothing, and the caller runs the
 // Python contract, which accepts the call (a form the lane does not cover) or raises the
@@ -12,13 +13,13 @@
 // An op declared with a contract (ops/_contract.py) that states its serving form exactly gets its
 // lane generated from that contract by tools/gen_contracts.py: opmux/contracts/<group>.h (the
 // checks) and opmux/contracts/<group>_<device>_lanes.inc (the entries, included by the unit).
-// The helpers below are what those checks, and the remaining hand-written lanes, are made of.
+// The helpers below are what those checks are made of.
 //
-// What only Python can see stays there (fused_op._lane_lines): grad mode, and that every
-// tensor argument is a torch tensor, and that every float / int scalar is exactly a Python float
-// / int (tvm-ffi passes any numbers.Real / Integral, numpy scalars included, as one). Scalars
-// arrive as AnyView so that a lane can tell a bool, an int and a float apart (an int eps is not
-// a float).
+// What only Python can see stays there (ops/_entry_codegen.py _lane_lines): grad mode, and that
+// every tensor argument is a torch tensor, and that every float / int scalar is exactly a Python
+// float / int (tvm-ffi passes any numbers.Real / Integral, numpy scalars included, as one).
+// Scalars arrive as AnyView so that a lane can tell a bool, an int and a float apart (an int eps
+// is not a float).
 #pragma once
 
 #include <tvm/ffi/any.h>
@@ -164,6 +165,11 @@ inline bool same_view(const TensorView& a, const TensorView& b) {
     if (a.size(i) > 1 && a.stride(i) != b.stride(i)) return false;
   }
   return true;
+}
+
+// a and b start at one address, a not empty (_checks.same_address: "another tensor than").
+inline bool same_address(const TensorView& a, const TensorView& b) {
+  return a.numel() > 0 && data_ptr<char>(a) == data_ptr<char>(b);
 }
 
 inline int64_t floor_div(int64_t a, int64_t b) {  // Python's //, b > 0

@@ -31,6 +31,45 @@ inline Any add(int32_t device_type, const TensorView& x, const TensorView& resid
   return ran();
 }
 
+// add_quant: layernorm.fused_add_rmsnorm_static_quant_fp8's contract (ops/layernorm/op.py)
+template <typename Kernel>
+inline Any add_quant(int32_t device_type, const TensorView& x, const TensorView& residual, const TensorView& weight, const TensorView& scale, const AnyView& eps_arg, const AnyView& out_arg, Kernel&& kernel) {
+  double eps;
+  if (!(positive_float(eps_arg, &eps))) return refused();
+  std::optional<TensorView> out;
+  if (!(opt_tensor(out_arg, &out))) return refused();
+  if (!(x.ndim() == 2 && is_float(x.dtype()))) return refused();
+  const int64_t T = x.size(0);
+  const int64_t H = x.size(1);
+  if (!(x.size(1) <= 1 || x.stride(1) == 1)) return refused();
+  if (!(x.device().device_type == device_type)) return refused();
+  if (!(weight.ndim() == 1 && same_dtype(weight.dtype(), x.dtype()) && same_device(weight, x))) return refused();
+  if (!(weight.size(0) == H)) return refused();
+  if (!(weight.size(0) <= 1 || weight.stride(0) == 1)) return refused();
+  if (!(residual.ndim() == 2 && same_dtype(residual.dtype(), x.dtype()) && same_device(residual, x))) return refused();
+  if (!(residual.size(0) == T && residual.size(1) == H)) return refused();
+  if (!(residual.size(1) <= 1 || residual.stride(1) == 1)) return refused();
+  if (!(scale.ndim() == 1 && is_dtype(scale, kDLFloat, 32) && same_device(scale, x))) return refused();
+  if (!(scale.size(0) == 1)) return refused();
+  if (!(scale.size(0) <= 1 || scale.stride(0) == 1)) return refused();
+  if (!(!same_address(x, residual))) return refused();
+  if (out) {
+    if (!((*out).ndim() == 2 && is_dtype((*out), kDLFloat8_e4m3fn, 8) && same_device((*out), x))) return refused();
+    if (!((*out).size(0) == T && (*out).size(1) == H)) return refused();
+    if (!((*out).size(1) <= 1 || (*out).stride(1) == 1)) return refused();
+  }
+  if (!(distinct(residual) && may_share(residual, x, false) && may_share(residual, weight, false) && may_share(residual, scale, false))) return refused();
+  if (out && !(distinct(*out) && may_share(*out, x, false) && may_share(*out, residual, true) && may_share(*out, weight, false) && may_share(*out, scale, false))) return refused();
+  if (out) {
+    kernel(*out, x, residual, weight, scale, eps);
+    return ran();
+  }
+  if (!(x.stride(0) == x.size(1) && (x.size(1) <= 1 || x.stride(1) == 1))) return refused();
+  Tensor fresh = empty({T, H}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
+  kernel(TensorView(fresh), x, residual, weight, scale, eps);
+  return fresh;
+}
+
 // norm: layernorm.gemma_rmsnorm's contract (ops/layernorm/op.py)
 template <typename Kernel>
 inline Any norm(int32_t device_type, const TensorView& x, const TensorView& weight, const AnyView& eps_arg, const AnyView& out_arg, Kernel&& kernel) {
@@ -88,6 +127,40 @@ inline Any qk_norm(int32_t device_type, const TensorView& q, const TensorView& k
   if (!(distinct(k) && may_share(k, q_weight, false) && may_share(k, k_weight, false))) return refused();
   kernel(q, k, q_weight, k_weight, eps);
   return ran();
+}
+
+// norm_quant: layernorm.rmsnorm_static_quant_fp8's contract (ops/layernorm/op.py)
+template <typename Kernel>
+inline Any norm_quant(int32_t device_type, const TensorView& x, const TensorView& weight, const TensorView& scale, const AnyView& eps_arg, const AnyView& out_arg, Kernel&& kernel) {
+  double eps;
+  if (!(positive_float(eps_arg, &eps))) return refused();
+  std::optional<TensorView> out;
+  if (!(opt_tensor(out_arg, &out))) return refused();
+  if (!(x.ndim() == 2 && is_float(x.dtype()))) return refused();
+  const int64_t T = x.size(0);
+  const int64_t H = x.size(1);
+  if (!(x.size(1) <= 1 || x.stride(1) == 1)) return refused();
+  if (!(x.device().device_type == device_type)) return refused();
+  if (!(weight.ndim() == 1 && same_dtype(weight.dtype(), x.dtype()) && same_device(weight, x))) return refused();
+  if (!(weight.size(0) == H)) return refused();
+  if (!(weight.size(0) <= 1 || weight.stride(0) == 1)) return refused();
+  if (!(scale.ndim() == 1 && is_dtype(scale, kDLFloat, 32) && same_device(scale, x))) return refused();
+  if (!(scale.size(0) == 1)) return refused();
+  if (!(scale.size(0) <= 1 || scale.stride(0) == 1)) return refused();
+  if (out) {
+    if (!((*out).ndim() == 2 && is_dtype((*out), kDLFloat8_e4m3fn, 8) && same_device((*out), x))) return refused();
+    if (!((*out).size(0) == T && (*out).size(1) == H)) return refused();
+    if (!((*out).size(1) <= 1 || (*out).stride(1) == 1)) return refused();
+  }
+  if (out && !(distinct(*out) && may_share(*out, x, false) && may_share(*out, weight, false) && may_share(*out, scale, false))) return refused();
+  if (out) {
+    kernel(*out, x, weight, scale, eps);
+    return ran();
+  }
+  if (!(x.stride(0) == x.size(1) && (x.size(1) <= 1 || x.stride(1) == 1))) return refused();
+  Tensor fresh = empty({T, H}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
+  kernel(TensorView(fresh), x, weight, scale, eps);
+  return fresh;
 }
 
 }  // namespace contract
