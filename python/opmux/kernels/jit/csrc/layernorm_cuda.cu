@@ -407,9 +407,7 @@ void run(const char* op, const char* a_name, TensorView a, const char* b_name, T
          TensorView weight, double eps) {
   RowsArgs r = check_norm_args(op, kDLCUDA, a_name, a, b_name, b, weight, eps);
   if (r.rows == 0 || r.hidden == 0) return;
-  if (r.hidden > (1 << 30)) {
-    TVM_FFI_THROW(ValueError) << op << ": hidden size " << r.hidden << " exceeds 2^30";
-  }
+  lane::contract::rule_norm_hidden(op, r.hidden);  // the contract's CUDA limit, its words
   if (FUSED && data_ptr<char>(a) == data_ptr<char>(b)) {
     TVM_FFI_THROW(ValueError) << op << ": x and residual must be different tensors (both are "
                               << "updated in place)";
@@ -463,9 +461,7 @@ void qk_norm_cuda(TensorView q, TensorView k, TensorView q_weight, TensorView k_
   p.k = head_rows(k, a.k, k_weight);
   p.rows = p.q.rows + p.k.rows;
   if (p.rows == 0 || a.head_dim == 0) return;
-  if (a.head_dim > (1 << 30)) {
-    TVM_FFI_THROW(ValueError) << op << ": head_dim " << a.head_dim << " exceeds 2^30";
-  }
+  lane::contract::rule_qk_head_dim(op, a.head_dim);  // the contract's CUDA limit, its words
   p.hidden = static_cast<int>(a.head_dim);
   p.eps = static_cast<float>(eps);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
@@ -485,9 +481,7 @@ void run_quant(const char* op, TensorView q, TensorView x, TensorView residual, 
   check_ndim(op, "scale", scale, 1);
   check_size(op, "scale", scale, 0, 1, "one element (a per-tensor scale)");
   if (r.rows == 0 || r.hidden == 0) return;
-  if (r.hidden > (1 << 30)) {
-    TVM_FFI_THROW(ValueError) << op << ": hidden size " << r.hidden << " exceeds 2^30";
-  }
+  lane::contract::rule_norm_hidden(op, r.hidden);  // the contract's CUDA limit, its words
   if (FUSED && data_ptr<char>(x) == data_ptr<char>(residual)) {
     TVM_FFI_THROW(ValueError) << op << ": x and residual must be different tensors (residual is "
                               << "updated in place, x is read)";

@@ -48,8 +48,9 @@ def check_add(op: str, x: Any, residual: Any, weight: Any, eps: Any = 1e-06) -> 
         ):
             T = x_s[0]
             H = x_s[1]
-            eps_ = eps
-            return (x, residual, weight, eps_,), None
+            if (H <= 2**30 or not x.is_cuda):
+                eps_ = eps
+                return (x, residual, weight, eps_,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "x", x)
@@ -66,6 +67,8 @@ def check_add(op: str, x: Any, residual: Any, weight: Any, eps: Any = 1e-06) -> 
     _checks.like(op, "x", x, "weight", weight)
     _checks.positive_float(op, "eps", eps)
     eps_ = float(eps)
+    if not (H <= 2**30) and x.device.type == 'cuda':
+        raise ValueError(f'{op}: hidden size {H} exceeds 2^30')
     _checks.tensor(op, "residual", residual)
     if tuple(residual.shape) != tuple(x.shape):
         raise ValueError(f"{op}: residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x")
@@ -107,7 +110,7 @@ def check_add_quant(op: str, x: Any, residual: Any, weight: Any, scale: Any, eps
         ):
             T = x_s[0]
             H = x_s[1]
-            if (not _checks.same_address(x, residual)):
+            if (not _checks.same_address(x, residual)) and (H <= 2**30 or not x.is_cuda):
                 eps_ = eps
                 out = torch.empty_like(x, dtype=_FLOAT8_E4M3FN)
                 return (out.view(_UINT8), x, residual, weight, scale, eps_,), out
@@ -127,6 +130,8 @@ def check_add_quant(op: str, x: Any, residual: Any, weight: Any, scale: Any, eps
     _checks.like(op, "x", x, "weight", weight)
     _checks.positive_float(op, "eps", eps)
     eps_ = float(eps)
+    if not (H <= 2**30) and x.device.type == 'cuda':
+        raise ValueError(f'{op}: hidden size {H} exceeds 2^30')
     _checks.tensor(op, "residual", residual)
     if tuple(residual.shape) != tuple(x.shape):
         raise ValueError(f"{op}: residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x")
@@ -175,9 +180,10 @@ def check_norm(op: str, x: Any, weight: Any, eps: Any = 1e-06, out: Any = None) 
         ):
             T = x_s[0]
             H = x_s[1]
-            eps_ = eps
-            out = torch.empty_like(x)
-            return (out, x, weight, eps_,), out
+            if (H <= 2**30 or not x.is_cuda):
+                eps_ = eps
+                out = torch.empty_like(x)
+                return (out, x, weight, eps_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "x", x)
@@ -194,6 +200,8 @@ def check_norm(op: str, x: Any, weight: Any, eps: Any = 1e-06, out: Any = None) 
     _checks.like(op, "x", x, "weight", weight)
     _checks.positive_float(op, "eps", eps)
     eps_ = float(eps)
+    if not (H <= 2**30) and x.device.type == 'cuda':
+        raise ValueError(f'{op}: hidden size {H} exceeds 2^30')
     if out is None:
         out = torch.empty_like(x)
     else:
@@ -243,8 +251,9 @@ def check_qk_norm(op: str, q: Any, k: Any, q_weight: Any, k_weight: Any, eps: An
             D = q_s[2]
             Tk = k_s[0]
             Hk = k_s[1]
-            eps_ = eps
-            return (q, k, q_weight, k_weight, eps_,), None
+            if (D <= 2**30 or not q.is_cuda):
+                eps_ = eps
+                return (q, k, q_weight, k_weight, eps_,), None
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "q", q)
@@ -276,6 +285,8 @@ def check_qk_norm(op: str, q: Any, k: Any, q_weight: Any, k_weight: Any, eps: An
     _checks.like(op, "q", q, "k_weight", k_weight)
     _checks.positive_float(op, "eps", eps)
     eps_ = float(eps)
+    if not (D <= 2**30) and q.device.type == 'cuda':
+        raise ValueError(f'{op}: head_dim {D} exceeds 2^30')
     q_v = _checks.heads_of(op, "q", q)
     k_v = _checks.heads_of(op, "k", k)
     _checks.dense_vector(op, "q_weight", q_weight)
@@ -310,9 +321,10 @@ def check_norm_quant(op: str, x: Any, weight: Any, scale: Any, eps: Any = 1e-06,
         ):
             T = x_s[0]
             H = x_s[1]
-            eps_ = eps
-            out = torch.empty_like(x, dtype=_FLOAT8_E4M3FN)
-            return (out.view(_UINT8), x, weight, scale, eps_,), out
+            if (H <= 2**30 or not x.is_cuda):
+                eps_ = eps
+                out = torch.empty_like(x, dtype=_FLOAT8_E4M3FN)
+                return (out.view(_UINT8), x, weight, scale, eps_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "x", x)
@@ -329,6 +341,8 @@ def check_norm_quant(op: str, x: Any, weight: Any, scale: Any, eps: Any = 1e-06,
     _checks.like(op, "x", x, "weight", weight)
     _checks.positive_float(op, "eps", eps)
     eps_ = float(eps)
+    if not (H <= 2**30) and x.device.type == 'cuda':
+        raise ValueError(f'{op}: hidden size {H} exceeds 2^30')
     _checks.tensor(op, "scale", scale)
     _checks.dtype_in(op, "scale", scale, ('float32',))
     _checks.same_device(op, "x", x, scale=scale)

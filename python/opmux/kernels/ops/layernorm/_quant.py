@@ -42,7 +42,7 @@ _Q = Arg("out", "=x", dtypes=FP8, device_of="x", out=True, kernel_dtype="uint8")
 #: q = e4m3(norm(x) / scale): kernel arguments (q, x, weight, scale, eps)
 NORM_QUANT = Contract(
     "norm_quant",
-    (_ln_c.X, _ln_c.WEIGHT, _ln_c.EPS, _SCALE, _Q),
+    (_ln_c.X, _ln_c.WEIGHT, _ln_c.EPS, _ln_c.CUDA_HIDDEN, _SCALE, _Q),
     kernel=("out", "x", "weight", "scale", "eps"),
     result="out",
 )
@@ -53,6 +53,7 @@ ADD_QUANT = Contract(
         _ln_c.X,
         _ln_c.WEIGHT,
         _ln_c.EPS,
+        _ln_c.CUDA_HIDDEN,
         _ln_c.RESIDUAL,
         Rule(
             "not _checks.same_address(x, residual)",

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from .._common import FP8_E4M3_TOLERANCE, TOLERANCES
-from .._contract import FLOATS, Arg, Contract
+from .._contract import FLOATS, Arg, Contract, Rule
 from .._decl import declare, variant
 from . import _contract_items as _c
 from . import _quant
@@ -30,12 +30,14 @@ else:
 #: y = norm(x): out like x; kernel arguments (out, x, weight, eps)
 NORM = Contract(
     "norm",
-    (_c.X, _c.WEIGHT, _c.EPS, Arg("out", "=x", like="x", out=True)),
+    (_c.X, _c.WEIGHT, _c.EPS, _c.CUDA_HIDDEN, Arg("out", "=x", like="x", out=True)),
     kernel=("out", "x", "weight", "eps"),
     result="out",
 )
 #: in place: residual += x; x = norm(residual); kernel arguments (x, residual, weight, eps)
-ADD = Contract("add", (_c.X, _c.WEIGHT, _c.EPS, _c.RESIDUAL), kernel=("x", "residual", "weight", "eps"))
+ADD = Contract(
+    "add", (_c.X, _c.WEIGHT, _c.EPS, _c.CUDA_HIDDEN, _c.RESIDUAL), kernel=("x", "residual", "weight", "eps")
+)
 
 
 #: in place, per head: q [..., Hq, D] and k [..., Hk, D] as [tokens, heads, D] views (token
@@ -48,6 +50,7 @@ QK_NORM = Contract(
         Arg("q_weight", "D", like="q", layout="vector", note=" (head_dim)"),
         Arg("k_weight", "D", like="q", layout="vector", note=" (head_dim)"),
         _c.EPS,
+        Rule("D <= 2**30", "head_dim {D} exceeds 2^30", device="cuda", name="qk_head_dim"),
     ),
     kernel=("q", "k", "q_weight", "k_weight", "eps"),
 )

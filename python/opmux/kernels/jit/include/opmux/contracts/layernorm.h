@@ -25,6 +25,7 @@ inline Any add(int32_t device_type, const TensorView& x, const TensorView& resid
   if (!(residual.ndim() == 2 && same_dtype(residual.dtype(), x.dtype()) && same_device(residual, x))) return refused();
   if (!(residual.size(0) == T && residual.size(1) == H)) return refused();
   if (!(residual.size(1) <= 1 || residual.stride(1) == 1)) return refused();
+  if (!(device_type != kDLCUDA || (H <= 1073741824LL))) return refused();
   if (!(distinct(x) && may_share(x, residual, true) && may_share(x, weight, false))) return refused();
   if (!(distinct(residual) && may_share(residual, weight, false))) return refused();
   kernel(x, residual, weight, eps);
@@ -52,6 +53,7 @@ inline Any add_quant(int32_t device_type, const TensorView& x, const TensorView&
   if (!(scale.ndim() == 1 && is_dtype(scale, kDLFloat, 32) && same_device(scale, x))) return refused();
   if (!(scale.size(0) == 1)) return refused();
   if (!(scale.size(0) <= 1 || scale.stride(0) == 1)) return refused();
+  if (!(device_type != kDLCUDA || (H <= 1073741824LL))) return refused();
   if (!(!same_address(x, residual))) return refused();
   if (out) {
     if (!((*out).ndim() == 2 && is_dtype((*out), kDLFloat8_e4m3fn, 8) && same_device((*out), x))) return refused();
@@ -85,6 +87,7 @@ inline Any norm(int32_t device_type, const TensorView& x, const TensorView& weig
   if (!(weight.ndim() == 1 && same_dtype(weight.dtype(), x.dtype()) && same_device(weight, x))) return refused();
   if (!(weight.size(0) == H)) return refused();
   if (!(weight.size(0) <= 1 || weight.stride(0) == 1)) return refused();
+  if (!(device_type != kDLCUDA || (H <= 1073741824LL))) return refused();
   if (out) {
     if (!((*out).ndim() == 2 && same_dtype((*out).dtype(), x.dtype()) && same_device((*out), x))) return refused();
     if (!((*out).size(0) == T && (*out).size(1) == H)) return refused();
@@ -123,6 +126,7 @@ inline Any qk_norm(int32_t device_type, const TensorView& q, const TensorView& k
   if (!(k_weight.ndim() == 1 && same_dtype(k_weight.dtype(), q.dtype()) && same_device(k_weight, q))) return refused();
   if (!(k_weight.size(0) == D)) return refused();
   if (!(k_weight.size(0) <= 1 || k_weight.stride(0) == 1)) return refused();
+  if (!(device_type != kDLCUDA || (D <= 1073741824LL))) return refused();
   if (!(distinct(q) && may_share(q, k, true) && may_share(q, q_weight, false) && may_share(q, k_weight, false))) return refused();
   if (!(distinct(k) && may_share(k, q_weight, false) && may_share(k, k_weight, false))) return refused();
   kernel(q, k, q_weight, k_weight, eps);
@@ -147,6 +151,7 @@ inline Any norm_quant(int32_t device_type, const TensorView& x, const TensorView
   if (!(scale.ndim() == 1 && is_dtype(scale, kDLFloat, 32) && same_device(scale, x))) return refused();
   if (!(scale.size(0) == 1)) return refused();
   if (!(scale.size(0) <= 1 || scale.stride(0) == 1)) return refused();
+  if (!(device_type != kDLCUDA || (H <= 1073741824LL))) return refused();
   if (out) {
     if (!((*out).ndim() == 2 && is_dtype((*out), kDLFloat8_e4m3fn, 8) && same_device((*out), x))) return refused();
     if (!((*out).size(0) == T && (*out).size(1) == H)) return refused();
@@ -161,6 +166,16 @@ inline Any norm_quant(int32_t device_type, const TensorView& x, const TensorView
   Tensor fresh = empty({T, H}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
   kernel(TensorView(fresh), x, weight, scale, eps);
   return fresh;
+}
+
+// hidden size {H} exceeds 2^30 (cuda only)
+inline void rule_norm_hidden(const char* op, int64_t H) {
+  if (!(H <= 1073741824LL)) TVM_FFI_THROW(ValueError) << op << ": " << "hidden size " << H << " exceeds 2^30";
+}
+
+// head_dim {D} exceeds 2^30 (cuda only)
+inline void rule_qk_head_dim(const char* op, int64_t D) {
+  if (!(D <= 1073741824LL)) TVM_FFI_THROW(ValueError) << op << ": " << "head_dim " << D << " exceeds 2^30";
 }
 
 }  // namespace contract
