@@ -51,7 +51,7 @@ def test_no_table_keeps_the_declared_priority() -> None:
 
 
 def test_the_measured_backend_goes_first(fresh: Path) -> None:
-    _write(fresh, "select", (4096, 7168), {"1": {"backend": "triton"}, "2048": {"backend": "jit"}})
+    _write(fresh, "select", (4096, 7168), {"16": {"backend": "triton"}, "2048": {"backend": "jit"}})
     pref = measured.preferred(OP, None, (_t(2, 8, 7168), _t(4096, 7168)), {})  # M = 16 rows
     assert pref is not None and pref[0] == "triton"
     assert "M=16, N=4096, K=7168" in pref[1] and "backend=select.json" in pref[1]

@@ -181,6 +181,14 @@ def test_select_times_each_backend_and_writes_size_classes(
         assert tuned.lookup(OP, "select", "cpu", (999, 999), 1) == table[1]  # any shape: the classes
 
 
+def test_select_races_every_backend_however_short_the_budget(tmp_path: Path) -> None:
+    """A race of some backends names no fastest: each entry times them all (the budget is
+    checked between entries)."""
+    full = tune([(200, 300)], [1], out=tmp_path / "a", budget_s=120, device="cpu", backend="select")
+    short = tune([(200, 300)], [1], out=tmp_path / "b", budget_s=0.01, device="cpu", backend="select")
+    assert set(short.entries[0].timings) == set(full.entries[0].timings)
+
+
 def test_cuda_backend_needs_a_gpu(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs a GPU"):
         tune([(200, 300)], [1], out=tmp_path, budget_s=1, device="cpu", backend="cuda")

@@ -47,13 +47,13 @@ def _write(directory: Path, name: str, table: object) -> Path:
     return path
 
 
-VLLM_NAME = f"N=4096,K=7168,device_name={DEV},dtype=fp8_w8a8,block_shape=[128,128].json"
-SGLANG_NAME = f"N=4096,K=7168,device_name={DEV},dtype=fp8_w8a8,block_shape=[128, 128].json"
+VLLM_NAME = f"N=4096,K=7040,device_name={DEV},dtype=fp8_w8a8,block_shape=[128,128].json"
+SGLANG_NAME = f"N=4096,K=7040,device_name={DEV},dtype=fp8_w8a8,block_shape=[128, 128].json"
 
 
 @pytest.mark.parametrize(
     ("backend", "shape", "device"),
-    [("triton", (4096, 7168), DEV), ("cuda", (7, 128), "NVIDIA_H100_80GB_HBM3"), ("triton", (1, 1), "cpu")],
+    [("triton", (4096, 7040), DEV), ("cuda", (7, 128), "NVIDIA_H100_80GB_HBM3"), ("triton", (1, 1), "cpu")],
 )
 def test_key_round_trips(backend: str, shape: tuple[int, int], device: str) -> None:
     key = tuned.table_key(OP, backend, device, shape)
@@ -62,7 +62,7 @@ def test_key_round_trips(backend: str, shape: tuple[int, int], device: str) -> N
 
 
 def test_file_names_match_vllm_and_sglang() -> None:
-    key = tuned.table_key(OP, "triton", DEV, (4096, 7168))
+    key = tuned.table_key(OP, "triton", DEV, (4096, 7040))
     assert key.file_name() == VLLM_NAME
     assert tuned.TableKey.parse(OP, SGLANG_NAME) == key
 
@@ -83,7 +83,7 @@ def test_parse_rejects_other_files(name: str, match: str) -> None:
 
 def test_parse_keeps_other_dtypes_apart() -> None:
     key = tuned.TableKey.parse(OP, VLLM_NAME.replace("fp8_w8a8", "int8_w8a8"))
-    assert key != tuned.table_key(OP, "triton", DEV, (4096, 7168))
+    assert key != tuned.table_key(OP, "triton", DEV, (4096, 7040))
 
 
 @pytest.mark.parametrize(
@@ -98,23 +98,23 @@ def test_nearest_m_as_vllm(m: int, expected: int) -> None:
 
 def test_lookup_uses_nearest_entry(user_dir: Path) -> None:
     _write(user_dir, VLLM_NAME, {"1": _entry(16, 32), "64": _entry(64, 128), "512": _entry(128, 128)})
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == 32
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 100)["BLOCK_SIZE_M"] == 64
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 4000)["BLOCK_SIZE_M"] == 128
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 32
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 100)["BLOCK_SIZE_M"] == 64
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 4000)["BLOCK_SIZE_M"] == 128
     # another device or shape: the default
-    assert dict(tuned.lookup(OP, "triton", "NVIDIA_H100", (4096, 7168), 1)) == tuned.default_config(
-        OP, "triton", 1, (4096, 7168)
+    assert dict(tuned.lookup(OP, "triton", "NVIDIA_H100", (4096, 7040), 1)) == tuned.default_config(
+        OP, "triton", 1, (4096, 7040)
     )
 
 
 def test_lookup_is_memoised(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _write(user_dir, SGLANG_NAME, {"1": _entry()})
-    first = tuned.lookup(OP, "triton", DEV, (4096, 7168), 3)
+    first = tuned.lookup(OP, "triton", DEV, (4096, 7040), 3)
     reads: list[Path] = []
     monkeypatch.setattr(tuned, "read_table", lambda path, key: reads.append(path))
     monkeypatch.setattr(tuned, "find_table", lambda key: reads.append(Path()))
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 3) is first
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 9) == first  # table cached, no reread
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 3) is first
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 9) == first  # table cached, no reread
     assert reads == []
     with pytest.raises(TypeError):
         first["BLOCK_SIZE_M"] = 1  # type: ignore[index]
@@ -124,24 +124,24 @@ def test_user_dir_first_and_op_subfolder_first(user_dir: Path, monkeypatch: pyte
     shipped = user_dir / "shipped"
     monkeypatch.setattr(tuned, "shipped_dir", lambda op: shipped / op)
     _write(shipped / OP, VLLM_NAME, {"1": _entry(bn=32)})
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == 32
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 32
     tuned.refresh()
     _write(user_dir, VLLM_NAME, {"1": _entry(bn=64)})
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == 64
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 64
     tuned.refresh()
     _write(user_dir / OP, SGLANG_NAME, {"1": _entry(bn=128)})
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == 128
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 128
     assert [d for d, _ in tuned.search_dirs(OP)] == [user_dir / OP, user_dir, shipped / OP]
 
 
 def test_env_var_read_once_until_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path, VLLM_NAME, {"1": _entry(bn=256)})
-    default_bn = tuned.default_config(OP, "triton", 1, (4096, 7168))["BLOCK_SIZE_N"]
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == default_bn
+    default_bn = tuned.default_config(OP, "triton", 1, (4096, 7040))["BLOCK_SIZE_N"]
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == default_bn
     monkeypatch.setenv("OPMUX_TUNED_CONFIG_DIR", str(tmp_path))
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == default_bn  # memoised
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == default_bn  # memoised
     tuned.refresh()
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == 256
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 256
 
 
 @pytest.mark.parametrize(
@@ -161,9 +161,9 @@ def test_malformed_user_file_warns_and_falls_back(user_dir: Path, content: str, 
     path = user_dir / VLLM_NAME
     path.write_text(content, encoding="utf-8")
     with pytest.warns(tuned.TunedConfigWarning, match=reason) as record:
-        config = tuned.lookup(OP, "triton", DEV, (4096, 7168), 8)
+        config = tuned.lookup(OP, "triton", DEV, (4096, 7040), 8)
     assert str(path) in str(record[0].message)
-    assert dict(config) == tuned.default_config(OP, "triton", 8, (4096, 7168))
+    assert dict(config) == tuned.default_config(OP, "triton", 8, (4096, 7040))
 
 
 def test_bad_user_file_gives_way_to_next(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,7 +172,7 @@ def test_bad_user_file_gives_way_to_next(user_dir: Path, monkeypatch: pytest.Mon
     _write(shipped / OP, VLLM_NAME, {"1": _entry(bn=32)})
     (user_dir / VLLM_NAME).write_text("{", encoding="utf-8")
     with pytest.warns(tuned.TunedConfigWarning):
-        assert tuned.lookup(OP, "triton", DEV, (4096, 7168), 1)["BLOCK_SIZE_N"] == 32
+        assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 32
 
 
 def test_other_ops_files_in_the_user_dir_are_ignored(user_dir: Path) -> None:
@@ -184,17 +184,17 @@ def test_other_ops_files_in_the_user_dir_are_ignored(user_dir: Path) -> None:
 
 
 def test_cuda_backend_tables(user_dir: Path) -> None:
-    key = tuned.table_key(OP, "cuda", DEV, (4096, 7168))
+    key = tuned.table_key(OP, "cuda", DEV, (4096, 7040))
     assert key.file_name().endswith(",backend=cuda.json")
     _write(user_dir, key.file_name(), {"1": {"config_id": 3}, "256": {"config_id": 7}})
     _write(user_dir, VLLM_NAME, {"1": _entry()})  # the triton table of the same shape is apart
-    assert dict(tuned.lookup(OP, "cuda", DEV, (4096, 7168), 200)) == {"config_id": 7}
-    assert "config_id" not in tuned.lookup(OP, "triton", DEV, (4096, 7168), 200)
+    assert dict(tuned.lookup(OP, "cuda", DEV, (4096, 7040), 200)) == {"config_id": 7}
+    assert "config_id" not in tuned.lookup(OP, "triton", DEV, (4096, 7040), 200)
 
 
 @pytest.mark.parametrize("m", [1, 2, 16, 17, 32, 33, 64, 65, 256, 257, 4096, 100_000])
 def test_default_heuristic(m: int) -> None:
-    config = tuned.default_config(OP, "triton", m, (4096, 7168))
+    config = tuned.default_config(OP, "triton", m, (4096, 7040))
     assert tuned.validate_entry(OP, "triton", config) == []
     assert config["BLOCK_SIZE_K"] == 128
     if m <= 16:
@@ -202,7 +202,7 @@ def test_default_heuristic(m: int) -> None:
     if m > 256:
         assert (config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["num_warps"]) == (128, 128, 8)
     # tiles never grow as M shrinks
-    smaller = tuned.default_config(OP, "triton", max(1, m // 2), (4096, 7168))
+    smaller = tuned.default_config(OP, "triton", max(1, m // 2), (4096, 7040))
     assert smaller["BLOCK_SIZE_M"] <= config["BLOCK_SIZE_M"]
 
 
@@ -223,7 +223,7 @@ def test_write_table_is_atomic_and_sorted(tmp_path: Path) -> None:
     tuned.write_table(path, {64: _entry(), 1: _entry(bn=32)})
     assert list(json.loads(path.read_text())) == ["1", "64"]
     assert [p.name for p in path.parent.iterdir()] == [VLLM_NAME]  # no temp file left
-    key = tuned.table_key(OP, "triton", DEV, (4096, 7168))
+    key = tuned.table_key(OP, "triton", DEV, (4096, 7040))
     assert tuned.read_table(path, key)[1]["BLOCK_SIZE_N"] == 32
 
 
@@ -253,20 +253,27 @@ def test_cuda_default_is_the_kernels_own_heuristic() -> None:
 
 def test_select_tables_and_the_any_shape_size_classes(user_dir: Path) -> None:
     GPU = "OPMUX_TEST_GPU"  # no shipped table: only what the test writes
-    exact = tuned.table_key(OP, "select", GPU, (4096, 7168))
+    exact = tuned.table_key(OP, "select", GPU, (4096, 7040))
     classes = tuned.table_key(OP, "select", GPU, (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
     assert exact.file_name().endswith(",backend=select.json")
     assert classes.file_name().startswith("N=0,K=0,")
-    assert dict(tuned.lookup(OP, "select", GPU, (4096, 7168), 1)) == {}  # no table: no preference
-    assert tuned.source(OP, "select", GPU, (4096, 7168)) == "default"
+    assert dict(tuned.lookup(OP, "select", GPU, (4096, 7040), 1)) == {}  # no table: no preference
+    assert tuned.source(OP, "select", GPU, (4096, 7040)) == "default"
     _write(user_dir, classes.file_name(), {"1": {"backend": "triton"}, "512": {"backend": "scaled_mm"}})
     tuned.refresh()
-    assert tuned.lookup(OP, "select", GPU, (4096, 7168), 300)["backend"] == "scaled_mm"
-    assert tuned.source(OP, "select", GPU, (4096, 7168)).endswith(classes.file_name())
+    assert tuned.lookup(OP, "select", GPU, (4096, 7040), 300)["backend"] == "scaled_mm"
+    assert tuned.source(OP, "select", GPU, (4096, 7040)).endswith(classes.file_name())
     _write(user_dir, exact.file_name(), {"1": {"backend": "jit"}})
     tuned.refresh()
-    assert tuned.lookup(OP, "select", GPU, (4096, 7168), 300)["backend"] == "jit"  # its own table first
+    assert tuned.lookup(OP, "select", GPU, (4096, 7040), 2)["backend"] == "jit"  # its own table first
     assert tuned.lookup(OP, "select", GPU, (2048, 7168), 1)["backend"] == "triton"
+    # a measurement stands for Ms within SELECT_REACH of its own: a table tuned at M=1 only does
+    # not choose for M=300 (the size classes do), nor the classes' M=512 for M=8192 (no preference)
+    assert tuned.lookup(OP, "select", GPU, (4096, 7040), 300)["backend"] == "scaled_mm"
+    assert tuned.source(OP, "select", GPU, (4096, 7040), 300).endswith(classes.file_name())
+    assert tuned.source(OP, "select", GPU, (4096, 7040), 2).endswith(exact.file_name())
+    assert dict(tuned.lookup(OP, "select", GPU, (4096, 7040), 8192)) == {}
+    assert tuned.source(OP, "select", GPU, (4096, 7040), 8192) == "default"
 
 
 @pytest.mark.parametrize("entry", [{"backend": "Triton!"}, {"backend": 3}, {"backend": "jit", "x": 1}, {}])

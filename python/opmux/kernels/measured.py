@@ -42,7 +42,7 @@ def preferred(op: str, device: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     found = None
     if backend:
         dims = ", ".join(f"{d}={v}" for d, v in zip(tuned.SCHEMAS[op].shape, shape, strict=True))
-        where = tuned.source(op, "select", name, shape)
+        where = tuned.source(op, "select", name, shape, m)
         found = (backend, f"measured fastest on {name} for M={m}, {dims} (nearest M of {where})")
     if len(_MEMO) >= _MAX:
         _MEMO.clear()

@@ -484,9 +484,11 @@ def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: i
     config = _State.results.get(memo)
     if config is not None:
         return config
-    table = _table(table_key(op, backend, device_name, shape))
-    if table is None and backend == "select":  # the size classes measured over every shape
-        table = _table(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape)))
+    if backend == "select":
+        found = _select_table(op, device_name, shape, m)
+        table = None if found is None else found[1]
+    else:
+        table = _table(table_key(op, backend, device_name, shape))
     if table is None:
         config = MappingProxyType(default_config(op, backend, m, shape))
     else:
@@ -498,6 +500,29 @@ def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: i
     return config
 
 
+#: a measured backend stands for batch sizes within this factor of the M it was measured at: a
+#: table tuned only in part never carries a decode measurement to prefill (the size classes, or
+#: the declared priority, decide there)
+SELECT_REACH = 4
+
+
+def _select_table(
+    op: str, device_name: str, shape: tuple[int, ...], m: int
+) -> tuple[TableKey, tuple[list[int], list[Config]]] | None:
+    """The ``select`` table that speaks for ``m``: the shape's, else the size classes over every
+    shape, each only where its nearest M is within :data:`SELECT_REACH` of ``m``."""
+    for key in (
+        table_key(op, "select", device_name, shape),
+        table_key(op, "select", device_name, (ANY_SHAPE,) * len(shape)),
+    ):
+        table = _table(key)
+        if table is not None:
+            k, want = max(table[0][nearest(table[0], m)], 1), max(m, 1)
+            if k <= SELECT_REACH * want and want <= SELECT_REACH * k:
+                return key, table
+    return None
+
+
 def _table(key: TableKey) -> tuple[list[int], list[Config]] | None:
     if key not in _State.tables:
         found = find_table(key)
@@ -505,12 +530,16 @@ def _table(key: TableKey) -> tuple[list[int], list[Config]] | None:
     return _State.tables[key]
 
 
-def source(op: str, backend: str, device_name: str, shape: tuple[int, ...]) -> str:
-    """Where :func:`lookup` takes ``op``'s entries for ``shape`` from: a file's path, or
-    ``"default"`` (for ``explain``)."""
-    keys = [table_key(op, backend, device_name, shape)]
-    if backend == "select":
-        keys.append(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape)))
+def source(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: int | None = None) -> str:
+    """Where :func:`lookup` takes ``op``'s entries for ``shape`` (and, for ``select``, batch size
+    ``m``) from: a file's path, or ``"default"`` (for ``explain``)."""
+    if backend == "select" and m is not None:
+        picked = _select_table(op, device_name, shape, m)
+        keys = [] if picked is None else [picked[0]]
+    else:
+        keys = [table_key(op, backend, device_name, shape)]
+        if backend == "select":
+            keys.append(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape)))
     for key in keys:
         found = find_table(key)
         if found is not None:

@@ -95,6 +95,9 @@ class Tunable:
 
     candidates: Callable[[int, tuple[int, int]], list[dict[str, Any]]]
     run: Callable[[tuple[Any, ...], dict[str, Any]], None]
+    #: every candidate is timed before an entry is written (a race of some backends names no
+    #: fastest): the budget is checked between entries only
+    exhaustive: bool = False
 
 
 def _triton(op: str, torch: Any, device: str) -> Tunable:
@@ -176,7 +179,7 @@ def _select(op: str, device: str) -> Tunable:
         with _env.scope(OPMUX_FALLBACK="error"):  # a backend that cannot run is not timed as another
             fn(a, b, sa, sb, out=out, backend=config["backend"])
 
-    return Tunable(cands, run)
+    return Tunable(cands, run, exhaustive=True)
 
 
 def _inputs(torch: Any, n: int, k: int, m: int, device: str, out_dtype: Any) -> tuple[Any, ...]:
@@ -307,7 +310,7 @@ def tune(
         previous = tables[(n, k)].get(m)
         space = tunable.candidates(m, (n, k))
         for config in [previous, *(c for c in space if c != previous)] if previous else space:
-            if tried >= 2 and time.monotonic() > entry_deadline:
+            if tried >= 2 and time.monotonic() > entry_deadline and not tunable.exhaustive:
                 break
             if max_configs is not None and tried >= max_configs:
                 break
