@@ -192,3 +192,18 @@ def test_select_races_every_backend_however_short_the_budget(tmp_path: Path) -> 
 def test_cuda_backend_needs_a_gpu(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs a GPU"):
         tune([(200, 300)], [1], out=tmp_path, budget_s=1, device="cpu", backend="cuda")
+
+
+def test_results_agree_by_mean_relative_error() -> None:
+    """Two correct bf16 results of a long-K product differ elementwise near zero (rounding of
+    sums that cancel) but agree in mean; a wrong one does not."""
+    import torch
+
+    from opmux.kernels.tune import runner
+
+    gen = torch.Generator().manual_seed(0)
+    exact = torch.randn(16, 512, generator=gen, dtype=torch.float64) * 300
+    a, b = exact.to(torch.bfloat16).float(), (exact + 0.4).to(torch.bfloat16).float()
+    assert not torch.allclose(a, b, rtol=2e-2, atol=1e-2)  # what the tuner used to demand
+    assert runner._relative_error(a, b) < runner._AGREE
+    assert runner._relative_error(a.roll(1, dims=1), b) > runner._AGREE

@@ -182,6 +182,16 @@ def _select(op: str, device: str) -> Tunable:
     return Tunable(cands, run, exhaustive=True)
 
 
+#: two results agree when mean |a - b| / mean |b| is below this: each within vLLM's 1e-3 of the
+#: exact product (elementwise tolerances fail correct results: bf16 rounding of long-K sums that
+#: cancel near zero)
+_AGREE = 2e-3
+
+
+def _relative_error(out: Any, reference: Any) -> float:
+    return float((out - reference).abs().mean() / reference.abs().mean().clamp_min(1e-30))
+
+
 def _inputs(torch: Any, n: int, k: int, m: int, device: str, out_dtype: Any) -> tuple[Any, ...]:
     gen = torch.Generator(device="cpu").manual_seed(n * 31 + k * 7 + m)
     kb = math.ceil(k / 128)
@@ -319,7 +329,8 @@ def tune(
                 tunable.run(args, config)
                 if reference is None:
                     reference = args[0].float().clone()
-                elif not torch.allclose(args[0].float(), reference, rtol=2e-2, atol=1e-2):
+                elif (err := _relative_error(args[0].float(), reference)) > _AGREE:
+                    print(f"  wrong {config}: mean |diff| / mean |first| = {err:.2e}", file=progress)
                     continue  # a wrong config is never written
                 us = bench(functools.partial(_run_all, tunable.run, sets, config)) / len(sets)
                 timings[_label(config)] = us
