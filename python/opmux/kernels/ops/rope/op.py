@@ -80,8 +80,7 @@ ROPE = Contract(
         ),
     ),
     kernel=("positions", "query", "key", "cos_sin_cache", "is_neox", "vllm_rounding"),
-    values_cpp="positions_ok(device_type, positions, P)",
-    values_header="opmux/rope_values.h",
+    values_cpp="all_in_on_cpu<int64_t>(device_type, positions, 0, P)",
 )
 
 

@@ -13,20 +13,12 @@ namespace lane {
 
 // Every slot in [0, num_slots) or -1 (skip): slots a dense int64 [T].
 inline bool slots_ok(int32_t device_type, const TensorView& slots, int64_t num_slots) {
-  if (device_type != kDLCPU) return true;
-  const int64_t* s = data_ptr<const int64_t>(slots);
-  for (int64_t t = 0; t < slots.size(0); ++t)
-    if (s[t] < -1 || s[t] >= num_slots) return false;
-  return true;
+  return all_in_on_cpu<int64_t>(device_type, slots, -1, num_slots);
 }
 
 // Both columns of a contiguous int64 [n, 2] block_mapping in [0, num_blocks).
 inline bool pairs_ok(int32_t device_type, const TensorView& m, int64_t num_blocks) {
-  if (device_type != kDLCPU) return true;
-  const int64_t* p = data_ptr<const int64_t>(m);
-  for (int64_t i = 0; i < 2 * m.size(0); ++i)
-    if (p[i] < 0 || p[i] >= num_blocks) return false;
-  return true;
+  return all_in_on_cpu<int64_t>(device_type, m, 0, num_blocks);
 }
 
 // gather_values: cu_seq_lens non-decreasing from 0 and within dst's rows, seq_starts (or none)

@@ -368,6 +368,21 @@ inline bool heads_view(const TensorView& t, int64_t tokens, int64_t d, HeadsView
   return (v->shape[0] <= 1 || v->strides[0] >= 0) && (v->shape[1] <= 1 || v->strides[1] >= 0);
 }
 
+// -- the values hooks' C++ counterparts (opmux/<group>_values.h, a contract's values_cpp) --------
+// Every element of a dense integer tensor in [lo, hi): index ranges a values hook states in
+// Python. Read only on the CPU (device_type): CUDA tensors are not read, as the hooks read none.
+template <typename I>
+inline bool all_in(const TensorView& t, int64_t lo, int64_t hi) {
+  const I* p = data_ptr<const I>(t);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (p[i] < lo || p[i] >= hi) return false;
+  return true;
+}
+template <typename I>
+inline bool all_in_on_cpu(int32_t device_type, const TensorView& t, int64_t lo, int64_t hi) {
+  return device_type != kDLCPU || all_in<I>(t, lo, hi);
+}
+
 // A fresh dense tensor from the caller's framework (torch's allocator, on `like`'s device).
 inline Tensor empty(std::initializer_list<int64_t> shape, DLDataType dtype, DLDevice device) {
   int64_t dims[8];

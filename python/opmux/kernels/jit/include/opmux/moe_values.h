@@ -10,14 +10,6 @@
 namespace opmux {
 namespace lane {
 
-template <typename I>
-inline bool all_in(const TensorView& t, int64_t lo, int64_t hi) {  // every element in [lo, hi)
-  const I* p = data_ptr<const I>(t);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (p[i] < lo || p[i] >= hi) return false;
-  return true;
-}
-
 // moe_align_block_size: every id in [0, num_experts); expert_map's entries in [-1, num_experts).
 inline bool align_values_ok(int32_t device_type, const TensorView& ids, int64_t num_experts,
                             const std::optional<TensorView>& expert_map) {

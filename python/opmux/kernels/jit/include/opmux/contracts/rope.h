@@ -4,7 +4,6 @@
 #pragma once
 
 #include "opmux/lane.h"
-#include "opmux/rope_values.h"
 
 namespace opmux {
 namespace lane {
@@ -43,7 +42,7 @@ inline Any rope(int32_t device_type, const TensorView& positions, const TensorVi
   if (!(device_type != kDLCUDA || (R * 4 <= 48 * 1024))) return refused();
   if (!(distinct(query) && may_share(query, positions, false) && may_share(query, (*key), true) && may_share(query, cos_sin_cache, false))) return refused();
   if (!(distinct((*key)) && may_share((*key), positions, false) && may_share((*key), cos_sin_cache, false))) return refused();
-  if (!(positions_ok(device_type, positions, P))) return refused();
+  if (!(all_in_on_cpu<int64_t>(device_type, positions, 0, P))) return refused();
   kernel(positions, query_h.view(), key_h.view(), cos_sin_cache, is_neox, vllm_rounding);
   return ran();
 }
