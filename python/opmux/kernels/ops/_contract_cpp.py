@@ -202,22 +202,26 @@ class _Lane:
             self.refuse_unless(f"{self.ref(a.name)}.device().device_type == device_type")
             self.device_checked = True
 
-    def check_tensor(self, a: Arg, bound: dict[str, str], t: str, depth: int) -> None:
-        dims = _dims(self.c, a)
-        tail = _tail(dims)
-        conds = [f"{t}.ndim() {'>=' if tail else '=='} {len(dims)}"]
+    def type_conds(self, a: Arg, t: str) -> list[str]:
+        """The C++ conditions of ``a``'s dtype rule and device agreement, on the view ``t``."""
+        conds = []
         if a.dtypes == ANY:
             conds.append(f"byte_dtype({t})")
+        elif a.dtypes == FLOATS:
+            conds.append(f"is_float({t}.dtype())")
         elif a.dtypes:
-            if a.dtypes == FLOATS:
-                conds.append(f"is_float({t}.dtype())")
-            else:
-                conds.append(" || ".join(f"is_dtype({t}, {_DL[d]})" for d in a.dtypes))
+            conds.append(" || ".join(f"is_dtype({t}, {_DL[d]})" for d in a.dtypes))
         if a.like:
             conds.append(f"same_dtype({t}.dtype(), {self.ref(a.like)}.dtype())")
         ref = a.like or a.device_of
         if ref:
             conds.append(f"same_device({t}, {self.ref(ref)})")
+        return conds
+
+    def check_tensor(self, a: Arg, bound: dict[str, str], t: str, depth: int) -> None:
+        dims = _dims(self.c, a)
+        tail = _tail(dims)
+        conds = [f"{t}.ndim() {'>=' if tail else '=='} {len(dims)}", *self.type_conds(a, t)]
         self.refuse_unless(" && ".join(f"({x})" if "||" in x else x for x in conds), depth)
         sizes = []
         for i, d in enumerate(dims):
@@ -744,16 +748,7 @@ class _ViewLane(_Lane):
         """The tensor's dtype and device, then its view by the escape hatch's counterpart; the
         view's dims that name a new symbol are bound from it."""
         t = self.ref(a.name)
-        conds = []
-        if a.dtypes == FLOATS:
-            conds.append(f"is_float({t}.dtype())")
-        elif a.dtypes:
-            conds.append(" || ".join(f"is_dtype({t}, {_DL[x]})" for x in a.dtypes))
-        if a.like:
-            conds.append(f"same_dtype({t}.dtype(), {self.ref(a.like)}.dtype())")
-        ref = a.like or a.device_of
-        if ref:
-            conds.append(f"same_device({t}, {self.ref(ref)})")
+        conds = self.type_conds(a, t)
         if conds:
             self.refuse_unless(" && ".join(f"({x})" if "||" in x else x for x in conds))
         self.emit(f"HeadsView {a.name}_h;")
