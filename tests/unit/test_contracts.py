@@ -325,6 +325,25 @@ def test_extended_lane_states_the_same_contract_in_cpp() -> None:
     assert "inline void rule_wide(const char* op, int64_t H, int64_t T)" in text
 
 
+def test_a_lane_without_the_values_hooks_counterpart_is_refused() -> None:
+    """An op whose ``values=`` hook checks contents gets no lane unless its contract states the
+    hook's C++ counterpart: such a lane would run the kernel on indices Python refuses."""
+    from dataclasses import replace
+
+    from opmux.kernels.ops._contract_cpp import render_header
+
+    c, decl = _two_outputs()
+
+    def in_range(*args: object) -> None:
+        return None
+
+    with pytest.raises(ValueError, match=r"toy\.quant: contract .* has a C\+\+ lane but no values_cpp.*in_range"):
+        render_header("toy", [replace(decl, values=in_range)])  # type: ignore[type-var]
+    stated = replace(decl, values=in_range, contract=replace(c, values_cpp="device_type != kDLCUDA"))
+    text = render_header("toy", [stated])  # type: ignore[type-var]
+    assert text is not None and "if (!(device_type != kDLCUDA)) return refused();" in text
+
+
 def test_forms_pick_the_contract_of_the_call() -> None:
     import torch
 

@@ -343,8 +343,21 @@ def _lane_decls(decls: Iterable[Decl]) -> list[Decl]:
     ]
 
 
+def _values_guard(d: Decl, c: Contract) -> None:
+    """A lane of an op with a ``values=`` hook must carry the hook's C++ counterpart: without one
+    the lane would run the kernel on contents (indices) that Python refuses."""
+    if d.values is not None and not c.values_cpp:
+        raise ValueError(
+            f"{d.name}: contract {c.name!r} has a C++ lane but no values_cpp, while the op declares "
+            f"values={getattr(d.values, '__name__', d.values)!r}: state the hook's C++ counterpart "
+            "(it may refuse what Python accepts, never accept what it refuses)"
+        )
+
+
 def _render_lane(d: Decl) -> str:
     assert d.contract is not None
+    if isinstance(d.contract, Contract):
+        _values_guard(d, d.contract)
     if isinstance(d.contract, Contract) and view_form(d.contract) is None:
         return _ViewLane(d.contract, d).render()
     if lane_form(d.contract) is None:
@@ -371,6 +384,7 @@ def render_header(group: str, decls: Iterable[Decl]) -> str | None:
             elif c is d.contract:
                 seen[c.name] = _render_lane(d)
             elif lane_form(c) is None:
+                _values_guard(d, c)
                 seen[c.name] = _Lane(c, d).render()
             if c.values_header and c.values_header not in headers:
                 headers.append(c.values_header)
