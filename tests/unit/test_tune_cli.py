@@ -87,8 +87,10 @@ def test_split_k_wherever_tiles_leave_sms_idle() -> None:
 def test_retune_times_kept_entries_again_their_config_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    tune([(200, 300)], [7], out=tmp_path, budget_s=60, device="cpu", max_configs=1)
-    kept = _table(tmp_path)[7]
+    # a kept entry that is not the default config (the default is timed first anyway)
+    kept = candidates(OP, "triton", 7, (200, 300))[1]
+    assert kept != candidates(OP, "triton", 7, (200, 300))[0]
+    tuned.write_table(tmp_path / tuned.table_key(OP, "triton", "cpu", (200, 300)).file_name(), {7: kept})
     again = tune([(200, 300)], [7], out=tmp_path, budget_s=60, device="cpu", max_configs=2, retune=True)
     (entry,) = again.entries
     assert not entry.skipped and entry.tried == 2
@@ -185,7 +187,7 @@ def test_select_races_every_backend_however_short_the_budget(tmp_path: Path) -> 
     """A race of some backends names no fastest: each entry times them all (the budget is
     checked between entries)."""
     full = tune([(200, 300)], [1], out=tmp_path / "a", budget_s=120, device="cpu", backend="select")
-    short = tune([(200, 300)], [1], out=tmp_path / "b", budget_s=0.01, device="cpu", backend="select")
+    short = tune([(200, 300)], [1], out=tmp_path / "b", budget_s=0.5, device="cpu", backend="select")
     assert set(short.entries[0].timings) == set(full.entries[0].timings)
 
 
@@ -207,3 +209,50 @@ def test_results_agree_by_mean_relative_error() -> None:
     assert not torch.allclose(a, b, rtol=2e-2, atol=1e-2)  # what the tuner used to demand
     assert runner._relative_error(a, b) < runner._AGREE
     assert runner._relative_error(a.roll(1, dims=1), b) > runner._AGREE
+
+
+def test_a_partial_or_locally_wrong_result_is_never_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every candidate is checked against the exact product in a buffer filled with NaN before
+    its run: a config that writes half the output (the rest left from an earlier candidate) or
+    one wrong element (the mean still close) is refused, however fast."""
+    import time
+
+    import torch
+
+    from opmux.kernels.ops.gemm.op import torch_w8a8
+    from opmux.kernels.tune import runner
+
+    def run(args: tuple[torch.Tensor, ...], config: dict[str, str]) -> None:
+        out = args[0]
+        full = torch.empty_like(out, dtype=torch.float32)
+        torch_w8a8(full, *args[1:])
+        if config["backend"] == "good":
+            time.sleep(0.02)  # the slowest: only the checks keep the others out
+            out.copy_(full)
+        elif config["backend"] == "half":
+            out[: out.shape[0] // 2].copy_(full[: out.shape[0] // 2])
+        else:  # one element wrong by half the scale: the mean error stays below the bound
+            out.copy_(full)
+            out[3, 5] += full.abs().max() / 2
+
+    cands = [{"backend": b} for b in ("good", "half", "row")]
+    monkeypatch.setattr(runner, "_select", lambda op, device: runner.Tunable(lambda m, s: cands, run, True))
+    monkeypatch.setattr(runner, "_write_size_classes", lambda *a: None)
+    report = tune([(200, 300)], [64], out=tmp_path, budget_s=60, device="cpu", backend="select")
+    assert report.entries[0].config == {"backend": "good"}
+    err = capsys.readouterr().err
+    assert "wrong {'backend': 'half'}: 6400 of 12800 elements not written" in err
+    assert "wrong {'backend': 'row'}: max |diff|" in err
+
+
+def test_a_nan_never_agrees() -> None:
+    import torch
+
+    from opmux.kernels.tune import runner
+
+    exact = torch.ones(4, 4)
+    assert runner._relative_error(torch.full((4, 4), float("nan")), exact) == float("inf")
+    assert runner._disagreement(exact.clone(), exact) is None
+    assert "not written" in (runner._disagreement(exact.clone().fill_(float("nan")), exact) or "")

@@ -274,6 +274,16 @@ def test_select_tables_and_the_any_shape_size_classes(user_dir: Path) -> None:
     assert tuned.source(OP, "select", GPU, (4096, 7040), 2).endswith(exact.file_name())
     assert dict(tuned.lookup(OP, "select", GPU, (4096, 7040), 8192)) == {}
     assert tuned.source(OP, "select", GPU, (4096, 7040), 8192) == "default"
+    # the entry that speaks for M is the nearest by ratio, as the reach is: M=1024 of a table
+    # measured at 16 and 4096 takes 4096's (by absolute distance it was 16's, out of reach)
+    gapped = tuned.table_key(OP, "select", GPU, (1024, 7040))
+    _write(user_dir, gapped.file_name(), {"16": {"backend": "triton"}, "4096": {"backend": "jit"}})
+    tuned.refresh()
+    assert tuned.lookup(OP, "select", GPU, (1024, 7040), 1024)["backend"] == "jit"
+    assert tuned.source(OP, "select", GPU, (1024, 7040), 1024).endswith(gapped.file_name())
+    assert tuned.lookup(OP, "select", GPU, (1024, 7040), 64)["backend"] == "triton"
+    assert tuned.lookup(OP, "select", GPU, (1024, 7040), 0)["backend"] == "triton"
+    assert tuned.lookup(OP, "select", GPU, (1024, 7040), 256)["backend"] == "scaled_mm"  # 16x both ways: the classes
 
 
 @pytest.mark.parametrize("entry", [{"backend": "Triton!"}, {"backend": 3}, {"backend": "jit", "x": 1}, {}])

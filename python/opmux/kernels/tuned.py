@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import re
 import tempfile
@@ -470,6 +471,15 @@ def nearest(keys: list[int], m: int) -> int:
     return i - 1 if m - keys[i - 1] <= keys[i] - m else i
 
 
+def nearest_ratio(keys: list[int], m: int) -> int:
+    """Index of the key nearest ``m`` by ratio (|log(key / m)|, M = 0 counted as 1; the smaller
+    key on a tie): how far a measured backend choice carries (:data:`SELECT_REACH`) is a ratio,
+    so the entry that speaks for ``m`` is the nearest one by ratio too. Launch configurations
+    keep vLLM's absolute nearest M (:func:`nearest`), so its tables read the same here."""
+    want = max(m, 1)
+    return min(range(len(keys)), key=lambda i: (abs(math.log(max(keys[i], 1) / want)), keys[i]))
+
+
 def default_config(op: str, backend: str, m: int, shape: tuple[int, ...]) -> dict[str, Any]:
     """The op's heuristic configuration when no table matches."""
     _entry_check(op, backend)
@@ -493,7 +503,7 @@ def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: i
         config = MappingProxyType(default_config(op, backend, m, shape))
     else:
         keys, entries = table
-        config = entries[nearest(keys, m)]
+        config = entries[nearest_ratio(keys, m) if backend == "select" else nearest(keys, m)]
     if len(_State.results) >= _MAX_RESULTS:
         _State.results.clear()
     _State.results[memo] = config
@@ -517,7 +527,7 @@ def _select_table(
     ):
         table = _table(key)
         if table is not None:
-            k, want = max(table[0][nearest(table[0], m)], 1), max(m, 1)
+            k, want = max(table[0][nearest_ratio(table[0], m)], 1), max(m, 1)
             if k <= SELECT_REACH * want and want <= SELECT_REACH * k:
                 return key, table
     return None

@@ -182,14 +182,51 @@ def _select(op: str, device: str) -> Tunable:
     return Tunable(cands, run, exhaustive=True)
 
 
-#: two results agree when mean |a - b| / mean |b| is below this: each within vLLM's 1e-3 of the
-#: exact product (elementwise tolerances fail correct results: bf16 rounding of long-K sums that
-#: cancel near zero)
+#: a candidate agrees with the exact product when mean |out - exact| / mean |exact| is below this
+#: (twice vLLM's 1e-3: elementwise tolerances fail correct results, bf16 rounding of long-K sums
+#: that cancel near zero) ...
 _AGREE = 2e-3
+#: ... and no element is off by more than this fraction of the largest |exact| (bf16 rounds to
+#: 2^-8 of a value; a wrong row, tile or split-K slice is off by a good part of the scale)
+_LOCAL = 1e-2
 
 
 def _relative_error(out: Any, reference: Any) -> float:
+    """Mean |out - reference| / mean |reference|; inf unless both are finite everywhere (a NaN
+    would pass any ``err > bound`` test)."""
+    if not (bool(out.isfinite().all()) and bool(reference.isfinite().all())):
+        return math.inf
     return float((out - reference).abs().mean() / reference.abs().mean().clamp_min(1e-30))
+
+
+def _disagreement(out: Any, exact: Any) -> str | None:
+    """Why ``out`` (the candidate's result, its buffer filled with NaN before the run) is not
+    the product ``exact`` (float32), or None: every element written and finite, the mean and
+    the largest error within bounds."""
+    out = out.float()
+    if not bool(out.isfinite().all()):
+        bad = int((~out.isfinite()).sum())
+        return f"{bad} of {out.numel()} elements not written or not finite"
+    err = _relative_error(out, exact)
+    if not err <= _AGREE:
+        return f"mean |diff| / mean |exact| = {err:.2e}"
+    worst = float((out - exact).abs().max())
+    scale = float(exact.abs().max())
+    if not worst <= _LOCAL * scale:
+        return f"max |diff| = {worst:.3g}, above {_LOCAL:g} x max |exact| ({scale:.3g})"
+    return None
+
+
+def _exact(torch: Any, args: tuple[Any, ...]) -> Any:
+    """The float32 product of the entry's inputs (dequantize both operands, one float32 mm):
+    what every candidate is checked against, so a wrong first candidate cannot become the
+    reference."""
+    from opmux.kernels.ops.gemm.op import torch_w8a8
+
+    out, a, b, a_scale, b_scale = args
+    exact = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    torch_w8a8(exact, a, b, a_scale, b_scale)
+    return exact
 
 
 def _inputs(torch: Any, n: int, k: int, m: int, device: str, out_dtype: Any) -> tuple[Any, ...]:
@@ -313,7 +350,7 @@ def tune(
         sets = [args] + [
             _inputs(torch, n, k, m, device, torch.bfloat16) for _ in range(1, _copies(n, k, m, device))
         ]
-        reference = None
+        exact = _exact(torch, args)
         best: tuple[float, dict[str, Any]] | None = None
         tried = 0
         timings: dict[str, float] = {}
@@ -326,11 +363,10 @@ def tune(
                 break
             tried += 1
             try:
+                args[0].fill_(math.nan)  # an element a config leaves unwritten shows
                 tunable.run(args, config)
-                if reference is None:
-                    reference = args[0].float().clone()
-                elif (err := _relative_error(args[0].float(), reference)) > _AGREE:
-                    print(f"  wrong {config}: mean |diff| / mean |first| = {err:.2e}", file=progress)
+                if why := _disagreement(args[0], exact):
+                    print(f"  wrong {config}: {why}", file=progress)
                     continue  # a wrong config is never written
                 us = bench(functools.partial(_run_all, tunable.run, sets, config)) / len(sets)
                 timings[_label(config)] = us

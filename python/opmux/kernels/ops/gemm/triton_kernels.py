@@ -9,7 +9,7 @@ The launch configuration (tile sizes, grouping, warps, stages, split-K) comes fr
 :mod:`opmux.kernels.tuned`: a tuned table for (N, K, device) when one exists, else the tested
 default heuristic; nothing here picks tile sizes.
 
-Split-K (``SPLIT_K > 1``, for decode-sized M where N / BLOCK_SIZE_N tiles cannot fill the GPU)
+Split-K (``SPLIT_K > 1``, wherever the M x N tile grid leaves SMs idle: decode M, small N)
 writes fp32 partial sums to a ``[SPLIT_K, M, N]`` workspace and a second kernel adds them in a
 fixed order and casts: deterministic (no atomics), so results do not depend on scheduling.
 """
