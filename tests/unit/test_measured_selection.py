@@ -83,6 +83,9 @@ def test_native_kernel_takes_the_tuned_config_id(fresh: Path, monkeypatch: pytes
     out, a, b = SimpleNamespace(device=dev), SimpleNamespace(shape=(16, 7168), device=dev), _t(4096, 7168)
     kernel(out, a, b, "sa", "sb", True)
     assert calls[-1][-2:] == (tuned.KERNEL_HEURISTIC, True)  # no table: the kernel's heuristic
-    _write(fresh, "cuda", (4096, 7168), {"1": {"config_id": 4}, "4096": {"config_id": 0}})
+    _write(fresh, "cuda", (4096, 7168), {"8": {"config_id": 4}, "4096": {"config_id": 0}})
     kernel(out, a, b, "sa", "sb", False)
     assert calls[-1][-2:] == (4, False)
+    _write(fresh, "cuda", (4096, 7168), {"1": {"config_id": 4}, "4096": {"config_id": 0}})
+    kernel(out, a, b, "sa", "sb", False)  # M=16 is 16x the nearest entry's M: out of reach
+    assert calls[-1][-2:] == (tuned.KERNEL_HEURISTIC, False)

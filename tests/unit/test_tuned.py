@@ -114,10 +114,22 @@ def test_lookup_is_memoised(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(tuned, "read_table", lambda path, key: reads.append(path))
     monkeypatch.setattr(tuned, "find_table", lambda key: reads.append(Path()))
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 3) is first
-    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 9) == first  # table cached, no reread
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 2) == first  # table cached, no reread
     assert reads == []
     with pytest.raises(TypeError):
         first["BLOCK_SIZE_M"] = 1  # type: ignore[index]
+
+
+def test_a_config_stands_for_m_within_reach(user_dir: Path) -> None:
+    """A table tuned at decode M only does not launch prefill: beyond SELECT_REACH of the nearest
+    entry the default heuristic runs, and explain says so; vLLM's full tables read as in vLLM."""
+    _write(user_dir, VLLM_NAME, {"1": _entry(bn=32), "16": _entry(bn=64)})
+    assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 64)["BLOCK_SIZE_N"] == 64
+    assert tuned.source(OP, "triton", DEV, (4096, 7040), 64).endswith(VLLM_NAME)
+    far = tuned.lookup(OP, "triton", DEV, (4096, 7040), 8192)
+    assert dict(far) == tuned.default_config(OP, "triton", 8192, (4096, 7040))
+    assert tuned.source(OP, "triton", DEV, (4096, 7040), 8192) == "default"
+    assert tuned.source(OP, "triton", DEV, (4096, 7040)).endswith(VLLM_NAME)
 
 
 def test_user_dir_first_and_op_subfolder_first(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -496,24 +496,36 @@ def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: i
         return config
     if backend == "select":
         found = _select_table(op, device_name, shape, m)
-        table = None if found is None else found[1]
+        entry = None if found is None else found[1][1][nearest_ratio(found[1][0], m)]
     else:
-        table = _table(table_key(op, backend, device_name, shape))
-    if table is None:
-        config = MappingProxyType(default_config(op, backend, m, shape))
-    else:
-        keys, entries = table
-        config = entries[nearest_ratio(keys, m) if backend == "select" else nearest(keys, m)]
+        entry = _config_entry(_table(table_key(op, backend, device_name, shape)), m)
+    config = MappingProxyType(default_config(op, backend, m, shape)) if entry is None else entry
     if len(_State.results) >= _MAX_RESULTS:
         _State.results.clear()
     _State.results[memo] = config
     return config
 
 
-#: a measured backend stands for batch sizes within this factor of the M it was measured at: a
-#: table tuned only in part never carries a decode measurement to prefill (the size classes, or
-#: the declared priority, decide there)
+#: a measurement (a backend choice, a launch configuration) stands for batch sizes within this
+#: factor of the M it was measured at: a table tuned only in part never carries a decode
+#: measurement to prefill (the size classes, the default heuristic or the declared priority
+#: decide there). vLLM's tables (M = 1 .. 4096, neighbours at most 2x apart) are read as vLLM
+#: reads them up to M = 16384.
 SELECT_REACH = 4
+
+
+def _within_reach(key: int, m: int) -> bool:
+    k, want = max(key, 1), max(m, 1)
+    return k <= SELECT_REACH * want and want <= SELECT_REACH * k
+
+
+def _config_entry(table: tuple[list[int], list[Config]] | None, m: int) -> Config | None:
+    """A launch-configuration table's entry for ``m``: vLLM's nearest M (absolute distance),
+    if within reach; None (the default heuristic) otherwise."""
+    if table is None:
+        return None
+    i = nearest(table[0], m)
+    return table[1][i] if _within_reach(table[0][i], m) else None
 
 
 def _select_table(
@@ -526,10 +538,8 @@ def _select_table(
         table_key(op, "select", device_name, (ANY_SHAPE,) * len(shape)),
     ):
         table = _table(key)
-        if table is not None:
-            k, want = max(table[0][nearest_ratio(table[0], m)], 1), max(m, 1)
-            if k <= SELECT_REACH * want and want <= SELECT_REACH * k:
-                return key, table
+        if table is not None and _within_reach(table[0][nearest_ratio(table[0], m)], m):
+            return key, table
     return None
 
 
@@ -541,11 +551,14 @@ def _table(key: TableKey) -> tuple[list[int], list[Config]] | None:
 
 
 def source(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: int | None = None) -> str:
-    """Where :func:`lookup` takes ``op``'s entries for ``shape`` (and, for ``select``, batch size
-    ``m``) from: a file's path, or ``"default"`` (for ``explain``)."""
+    """Where :func:`lookup` takes ``op``'s entries for ``shape`` (and batch size ``m`` when
+    given) from: a file's path, or ``"default"`` (for ``explain``). Without ``m``: the file that
+    would speak for some M (select: the shape's table, else the size classes)."""
     if backend == "select" and m is not None:
         picked = _select_table(op, device_name, shape, m)
         keys = [] if picked is None else [picked[0]]
+    elif m is not None and _config_entry(_table(table_key(op, backend, device_name, shape)), m) is None:
+        keys = []
     else:
         keys = [table_key(op, backend, device_name, shape)]
         if backend == "select":

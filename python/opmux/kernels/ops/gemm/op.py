@@ -213,7 +213,10 @@ w8a8_block_fp8_matmul = declare(
     # the CUTLASS kernel (TMA-aligned layouts on sm_90a), then Triton (every layout, every GPU)
     priority=(("cuda", ("scaled_mm", "aot", "jit", "triton", "torch")),),
     tolerances=(
-        ("float32", (1e-4, 1e-4)),
+        # float32 results: Hopper's fp8 tensor-core MMA (the CUTLASS kernel's WGMMA) sums each
+        # 128-wide block at reduced precision before the fp32 promotion: up to 6e-4 relative
+        # measured on the H200 (vLLM's criterion is a mean relative 1e-3)
+        ("float32", (1e-3, 1e-3)),
         ("float16", (2e-3, 2e-3)),
         ("bfloat16", (1.6e-2, 1.6e-2)),
         ("float8_e4m3fn", (0.0, 0.0)),
