@@ -46,7 +46,6 @@ from tools import wheel_test as _wheel_test
 __all__ = ["Outcome", "RehearsalError", "main", "rehearse"]
 
 ROOT = _targets.ROOT
-TORCH = "torch==2.13.0"
 PARITY_DEPS = ["triton", "numpy", "pytest"]
 #: distributions that must install by name and pass the installed checks (the issue's promise)
 MUST_INSTALL = ("cpu", "cuda", "cuda12")
@@ -187,17 +186,18 @@ def _venv(path: Path, python: str) -> Path:
     return path / "bin" / "python"
 
 
-def install_by_name(venv: Path, index: _index.LocalIndex, dist: str, version: str, python: str) -> Path:
-    """``pip install <dist>==<version>`` by name from ``index`` in a fresh venv; torch and the
-    other dependencies from the usual place.  Checks that pip really took opmux from the index."""
+def install_by_name(
+    venv: Path, index: _index.LocalIndex, dist: str, version: str, python: str, torch: str
+) -> Path:
+    """``pip install <dist>==<version>`` by name from ``index`` in a fresh venv; ``torch`` (the
+    target's :attr:`~tools.targets.Target.test_torch`) and the other dependencies from the usual
+    place.  Checks that pip really took opmux from the index."""
     vpy = _venv(venv, python)
-    _run(
-        [str(vpy), "-m", "pip", "install", "-q", TORCH, "apache-tvm-ffi>=0.1.15,<0.2"], step=f"deps of {dist}"
-    )
+    _run([str(vpy), "-m", "pip", "install", "-q", torch, "apache-tvm-ffi>=0.1.15,<0.2"], step=f"deps of {dist}")
     report = venv / "install-report.json"
     _run(
         [str(vpy), "-m", "pip", "install", "--index-url", index.simple, "--report", str(report),
-         f"{dist}=={version}", TORCH],
+         f"{dist}=={version}", torch],
         step=f"pip install {dist} (by name)",
     )  # fmt: skip
     items = json.loads(report.read_text())["install"]
@@ -220,8 +220,8 @@ def installed_checks(
     with tempfile.TemporaryDirectory(prefix="opmux-installed-") as tmp:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["HOME"] = tmp
-        # the pinned torch is one of every target's bridge_torch: its bridge must serve, compiling nothing
-        bridge = ["bridge_check.py", *(["--require"] if target.bridge_torch else [])]
+        # the venv's torch is one of the target's bridge_torch: its bridge must serve, compiling nothing
+        bridge = ["bridge_check.py", *(["--require"] if target.require_bridge else [])]
         for script in (["import_smoke.py"], ["find_spec_check.py"], bridge):
             _run(
                 [str(vpy), "-I", str(project / "tools" / script[0]), *script[1:]],
@@ -347,7 +347,7 @@ def rehearse(
             log(f"--- {name}: pip install {target.distribution} by name from the local index")
             vpy = _attempt(
                 outcome, "installed-by-name", install_by_name,
-                work / "venvs" / f"user-{name}", index, target.distribution, version, python,
+                work / "venvs" / f"user-{name}", index, target.distribution, version, python, target.test_torch,
             )  # fmt: skip
             if vpy is None:
                 continue

@@ -59,6 +59,11 @@ _TARGET_KEYS: dict[str, type | tuple[type, ...]] = {
 _AOT_KEYS: dict[str, type] = {"compiler": str, "libraries": list, "archs": list, "ptx": str, "toolkit": str}
 
 
+#: the torch a release test installs for a target that ships no bridge (pinned: a bare "torch"
+#: pulls a multi-GB CUDA build)
+TEST_TORCH = "torch==2.13.0"
+
+
 class TargetTableError(ValueError):
     """targets.toml is malformed; the message names the file, the target and the key."""
 
@@ -114,6 +119,19 @@ class Target:
     def image(self, machine: str) -> str:
         """The cibuildwheel image of the release build on ``machine``."""
         return self.manylinux_image.replace("x86_64", machine)
+
+    @property
+    def test_torch(self) -> str:
+        """The torch requirement a release test installs beside the wheel: the oldest release the
+        target ships a bridge for (``bridge_torch[-1]``, exactly as listed: a ``+cpu`` build
+        comes from PyTorch's index, which CI and release configure), so the bridge check can
+        demand the shipped bridge (``require_bridge``); else :data:`TEST_TORCH`."""
+        return f"torch=={self.bridge_torch[-1]}" if self.bridge_torch else TEST_TORCH
+
+    @property
+    def require_bridge(self) -> bool:
+        """Whether the installed wheel must serve :attr:`test_torch` with its shipped bridge."""
+        return bool(self.bridge_torch)
 
     @property
     def requirements(self) -> list[str]:

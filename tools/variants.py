@@ -71,6 +71,19 @@ def _requires_block(reqs: list[str]) -> str:
     return "requires = [\n" + "".join(f'    "{r}",\n' for r in reqs) + "]"
 
 
+#: the installed checks cibuildwheel runs on each repaired wheel (the release rehearsal runs the same)
+_TEST_SCRIPTS = ("import_smoke.py", "find_spec_check.py", "bridge_check.py")
+
+
+def _test_lines(target: _targets.Target) -> str:
+    """cibuildwheel's test-requires and test-command of ``target``: its test torch, and the bridge
+    check demanding the shipped bridge wherever the target ships one for that torch."""
+    scripts = [f"python -I {{project}}/tools/{s}" for s in _TEST_SCRIPTS]
+    if target.require_bridge:
+        scripts[-1] += " --require"
+    return f'test-requires = ["{target.test_torch}"]\ntest-command = "{" && ".join(scripts)}"'
+
+
 def render(template: str, target: _targets.Target) -> str:
     """The pyproject text of ``target``; for the default target it must equal the template."""
     text = template
@@ -79,6 +92,9 @@ def render(template: str, target: _targets.Target) -> str:
     text = _replace_in_section(text, "project", r'^name = "[^"]*"', f'name = "{target.distribution}"')
     text = _replace_in_section(text, "project", r"^dependencies = \[.*?^\]", _deps_block(target.requirements))
     text = _replace_in_section(text, "tool.opmux", r'^target = "[^"]*"', f'target = "{target.name}"')
+    text = _replace_in_section(
+        text, "tool.cibuildwheel", r"^test-requires = \[[^\n]*\]\ntest-command = \"[^\n]*\"", _test_lines(target)
+    )
     text = _replace_in_section(
         text,
         "tool.cibuildwheel.linux",
@@ -102,8 +118,12 @@ def render(template: str, target: _targets.Target) -> str:
         data["project"]["dependencies"],
         data["tool"]["opmux"]["target"],
         data["tool"]["cibuildwheel"]["linux"]["manylinux-x86_64-image"],
+        data["tool"]["cibuildwheel"]["test-requires"],
     )
-    want = (build_requires, target.distribution, target.requirements, target.name, target.manylinux_image)
+    want = (
+        build_requires, target.distribution, target.requirements, target.name, target.manylinux_image,
+        [target.test_torch],
+    )  # fmt: skip
     if got != want:
         raise VariantError(f"rendered pyproject for {target.name!r} has {got}, expected {want}")
     return text

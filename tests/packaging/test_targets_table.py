@@ -118,3 +118,19 @@ def test_error_names_the_file(tmp_path):
     bad.write_text(GOOD.replace("[targets.cpu]\n", "[targets.cpu]\nfoo = 1\n"))
     with pytest.raises(targets.TargetTableError, match=re.escape(str(bad))):
         targets.load(bad)
+
+
+def test_each_target_tests_a_torch_it_ships_a_bridge_for():
+    """The release tests (cibuildwheel's and the rehearsal's) install, per target, a torch build the
+    wheel ships a bridge for, exactly as listed (a +cpu build is not PyPI's), and demand that bridge."""
+    import tomllib
+
+    for t in targets.load().values():
+        cibw = tomllib.loads((targets.ROOT / t.pyproject).read_text(encoding="utf-8"))["tool"]["cibuildwheel"]
+        assert cibw["test-requires"] == [t.test_torch]
+        if t.bridge_torch:
+            assert t.test_torch == f"torch=={t.bridge_torch[-1]}" and t.require_bridge
+            assert cibw["test-command"].endswith("bridge_check.py --require")
+        else:
+            assert t.test_torch == targets.TEST_TORCH and "--require" not in cibw["test-command"]
+    assert targets.load()["cpu"].test_torch == "torch==2.13.0+cpu"
