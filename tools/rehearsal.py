@@ -193,7 +193,9 @@ def install_by_name(
     target's :attr:`~tools.targets.Target.test_torch`) and the other dependencies from the usual
     place.  Checks that pip really took opmux from the index."""
     vpy = _venv(venv, python)
-    _run([str(vpy), "-m", "pip", "install", "-q", torch, "apache-tvm-ffi>=0.1.15,<0.2"], step=f"deps of {dist}")
+    _run(
+        [str(vpy), "-m", "pip", "install", "-q", torch, "apache-tvm-ffi>=0.1.15,<0.2"], step=f"deps of {dist}"
+    )
     report = venv / "install-report.json"
     _run(
         [str(vpy), "-m", "pip", "install", "--index-url", index.simple, "--report", str(report),

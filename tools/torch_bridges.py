@@ -35,6 +35,9 @@ __all__ = ["FetchError", "build", "fetch_torch", "torch_facts"]
 _LIBS = ("libtorch_python.so", "libtorch_cpu.so", "libc10.so")
 _VERSION = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.M)
 _GIT = re.compile(r"^git_version\s*=\s*['\"]([^'\"]*)['\"]", re.M)
+#: a hung download or compiler is stopped after this long, with a typed error
+_FETCH_TIMEOUT_S = 1800
+_COMPILE_TIMEOUT_S = 3600
 
 
 class FetchError(RuntimeError):
@@ -66,7 +69,12 @@ def fetch_torch(version: str, dest: Path) -> Path:
         "--implementation", "cp", "--abi", f"cp{py}{sys.abiflags}",
         *(a for p in platforms for a in ("--platform", p)),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_FETCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired as err:
+        raise FetchError(
+            f"pip download torch=={version} ran past {_FETCH_TIMEOUT_S} s and was stopped"
+        ) from err
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise FetchError(f"pip download torch=={version} failed: {' / '.join(tail)}")
@@ -105,13 +113,17 @@ def _one(version: str, out_dir: Path, workdir: Path, cxx: str) -> tuple[str, dic
 
     work = workdir / f"torch-{re.sub(r'[^A-Za-z0-9._-]', '_', version)}"
     shutil.rmtree(work, ignore_errors=True)
+    partial: Path | None = None
     try:
         wheel = fetch_torch(version, work / "wheel")
         torch_dir, torch_version, git, abi = torch_facts(wheel, work / "unpacked")
         wheel.unlink()  # (hundreds of MB)
         include = Path(sysconfig.get_paths()["include"])
-        key = _bridge_key.Key(torch_version, git, abi, _bridge_key.python_abi(), tvm_ffi_version())
+        key = _bridge_key.Key(
+            torch_version, git, abi, _bridge_key.python_abi(), _bridge_key.tvm_ffi_abi(tvm_ffi_version())
+        )
         target = out_dir / key.filename()
+        partial = out_dir / f".{target.name}.partial"  # renamed into place once whole
         maps = [f"-ffile-prefix-map={torch_dir}=torch", f"-ffile-prefix-map={include}=python"]
         command = [
             cxx,
@@ -119,14 +131,22 @@ def _one(version: str, out_dir: Path, workdir: Path, cxx: str) -> tuple[str, dic
             *_bridge_key.compile_flags(torch_dir, abi, include),
             str(Path(_bridge_key.__file__).parent / "jit" / "csrc" / "torch_bridge.cpp"),
             "-o",
-            str(target),
+            str(partial),
             *_bridge_key.link_flags(torch_dir, entries=True, rpath=False),
         ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired as err:
+            raise CompileError(
+                command, -1, f"the compiler ran past {_COMPILE_TIMEOUT_S} s and was stopped"
+            ) from err
         if done.returncode != 0:
             raise CompileError(command, done.returncode, done.stderr + done.stdout)
+        os.replace(partial, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if partial is not None:
+            partial.unlink(missing_ok=True)
     return target.name, {
         "requested": version,
         "torch": key.torch,

@@ -93,7 +93,10 @@ def render(template: str, target: _targets.Target) -> str:
     text = _replace_in_section(text, "project", r"^dependencies = \[.*?^\]", _deps_block(target.requirements))
     text = _replace_in_section(text, "tool.opmux", r'^target = "[^"]*"', f'target = "{target.name}"')
     text = _replace_in_section(
-        text, "tool.cibuildwheel", r"^test-requires = \[[^\n]*\]\ntest-command = \"[^\n]*\"", _test_lines(target)
+        text,
+        "tool.cibuildwheel",
+        r"^test-requires = \[[^\n]*\]\ntest-command = \"[^\n]*\"",
+        _test_lines(target),
     )
     text = _replace_in_section(
         text,

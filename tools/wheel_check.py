@@ -42,7 +42,9 @@ __all__ = [
 PKG = "python/opmux"
 DATA_DIRS = ("kernels/jit/csrc", "kernels/jit/include", "kernels/configs")
 GENERATED = ("_version.py",)
-BRIDGES = "opmux/kernels/bridges"  # the prebuilt torch bridges, named in _build_info's "bridges"  # written at build time, ignored in the tree
+#: the prebuilt torch bridges: written by setup.py at build time (ignored in the tree), each
+#: named in _build_info's "bridges", so the golden list takes them from there
+BRIDGES = "opmux/kernels/bridges"
 DEFAULT_LICENSE_GLOBS = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
 STRAY = re.compile(r"(__pycache__|\.py[cod]$|\.git/|\.orig$|\.rej$|~$|\.egg-info/|/tests?/)")
 

@@ -337,7 +337,9 @@ def test_a_lane_without_the_values_hooks_counterpart_is_refused() -> None:
     def in_range(*args: object) -> None:
         return None
 
-    with pytest.raises(ValueError, match=r"toy\.quant: contract .* has a C\+\+ lane but no values_cpp.*in_range"):
+    with pytest.raises(
+        ValueError, match=r"toy\.quant: contract .* has a C\+\+ lane but no values_cpp.*in_range"
+    ):
         render_header("toy", [replace(decl, values=in_range)])  # type: ignore[type-var]
     stated = replace(decl, values=in_range, contract=replace(c, values_cpp="device_type != kDLCUDA"))
     text = render_header("toy", [stated])  # type: ignore[type-var]

@@ -30,7 +30,7 @@ def _near_misses() -> list[_bridge_key.Key]:
         "git": "0" * 40,
         "cxx11_abi": 1 - HERE.cxx11_abi,
         "python": "cpython-399-x86_64-linux-gnu",
-        "tvm_ffi": HERE.tvm_ffi + ".post99",
+        "tvm_ffi": "0.2" if HERE.tvm_ffi != "0.2" else "0.3",  # another ABI series
     }
     return [dataclasses.replace(HERE, **{field: value}) for field, value in other.items()]
 
@@ -139,6 +139,32 @@ def test_a_shipped_bridge_that_does_not_load_fails_without_a_build(shipped_dir, 
     state, detail = torch_kernels.status()
     assert state == "failed" and f"the shipped {exact.name} did not load" in detail
     assert fresh_bridge["obtain"] == []
+
+
+def test_enable_does_not_build_over_a_broken_shipped_bridge(shipped_dir, fresh_bridge, monkeypatch):
+    """enable() treats a shipped bridge that does not load as kick() does: a broken install,
+    named, with nothing built over it."""
+    exact = _ship(shipped_dir, HERE)
+
+    def broken(path: Path, *, entries: bool | None = None) -> tuple[Any, Any]:
+        raise OSError(f"{path}: invalid ELF header")
+
+    built: list[bool] = []
+    monkeypatch.setattr(torch_kernels, "_load", broken)
+    monkeypatch.setattr(torch_kernels, "build", lambda: built.append(True))
+    with pytest.raises(RuntimeError, match=rf"the shipped {exact.name} did not load.*reinstall opmux"):
+        torch_kernels.enable()
+    assert built == [] and fresh_bridge["obtain"] == [] and torch_kernels.source() == ""
+    assert torch_kernels.kick() is False  # and kick agrees afterwards
+    with pytest.raises(RuntimeError, match="did not load"):
+        torch_kernels.enable()  # however often it is asked
+
+
+def test_a_tvm_ffi_patch_release_keeps_the_shipped_bridge():
+    """The key holds tvm-ffi's ABI series (the range the wheel requires), not its exact version."""
+    assert _bridge_key.tvm_ffi_abi("0.1.15.post2") == _bridge_key.tvm_ffi_abi("0.1.16") == "0.1"
+    assert _bridge_key.tvm_ffi_abi("0.2.0") == "0.2"
+    assert HERE.tvm_ffi.count(".") == 1
 
 
 def test_env_says_shipped_and_why(shipped_dir, monkeypatch):

@@ -295,7 +295,9 @@ def test_select_tables_and_the_any_shape_size_classes(user_dir: Path) -> None:
     assert tuned.source(OP, "select", GPU, (1024, 7040), 1024).endswith(gapped.file_name())
     assert tuned.lookup(OP, "select", GPU, (1024, 7040), 64)["backend"] == "triton"
     assert tuned.lookup(OP, "select", GPU, (1024, 7040), 0)["backend"] == "triton"
-    assert tuned.lookup(OP, "select", GPU, (1024, 7040), 256)["backend"] == "scaled_mm"  # 16x both ways: the classes
+    assert (
+        tuned.lookup(OP, "select", GPU, (1024, 7040), 256)["backend"] == "scaled_mm"
+    )  # 16x both ways: the classes
 
 
 @pytest.mark.parametrize("entry", [{"backend": "Triton!"}, {"backend": 3}, {"backend": "jit", "x": 1}, {}])

@@ -3,8 +3,9 @@
 A compiled bridge (``jit/csrc/torch_bridge.cpp``) may run only in a process whose torch is the
 very build it was compiled against (torch's C++ API has no stable ABI: the version string with its
 local part, ``+cpu`` or ``+cu130``, and the build's commit), with the same C++ standard-library
-ABI, the same CPython ABI (it holds Python entries, ``BRIDGE_PY_ENTRY``) and the same tvm-ffi (it
-links ``libtvm_ffi``). :class:`Key` is those facts. A wheel ships bridges under ``bridges/``, each
+ABI, the same CPython ABI (it holds Python entries, ``BRIDGE_PY_ENTRY``) and the same tvm-ffi ABI
+series (it links ``libtvm_ffi``: its major.minor, "0.1", the range the wheel requires, which the
+wheel's AOT libraries rely on too: a patch release of tvm-ffi keeps the shipped bridge). :class:`Key` is those facts. A wheel ships bridges under ``bridges/``, each
 named by its key (:meth:`Key.filename`): a process uses one only when the name it computes for
 itself is there. Any difference is another name, and the process builds its own bridge into the
 JIT cache instead (``_bridge_build``); nothing else is ever tried, because loading a mismatched
@@ -22,7 +23,16 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SHIPPED_DIR", "Key", "compile_flags", "current", "link_flags", "shipped", "shipped_names"]
+__all__ = [
+    "SHIPPED_DIR",
+    "Key",
+    "compile_flags",
+    "current",
+    "link_flags",
+    "shipped",
+    "shipped_names",
+    "tvm_ffi_abi",
+]
 
 #: the wheel's prebuilt bridges (absent in a source tree: setup.py writes them into the wheel)
 SHIPPED_DIR = Path(__file__).resolve().parent / "bridges"
@@ -37,7 +47,7 @@ class Key:
     git: str  # torch.version.git_version ("" when the build has none)
     cxx11_abi: int  # torch._C._GLIBCXX_USE_CXX11_ABI
     python: str  # sysconfig SOABI ("cpython-311-x86_64-linux-gnu")
-    tvm_ffi: str  # the apache-tvm-ffi version
+    tvm_ffi: str  # the apache-tvm-ffi ABI series ("0.1": tvm_ffi_abi)
 
     def filename(self) -> str:
         """The shipped bridge's file name: the fields spelled out for a reader, and a digest of
@@ -66,6 +76,11 @@ def python_abi() -> str:
     return str(sysconfig.get_config_var("SOABI") or "unknown")
 
 
+def tvm_ffi_abi(version: str) -> str:
+    """The ABI series of an apache-tvm-ffi version: its major.minor ("0.1.15.post2" -> "0.1")."""
+    return ".".join(version.split(".")[:2])
+
+
 def current() -> Key:
     """The key of this process (imports torch)."""
     import torch
@@ -77,7 +92,7 @@ def current() -> Key:
         git=str(getattr(torch.version, "git_version", "") or ""),
         cxx11_abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
         python=python_abi(),
-        tvm_ffi=tvm_ffi_version(),
+        tvm_ffi=tvm_ffi_abi(tvm_ffi_version()),
     )
 
 

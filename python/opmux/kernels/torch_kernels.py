@@ -73,7 +73,7 @@ _entry: Any = None  # the Python entry module (BRIDGE_PY_ENTRY), or None
 _devices: list[int] | None = None  # devices() when the bridge was first asked for
 _state = "off"  # off -> building -> ready | failed
 _detail = ""
-_source = ""  # where the loaded bridge came from: "shipped" (the wheel) or "cache" (built here)
+_source = ""  # where the bridge came from (or failed to): "shipped" (the wheel) or "cache" (built here)
 _thread: threading.Thread | None = None
 #: (library op name, FusedOp) of every library op defined so far, registered when the bridge loads
 _pending: list[tuple[str, Any]] = []
@@ -101,7 +101,7 @@ def status() -> tuple[str, str]:
 def source() -> str:
     """Where the loaded bridge came from: ``shipped`` (the wheel's, for this exact torch build),
     ``cache`` (compiled here into the JIT cache) or ``""`` (none loaded)."""
-    return _source
+    return _source if _state == "ready" else ""
 
 
 def _load(path: Path, *, entries: bool | None = None) -> tuple[Any, Any]:
@@ -151,7 +151,8 @@ def _load_shipped() -> bool:
     try:
         _module, _entry = _load(path, entries=True)
     except Exception as exc:
-        _state, _detail = "failed", f"the shipped {path.name} did not load: {type(exc).__name__}: {exc}"
+        _state, _source = "failed", "shipped"
+        _detail = f"the shipped {path.name} did not load: {type(exc).__name__}: {exc}"
         return True
     _state, _source = "ready", "shipped"
     _decided.set()
@@ -246,13 +247,19 @@ def enable() -> None:
     """Build (or load) the bridge and register it now, on this thread; raises what the build
     raises. For servers (before their threads start: registering kernels while another thread
     dispatches the same op is not safe in torch), prewarm, benchmarks and tests; other processes
-    get it in the background, registered by the next library-op call."""
+    get it in the background, registered by the next library-op call. A shipped bridge that
+    does not load is a broken install, as for :func:`kick`: it raises, building nothing over it."""
     global _state, _detail, _module, _entry, _source
     if _state != "ready":
         with _lock:
             _fix_devices()
             if _state == "off":
                 _load_shipped()
+        if _state == "failed" and _source == "shipped":
+            raise RuntimeError(
+                f"opmux: {_detail}; reinstall opmux for this torch build, or set {ENV}=off "
+                "(the library ops then keep their Python kernels)"
+            )
         if _state != "ready":
             module, entry = _load(build())  # (outside the lock: a compile takes seconds)
             with _lock:

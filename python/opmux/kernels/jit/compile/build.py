@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Literal
 
 from ... import _env
-from .toolchain import Toolchain, cutlass_include_dir, find_cutlass, find_cxx, find_nvcc, tvm_ffi_paths, uses_cutlass
+from .toolchain import (
+    Toolchain,
+    cutlass_include_dir,
+    find_cutlass,
+    find_cxx,
+    find_nvcc,
+    tvm_ffi_paths,
+    uses_cutlass,
+)
 
 __all__ = [
     "CompileError",

@@ -26,9 +26,9 @@ from ..._env import parse_cuda_archs
 
 __all__ = [
     "CUDA_ARCHS_ENV",
+    "CUTLASS_REQUIREMENT",
     "Toolchain",
     "ToolchainNotFound",
-    "CUTLASS_REQUIREMENT",
     "cuda_arch_for_capability",
     "cutlass_include_dir",
     "find_cutlass",

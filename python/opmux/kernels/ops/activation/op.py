@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._contract import FLOATS, Arg, Contract, Rule, Scalar
 from .._decl import declare, variant
