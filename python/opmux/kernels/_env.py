@@ -292,8 +292,12 @@ KNOBS: Mapping[str, Knob] = _knobs(
         "OPMUX_TORCH_KERNELS",
         "choice",
         "all",
-        "Which devices get the torch-linked bridge (built per torch into the JIT cache, in the "
-        "background; docs/architecture.md): C++ kernels for `torch.ops.opmux.*` that run the bound "
+        "Which devices get the torch-linked bridge (docs/architecture.md): the wheel ships it "
+        "prebuilt for the torch builds of its target's `bridge_torch` in targets.toml (cuda: 2.14.1 "
+        "and 2.13.0; cpu: 2.14.1 and 2.13.0+cpu) on CPython 3.12 and any tvm-ffi 0.1.x, loaded at "
+        "once with nothing compiled; another torch build or Python gets one built once into the JIT "
+        "cache, by one process, in the background (`python -m opmux.kernels env` says which is in "
+        "use and why): C++ kernels for `torch.ops.opmux.*` that run the bound "
         "serving lane, `torch.ops.opmux.*`'s own entry from Python (in place of torch's, which costs "
         "about 0.4 us per scalar argument), and the default calls' entry into their lanes (C in place "
         "of tvm-ffi's argument and result conversion). `all` (CPU and CUDA), `cpu`, or `off` (the "
