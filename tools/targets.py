@@ -123,10 +123,9 @@ class Target:
     @property
     def test_torch(self) -> str:
         """The torch requirement a release test installs beside the wheel: the oldest release the
-        target ships a bridge for (``bridge_torch[-1]``, exactly as listed: a ``+cpu`` build
-        comes from PyTorch's index, which CI and release configure), so the bridge check can
-        demand the shipped bridge (``require_bridge``); else :data:`TEST_TORCH`."""
-        return f"torch=={self.bridge_torch[-1]}" if self.bridge_torch else TEST_TORCH
+        target ships a bridge for (``bridge_torch[-1]``, exactly: :func:`torch_pin`), so the
+        bridge check can demand the shipped bridge (``require_bridge``); else :data:`TEST_TORCH`."""
+        return torch_pin(self.bridge_torch[-1]) if self.bridge_torch else TEST_TORCH
 
     @property
     def require_bridge(self) -> bool:
@@ -137,6 +136,14 @@ class Target:
     def requirements(self) -> list[str]:
         """Runtime requirements written into the wheel metadata, in a stable order."""
         return ["apache-tvm-ffi>=0.1.15,<0.2", self.torch, *self.dependencies]
+
+
+def torch_pin(release: str) -> str:
+    """The requirement of exactly the torch build ``release`` names (``2.13.0``: PyPI's;
+    ``2.13.0+cpu``: PyTorch's CPU index, which CI and the release configure). ``===``, not
+    ``==``: ``==2.13.0`` also takes ``2.13.0+cpu`` (a local version matches its public one) and
+    pip prefers it wherever that index is configured: another build, another bridge."""
+    return f"torch==={release}"
 
 
 def _fail(where: str, msg: str) -> TargetTableError:

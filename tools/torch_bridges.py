@@ -1,7 +1,7 @@
 """The prebuilt torch bridges a wheel ships: one compile per torch release of targets.toml ``bridge_torch``.
 
 For each release, setup.py's build fetches torch's wheel for the build interpreter's CPython and
-machine (``pip download torch==<v> --no-deps``: no install, nothing imported), unpacks only its
+machine (``pip download torch===<v> --no-deps``, exactly that build: no install, nothing imported), unpacks only its
 headers and the three libraries the bridge links (libtorch_python, libtorch_cpu, libc10) into the
 build directory, reads the build's facts from the wheel (``torch/version.py``; the C++ ABI from
 libc10's mangled names) and compiles ``jit/csrc/torch_bridge.cpp`` against them with the build's
@@ -28,6 +28,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `tools` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools import targets as _targets
 
 __all__ = ["FetchError", "build", "fetch_torch", "torch_facts"]
 
@@ -64,7 +69,7 @@ def fetch_torch(version: str, dest: Path) -> Path:
     machine = platform.machine()
     platforms = [f"manylinux_2_{n}_{machine}" for n in (28, 27, 17)] + [f"manylinux2014_{machine}"]
     command = [
-        *_pip(), "download", f"torch=={version}", "--no-deps", "--only-binary=:all:", "--quiet",
+        *_pip(), "download", _targets.torch_pin(version), "--no-deps", "--only-binary=:all:", "--quiet",
         "--disable-pip-version-check", "--dest", str(dest), "--python-version", py,
         "--implementation", "cp", "--abi", f"cp{py}{sys.abiflags}",
         *(a for p in platforms for a in ("--platform", p)),
@@ -73,14 +78,14 @@ def fetch_torch(version: str, dest: Path) -> Path:
         done = subprocess.run(command, capture_output=True, text=True, timeout=_FETCH_TIMEOUT_S)
     except subprocess.TimeoutExpired as err:
         raise FetchError(
-            f"pip download torch=={version} ran past {_FETCH_TIMEOUT_S} s and was stopped"
+            f"pip download torch==={version} ran past {_FETCH_TIMEOUT_S} s and was stopped"
         ) from err
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise FetchError(f"pip download torch=={version} failed: {' / '.join(tail)}")
+        raise FetchError(f"pip download torch==={version} failed: {' / '.join(tail)}")
     wheels = sorted(dest.glob("torch-*.whl"))
     if len(wheels) != 1:
-        raise FetchError(f"pip download torch=={version} left {[w.name for w in wheels]} in {dest}")
+        raise FetchError(f"pip download torch==={version} left {[w.name for w in wheels]} in {dest}")
     return wheels[0]
 
 

@@ -129,8 +129,9 @@ def test_each_target_tests_a_torch_it_ships_a_bridge_for():
         cibw = tomllib.loads((targets.ROOT / t.pyproject).read_text(encoding="utf-8"))["tool"]["cibuildwheel"]
         assert cibw["test-requires"] == [t.test_torch]
         if t.bridge_torch:
-            assert t.test_torch == f"torch=={t.bridge_torch[-1]}" and t.require_bridge
+            assert t.test_torch == f"torch==={t.bridge_torch[-1]}" and t.require_bridge
             assert cibw["test-command"].endswith("bridge_check.py --require")
         else:
             assert t.test_torch == targets.TEST_TORCH and "--require" not in cibw["test-command"]
-    assert targets.load()["cpu"].test_torch == "torch==2.13.0+cpu"
+    assert targets.load()["cpu"].test_torch == "torch===2.13.0+cpu"  # never PyPI's CUDA 2.13.0
+    assert targets.load()["cuda"].test_torch == "torch===2.13.0"  # never PyTorch's +cpu build

@@ -74,5 +74,10 @@ def test_a_hung_download_is_a_fetch_error(tmp_path: Path, monkeypatch: pytest.Mo
         raise subprocess.TimeoutExpired(cmd, kw["timeout"])
 
     monkeypatch.setattr(torch_bridges.subprocess, "run", hung)
-    with pytest.raises(torch_bridges.FetchError, match=r"pip download torch==2.13.0 ran past \d+ s"):
+    seen: list[list[str]] = []
+    monkeypatch.setattr(
+        torch_bridges.subprocess, "run", lambda cmd, **kw: (seen.append(cmd), hung(cmd, **kw))[1]
+    )
+    with pytest.raises(torch_bridges.FetchError, match=r"pip download torch===2.13.0 ran past \d+ s"):
         torch_bridges.fetch_torch("2.13.0", tmp_path)
+    assert "torch===2.13.0" in seen[-1]  # exactly that build: ==2.13.0 would also take +cpu
