@@ -366,6 +366,13 @@ def finite_float(op: str, name: str, v: object) -> float:
     return float(v)
 
 
+def str_choice(op: str, name: str, v: object, names: tuple[str, ...]) -> None:
+    """A str argument naming one of ``names`` (an activation)."""
+    if type(v) is str and v in names:
+        return
+    raise ValueError(f"{op}: {name} must be one of {', '.join(map(repr, names))}, got {v!r}")
+
+
 def dtype_choice(op: str, name: str, v: object, names: tuple[str, ...]) -> None:
     """A dtype argument: None (the default) or one of ``names``."""
     if v is None or (isinstance(v, torch.dtype) and _dt(v) in names):

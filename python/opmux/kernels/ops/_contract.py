@@ -106,6 +106,8 @@ SCALAR_KINDS = {
 SCALAR_KINDS |= {
     "int32": "an int in (-2^31, 2^31)",
     "off_or_positive": "a finite float >= 0 (0: off)",
+    #: a str naming one of ``choices`` (an activation)
+    "choice": "one of the names in choices",
 }
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -239,13 +241,16 @@ class Scalar:
 
     name: str
     kind: str
-    #: for ``dtype``: the dtype names it may be (None: the default, given by ``default``)
+    #: for ``dtype``: the dtype names it may be (None: the default, given by ``default``); for
+    #: ``choice``: the names a str argument may be
     choices: tuple[str, ...] = ()
     default: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in SCALAR_KINDS:
             raise ValueError(f"Scalar {self.name!r}: kind {self.kind!r}; valid: {', '.join(SCALAR_KINDS)}")
+        if (self.kind == "choice" and not self.choices) or (self.choices and self.kind not in ("choice", "dtype")):
+            raise ValueError(f"Scalar {self.name!r}: kind 'choice' takes its names in choices= (so may 'dtype')")
 
 
 @dataclass(frozen=True)

@@ -375,6 +375,8 @@ class _Writer(_ViewWriter):
             return [f"type({v}) is int", f"-2147483648 < {v} < 2147483648"]
         if s.kind == "off_or_positive":
             return [f"type({v}) is float", f"0.0 <= {v} < _checks.INF"]
+        if s.kind == "choice":
+            return [f"{v} in {s.choices!r}", f"type({v}) is str"]
         return [f"({v} is None or {v} in {_dtype_tuple(s.choices)})"]
 
     def scalar_value(self, s: Scalar, fast: bool) -> str:
@@ -430,6 +432,8 @@ class _Writer(_ViewWriter):
             self.emit(1, f'_checks.finite_float(op, "{v}", {v})')
         elif s.kind == "positive_int":
             self.emit(1, f'_checks.positive_int(op, "{v}", {v})')
+        elif s.kind == "choice":
+            self.emit(1, f'_checks.str_choice(op, "{v}", {v}, {s.choices!r})')
         else:
             self.emit(1, f'_checks.dtype_choice(op, "{v}", {v}, {s.choices!r})')
         self.emit(1, f"{v}_ = {self.scalar_value(s, fast=False)}")

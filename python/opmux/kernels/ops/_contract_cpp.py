@@ -332,14 +332,13 @@ def _lane_decls(decls: Iterable[Decl]) -> list[Decl]:
         d
         for d in decls
         if d.contract is not None
+        and any(b.name in ("aot", "jit") for b in d.spec.backends)  # only native ops have lanes
         and (
             lane_form(d.contract) is None
-            or extended_form(d.contract, d) is None
+            or extended_form(d.contract.default if isinstance(d.contract, Forms) else d.contract, d) is None
             or view_form(d.contract) is None
             or (isinstance(d.contract, Contract) and element_form(d.contract, d) is None)
         )
-        and d.spec.backend_names
-        and any(b.name in ("aot", "jit") for b in d.spec.backends)
     ]
 
 

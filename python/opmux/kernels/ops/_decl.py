@@ -33,8 +33,8 @@ __all__ = ["NATIVE_TARGETS", "Decl", "Param", "declare", "parse_signature", "var
 
 #: where the two loaders of the native backend live (``_native.AOT`` / ``_native.JIT``)
 NATIVE_TARGETS = {"aot": "opmux.kernels.ops._native:AOT", "jit": "opmux.kernels.ops._native:JIT"}
-_TYPES = ("Tensor", "Tensor?", "float", "int", "bool", "ScalarType?")
-_PARAM = re.compile(r"^(Tensor|float|int|bool|ScalarType)(\(a!\))?(\?)? ([a-z_][a-z0-9_]*)(?:=(\S+))?$")
+_TYPES = ("Tensor", "Tensor?", "float", "int", "bool", "str", "ScalarType?")
+_PARAM = re.compile(r"^(Tensor|float|int|bool|str|ScalarType)(\(a!\))?(\?)? ([a-z_][a-z0-9_]*)(?:=(\S+))?$")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ _DT_INT32 = torch.int32
 _DT_INT64 = torch.int64
 _FLOAT32 = torch.float32
 _FLOAT32_FLOAT16_BFLOAT16 = (torch.float32, torch.float16, torch.bfloat16)
+_FLOAT8_E4M3FN = (torch.float8_e4m3fn,)
 _INT32 = torch.int32
 _INT32_INT64 = (torch.int32, torch.int64)
 _TENSOR = torch.Tensor
@@ -104,6 +105,368 @@ def outputs_batched_align(expert_num_tokens: Any, max_tokens_per_batch: Any, blo
     expert_ids = (_checks.PROTOS.get(expert_num_tokens.device) or _checks.protos(expert_num_tokens.device))[_DT_INT32].new_empty(E * cdiv(max_tokens_per_batch, block_size))
     num_tokens_post_padded = (_checks.PROTOS.get(expert_num_tokens.device) or _checks.protos(expert_num_tokens.device))[_DT_INT32].new_empty(1)
     return (sorted_ids, expert_ids, num_tokens_post_padded,), (sorted_ids, expert_ids, num_tokens_post_padded)
+
+
+def check_fused_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+    """The form of the call: experts_fp8, experts."""
+    w1_n = w1_d = None
+    if type(w1) is _TENSOR or isinstance(w1, _TENSOR):
+        w1_n, w1_d = w1.dim(), w1.dtype
+    if (w1_d in _FLOAT8_E4M3FN):
+        return check_experts_fp8(op, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    return check_experts(op, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+
+
+def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+    try:  # the serving form, each attribute read once; anything else: the full checks
+        hidden_s = hidden.shape
+        w1_s = w1.shape
+        w2_s = w2.shape
+        topk_weights_s = topk_weights.shape
+        topk_ids_s = topk_ids.shape
+        w1_scale_s = w1_scale.shape
+        w2_scale_s = w2_scale.shape
+        if (
+            activation in ('silu', 'gelu', 'swigluoai')
+            and type(activation) is str
+            and type(apply_router_weight_on_input) is bool
+            and expert_map is None
+            and out is None
+            and len(hidden_s) == 2
+            and hidden.dtype in _FLOAT32_FLOAT16_BFLOAT16
+            and (hidden_s[1] <= 1 or hidden.stride()[1] == 1)
+            and type(hidden) is _TENSOR
+            and len(w1_s) == 3
+            and w1.dtype in _FLOAT8_E4M3FN
+            and w1_s[2] == hidden_s[1]
+            and (w1_s[-1] <= 1 or w1.stride()[-1] == 1)
+            and type(w1) is _TENSOR
+            and len(w2_s) == 3
+            and w2.dtype in _FLOAT8_E4M3FN
+            and w2_s[0] == w1_s[0]
+            and w2_s[1] == hidden_s[1]
+            and w2_s[2] == w1_s[1] // 2
+            and (w2_s[-1] <= 1 or w2.stride()[-1] == 1)
+            and type(w2) is _TENSOR
+            and len(topk_weights_s) == 2
+            and topk_weights.dtype in _FLOAT32
+            and topk_weights_s[0] == hidden_s[0]
+            and (topk_weights_s[1] <= 1 or topk_weights.stride()[1] == 1)
+            and type(topk_weights) is _TENSOR
+            and len(topk_ids_s) == 2
+            and topk_ids.dtype in _INT32_INT64
+            and topk_ids_s[0] == hidden_s[0]
+            and topk_ids_s[1] == topk_weights_s[1]
+            and (topk_ids_s[1] <= 1 or topk_ids.stride()[1] == 1)
+            and type(topk_ids) is _TENSOR
+            and len(w1_scale_s) == 3
+            and w1_scale.dtype in _FLOAT32
+            and w1_scale_s[0] == w1_s[0]
+            and w1_scale_s[1] == cdiv(w1_s[1], 128)
+            and w1_scale_s[2] == cdiv(hidden_s[1], 128)
+            and w1_scale.is_contiguous()
+            and type(w1_scale) is _TENSOR
+            and len(w2_scale_s) == 3
+            and w2_scale.dtype in _FLOAT32
+            and w2_scale_s[0] == w1_s[0]
+            and w2_scale_s[1] == cdiv(hidden_s[1], 128)
+            and w2_scale_s[2] == cdiv(w1_s[1] // 2, 128)
+            and w2_scale.is_contiguous()
+            and type(w2_scale) is _TENSOR
+            and ((w1.is_cpu and hidden.is_cpu and w2.is_cpu and topk_weights.is_cpu and topk_ids.is_cpu and w1_scale.is_cpu and w2_scale.is_cpu) or (w1.device == hidden.device and w2.device == hidden.device and topk_weights.device == hidden.device and topk_ids.device == hidden.device and w1_scale.device == hidden.device and w2_scale.device == hidden.device))
+        ):
+            M = hidden_s[0]
+            K = hidden_s[1]
+            E = w1_s[0]
+            N2 = w1_s[1]
+            topk = topk_weights_s[1]
+            if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (w1_scale is not None and w2_scale is not None):
+                activation_ = activation
+                apply_router_weight_on_input_ = apply_router_weight_on_input
+                out = hidden.new_empty(M, K)
+                return (out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32], activation_, apply_router_weight_on_input_,), out
+    except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
+        pass
+    _checks.tensor(op, "hidden", hidden)
+    _checks.float_dtype(op, "hidden", hidden)
+    if hidden.dim() != 2:
+        raise ValueError(f"{op}: hidden has shape {tuple(hidden.shape)}, expected [M, K]")
+    M = hidden.shape[-2]
+    K = hidden.shape[-1]
+    if not (K >= 1):
+        raise ValueError(f'{op}: hidden has shape {tuple(hidden.shape)}; K (its last dim) must be at least 1')
+    _checks.tensor(op, "w1", w1)
+    _checks.dtype_in(op, "w1", w1, ('float8_e4m3fn',))
+    if w1.dim() != 3:
+        raise ValueError(f"{op}: w1 has shape {tuple(w1.shape)}, expected [E, N2, {K}]")
+    E = w1.shape[-3]
+    N2 = w1.shape[-2]
+    if w1.shape[-1] != K:
+        raise ValueError(f"{op}: w1 has shape {tuple(w1.shape)}, expected [{E}, {N2}, {K}]")
+    _checks.same_device(op, "hidden", hidden, w1=w1)
+    if not (E >= 1 and N2 >= 2 and N2 % 2 == 0):
+        raise ValueError(f'{op}: w1 has shape {tuple(w1.shape)}; expected [E, 2N, K]: E >= 1 experts, each with its gate and up rows (2N even, N >= 1)')
+    _checks.tensor(op, "w2", w2)
+    _checks.dtype_in(op, "w2", w2, ('float8_e4m3fn',))
+    if w2.dim() != 3:
+        raise ValueError(f"{op}: w2 has shape {tuple(w2.shape)}, expected [{E}, {K}, {N2 // 2}] ([E, K, N] for w1 [E, 2N, K])")
+    if w2.shape[-3] != E or w2.shape[-2] != K or w2.shape[-1] != N2 // 2:
+        raise ValueError(f"{op}: w2 has shape {tuple(w2.shape)}, expected [{E}, {K}, {N2 // 2}] ([E, K, N] for w1 [E, 2N, K])")
+    _checks.same_device(op, "hidden", hidden, w2=w2)
+    _checks.tensor(op, "topk_weights", topk_weights)
+    _checks.dtype_in(op, "topk_weights", topk_weights, ('float32',))
+    if topk_weights.dim() != 2:
+        raise ValueError(f"{op}: topk_weights has shape {tuple(topk_weights.shape)}, expected [{M}, topk]")
+    topk = topk_weights.shape[-1]
+    if topk_weights.shape[-2] != M:
+        raise ValueError(f"{op}: topk_weights has shape {tuple(topk_weights.shape)}, expected [{M}, {topk}]")
+    _checks.same_device(op, "hidden", hidden, topk_weights=topk_weights)
+    _checks.tensor(op, "topk_ids", topk_ids)
+    if topk_ids.dtype not in (_DT_INT32, _DT_INT64,):
+        raise TypeError(f'{op}: topk_ids has dtype {_checks._dt(topk_ids.dtype)}; expected int32 or int64')
+    if topk_ids.dim() != 2:
+        raise ValueError(f"{op}: topk_ids has shape {tuple(topk_ids.shape)}, expected [{M}, {topk}]")
+    if topk_ids.shape[-2] != M or topk_ids.shape[-1] != topk:
+        raise ValueError(f"{op}: topk_ids has shape {tuple(topk_ids.shape)}, expected [{M}, {topk}]")
+    _checks.same_device(op, "hidden", hidden, topk_ids=topk_ids)
+    _checks.str_choice(op, "activation", activation, ('silu', 'gelu', 'swigluoai'))
+    activation_ = activation
+    if not isinstance(apply_router_weight_on_input, bool):
+        raise TypeError(f"{op}: apply_router_weight_on_input must be a bool, got {apply_router_weight_on_input!r}")
+    apply_router_weight_on_input_ = apply_router_weight_on_input
+    if not (not apply_router_weight_on_input or topk == 1):
+        raise ValueError(f"{op}: apply_router_weight_on_input scales each token's one expert input: it needs topk == 1, got topk = {topk}")
+    if not (M * topk < 2147483648):
+        raise ValueError(f'{op}: {M} tokens x topk {topk} rows do not fit int32')
+    if expert_map is not None:
+        _checks.tensor(op, "expert_map", expert_map)
+        _checks.dtype_in(op, "expert_map", expert_map, ('int32',))
+        if expert_map.dim() != 1:
+            raise ValueError(f"{op}: expert_map has shape {tuple(expert_map.shape)}, expected [G] (global expert id -> local id in [0, E), or -1 for an expert on another rank)")
+        G = expert_map.shape[-1]
+        _checks.same_device(op, "hidden", hidden, expert_map=expert_map)
+    _checks.tensor(op, "w1_scale", w1_scale)
+    _checks.dtype_in(op, "w1_scale", w1_scale, ('float32',))
+    if w1_scale.dim() != 3:
+        raise ValueError(f"{op}: w1_scale has shape {tuple(w1_scale.shape)}, expected [{E}, {cdiv(N2, 128)}, {cdiv(K, 128)}] (w1's 128x128 block scales)")
+    if w1_scale.shape[-3] != E or w1_scale.shape[-2] != cdiv(N2, 128) or w1_scale.shape[-1] != cdiv(K, 128):
+        raise ValueError(f"{op}: w1_scale has shape {tuple(w1_scale.shape)}, expected [{E}, {cdiv(N2, 128)}, {cdiv(K, 128)}] (w1's 128x128 block scales)")
+    _checks.same_device(op, "hidden", hidden, w1_scale=w1_scale)
+    _checks.tensor(op, "w2_scale", w2_scale)
+    _checks.dtype_in(op, "w2_scale", w2_scale, ('float32',))
+    if w2_scale.dim() != 3:
+        raise ValueError(f"{op}: w2_scale has shape {tuple(w2_scale.shape)}, expected [{E}, {cdiv(K, 128)}, {cdiv(N2 // 2, 128)}] (w2's 128x128 block scales)")
+    if w2_scale.shape[-3] != E or w2_scale.shape[-2] != cdiv(K, 128) or w2_scale.shape[-1] != cdiv(N2 // 2, 128):
+        raise ValueError(f"{op}: w2_scale has shape {tuple(w2_scale.shape)}, expected [{E}, {cdiv(K, 128)}, {cdiv(N2 // 2, 128)}] (w2's 128x128 block scales)")
+    _checks.same_device(op, "hidden", hidden, w2_scale=w2_scale)
+    if not (w1_scale is not None and w2_scale is not None):
+        raise ValueError(f'{op}: fp8 weights need their 128x128 block scales: w1_scale [E, cdiv(2N, 128), cdiv(K, 128)] and w2_scale [E, cdiv(K, 128), cdiv(N, 128)] (float32)')
+    if out is None:
+        out = torch.empty((M, K), dtype=hidden.dtype, device=hidden.device)
+    else:
+        _checks.tensor(op, "out", out)
+        if tuple(out.shape) != (M, K):
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {(M, K)}")
+        _checks.like(op, "hidden", hidden, "out", out)
+    _checks.unit_last_stride(op, "hidden", hidden)
+    hidden_v = hidden
+    if not _checks.dense_last(w1):
+        raise ValueError(f'{op}: w1 has strides {w1.stride()}; its last dim must be dense (stride 1)')
+    w1_v = w1
+    if not _checks.dense_last(w2):
+        raise ValueError(f'{op}: w2 has strides {w2.stride()}; its last dim must be dense (stride 1)')
+    w2_v = w2
+    _checks.unit_last_stride(op, "topk_weights", topk_weights)
+    topk_weights_v = topk_weights
+    _checks.unit_last_stride(op, "topk_ids", topk_ids)
+    topk_ids_v = topk_ids
+    if expert_map is None:
+        expert_map_v = (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32]
+    else:
+        _checks.dense_vector(op, "expert_map", expert_map)
+        expert_map_v = expert_map
+    if not (_checks.dense_from(w1_scale, 0) or w1_scale.numel() == 0):
+        raise ValueError(f'{op}: w1_scale is non-contiguous (strides {w1_scale.stride()}); pass w1_scale.contiguous()')
+    w1_scale_v = w1_scale
+    if not (_checks.dense_from(w2_scale, 0) or w2_scale.numel() == 0):
+        raise ValueError(f'{op}: w2_scale is non-contiguous (strides {w2_scale.stride()}); pass w2_scale.contiguous()')
+    w2_scale_v = w2_scale
+    _checks.unit_last_stride(op, "out", out)
+    out_v = out
+    return (out_v, hidden_v, w1_v, w2_v, topk_weights_v, topk_ids_v, w1_scale_v, w2_scale_v, expert_map_v, activation_, apply_router_weight_on_input_,), out
+
+
+def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+    try:  # the serving form, each attribute read once; anything else: the full checks
+        hidden_s = hidden.shape
+        w1_s = w1.shape
+        w2_s = w2.shape
+        topk_weights_s = topk_weights.shape
+        topk_ids_s = topk_ids.shape
+        if (
+            activation in ('silu', 'gelu', 'swigluoai')
+            and type(activation) is str
+            and type(apply_router_weight_on_input) is bool
+            and expert_map is None
+            and w1_scale is None
+            and w2_scale is None
+            and out is None
+            and len(hidden_s) == 2
+            and hidden.dtype in _FLOAT32_FLOAT16_BFLOAT16
+            and (hidden_s[1] <= 1 or hidden.stride()[1] == 1)
+            and type(hidden) is _TENSOR
+            and len(w1_s) == 3
+            and w1_s[2] == hidden_s[1]
+            and w1.dtype == hidden.dtype
+            and (w1_s[-1] <= 1 or w1.stride()[-1] == 1)
+            and type(w1) is _TENSOR
+            and len(w2_s) == 3
+            and w2_s[0] == w1_s[0]
+            and w2_s[1] == hidden_s[1]
+            and w2_s[2] == w1_s[1] // 2
+            and w2.dtype == hidden.dtype
+            and (w2_s[-1] <= 1 or w2.stride()[-1] == 1)
+            and type(w2) is _TENSOR
+            and len(topk_weights_s) == 2
+            and topk_weights.dtype in _FLOAT32
+            and topk_weights_s[0] == hidden_s[0]
+            and (topk_weights_s[1] <= 1 or topk_weights.stride()[1] == 1)
+            and type(topk_weights) is _TENSOR
+            and len(topk_ids_s) == 2
+            and topk_ids.dtype in _INT32_INT64
+            and topk_ids_s[0] == hidden_s[0]
+            and topk_ids_s[1] == topk_weights_s[1]
+            and (topk_ids_s[1] <= 1 or topk_ids.stride()[1] == 1)
+            and type(topk_ids) is _TENSOR
+            and ((w1.is_cpu and hidden.is_cpu and w2.is_cpu and topk_weights.is_cpu and topk_ids.is_cpu) or (w1.device == hidden.device and w2.device == hidden.device and topk_weights.device == hidden.device and topk_ids.device == hidden.device))
+        ):
+            M = hidden_s[0]
+            K = hidden_s[1]
+            E = w1_s[0]
+            N2 = w1_s[1]
+            topk = topk_weights_s[1]
+            if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (w1_scale is None and w2_scale is None):
+                activation_ = activation
+                apply_router_weight_on_input_ = apply_router_weight_on_input
+                out = hidden.new_empty(M, K)
+                return (out, hidden, w1, w2, topk_weights, topk_ids, (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32], (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32], (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32], activation_, apply_router_weight_on_input_,), out
+    except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
+        pass
+    _checks.tensor(op, "hidden", hidden)
+    _checks.float_dtype(op, "hidden", hidden)
+    if hidden.dim() != 2:
+        raise ValueError(f"{op}: hidden has shape {tuple(hidden.shape)}, expected [M, K]")
+    M = hidden.shape[-2]
+    K = hidden.shape[-1]
+    if not (K >= 1):
+        raise ValueError(f'{op}: hidden has shape {tuple(hidden.shape)}; K (its last dim) must be at least 1')
+    _checks.tensor(op, "w1", w1)
+    if w1.dim() != 3:
+        raise ValueError(f"{op}: w1 has shape {tuple(w1.shape)}, expected [E, N2, {K}]")
+    E = w1.shape[-3]
+    N2 = w1.shape[-2]
+    if w1.shape[-1] != K:
+        raise ValueError(f"{op}: w1 has shape {tuple(w1.shape)}, expected [{E}, {N2}, {K}]")
+    _checks.like(op, "hidden", hidden, "w1", w1)
+    _checks.same_device(op, "hidden", hidden, w1=w1)
+    if not (E >= 1 and N2 >= 2 and N2 % 2 == 0):
+        raise ValueError(f'{op}: w1 has shape {tuple(w1.shape)}; expected [E, 2N, K]: E >= 1 experts, each with its gate and up rows (2N even, N >= 1)')
+    _checks.tensor(op, "w2", w2)
+    if w2.dim() != 3:
+        raise ValueError(f"{op}: w2 has shape {tuple(w2.shape)}, expected [{E}, {K}, {N2 // 2}] ([E, K, N] for w1 [E, 2N, K])")
+    if w2.shape[-3] != E or w2.shape[-2] != K or w2.shape[-1] != N2 // 2:
+        raise ValueError(f"{op}: w2 has shape {tuple(w2.shape)}, expected [{E}, {K}, {N2 // 2}] ([E, K, N] for w1 [E, 2N, K])")
+    _checks.like(op, "hidden", hidden, "w2", w2)
+    _checks.same_device(op, "hidden", hidden, w2=w2)
+    _checks.tensor(op, "topk_weights", topk_weights)
+    _checks.dtype_in(op, "topk_weights", topk_weights, ('float32',))
+    if topk_weights.dim() != 2:
+        raise ValueError(f"{op}: topk_weights has shape {tuple(topk_weights.shape)}, expected [{M}, topk]")
+    topk = topk_weights.shape[-1]
+    if topk_weights.shape[-2] != M:
+        raise ValueError(f"{op}: topk_weights has shape {tuple(topk_weights.shape)}, expected [{M}, {topk}]")
+    _checks.same_device(op, "hidden", hidden, topk_weights=topk_weights)
+    _checks.tensor(op, "topk_ids", topk_ids)
+    if topk_ids.dtype not in (_DT_INT32, _DT_INT64,):
+        raise TypeError(f'{op}: topk_ids has dtype {_checks._dt(topk_ids.dtype)}; expected int32 or int64')
+    if topk_ids.dim() != 2:
+        raise ValueError(f"{op}: topk_ids has shape {tuple(topk_ids.shape)}, expected [{M}, {topk}]")
+    if topk_ids.shape[-2] != M or topk_ids.shape[-1] != topk:
+        raise ValueError(f"{op}: topk_ids has shape {tuple(topk_ids.shape)}, expected [{M}, {topk}]")
+    _checks.same_device(op, "hidden", hidden, topk_ids=topk_ids)
+    _checks.str_choice(op, "activation", activation, ('silu', 'gelu', 'swigluoai'))
+    activation_ = activation
+    if not isinstance(apply_router_weight_on_input, bool):
+        raise TypeError(f"{op}: apply_router_weight_on_input must be a bool, got {apply_router_weight_on_input!r}")
+    apply_router_weight_on_input_ = apply_router_weight_on_input
+    if not (not apply_router_weight_on_input or topk == 1):
+        raise ValueError(f"{op}: apply_router_weight_on_input scales each token's one expert input: it needs topk == 1, got topk = {topk}")
+    if not (M * topk < 2147483648):
+        raise ValueError(f'{op}: {M} tokens x topk {topk} rows do not fit int32')
+    if expert_map is not None:
+        _checks.tensor(op, "expert_map", expert_map)
+        _checks.dtype_in(op, "expert_map", expert_map, ('int32',))
+        if expert_map.dim() != 1:
+            raise ValueError(f"{op}: expert_map has shape {tuple(expert_map.shape)}, expected [G] (global expert id -> local id in [0, E), or -1 for an expert on another rank)")
+        G = expert_map.shape[-1]
+        _checks.same_device(op, "hidden", hidden, expert_map=expert_map)
+    if w1_scale is not None:
+        _checks.tensor(op, "w1_scale", w1_scale)
+        _checks.dtype_in(op, "w1_scale", w1_scale, ('float32',))
+        if w1_scale.dim() != 3:
+            raise ValueError(f"{op}: w1_scale has shape {tuple(w1_scale.shape)}, expected [{E}, {cdiv(N2, 128)}, {cdiv(K, 128)}] (w1's 128x128 block scales)")
+        if w1_scale.shape[-3] != E or w1_scale.shape[-2] != cdiv(N2, 128) or w1_scale.shape[-1] != cdiv(K, 128):
+            raise ValueError(f"{op}: w1_scale has shape {tuple(w1_scale.shape)}, expected [{E}, {cdiv(N2, 128)}, {cdiv(K, 128)}] (w1's 128x128 block scales)")
+        _checks.same_device(op, "hidden", hidden, w1_scale=w1_scale)
+    if w2_scale is not None:
+        _checks.tensor(op, "w2_scale", w2_scale)
+        _checks.dtype_in(op, "w2_scale", w2_scale, ('float32',))
+        if w2_scale.dim() != 3:
+            raise ValueError(f"{op}: w2_scale has shape {tuple(w2_scale.shape)}, expected [{E}, {cdiv(K, 128)}, {cdiv(N2 // 2, 128)}] (w2's 128x128 block scales)")
+        if w2_scale.shape[-3] != E or w2_scale.shape[-2] != cdiv(K, 128) or w2_scale.shape[-1] != cdiv(N2 // 2, 128):
+            raise ValueError(f"{op}: w2_scale has shape {tuple(w2_scale.shape)}, expected [{E}, {cdiv(K, 128)}, {cdiv(N2 // 2, 128)}] (w2's 128x128 block scales)")
+        _checks.same_device(op, "hidden", hidden, w2_scale=w2_scale)
+    if not (w1_scale is None and w2_scale is None):
+        raise ValueError(f'{op}: w1_scale / w2_scale are the block scales of float8_e4m3fn weights; w1 has dtype {str(w1.dtype)[6:]}: pass no scales, or fp8 weights')
+    if out is None:
+        out = torch.empty((M, K), dtype=hidden.dtype, device=hidden.device)
+    else:
+        _checks.tensor(op, "out", out)
+        if tuple(out.shape) != (M, K):
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected {(M, K)}")
+        _checks.like(op, "hidden", hidden, "out", out)
+    _checks.unit_last_stride(op, "hidden", hidden)
+    hidden_v = hidden
+    if not _checks.dense_last(w1):
+        raise ValueError(f'{op}: w1 has strides {w1.stride()}; its last dim must be dense (stride 1)')
+    w1_v = w1
+    if not _checks.dense_last(w2):
+        raise ValueError(f'{op}: w2 has strides {w2.stride()}; its last dim must be dense (stride 1)')
+    w2_v = w2
+    _checks.unit_last_stride(op, "topk_weights", topk_weights)
+    topk_weights_v = topk_weights
+    _checks.unit_last_stride(op, "topk_ids", topk_ids)
+    topk_ids_v = topk_ids
+    if expert_map is None:
+        expert_map_v = (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32]
+    else:
+        _checks.dense_vector(op, "expert_map", expert_map)
+        expert_map_v = expert_map
+    if w1_scale is None:
+        w1_scale_v = (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32]
+    else:
+        if not (_checks.dense_from(w1_scale, 0) or w1_scale.numel() == 0):
+            raise ValueError(f'{op}: w1_scale is non-contiguous (strides {w1_scale.stride()}); pass w1_scale.contiguous()')
+        w1_scale_v = w1_scale
+    if w2_scale is None:
+        w2_scale_v = (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32]
+    else:
+        if not (_checks.dense_from(w2_scale, 0) or w2_scale.numel() == 0):
+            raise ValueError(f'{op}: w2_scale is non-contiguous (strides {w2_scale.stride()}); pass w2_scale.contiguous()')
+        w2_scale_v = w2_scale
+    _checks.unit_last_stride(op, "out", out)
+    out_v = out
+    return (out_v, hidden_v, w1_v, w2_v, topk_weights_v, topk_ids_v, w1_scale_v, w2_scale_v, expert_map_v, activation_, apply_router_weight_on_input_,), out
 
 
 def check_moe_align(op: str, topk_ids: Any, block_size: Any, num_experts: Any, expert_map: Any = None, pad_sorted_token_ids: Any = True, unused_expert_id: Any = -1, sorted_token_ids: Any = None, expert_ids: Any = None, num_tokens_post_padded: Any = None, cumsum_buffer: Any = None) -> tuple[tuple[Any, ...], Any]:

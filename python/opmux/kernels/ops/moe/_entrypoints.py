@@ -72,6 +72,7 @@ FLAG: Any
 #: op -> the form of its declaration its functions were generated for (``form``)
 FORMS = {
     'batched_moe_align_block_size': '(Tensor expert_num_tokens, int max_tokens_per_batch, int block_size, Tensor(a!)? sorted_ids=None, Tensor(a!)? expert_ids=None, Tensor(a!)? num_tokens_post_padded=None) -> (Tensor, Tensor, Tensor); key expert_num_tokens; values; outputs',
+    'fused_experts': '(Tensor hidden, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation="silu", bool apply_router_weight_on_input=False, Tensor? expert_map=None, Tensor? w1_scale=None, Tensor? w2_scale=None, Tensor(a!)? out=None) -> Tensor; key hidden; values',
     'moe_align_block_size': '(Tensor topk_ids, int block_size, int num_experts, Tensor? expert_map=None, bool pad_sorted_token_ids=True, int unused_expert_id=-1, Tensor(a!)? sorted_token_ids=None, Tensor(a!)? expert_ids=None, Tensor(a!)? num_tokens_post_padded=None, Tensor(a!)? cumsum_buffer=None) -> (Tensor, Tensor, Tensor); key topk_ids; values; outputs',
     'topk_sigmoid': '(Tensor gating_output, int topk, bool renormalize=False, Tensor? correction_bias=None, Tensor(a!)? topk_weights=None, Tensor(a!)? topk_ids=None, Tensor(a!)? token_expert_indices=None) -> (Tensor, Tensor); key gating_output; outputs',
     'topk_softmax': '(Tensor gating_output, int topk, bool renormalize=False, Tensor? correction_bias=None, float moe_softcapping=0.0, bool bias_on_logits=False, Tensor(a!)? topk_weights=None, Tensor(a!)? topk_ids=None, Tensor(a!)? token_expert_indices=None) -> (Tensor, Tensor); key gating_output; outputs',
@@ -461,6 +462,446 @@ def reference_batched_moe_align_block_size(expert_num_tokens, max_tokens_per_bat
     if num_tokens_post_padded is not None and not num_tokens_post_padded.is_contiguous():
         SELF(OP, 'num_tokens_post_padded', num_tokens_post_padded)
     return KERNEL(expert_num_tokens, max_tokens_per_batch, block_size, sorted_ids, expert_ids, num_tokens_post_padded)
+
+
+# -- moe.fused_experts ---------------------------------------------------------------------------
+def fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, backend=None, enable_pdl=None):
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
+        if out is None:
+            return LIB['fused_experts'](hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale)
+        LIB['fused_experts_out'](out, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale)
+        return out
+    if ENTRY_PENDING[0]:
+        ENTRY_POLL()
+    try:
+        LANE, LFLAG = (LANE_CPU if hidden.is_cpu else LANE_CUDA if hidden.is_cuda else NO_LANES)[hidden.dtype] if backend is None else LANE_FORCED.get((backend, hidden.is_cpu, hidden.dtype), NO_LANE)
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and isinstance(w1, TENSOR) and isinstance(w2, TENSOR) and isinstance(topk_weights, TENSOR) and isinstance(topk_ids, TENSOR) and (expert_map is None or isinstance(expert_map, TENSOR)) and (w1_scale is None or isinstance(w1_scale, TENSOR)) and (w2_scale is None or isinstance(w2_scale, TENSOR)) and (out is None or isinstance(out, TENSOR)):
+        G = GRAD()
+        if G:
+            if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out, LFLAG if enable_pdl is None else bool(enable_pdl))
+        if R is not None:
+            if G:
+                if out is not None:
+                    BUMP((out,))
+            return R if out is None else out
+    try:
+        KERNEL = CPU[hidden.dtype] if backend is None and hidden.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        if GRAD():
+            if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+            if out is not None:
+                BUMP((out,))
+        if out is not None:
+            S_out = out.untyped_storage().data_ptr()
+            S_hidden = hidden.untyped_storage().data_ptr()
+            S_w1 = w1.untyped_storage().data_ptr()
+            S_w2 = w2.untyped_storage().data_ptr()
+            S_topk_weights = topk_weights.untyped_storage().data_ptr()
+            S_topk_ids = topk_ids.untyped_storage().data_ptr()
+            if S_out == S_hidden and OVERLAPS(out, hidden):
+                ALIAS(OP, 'out', out, 'hidden', hidden, False)
+            if S_out == S_w1 and OVERLAPS(out, w1):
+                ALIAS(OP, 'out', out, 'w1', w1, False)
+            if S_out == S_w2 and OVERLAPS(out, w2):
+                ALIAS(OP, 'out', out, 'w2', w2, False)
+            if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+                ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+            if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+                ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+            if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+                ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+            if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+                ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+            if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+                ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+        if out is not None and not out.is_contiguous():
+            SELF(OP, 'out', out)
+        KERNEL(*KARGS)
+        return RESULT
+    try:
+        if backend is None:
+            if hidden.is_cuda:
+                KERNEL, FLAG = CUDA[hidden.dtype]
+        elif hidden.is_cpu or hidden.is_cuda:
+            KERNEL, FLAG = FORCED[backend, hidden.is_cpu, hidden.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        return DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out,), {}, backend, enable_pdl)
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    if GRAD():
+        if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        if out is not None:
+            BUMP((out,))
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_hidden = hidden.untyped_storage().data_ptr()
+        S_w1 = w1.untyped_storage().data_ptr()
+        S_w2 = w2.untyped_storage().data_ptr()
+        S_topk_weights = topk_weights.untyped_storage().data_ptr()
+        S_topk_ids = topk_ids.untyped_storage().data_ptr()
+        if S_out == S_hidden and OVERLAPS(out, hidden):
+            ALIAS(OP, 'out', out, 'hidden', hidden, False)
+        if S_out == S_w1 and OVERLAPS(out, w1):
+            ALIAS(OP, 'out', out, 'w1', w1, False)
+        if S_out == S_w2 and OVERLAPS(out, w2):
+            ALIAS(OP, 'out', out, 'w2', w2, False)
+        if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+            ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+        if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+            ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+        if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+            ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+        if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+            ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+        if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+            ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))
+    return RESULT
+
+
+def library_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
+    if BRIDGE_PENDING[0]:
+        BRIDGE_POLL()
+    out = None
+    try:
+        LANE, LFLAG = (LANE_CPU if hidden.is_cpu else LANE_CUDA if hidden.is_cuda else NO_LANES)[hidden.dtype]
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and isinstance(w1, TENSOR) and isinstance(w2, TENSOR) and isinstance(topk_weights, TENSOR) and isinstance(topk_ids, TENSOR) and (expert_map is None or isinstance(expert_map, TENSOR)) and (w1_scale is None or isinstance(w1_scale, TENSOR)) and (w2_scale is None or isinstance(w2_scale, TENSOR)) and (out is None or isinstance(out, TENSOR)):
+        G = GRAD()
+        if G:
+            if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out, LFLAG)
+        if R is not None:
+            if G:
+                if out is not None:
+                    BUMP((out,))
+            return R if out is None else out
+    try:
+        KERNEL = CPU[hidden.dtype] if hidden.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        if GRAD():
+            if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+            if out is not None:
+                BUMP((out,))
+        if out is not None:
+            S_out = out.untyped_storage().data_ptr()
+            S_hidden = hidden.untyped_storage().data_ptr()
+            S_w1 = w1.untyped_storage().data_ptr()
+            S_w2 = w2.untyped_storage().data_ptr()
+            S_topk_weights = topk_weights.untyped_storage().data_ptr()
+            S_topk_ids = topk_ids.untyped_storage().data_ptr()
+            if S_out == S_hidden and OVERLAPS(out, hidden):
+                ALIAS(OP, 'out', out, 'hidden', hidden, False)
+            if S_out == S_w1 and OVERLAPS(out, w1):
+                ALIAS(OP, 'out', out, 'w1', w1, False)
+            if S_out == S_w2 and OVERLAPS(out, w2):
+                ALIAS(OP, 'out', out, 'w2', w2, False)
+            if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+                ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+            if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+                ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+            if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+                ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+            if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+                ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+            if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+                ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+        if out is not None and not out.is_contiguous():
+            SELF(OP, 'out', out)
+        KERNEL(*KARGS)
+        return RESULT
+    try:
+        if hidden.is_cuda:
+            KERNEL, FLAG = CUDA[hidden.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        return DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out,), {}, None)
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    if GRAD():
+        if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        if out is not None:
+            BUMP((out,))
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_hidden = hidden.untyped_storage().data_ptr()
+        S_w1 = w1.untyped_storage().data_ptr()
+        S_w2 = w2.untyped_storage().data_ptr()
+        S_topk_weights = topk_weights.untyped_storage().data_ptr()
+        S_topk_ids = topk_ids.untyped_storage().data_ptr()
+        if S_out == S_hidden and OVERLAPS(out, hidden):
+            ALIAS(OP, 'out', out, 'hidden', hidden, False)
+        if S_out == S_w1 and OVERLAPS(out, w1):
+            ALIAS(OP, 'out', out, 'w1', w1, False)
+        if S_out == S_w2 and OVERLAPS(out, w2):
+            ALIAS(OP, 'out', out, 'w2', w2, False)
+        if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+            ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+        if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+            ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+        if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+            ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+        if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+            ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+        if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+            ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG)
+    return RESULT
+
+
+def fake_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
+    RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, None)[1]
+    return RESULT
+
+
+def library_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
+    if BRIDGE_PENDING[0]:
+        BRIDGE_POLL()
+    try:
+        LANE, LFLAG = (LANE_CPU if hidden.is_cpu else LANE_CUDA if hidden.is_cuda else NO_LANES)[hidden.dtype]
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and isinstance(w1, TENSOR) and isinstance(w2, TENSOR) and isinstance(topk_weights, TENSOR) and isinstance(topk_ids, TENSOR) and (expert_map is None or isinstance(expert_map, TENSOR)) and (w1_scale is None or isinstance(w1_scale, TENSOR)) and (w2_scale is None or isinstance(w2_scale, TENSOR)) and (out is None or isinstance(out, TENSOR)):
+        G = GRAD()
+        if G:
+            if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out, LFLAG)
+        if R is not None:
+            if G:
+                if out is not None:
+                    BUMP((out,))
+            return None
+    try:
+        KERNEL = CPU[hidden.dtype] if hidden.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        if GRAD():
+            if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+            if out is not None:
+                BUMP((out,))
+        if out is not None:
+            S_out = out.untyped_storage().data_ptr()
+            S_hidden = hidden.untyped_storage().data_ptr()
+            S_w1 = w1.untyped_storage().data_ptr()
+            S_w2 = w2.untyped_storage().data_ptr()
+            S_topk_weights = topk_weights.untyped_storage().data_ptr()
+            S_topk_ids = topk_ids.untyped_storage().data_ptr()
+            if S_out == S_hidden and OVERLAPS(out, hidden):
+                ALIAS(OP, 'out', out, 'hidden', hidden, False)
+            if S_out == S_w1 and OVERLAPS(out, w1):
+                ALIAS(OP, 'out', out, 'w1', w1, False)
+            if S_out == S_w2 and OVERLAPS(out, w2):
+                ALIAS(OP, 'out', out, 'w2', w2, False)
+            if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+                ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+            if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+                ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+            if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+                ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+            if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+                ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+            if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+                ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+        if out is not None and not out.is_contiguous():
+            SELF(OP, 'out', out)
+        KERNEL(*KARGS)
+        return None
+    try:
+        if hidden.is_cuda:
+            KERNEL, FLAG = CUDA[hidden.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out,), {}, None)
+        return None
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    if GRAD():
+        if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        if out is not None:
+            BUMP((out,))
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_hidden = hidden.untyped_storage().data_ptr()
+        S_w1 = w1.untyped_storage().data_ptr()
+        S_w2 = w2.untyped_storage().data_ptr()
+        S_topk_weights = topk_weights.untyped_storage().data_ptr()
+        S_topk_ids = topk_ids.untyped_storage().data_ptr()
+        if S_out == S_hidden and OVERLAPS(out, hidden):
+            ALIAS(OP, 'out', out, 'hidden', hidden, False)
+        if S_out == S_w1 and OVERLAPS(out, w1):
+            ALIAS(OP, 'out', out, 'w1', w1, False)
+        if S_out == S_w2 and OVERLAPS(out, w2):
+            ALIAS(OP, 'out', out, 'w2', w2, False)
+        if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+            ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+        if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+            ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+        if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+            ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+        if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+            ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+        if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+            ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG)
+    return None
+
+
+def fake_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
+    RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)[1]
+    return None
+
+
+def bound_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    if GRAD():
+        if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        if out is not None:
+            BUMP((out,))
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_hidden = hidden.untyped_storage().data_ptr()
+        S_w1 = w1.untyped_storage().data_ptr()
+        S_w2 = w2.untyped_storage().data_ptr()
+        S_topk_weights = topk_weights.untyped_storage().data_ptr()
+        S_topk_ids = topk_ids.untyped_storage().data_ptr()
+        if S_out == S_hidden and OVERLAPS(out, hidden):
+            ALIAS(OP, 'out', out, 'hidden', hidden, False)
+        if S_out == S_w1 and OVERLAPS(out, w1):
+            ALIAS(OP, 'out', out, 'w1', w1, False)
+        if S_out == S_w2 and OVERLAPS(out, w2):
+            ALIAS(OP, 'out', out, 'w2', w2, False)
+        if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+            ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+        if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+            ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+        if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+            ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+        if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+            ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+        if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+            ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    KERNEL(*KARGS)
+    return RESULT
+
+
+def bound_fused_experts_pdl(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    if GRAD():
+        if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        if out is not None:
+            BUMP((out,))
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_hidden = hidden.untyped_storage().data_ptr()
+        S_w1 = w1.untyped_storage().data_ptr()
+        S_w2 = w2.untyped_storage().data_ptr()
+        S_topk_weights = topk_weights.untyped_storage().data_ptr()
+        S_topk_ids = topk_ids.untyped_storage().data_ptr()
+        if S_out == S_hidden and OVERLAPS(out, hidden):
+            ALIAS(OP, 'out', out, 'hidden', hidden, False)
+        if S_out == S_w1 and OVERLAPS(out, w1):
+            ALIAS(OP, 'out', out, 'w1', w1, False)
+        if S_out == S_w2 and OVERLAPS(out, w2):
+            ALIAS(OP, 'out', out, 'w2', w2, False)
+        if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+            ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+        if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+            ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+        if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+            ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+        if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+            ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+        if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+            ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))
+    return RESULT
+
+
+def reference_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    if GRAD():
+        if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
+        if out is not None:
+            BUMP((out,))
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_hidden = hidden.untyped_storage().data_ptr()
+        S_w1 = w1.untyped_storage().data_ptr()
+        S_w2 = w2.untyped_storage().data_ptr()
+        S_topk_weights = topk_weights.untyped_storage().data_ptr()
+        S_topk_ids = topk_ids.untyped_storage().data_ptr()
+        if S_out == S_hidden and OVERLAPS(out, hidden):
+            ALIAS(OP, 'out', out, 'hidden', hidden, False)
+        if S_out == S_w1 and OVERLAPS(out, w1):
+            ALIAS(OP, 'out', out, 'w1', w1, False)
+        if S_out == S_w2 and OVERLAPS(out, w2):
+            ALIAS(OP, 'out', out, 'w2', w2, False)
+        if S_out == S_topk_weights and OVERLAPS(out, topk_weights):
+            ALIAS(OP, 'out', out, 'topk_weights', topk_weights, False)
+        if S_out == S_topk_ids and OVERLAPS(out, topk_ids):
+            ALIAS(OP, 'out', out, 'topk_ids', topk_ids, False)
+        if expert_map is not None and S_out == expert_map.untyped_storage().data_ptr() and OVERLAPS(out, expert_map):
+            ALIAS(OP, 'out', out, 'expert_map', expert_map, False)
+        if w1_scale is not None and S_out == w1_scale.untyped_storage().data_ptr() and OVERLAPS(out, w1_scale):
+            ALIAS(OP, 'out', out, 'w1_scale', w1_scale, False)
+        if w2_scale is not None and S_out == w2_scale.untyped_storage().data_ptr() and OVERLAPS(out, w2_scale):
+            ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    return KERNEL(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
 
 
 # -- moe.moe_align_block_size --------------------------------------------------------------------

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _checks
 from .._common import INT32_EXACT, TOLERANCES
 from .._decl import declare
+from . import _experts
 from ._contract_items import BATCHED_ALIGN, MOE_ALIGN, TOPK_SIGMOID, TOPK_SOFTMAX
 
 if TYPE_CHECKING:
@@ -433,4 +434,22 @@ batched_moe_align_block_size = declare(
     torch=torch_batched,
     dtypes=("int32",),
     tolerances=(INT32_EXACT,),
+)
+fused_experts = declare(
+    _experts.OP,
+    "(Tensor hidden, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation=\"silu\", "
+    "bool apply_router_weight_on_input=False, Tensor? expert_map=None, Tensor? w1_scale=None, "
+    "Tensor? w2_scale=None, Tensor(a!)? out=None) -> Tensor",
+    doc="hidden [M, K] x experts w1 [E, 2N, K] (gate rows, then up), w2 [E, K, N] routed by topk_ids / "
+    "topk_weights [M, topk] -> [M, K]: sum_j w_j * W2 act(W1 x); silu, gelu or swigluoai; expert_map "
+    "(expert parallelism); bf16 / fp16 / fp32 weights, or fp8 e4m3 with 128x128 block scales (activations "
+    "quantized per 1x128 group)",
+    contract=_experts.FUSED_EXPERTS,
+    values=_experts.values,
+    reference=_experts.reference,
+    torch=_experts.torch_experts,
+    native=False,
+    # vLLM's tolerance for its fused MoE tests (atol 2e-2); fp8: one e4m3 step of an activation
+    # group moves a product by up to 1/16 of a term (vLLM's block-fp8 MoE test: 0.035 relative)
+    tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-2, 2e-2)), ("bfloat16", (2e-2, 2e-2))),
 )
