@@ -362,3 +362,139 @@ def batched_moe_align_block_size_invalid(device: str) -> Invalid:
             ("negative-count", (-c, 8, 4), {}, ValueError, r"expert_num_tokens\[0\] = -3 is out of range"),
         ]
     return cases
+
+
+# -- fused_experts: tiny shapes (the Triton interpreter runs them on the CPU) ---------------------
+def _experts(
+    m: int,
+    k: int,
+    n: int,
+    e: int,
+    topk: int,
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    *,
+    fp8: bool = False,
+    ids_dtype: torch.dtype = torch.int32,
+    n_ids: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """(hidden, w1, w2, topk_weights, topk_ids[, w1_scale, w2_scale]): outputs of order 1."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(m, k, generator=g)
+    w1 = torch.randn(e, 2 * n, k, generator=g) * k**-0.5
+    w2 = torch.randn(e, k, n, generator=g) * n**-0.5
+    weights = torch.rand(m, topk, generator=g)
+    ids = torch.stack([torch.randperm(n_ids or e, generator=g)[:topk] for _ in range(m)]) if m else None
+    ids = (ids if ids is not None else torch.zeros(0, topk, dtype=torch.int64)).to(ids_dtype)
+    out = [hidden.to(dtype), w1.to(dtype), w2.to(dtype), weights, ids]
+    if fp8:
+        s1 = torch.rand(e, -(-2 * n // 128), -(-k // 128), generator=g) * 0.02 + 0.01
+        s2 = torch.rand(e, -(-k // 128), -(-n // 128), generator=g) * 0.02 + 0.01
+        out[1] = (w1 / s1.repeat_interleave(128, 1)[:, : 2 * n].repeat_interleave(128, 2)[..., :k]).to(FP8)
+        out[2] = (w2 / s2.repeat_interleave(128, 1)[:, :k].repeat_interleave(128, 2)[..., :n]).to(FP8)
+        out += [s1, s2]
+    return tuple(t.to(device) for t in out)
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_kw(case: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
+    return case[:5], {"w1_scale": case[5], "w2_scale": case[6]}
+
+
+def fused_experts_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = [
+        Sample("m1-silu", _experts(1, 64, 32, 4, 2, device, dtype, 0)),
+        Sample("m5-gelu", _experts(5, 64, 48, 4, 2, device, dtype, 1), {"activation": "gelu"}),
+        Sample("m4-swigluoai", _experts(4, 32, 32, 3, 2, device, dtype, 2), {"activation": "swigluoai"}),
+        Sample("m9-topk3-int64", _experts(9, 48, 40, 6, 3, device, dtype, 3, ids_dtype=torch.int64)),
+        Sample("empty-m", _experts(0, 64, 32, 4, 2, device, dtype, 4)),
+    ]
+    h, w1, w2, tw, ids = _experts(6, 64, 32, 4, 3, device, dtype, 5)
+    ids[1] = ids[1, 0]  # one expert chosen three times for a token: three terms, as any other
+    ids[4, 1] = ids[4, 0]
+    out.append(Sample("repeated-experts", (h, w1, w2, tw, ids)))
+    h, w1, w2, tw, ids = _experts(7, 64, 32, 4, 2, device, dtype, 6, n_ids=8)
+    emap = torch.tensor([0, -1, 1, -1, 2, 3, -1, -1], dtype=torch.int32, device=device)
+    out.append(Sample("expert-map", (h, w1, w2, tw, ids), {"expert_map": emap}))
+    h, w1, w2, tw, ids = _experts(5, 64, 32, 4, 1, device, dtype, 7)
+    out.append(Sample("router-weight-on-input", (h, w1, w2, tw, ids), {"apply_router_weight_on_input": True}))
+    wide = _experts(5, 128, 32, 4, 2, device, dtype, 8)
+    out.append(Sample("strided-hidden", (wide[0][:, :64], *_experts(5, 64, 32, 4, 2, device, dtype, 9)[1:])))
+    caller = torch.full((3, 64), 7.0, dtype=dtype, device=device)
+    out.append(Sample("caller-out", _experts(3, 64, 32, 4, 2, device, dtype, 11), {"out": caller}))
+    args, kw = _fp8_kw(_experts(4, 256, 128, 4, 2, device, dtype, 12, fp8=True))
+    out.append(Sample("fp8-block", args, kw))
+    args, kw = _fp8_kw(_experts(5, 200, 72, 3, 2, device, dtype, 13, fp8=True))
+    out.append(Sample("fp8-block-tails-k200-n72", args, {**kw, "activation": "gelu"}))
+    return out
+
+
+def fused_experts_invalid(device: str) -> Invalid:
+    h, w1, w2, tw, ids = _experts(4, 64, 32, 4, 2, device, torch.bfloat16, 0)
+    _, q1, q2, _, _, s1, s2 = _experts(4, 64, 32, 4, 2, device, torch.bfloat16, 0, fp8=True)
+    cases: Invalid = [
+        (
+            "activation-relu",
+            (h, w1, w2, tw, ids),
+            {"activation": "relu"},
+            ValueError,
+            "'silu', 'gelu', 'swigluoai'",
+        ),
+        ("w1-odd-rows", (h, w1[:, :63], w2, tw, ids), {}, ValueError, r"expected \[E, 2N, K\]"),
+        ("w2-shape", (h, w1, w2[:, :, :16], tw, ids), {}, ValueError, r"w2 has shape \(4, 64, 16\)"),
+        ("w1-dtype", (h, w1.half(), w2, tw, ids), {}, TypeError, "w1 has dtype float16"),
+        ("weights-fp16", (h, w1, w2, tw.half(), ids), {}, TypeError, "topk_weights has dtype float16"),
+        ("ids-float", (h, w1, w2, tw, ids.float()), {}, TypeError, "int32 or int64"),
+        ("ids-rows", (h, w1, w2, tw, ids[:3]), {}, ValueError, r"topk_ids has shape \(3, 2\)"),
+        (
+            "scales-with-bf16",
+            (h, w1, w2, tw, ids),
+            {"w1_scale": s1, "w2_scale": s2},
+            ValueError,
+            "fp8 weights",
+        ),
+        ("fp8-without-scales", (h, q1, q2, tw, ids), {}, TypeError, "w1_scale"),
+        (
+            "fp8-scale-blocks",
+            (h, q1, q2, tw, ids),
+            {"w1_scale": s1[:, :0], "w2_scale": s2},
+            ValueError,
+            "w1_scale",
+        ),
+        (
+            "weight-on-input-topk2",
+            (h, w1, w2, tw, ids),
+            {"apply_router_weight_on_input": True},
+            ValueError,
+            "needs topk == 1",
+        ),
+        (
+            "w1-columns-strided",
+            (h, w1.transpose(1, 2).contiguous().transpose(1, 2), w2, tw, ids),
+            {},
+            ValueError,
+            "w1",
+        ),
+        ("out-shape", (h, w1, w2, tw, ids), {"out": h[:, :32]}, ValueError, r"out has shape \(4, 32\)"),
+        ("expert-map-2d", (h, w1, w2, tw, ids), {"expert_map": ids}, ValueError, r"expert_map has shape \(4, 2\)"),
+    ]
+    if device == "cpu":  # on CUDA bad ids are skipped by the routing (no sync to check them)
+        bad = ids.clone()
+        bad[2, 1] = 4
+        cases.append(
+            ("id-past-experts", (h, w1, w2, tw, bad), {}, ValueError, r"topk_ids\[2, 1\] = 4 is out of range")
+        )
+        emap = torch.tensor([0, 1, 7, -1], dtype=torch.int32, device=device)
+        cases.append(
+            (
+                "expert-map-value",
+                (h, w1, w2, tw, ids),
+                {"expert_map": emap},
+                ValueError,
+                r"expert_map\[2\] = 7",
+            )
+        )
+    return cases

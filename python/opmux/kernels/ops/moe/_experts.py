@@ -179,7 +179,7 @@ def dequantize(w: Tensor, scale: Tensor) -> Tensor:
     """fp8 weights [E, R, C] with 128x128 block scales -> float32."""
     r, c = w.shape[-2:]
     s = scale.repeat_interleave(BLOCK, dim=-2)[..., :r, :].repeat_interleave(BLOCK, dim=-1)[..., :c]
-    return w.float() * s
+    return w.to(s.dtype) * s
 
 
 def _qdq(x: Tensor) -> Tensor:
@@ -208,7 +208,7 @@ def _routes(topk_ids: Tensor, expert_map: Tensor | None) -> Tensor:
 
 
 def _weights(w: Tensor, scale: Tensor | None, e: int) -> Tensor:
-    return dequantize(w[e], scale[e]) if scale is not None else w[e].float()
+    return dequantize(w[e], scale[e]) if scale is not None else w[e]
 
 
 def reference(
@@ -226,24 +226,26 @@ def reference(
 ) -> Tensor:
     """The definition: one expert at a time, in the module docstring's arithmetic."""
     dt = hidden.dtype
+    # float32 sums; float64 for a float64 call (the parity harness's oracle)
+    f = torch.float64 if dt == torch.float64 else torch.float32
     ids = _routes(topk_ids, expert_map)
-    acc = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    acc = torch.zeros(hidden.shape, dtype=f, device=hidden.device)
     for e in range(w1.shape[0]):
         tok, slot = (ids == e).nonzero(as_tuple=True)
         if not tok.numel():
             continue
         x = hidden[tok]
-        weight = topk_weights[tok, slot].float()[:, None]
-        xin = _qdq(x) if w1_scale is not None else x.float()
-        h = xin @ _weights(w1, w1_scale, e).T
+        weight = topk_weights[tok, slot].to(f)[:, None]
+        xin = _qdq(x) if w1_scale is not None else x
+        h = xin.to(f) @ _weights(w1, w1_scale, e).to(f).T
         if apply_router_weight_on_input:
             h = h * weight
         a = gated(h.to(dt), activation)
-        ain = _qdq(a) if w2_scale is not None else a.float()
-        y = ain @ _weights(w2, w2_scale, e).T
+        ain = _qdq(a) if w2_scale is not None else a
+        y = ain.to(f) @ _weights(w2, w2_scale, e).to(f).T
         if not apply_router_weight_on_input:
             y = y * weight
-        acc.index_add_(0, tok, y.to(dt).float())
+        acc.index_add_(0, tok, y.to(dt).to(f))
     y = acc.to(dt)
     return y if out is None else out.copy_(y)
 
