@@ -1,5 +1,6 @@
 """``python -m opmux.kernels.tune OP --shapes "N,K;N,K" | --models M1,M2 [--m 1,16,64] --budget-s S
---out DIR [--backend triton] [--tp 1] [--json]``: thin; the work is :func:`runner.tune`."""
+--out DIR [--backend triton] [--tp 1] [--json]``: thin; the work is :func:`runner.tune` (the GEMM)
+or :func:`moe.tune_moe` (``moe.fused_experts``: ``--shapes "E,N,K,topk[,fp8];..."``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from opmux.kernels.tune.models import MODELS, model_shapes
+from opmux.kernels.tune.models import MODELS, MOE_MODELS, model_shapes, moe_shapes
 from opmux.kernels.tune.runner import BACKENDS, OP, tune
 from opmux.kernels.tune.space import DEFAULT_MS
+
+MOE_OP = "moe.fused_experts"
 
 
 def _ints(text: str) -> list[int]:
@@ -45,11 +48,19 @@ def parser() -> argparse.ArgumentParser:
         "(point OPMUX_TUNED_CONFIG_DIR at it to use them).",
         allow_abbrev=False,
     )
-    p.add_argument("op", choices=[OP])
-    p.add_argument("--shapes", type=_shapes, default=[], help='weight shapes "N,K;N,K"')
-    p.add_argument("--models", default="", help=f"comma-separated presets: {', '.join(MODELS)}")
+    p.add_argument("op", choices=[OP, MOE_OP])
+    p.add_argument(
+        "--shapes",
+        default="",
+        help=f'weight shapes: "N,K;N,K" ({OP}); "E,N,K,topk[,fp8];..." ({MOE_OP}: fp8 block weights when marked)',
+    )
+    p.add_argument(
+        "--models",
+        default="",
+        help=f"comma-separated presets: {', '.join(MODELS)} ({OP}); {', '.join(MOE_MODELS)} ({MOE_OP})",
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size applied to --models (default 1)")
-    p.add_argument("--m", type=_ints, default=list(DEFAULT_MS), help="batch sizes M (default: vLLM's list)")
+    p.add_argument("--m", type=_ints, default=None, help="batch sizes M (default: vLLM's list for the op)")
     p.add_argument("--budget-s", type=float, required=True, help="wall-clock budget in seconds for this run")
     p.add_argument("--out", type=Path, required=True, help="directory of the tables (reread to resume)")
     p.add_argument(
@@ -69,8 +80,67 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _moe_shapes(text: str) -> list[tuple[int, int, int, int, str]]:
+    shapes = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        fields = [f.strip() for f in part.split(",")]
+        form = "fp8" if fields[-1] == "fp8" else "bf16"
+        values = _ints(",".join(fields[:-1] if form == "fp8" else fields))
+        if len(values) != 4:
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: expected E,N,K,topk[,fp8], e.g. --shapes '8,14336,4096,2'"
+            )
+        shapes.append((values[0], values[1], values[2], values[3], form))
+    return shapes
+
+
+def _main_moe(args: argparse.Namespace) -> int:
+    from opmux.kernels.tune.moe import MOE_MS, tune_moe
+
+    try:
+        shapes = list(args.shapes)
+        for name in filter(None, (x.strip() for x in args.models.split(","))):
+            shapes.append(moe_shapes(name, tp=args.tp))
+        if not shapes:
+            raise ValueError(
+                "nothing to tune: give --shapes 'E,N,K,topk[,fp8];...' or --models " + ",".join(MOE_MODELS)
+            )
+        if args.budget_s <= 0:
+            raise ValueError(f"--budget-s {args.budget_s}: expected a positive number of seconds")
+        if args.backend != "triton":
+            raise ValueError(f"{MOE_OP} tunes its Triton kernel only (--backend triton)")
+        report = tune_moe(
+            shapes,
+            args.m if args.m_given else list(MOE_MS),
+            out=args.out,
+            budget_s=args.budget_s,
+            device=args.device,
+            max_configs=args.max_configs,
+            retune=args.retune,
+        )
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        done = sum(not e.skipped for e in report.entries)
+        print(f"{done} entries tuned, {len(report.unfinished)} left; tables in {args.out} ({report.timing})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    try:  # a malformed --shapes is a usage error (exit 2), as any other argument
+        args.shapes = (_moe_shapes if args.op == MOE_OP else _shapes)(args.shapes)
+    except argparse.ArgumentTypeError as err:
+        p.error(f"argument --shapes: {err}")
+    args.m_given = args.m is not None
+    if args.m is None:
+        args.m = list(DEFAULT_MS)
+    if args.op == MOE_OP:
+        return _main_moe(args)
     try:
         shapes = list(args.shapes)
         for name in filter(None, (x.strip() for x in args.models.split(","))):

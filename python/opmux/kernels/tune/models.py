@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["MODELS", "model_shapes"]
+__all__ = ["MODELS", "MOE_MODELS", "MoeShape", "model_shapes", "moe_shapes"]
 
 Split = Literal["col", "row", "rep"]
 
@@ -95,3 +95,33 @@ def model_shapes(name: str, *, tp: int = 1) -> list[tuple[int, int]]:
         if (n, k) not in shapes:
             shapes.append((n, k))
     return shapes
+
+
+#: The MoE layers of ``moe.fused_experts``: model -> (E experts, N intermediate per expert,
+#: K hidden, topk, weight form). Tensor parallelism splits N (vLLM's and SGLang's files name the
+#: per-shard N). From each model's ``config.json``: Mixtral-8x7B (num_local_experts 8,
+#: intermediate_size 14336, hidden 4096, 2 per token), Qwen3-30B-A3B (128 experts,
+#: moe_intermediate_size 768, hidden 2048, 8 per token), Qwen3-235B-A22B (128, 1536, 4096, 8),
+#: DeepSeek-V3 (n_routed_experts 256, moe_intermediate_size 2048, hidden 7168, 8 per token; its
+#: checkpoint is fp8 with 128x128 block scales).
+MOE_MODELS: dict[str, tuple[int, int, int, int, str]] = {
+    "Mixtral-8x7B": (8, 14336, 4096, 2, "bf16"),
+    "Qwen3-30B-A3B": (128, 768, 2048, 8, "bf16"),
+    "Qwen3-235B-A22B": (128, 1536, 4096, 8, "bf16"),
+    "DeepSeek-V3": (256, 2048, 7168, 8, "fp8"),
+}
+MoeShape = tuple[int, int, int, int, str]
+
+
+def moe_shapes(name: str, *, tp: int = 1) -> MoeShape:
+    """(E, N, K, topk, form) of ``name``'s experts at tensor-parallel size ``tp`` (N / tp).
+
+    >>> moe_shapes("Mixtral-8x7B", tp=2)
+    (8, 7168, 4096, 2, 'bf16')
+    """
+    if name not in MOE_MODELS:
+        raise ValueError(f"unknown MoE model {name!r}; presets: {', '.join(MOE_MODELS)}")
+    e, n, k, topk, form = MOE_MODELS[name]
+    if tp < 1 or n % tp:
+        raise ValueError(f"{name}: N={n} does not split over tp={tp}")
+    return e, n // tp, k, topk, form

@@ -1,0 +1,278 @@
+"""The tuning loop of ``moe.fused_experts``'s Triton kernel: per (E, N, K, topk, form) and M
+(tokens), time candidate launch configurations, keep the fastest, write vLLM-named tables.
+
+The same discipline as the GEMM's loop (:mod:`.runner`): resumable (each table in the output
+directory is reread and its finished M entries kept; a table is rewritten atomically after each
+M), a wall-clock budget shared out over the remaining entries, every candidate checked against
+the op's definition before it is timed (a wrong config is never written), the default config
+timed first. One config serves both grouped products of a call, as in vLLM's files, so each
+candidate is timed on the whole op (both products, routing, activation, sum), in a CUDA graph
+(``triton.testing.do_bench_cudagraph``). Routing is random top-k over the experts (about
+``M * topk / E`` rows per expert, as a balanced router gives). Without a GPU the kernels run in
+the Triton interpreter: that exercises the loop and the files; the timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from opmux.kernels import tuned
+from opmux.kernels.tune.runner import _label, _setup, _timer
+
+__all__ = ["MoeEntry", "MoeReport", "moe_candidates", "tune_moe"]
+
+OP = "moe.fused_experts"
+#: vLLM's token counts for its fused-MoE tables (benchmark_moe.py), so files line up
+MOE_MS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+_BLOCK_M = (16, 32, 64, 128)
+_BLOCK_N = (32, 64, 128, 256)
+_BLOCK_K = (64, 128, 256)
+_GROUP_M = (1, 16, 32, 64)
+_WARPS = (4, 8)
+_STAGES = (2, 3, 4, 5)
+#: mean |candidate - definition| / mean |definition| a candidate must stay below (bf16 outputs:
+#: the definition rounds where the kernel does, so correct configs agree to ~1e-3)
+_AGREE = 1e-2
+
+
+@dataclass
+class MoeEntry:
+    e: int
+    n: int
+    k: int
+    topk: int
+    form: str
+    m: int
+    config: dict[str, int]
+    us: float
+    tried: int
+    skipped: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class MoeReport:
+    device_name: str
+    timing: str
+    out: str
+    entries: list[MoeEntry] = field(default_factory=list)
+    unfinished: list[tuple[int, int, int, int, str, int]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "device_name": self.device_name,
+            "timing": self.timing,
+            "out": self.out,
+            "entries": [e.__dict__ for e in self.entries],
+            "unfinished": [list(x) for x in self.unfinished],
+        }
+
+
+def form_tags(form: str) -> tuple[tuple[str, str], ...]:
+    """The file-name components of a weight form (vLLM's names)."""
+    return tuned.FP8_BLOCK_TAGS if form == "fp8" else ()
+
+
+def moe_candidates(
+    m: int, shape: tuple[int, int, int, int], form: str, *, seed: int = 0
+) -> list[dict[str, int]]:
+    """The default config first, then the space in a seeded shuffle; M tiles taller than the
+    rows an expert gets (``M * topk / E``, at least 16) are left out, and for fp8 the K step is
+    one scale block."""
+    e, n, _, topk = shape
+    tags = form_tags(form)
+    first = tuned.default_config(OP, "triton", m, (e, n), tags)
+    rows = max(16, 1 << max(0, math.ceil(m * topk / e) - 1).bit_length())
+    space = []
+    for bm, bn, bk, group, warps, stages in _product(form):
+        if bm > 2 * rows or (bm * bn >= 128 * 128 and warps == 4) or (bm * bn <= 32 * 64 and warps == 8):
+            continue
+        if bk * (bm + bn) * stages > 4 * 64 * 1024:  # shared memory: skip what cannot compile
+            continue
+        space.append(
+            {
+                "BLOCK_SIZE_M": bm,
+                "BLOCK_SIZE_N": bn,
+                "BLOCK_SIZE_K": bk,
+                "GROUP_SIZE_M": group,
+                "num_warps": warps,
+                "num_stages": stages,
+            }
+        )
+    random.Random(seed).shuffle(space)
+    ordered = [first] + [c for c in space if c != first]
+    assert all(not tuned.validate_entry(OP, "triton", c, tags) for c in ordered)  # internal invariant
+    return ordered
+
+
+def _product(form: str) -> list[tuple[int, int, int, int, int, int]]:
+    ks = (128,) if form == "fp8" else _BLOCK_K
+    return [
+        (bm, bn, bk, g, w, s)
+        for bm in _BLOCK_M
+        for bn in _BLOCK_N
+        for bk in ks
+        for g in _GROUP_M
+        for w in _WARPS
+        for s in _STAGES
+    ]
+
+
+def _weights(torch: Any, e: int, n: int, k: int, form: str, device: str) -> dict[str, Any]:
+    gen = torch.Generator(device="cpu").manual_seed(e * 131 + n * 7 + k)
+    w1 = (torch.randn(e, 2 * n, k, generator=gen) * k**-0.5).to(torch.bfloat16).to(device)
+    w2 = (torch.randn(e, k, n, generator=gen) * n**-0.5).to(torch.bfloat16).to(device)
+    if form != "fp8":
+        return {"w1": w1, "w2": w2, "w1_scale": None, "w2_scale": None}
+    out: dict[str, Any] = {}
+    for name, w in (("w1", w1), ("w2", w2)):
+        r, c = w.shape[1:]
+        rb, cb = -(-r // 128), -(-c // 128)
+        # one scale per 128x128 block from the block's amax; values quantized by it
+        padded = torch.nn.functional.pad(w.float(), (0, cb * 128 - c, 0, rb * 128 - r))
+        blocks = padded.view(e, rb, 128, cb, 128)
+        scale = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-8) / 448.0
+        q = (blocks / scale[:, :, None, :, None]).view(e, rb * 128, cb * 128)[:, :r, :c]
+        out[name], out[name + "_scale"] = q.to(torch.float8_e4m3fn), scale.contiguous()
+    return out
+
+
+def _routing(torch: Any, m: int, e: int, k: int, topk: int, device: str, seed: int) -> dict[str, Any]:
+    gen = torch.Generator(device="cpu").manual_seed(seed * 1009 + m)
+    hidden = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:topk] for _ in range(m)]).to(torch.int32).to(device)
+    weights = torch.rand(m, topk, generator=gen).to(device)
+    return {"hidden": hidden, "tw": weights, "ti": ids}
+
+
+def tune_moe(
+    shapes: Sequence[tuple[int, int, int, int, str]],
+    ms: Sequence[int],
+    *,
+    out: Path,
+    budget_s: float,
+    device: str | None = None,
+    max_configs: int | None = None,
+    progress: IO[str] | None = None,
+    retune: bool = False,
+) -> MoeReport:
+    """Tune the Triton kernel for every (E, N, K, topk, form) in ``shapes`` and M in ``ms``;
+    tables (``E=..,N=..,device_name=..[,dtype=fp8_w8a8,block_shape=[128,128]].json``) go to
+    ``out``. Entries already there are kept, or with ``retune`` timed again, theirs first."""
+    progress = sys.stderr if progress is None else progress
+    for shape in shapes:
+        if shape[4] not in ("bf16", "fp8"):
+            raise ValueError(f"weight form {shape[4]!r}; valid: bf16, fp8")
+    torch, device = _setup(device)
+    from opmux.kernels.ops.moe import _experts
+    from opmux.kernels.ops.moe.fused_experts_triton import launch_fused_experts
+
+    dev_name = tuned.device_name(torch.device(device))
+    timing = (
+        "CUDA graphs (triton.testing.do_bench_cudagraph)"
+        if device != "cpu"
+        else "time.perf_counter in the Triton interpreter: NOT meaningful, a test of the tuner only"
+    )
+    report = MoeReport(dev_name, timing, str(out))
+    bench = _timer(torch, device)
+    deadline = time.monotonic() + budget_s
+    empty = torch.empty(0, device=device)
+    no_map = torch.empty(0, dtype=torch.int32, device=device)
+
+    tables: dict[tuple[int, ...], dict[int, dict[str, Any]]] = {}
+    todo: list[tuple[int, int, int, int, str, int]] = []
+    for e, n, k, topk, form in shapes:
+        key = tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form))
+        path = out / key.file_name()
+        table = {m: dict(c) for m, c in tuned.read_table(path, key).items()} if path.exists() else {}
+        tables[(e, n, form)] = table
+        for m in ms:
+            if m in table and not retune:
+                report.entries.append(MoeEntry(e, n, k, topk, form, m, table[m], math.nan, 0, skipped=True))
+            else:
+                todo.append((e, n, k, topk, form, m))
+    print(
+        f"tuning {OP} on {dev_name}: {len(todo)} entries, budget {budget_s:g} s; timing: {timing}",
+        file=progress,
+    )
+
+    weights: dict[tuple[int, int, int, str], dict[str, Any]] = {}
+    for done, (e, n, k, topk, form, m) in enumerate(todo):
+        share = (deadline - time.monotonic()) / (len(todo) - done)
+        if share <= 0:
+            report.unfinished = todo[done:]
+            break
+        entry_deadline = time.monotonic() + share
+        if (e, n, k, form) not in weights:
+            weights.clear()  # one model's weights at a time (DeepSeek-V3's are 11 GB in fp8)
+            weights[(e, n, k, form)] = _weights(torch, e, n, k, form, device)
+        w = weights[(e, n, k, form)]
+        s = _routing(torch, m, e, k, topk, device, 0)
+        s1 = w["w1_scale"] if w["w1_scale"] is not None else empty
+        s2 = w["w2_scale"] if w["w2_scale"] is not None else empty
+        y = torch.empty_like(s["hidden"])
+        args = (y, s["hidden"], w["w1"], w["w2"], s["tw"], s["ti"], s1, s2, no_map, "silu", False)
+        mr = min(m, 256)  # the definition on the first rows (its per-expert loop is slow)
+        exact = _experts.reference(
+            s["hidden"][:mr],
+            w["w1"],
+            w["w2"],
+            s["tw"][:mr],
+            s["ti"][:mr],
+            w1_scale=w["w1_scale"],
+            w2_scale=w["w2_scale"],
+        ).float()
+        previous = tables[(e, n, form)].get(m)
+        space = moe_candidates(m, (e, n, k, topk), form)
+        best: tuple[float, dict[str, Any]] | None = None
+        tried = 0
+        timings: dict[str, float] = {}
+        for config in [previous, *(c for c in space if c != previous)] if previous else space:
+            if tried >= 2 and time.monotonic() > entry_deadline:
+                break
+            if max_configs is not None and tried >= max_configs:
+                break
+            tried += 1
+            try:
+                y.fill_(math.nan)
+                launch_fused_experts(*args, config=config)
+                got = y[:mr].float()
+                if not bool(got.isfinite().all()):
+                    print(f"  wrong {config}: elements not written or not finite", file=progress)
+                    continue
+                err = float((got - exact).abs().mean() / exact.abs().mean().clamp_min(1e-30))
+                if not err <= _AGREE:
+                    print(f"  wrong {config}: mean |diff| / mean |exact| = {err:.2e}", file=progress)
+                    continue
+                us = bench(functools.partial(launch_fused_experts, *args, config=config))
+                timings[_label(config)] = us
+            except Exception as err:  # out of resources, a compile failure: skip the config
+                print(f"  skipped {config}: {type(err).__name__}: {err}".splitlines()[0], file=progress)
+                continue
+            if best is None or us < best[0]:
+                best = (us, config)
+        if best is None:
+            report.unfinished.append((e, n, k, topk, form, m))
+            continue
+        tables[(e, n, form)][m] = best[1]
+        path = out / tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form)).file_name()
+        tuned.write_table(path, tables[(e, n, form)])
+        report.entries.append(MoeEntry(e, n, k, topk, form, m, best[1], best[0], tried, timings=timings))
+        print(
+            f"[{done + 1}/{len(todo)}] E={e} N={n} K={k} {form} M={m} best {best[0]:.1f} us ({tried} configs)",
+            file=progress,
+        )
+    if report.unfinished:
+        print(
+            f"budget spent: {len(report.unfinished)} entries left; run again to continue (finished ones are kept)",
+            file=progress,
+        )
+    return report
