@@ -1,5 +1,6 @@
-"""Swap the RMSNorm, gated-MLP activation and rotary embedding of Hugging Face Llama-family
-models (Llama, Qwen2/3, Mistral, Gemma with its own norm) for opmux ops, reversibly.
+"""Swap the RMSNorm, gated-MLP activation, sparse MoE blocks and rotary embedding of Hugging Face
+Llama-family models (Llama, Qwen2/3, Mistral, Gemma with its own norm, Mixtral, Qwen3-MoE) for
+opmux ops, reversibly.
 
     from opmux.integrations.transformers import kernelize
     result = kernelize(model)     # says what it swapped (print(result))
@@ -17,6 +18,10 @@ trainable weights, dtypes that differ from the weights').
 * Gated MLPs (``gate_proj``, ``up_proj``, ``down_proj`` without bias, an ``act_fn`` the probe
   identifies as silu, tanh-gelu or erf-gelu): one projection onto ``[gate; up]`` (the two
   weights become views of one tensor: no extra memory) and ``activation.*_and_mul``.
+* Sparse MoE blocks (Mixtral, Qwen3-MoE): ``moe.topk_softmax`` (the router's softmax top-k,
+  renormalized as the probe finds) and ``moe.fused_experts`` on the experts' ``[E, 2N, K]`` /
+  ``[E, K, N]`` weights (transformers 5's 3-d parameters as they are; older per-expert lists
+  stacked once). The router logits stay the block's / router's output (aux loss).
 * Rotary embedding: the modeling module's ``apply_rotary_pos_emb`` (rotate_half layout) runs
   ``rope.rotary_embedding`` on copies of q and k with the call's cos/sin as the cache.
 """
