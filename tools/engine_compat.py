@@ -346,6 +346,11 @@ def _vllm_shims(ops: Any) -> list[str]:
         batched_moe_align_block_size=batched_moe_align_block_size,
     )
     _module("vllm.model_executor.layers.fused_moe.router.fused_topk_router", fused_topk=fused_topk)
+    # fused_moe.py's entry points (opmux.compat.vllm's), also as the package's names; the
+    # submodule first: making it sets the package's ``fused_moe`` attribute, the function wins
+    moe_names = dict(fused_experts=ops.fused_experts, fused_moe=ops.fused_moe, fused_topk=ops.fused_topk)
+    _module("vllm.model_executor.layers.fused_moe.fused_moe", **moe_names)
+    _module("vllm.model_executor.layers.fused_moe", **moe_names)
     _module(
         "vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router", fused_topk_bias=fused_topk_bias
     )
@@ -363,7 +368,7 @@ def _vllm_shims(ops: Any) -> list[str]:
     kernels.__path__ = [str(d) for d in _UPSTREAM_DIRS]  # type: ignore[attr-defined]
     return [
         "vllm.platforms, vllm.utils, vllm.triton_utils, vllm.model_executor.layers.fused_moe "
-        "(moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims",
+        "(fused_experts, fused_moe, fused_topk, moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims",
         *_load_sibling("engine_compat_vllm").install(ops, _module),
     ]
 

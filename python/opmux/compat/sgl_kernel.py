@@ -25,6 +25,7 @@ __all__ = [
     "apply_rope_with_cos_sin_cache_inplace",
     "fp8_blockwise_scaled_mm",
     "fused_add_rmsnorm",
+    "fused_experts",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "gemma_fused_add_rmsnorm",
@@ -388,12 +389,119 @@ def moe_align_block_size(
     )
 
 
+#: (E, device) -> [0, 1, ..., E-1, -1]: sgl's expert id -1 ("not on this rank") as a map entry
+_SKIP_MAPS: dict[tuple[int, Any], Tensor] = {}
+
+
+def _skip_minus_one(topk_ids: Tensor, experts: int) -> tuple[Tensor, Tensor]:
+    """sgl's ``filter_expert``: ids of -1 contribute nothing. The op takes ids in range, so -1
+    becomes E (``remainder``) and an expert map sends E to -1, the op's "other rank"."""
+    key = (experts, topk_ids.device)
+    emap = _SKIP_MAPS.get(key)
+    if emap is None:
+        emap = torch.arange(experts + 1, dtype=torch.int32, device=topk_ids.device)
+        emap[experts] = -1
+        _SKIP_MAPS[key] = emap
+    return torch.remainder(topk_ids, experts + 1), emap
+
+
+def fused_experts(
+    hidden_states: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_output: Any,
+    moe_runner_config: Any,
+    b1: Tensor | None = None,
+    b2: Tensor | None = None,
+    use_fp8_w8a8: bool = False,
+    use_int8_w8a8: bool = False,
+    use_int8_w8a16: bool = False,
+    use_int4_w4a16: bool = False,
+    per_channel_quant: bool = False,
+    w1_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+    w1_zp: Tensor | None = None,
+    w2_zp: Tensor | None = None,
+    a1_scale: Tensor | None = None,
+    a2_scale: Tensor | None = None,
+    block_shape: list[int] | None = None,
+) -> Tensor:
+    """SGLang's ``fused_experts`` (``sglang.srt.layers.moe.fused_moe_triton.fused_moe``):
+    ``topk_output`` a ``StandardTopKOutput`` (or any ``(topk_weights, topk_ids, ...)``), the
+    runner's ``MoeRunnerConfig`` read by attribute (``activation``, ``inplace``,
+    ``apply_router_weight_on_input``, ``routed_scaling_factor``, ``num_experts`` /
+    ``num_local_experts``, ...); opmux's ``moe.fused_experts``. Unquantized weights, or
+    ``use_fp8_w8a8`` with ``block_shape=[128, 128]``; every other form (int8 / int4, per-tensor
+    or per-channel fp8, static activation scales, zero points, biases ``b1`` / ``b2``,
+    ``no_combine``, non-gated experts, a custom swiglu alpha / limit) raises
+    ``NotImplementedError``. As SGLang, ids of -1 (experts of another rank) are skipped unless
+    the config says every expert is local (``num_experts == num_local_experts``).
+    ``routed_scaling_factor`` scales the routing weights (SGLang scales the sum: the same up to
+    the last rounding)."""
+    from . import _experts
+
+    topk_weights, topk_ids = topk_output[0], topk_output[1]
+    cfg = moe_runner_config
+    act = getattr(cfg, "activation", "silu")
+    alpha = getattr(cfg, "gemm1_alpha", None)
+    limit = getattr(cfg, "gemm1_clamp_limit", None)
+    custom_swiglu = (
+        (alpha not in (None, 1.702) or limit not in (None, 7.0))
+        if act == "swigluoai"
+        else (alpha is not None or limit is not None)
+    )
+    unsupported = [
+        ("use_int8_w8a8", use_int8_w8a8),
+        ("use_int8_w8a16", use_int8_w8a16),
+        ("use_int4_w4a16", use_int4_w4a16),
+        ("per_channel_quant", per_channel_quant),
+        ("w1_zp / w2_zp (zero points)", w1_zp is not None or w2_zp is not None),
+        ("a1_scale / a2_scale (static activation scales)", a1_scale is not None or a2_scale is not None),
+        ("b1 / b2 (expert biases)", b1 is not None or b2 is not None),
+        ("moe_runner_config.no_combine", bool(getattr(cfg, "no_combine", False))),
+        ("moe_runner_config.is_gated=False", not getattr(cfg, "is_gated", True)),
+        (
+            f"gemm1_alpha {alpha} / gemm1_clamp_limit {limit} (swigluoai's 1.702 / 7.0 only)",
+            custom_swiglu,
+        ),
+        ("moe_runner_config.swiglu_limit", getattr(cfg, "swiglu_limit", None) is not None),
+    ]
+    for what, present in unsupported:
+        if present:
+            _experts.refuse("fused_experts", what)
+    scale = getattr(cfg, "routed_scaling_factor", None)
+    if scale is not None and scale != 1.0:
+        topk_weights = topk_weights.float() * float(scale)
+    num, local = getattr(cfg, "num_experts", None), getattr(cfg, "num_local_experts", None)
+    expert_map = None
+    if num is None or num != local:
+        topk_ids, expert_map = _skip_minus_one(topk_ids, w1.shape[0])
+    return _experts.run(
+        "fused_experts",
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace=bool(getattr(cfg, "inplace", True)),
+        activation=act,
+        apply_router_weight_on_input=bool(getattr(cfg, "apply_router_weight_on_input", False)),
+        expert_map=expert_map,
+        use_fp8_w8a8=use_fp8_w8a8,
+        block_shape=block_shape,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+    )
+
+
 # -- block-scaled fp8 GEMM ---------------------------------------------------------------------
 def fp8_blockwise_scaled_mm(
     mat_a: Tensor, mat_b: Tensor, scales_a: Tensor, scales_b: Tensor, out_dtype: Any
 ) -> Tensor:
     """sgl-kernel's CUTLASS entry: mat_b [K, N] column-major, scales_b [K/128, N/128]."""
-    return _gemm.column_major_matmul("fp8_blockwise_scaled_mm", mat_a, mat_b, scales_a, scales_b, out_dtype, None)
+    return _gemm.column_major_matmul(
+        "fp8_blockwise_scaled_mm", mat_a, mat_b, scales_a, scales_b, out_dtype, None
+    )
 
 
 def w8a8_block_fp8_matmul(

@@ -34,6 +34,9 @@ __all__ = [
     "fatrelu_and_mul",
     "fused_add_rms_norm",
     "fused_add_rms_norm_static_fp8_quant",
+    "fused_experts",
+    "fused_moe",
+    "fused_topk",
     "gather_cache",
     "gelu_and_mul",
     "gelu_fast",
@@ -450,6 +453,266 @@ def batched_moe_align_block_size(
         sorted_ids=sorted_ids,
         expert_ids=expert_ids,
         num_tokens_post_padded=num_tokens_post_pad,
+    )
+
+
+# -- fused MoE (vllm/model_executor/layers/fused_moe/fused_moe.py) ------------------------------
+#: the quantized forms of vLLM's ``FusedMoEQuantConfig`` / keyword flags opmux does not run
+_QUANT_FLAGS = (
+    "use_int8_w8a8",
+    "use_int8_w8a16",
+    "use_int4_w4a16",
+    "use_mxfp4_w4a4",
+    "use_mxfp4_w4a16",
+    "use_nvfp4_w4a4",
+    "per_act_token_quant",
+    "per_out_ch_quant",
+)
+_QUANT_TENSORS = ("w1_zp", "w2_zp", "a1_scale", "a2_scale", "w1_bias", "w2_bias")
+
+
+def _quant_args(name: str, quant_config: Any, legacy: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's quantization arguments, from ``quant_config`` (a ``FusedMoEQuantConfig``, read by
+    attribute) or the keyword flags of its earlier releases / ``fused_experts_impl``."""
+    given = [k for k, v in legacy.items() if v is not None and v is not False]
+    if quant_config is not None:
+        if given:
+            raise ValueError(f"{name}: pass quant_config or the keyword flags {given}, not both")
+        q: dict[str, Any] = {k: getattr(quant_config, k, None) for k in (*_QUANT_FLAGS, *_QUANT_TENSORS)}
+        q.update(
+            use_fp8_w8a8=bool(getattr(quant_config, "use_fp8_w8a8", False)),
+            ocp_mx_scheme=getattr(quant_config, "ocp_mx_scheme", None),
+            block_shape=getattr(quant_config, "block_shape", None),
+            w1_scale=getattr(quant_config, "w1_scale", None),
+            w2_scale=getattr(quant_config, "w2_scale", None),
+        )
+        return q
+    q = dict(legacy)
+    q["per_act_token_quant"] = q.pop("per_channel_quant", False)
+    return q
+
+
+def _fused_experts(
+    name: str,
+    hidden_states: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    inplace: bool,
+    activation: str,
+    apply_router_weight_on_input: bool,
+    global_num_experts: int,
+    expert_map: Tensor | None,
+    q: dict[str, Any],
+) -> Tensor:
+    from . import _experts
+
+    e = w1.shape[0]
+    if expert_map is not None:
+        if global_num_experts not in (-1, expert_map.numel()):
+            raise ValueError(
+                f"{name}: global_num_experts = {global_num_experts} but expert_map has "
+                f"{expert_map.numel()} entries (one per global expert)"
+            )
+    elif global_num_experts not in (-1, e):
+        raise ValueError(
+            f"{name}: global_num_experts = {global_num_experts} without an expert_map; w1 holds {e} "
+            "experts (pass expert_map for expert parallelism)"
+        )
+    unsupported = [(f, bool(q.get(f))) for f in _QUANT_FLAGS]
+    unsupported += [(f"ocp_mx_scheme {q.get('ocp_mx_scheme')!r}", q.get("ocp_mx_scheme") is not None)]
+    unsupported += [
+        (f"{t} (static scales, zero points, biases)", q.get(t) is not None) for t in _QUANT_TENSORS
+    ]
+    return _experts.run(
+        name,
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace=bool(inplace),
+        activation=activation,
+        apply_router_weight_on_input=apply_router_weight_on_input,
+        expert_map=expert_map,
+        use_fp8_w8a8=bool(q.get("use_fp8_w8a8")),
+        block_shape=q.get("block_shape"),
+        w1_scale=q.get("w1_scale"),
+        w2_scale=q.get("w2_scale"),
+        unsupported=unsupported,
+    )
+
+
+def fused_experts(
+    hidden_states: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    inplace: bool = False,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: Tensor | None = None,
+    quant_config: Any = None,
+    allow_deep_gemm: bool = False,
+    *,
+    use_fp8_w8a8: bool = False,
+    use_int8_w8a8: bool = False,
+    use_int8_w8a16: bool = False,
+    use_int4_w4a16: bool = False,
+    ocp_mx_scheme: str | None = None,
+    per_channel_quant: bool = False,
+    w1_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+    w1_zp: Tensor | None = None,
+    w2_zp: Tensor | None = None,
+    a1_scale: Tensor | None = None,
+    a2_scale: Tensor | None = None,
+    block_shape: list[int] | None = None,
+    w1_bias: Tensor | None = None,
+    w2_bias: Tensor | None = None,
+) -> Tensor:
+    """vLLM's ``fused_experts``: hidden [M, K], w1 [E, 2N, K] (gate rows, then up), w2 [E, K, N],
+    routed by ``topk_weights`` / ``topk_ids`` [M, topk]; opmux's ``moe.fused_experts``.
+    ``inplace`` writes the result into ``hidden_states`` (returned). Quantization as vLLM's
+    current release (``quant_config``, a ``FusedMoEQuantConfig`` read by attribute) or its
+    earlier keyword flags (``use_fp8_w8a8``, ``block_shape``, ``w1_scale``, ...): unquantized
+    weights, or fp8 with 128x128 block scales; every other form raises ``NotImplementedError``.
+    ``expert_map`` (global id -> local id, -1 elsewhere) with ``global_num_experts`` its length.
+    ``allow_deep_gemm`` is accepted (opmux runs its own kernel)."""
+    q = _quant_args(
+        "fused_experts",
+        quant_config,
+        dict(
+            use_fp8_w8a8=use_fp8_w8a8,
+            use_int8_w8a8=use_int8_w8a8,
+            use_int8_w8a16=use_int8_w8a16,
+            use_int4_w4a16=use_int4_w4a16,
+            ocp_mx_scheme=ocp_mx_scheme,
+            per_channel_quant=per_channel_quant,
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            w1_zp=w1_zp,
+            w2_zp=w2_zp,
+            a1_scale=a1_scale,
+            a2_scale=a2_scale,
+            block_shape=block_shape,
+            w1_bias=w1_bias,
+            w2_bias=w2_bias,
+        ),
+    )
+    return _fused_experts(
+        "fused_experts",
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace,
+        activation,
+        apply_router_weight_on_input,
+        global_num_experts,
+        expert_map,
+        q,
+    )
+
+
+def fused_topk(
+    hidden_states: Tensor,
+    gating_output: Tensor,
+    topk: int,
+    renormalize: bool,
+    indices_type: Any = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """vLLM's ``fused_topk``: softmax top-k by opmux's ``moe.topk_softmax`` into fresh buffers:
+    float32 weights, ids (int32, or ``indices_type``), ``token_expert_indices``."""
+    if hidden_states.shape[0] != gating_output.shape[0]:
+        raise ValueError(
+            f"fused_topk: {hidden_states.shape[0]} tokens in hidden_states, {gating_output.shape[0]} "
+            "in gating_output"
+        )
+    from ._experts import route_softmax
+
+    w, ids, tei = route_softmax(gating_output, topk, renormalize, indices_type)
+    return w, ids, tei
+
+
+def fused_moe(
+    hidden_states: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    gating_output: Tensor,
+    topk: int,
+    renormalize: bool,
+    inplace: bool = False,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    use_grouped_topk: bool = False,
+    num_expert_group: int | None = None,
+    topk_group: int | None = None,
+    custom_routing_function: Any = None,
+    global_num_experts: int = -1,
+    expert_map: Tensor | None = None,
+    quant_config: Any = None,
+    *,
+    use_fp8_w8a8: bool = False,
+    use_int8_w8a8: bool = False,
+    use_int8_w8a16: bool = False,
+    use_int4_w4a16: bool = False,
+    per_channel_quant: bool = False,
+    w1_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+    w1_zp: Tensor | None = None,
+    w2_zp: Tensor | None = None,
+    a1_scale: Tensor | None = None,
+    a2_scale: Tensor | None = None,
+    block_shape: list[int] | None = None,
+) -> Tensor:
+    """vLLM's ``fused_moe``: route ``gating_output`` [M, E] (softmax top-k by opmux's
+    ``moe.topk_softmax``, or ``custom_routing_function(hidden_states, gating_output, topk,
+    renormalize)``), then ``fused_experts``. Grouped top-k (``use_grouped_topk``) raises
+    ``NotImplementedError``."""
+    if use_grouped_topk or num_expert_group is not None or topk_group is not None:
+        from ._experts import refuse
+
+        refuse("fused_moe", "grouped top-k routing (use_grouped_topk / num_expert_group / topk_group)")
+    q = _quant_args(
+        "fused_moe",
+        quant_config,
+        dict(
+            use_fp8_w8a8=use_fp8_w8a8,
+            use_int8_w8a8=use_int8_w8a8,
+            use_int8_w8a16=use_int8_w8a16,
+            use_int4_w4a16=use_int4_w4a16,
+            per_channel_quant=per_channel_quant,
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            w1_zp=w1_zp,
+            w2_zp=w2_zp,
+            a1_scale=a1_scale,
+            a2_scale=a2_scale,
+            block_shape=block_shape,
+        ),
+    )
+    if custom_routing_function is None:
+        topk_weights, topk_ids, _ = fused_topk(hidden_states, gating_output, topk, renormalize)
+    else:
+        topk_weights, topk_ids = custom_routing_function(hidden_states, gating_output, topk, renormalize)
+    return _fused_experts(
+        "fused_moe",
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace,
+        activation,
+        apply_router_weight_on_input,
+        global_num_experts,
+        expert_map,
+        q,
     )
 
 

@@ -1,5 +1,6 @@
-"""Swap the RMSNorm, gated-MLP activation and rotary embedding of Hugging Face Llama-family
-models (Llama, Qwen2/3, Mistral, Gemma with its own norm) for opmux ops, reversibly.
+"""Swap the RMSNorm, gated-MLP activation, sparse MoE blocks and rotary embedding of Hugging Face
+Llama-family models (Llama, Qwen2/3, Mistral, Gemma with its own norm, Mixtral, Qwen3-MoE) for
+opmux ops, reversibly.
 
     from opmux.integrations.transformers import kernelize
     result = kernelize(model)     # says what it swapped (print(result))
@@ -17,6 +18,10 @@ trainable weights, dtypes that differ from the weights').
 * Gated MLPs (``gate_proj``, ``up_proj``, ``down_proj`` without bias, an ``act_fn`` the probe
   identifies as silu, tanh-gelu or erf-gelu): one projection onto ``[gate; up]`` (the two
   weights become views of one tensor: no extra memory) and ``activation.*_and_mul``.
+* Sparse MoE blocks (Mixtral, Qwen3-MoE): ``moe.topk_softmax`` (the router's softmax top-k,
+  renormalized as the probe finds) and ``moe.fused_experts`` on the experts' ``[E, 2N, K]`` /
+  ``[E, K, N]`` weights (transformers 5's 3-d parameters as they are; older per-expert lists
+  stacked once). The router logits stay the block's / router's output (aux loss).
 * Rotary embedding: the modeling module's ``apply_rotary_pos_emb`` (rotate_half layout) runs
   ``rope.rotary_embedding`` on copies of q and k with the call's cos/sin as the cache.
 """
@@ -182,6 +187,214 @@ def _mlp_swap(name: str, module: Any, result: KernelizeResult) -> None:
     result.swaps.append(Swap(name, kind, f"activation.{kind}"))
 
 
+# -- sparse MoE blocks ------------------------------------------------------------------------------
+#: the gated activations of ``moe.fused_experts``, by the act_fn the probe identifies
+_MOE_ACTS = {"silu_and_mul": "silu", "gelu_and_mul": "gelu"}
+
+
+def _grad(*tensors: Any) -> bool:
+    torch = _torch()
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _route(logits: Tensor, k: int, renormalize: bool) -> tuple[Tensor, Tensor]:
+    """Softmax over the logits in fp32, top-k, renormalized or not: ``moe.topk_softmax`` into
+    float32 weights and int64 ids (what the modeling code's ``torch.topk`` gives its experts)."""
+    torch = _torch()
+    from opmux.kernels.ops import moe
+
+    t = logits.shape[0]
+    w = torch.empty(t, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
+    moe.topk_softmax(logits, k, renormalize, topk_weights=w, topk_ids=ids)
+    return w, ids
+
+
+def _close(got: Any, want: Any) -> bool:
+    torch = _torch()
+    return bool(
+        got.shape == want.shape
+        and got.dtype == want.dtype
+        and torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    )
+
+
+def _moe_swap(name: str, module: Any, result: KernelizeResult) -> bool:
+    """A sparse MoE block: the fused layout (a router module returning ``(logits, weights, ids)``
+    and an experts module with 3-d ``gate_up_proj`` / ``down_proj``, transformers 5) or the
+    per-expert one (a linear ``gate`` and a ModuleList of gated MLPs, transformers 4). Returns
+    whether it swapped."""
+    experts = getattr(module, "experts", None)
+    if isinstance(getattr(experts, "gate_up_proj", None), _torch().Tensor):
+        return _moe_fused_swap(name, module, result)
+    if isinstance(experts, _torch().nn.ModuleList):
+        return _moe_list_swap(name, module, result)
+    result.skipped.append((name, "a MoE block with neither 3-d expert weights nor a list of experts"))
+    return False
+
+
+def _moe_fused_swap(name: str, module: Any, result: KernelizeResult) -> bool:
+    import copy
+
+    torch = _torch()
+    F = torch.nn.functional
+    from opmux.kernels.ops import moe
+
+    gate, experts = module.gate, module.experts
+    w13, w2 = experts.gate_up_proj, experts.down_proj
+    rw = getattr(gate, "weight", None)
+    k = getattr(gate, "top_k", None)
+    if not (
+        isinstance(rw, torch.Tensor)
+        and rw.dim() == 2
+        and isinstance(k, int)
+        and w13.dim() == 3
+        and w2.dim() == 3
+        and w13.shape[0] == w2.shape[0] == rw.shape[0]
+        and w13.shape[1] == 2 * w2.shape[2]
+        and w13.shape[2] == w2.shape[1] == rw.shape[1]
+        and w13.dtype == w2.dtype
+        and w13.stride(-1) == 1
+        and w2.stride(-1) == 1
+        and getattr(experts, "has_bias", False) is False
+    ):
+        result.skipped.append(
+            (name, "router / experts not of the [E, 2N, K] / [E, K, N] form moe.fused_experts takes")
+        )
+        return False
+    act = _MOE_ACTS.get(_which_act(getattr(experts, "act_fn", None)) or "")
+    if act is None:
+        result.skipped.append((name, "the experts' act_fn is not silu or erf-gelu"))
+        return False
+    gate_original, experts_original = gate.forward, experts.forward
+    # the router's own rule, found by a probe in bf16 (fp32 weights would hide a cast): is the
+    # top-k renormalized, are the weights handed on in fp32 or in the logits' dtype
+    probe = torch.randn(5, rw.shape[1], generator=torch.Generator().manual_seed(0)).to(rw.device)
+    g16 = copy.deepcopy(gate).to(torch.bfloat16)
+    with torch.no_grad():
+        logits, want_w, want_ids = g16(probe.bfloat16())
+        rule = None
+        for renorm in (True, False):
+            w, ids = _route(logits, k, renorm)
+            if torch.equal(ids, want_ids.long()) and _close(w.to(want_w.dtype), want_w):
+                rule = (renorm, want_w.dtype != torch.float32)
+                break
+    if rule is None:
+        result.skipped.append((name, "its router is not softmax top-k on a probe"))
+        return False
+    renorm, cast = rule
+
+    def gate_forward(self: Any, hidden_states: Tensor) -> Any:
+        x = hidden_states.reshape(-1, self.weight.shape[1])
+        if x.dtype != self.weight.dtype or _grad(x, self.weight):
+            return gate_original(hidden_states)
+        logits = F.linear(x, self.weight)
+        w, ids = _route(logits, k, renorm)
+        return logits, (w.to(logits.dtype) if cast else w), ids
+
+    def experts_forward(self: Any, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Any:
+        w1, w2 = self.gate_up_proj, self.down_proj
+        if hidden_states.dim() != 2 or hidden_states.dtype != w1.dtype or _grad(hidden_states, w1, w2):
+            return experts_original(hidden_states, top_k_index, top_k_weights)
+        weights = top_k_weights if top_k_weights.dtype == torch.float32 else top_k_weights.float()
+        return moe.fused_experts(hidden_states, w1, w2, weights, top_k_index, act)
+
+    # the experts' probe: the op on the module's own weights agrees with its forward
+    x = torch.randn(4, w13.shape[2], generator=torch.Generator().manual_seed(1)).to(w13.device, w13.dtype)
+    ids = torch.stack([torch.arange(4) % w13.shape[0], (torch.arange(4) + 1) % w13.shape[0]], 1).to(x.device)
+    tw = torch.full((4, 2), 0.5, device=x.device)
+    with torch.no_grad():
+        want = experts_original(x, ids, tw)
+        got = moe.fused_experts(x, w13.detach(), w2.detach(), tw, ids, act)
+    scale = float(want.abs().max()) or 1.0
+    if not _close(got / scale, want / scale):
+        result.skipped.append(
+            (name, "its experts do not match moe.fused_experts on a probe (weight layout?)")
+        )
+        return False
+    gate.forward = types.MethodType(gate_forward, gate)
+    experts.forward = types.MethodType(experts_forward, experts)
+
+    def undo() -> None:
+        gate.__dict__.pop("forward", None)
+        experts.__dict__.pop("forward", None)
+
+    result._undo.append(undo)
+    result.swaps.append(Swap(name, "moe", f"moe.topk_softmax + moe.fused_experts ({act})"))
+    return True
+
+
+def _expert_projections(expert: Any) -> tuple[Any, Any, Any] | None:
+    """(gate, up, down) linears of one expert MLP: ``gate_proj / up_proj / down_proj``, or
+    Mixtral's ``w1 / w3 / w2``."""
+    for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
+        lin = tuple(getattr(expert, n, None) for n in names)
+        if all(isinstance(p, _torch().nn.Linear) and p.bias is None for p in lin):
+            return lin  # type: ignore[return-value]
+    return None
+
+
+def _moe_list_swap(name: str, module: Any, result: KernelizeResult) -> bool:
+    torch = _torch()
+    from opmux.kernels.ops import moe
+
+    gate, experts = getattr(module, "gate", None), module.experts
+    k = getattr(module, "top_k", None)
+    projs = [_expert_projections(e) for e in experts]
+    if (
+        not isinstance(gate, torch.nn.Linear)
+        or gate.bias is not None
+        or not isinstance(k, int)
+        or None in projs
+    ):
+        result.skipped.append((name, "not a linear router over a list of bias-free gated expert MLPs"))
+        return False
+    act = _MOE_ACTS.get(_which_act(getattr(experts[0], "act_fn", None)) or "")
+    if act is None:
+        result.skipped.append((name, "the experts' act_fn is not silu or erf-gelu"))
+        return False
+    # stacked once: w1 [E, 2N, K] (each expert's gate rows, then its up rows), w2 [E, K, N]
+    with torch.no_grad():
+        w1 = torch.stack([torch.cat([g.weight, u.weight], 0) for g, u, _ in projs])  # type: ignore[misc]
+        w2 = torch.stack([d.weight for _, _, d in projs])  # type: ignore[misc]
+    renorm = bool(getattr(module, "norm_topk_prob", True))
+    original = module.forward
+
+    def forward(self: Any, hidden_states: Tensor) -> Any:
+        if (
+            self.training
+            or hidden_states.dim() != 3
+            or hidden_states.dtype != w1.dtype
+            or _grad(hidden_states, gate.weight, *(p.weight for lin in projs for p in lin))  # type: ignore[union-attr]
+        ):
+            return original(hidden_states)
+        b, s, h = hidden_states.shape
+        x = hidden_states.reshape(-1, h)
+        logits = self.gate(x)
+        w, ids = _route(logits, k, renorm)
+        w = w.to(x.dtype).float()  # these blocks hand on the weights in the activations' dtype
+        return moe.fused_experts(x, w1, w2, w, ids, act).view(b, s, h), logits
+
+    probe = torch.randn(1, 5, w1.shape[2], generator=torch.Generator().manual_seed(0))
+    probe = probe.to(w1.device, w1.dtype)
+    with torch.no_grad():
+        want = original(probe)
+        got = forward(module, probe)
+    ok = isinstance(want, tuple) and len(want) == 2 and _close(got[1], want[1])
+    if ok:
+        scale = float(want[0].abs().max()) or 1.0
+        ok = _close(got[0] / scale, want[0] / scale)
+    if not ok:
+        result.skipped.append(
+            (name, "its forward does not match softmax top-k + moe.fused_experts on a probe")
+        )
+        return False
+    module.forward = types.MethodType(forward, module)
+    result._undo.append(lambda: module.__dict__.pop("forward", None))
+    result.swaps.append(Swap(name, "moe", f"moe.topk_softmax + moe.fused_experts ({act})"))
+    return True
+
+
 # -- rotary embedding -----------------------------------------------------------------------------
 def _rope_swap(modeling: types.ModuleType, result: KernelizeResult) -> None:
     torch = _torch()
@@ -230,8 +443,10 @@ def _rope_swap(modeling: types.ModuleType, result: KernelizeResult) -> None:
     result.swaps.append(Swap(modeling.__name__, "rotary_embedding", "rope.rotary_embedding"))
 
 
-def kernelize(model: Any, *, norms: bool = True, mlp: bool = True, rope: bool = True) -> KernelizeResult:
-    """Swap ``model``'s RMSNorms, gated MLPs and rotary embedding for opmux ops (see the module
+def kernelize(
+    model: Any, *, norms: bool = True, mlp: bool = True, rope: bool = True, moe: bool = True
+) -> KernelizeResult:
+    """Swap ``model``'s RMSNorms, gated MLPs, sparse MoE blocks and rotary embedding for opmux ops (see the module
     docstring); returns what was swapped and skipped, with ``revert()``. Kernelizing a model
     twice returns the first result."""
     done = getattr(model, "_opmux_kernelize", None)
@@ -239,12 +454,18 @@ def kernelize(model: Any, *, norms: bool = True, mlp: bool = True, rope: bool = 
         return done
     result = KernelizeResult()
     modeling_modules: dict[str, types.ModuleType] = {}
+    moe_blocks: list[str] = []  # swapped MoE blocks: their experts are theirs, not MLP swaps
     for name, module in model.named_modules():
         cls = type(module).__name__
+        if any(name.startswith(f"{b}.") for b in moe_blocks):
+            continue
         if norms and cls.endswith("RMSNorm"):
             _norm_swap(name, module, result)
         elif mlp and cls.endswith("MLP") and hasattr(module, "gate_proj"):
             _mlp_swap(name, module, result)
+        elif moe and cls.endswith("SparseMoeBlock") and hasattr(module, "experts"):
+            if _moe_swap(name, module, result):
+                moe_blocks.append(name)
         if rope and cls.endswith("Attention"):
             mod = sys.modules.get(type(module).__module__)
             if mod is not None and callable(getattr(mod, "apply_rotary_pos_emb", None)):
