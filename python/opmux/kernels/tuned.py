@@ -9,7 +9,12 @@ theirs work unchanged::
 
 A file name is a list of ``name=value`` components (:class:`TableKey`); the order is the
 writer's, the match is by value (``[128, 128]``, SGLang's spelling, equals vLLM's
-``[128,128]``). The Triton backend's files carry no backend component (so they stay vLLM's
+``[128,128]``). An op with several forms has a table per form, told apart by the components
+after the device's (its ``tags``), as vLLM's fused-MoE files are: ``moe.fused_experts`` reads
+``E=8,N=14336,device_name=NVIDIA_H200.json`` for bf16 / fp16 weights,
+``...,dtype=float32.json`` for fp32, ``...,dtype=fp8_w8a8,block_shape=[128,128].json`` for
+block fp8 (N = ``w2.shape[2]``, E the local experts); the caller passes its form's tags to
+:func:`lookup` (``Schema.kernel_tags``). The Triton backend's files carry no backend component (so they stay vLLM's
 files); every other backend adds one, e.g. ``...,backend=cuda.json`` holding
 ``{"<M>": {"config_id": 3}}`` (the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu``
 lists them), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
@@ -51,12 +56,14 @@ from typing import Any, ClassVar
 from opmux.kernels import _env
 
 __all__ = [
+    "FP8_BLOCK_TAGS",
     "SCHEMAS",
     "Config",
     "Schema",
     "Table",
     "TableError",
     "TableKey",
+    "Tags",
     "TunedConfigWarning",
     "default_config",
     "device_name",
@@ -323,7 +330,9 @@ def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     block_k = entry["BLOCK_SIZE_K"]
     if _moe_fp8(tags):
         if block_k != 128:
-            problems.append(f"BLOCK_SIZE_K={block_k} (must be 128 for fp8 weights: one K step per scale block)")
+            problems.append(
+                f"BLOCK_SIZE_K={block_k} (must be 128 for fp8 weights: one K step per scale block)"
+            )
     elif not (_pow2(block_k) and 16 <= block_k <= 256):
         problems.append(f"BLOCK_SIZE_K={block_k} (a power of two in 16..256)")
     return problems + _tile_problems(entry)

@@ -50,6 +50,10 @@ _REDUCE_BLOCK = 1024
 #: Its ``tl.dot`` takes bf16 tiles for integers (they are stored as uint16 there), so bf16 tiles
 #: go to the dot as fp32 there (exact: a bf16 product fits fp32); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_SCHEMA = tuned.SCHEMAS[OP]
+assert _SCHEMA.kernel_problem is not None and _SCHEMA.kernel_tags is not None
+#: (E, N), M and the form's tags (vLLM's file names) of a call, from its kernel arguments
+_PROBLEM, _TAGS = _SCHEMA.kernel_problem, _SCHEMA.kernel_tags
 _ACTIVATIONS = {
     "silu": lambda x, out: ops.activation.silu_and_mul(x, out=out),
     "gelu": lambda x, out: ops.activation.gelu_and_mul(x, out=out),
@@ -380,8 +384,6 @@ def fused_experts(
     args = (out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, expert_map)
     if hidden.shape[0] == 0:
         return
-    schema = tuned.SCHEMAS[OP]
-    shape, m = schema.kernel_problem(*args)
-    tags = schema.kernel_tags(*args)
-    config = tuned.lookup(OP, BACKEND, tuned.device_name(hidden.device), shape, m, tags)
+    shape, m = _PROBLEM(*args)
+    config = tuned.lookup(OP, BACKEND, tuned.device_name(hidden.device), shape, m, _TAGS(*args))
     launch_fused_experts(*args, activation, apply_router_weight_on_input, config)
