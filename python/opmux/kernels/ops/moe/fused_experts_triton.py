@@ -122,8 +122,12 @@ def _grouped_gemm_kernel(
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     slots = tl.load(SORTED + offs_m).to(tl.int64)
     slot_ok = slots < num_slots
-    # padding slots read row 0 / column N-1 (in bounds, no mask in the loop); the store drops them
-    rows = tl.where(slot_ok, slots // a_div, 0)
+    # padding slots read the block's first slot's row (always a routed one: an expert's padding
+    # never fills a block), columns past N column N-1: in bounds, no mask in the loop, and only
+    # rows this expert wrote (an unrouted row of the activations holds anything, NaN included);
+    # the store drops them
+    first = tl.load(SORTED + pid_m * BLOCK_SIZE_M).to(tl.int64)
+    rows = tl.where(slot_ok, slots, first) // a_div
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     cols = tl.minimum(offs_n, N - 1).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
