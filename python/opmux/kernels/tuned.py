@@ -9,7 +9,12 @@ theirs work unchanged::
 
 A file name is a list of ``name=value`` components (:class:`TableKey`); the order is the
 writer's, the match is by value (``[128, 128]``, SGLang's spelling, equals vLLM's
-``[128,128]``). The Triton backend's files carry no backend component (so they stay vLLM's
+``[128,128]``). An op with several forms has a table per form, told apart by the components
+after the device's (its ``tags``), as vLLM's fused-MoE files are: ``moe.fused_experts`` reads
+``E=8,N=14336,device_name=NVIDIA_H200.json`` for bf16 / fp16 weights,
+``...,dtype=float32.json`` for fp32, ``...,dtype=fp8_w8a8,block_shape=[128,128].json`` for
+block fp8 (N = ``w2.shape[2]``, E the local experts); the caller passes its form's tags to
+:func:`lookup` (``Schema.kernel_tags``). The Triton backend's files carry no backend component (so they stay vLLM's
 files); every other backend adds one, e.g. ``...,backend=cuda.json`` holding
 ``{"<M>": {"config_id": 3}}`` (the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu``
 lists them), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
@@ -51,12 +56,14 @@ from typing import Any, ClassVar
 from opmux.kernels import _env
 
 __all__ = [
+    "FP8_BLOCK_TAGS",
     "SCHEMAS",
     "Config",
     "Schema",
     "Table",
     "TableError",
     "TableKey",
+    "Tags",
     "TunedConfigWarning",
     "default_config",
     "device_name",
@@ -76,6 +83,8 @@ __all__ = [
 
 Config = Mapping[str, Any]
 Table = Mapping[int, Config]
+#: the ``name=value`` components of a file name after the device's (a form: ``dtype=fp8_w8a8``)
+Tags = tuple[tuple[str, str], ...]
 
 #: The backend whose files carry no ``backend=`` component (vLLM's and SGLang's files).
 UNMARKED_BACKEND = "triton"
@@ -113,7 +122,7 @@ class TableKey:
     backend: str
     device_name: str
     shape: tuple[tuple[str, int], ...]
-    tags: tuple[tuple[str, str], ...]
+    tags: Tags
 
     def file_name(self) -> str:
         parts = [f"{name}={value}" for name, value in self.shape]
@@ -142,7 +151,7 @@ class TableKey:
             shape = tuple((name, int(fields.pop(name))) for name in schema.shape)
         except (KeyError, ValueError):
             raise ValueError(f"{file_name!r} lacks integer {', '.join(schema.shape)}") from None
-        tags = tuple((name, _norm(fields.pop(name, ""))) for name, _ in schema.tags)
+        tags = tuple((name, _norm(fields.pop(name))) for name in schema.tag_names() if name in fields)
         if device is None or fields:
             extra = ", ".join(fields) or "device_name missing"
             raise ValueError(f"{file_name!r} does not name a {op} table ({extra})")
@@ -155,17 +164,32 @@ def _norm(value: str) -> str:
 
 @dataclass(frozen=True)
 class Schema:
-    """What an op's tables look like: shape components, fixed tags, entry keys per backend, and
-    the default heuristic ``default(m, shape) -> config`` per backend."""
+    """What an op's tables look like: shape components, tags, entry checks per backend
+    (``check(entry, tags) -> problems``), and the default heuristic ``default(m, shape, tags) ->
+    config`` per backend.
+
+    ``tags`` are the components after the device's of the op's one form; an op whose tables
+    differ by form (vLLM's fused MoE: none for bf16 weights, ``dtype=fp8_w8a8,block_shape=[128,128]``
+    for block fp8) lists every tag name a file may carry in ``form_tags`` and passes the call's
+    tags to :func:`lookup` (``kernel_tags``: from the kernel's arguments); ``tags`` is then the
+    default form's."""
 
     shape: tuple[str, ...]
-    tags: tuple[tuple[str, str], ...]
-    entries: Mapping[str, Callable[[Mapping[str, Any]], list[str]]]
-    defaults: Mapping[str, Callable[[int, tuple[int, ...]], dict[str, Any]]]
+    tags: Tags
+    entries: Mapping[str, Callable[[Mapping[str, Any], Tags], list[str]]]
+    defaults: Mapping[str, Callable[[int, tuple[int, ...], Tags], dict[str, Any]]]
     #: (shape, M) of a call from the kernel's arguments (a native kernel's tuned-config lookup)
     kernel_problem: Callable[..., tuple[tuple[int, ...], int]] | None = None
     #: (shape, M) of a call from the public function's arguments (the measured selection)
     call_problem: Callable[..., tuple[tuple[int, ...], int]] | None = None
+    #: the tag names of every form, in file-name order (empty: ``tags``' names, one form)
+    form_tags: tuple[str, ...] = ()
+    #: the tags of a call from the kernel's arguments (ops with several forms)
+    kernel_tags: Callable[..., Tags] | None = None
+
+    def tag_names(self) -> tuple[str, ...]:
+        """The tag names a file of this op may carry, in file-name order."""
+        return self.form_tags or tuple(name for name, _ in self.tags)
 
 
 def _pow2(value: int) -> bool:
@@ -182,7 +206,22 @@ _TRITON_GEMM_KEYS = (
 )
 
 
-def _check_triton_block_fp8(entry: Mapping[str, Any]) -> list[str]:
+def _tile_problems(entry: Mapping[str, Any]) -> list[str]:
+    """Problems with the M / N tiles, warps, stages and grouping of a Triton GEMM entry."""
+    problems = []
+    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
+        if not (_pow2(entry[key]) and 16 <= entry[key] <= 256):
+            problems.append(f"{key}={entry[key]} (a power of two in 16..256)")
+    if not (_pow2(entry["num_warps"]) and entry["num_warps"] <= 16):
+        problems.append(f"num_warps={entry['num_warps']} (1, 2, 4, 8 or 16)")
+    if not 1 <= entry["num_stages"] <= 8:
+        problems.append(f"num_stages={entry['num_stages']} (1..8)")
+    if entry["GROUP_SIZE_M"] < 1:
+        problems.append(f"GROUP_SIZE_M={entry['GROUP_SIZE_M']} (>= 1)")
+    return problems
+
+
+def _check_triton_block_fp8(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     """Problems with one entry of a Triton block-fp8 GEMM table (empty: usable)."""
     problems = [f"missing {key}" for key in _TRITON_GEMM_KEYS if key not in entry]
     unknown = sorted(set(entry) - set(_TRITON_GEMM_KEYS) - {"SPLIT_K"})
@@ -196,28 +235,20 @@ def _check_triton_block_fp8(entry: Mapping[str, Any]) -> list[str]:
         return problems
     if entry["BLOCK_SIZE_K"] != 128:
         problems.append(f"BLOCK_SIZE_K={entry['BLOCK_SIZE_K']} (must be 128: one K step per scale block)")
-    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
-        if not (_pow2(entry[key]) and 16 <= entry[key] <= 256):
-            problems.append(f"{key}={entry[key]} (a power of two in 16..256)")
-    if not (_pow2(entry["num_warps"]) and entry["num_warps"] <= 16):
-        problems.append(f"num_warps={entry['num_warps']} (1, 2, 4, 8 or 16)")
-    if not 1 <= entry["num_stages"] <= 8:
-        problems.append(f"num_stages={entry['num_stages']} (1..8)")
-    if entry["GROUP_SIZE_M"] < 1:
-        problems.append(f"GROUP_SIZE_M={entry['GROUP_SIZE_M']} (>= 1)")
+    problems += _tile_problems(entry)
     if not 1 <= entry.get("SPLIT_K", 1) <= 64:
         problems.append(f"SPLIT_K={entry['SPLIT_K']} (1..64)")
     return problems
 
 
-def _check_config_id(entry: Mapping[str, Any]) -> list[str]:
+def _check_config_id(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     value = entry.get("config_id")
     if set(entry) != {"config_id"} or not isinstance(value, int) or isinstance(value, bool) or value < 0:
         return [f"expected {{'config_id': <int >= 0>}}, got {dict(entry)!r}"]
     return []
 
 
-def _default_triton_block_fp8(m: int, shape: tuple[int, ...]) -> dict[str, int]:
+def _default_triton_block_fp8(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
     """Used when no table matches. Small M (decode) is weight-bound: a thin M tile and narrow N
     tiles give more programs over N; large M is compute-bound: 128x128 tiles, 8 warps."""
     if m <= 16:
@@ -244,25 +275,106 @@ def _default_triton_block_fp8(m: int, shape: tuple[int, ...]) -> dict[str, int]:
 KERNEL_HEURISTIC = -1
 
 
-def _cuda_kernel_heuristic(m: int, shape: tuple[int, ...]) -> dict[str, int]:
+def _cuda_kernel_heuristic(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
     """No table: the CUDA kernel picks by its tested heuristic (``default_config`` in its unit)."""
     return {"config_id": KERNEL_HEURISTIC}
 
 
-def _check_select(entry: Mapping[str, Any]) -> list[str]:
+def _check_select(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     value = entry.get("backend")
     if set(entry) != {"backend"} or not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", value):
         return [f"expected {{'backend': '<backend name>'}}, got {dict(entry)!r}"]
     return []
 
 
-def _no_preference(m: int, shape: tuple[int, ...]) -> dict[str, Any]:
+def _no_preference(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, Any]:
     """No measurement for this shape: the device's declared priority decides."""
     return {}
 
 
 #: the shape of a select table measured over every tuned shape (size classes by M alone)
 ANY_SHAPE = 0
+
+
+#: the tags of the block-fp8 form of vLLM's fused-MoE tables (and of every block-fp8 GEMM table)
+FP8_BLOCK_TAGS: Tags = (("dtype", "fp8_w8a8"), ("block_shape", "[128,128]"))
+#: keys vLLM's / SGLang's fused-MoE files may carry that this kernel has no use for (split-K,
+#: ROCm compiler hints, SGLang's TMA switch), each with its type: read and ignored
+_TRITON_MOE_IGNORED: Mapping[str, type] = MappingProxyType(
+    {"SPLIT_K": int, "kpack": int, "matrix_instr_nonkdim": int, "waves_per_eu": int, "USE_TMA": bool}
+)
+
+
+def _moe_fp8(tags: Tags) -> bool:
+    return dict(tags).get("dtype") == "fp8_w8a8"
+
+
+def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
+    """Problems with one entry of a Triton fused-MoE table (empty: usable); ``tags`` name the
+    form (block fp8: ``BLOCK_SIZE_K`` must be 128)."""
+    problems = [f"missing {key}" for key in _TRITON_GEMM_KEYS if key not in entry]
+    unknown = sorted(set(entry) - set(_TRITON_GEMM_KEYS) - set(_TRITON_MOE_IGNORED))
+    if unknown:
+        problems.append(
+            f"unknown key(s) {', '.join(unknown)} (known: {', '.join(_TRITON_GEMM_KEYS)}; "
+            f"read and ignored: {', '.join(_TRITON_MOE_IGNORED)})"
+        )
+    for key, value in entry.items():
+        if _TRITON_MOE_IGNORED.get(key) is bool:
+            if not isinstance(value, bool):
+                problems.append(f"{key}={value!r} is not a bool")
+        elif key not in unknown and (not isinstance(value, int) or isinstance(value, bool)):
+            problems.append(f"{key}={value!r} is not an integer")
+    if problems:
+        return problems
+    block_k = entry["BLOCK_SIZE_K"]
+    if _moe_fp8(tags):
+        if block_k != 128:
+            problems.append(
+                f"BLOCK_SIZE_K={block_k} (must be 128 for fp8 weights: one K step per scale block)"
+            )
+    elif not (_pow2(block_k) and 16 <= block_k <= 256):
+        problems.append(f"BLOCK_SIZE_K={block_k} (a power of two in 16..256)")
+    return problems + _tile_problems(entry)
+
+
+def _default_triton_moe(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
+    """Used when no table matches (vLLM's ``get_default_config`` in spirit). The tiles cover the
+    rows routed to ONE expert (about M * topk / E of them): at decode M those are a few, so a
+    16-row M tile and 64-wide N tiles (more programs over N); large M is compute-bound: 64 / 128
+    tiles, 8 warps for 128 x 128. K steps: 128 for fp8 (one scale block), else 64 (32 for fp32,
+    whose tiles take twice the shared memory)."""
+    if m <= 32:
+        bm, bn, group, warps, stages = 16, 64, 1, 4, 4
+    elif m <= 128:
+        bm, bn, group, warps, stages = 32, 64, 8, 4, 4
+    elif m <= 1024:
+        bm, bn, group, warps, stages = 64, 128, 8, 4, 3
+    else:
+        bm, bn, group, warps, stages = 128, 128, 8, 8, 3
+    dtype = dict(tags).get("dtype")
+    bk = 128 if _moe_fp8(tags) else 32 if dtype == "float32" else 64
+    return {
+        "BLOCK_SIZE_M": bm,
+        "BLOCK_SIZE_N": bn,
+        "BLOCK_SIZE_K": bk,
+        "GROUP_SIZE_M": group,
+        "num_warps": warps,
+        "num_stages": stages,
+    }
+
+
+def _moe_kernel_problem(out: Any, hidden: Any, w1: Any, w2: Any, *rest: Any) -> tuple[tuple[int, ...], int]:
+    """(E, N) and M: E the local experts, N = w2.shape[2] (the intermediate size per shard)."""
+    return (w1.shape[0], w2.shape[2]), hidden.shape[0]
+
+
+def _moe_kernel_tags(out: Any, hidden: Any, w1: Any, *rest: Any) -> Tags:
+    """vLLM's file-name form: fp8 block weights ``dtype=fp8_w8a8,block_shape=[128,128]``, fp32
+    ``dtype=float32``, bf16 / fp16 none."""
+    if str(w1.dtype) == "torch.float8_e4m3fn":
+        return FP8_BLOCK_TAGS
+    return (("dtype", "float32"),) if str(hidden.dtype) == "torch.float32" else ()
 
 
 def _gemm_kernel_problem(out: Any, a: Any, b: Any, *rest: Any) -> tuple[tuple[int, ...], int]:
@@ -278,7 +390,7 @@ def _gemm_call_problem(a: Any, b: Any, *rest: Any, **kwargs: Any) -> tuple[tuple
 SCHEMAS: Mapping[str, Schema] = {
     "gemm.w8a8_block_fp8_matmul": Schema(
         shape=("N", "K"),
-        tags=(("dtype", "fp8_w8a8"), ("block_shape", "[128,128]")),
+        tags=FP8_BLOCK_TAGS,
         entries={"triton": _check_triton_block_fp8, "cuda": _check_config_id, "select": _check_select},
         defaults={
             "triton": _default_triton_block_fp8,
@@ -287,6 +399,15 @@ SCHEMAS: Mapping[str, Schema] = {
         },
         kernel_problem=_gemm_kernel_problem,
         call_problem=_gemm_call_problem,
+    ),
+    "moe.fused_experts": Schema(
+        shape=("E", "N"),
+        tags=(),
+        entries={"triton": _check_triton_moe},
+        defaults={"triton": _default_triton_moe},
+        kernel_problem=_moe_kernel_problem,
+        form_tags=("dtype", "block_shape"),
+        kernel_tags=_moe_kernel_tags,
     ),
 }
 
@@ -310,20 +431,28 @@ def _entry_check(op: str, backend: str) -> Callable[[Mapping[str, Any]], list[st
         ) from None
 
 
-def table_key(op: str, backend: str, device_name: str, shape: tuple[int, ...]) -> TableKey:
-    """The key of ``op``'s table for ``shape`` (in the schema's order, e.g. ``(N, K)``)."""
+def table_key(
+    op: str, backend: str, device_name: str, shape: tuple[int, ...], tags: Tags | None = None
+) -> TableKey:
+    """The key of ``op``'s table for ``shape`` (in the schema's order, e.g. ``(N, K)``) and form
+    (``tags``; None: the schema's ``tags``)."""
     schema = _schema_for(op)
     _entry_check(op, backend)
     if len(shape) != len(schema.shape):
         raise ValueError(f"{op}: shape {shape} does not match ({', '.join(schema.shape)})")
-    return TableKey(op, backend, device_name, tuple(zip(schema.shape, shape, strict=True)), schema.tags)
+    tags = schema.tags if tags is None else tags
+    unknown = [name for name, _ in tags if name not in schema.tag_names()]
+    if unknown:
+        raise ValueError(f"{op}: tag(s) {', '.join(unknown)} not among {', '.join(schema.tag_names())}")
+    return TableKey(op, backend, device_name, tuple(zip(schema.shape, shape, strict=True)), tags)
 
 
-def validate_entry(op: str, backend: str, entry: Any) -> list[str]:
-    """Problems with one table entry (empty when usable)."""
+def validate_entry(op: str, backend: str, entry: Any, tags: Tags | None = None) -> list[str]:
+    """Problems with one table entry of the form ``tags`` (None: the schema's; empty when usable)."""
     if not isinstance(entry, Mapping):
         return [f"entry {entry!r} is not an object"]
-    return _entry_check(op, backend)(entry)
+    check = _entry_check(op, backend)
+    return check(entry, _schema_for(op).tags if tags is None else tags)
 
 
 def read_table(path: Path, key: TableKey) -> dict[int, Config]:
@@ -342,7 +471,7 @@ def read_table(path: Path, key: TableKey) -> dict[int, Config]:
             m = -1
         if m < 0:
             raise TableError(str(path), f"key {m_text!r} is not a batch size M >= 0")
-        problems = validate_entry(key.op, key.backend, entry)
+        problems = validate_entry(key.op, key.backend, entry, key.tags)
         if problems:
             raise TableError(str(path), f"M={m_text}: " + "; ".join(problems))
         table[m] = MappingProxyType(dict(entry))
@@ -383,9 +512,9 @@ class _State:
     # the user dir is read once (hot path); refresh() forgets it, the tables and the results
     user_dir: Path | None = None
     user_dir_read = False
-    index: ClassVar[dict[Path, dict[TableKey, Path]]] = {}
+    index: ClassVar[dict[tuple[str, Path], dict[TableKey, Path]]] = {}
     tables: ClassVar[dict[TableKey, tuple[list[int], list[Config]] | None]] = {}
-    results: ClassVar[dict[tuple[str, str, str, tuple[int, ...], int], Config]] = {}
+    results: ClassVar[dict[tuple[str, str, str, tuple[int, ...], int, Tags | None], Config]] = {}
     memos: ClassVar[list[dict[Any, Any]]] = []
 
 
@@ -421,7 +550,8 @@ def _user_dir() -> Path | None:
 
 
 def _dir_index(op: str, directory: Path) -> dict[TableKey, Path]:
-    index = _State.index.get(directory)
+    # per op: a vLLM folder holds several ops' files (MoE and GEMM tables side by side)
+    index = _State.index.get((op, directory))
     if index is None:
         index = {}
         try:
@@ -435,7 +565,7 @@ def _dir_index(op: str, directory: Path) -> dict[TableKey, Path]:
                 index.setdefault(TableKey.parse(op, name), directory / name)
             except ValueError:
                 continue  # another op's file (vLLM's folders mix MoE and GEMM tables)
-        _State.index[directory] = index
+        _State.index[(op, directory)] = index
     return index
 
 
@@ -480,17 +610,24 @@ def nearest_ratio(keys: list[int], m: int) -> int:
     return min(range(len(keys)), key=lambda i: (abs(math.log(max(keys[i], 1) / want)), keys[i]))
 
 
-def default_config(op: str, backend: str, m: int, shape: tuple[int, ...]) -> dict[str, Any]:
-    """The op's heuristic configuration when no table matches."""
+def default_config(
+    op: str, backend: str, m: int, shape: tuple[int, ...], tags: Tags | None = None
+) -> dict[str, Any]:
+    """The op's heuristic configuration when no table matches (for the form ``tags``; None: the
+    schema's)."""
     _entry_check(op, backend)
-    return _schema_for(op).defaults[backend](m, shape)
+    schema = _schema_for(op)
+    return schema.defaults[backend](m, shape, schema.tags if tags is None else tags)
 
 
-def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: int) -> Config:
+def lookup(
+    op: str, backend: str, device_name: str, shape: tuple[int, ...], m: int, tags: Tags | None = None
+) -> Config:
     """The launch configuration of ``op`` on ``backend`` for ``shape`` (schema order, e.g.
-    ``(N, K)``) and batch size ``m``: a tuned table's nearest-M entry, else the default.
-    Read-only; the same object for the same arguments."""
-    memo = (op, backend, device_name, shape, m)
+    ``(N, K)``), batch size ``m`` and form ``tags`` (None: the schema's ``tags``; an op with
+    several forms passes its call's, ``Schema.kernel_tags``): a tuned table's nearest-M entry,
+    else the default. Read-only; the same object for the same arguments."""
+    memo = (op, backend, device_name, shape, m, tags)
     config = _State.results.get(memo)
     if config is not None:
         return config
@@ -498,8 +635,8 @@ def lookup(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: i
         found = _select_table(op, device_name, shape, m)
         entry = None if found is None else found[1][1][nearest_ratio(found[1][0], m)]
     else:
-        entry = _config_entry(_table(table_key(op, backend, device_name, shape)), m)
-    config = MappingProxyType(default_config(op, backend, m, shape)) if entry is None else entry
+        entry = _config_entry(_table(table_key(op, backend, device_name, shape, tags)), m)
+    config = MappingProxyType(default_config(op, backend, m, shape, tags)) if entry is None else entry
     if len(_State.results) >= _MAX_RESULTS:
         _State.results.clear()
     _State.results[memo] = config
@@ -550,17 +687,25 @@ def _table(key: TableKey) -> tuple[list[int], list[Config]] | None:
     return _State.tables[key]
 
 
-def source(op: str, backend: str, device_name: str, shape: tuple[int, ...], m: int | None = None) -> str:
+def source(
+    op: str,
+    backend: str,
+    device_name: str,
+    shape: tuple[int, ...],
+    m: int | None = None,
+    tags: Tags | None = None,
+) -> str:
     """Where :func:`lookup` takes ``op``'s entries for ``shape`` (and batch size ``m`` when
-    given) from: a file's path, or ``"default"`` (for ``explain``). Without ``m``: the file that
-    would speak for some M (select: the shape's table, else the size classes)."""
+    given; form ``tags`` as there) from: a file's path, or ``"default"`` (for ``explain``).
+    Without ``m``: the file that would speak for some M (select: the shape's table, else the
+    size classes)."""
     if backend == "select" and m is not None:
         picked = _select_table(op, device_name, shape, m)
         keys = [] if picked is None else [picked[0]]
-    elif m is not None and _config_entry(_table(table_key(op, backend, device_name, shape)), m) is None:
+    elif m is not None and _config_entry(_table(table_key(op, backend, device_name, shape, tags)), m) is None:
         keys = []
     else:
-        keys = [table_key(op, backend, device_name, shape)]
+        keys = [table_key(op, backend, device_name, shape, tags)]
         if backend == "select":
             keys.append(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape)))
     for key in keys:

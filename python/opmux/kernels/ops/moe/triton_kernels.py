@@ -344,3 +344,6 @@ def batched_moe_align_block_size(
         BLOCK=min(1024, max(16, triton.next_power_of_2(m))),
         EBLOCK=max(16, triton.next_power_of_2(e)),
     )
+
+
+from .fused_experts_triton import fused_experts, launch_fused_experts  # noqa: E402,F401
