@@ -1,0 +1,70 @@
+"""The fused-MoE tuner (``python -m opmux.kernels.tune moe.fused_experts``) on the CPU, in the
+Triton interpreter: vLLM-named tables per form, resumable, every entry valid, usage errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opmux.kernels import tuned
+from opmux.kernels.tune.__main__ import main
+from opmux.kernels.tune.models import moe_shapes
+from opmux.kernels.tune.moe import moe_candidates
+
+OP = "moe.fused_experts"
+
+
+def test_tables_resume_and_forms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        OP,
+        "--shapes",
+        "4,64,128,2;4,64,256,2,fp8",
+        "--m",
+        "1,8",
+        "--budget-s",
+        "60",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*argv, "--max-configs", "2", "--device", "cpu"]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "E=4,N=64,device_name=cpu,dtype=fp8_w8a8,block_shape=[128,128].json",
+        "E=4,N=64,device_name=cpu.json",
+    ]
+    for name in names:
+        key = tuned.TableKey.parse(OP, name)
+        table = tuned.read_table(tmp_path / name, key)  # validated against the form's rules
+        assert sorted(table) == [1, 8]
+        if "fp8" in name:
+            assert all(c["BLOCK_SIZE_K"] == 128 for c in table.values())
+    before = {n: (tmp_path / n).read_text() for n in names}
+    capsys.readouterr()
+    assert main([*argv, "--device", "cpu", "--json"]) == 0  # resumed: every entry kept, none timed
+    report = json.loads(capsys.readouterr().out)
+    assert all(e["skipped"] for e in report["entries"]) and len(report["entries"]) == 4
+    assert {n: (tmp_path / n).read_text() for n in names} == before
+
+
+def test_candidates_and_presets() -> None:
+    cands = moe_candidates(1, (8, 14336, 4096, 2), "bf16")
+    assert cands[0] == tuned.default_config(OP, "triton", 1, (8, 14336))
+    assert all(c["BLOCK_SIZE_M"] <= 32 for c in cands)  # M tiles past the rows one expert gets: out
+    fp8 = moe_candidates(4096, (256, 2048, 7168, 8), "fp8")
+    assert {c["BLOCK_SIZE_K"] for c in fp8} == {128} and len(fp8) == len({json.dumps(c) for c in fp8})
+    assert moe_shapes("DeepSeek-V3") == (256, 2048, 7168, 8, "fp8")
+    assert moe_shapes("Qwen3-235B-A22B", tp=4) == (128, 384, 4096, 8, "bf16")
+    with pytest.raises(ValueError, match="presets"):
+        moe_shapes("GPT-5")
+
+
+def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([OP, "--shapes", "4,64,128", "--budget-s", "5", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "E,N,K,topk" in capsys.readouterr().err
+    assert main([OP, "--budget-s", "5", "--out", str(tmp_path)]) == 1
+    assert "nothing to tune" in capsys.readouterr().err
+    assert main([OP, "--models", "Mixtral-8x7B", "--backend", "cuda", "--budget-s", "5", "--out", "x"]) == 1
+    assert "Triton kernel only" in capsys.readouterr().err
