@@ -83,23 +83,10 @@ def peer_config(folder: Path | None, e: int, n: int, fp8: bool, m: int) -> tuple
 
 
 def make_weights(torch: Any, e: int, n: int, k: int, fp8: bool) -> dict[str, Any]:
-    g = torch.Generator(device="cuda").manual_seed(e * 7 + n)
-    w1 = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=g) * k**-0.5
-    w2 = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=g) * n**-0.5
-    if not fp8:
-        return {"w1": w1, "w2": w2}
-    # 128x128 blocks scaled to e4m3's range (each block's amax / 448)
-    out: dict[str, Any] = {}
-    for name, w in (("w1", w1), ("w2", w2)):
-        r, c = w.shape[1:]
-        blocks = torch.nn.functional.pad(w.float(), (0, -c % 128, 0, -r % 128))
-        blocks = blocks.view(e, blocks.shape[1] // 128, 128, blocks.shape[2] // 128, 128)
-        scale = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-8) / 448.0
-        q = (blocks / scale[:, :, None, :, None]).view(e, blocks.shape[1] * 128, -1)[:, :r, :c]
-        out[name] = q.to(torch.float8_e4m3fn)
-        out[name + "_scale"] = scale.contiguous()
-        del blocks
-    return out
+    from opmux.kernels.tune.moe import make_weights as experts
+
+    w = experts(torch, e, n, k, "fp8" if fp8 else "bf16", "cuda")
+    return {name: t for name, t in w.items() if t is not None}
 
 
 def routing(torch: Any, m: int, e: int, k: int, topk: int, seed: int) -> dict[str, Any]:
@@ -170,10 +157,9 @@ def run_case(
     bw: dict[str, Any],
     args: Any,
 ) -> dict[str, Any]:
-    from opmux.kernels.ops.moe.fused_experts_triton import launch_fused_experts
-
     from opmux.kernels import explain, ops
     from opmux.kernels.ops.moe import _experts
+    from opmux.kernels.ops.moe.fused_experts_triton import launch_fused_experts
 
     e, n, k, topk = shape
     fp8 = form == "fp8"

@@ -27,7 +27,7 @@ from typing import IO, Any
 from opmux.kernels import tuned
 from opmux.kernels.tune.runner import _label, _setup, _timer
 
-__all__ = ["MoeEntry", "MoeReport", "moe_candidates", "tune_moe"]
+__all__ = ["MoeEntry", "MoeReport", "make_weights", "moe_candidates", "tune_moe"]
 
 OP = "moe.fused_experts"
 #: vLLM's token counts for its fused-MoE tables (benchmark_moe.py), so files line up
@@ -126,10 +126,16 @@ def _product(form: str) -> list[tuple[int, int, int, int, int, int]]:
     ]
 
 
-def _weights(torch: Any, e: int, n: int, k: int, form: str, device: str) -> dict[str, Any]:
-    gen = torch.Generator(device="cpu").manual_seed(e * 131 + n * 7 + k)
-    w1 = (torch.randn(e, 2 * n, k, generator=gen) * k**-0.5).to(torch.bfloat16).to(device)
-    w2 = (torch.randn(e, k, n, generator=gen) * n**-0.5).to(torch.bfloat16).to(device)
+def make_weights(torch: Any, e: int, n: int, k: int, form: str, device: str) -> dict[str, Any]:
+    """Random experts of order-1 outputs in ``form`` (fp8: 128x128 blocks scaled to e4m3's range
+    by each block's amax), with their scales (None for bf16); the tuner's and the benchmark's."""
+    # made on the device (DeepSeek-V3's experts are 22 GB in bf16), one expert at a time in fp32
+    gen = torch.Generator(device=device).manual_seed(e * 131 + n * 7 + k)
+    w1 = torch.empty(e, 2 * n, k, dtype=torch.bfloat16, device=device)
+    w2 = torch.empty(e, k, n, dtype=torch.bfloat16, device=device)
+    for i in range(e):
+        w1[i] = torch.randn(2 * n, k, generator=gen, device=device) * k**-0.5
+        w2[i] = torch.randn(k, n, generator=gen, device=device) * n**-0.5
     if form != "fp8":
         return {"w1": w1, "w2": w2, "w1_scale": None, "w2_scale": None}
     out: dict[str, Any] = {}
@@ -137,11 +143,14 @@ def _weights(torch: Any, e: int, n: int, k: int, form: str, device: str) -> dict
         r, c = w.shape[1:]
         rb, cb = -(-r // 128), -(-c // 128)
         # one scale per 128x128 block from the block's amax; values quantized by it
-        padded = torch.nn.functional.pad(w.float(), (0, cb * 128 - c, 0, rb * 128 - r))
-        blocks = padded.view(e, rb, 128, cb, 128)
-        scale = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-8) / 448.0
-        q = (blocks / scale[:, :, None, :, None]).view(e, rb * 128, cb * 128)[:, :r, :c]
-        out[name], out[name + "_scale"] = q.to(torch.float8_e4m3fn), scale.contiguous()
+        q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=device)
+        scale = torch.empty(e, rb, cb, dtype=torch.float32, device=device)
+        for i in range(e):  # one expert at a time: no fp32 copy of them all
+            blocks = torch.nn.functional.pad(w[i].float(), (0, cb * 128 - c, 0, rb * 128 - r))
+            blocks = blocks.view(rb, 128, cb, 128)
+            scale[i] = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-8) / 448.0
+            q[i] = (blocks / scale[i][:, None, :, None]).view(rb * 128, cb * 128)[:r, :c].to(q.dtype)
+        out[name], out[name + "_scale"] = q, scale
     return out
 
 
@@ -213,7 +222,7 @@ def tune_moe(
         entry_deadline = time.monotonic() + share
         if (e, n, k, form) not in weights:
             weights.clear()  # one model's weights at a time (DeepSeek-V3's are 11 GB in fp8)
-            weights[(e, n, k, form)] = _weights(torch, e, n, k, form, device)
+            weights[(e, n, k, form)] = make_weights(torch, e, n, k, form, device)
         w = weights[(e, n, k, form)]
         s = _routing(torch, m, e, k, topk, device, 0)
         s1 = w["w1_scale"] if w["w1_scale"] is not None else empty
