@@ -14,10 +14,11 @@ after the device's (its ``tags``), as vLLM's fused-MoE files are: ``moe.fused_ex
 ``E=8,N=14336,device_name=NVIDIA_H200.json`` for bf16 / fp16 weights,
 ``...,dtype=float32.json`` for fp32, ``...,dtype=fp8_w8a8,block_shape=[128,128].json`` for
 block fp8 (N = ``w2.shape[2]``, E the local experts); the caller passes its form's tags to
-:func:`lookup` (``Schema.kernel_tags``). The Triton backend's files carry no backend component (so they stay vLLM's
-files); every other backend adds one, e.g. ``...,backend=cuda.json`` holding
-``{"<M>": {"config_id": 3}}`` (the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu``
-lists them), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
+:func:`lookup` (``Schema.kernel_tags``).
+
+The Triton backend's files carry no backend component (so they stay vLLM's files); every
+other backend adds one, e.g. ``...,backend=cuda.json`` holding ``{"<M>": {"config_id": 3}}``
+(the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu`` lists them), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
 measured fastest for that shape and M on that device (``python -m opmux.kernels.tune ...
 --backend select`` writes it), which dispatch tries first. A select table with ``N=0,K=0``
 holds the size classes by M measured over all the tuned shapes: it applies to a shape with no
@@ -208,7 +209,7 @@ _TRITON_GEMM_KEYS = (
 
 def _tile_problems(entry: Mapping[str, Any]) -> list[str]:
     """Problems with the M / N tiles, warps, stages and grouping of a Triton GEMM entry."""
-    problems = []
+    problems: list[str] = []
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
         if not (_pow2(entry[key]) and 16 <= entry[key] <= 256):
             problems.append(f"{key}={entry[key]} (a power of two in 16..256)")

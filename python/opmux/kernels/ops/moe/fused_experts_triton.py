@@ -325,10 +325,12 @@ def launch_fused_experts(
     y = cache[: slots * k].view(slots, k)
 
     # 2. first product
+    a1_scale: torch.Tensor | None = None
+    a2_scale: torch.Tensor | None = None
     if fp8:
         a1, a1_scale = _quant_groups(_padded(hidden))
     else:
-        a1, a1_scale = hidden, None
+        a1 = hidden
     _grouped_gemm(
         h1, a1, w1, a1_scale, w1_scale, topk_weights, routing,
         k=k, topk=topk, a_div=topk, mul_weight=apply_router_weight_on_input, config=config,
@@ -343,7 +345,7 @@ def launch_fused_experts(
     if fp8:
         a2, a2_scale = _quant_groups(act)
     else:
-        a2, a2_scale = act, None
+        a2 = act
 
     # 4. second product, each expert's output times its weight, rounded to hidden's dtype
     _grouped_gemm(
