@@ -300,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from opmux.kernels.tune import MOE_MODELS
 
-    models = [m for m in MOE_MODELS if not args.models or m in args.models.split(",")]
+    models = [m for m in args.models.split(",") if m] or list(MOE_MODELS)
+    unknown = [m for m in models if m not in MOE_MODELS]
+    if unknown:
+        ap.error(f"unknown --models {', '.join(unknown)}; presets: {', '.join(MOE_MODELS)}")
     ms = [int(v) for v in args.m.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth(torch)
