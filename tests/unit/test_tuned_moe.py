@@ -15,7 +15,7 @@ import pytest
 from opmux.kernels import _env, tuned
 
 OP = "moe.fused_experts"
-DEV = "NVIDIA_H200"
+DEV = "NVIDIA_TEST_GPU"  # no shipped table: what a test writes is all there is
 FP8 = tuned.FP8_BLOCK_TAGS
 F32 = (("dtype", "float32"),)
 BF16_NAME = f"E=8,N=14336,device_name={DEV}.json"
@@ -191,3 +191,20 @@ def test_the_triton_launcher_takes_the_tuned_entry(user_dir: Path, monkeypatch: 
     h32 = hidden.float()
     fe.fused_experts(h32, h32, w1.float(), w2.float(), ids.float(), ids, empty, empty, empty, "silu", False)
     assert dict(seen[1]) == tuned.default_config(OP, "triton", 4, (3, 16), F32)  # the bf16 file is not fp32's
+
+
+def test_the_shipped_h200_tables() -> None:
+    """The wheel's tables for the four models' experts: valid, one per (E, N, form), found by lookup."""
+    shipped = {
+        ((8, 14336), ()),
+        ((128, 768), ()),
+        ((128, 1536), ()),
+        ((256, 2048), FP8),
+    }
+    for shape, tags in shipped:
+        key = tuned.table_key(OP, "triton", "NVIDIA_H200", shape, tags)
+        path = tuned.shipped_dir(OP) / key.file_name()
+        table = tuned.read_table(path, key)
+        assert {1, 8, 64, 256, 1024, 4096, 16384} <= set(table)
+        assert dict(tuned.lookup(OP, "triton", "NVIDIA_H200", shape, 100, tags)) == dict(table[64])
+        assert tuned.source(OP, "triton", "NVIDIA_H200", shape, tags=tags) == str(path)

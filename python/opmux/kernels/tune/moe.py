@@ -38,6 +38,31 @@ _BLOCK_K = (64, 128, 256)
 _GROUP_M = (1, 16, 32, 64)
 _WARPS = (4, 8)
 _STAGES = (2, 3, 4, 5)
+#: configurations of the kinds that win on Hopper for this kernel (thin M tiles with deep K
+#: pipelines at decode; 64 x 128 with grouping mid-range; 128 x 256 tiles, 8 warps, when each
+#: expert gets many rows), tried right after the default so that a short budget times them
+_SEEDS_BF16 = (
+    (16, 128, 128, 16, 4, 5),
+    (16, 64, 128, 1, 4, 4),
+    (16, 64, 256, 16, 4, 3),
+    (32, 128, 128, 16, 4, 3),
+    (16, 256, 128, 1, 8, 2),
+    (64, 128, 128, 1, 8, 4),
+    (64, 128, 64, 1, 4, 3),
+    (128, 256, 64, 16, 8, 4),
+    (128, 256, 64, 1, 8, 4),
+    (128, 128, 64, 16, 8, 4),
+)
+_SEEDS_FP8 = (
+    (64, 128, 128, 32, 4, 3),
+    (16, 128, 128, 1, 4, 5),
+    (16, 64, 128, 1, 4, 4),
+    (32, 128, 128, 16, 4, 3),
+    (16, 256, 128, 1, 8, 3),
+    (128, 128, 128, 32, 8, 3),
+    (64, 256, 128, 16, 8, 3),
+    (128, 256, 128, 16, 8, 2),
+)
 #: mean |candidate - definition| / mean |definition| a candidate must stay below (bf16 outputs:
 #: the definition rounds where the kernel does, so correct configs agree to ~1e-3)
 _AGREE = 1e-2
@@ -108,7 +133,15 @@ def moe_candidates(
             }
         )
     random.Random(seed).shuffle(space)
-    ordered = [first] + [c for c in space if c != first]
+    keys = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+    seeds = [dict(zip(keys, v, strict=True)) for v in (_SEEDS_FP8 if form == "fp8" else _SEEDS_BF16)]
+    # the seeds whose M tile suits the rows an expert gets first
+    seeds = sorted(
+        (c for c in seeds if c["BLOCK_SIZE_M"] <= 2 * rows),
+        key=lambda c: abs(c["BLOCK_SIZE_M"].bit_length() - min(rows, 128).bit_length()),
+    )
+    ordered = [first] + [c for c in seeds if c != first]
+    ordered += [c for c in space if c not in ordered]
     assert all(not tuned.validate_entry(OP, "triton", c, tags) for c in ordered)  # internal invariant
     return ordered
 
@@ -160,6 +193,30 @@ def _routing(torch: Any, m: int, e: int, k: int, topk: int, device: str, seed: i
     ids = torch.stack([torch.randperm(e, generator=gen)[:topk] for _ in range(m)]).to(torch.int32).to(device)
     weights = torch.rand(m, topk, generator=gen).to(device)
     return {"hidden": hidden, "tw": weights, "ti": ids}
+
+
+#: the fastest few of an entry's candidates, timed again this many times each before one is kept
+_CONFIRM_TOP, _CONFIRM_RUNS = 3, 2
+
+
+def _confirm(
+    bench: Any,
+    launch: Any,
+    args: tuple[Any, ...],
+    measured: list[tuple[float, dict[str, Any]]],
+    best: tuple[float, dict[str, Any]],
+) -> tuple[float, dict[str, Any]]:
+    """The fastest of the ``_CONFIRM_TOP`` first-timed candidates by the median of three timings:
+    a minimum over many noisy single timings favours a lucky one (on the H200 a config timed
+    185 us in the loop and 206 us in the benchmark); timed again, the pick stands on its median."""
+    top = sorted(measured, key=lambda x: x[0])[:_CONFIRM_TOP]
+    if len(top) < 2:
+        return best
+    again = []
+    for us, config in top:
+        runs = [us] + [bench(functools.partial(launch, *args, config=config)) for _ in range(_CONFIRM_RUNS)]
+        again.append((sorted(runs)[len(runs) // 2], config))
+    return min(again, key=lambda x: x[0])
 
 
 def tune_moe(
@@ -244,6 +301,7 @@ def tune_moe(
         best: tuple[float, dict[str, Any]] | None = None
         tried = 0
         timings: dict[str, float] = {}
+        measured: list[tuple[float, dict[str, Any]]] = []
         for config in [previous, *(c for c in space if c != previous)] if previous else space:
             if tried >= 2 and time.monotonic() > entry_deadline:
                 break
@@ -266,11 +324,13 @@ def tune_moe(
             except Exception as err:  # out of resources, a compile failure: skip the config
                 print(f"  skipped {config}: {type(err).__name__}: {err}".splitlines()[0], file=progress)
                 continue
+            measured.append((us, config))
             if best is None or us < best[0]:
                 best = (us, config)
         if best is None:
             report.unfinished.append((e, n, k, topk, form, m))
             continue
+        best = _confirm(bench, launch_fused_experts, args, measured, best)
         tables[(e, n, form)][m] = best[1]
         path = out / tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form)).file_name()
         tuned.write_table(path, tables[(e, n, form)])
