@@ -104,9 +104,12 @@ def kernel_names() -> dict[str, tuple[str, str]]:
         group = cu.name.removesuffix("_cuda.cu")
         for name in _CUDA_KERNEL.findall(cu.read_text()):
             names[name] = (group, "aot/jit")
-    for tk in sorted((_HERE / "ops").glob("*/triton_kernels.py")):
+    # a group's launchers, and the modules its launchers import from (moe/fused_experts_triton.py)
+    for tk in sorted((_HERE / "ops").glob("*/*.py")):
+        if "@triton.jit" not in (text := tk.read_text()):
+            continue
         group = tk.parent.name
-        for name in _TRITON_KERNEL.findall(tk.read_text()):
+        for name in _TRITON_KERNEL.findall(text):
             names[name] = (group, "triton")
     return names
 
