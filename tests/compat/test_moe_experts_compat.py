@@ -260,6 +260,21 @@ def test_sgl_fused_experts(dtype: torch.dtype) -> None:
     _close(scaled, (want.float() * 2.5).to(dtype))
 
 
+def test_sgl_routed_scaling_factor_with_router_weight_on_input() -> None:
+    """SGLang scales the combined output (moe_sum_reduce), also when the router weight went on
+    the input: scaling the weights there would scale the gated activation's input instead."""
+    p = _problem(torch.float32)
+    w, ids = p["w"][:, :1].contiguous(), p["ids"][:, :1].contiguous()
+    want = reference(p["hidden"], p["w1"], p["w2"], w, ids, apply_router_weight_on_input=True) * 2.5
+    runner = _runner(inplace=False, apply_router_weight_on_input=True, routed_scaling_factor=2.5)
+    got = sgl.fused_experts(p["hidden"], p["w1"], p["w2"], (w, ids, None), runner)
+    _close(got, want)
+    h = p["hidden"].clone()
+    runner = _runner(apply_router_weight_on_input=True, routed_scaling_factor=2.5)
+    assert sgl.fused_experts(h, p["w1"], p["w2"], (w, ids, None), runner) is h
+    _close(h, want)
+
+
 def test_sgl_skips_experts_of_other_ranks() -> None:
     """ids of -1 (an expert on another rank) contribute nothing, as SGLang's filter_expert."""
     p = _problem(torch.float32)

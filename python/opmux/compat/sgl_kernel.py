@@ -437,7 +437,7 @@ def fused_experts(
     ``NotImplementedError``. As SGLang, ids of -1 (experts of another rank) are skipped unless
     the config says every expert is local (``num_experts == num_local_experts``).
     ``routed_scaling_factor`` scales the routing weights (SGLang scales the sum: the same up to
-    the last rounding)."""
+    the last rounding); with ``apply_router_weight_on_input`` it scales the result, as SGLang's."""
     from . import _experts
 
     topk_weights, topk_ids = topk_output[0], topk_output[1]
@@ -470,13 +470,15 @@ def fused_experts(
         if present:
             _experts.refuse("fused_experts", what)
     scale = getattr(cfg, "routed_scaling_factor", None)
-    if scale is not None and scale != 1.0:
-        topk_weights = topk_weights.float() * float(scale)
+    scale = 1.0 if scale is None else float(scale)
+    on_input = bool(getattr(cfg, "apply_router_weight_on_input", False))
+    if scale != 1.0 and not on_input:  # linear in the weights there: one rounding, as SGLang's
+        topk_weights = topk_weights.float() * scale
     num, local = getattr(cfg, "num_experts", None), getattr(cfg, "num_local_experts", None)
     expert_map = None
     if num is None or num != local:
         topk_ids, expert_map = _skip_minus_one(topk_ids, w1.shape[0])
-    return _experts.run(
+    out = _experts.run(
         "fused_experts",
         hidden_states,
         w1,
@@ -485,13 +487,16 @@ def fused_experts(
         topk_ids,
         inplace=bool(getattr(cfg, "inplace", True)),
         activation=act,
-        apply_router_weight_on_input=bool(getattr(cfg, "apply_router_weight_on_input", False)),
+        apply_router_weight_on_input=on_input,
         expert_map=expert_map,
         use_fp8_w8a8=use_fp8_w8a8,
         block_shape=block_shape,
         w1_scale=w1_scale,
         w2_scale=w2_scale,
     )
+    # the router weight went on the input (before the gated activation): the factor scales the
+    # combined output, as SGLang's moe_sum_reduce does
+    return out.mul_(scale) if scale != 1.0 and on_input else out
 
 
 # -- block-scaled fp8 GEMM ---------------------------------------------------------------------

@@ -456,7 +456,14 @@ def fused_experts_invalid(device: str) -> Invalid:
             ValueError,
             "fp8 weights",
         ),
-        ("fp8-without-scales", (h, q1, q2, tw, ids), {}, TypeError, "w1_scale"),
+        (
+            "fp8-without-scales",
+            (h, q1, q2, tw, ids),
+            {},
+            ValueError,
+            r"fp8 weights need their 128x128 block scales: w1_scale \[E, cdiv\(2N, 128\)",
+        ),
+        ("fp8-one-scale", (h, q1, q2, tw, ids), {"w1_scale": s1}, ValueError, "fp8 weights need their"),
         (
             "fp8-scale-blocks",
             (h, q1, q2, tw, ids),

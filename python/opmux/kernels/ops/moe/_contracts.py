@@ -245,6 +245,8 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
             raise ValueError(f"{op}: expert_map has shape {tuple(expert_map.shape)}, expected [G] (global expert id -> local id in [0, E), or -1 for an expert on another rank)")
         G = expert_map.shape[-1]
         _checks.same_device(op, "hidden", hidden, expert_map=expert_map)
+    if not (w1_scale is not None and w2_scale is not None):
+        raise ValueError(f'{op}: fp8 weights need their 128x128 block scales: w1_scale [E, cdiv(2N, 128), cdiv(K, 128)] and w2_scale [E, cdiv(K, 128), cdiv(N, 128)] (float32)')
     _checks.tensor(op, "w1_scale", w1_scale)
     _checks.dtype_in(op, "w1_scale", w1_scale, ('float32',))
     if w1_scale.dim() != 3:
@@ -259,8 +261,6 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
     if w2_scale.shape[-3] != E or w2_scale.shape[-2] != cdiv(K, 128) or w2_scale.shape[-1] != cdiv(N2 // 2, 128):
         raise ValueError(f"{op}: w2_scale has shape {tuple(w2_scale.shape)}, expected [{E}, {cdiv(K, 128)}, {cdiv(N2 // 2, 128)}] (w2's 128x128 block scales)")
     _checks.same_device(op, "hidden", hidden, w2_scale=w2_scale)
-    if not (w1_scale is not None and w2_scale is not None):
-        raise ValueError(f'{op}: fp8 weights need their 128x128 block scales: w1_scale [E, cdiv(2N, 128), cdiv(K, 128)] and w2_scale [E, cdiv(K, 128), cdiv(N, 128)] (float32)')
     if out is None:
         out = torch.empty((M, K), dtype=hidden.dtype, device=hidden.device)
     else:
@@ -410,6 +410,8 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
             raise ValueError(f"{op}: expert_map has shape {tuple(expert_map.shape)}, expected [G] (global expert id -> local id in [0, E), or -1 for an expert on another rank)")
         G = expert_map.shape[-1]
         _checks.same_device(op, "hidden", hidden, expert_map=expert_map)
+    if not (w1_scale is None and w2_scale is None):
+        raise ValueError(f'{op}: w1_scale / w2_scale are the block scales of float8_e4m3fn weights; w1 has dtype {str(w1.dtype)[6:]}: pass no scales, or fp8 weights')
     if w1_scale is not None:
         _checks.tensor(op, "w1_scale", w1_scale)
         _checks.dtype_in(op, "w1_scale", w1_scale, ('float32',))
@@ -426,8 +428,6 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
         if w2_scale.shape[-3] != E or w2_scale.shape[-2] != cdiv(K, 128) or w2_scale.shape[-1] != cdiv(N2 // 2, 128):
             raise ValueError(f"{op}: w2_scale has shape {tuple(w2_scale.shape)}, expected [{E}, {cdiv(K, 128)}, {cdiv(N2 // 2, 128)}] (w2's 128x128 block scales)")
         _checks.same_device(op, "hidden", hidden, w2_scale=w2_scale)
-    if not (w1_scale is None and w2_scale is None):
-        raise ValueError(f'{op}: w1_scale / w2_scale are the block scales of float8_e4m3fn weights; w1 has dtype {str(w1.dtype)[6:]}: pass no scales, or fp8 weights')
     if out is None:
         out = torch.empty((M, K), dtype=hidden.dtype, device=hidden.device)
     else:

@@ -105,8 +105,8 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             layout="vector",
             note=" (global expert id -> local id in [0, E), or -1 for an expert on another rank)",
         ),
-        _scale("w1_scale", "E, cdiv(N2, 128), cdiv(K, 128)", "w1's 128x128 block scales"),
-        _scale("w2_scale", "E, cdiv(K, 128), cdiv(N2 // 2, 128)", "w2's 128x128 block scales"),
+        # the form's rule on the scales before their checks (a tensor check of a None scale
+        # would speak first, this rule never)
         (
             Rule(
                 "w1_scale is not None and w2_scale is not None",
@@ -120,6 +120,8 @@ def _items(fp8: bool) -> tuple[Any, ...]:
                 "{str(w1.dtype)[6:]}: pass no scales, or fp8 weights",
             )
         ),
+        _scale("w1_scale", "E, cdiv(N2, 128), cdiv(K, 128)", "w1's 128x128 block scales"),
+        _scale("w2_scale", "E, cdiv(K, 128), cdiv(N2 // 2, 128)", "w2's 128x128 block scales"),
         Arg("out", "M, K", like="hidden", layout="matrix", out=True),
     )
 
@@ -203,8 +205,16 @@ def gated(h: Tensor, activation: str) -> Tensor:
 
 
 def _routes(topk_ids: Tensor, expert_map: Tensor | None) -> Tensor:
+    """Each slot's local expert; an id the map does not cover (outside ``[0, G)``: checked on
+    the CPU, skipped on CUDA as the routing skips it) gets -1, never an index into the map (a
+    negative one would wrap, one past it a device-side assert)."""
     ids = topk_ids.long()
-    return expert_map.long()[ids] if expert_map is not None else ids
+    if expert_map is None:
+        return ids
+    covered = (ids >= 0) & (ids < expert_map.numel())
+    if not expert_map.numel():
+        return torch.full_like(ids, -1)
+    return torch.where(covered, expert_map.long()[torch.where(covered, ids, 0)], -1)
 
 
 def _weights(w: Tensor, scale: Tensor | None, e: int) -> Tensor:
@@ -268,6 +278,7 @@ def torch_experts(
     weights for fp8 (with the activations quantized as the definition says)."""
     dt = hidden.dtype
     fp8 = w1_scale.numel() > 0
+    wide = dt == torch.float16
     ids = _routes(topk_ids, expert_map if expert_map.numel() else None)
     acc = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     for e in range(w1.shape[0]):
@@ -276,14 +287,23 @@ def torch_experts(
             continue
         x = hidden[tok]
         weight = topk_weights[tok, slot][:, None]
+        # a product that is weighted before its rounding is taken in fp32 for fp16 (rounded to
+        # fp16 first, it would overflow to inf where the weighted one fits, as the definition's)
         if fp8:
             h = (_qdq(x) @ dequantize(w1[e], w1_scale[e]).T).to(dt)
+        elif apply_router_weight_on_input and wide:
+            h = x.float() @ w1[e].float().T
         else:
             h = x @ w1[e].T
         if apply_router_weight_on_input:
             h = (h.float() * weight).to(dt)
         a = gated(h, activation)
-        y = _qdq(a) @ dequantize(w2[e], w2_scale[e]).T if fp8 else (a @ w2[e].T).float()
+        if fp8:
+            y = _qdq(a) @ dequantize(w2[e], w2_scale[e]).T
+        elif wide and not apply_router_weight_on_input:
+            y = a.float() @ w2[e].float().T
+        else:
+            y = (a @ w2[e].T).float()
         if not apply_router_weight_on_input:
             y = y * weight
         acc.index_add_(0, tok, y.to(dt).float())
