@@ -24,7 +24,7 @@ def test_tables_resume_and_forms(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "--m",
         "1,8",
         "--budget-s",
-        "60",
+        "3600",  # --max-configs bounds the work; a budget that runs out (a loaded CI box) fails the test
         "--out",
         str(tmp_path),
     ]
@@ -68,3 +68,25 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "nothing to tune" in capsys.readouterr().err
     assert main([OP, "--models", "Mixtral-8x7B", "--backend", "cuda", "--budget-s", "5", "--out", "x"]) == 1
     assert "Triton kernel only" in capsys.readouterr().err
+
+
+def test_unfinished_keeps_the_entries_no_config_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry whose every candidate failed stays in the report's unfinished list when the
+    budget then runs out (it was replaced by the entries left)."""
+    import time
+
+    import opmux.kernels.ops.moe.fused_experts_triton as fe
+    from opmux.kernels.tune.moe import tune_moe
+
+    now = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+
+    def failing(*args: object, **kwargs: object) -> None:
+        now[0] += 1e6  # and the budget is spent
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(fe, "launch_fused_experts", failing)
+    report = tune_moe(
+        [(4, 64, 128, 2, "bf16")], [1, 8], out=tmp_path, budget_s=60, device="cpu", max_configs=2
+    )
+    assert sorted(report.unfinished) == [(4, 64, 128, 2, "bf16", 1), (4, 64, 128, 2, "bf16", 8)]

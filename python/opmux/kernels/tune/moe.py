@@ -274,7 +274,7 @@ def tune_moe(
     for done, (e, n, k, topk, form, m) in enumerate(todo):
         share = (deadline - time.monotonic()) / (len(todo) - done)
         if share <= 0:
-            report.unfinished = todo[done:]
+            report.unfinished += todo[done:]  # after those no config ran for
             break
         entry_deadline = time.monotonic() + share
         if (e, n, k, form) not in weights:
