@@ -486,8 +486,18 @@ def fused_experts_invalid(device: str) -> Invalid:
             "w1",
         ),
         ("out-shape", (h, w1, w2, tw, ids), {"out": h[:, :32]}, ValueError, r"out has shape \(4, 32\)"),
-        ("expert-map-2d", (h, w1, w2, tw, ids), {"expert_map": ids}, ValueError, r"expert_map has shape \(4, 2\)"),
+        (
+            "expert-map-2d",
+            (h, w1, w2, tw, ids),
+            {"expert_map": ids},
+            ValueError,
+            r"expert_map has shape \(4, 2\)",
+        ),
     ]
+    empty_map = torch.zeros(0, dtype=torch.int32, device=device)
+    cases.append(
+        ("expert-map-empty", (h, w1, w2, tw, ids), {"expert_map": empty_map}, ValueError, "is empty")
+    )
     if device == "cpu":  # on CUDA bad ids are skipped by the routing (no sync to check them)
         bad = ids.clone()
         bad[2, 1] = 4

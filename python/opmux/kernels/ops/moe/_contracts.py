@@ -180,7 +180,7 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
             E = w1_s[0]
             N2 = w1_s[1]
             topk = topk_weights_s[1]
-            if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (w1_scale is not None and w2_scale is not None):
+            if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (expert_map is None or G >= 1) and (w1_scale is not None and w2_scale is not None):
                 activation_ = activation
                 apply_router_weight_on_input_ = apply_router_weight_on_input
                 out = hidden.new_empty(M, K)
@@ -245,6 +245,8 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
             raise ValueError(f"{op}: expert_map has shape {tuple(expert_map.shape)}, expected [G] (global expert id -> local id in [0, E), or -1 for an expert on another rank)")
         G = expert_map.shape[-1]
         _checks.same_device(op, "hidden", hidden, expert_map=expert_map)
+    if not (expert_map is None or G >= 1):
+        raise ValueError(f'{op}: expert_map is empty; it maps each global expert id to a local one (or -1): pass one entry per global expert, or no expert_map')
     if not (w1_scale is not None and w2_scale is not None):
         raise ValueError(f'{op}: fp8 weights need their 128x128 block scales: w1_scale [E, cdiv(2N, 128), cdiv(K, 128)] and w2_scale [E, cdiv(K, 128), cdiv(N, 128)] (float32)')
     _checks.tensor(op, "w1_scale", w1_scale)
@@ -345,7 +347,7 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
             E = w1_s[0]
             N2 = w1_s[1]
             topk = topk_weights_s[1]
-            if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (w1_scale is None and w2_scale is None):
+            if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (expert_map is None or G >= 1) and (w1_scale is None and w2_scale is None):
                 activation_ = activation
                 apply_router_weight_on_input_ = apply_router_weight_on_input
                 out = hidden.new_empty(M, K)
@@ -410,6 +412,8 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
             raise ValueError(f"{op}: expert_map has shape {tuple(expert_map.shape)}, expected [G] (global expert id -> local id in [0, E), or -1 for an expert on another rank)")
         G = expert_map.shape[-1]
         _checks.same_device(op, "hidden", hidden, expert_map=expert_map)
+    if not (expert_map is None or G >= 1):
+        raise ValueError(f'{op}: expert_map is empty; it maps each global expert id to a local one (or -1): pass one entry per global expert, or no expert_map')
     if not (w1_scale is None and w2_scale is None):
         raise ValueError(f'{op}: w1_scale / w2_scale are the block scales of float8_e4m3fn weights; w1 has dtype {str(w1.dtype)[6:]}: pass no scales, or fp8 weights')
     if w1_scale is not None:

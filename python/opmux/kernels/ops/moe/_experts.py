@@ -105,6 +105,11 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             layout="vector",
             note=" (global expert id -> local id in [0, E), or -1 for an expert on another rank)",
         ),
+        Rule(
+            "expert_map is None or G >= 1",
+            "expert_map is empty; it maps each global expert id to a local one (or -1): pass one entry per "
+            "global expert, or no expert_map",
+        ),
         # the form's rule on the scales before their checks (a tensor check of a None scale
         # would speak first, this rule never)
         (
