@@ -2,7 +2,7 @@
 
 No sort. A program takes ``ROWS`` rows (one row per program for real vocabularies: ``ROWS`` is 1
 once a row fills the ``TILE``-element tile; short rows are packed, several to a program) and
-walks each row in ``BLOCK``-wide blocks:
+walks each row in ``BLOCK``-wide blocks (at most ``MAX_BLOCK``):
 
 * a threshold (the k-th largest value, the top-p boundary value) is found by a binary search on
   the value's bits: the float32 bits of a probability (non-negative: its bits order as its value)
@@ -20,14 +20,19 @@ walks each row in ``BLOCK``-wide blocks:
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.random import uint_to_uniform_float
 
-#: elements of one program's tile: rows are packed until a tile is full; longer rows take one
-#: program each and are walked in blocks of this many
-TILE = 2048
+#: the widest block a row is walked in
+MAX_BLOCK = 2048
+#: elements of one program's tile: short rows are packed until a tile is full, longer ones take a
+#: program each. The interpreter runs programs one after another at a cost per operation: there a
+#: program takes many more rows (the kernels are the same; ``ROWS`` is a parameter)
+TILE = 65536 if os.environ.get("TRITON_INTERPRET") == "1" else MAX_BLOCK
 #: the search ranges: probabilities [0, bits(inf) + 1) (31 halvings), logit keys [-2^31, 2^31) (32)
 _P_LO, _P_HI, _P_ITERS = 0, 0x7F800001, 31
 _L_LO, _L_HI, _L_ITERS = -(2**31), 2**31, 32
@@ -312,7 +317,7 @@ def _min_p_sample(
 def _tiles(x: torch.Tensor) -> tuple[tuple[int], int, int]:
     """(grid, ROWS, BLOCK): rows packed into ``TILE``-element tiles while they are short."""
     b, n = x.shape
-    block = min(triton.next_power_of_2(n), TILE)
+    block = min(triton.next_power_of_2(n), MAX_BLOCK)
     rows = max(1, min(TILE // block, triton.next_power_of_2(b)))
     return (triton.cdiv(b, rows),), rows, block
 
