@@ -578,6 +578,13 @@ def int32(op: str, name: str, v: object) -> int:
     return v
 
 
+def int64(op: str, name: str, v: object) -> int:
+    """An int the kernels take as int64 (a Philox seed or offset)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not (-(2**63) <= v < 2**63):
+        raise ValueError(f"{op}: {name} must be an int64, got {v!r}")
+    return v
+
+
 def off_or_positive(op: str, name: str, v: object) -> float:
     """A finite float >= 0 whose 0 turns a feature off (a softcap)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -108,6 +108,8 @@ SCALAR_KINDS |= {
     "off_or_positive": "a finite float >= 0 (0: off)",
     #: a str naming one of ``choices`` (an activation)
     "choice": "one of the names in choices",
+    #: any int64 (a Philox seed or offset)
+    "int64": "an int in [-2^63, 2^63)",
 }
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

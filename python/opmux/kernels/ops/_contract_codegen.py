@@ -373,6 +373,8 @@ class _Writer(_ViewWriter):
             return [f"type({v}) is int", f"{v} > 0"]
         if s.kind == "int32":
             return [f"type({v}) is int", f"-2147483648 < {v} < 2147483648"]
+        if s.kind == "int64":
+            return [f"type({v}) is int", f"-9223372036854775808 <= {v} < 9223372036854775808"]
         if s.kind == "off_or_positive":
             return [f"type({v}) is float", f"0.0 <= {v} < _checks.INF"]
         if s.kind == "choice":
@@ -420,7 +422,7 @@ class _Writer(_ViewWriter):
     def full_scalar(self, s: Scalar) -> None:
         v = s.name
         self.bound.add(v)  # a shape may name it
-        if s.kind in ("int32", "off_or_positive"):
+        if s.kind in ("int32", "int64", "off_or_positive"):
             self.emit(1, f'{v}_ = _checks.{s.kind}(op, "{v}", {v})')
             return
         if s.kind == "bool":
