@@ -41,7 +41,14 @@ def _items(fp8: bool) -> tuple[Any, ...]:
                 "an fp8 cache needs k_scale and v_scale (float32, one element each: K = fp8 * k_scale)",
             ),
             *(
-                Arg(n, "", dtypes=("float32",), device_of="query", layout="element", note=" (a per-tensor scale)")
+                Arg(
+                    n,
+                    "",
+                    dtypes=("float32",),
+                    device_of="query",
+                    layout="element",
+                    note=" (a per-tensor scale)",
+                )
                 for n in ("k_scale", "v_scale")
             ),
         )

@@ -43,7 +43,7 @@ MAX_SPLITS = 64
 _NEG = -1.0e30
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -232,7 +232,9 @@ def _decode_merge(
     total = tl.sum(w * ls, 0)
     if HAS_SINKS:
         total += tl.exp(sink - mx)
-    po = tl.load(PO + (row * S + sp)[:, None] * D + d[None, :], mask=smask[:, None] & dmask[None, :], other=0.0)
+    po = tl.load(
+        PO + (row * S + sp)[:, None] * D + d[None, :], mask=smask[:, None] & dmask[None, :], other=0.0
+    )
     o = tl.sum(w[:, None] * po, 0)
     has = total > 0.0
     safe = tl.where(has, total, 1.0)
