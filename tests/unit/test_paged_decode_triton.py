@@ -154,3 +154,48 @@ def test_split_heuristic() -> None:
     assert ns(256, 8, 32768, 132) == 1  # a full batch: no split
     assert ns(1, 1, 1 << 20, 132) == triton_kernels.MAX_SPLITS
     assert ns(0, 8, 0, 132) == 1
+
+
+_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from opmux.kernels.ops.attention import triton_kernels as tk
+
+PTRS = {"Q": "bf16", "KC": "fp8e4nv", "VC": "fp8e4nv", "BT": "i32", "LENS": "i32", "OUT": "bf16"}
+FLOATS = ("sm_scale", "softcap")
+FORMS = [
+    dict(BLOCK_G=16, BLOCK_D=128, USE_DOT=True, DOT_F32=False, FP8=True, SOFTCAP=True, WINDOW=True),
+    dict(BLOCK_G=1, BLOCK_D=256, USE_DOT=False, DOT_F32=False, FP8=False, SOFTCAP=False, WINDOW=False),
+]
+for form in FORMS:
+    block_n, warps = tk.tile_config(form["BLOCK_D"])
+    const = dict(form, PAGE_SIZE=16, BLOCK_N=block_n)
+    cache = "fp8e4nv" if form["FP8"] else "bf16"
+    sig = {}
+    for n in tk._decode_split.arg_names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n[0].isupper() and n not in ("G", "D", "S"):
+            sig[n] = "*" + {"KC": cache, "VC": cache}.get(n, PTRS.get(n, "fp32"))
+        else:
+            sig[n] = "fp32" if n in FLOATS else "i32"
+    triton.compile(ASTSource(tk._decode_split, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+const = dict(HAS_SINKS=True, HAS_LSE=True, BLOCK_S=32, BLOCK_D=128)
+sig = {n: "constexpr" if n in const else ("*" + PTRS.get(n, "fp32") if n[0].isupper() and n not in ("D", "S") and n != "Hq" else "i32") for n in tk._decode_merge.arg_names}
+triton.compile(ASTSource(tk._decode_merge, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_sm90() -> None:
+    """The interpreter runs what the compiler may refuse (it took ``tl.cdiv`` of tensors): both
+    kernels compiled for an H100 / H200 (sm_90, no GPU needed), outside the interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
