@@ -53,6 +53,13 @@ def _rope(dev: str, **over: Any) -> Args:
     return (), args
 
 
+def _pd_lse_in_out(args: Args) -> Args:
+    """paged_decode's lse a view into its out's memory: a written tensor overlapping another."""
+    out = torch.zeros(2, 4, 16, device=args[1]["query"].device)
+    args[1].update(out=out, lse=out[:, :, 0])
+    return args
+
+
 def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
     x, w = (lambda: _r(4, 16, dev=dev)), (lambda: _r(16, seed=1, dev=dev))
     ln, add, act = "layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "activation.silu_and_mul"
@@ -67,6 +74,18 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
 
     def sc(v: float) -> torch.Tensor:
         return torch.tensor([v], device=dev)
+
+    pd = "attention.paged_decode"
+
+    def pd_args(**over: Any) -> Args:
+        a = {"query": _r(2, 4, 16, seed=1, dev=dev), "key_cache": _r(5, 4, 2, 16, seed=2, dev=dev)}
+        a |= {
+            "value_cache": _r(5, 4, 2, 16, seed=3, dev=dev),
+            "block_tables": torch.tensor([[3, 0], [4, -1]], dtype=torch.int32, device=dev),
+            "seq_lens": torch.tensor([7, 2], dtype=torch.int32, device=dev),
+        }
+        a.update(over)
+        return (), a
 
     def kv_args(**over: Any) -> Args:
         k = _r(3, 2, 8, dev=dev)
@@ -218,6 +237,23 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
             aq,
             lambda: (lambda p: ((p[0], p[1], w(), sc(0.05)), {}))(_overlapping(dev)),
         ),
+        ("paged_decode-out-is-query", pd, lambda: (lambda a: a[1].update(out=a[1]["query"]) or a)(pd_args())),
+        (
+            "paged_decode-one-cache-tensor",
+            pd,
+            lambda: (lambda a: a[1].update(value_cache=a[1]["key_cache"]) or a)(pd_args()),
+        ),
+        (
+            "paged_decode-query-requires-grad",
+            pd,
+            lambda: pd_args(query=_r(2, 4, 16, seed=4, dev=dev).requires_grad_()),
+        ),
+        (
+            "paged_decode-lse-overlaps-out",
+            pd,
+            lambda: _pd_lse_in_out(pd_args()),
+        ),
+        ("paged_decode-window-bool", pd, lambda: pd_args(window_left=True)),
     ]
 
 

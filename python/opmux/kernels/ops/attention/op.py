@@ -1,0 +1,50 @@
+"""Attention ops over opmux's paged KV cache, one declaration each (``ops/_decl.py``).
+
+``paged_decode``: one query token per sequence against its paged KV cache (vLLM's
+``paged_attention`` / FlashInfer's batch decode). ``query [B, Hq, D]`` (bf16, fp16, fp32; a unit
+last stride, any other strides); ``key_cache`` / ``value_cache`` ``[num_blocks, page_size, Hkv, D]``
+as ``kvcache.reshape_and_cache`` writes them: vLLM's flash layout (NHD), or HND given as its
+permuted view (any non-negative strides, a dense head dim); ``Hq`` a multiple of ``Hkv`` (query
+head ``h`` reads KV head ``h // (Hq / Hkv)``: GQA / MQA). ``block_tables`` int32
+``[B, max_blocks_per_seq]``: sequence ``b``'s position ``i`` is in block
+``block_tables[b, i // page_size]`` at offset ``i % page_size``; ``seq_lens`` int32 ``[B]`` (0
+allowed: the output is 0 and the lse -inf, or the sink).
+
+Per sequence and query head: ``s_i = scale * q . k_i`` in float32 (``scale`` 0.0: ``1 / sqrt(D)``);
+``softcap > 0``: ``s_i = softcap * tanh(s_i / softcap)`` (Gemma-2, Grok); ``window_left >= 0``: only
+positions ``i >= seq_len - 1 - window_left`` are attended (vLLM's / FlashInfer's sliding window);
+``sinks [Hq]`` (float32, gpt-oss): a logit per head added to the softmax denominator only
+(``exp(sink - max)``, no value). ``out = sum_i softmax(s)_i v_i`` (float32, one cast to query's
+dtype); ``lse [B, Hq]`` (float32, when given): the natural log of the softmax denominator, the sink
+included. fp8 e4m3 caches take ``k_scale`` / ``v_scale`` (float32, one element each: ``K = fp8 *
+k_scale``, kvcache's ``fp8(x / scale)`` entries read back).
+
+Bad indices: for CPU tensors the values hook raises ValueError (naming the sequence, the entry and
+the valid range) when a ``seq_len`` is outside ``[0, max_blocks_per_seq * page_size]`` or a block id
+a sequence uses (the first ``cdiv(seq_len, page_size)`` entries of its row) is outside
+``[0, num_blocks)``. On CUDA there is no host check (it would synchronise): the kernels clamp each
+``seq_len`` to the table's capacity and treat a block id outside ``[0, num_blocks)`` as masked
+(its tokens are skipped), so they never read out of bounds.
+"""
+
+from __future__ import annotations
+
+from .._decl import declare
+from . import _decode
+
+paged_decode = declare(
+    _decode.OP,
+    "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
+    "float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, "
+    "Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
+    doc="query [B, Hq, D] against the paged KV cache [num_blocks, page_size, Hkv, D] (NHD or HND view) "
+    "through block_tables [B, max_blocks] / seq_lens [B] -> [B, Hq, D] (+ lse [B, Hq]); GQA / MQA, "
+    "softcap, sliding window, attention sinks, fp8 e4m3 caches with k_scale / v_scale",
+    contract=_decode.PAGED_DECODE,
+    values=_decode.values,
+    reference=_decode.reference,
+    torch=_decode.torch_decode,
+    native=False,
+    # attention over <= 100 tokens: one rounding of the output, p in the value dtype for the dot
+    tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
+)

@@ -1,0 +1,395 @@
+"""Triton kernels of the attention ops (imported only when the triton backend first runs).
+
+``paged_decode``: split-KV decode (FlashDecoding). ``_decode_split`` runs on a grid
+``(B, Hkv, num_splits)``: each program takes every query head of one KV head (the ``G = Hq / Hkv``
+heads of a GQA group: one ``[G, D]`` query tile against ``[BLOCK_N, D]`` key tiles, so each key is
+read once per group), walks its share of the sequence's positions (the attended range split
+evenly over the splits, in whole tiles) through the block table one token per row (any page size),
+and keeps an online softmax in fp32: it writes its unnormalised output, its running max and its
+sum to a float32 workspace. ``_decode_merge`` (grid ``(B, Hq)``) rescales the splits to their
+common max, adds the sink to the denominator, and writes ``out`` (one cast) and ``lse``.
+
+The scores go through ``tl.dot`` when a group has several heads (the group padded to 16 rows:
+decode reads the cache, the tensor cores are idle anyway); a single head (MHA) takes an
+elementwise product. fp32 queries multiply in IEEE fp32 (no tf32); bf16 / fp16 ones in their dtype
+with fp32 sums, ``p`` rounded to the value dtype for the second product as flash attention does.
+fp8 caches are read as e4m3 and converted to the query's dtype (exact), their scales applied to
+the fp32 scores and outputs.
+
+CUDA-graph safe: the lengths stay on the device (no sync, no ``.item()``); the grid and the
+workspace are sized from the shapes (``block_tables.shape[1]``) alone. Each program clamps its
+length to the table's capacity and masks block ids outside ``[0, num_blocks)``, so no read goes
+out of bounds whatever the tables hold; cache offsets are int64.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from opmux.kernels.ops.gemm.triton_kernels import _cast
+
+#: Triton's CPU interpreter (tests): its ``tl.dot`` takes bf16 tiles for integers, so bf16 tiles
+#: go to the dot as fp32 there (exact: a bf16 product fits fp32); never on a GPU
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+#: a split handles at least this many positions (more splits only for longer tables)
+MIN_SPLIT_TOKENS = 64
+MAX_SPLITS = 64
+#: the running max starts at -1e30 (finite, so that no ``-inf - -inf`` ever appears; a literal
+#: in the kernels: Triton takes no plain global there)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # the CPU interpreter: an H200's count, so tests take the GPU's split counts
+
+
+def num_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
+    """How many splits per (sequence, KV head): enough programs for two waves of the SMs, none
+    shorter than ``MIN_SPLIT_TOKENS`` positions of the table, at most ``MAX_SPLITS``. From the
+    shapes only (no sync); a tuned table can replace it."""
+    programs = max(1, batch * kv_heads)
+    want = triton.cdiv(2 * sm_count, programs)
+    by_len = triton.cdiv(max(1, max_context), MIN_SPLIT_TOKENS)
+    return max(1, min(want, by_len, MAX_SPLITS))
+
+
+def tile_config(block_d: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of the split kernel for a padded head dim: the largest key tile
+    whose gather (a row pointer per token and element) and dot stay in registers on sm_90 (no
+    spills per ptxas for every form, bf16 / fp16 / fp32 / fp8, dot and elementwise). Static, not
+    timed yet: a tuned table can replace it."""
+    return (32, 8) if block_d <= 128 else (16, 4)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from one exp of a non-positive argument (no overflow; no libdevice in the interpreter)."""
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0.0, -y, y)
+
+
+@triton.jit
+def _decode_split(
+    Q,
+    KC,
+    VC,
+    BT,
+    LENS,
+    KS,
+    VS,
+    PO,
+    PM,
+    PL,
+    sq_b,
+    sq_h,
+    sk_b,
+    sk_p,
+    sk_h,
+    sv_b,
+    sv_p,
+    sv_h,
+    sbt_b,
+    sbt_m,
+    num_blocks,
+    capacity,
+    G,
+    D,
+    S,
+    sm_scale,
+    softcap,
+    window_left,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    FP8: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    split = tl.program_id(2)
+    b64 = b.to(tl.int64)
+
+    n = tl.load(LENS + b)
+    n = tl.minimum(tl.maximum(n, 0), capacity)  # CUDA: no host check, never past the table
+    lo = n * 0
+    if WINDOW:
+        lo = tl.maximum(n - 1 - window_left, 0)
+    per = (n - lo + S - 1) // S  # the split's share, in whole tiles
+    per = (per + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    start = lo + split * per
+    end = tl.minimum(start + per, n)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    gmask = g < G
+    dmask = d < D
+    heads = hk * G + g
+    q = tl.load(
+        Q + b64 * sq_b + heads[:, None].to(tl.int64) * sq_h + d[None, :],
+        mask=gmask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    qk_scale = sm_scale
+    if FP8:
+        qk_scale = sm_scale * tl.load(KS)
+
+    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    kbase = KC + hk.to(tl.int64) * sk_h
+    vbase = VC + hk.to(tl.int64) * sv_h
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        inr = pos < end
+        blk = tl.load(BT + b64 * sbt_b + (pos // PAGE_SIZE).to(tl.int64) * sbt_m, mask=inr, other=-1)
+        ok = inr & (blk >= 0) & (blk < num_blocks)  # a bad block id: its tokens are skipped
+        page_off = (pos % PAGE_SIZE).to(tl.int64)
+        kmask = ok[:, None] & dmask[None, :]
+        k = tl.load(
+            kbase + (blk.to(tl.int64) * sk_b + page_off * sk_p)[:, None] + d[None, :], mask=kmask, other=0.0
+        )
+        v = tl.load(
+            vbase + (blk.to(tl.int64) * sv_b + page_off * sv_p)[:, None] + d[None, :], mask=kmask, other=0.0
+        )
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        else:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+        if USE_DOT:
+            if DOT_F32:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+        else:
+            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+        s = s * qk_scale
+        if SOFTCAP:
+            s = softcap * _tanh(s / softcap)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if USE_DOT:
+            if DOT_F32:
+                acc = tl.dot(p, v, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc)
+        else:
+            acc += tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+        m_i = m_new
+
+    if FP8:
+        acc = acc * tl.load(VS)
+    row = (b64 * G * tl.num_programs(1) + heads.to(tl.int64)) * S + split  # [B, Hq, S]
+    tl.store(PM + row, m_i, mask=gmask)
+    tl.store(PL + row, l_i, mask=gmask)
+    tl.store(PO + row[:, None] * D + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _decode_merge(
+    PO,
+    PM,
+    PL,
+    SINKS,
+    OUT,
+    LSE,
+    so_b,
+    so_h,
+    sl_b,
+    sl_h,
+    Hq,
+    D,
+    S,
+    HAS_SINKS: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    row = b * Hq + h
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = sp < S
+    dmask = d < D
+    m = tl.load(PM + row * S + sp, mask=smask, other=-1.0e30)
+    ls = tl.load(PL + row * S + sp, mask=smask, other=0.0)
+    mx = tl.max(m, 0)
+    if HAS_SINKS:
+        sink = tl.load(SINKS + h)
+        mx = tl.maximum(mx, sink)
+    w = tl.exp(m - mx)
+    total = tl.sum(w * ls, 0)
+    if HAS_SINKS:
+        total += tl.exp(sink - mx)
+    po = tl.load(
+        PO + (row * S + sp)[:, None] * D + d[None, :], mask=smask[:, None] & dmask[None, :], other=0.0
+    )
+    o = tl.sum(w[:, None] * po, 0)
+    has = total > 0.0
+    safe = tl.where(has, total, 1.0)
+    o = o / safe
+    tl.store(OUT + b * so_b + h * so_h + d, _cast(o, OUT.dtype.element_ty), mask=dmask)
+    if HAS_LSE:
+        lse = tl.where(has, tl.log(safe) + mx, float("-inf"))
+        tl.store(LSE + b * sl_b + h * sl_h, lse)
+
+
+def launch(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    has_lse: bool,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sinks: torch.Tensor,
+    has_sinks: bool,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    fp8: bool,
+    scale: float,
+    softcap: float,
+    window_left: int,
+    splits: int | None = None,
+) -> None:
+    """Both kernels on the checked arguments; ``splits`` overrides the heuristic (tests, tuning)."""
+    bsz, hq, d = query.shape
+    nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    if bsz == 0:
+        return
+    g = hq // hkv
+    width = block_tables.shape[1]
+    capacity = width * ps
+    if splits is None:
+        splits = num_splits(bsz, hkv, capacity, _sm_count(query.device))
+    block_d = max(16, triton.next_power_of_2(d))
+    use_dot = g > 1
+    block_g = max(16, triton.next_power_of_2(g)) if use_dot else 1
+    block_n, warps = tile_config(block_d)
+    dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
+    ws = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=query.device)
+    pm = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
+    pl = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
+    # a stride of an empty table (no column) is unread; keep it a valid int
+    sbt = block_tables.stride()
+    _decode_split[(bsz, hkv, splits)](
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        k_scale,
+        v_scale,
+        ws,
+        pm,
+        pl,
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        sbt[0],
+        sbt[1],
+        nb,
+        capacity,
+        g,
+        d,
+        splits,
+        scale,
+        softcap,
+        window_left,
+        PAGE_SIZE=ps,
+        BLOCK_G=block_g,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        USE_DOT=use_dot,
+        DOT_F32=dot_f32,
+        FP8=fp8,
+        SOFTCAP=softcap > 0,
+        WINDOW=window_left >= 0,
+        num_warps=warps,
+    )
+    _decode_merge[(bsz, hq)](
+        ws,
+        pm,
+        pl,
+        sinks,
+        out,
+        lse,
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if has_lse else 0,
+        lse.stride(1) if has_lse else 0,
+        hq,
+        d,
+        splits,
+        HAS_SINKS=has_sinks,
+        HAS_LSE=has_lse,
+        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=triton.next_power_of_2(d),
+        num_warps=4,
+    )
+
+
+def paged_decode(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    has_lse: bool,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sinks: torch.Tensor,
+    has_sinks: bool,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    fp8: bool,
+    scale: float,
+    softcap: float,
+    window_left: int,
+) -> None:
+    """``attention.paged_decode`` per its contract (ops/attention/op.py), the split count from
+    :func:`num_splits`."""
+    launch(
+        out,
+        lse,
+        has_lse,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        sinks,
+        has_sinks,
+        k_scale,
+        v_scale,
+        fp8,
+        scale,
+        softcap,
+        window_left,
+    )

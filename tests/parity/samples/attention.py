@@ -1,0 +1,218 @@
+"""Parity cases for the attention ops: tiny shapes (the Triton interpreter runs them on the CPU),
+made fresh per call, on the requested device."""
+
+from __future__ import annotations
+
+import torch
+
+from opmux.kernels.ops._common import Sample
+
+Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception], str]]
+FP8 = torch.float8_e4m3fn
+I32 = torch.int32
+
+
+def _decode(
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    lens: list[int],
+    hq: int = 4,
+    hkv: int = 2,
+    d: int = 64,
+    page: int = 16,
+    width: int = 0,
+    spare: int = 3,
+    hnd: bool = False,
+    shuffle: bool = True,
+) -> tuple[torch.Tensor, ...]:
+    """(query, key_cache, value_cache, block_tables, seq_lens): each sequence's blocks distinct,
+    in a shuffled order (not the cache's), the unused entries of a row -1 (never read)."""
+    g = torch.Generator().manual_seed(seed)
+    bsz = len(lens)
+    width = width or max(1, max(-(-n // page) for n in lens))
+    nb = bsz * width + spare
+    query = torch.randn(bsz, hq, d, generator=g)
+    if hnd:  # HND in memory [nb, Hkv, page, D], passed as its [nb, page, Hkv, D] view
+        kc = torch.randn(nb, hkv, page, d, generator=g).transpose(1, 2)
+        vc = torch.randn(nb, hkv, page, d, generator=g).transpose(1, 2)
+    else:
+        kc = torch.randn(nb, page, hkv, d, generator=g)
+        vc = torch.randn(nb, page, hkv, d, generator=g)
+    order = torch.randperm(nb, generator=g) if shuffle else torch.arange(nb)
+    table = torch.full((bsz, width), -1, dtype=I32)
+    for b, n in enumerate(lens):
+        used = -(-n // page)
+        table[b, :used] = order[b * width : b * width + used].to(I32)
+    seq = torch.tensor(lens, dtype=I32)
+    return tuple(t.to(device) for t in (query.to(dtype), kc.to(dtype), vc.to(dtype), table, seq))
+
+
+def _fp8(args: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], dict[str, object]]:
+    """The caches as kvcache writes fp8 ones: fp8(x / scale) with one scale each."""
+    q, kc, vc, table, seq = args
+    ks = torch.tensor([0.02], device=q.device)
+    vs = torch.tensor([0.015], device=q.device)
+    kq = (kc.float() / ks).to(FP8)
+    vq = (vc.float() / vs).to(FP8)
+    return (q, kq, vq, table, seq), {"k_scale": ks, "v_scale": vs}
+
+
+def paged_decode_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = [
+        Sample("gqa-4-2-d64-page16", _decode(device, dtype, 0, [37, 100, 16])),
+        Sample("mqa-8-1-d80-page5", _decode(device, dtype, 1, [23, 1, 61], hq=8, hkv=1, d=80, page=5)),
+        Sample("mha-2-2-d128-page1", _decode(device, dtype, 2, [9, 30], hq=2, hkv=2, d=128, page=1)),
+        Sample("ragged-lens-0-1", _decode(device, dtype, 3, [0, 1, 57, 0], page=16)),
+        # a table wider than the lengths: several splits, some of them empty
+        Sample("wide-table-splits", _decode(device, dtype, 4, [100, 3], page=16, width=24)),
+        Sample("in-order-blocks", _decode(device, dtype, 5, [40, 20], shuffle=False)),
+        Sample("softcap", _decode(device, dtype, 6, [50, 33], page=5), {"softcap": 0.5}),
+        Sample("scale", _decode(device, dtype, 7, [29, 64]), {"scale": 0.3}),
+        Sample("window-left-15", _decode(device, dtype, 8, [80, 10, 16], page=16), {"window_left": 15}),
+        Sample("window-left-0", _decode(device, dtype, 9, [31, 1], page=5), {"window_left": 0}),
+        Sample("hnd-view", _decode(device, dtype, 10, [45, 70], hq=8, hkv=2, page=16, hnd=True)),
+    ]
+    g = torch.Generator().manual_seed(11)
+    sinks = (torch.randn(4, generator=g) * 2).to(device)
+    out.append(Sample("sinks", _decode(device, dtype, 11, [44, 0, 5]), {"sinks": sinks}))
+    lse = torch.full((3, 8), 7.0, device=device)
+    out.append(
+        Sample(
+            "lse-sinks-softcap-window",
+            _decode(device, dtype, 12, [90, 0, 12], hq=8, hkv=1, page=5),
+            {
+                "lse": lse,
+                "sinks": (torch.randn(8, generator=g)).to(device),
+                "softcap": 4.0,
+                "window_left": 40,
+            },
+        )
+    )
+    out.append(
+        Sample(
+            "lse-strided", _decode(device, dtype, 13, [33, 66]), {"lse": torch.zeros(4, 2, device=device).t()}
+        )
+    )
+    q, kc, vc, table, seq = _decode(device, dtype, 14, [35, 52], d=64)
+    wide = torch.randn(2, 4, 160, generator=g).to(dtype=dtype, device=device)
+    out.append(Sample("strided-query", (wide[:, :, 32:96], kc, vc, table, seq)))
+    out.append(
+        Sample("query-heads-strided", (q.transpose(0, 1).contiguous().transpose(0, 1), kc, vc, table, seq))
+    )
+    args, kw = _fp8(_decode(device, dtype, 15, [60, 17, 0], page=16))
+    out.append(Sample("fp8-cache", args, kw))
+    args, kw = _fp8(_decode(device, dtype, 16, [41, 8], hq=8, hkv=1, d=80, page=5, hnd=True))
+    out.append(
+        Sample(
+            "fp8-hnd-sinks-lse",
+            args,
+            {**kw, "sinks": sinks.new_zeros(8), "lse": torch.empty(2, 8, device=device)},
+        )
+    )
+    caller = torch.full((2, 4, 64), 3.0, dtype=dtype, device=device)
+    out.append(Sample("caller-out", _decode(device, dtype, 17, [12, 25]), {"out": caller}))
+    return out
+
+
+def paged_decode_invalid(device: str) -> Invalid:
+    q, kc, vc, table, seq = _decode(device, torch.bfloat16, 0, [20, 7])
+    cases: Invalid = [
+        ("query-int", (q.int(), kc, vc, table, seq), {}, TypeError, "dtype int32"),
+        ("cache-dtype", (q, kc.half(), vc.half(), table, seq), {}, TypeError, "key_cache has dtype float16"),
+        ("value-dtype", (q, kc, vc.float(), table, seq), {}, TypeError, "value_cache"),
+        ("heads-not-multiple", (q[:, :3], kc, vc, table, seq), {}, ValueError, "multiple of the KV heads"),
+        (
+            "head-dim-mismatch",
+            (q, kc[..., :32], vc[..., :32], table, seq),
+            {},
+            ValueError,
+            r"key_cache has shape",
+        ),
+        ("table-int64", (q, kc, vc, table.long(), seq), {}, TypeError, "block_tables has dtype int64"),
+        ("lens-int64", (q, kc, vc, table, seq.long()), {}, TypeError, "seq_lens has dtype int64"),
+        ("table-rows", (q, kc, vc, table[:1], seq), {}, ValueError, r"block_tables has shape \(1, 2\)"),
+        (
+            "query-head-dim-strided",
+            (q.transpose(1, 2).contiguous().transpose(1, 2)[:, :, :], kc, vc, table, seq),
+            {},
+            ValueError,
+            "query has strides",
+        ),
+        ("negative-softcap", (q, kc, vc, table, seq), {"softcap": -1.0}, ValueError, "softcap must be"),
+        ("window-left", (q, kc, vc, table, seq), {"window_left": -2}, ValueError, "window_left = -2"),
+        (
+            "sinks-shape",
+            (q, kc, vc, table, seq),
+            {"sinks": torch.zeros(2, device=device)},
+            ValueError,
+            r"sinks has shape \(2,\)",
+        ),
+        (
+            "lse-dtype",
+            (q, kc, vc, table, seq),
+            {"lse": torch.zeros(2, 4, device=device, dtype=torch.bfloat16)},
+            TypeError,
+            "lse has dtype bfloat16",
+        ),
+        (
+            "scales-plain-cache",
+            (q, kc, vc, table, seq),
+            {"k_scale": torch.ones(1, device=device), "v_scale": torch.ones(1, device=device)},
+            ValueError,
+            "fp8 cache",
+        ),
+    ]
+    (q8, kq, vq, t8, s8), kw = _fp8((q, kc, vc, table, seq))
+    cases += [
+        ("fp8-without-scales", (q8, kq, vq, t8, s8), {}, ValueError, "needs k_scale and v_scale"),
+        (
+            "fp8-scale-dtype",
+            (q8, kq, vq, t8, s8),
+            {**kw, "k_scale": kw["k_scale"].double()},
+            TypeError,
+            "k_scale has dtype float64",
+        ),
+    ]
+    if device == "cpu":  # on CUDA the kernels clamp lengths and skip bad blocks (no sync to check)
+        bad = table.clone()
+        bad[1, 0] = kc.shape[0]
+        cases.append(
+            (
+                "block-past-num-blocks",
+                (q, kc, vc, bad, seq),
+                {},
+                ValueError,
+                r"block_tables\[1, 0\] = 7 is out of range \[0, 7\)",
+            )
+        )
+        bad = table.clone()
+        bad[0, 1] = -3
+        cases.append(
+            (
+                "negative-block",
+                (q, kc, vc, bad, seq),
+                {},
+                ValueError,
+                r"block_tables\[0, 1\] = -3 .*sequence 0",
+            )
+        )
+        cases.append(
+            (
+                "len-past-capacity",
+                (q, kc, vc, table, torch.tensor([20, 33], dtype=I32)),
+                {},
+                ValueError,
+                r"seq_lens\[1\] = 33 is out of range \[0, 32\]",
+            )
+        )
+        cases.append(
+            (
+                "negative-len",
+                (q, kc, vc, table, torch.tensor([-1, 3], dtype=I32)),
+                {},
+                ValueError,
+                r"seq_lens\[0\] = -1",
+            )
+        )
+    return cases
