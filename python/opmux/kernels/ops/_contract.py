@@ -251,8 +251,12 @@ class Scalar:
     def __post_init__(self) -> None:
         if self.kind not in SCALAR_KINDS:
             raise ValueError(f"Scalar {self.name!r}: kind {self.kind!r}; valid: {', '.join(SCALAR_KINDS)}")
-        if (self.kind == "choice" and not self.choices) or (self.choices and self.kind not in ("choice", "dtype")):
-            raise ValueError(f"Scalar {self.name!r}: kind 'choice' takes its names in choices= (so may 'dtype')")
+        if (self.kind == "choice" and not self.choices) or (
+            self.choices and self.kind not in ("choice", "dtype")
+        ):
+            raise ValueError(
+                f"Scalar {self.name!r}: kind 'choice' takes its names in choices= (so may 'dtype')"
+            )
 
 
 @dataclass(frozen=True)

@@ -437,7 +437,7 @@ batched_moe_align_block_size = declare(
 )
 fused_experts = declare(
     _experts.OP,
-    "(Tensor hidden, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation=\"silu\", "
+    '(Tensor hidden, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation="silu", '
     "bool apply_router_weight_on_input=False, Tensor? expert_map=None, Tensor? w1_scale=None, "
     "Tensor? w2_scale=None, Tensor(a!)? out=None) -> Tensor",
     doc="hidden [M, K] x experts w1 [E, 2N, K] (gate rows, then up), w2 [E, K, N] routed by topk_ids / "
