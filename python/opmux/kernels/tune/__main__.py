@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from opmux.kernels.tune.models import MODELS, MOE_MODELS, model_shapes, moe_shapes
 from opmux.kernels.tune.runner import BACKENDS, OP, tune
@@ -94,39 +95,53 @@ def _moe_shapes(text: str) -> list[tuple[int, int, int, int, str]]:
     return shapes
 
 
-def _main_moe(args: argparse.Namespace) -> int:
+def _tune_moe(args: argparse.Namespace) -> Any:
     from opmux.kernels.tune.moe import MOE_MS, tune_moe
 
-    try:
-        shapes = list(args.shapes)
-        for name in filter(None, (x.strip() for x in args.models.split(","))):
-            shapes.append(moe_shapes(name, tp=args.tp))
-        if not shapes:
-            raise ValueError(
-                "nothing to tune: give --shapes 'E,N,K,topk[,fp8];...' or --models " + ",".join(MOE_MODELS)
-            )
-        if args.budget_s <= 0:
-            raise ValueError(f"--budget-s {args.budget_s}: expected a positive number of seconds")
-        if args.backend != "triton":
-            raise ValueError(f"{MOE_OP} tunes its Triton kernel only (--backend triton)")
-        report = tune_moe(
-            shapes,
-            args.m if args.m_given else list(MOE_MS),
-            out=args.out,
-            budget_s=args.budget_s,
-            device=args.device,
-            max_configs=args.max_configs,
-            retune=args.retune,
+    shapes = list(args.shapes)
+    for name in filter(None, (x.strip() for x in args.models.split(","))):
+        shapes.append(moe_shapes(name, tp=args.tp))
+    if not shapes:
+        raise ValueError(
+            "nothing to tune: give --shapes 'E,N,K,topk[,fp8];...' or --models " + ",".join(MOE_MODELS)
         )
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report.as_json(), indent=2))
-    else:
-        done = sum(not e.skipped for e in report.entries)
-        print(f"{done} entries tuned, {len(report.unfinished)} left; tables in {args.out} ({report.timing})")
-    return 0
+    _check_budget(args)
+    if args.backend != "triton":
+        raise ValueError(f"{MOE_OP} tunes its Triton kernel only (--backend triton)")
+    return tune_moe(
+        shapes,
+        args.m or list(MOE_MS),
+        out=args.out,
+        budget_s=args.budget_s,
+        device=args.device,
+        max_configs=args.max_configs,
+        retune=args.retune,
+    )
+
+
+def _tune_gemm(args: argparse.Namespace) -> Any:
+    shapes = list(args.shapes)
+    for name in filter(None, (x.strip() for x in args.models.split(","))):
+        shapes += [s for s in model_shapes(name, tp=args.tp) if s not in shapes]
+    if not shapes:
+        raise ValueError("nothing to tune: give --shapes 'N,K;...' or --models " + ",".join(MODELS))
+    _check_budget(args)
+    return tune(
+        shapes,
+        args.m or list(DEFAULT_MS),
+        out=args.out,
+        budget_s=args.budget_s,
+        op=args.op,
+        backend=args.backend,
+        device=args.device,
+        max_configs=args.max_configs,
+        retune=args.retune,
+    )
+
+
+def _check_budget(args: argparse.Namespace) -> None:
+    if args.budget_s <= 0:
+        raise ValueError(f"--budget-s {args.budget_s}: expected a positive number of seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,30 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.shapes = (_moe_shapes if args.op == MOE_OP else _shapes)(args.shapes)
     except argparse.ArgumentTypeError as err:
         p.error(f"argument --shapes: {err}")
-    args.m_given = args.m is not None
-    if args.m is None:
-        args.m = list(DEFAULT_MS)
-    if args.op == MOE_OP:
-        return _main_moe(args)
     try:
-        shapes = list(args.shapes)
-        for name in filter(None, (x.strip() for x in args.models.split(","))):
-            shapes += [s for s in model_shapes(name, tp=args.tp) if s not in shapes]
-        if not shapes:
-            raise ValueError("nothing to tune: give --shapes 'N,K;...' or --models " + ",".join(MODELS))
-        if args.budget_s <= 0:
-            raise ValueError(f"--budget-s {args.budget_s}: expected a positive number of seconds")
-        report = tune(
-            shapes,
-            args.m,
-            out=args.out,
-            budget_s=args.budget_s,
-            op=args.op,
-            backend=args.backend,
-            device=args.device,
-            max_configs=args.max_configs,
-            retune=args.retune,
-        )
+        report = (_tune_moe if args.op == MOE_OP else _tune_gemm)(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from opmux.kernels import tuned
-from opmux.kernels.tune.runner import _label, _setup, _timer
+from opmux.kernels.tune.runner import Report, _label, _setup, _timer
 
-__all__ = ["MoeEntry", "MoeReport", "make_weights", "moe_candidates", "tune_moe"]
+__all__ = ["MoeEntry", "make_weights", "moe_candidates", "tune_moe"]
 
 OP = "moe.fused_experts"
 #: vLLM's token counts for its fused-MoE tables (benchmark_moe.py), so files line up
@@ -81,24 +81,6 @@ class MoeEntry:
     tried: int
     skipped: bool = False
     timings: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class MoeReport:
-    device_name: str
-    timing: str
-    out: str
-    entries: list[MoeEntry] = field(default_factory=list)
-    unfinished: list[tuple[int, int, int, int, str, int]] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "device_name": self.device_name,
-            "timing": self.timing,
-            "out": self.out,
-            "entries": [e.__dict__ for e in self.entries],
-            "unfinished": [list(x) for x in self.unfinished],
-        }
 
 
 def form_tags(form: str) -> tuple[tuple[str, str], ...]:
@@ -229,7 +211,7 @@ def tune_moe(
     max_configs: int | None = None,
     progress: IO[str] | None = None,
     retune: bool = False,
-) -> MoeReport:
+) -> Report:
     """Tune the Triton kernel for every (E, N, K, topk, form) in ``shapes`` and M in ``ms``;
     tables (``E=..,N=..,device_name=..[,dtype=fp8_w8a8,block_shape=[128,128]].json``) go to
     ``out``. Entries already there are kept, or with ``retune`` timed again, theirs first."""
@@ -247,7 +229,7 @@ def tune_moe(
         if device != "cpu"
         else "time.perf_counter in the Triton interpreter: NOT meaningful, a test of the tuner only"
     )
-    report = MoeReport(dev_name, timing, str(out))
+    report = Report(dev_name, timing, str(out))
     bench = _timer(torch, device)
     deadline = time.monotonic() + budget_s
     empty = torch.empty(0, device=device)

@@ -62,11 +62,14 @@ class Entry:
 
 @dataclass
 class Report:
+    """A run's outcome (the GEMM's and the fused MoE's loops alike): its entries (``Entry`` or
+    ``moe.MoeEntry``) and the problems the budget left untimed."""
+
     device_name: str
     timing: str
     out: str
-    entries: list[Entry] = field(default_factory=list)
-    unfinished: list[tuple[int, int, int]] = field(default_factory=list)
+    entries: list[Any] = field(default_factory=list)
+    unfinished: list[tuple[Any, ...]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
