@@ -151,6 +151,33 @@ FUSED_EXPERTS = Forms(
 )
 
 
+def check_ids(
+    op: str,
+    ids: Tensor,
+    n_ids: int,
+    ids_range: str,
+    expert_map: Tensor | None,
+    experts: int,
+    experts_range: str = "",
+) -> None:
+    """The one statement of the moe ops' id rules, for CPU tensors (free there; on CUDA the
+    routing skips bad ids): every id in ``[0, n_ids)`` (``ids_range`` says what bounds it), every
+    ``expert_map`` entry a local expert in ``[0, experts)`` or -1 (``experts_range``: what bounds
+    that, or "")."""
+    if ids.is_cpu and ids.numel() and not _checks.in_range(ids, 0, n_ids):
+        where = tuple(((ids < 0) | (ids >= n_ids)).nonzero()[0].tolist())
+        raise ValueError(
+            f"{op}: topk_ids{list(where)} = {int(ids[where])} is out of range [0, {n_ids}) ({ids_range})"
+        )
+    if expert_map is not None and expert_map.is_cpu and expert_map.numel():
+        if not _checks.in_range(expert_map, -1, experts):
+            e = int(((expert_map < -1) | (expert_map >= experts)).nonzero()[0, 0])
+            raise ValueError(
+                f"{op}: expert_map[{e}] = {int(expert_map[e])} is out of range: local expert ids are "
+                f"[0, {experts}){experts_range}, or -1 for an expert on another rank"
+            )
+
+
 def values(
     hidden: Tensor,
     w1: Tensor,
@@ -165,20 +192,8 @@ def values(
     """Expert ids in range (CPU tensors: free there; on CUDA the routing skips bad ids)."""
     experts = w1.shape[0]
     n_ids = expert_map.numel() if expert_map is not None else experts
-    if topk_ids.is_cpu and topk_ids.numel() and not _checks.in_range(topk_ids, 0, n_ids):
-        bad = ((topk_ids < 0) | (topk_ids >= n_ids)).nonzero()[0]
-        where = tuple(bad.tolist())
-        what = "the expert_map's length" if expert_map is not None else "the number of experts, w1.shape[0]"
-        raise ValueError(
-            f"{OP}: topk_ids{list(where)} = {int(topk_ids[where])} is out of range [0, {n_ids}) ({what})"
-        )
-    if expert_map is not None and expert_map.is_cpu and expert_map.numel():
-        if not _checks.in_range(expert_map, -1, experts):
-            e = int(((expert_map < -1) | (expert_map >= experts)).nonzero()[0, 0])
-            raise ValueError(
-                f"{OP}: expert_map[{e}] = {int(expert_map[e])} is out of range: local expert ids are "
-                f"[0, {experts}) (w1.shape[0]), or -1 for an expert on another rank"
-            )
+    what = "the expert_map's length" if expert_map is not None else "the number of experts, w1.shape[0]"
+    check_ids(OP, topk_ids, n_ids, what, expert_map, experts, " (w1.shape[0])")
 
 
 # -- the definition --------------------------------------------------------------------------------

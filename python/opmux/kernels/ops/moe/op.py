@@ -65,21 +65,7 @@ _AL = "moe.moe_align_block_size"
 
 def _check_ids_range(ids: Tensor, num_experts: int, expert_map: Tensor | None = None) -> None:
     """CPU only (free there); on CUDA the kernels skip bad ids instead of synchronising."""
-    if ids.is_cpu:
-        if not _checks.in_range(ids, 0, num_experts):  # the rest only when something is wrong
-            bad = ((ids < 0) | (ids >= num_experts)).nonzero()
-            where = tuple(bad[0].tolist())
-            raise ValueError(
-                f"{_AL}: topk_ids{list(where)} = {int(ids[where])} is out of range "
-                f"[0, {num_experts}) (num_experts)"
-            )
-    if expert_map is not None and expert_map.is_cpu and expert_map.numel():
-        if not _checks.in_range(expert_map, -1, num_experts):
-            e = int(((expert_map < -1) | (expert_map >= num_experts)).nonzero()[0, 0])
-            raise ValueError(
-                f"{_AL}: expert_map[{e}] = {int(expert_map[e])} is out of range: local expert ids are "
-                f"[0, {num_experts}), or -1 for an expert not on this rank"
-            )
+    _experts.check_ids(_AL, ids, num_experts, "num_experts", expert_map, num_experts)
 
 
 def values_align(
