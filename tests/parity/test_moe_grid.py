@@ -134,3 +134,53 @@ def test_ids_outside_the_experts_touch_nothing(backend: str, device_type: str) -
     got = fn(c["hidden"], c["w1"], c["w2"], c["topk_weights"], c["topk_ids"], expert_map=emap)
     torch.cuda.synchronize()
     assert bool(got.isfinite().all())
+
+
+#: the Triton backend's decode path (``DECODE: 1``: a program per slot) with explicit configs,
+#: whatever the tables pick: (M, E, N, K, topk, form, up rows, down rows, K step)
+DECODE_GRID = (
+    (1, 8, 1024, 512, 2, "bf16", 16, 8, 256),
+    (1, 128, 768, 2048, 8, "bf16", 8, 4, 512),
+    (3, 16, 200, 1000, 4, "fp16", 32, 16, 128),
+    (1, 32, 512, 1024, 8, "fp8", 16, 8, 128),
+    (4, 16, 200, 1000, 4, "fp8", 8, 8, 128),
+)
+
+
+def _decode(out: torch.Tensor, c: dict[str, torch.Tensor], config: dict[str, int], **kw: object) -> None:
+    from opmux.kernels.ops.moe.fused_experts_triton import launch_fused_experts
+
+    empty = torch.empty(0, device="cuda")
+    emap = kw.get("expert_map", torch.empty(0, device="cuda", dtype=torch.int32))
+    launch_fused_experts(
+        out, c["hidden"], c["w1"], c["w2"], c["topk_weights"], kw.get("ids", c["topk_ids"]),
+        c.get("w1_scale", empty), c.get("w2_scale", empty), emap, "silu", False, config,
+    )  # fmt: skip
+
+
+def test_decode_path_grid_and_bad_ids(device_type: str) -> None:
+    if device_type == "cpu":
+        pytest.skip("a GPU case (tests/unit/test_fused_experts_triton.py runs the decode path on the CPU)")
+    for i, (m, e, n, k, topk, form, up, down, bk) in enumerate(DECODE_GRID):
+        c = _case(m, e, n, k, topk, form, 100 + i)
+        config = {"DECODE": 1, "BLOCK_SIZE_M": down, "BLOCK_SIZE_N": up, "BLOCK_SIZE_K": bk}
+        config |= {"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+        out = torch.full((m, k), float("nan"), device="cuda", dtype=c["hidden"].dtype)
+        _decode(out, c, config)
+        args, kw = _args(c)
+        _check(out, reference(*args, **kw), form == "fp8", f"decode M={m} E={e} N={n} K={k} {form}")
+    c = _case(2, 8, 256, 512, 4, "bf16", 120)
+    ids = c["topk_ids"].clone()
+    ids[0, 1], ids[1, 0], ids[1, 3] = 8, -1, 1 << 30
+    config = {"DECODE": 1, "BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 256}
+    config |= {"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+    out = torch.empty((2, 512), device="cuda", dtype=torch.bfloat16)
+    _decode(out, c, config, ids=ids)
+    torch.cuda.synchronize()
+    valid = (ids >= 0) & (ids < 8)
+    want = reference(c["hidden"], c["w1"], c["w2"], c["topk_weights"] * valid, ids.clamp(0, 7))
+    _check(out, want, False, "decode bad ids")
+    emap = torch.tensor([0, 1, 2, 3, 4, 5, 6, 99], device="cuda", dtype=torch.int32)  # 99: past E
+    _decode(out, c, config, expert_map=emap)
+    torch.cuda.synchronize()
+    assert bool(out.isfinite().all())

@@ -177,3 +177,91 @@ def test_explicit_configs(block_m: int, block_k: int, fp8: bool) -> None:
         "silu", False, config,
     )  # fmt: skip
     torch.testing.assert_close(out, _experts.reference(**p), atol=2e-2, rtol=2e-2)
+
+
+_DECODE = {
+    "DECODE": 1,
+    "BLOCK_SIZE_M": 4,
+    "BLOCK_SIZE_N": 8,
+    "GROUP_SIZE_M": 1,
+    "num_warps": 4,
+    "num_stages": 2,
+}
+
+
+def _launch(p: dict[str, Any], config: dict[str, Any], out: torch.Tensor, **kw: Any) -> None:
+    empty = torch.empty(0)
+    fe.launch_fused_experts(
+        out, p["hidden"], p["w1"], p["w2"], p["topk_weights"], p["topk_ids"],
+        p.get("w1_scale", empty), p.get("w2_scale", empty),
+        kw.get("expert_map", torch.empty(0, dtype=torch.int32)),
+        kw.get("activation", "silu"), kw.get("apply_router_weight_on_input", False), config,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("activation", _experts.ACTIVATIONS)
+def test_decode_path(dtype: torch.dtype, activation: str) -> None:
+    # K = 200 and N = 72: tails in the K steps and in both kernels' row blocks
+    p = _problem(m=3, k=200, n=72, e=4, topk=2, dtype=dtype, seed=11)
+    config = {**_DECODE, "BLOCK_SIZE_K": 32}
+    assert not tuned.validate_entry(fe.OP, "triton", config)
+    out = torch.full((3, 200), float("nan"), dtype=dtype)
+    _launch(p, config, out, activation=activation)
+    tol = _TOL[dtype]
+    torch.testing.assert_close(out, _experts.reference(**p, activation=activation), atol=tol, rtol=tol)
+
+
+def test_decode_path_fp8_map_and_weight_on_input() -> None:
+    config = {**_DECODE, "BLOCK_SIZE_K": 128}
+    assert not tuned.validate_entry(fe.OP, "triton", config, tuned.FP8_BLOCK_TAGS)
+    p = _problem(m=2, k=200, n=72, e=4, topk=2, fp8=True, num_ids=6, seed=12)
+    emap = torch.tensor([0, -1, 1, 2, -1, 3], dtype=torch.int32)  # ids 1 and 4: another rank's
+    out = torch.full((2, 200), float("nan"), dtype=torch.bfloat16)
+    _launch(p, config, out, expert_map=emap)
+    torch.testing.assert_close(out, _experts.reference(**p, expert_map=emap), atol=2e-2, rtol=2e-2)
+    p = _problem(m=3, k=64, n=32, e=4, topk=1, seed=13)
+    out = torch.full((3, 64), float("nan"), dtype=torch.bfloat16)
+    _launch(p, _DECODE | {"BLOCK_SIZE_K": 64}, out, apply_router_weight_on_input=True)
+    ref = _experts.reference(**p, apply_router_weight_on_input=True)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_default_is_the_decode_path_for_one_token() -> None:
+    for tags in ((), tuned.FP8_BLOCK_TAGS, (("dtype", "float32"),)):
+        one = tuned.default_config(fe.OP, "triton", 1, (8, 64), tags)
+        assert one.get("DECODE") == 1 and not tuned.validate_entry(fe.OP, "triton", one, tags)
+        assert "DECODE" not in tuned.default_config(fe.OP, "triton", 2, (8, 64), tags)
+
+
+def test_decode_entries_are_validated() -> None:
+    bad = {**_DECODE, "BLOCK_SIZE_K": 32, "DECODE": 2}
+    assert any("DECODE=2" in p for p in tuned.validate_entry(fe.OP, "triton", bad))
+    thin = {**_DECODE, "BLOCK_SIZE_K": 32, "DECODE": 0}  # 4-row tiles are the decode path's only
+    assert any("BLOCK_SIZE_M=4" in p for p in tuned.validate_entry(fe.OP, "triton", thin))
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_second_product_in_chunks_when_k_exceeds_2n(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # K = 300 > 2N = 80 (fp8: 128-column chunks of their own buffer, 2N being below one block)
+    assert fe._down_chunks(300, 80, False) == [(0, 80), (80, 80), (160, 80), (240, 60)]
+    assert fe._down_chunks(300, 80, True) == [(0, 128), (128, 128), (256, 44)]
+    assert fe._down_chunks(7168, 4096, True) == [(0, 4096), (4096, 3072)]
+    assert fe._down_chunks(2048, 3072, False) == [(0, 2048)]
+    sizes: list[int] = []
+    empty = torch.empty
+
+    def recorded(*args: Any, **kwargs: Any) -> torch.Tensor:
+        t = empty(*args, **kwargs)
+        if t.is_floating_point():
+            sizes.append(t.numel())
+        return t
+
+    monkeypatch.setattr(torch, "empty", recorded)
+    p = _problem(m=5, k=300, n=40, e=4, topk=2, fp8=fp8, seed=14)
+    tags = tuned.FP8_BLOCK_TAGS if fp8 else ()
+    out = torch.full((5, 300), float("nan"), dtype=torch.bfloat16)
+    _launch(p, dict(tuned.default_config(fe.OP, "triton", 5, (4, 40), tags)), out)
+    torch.testing.assert_close(out, _experts.reference(**p), atol=2e-2, rtol=2e-2)
+    if not fp8:  # no float buffer above the definition's [M * topk, 2N]
+        assert sizes and max(sizes) <= 5 * 2 * 80

@@ -151,6 +151,11 @@ def test_bf16_takes_any_power_of_two_k_step(user_dir: Path) -> None:
 def test_default_heuristic(tags: tuple[tuple[str, str], ...], m: int) -> None:
     config = tuned.default_config(OP, "triton", m, (8, 14336), tags)
     assert tuned.validate_entry(OP, "triton", config, tags) == []
+    if m == 1:  # one token: the decode path (a GEMV per slot), its own K step
+        assert config["DECODE"] == 1
+        assert config["BLOCK_SIZE_K"] == {(): 256, F32: 128, FP8: 128}[tags]
+        return
+    assert "DECODE" not in config
     assert config["BLOCK_SIZE_K"] == {(): 64, F32: 32, FP8: 128}[tags]
     if m <= 32:
         assert (config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]) == (16, 64)

@@ -310,14 +310,20 @@ def _moe_fp8(tags: Tags) -> bool:
     return dict(tags).get("dtype") == "fp8_w8a8"
 
 
+#: opmux's own key of a fused-MoE entry: 1 runs the decode path (``fused_experts_decode``: a
+#: program per slot and block of weight rows, BLOCK_SIZE_N / BLOCK_SIZE_M its up / down rows)
+_MOE_DECODE = "DECODE"
+
+
 def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     """Problems with one entry of a Triton fused-MoE table (empty: usable); ``tags`` name the
     form (block fp8: ``BLOCK_SIZE_K`` must be 128)."""
     problems = [f"missing {key}" for key in _TRITON_GEMM_KEYS if key not in entry]
-    unknown = sorted(set(entry) - set(_TRITON_GEMM_KEYS) - set(_TRITON_MOE_IGNORED))
+    known = (*_TRITON_GEMM_KEYS, _MOE_DECODE)
+    unknown = sorted(set(entry) - set(known) - set(_TRITON_MOE_IGNORED))
     if unknown:
         problems.append(
-            f"unknown key(s) {', '.join(unknown)} (known: {', '.join(_TRITON_GEMM_KEYS)}; "
+            f"unknown key(s) {', '.join(unknown)} (known: {', '.join(known)}; "
             f"read and ignored: {', '.join(_TRITON_MOE_IGNORED)})"
         )
     for key, value in entry.items():
@@ -329,14 +335,24 @@ def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     if problems:
         return problems
     block_k = entry["BLOCK_SIZE_K"]
+    decode = entry.get(_MOE_DECODE, 0)
+    max_k = 1024 if decode else 256  # the decode path's K step is a GEMV's: wider steps pay
     if _moe_fp8(tags):
         if block_k != 128:
             problems.append(
                 f"BLOCK_SIZE_K={block_k} (must be 128 for fp8 weights: one K step per scale block)"
             )
-    elif not (_pow2(block_k) and 16 <= block_k <= 256):
-        problems.append(f"BLOCK_SIZE_K={block_k} (a power of two in 16..256)")
-    return problems + _tile_problems(entry)
+    elif not (_pow2(block_k) and 16 <= block_k <= max_k):
+        problems.append(f"BLOCK_SIZE_K={block_k} (a power of two in 16..{max_k})")
+    if decode not in (0, 1):
+        problems.append(f"{_MOE_DECODE}={decode} (0: the grouped path, 1: the decode path)")
+    if not decode:
+        return problems + _tile_problems(entry)
+    # the decode path's row blocks may be thinner than a tensor-core tile (a GEMV per slot)
+    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
+        if not (_pow2(entry[key]) and 1 <= entry[key] <= 256):
+            problems.append(f"{key}={entry[key]} (a power of two in 1..256 on the decode path)")
+    return problems + [p for p in _tile_problems(entry) if not p.startswith("BLOCK_SIZE_")]
 
 
 def _default_triton_moe(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
@@ -344,7 +360,7 @@ def _default_triton_moe(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict
     rows routed to ONE expert (about M * topk / E of them): at decode M those are a few, so a
     16-row M tile and 64-wide N tiles (more programs over N); large M is compute-bound: 64 / 128
     tiles, 8 warps for 128 x 128. K steps: 128 for fp8 (one scale block), else 64 (32 for fp32,
-    whose tiles take twice the shared memory)."""
+    whose tiles take twice the shared memory). One token: the decode path (a GEMV per slot)."""
     if m <= 32:
         bm, bn, group, warps, stages = 16, 64, 1, 4, 4
     elif m <= 128:
@@ -354,6 +370,17 @@ def _default_triton_moe(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict
     else:
         bm, bn, group, warps, stages = 128, 128, 8, 8, 3
     dtype = dict(tags).get("dtype")
+    if m == 1:  # one token: its topk experts' weights read once, two launches (the decode path)
+        bk = 128 if _moe_fp8(tags) or dtype == "float32" else 256
+        return {
+            "BLOCK_SIZE_M": 8,
+            "BLOCK_SIZE_N": 16,
+            "BLOCK_SIZE_K": bk,
+            "GROUP_SIZE_M": 1,
+            "num_warps": 4,
+            "num_stages": 3,
+            _MOE_DECODE: 1,
+        }
     bk = 128 if _moe_fp8(tags) else 32 if dtype == "float32" else 64
     return {
         "BLOCK_SIZE_M": bm,

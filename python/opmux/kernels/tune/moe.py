@@ -15,6 +15,7 @@ the Triton interpreter: that exercises the loop and the files; the timings mean 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import random
 import sys
@@ -62,6 +63,24 @@ _SEEDS_FP8 = (
     (128, 128, 128, 32, 8, 3),
     (64, 256, 128, 16, 8, 3),
     (128, 256, 128, 16, 8, 2),
+)
+#: the decode path (``DECODE: 1``, a program per slot and block of weight rows) is timed beside
+#: the grouped configurations up to this many tokens; its space: (up rows, down rows, K step,
+#: warps, stages), the fp32 partial sums of a program (rows x K step) kept within 1K-8K
+DECODE_MAX_M = 8
+_DECODE_ROWS = (4, 8, 16, 32)
+_DECODE_K = (128, 256, 512)
+_DECODE_WARPS = (2, 4, 8)
+_DECODE_STAGES = (2, 3, 4)
+_SEEDS_DECODE = (
+    (16, 8, 256, 4, 3),
+    (8, 8, 512, 4, 3),
+    (32, 16, 128, 4, 3),
+    (16, 16, 256, 8, 3),
+    (8, 4, 256, 4, 2),
+    (16, 8, 128, 4, 4),
+    (32, 32, 128, 8, 3),
+    (8, 8, 128, 2, 4),
 )
 #: mean |candidate - definition| / mean |definition| a candidate must stay below (bf16 outputs:
 #: the definition rounds where the kernel does, so correct configs agree to ~1e-3)
@@ -123,9 +142,43 @@ def moe_candidates(
         key=lambda c: abs(c["BLOCK_SIZE_M"].bit_length() - min(rows, 128).bit_length()),
     )
     ordered = [first] + [c for c in seeds if c != first]
+    if m <= DECODE_MAX_M:  # the decode path's seeds next, then its space mixed into the rest
+        decode = _decode_space(form, seed)
+        ordered += [c for c in decode[0] if c not in ordered]
+        pairs = itertools.zip_longest(space, decode[1])
+        space = [c for pair in pairs for c in pair if c is not None]
     ordered += [c for c in space if c not in ordered]
     assert all(not tuned.validate_entry(OP, "triton", c, tags) for c in ordered)  # internal invariant
     return ordered
+
+
+def _decode_space(form: str, seed: int) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """(seeds, shuffled space) of the decode path's configurations (fp8: a K step of one group)."""
+    ks = (128,) if form == "fp8" else _DECODE_K
+
+    def entry(up: int, down: int, bk: int, warps: int, stages: int) -> dict[str, int]:
+        return {
+            "BLOCK_SIZE_M": down,
+            "BLOCK_SIZE_N": up,
+            "BLOCK_SIZE_K": bk,
+            "GROUP_SIZE_M": 1,
+            "num_warps": warps,
+            "num_stages": stages,
+            "DECODE": 1,
+        }
+
+    seeds = [entry(*v) for v in _SEEDS_DECODE if v[2] in ks]
+    space = [
+        entry(up, down, bk, w, st)
+        for up in _DECODE_ROWS
+        for down in _DECODE_ROWS
+        for bk in ks
+        for w in _DECODE_WARPS
+        for st in _DECODE_STAGES
+        if 1024 <= up * bk <= 8192 and 1024 <= down * bk <= 8192
+    ]
+    random.Random(seed).shuffle(space)
+    return seeds, [c for c in space if c not in seeds]
 
 
 def _product(form: str) -> list[tuple[int, int, int, int, int, int]]:

@@ -11,9 +11,15 @@ The engines' structure (vLLM's / SGLang's fused MoE), written as opmux's own cod
    ``hidden``'s dtype into ``[M * topk, 2N]``;
 3. the gated activation through ``activation.<act>_and_mul`` (fp32, one rounding);
 4. the same kernel on the activations (rows ``slot``) and ``w2``, times the routed weight, rounded
-   to ``hidden``'s dtype into ``[M * topk, K]`` (the same buffer as step 2's: vLLM's cache13);
-5. a reduce kernel: per token, the ``topk`` terms that an expert of this rank computed, summed in
-   fp32, rounded once into ``out`` (rows with no such term get 0).
+   to ``hidden``'s dtype into step 2's buffer (free by then), in chunks of at most 2N of K's
+   columns when K > 2N, so that no intermediate outgrows the definition's ``[M * topk, 2N]``;
+5. a reduce kernel per chunk: per token, the ``topk`` terms that an expert of this rank
+   computed, summed in fp32, rounded once into ``out``'s columns (rows with no such term get 0).
+
+Allocated per call: the routing (``moe_align_block_size``'s three int32 arrays), the first
+product ``[M * topk, 2N]``, the activation ``[M * topk, N]``, and for fp8 the quantized copies of
+``hidden`` and of the activation (one byte per element) with their scales. A configuration with
+``DECODE: 1`` runs :mod:`.fused_experts_decode` instead (two launches, only the activation).
 
 Why this arithmetic: it is the definition's (``_experts.reference``), the rounding points the
 engines' caches impose: each product summed in fp32, the first rounded to ``hidden``'s dtype, the
@@ -40,6 +46,7 @@ import triton.language as tl
 
 from opmux.kernels import ops, tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
+from opmux.kernels.ops.moe.fused_experts_decode import launch_decode
 
 OP = "moe.fused_experts"
 BACKEND = "triton"
@@ -298,6 +305,12 @@ def launch_fused_experts(
     m, k = hidden.shape
     if m == 0:
         return
+    if config.get("DECODE"):
+        launch_decode(
+            out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, expert_map,
+            activation, apply_router_weight_on_input, config,
+        )  # fmt: skip
+        return
     experts, n2, _ = w1.shape
     n = n2 // 2
     topk = topk_ids.shape[1]
@@ -319,10 +332,10 @@ def launch_fused_experts(
         num_ids = experts
         routing = ops.moe.moe_align_block_size(ids, config["BLOCK_SIZE_M"], experts)
 
-    # one buffer for the first product [slots, 2N] and the second [slots, K] (vLLM's cache13)
-    cache = torch.empty(slots * max(n2, k), dtype=dt, device=hidden.device)
-    h1 = cache[: slots * n2].view(slots, n2)
-    y = cache[: slots * k].view(slots, k)
+    # the first product [slots, 2N]: the largest intermediate, as the definition's; its buffer
+    # takes the second product's output too, in column chunks when K > 2N (``_down_chunks``)
+    cache = torch.empty(slots * n2, dtype=dt, device=hidden.device)
+    h1 = cache.view(slots, n2)
 
     # 2. first product
     a1_scale: torch.Tensor | None = None
@@ -347,29 +360,48 @@ def launch_fused_experts(
     else:
         a2 = act
 
-    # 4. second product, each expert's output times its weight, rounded to hidden's dtype
-    _grouped_gemm(
-        y, a2, w2, a2_scale, w2_scale, topk_weights, routing,
-        k=n, topk=topk, a_div=1, mul_weight=not apply_router_weight_on_input, config=config,
-    )  # fmt: skip
+    # 4. second product, each expert's output times its weight, rounded to hidden's dtype, and
+    # 5. the topk terms of each token, summed in fp32, rounded once: per chunk of K's columns
+    for k0, width in _down_chunks(k, n2, fp8):
+        y = (
+            cache[: slots * width].view(slots, width)
+            if width <= n2
+            else torch.empty((slots, width), dtype=dt, device=hidden.device)
+        )
+        cols = slice(k0, k0 + width)
+        w2_s = w2_scale[:, k0 // SCALE_BLOCK :] if fp8 else w2_scale
+        _grouped_gemm(
+            y, a2, w2[:, cols], a2_scale, w2_s, topk_weights, routing,
+            k=n, topk=topk, a_div=1, mul_weight=not apply_router_weight_on_input, config=config,
+        )  # fmt: skip
+        block = min(_REDUCE_BLOCK, triton.next_power_of_2(width))
+        _sum_topk_kernel[(m, triton.cdiv(width, block))](
+            y,
+            out[:, cols],
+            topk_ids,
+            expert_map if has_map else topk_ids,
+            width,
+            topk,
+            num_ids,
+            experts,
+            out.stride(0),
+            topk_ids.stride(0),
+            HAS_MAP=has_map,
+            BLOCK=block,
+            num_warps=4,
+        )
 
-    # 5. the topk terms of each token, summed in fp32, rounded once
-    block = min(_REDUCE_BLOCK, triton.next_power_of_2(k))
-    _sum_topk_kernel[(m, triton.cdiv(k, block))](
-        y,
-        out,
-        topk_ids,
-        expert_map if has_map else topk_ids,
-        k,
-        topk,
-        num_ids,
-        experts,
-        out.stride(0),
-        topk_ids.stride(0),
-        HAS_MAP=has_map,
-        BLOCK=block,
-        num_warps=4,
-    )
+
+def _down_chunks(k: int, n2: int, fp8: bool) -> list[tuple[int, int]]:
+    """(first column, width) of the second product's passes: all of K at once when it fits the
+    first product's [slots, 2N] buffer, else chunks of at most 2N columns (fp8: whole 128-row
+    weight blocks, so each chunk's scales start on a block; only a 2N below 128 then needs a
+    buffer of its own, 128 wide). vLLM keeps one [slots, max(2N, K)] cache instead: larger than
+    the definition's largest intermediate when K > 2N (Qwen3-30B-A3B: K 2048, 2N 1536)."""
+    if k <= n2:
+        return [(0, k)]
+    width = max(SCALE_BLOCK, n2 // SCALE_BLOCK * SCALE_BLOCK) if fp8 else n2
+    return [(k0, min(width, k - k0)) for k0 in range(0, k, width)]
 
 
 def fused_experts(

@@ -1,0 +1,281 @@
+"""The decode path of ``moe.fused_experts``'s Triton backend: one program per routed slot and
+block of weight rows, no routing pass, no grouped tiles, two launches.
+
+At decode sizes (one token, or a few, each routed to ``topk`` distinct experts) the op is a
+read of the touched experts' weights, and the grouped path's six launches (routing, two
+products, activation, quantization, sum) cost more than the read itself: Qwen3-30B-A3B's eight
+experts are 75 MB, 18 us at the H200's copy bandwidth, against 40 us for the grouped path. Here:
+
+1. ``_up_kernel``, grid ``(M * topk, cdiv(N, BLOCK_SIZE_N))``: a slot's gate and up rows of
+   ``w1`` times its token's ``hidden`` row (fp32 sums, fp8: the row quantized per 1x128 group
+   in the program, as ``per_token_group_quant_fp8`` does it), each rounded to ``hidden``'s dtype,
+   the gated activation in fp32, rounded once into ``act [M * topk, N]``;
+2. ``_down_kernel``, grid ``(M, cdiv(K, BLOCK_SIZE_M))``: per token and block of output
+   columns, each of its ``topk`` slots' ``act`` row (fp8: quantized per group) times the rows of
+   ``w2``, times the routed weight, rounded to ``hidden``'s dtype, the terms summed in fp32 and
+   rounded once into ``out``.
+
+The arithmetic is the definition's (``_experts.reference``): the same rounding points as the
+grouped path, only the order of each fp32 sum differs. A slot whose expert is outside ``[0, E)``
+or mapped to -1 is skipped by both kernels (nothing is loaded through its id), so out-of-range
+ids never reach memory. The only intermediate is ``act`` ([M * topk, N]).
+
+A configuration with ``DECODE: 1`` selects this path (the tuner times it beside the grouped
+configurations at small M and the tables keep whichever is faster); ``BLOCK_SIZE_N`` is the
+up kernel's rows per program, ``BLOCK_SIZE_M`` the down kernel's, ``BLOCK_SIZE_K`` the
+reduction step (fp8: 128, one scale group); ``GROUP_SIZE_M`` is unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from opmux.kernels.ops.activation.triton_kernels import _act, _clamp_hi, _sig_div
+from opmux.kernels.ops.gemm.triton_kernels import _cast
+from opmux.kernels.ops.quantization.triton_kernels import _amax, _keep_nan, _quantize
+
+__all__ = ["ACT_CODES", "launch_decode"]
+
+#: the activation names' codes in the kernels
+ACT_CODES = {"silu": 0, "gelu": 1, "swigluoai": 5}
+#: swigluoai's alpha and limit (gpt-oss's, as ``activation.swigluoai_and_mul`` defaults them)
+_OAI_ALPHA, _OAI_LIMIT = 1.702, 7.0
+
+
+@triton.jit
+def _slot_expert(IDS, MAP, s, topk, stride_ids, num_ids, num_experts, HAS_MAP: tl.constexpr):
+    """The local expert of slot ``s`` and whether one of this rank computes it."""
+    t = s // topk
+    e = tl.load(IDS + t * stride_ids + s % topk).to(tl.int64)
+    ok = (e >= 0) & (e < num_ids)
+    if HAS_MAP:
+        local = tl.load(MAP + tl.where(ok, e, 0)).to(tl.int64)
+        ok = ok & (local >= 0) & (local < num_experts)
+        e = local
+    return tl.where(ok, e, 0), ok
+
+
+@triton.jit
+def _group_quant(x):
+    """x [G] fp32 (one 1x128 group, zero-padded) -> (its e4m3 grid values in fp32, the scale):
+    ``per_token_group_quant_fp8``'s arithmetic (scale = max(amax, eps) / 448, x * (1 / scale))."""
+    amax = _amax(x[None, :], 1)
+    amax = _keep_nan(amax, tl.maximum(amax, 1e-10))
+    scale = tl.math.div_rn(amax, 448.0)
+    inv = tl.math.div_rn(tl.full([1], 1.0, tl.float32), scale)
+    q = _quantize(x[None, :], inv[:, None])
+    return tl.reshape(q, (x.shape[0],)), tl.sum(scale, axis=0)
+
+
+@triton.jit
+def _up_kernel(
+    X,
+    W1,
+    WS,
+    TW,
+    IDS,
+    MAP,
+    ACT,
+    N,
+    K,
+    topk,
+    num_ids,
+    num_experts,
+    stride_x,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_sk,
+    stride_tw,
+    stride_ids,
+    stride_act,
+    alpha,
+    limit,
+    ACT_CODE: tl.constexpr,
+    HAS_MAP: tl.constexpr,
+    MUL_WEIGHT: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
+    """act[s, n] = act(round(w1[e, gate n] . x[t]), round(w1[e, up n] . x[t])) for one slot s
+    (token t = s // topk, expert e) and BLOCK_SIZE_N of its N columns."""
+    s = tl.program_id(0).to(tl.int64)
+    e, ok = _slot_expert(IDS, MAP, s, topk, stride_ids, num_ids, num_experts, HAS_MAP)
+    if not ok:
+        return
+    t = s // topk
+    offs_n = tl.program_id(1) * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    cols = tl.minimum(offs_n, N - 1).to(tl.int64)  # in bounds; the store drops the tail
+    if ACT_CODE == 5:  # swigluoai: (gate, up) pairs interleaved
+        g_rows, u_rows = 2 * cols, 2 * cols + 1
+    else:
+        g_rows, u_rows = cols, cols + N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    w_base = W1 + e * stride_we
+    g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_k[None, :]
+    u_ptrs = w_base + u_rows[:, None] * stride_wn + offs_k[None, :]
+    x_ptrs = X + t * stride_x + offs_k
+    if FP8:
+        acc_g = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
+        gs_ptrs = WS + e * stride_se + (g_rows // 128) * stride_sn
+        us_ptrs = WS + e * stride_se + (u_rows // 128) * stride_sn
+    else:
+        acc_g2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+        acc_u2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        k0 = kb * BLOCK_SIZE_K
+        k_ok = offs_k < K - k0
+        x = tl.load(x_ptrs + k0, mask=k_ok, other=0.0).to(tl.float32)
+        wg = tl.load(g_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
+        wu = tl.load(u_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
+        if FP8:
+            xq, xs = _group_quant(x)
+            sg = tl.load(gs_ptrs + kb * stride_sk) * xs
+            su = tl.load(us_ptrs + kb * stride_sk) * xs
+            acc_g += tl.sum(wg * xq[None, :], axis=1) * sg
+            acc_u += tl.sum(wu * xq[None, :], axis=1) * su
+        else:
+            acc_g2 += wg * x[None, :]
+            acc_u2 += wu * x[None, :]
+    if not FP8:
+        acc_g = tl.sum(acc_g2, axis=1)
+        acc_u = tl.sum(acc_u2, axis=1)
+    if MUL_WEIGHT:  # the router weight on the input (topk == 1): it scales the first product
+        w = tl.load(TW + t * stride_tw)
+        acc_g = acc_g * w
+        acc_u = acc_u * w
+    # the first product rounded to hidden's dtype, as the engines' cache holds it
+    a = _cast(acc_g, X.dtype.element_ty).to(tl.float32)
+    b = _cast(acc_u, X.dtype.element_ty).to(tl.float32)
+    if ACT_CODE == 5:
+        g = _clamp_hi(a, limit)
+        u = _clamp_hi(tl.where(b < -limit, -limit, b), limit)
+        y = (u + 1.0) * _sig_div(g, -alpha * g)
+    else:
+        y = _act(a, ACT_CODE) * b
+    tl.store(ACT + s * stride_act + offs_n, _cast(y, ACT.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _down_kernel(
+    A,
+    W2,
+    WS,
+    TW,
+    IDS,
+    MAP,
+    OUT,
+    N,
+    K,
+    topk,
+    num_ids,
+    num_experts,
+    stride_a,
+    stride_we,
+    stride_wk,
+    stride_se,
+    stride_sk,
+    stride_sn,
+    stride_tw,
+    stride_ids,
+    stride_out,
+    HAS_MAP: tl.constexpr,
+    MUL_WEIGHT: tl.constexpr,
+    FP8: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+):
+    """out[t, c] = sum_j round(w_j * (w2[e_j, c] . act[t * topk + j])) for BLOCK_SIZE_M of the
+    K output columns c; terms of slots no expert of this rank computes are left out."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_c = tl.program_id(1) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    rows = tl.minimum(offs_c, K - 1).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_SIZE_K)
+    total = tl.zeros((BLOCK_SIZE_M,), dtype=tl.float32)
+    for j in range(0, topk):
+        s = t * topk + j
+        e, ok = _slot_expert(IDS, MAP, s, topk, stride_ids, num_ids, num_experts, HAS_MAP)
+        if ok:
+            w_ptrs = W2 + e * stride_we + rows[:, None] * stride_wk + offs_n[None, :]
+            a_ptrs = A + s * stride_a + offs_n
+            if FP8:
+                acc = tl.zeros((BLOCK_SIZE_M,), dtype=tl.float32)
+                s_ptrs = WS + e * stride_se + (rows // 128) * stride_sk
+            else:
+                acc2 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.float32)
+            for nb in range(0, tl.cdiv(N, BLOCK_SIZE_K)):
+                n0 = nb * BLOCK_SIZE_K
+                n_ok = offs_n < N - n0
+                a = tl.load(a_ptrs + n0, mask=n_ok, other=0.0).to(tl.float32)
+                w = tl.load(w_ptrs + n0, mask=n_ok[None, :], other=0.0).to(tl.float32)
+                if FP8:
+                    aq, a_s = _group_quant(a)
+                    acc += tl.sum(w * aq[None, :], axis=1) * (tl.load(s_ptrs + nb * stride_sn) * a_s)
+                else:
+                    acc2 += w * a[None, :]
+            if not FP8:
+                acc = tl.sum(acc2, axis=1)
+            if MUL_WEIGHT:
+                acc = acc * tl.load(TW + t * stride_tw + j)
+            # each expert's output rounded to hidden's dtype, then summed in fp32
+            total += _cast(acc, OUT.dtype.element_ty).to(tl.float32)
+    tl.store(OUT + t * stride_out + offs_c, _cast(total, OUT.dtype.element_ty), mask=offs_c < K)
+
+
+def launch_decode(
+    out: torch.Tensor,
+    hidden: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w1_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    expert_map: torch.Tensor,
+    activation: str,
+    apply_router_weight_on_input: bool,
+    config: Mapping[str, Any],
+) -> None:
+    """The two launches (kernel arguments as the contract's, already checked; ``M >= 1``)."""
+    m, k = hidden.shape
+    experts, n2, _ = w1.shape
+    n = n2 // 2
+    topk = topk_ids.shape[1]
+    fp8 = w1_scale.numel() > 0
+    has_map = expert_map.numel() > 0
+    num_ids = expert_map.numel() if has_map else experts
+    emap = expert_map if has_map else topk_ids
+    bk = config["BLOCK_SIZE_K"]
+    act = torch.empty((m * topk, n), dtype=hidden.dtype, device=hidden.device)
+    s1 = w1_scale if fp8 else topk_weights  # an unused pointer when not fp8
+    s2 = w2_scale if fp8 else topk_weights
+    warps, stages = config["num_warps"], config["num_stages"]
+    _up_kernel[(m * topk, triton.cdiv(n, config["BLOCK_SIZE_N"]))](
+        hidden, w1, s1, topk_weights, topk_ids, emap, act,
+        n, k, topk, num_ids, experts,
+        hidden.stride(0), w1.stride(0), w1.stride(1),
+        s1.stride(0) if fp8 else 0, s1.stride(1) if fp8 else 0, s1.stride(2) if fp8 else 0,
+        topk_weights.stride(0), topk_ids.stride(0), act.stride(0),
+        _OAI_ALPHA, _OAI_LIMIT,
+        ACT_CODE=ACT_CODES[activation], HAS_MAP=has_map, MUL_WEIGHT=apply_router_weight_on_input,
+        FP8=fp8, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=bk,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    _down_kernel[(m, triton.cdiv(k, config["BLOCK_SIZE_M"]))](
+        act, w2, s2, topk_weights, topk_ids, emap, out,
+        n, k, topk, num_ids, experts,
+        act.stride(0), w2.stride(0), w2.stride(1),
+        s2.stride(0) if fp8 else 0, s2.stride(1) if fp8 else 0, s2.stride(2) if fp8 else 0,
+        topk_weights.stride(0), topk_ids.stride(0), out.stride(0),
+        HAS_MAP=has_map, MUL_WEIGHT=not apply_router_weight_on_input, FP8=fp8,
+        BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
