@@ -11,9 +11,9 @@ experts are 75 MB, 18 us at the H200's copy bandwidth, against 40 us for the gro
    in the program, as ``per_token_group_quant_fp8`` does it), each rounded to ``hidden``'s dtype,
    the gated activation in fp32, rounded once into ``act [M * topk, N]``;
 2. ``_down_kernel``, grid ``(M, cdiv(K, BLOCK_SIZE_M))``: per token and block of output
-   columns, each of its ``topk`` slots' ``act`` row (fp8: quantized per group) times the rows of
-   ``w2``, times the routed weight, rounded to ``hidden``'s dtype, the terms summed in fp32 and
-   rounded once into ``out``.
+   columns, its ``topk`` slots' ``act`` rows (fp8: quantized per group) times the rows of their
+   experts' ``w2``, all ``topk`` tiles loaded at once, times the routed weight, rounded to
+   ``hidden``'s dtype, the terms summed in fp32 and rounded once into ``out``.
 
 The arithmetic is the definition's (``_experts.reference``): the same rounding points as the
 grouped path, only the order of each fp32 sum differs. A slot whose expert is outside ``[0, E)``
@@ -190,43 +190,55 @@ def _down_kernel(
     HAS_MAP: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     FP8: tl.constexpr,
+    TOPK: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
     """out[t, c] = sum_j round(w_j * (w2[e_j, c] . act[t * topk + j])) for BLOCK_SIZE_M of the
-    K output columns c; terms of slots no expert of this rank computes are left out."""
+    K output columns c; terms of slots no expert of this rank computes are left out. The topk
+    experts' tiles are loaded together (a [TOPK, rows, K step] tile): their reads overlap instead
+    of following one another."""
     t = tl.program_id(0).to(tl.int64)
     offs_c = tl.program_id(1) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     rows = tl.minimum(offs_c, K - 1).to(tl.int64)
     offs_n = tl.arange(0, BLOCK_SIZE_K)
-    total = tl.zeros((BLOCK_SIZE_M,), dtype=tl.float32)
-    for j in range(0, topk):
-        s = t * topk + j
-        e, ok = _slot_expert(IDS, MAP, s, topk, stride_ids, num_ids, num_experts, HAS_MAP)
-        if ok:
-            w_ptrs = W2 + e * stride_we + rows[:, None] * stride_wk + offs_n[None, :]
-            a_ptrs = A + s * stride_a + offs_n
-            if FP8:
-                acc = tl.zeros((BLOCK_SIZE_M,), dtype=tl.float32)
-                s_ptrs = WS + e * stride_se + (rows // 128) * stride_sk
-            else:
-                acc2 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.float32)
-            for nb in range(0, tl.cdiv(N, BLOCK_SIZE_K)):
-                n0 = nb * BLOCK_SIZE_K
-                n_ok = offs_n < N - n0
-                a = tl.load(a_ptrs + n0, mask=n_ok, other=0.0).to(tl.float32)
-                w = tl.load(w_ptrs + n0, mask=n_ok[None, :], other=0.0).to(tl.float32)
-                if FP8:
-                    aq, a_s = _group_quant(a)
-                    acc += tl.sum(w * aq[None, :], axis=1) * (tl.load(s_ptrs + nb * stride_sn) * a_s)
-                else:
-                    acc2 += w * a[None, :]
-            if not FP8:
-                acc = tl.sum(acc2, axis=1)
-            if MUL_WEIGHT:
-                acc = acc * tl.load(TW + t * stride_tw + j)
-            # each expert's output rounded to hidden's dtype, then summed in fp32
-            total += _cast(acc, OUT.dtype.element_ty).to(tl.float32)
+    js = tl.arange(0, TOPK)
+    in_k = js < topk
+    e = tl.load(IDS + t * stride_ids + js, mask=in_k, other=-1).to(tl.int64)
+    ok = in_k & (e >= 0) & (e < num_ids)
+    if HAS_MAP:
+        local = tl.load(MAP + tl.where(ok, e, 0), mask=ok, other=-1).to(tl.int64)
+        ok = ok & (local >= 0) & (local < num_experts)
+        e = local
+    e = tl.where(ok, e, 0)
+    w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_n[None, None, :]
+    a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_n[None, :]
+    if FP8:
+        acc = tl.zeros((TOPK, BLOCK_SIZE_M), dtype=tl.float32)
+        s_ptrs = WS + e[:, None] * stride_se + (rows // 128)[None, :] * stride_sk
+    else:
+        acc3 = tl.zeros((TOPK, BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.float32)
+    for nb in range(0, tl.cdiv(N, BLOCK_SIZE_K)):
+        n0 = nb * BLOCK_SIZE_K
+        n_ok = offs_n < N - n0
+        a = tl.load(a_ptrs + n0, mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs + n0, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0).to(tl.float32)
+        if FP8:  # each slot's activation group quantized as per_token_group_quant_fp8 does it
+            amax = _amax(a, 1)
+            amax = _keep_nan(amax, tl.maximum(amax, 1e-10))
+            a_s = tl.math.div_rn(amax, 448.0)
+            aq = _quantize(a, tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), a_s)[:, None])
+            w_s = tl.load(s_ptrs + nb * stride_sn, mask=ok[:, None], other=0.0)
+            acc += tl.sum(w * aq[:, None, :], axis=2) * (w_s * a_s[:, None])
+        else:
+            acc3 += w * a[:, None, :]
+    if not FP8:
+        acc = tl.sum(acc3, axis=2)
+    if MUL_WEIGHT:
+        acc = acc * tl.load(TW + t * stride_tw + js, mask=ok, other=0.0)[:, None]
+    # each expert's output rounded to hidden's dtype, then summed in fp32 (absent terms are 0)
+    y = tl.where(ok[:, None], _cast(acc, OUT.dtype.element_ty).to(tl.float32), 0.0)
+    total = tl.sum(y, axis=0)
     tl.store(OUT + t * stride_out + offs_c, _cast(total, OUT.dtype.element_ty), mask=offs_c < K)
 
 
@@ -276,6 +288,6 @@ def launch_decode(
         s2.stride(0) if fp8 else 0, s2.stride(1) if fp8 else 0, s2.stride(2) if fp8 else 0,
         topk_weights.stride(0), topk_ids.stride(0), out.stride(0),
         HAS_MAP=has_map, MUL_WEIGHT=not apply_router_weight_on_input, FP8=fp8,
-        BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
+        TOPK=triton.next_power_of_2(topk), BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
