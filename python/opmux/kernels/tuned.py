@@ -338,7 +338,9 @@ def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     decode = entry.get(_MOE_DECODE, 0)
     max_k = 1024 if decode else 256  # the decode path's K step is a GEMV's: wider steps pay
     if _moe_fp8(tags):
-        if block_k != 128:
+        if decode and block_k not in (128, 256, 512):
+            problems.append(f"BLOCK_SIZE_K={block_k} (128, 256 or 512 for fp8 weights: whole scale blocks)")
+        elif not decode and block_k != 128:
             problems.append(
                 f"BLOCK_SIZE_K={block_k} (must be 128 for fp8 weights: one K step per scale block)"
             )

@@ -156,10 +156,10 @@ def moe_candidates(
 
 
 def _decode_space(form: str, topk: int, seed: int) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
-    """(seeds, shuffled space) of the decode path's configurations (fp8: a K step of one group);
+    """(seeds, shuffled space) of the decode path's configurations (fp8: a K step of whole groups);
     the down kernel's tile holds every slot of a token (topk x rows x K step: at most 16K fp32)."""
     slots = 1 << max(0, topk - 1).bit_length()
-    ks = (128,) if form == "fp8" else _DECODE_K
+    ks = _DECODE_K[:3]
 
     def entry(up: int, down: int, bk: int, warps: int, stages: int) -> dict[str, int]:
         return {
@@ -173,6 +173,8 @@ def _decode_space(form: str, topk: int, seed: int) -> tuple[list[dict[str, int]]
         }
 
     def fits(up: int, down: int, bk: int) -> bool:
+        if form == "fp8":  # fp8 steps are groups of 128 with their own partial sums
+            bk = 128
         return 1024 <= up * bk <= 8192 and 512 <= slots * down * bk <= 16384
 
     seeds = [entry(*v) for v in _SEEDS_DECODE if v[2] in ks and fits(*v[:3])]

@@ -23,11 +23,15 @@ ids never reach memory. The only intermediate is ``act`` ([M * topk, N]).
 A configuration with ``DECODE: 1`` selects this path (the tuner times it beside the grouped
 configurations at small M and the tables keep whichever is faster); ``BLOCK_SIZE_N`` is the
 up kernel's rows per program, ``BLOCK_SIZE_M`` the down kernel's, ``BLOCK_SIZE_K`` the
-reduction step (fp8: 128, one scale group); ``GROUP_SIZE_M`` is unused.
+reduction step (fp8: 128, 256 or 512, whole activation groups, unrolled so that their loads
+overlap); ``GROUP_SIZE_M`` is unused. On sm_90+ the down kernel is launched programmatically
+(PDL): its launch and set-up overlap the up kernel's tail, and it waits for that grid before
+reading ``act``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +49,7 @@ __all__ = ["ACT_CODES", "launch_decode"]
 ACT_CODES = {"silu": 0, "gelu": 1, "swigluoai": 5}
 #: swigluoai's alpha and limit (gpt-oss's, as ``activation.swigluoai_and_mul`` defaults them)
 _OAI_ALPHA, _OAI_LIMIT = 1.702, 7.0
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -101,11 +106,15 @@ def _up_kernel(
     HAS_MAP: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     FP8: tl.constexpr,
+    GROUPS: tl.constexpr,
+    USE_PDL: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
     """act[s, n] = act(round(w1[e, gate n] . x[t]), round(w1[e, up n] . x[t])) for one slot s
     (token t = s // topk, expert e) and BLOCK_SIZE_N of its N columns."""
+    if USE_PDL:  # the down kernel may launch now; it waits for this grid before reading act
+        tl.extra.cuda.gdc_launch_dependents()
     s = tl.program_id(0).to(tl.int64)
     e, ok = _slot_expert(IDS, MAP, s, topk, stride_ids, num_ids, num_experts, HAS_MAP)
     if not ok:
@@ -117,35 +126,44 @@ def _up_kernel(
         g_rows, u_rows = 2 * cols, 2 * cols + 1
     else:
         g_rows, u_rows = cols, cols + N
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
     w_base = W1 + e * stride_we
-    g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_k[None, :]
-    u_ptrs = w_base + u_rows[:, None] * stride_wn + offs_k[None, :]
-    x_ptrs = X + t * stride_x + offs_k
-    if FP8:
+    if FP8:  # a K step of GROUPS activation groups, each quantized and scaled on its own
+        offs_q = tl.arange(0, 128)
+        g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_q[None, :]
+        u_ptrs = w_base + u_rows[:, None] * stride_wn + offs_q[None, :]
+        x_ptrs = X + t * stride_x + offs_q
         acc_g = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
         gs_ptrs = WS + e * stride_se + (g_rows // 128) * stride_sn
         us_ptrs = WS + e * stride_se + (u_rows // 128) * stride_sn
+        for kb in range(0, tl.cdiv(K, 128 * GROUPS)):
+            for gi in tl.static_range(GROUPS):  # unrolled: the groups' loads are in flight together
+                grp = kb * GROUPS + gi
+                k_ok = offs_q < K - grp * 128
+                x = tl.load(x_ptrs + grp * 128, mask=k_ok, other=0.0).to(tl.float32)
+                wg = tl.load(g_ptrs + grp * 128, mask=k_ok[None, :], other=0.0).to(tl.float32)
+                wu = tl.load(u_ptrs + grp * 128, mask=k_ok[None, :], other=0.0).to(tl.float32)
+                xq, xs = _group_quant(x)
+                in_k = cols * 0 + grp * 128 < K  # a group past K adds nothing (and reads no scale)
+                sg = tl.load(gs_ptrs + grp * stride_sk, mask=in_k, other=0.0) * xs
+                su = tl.load(us_ptrs + grp * stride_sk, mask=in_k, other=0.0) * xs
+                acc_g += tl.sum(wg * xq[None, :], axis=1) * sg
+                acc_u += tl.sum(wu * xq[None, :], axis=1) * su
     else:
+        offs_k = tl.arange(0, BLOCK_SIZE_K)
+        g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_k[None, :]
+        u_ptrs = w_base + u_rows[:, None] * stride_wn + offs_k[None, :]
+        x_ptrs = X + t * stride_x + offs_k
         acc_g2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
         acc_u2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-        k0 = kb * BLOCK_SIZE_K
-        k_ok = offs_k < K - k0
-        x = tl.load(x_ptrs + k0, mask=k_ok, other=0.0).to(tl.float32)
-        wg = tl.load(g_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
-        wu = tl.load(u_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
-        if FP8:
-            xq, xs = _group_quant(x)
-            sg = tl.load(gs_ptrs + kb * stride_sk) * xs
-            su = tl.load(us_ptrs + kb * stride_sk) * xs
-            acc_g += tl.sum(wg * xq[None, :], axis=1) * sg
-            acc_u += tl.sum(wu * xq[None, :], axis=1) * su
-        else:
+        for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+            k0 = kb * BLOCK_SIZE_K
+            k_ok = offs_k < K - k0
+            x = tl.load(x_ptrs + k0, mask=k_ok, other=0.0).to(tl.float32)
+            wg = tl.load(g_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
+            wu = tl.load(u_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
             acc_g2 += wg * x[None, :]
             acc_u2 += wu * x[None, :]
-    if not FP8:
         acc_g = tl.sum(acc_g2, axis=1)
         acc_u = tl.sum(acc_u2, axis=1)
     if MUL_WEIGHT:  # the router weight on the input (topk == 1): it scales the first product
@@ -190,6 +208,8 @@ def _down_kernel(
     HAS_MAP: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     FP8: tl.constexpr,
+    GROUPS: tl.constexpr,
+    USE_PDL: tl.constexpr,
     TOPK: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -201,7 +221,6 @@ def _down_kernel(
     t = tl.program_id(0).to(tl.int64)
     offs_c = tl.program_id(1) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     rows = tl.minimum(offs_c, K - 1).to(tl.int64)
-    offs_n = tl.arange(0, BLOCK_SIZE_K)
     js = tl.arange(0, TOPK)
     in_k = js < topk
     e = tl.load(IDS + t * stride_ids + js, mask=in_k, other=-1).to(tl.int64)
@@ -211,28 +230,39 @@ def _down_kernel(
         ok = ok & (local >= 0) & (local < num_experts)
         e = local
     e = tl.where(ok, e, 0)
-    w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_n[None, None, :]
-    a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_n[None, :]
-    if FP8:
+    if USE_PDL:  # launched while the up kernel runs: act is complete after this wait
+        tl.extra.cuda.gdc_wait()
+    if FP8:  # a step of GROUPS activation groups, each quantized and scaled on its own
+        offs_q = tl.arange(0, 128)
+        w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_q[None, None, :]
+        a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_q[None, :]
         acc = tl.zeros((TOPK, BLOCK_SIZE_M), dtype=tl.float32)
         s_ptrs = WS + e[:, None] * stride_se + (rows // 128)[None, :] * stride_sk
+        for nb in range(0, tl.cdiv(N, 128 * GROUPS)):
+            for gi in tl.static_range(GROUPS):
+                grp = nb * GROUPS + gi
+                n_ok = offs_q < N - grp * 128
+                a = tl.load(a_ptrs + grp * 128, mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+                w = tl.load(w_ptrs + grp * 128, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
+                # each slot's activation group quantized as per_token_group_quant_fp8 does it
+                amax = _amax(a, 1)
+                amax = _keep_nan(amax, tl.maximum(amax, 1e-10))
+                a_s = tl.math.div_rn(amax, 448.0)
+                aq = _quantize(a, tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), a_s)[:, None])
+                in_n = rows * 0 + grp * 128 < N
+                w_s = tl.load(s_ptrs + grp * stride_sn, mask=ok[:, None] & in_n[None, :], other=0.0)
+                acc += tl.sum(w.to(tl.float32) * aq[:, None, :], axis=2) * (w_s * a_s[:, None])
     else:
+        offs_n = tl.arange(0, BLOCK_SIZE_K)
+        w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_n[None, None, :]
+        a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_n[None, :]
         acc3 = tl.zeros((TOPK, BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.float32)
-    for nb in range(0, tl.cdiv(N, BLOCK_SIZE_K)):
-        n0 = nb * BLOCK_SIZE_K
-        n_ok = offs_n < N - n0
-        a = tl.load(a_ptrs + n0, mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-        w = tl.load(w_ptrs + n0, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0).to(tl.float32)
-        if FP8:  # each slot's activation group quantized as per_token_group_quant_fp8 does it
-            amax = _amax(a, 1)
-            amax = _keep_nan(amax, tl.maximum(amax, 1e-10))
-            a_s = tl.math.div_rn(amax, 448.0)
-            aq = _quantize(a, tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), a_s)[:, None])
-            w_s = tl.load(s_ptrs + nb * stride_sn, mask=ok[:, None], other=0.0)
-            acc += tl.sum(w * aq[:, None, :], axis=2) * (w_s * a_s[:, None])
-        else:
-            acc3 += w * a[:, None, :]
-    if not FP8:
+        for nb in range(0, tl.cdiv(N, BLOCK_SIZE_K)):
+            n0 = nb * BLOCK_SIZE_K
+            n_ok = offs_n < N - n0
+            a = tl.load(a_ptrs + n0, mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+            w = tl.load(w_ptrs + n0, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
+            acc3 += w.to(tl.float32) * a[:, None, :]
         acc = tl.sum(acc3, axis=2)
     if MUL_WEIGHT:
         acc = acc * tl.load(TW + t * stride_tw + js, mask=ok, other=0.0)[:, None]
@@ -240,6 +270,14 @@ def _down_kernel(
     y = tl.where(ok[:, None], _cast(acc, OUT.dtype.element_ty).to(tl.float32), 0.0)
     total = tl.sum(y, axis=0)
     tl.store(OUT + t * stride_out + offs_c, _cast(total, OUT.dtype.element_ty), mask=offs_c < K)
+
+
+def _pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch between the two kernels: CUDA sm_90+ only (never in the
+    interpreter, whose launches run in order anyway)."""
+    if _INTERPRETED or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def launch_decode(
@@ -270,6 +308,10 @@ def launch_decode(
     s1 = w1_scale if fp8 else topk_weights  # an unused pointer when not fp8
     s2 = w2_scale if fp8 else topk_weights
     warps, stages = config["num_warps"], config["num_stages"]
+    groups = bk // 128 if fp8 else 1
+    # the down kernel launched programmatically (PDL) behind the up kernel, on GPUs that have it
+    pdl = _pdl(hidden.device)
+    extra = {"launch_pdl": True} if pdl else {}
     _up_kernel[(m * topk, triton.cdiv(n, config["BLOCK_SIZE_N"]))](
         hidden, w1, s1, topk_weights, topk_ids, emap, act,
         n, k, topk, num_ids, experts,
@@ -278,7 +320,7 @@ def launch_decode(
         topk_weights.stride(0), topk_ids.stride(0), act.stride(0),
         _OAI_ALPHA, _OAI_LIMIT,
         ACT_CODE=ACT_CODES[activation], HAS_MAP=has_map, MUL_WEIGHT=apply_router_weight_on_input,
-        FP8=fp8, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=bk,
+        FP8=fp8, GROUPS=groups, USE_PDL=pdl, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=bk,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     _down_kernel[(m, triton.cdiv(k, config["BLOCK_SIZE_M"]))](
@@ -287,7 +329,7 @@ def launch_decode(
         act.stride(0), w2.stride(0), w2.stride(1),
         s2.stride(0) if fp8 else 0, s2.stride(1) if fp8 else 0, s2.stride(2) if fp8 else 0,
         topk_weights.stride(0), topk_ids.stride(0), out.stride(0),
-        HAS_MAP=has_map, MUL_WEIGHT=not apply_router_weight_on_input, FP8=fp8,
-        TOPK=triton.next_power_of_2(topk), BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
-        num_warps=warps, num_stages=stages,
+        HAS_MAP=has_map, MUL_WEIGHT=not apply_router_weight_on_input, FP8=fp8, GROUPS=groups,
+        USE_PDL=pdl, TOPK=triton.next_power_of_2(topk), BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
+        num_warps=warps, num_stages=stages, **extra,
     )  # fmt: skip
