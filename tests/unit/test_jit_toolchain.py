@@ -120,6 +120,7 @@ def test_cuda_flags_gencode_per_arch_plus_ptx() -> None:
     assert flags.count("-gencode") == 3
     assert "arch=compute_90a,code=sm_90a" in flags and "arch=compute_90,code=compute_90" in flags
     assert ["-Xcompiler", "-fPIC"] == flags[flags.index("-Xcompiler") :][:2]
+    assert "-DNDEBUG" in flags  # CUTLASS's device asserts would serialize wgmma (ptxas C7510)
     with pytest.raises(ValueError, match="invalid CUDA arch"):
         compile_flags("cuda", archs=["9.0"])
     with pytest.raises(ValueError, match="unknown device 'rocm'"):

@@ -15,7 +15,7 @@ from . import tuned
 
 __all__ = ["measured_op", "preferred"]
 
-_MEMO: dict[tuple[str, str, tuple[int, ...], int], tuple[str, str] | None] = tuned.memo()
+_MEMO: dict[tuple[str, str, tuple[int, ...], int, Any], tuple[str, str] | None] = tuned.memo()
 _MAX = 1 << 14
 
 
@@ -28,21 +28,24 @@ def measured_op(op: str) -> bool:
 def preferred(op: str, device: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """(backend, why) measured fastest for this call on ``device``, or None (no table: the
     declared priority decides; arguments the contract will refuse: it speaks first)."""
-    problem = tuned.SCHEMAS[op].call_problem
+    schema = tuned.SCHEMAS[op]
+    problem = schema.call_problem
     assert problem is not None  # measured_op
     try:
         shape, m = problem(*args, **kwargs)
+        # an op with several forms has select tables per form (moe.fused_experts: bf16 / fp8)
+        tags = schema.call_tags(*args, **kwargs) if schema.call_tags is not None else None
         name = tuned.device_name(device)
     except Exception:  # not tensors, a 0-d a, ...: the contract names the problem
         return None
-    memo = (op, name, shape, m)
+    memo = (op, name, shape, m, tags)
     if memo in _MEMO:
         return _MEMO[memo]
-    backend = tuned.lookup(op, "select", name, shape, m).get("backend")
+    backend = tuned.lookup(op, "select", name, shape, m, tags).get("backend")
     found = None
     if backend:
-        dims = ", ".join(f"{d}={v}" for d, v in zip(tuned.SCHEMAS[op].shape, shape, strict=True))
-        where = tuned.source(op, "select", name, shape, m)
+        dims = ", ".join(f"{d}={v}" for d, v in zip(schema.shape, shape, strict=True))
+        where = tuned.source(op, "select", name, shape, m, tags)
         found = (backend, f"measured fastest on {name} for M={m}, {dims} (nearest M of {where})")
     if len(_MEMO) >= _MAX:
         _MEMO.clear()

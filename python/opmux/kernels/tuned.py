@@ -187,6 +187,9 @@ class Schema:
     form_tags: tuple[str, ...] = ()
     #: the tags of a call from the kernel's arguments (ops with several forms)
     kernel_tags: Callable[..., Tags] | None = None
+    #: the tags of a call from the public function's arguments (the measured selection of an
+    #: op with several forms: each form has its own ``select`` tables)
+    call_tags: Callable[..., Tags] | None = None
 
     def tag_names(self) -> tuple[str, ...]:
         """The tag names a file of this op may carry, in file-name order."""
@@ -407,6 +410,18 @@ def _moe_kernel_tags(out: Any, hidden: Any, w1: Any, *rest: Any) -> Tags:
     return (("dtype", "float32"),) if str(hidden.dtype) == "torch.float32" else ()
 
 
+def _moe_call_problem(
+    hidden: Any, w1: Any, w2: Any, *rest: Any, **kwargs: Any
+) -> tuple[tuple[int, ...], int]:
+    """(E, N) and M of a public call (the measured selection's key)."""
+    return (w1.shape[0], w2.shape[2]), hidden.shape[0]
+
+
+def _moe_call_tags(hidden: Any, w1: Any, *rest: Any, **kwargs: Any) -> Tags:
+    """The form's tags of a public call (as ``_moe_kernel_tags``)."""
+    return _moe_kernel_tags(None, hidden, w1)
+
+
 def _gemm_kernel_problem(out: Any, a: Any, b: Any, *rest: Any) -> tuple[tuple[int, ...], int]:
     return (b.shape[0], a.shape[1]), a.shape[0]
 
@@ -433,11 +448,13 @@ SCHEMAS: Mapping[str, Schema] = {
     "moe.fused_experts": Schema(
         shape=("E", "N"),
         tags=(),
-        entries={"triton": _check_triton_moe},
-        defaults={"triton": _default_triton_moe},
+        entries={"triton": _check_triton_moe, "select": _check_select},
+        defaults={"triton": _default_triton_moe, "select": _no_preference},
         kernel_problem=_moe_kernel_problem,
+        call_problem=_moe_call_problem,
         form_tags=("dtype", "block_shape"),
         kernel_tags=_moe_kernel_tags,
+        call_tags=_moe_call_tags,
     ),
 }
 
@@ -662,7 +679,7 @@ def lookup(
     if config is not None:
         return config
     if backend == "select":
-        found = _select_table(op, device_name, shape, m)
+        found = _select_table(op, device_name, shape, m, tags)
         entry = None if found is None else found[1][1][nearest_ratio(found[1][0], m)]
     else:
         entry = _config_entry(_table(table_key(op, backend, device_name, shape, tags)), m)
@@ -696,13 +713,14 @@ def _config_entry(table: tuple[list[int], list[Config]] | None, m: int) -> Confi
 
 
 def _select_table(
-    op: str, device_name: str, shape: tuple[int, ...], m: int
+    op: str, device_name: str, shape: tuple[int, ...], m: int, tags: Tags | None = None
 ) -> tuple[TableKey, tuple[list[int], list[Config]]] | None:
-    """The ``select`` table that speaks for ``m``: the shape's, else the size classes over every
-    shape, each only where its nearest M is within :data:`SELECT_REACH` of ``m``."""
+    """The ``select`` table of the form ``tags`` that speaks for ``m``: the shape's, else the
+    size classes over every shape, each only where its nearest M is within
+    :data:`SELECT_REACH` of ``m``."""
     for key in (
-        table_key(op, "select", device_name, shape),
-        table_key(op, "select", device_name, (ANY_SHAPE,) * len(shape)),
+        table_key(op, "select", device_name, shape, tags),
+        table_key(op, "select", device_name, (ANY_SHAPE,) * len(shape), tags),
     ):
         table = _table(key)
         if table is not None and _within_reach(table[0][nearest_ratio(table[0], m)], m):
@@ -730,14 +748,14 @@ def source(
     Without ``m``: the file that would speak for some M (select: the shape's table, else the
     size classes)."""
     if backend == "select" and m is not None:
-        picked = _select_table(op, device_name, shape, m)
+        picked = _select_table(op, device_name, shape, m, tags)
         keys = [] if picked is None else [picked[0]]
     elif m is not None and _config_entry(_table(table_key(op, backend, device_name, shape, tags)), m) is None:
         keys = []
     else:
         keys = [table_key(op, backend, device_name, shape, tags)]
         if backend == "select":
-            keys.append(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape)))
+            keys.append(table_key(op, backend, device_name, (ANY_SHAPE,) * len(shape), tags))
     for key in keys:
         found = find_table(key)
         if found is not None:

@@ -124,8 +124,8 @@ def compile_flags(device: Device, *, archs: Sequence[str] = (), ptx_arch: str | 
     so their loops vectorize in the x86-64-v3 / AVX2 clones: without it they stay scalar (the
     silu row 8x slower on an AVX2 CPU without AVX-512, docs/benchmarks/cpu.md). It changes no value (no reassociation, no
     finite-math assumption); only floating-point exception flags, which nothing reads.
-    CUDA: ``-std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -shared --threads=0
-    --split-compile=0``, then one ``-gencode`` per arch plus PTX.
+    CUDA: ``-std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -shared -DNDEBUG
+    --threads=0 --split-compile=0``, then one ``-gencode`` per arch plus PTX.
     """
     if device == "cpu":
         return ["-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fopenmp"]
@@ -134,6 +134,10 @@ def compile_flags(device: Device, *, archs: Sequence[str] = (), ptx_arch: str | 
         # --expt-relaxed-constexpr: CUTLASS / CuTe call constexpr host functions from
         # host-device code (CUTLASS's own builds pass it); it changes nothing for other units.
         flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-shared"]
+        # -DNDEBUG: CUTLASS's device asserts are calls; a call in a wgmma mainloop makes ptxas
+        # serialize the pipeline (C7510, seen on moe_grouped_cuda's grouped GEMMs without it).
+        # CUTLASS's own release builds pass it; no opmux unit uses assert().
+        flags.append("-DNDEBUG")
         # the device-code optimizer and ptxas on every core: one arch's kernels in parallel
         # (--split-compile; gemm_cuda's 18 CUTLASS instantiations compiled 166 s in one thread
         # on the H200 host) and the archs of an AOT build side by side (--threads)

@@ -45,10 +45,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...spec import Requirement
 from .. import _checks
 from .._common import INT32_EXACT, TOLERANCES
 from .._decl import declare
-from . import _experts
+from . import _experts, fused_experts_cutlass
 from ._contract_items import BATCHED_ALIGN, MOE_ALIGN, TOPK_SIGMOID, TOPK_SOFTMAX
 
 if TYPE_CHECKING:
@@ -435,6 +436,24 @@ fused_experts = declare(
     reference=_experts.reference,
     torch=_experts.torch_experts,
     native=False,
+    # the fp8 block-scaled form on sm_90a: CUTLASS grouped GEMMs (its own unit,
+    # jit/csrc/moe_grouped_cuda.cu); its predicate refuses every other call with the reason
+    vendor=(
+        (
+            fused_experts_cutlass.BACKEND,
+            fused_experts_cutlass.fused_experts,
+            Requirement(
+                devices=("cuda",),
+                dtypes=("float16", "bfloat16"),
+                sm_min=90,
+                sm_max=90,
+                predicate="opmux.kernels.ops.moe.fused_experts_cutlass:supports",
+            ),
+        ),
+    ),
+    # Triton first until measured: an H200 select table per (E, N) and M (configs/moe.fused_experts/
+    # ...,dtype=fp8_w8a8,block_shape=[128,128],backend=select.json) puts cutlass first where it wins
+    priority=(("cuda", ("triton", "cutlass", "torch")),),
     # vLLM's tolerance for its fused MoE tests (atol 2e-2); fp8: one e4m3 step of an activation
     # group moves a product by up to 1/16 of a term (vLLM's block-fp8 MoE test: 0.035 relative)
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-2, 2e-2)), ("bfloat16", (2e-2, 2e-2))),
