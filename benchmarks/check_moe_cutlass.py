@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 os.environ.setdefault("OPMUX_FALLBACK", "error")
 
 MEAN_TOL, MAX_TOL, VS_TRITON = 0.035, 0.05, 1e-2
-TIMED_M = (1024, 4096, 16384)
+TIMED_M = (64, 256, 1024, 4096, 16384)
 
 
 def log(msg: str) -> None:
