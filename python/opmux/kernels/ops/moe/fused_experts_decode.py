@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from opmux.kernels import ops
 from opmux.kernels.ops.activation.triton_kernels import _act, _clamp_hi, _sig_div
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 from opmux.kernels.ops.quantization.triton_kernels import _amax, _keep_nan, _quantize
@@ -66,20 +67,9 @@ def _slot_expert(IDS, MAP, s, topk, stride_ids, num_ids, num_experts, HAS_MAP: t
 
 
 @triton.jit
-def _group_quant(x):
-    """x [G] fp32 (one 1x128 group, zero-padded) -> (its e4m3 grid values in fp32, the scale):
-    ``per_token_group_quant_fp8``'s arithmetic (scale = max(amax, eps) / 448, x * (1 / scale))."""
-    amax = _amax(x[None, :], 1)
-    amax = _keep_nan(amax, tl.maximum(amax, 1e-10))
-    scale = tl.math.div_rn(amax, 448.0)
-    inv = tl.math.div_rn(tl.full([1], 1.0, tl.float32), scale)
-    q = _quantize(x[None, :], inv[:, None])
-    return tl.reshape(q, (x.shape[0],)), tl.sum(scale, axis=0)
-
-
-@triton.jit
 def _up_kernel(
     X,
+    XS,
     W1,
     WS,
     TW,
@@ -92,6 +82,7 @@ def _up_kernel(
     num_ids,
     num_experts,
     stride_x,
+    stride_xs,
     stride_we,
     stride_wn,
     stride_se,
@@ -112,7 +103,8 @@ def _up_kernel(
     BLOCK_SIZE_K: tl.constexpr,
 ):
     """act[s, n] = act(round(w1[e, gate n] . x[t]), round(w1[e, up n] . x[t])) for one slot s
-    (token t = s // topk, expert e) and BLOCK_SIZE_N of its N columns."""
+    (token t = s // topk, expert e) and BLOCK_SIZE_N of its N columns. fp32 partial sums per
+    column of the step, summed once at the end (no reduction inside the loop)."""
     if USE_PDL:  # the down kernel may launch now; it waits for this grid before reading act
         tl.extra.cuda.gdc_launch_dependents()
     s = tl.program_id(0).to(tl.int64)
@@ -127,52 +119,60 @@ def _up_kernel(
     else:
         g_rows, u_rows = cols, cols + N
     w_base = W1 + e * stride_we
-    if FP8:  # a K step of GROUPS activation groups, each quantized and scaled on its own
+    if FP8:  # x arrives quantized (XQ, one scale per 1x128 group in XS); GROUPS groups a step
         offs_q = tl.arange(0, 128)
         g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_q[None, :]
         u_ptrs = w_base + u_rows[:, None] * stride_wn + offs_q[None, :]
         x_ptrs = X + t * stride_x + offs_q
-        acc_g = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_SIZE_N,), dtype=tl.float32)
+        acc_g2 = tl.zeros((BLOCK_SIZE_N, 128), dtype=tl.float32)
+        acc_u2 = tl.zeros((BLOCK_SIZE_N, 128), dtype=tl.float32)
         gs_ptrs = WS + e * stride_se + (g_rows // 128) * stride_sn
         us_ptrs = WS + e * stride_se + (u_rows // 128) * stride_sn
         for kb in range(0, tl.cdiv(K, 128 * GROUPS)):
             for gi in tl.static_range(GROUPS):  # unrolled: the groups' loads are in flight together
                 grp = kb * GROUPS + gi
                 k_ok = offs_q < K - grp * 128
-                x = tl.load(x_ptrs + grp * 128, mask=k_ok, other=0.0).to(tl.float32)
+                in_k = cols * 0 + grp * 128 < K  # a group past K adds nothing (and reads no scale)
+                xq = tl.load(x_ptrs + grp * 128, mask=k_ok, other=0.0).to(tl.float32)
+                xs = tl.load(XS + t * stride_xs + grp, mask=grp * 128 < K, other=0.0)
                 wg = tl.load(g_ptrs + grp * 128, mask=k_ok[None, :], other=0.0).to(tl.float32)
                 wu = tl.load(u_ptrs + grp * 128, mask=k_ok[None, :], other=0.0).to(tl.float32)
-                xq, xs = _group_quant(x)
-                in_k = cols * 0 + grp * 128 < K  # a group past K adds nothing (and reads no scale)
-                sg = tl.load(gs_ptrs + grp * stride_sk, mask=in_k, other=0.0) * xs
-                su = tl.load(us_ptrs + grp * stride_sk, mask=in_k, other=0.0) * xs
-                acc_g += tl.sum(wg * xq[None, :], axis=1) * sg
-                acc_u += tl.sum(wu * xq[None, :], axis=1) * su
-    else:
+                sg = tl.load(gs_ptrs + grp * stride_sk, mask=in_k, other=0.0)
+                su = tl.load(us_ptrs + grp * stride_sk, mask=in_k, other=0.0)
+                xv = xq * xs
+                acc_g2 += wg * xv[None, :] * sg[:, None]
+                acc_u2 += wu * xv[None, :] * su[:, None]
+    else:  # the next step's tiles are loaded before this step's products (two steps in flight)
         offs_k = tl.arange(0, BLOCK_SIZE_K)
         g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_k[None, :]
         u_ptrs = w_base + u_rows[:, None] * stride_wn + offs_k[None, :]
         x_ptrs = X + t * stride_x + offs_k
         acc_g2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
         acc_u2 = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
+        k_ok = offs_k < K
+        x_next = tl.load(x_ptrs, mask=k_ok, other=0.0)
+        wg_next = tl.load(g_ptrs, mask=k_ok[None, :], other=0.0)
+        wu_next = tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
         for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-            k0 = kb * BLOCK_SIZE_K
-            k_ok = offs_k < K - k0
-            x = tl.load(x_ptrs + k0, mask=k_ok, other=0.0).to(tl.float32)
-            wg = tl.load(g_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
-            wu = tl.load(u_ptrs + k0, mask=k_ok[None, :], other=0.0).to(tl.float32)
+            x = x_next.to(tl.float32)
+            wg = wg_next.to(tl.float32)
+            wu = wu_next.to(tl.float32)
+            k1 = (kb + 1) * BLOCK_SIZE_K
+            k_ok = offs_k < K - k1  # past the last step: all masked, nothing read
+            x_next = tl.load(x_ptrs + k1, mask=k_ok, other=0.0)
+            wg_next = tl.load(g_ptrs + k1, mask=k_ok[None, :], other=0.0)
+            wu_next = tl.load(u_ptrs + k1, mask=k_ok[None, :], other=0.0)
             acc_g2 += wg * x[None, :]
             acc_u2 += wu * x[None, :]
-        acc_g = tl.sum(acc_g2, axis=1)
-        acc_u = tl.sum(acc_u2, axis=1)
+    acc_g = tl.sum(acc_g2, axis=1)
+    acc_u = tl.sum(acc_u2, axis=1)
     if MUL_WEIGHT:  # the router weight on the input (topk == 1): it scales the first product
         w = tl.load(TW + t * stride_tw)
         acc_g = acc_g * w
         acc_u = acc_u * w
     # the first product rounded to hidden's dtype, as the engines' cache holds it
-    a = _cast(acc_g, X.dtype.element_ty).to(tl.float32)
-    b = _cast(acc_u, X.dtype.element_ty).to(tl.float32)
+    a = _cast(acc_g, ACT.dtype.element_ty).to(tl.float32)
+    b = _cast(acc_u, ACT.dtype.element_ty).to(tl.float32)
     if ACT_CODE == 5:
         g = _clamp_hi(a, limit)
         u = _clamp_hi(tl.where(b < -limit, -limit, b), limit)
@@ -236,7 +236,7 @@ def _down_kernel(
         offs_q = tl.arange(0, 128)
         w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_q[None, None, :]
         a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_q[None, :]
-        acc = tl.zeros((TOPK, BLOCK_SIZE_M), dtype=tl.float32)
+        acc3 = tl.zeros((TOPK, BLOCK_SIZE_M, 128), dtype=tl.float32)
         s_ptrs = WS + e[:, None] * stride_se + (rows // 128)[None, :] * stride_sk
         for nb in range(0, tl.cdiv(N, 128 * GROUPS)):
             for gi in tl.static_range(GROUPS):
@@ -251,25 +251,40 @@ def _down_kernel(
                 aq = _quantize(a, tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), a_s)[:, None])
                 in_n = rows * 0 + grp * 128 < N
                 w_s = tl.load(s_ptrs + grp * stride_sn, mask=ok[:, None] & in_n[None, :], other=0.0)
-                acc += tl.sum(w.to(tl.float32) * aq[:, None, :], axis=2) * (w_s * a_s[:, None])
+                av = aq * a_s[:, None]
+                acc3 += w.to(tl.float32) * av[:, None, :] * w_s[:, :, None]
     else:
         offs_n = tl.arange(0, BLOCK_SIZE_K)
         w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_n[None, None, :]
         a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_n[None, :]
         acc3 = tl.zeros((TOPK, BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.float32)
+        n_ok = offs_n < N  # the next step's tiles loaded before this step's products
+        a_next = tl.load(a_ptrs, mask=ok[:, None] & n_ok[None, :], other=0.0)
+        w_next = tl.load(w_ptrs, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
         for nb in range(0, tl.cdiv(N, BLOCK_SIZE_K)):
-            n0 = nb * BLOCK_SIZE_K
-            n_ok = offs_n < N - n0
-            a = tl.load(a_ptrs + n0, mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-            w = tl.load(w_ptrs + n0, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
-            acc3 += w.to(tl.float32) * a[:, None, :]
-        acc = tl.sum(acc3, axis=2)
+            a = a_next.to(tl.float32)
+            w = w_next.to(tl.float32)
+            n1 = (nb + 1) * BLOCK_SIZE_K
+            n_ok = offs_n < N - n1
+            a_next = tl.load(a_ptrs + n1, mask=ok[:, None] & n_ok[None, :], other=0.0)
+            w_next = tl.load(w_ptrs + n1, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
+            acc3 += w * a[:, None, :]
+    acc = tl.sum(acc3, axis=2)
     if MUL_WEIGHT:
         acc = acc * tl.load(TW + t * stride_tw + js, mask=ok, other=0.0)[:, None]
     # each expert's output rounded to hidden's dtype, then summed in fp32 (absent terms are 0)
     y = tl.where(ok[:, None], _cast(acc, OUT.dtype.element_ty).to(tl.float32), 0.0)
     total = tl.sum(y, axis=0)
     tl.store(OUT + t * stride_out + offs_c, _cast(total, OUT.dtype.element_ty), mask=offs_c < K)
+
+
+def _quant_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [M, K] in e4m3 per 1x128 group (K zero-padded to whole groups, as the definition's
+    ``_experts._qdq``), by the op itself: the fp8 up kernel reads it instead of quantizing the
+    row again in each of its programs."""
+    pad = -x.shape[1] % 128
+    xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
+    return ops.quantization.per_token_group_quant_fp8(xp, 128)
 
 
 def _pdl(device: torch.device) -> bool:
@@ -312,10 +327,14 @@ def launch_decode(
     # the down kernel launched programmatically (PDL) behind the up kernel, on GPUs that have it
     pdl = _pdl(hidden.device)
     extra = {"launch_pdl": True} if pdl else {}
+    if fp8:  # the token rows quantized once (not by every program): one launch
+        x, xs = _quant_groups(hidden)
+    else:
+        x, xs = hidden, topk_weights  # an unused pointer
     _up_kernel[(m * topk, triton.cdiv(n, config["BLOCK_SIZE_N"]))](
-        hidden, w1, s1, topk_weights, topk_ids, emap, act,
+        x, xs, w1, s1, topk_weights, topk_ids, emap, act,
         n, k, topk, num_ids, experts,
-        hidden.stride(0), w1.stride(0), w1.stride(1),
+        x.stride(0), xs.stride(0) if fp8 else 0, w1.stride(0), w1.stride(1),
         s1.stride(0) if fp8 else 0, s1.stride(1) if fp8 else 0, s1.stride(2) if fp8 else 0,
         topk_weights.stride(0), topk_ids.stride(0), act.stride(0),
         _OAI_ALPHA, _OAI_LIMIT,
