@@ -230,9 +230,9 @@ def _down_kernel(
         ok = ok & (local >= 0) & (local < num_experts)
         e = local
     e = tl.where(ok, e, 0)
-    if USE_PDL:  # launched while the up kernel runs: act is complete after this wait
-        tl.extra.cuda.gdc_wait()
     if FP8:  # a step of GROUPS activation groups, each quantized and scaled on its own
+        if USE_PDL:  # launched while the up kernel runs: act is complete after this wait
+            tl.extra.cuda.gdc_wait()
         offs_q = tl.arange(0, 128)
         w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_q[None, None, :]
         a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_q[None, :]
@@ -259,8 +259,12 @@ def _down_kernel(
         a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_n[None, :]
         acc3 = tl.zeros((TOPK, BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.float32)
         n_ok = offs_n < N  # the next step's tiles loaded before this step's products
-        a_next = tl.load(a_ptrs, mask=ok[:, None] & n_ok[None, :], other=0.0)
+        # the first weight tile is read before the wait: the up kernel never writes w2, so on
+        # sm_90 (PDL) that read overlaps the up kernel's tail
         w_next = tl.load(w_ptrs, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
+        if USE_PDL:  # act is complete after this wait
+            tl.extra.cuda.gdc_wait()
+        a_next = tl.load(a_ptrs, mask=ok[:, None] & n_ok[None, :], other=0.0)
         for nb in range(0, tl.cdiv(N, BLOCK_SIZE_K)):
             a = a_next.to(tl.float32)
             w = w_next.to(tl.float32)
