@@ -1,6 +1,6 @@
 """Run the engines' own kernel test files, unchanged, against opmux's compat modules.
 
-    python tools/engine_compat.py [--device cpu|cuda] FOLDER [-- PYTEST_ARGS...]
+    python tools/engine_compat.py [--device cpu|cuda] [--preset NAME] FOLDER [-- PYTEST_ARGS...]
 
 FOLDER holds upstream test files a developer fetched (sgl-kernel/tests/test_norm.py,
 vllm tests/kernels/core/test_layernorm.py, ...; never committed here). Before pytest collects
@@ -134,6 +134,19 @@ class _Platform:
 
     def get_device_capability(self, device_id: int = 0) -> Any:
         return (9, 0)
+
+    def is_device_capability(self, capability: Any, device_id: int = 0) -> bool:
+        major, minor = self.get_device_capability(device_id)
+        return bool(
+            major * 10 + minor == capability
+            if isinstance(capability, int)
+            else (major, minor) == tuple(capability)
+        )
+
+    def is_device_capability_family(self, capability: int, device_id: int = 0) -> bool:
+        # vLLM: the capability's integer form divided by 10 (sm_90: 9; Blackwell sm_10x: 10)
+        major, minor = self.get_device_capability(device_id)
+        return (major * 10 + minor) // 10 == capability // 10
 
 
 def _vllm_shims(ops: Any) -> list[str]:
@@ -366,11 +379,27 @@ def _vllm_shims(ops: Any) -> list[str]:
     # they are (tests.kernels.utils stays the shim)
     kernels = sys.modules["tests.kernels"]
     kernels.__path__ = [str(d) for d in _UPSTREAM_DIRS]  # type: ignore[attr-defined]
-    return [
+    installed = [
         "vllm.platforms, vllm.utils, vllm.triton_utils, vllm.model_executor.layers.fused_moe "
         "(fused_experts, fused_moe, fused_topk, moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims",
         *_load_sibling("engine_compat_vllm").install(ops, _module),
+        *_load_sibling("engine_compat_vllm_moe").install(ops, _module),
     ]
+    return installed + _upstream_test_utils(opcheck)
+
+
+def _upstream_test_utils(opcheck: Any) -> list[str]:
+    """vLLM's own ``tests/kernels/utils.py`` when it was fetched beside the test folder (the MoE
+    tests take their references from it: ``torch_moe``, ``torch_experts``): imported as it is in
+    place of the shim, with ``opcheck`` kept the runner's call-through (torch.library.opcheck's
+    schema / fake-tensor checks are about vLLM's own C++ op registrations)."""
+    found = [d / "utils.py" for d in _UPSTREAM_DIRS if (d / "utils.py").is_file()]
+    if not found:
+        return []
+    sys.modules.pop("tests.kernels.utils", None)
+    upstream = importlib.import_module("tests.kernels.utils")
+    upstream.opcheck = opcheck  # type: ignore[attr-defined]
+    return [f"tests.kernels.utils: upstream's {found[0]} (opcheck: the runner's call-through)"]
 
 
 _UPSTREAM_DIRS: list[Path] = []
@@ -453,6 +482,12 @@ def _fixture_plugin() -> Any:
             return None
 
         @pytest.fixture
+        def workspace_init(self) -> Any:
+            """vLLM's conftest sets up its v1 workspace manager (scratch buffers of its Triton MoE
+            path); opmux's op allocates its own."""
+            return None
+
+        @pytest.fixture
         def dist_init(self) -> Any:
             """vLLM's conftest starts a one-process distributed group; nothing here needs one."""
             return None
@@ -481,7 +516,9 @@ def _cpu_device_mode() -> Any:
         """torch.topk with CUDA's order of equal values, the lower index first (a stable sort).
         On the CPU torch.topk leaves their order to its selection algorithm (nth_element /
         partial_sort), so a test's torch.topk reference breaks ties as no GPU does."""
-        idx = torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+        # contiguous, as torch.topk's outputs (a narrowed sort is a strided view: `.view(-1)`
+        # on it, as vLLM's torch_experts does, would fail)
+        idx = torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k).contiguous()
         return torch.return_types.topk((x.gather(dim, idx), idx))
 
     class CpuDevice(TorchFunctionMode):
@@ -502,6 +539,8 @@ def _cpu_device_mode() -> Any:
     for name in ("synchronize", "empty_cache"):  # no device to wait for
         setattr(torch.cuda, name, lambda *a, **k: None)
     torch.accelerator.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    torch.accelerator.empty_cache = lambda *a, **k: None  # type: ignore[assignment]
+    torch.accelerator.current_device_index = lambda: 0  # type: ignore[assignment]
     # one device, as on a one-GPU machine (vLLM's tests parametrize over cuda:0 and cuda:1 when
     # the count is not 1: the same CPU twice)
     torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
@@ -559,6 +598,34 @@ class _Plugin:
             tr.write_line(f"{n:6d}  {reason}")
 
 
+#: named pytest -k selections (``--preset NAME``), for runs with a bounded time; a ``-k`` after
+#: ``--`` replaces the preset's. The vLLM MoE ones are for vLLM v0.19.1's tests/kernels/moe
+#: (docs/compat.md): the issue's three tests, ``test_fused_moe``, ``test_mixtral_moe``,
+#: ``test_w8a8_block_fp8_fused_moe``
+PRESETS = {
+    # all three (120 + 2 + 180 cases)
+    "vllm-moe": "test_mixtral_moe or (test_fused_moe and not wn16 and not int64) or test_w8a8_block_fp8_fused_moe",
+    # a cross-section for one bounded GPU call (125 cases): every Mixtral case; test_fused_moe at
+    # M 1 / 33 (E 8, 64), 32768 (E 64) and 40000 (E 192: the CUDA-graph cases), both paddings,
+    # with and without expert_map, top-2 and top-6; block fp8 at 8 of its 20 (M, N, K) (decode,
+    # DeepSeek-V3's K 7168 and N 4608, M up to 8192), every E and top-k, and (83, 4608, 7168) at
+    # E 2 (the shape where opmux's roundings differ from the reference's on the CPU)
+    "vllm-moe-h200": (
+        "test_mixtral_moe or (test_fused_moe and not wn16 and not int64 and (-8-1- or -8-33- or -64-33- "
+        "or -64-32768- or -192-40000-)) or (test_w8a8_block_fp8_fused_moe and (-1-128-128] or -1-128-7168] "
+        "or -1-4608-7168] or -2-83-4608-7168] or -83-512-512] or -83-4608-512] or -128-1024-7168] "
+        "or -2048-128-128] or -8192-128-128]))"
+    ),
+    # what two CPU cores run in about 8 minutes (164 cases; the torch references of the larger
+    # shapes take minutes each there)
+    "vllm-moe-cpu": (
+        "test_mixtral_moe or (test_fused_moe and not wn16 and not int64 and not 32768 and not 40000) "
+        "or (test_w8a8_block_fp8_fused_moe and not 2048- and not 8192- and not 83-4608-7168] "
+        "and not 128-4608-7168])"
+    ),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -569,7 +636,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folder", type=Path, help="a folder of upstream test files (or one file)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     p.add_argument("--shadow", action="store_true", help="shim even where sgl_kernel / vllm are installed")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named -k selection (PRESETS)")
     args = p.parse_args(argv)
+    if args.preset:
+        extra = ["-k", PRESETS[args.preset], *extra]
     if not args.folder.exists():
         p.error(f"{args.folder} does not exist")
     top = args.folder.resolve() if args.folder.is_dir() else args.folder.resolve().parent

@@ -339,3 +339,139 @@ def test_runner_shims_fused_moe(
     proc = run_engine_compat(tmp_path, tmp_path)
     assert "test_vllm_fused_moe.py: 1 passed" in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout
+
+
+def test_vllm_moe_activation_enum_and_quant_dtype() -> None:
+    """vLLM's current ``fused_experts`` takes ``activation`` as its ``MoEActivation`` enum (a
+    value string); a ``quant_config`` whose activations' ``quant_dtype`` is not fp8 (int8, the
+    nv / mx fp4 strings) is refused naming it."""
+    import enum
+
+    class MoEActivation(enum.Enum):
+        SILU = "silu"
+        RELU2_NO_MUL = "relu2_no_mul"
+
+    p = _problem(torch.bfloat16)
+    args = (p["hidden"], p["w1"], p["w2"], p["w"], p["ids"])
+    want = vllm.fused_experts(*args, activation="silu")
+    torch.testing.assert_close(vllm.fused_experts(*args, activation=MoEActivation.SILU), want, atol=0, rtol=0)
+    with pytest.raises(NotImplementedError, match="activation 'relu2_no_mul'"):
+        vllm.fused_experts(*args, activation=MoEActivation.RELU2_NO_MUL)
+    for qd in ("nvfp4", "mxfp8", torch.int8):
+        cfg = SimpleNamespace(quant_dtype=qd)
+        with pytest.raises(
+            NotImplementedError, match=f"fused_experts: quant_dtype {qd}.*not supported by opmux"
+        ):
+            vllm.fused_experts(*args, quant_config=cfg)
+    unquantized = SimpleNamespace(quant_dtype=None)
+    torch.testing.assert_close(vllm.fused_experts(*args, quant_config=unquantized), want, atol=0, rtol=0)
+
+
+# -- the runner's stand-ins for vLLM v0.19's fused-MoE modules (tools/engine_compat_vllm_moe.py) ---
+# written the way tests/kernels/moe/test_moe.py and test_block_fp8.py use them: the quant config
+# builders, the modular kernel, the Mixtral layer, the Marlin / int refusals, torch.topk's layout
+VLLM_MOE_STYLE = """
+import pytest
+import torch
+
+import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.forward_context import get_forward_context, set_forward_context
+from vllm.model_executor.layers.fused_moe import MoEActivation, fused_experts, fused_topk
+from vllm.model_executor.layers.fused_moe.all2all_utils import maybe_make_prepare_finalize
+from vllm.model_executor.layers.fused_moe.config import (
+    FUSED_MOE_UNQUANTIZED_CONFIG,
+    FusedMoEQuantConfig,
+    fp8_w8a8_moe_quant_config,
+    int8_w8a16_moe_quant_config,
+)
+from vllm.model_executor.layers.fused_moe.fused_marlin_moe import fused_marlin_moe
+from vllm.model_executor.layers.fused_moe.fused_moe import TritonExperts
+from vllm.model_executor.models.mixtral import MixtralMoE
+from vllm.platforms import current_platform
+from vllm.scalar_type import scalar_types
+from vllm.utils.deep_gemm import per_block_cast_to_fp8
+
+E, M, N, K = 4, 5, 128, 256
+
+
+def _kernel(quant_config):
+    pf = maybe_make_prepare_finalize(moe=None, quant_config=quant_config, allow_new_interface=True)
+    return mk.FusedMoEKernel(pf, TritonExperts(None, quant_config), inplace=False)
+
+
+def _data():
+    torch.manual_seed(0)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16) / 10
+    w1 = torch.randn(E, 2 * N, K, device="cuda", dtype=torch.bfloat16) / 10
+    w2 = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16) / 10
+    w, ids, _ = fused_topk(a, torch.randn(M, E, device="cuda"), 2, False)
+    return a, w1, w2, w, ids
+
+
+def test_config_properties():
+    assert FUSED_MOE_UNQUANTIZED_CONFIG.quant_dtype is None
+    cfg = FusedMoEQuantConfig.make(torch.float8_e4m3fn, block_shape=[128, 128])
+    assert cfg.use_fp8_w8a8 and cfg.block_shape == [128, 128] and not cfg.per_act_token_quant
+    assert FusedMoEQuantConfig.make(torch.float8_e4m3fn, per_act_token_quant=True).per_act_token_quant
+    assert scalar_types.float4_e2m1f.max() == 6.0 and scalar_types.uint4b8.size_bits == 4
+    assert not current_platform.is_device_capability_family(100)
+
+
+def test_modular_kernel_is_fused_experts():
+    a, w1, w2, w, ids = _data()
+    with set_current_vllm_config(VllmConfig()):
+        want = fused_experts(a, w1, w2, w, ids)
+        got = _kernel(FUSED_MOE_UNQUANTIZED_CONFIG).apply(
+            a, w1, w2, w, ids, activation=MoEActivation.SILU, global_num_experts=E,
+            expert_map=None, apply_router_weight_on_input=False,
+        )
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_fp8_block_config():
+    a, w1, w2, w, ids = _data()
+    q1, s1 = zip(*(per_block_cast_to_fp8(x, [128, 128]) for x in w1))
+    q2, s2 = zip(*(per_block_cast_to_fp8(x, [128, 128]) for x in w2))
+    cfg = fp8_w8a8_moe_quant_config(
+        w1_scale=torch.stack(s1), w2_scale=torch.stack(s2), block_shape=[128, 128]
+    )
+    out = fused_experts(a, torch.stack(q1), torch.stack(q2), w, ids, quant_config=cfg)
+    torch.testing.assert_close(out, fused_experts(a, w1, w2, w, ids), atol=0.05, rtol=0.05)
+
+
+def test_int8_weights_and_marlin_are_refused():
+    a, w1, w2, w, ids = _data()
+    cfg = int8_w8a16_moe_quant_config(torch.ones(1), torch.ones(1), None, None, block_shape=[0, 128])
+    with pytest.raises(NotImplementedError, match="use_int8_w8a16.*not supported by opmux"):
+        fused_experts(a, w1, w2, w, ids, quant_config=cfg)
+    with pytest.raises(NotImplementedError, match="fused_marlin_moe: not an opmux op"):
+        fused_marlin_moe(a)
+
+
+def test_mixtral_layer_and_topk_layout():
+    torch.manual_seed(0)
+    layer = MixtralMoE(num_experts=E, top_k=2, hidden_size=K, intermediate_size=N, params_dtype=torch.float32, tp_size=1, dp_size=1).cuda()
+    layer.gate.weight.data[:] = torch.randn(E, K)
+    layer.experts.w13_weight.data[:] = torch.randn(E, 2 * N, K) / 10
+    layer.experts.w2_weight.data[:] = torch.randn(E, K, N) / 10
+    x = torch.randn(M, K, device="cuda")
+    with set_forward_context(None, VllmConfig()):
+        get_forward_context().all_moe_layers = None
+        out = layer(x)
+    p = torch.softmax(x @ layer.gate.weight.T, -1)
+    w, ids = torch.topk(p, 2)
+    assert ids.is_contiguous()  # as torch.topk's own outputs: `ids.view(-1)` works
+    w = w / w.sum(-1, keepdim=True)
+    want = fused_experts(x, layer.experts.w13_weight, layer.experts.w2_weight, w, ids)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+"""
+
+
+def test_runner_shims_vllm_moe_modules(
+    tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
+) -> None:
+    (tmp_path / "test_vllm_moe_modules.py").write_text(VLLM_MOE_STYLE)
+    proc = run_engine_compat(tmp_path, tmp_path)
+    assert "test_vllm_moe_modules.py: 5 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout

@@ -479,6 +479,10 @@ def _quant_args(name: str, quant_config: Any, legacy: dict[str, Any]) -> dict[st
         if given:
             raise ValueError(f"{name}: pass quant_config or the keyword flags {given}, not both")
         q: dict[str, Any] = {k: getattr(quant_config, k, None) for k in (*_QUANT_FLAGS, *_QUANT_TENSORS)}
+        # the activations' quant dtype (vLLM's ``quant_dtype``): fp8 e4m3 or none; a string
+        # ("nvfp4", "mxfp4", "mxfp8", ...) or int8 is a format opmux does not run
+        quant_dtype = getattr(quant_config, "quant_dtype", None)
+        q["quant_dtype"] = quant_dtype
         q.update(
             use_fp8_w8a8=bool(getattr(quant_config, "use_fp8_w8a8", False)),
             ocp_mx_scheme=getattr(quant_config, "ocp_mx_scheme", None),
@@ -520,7 +524,10 @@ def _fused_experts(
             f"{name}: global_num_experts = {global_num_experts} without an expert_map; w1 holds {e} "
             "experts (pass expert_map for expert parallelism)"
         )
+    activation = getattr(activation, "value", activation)  # vLLM's MoEActivation enum, or its string
     unsupported = [(f, bool(q.get(f))) for f in _QUANT_FLAGS]
+    qd = q.get("quant_dtype")
+    unsupported += [(f"quant_dtype {qd}", qd is not None and qd != torch.float8_e4m3fn)]
     unsupported += [(f"ocp_mx_scheme {q.get('ocp_mx_scheme')!r}", q.get("ocp_mx_scheme") is not None)]
     unsupported += [
         (f"{t} (static scales, zero points, biases)", q.get(t) is not None) for t in _QUANT_TENSORS
@@ -581,7 +588,8 @@ def fused_experts(
     earlier keyword flags (``use_fp8_w8a8``, ``block_shape``, ``w1_scale``, ...): unquantized
     weights, or fp8 with 128x128 block scales; every other form raises ``NotImplementedError``.
     ``expert_map`` (global id -> local id, -1 elsewhere) with ``global_num_experts`` its length.
-    ``allow_deep_gemm`` is accepted (opmux runs its own kernel)."""
+    ``activation``: a name or vLLM's ``MoEActivation`` (its value). ``allow_deep_gemm`` is
+    accepted (opmux runs its own kernel)."""
     q = _quant_args(
         "fused_experts",
         quant_config,
