@@ -123,7 +123,7 @@ def test_forced_kernel_call_refuses_with_the_reason() -> None:
     out = torch.empty_like(hidden)
     empty = torch.empty(0, dtype=torch.int32)
     with pytest.raises(BackendUnavailable, match="not cpu"):
-        fc.fused_experts(out, hidden, w1, w2, tw, ids, s1, s2, empty, "silu", False)
+        fc.fused_experts(out, hidden, w1, w2, tw, ids, s1, s2, empty, "silu", False, False)
     bf16 = torch.randn(4, 256, 256, dtype=torch.bfloat16)
     assert fc.refusal(**{**_OK, "w1_dtype": str(bf16.dtype).removeprefix("torch.")}) is not None
 

@@ -61,7 +61,7 @@ def test_ids_the_map_does_not_cover_are_skipped_unchecked() -> None:
     out = torch.full((4, 16), float("nan"), dtype=torch.bfloat16)
     empty = torch.empty(0)
     _experts.torch_experts(
-        out, p["hidden"], p["w1"], p["w2"], p["topk_weights"], ids, empty, empty, emap, "silu", False
+        out, p["hidden"], p["w1"], p["w2"], p["topk_weights"], ids, empty, empty, emap, "silu", False, False
     )
     assert torch.equal(out[1:3], torch.zeros(2, 16, dtype=torch.bfloat16))
     good = ids[[0, 3]]

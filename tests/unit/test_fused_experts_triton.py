@@ -265,3 +265,26 @@ def test_second_product_in_chunks_when_k_exceeds_2n(fp8: bool, monkeypatch: pyte
     torch.testing.assert_close(out, _experts.reference(**p), atol=2e-2, rtol=2e-2)
     if not fp8:  # no float buffer above the definition's [M * topk, 2N]
         assert sizes and max(sizes) <= 5 * 2 * 80
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("decode", [False, True])
+def test_vllm_rounding_is_the_definitions(fp8: bool, decode: bool) -> None:
+    # vLLM's rounding points: the grouped and decode paths both equal the definition's vLLM form,
+    # which differs from the default form (the test would pass vacuously otherwise)
+    p = _problem(m=1 if decode else 5, k=256, n=128, e=4, topk=2, fp8=fp8, seed=21)
+    want = _experts.reference(**p, vllm_rounding=True)
+    assert not torch.equal(want, _experts.reference(**p))
+    tags = tuned.FP8_BLOCK_TAGS if fp8 else ()
+    config = dict(tuned.default_config(fe.OP, "triton", 1 if decode else 5, (4, 128), tags))
+    if decode:
+        config |= {"BLOCK_SIZE_K": 128}
+    assert bool(config.get("DECODE")) == decode
+    out = torch.empty_like(p["hidden"])
+    empty = torch.empty(0)
+    fe.launch_fused_experts(
+        out, p["hidden"], p["w1"], p["w2"], p["topk_weights"], p["topk_ids"],
+        p.get("w1_scale", empty), p.get("w2_scale", empty), torch.empty(0, dtype=torch.int32),
+        "silu", False, config, vllm_rounding=True,
+    )  # fmt: skip
+    torch.testing.assert_close(out, want, atol=0, rtol=0)

@@ -184,17 +184,17 @@ def test_the_triton_launcher_takes_the_tuned_entry(user_dir: Path, monkeypatch: 
     from opmux.kernels.ops.moe import fused_experts_triton as fe
 
     seen: list[Any] = []
-    monkeypatch.setattr(fe, "launch_fused_experts", lambda *args: seen.append(args[-1]))
+    monkeypatch.setattr(fe, "launch_fused_experts", lambda *args, **kw: seen.append(args[-1]))
     _write(user_dir, "E=3,N=16,device_name=cpu.json", {"4": _entry(bm=32, bn=16, bk=32)})
     hidden = torch.zeros(4, 32, dtype=torch.bfloat16)
     w1 = torch.zeros(3, 32, 32, dtype=torch.bfloat16)
     w2 = torch.zeros(3, 32, 16, dtype=torch.bfloat16)
     ids = torch.zeros(4, 2, dtype=torch.int32)
     empty = torch.empty(0)
-    fe.fused_experts(hidden, hidden, w1, w2, ids.float(), ids, empty, empty, empty.int(), "silu", False)
+    fe.fused_experts(hidden, hidden, w1, w2, ids.float(), ids, empty, empty, empty.int(), "silu", False, False)
     assert seen and seen[0]["BLOCK_SIZE_M"] == 32
     h32 = hidden.float()
-    fe.fused_experts(h32, h32, w1.float(), w2.float(), ids.float(), ids, empty, empty, empty, "silu", False)
+    fe.fused_experts(h32, h32, w1.float(), w2.float(), ids.float(), ids, empty, empty, empty, "silu", False, False)
     assert dict(seen[1]) == tuned.default_config(OP, "triton", 4, (3, 16), F32)  # the bf16 file is not fp32's
 
 

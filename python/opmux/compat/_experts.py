@@ -57,10 +57,12 @@ def run(
     w1_scale: Tensor | None,
     w2_scale: Tensor | None,
     unsupported: Sequence[tuple[str, bool]] = (),
+    vllm_rounding: bool = False,
 ) -> Tensor:
     """One call of ``moe.fused_experts`` for an engine's arguments. ``unsupported``: (what,
     present) pairs of the engine's other forms, refused when present. ``inplace`` writes the
-    result into ``hidden`` (the op's ``out=hidden``) and returns it."""
+    result into ``hidden`` (the op's ``out=hidden``) and returns it. ``vllm_rounding``: the op's
+    vLLM rounding points (vLLM's entries: its activation and fp8 group quantization round so)."""
     for what, present in unsupported:
         if present:
             refuse(name, what)
@@ -106,6 +108,7 @@ def run(
         expert_map,
         w1_scale if use_fp8_w8a8 else None,
         w2_scale if use_fp8_w8a8 else None,
+        vllm_rounding,
         out=hidden if inplace else None,
     )
 

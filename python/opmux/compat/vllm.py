@@ -548,6 +548,7 @@ def _fused_experts(
         w1_scale=q.get("w1_scale"),
         w2_scale=q.get("w2_scale"),
         unsupported=unsupported,
+        vllm_rounding=True,  # vLLM's kernels round the activation twice and divide by fp8 scales
     )
 
 

@@ -429,6 +429,10 @@ def fused_experts_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out.append(Sample("fp8-block", args, kw))
     args, kw = _fp8_kw(_experts(5, 200, 72, 3, 2, device, dtype, 13, fp8=True))
     out.append(Sample("fp8-block-tails-k200-n72", args, {**kw, "activation": "gelu"}))
+    # vLLM's rounding points (its compat entry's): the activation rounded twice, fp8 scales divided
+    out.append(Sample("vllm-rounding", _experts(5, 64, 48, 4, 2, device, dtype, 14), {"vllm_rounding": True}))
+    args, kw = _fp8_kw(_experts(3, 256, 128, 4, 2, device, dtype, 15, fp8=True))
+    out.append(Sample("fp8-vllm-rounding", args, {**kw, "vllm_rounding": True}))
     return out
 
 

@@ -107,17 +107,17 @@ def outputs_batched_align(expert_num_tokens: Any, max_tokens_per_batch: Any, blo
     return (sorted_ids, expert_ids, num_tokens_post_padded,), (sorted_ids, expert_ids, num_tokens_post_padded)
 
 
-def check_fused_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_fused_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, vllm_rounding: Any = False, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     """The form of the call: experts_fp8, experts."""
     w1_n = w1_d = None
     if type(w1) is _TENSOR or isinstance(w1, _TENSOR):
         w1_n, w1_d = w1.dim(), w1.dtype
     if (w1_d in _FLOAT8_E4M3FN):
-        return check_experts_fp8(op, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-    return check_experts(op, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        return check_experts_fp8(op, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+    return check_experts(op, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
 
 
-def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, vllm_rounding: Any = False, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         hidden_s = hidden.shape
         w1_s = w1.shape
@@ -130,6 +130,7 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
             activation in ('silu', 'gelu', 'swigluoai')
             and type(activation) is str
             and type(apply_router_weight_on_input) is bool
+            and type(vllm_rounding) is bool
             and expert_map is None
             and out is None
             and len(hidden_s) == 2
@@ -183,8 +184,9 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
             if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (expert_map is None or G >= 1) and (w1_scale is not None and w2_scale is not None):
                 activation_ = activation
                 apply_router_weight_on_input_ = apply_router_weight_on_input
+                vllm_rounding_ = vllm_rounding
                 out = hidden.new_empty(M, K)
-                return (out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32], activation_, apply_router_weight_on_input_,), out
+                return (out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32], activation_, apply_router_weight_on_input_, vllm_rounding_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "hidden", hidden)
@@ -234,6 +236,9 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
     if not isinstance(apply_router_weight_on_input, bool):
         raise TypeError(f"{op}: apply_router_weight_on_input must be a bool, got {apply_router_weight_on_input!r}")
     apply_router_weight_on_input_ = apply_router_weight_on_input
+    if not isinstance(vllm_rounding, bool):
+        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
+    vllm_rounding_ = vllm_rounding
     if not (not apply_router_weight_on_input or topk == 1):
         raise ValueError(f"{op}: apply_router_weight_on_input scales each token's one expert input: it needs topk == 1, got topk = {topk}")
     if not (M * topk < 2147483648):
@@ -295,10 +300,10 @@ def check_experts_fp8(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any,
     w2_scale_v = w2_scale
     _checks.unit_last_stride(op, "out", out)
     out_v = out
-    return (out_v, hidden_v, w1_v, w2_v, topk_weights_v, topk_ids_v, w1_scale_v, w2_scale_v, expert_map_v, activation_, apply_router_weight_on_input_,), out
+    return (out_v, hidden_v, w1_v, w2_v, topk_weights_v, topk_ids_v, w1_scale_v, w2_scale_v, expert_map_v, activation_, apply_router_weight_on_input_, vllm_rounding_,), out
 
 
-def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any = "silu", apply_router_weight_on_input: Any = False, expert_map: Any = None, w1_scale: Any = None, w2_scale: Any = None, vllm_rounding: Any = False, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         hidden_s = hidden.shape
         w1_s = w1.shape
@@ -309,6 +314,7 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
             activation in ('silu', 'gelu', 'swigluoai')
             and type(activation) is str
             and type(apply_router_weight_on_input) is bool
+            and type(vllm_rounding) is bool
             and expert_map is None
             and w1_scale is None
             and w2_scale is None
@@ -350,8 +356,9 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
             if (K >= 1) and (E >= 1 and N2 >= 2 and N2 % 2 == 0) and (not apply_router_weight_on_input or topk == 1) and (M * topk < 2147483648) and (expert_map is None or G >= 1) and (w1_scale is None and w2_scale is None):
                 activation_ = activation
                 apply_router_weight_on_input_ = apply_router_weight_on_input
+                vllm_rounding_ = vllm_rounding
                 out = hidden.new_empty(M, K)
-                return (out, hidden, w1, w2, topk_weights, topk_ids, (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32], (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32], (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32], activation_, apply_router_weight_on_input_,), out
+                return (out, hidden, w1, w2, topk_weights, topk_ids, (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32], (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_FLOAT32], (_checks.PROTOS.get(hidden.device) or _checks.protos(hidden.device))[_DT_INT32], activation_, apply_router_weight_on_input_, vllm_rounding_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "hidden", hidden)
@@ -401,6 +408,9 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
     if not isinstance(apply_router_weight_on_input, bool):
         raise TypeError(f"{op}: apply_router_weight_on_input must be a bool, got {apply_router_weight_on_input!r}")
     apply_router_weight_on_input_ = apply_router_weight_on_input
+    if not isinstance(vllm_rounding, bool):
+        raise TypeError(f"{op}: vllm_rounding must be a bool, got {vllm_rounding!r}")
+    vllm_rounding_ = vllm_rounding
     if not (not apply_router_weight_on_input or topk == 1):
         raise ValueError(f"{op}: apply_router_weight_on_input scales each token's one expert input: it needs topk == 1, got topk = {topk}")
     if not (M * topk < 2147483648):
@@ -470,7 +480,7 @@ def check_experts(op: str, hidden: Any, w1: Any, w2: Any, topk_weights: Any, top
         w2_scale_v = w2_scale
     _checks.unit_last_stride(op, "out", out)
     out_v = out
-    return (out_v, hidden_v, w1_v, w2_v, topk_weights_v, topk_ids_v, w1_scale_v, w2_scale_v, expert_map_v, activation_, apply_router_weight_on_input_,), out
+    return (out_v, hidden_v, w1_v, w2_v, topk_weights_v, topk_ids_v, w1_scale_v, w2_scale_v, expert_map_v, activation_, apply_router_weight_on_input_, vllm_rounding_,), out
 
 
 def check_moe_align(op: str, topk_ids: Any, block_size: Any, num_experts: Any, expert_map: Any = None, pad_sorted_token_ids: Any = True, unused_expert_id: Any = -1, sorted_token_ids: Any = None, expert_ids: Any = None, num_tokens_post_padded: Any = None, cumsum_buffer: Any = None) -> tuple[tuple[Any, ...], Any]:

@@ -72,7 +72,7 @@ FLAG: Any
 #: op -> the form of its declaration its functions were generated for (``form``)
 FORMS = {
     'batched_moe_align_block_size': '(Tensor expert_num_tokens, int max_tokens_per_batch, int block_size, Tensor(a!)? sorted_ids=None, Tensor(a!)? expert_ids=None, Tensor(a!)? num_tokens_post_padded=None) -> (Tensor, Tensor, Tensor); key expert_num_tokens; values; outputs',
-    'fused_experts': '(Tensor hidden, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation="silu", bool apply_router_weight_on_input=False, Tensor? expert_map=None, Tensor? w1_scale=None, Tensor? w2_scale=None, Tensor(a!)? out=None) -> Tensor; key hidden; values',
+    'fused_experts': '(Tensor hidden, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation="silu", bool apply_router_weight_on_input=False, Tensor? expert_map=None, Tensor? w1_scale=None, Tensor? w2_scale=None, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor; key hidden; values',
     'moe_align_block_size': '(Tensor topk_ids, int block_size, int num_experts, Tensor? expert_map=None, bool pad_sorted_token_ids=True, int unused_expert_id=-1, Tensor(a!)? sorted_token_ids=None, Tensor(a!)? expert_ids=None, Tensor(a!)? num_tokens_post_padded=None, Tensor(a!)? cumsum_buffer=None) -> (Tensor, Tensor, Tensor); key topk_ids; values; outputs',
     'topk_sigmoid': '(Tensor gating_output, int topk, bool renormalize=False, Tensor? correction_bias=None, Tensor(a!)? topk_weights=None, Tensor(a!)? topk_ids=None, Tensor(a!)? token_expert_indices=None) -> (Tensor, Tensor); key gating_output; outputs',
     'topk_softmax': '(Tensor gating_output, int topk, bool renormalize=False, Tensor? correction_bias=None, float moe_softcapping=0.0, bool bias_on_logits=False, Tensor(a!)? topk_weights=None, Tensor(a!)? topk_ids=None, Tensor(a!)? token_expert_indices=None) -> (Tensor, Tensor); key gating_output; outputs',
@@ -465,11 +465,11 @@ def reference_batched_moe_align_block_size(expert_num_tokens, max_tokens_per_bat
 
 
 # -- moe.fused_experts ---------------------------------------------------------------------------
-def fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, backend=None, enable_pdl=None):
+def fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False, out=None, backend=None, enable_pdl=None):
     if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
-            return LIB['fused_experts'](hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale)
-        LIB['fused_experts_out'](out, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale)
+            return LIB['fused_experts'](hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding)
+        LIB['fused_experts_out'](out, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding)
         return out
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -482,7 +482,7 @@ def fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", app
         if G:
             if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
-        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out, LFLAG if enable_pdl is None else bool(enable_pdl))
+        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out, LFLAG if enable_pdl is None else bool(enable_pdl))
         if R is not None:
             if G:
                 if out is not None:
@@ -493,8 +493,8 @@ def fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", app
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
         if GRAD():
             if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -536,9 +536,9 @@ def fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", app
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        return DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out,), {}, backend, enable_pdl)
-    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        return DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out,), {}, backend, enable_pdl)
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
     if GRAD():
         if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -576,7 +576,7 @@ def fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", app
     return RESULT
 
 
-def library_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
+def library_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False):
     if BRIDGE_PENDING[0]:
         BRIDGE_POLL()
     out = None
@@ -589,7 +589,7 @@ def library_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="si
         if G:
             if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
-        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out, LFLAG)
+        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out, LFLAG)
         if R is not None:
             if G:
                 if out is not None:
@@ -600,8 +600,8 @@ def library_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="si
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
         if GRAD():
             if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -640,9 +640,9 @@ def library_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="si
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        return DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out,), {}, None)
-    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        return DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out,), {}, None)
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
     if GRAD():
         if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -680,12 +680,12 @@ def library_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="si
     return RESULT
 
 
-def fake_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
-    RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, None)[1]
+def fake_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False):
+    RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, None)[1]
     return RESULT
 
 
-def library_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
+def library_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False):
     if BRIDGE_PENDING[0]:
         BRIDGE_POLL()
     try:
@@ -697,7 +697,7 @@ def library_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activ
         if G:
             if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
-        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out, LFLAG)
+        R = LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out) if LFLAG is None else LANE(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out, LFLAG)
         if R is not None:
             if G:
                 if out is not None:
@@ -708,8 +708,8 @@ def library_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activ
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+        KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+        VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
         if GRAD():
             if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -748,10 +748,10 @@ def library_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activ
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out,), {}, None)
+        DISPATCH((hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out,), {}, None)
         return None
-    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
     if GRAD():
         if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -789,14 +789,14 @@ def library_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activ
     return None
 
 
-def fake_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None):
-    RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)[1]
+def fake_fused_experts_out(out, hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False):
+    RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)[1]
     return None
 
 
-def bound_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+def bound_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
     if GRAD():
         if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -831,9 +831,9 @@ def bound_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu
     return RESULT
 
 
-def bound_fused_experts_pdl(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+def bound_fused_experts_pdl(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
     if GRAD():
         if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -868,9 +868,9 @@ def bound_fused_experts_pdl(hidden, w1, w2, topk_weights, topk_ids, activation="
     return RESULT
 
 
-def reference_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
-    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+def reference_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="silu", apply_router_weight_on_input=False, expert_map=None, w1_scale=None, w2_scale=None, vllm_rounding=False, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
+    VALUES(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
     if GRAD():
         if hidden.requires_grad or w1.requires_grad or w2.requires_grad or topk_weights.requires_grad or topk_ids.requires_grad or (expert_map is not None and expert_map.requires_grad) or (w1_scale is not None and w1_scale.requires_grad) or (w2_scale is not None and w2_scale.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('hidden', hidden), ('w1', w1), ('w2', w2), ('topk_weights', topk_weights), ('topk_ids', topk_ids), ('expert_map', expert_map), ('w1_scale', w1_scale), ('w2_scale', w2_scale), ('out', out),)
@@ -901,7 +901,7 @@ def reference_fused_experts(hidden, w1, w2, topk_weights, topk_ids, activation="
             ALIAS(OP, 'out', out, 'w2_scale', w2_scale, False)
     if out is not None and not out.is_contiguous():
         SELF(OP, 'out', out)
-    return KERNEL(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, out)
+    return KERNEL(hidden, w1, w2, topk_weights, topk_ids, activation, apply_router_weight_on_input, expert_map, w1_scale, w2_scale, vllm_rounding, out)
 
 
 # -- moe.moe_align_block_size --------------------------------------------------------------------

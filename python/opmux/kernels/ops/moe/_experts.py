@@ -19,8 +19,12 @@ fp32; the first one's result (``[M * topk, 2N]``, the largest intermediate) roun
 define it (fp32, one rounding); each expert's output rounded to that dtype, then the ``topk``
 terms summed in fp32.
 
+``vllm_rounding`` takes vLLM's two other rounding points (its compat entry sets it): silu / gelu of
+the gate rounded to ``hidden``'s dtype before the product with the up half, and the fp8 groups
+quantized by dividing by their scale (``per_token_group_quant_fp8``'s ``divide_by_scale``).
+
 Kernel arguments: ``(out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale,
-expert_map, activation, apply_router_weight_on_input)``; an absent ``expert_map`` / scale is an
+expert_map, activation, apply_router_weight_on_input, vllm_rounding)``; an absent ``expert_map`` / scale is an
 empty tensor. Expert ids (and mapped ids) outside their range raise ``ValueError`` for CPU
 tensors; on CUDA the routing (``moe.moe_align_block_size``) skips them (a check would cost a
 synchronisation), so no kernel reads or writes out of bounds.
@@ -91,6 +95,7 @@ def _items(fp8: bool) -> tuple[Any, ...]:
         ),
         Scalar("activation", "choice", choices=ACTIVATIONS),
         Scalar("apply_router_weight_on_input", "bool"),
+        Scalar("vllm_rounding", "bool"),
         Rule(
             "not apply_router_weight_on_input or topk == 1",
             "apply_router_weight_on_input scales each token's one expert input: it needs topk == 1, "
@@ -143,6 +148,7 @@ _KERNEL = (
     "expert_map",
     "activation",
     "apply_router_weight_on_input",
+    "vllm_rounding",
 )
 FUSED_EXPERTS = Forms(
     "fused_experts",
@@ -204,24 +210,28 @@ def dequantize(w: Tensor, scale: Tensor) -> Tensor:
     return w.to(s.dtype) * s
 
 
-def _qdq(x: Tensor) -> Tensor:
+def _qdq(x: Tensor, vllm: bool = False) -> Tensor:
     """The on-the-fly activation quantization (1x128 groups, e4m3), dequantized: what the fp8
-    products see of ``x``. The group quant op's definition, on a K padded to whole groups."""
+    products see of ``x``. The group quant op's definition, on a K padded to whole groups
+    (``vllm``: its ``divide_by_scale`` form, vLLM's)."""
     from ..quantization.op import per_token_group_quant_fp8 as quant
 
     k = x.shape[-1]
     pad = -k % BLOCK
     xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
-    q, s = quant.reference(xp, BLOCK)
+    q, s = quant.reference(xp, BLOCK, divide_by_scale=vllm)
     return (q.float() * s.repeat_interleave(BLOCK, dim=-1))[..., :k]
 
 
-def gated(h: Tensor, activation: str) -> Tensor:
-    """The activation ops' definition (fp32, one rounding to ``h``'s dtype)."""
+def gated(h: Tensor, activation: str, vllm: bool = False) -> Tensor:
+    """The activation ops' definition (fp32, one rounding to ``h``'s dtype; ``vllm``: silu /
+    gelu of the gate rounded first, then the product in ``h``'s dtype, as vLLM's kernels)."""
     from ..activation import op as act
 
-    fn = {"silu": act.silu_and_mul, "gelu": act.gelu_and_mul, "swigluoai": act.swigluoai_and_mul}
-    return fn[activation].reference(h)
+    if activation == "swigluoai":  # one form (vLLM's kernel rounds it once too)
+        return act.swigluoai_and_mul.reference(h)
+    fn = {"silu": act.silu_and_mul, "gelu": act.gelu_and_mul}[activation]
+    return fn.reference(h, vllm_rounding=vllm)
 
 
 def _routes(topk_ids: Tensor, expert_map: Tensor | None) -> Tensor:
@@ -252,6 +262,7 @@ def reference(
     expert_map: Tensor | None = None,
     w1_scale: Tensor | None = None,
     w2_scale: Tensor | None = None,
+    vllm_rounding: bool = False,
     out: Tensor | None = None,
 ) -> Tensor:
     """The definition: one expert at a time, in the module docstring's arithmetic."""
@@ -266,12 +277,12 @@ def reference(
             continue
         x = hidden[tok]
         weight = topk_weights[tok, slot].to(f)[:, None]
-        xin = _qdq(x) if w1_scale is not None else x
+        xin = _qdq(x, vllm_rounding) if w1_scale is not None else x
         h = xin.to(f) @ _weights(w1, w1_scale, e).to(f).T
         if apply_router_weight_on_input:
             h = h * weight
-        a = gated(h.to(dt), activation)
-        ain = _qdq(a) if w2_scale is not None else a
+        a = gated(h.to(dt), activation, vllm_rounding)
+        ain = _qdq(a, vllm_rounding) if w2_scale is not None else a
         y = ain.to(f) @ _weights(w2, w2_scale, e).to(f).T
         if not apply_router_weight_on_input:
             y = y * weight
@@ -292,6 +303,7 @@ def torch_experts(
     expert_map: Tensor,
     activation: str,
     apply_router_weight_on_input: bool,
+    vllm_rounding: bool,
 ) -> None:
     """A per-expert loop of torch products (what a user without a kernel runs): in ``hidden``'s
     dtype where the weights are (torch's bf16 / fp16 GEMMs accumulate in fp32), on dequantized
@@ -310,16 +322,16 @@ def torch_experts(
         # a product that is weighted before its rounding is taken in fp32 for fp16 (rounded to
         # fp16 first, it would overflow to inf where the weighted one fits, as the definition's)
         if fp8:
-            h = (_qdq(x) @ dequantize(w1[e], w1_scale[e]).T).to(dt)
+            h = (_qdq(x, vllm_rounding) @ dequantize(w1[e], w1_scale[e]).T).to(dt)
         elif apply_router_weight_on_input and wide:
             h = x.float() @ w1[e].float().T
         else:
             h = x @ w1[e].T
         if apply_router_weight_on_input:
             h = (h.float() * weight).to(dt)
-        a = gated(h, activation)
+        a = gated(h, activation, vllm_rounding)
         if fp8:
-            y = _qdq(a) @ dequantize(w2[e], w2_scale[e]).T
+            y = _qdq(a, vllm_rounding) @ dequantize(w2[e], w2_scale[e]).T
         elif wide and not apply_router_weight_on_input:
             y = a.float() @ w2[e].float().T
         else:

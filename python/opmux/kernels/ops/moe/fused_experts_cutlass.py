@@ -145,6 +145,7 @@ def supports(
     expert_map: Any = None,
     w1_scale: Any = None,
     w2_scale: Any = None,
+    vllm_rounding: Any = False,
     out: Any = None,
 ) -> str | None:
     """The backend's predicate (the op's public arguments): None to run, else the reason."""
@@ -195,15 +196,14 @@ def library() -> _Library:
         raise BackendUnavailable(BACKEND, f"{type(exc).__name__}: {exc}") from exc
 
 
-def _activate(activation: str, h: Tensor, out: Tensor) -> None:
+def _activate(activation: str, h: Tensor, out: Tensor, vllm_rounding: bool) -> None:
     from opmux.kernels import ops
 
-    fn = {
-        "silu": ops.activation.silu_and_mul,
-        "gelu": ops.activation.gelu_and_mul,
-        "swigluoai": ops.activation.swigluoai_and_mul,
-    }[activation]
-    fn(h, out=out)
+    if activation == "swigluoai":  # one rounding form
+        ops.activation.swigluoai_and_mul(h, out=out)
+        return
+    fn = {"silu": ops.activation.silu_and_mul, "gelu": ops.activation.gelu_and_mul}[activation]
+    fn(h, vllm_rounding=vllm_rounding, out=out)
 
 
 def launch_fused_experts(
@@ -219,6 +219,8 @@ def launch_fused_experts(
     activation: str,
     apply_router_weight_on_input: bool,
     configs: Sequence[int] | None = None,
+    *,
+    vllm_rounding: bool = False,
 ) -> None:
     """Run the op with explicit GEMM configs ``(first, second)`` (None: ``default_config``);
     arguments as the contract's kernel arguments (already checked). The benchmark's entry."""
@@ -242,7 +244,7 @@ def launch_fused_experts(
     inv = torch.empty(slots, dtype=torch.int32, device=dev)
     lib.route(offsets, inv, ids, expert_map, pdl)
 
-    q, qs = ops.quantization.per_token_group_quant_fp8(hidden, BLOCK)
+    q, qs = ops.quantization.per_token_group_quant_fp8(hidden, BLOCK, divide_by_scale=vllm_rounding)
     a1 = torch.empty((slots, k), dtype=torch.float8_e4m3fn, device=dev)
     sa1 = torch.empty((slots, k // BLOCK), dtype=torch.float32, device=dev)
     lib.gather(a1, sa1, q, qs, inv, tw, apply_router_weight_on_input, pdl)
@@ -254,8 +256,8 @@ def launch_fused_experts(
     del a1, sa1
 
     act = torch.empty((slots, n), dtype=dt, device=dev)
-    _activate(activation, h, act)
-    a2, sa2 = ops.quantization.per_token_group_quant_fp8(act, BLOCK)
+    _activate(activation, h, act, vllm_rounding)
+    a2, sa2 = ops.quantization.per_token_group_quant_fp8(act, BLOCK, divide_by_scale=vllm_rounding)
     del act
     if not apply_router_weight_on_input:
         lib.scale(sa2, inv, tw, pdl)
@@ -278,6 +280,7 @@ def fused_experts(
     expert_map: Tensor,
     activation: str,
     apply_router_weight_on_input: bool,
+    vllm_rounding: bool,
 ) -> None:
     """``out = sum_j w_j * W2[e_j] act(W1[e_j] hidden)`` per the op's contract, fp8 form on
     sm_90a (the kernel arguments, already checked). A call the backend cannot run (forced onto
@@ -297,4 +300,5 @@ def fused_experts(
         expert_map,
         activation,
         apply_router_weight_on_input,
+        vllm_rounding=vllm_rounding,
     )

@@ -42,7 +42,7 @@ import triton.language as tl
 from opmux.kernels import ops
 from opmux.kernels.ops.activation.triton_kernels import _act, _clamp_hi, _sig_div
 from opmux.kernels.ops.gemm.triton_kernels import _cast
-from opmux.kernels.ops.quantization.triton_kernels import _amax, _keep_nan, _quantize
+from opmux.kernels.ops.quantization.triton_kernels import _amax, _keep_nan, _quantize_by
 
 __all__ = ["ACT_CODES", "launch_decode"]
 
@@ -99,6 +99,7 @@ def _up_kernel(
     FP8: tl.constexpr,
     GROUPS: tl.constexpr,
     USE_PDL: tl.constexpr,
+    VLLM: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
@@ -177,6 +178,8 @@ def _up_kernel(
         g = _clamp_hi(a, limit)
         u = _clamp_hi(tl.where(b < -limit, -limit, b), limit)
         y = (u + 1.0) * _sig_div(g, -alpha * g)
+    elif VLLM:  # vLLM's rounding: the activation rounded to the output dtype before the product
+        y = _cast(_act(a, ACT_CODE), ACT.dtype.element_ty).to(tl.float32) * b
     else:
         y = _act(a, ACT_CODE) * b
     tl.store(ACT + s * stride_act + offs_n, _cast(y, ACT.dtype.element_ty), mask=offs_n < N)
@@ -210,6 +213,8 @@ def _down_kernel(
     FP8: tl.constexpr,
     GROUPS: tl.constexpr,
     USE_PDL: tl.constexpr,
+    DIVIDE: tl.constexpr,
+    RECIP: tl.constexpr,
     TOPK: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
@@ -247,8 +252,12 @@ def _down_kernel(
                 # each slot's activation group quantized as per_token_group_quant_fp8 does it
                 amax = _amax(a, 1)
                 amax = _keep_nan(amax, tl.maximum(amax, 1e-10))
-                a_s = tl.math.div_rn(amax, 448.0)
-                aq = _quantize(a, tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), a_s)[:, None])
+                if RECIP:  # the op's divide_by_scale form on CUDA: max(amax, eps) * (1 / 448)
+                    a_s = amax * tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), 448.0)
+                else:
+                    a_s = tl.math.div_rn(amax, 448.0)
+                inv = tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), a_s)
+                aq = _quantize_by(a, inv[:, None], a_s[:, None], DIVIDE)
                 in_n = rows * 0 + grp * 128 < N
                 w_s = tl.load(s_ptrs + grp * stride_sn, mask=ok[:, None] & in_n[None, :], other=0.0)
                 av = aq * a_s[:, None]
@@ -282,13 +291,13 @@ def _down_kernel(
     tl.store(OUT + t * stride_out + offs_c, _cast(total, OUT.dtype.element_ty), mask=offs_c < K)
 
 
-def _quant_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quant_groups(x: torch.Tensor, vllm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] in e4m3 per 1x128 group (K zero-padded to whole groups, as the definition's
     ``_experts._qdq``), by the op itself: the fp8 up kernel reads it instead of quantizing the
     row again in each of its programs."""
     pad = -x.shape[1] % 128
     xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
-    return ops.quantization.per_token_group_quant_fp8(xp, 128)
+    return ops.quantization.per_token_group_quant_fp8(xp, 128, divide_by_scale=vllm)
 
 
 def _pdl(device: torch.device) -> bool:
@@ -312,6 +321,8 @@ def launch_decode(
     activation: str,
     apply_router_weight_on_input: bool,
     config: Mapping[str, Any],
+    *,
+    vllm_rounding: bool = False,
 ) -> None:
     """The two launches (kernel arguments as the contract's, already checked; ``M >= 1``)."""
     m, k = hidden.shape
@@ -332,7 +343,7 @@ def launch_decode(
     pdl = _pdl(hidden.device)
     extra = {"launch_pdl": True} if pdl else {}
     if fp8:  # the token rows quantized once (not by every program): one launch
-        x, xs = _quant_groups(hidden)
+        x, xs = _quant_groups(hidden, vllm_rounding)
     else:
         x, xs = hidden, topk_weights  # an unused pointer
     _up_kernel[(m * topk, triton.cdiv(n, config["BLOCK_SIZE_N"]))](
@@ -343,7 +354,7 @@ def launch_decode(
         topk_weights.stride(0), topk_ids.stride(0), act.stride(0),
         _OAI_ALPHA, _OAI_LIMIT,
         ACT_CODE=ACT_CODES[activation], HAS_MAP=has_map, MUL_WEIGHT=apply_router_weight_on_input,
-        FP8=fp8, GROUPS=groups, USE_PDL=pdl, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=bk,
+        FP8=fp8, GROUPS=groups, USE_PDL=pdl, VLLM=vllm_rounding and activation != "swigluoai", BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=bk,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     _down_kernel[(m, triton.cdiv(k, config["BLOCK_SIZE_M"]))](
@@ -353,6 +364,6 @@ def launch_decode(
         s2.stride(0) if fp8 else 0, s2.stride(1) if fp8 else 0, s2.stride(2) if fp8 else 0,
         topk_weights.stride(0), topk_ids.stride(0), out.stride(0),
         HAS_MAP=has_map, MUL_WEIGHT=not apply_router_weight_on_input, FP8=fp8, GROUPS=groups,
-        USE_PDL=pdl, TOPK=triton.next_power_of_2(topk), BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
+        USE_PDL=pdl, DIVIDE=vllm_rounding, RECIP=vllm_rounding and hidden.is_cuda, TOPK=triton.next_power_of_2(topk), BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
         num_warps=warps, num_stages=stages, **extra,
     )  # fmt: skip

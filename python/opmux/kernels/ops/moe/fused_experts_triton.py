@@ -61,10 +61,10 @@ _SCHEMA = tuned.SCHEMAS[OP]
 assert _SCHEMA.kernel_problem is not None and _SCHEMA.kernel_tags is not None
 #: (E, N), M and the form's tags (vLLM's file names) of a call, from its kernel arguments
 _PROBLEM, _TAGS = _SCHEMA.kernel_problem, _SCHEMA.kernel_tags
-_ACTIVATIONS = {
-    "silu": lambda x, out: ops.activation.silu_and_mul(x, out=out),
-    "gelu": lambda x, out: ops.activation.gelu_and_mul(x, out=out),
-    "swigluoai": lambda x, out: ops.activation.swigluoai_and_mul(x, out=out),
+_ACTIVATIONS = {  # (x, out, vllm_rounding); swigluoai has one rounding form
+    "silu": lambda x, out, vllm: ops.activation.silu_and_mul(x, vllm_rounding=vllm, out=out),
+    "gelu": lambda x, out, vllm: ops.activation.gelu_and_mul(x, vllm_rounding=vllm, out=out),
+    "swigluoai": lambda x, out, vllm: ops.activation.swigluoai_and_mul(x, out=out),
 }
 
 
@@ -270,9 +270,10 @@ def _grouped_gemm(
     )
 
 
-def _quant_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8 e4m3 per 1x128 group of ``x`` [R, C] (C a multiple of 128)."""
-    return ops.quantization.per_token_group_quant_fp8(x, SCALE_BLOCK)
+def _quant_groups(x: torch.Tensor, vllm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 e4m3 per 1x128 group of ``x`` [R, C] (C a multiple of 128; ``vllm``: divided by
+    the scale, vLLM's form)."""
+    return ops.quantization.per_token_group_quant_fp8(x, SCALE_BLOCK, divide_by_scale=vllm)
 
 
 def _padded(x: torch.Tensor) -> torch.Tensor:
@@ -299,6 +300,8 @@ def launch_fused_experts(
     activation: str,
     apply_router_weight_on_input: bool,
     config: Mapping[str, Any],
+    *,
+    vllm_rounding: bool = False,
 ) -> None:
     """Run the op with an explicit launch configuration (the tuner's entry); arguments as the
     contract's kernel arguments (already checked)."""
@@ -308,7 +311,7 @@ def launch_fused_experts(
     if config.get("DECODE"):
         launch_decode(
             out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, expert_map,
-            activation, apply_router_weight_on_input, config,
+            activation, apply_router_weight_on_input, config, vllm_rounding=vllm_rounding,
         )  # fmt: skip
         return
     experts, n2, _ = w1.shape
@@ -341,7 +344,7 @@ def launch_fused_experts(
     a1_scale: torch.Tensor | None = None
     a2_scale: torch.Tensor | None = None
     if fp8:
-        a1, a1_scale = _quant_groups(_padded(hidden))
+        a1, a1_scale = _quant_groups(_padded(hidden), vllm_rounding)
     else:
         a1 = hidden
     _grouped_gemm(
@@ -354,9 +357,9 @@ def launch_fused_experts(
     act = torch.empty((slots, n_pad), dtype=dt, device=hidden.device)
     if n_pad != n:
         act[:, n:].zero_()
-    _ACTIVATIONS[activation](h1, act[:, :n])
+    _ACTIVATIONS[activation](h1, act[:, :n], vllm_rounding)
     if fp8:
-        a2, a2_scale = _quant_groups(act)
+        a2, a2_scale = _quant_groups(act, vllm_rounding)
     else:
         a2 = act
 
@@ -416,6 +419,7 @@ def fused_experts(
     expert_map: torch.Tensor,
     activation: str,
     apply_router_weight_on_input: bool,
+    vllm_rounding: bool,
 ) -> None:
     """``out = sum_j w_j * W2[e_j] act(W1[e_j] hidden)`` per the op's contract (ops/moe/_experts.py),
     with the tuned (else default) launch configuration for (E, N), M, the device and the form."""
@@ -424,4 +428,4 @@ def fused_experts(
         return
     shape, m = _PROBLEM(*args)
     config = tuned.lookup(OP, BACKEND, tuned.device_name(hidden.device), shape, m, _TAGS(*args))
-    launch_fused_experts(*args, activation, apply_router_weight_on_input, config)
+    launch_fused_experts(*args, activation, apply_router_weight_on_input, config, vllm_rounding=vllm_rounding)

@@ -426,11 +426,11 @@ fused_experts = declare(
     _experts.OP,
     '(Tensor hidden, Tensor w1, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation="silu", '
     "bool apply_router_weight_on_input=False, Tensor? expert_map=None, Tensor? w1_scale=None, "
-    "Tensor? w2_scale=None, Tensor(a!)? out=None) -> Tensor",
+    "Tensor? w2_scale=None, bool vllm_rounding=False, Tensor(a!)? out=None) -> Tensor",
     doc="hidden [M, K] x experts w1 [E, 2N, K] (gate rows, then up), w2 [E, K, N] routed by topk_ids / "
     "topk_weights [M, topk] -> [M, K]: sum_j w_j * W2 act(W1 x); silu, gelu or swigluoai; expert_map "
     "(expert parallelism); bf16 / fp16 / fp32 weights, or fp8 e4m3 with 128x128 block scales (activations "
-    "quantized per 1x128 group)",
+    "quantized per 1x128 group); vllm_rounding: vLLM's rounding of the activation and of the fp8 group scales",
     contract=_experts.FUSED_EXPERTS,
     values=_experts.values,
     reference=_experts.reference,
