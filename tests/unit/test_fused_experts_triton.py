@@ -227,6 +227,18 @@ def test_decode_path_fp8_map_and_weight_on_input() -> None:
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("m", [1, 2])
+def test_no_experts_per_token_gives_zeros(m: int) -> None:
+    # topk = 0: the definition's sum of no terms; M = 1 takes the decode path by default
+    p = _problem(m=m, topk=0, seed=15)
+    out = torch.full((m, 64), float("nan"), dtype=torch.bfloat16)
+    got = ops.moe.fused_experts(**p, out=out, backend="triton")
+    assert got is out and bool((out == 0).all())
+    out.fill_(float("nan"))
+    _launch(p, {**_DECODE, "BLOCK_SIZE_K": 64}, out)
+    assert bool((out == 0).all())
+
+
 def test_default_is_the_decode_path_for_one_token() -> None:
     for tags in ((), tuned.FP8_BLOCK_TAGS, (("dtype", "float32"),)):
         one = tuned.default_config(fe.OP, "triton", 1, (8, 64), tags)

@@ -329,6 +329,9 @@ def launch_decode(
     experts, n2, _ = w1.shape
     n = n2 // 2
     topk = topk_ids.shape[1]
+    if topk == 0:  # no slots: every row sums no term (the down kernel's tile needs TOPK >= 1)
+        out.zero_()
+        return
     fp8 = w1_scale.numel() > 0
     has_map = expert_map.numel() > 0
     num_ids = expert_map.numel() if has_map else experts
