@@ -39,6 +39,9 @@ from .ops._entry_runtime import ENTRY
 from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
 
+#: select_for's memo bound (cleared when full): shapes classes x dtypes x forced sets per op
+_MAX_SELECTIONS = 1024
+
 __all__ = ["FusedOp", "dtype_name", "instance", "platform_device", "with_contract"]
 
 _WARNED: set[tuple[str, str, str]] = set()
@@ -264,6 +267,9 @@ class FusedOp(Generic[R]):
         #: (backend, device) -> (kernel, PDL flag: None where the kernel takes none)
         self._kernels: dict[tuple[str, str], tuple[Callable[..., Any], Any]] = {}
         self._failed: dict[str, str] = {}
+        #: select()'s result per its inputs (the full dispatch of an op whose choice depends on
+        #: the call: predicates, measured tables): select is a pure function of them
+        self._selections: dict[Any, tuple[Any, Selection]] = {}
         self._dtypes = {d for b in self.spec.backends for d in b.requires.dtypes}
         self._python = dict(decl.python_backends)
         # backend -> per-call predicate target; ops with any are never fast-path cached
@@ -385,6 +391,7 @@ class FusedOp(Generic[R]):
 
     def invalidate(self) -> None:
         """Drop the cached choices (the bound kernels stay: the same choice reuses them)."""
+        self._selections.clear()
         self._cpu.clear()
         self._cuda.clear()
         self._lane_cpu.clear()
@@ -444,16 +451,37 @@ class FusedOp(Generic[R]):
             if backend is not None
             else _dispatch_state.backends_for(self.op_name)
         )
-        return select(
+        found = facts.detect_facts(device_type, arch)
+        dtype = dtype_name(x.dtype)
+        rejections = self._arg_rejections(args, kwargs)
+        preferred = measured.preferred(self.op_name, x.device, args, kwargs) if self._measured else None
+        # select reads numel only through the device's size-class priority: that order keys it
+        key = (
+            id(found),
+            dtype,
+            forced,
+            tuple(sorted(rejections.items())),
+            tuple(sorted(self._failed.items())),
+            self.spec.priority_for(device_type, x.numel()),
+            preferred,
+        )
+        hit = self._selections.get(key)
+        if hit is not None and hit[0] is found:  # the same facts object (not a reused id)
+            return hit[1]
+        sel = select(
             self.spec,
-            facts.detect_facts(device_type, arch),
-            dtype=dtype_name(x.dtype),
+            found,
+            dtype=dtype,
             forced=forced,
-            arg_rejections=self._arg_rejections(args, kwargs),
+            arg_rejections=rejections,
             failed=self._failed,
             numel=x.numel(),
-            preferred=measured.preferred(self.op_name, x.device, args, kwargs) if self._measured else None,
+            preferred=preferred,
         )
+        if len(self._selections) >= _MAX_SELECTIONS:
+            self._selections.clear()
+        self._selections[key] = (found, sel)
+        return sel
 
     def _apply_policy(self, sel: Selection) -> None:
         if sel.fallback_from is None:
