@@ -227,3 +227,29 @@ def test_unit_compiles_for_sm90a(tmp_path: Path) -> None:
     assert mod["moe_grouped_configs"]() == 2
     for name in fc._FUNCTIONS:
         assert mod[f"moe_grouped_{name}_cuda"] is not None
+
+
+def test_a_library_without_sm90a_code_is_unavailable_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the unit's refusal (an image without sm_90a) becomes BackendUnavailable, so the dispatch
+    # runs the next backend; any other runtime error still propagates
+    hidden, w1, w2, tw, ids, s1, s2 = _fp8_call()
+    out = torch.empty_like(hidden)
+    empty = torch.empty(0, dtype=torch.int32)
+    monkeypatch.setattr(fc, "supports", lambda *a, **k: None)
+
+    def no_image(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            "opmux.moe.fused_experts: the CUTLASS grouped GEMM needs sm_90a (Hopper) code, but this "
+            "library was built without an sm_90a image (compile with arch sm_90a)"
+        )
+
+    monkeypatch.setattr(fc, "launch_fused_experts", no_image)
+    with pytest.raises(BackendUnavailable, match="without an sm_90a image"):
+        fc.fused_experts(out, hidden, w1, w2, tw, ids, s1, s2, empty, "silu", False, False)
+
+    def other(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("an illegal memory access")
+
+    monkeypatch.setattr(fc, "launch_fused_experts", other)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        fc.fused_experts(out, hidden, w1, w2, tw, ids, s1, s2, empty, "silu", False, False)

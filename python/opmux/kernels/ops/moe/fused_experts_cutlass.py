@@ -288,17 +288,19 @@ def fused_experts(
     why = supports(hidden, w1, w2, w1_scale=w1_scale, w2_scale=w2_scale)
     if why:
         raise BackendUnavailable(BACKEND, why)
-    launch_fused_experts(
-        out,
-        hidden,
-        w1,
-        w2,
-        topk_weights,
-        topk_ids,
-        w1_scale,
-        w2_scale,
-        expert_map,
-        activation,
-        apply_router_weight_on_input,
-        vllm_rounding=vllm_rounding,
-    )
+    try:
+        launch_fused_experts(
+            out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, expert_map,
+            activation, apply_router_weight_on_input, vllm_rounding=vllm_rounding,
+        )  # fmt: skip
+    except RuntimeError as exc:
+        # a library built without an sm_90a image (OPMUX_CUDA_ARCHS=sm_90, an AOT build for
+        # other archs): the unit refuses before its first GEMM, so out is untouched and the
+        # dispatch may run the next backend
+        if _NO_IMAGE in str(exc):
+            raise BackendUnavailable(BACKEND, str(exc).splitlines()[0]) from exc
+        raise
+
+
+#: the unit's words when its sm_90a kernels are absent from the loaded image
+_NO_IMAGE = "needs sm_90a"
