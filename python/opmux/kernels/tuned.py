@@ -353,10 +353,16 @@ def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
         problems.append(f"{_MOE_DECODE}={decode} (0: the grouped path, 1: the decode path)")
     if not decode:
         return problems + _tile_problems(entry)
-    # the decode path's row blocks may be thinner than a tensor-core tile (a GEMV per slot)
-    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
+    # the decode path's row blocks may be thinner than a tensor-core tile (a GEMV per slot);
+    # its fp32 partial sums are rows x K step per program (the up kernel keeps two such tiles)
+    for key, most in (("BLOCK_SIZE_M", 16384), ("BLOCK_SIZE_N", 8192)):
         if not (_pow2(entry[key]) and 1 <= entry[key] <= 256):
             problems.append(f"{key}={entry[key]} (a power of two in 1..256 on the decode path)")
+        elif entry[key] * min(block_k, 128 if _moe_fp8(tags) else block_k) > most:
+            problems.append(
+                f"{key}={entry[key]} x BLOCK_SIZE_K={block_k}: more than {most} fp32 partial sums per "
+                "program on the decode path (registers)"
+            )
     return problems + [p for p in _tile_problems(entry) if not p.startswith("BLOCK_SIZE_")]
 
 
