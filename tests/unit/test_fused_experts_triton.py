@@ -300,3 +300,16 @@ def test_vllm_rounding_is_the_definitions(fp8: bool, decode: bool) -> None:
         "silu", False, config, vllm_rounding=True,
     )  # fmt: skip
     torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("block_k", "activation"), [(256, "swigluoai"), (512, "gelu")])
+def test_decode_path_fp8_steps_of_several_groups(block_k: int, activation: str) -> None:
+    # fp8 K steps of 2 and 4 activation groups (unrolled), with K and N tails (K 328, N 200: a
+    # step past K, a scale block past N) and the interleaved swigluoai rows
+    config = {**_DECODE, "BLOCK_SIZE_K": block_k}
+    assert not tuned.validate_entry(fe.OP, "triton", config, tuned.FP8_BLOCK_TAGS)
+    p = _problem(m=2, k=328, n=200, e=4, topk=2, fp8=True, seed=31)
+    out = torch.full((2, 328), float("nan"), dtype=torch.bfloat16)
+    _launch(p, config, out, activation=activation)
+    want = _experts.reference(**p, activation=activation)
+    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
