@@ -223,15 +223,21 @@ def _qdq(x: Tensor, vllm: bool = False) -> Tensor:
     return (q.float() * s.repeat_interleave(BLOCK, dim=-1))[..., :k]
 
 
+def gated_op(activation: str, vllm: bool = False) -> tuple[str, dict[str, bool]]:
+    """The activation op between the products (its name in the ``activation`` group) and its
+    keywords: silu / gelu take ``vllm_rounding`` (the gate rounded first, then the product in the
+    input's dtype, as vLLM's kernels); swigluoai has one form (vLLM's kernel rounds it once too)."""
+    if activation == "swigluoai":
+        return "swigluoai_and_mul", {}
+    return f"{activation}_and_mul", {"vllm_rounding": vllm}
+
+
 def gated(h: Tensor, activation: str, vllm: bool = False) -> Tensor:
-    """The activation ops' definition (fp32, one rounding to ``h``'s dtype; ``vllm``: silu /
-    gelu of the gate rounded first, then the product in ``h``'s dtype, as vLLM's kernels)."""
+    """The activation ops' definition (fp32, one rounding to ``h``'s dtype; ``vllm``: vLLM's)."""
     from ..activation import op as act
 
-    if activation == "swigluoai":  # one form (vLLM's kernel rounds it once too)
-        return act.swigluoai_and_mul.reference(h)
-    fn = {"silu": act.silu_and_mul, "gelu": act.gelu_and_mul}[activation]
-    return fn.reference(h, vllm_rounding=vllm)
+    name, kw = gated_op(activation, vllm)
+    return getattr(act, name).reference(h, **kw)
 
 
 def _routes(topk_ids: Tensor, expert_map: Tensor | None) -> Tensor:

@@ -199,11 +199,10 @@ def library() -> _Library:
 def _activate(activation: str, h: Tensor, out: Tensor, vllm_rounding: bool) -> None:
     from opmux.kernels import ops
 
-    if activation == "swigluoai":  # one rounding form
-        ops.activation.swigluoai_and_mul(h, out=out)
-        return
-    fn = {"silu": ops.activation.silu_and_mul, "gelu": ops.activation.gelu_and_mul}[activation]
-    fn(h, vllm_rounding=vllm_rounding, out=out)
+    from ._experts import gated_op
+
+    name, kw = gated_op(activation, vllm_rounding)
+    getattr(ops.activation, name)(h, out=out, **kw)
 
 
 def launch_fused_experts(

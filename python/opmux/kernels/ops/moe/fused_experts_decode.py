@@ -31,6 +31,7 @@ reading ``act``.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -40,14 +41,14 @@ import triton
 import triton.language as tl
 
 from opmux.kernels import ops
-from opmux.kernels.ops.activation.triton_kernels import _act, _clamp_hi, _sig_div
+from opmux.kernels.ops.activation.triton_kernels import _ACTS, _act, _clamp_hi, _sig_div
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 from opmux.kernels.ops.quantization.triton_kernels import _amax, _keep_nan, _quantize_by
 
-__all__ = ["ACT_CODES", "launch_decode"]
+__all__ = ["ACT_CODES", "launch_decode", "quant_groups"]
 
-#: the activation names' codes in the kernels
-ACT_CODES = {"silu": 0, "gelu": 1, "swigluoai": 5}
+#: the activation names' codes in the kernels (the activation group's own, for the _act helper)
+ACT_CODES = {name: _ACTS[name] for name in ("silu", "gelu", "swigluoai")}
 #: swigluoai's alpha and limit (gpt-oss's, as ``activation.swigluoai_and_mul`` defaults them)
 _OAI_ALPHA, _OAI_LIMIT = 1.702, 7.0
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -291,10 +292,11 @@ def _down_kernel(
     tl.store(OUT + t * stride_out + offs_c, _cast(total, OUT.dtype.element_ty), mask=offs_c < K)
 
 
-def _quant_groups(x: torch.Tensor, vllm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` [M, K] in e4m3 per 1x128 group (K zero-padded to whole groups, as the definition's
-    ``_experts._qdq``), by the op itself: the fp8 up kernel reads it instead of quantizing the
-    row again in each of its programs."""
+def quant_groups(x: torch.Tensor, vllm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [R, C] in e4m3 per 1x128 group (C zero-padded to whole groups, as the definition's
+    ``_experts._qdq``; ``vllm``: divided by the scale, vLLM's form), by the op itself. The fp8
+    up kernel reads it instead of quantizing the row again in each of its programs; the grouped
+    path quantizes its activations with it too."""
     pad = -x.shape[1] % 128
     xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
     return ops.quantization.per_token_group_quant_fp8(xp, 128, divide_by_scale=vllm)
@@ -305,7 +307,12 @@ def _pdl(device: torch.device) -> bool:
     interpreter, whose launches run in order anyway)."""
     if _INTERPRETED or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm90_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def launch_decode(
@@ -346,7 +353,7 @@ def launch_decode(
     pdl = _pdl(hidden.device)
     extra = {"launch_pdl": True} if pdl else {}
     if fp8:  # the token rows quantized once (not by every program): one launch
-        x, xs = _quant_groups(hidden, vllm_rounding)
+        x, xs = quant_groups(hidden, vllm_rounding)
     else:
         x, xs = hidden, topk_weights  # an unused pointer
     _up_kernel[(m * topk, triton.cdiv(n, config["BLOCK_SIZE_N"]))](

@@ -46,7 +46,8 @@ import triton.language as tl
 
 from opmux.kernels import ops, tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
-from opmux.kernels.ops.moe.fused_experts_decode import launch_decode
+from opmux.kernels.ops.moe import _experts
+from opmux.kernels.ops.moe.fused_experts_decode import launch_decode, quant_groups
 
 OP = "moe.fused_experts"
 BACKEND = "triton"
@@ -61,11 +62,6 @@ _SCHEMA = tuned.SCHEMAS[OP]
 assert _SCHEMA.kernel_problem is not None and _SCHEMA.kernel_tags is not None
 #: (E, N), M and the form's tags (vLLM's file names) of a call, from its kernel arguments
 _PROBLEM, _TAGS = _SCHEMA.kernel_problem, _SCHEMA.kernel_tags
-_ACTIVATIONS = {  # (x, out, vllm_rounding); swigluoai has one rounding form
-    "silu": lambda x, out, vllm: ops.activation.silu_and_mul(x, vllm_rounding=vllm, out=out),
-    "gelu": lambda x, out, vllm: ops.activation.gelu_and_mul(x, vllm_rounding=vllm, out=out),
-    "swigluoai": lambda x, out, vllm: ops.activation.swigluoai_and_mul(x, out=out),
-}
 
 
 @triton.jit
@@ -270,23 +266,6 @@ def _grouped_gemm(
     )
 
 
-def _quant_groups(x: torch.Tensor, vllm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8 e4m3 per 1x128 group of ``x`` [R, C] (C a multiple of 128; ``vllm``: divided by
-    the scale, vLLM's form)."""
-    return ops.quantization.per_token_group_quant_fp8(x, SCALE_BLOCK, divide_by_scale=vllm)
-
-
-def _padded(x: torch.Tensor) -> torch.Tensor:
-    """``x`` [R, C] zero-padded to whole 128-groups (``_experts._qdq``'s tail); ``x`` when whole."""
-    c = x.shape[1]
-    pad = -c % SCALE_BLOCK
-    if not pad:
-        return x
-    out = torch.zeros((x.shape[0], c + pad), dtype=x.dtype, device=x.device)
-    out[:, :c].copy_(x)
-    return out
-
-
 def launch_fused_experts(
     out: torch.Tensor,
     hidden: torch.Tensor,
@@ -344,7 +323,7 @@ def launch_fused_experts(
     a1_scale: torch.Tensor | None = None
     a2_scale: torch.Tensor | None = None
     if fp8:
-        a1, a1_scale = _quant_groups(_padded(hidden), vllm_rounding)
+        a1, a1_scale = quant_groups(hidden, vllm_rounding)
     else:
         a1 = hidden
     _grouped_gemm(
@@ -357,9 +336,10 @@ def launch_fused_experts(
     act = torch.empty((slots, n_pad), dtype=dt, device=hidden.device)
     if n_pad != n:
         act[:, n:].zero_()
-    _ACTIVATIONS[activation](h1, act[:, :n], vllm_rounding)
+    name, kw = _experts.gated_op(activation, vllm_rounding)
+    getattr(ops.activation, name)(h1, out=act[:, :n], **kw)
     if fp8:
-        a2, a2_scale = _quant_groups(act, vllm_rounding)
+        a2, a2_scale = quant_groups(act, vllm_rounding)
     else:
         a2 = act
 
