@@ -213,7 +213,7 @@ def test_decode_path(dtype: torch.dtype, activation: str) -> None:
 
 
 def test_decode_path_fp8_map_and_weight_on_input() -> None:
-    config = {**_DECODE, "BLOCK_SIZE_K": 128}
+    config = {**_DECODE, "BLOCK_SIZE_K": 128, "BLOCK_SIZE_N": 16}
     assert not tuned.validate_entry(fe.OP, "triton", config, tuned.FP8_BLOCK_TAGS)
     p = _problem(m=2, k=200, n=72, e=4, topk=2, fp8=True, num_ids=6, seed=12)
     emap = torch.tensor([0, -1, 1, 2, -1, 3], dtype=torch.int32)  # ids 1 and 4: another rank's
@@ -251,6 +251,9 @@ def test_decode_entries_are_validated() -> None:
     assert any("DECODE=2" in p for p in tuned.validate_entry(fe.OP, "triton", bad))
     thin = {**_DECODE, "BLOCK_SIZE_K": 32, "DECODE": 0}  # 4-row tiles are the decode path's only
     assert any("BLOCK_SIZE_M=4" in p for p in tuned.validate_entry(fe.OP, "triton", thin))
+    fp8 = {**_DECODE, "BLOCK_SIZE_K": 128}  # fp8's products are tensor-core tiles: 16 rows or more
+    assert any("BLOCK_SIZE_N=8" in p for p in tuned.validate_entry(fe.OP, "triton", fp8, tuned.FP8_BLOCK_TAGS))
+    assert not tuned.validate_entry(fe.OP, "triton", fp8 | {"BLOCK_SIZE_N": 16}, tuned.FP8_BLOCK_TAGS)
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -306,7 +309,7 @@ def test_vllm_rounding_is_the_definitions(fp8: bool, decode: bool) -> None:
 def test_decode_path_fp8_steps_of_several_groups(block_k: int, activation: str) -> None:
     # fp8 K steps of 2 and 4 activation groups (unrolled), with K and N tails (K 328, N 200: a
     # step past K, a scale block past N) and the interleaved swigluoai rows
-    config = {**_DECODE, "BLOCK_SIZE_K": block_k}
+    config = {**_DECODE, "BLOCK_SIZE_K": block_k, "BLOCK_SIZE_N": 16}
     assert not tuned.validate_entry(fe.OP, "triton", config, tuned.FP8_BLOCK_TAGS)
     p = _problem(m=2, k=328, n=200, e=4, topk=2, fp8=True, seed=31)
     out = torch.full((2, 328), float("nan"), dtype=torch.bfloat16)

@@ -304,7 +304,7 @@ ANY_SHAPE = 0
 FP8_BLOCK_TAGS: Tags = (("dtype", "fp8_w8a8"), ("block_shape", "[128,128]"))
 #: keys vLLM's / SGLang's fused-MoE files may carry that this kernel has no use for (split-K,
 #: ROCm compiler hints, SGLang's TMA switch), each with its type: read and ignored
-_TRITON_MOE_IGNORED: Mapping[str, type] = MappingProxyType(
+IGNORED_MOE_KEYS: Mapping[str, type] = MappingProxyType(
     {"SPLIT_K": int, "kpack": int, "matrix_instr_nonkdim": int, "waves_per_eu": int, "USE_TMA": bool}
 )
 
@@ -323,14 +323,14 @@ def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     form (block fp8: ``BLOCK_SIZE_K`` must be 128)."""
     problems = [f"missing {key}" for key in _TRITON_GEMM_KEYS if key not in entry]
     known = (*_TRITON_GEMM_KEYS, _MOE_DECODE)
-    unknown = sorted(set(entry) - set(known) - set(_TRITON_MOE_IGNORED))
+    unknown = sorted(set(entry) - set(known) - set(IGNORED_MOE_KEYS))
     if unknown:
         problems.append(
             f"unknown key(s) {', '.join(unknown)} (known: {', '.join(known)}; "
-            f"read and ignored: {', '.join(_TRITON_MOE_IGNORED)})"
+            f"read and ignored: {', '.join(IGNORED_MOE_KEYS)})"
         )
     for key, value in entry.items():
-        if _TRITON_MOE_IGNORED.get(key) is bool:
+        if IGNORED_MOE_KEYS.get(key) is bool:
             if not isinstance(value, bool):
                 problems.append(f"{key}={value!r} is not a bool")
         elif key not in unknown and (not isinstance(value, int) or isinstance(value, bool)):
@@ -363,6 +363,11 @@ def _check_triton_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
                 f"{key}={entry[key]} x BLOCK_SIZE_K={block_k}: more than {most} fp32 partial sums per "
                 "program on the decode path (registers)"
             )
+    if _moe_fp8(tags) and entry["BLOCK_SIZE_N"] < 16:
+        problems.append(
+            f"BLOCK_SIZE_N={entry['BLOCK_SIZE_N']} (at least 16 for fp8 weights on the decode path: "
+            "its products are tensor-core tiles)"
+        )
     return problems + [p for p in _tile_problems(entry) if not p.startswith("BLOCK_SIZE_")]
 
 
@@ -642,6 +647,27 @@ def find_table(key: TableKey) -> tuple[Path, dict[int, Config]] | None:
                 stacklevel=3,
             )
     return None
+
+
+def table_entries(key: TableKey, m: int) -> list[Config]:
+    """The entry for ``m`` of every usable table for ``key`` along :func:`search_dirs` (the
+    user's first, then the shipped one; each the nearest M within reach): what a retune times
+    before its own space, so that it never keeps a configuration slower than one it could read
+    (a user's copy of vLLM's files, the wheel's own)."""
+    found: list[Config] = []
+    for directory, _user in search_dirs(key.op):
+        path = _dir_index(key.op, directory).get(key)
+        if path is None:
+            continue
+        try:
+            table = read_table(path, key)
+        except TableError:
+            continue  # find_table warns about it on the hot path
+        keys = sorted(table)
+        entry = _config_entry((keys, [table[k] for k in keys]), m)
+        if entry is not None and entry not in found:
+            found.append(entry)
+    return found
 
 
 def nearest(keys: list[int], m: int) -> int:

@@ -68,7 +68,7 @@ _SEEDS_FP8 = (
 #: the grouped configurations up to this many tokens; its space: (up rows, down rows, K step,
 #: warps, stages), the fp32 partial sums of a program kept within 1K-8K (up) and 16K (down)
 DECODE_MAX_M = 8
-_DECODE_ROWS = (4, 8, 16, 32)
+_DECODE_ROWS = (2, 4, 8, 16, 32, 64)
 _DECODE_K = (128, 256, 512)
 _DECODE_WARPS = (2, 4, 8)
 _DECODE_STAGES = (2, 3, 4)
@@ -84,6 +84,9 @@ _SEEDS_DECODE = (
     (16, 8, 128, 4, 4),
     (32, 32, 128, 8, 3),
     (8, 8, 128, 2, 4),
+    (64, 8, 128, 4, 3),
+    (32, 4, 256, 4, 3),
+    (64, 16, 128, 8, 3),
 )
 #: mean |candidate - definition| / mean |definition| a candidate must stay below (bf16 outputs:
 #: the definition rounds where the kernel does, so correct configs agree to ~1e-3)
@@ -173,8 +176,8 @@ def _decode_space(form: str, topk: int, seed: int) -> tuple[list[dict[str, int]]
         }
 
     def fits(up: int, down: int, bk: int) -> bool:
-        if form == "fp8":  # fp8 steps are groups of 128 with their own partial sums
-            bk = 128
+        if form == "fp8":  # groups of 128 a step, each a tensor-core product (16 rows or more)
+            return 16 <= up <= 64 and 16 <= slots * down <= 128
         return 1024 <= up * bk <= 8192 and 512 <= slots * down * bk <= 16384
 
     seeds = [entry(*v) for v in _SEEDS_DECODE if v[2] in ks and fits(*v[:3])]
@@ -358,12 +361,18 @@ def tune_moe(
             w2_scale=w["w2_scale"],
         ).float()
         previous = tables[(e, n, form)].get(m)
+        # this table's entry first, then those of the tables the op reads (the user's, the
+        # wheel's), then the space
+        key = tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form))
+        known = [{k: v for k, v in c.items() if k not in tuned.IGNORED_MOE_KEYS} for c in tuned.table_entries(key, m)]
+        first = [c for c in ([previous] if previous else []) + known if not tuned.validate_entry(OP, "triton", c, key.tags)]
+        first = [c for i, c in enumerate(first) if c not in first[:i]]
         space = moe_candidates(m, (e, n, k, topk), form)
         best: tuple[float, dict[str, Any]] | None = None
         tried = 0
         timings: dict[str, float] = {}
         measured: list[tuple[float, dict[str, Any]]] = []
-        for config in [previous, *(c for c in space if c != previous)] if previous else space:
+        for config in first + [c for c in space if c not in first]:
             if tried >= 2 and time.monotonic() > entry_deadline:
                 break
             if max_configs is not None and tried >= max_configs:

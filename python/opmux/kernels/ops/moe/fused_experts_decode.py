@@ -68,6 +68,20 @@ def _slot_expert(IDS, MAP, s, topk, stride_ids, num_ids, num_experts, HAS_MAP: t
 
 
 @triton.jit
+def _token_expert(IDS, MAP, t, js, topk, stride_ids, num_ids, num_experts, HAS_MAP: tl.constexpr):
+    """The local experts of token ``t``'s slots ``js`` (0 where none) and whether one of this
+    rank computes each (slots past ``topk`` do not exist)."""
+    in_k = js < topk
+    e = tl.load(IDS + t * stride_ids + js, mask=in_k, other=-1).to(tl.int64)
+    ok = in_k & (e >= 0) & (e < num_ids)
+    if HAS_MAP:
+        local = tl.load(MAP + tl.where(ok, e, 0), mask=ok, other=-1).to(tl.int64)
+        ok = ok & (local >= 0) & (local < num_experts)
+        e = local
+    return tl.where(ok, e, 0), ok
+
+
+@triton.jit
 def _up_kernel(
     X,
     XS,
@@ -122,12 +136,16 @@ def _up_kernel(
         g_rows, u_rows = cols, cols + N
     w_base = W1 + e * stride_we
     if FP8:  # x arrives quantized (XQ, one scale per 1x128 group in XS); GROUPS groups a step
+        # each group is a tensor-core product of the e4m3 tiles (no per-element conversion):
+        # x is column 0 of a [128, 16] operand whose other columns are zero, so the row sums of
+        # the [BLOCK_SIZE_N, 16] fp32 partials are the products; scales apply per group
         offs_q = tl.arange(0, 128)
+        lane = tl.arange(0, 16)
         g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_q[None, :]
         u_ptrs = w_base + u_rows[:, None] * stride_wn + offs_q[None, :]
         x_ptrs = X + t * stride_x + offs_q
-        acc_g2 = tl.zeros((BLOCK_SIZE_N, 128), dtype=tl.float32)
-        acc_u2 = tl.zeros((BLOCK_SIZE_N, 128), dtype=tl.float32)
+        acc_g2 = tl.zeros((BLOCK_SIZE_N, 16), dtype=tl.float32)
+        acc_u2 = tl.zeros((BLOCK_SIZE_N, 16), dtype=tl.float32)
         gs_ptrs = WS + e * stride_se + (g_rows // 128) * stride_sn
         us_ptrs = WS + e * stride_se + (u_rows // 128) * stride_sn
         for kb in range(0, tl.cdiv(K, 128 * GROUPS)):
@@ -135,15 +153,15 @@ def _up_kernel(
                 grp = kb * GROUPS + gi
                 k_ok = offs_q < K - grp * 128
                 in_k = cols * 0 + grp * 128 < K  # a group past K adds nothing (and reads no scale)
-                xq = tl.load(x_ptrs + grp * 128, mask=k_ok, other=0.0).to(tl.float32)
+                xq = tl.load(x_ptrs + grp * 128, mask=k_ok, other=0.0)
                 xs = tl.load(XS + t * stride_xs + grp, mask=grp * 128 < K, other=0.0)
-                wg = tl.load(g_ptrs + grp * 128, mask=k_ok[None, :], other=0.0).to(tl.float32)
-                wu = tl.load(u_ptrs + grp * 128, mask=k_ok[None, :], other=0.0).to(tl.float32)
+                xpad = tl.where(lane[None, :] == 0, xq[:, None], tl.zeros((128, 16), dtype=xq.dtype))
+                wg = tl.load(g_ptrs + grp * 128, mask=k_ok[None, :], other=0.0)
+                wu = tl.load(u_ptrs + grp * 128, mask=k_ok[None, :], other=0.0)
                 sg = tl.load(gs_ptrs + grp * stride_sk, mask=in_k, other=0.0)
                 su = tl.load(us_ptrs + grp * stride_sk, mask=in_k, other=0.0)
-                xv = xq * xs
-                acc_g2 += wg * xv[None, :] * sg[:, None]
-                acc_u2 += wu * xv[None, :] * su[:, None]
+                acc_g2 += tl.dot(wg, xpad) * (sg * xs)[:, None]
+                acc_u2 += tl.dot(wu, xpad) * (su * xs)[:, None]
     else:  # the next step's tiles are loaded before this step's products (two steps in flight)
         offs_k = tl.arange(0, BLOCK_SIZE_K)
         g_ptrs = w_base + g_rows[:, None] * stride_wn + offs_k[None, :]
@@ -217,52 +235,61 @@ def _down_kernel(
     DIVIDE: tl.constexpr,
     RECIP: tl.constexpr,
     TOPK: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr,
 ):
     """out[t, c] = sum_j round(w_j * (w2[e_j, c] . act[t * topk + j])) for BLOCK_SIZE_M of the
     K output columns c; terms of slots no expert of this rank computes are left out. The topk
     experts' tiles are loaded together (a [TOPK, rows, K step] tile): their reads overlap instead
-    of following one another."""
+    of following one another. fp8: ROWS = max(16, TOPK * BLOCK_SIZE_M) stacked weight rows and
+    COLS = max(16, TOPK) activation columns (a tensor-core tile's least extent)."""
     t = tl.program_id(0).to(tl.int64)
     offs_c = tl.program_id(1) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     rows = tl.minimum(offs_c, K - 1).to(tl.int64)
     js = tl.arange(0, TOPK)
-    in_k = js < topk
-    e = tl.load(IDS + t * stride_ids + js, mask=in_k, other=-1).to(tl.int64)
-    ok = in_k & (e >= 0) & (e < num_ids)
-    if HAS_MAP:
-        local = tl.load(MAP + tl.where(ok, e, 0), mask=ok, other=-1).to(tl.int64)
-        ok = ok & (local >= 0) & (local < num_experts)
-        e = local
-    e = tl.where(ok, e, 0)
+    e, ok = _token_expert(IDS, MAP, t, js, topk, stride_ids, num_ids, num_experts, HAS_MAP)
     if FP8:  # a step of GROUPS activation groups, each quantized and scaled on its own
+        # one tensor-core product per group: the topk experts' weight tiles stacked as the rows
+        # of one [ROWS, 128] operand (row i: slot i // BLOCK_SIZE_M), the token's topk act groups
+        # as the columns of a [128, COLS] operand; row i's product is its own slot's column
+        idx = tl.arange(0, ROWS)
+        jr = idx // BLOCK_SIZE_M
+        c_r = tl.program_id(1) * BLOCK_SIZE_M + idx % BLOCK_SIZE_M
+        row_r = tl.minimum(c_r, K - 1).to(tl.int64)
+        e_r, ok_r = _token_expert(IDS, MAP, t, jr, topk, stride_ids, num_ids, num_experts, HAS_MAP)
+        jc = tl.arange(0, COLS)
+        _, ok_c = _token_expert(IDS, MAP, t, jc, topk, stride_ids, num_ids, num_experts, HAS_MAP)
+        offs_q = tl.arange(0, 128)
+        w_ptrs = W2 + e_r[:, None] * stride_we + row_r[:, None] * stride_wk + offs_q[None, :]
+        a_ptrs = A + (t * topk + jc)[None, :] * stride_a + offs_q[:, None]
+        s_ptrs = WS + e_r * stride_se + (row_r // 128) * stride_sk
+        acc2 = tl.zeros((ROWS, COLS), dtype=tl.float32)
         if USE_PDL:  # launched while the up kernel runs: act is complete after this wait
             tl.extra.cuda.gdc_wait()
-        offs_q = tl.arange(0, 128)
-        w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_q[None, None, :]
-        a_ptrs = A + (t * topk + js)[:, None] * stride_a + offs_q[None, :]
-        acc3 = tl.zeros((TOPK, BLOCK_SIZE_M, 128), dtype=tl.float32)
-        s_ptrs = WS + e[:, None] * stride_se + (rows // 128)[None, :] * stride_sk
         for nb in range(0, tl.cdiv(N, 128 * GROUPS)):
             for gi in tl.static_range(GROUPS):
                 grp = nb * GROUPS + gi
                 n_ok = offs_q < N - grp * 128
-                a = tl.load(a_ptrs + grp * 128, mask=ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-                w = tl.load(w_ptrs + grp * 128, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
+                a = tl.load(a_ptrs + grp * 128, mask=ok_c[None, :] & n_ok[:, None], other=0.0).to(tl.float32)
+                w = tl.load(w_ptrs + grp * 128, mask=ok_r[:, None] & n_ok[None, :], other=0.0)
                 # each slot's activation group quantized as per_token_group_quant_fp8 does it
-                amax = _amax(a, 1)
+                amax = _amax(a, 0)
                 amax = _keep_nan(amax, tl.maximum(amax, 1e-10))
                 if RECIP:  # the op's divide_by_scale form on CUDA: max(amax, eps) * (1 / 448)
-                    a_s = amax * tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), 448.0)
+                    a_s = amax * tl.math.div_rn(tl.full([COLS], 1.0, tl.float32), 448.0)
                 else:
                     a_s = tl.math.div_rn(amax, 448.0)
-                inv = tl.math.div_rn(tl.full([TOPK], 1.0, tl.float32), a_s)
-                aq = _quantize_by(a, inv[:, None], a_s[:, None], DIVIDE)
-                in_n = rows * 0 + grp * 128 < N
-                w_s = tl.load(s_ptrs + grp * stride_sn, mask=ok[:, None] & in_n[None, :], other=0.0)
-                av = aq * a_s[:, None]
-                acc3 += w.to(tl.float32) * av[:, None, :] * w_s[:, :, None]
+                inv = tl.math.div_rn(tl.full([COLS], 1.0, tl.float32), a_s)
+                aq = _quantize_by(a, inv[None, :], a_s[None, :], DIVIDE).to(w.dtype)
+                w_s = tl.load(s_ptrs + grp * stride_sn, mask=ok_r & (c_r * 0 + grp * 128 < N), other=0.0)
+                acc2 += tl.dot(w, aq) * w_s[:, None] * a_s[None, :]
+        acc_r = tl.sum(tl.where(jc[None, :] == jr[:, None], acc2, 0.0), axis=1)
+        if MUL_WEIGHT:
+            acc_r = acc_r * tl.load(TW + t * stride_tw + jr, mask=ok_r, other=0.0)
+        y_r = tl.where(ok_r, _cast(acc_r, OUT.dtype.element_ty).to(tl.float32), 0.0)
+        total = tl.sum(tl.reshape(y_r, (ROWS // BLOCK_SIZE_M, BLOCK_SIZE_M)), axis=0)
     else:
         offs_n = tl.arange(0, BLOCK_SIZE_K)
         w_ptrs = W2 + e[:, None, None] * stride_we + rows[None, :, None] * stride_wk + offs_n[None, None, :]
@@ -283,12 +310,12 @@ def _down_kernel(
             a_next = tl.load(a_ptrs + n1, mask=ok[:, None] & n_ok[None, :], other=0.0)
             w_next = tl.load(w_ptrs + n1, mask=ok[:, None, None] & n_ok[None, None, :], other=0.0)
             acc3 += w * a[:, None, :]
-    acc = tl.sum(acc3, axis=2)
-    if MUL_WEIGHT:
-        acc = acc * tl.load(TW + t * stride_tw + js, mask=ok, other=0.0)[:, None]
-    # each expert's output rounded to hidden's dtype, then summed in fp32 (absent terms are 0)
-    y = tl.where(ok[:, None], _cast(acc, OUT.dtype.element_ty).to(tl.float32), 0.0)
-    total = tl.sum(y, axis=0)
+        acc = tl.sum(acc3, axis=2)
+        if MUL_WEIGHT:
+            acc = acc * tl.load(TW + t * stride_tw + js, mask=ok, other=0.0)[:, None]
+        # each expert's output rounded to hidden's dtype, then summed in fp32 (absent terms are 0)
+        y = tl.where(ok[:, None], _cast(acc, OUT.dtype.element_ty).to(tl.float32), 0.0)
+        total = tl.sum(y, axis=0)
     tl.store(OUT + t * stride_out + offs_c, _cast(total, OUT.dtype.element_ty), mask=offs_c < K)
 
 
@@ -344,6 +371,7 @@ def launch_decode(
     num_ids = expert_map.numel() if has_map else experts
     emap = expert_map if has_map else topk_ids
     bk = config["BLOCK_SIZE_K"]
+    slots = triton.next_power_of_2(topk)
     act = torch.empty((m * topk, n), dtype=hidden.dtype, device=hidden.device)
     s1 = w1_scale if fp8 else topk_weights  # an unused pointer when not fp8
     s2 = w2_scale if fp8 else topk_weights
@@ -374,6 +402,7 @@ def launch_decode(
         s2.stride(0) if fp8 else 0, s2.stride(1) if fp8 else 0, s2.stride(2) if fp8 else 0,
         topk_weights.stride(0), topk_ids.stride(0), out.stride(0),
         HAS_MAP=has_map, MUL_WEIGHT=not apply_router_weight_on_input, FP8=fp8, GROUPS=groups,
-        USE_PDL=pdl, DIVIDE=vllm_rounding, RECIP=vllm_rounding and hidden.is_cuda, TOPK=triton.next_power_of_2(topk), BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
+        USE_PDL=pdl, DIVIDE=vllm_rounding, RECIP=vllm_rounding and hidden.is_cuda, TOPK=slots,
+        ROWS=max(16, slots * config["BLOCK_SIZE_M"]), COLS=max(16, slots), BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_K=bk,
         num_warps=warps, num_stages=stages, **extra,
     )  # fmt: skip
