@@ -162,7 +162,10 @@ DECODE_GRID = (
     (1, 128, 768, 2048, 8, "bf16", 8, 4, 512),
     (3, 16, 200, 1000, 4, "fp16", 32, 16, 128),
     (1, 32, 512, 1024, 8, "fp8", 16, 8, 128),
-    (4, 16, 200, 1000, 4, "fp8", 8, 8, 128),
+    (4, 16, 200, 1000, 4, "fp8", 16, 8, 128),
+    (1, 16, 2048, 7168, 8, "fp8", 64, 2, 256),
+    (2, 8, 384, 640, 1, "fp8", 32, 4, 512),
+    (8, 16, 256, 512, 8, "fp8", 16, 16, 128),
 )
 
 
@@ -188,18 +191,20 @@ def test_decode_path_grid_and_bad_ids(device_type: str) -> None:
         _decode(out, c, config)
         args, kw = _args(c)
         _check(out, reference(*args, **kw), form == "fp8", f"decode M={m} E={e} N={n} K={k} {form}")
-    c = _case(2, 8, 256, 512, 4, "bf16", 120)
-    ids = c["topk_ids"].clone()
-    ids[0, 1], ids[1, 0], ids[1, 3] = 8, -1, 1 << 30
-    config = {"DECODE": 1, "BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 256}
-    config |= {"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
-    out = torch.empty((2, 512), device="cuda", dtype=torch.bfloat16)
-    _decode(out, c, config, ids=ids)
-    torch.cuda.synchronize()
-    valid = (ids >= 0) & (ids < 8)
-    want = reference(c["hidden"], c["w1"], c["w2"], c["topk_weights"] * valid, ids.clamp(0, 7))
-    _check(out, want, False, "decode bad ids")
-    emap = torch.tensor([0, 1, 2, 3, 4, 5, 6, 99], device="cuda", dtype=torch.int32)  # 99: past E
-    _decode(out, c, config, expert_map=emap)
-    torch.cuda.synchronize()
-    assert bool(out.isfinite().all())
+    for form in ("bf16", "fp8"):  # the fp8 kernels gather each tile row's expert on their own
+        c = _case(2, 8, 256, 512, 4, form, 120)
+        ids = c["topk_ids"].clone()
+        ids[0, 1], ids[1, 0], ids[1, 3] = 8, -1, 1 << 30
+        config = {"DECODE": 1, "BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 256}
+        config |= {"GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+        out = torch.empty((2, 512), device="cuda", dtype=torch.bfloat16)
+        _decode(out, c, config, ids=ids)
+        torch.cuda.synchronize()
+        valid = (ids >= 0) & (ids < 8)
+        args, kw = _args(c)
+        want = reference(args[0], args[1], args[2], c["topk_weights"] * valid, ids.clamp(0, 7), **kw)
+        _check(out, want, form == "fp8", f"decode bad ids {form}")
+        emap = torch.tensor([0, 1, 2, 3, 4, 5, 6, 99], device="cuda", dtype=torch.int32)  # 99: past E
+        _decode(out, c, config, expert_map=emap)
+        torch.cuda.synchronize()
+        assert bool(out.isfinite().all())
