@@ -364,8 +364,15 @@ def tune_moe(
         # this table's entry first, then those of the tables the op reads (the user's, the
         # wheel's), then the space
         key = tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form))
-        known = [{k: v for k, v in c.items() if k not in tuned.IGNORED_MOE_KEYS} for c in tuned.table_entries(key, m)]
-        first = [c for c in ([previous] if previous else []) + known if not tuned.validate_entry(OP, "triton", c, key.tags)]
+        known = [
+            {k: v for k, v in c.items() if k not in tuned.IGNORED_MOE_KEYS}
+            for c in tuned.table_entries(key, m)
+        ]
+        first = [
+            c
+            for c in ([previous] if previous else []) + known
+            if not tuned.validate_entry(OP, "triton", c, key.tags)
+        ]
         first = [c for i, c in enumerate(first) if c not in first[:i]]
         space = moe_candidates(m, (e, n, k, topk), form)
         best: tuple[float, dict[str, Any]] | None = None
