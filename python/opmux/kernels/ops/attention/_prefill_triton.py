@@ -34,15 +34,20 @@ from opmux.kernels.ops.gemm.triton_kernels import _cast
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def tile_config(block_d: int, group: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a padded head dim and a GQA group: 128 query
-    rows (64 at D 256) against 64-key tiles (32 at D 256), at least one whole group per tile.
-    Static, sm_90-sized (compiled without spills); a tuned table can replace it."""
-    if block_d <= 128:
-        bm, bn, warps = 128, 64, 8
+def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a padded head dim, a GQA group and the query
+    dtype: 128 query rows against 64-key tiles (64 x 32 at D 256), at least one whole group per
+    tile; the largest tiles ptxas compiles for sm_90 without spills (bf16 / fp16 / fp8 caches,
+    with 16-divisible strides as the JIT specialises them). fp32 queries take IEEE products on the
+    CUDA cores: a small tile (a correctness form, not a serving one). Static, not timed yet: a
+    tuned table can replace it."""
+    if fp32:
+        bm, bn, warps, stages = 16, 32, 4, 1
+    elif block_d <= 128:
+        bm, bn, warps, stages = 128, 64, 8, 2
     else:
-        bm, bn, warps = 64, 32, 8
-    return max(bm, triton.next_power_of_2(group)), bn, warps, 2
+        bm, bn, warps, stages = 64, 32, 8, 2
+    return max(bm, triton.next_power_of_2(group)), bn, warps, stages
 
 
 @triton.jit
@@ -243,7 +248,7 @@ def launch(
         return
     g = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
-    bm, bn, warps, stages = tile_config(block_d, g)
+    bm, bn, warps, stages = tile_config(block_d, g, query.dtype == torch.float32)
     bm = max(block_m or bm, 16, triton.next_power_of_2(g))
     bn = block_n or bn
     block_q = bm // g
