@@ -6,7 +6,7 @@ atol 1.5e-2 / rtol 1e-2 (fp8 caches 0.15). And bad page tables, lengths and offs
 kernels clamp and skip them (no sync to check), so the call must give the definition's result
 over what remains and touch no memory out of bounds: the caches sit between NaN blocks and the
 output between canary rows, so a stray read shows as a NaN and a stray write as a changed canary
-(``compute-sanitizer`` runs these cases too, ``benchmarks/h200_run.sh``'s sanitize stage). On the
+(run them under ``compute-sanitizer --tool memcheck`` too: ``-k bad_page_tables``). On the
 CPU the small parity samples and tests/unit/test_paged_prefill_triton.py run instead."""
 
 from __future__ import annotations
