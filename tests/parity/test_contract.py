@@ -87,6 +87,19 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         a.update(over)
         return (), a
 
+    pf = "attention.paged_prefill"
+
+    def pf_args(**over: Any) -> Args:
+        a = {"query": _r(5, 4, 16, seed=1, dev=dev), "key_cache": _r(5, 4, 2, 16, seed=2, dev=dev)}
+        a |= {
+            "value_cache": _r(5, 4, 2, 16, seed=3, dev=dev),
+            "block_tables": torch.tensor([[3, 0], [4, -1]], dtype=torch.int32, device=dev),
+            "seq_lens": torch.tensor([7, 2], dtype=torch.int32, device=dev),
+            "cu_seqlens_q": torch.tensor([0, 3, 5], dtype=torch.int32, device=dev),
+        }
+        a.update(over)
+        return (), a
+
     def kv_args(**over: Any) -> Args:
         k = _r(3, 2, 8, dev=dev)
         a = {"key": k, "value": k.clone(), "key_cache": torch.zeros(2, 4, 2, 8, device=dev)}
@@ -254,6 +267,23 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
             lambda: _pd_lse_in_out(pd_args()),
         ),
         ("paged_decode-window-bool", pd, lambda: pd_args(window_left=True)),
+        (
+            "paged_prefill-out-is-query",
+            pf,
+            lambda: (lambda a: a[1].update(out=a[1]["query"]) or a)(pf_args()),
+        ),
+        (
+            "paged_prefill-one-cache-tensor",
+            pf,
+            lambda: (lambda a: a[1].update(value_cache=a[1]["key_cache"]) or a)(pf_args()),
+        ),
+        ("paged_prefill-nan-query-row", pf, lambda: pf_args(query=_nan_rows(_r(5, 4, 16, seed=1, dev=dev)))),
+        ("paged_prefill-window-bool", pf, lambda: pf_args(window_left=True)),
+        (
+            "paged_prefill-cu-seqlens-float",
+            pf,
+            lambda: pf_args(cu_seqlens_q=torch.tensor([0.0, 3.0, 5.0], device=dev)),
+        ),
     ]
 
 

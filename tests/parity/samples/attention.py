@@ -216,3 +216,155 @@ def paged_decode_invalid(device: str) -> Invalid:
             )
         )
     return cases
+
+
+def _prefill(
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    q_lens: list[int],
+    prefix: list[int],
+    hq: int = 4,
+    hkv: int = 2,
+    d: int = 64,
+    page: int = 16,
+    width: int = 0,
+    hnd: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q): sequence ``b`` has
+    ``prefix[b]`` cached tokens and ``q_lens[b]`` new ones (all in the cache), its blocks shuffled."""
+    lens = [p + n for p, n in zip(prefix, q_lens, strict=True)]
+    _, kc, vc, table, seq = _decode(device, dtype, seed, lens, hq, hkv, d, page, width, hnd=hnd)
+    g = torch.Generator().manual_seed(seed + 1000)
+    query = torch.randn(sum(q_lens), hq, d, generator=g).to(dtype=dtype, device=device)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=I32, device=device)
+    return query, kc, vc, table, seq, cu
+
+
+def paged_prefill_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    out = [
+        Sample("causal-prefill-gqa-4-2", _prefill(device, dtype, 0, [37, 20], [0, 0])),
+        Sample("extend-gqa-4-2-page16", _prefill(device, dtype, 1, [9, 30, 1], [40, 17, 70])),
+        Sample("ragged-empty-q", _prefill(device, dtype, 2, [0, 12, 0, 5], [8, 3, 0, 0])),
+        Sample("mqa-8-1-d80-page5", _prefill(device, dtype, 3, [13, 6], [11, 0], hq=8, hkv=1, d=80, page=5)),
+        Sample("mha-2-2-d128-page1", _prefill(device, dtype, 4, [7, 3], [5, 9], hq=2, hkv=2, d=128, page=1)),
+        Sample("group-3-d96-page3", _prefill(device, dtype, 5, [10], [7], hq=3, hkv=1, d=96, page=3)),
+        Sample("d256-page128", _prefill(device, dtype, 6, [6, 4], [130, 0], hq=2, hkv=1, d=256, page=128)),
+        Sample("wide-table", _prefill(device, dtype, 7, [5, 3], [20, 0], width=9)),
+        Sample("softcap", _prefill(device, dtype, 8, [14, 6], [9, 30], page=5), {"softcap": 0.5}),
+        Sample("scale", _prefill(device, dtype, 9, [11, 4], [0, 21]), {"scale": 0.3}),
+        Sample("window-left-7", _prefill(device, dtype, 10, [20, 9], [25, 0], page=5), {"window_left": 7}),
+        Sample("window-left-0", _prefill(device, dtype, 11, [6, 1], [4, 9]), {"window_left": 0}),
+        Sample("hnd-view", _prefill(device, dtype, 12, [12, 8], [19, 33], hq=8, hkv=2, hnd=True)),
+    ]
+    g = torch.Generator().manual_seed(13)
+    sinks = (torch.randn(4, generator=g) * 2).to(device)
+    out.append(Sample("sinks", _prefill(device, dtype, 13, [9, 0, 4], [30, 2, 0]), {"sinks": sinks}))
+    args = _prefill(device, dtype, 14, [10, 7], [15, 0], hq=8, hkv=1, page=5)
+    kw = {"lse": torch.full((17, 8), 7.0, device=device), "sinks": torch.randn(8, generator=g).to(device)}
+    out.append(Sample("lse-sinks-softcap-window", args, {**kw, "softcap": 4.0, "window_left": 9}))
+    args = _prefill(device, dtype, 15, [6, 5], [3, 20])
+    out.append(Sample("lse-strided", args, {"lse": torch.zeros(4, 11, device=device).t()}))
+    q, kc, vc, table, seq, cu = _prefill(device, dtype, 16, [8, 4], [10, 2])
+    wide = torch.randn(12, 4, 160, generator=g).to(dtype=dtype, device=device)
+    out.append(Sample("strided-query", (wide[:, :, 32:96], kc, vc, table, seq, cu)))
+    (q8, kq, vq, t8, s8), kw8 = _fp8((q, kc, vc, table, seq))
+    out.append(Sample("fp8-cache", (q8, kq, vq, t8, s8, cu), kw8))
+    q, kc, vc, table, seq, cu = _prefill(
+        device, dtype, 17, [9, 3], [13, 0], hq=8, hkv=1, d=80, page=5, hnd=True
+    )
+    (q8, kq, vq, t8, s8), kw8 = _fp8((q, kc, vc, table, seq))
+    kw = {**kw8, "sinks": sinks.new_zeros(8), "lse": torch.empty(12, 8, device=device), "window_left": 5}
+    out.append(Sample("fp8-hnd-sinks-lse-window", (q8, kq, vq, t8, s8, cu), kw))
+    caller = torch.full((9, 4, 64), 3.0, dtype=dtype, device=device)
+    out.append(Sample("caller-out", _prefill(device, dtype, 18, [4, 5], [6, 0]), {"out": caller}))
+    return out
+
+
+def paged_prefill_invalid(device: str) -> Invalid:
+    q, kc, vc, table, seq, cu = _prefill(device, torch.bfloat16, 0, [5, 3], [15, 4])
+    a = (q, kc, vc, table, seq, cu)
+    cases: Invalid = [
+        ("query-int", (q.int(), *a[1:]), {}, TypeError, "dtype int32"),
+        ("query-rank", (q[0], *a[1:]), {}, ValueError, r"total_q_tokens, num_heads, head_dim"),
+        ("cache-dtype", (q, kc.half(), vc.half(), *a[3:]), {}, TypeError, "key_cache has dtype float16"),
+        ("heads-not-multiple", (q[:, :3], *a[1:]), {}, ValueError, "multiple of the KV heads"),
+        ("table-int64", (q, kc, vc, table.long(), seq, cu), {}, TypeError, "block_tables has dtype int64"),
+        ("lens-rows", (q, kc, vc, table, seq[:1], cu), {}, ValueError, r"seq_lens has shape \(1,\)"),
+        ("cu-int64", (q, kc, vc, table, seq, cu.long()), {}, TypeError, "cu_seqlens_q has dtype int64"),
+        (
+            "cu-length",
+            (q, kc, vc, table, seq, cu[:2]),
+            {},
+            ValueError,
+            r"cu_seqlens_q has shape \(2,\), expected \[3\]",
+        ),
+        ("window-left", a, {"window_left": -2}, ValueError, "window_left = -2"),
+        ("negative-softcap", a, {"softcap": -1.0}, ValueError, "softcap must be"),
+        ("sinks-shape", a, {"sinks": torch.zeros(2, device=device)}, ValueError, r"sinks has shape \(2,\)"),
+        (
+            "lse-shape",
+            a,
+            {"lse": torch.zeros(2, 4, device=device)},
+            ValueError,
+            r"lse has shape \(2, 4\), expected \[8, 4\]",
+        ),
+        (
+            "out-shape",
+            a,
+            {"out": torch.zeros(2, 4, 64, device=device, dtype=torch.bfloat16)},
+            ValueError,
+            "out has shape",
+        ),
+    ]
+    (q8, kq, vq, t8, s8), _ = _fp8((q, kc, vc, table, seq))
+    cases.append(
+        ("fp8-without-scales", (q8, kq, vq, t8, s8, cu), {}, ValueError, "needs k_scale and v_scale")
+    )
+    if device == "cpu":  # on CUDA the kernels clamp offsets and lengths and skip bad blocks (no sync)
+
+        def i32(v: list[int]) -> torch.Tensor:
+            return torch.tensor(v, dtype=I32)
+
+        bad = table.clone()
+        bad[1, 0] = kc.shape[0]
+        cases += [
+            (
+                "block-past-num-blocks",
+                (q, kc, vc, bad, seq, cu),
+                {},
+                ValueError,
+                r"block_tables\[1, 0\] = 7 is out of range \[0, 7\)",
+            ),
+            (
+                "len-past-capacity",
+                (q, kc, vc, table, i32([20, 33]), cu),
+                {},
+                ValueError,
+                r"seq_lens\[1\] = 33 is out of range \[0, 32\]",
+            ),
+            ("negative-len", (q, kc, vc, table, i32([-1, 7]), cu), {}, ValueError, r"seq_lens\[0\] = -1"),
+            (
+                "q-len-past-seq-len",
+                (q, kc, vc, table, i32([20, 2]), cu),
+                {},
+                ValueError,
+                r"sequence 1 has 3 new tokens .* seq_lens\[1\] = 2",
+            ),
+            ("cu-start", (q, kc, vc, table, seq, i32([1, 5, 8])), {}, ValueError, r"cu_seqlens_q\[0\] = 1"),
+            (
+                "cu-decreasing",
+                (q, kc, vc, table, seq, i32([0, 9, 8])),
+                {},
+                ValueError,
+                r"cu_seqlens_q\[2\] = 8 < cu_seqlens_q\[1\] = 9",
+            ),
+            (
+                "cu-end",
+                (q, kc, vc, table, seq, i32([0, 5, 7])),
+                {},
+                ValueError,
+                r"cu_seqlens_q\[2\] = 7 but query has 8 rows",
+            ),
+        ]
+    return cases

@@ -375,3 +375,386 @@ def check_decode(op: str, query: Any, key_cache: Any, value_cache: Any, block_ta
         raise ValueError(f'{op}: out has a non-contiguous last dimension (stride {out.stride(-1)}); pass .contiguous()')
     out_v = out
     return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+
+
+def check_paged_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+    """The form of the call: prefill_fp8, prefill."""
+    key_cache_n = key_cache_d = None
+    if type(key_cache) is _TENSOR or isinstance(key_cache, _TENSOR):
+        key_cache_n, key_cache_d = key_cache.dim(), key_cache.dtype
+    if (key_cache_d in _FLOAT8_E4M3FN):
+        return check_prefill_fp8(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    return check_prefill(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+
+
+def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+    try:  # the serving form, each attribute read once; anything else: the full checks
+        query_s = query.shape
+        key_cache_s = key_cache.shape
+        value_cache_s = value_cache.shape
+        block_tables_s = block_tables.shape
+        seq_lens_s = seq_lens.shape
+        cu_seqlens_q_s = cu_seqlens_q.shape
+        k_scale_s = k_scale.shape
+        v_scale_s = v_scale.shape
+        if (
+            type(scale) is float
+            and 0.0 <= scale < _checks.INF
+            and type(softcap) is float
+            and 0.0 <= softcap < _checks.INF
+            and type(window_left) is int
+            and -2147483648 < window_left < 2147483648
+            and sinks is None
+            and lse is None
+            and out is None
+            and len(query_s) == 3
+            and query.dtype in _FLOAT32_FLOAT16_BFLOAT16
+            and (query_s[-1] <= 1 or query.stride()[-1] == 1)
+            and type(query) is _TENSOR
+            and len(key_cache_s) == 4
+            and key_cache.dtype in _FLOAT8_E4M3FN
+            and key_cache_s[3] == query_s[2]
+            and (key_cache_s[-1] <= 1 or key_cache.stride()[-1] == 1)
+            and type(key_cache) is _TENSOR
+            and len(value_cache_s) == 4
+            and value_cache_s[0] == key_cache_s[0]
+            and value_cache_s[1] == key_cache_s[1]
+            and value_cache_s[2] == key_cache_s[2]
+            and value_cache_s[3] == query_s[2]
+            and value_cache.dtype == key_cache.dtype
+            and (value_cache_s[-1] <= 1 or value_cache.stride()[-1] == 1)
+            and type(value_cache) is _TENSOR
+            and len(block_tables_s) == 2
+            and block_tables.dtype in _INT32
+            and type(block_tables) is _TENSOR
+            and len(seq_lens_s) == 1
+            and seq_lens.dtype in _INT32
+            and seq_lens_s[0] == block_tables_s[0]
+            and (seq_lens_s[-1] <= 1 or seq_lens.stride()[-1] == 1)
+            and type(seq_lens) is _TENSOR
+            and len(cu_seqlens_q_s) == 1
+            and cu_seqlens_q.dtype in _INT32
+            and cu_seqlens_q_s[0] == block_tables_s[0] + 1
+            and (cu_seqlens_q_s[-1] <= 1 or cu_seqlens_q.stride()[-1] == 1)
+            and type(cu_seqlens_q) is _TENSOR
+            and k_scale_s == _ONE
+            and k_scale.dtype in _FLOAT32
+            and type(k_scale) is _TENSOR
+            and v_scale_s == _ONE
+            and v_scale.dtype in _FLOAT32
+            and type(v_scale) is _TENSOR
+            and ((key_cache.is_cpu and query.is_cpu and value_cache.is_cpu and block_tables.is_cpu and seq_lens.is_cpu and cu_seqlens_q.is_cpu and k_scale.is_cpu and v_scale.is_cpu) or (key_cache.device == query.device and value_cache.device == key_cache.device and block_tables.device == query.device and seq_lens.device == query.device and cu_seqlens_q.device == query.device and k_scale.device == query.device and v_scale.device == query.device))
+        ):
+            T = query_s[0]
+            Hq = query_s[1]
+            D = query_s[2]
+            NB = key_cache_s[0]
+            PS = key_cache_s[1]
+            Hkv = key_cache_s[2]
+            B = block_tables_s[0]
+            MB = block_tables_s[1]
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+                scale_ = scale
+                softcap_ = softcap
+                window_left_ = window_left
+                out = query.new_empty(T, Hq, D)
+                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, k_scale, v_scale, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+    except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
+        pass
+    _checks.tensor(op, "query", query)
+    _checks.float_dtype(op, "query", query)
+    if query.dim() != 3:
+        raise ValueError(f"{op}: query has shape {tuple(query.shape)}, expected [total_q_tokens, num_heads, head_dim]")
+    T = query.shape[-3]
+    Hq = query.shape[-2]
+    D = query.shape[-1]
+    if not (Hq >= 1 and D >= 1):
+        raise ValueError(f'{op}: query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1')
+    _checks.tensor(op, "key_cache", key_cache)
+    _checks.dtype_in(op, "key_cache", key_cache, ('float8_e4m3fn',))
+    if key_cache.dim() != 4:
+        raise ValueError(f"{op}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, page_size, Hkv, {D}] (vLLM's flash layout; HND as its permuted view)")
+    NB = key_cache.shape[-4]
+    PS = key_cache.shape[-3]
+    Hkv = key_cache.shape[-2]
+    if key_cache.shape[-1] != D:
+        raise ValueError(f"{op}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, page_size, Hkv, {D}] (vLLM's flash layout; HND as its permuted view)")
+    _checks.same_device(op, "query", query, key_cache=key_cache)
+    if not (PS >= 1 and Hkv >= 1):
+        raise ValueError(f'{op}: key_cache has shape {tuple(key_cache.shape)}: page_size and Hkv must be at least 1')
+    if not (Hq % Hkv == 0):
+        raise ValueError(f'{op}: query has {Hq} heads, key_cache {Hkv}: the query heads must be a multiple of the KV heads (GQA / MQA)')
+    _checks.tensor(op, "value_cache", value_cache)
+    if value_cache.dim() != 4:
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
+    if value_cache.shape[-4] != NB or value_cache.shape[-3] != PS or value_cache.shape[-2] != Hkv or value_cache.shape[-1] != D:
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
+    _checks.like(op, "key_cache", key_cache, "value_cache", value_cache)
+    _checks.tensor(op, "block_tables", block_tables)
+    _checks.dtype_in(op, "block_tables", block_tables, ('int32',))
+    if block_tables.dim() != 2:
+        raise ValueError(f"{op}: block_tables has shape {tuple(block_tables.shape)}, expected [num_seqs, max_blocks_per_seq]")
+    B = block_tables.shape[-2]
+    MB = block_tables.shape[-1]
+    _checks.same_device(op, "query", query, block_tables=block_tables)
+    _checks.tensor(op, "seq_lens", seq_lens)
+    _checks.dtype_in(op, "seq_lens", seq_lens, ('int32',))
+    if seq_lens.dim() != 1:
+        raise ValueError(f"{op}: seq_lens has shape {tuple(seq_lens.shape)}, expected [{B}] (one total KV length per sequence: cached prefix + new tokens)")
+    if seq_lens.shape[-1] != B:
+        raise ValueError(f"{op}: seq_lens has shape {tuple(seq_lens.shape)}, expected [{B}] (one total KV length per sequence: cached prefix + new tokens)")
+    _checks.same_device(op, "query", query, seq_lens=seq_lens)
+    _checks.tensor(op, "cu_seqlens_q", cu_seqlens_q)
+    _checks.dtype_in(op, "cu_seqlens_q", cu_seqlens_q, ('int32',))
+    if cu_seqlens_q.dim() != 1:
+        raise ValueError(f"{op}: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, expected [{B + 1}] (num_seqs + 1 offsets into query's rows: 0, q_len_0, q_len_0 + q_len_1, ...)")
+    if cu_seqlens_q.shape[-1] != B + 1:
+        raise ValueError(f"{op}: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, expected [{B + 1}] (num_seqs + 1 offsets into query's rows: 0, q_len_0, q_len_0 + q_len_1, ...)")
+    _checks.same_device(op, "query", query, cu_seqlens_q=cu_seqlens_q)
+    scale_ = _checks.off_or_positive(op, "scale", scale)
+    softcap_ = _checks.off_or_positive(op, "softcap", softcap)
+    window_left_ = _checks.int32(op, "window_left", window_left)
+    if not (window_left >= -1):
+        raise ValueError(f'{op}: window_left = {window_left}: -1 (no window) or the number of positions before the query to attend (>= 0)')
+    if sinks is not None:
+        _checks.tensor(op, "sinks", sinks)
+        _checks.dtype_in(op, "sinks", sinks, ('float32',))
+        if sinks.dim() != 1:
+            raise ValueError(f"{op}: sinks has shape {tuple(sinks.shape)}, expected [{Hq}] (one sink logit per query head)")
+        if sinks.shape[-1] != Hq:
+            raise ValueError(f"{op}: sinks has shape {tuple(sinks.shape)}, expected [{Hq}] (one sink logit per query head)")
+        _checks.same_device(op, "query", query, sinks=sinks)
+    if not (k_scale is not None and v_scale is not None):
+        raise ValueError(f'{op}: an fp8 cache needs k_scale and v_scale (float32, one element each: K = fp8 * k_scale)')
+    _checks.tensor(op, "k_scale", k_scale)
+    _checks.dtype_in(op, "k_scale", k_scale, ('float32',))
+    _checks.same_device(op, "query", query, k_scale=k_scale)
+    _checks.tensor(op, "v_scale", v_scale)
+    _checks.dtype_in(op, "v_scale", v_scale, ('float32',))
+    _checks.same_device(op, "query", query, v_scale=v_scale)
+    if not (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
+        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions")
+    if lse is not None:
+        _checks.tensor(op, "lse", lse)
+        _checks.dtype_in(op, "lse", lse, ('float32',))
+        if lse.dim() != 2:
+            raise ValueError(f"{op}: lse has shape {tuple(lse.shape)}, expected [{T}, {Hq}]")
+        if lse.shape[-2] != T or lse.shape[-1] != Hq:
+            raise ValueError(f"{op}: lse has shape {tuple(lse.shape)}, expected [{T}, {Hq}]")
+        _checks.same_device(op, "query", query, lse=lse)
+    if out is None:
+        out = torch.empty((T, Hq, D), dtype=query.dtype, device=query.device)
+    else:
+        _checks.tensor(op, "out", out)
+        if tuple(out.shape) != (T, Hq, D):
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected [{T}, {Hq}, {D}]")
+        _checks.like(op, "query", query, "out", out)
+    if not _checks.dense_last(query):
+        raise ValueError(f'{op}: query has strides {query.stride()}; its head_dim must be dense (stride 1)')
+    query_v = query
+    if not _checks.dense_last(key_cache):
+        raise ValueError(f'{op}: key_cache has strides {key_cache.stride()}; its head_dim must be dense (stride 1) and no stride negative (NHD [num_blocks, page_size, Hkv, D] and HND [num_blocks, Hkv, page_size, D] caches, as their [num_blocks, page_size, Hkv, D] view, are both fine)')
+    key_cache_v = key_cache
+    if not _checks.dense_last(value_cache):
+        raise ValueError(f'{op}: value_cache has strides {value_cache.stride()}; its head_dim must be dense (stride 1) and no stride negative (NHD [num_blocks, page_size, Hkv, D] and HND [num_blocks, Hkv, page_size, D] caches, as their [num_blocks, page_size, Hkv, D] view, are both fine)')
+    value_cache_v = value_cache
+    block_tables_v = block_tables
+    if not _checks.dense_last(seq_lens):
+        raise ValueError(f'{op}: seq_lens has stride {seq_lens.stride(0)}; pass seq_lens.contiguous()')
+    seq_lens_v = seq_lens
+    if not _checks.dense_last(cu_seqlens_q):
+        raise ValueError(f'{op}: cu_seqlens_q has stride {cu_seqlens_q.stride(0)}; pass cu_seqlens_q.contiguous()')
+    cu_seqlens_q_v = cu_seqlens_q
+    if sinks is None:
+        sinks_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32]
+    else:
+        _checks.dense_vector(op, "sinks", sinks)
+        sinks_v = sinks
+    k_scale_v = _checks.one_element(op, "k_scale", k_scale, ' (a per-tensor scale)')
+    v_scale_v = _checks.one_element(op, "v_scale", v_scale, ' (a per-tensor scale)')
+    if lse is None:
+        lse_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32]
+    else:
+        lse_v = lse
+    if not _checks.dense_last(out):
+        raise ValueError(f'{op}: out has a non-contiguous last dimension (stride {out.stride(-1)}); pass .contiguous()')
+    out_v = out
+    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, k_scale_v, v_scale_v, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+
+
+def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+    try:  # the serving form, each attribute read once; anything else: the full checks
+        query_s = query.shape
+        key_cache_s = key_cache.shape
+        value_cache_s = value_cache.shape
+        block_tables_s = block_tables.shape
+        seq_lens_s = seq_lens.shape
+        cu_seqlens_q_s = cu_seqlens_q.shape
+        if (
+            type(scale) is float
+            and 0.0 <= scale < _checks.INF
+            and type(softcap) is float
+            and 0.0 <= softcap < _checks.INF
+            and type(window_left) is int
+            and -2147483648 < window_left < 2147483648
+            and sinks is None
+            and lse is None
+            and out is None
+            and len(query_s) == 3
+            and query.dtype in _FLOAT32_FLOAT16_BFLOAT16
+            and (query_s[-1] <= 1 or query.stride()[-1] == 1)
+            and type(query) is _TENSOR
+            and len(key_cache_s) == 4
+            and key_cache_s[3] == query_s[2]
+            and key_cache.dtype == query.dtype
+            and (key_cache_s[-1] <= 1 or key_cache.stride()[-1] == 1)
+            and type(key_cache) is _TENSOR
+            and len(value_cache_s) == 4
+            and value_cache_s[0] == key_cache_s[0]
+            and value_cache_s[1] == key_cache_s[1]
+            and value_cache_s[2] == key_cache_s[2]
+            and value_cache_s[3] == query_s[2]
+            and value_cache.dtype == key_cache.dtype
+            and (value_cache_s[-1] <= 1 or value_cache.stride()[-1] == 1)
+            and type(value_cache) is _TENSOR
+            and len(block_tables_s) == 2
+            and block_tables.dtype in _INT32
+            and type(block_tables) is _TENSOR
+            and len(seq_lens_s) == 1
+            and seq_lens.dtype in _INT32
+            and seq_lens_s[0] == block_tables_s[0]
+            and (seq_lens_s[-1] <= 1 or seq_lens.stride()[-1] == 1)
+            and type(seq_lens) is _TENSOR
+            and len(cu_seqlens_q_s) == 1
+            and cu_seqlens_q.dtype in _INT32
+            and cu_seqlens_q_s[0] == block_tables_s[0] + 1
+            and (cu_seqlens_q_s[-1] <= 1 or cu_seqlens_q.stride()[-1] == 1)
+            and type(cu_seqlens_q) is _TENSOR
+            and ((key_cache.is_cpu and query.is_cpu and value_cache.is_cpu and block_tables.is_cpu and seq_lens.is_cpu and cu_seqlens_q.is_cpu) or (key_cache.device == query.device and value_cache.device == key_cache.device and block_tables.device == query.device and seq_lens.device == query.device and cu_seqlens_q.device == query.device))
+        ):
+            T = query_s[0]
+            Hq = query_s[1]
+            D = query_s[2]
+            NB = key_cache_s[0]
+            PS = key_cache_s[1]
+            Hkv = key_cache_s[2]
+            B = block_tables_s[0]
+            MB = block_tables_s[1]
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+                scale_ = scale
+                softcap_ = softcap
+                window_left_ = window_left
+                out = query.new_empty(T, Hq, D)
+                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, seq_lens, seq_lens, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+    except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
+        pass
+    _checks.tensor(op, "query", query)
+    _checks.float_dtype(op, "query", query)
+    if query.dim() != 3:
+        raise ValueError(f"{op}: query has shape {tuple(query.shape)}, expected [total_q_tokens, num_heads, head_dim]")
+    T = query.shape[-3]
+    Hq = query.shape[-2]
+    D = query.shape[-1]
+    if not (Hq >= 1 and D >= 1):
+        raise ValueError(f'{op}: query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1')
+    _checks.tensor(op, "key_cache", key_cache)
+    if key_cache.dim() != 4:
+        raise ValueError(f"{op}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, page_size, Hkv, {D}] (vLLM's flash layout; HND as its permuted view)")
+    NB = key_cache.shape[-4]
+    PS = key_cache.shape[-3]
+    Hkv = key_cache.shape[-2]
+    if key_cache.shape[-1] != D:
+        raise ValueError(f"{op}: key_cache has shape {tuple(key_cache.shape)}, expected [num_blocks, page_size, Hkv, {D}] (vLLM's flash layout; HND as its permuted view)")
+    _checks.like(op, "query", query, "key_cache", key_cache)
+    if not (PS >= 1 and Hkv >= 1):
+        raise ValueError(f'{op}: key_cache has shape {tuple(key_cache.shape)}: page_size and Hkv must be at least 1')
+    if not (Hq % Hkv == 0):
+        raise ValueError(f'{op}: query has {Hq} heads, key_cache {Hkv}: the query heads must be a multiple of the KV heads (GQA / MQA)')
+    _checks.tensor(op, "value_cache", value_cache)
+    if value_cache.dim() != 4:
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
+    if value_cache.shape[-4] != NB or value_cache.shape[-3] != PS or value_cache.shape[-2] != Hkv or value_cache.shape[-1] != D:
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
+    _checks.like(op, "key_cache", key_cache, "value_cache", value_cache)
+    _checks.tensor(op, "block_tables", block_tables)
+    _checks.dtype_in(op, "block_tables", block_tables, ('int32',))
+    if block_tables.dim() != 2:
+        raise ValueError(f"{op}: block_tables has shape {tuple(block_tables.shape)}, expected [num_seqs, max_blocks_per_seq]")
+    B = block_tables.shape[-2]
+    MB = block_tables.shape[-1]
+    _checks.same_device(op, "query", query, block_tables=block_tables)
+    _checks.tensor(op, "seq_lens", seq_lens)
+    _checks.dtype_in(op, "seq_lens", seq_lens, ('int32',))
+    if seq_lens.dim() != 1:
+        raise ValueError(f"{op}: seq_lens has shape {tuple(seq_lens.shape)}, expected [{B}] (one total KV length per sequence: cached prefix + new tokens)")
+    if seq_lens.shape[-1] != B:
+        raise ValueError(f"{op}: seq_lens has shape {tuple(seq_lens.shape)}, expected [{B}] (one total KV length per sequence: cached prefix + new tokens)")
+    _checks.same_device(op, "query", query, seq_lens=seq_lens)
+    _checks.tensor(op, "cu_seqlens_q", cu_seqlens_q)
+    _checks.dtype_in(op, "cu_seqlens_q", cu_seqlens_q, ('int32',))
+    if cu_seqlens_q.dim() != 1:
+        raise ValueError(f"{op}: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, expected [{B + 1}] (num_seqs + 1 offsets into query's rows: 0, q_len_0, q_len_0 + q_len_1, ...)")
+    if cu_seqlens_q.shape[-1] != B + 1:
+        raise ValueError(f"{op}: cu_seqlens_q has shape {tuple(cu_seqlens_q.shape)}, expected [{B + 1}] (num_seqs + 1 offsets into query's rows: 0, q_len_0, q_len_0 + q_len_1, ...)")
+    _checks.same_device(op, "query", query, cu_seqlens_q=cu_seqlens_q)
+    scale_ = _checks.off_or_positive(op, "scale", scale)
+    softcap_ = _checks.off_or_positive(op, "softcap", softcap)
+    window_left_ = _checks.int32(op, "window_left", window_left)
+    if not (window_left >= -1):
+        raise ValueError(f'{op}: window_left = {window_left}: -1 (no window) or the number of positions before the query to attend (>= 0)')
+    if sinks is not None:
+        _checks.tensor(op, "sinks", sinks)
+        _checks.dtype_in(op, "sinks", sinks, ('float32',))
+        if sinks.dim() != 1:
+            raise ValueError(f"{op}: sinks has shape {tuple(sinks.shape)}, expected [{Hq}] (one sink logit per query head)")
+        if sinks.shape[-1] != Hq:
+            raise ValueError(f"{op}: sinks has shape {tuple(sinks.shape)}, expected [{Hq}] (one sink logit per query head)")
+        _checks.same_device(op, "query", query, sinks=sinks)
+    if not (k_scale is None and v_scale is None):
+        raise ValueError(f'{op}: k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {str(key_cache.dtype)[6:]}: pass no scales, or an fp8 cache')
+    if not (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
+        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions")
+    if lse is not None:
+        _checks.tensor(op, "lse", lse)
+        _checks.dtype_in(op, "lse", lse, ('float32',))
+        if lse.dim() != 2:
+            raise ValueError(f"{op}: lse has shape {tuple(lse.shape)}, expected [{T}, {Hq}]")
+        if lse.shape[-2] != T or lse.shape[-1] != Hq:
+            raise ValueError(f"{op}: lse has shape {tuple(lse.shape)}, expected [{T}, {Hq}]")
+        _checks.same_device(op, "query", query, lse=lse)
+    if out is None:
+        out = torch.empty((T, Hq, D), dtype=query.dtype, device=query.device)
+    else:
+        _checks.tensor(op, "out", out)
+        if tuple(out.shape) != (T, Hq, D):
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected [{T}, {Hq}, {D}]")
+        _checks.like(op, "query", query, "out", out)
+    if not _checks.dense_last(query):
+        raise ValueError(f'{op}: query has strides {query.stride()}; its head_dim must be dense (stride 1)')
+    query_v = query
+    if not _checks.dense_last(key_cache):
+        raise ValueError(f'{op}: key_cache has strides {key_cache.stride()}; its head_dim must be dense (stride 1) and no stride negative (NHD [num_blocks, page_size, Hkv, D] and HND [num_blocks, Hkv, page_size, D] caches, as their [num_blocks, page_size, Hkv, D] view, are both fine)')
+    key_cache_v = key_cache
+    if not _checks.dense_last(value_cache):
+        raise ValueError(f'{op}: value_cache has strides {value_cache.stride()}; its head_dim must be dense (stride 1) and no stride negative (NHD [num_blocks, page_size, Hkv, D] and HND [num_blocks, Hkv, page_size, D] caches, as their [num_blocks, page_size, Hkv, D] view, are both fine)')
+    value_cache_v = value_cache
+    block_tables_v = block_tables
+    if not _checks.dense_last(seq_lens):
+        raise ValueError(f'{op}: seq_lens has stride {seq_lens.stride(0)}; pass seq_lens.contiguous()')
+    seq_lens_v = seq_lens
+    if not _checks.dense_last(cu_seqlens_q):
+        raise ValueError(f'{op}: cu_seqlens_q has stride {cu_seqlens_q.stride(0)}; pass cu_seqlens_q.contiguous()')
+    cu_seqlens_q_v = cu_seqlens_q
+    if sinks is None:
+        sinks_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32]
+    else:
+        _checks.dense_vector(op, "sinks", sinks)
+        sinks_v = sinks
+    if lse is None:
+        lse_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32]
+    else:
+        lse_v = lse
+    if not _checks.dense_last(out):
+        raise ValueError(f'{op}: out has a non-contiguous last dimension (stride {out.stride(-1)}); pass .contiguous()')
+    out_v = out
+    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out

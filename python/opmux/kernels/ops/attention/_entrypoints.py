@@ -72,6 +72,7 @@ FLAG: Any
 #: op -> the form of its declaration its functions were generated for (``form``)
 FORMS = {
     'paged_decode': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
+    'paged_prefill': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
 }
 
 
@@ -780,3 +781,764 @@ def reference_paged_decode(query, key_cache, value_cache, block_tables, seq_lens
     if out is not None and not out.is_contiguous():
         SELF(OP, 'out', out)
     return KERNEL(query, key_cache, value_cache, block_tables, seq_lens, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+
+
+# -- attention.paged_prefill ---------------------------------------------------------------------
+def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, backend=None, enable_pdl=None):
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
+        if out is None:
+            return LIB['paged_prefill'](query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse)
+        LIB['paged_prefill_out'](out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse)
+        return out
+    if ENTRY_PENDING[0]:
+        ENTRY_POLL()
+    try:
+        LANE, LFLAG = (LANE_CPU if query.is_cpu else LANE_CUDA if query.is_cuda else NO_LANES)[query.dtype] if backend is None else LANE_FORCED.get((backend, query.is_cpu, query.dtype), NO_LANE)
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
+        G = GRAD()
+        if G:
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out, LFLAG if enable_pdl is None else bool(enable_pdl))
+        if R is not None:
+            if G:
+                if lse is not None:
+                    BUMP((lse,))
+                if out is not None:
+                    BUMP((out,))
+            return R if out is None else out
+    try:
+        KERNEL = CPU[query.dtype] if backend is None and query.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        if GRAD():
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+            if lse is not None:
+                BUMP((lse,))
+            if out is not None:
+                BUMP((out,))
+        if lse is not None:
+            S_lse = lse.untyped_storage().data_ptr()
+            S_query = query.untyped_storage().data_ptr()
+            S_key_cache = key_cache.untyped_storage().data_ptr()
+            S_value_cache = value_cache.untyped_storage().data_ptr()
+            S_block_tables = block_tables.untyped_storage().data_ptr()
+            S_seq_lens = seq_lens.untyped_storage().data_ptr()
+            S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+            if S_lse == S_query and OVERLAPS(lse, query):
+                ALIAS(OP, 'lse', lse, 'query', query, False)
+            if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+                ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+            if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+                ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+            if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+                ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+            if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+                ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+            if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+                ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+            if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+                ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+            if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+                ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+            if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+                ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+            if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+                ALIAS(OP, 'lse', lse, 'out', out, True)
+        if out is not None:
+            S_out = out.untyped_storage().data_ptr()
+            S_query = query.untyped_storage().data_ptr()
+            S_key_cache = key_cache.untyped_storage().data_ptr()
+            S_value_cache = value_cache.untyped_storage().data_ptr()
+            S_block_tables = block_tables.untyped_storage().data_ptr()
+            S_seq_lens = seq_lens.untyped_storage().data_ptr()
+            S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+            if S_out == S_query and OVERLAPS(out, query):
+                ALIAS(OP, 'out', out, 'query', query, False)
+            if S_out == S_key_cache and OVERLAPS(out, key_cache):
+                ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+            if S_out == S_value_cache and OVERLAPS(out, value_cache):
+                ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+            if S_out == S_block_tables and OVERLAPS(out, block_tables):
+                ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+            if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+                ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+            if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+                ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+            if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+                ALIAS(OP, 'out', out, 'sinks', sinks, False)
+            if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+                ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+            if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+                ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if lse is not None and not lse.is_contiguous():
+            SELF(OP, 'lse', lse)
+        if out is not None and not out.is_contiguous():
+            SELF(OP, 'out', out)
+        KERNEL(*KARGS)
+        return RESULT
+    try:
+        if backend is None:
+            if query.is_cuda:
+                KERNEL, FLAG = CUDA[query.dtype]
+        elif query.is_cpu or query.is_cuda:
+            KERNEL, FLAG = FORCED[backend, query.is_cpu, query.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out,), {}, backend, enable_pdl)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    if GRAD():
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if lse is not None:
+            BUMP((lse,))
+        if out is not None:
+            BUMP((out,))
+    if lse is not None:
+        S_lse = lse.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_lse == S_query and OVERLAPS(lse, query):
+            ALIAS(OP, 'lse', lse, 'query', query, False)
+        if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+            ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+        if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+            ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+        if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+            ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+        if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+            ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+        if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+            ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+            ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+        if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+            ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+        if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+            ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+            ALIAS(OP, 'lse', lse, 'out', out, True)
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_out == S_query and OVERLAPS(out, query):
+            ALIAS(OP, 'out', out, 'query', query, False)
+        if S_out == S_key_cache and OVERLAPS(out, key_cache):
+            ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+        if S_out == S_value_cache and OVERLAPS(out, value_cache):
+            ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+        if S_out == S_block_tables and OVERLAPS(out, block_tables):
+            ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+        if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+            ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+        if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+            ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+            ALIAS(OP, 'out', out, 'sinks', sinks, False)
+        if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+            ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+        if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+            ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+    if lse is not None and not lse.is_contiguous():
+        SELF(OP, 'lse', lse)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))
+    return RESULT
+
+
+def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
+    if BRIDGE_PENDING[0]:
+        BRIDGE_POLL()
+    out = None
+    try:
+        LANE, LFLAG = (LANE_CPU if query.is_cpu else LANE_CUDA if query.is_cuda else NO_LANES)[query.dtype]
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
+        G = GRAD()
+        if G:
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out, LFLAG)
+        if R is not None:
+            if G:
+                if lse is not None:
+                    BUMP((lse,))
+                if out is not None:
+                    BUMP((out,))
+            return R if out is None else out
+    try:
+        KERNEL = CPU[query.dtype] if query.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        if GRAD():
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+            if lse is not None:
+                BUMP((lse,))
+            if out is not None:
+                BUMP((out,))
+        if lse is not None:
+            S_lse = lse.untyped_storage().data_ptr()
+            S_query = query.untyped_storage().data_ptr()
+            S_key_cache = key_cache.untyped_storage().data_ptr()
+            S_value_cache = value_cache.untyped_storage().data_ptr()
+            S_block_tables = block_tables.untyped_storage().data_ptr()
+            S_seq_lens = seq_lens.untyped_storage().data_ptr()
+            S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+            if S_lse == S_query and OVERLAPS(lse, query):
+                ALIAS(OP, 'lse', lse, 'query', query, False)
+            if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+                ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+            if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+                ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+            if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+                ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+            if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+                ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+            if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+                ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+            if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+                ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+            if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+                ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+            if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+                ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+            if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+                ALIAS(OP, 'lse', lse, 'out', out, True)
+        if out is not None:
+            S_out = out.untyped_storage().data_ptr()
+            S_query = query.untyped_storage().data_ptr()
+            S_key_cache = key_cache.untyped_storage().data_ptr()
+            S_value_cache = value_cache.untyped_storage().data_ptr()
+            S_block_tables = block_tables.untyped_storage().data_ptr()
+            S_seq_lens = seq_lens.untyped_storage().data_ptr()
+            S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+            if S_out == S_query and OVERLAPS(out, query):
+                ALIAS(OP, 'out', out, 'query', query, False)
+            if S_out == S_key_cache and OVERLAPS(out, key_cache):
+                ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+            if S_out == S_value_cache and OVERLAPS(out, value_cache):
+                ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+            if S_out == S_block_tables and OVERLAPS(out, block_tables):
+                ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+            if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+                ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+            if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+                ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+            if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+                ALIAS(OP, 'out', out, 'sinks', sinks, False)
+            if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+                ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+            if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+                ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if lse is not None and not lse.is_contiguous():
+            SELF(OP, 'lse', lse)
+        if out is not None and not out.is_contiguous():
+            SELF(OP, 'out', out)
+        KERNEL(*KARGS)
+        return RESULT
+    try:
+        if query.is_cuda:
+            KERNEL, FLAG = CUDA[query.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out,), {}, None)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    if GRAD():
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if lse is not None:
+            BUMP((lse,))
+        if out is not None:
+            BUMP((out,))
+    if lse is not None:
+        S_lse = lse.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_lse == S_query and OVERLAPS(lse, query):
+            ALIAS(OP, 'lse', lse, 'query', query, False)
+        if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+            ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+        if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+            ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+        if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+            ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+        if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+            ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+        if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+            ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+            ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+        if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+            ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+        if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+            ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+            ALIAS(OP, 'lse', lse, 'out', out, True)
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_out == S_query and OVERLAPS(out, query):
+            ALIAS(OP, 'out', out, 'query', query, False)
+        if S_out == S_key_cache and OVERLAPS(out, key_cache):
+            ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+        if S_out == S_value_cache and OVERLAPS(out, value_cache):
+            ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+        if S_out == S_block_tables and OVERLAPS(out, block_tables):
+            ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+        if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+            ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+        if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+            ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+            ALIAS(OP, 'out', out, 'sinks', sinks, False)
+        if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+            ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+        if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+            ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+    if lse is not None and not lse.is_contiguous():
+        SELF(OP, 'lse', lse)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG)
+    return RESULT
+
+
+def fake_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
+    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, None)[1]
+    return RESULT
+
+
+def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
+    if BRIDGE_PENDING[0]:
+        BRIDGE_POLL()
+    try:
+        LANE, LFLAG = (LANE_CPU if query.is_cpu else LANE_CUDA if query.is_cuda else NO_LANES)[query.dtype]
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
+        G = GRAD()
+        if G:
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out, LFLAG)
+        if R is not None:
+            if G:
+                if lse is not None:
+                    BUMP((lse,))
+                if out is not None:
+                    BUMP((out,))
+            return None
+    try:
+        KERNEL = CPU[query.dtype] if query.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        if GRAD():
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+            if lse is not None:
+                BUMP((lse,))
+            if out is not None:
+                BUMP((out,))
+        if lse is not None:
+            S_lse = lse.untyped_storage().data_ptr()
+            S_query = query.untyped_storage().data_ptr()
+            S_key_cache = key_cache.untyped_storage().data_ptr()
+            S_value_cache = value_cache.untyped_storage().data_ptr()
+            S_block_tables = block_tables.untyped_storage().data_ptr()
+            S_seq_lens = seq_lens.untyped_storage().data_ptr()
+            S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+            if S_lse == S_query and OVERLAPS(lse, query):
+                ALIAS(OP, 'lse', lse, 'query', query, False)
+            if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+                ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+            if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+                ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+            if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+                ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+            if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+                ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+            if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+                ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+            if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+                ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+            if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+                ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+            if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+                ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+            if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+                ALIAS(OP, 'lse', lse, 'out', out, True)
+        if out is not None:
+            S_out = out.untyped_storage().data_ptr()
+            S_query = query.untyped_storage().data_ptr()
+            S_key_cache = key_cache.untyped_storage().data_ptr()
+            S_value_cache = value_cache.untyped_storage().data_ptr()
+            S_block_tables = block_tables.untyped_storage().data_ptr()
+            S_seq_lens = seq_lens.untyped_storage().data_ptr()
+            S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+            if S_out == S_query and OVERLAPS(out, query):
+                ALIAS(OP, 'out', out, 'query', query, False)
+            if S_out == S_key_cache and OVERLAPS(out, key_cache):
+                ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+            if S_out == S_value_cache and OVERLAPS(out, value_cache):
+                ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+            if S_out == S_block_tables and OVERLAPS(out, block_tables):
+                ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+            if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+                ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+            if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+                ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+            if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+                ALIAS(OP, 'out', out, 'sinks', sinks, False)
+            if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+                ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+            if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+                ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if lse is not None and not lse.is_contiguous():
+            SELF(OP, 'lse', lse)
+        if out is not None and not out.is_contiguous():
+            SELF(OP, 'out', out)
+        KERNEL(*KARGS)
+        return None
+    try:
+        if query.is_cuda:
+            KERNEL, FLAG = CUDA[query.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out,), {}, None)
+        return None
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    if GRAD():
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if lse is not None:
+            BUMP((lse,))
+        if out is not None:
+            BUMP((out,))
+    if lse is not None:
+        S_lse = lse.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_lse == S_query and OVERLAPS(lse, query):
+            ALIAS(OP, 'lse', lse, 'query', query, False)
+        if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+            ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+        if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+            ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+        if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+            ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+        if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+            ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+        if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+            ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+            ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+        if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+            ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+        if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+            ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+            ALIAS(OP, 'lse', lse, 'out', out, True)
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_out == S_query and OVERLAPS(out, query):
+            ALIAS(OP, 'out', out, 'query', query, False)
+        if S_out == S_key_cache and OVERLAPS(out, key_cache):
+            ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+        if S_out == S_value_cache and OVERLAPS(out, value_cache):
+            ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+        if S_out == S_block_tables and OVERLAPS(out, block_tables):
+            ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+        if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+            ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+        if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+            ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+            ALIAS(OP, 'out', out, 'sinks', sinks, False)
+        if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+            ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+        if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+            ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+    if lse is not None and not lse.is_contiguous():
+        SELF(OP, 'lse', lse)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG)
+    return None
+
+
+def fake_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
+    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)[1]
+    return None
+
+
+def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    if GRAD():
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if lse is not None:
+            BUMP((lse,))
+        if out is not None:
+            BUMP((out,))
+    if lse is not None:
+        S_lse = lse.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_lse == S_query and OVERLAPS(lse, query):
+            ALIAS(OP, 'lse', lse, 'query', query, False)
+        if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+            ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+        if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+            ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+        if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+            ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+        if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+            ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+        if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+            ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+            ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+        if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+            ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+        if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+            ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+            ALIAS(OP, 'lse', lse, 'out', out, True)
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_out == S_query and OVERLAPS(out, query):
+            ALIAS(OP, 'out', out, 'query', query, False)
+        if S_out == S_key_cache and OVERLAPS(out, key_cache):
+            ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+        if S_out == S_value_cache and OVERLAPS(out, value_cache):
+            ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+        if S_out == S_block_tables and OVERLAPS(out, block_tables):
+            ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+        if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+            ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+        if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+            ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+            ALIAS(OP, 'out', out, 'sinks', sinks, False)
+        if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+            ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+        if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+            ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+    if lse is not None and not lse.is_contiguous():
+        SELF(OP, 'lse', lse)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    KERNEL(*KARGS)
+    return RESULT
+
+
+def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    if GRAD():
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if lse is not None:
+            BUMP((lse,))
+        if out is not None:
+            BUMP((out,))
+    if lse is not None:
+        S_lse = lse.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_lse == S_query and OVERLAPS(lse, query):
+            ALIAS(OP, 'lse', lse, 'query', query, False)
+        if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+            ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+        if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+            ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+        if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+            ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+        if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+            ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+        if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+            ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+            ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+        if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+            ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+        if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+            ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+            ALIAS(OP, 'lse', lse, 'out', out, True)
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_out == S_query and OVERLAPS(out, query):
+            ALIAS(OP, 'out', out, 'query', query, False)
+        if S_out == S_key_cache and OVERLAPS(out, key_cache):
+            ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+        if S_out == S_value_cache and OVERLAPS(out, value_cache):
+            ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+        if S_out == S_block_tables and OVERLAPS(out, block_tables):
+            ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+        if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+            ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+        if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+            ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+            ALIAS(OP, 'out', out, 'sinks', sinks, False)
+        if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+            ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+        if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+            ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+    if lse is not None and not lse.is_contiguous():
+        SELF(OP, 'lse', lse)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))
+    return RESULT
+
+
+def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    if GRAD():
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if lse is not None:
+            BUMP((lse,))
+        if out is not None:
+            BUMP((out,))
+    if lse is not None:
+        S_lse = lse.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_lse == S_query and OVERLAPS(lse, query):
+            ALIAS(OP, 'lse', lse, 'query', query, False)
+        if S_lse == S_key_cache and OVERLAPS(lse, key_cache):
+            ALIAS(OP, 'lse', lse, 'key_cache', key_cache, False)
+        if S_lse == S_value_cache and OVERLAPS(lse, value_cache):
+            ALIAS(OP, 'lse', lse, 'value_cache', value_cache, False)
+        if S_lse == S_block_tables and OVERLAPS(lse, block_tables):
+            ALIAS(OP, 'lse', lse, 'block_tables', block_tables, False)
+        if S_lse == S_seq_lens and OVERLAPS(lse, seq_lens):
+            ALIAS(OP, 'lse', lse, 'seq_lens', seq_lens, False)
+        if S_lse == S_cu_seqlens_q and OVERLAPS(lse, cu_seqlens_q):
+            ALIAS(OP, 'lse', lse, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_lse == sinks.untyped_storage().data_ptr() and OVERLAPS(lse, sinks):
+            ALIAS(OP, 'lse', lse, 'sinks', sinks, False)
+        if k_scale is not None and S_lse == k_scale.untyped_storage().data_ptr() and OVERLAPS(lse, k_scale):
+            ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
+        if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
+            ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
+            ALIAS(OP, 'lse', lse, 'out', out, True)
+    if out is not None:
+        S_out = out.untyped_storage().data_ptr()
+        S_query = query.untyped_storage().data_ptr()
+        S_key_cache = key_cache.untyped_storage().data_ptr()
+        S_value_cache = value_cache.untyped_storage().data_ptr()
+        S_block_tables = block_tables.untyped_storage().data_ptr()
+        S_seq_lens = seq_lens.untyped_storage().data_ptr()
+        S_cu_seqlens_q = cu_seqlens_q.untyped_storage().data_ptr()
+        if S_out == S_query and OVERLAPS(out, query):
+            ALIAS(OP, 'out', out, 'query', query, False)
+        if S_out == S_key_cache and OVERLAPS(out, key_cache):
+            ALIAS(OP, 'out', out, 'key_cache', key_cache, False)
+        if S_out == S_value_cache and OVERLAPS(out, value_cache):
+            ALIAS(OP, 'out', out, 'value_cache', value_cache, False)
+        if S_out == S_block_tables and OVERLAPS(out, block_tables):
+            ALIAS(OP, 'out', out, 'block_tables', block_tables, False)
+        if S_out == S_seq_lens and OVERLAPS(out, seq_lens):
+            ALIAS(OP, 'out', out, 'seq_lens', seq_lens, False)
+        if S_out == S_cu_seqlens_q and OVERLAPS(out, cu_seqlens_q):
+            ALIAS(OP, 'out', out, 'cu_seqlens_q', cu_seqlens_q, False)
+        if sinks is not None and S_out == sinks.untyped_storage().data_ptr() and OVERLAPS(out, sinks):
+            ALIAS(OP, 'out', out, 'sinks', sinks, False)
+        if k_scale is not None and S_out == k_scale.untyped_storage().data_ptr() and OVERLAPS(out, k_scale):
+            ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
+        if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
+            ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+    if lse is not None and not lse.is_contiguous():
+        SELF(OP, 'lse', lse)
+    if out is not None and not out.is_contiguous():
+        SELF(OP, 'out', out)
+    return KERNEL(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)

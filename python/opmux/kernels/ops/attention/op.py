@@ -25,12 +25,33 @@ a sequence uses (the first ``cdiv(seq_len, page_size)`` entries of its row) is o
 ``[0, num_blocks)``. On CUDA there is no host check (it would synchronise): the kernels clamp each
 ``seq_len`` to the table's capacity and treat a block id outside ``[0, num_blocks)`` as masked
 (its tokens are skipped), so they never read out of bounds.
+
+``paged_prefill``: prefill with a cached prefix (extend; vLLM's / FlashInfer's batch prefill with
+a paged KV cache), plain causal prefill being the case of an empty prefix. A ragged batch:
+``query [T, Hq, D]`` holds every sequence's new tokens, sequence ``b``'s rows
+``cu_seqlens_q[b] : cu_seqlens_q[b + 1]`` (int32 ``[B + 1]``, from 0 to ``T``, non-decreasing);
+``seq_lens`` int32 ``[B]`` are the total KV lengths (cached prefix + new tokens, so
+``q_len <= seq_len``), every position, new tokens included, read from the cache through
+``block_tables`` as for paged_decode (``kvcache.reshape_and_cache`` writes the new tokens first).
+Query ``i`` of a sequence with ``q_len`` new tokens sees the positions ``<= seq_len - q_len + i``
+(the causal mask aligned to the end of the KV); ``window_left``: only positions
+``>= seq_len - q_len + i - window_left``. Cache forms, GQA / MQA, ``scale``, ``softcap``,
+``sinks``, the fp8 scales and ``lse [T, Hq]`` are paged_decode's. The values hook checks CPU
+tensors (``cu_seqlens_q`` against query's rows, the lengths, the block ids); on CUDA the kernels
+clamp the offsets to ``[0, T]`` and the lengths to the table's capacity and skip bad block ids.
+
+Other page-table forms convert to the block table without a copy of the cache: FlashInfer's /
+SGLang's CSR form (``kv_indptr [B + 1]``, ``kv_indices``, ``kv_last_page_len [B]``) is
+``block_tables[b, :kv_indptr[b + 1] - kv_indptr[b]] = kv_indices[kv_indptr[b] : kv_indptr[b + 1]]``
+(rows padded to the widest) and ``seq_lens[b] = (kv_indptr[b + 1] - kv_indptr[b] - 1) * page_size
++ kv_last_page_len[b]``; SGLang's token-level ``req_to_token`` table is the page-size-1 case. Only
+the block-table form is taken (as paged_decode).
 """
 
 from __future__ import annotations
 
 from .._decl import declare
-from . import _decode
+from . import _decode, _prefill
 
 paged_decode = declare(
     _decode.OP,
@@ -46,5 +67,23 @@ paged_decode = declare(
     torch=_decode.torch_decode,
     native=False,
     # attention over <= 100 tokens: one rounding of the output, p in the value dtype for the dot
+    tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
+)
+
+paged_prefill = declare(
+    _prefill.OP,
+    "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
+    "Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, "
+    "Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
+    doc="ragged query [T, Hq, D] (cu_seqlens_q [B + 1]) of new tokens attending causally over their "
+    "sequences' paged KV cache [num_blocks, page_size, Hkv, D] (cached prefix + new tokens, NHD or HND "
+    "view) through block_tables [B, max_blocks] / seq_lens [B] -> [T, Hq, D] (+ lse [T, Hq]); GQA / MQA, "
+    "softcap, sliding window, attention sinks, fp8 e4m3 caches with k_scale / v_scale",
+    contract=_prefill.PAGED_PREFILL,
+    values=_prefill.values,
+    reference=_prefill.reference,
+    torch=_prefill.torch_prefill,
+    native=False,
+    # attention over <= a few hundred tokens: one rounding of the output, p in the value dtype
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
 )

@@ -20,6 +20,9 @@ CUDA-graph safe: the lengths stay on the device (no sync, no ``.item()``); the g
 workspace are sized from the shapes (``block_tables.shape[1]``) alone. Each program clamps its
 length to the table's capacity and masks block ids outside ``[0, num_blocks)``, so no read goes
 out of bounds whatever the tables hold; cache offsets are int64.
+
+``paged_prefill``: flash attention over the paged cache, one program per (query block, KV head),
+the GQA group packed into the M tile (``_prefill_triton``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import triton
 import triton.language as tl
 
 from opmux.kernels.ops.gemm.triton_kernels import _cast
+
+from . import _prefill_triton
 
 #: Triton's CPU interpreter (tests): its ``tl.dot`` takes bf16 tiles for integers, so bf16 tiles
 #: go to the dot as fp32 there (exact: a bf16 product fits fp32); never on a GPU
@@ -384,6 +389,48 @@ def paged_decode(
         value_cache,
         block_tables,
         seq_lens,
+        sinks,
+        has_sinks,
+        k_scale,
+        v_scale,
+        fp8,
+        scale,
+        softcap,
+        window_left,
+    )
+
+
+def paged_prefill(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    has_lse: bool,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    sinks: torch.Tensor,
+    has_sinks: bool,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    fp8: bool,
+    scale: float,
+    softcap: float,
+    window_left: int,
+) -> None:
+    """``attention.paged_prefill`` per its contract (ops/attention/op.py), the tile from
+    :func:`_prefill_triton.tile_config`."""
+    _prefill_triton.launch(
+        out,
+        lse,
+        has_lse,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
         sinks,
         has_sinks,
         k_scale,

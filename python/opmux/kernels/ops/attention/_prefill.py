@@ -1,0 +1,359 @@
+"""``attention.paged_prefill``: its contract as data, its values hook, its definition and its
+torch backend (the op's description is ``op.py``'s docstring). Shares paged_decode's cache
+conventions (``_decode``): the same cache forms, scale, softcap, window, sinks and fp8 scales.
+
+Kernel arguments: ``(out, lse, has_lse, query, key_cache, value_cache, block_tables, seq_lens,
+cu_seqlens_q, sinks, has_sinks, k_scale, v_scale, fp8, scale, softcap, window_left)``: ``scale``
+resolved (0.0 -> ``1 / sqrt(D)``), an absent ``lse`` / ``sinks`` an empty float32 tensor, and in
+the plain form ``seq_lens`` in the places of the scales (unread), as paged_decode does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import _checks
+from .._contract import FLOATS, FP8, Arg, Contract, Forms, Rule, Scalar, When
+from ._decode import _CACHE_EXPECT, _CACHE_HINT, _I32, _rows
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    from .._torch import torch
+
+OP = "attention.paged_prefill"
+
+
+def _items(fp8: bool) -> tuple[Any, ...]:
+    cache: dict[str, Any] = {"dtypes": FP8, "device_of": "query"} if fp8 else {"like": "query"}
+    scales: tuple[Any, ...]
+    if fp8:
+        scales = (
+            Rule(
+                "k_scale is not None and v_scale is not None",
+                "an fp8 cache needs k_scale and v_scale (float32, one element each: K = fp8 * k_scale)",
+            ),
+            *(
+                Arg(
+                    n,
+                    "",
+                    dtypes=("float32",),
+                    device_of="query",
+                    layout="element",
+                    note=" (a per-tensor scale)",
+                )
+                for n in ("k_scale", "v_scale")
+            ),
+        )
+    else:
+        scales = (
+            Rule(
+                "k_scale is None and v_scale is None",
+                "k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is "
+                "{str(key_cache.dtype)[6:]}: pass no scales, or an fp8 cache",
+            ),
+        )
+    return (
+        Arg(
+            "query",
+            "T, Hq, D",
+            dtypes=FLOATS,
+            layout="dense_last",
+            expect="[total_q_tokens, num_heads, head_dim]",
+            layout_hint="has strides {{t}.stride()}; its head_dim must be dense (stride 1)",
+        ),
+        Rule(
+            "Hq >= 1 and D >= 1",
+            "query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1",
+        ),
+        Arg(
+            "key_cache",
+            "NB, PS, Hkv, D",
+            layout="dense_last",
+            expect=_CACHE_EXPECT,
+            layout_hint=_CACHE_HINT,
+            **cache,
+        ),
+        Rule(
+            "PS >= 1 and Hkv >= 1",
+            "key_cache has shape {tuple(key_cache.shape)}: page_size and Hkv must be at least 1",
+        ),
+        Rule(
+            "Hq % Hkv == 0",
+            "query has {Hq} heads, key_cache {Hkv}: the query heads must be a multiple of the KV heads "
+            "(GQA / MQA)",
+        ),
+        Arg(
+            "value_cache",
+            "NB, PS, Hkv, D",
+            like="key_cache",
+            layout="dense_last",
+            expect="{tuple(key_cache.shape)} like key_cache",
+            layout_hint=_CACHE_HINT,
+        ),
+        Arg(
+            "block_tables",
+            "B, MB",
+            dtypes=("int32",),
+            device_of="query",
+            layout="strided",
+            expect="[num_seqs, max_blocks_per_seq]",
+        ),
+        Arg(
+            "seq_lens",
+            "B",
+            dtypes=("int32",),
+            device_of="query",
+            layout="dense_last",
+            note=" (one total KV length per sequence: cached prefix + new tokens)",
+            layout_hint="has stride {{t}.stride(0)}; pass {t}.contiguous()",
+        ),
+        Arg(
+            "cu_seqlens_q",
+            "B + 1",
+            dtypes=("int32",),
+            device_of="query",
+            layout="dense_last",
+            expect="[{B + 1}] (num_seqs + 1 offsets into query's rows: 0, q_len_0, q_len_0 + q_len_1, ...)",
+            layout_hint="has stride {{t}.stride(0)}; pass {t}.contiguous()",
+        ),
+        Scalar("scale", "off_or_positive"),
+        Scalar("softcap", "off_or_positive"),
+        Scalar("window_left", "int32"),
+        Rule(
+            "window_left >= -1",
+            "window_left = {window_left}: -1 (no window) or the number of positions before the query "
+            "to attend (>= 0)",
+        ),
+        Arg(
+            "sinks",
+            "Hq",
+            dtypes=("float32",),
+            device_of="query",
+            layout="vector",
+            note=" (one sink logit per query head)",
+        ),
+        *scales,
+        Rule(
+            f"MB * PS <= {_I32} and T * Hq <= {_I32} and T + B <= {_I32}",
+            "block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's "
+            "32-bit positions",
+            device="cuda",
+        ),
+        Arg("lse", "T, Hq", dtypes=("float32",), device_of="query", layout="strided", expect="[{T}, {Hq}]"),
+        Arg("out", "T, Hq, D", like="query", layout="dense_last", expect="[{T}, {Hq}, {D}]", out=True),
+    )
+
+
+_ARGS = ("out", "lse", "lse is not None", "query", "key_cache", "value_cache", "block_tables", "seq_lens")
+_ARGS += ("cu_seqlens_q", "sinks", "sinks is not None")
+_TAIL = ("scale if scale > 0 else D ** -0.5", "softcap", "window_left")
+PAGED_PREFILL = Forms(
+    "paged_prefill",
+    cases=(
+        (
+            (When("key_cache", dtype="float8_e4m3fn"),),
+            Contract("prefill_fp8", _items(True), (*_ARGS, "k_scale", "v_scale", "True", *_TAIL), "out"),
+        ),
+    ),
+    default=Contract("prefill", _items(False), (*_ARGS, "seq_lens", "seq_lens", "False", *_TAIL), "out"),
+)
+
+
+def values(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    *_: Any,
+) -> None:
+    """CPU tensors (free there): ``cu_seqlens_q`` from 0 to query's rows, non-decreasing; every
+    length within the table's capacity and at least its sequence's new tokens; every block id a
+    sequence uses a block of the cache. On CUDA the kernels clamp instead (no sync)."""
+    if not (seq_lens.is_cpu and block_tables.is_cpu and cu_seqlens_q.is_cpu):
+        return
+    nb, ps = key_cache.shape[0], key_cache.shape[1]
+    width = block_tables.shape[1]
+    cap = width * ps
+    cu = cu_seqlens_q.tolist()
+    rows = query.shape[0]
+    if cu[0] != 0:
+        raise ValueError(
+            f"{OP}: cu_seqlens_q[0] = {cu[0]}: the offsets into query's rows start at 0 "
+            "(cu_seqlens_q = [0, q_len_0, q_len_0 + q_len_1, ...])"
+        )
+    for b in range(len(cu) - 1):
+        if cu[b + 1] < cu[b]:
+            raise ValueError(
+                f"{OP}: cu_seqlens_q[{b + 1}] = {cu[b + 1]} < cu_seqlens_q[{b}] = {cu[b]}: the offsets must be "
+                f"non-decreasing (sequence {b}'s q_len would be {cu[b + 1] - cu[b]})"
+            )
+    if cu[-1] != rows:
+        raise ValueError(
+            f"{OP}: cu_seqlens_q[{len(cu) - 1}] = {cu[-1]} but query has {rows} rows: the last offset is the "
+            "total number of new tokens"
+        )
+    if not _checks.in_range(seq_lens, 0, cap + 1):
+        b = int(((seq_lens < 0) | (seq_lens > cap)).nonzero()[0, 0])
+        raise ValueError(
+            f"{OP}: seq_lens[{b}] = {int(seq_lens[b])} is out of range [0, {cap}] (block_tables has {width} "
+            f"entries per sequence of {ps}-token pages)"
+        )
+    for b, n in enumerate(seq_lens.tolist()):
+        if cu[b + 1] - cu[b] > n:
+            raise ValueError(
+                f"{OP}: sequence {b} has {cu[b + 1] - cu[b]} new tokens (cu_seqlens_q[{b + 1}] - "
+                f"cu_seqlens_q[{b}]) but seq_lens[{b}] = {n}: seq_lens counts the cached prefix plus the new "
+                "tokens, so it is at least q_len"
+            )
+    if not block_tables.numel() or _checks.in_range(block_tables, 0, nb):
+        return
+    need = (seq_lens.long() + ps - 1) // ps
+    used = torch.arange(width)[None, :] < need[:, None]
+    bad = (used & ((block_tables < 0) | (block_tables >= nb))).nonzero()
+    if bad.numel():
+        r, c = int(bad[0, 0]), int(bad[0, 1])
+        raise ValueError(
+            f"{OP}: block_tables[{r}, {c}] = {int(block_tables[r, c])} is out of range [0, {nb}) (key_cache's "
+            f"blocks): sequence {r} (seq_len {int(seq_lens[r])}) uses the first {int(need[r])} entries of its row"
+        )
+
+
+# -- the definition --------------------------------------------------------------------------------
+def reference(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    window_left: int = -1,
+    sinks: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+    lse: Tensor | None = None,
+    out: Tensor | None = None,
+) -> Tensor:
+    """The definition, one sequence at a time: its keys and values gathered through its block
+    table, scores in float32 (float64 for a float64 call), the causal mask aligned to the end of
+    the KV (query ``i`` of ``q_len`` sees positions ``<= seq_len - q_len + i``), the window,
+    softcap, the sinks in the denominator, the weighted sum in float32, one cast."""
+    f = torch.float64 if query.dtype == torch.float64 else torch.float32
+    rows, hq, d = query.shape
+    ps, hkv = key_cache.shape[1], key_cache.shape[2]
+    g = hq // hkv
+    sm = scale if scale > 0 else d**-0.5
+    dev = query.device
+    o = torch.zeros((rows, hq, d), dtype=f, device=dev)
+    lses = torch.full((rows, hq), float("-inf"), dtype=f, device=dev)
+    cu = cu_seqlens_q.tolist()
+    for b, n in enumerate(seq_lens.tolist()):
+        q0, q1 = cu[b], cu[b + 1]
+        if q1 == q0:
+            continue
+        pos = torch.arange(n, device=dev)
+        blocks = block_tables[b].long()[pos // ps]
+        k = _rows(key_cache, blocks, pos % ps).to(f)  # [n, Hkv, D]
+        v = _rows(value_cache, blocks, pos % ps).to(f)
+        if k_scale is not None and v_scale is not None:
+            k, v = k * k_scale.to(f).reshape(()), v * v_scale.to(f).reshape(())
+        qb = query[q0:q1].to(f).reshape(q1 - q0, hkv, g, d)
+        s = torch.einsum("ihgd,nhd->ihgn", qb, k) * sm
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        last = (n - (q1 - q0) + torch.arange(q1 - q0, device=dev))[:, None]  # [q, 1]
+        keep = pos[None, :] <= last
+        if window_left >= 0:
+            keep &= pos[None, :] >= last - window_left
+        s = s.reshape(q1 - q0, hq, n).masked_fill(~keep[:, None, :], float("-inf"))
+        logits = (
+            torch.cat([s, sinks.to(f)[None, :, None].expand(q1 - q0, hq, 1)], 2) if sinks is not None else s
+        )
+        lse_b = torch.logsumexp(logits, 2) if logits.shape[2] else lses[q0:q1]
+        p = torch.exp(s - lse_b[:, :, None])
+        o[q0:q1] = torch.einsum("ihgn,nhd->ihgd", p.reshape(q1 - q0, hkv, g, n), v).reshape(q1 - q0, hq, d)
+        lses[q0:q1] = lse_b
+    if lse is not None:
+        lse.copy_(lses)
+    y = o.to(query.dtype)
+    return y if out is None else out.copy_(y)
+
+
+#: the torch backend gathers whole block-table rows for this many cache elements at a time
+_CHUNK_ELEMENTS = 1 << 25
+
+
+def torch_prefill(
+    out: Tensor,
+    lse: Tensor,
+    has_lse: bool,
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    sinks: Tensor,
+    has_sinks: bool,
+    k_scale: Tensor,
+    v_scale: Tensor,
+    fp8: bool,
+    scale: float,
+    softcap: float,
+    window_left: int,
+) -> None:
+    """The definition's arithmetic a chunk of query tokens at a time, each against its
+    sequence's whole block-table row: static shapes, the lengths and offsets kept on the device
+    (no sync, CUDA-graph safe), lengths clamped to the table's capacity and bad block ids masked
+    as the Triton kernel does. A fallback (memory ~ tokens x table capacity per chunk)."""
+    rows, hq, d = query.shape
+    nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    bsz, width = block_tables.shape
+    g, cap = hq // hkv, width * ps
+    if rows == 0 or bsz == 0:
+        return
+    if nb == 0 or cap == 0:  # no key at all: the sinks alone
+        out.zero_()
+        if has_lse:
+            lse.copy_(sinks[None, :].expand(rows, hq) if has_sinks else torch.full_like(lse, float("-inf")))
+        return
+    dev = query.device
+    cu = cu_seqlens_q.long().clamp(0, rows)
+    tok = torch.arange(rows, device=dev)
+    seq = torch.searchsorted(cu[1:].contiguous(), tok, right=True).clamp(0, bsz - 1)  # cu[b] <= t < cu[b+1]
+    n_t = seq_lens.long().clamp(0, cap)[seq]
+    last_t = n_t - (cu[seq + 1] - cu[seq]) + (tok - cu[seq])  # the last position token t sees
+    pos = torch.arange(cap, device=dev)
+    step = max(1, _CHUNK_ELEMENTS // max(1, cap * hkv * d))
+    for t0 in range(0, rows, step):
+        t1 = min(rows, t0 + step)
+        blocks = block_tables.long()[seq[t0:t1]][:, pos // ps]  # [t, cap]
+        last = last_t[t0:t1, None]
+        keep = (pos[None, :] <= last) & (pos[None, :] < n_t[t0:t1, None]) & (blocks >= 0) & (blocks < nb)
+        if window_left >= 0:
+            keep &= pos[None, :] >= last - window_left
+        blocks = blocks.clamp(0, nb - 1)
+        k = _rows(key_cache, blocks, (pos % ps)[None, :]).float()  # [t, cap, Hkv, D]
+        v = _rows(value_cache, blocks, (pos % ps)[None, :]).float()
+        if fp8:
+            k, v = k * k_scale.reshape(()), v * v_scale.reshape(())
+        q = query[t0:t1].float().reshape(t1 - t0, hkv, g, d)
+        s = torch.einsum("thgd,tnhd->thgn", q, k) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.reshape(t1 - t0, hq, cap).masked_fill(~keep[:, None, :], float("-inf"))
+        if has_sinks:
+            s = torch.cat([s, sinks.float()[None, :, None].expand(t1 - t0, hq, 1)], 2)
+        m = s.amax(2, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # all -inf: no NaN
+        e = torch.exp(s - m)
+        total = e.sum(2, keepdim=True)
+        p = (e / total.clamp_min(torch.finfo(torch.float32).tiny))[..., :cap]
+        o = torch.einsum("thgn,tnhd->thgd", p.reshape(t1 - t0, hkv, g, cap), v)
+        out[t0:t1] = o.reshape(t1 - t0, hq, d)
+        if has_lse:
+            lse[t0:t1] = (total.log() + m).squeeze(2)

@@ -1,0 +1,305 @@
+"""Triton kernel of ``attention.paged_prefill`` (imported only when the triton backend first runs;
+``triton_kernels.paged_prefill`` is its launcher).
+
+Flash attention over the paged cache, one pass (no split-KV: prefill has query blocks enough to
+fill the GPU). A program per (query block of a sequence, KV head) on a grid
+``(T // BLOCK_Q + B, Hkv)`` sized from the shapes alone: sequence ``b``'s blocks are the program
+ids from ``cu_seqlens_q[b] // BLOCK_Q + b`` (vLLM's unified-attention numbering, which gives each
+sequence at least ``cdiv(q_len, BLOCK_Q)`` ids), found by a binary search over ``cu_seqlens_q``;
+spare ids exit at once. The ``G = Hq / Hkv`` query heads of the KV head are packed into the M tile
+(row ``r``: token ``r // G``, head ``r % G``; ``BLOCK_M = BLOCK_Q * G`` rounded up), so each key
+tile is read once per group and feeds a ``[BLOCK_M, BLOCK_N]`` tensor-core product. The key
+positions walk the sequence's block table one token per row (any page size) from the window's
+start to the block's last causal position (causal block skipping: nothing past it is read), with
+the causal and window masks applied per element and an online softmax in fp32 (``exp2``). Sinks
+start the running max and sum (``m = sink``, ``l = 1``), so they enter the denominator only.
+
+Program ids run in reverse (a sequence's last blocks, with the most keys, start first).
+CUDA-graph safe: no sync, no workspace. Each program clamps its offsets to ``[0, T]``, its length
+to the table's capacity and masks block ids outside ``[0, num_blocks)``: no read or write out of
+bounds, whatever the index tensors hold.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from opmux.kernels.ops.gemm.triton_kernels import _cast
+
+#: Triton's CPU interpreter (tests): bf16 tiles go to the dot as fp32 there (exact); never on a GPU
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a padded head dim, a GQA group and the query
+    dtype: 128 query rows against 64-key tiles (64 x 32 at D 256), at least one whole group per
+    tile; the largest tiles ptxas compiles for sm_90 without spills (bf16 / fp16 / fp8 caches,
+    with 16-divisible strides as the JIT specialises them). fp32 queries take IEEE products on the
+    CUDA cores: a small tile (a correctness form, not a serving one). Static, not timed yet: a
+    tuned table can replace it."""
+    if fp32:
+        bm, bn, warps, stages = 16, 32, 4, 1
+    elif block_d <= 128:
+        bm, bn, warps, stages = 128, 64, 8, 2
+    else:
+        bm, bn, warps, stages = 64, 32, 8, 2
+    return max(bm, triton.next_power_of_2(group)), bn, warps, stages
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from one exp of a non-positive argument (no overflow; no libdevice in the interpreter)."""
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0.0, -y, y)
+
+
+@triton.jit
+def _prefill(
+    Q,
+    KC,
+    VC,
+    BT,
+    LENS,
+    CU,
+    SINKS,
+    KS,
+    VS,
+    OUT,
+    LSE,
+    sq_t,
+    sq_h,
+    sk_b,
+    sk_p,
+    sk_h,
+    sv_b,
+    sv_p,
+    sv_h,
+    sbt_b,
+    sbt_m,
+    so_t,
+    so_h,
+    sl_t,
+    sl_h,
+    num_seqs,
+    num_rows,
+    num_blocks,
+    capacity,
+    D,
+    sm_scale,
+    softcap,
+    window_left,
+    G: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    FP8: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_LSE: tl.constexpr,
+):
+    LOG2E: tl.constexpr = 1.4426950408889634
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    hk = tl.program_id(1)
+    # the sequence: the last b with cu[b] // BLOCK_Q + b <= pid
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(CU + mid) // BLOCK_Q + mid <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    b = lo - 1
+    if b < 0:
+        return
+    c0 = tl.load(CU + b)
+    j = pid - (c0 // BLOCK_Q + b)  # the query block within the sequence
+    q_start = tl.minimum(tl.maximum(c0, 0), num_rows)  # CUDA: no host check, never past query
+    q_end = tl.minimum(tl.maximum(tl.load(CU + b + 1), q_start), num_rows)
+    q_len = q_end - q_start
+    t0 = j * BLOCK_Q
+    if t0 >= q_len:
+        return
+    n = tl.minimum(tl.maximum(tl.load(LENS + b), 0), capacity)
+    prefix = n - q_len  # < 0 only for a bad length: those rows see fewer keys, none out of bounds
+    b64 = b.to(tl.int64)
+
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    tok = t0 + r // G
+    heads = hk * G + r % G
+    rmask = (r < BLOCK_Q * G) & (tok < q_len)
+    dmask = d < D
+    qrow = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        Q + qrow[:, None] * sq_t + heads[:, None].to(tl.int64) * sq_h + d[None, :],
+        mask=rmask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    qk_scale = sm_scale
+    if FP8:
+        qk_scale = sm_scale * tl.load(KS)
+    if not SOFTCAP:
+        qk_scale = qk_scale * LOG2E
+    qpos = prefix + tok  # each row's last visible position
+
+    if HAS_SINKS:
+        m_i = tl.load(SINKS + heads, mask=rmask, other=0.0) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    kv_end = tl.minimum(n, prefix + tl.minimum(t0 + BLOCK_Q, q_len))  # causal: nothing past the block
+    kv_start = n * 0
+    if WINDOW:
+        kv_start = tl.maximum(prefix + t0 - window_left, 0)
+    kbase = KC + hk.to(tl.int64) * sk_h
+    vbase = VC + hk.to(tl.int64) * sv_h
+    for n0 in range(kv_start, kv_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        inr = pos < kv_end
+        blk = tl.load(BT + b64 * sbt_b + (pos // PAGE_SIZE).to(tl.int64) * sbt_m, mask=inr, other=-1)
+        ok = inr & (blk >= 0) & (blk < num_blocks)  # a bad block id: its tokens are skipped
+        page_off = (pos % PAGE_SIZE).to(tl.int64)
+        kmask = ok[:, None] & dmask[None, :]
+        k = tl.load(
+            kbase + (blk.to(tl.int64) * sk_b + page_off * sk_p)[:, None] + d[None, :], mask=kmask, other=0.0
+        )
+        if DOT_F32:
+            k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        s = s * qk_scale
+        if SOFTCAP:
+            s = softcap * _tanh(s / softcap) * LOG2E
+        keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
+        if WINDOW:
+            keep = keep & (pos[None, :] >= qpos[:, None] - window_left)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(
+            vbase + (blk.to(tl.int64) * sv_b + page_off * sv_p)[:, None] + d[None, :], mask=kmask, other=0.0
+        )
+        if DOT_F32:
+            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+        m_i = m_new
+
+    if FP8:
+        acc = acc * tl.load(VS)
+    has = l_i > 0.0
+    safe = tl.where(has, l_i, 1.0)
+    o = acc / safe[:, None]
+    tl.store(
+        OUT + qrow[:, None] * so_t + heads[:, None].to(tl.int64) * so_h + d[None, :],
+        _cast(o, OUT.dtype.element_ty),
+        mask=rmask[:, None] & dmask[None, :],
+    )
+    if HAS_LSE:
+        lse = tl.where(has, (m_i + tl.log2(safe)) / LOG2E, float("-inf"))
+        tl.store(LSE + qrow * sl_t + heads.to(tl.int64) * sl_h, lse, mask=rmask)
+
+
+def launch(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    has_lse: bool,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    sinks: torch.Tensor,
+    has_sinks: bool,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    fp8: bool,
+    scale: float,
+    softcap: float,
+    window_left: int,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> None:
+    """The kernel on the checked arguments; ``block_m`` / ``block_n`` override the tile (tests)."""
+    rows, hq, d = query.shape
+    nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    bsz, width = block_tables.shape
+    if rows == 0 or bsz == 0:
+        return
+    g = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
+    bm, bn, warps, stages = tile_config(block_d, g, query.dtype == torch.float32)
+    bm = max(block_m or bm, 16, triton.next_power_of_2(g))
+    bn = block_n or bn
+    block_q = bm // g
+    dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
+    sbt = block_tables.stride()
+    _prefill[(rows // block_q + bsz, hkv)](
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        sinks,
+        k_scale,
+        v_scale,
+        out,
+        lse,
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        sbt[0],
+        sbt[1],
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if has_lse else 0,
+        lse.stride(1) if has_lse else 0,
+        bsz,
+        rows,
+        nb,
+        width * ps,
+        d,
+        scale,
+        softcap,
+        window_left,
+        G=g,
+        PAGE_SIZE=ps,
+        BLOCK_M=bm,
+        BLOCK_Q=block_q,
+        BLOCK_D=block_d,
+        BLOCK_N=bn,
+        DOT_F32=dot_f32,
+        FP8=fp8,
+        SOFTCAP=softcap > 0,
+        WINDOW=window_left >= 0,
+        HAS_SINKS=has_sinks,
+        HAS_LSE=has_lse,
+        num_warps=warps,
+        num_stages=stages,
+    )

@@ -1,0 +1,212 @@
+"""attention.paged_prefill on a GPU at serving sizes: every backend that runs on the device against
+the op's definition (the per-sequence float32 reference) over batches, contexts (prefix 0 to 4k,
+new tokens 1 to 4k), head dims 64 / 80 / 96 / 128 / 256, page sizes 1 to 128 (odd ones too),
+GQA / MQA / MHA, softcap, sliding windows, sinks, lse, HND views and fp8 e4m3 caches; tolerances
+atol 1.5e-2 / rtol 1e-2 (fp8 caches 0.15). And bad page tables, lengths and offsets: on CUDA the
+kernels clamp and skip them (no sync to check), so the call must give the definition's result
+over what remains and touch no memory out of bounds: the caches sit between NaN blocks and the
+output between canary rows, so a stray read shows as a NaN and a stray write as a changed canary
+(run them under ``compute-sanitizer --tool memcheck`` too: ``-k bad_page_tables``). On the
+CPU the small parity samples and tests/unit/test_paged_prefill_triton.py run instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from opmux.kernels import registry
+from opmux.kernels.explain import op_instance
+from opmux.kernels.ops.attention._prefill import reference
+
+OP = "attention.paged_prefill"
+I32 = torch.int32
+#: (new tokens per sequence, cached prefix per sequence, Hq, Hkv, D, page size, dtype, features)
+GRID: tuple[tuple[list[int], list[int], int, int, int, int, str, dict[str, Any]], ...] = (
+    ([1024], [0], 32, 8, 128, 16, "bf16", {}),
+    ([4096], [0], 32, 8, 128, 16, "bf16", {}),
+    ([512, 300, 1, 77], [1500, 0, 4000, 33], 32, 8, 128, 16, "bf16", {}),
+    ([2048], [2048], 32, 4, 128, 32, "bf16", {"lse": True}),
+    ([333, 129, 0], [0, 700, 64], 16, 2, 64, 1, "fp16", {}),
+    ([200, 57], [100, 900], 8, 1, 80, 5, "bf16", {"softcap": 30.0}),
+    ([256, 100], [300, 0], 16, 16, 96, 7, "bf16", {"window_left": 127}),
+    ([128, 64], [500, 20], 8, 2, 256, 128, "bf16", {"sinks": True, "lse": True}),
+    ([96, 1], [1000, 77], 4, 2, 256, 64, "fp16", {"window_left": 300}),
+    ([700, 45], [1200, 0], 32, 8, 128, 16, "bf16", {"fp8": True}),
+    (
+        [300],
+        [2000],
+        64,
+        8,
+        128,
+        64,
+        "fp16",
+        {"fp8": True, "softcap": 50.0, "window_left": 511, "sinks": True},
+    ),
+    ([100, 50], [200, 10], 12, 4, 64, 3, "fp32", {}),
+    ([400, 33], [600, 9], 32, 8, 128, 16, "bf16", {"hnd": True, "lse": True}),
+    ([64] * 16, [i * 97 for i in range(16)], 32, 8, 128, 16, "bf16", {}),
+)
+_DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _case(
+    q_lens: list[int],
+    prefix: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    page: int,
+    dtype: str,
+    feats: dict[str, Any],
+    seed: int,
+) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+    """(query, caches, table, seq_lens, cu_seqlens_q) and the keyword arguments; the caches are
+    views between two NaN blocks (a read outside them is a NaN in the output)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = _DT[dtype]
+    lens = [p + n for p, n in zip(prefix, q_lens, strict=True)]
+    bsz = len(lens)
+    width = max(1, max(-(-n // page) for n in lens))
+    nb = bsz * width + 3
+
+    def cache() -> torch.Tensor:
+        shape = (nb + 2, hkv, page, d) if feats.get("hnd") else (nb + 2, page, hkv, d)
+        c = torch.randn(shape, device="cuda", generator=g)
+        c[0] = c[-1] = float("nan")
+        c = c[1:-1]
+        return c.transpose(1, 2) if feats.get("hnd") else c
+
+    kc, vc = cache(), cache()
+    table = torch.randperm(nb, device="cuda", generator=g)[: bsz * width].reshape(bsz, width).to(I32)
+    query = torch.randn(sum(q_lens), hq, d, device="cuda", generator=g).to(dt)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=I32, device="cuda")
+    kw: dict[str, Any] = {k: feats[k] for k in ("softcap", "window_left") if k in feats}
+    if feats.get("sinks"):
+        kw["sinks"] = torch.randn(hq, device="cuda", generator=g) * 2
+    if feats.get("lse"):
+        kw["lse"] = torch.empty(sum(q_lens), hq, device="cuda")
+    if feats.get("fp8"):
+        ks, vs = torch.tensor([0.02], device="cuda"), torch.tensor([0.015], device="cuda")
+        kc = (kc.float() / ks).to(torch.float8_e4m3fn)
+        vc = (vc.float() / vs).to(torch.float8_e4m3fn)
+        kw |= {"k_scale": ks, "v_scale": vs}
+    else:
+        kc, vc = kc.to(dt), vc.to(dt)
+    return (query, kc, vc, table, torch.tensor(lens, dtype=I32, device="cuda"), cu), kw
+
+
+def _backends() -> list[str]:
+    return ["default", *[b.name for b in registry.get(OP).backends if "cuda" in b.requires.devices]]
+
+
+def _fn(backend: str) -> Any:
+    op = op_instance(OP)
+    return op if backend == "default" else op.impl(backend)
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, fp8: bool, what: str) -> None:
+    tol = (0.15, 0.15) if fp8 else (1.5e-2, 1e-2)
+    torch.testing.assert_close(
+        got.float(), want.float(), atol=tol[0], rtol=tol[1], msg=lambda m: f"{what}: {m}"
+    )
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_serving_grid(backend: str, device_type: str) -> None:
+    if device_type == "cpu":
+        pytest.skip("the serving grid runs on a GPU (the CPU runs the op's small parity samples)")
+    ran = 0
+    for i, (q_lens, prefix, hq, hkv, d, page, dtype, feats) in enumerate(GRID):
+        if backend == "torch" and sum(q_lens) > 1024:
+            continue  # the token-chunked fallback at 4k tokens proves nothing more
+        args, kw = _case(q_lens, prefix, hq, hkv, d, page, dtype, feats, i)
+        what = f"{backend} q={q_lens} prefix={prefix} {hq}/{hkv} D={d} page={page} {dtype} {sorted(feats)}"
+        lse_want = torch.empty(args[0].shape[:2], device="cuda") if "lse" in kw else None
+        lse_what = f"{what} lse"
+        want = reference(*args, **{**kw, "lse": lse_want})
+        got = _fn(backend)(*args, **kw)
+        torch.cuda.synchronize()
+        _check(got, want, bool(feats.get("fp8")), what)
+        if lse_want is not None:
+            torch.testing.assert_close(
+                kw["lse"], lse_want, atol=1e-2, rtol=1e-3, msg=lambda m, w=lse_what: f"{w}: {m}"
+            )
+        ran += 1
+    assert ran >= 8, f"{backend} took {ran} of the grid's cases"
+
+
+def test_cuda_graph_replay_takes_new_lengths(device_type: str) -> None:
+    """No host sync inside: the op captured once replays with other lengths and offsets."""
+    if device_type == "cpu":
+        pytest.skip("a GPU case")
+    args, _ = _case([300, 200], [100, 700], 32, 8, 128, 16, "bf16", {}, 50)
+    q, kc, vc, table, lens, cu = args
+    out = torch.empty_like(q)
+    fn = op_instance(OP)
+    fn(q, kc, vc, table, lens, cu, out=out)  # warm-up: compile and select outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(q, kc, vc, table, lens, cu, out=out)
+    lens.copy_(torch.tensor([450, 260], dtype=I32))
+    cu.copy_(torch.tensor([0, 240, 500], dtype=I32))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(out, reference(q, kc, vc, table, lens, cu), False, "graph replay")
+
+
+def _guarded_out(rows: int, hq: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out`` as the middle of a buffer with 8 canary rows on each side: (buffer, out)."""
+    buf = torch.full((rows + 16, hq, d), 12345.0, device="cuda", dtype=dtype)
+    return buf, buf[8 : 8 + rows]
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_bad_page_tables_touch_nothing(backend: str, device_type: str) -> None:
+    """CUDA clamps lengths to the table's capacity, offsets to query's rows, and skips block ids
+    outside the cache: the result is the definition's over what remains, nothing read from the
+    NaN blocks around the caches, nothing written outside ``out``."""
+    if device_type == "cpu":
+        pytest.skip("on the CPU such tables raise ValueError (the parity harness's invalid cases)")
+    fn = _fn(backend)
+    args, _ = _case([40, 30, 20], [200, 50, 100], 16, 4, 128, 16, "bf16", {}, 60)
+    q, kc, vc, table, lens, cu = args
+    nb, cap = kc.shape[0], table.shape[1] * kc.shape[1]
+    bad = table.clone()
+    bad[1, 0] = nb  # sequence 1: positions 0..15 skipped
+    bad[1, 2] = -1  # and 32..47
+    bad[2, 3] = 1 << 30  # sequence 2: 48..63 skipped
+    bad_lens = lens.clone()
+    bad_lens[0] = 1 << 20  # clamped to the capacity
+    buf, out = _guarded_out(q.shape[0], 16, 128, q.dtype)
+    fn(q, kc, vc, bad, bad_lens, cu, out=out)
+    torch.cuda.synchronize()
+    assert bool((buf[:8] == 12345.0).all() and (buf[-8:] == 12345.0).all()), "a write outside out"
+    assert bool(out.isfinite().all()), "a read outside the cache (NaN) or an unwritten row"
+    # the definition over what the kernels see: bad blocks' positions dropped from the sequence
+    want0 = reference(q[:40], kc, vc, table[:1], torch.tensor([cap], dtype=I32, device="cuda"), cu[:2])
+    _check(out[:40], want0, False, f"{backend} length past the capacity")
+    for b, (lo, hi) in ((1, (40, 70)), (2, (70, 90))):
+        pos = torch.arange(int(lens[b]), device="cuda")
+        blk = bad[b].long()[pos // 16]
+        keep = (blk >= 0) & (blk < nb)
+        k, v = kc[blk.clamp(0, nb - 1), pos % 16].float(), vc[blk.clamp(0, nb - 1), pos % 16].float()
+        qb = q[lo:hi].float().reshape(hi - lo, 4, 4, 128)
+        s = torch.einsum("ihgd,nhd->ihgn", qb, k) * 128**-0.5
+        last = (int(lens[b]) - (hi - lo) + torch.arange(hi - lo, device="cuda"))[:, None, None, None]
+        s = s.masked_fill(~keep | (pos > last), float("-inf"))
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        want = torch.einsum("ihgn,nhd->ihgd", p, v).reshape(hi - lo, 16, 128)
+        _check(out[lo:hi], want, False, f"{backend} bad block ids of sequence {b}")
+    # offsets past query's rows, decreasing offsets, more new tokens than the length: clamped,
+    # nothing out of bounds (the values are unspecified)
+    for bad_cu, bl in (([0, 40, 70, 500], lens), ([0, 80, 30, 90], lens), ([0, 40, 70, 90], lens // 8)):
+        buf, out = _guarded_out(q.shape[0], 16, 128, q.dtype)
+        fn(q, kc, vc, table, bl, torch.tensor(bad_cu, dtype=I32, device="cuda"), out=out)
+        torch.cuda.synchronize()
+        assert bool((buf[:8] == 12345.0).all() and (buf[-8:] == 12345.0).all()), (
+            f"cu={bad_cu}: a write outside out"
+        )
+        assert not bool(out.isnan().any()), f"cu={bad_cu}: a read outside the cache"
