@@ -75,7 +75,9 @@ def test_draws_follow_the_filtered_row(order: str) -> None:
     if order == "top_k_first":
         want = _ref_top_p(_ref_top_k(dist[None], torch.tensor([k])), torch.tensor([p]))[0]
     else:
-        both = (_ref_top_k(dist[None], torch.tensor([k])) > 0) & (_ref_top_p(dist[None], torch.tensor([p])) > 0)
+        both = (_ref_top_k(dist[None], torch.tensor([k])) > 0) & (
+            _ref_top_p(dist[None], torch.tensor([p])) > 0
+        )
         want = torch.where(both[0], dist, 0.0) / torch.where(both[0], dist, 0.0).sum()
     freq = torch.bincount(ids.long(), minlength=v).double() / n
     assert freq[want == 0].sum() == 0, "a draw outside the kept set"
@@ -97,7 +99,9 @@ def test_min_p_indices_generator_and_nan() -> None:
     c = flashinfer.top_k_top_p_sampling_from_probs(probs, 10, 0.9, generator=g)  # the generator moved on
     assert torch.equal(a, b) and not torch.equal(a, c)
     m = flashinfer.min_p_sampling_from_probs(probs, torch.full((64,), 0.3), seed=3, offset=4)
-    assert torch.equal(m, flashinfer.min_p_sampling_from_probs(probs, torch.full((64,), 0.3), seed=3, offset=4))
+    assert torch.equal(
+        m, flashinfer.min_p_sampling_from_probs(probs, torch.full((64,), 0.3), seed=3, offset=4)
+    )
     keep = probs >= 0.3 * probs.amax(1, keepdim=True)
     assert keep.gather(1, m.long()[:, None]).all()
     bad = probs.clone()
@@ -133,7 +137,9 @@ def test_vllm_sampler_forward_and_random_sample() -> None:
     assert freq[want == 0].sum() == 0 and float((freq - want.double()).abs().max()) < 0.03
     torch.manual_seed(0)
     assert torch.equal(sampler.forward(logits.clone(), {}, k, p)[0], ids)  # the default generator seeds it
-    ids2, lp = vllm_sampler.TopKTopPSampler("processed_logprobs").forward(logits[:4].clone(), {}, k[:4], p[:4])
+    ids2, lp = vllm_sampler.TopKTopPSampler("processed_logprobs").forward(
+        logits[:4].clone(), {}, k[:4], p[:4]
+    )
     assert lp is not None and torch.equal(lp.isinf(), _vllm_mask(logits[:4], k[:4], p[:4]).isinf())
     assert (lp.gather(1, ids2[:, None]) > -torch.inf).all()
     probs = logits[:8].softmax(-1)

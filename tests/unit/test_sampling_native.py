@@ -99,7 +99,11 @@ def test_cuda_unit_compiles_for_sm90a_and_sm80(tmp_path: Path) -> None:
     src = Path(KERNEL_PATH) / "csrc" / "sampling_cuda.cu"
     out = tmp_path / "sampling_cuda.so"
     build.build_shared_library(
-        out, sources=[src], device="cuda", archs=["sm_90a", "sm_80"], include_dirs=[Path(KERNEL_PATH) / "include", src.parent]
+        out,
+        sources=[src],
+        device="cuda",
+        archs=["sm_90a", "sm_80"],
+        include_dirs=[Path(KERNEL_PATH) / "include", src.parent],
     )
     import tvm_ffi
 

@@ -62,7 +62,9 @@ def random_words(device: torch.device, generator: torch.Generator | None = None)
     return w[:1], w[1:]
 
 
-def _draw_words(probs: Tensor, generator: torch.Generator | None, seed: int | None, offset: int | None) -> dict[str, Any]:
+def _draw_words(
+    probs: Tensor, generator: torch.Generator | None, seed: int | None, offset: int | None
+) -> dict[str, Any]:
     if seed is not None:
         return {"seed": int(seed), "offset": int(offset or 0)}
     s, o = random_words(probs.device, generator)

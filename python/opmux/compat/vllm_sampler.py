@@ -51,7 +51,9 @@ def random_sample(probs: Tensor, generators: dict[int, torch.Generator]) -> Tens
     return _sample(probs, None, None, generators)
 
 
-def _sample(probs: Tensor, k: Tensor | None, p: Tensor | None, generators: dict[int, torch.Generator]) -> Tensor:
+def _sample(
+    probs: Tensor, k: Tensor | None, p: Tensor | None, generators: dict[int, torch.Generator]
+) -> Tensor:
     """The ids of top_k_top_p_sampling_from_probs (top_k_first, vLLM's order), int64."""
     s = _ops()
     probs = probs.float()
@@ -87,7 +89,11 @@ class TopKTopPSampler:
     ) -> tuple[Tensor, Tensor | None]:
         if self.logprobs_mode.startswith("processed"):
             logits = apply_top_k_top_p(logits, k, p)
-            out = logits if self.logprobs_mode == "processed_logits" else logits.log_softmax(-1, dtype=torch.float32)
+            out = (
+                logits
+                if self.logprobs_mode == "processed_logits"
+                else logits.log_softmax(-1, dtype=torch.float32)
+            )
             return _sample(logits.softmax(dim=-1, dtype=torch.float32), None, None, generators), out
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         return _sample(probs, k, p, generators), None

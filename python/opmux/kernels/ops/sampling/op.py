@@ -155,7 +155,10 @@ def _ids_out(ref: str) -> Arg:
 
 def _nan_refused(name: str) -> dict[str, str]:
     """The values hook's C++ counterpart for a serving lane: a CPU row holding a NaN is refused."""
-    return {"values_cpp": f"rows_no_nan_on_cpu(device_type, {name})", "values_header": "opmux/sampling_values.h"}
+    return {
+        "values_cpp": f"rows_no_nan_on_cpu(device_type, {name})",
+        "values_header": "opmux/sampling_values.h",
+    }
 
 
 _K_KERNEL = ("top_k_arr", "top_k_arr is not None", "top_k")
@@ -191,7 +194,11 @@ TOP_K_MASK = Contract(
     **_nan_refused("logits"),
 )
 GREEDY = Contract(
-    "greedy", (*_rows("logits", FLOATS), _ids_out("logits")), ("out", "logits"), "out", **_nan_refused("logits")
+    "greedy",
+    (*_rows("logits", FLOATS), _ids_out("logits")),
+    ("out", "logits"),
+    "out",
+    **_nan_refused("logits"),
 )
 TOP_K_TOP_P_SAMPLING = Contract(
     "top_k_top_p_sampling",
