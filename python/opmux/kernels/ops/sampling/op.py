@@ -40,7 +40,9 @@ replays with fresh draws when the caller bumps the offset tensor in place (ints 
 the graph). Draws are deterministic per backend: the same seed, offset and rows give the same
 ids on one backend; backends do not share their uniform numbers. Triton: Philox keyed by the
 seed, counter ``(offset lo, offset hi, row, 0)``, so each row has its own stream and the offset
-advances by 1 per step. Torch: a ``torch.Generator`` on the rows' device seeded with a mix of
+advances by 1 per step. Native (CPU and CUDA units, ``jit/csrc/sampling_*``): the same Philox words
+(``opmux/sampling_philox.h``), so they draw the same u as Triton (the ids agree unless the kept
+mass's rounding differs at a boundary). Torch: a ``torch.Generator`` on the rows' device seeded with a mix of
 seed and offset (a tensor seed / offset is read on the host there: a synchronisation).
 
 **Contents.** A NaN in the rows, or a per-row parameter out of range (``k`` in ``[0, V]``, ``p``
