@@ -1,11 +1,12 @@
-"""The sampling ops' statistics, on every backend that runs here (torch; Triton in its interpreter).
+"""The sampling ops' statistics, on every backend that runs here (torch; the native CPU unit, JIT-built;
+Triton in its interpreter).
 
 (a) a sampled id never falls outside the filtered set (ties at the k-th value, p exactly at a
 cumulative boundary, one dominant token, uniform rows); (b) over many draws the ids follow the
 filtered, renormalised distribution (chi-square at significance 1e-3, cosine > 0.99); (c) the
 renorm / mask ops equal an independent reference; (d) a seed and offset give the same ids twice,
 other offsets other draws. Rows are short on the Triton interpreter (V <= 512); long ones run on
-the torch backend only. Every draw is seeded, so a pass is reproducible.
+the torch and native backends only. Every draw is seeded, so a pass is reproducible.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from opmux.kernels.ops import sampling as S
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "jit", "triton")
 ALPHA = 1e-3
 
 
@@ -186,12 +187,13 @@ def test_ids_stay_in_the_mask(backend: str) -> None:
         assert keep.gather(1, ids.long()[:, None]).all(), f"min_p {min_p}"
 
 
-def test_ids_stay_in_the_mask_long_rows_torch() -> None:
+@pytest.mark.parametrize("backend", ["torch", "jit"])
+def test_ids_stay_in_the_mask_long_rows(backend: str) -> None:
     probs = torch.softmax(torch.randn(4, 30_000, generator=torch.Generator().manual_seed(5)) * 4, -1)
     for kw in ({"top_k": 40}, {"top_p": 0.3}, {"top_k": 1000, "top_p": 0.5, "filter_apply_order": "joint"}):
         keep = _keep(probs, kw.get("top_k", 0), kw.get("top_p", 1.0), kw.get("filter_apply_order") == "joint")
         for offset in range(3):
-            ids = S.top_k_top_p_sampling_from_probs(probs, offset=offset, backend="torch", **kw)
+            ids = S.top_k_top_p_sampling_from_probs(probs, offset=offset, backend=backend, **kw)
             assert keep.gather(1, ids.long()[:, None]).all(), kw
 
 
@@ -272,7 +274,7 @@ def test_min_p_draws(backend: str, min_p: float) -> None:
 
 # -- (c) renorm / mask against the reference -------------------------------------------------------
 def _shapes(backend: str) -> list[tuple[int, int]]:
-    return [(33, 64), (5, 500)] + ([(4, 20_000)] if backend == "torch" else [])
+    return [(33, 64), (5, 500)] + ([(4, 20_000)] if backend != "triton" else [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

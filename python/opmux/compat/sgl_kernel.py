@@ -16,6 +16,14 @@ from typing import TYPE_CHECKING, Any
 from opmux.kernels.ops._torch import torch
 
 from . import _direct, _gemm
+from ._sampling import (
+    min_p_sampling_from_probs,
+    top_k_mask_logits,
+    top_k_renorm_probs,
+    top_k_top_p_sampling_from_probs,
+    top_p_renorm_probs,
+    top_p_sampling_from_probs,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -30,6 +38,7 @@ __all__ = [
     "gelu_tanh_and_mul",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
+    "min_p_sampling_from_probs",
     "moe_align_block_size",
     "moe_sum",
     "rmsnorm",
@@ -40,6 +49,13 @@ __all__ = [
     "sgl_per_token_group_quant_int8",
     "sgl_per_token_quant_fp8",
     "silu_and_mul",
+    "top_k_mask_logits",
+    "top_k_renorm_prob",
+    "top_k_renorm_probs",
+    "top_k_top_p_sampling_from_probs",
+    "top_p_renorm_prob",
+    "top_p_renorm_probs",
+    "top_p_sampling_from_probs",
     "topk_sigmoid",
     "topk_softmax",
     "w8a8_block_fp8_matmul",
@@ -515,3 +531,9 @@ def w8a8_block_fp8_matmul(
     """SGLang's Triton entry (sglang.srt.layers.quantization.fp8_kernel)."""
     dtype = torch.float16 if output_dtype is None else output_dtype
     return _gemm.triton_block_matmul("w8a8_block_fp8_matmul", A, B, As, Bs, block_size, dtype)
+
+
+# -- sampling (FlashInfer's kernels in sgl_kernel; opmux.compat._sampling) -------------------------
+#: sgl_kernel's singular aliases
+top_k_renorm_prob = top_k_renorm_probs
+top_p_renorm_prob = top_p_renorm_probs

@@ -91,7 +91,12 @@ def lane_form(c: Contract | Forms) -> str | None:
     return None
 
 
+#: a chained comparison of simple operands (``0 <= k <= V``): C++ would compare a bool with ``V``
+_CHAIN = re.compile(r"([\w.]+) (<=|<|>=|>) ([\w.]+) (<=|<|>=|>) ([\w.]+)")
+
+
 def _cpp_expr(expr: str) -> str:
+    expr = _CHAIN.sub(r"(\1 \2 \3 and \3 \4 \5)", expr)
     out = _IS_NONE.sub(lambda m: f"{'!' if m.group(2) else ''}is_none({m.group(1)}_arg)", expr)
     out = _SAME_ADDRESS.sub(r"same_address(\1, \2)", out)
     out = re.sub(r"\b(\d+)\*\*(\d+)\b", lambda m: f"{int(m.group(1)) ** int(m.group(2))}LL", out)

@@ -40,7 +40,9 @@ replays with fresh draws when the caller bumps the offset tensor in place (ints 
 the graph). Draws are deterministic per backend: the same seed, offset and rows give the same
 ids on one backend; backends do not share their uniform numbers. Triton: Philox keyed by the
 seed, counter ``(offset lo, offset hi, row, 0)``, so each row has its own stream and the offset
-advances by 1 per step. Torch: a ``torch.Generator`` on the rows' device seeded with a mix of
+advances by 1 per step. Native (CPU and CUDA units, ``jit/csrc/sampling_*``): the same Philox words
+(``opmux/sampling_philox.h``), so they draw the same u as Triton (the ids agree unless the kept
+mass's rounding differs at a boundary). Torch: a ``torch.Generator`` on the rows' device seeded with a mix of
 seed and offset (a tensor seed / offset is read on the host there: a synchronisation).
 
 **Contents.** A NaN in the rows, or a per-row parameter out of range (``k`` in ``[0, V]``, ``p``
@@ -153,6 +155,14 @@ def _ids_out(ref: str) -> Arg:
     return Arg("out", "B", dtypes=("int32",), device_of=ref, layout="vector", out=True)
 
 
+def _nan_refused(name: str) -> dict[str, str]:
+    """The values hook's C++ counterpart for a serving lane: a CPU row holding a NaN is refused."""
+    return {
+        "values_cpp": f"rows_no_nan_on_cpu(device_type, {name})",
+        "values_header": "opmux/sampling_values.h",
+    }
+
+
 _K_KERNEL = ("top_k_arr", "top_k_arr is not None", "top_k")
 _P_KERNEL = ("top_p_arr", "top_p_arr is not None", "top_p")
 _PHILOX_KERNEL = (
@@ -169,20 +179,29 @@ TOP_K_RENORM = Contract(
     (*_rows("probs", _F32), *_top_k("probs"), _out("probs")),
     ("out", "probs", *_K_KERNEL),
     "out",
+    **_nan_refused("probs"),
 )
 TOP_P_RENORM = Contract(
     "top_p_renorm",
     (*_rows("probs", _F32), *_top_p("probs"), _out("probs")),
     ("out", "probs", *_P_KERNEL),
     "out",
+    **_nan_refused("probs"),
 )
 TOP_K_MASK = Contract(
     "top_k_mask",
     (*_rows("logits", FLOATS), *_top_k("logits"), _out("logits")),
     ("out", "logits", *_K_KERNEL),
     "out",
+    **_nan_refused("logits"),
 )
-GREEDY = Contract("greedy", (*_rows("logits", FLOATS), _ids_out("logits")), ("out", "logits"), "out")
+GREEDY = Contract(
+    "greedy",
+    (*_rows("logits", FLOATS), _ids_out("logits")),
+    ("out", "logits"),
+    "out",
+    **_nan_refused("logits"),
+)
 TOP_K_TOP_P_SAMPLING = Contract(
     "top_k_top_p_sampling",
     (
@@ -195,12 +214,14 @@ TOP_K_TOP_P_SAMPLING = Contract(
     ),
     ("out", "probs", *_K_KERNEL, *_P_KERNEL, *_PHILOX_KERNEL, "filter_apply_order"),
     "out",
+    **_nan_refused("probs"),
 )
 MIN_P_SAMPLING = Contract(
     "min_p_sampling",
     (*_rows("probs", _F32), *_min_p("probs"), *_philox("probs"), _ids_out("probs")),
     ("out", "probs", "min_p_arr", "min_p_arr is not None", "min_p", *_PHILOX_KERNEL),
     "out",
+    **_nan_refused("probs"),
 )
 
 
@@ -524,7 +545,6 @@ top_k_renorm_probs = declare(
     values=values_top_k_renorm,
     reference=ref_top_k_renorm_probs,
     torch=torch_top_k_renorm_probs,
-    native=False,
     dtypes=_F32,
     tolerances=_EXACT32,
 )
@@ -537,7 +557,6 @@ top_p_renorm_probs = declare(
     values=values_top_p,
     reference=ref_top_p_renorm_probs,
     torch=torch_top_p_renorm_probs,
-    native=False,
     dtypes=_F32,
     tolerances=_EXACT32,
 )
@@ -550,7 +569,6 @@ top_k_mask_logits = declare(
     values=values_top_k_mask,
     reference=ref_top_k_mask_logits,
     torch=torch_top_k_mask_logits,
-    native=False,
     # the kept values are copied, never computed: exact in every dtype
     tolerances=(("float32", (0.0, 0.0)), ("float16", (0.0, 0.0)), ("bfloat16", (0.0, 0.0))),
 )
@@ -562,7 +580,6 @@ greedy = declare(
     values=values_greedy,
     reference=ref_greedy,
     torch=torch_greedy,
-    native=False,
     tolerances=_IDS_TOL,
 )
 top_k_top_p_sampling_from_probs = declare(
@@ -575,7 +592,6 @@ top_k_top_p_sampling_from_probs = declare(
     values=values_top_k_top_p,
     reference=ref_top_k_top_p_sampling,
     torch=torch_top_k_top_p_sampling,
-    native=False,
     dtypes=_F32,
     tolerances=_IDS_TOL,
 )
@@ -588,7 +604,6 @@ min_p_sampling_from_probs = declare(
     values=values_min_p,
     reference=ref_min_p_sampling,
     torch=torch_min_p_sampling,
-    native=False,
     dtypes=_F32,
     tolerances=_IDS_TOL,
 )

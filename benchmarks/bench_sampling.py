@@ -1,0 +1,234 @@
+"""The sampling ops (ops/sampling) against vLLM's sort-based sampler and FlashInfer, on one GPU.
+
+    python benchmarks/bench_sampling.py --out DIR [--batch 1,16,64,256] [--vocab 32000,128256,151936]
+        [--budget-s 400]
+
+For every batch B and vocabulary V, with per-row k (20..100) and p (0.7..0.95) tensors (the
+serving form: a CUDA graph replays them):
+
+* ``top_k_top_p`` sampling from probs: opmux's default call (``top_k_top_p_sampling_from_probs``,
+  seed / offset tensors); vLLM v1's torch path (``apply_top_k_top_p``: a full sort of the logits,
+  masks, scatter back; then ``softmax`` and the exponential race ``probs.div_(q).argmax()``),
+  reimplemented below as vLLM writes it, timed from the logits (its input) while opmux is timed from
+  the probs plus the same ``softmax`` (so both include it); FlashInfer's
+  ``top_k_top_p_sampling_from_probs`` when importable;
+* ``top_k_renorm_probs``, ``top_p_renorm_probs``, ``top_k_mask_logits``: opmux against FlashInfer's
+  op of the same name and a sort-based torch version (vLLM's masks).
+
+Each is timed as R calls in one CUDA graph (bench_gpu.time_impl), median of the replays; ratios are
+the peer's time over opmux's (> 1: opmux is faster). Writes DIR/sampling.json (rewritten after every
+case) and DIR/sampling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_gpu import environment, time_impl  # noqa: E402
+
+BATCH = (1, 16, 64, 256)
+VOCAB = (32000, 128256, 151936)
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
+
+
+# -- vLLM v1's torch sampler (vllm/v1/sample/ops/topk_topp_sampler.py), as vLLM writes it ---------
+def vllm_apply_top_k_top_p(torch: Any, logits: Any, k: Any, p: Any) -> Any:
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        top_k_mask = logits_sort.size(1) - k.to(torch.long)
+        top_k_mask = logits_sort.gather(1, top_k_mask.unsqueeze(dim=1))
+        top_k_mask = logits_sort < top_k_mask
+        logits_sort.masked_fill_(top_k_mask, -float("inf"))
+    if p is not None:
+        probs_sort = logits_sort.softmax(dim=-1)
+        probs_sum = torch.cumsum(probs_sort, dim=-1, out=probs_sort)
+        top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)
+        top_p_mask[:, -1] = False
+        logits_sort.masked_fill_(top_p_mask, -float("inf"))
+    return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
+
+
+def vllm_random_sample(torch: Any, probs: Any) -> Any:
+    q = torch.empty_like(probs)
+    q.exponential_()
+    return probs.div_(q).argmax(dim=-1).view(-1)
+
+
+def vllm_sample(torch: Any, logits: Any, k: Any, p: Any) -> Any:
+    logits = vllm_apply_top_k_top_p(torch, logits, k, p)
+    return vllm_random_sample(torch, logits.softmax(dim=-1, dtype=torch.float32))
+
+
+def torch_top_k_renorm(torch: Any, probs: Any, k: Any) -> Any:
+    kth = probs.sort(dim=-1, descending=True).values.gather(1, (k.long() - 1)[:, None])
+    q = torch.where(probs >= kth, probs, 0.0)
+    return q / q.sum(1, keepdim=True)
+
+
+def torch_top_p_renorm(torch: Any, probs: Any, p: Any) -> Any:
+    s, idx = probs.sort(dim=-1, descending=False)
+    drop = s.cumsum(-1) <= 1 - p[:, None]
+    drop[:, -1] = False
+    q = probs.scatter(1, idx, s.masked_fill(drop, 0.0))
+    return q / q.sum(1, keepdim=True)
+
+
+def flashinfer_sampling() -> Any:
+    try:
+        import flashinfer.sampling as fs
+    except Exception:
+        return None
+    return fs
+
+
+def run_case(torch: Any, b: int, v: int, args: Any) -> dict[str, Any]:
+    from opmux.kernels.ops import sampling as S
+
+    g = torch.Generator(device="cuda").manual_seed(b * 7 + v)
+    sets = []
+    for _ in range(3):
+        logits = torch.randn(b, v, device="cuda", generator=g) * 3
+        k = torch.randint(20, 101, (b,), device="cuda", generator=g, dtype=torch.int32)
+        p = 0.7 + 0.25 * torch.rand(b, device="cuda", generator=g)
+        sets.append({"logits": logits, "probs": logits.softmax(-1), "k": k, "p": p})
+    seed = torch.tensor([1234], device="cuda", dtype=torch.int64)
+    offset = torch.tensor([0], device="cuda", dtype=torch.int64)
+    fs = flashinfer_sampling()
+    R = max(4, min(200, int(args.target_us / max(1.0, b * v / 2e5))))
+    impls: dict[str, dict[str, Any]] = {
+        "top_k_top_p": {
+            "opmux": lambda s: S.top_k_top_p_sampling_from_probs(
+                s["logits"].softmax(-1),
+                top_k_arr=s["k"],
+                top_p_arr=s["p"],
+                seed_tensor=seed,
+                offset_tensor=offset,
+            ),
+            "vLLM (sort + exponential)": lambda s: vllm_sample(torch, s["logits"].clone(), s["k"], s["p"]),
+        },
+        "top_k_renorm_probs": {
+            "opmux": lambda s: S.top_k_renorm_probs(s["probs"], top_k_arr=s["k"]),
+            "torch sort": lambda s: torch_top_k_renorm(torch, s["probs"], s["k"]),
+        },
+        "top_p_renorm_probs": {
+            "opmux": lambda s: S.top_p_renorm_probs(s["probs"], top_p_arr=s["p"]),
+            "torch sort": lambda s: torch_top_p_renorm(torch, s["probs"], s["p"]),
+        },
+        "top_k_mask_logits": {
+            "opmux": lambda s: S.top_k_mask_logits(s["logits"], top_k_arr=s["k"]),
+            "vLLM sort (top-k)": lambda s: vllm_apply_top_k_top_p(torch, s["logits"].clone(), s["k"], None),
+        },
+    }
+    if fs is not None:
+        impls["top_k_top_p"]["FlashInfer"] = lambda s: fs.top_k_top_p_sampling_from_probs(
+            s["logits"].softmax(-1), s["k"], s["p"]
+        )
+        impls["top_k_renorm_probs"]["FlashInfer"] = lambda s: fs.top_k_renorm_probs(s["probs"], s["k"])
+        impls["top_p_renorm_probs"]["FlashInfer"] = lambda s: fs.top_p_renorm_probs(s["probs"], s["p"])
+        impls["top_k_mask_logits"]["FlashInfer"] = lambda s: fs.top_k_mask_logits(s["logits"], s["k"])
+    # a check before timing: opmux's ids stay in vLLM's kept set (ties aside: random logits have none)
+    s0 = sets[0]
+    ids = impls["top_k_top_p"]["opmux"](s0).long()
+    kept = vllm_apply_top_k_top_p(torch, s0["logits"].clone(), s0["k"], s0["p"]).isfinite()
+    checked = bool(kept.gather(1, ids[:, None]).all())
+    case: dict[str, Any] = {"B": b, "V": v, "R": R, "checked": checked, "ops": {}}
+    for op, fns in impls.items():
+        res = {}
+        for name, fn in fns.items():
+            try:
+                res[name] = time_impl(torch, fn, sets, R, args.replays)
+            except Exception as exc:  # a peer that fails is reported, not fatal
+                res[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        case["ops"][op] = res
+        us = {n: r["us"] for n, r in res.items() if "us" in r}
+        log(f"B={b} V={v} {op}: " + ", ".join(f"{n} {u:.1f} us" for n, u in us.items()))
+    return case
+
+
+def render(record: dict[str, Any]) -> str:
+    env = record["env"]
+    lines = [
+        "# Sampling on the GPU",
+        "",
+        f"Generated by `benchmarks/bench_sampling.py` on {env.get('device', '?')} (torch {env.get('torch', '?')}, "
+        f"FlashInfer {env.get('flashinfer', '?')}). us per call in CUDA graphs, per-row k in 20..100 and p in "
+        "0.7..0.95; in brackets the peer's time over opmux's (> 1: opmux faster). `top_k_top_p` includes the "
+        "softmax of the logits for every entry.",
+        "",
+    ]
+    ops: list[str] = []
+    for c in record["cases"]:
+        for op in c.get("ops", {}):
+            if op not in ops:
+                ops.append(op)
+    for op in ops:
+        names: list[str] = []
+        for c in record["cases"]:
+            for n in c.get("ops", {}).get(op, {}):
+                if n not in names:
+                    names.append(n)
+        lines += [f"## {op}", "", "| B | V | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for c in record["cases"]:
+            res = c.get("ops", {}).get(op)
+            if res is None:
+                continue
+            base = res.get("opmux", {}).get("us")
+            cells = []
+            for n in names:
+                r = res.get(n, {})
+                if "us" not in r:
+                    cells.append("error" if "error" in r else "-")
+                elif n == "opmux" or not base:
+                    cells.append(f"{r['us']:.1f}")
+                else:
+                    cells.append(f"{r['us']:.1f} ({r['us'] / base:.2f}x)")
+            lines.append(f"| {c['B']} | {c['V']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    bad = [f"B={c['B']} V={c['V']}" for c in record["cases"] if c.get("checked") is False]
+    if bad:
+        lines += [f"**Check failed** (an opmux id outside vLLM's kept set): {', '.join(bad)}", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--batch", default=",".join(map(str, BATCH)))
+    ap.add_argument("--vocab", default=",".join(map(str, VOCAB)))
+    ap.add_argument("--replays", type=int, default=7)
+    ap.add_argument("--target-us", type=float, default=2000.0, help="graph length aimed at")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="cases left when it is spent are skipped")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"env": environment(torch), "cases": []}
+    for v in (int(x) for x in args.vocab.split(",")):
+        for b in (int(x) for x in args.batch.split(",")):
+            if time.perf_counter() - T0 > args.budget_s:
+                record["cases"].append({"B": b, "V": v, "skipped": "budget"})
+                continue
+            record["cases"].append(run_case(torch, b, v, args))
+            (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
+            torch.cuda.empty_cache()
+    (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / "sampling.md").write_text(render(record))
+    log(f"wrote {args.out / 'sampling.json'} and sampling.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

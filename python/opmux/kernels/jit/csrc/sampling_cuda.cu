@@ -1,0 +1,524 @@
+// The sampling ops for CUDA tensors (the rules: ops/sampling/op.py's docstring). One 512-thread
+// block per row, no sort; every step is a pass over the row (16-byte vector loads when the rows
+// allow, a scalar tail) with block reductions in a fixed order, so a result never depends on
+// timing (no atomics):
+//   * a threshold (the k-th largest value, the top-p boundary value) is found by a pivot search on
+//     the ordered int key of the values (opmux/sampling_philox.h): each pass tests 15 pivots that
+//     split the key interval [lo, hi) in 16, summing per pivot the count (top-k) or the mass (top-p)
+//     of the values >= it, and keeps the sub-interval where the invariant stat(>= lo) >= need >
+//     stat(>= hi) holds. 8 passes end on the exact key of a row value (FlashInfer's pivot search,
+//     16-way instead of 2- or 3-way; the Triton backend runs the same search 2-way);
+//   * masks keep every value whose key is >= the threshold's (ties kept);
+//   * the draw: u from Philox (seed, counter (offset lo, hi, row, 0): the Triton and CPU backends'
+//     stream, so all three draw the same u), the kept mass, then chunks of the row with a block-wide
+//     exclusive prefix scan until the first kept positive entry whose cumulative mass exceeds
+//     u * mass (else the last kept positive entry, else 0).
+// Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
+// or ints: nothing is read on the host, so a captured CUDA graph replays with the tensors' values.
+#include <tvm/ffi/function.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "opmux/contracts/sampling.h"
+#include "opmux/cuda_utils.cuh"
+#include "opmux/sampling_checks.h"
+#include "opmux/sampling_philox.h"
+
+namespace opmux {
+namespace sampling_cuda {
+
+using cuda::to_float;
+using sampling::ordered_key;
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kPivots = 15;  // per pass: a 16-way split of the key interval
+
+enum Op { kTopKRenorm, kTopPRenorm, kTopKMask, kGreedy, kTopKTopPSample, kMinPSample };
+
+struct Params {
+  const void* x;
+  void* out;
+  int64_t sx, so, rows, n;
+  const void* k_arr;  // nullptr: k_val
+  bool k_i64;
+  int64_t k_val;
+  const float* p_arr;  // nullptr: p_val (top_p or min_p)
+  float p_val;
+  const int64_t* seed_t;  // nullptr: seed_val
+  int64_t seed_val;
+  const int64_t* offset_t;
+  int64_t offset_val;
+  bool joint, vec;
+};
+
+struct Smem {
+  float f[kWarps * (kPivots + 1)];
+  int i[kWarps * (kPivots + 1)];
+  float scan[kWarps];
+};
+
+// Calls f(i, v) for the elements of x[0, n) this thread owns: VEC-wide aligned chunks (when `vec`),
+// then the tail one by one.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each(const T* x, int64_t n, bool vec, F&& f) {
+  constexpr int VEC = cuda::kVec16<T>;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t nv = n / VEC;
+    for (int64_t j = threadIdx.x; j < nv; j += kThreads) {
+      const cuda::Vec<T, VEC> v = cuda::load_vec<T, VEC>(x + j * VEC);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) f(j * VEC + e, to_float(v.v[e]));
+    }
+    done = nv * VEC;
+  }
+  for (int64_t i = done + threadIdx.x; i < n; i += kThreads) f(i, to_float(x[i]));
+}
+
+// Sums v[0, N) over the block (every thread gets the sums), in a fixed order.
+template <int N, typename S>
+__device__ __forceinline__ void block_sum(S (&v)[N], S* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    S a = v[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    if (lane == 0) red[warp * N + j] = a;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    S a = 0;
+    for (int w = 0; w < kWarps; ++w) a += red[w * N + j];
+    v[j] = a;
+  }
+  __syncthreads();
+}
+
+// The largest key in [lo, hi) whose stat (count, or mass when MASS) of values with key >= it is
+// >= need, given stat(>= lo) >= need > stat(>= hi).
+template <bool MASS, typename T>
+__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int64_t hi, double need, Smem& sm) {
+  using S = typename std::conditional<MASS, float, int>::type;
+  while (hi - lo > 1) {
+    const int64_t step = (hi - lo + kPivots) / (kPivots + 1);
+    int32_t piv[kPivots];
+#pragma unroll
+    for (int j = 0; j < kPivots; ++j) {
+      const int64_t p = lo + (j + 1) * step;
+      piv[j] = static_cast<int32_t>(p < hi ? p : hi - 1);  // past hi: never chosen (below)
+    }
+    S acc[kPivots];
+#pragma unroll
+    for (int j = 0; j < kPivots; ++j) acc[j] = 0;
+    for_each(x, n, vec, [&](int64_t, float v) {
+      const int32_t k = ordered_key(v);
+      const S w = MASS ? static_cast<S>(v) : static_cast<S>(1);
+#pragma unroll
+      for (int j = 0; j < kPivots; ++j) acc[j] += k >= piv[j] ? w : static_cast<S>(0);
+    });
+    if constexpr (MASS) {
+      block_sum(acc, sm.f);
+    } else {
+      block_sum(acc, sm.i);
+    }
+    int64_t nlo = lo, nhi = lo + step < hi ? lo + step : hi;
+#pragma unroll
+    for (int j = 0; j < kPivots; ++j) {
+      const int64_t p = lo + (j + 1) * step;
+      if (p < hi && static_cast<double>(acc[j]) >= need) {
+        nlo = p;
+        nhi = p + step < hi ? p + step : hi;
+      }
+    }
+    lo = nlo;
+    hi = nhi;
+  }
+  return lo;
+}
+
+// The kept mass (key >= t) and the last kept positive index (-1: none).
+template <typename T>
+__device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, float* mass, int64_t* last) {
+  float m[1] = {0.0f};
+  int64_t l = -1;
+  for_each(x, n, vec, [&](int64_t i, float v) {
+    if (ordered_key(v) >= t) {
+      m[0] += v;
+      if (v > 0.0f && i > l) l = i;
+    }
+  });
+  block_sum(m, sm.f);
+  for (int o = 16; o > 0; o >>= 1) {
+    const int64_t other = __shfl_xor_sync(0xffffffffu, l, o);
+    l = other > l ? other : l;
+  }
+  __shared__ int64_t lred[kWarps];
+  if ((threadIdx.x & 31) == 0) lred[threadIdx.x >> 5] = l;
+  __syncthreads();
+  l = -1;
+  for (int w = 0; w < kWarps; ++w) l = lred[w] > l ? lred[w] : l;
+  __syncthreads();
+  *mass = m[0];
+  *last = l;
+}
+
+// Exclusive prefix sum of v over the block (threads in order); *total gets the block's sum.
+__device__ __forceinline__ float block_exclusive_scan(float v, Smem& sm, float* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) sm.scan[warp] = inc;
+  __syncthreads();
+  float before = 0.0f, all = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += sm.scan[w];
+    all += sm.scan[w];
+  }
+  __syncthreads();
+  *total = all;
+  return before + inc - v;
+}
+
+// Inverse CDF over the entries with key >= t; returns the id (every thread).
+__device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u, Smem& sm) {
+  float mass;
+  int64_t last;
+  kept_mass(x, n, vec, t, sm, &mass, &last);
+  const float target = u * mass;
+  constexpr int VEC = 4;
+  const int64_t chunk = static_cast<int64_t>(kThreads) * VEC;
+  float carry = 0.0f;
+  __shared__ int64_t found_red[kWarps];
+  for (int64_t base = 0; base < n; base += chunk) {
+    const int64_t i0 = base + static_cast<int64_t>(threadIdx.x) * VEC;
+    float q[VEC];
+    if (vec && i0 + VEC <= n) {
+      const cuda::Vec<float, VEC> v = cuda::load_vec<float, VEC>(x + i0);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[e] = v.v[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[e] = i0 + e < n ? x[i0 + e] : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      q[e] = (i0 + e < n && ordered_key(q[e]) >= t && q[e] > 0.0f) ? q[e] : 0.0f;
+      s += q[e];
+    }
+    float total;
+    float c = carry + block_exclusive_scan(s, sm, &total);
+    int64_t hit = INT64_MAX;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      c += q[e];
+      if (q[e] > 0.0f && c > target && hit == INT64_MAX) hit = i0 + e;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const int64_t other = __shfl_xor_sync(0xffffffffu, hit, o);
+      hit = other < hit ? other : hit;
+    }
+    if ((threadIdx.x & 31) == 0) found_red[threadIdx.x >> 5] = hit;
+    __syncthreads();
+    hit = INT64_MAX;
+    for (int w = 0; w < kWarps; ++w) hit = found_red[w] < hit ? found_red[w] : hit;
+    __syncthreads();
+    if (hit != INT64_MAX) return static_cast<int32_t>(hit);
+    carry += total;
+  }
+  return static_cast<int32_t>(last < 0 ? 0 : last);
+}
+
+__device__ __forceinline__ int64_t row_k(const Params& p, int64_t r) {
+  if (p.k_arr == nullptr) return p.k_val;
+  return p.k_i64 ? static_cast<const int64_t*>(p.k_arr)[r] : static_cast<const int32_t*>(p.k_arr)[r];
+}
+__device__ __forceinline__ float row_p(const Params& p, int64_t r) {
+  return p.p_arr == nullptr ? p.p_val : p.p_arr[r];
+}
+__device__ __forceinline__ float row_uniform(const Params& p, int64_t r) {
+  const int64_t seed = p.seed_t != nullptr ? *p.seed_t : p.seed_val;
+  const int64_t offset = p.offset_t != nullptr ? *p.offset_t : p.offset_val;
+  return sampling::uniform(static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), r);
+}
+
+// Keys of probabilities: [0, bits(+inf)] (a negative value's key is below 0: never kept).
+constexpr int64_t kProbLo = 0, kProbHi = 0x7F800001LL;
+constexpr int64_t kLogitLo = -2147483648LL, kLogitHi = 2147483648LL;
+
+template <typename T>
+__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, bool logits, Smem& sm) {
+  return static_cast<int32_t>(pivot_search<false>(x, n, vec, logits ? kLogitLo : kProbLo,
+                                                  logits ? kLogitHi : kProbHi, static_cast<double>(k), sm));
+}
+
+// The top-p boundary key over the values with key >= base.
+__device__ int32_t top_p_key(const float* x, int64_t n, bool vec, int32_t base, float p, Smem& sm) {
+  float mass;
+  int64_t last;
+  kept_mass(x, n, vec, base, sm, &mass, &last);
+  return static_cast<int32_t>(pivot_search<true>(x, n, vec, base, kProbHi, static_cast<double>(p * mass), sm));
+}
+
+template <Op OP, typename T>
+__global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
+  cuda::pdl_enter();
+  __shared__ Smem sm;
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(p.x) + r * p.sx;
+  const int64_t n = p.n;
+  if constexpr (OP == kGreedy) {
+    float best = -INFINITY;
+    int64_t idx = INT64_MAX;
+    for_each(x, n, p.vec, [&](int64_t i, float v) {
+      if (v > best || (v == best && i < idx)) {
+        best = v;
+        idx = i;
+      }
+    });
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (ob > best || (ob == best && oi < idx)) {
+        best = ob;
+        idx = oi;
+      }
+    }
+    __shared__ float bred[kWarps];
+    __shared__ int64_t ired[kWarps];
+    if ((threadIdx.x & 31) == 0) {
+      bred[threadIdx.x >> 5] = best;
+      ired[threadIdx.x >> 5] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < kWarps; ++w) {
+        if (bred[w] > best || (bred[w] == best && ired[w] < idx)) {
+          best = bred[w];
+          idx = ired[w];
+        }
+      }
+      static_cast<int32_t*>(p.out)[r] = static_cast<int32_t>(idx == INT64_MAX ? 0 : idx);
+    }
+  } else if constexpr (OP == kTopKMask) {
+    T* out = static_cast<T*>(p.out) + r * p.so;
+    const int64_t k = row_k(p, r);
+    const bool on = k > 0 && k < n;
+    const int32_t t = on ? top_k_key(x, n, p.vec, k, true, sm) : INT32_MIN;
+    const T ninf = cuda::from_float<T>(-INFINITY);
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      const T v = x[i];
+      out[i] = ordered_key(to_float(v)) >= t ? v : ninf;
+    }
+  } else if constexpr (OP == kTopKRenorm || OP == kTopPRenorm) {
+    float* out = static_cast<float*>(p.out) + r * p.so;
+    const float* xf = reinterpret_cast<const float*>(x);
+    int32_t t = 0;
+    bool on;
+    if constexpr (OP == kTopKRenorm) {
+      const int64_t k = row_k(p, r);
+      on = k > 0 && k < n;
+      if (on) t = top_k_key(xf, n, p.vec, k, false, sm);
+    } else {
+      const float pr = row_p(p, r);
+      on = pr < 1.0f;
+      if (on) t = top_p_key(xf, n, p.vec, 0, pr, sm);
+    }
+    if (!on) {
+      for (int64_t i = threadIdx.x; i < n; i += kThreads) out[i] = xf[i];
+      return;
+    }
+    float mass;
+    int64_t last;
+    kept_mass(xf, n, p.vec, t, sm, &mass, &last);
+    const float inv = 1.0f / mass;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      const float v = xf[i];
+      out[i] = ordered_key(v) >= t ? v * inv : 0.0f;
+    }
+  } else if constexpr (OP == kTopKTopPSample) {
+    const float* xf = reinterpret_cast<const float*>(x);
+    const int64_t k = row_k(p, r);
+    const float pr = row_p(p, r);
+    int32_t t = static_cast<int32_t>(kProbLo);
+    if (k > 0 && k < n) t = top_k_key(xf, n, p.vec, k, false, sm);
+    if (pr < 1.0f) {
+      const int32_t tp = top_p_key(xf, n, p.vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm);
+      t = p.joint ? (tp > t ? tp : t) : tp;
+    }
+    const int32_t id = draw(xf, n, p.vec, t, row_uniform(p, r), sm);
+    if (threadIdx.x == 0) static_cast<int32_t*>(p.out)[r] = id;
+  } else {  // kMinPSample
+    const float* xf = reinterpret_cast<const float*>(x);
+    float top[1] = {0.0f};
+    for_each(xf, n, p.vec, [&](int64_t, float v) { top[0] = v > top[0] ? v : top[0]; });
+    for (int o = 16; o > 0; o >>= 1) top[0] = fmaxf(top[0], __shfl_xor_sync(0xffffffffu, top[0], o));
+    if ((threadIdx.x & 31) == 0) sm.f[threadIdx.x >> 5] = top[0];
+    __syncthreads();
+    for (int w = 0; w < kWarps; ++w) top[0] = fmaxf(top[0], sm.f[w]);
+    __syncthreads();
+    const int32_t t0 = ordered_key(row_p(p, r) * top[0]);
+    const int32_t id = draw(xf, n, p.vec, t0 > 0 ? t0 : 0, row_uniform(p, r), sm);
+    if (threadIdx.x == 0) static_cast<int32_t*>(p.out)[r] = id;
+  }
+}
+
+// 16-byte loads need every row start aligned: the base and the row stride.
+template <typename T>
+bool vec_ok(const void* base, int64_t stride) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % VEC == 0;
+}
+
+template <Op OP, typename T>
+void launch(const char* op, Params p, int32_t device_id) {
+  if (p.rows == 0) return;
+  if (p.rows > 2147483647) TVM_FFI_THROW(ValueError) << op << ": " << p.rows << " rows exceed the grid";
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  p.vec = vec_ok<T>(p.x, p.sx);
+  cuda::launch(op, device_id, props, sampling_kernel<OP, T>, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0,
+               cuda::current_stream(device_id), p);
+}
+
+Params base_params(const TensorView& x, const SampleRows& r) {
+  Params p{};
+  p.x = data_ptr<const void>(x);
+  p.sx = r.stride;
+  p.rows = r.rows;
+  p.n = r.vocab;
+  return p;
+}
+
+void set_k(Params& p, const TensorView& k_arr, bool has_k, bool i64, int64_t top_k) {
+  p.k_val = top_k;
+  p.k_arr = has_k ? data_ptr<const void>(k_arr) : nullptr;
+  p.k_i64 = i64;
+}
+
+void set_p(Params& p, const TensorView& arr, bool has, double value) {
+  p.p_val = static_cast<float>(value);
+  p.p_arr = has ? data_ptr<const float>(arr) : nullptr;
+}
+
+void set_rng(Params& p, const TensorView& seed_t, bool has_seed, int64_t seed, const TensorView& offset_t,
+             bool has_offset, int64_t offset) {
+  p.seed_t = has_seed ? data_ptr<const int64_t>(seed_t) : nullptr;
+  p.seed_val = seed;
+  p.offset_t = has_offset ? data_ptr<const int64_t>(offset_t) : nullptr;
+  p.offset_val = offset;
+}
+
+void top_k_renorm_probs_cuda(TensorView out, TensorView probs, TensorView k_arr, bool has_k, int64_t top_k,
+                             bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.top_k_renorm_probs";
+  const SampleRows r = check_sample_rows(op, kDLCUDA, "probs", probs, true);
+  Params p = base_params(probs, r);
+  p.so = check_sample_out_rows(op, kDLCUDA, out, probs, r);
+  set_k(p, k_arr, has_k, check_sample_k_arr(op, kDLCUDA, k_arr, has_k, probs, r), top_k);
+  p.out = data_ptr<void>(out);
+  launch<kTopKRenorm, float>(op, p, r.device_id);
+}
+
+void top_p_renorm_probs_cuda(TensorView out, TensorView probs, TensorView p_arr, bool has_p, double top_p,
+                             bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.top_p_renorm_probs";
+  const SampleRows r = check_sample_rows(op, kDLCUDA, "probs", probs, true);
+  Params p = base_params(probs, r);
+  p.so = check_sample_out_rows(op, kDLCUDA, out, probs, r);
+  check_sample_f32_arr(op, kDLCUDA, "top_p_arr", p_arr, has_p, probs, r);
+  set_p(p, p_arr, has_p, top_p);
+  p.out = data_ptr<void>(out);
+  launch<kTopPRenorm, float>(op, p, r.device_id);
+}
+
+void top_k_mask_logits_cuda(TensorView out, TensorView logits, TensorView k_arr, bool has_k, int64_t top_k,
+                            bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.top_k_mask_logits";
+  const SampleRows r = check_sample_rows(op, kDLCUDA, "logits", logits, false);
+  Params p = base_params(logits, r);
+  p.so = check_sample_out_rows(op, kDLCUDA, out, logits, r);
+  set_k(p, k_arr, has_k, check_sample_k_arr(op, kDLCUDA, k_arr, has_k, logits, r), top_k);
+  p.out = data_ptr<void>(out);
+  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch<kTopKMask, scalar_t>(op, p, r.device_id); });
+}
+
+void greedy_cuda(TensorView out, TensorView logits, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.greedy";
+  const SampleRows r = check_sample_rows(op, kDLCUDA, "logits", logits, false);
+  check_sample_ids(op, kDLCUDA, out, logits, r);
+  Params p = base_params(logits, r);
+  p.out = data_ptr<void>(out);
+  OPMUX_DISPATCH_DTYPE(r.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch<kGreedy, scalar_t>(op, p, r.device_id); });
+}
+
+void top_k_top_p_sampling_from_probs_cuda(TensorView out, TensorView probs, TensorView k_arr, bool has_k,
+                                          int64_t top_k, TensorView p_arr, bool has_p, double top_p,
+                                          TensorView seed_t, bool has_seed, int64_t seed, TensorView offset_t,
+                                          bool has_offset, int64_t offset, tvm::ffi::String order,
+                                          bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.top_k_top_p_sampling_from_probs";
+  const SampleRows r = check_sample_rows(op, kDLCUDA, "probs", probs, true);
+  check_sample_ids(op, kDLCUDA, out, probs, r);
+  Params p = base_params(probs, r);
+  set_k(p, k_arr, has_k, check_sample_k_arr(op, kDLCUDA, k_arr, has_k, probs, r), top_k);
+  check_sample_f32_arr(op, kDLCUDA, "top_p_arr", p_arr, has_p, probs, r);
+  set_p(p, p_arr, has_p, top_p);
+  check_sample_word(op, kDLCUDA, "seed_tensor", seed_t, has_seed, probs);
+  check_sample_word(op, kDLCUDA, "offset_tensor", offset_t, has_offset, probs);
+  set_rng(p, seed_t, has_seed, seed, offset_t, has_offset, offset);
+  const std::string o(order);
+  if (o != "top_k_first" && o != "joint") {
+    TVM_FFI_THROW(ValueError) << op << ": filter_apply_order must be 'top_k_first' or 'joint', got '" << o << "'";
+  }
+  p.joint = o == "joint";
+  p.out = data_ptr<void>(out);
+  launch<kTopKTopPSample, float>(op, p, r.device_id);
+}
+
+void min_p_sampling_from_probs_cuda(TensorView out, TensorView probs, TensorView m_arr, bool has_m, double min_p,
+                                    TensorView seed_t, bool has_seed, int64_t seed, TensorView offset_t,
+                                    bool has_offset, int64_t offset, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.min_p_sampling_from_probs";
+  const SampleRows r = check_sample_rows(op, kDLCUDA, "probs", probs, true);
+  check_sample_ids(op, kDLCUDA, out, probs, r);
+  Params p = base_params(probs, r);
+  check_sample_f32_arr(op, kDLCUDA, "min_p_arr", m_arr, has_m, probs, r);
+  set_p(p, m_arr, has_m, min_p);
+  check_sample_word(op, kDLCUDA, "seed_tensor", seed_t, has_seed, probs);
+  check_sample_word(op, kDLCUDA, "offset_tensor", offset_t, has_offset, probs);
+  set_rng(p, seed_t, has_seed, seed, offset_t, has_offset, offset);
+  p.out = data_ptr<void>(out);
+  launch<kMinPSample, float>(op, p, r.device_id);
+}
+
+}  // namespace sampling_cuda
+}  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_k_renorm_probs_cuda, opmux::sampling_cuda::top_k_renorm_probs_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_p_renorm_probs_cuda, opmux::sampling_cuda::top_p_renorm_probs_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_k_mask_logits_cuda, opmux::sampling_cuda::top_k_mask_logits_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(greedy_cuda, opmux::sampling_cuda::greedy_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_k_top_p_sampling_from_probs_cuda,
+                              opmux::sampling_cuda::top_k_top_p_sampling_from_probs_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(min_p_sampling_from_probs_cuda, opmux::sampling_cuda::min_p_sampling_from_probs_cuda);
+
+// the serving lanes generated from the contracts (tools/gen_contracts.py)
+#include "opmux/contracts/sampling_cuda_lanes.inc"
