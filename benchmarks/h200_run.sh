@@ -5,6 +5,9 @@
 #   bash benchmarks/h200_run.sh OUT_DIR "prewarm parity bench" [bench_gpu.py args...]
 #   CHAIN_ARGS="--quick" bash benchmarks/h200_run.sh OUT_DIR "prewarm chain"
 #   NCU_BENCH=docs/benchmarks/h200.json NCU_ARGS="--top 6" bash benchmarks/h200_run.sh OUT_DIR "prewarm ncu"
+#   OPMUX_FROM_TREE=1 MOE_PEER_CONFIGS=.scratch/peer_configs MOE_TUNE="--models DeepSeek-V3 --m 1,8 --budget-s 70; \
+#       --models Qwen3-30B-A3B --m 1,256,1024 --budget-s 80" bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-tune moe-bench"
+#   OPMUX_FROM_TREE=1 bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-grid prefill sampling"
 #
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
@@ -32,6 +35,18 @@
 #          folder resumes from the shipped tables), one run per backend of $GEMM_TUNE_BACKENDS (default
 #          triton; "triton cuda select": select last), arguments $GEMM_TUNE_ARGS, its benchmark
 #          (OUT_DIR/gemm.{json,md}, $GEMM_BENCH_ARGS) with those tables in OPMUX_TUNED_CONFIG_DIR;
+# moe-tune: moe.fused_experts's tuner, one --retune run per ";"-separated argument string of
+#          $MOE_TUNE (e.g. "--models DeepSeek-V3 --m 1,8 --budget-s 70; --models Qwen3-30B-A3B --m 1
+#          --budget-s 40"), into $OUT/moe_configs seeded with the shipped tables; vLLM's files in
+#          $MOE_PEER_CONFIGS (a folder) are read as the user's, so a retune times their entries first;
+# moe-bench: benchmarks/bench_moe.py, the four models with --layer, on $OUT/moe_configs when a
+#          moe-tune stage wrote it (OUT_DIR/moe_bench.*), vLLM's files as the peer's ($MOE_PEER_CONFIGS);
+# moe-grid: tests/parity/test_moe_grid.py on every backend (decode path included), then
+#          compute-sanitizer over its bad-id, expert_map and decode bad-id cases (OUT_DIR/moe_grid.log);
+# prefill: attention.paged_prefill's GPU grid, compute-sanitizer over its bad page tables, and
+#          benchmarks/bench_attention_prefill.py (OUT_DIR/prefill*);
+# sampling: the sampling ops' parity cells on cuda (every backend, the native unit included) and
+#          benchmarks/bench_sampling.py (OUT_DIR/sampling*);
 # "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
@@ -134,6 +149,44 @@ for stage in $STAGES; do
         gemm-bench) OPMUX_TUNED_CONFIG_DIR=${OPMUX_TUNED_CONFIG_DIR:-$OUT/configs} timeout "${GEMM_BENCH_TIMEOUT:-400}" python3 "$REPO/benchmarks/bench_gemm.py" \
                     --out "$OUT" ${GEMM_BENCH_ARGS:---budget-s 300} 2>&1 | tee "$OUT/gemm_bench.log" | tail -60; \
                     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        moe-tune) mkdir -p "$OUT/moe_configs"
+                cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('moe.fused_experts'))")"/*.json "$OUT/moe_configs/"
+                IFS=';' read -ra runs <<< "${MOE_TUNE:?MOE_TUNE: tuner arguments separated by ;}"
+                for a in "${runs[@]}"; do
+                    # shellcheck disable=SC2086  # one run's arguments: words on purpose
+                    OPMUX_TUNED_CONFIG_DIR=${MOE_PEER_CONFIGS:+$REPO/$MOE_PEER_CONFIGS} timeout "${MOE_TUNE_TIMEOUT:-300}" \
+                        python3 -m opmux.kernels.tune moe.fused_experts --retune --out "$OUT/moe_configs" $a 2>&1 \
+                        | tee -a "$OUT/moe_tune.log" | grep -v '^  ' | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                done ;;
+        moe-bench) cfg=(); [[ -d $OUT/moe_configs ]] && cfg=(env "OPMUX_TUNED_CONFIG_DIR=$OUT/moe_configs")
+                # shellcheck disable=SC2086  # MOE_BENCH_ARGS: words on purpose
+                "${cfg[@]}" timeout "${MOE_BENCH_TIMEOUT:-200}" python3 "$REPO/benchmarks/bench_moe.py" --out "$OUT" \
+                    ${MOE_PEER_CONFIGS:+--peer-configs "$REPO/$MOE_PEER_CONFIGS"} --layer \
+                    --models Mixtral-8x7B,Qwen3-30B-A3B,Qwen3-235B-A22B,DeepSeek-V3 ${MOE_BENCH_ARGS:---budget-s 180} \
+                    2>&1 | tee "$OUT/moe_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        moe-grid) timeout 300 python3 -m pytest "$REPO/tests/parity/test_moe_grid.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
+                    | tee "$OUT/moe_grid.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                    python3 -m pytest "$REPO/tests/parity/test_moe_grid.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" \
+                    -k "decode_path_bad_ids or ids_outside or expert_map" 2>&1 | tee -a "$OUT/moe_grid.log" | tail -6
+                [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        prefill) timeout 300 python3 -m pytest "$REPO/tests/parity/test_attention_prefill_grid.py" --target cuda \
+                    "${PARITY_TREE[@]}" -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
+                    | tee "$OUT/prefill_grid.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                    python3 -m pytest "$REPO/tests/parity/test_attention_prefill_grid.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k bad_page_tables 2>&1 \
+                    | tee -a "$OUT/prefill_grid.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                timeout 400 python3 "$REPO/benchmarks/bench_attention_prefill.py" --out "$OUT/prefill" --budget-s 300 2>&1 \
+                    | tee "$OUT/prefill_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        sampling) timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" "$REPO/tests/parity/test_lanes.py" \
+                    "$REPO/tests/parity/test_contract.py" --target cuda "${PARITY_TREE[@]}" -p no:cacheprovider \
+                    --import-mode=importlib -q -ra --rootdir "$REPO" -k "sampling or top_k or top_p or greedy or min_p" \
+                    2>&1 | tee "$OUT/sampling_parity.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                timeout 300 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 240 2>&1 \
+                    | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"
