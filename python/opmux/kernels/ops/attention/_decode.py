@@ -31,8 +31,8 @@ _CACHE_HINT = (
 _CACHE_EXPECT = "[num_blocks, page_size, Hkv, {D}] (vLLM's flash layout; HND as its permuted view)"
 
 
-def _items(fp8: bool) -> tuple[Any, ...]:
-    cache: dict[str, Any] = {"dtypes": FP8, "device_of": "query"} if fp8 else {"like": "query"}
+def cache_scales(fp8: bool) -> tuple[Any, ...]:
+    """The per-tensor k / v scales: required with an fp8 cache, refused with any other."""
     scales: tuple[Any, ...]
     if fp8:
         scales = (
@@ -60,19 +60,14 @@ def _items(fp8: bool) -> tuple[Any, ...]:
                 "{str(key_cache.dtype)[6:]}: pass no scales, or an fp8 cache",
             ),
         )
+    return scales
+
+
+def cache_items(fp8: bool) -> tuple[Any, ...]:
+    """The two paged caches (fp8 e4m3, or the query's dtype) and the head-count rules, as both
+    paged attention ops state them."""
+    cache: dict[str, Any] = {"dtypes": FP8, "device_of": "query"} if fp8 else {"like": "query"}
     return (
-        Arg(
-            "query",
-            "B, Hq, D",
-            dtypes=FLOATS,
-            layout="dense_last",
-            expect="[batch, num_heads, head_dim]",
-            layout_hint="has strides {{t}.stride()}; its head_dim must be dense (stride 1)",
-        ),
-        Rule(
-            "Hq >= 1 and D >= 1",
-            "query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1",
-        ),
         Arg(
             "key_cache",
             "NB, PS, Hkv, D",
@@ -98,6 +93,47 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             expect="{tuple(key_cache.shape)} like key_cache",
             layout_hint=_CACHE_HINT,
         ),
+    )
+
+
+def knob_items() -> tuple[Any, ...]:
+    """scale, softcap, the sliding window and the sinks, as both paged attention ops take them."""
+    return (
+        Scalar("scale", "off_or_positive"),
+        Scalar("softcap", "off_or_positive"),
+        Scalar("window_left", "int32"),
+        Rule(
+            "window_left >= -1",
+            "window_left = {window_left}: -1 (no window) or the number of positions before the query "
+            "to attend (>= 0)",
+        ),
+        Arg(
+            "sinks",
+            "Hq",
+            dtypes=("float32",),
+            device_of="query",
+            layout="vector",
+            note=" (one sink logit per query head)",
+        ),
+    )
+
+
+def _items(fp8: bool) -> tuple[Any, ...]:
+    scales = cache_scales(fp8)
+    return (
+        Arg(
+            "query",
+            "B, Hq, D",
+            dtypes=FLOATS,
+            layout="dense_last",
+            expect="[batch, num_heads, head_dim]",
+            layout_hint="has strides {{t}.stride()}; its head_dim must be dense (stride 1)",
+        ),
+        Rule(
+            "Hq >= 1 and D >= 1",
+            "query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1",
+        ),
+        *cache_items(fp8),
         Arg(
             "block_tables",
             "B, MB",
@@ -115,22 +151,7 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             note=" (one length per sequence)",
             layout_hint="has stride {{t}.stride(0)}; pass {t}.contiguous()",
         ),
-        Scalar("scale", "off_or_positive"),
-        Scalar("softcap", "off_or_positive"),
-        Scalar("window_left", "int32"),
-        Rule(
-            "window_left >= -1",
-            "window_left = {window_left}: -1 (no window) or the number of positions before the query "
-            "to attend (>= 0)",
-        ),
-        Arg(
-            "sinks",
-            "Hq",
-            dtypes=("float32",),
-            device_of="query",
-            layout="vector",
-            note=" (one sink logit per query head)",
-        ),
+        *knob_items(),
         *scales,
         Rule(
             f"MB * PS <= {_I32} and B * Hq <= {_I32}",

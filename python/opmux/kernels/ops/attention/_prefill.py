@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
-from .._contract import FLOATS, FP8, Arg, Contract, Forms, Rule, Scalar, When
-from ._decode import _CACHE_EXPECT, _CACHE_HINT, _I32, _rows
+from .._contract import FLOATS, Arg, Contract, Forms, Rule, When
+from ._decode import _I32, _rows, cache_items, cache_scales, knob_items
 
 if TYPE_CHECKING:
     import torch
@@ -26,34 +26,7 @@ OP = "attention.paged_prefill"
 
 
 def _items(fp8: bool) -> tuple[Any, ...]:
-    cache: dict[str, Any] = {"dtypes": FP8, "device_of": "query"} if fp8 else {"like": "query"}
-    scales: tuple[Any, ...]
-    if fp8:
-        scales = (
-            Rule(
-                "k_scale is not None and v_scale is not None",
-                "an fp8 cache needs k_scale and v_scale (float32, one element each: K = fp8 * k_scale)",
-            ),
-            *(
-                Arg(
-                    n,
-                    "",
-                    dtypes=("float32",),
-                    device_of="query",
-                    layout="element",
-                    note=" (a per-tensor scale)",
-                )
-                for n in ("k_scale", "v_scale")
-            ),
-        )
-    else:
-        scales = (
-            Rule(
-                "k_scale is None and v_scale is None",
-                "k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is "
-                "{str(key_cache.dtype)[6:]}: pass no scales, or an fp8 cache",
-            ),
-        )
+    scales = cache_scales(fp8)
     return (
         Arg(
             "query",
@@ -67,31 +40,7 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             "Hq >= 1 and D >= 1",
             "query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1",
         ),
-        Arg(
-            "key_cache",
-            "NB, PS, Hkv, D",
-            layout="dense_last",
-            expect=_CACHE_EXPECT,
-            layout_hint=_CACHE_HINT,
-            **cache,
-        ),
-        Rule(
-            "PS >= 1 and Hkv >= 1",
-            "key_cache has shape {tuple(key_cache.shape)}: page_size and Hkv must be at least 1",
-        ),
-        Rule(
-            "Hq % Hkv == 0",
-            "query has {Hq} heads, key_cache {Hkv}: the query heads must be a multiple of the KV heads "
-            "(GQA / MQA)",
-        ),
-        Arg(
-            "value_cache",
-            "NB, PS, Hkv, D",
-            like="key_cache",
-            layout="dense_last",
-            expect="{tuple(key_cache.shape)} like key_cache",
-            layout_hint=_CACHE_HINT,
-        ),
+        *cache_items(fp8),
         Arg(
             "block_tables",
             "B, MB",
@@ -118,22 +67,7 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             expect="[{B + 1}] (num_seqs + 1 offsets into query's rows: 0, q_len_0, q_len_0 + q_len_1, ...)",
             layout_hint="has stride {{t}.stride(0)}; pass {t}.contiguous()",
         ),
-        Scalar("scale", "off_or_positive"),
-        Scalar("softcap", "off_or_positive"),
-        Scalar("window_left", "int32"),
-        Rule(
-            "window_left >= -1",
-            "window_left = {window_left}: -1 (no window) or the number of positions before the query "
-            "to attend (>= 0)",
-        ),
-        Arg(
-            "sinks",
-            "Hq",
-            dtypes=("float32",),
-            device_of="query",
-            layout="vector",
-            note=" (one sink logit per query head)",
-        ),
+        *knob_items(),
         *scales,
         Rule(
             f"MB * PS <= {_I32} and T * Hq <= {_I32} and T + B <= {_I32}",
