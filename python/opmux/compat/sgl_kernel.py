@@ -16,6 +16,12 @@ from typing import TYPE_CHECKING, Any
 from opmux.kernels.ops._torch import torch
 
 from . import _direct, _gemm
+from ._attention import (
+    decode_attention_fwd,
+    decode_attention_fwd_grouped,
+    decode_attention_fwd_normal,
+    extend_attention_fwd,
+)
 from ._sampling import (
     min_p_sampling_from_probs,
     top_k_mask_logits,
@@ -31,6 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "FusedSetKVBufferArg",
     "apply_rope_with_cos_sin_cache_inplace",
+    "decode_attention_fwd",
+    "decode_attention_fwd_grouped",
+    "decode_attention_fwd_normal",
+    "extend_attention_fwd",
     "fp8_blockwise_scaled_mm",
     "fused_add_rmsnorm",
     "fused_experts",

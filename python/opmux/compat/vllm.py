@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from opmux.kernels.ops._torch import torch
 
 from . import _direct, _fp8, _gemm
+from ._attention import unified_attention
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -61,6 +62,7 @@ __all__ = [
     "swiglustep_and_mul_triton",
     "topk_sigmoid",
     "topk_softmax",
+    "unified_attention",
     "w8a8_block_fp8_matmul",
     "w8a8_triton_block_scaled_mm",
 ]

@@ -1,0 +1,435 @@
+"""The engines' paged-attention entry points on opmux's ``attention.paged_decode`` /
+``attention.paged_prefill`` (docs/compat.md): vLLM's ``unified_attention`` (``opmux.compat.vllm``)
+and SGLang's Triton ``decode_attention_fwd`` / ``extend_attention_fwd`` (``opmux.compat.sgl_kernel``).
+
+Each maps the engine's arguments onto the op's (window conventions, the CSR ``kv_indptr`` /
+``kv_indices`` of SGLang's page-size-1 pools as a block table) and writes the caller's output
+buffer. What the ops cannot compute (ALiBi, a q-q bias, fp8 output, tree masks, ...) raises
+``NotImplementedError`` naming the argument: nothing is silently dropped. Importing this module
+imports no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from opmux.kernels.ops._torch import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "decode_attention_fwd",
+    "decode_attention_fwd_grouped",
+    "decode_attention_fwd_normal",
+    "extend_attention_fwd",
+    "unified_attention",
+]
+
+#: (value, device) -> a one-element float32 tensor (the op's per-tensor fp8 scales)
+_SCALES: dict[tuple[float, Any], Tensor] = {}
+
+
+def _attention() -> Any:
+    return importlib.import_module("opmux.kernels.ops.attention")
+
+
+def _refuse(name: str, why: str) -> None:
+    raise NotImplementedError(f"{name}: {why}; opmux's attention.paged_decode / paged_prefill do not compute it")
+
+
+def _is_fp8(t: Tensor) -> bool:
+    return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _scale_tensor(scale: Any, device: Any, name: str) -> Tensor:
+    """A per-tensor scale as the op takes it (float32, one element): a tensor's first element (a
+    view, no copy, no sync), a number cached per value and device (a fill, CUDA-graph safe)."""
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() < 1:
+            raise ValueError(f"{name} is empty: a per-tensor scale needs one element")
+        flat = scale.reshape(-1)[:1]
+        return flat if flat.dtype == torch.float32 else flat.float()
+    key = (float(scale), device)
+    t = _SCALES.get(key)
+    if t is None:
+        t = _SCALES[key] = torch.full((1,), float(scale), dtype=torch.float32, device=device)
+    return t
+
+
+def _sinks(sinks: Tensor | None) -> Tensor | None:
+    """The op takes float32 sink logits (models keep them in their weight dtype)."""
+    return None if sinks is None or sinks.dtype == torch.float32 else sinks.float()
+
+
+def _capturing(t: Tensor) -> bool:
+    return bool(t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _width(lens: Tensor, bound: int) -> int:
+    """The block table's width for page size 1: the longest sequence, read once from the device,
+    except while a CUDA graph is being captured (a read would fail there): then ``bound``, a
+    static upper limit from the shapes (the table then costs ``B * bound`` int32)."""
+    if lens.numel() == 0:
+        return 1
+    if _capturing(lens):
+        return max(1, bound)
+    return max(1, int(lens.max()))
+
+
+def _csr_table(indptr: Tensor, indices: Tensor, width: int) -> Tensor:
+    """``block_tables[b, j] = indices[indptr[b] + j]`` (page size 1) as int32 ``[B, width]``,
+    gathered on the device; entries past a sequence's length are never read by the ops (they
+    hold a neighbour's ids, clamped into ``indices``)."""
+    b = indptr.shape[0] - 1
+    if indices.numel() == 0:
+        return torch.zeros((b, width), dtype=torch.int32, device=indptr.device)
+    pos = indptr[:-1].long()[:, None] + torch.arange(width, device=indptr.device)[None, :]
+    return indices[pos.clamp_(0, indices.numel() - 1)].to(torch.int32)
+
+
+def _i32(t: Tensor) -> Tensor:
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
+
+
+# -- vLLM ------------------------------------------------------------------------------------------
+#: vLLM's ``KVQuantMode`` values this entry computes: NONE, FP8_PER_TENSOR
+_KV_NONE, _KV_FP8_PER_TENSOR = 0, 1
+
+
+def unified_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    cu_seqlens_q: Tensor,
+    max_seqlen_q: int,
+    seqused_k: Tensor,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_size: tuple[int, int] | list[int],
+    block_table: Tensor,
+    softcap: float,
+    q_descale: Tensor | None,
+    k_descale: Tensor | None,
+    v_descale: Tensor | None,
+    seq_threshold_3D: int | None = None,
+    num_par_softmax_segments: int | None = None,
+    softmax_segm_output: Tensor | None = None,
+    softmax_segm_max: Tensor | None = None,
+    softmax_segm_expsum: Tensor | None = None,
+    alibi_slopes: Tensor | None = None,
+    output_scale: Tensor | None = None,
+    qq_bias: Tensor | None = None,
+    sinks: Tensor | None = None,
+    mm_prefix_range: Tensor | None = None,
+    use_alibi_sqrt: bool = False,
+    kv_quant_mode: Any = None,
+    k_scale_cache: Tensor | None = None,
+    v_scale_cache: Tensor | None = None,
+) -> None:
+    """vLLM's ``unified_attention`` (``vllm/v1/attention/ops/triton_unified_attention.py``): a
+    mixed batch of prefills, chunked prefills and decodes over the flash-layout cache, as one
+    ``attention.paged_prefill`` call (a decode is a sequence with one new token) into ``out``.
+
+    ``q [T, Hq, D]`` holds sequence ``b``'s new tokens at rows ``cu_seqlens_q[b] :
+    cu_seqlens_q[b + 1]``; ``seqused_k [B]`` are the total KV lengths; ``k`` / ``v`` ``[num_blocks,
+    block_size, Hkv, D]`` with ``block_table [B, max_blocks]``: the op's own conventions, passed
+    as they are. ``window_size = (left, right)``: ``left >= 0`` attends to the ``left`` positions
+    before each query and itself (vLLM's ``SLIDING_WINDOW = 1 + left``), ``right`` is moot under
+    the causal mask (vLLM's kernel ignores it too). fp8 caches (e4m3, or uint8 bytes read as e4m3)
+    are dequantized per tensor by ``k_descale`` / ``v_descale``: their first element, as vLLM's
+    kernel reads its ``[num_seqs, Hkv]`` flash-attention-shaped scales. ``max_seqlen_*`` and the
+    3-D split workspaces (``seq_threshold_3D``, ``softmax_segm_*``) are launch hints: opmux's
+    kernel picks its own tiles and writes no workspace. Query rows past ``cu_seqlens_q[-1]``
+    (CUDA-graph padding) are left as they are, as vLLM leaves them.
+
+    Refused (``NotImplementedError`` naming the argument): ``causal=False``, ``alibi_slopes`` /
+    ``use_alibi_sqrt``, ``qq_bias``, ``output_scale`` (fp8 output), ``mm_prefix_range``, fp8
+    queries / ``q_descale``, the per-token-head and sub-byte ``kv_quant_mode`` forms and their
+    ``k_scale_cache`` / ``v_scale_cache``: the ops have no such term.
+    """
+    if not causal:
+        _refuse("causal=False", "non-causal attention (vLLM's kernel asserts causal too)")
+    for name, val in (
+        ("alibi_slopes", alibi_slopes),
+        ("qq_bias", qq_bias),
+        ("output_scale", output_scale),
+        ("mm_prefix_range", mm_prefix_range),
+        ("k_scale_cache", k_scale_cache),
+        ("v_scale_cache", v_scale_cache),
+    ):
+        if val is not None:
+            _refuse(name, "given")
+    if use_alibi_sqrt:
+        _refuse("use_alibi_sqrt", "ALiBi")
+    if q_descale is not None or _is_fp8(q):
+        _refuse("q_descale / an fp8 query", f"query {q.dtype} (the ops take bf16 / fp16 / fp32 queries)")
+    mode = None if kv_quant_mode is None else int(getattr(kv_quant_mode, "value", kv_quant_mode))
+    if mode not in (None, _KV_NONE, _KV_FP8_PER_TENSOR):
+        _refuse(f"kv_quant_mode={kv_quant_mode!r}", "only NONE and FP8_PER_TENSOR caches")
+    if k.dtype == torch.uint8:  # vLLM's fp8 cache allocated as bytes
+        k, v = k.view(torch.float8_e4m3fn), v.view(torch.float8_e4m3fn)
+    fp8 = _is_fp8(k)
+    if fp8 and mode == _KV_NONE:
+        raise ValueError(
+            f"kv_quant_mode=NONE with a {k.dtype} cache: vLLM reads such a cache unscaled; pass "
+            "FP8_PER_TENSOR with k_descale / v_descale (opmux's fp8 caches are per-tensor scaled)"
+        )
+    if mode == _KV_FP8_PER_TENSOR and not fp8:
+        raise ValueError(f"kv_quant_mode=FP8_PER_TENSOR needs an fp8 cache, not {k.dtype}")
+    if not float(softmax_scale) > 0:
+        raise ValueError(f"softmax_scale = {softmax_scale}: must be > 0")
+    k_scale = v_scale = None
+    if fp8:
+        if k_descale is None or v_descale is None:
+            raise ValueError("an fp8 cache needs k_descale and v_descale (per-tensor: K = fp8 * k_descale)")
+        k_scale = _scale_tensor(k_descale, q.device, "k_descale")
+        v_scale = _scale_tensor(v_descale, q.device, "v_descale")
+    left = int(window_size[0]) if window_size is not None else -1
+    num_seqs = seqused_k.shape[0]
+    cu = _i32(cu_seqlens_q[: num_seqs + 1])
+    if cu.is_cpu:  # free on the CPU: the op's rows are exactly the batch's tokens
+        rows = int(cu[-1]) if cu.numel() else 0
+        q, out = q[:rows], out[:rows]
+    _attention().paged_prefill(
+        q,
+        k,
+        v,
+        _i32(block_table[:num_seqs]),
+        _i32(seqused_k),
+        cu,
+        scale=float(softmax_scale),
+        softcap=float(softcap or 0.0),
+        window_left=left if left >= 0 else -1,
+        sinks=_sinks(sinks),
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+    )
+
+
+# -- SGLang ----------------------------------------------------------------------------------------
+def _sgl_common(name: str, q: Tensor, v_buffer: Tensor, xai_temperature_len: int) -> None:
+    if xai_temperature_len is not None and xai_temperature_len > 0:
+        _refuse(f"{name}: xai_temperature_len={xai_temperature_len}", "Grok's position-dependent logit temperature")
+    if q.shape[-1] != v_buffer.shape[-1]:
+        _refuse(
+            f"{name}: value head dim {v_buffer.shape[-1]} != query head dim {q.shape[-1]}",
+            "MLA's split K / V dims (the ops take one head dim for query, key and value)",
+        )
+
+
+def decode_attention_fwd(
+    q: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    o: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    attn_logits: Tensor,
+    attn_lse: Tensor,
+    num_kv_splits: Tensor,
+    max_kv_splits: int,
+    sm_scale: float,
+    k_scale: float | Tensor = 1.0,
+    v_scale: float | Tensor = 1.0,
+    logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
+    xai_temperature_len: int = -1,
+) -> None:
+    """SGLang's ``decode_attention_fwd`` (``triton_ops/decode_attention.py``): one query token per
+    request over the token pools ``k_buffer`` / ``v_buffer [num_tokens, Hkv, D]``, request ``b``'s
+    tokens at ``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]``: ``attention.paged_decode`` with the
+    pools as a page-size-1 cache and that CSR form as its block table (gathered on the device), into
+    ``o``.
+
+    SGLang scales the logits by ``sm_scale * k_scale`` and the output by ``v_scale``: with an fp8
+    pool these are the op's per-tensor ``k_scale`` / ``v_scale`` (``K = fp8 * k_scale``); with any
+    other pool ``k_scale`` is folded into the scale and ``o`` is multiplied by ``v_scale`` after
+    the op when it is not 1 (one more rounding in ``o``'s dtype). ``logit_cap`` is the op's
+    softcap, ``sinks [Hq]`` its sinks. ``attn_logits`` / ``attn_lse`` / ``num_kv_splits`` /
+    ``max_kv_splits`` are SGLang's split-KV workspace and plan: opmux's kernel plans its own
+    splits and does not write them (nothing reads them after the call). The table's width is the
+    longest request, read once from the device; while a CUDA graph is captured (SGLang captures
+    decode) nothing is read and the width is ``kv_indices.numel()``, a static bound (the table
+    costs ``B * kv_indices.numel()`` int32 in the graph's pool).
+
+    Refused (``NotImplementedError``): ``xai_temperature_len > 0``, a value head dim other than
+    the query's (MLA: K 576 / V 512).
+    """
+    _sgl_common("decode_attention_fwd", q, v_buffer, xai_temperature_len)
+    bsz = q.shape[0]
+    indptr = kv_indptr[: bsz + 1]
+    lens = _i32(indptr[1:] - indptr[:-1])
+    table = _csr_table(indptr, kv_indices, _width(lens, kv_indices.numel()))
+    fp8 = _is_fp8(k_buffer)
+    scale = float(sm_scale or 0.0) or q.shape[-1] ** -0.5
+    ks = vs = None
+    post = None
+    if fp8:
+        ks = _scale_tensor(k_scale, q.device, "k_scale")
+        vs = _scale_tensor(v_scale, q.device, "v_scale")
+    else:
+        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
+            raise TypeError(
+                "decode_attention_fwd: k_scale / v_scale as tensors apply to an fp8 pool; for a "
+                f"{k_buffer.dtype} pool pass numbers (SGLang's layer.k_scale_float)"
+            )
+        scale *= float(k_scale)
+        post = None if float(v_scale) == 1.0 else float(v_scale)
+    _attention().paged_decode(
+        q,
+        k_buffer.unsqueeze(1),
+        v_buffer.unsqueeze(1),
+        table,
+        lens,
+        scale=scale,
+        softcap=float(logit_cap or 0.0),
+        sinks=_sinks(sinks),
+        k_scale=ks,
+        v_scale=vs,
+        out=o,
+    )
+    if post is not None:
+        o.mul_(post)
+
+
+def decode_attention_fwd_normal(
+    q: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    o: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    attn_logits: Tensor,
+    attn_lse: Tensor,
+    num_kv_splits: Tensor,
+    max_kv_splits: int,
+    sm_scale_withk: float,
+    v_scale: float | Tensor = 1.0,
+    logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
+    xai_temperature_len: int = -1,
+) -> None:
+    """SGLang's MHA / grouped decode halves (``sm_scale_withk`` = ``sm_scale * k_scale``):
+    ``decode_attention_fwd`` with ``k_scale`` 1. opmux has one kernel for MHA and GQA."""
+    decode_attention_fwd(
+        q,
+        k_buffer,
+        v_buffer,
+        o,
+        kv_indptr,
+        kv_indices,
+        attn_logits,
+        attn_lse,
+        num_kv_splits,
+        max_kv_splits,
+        sm_scale_withk,
+        1.0,
+        v_scale,
+        logit_cap,
+        sinks,
+        xai_temperature_len,
+    )
+
+
+decode_attention_fwd_grouped = decode_attention_fwd_normal
+
+
+def _gather_rows(pool: Tensor, idx: Tensor) -> Tensor:
+    """``pool[idx]`` (fp8 pools gathered as bytes: no fp8 index kernel on every device)."""
+    if pool.element_size() == 1 and pool.is_floating_point():
+        return pool.view(torch.uint8)[idx].view(pool.dtype)
+    return pool[idx]
+
+
+def _dequant(rows: Tensor, scale: float | Tensor, dtype: Any) -> Tensor:
+    """The prefix rows in the query's dtype, times SGLang's per-tensor scale when it is not 1."""
+    if isinstance(scale, torch.Tensor):
+        return (rows.float() * scale.reshape(-1)[:1].float()).to(dtype)
+    if float(scale) != 1.0:
+        return (rows.float() * float(scale)).to(dtype)
+    return rows if rows.dtype == dtype else rows.to(dtype)
+
+
+def extend_attention_fwd(
+    q_extend: Tensor,
+    k_extend: Tensor,
+    v_extend: Tensor,
+    o_extend: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    qo_indptr: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    custom_mask: Tensor | None,
+    is_causal: bool,
+    mask_indptr: Tensor | None,
+    max_len_extend: int,
+    k_scale: float | Tensor = 1.0,
+    v_scale: float | Tensor = 1.0,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    skip_prefix_custom_mask: bool = True,
+    sliding_window_size: int = -1,
+    sinks: Tensor | None = None,
+    window_kv_offsets: Tensor | None = None,
+    xai_temperature_len: int = -1,
+) -> None:
+    """SGLang's ``extend_attention_fwd`` (``triton_ops/extend_attention.py``): request ``b``'s new
+    tokens ``q_extend / k_extend / v_extend [qo_indptr[b] : qo_indptr[b + 1]]`` attend causally to
+    its cached prefix (pool rows ``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]``) and to each other:
+    ``attention.paged_prefill`` into ``o_extend``.
+
+    SGLang hands the new tokens' K / V apart from the pool (their pool slots are not among the
+    arguments), so the op's cache is built for the call: the prefix rows gathered through
+    ``kv_indices`` (dequantized by ``k_scale`` / ``v_scale`` into the query's dtype, as SGLang
+    scales the prefix part only) followed by ``k_extend`` / ``v_extend``, page size 1, with a block
+    table per request (prefix rows, then its new rows), all on the device. That costs a copy of the
+    batch's prefix K / V (what the kernel reads anyway) and one read of the longest request's length
+    (SGLang does not capture extend in CUDA graphs; while a graph is captured the width is the
+    static bound ``kv_indices.numel() + max_len_extend`` instead). ``sliding_window_size > 0``:
+    query ``i`` sees positions ``>= prefix + i - sliding_window_size`` (the op's ``window_left``);
+    ``logit_cap`` is its softcap, ``sinks [Hq]`` its sinks, ``sm_scale`` None or 0: ``1/sqrt(D)``.
+    ``window_kv_offsets`` is only read by SGLang together with a ``custom_mask``.
+
+    Refused (``NotImplementedError``): ``custom_mask`` (speculative-decoding tree masks),
+    ``is_causal=False``, ``xai_temperature_len > 0``, value head dim other than the query's (MLA).
+    """
+    _sgl_common("extend_attention_fwd", q_extend, v_extend, xai_temperature_len)
+    if custom_mask is not None:
+        _refuse("extend_attention_fwd: custom_mask", "arbitrary (tree) masks; the ops' mask is causal")
+    if not is_causal:
+        _refuse("extend_attention_fwd: is_causal=False", "non-causal attention")
+    dtype, dev = q_extend.dtype, q_extend.device
+    bsz = qo_indptr.shape[0] - 1
+    kv_indptr = kv_indptr[: bsz + 1]
+    npre, rows = kv_indices.numel(), q_extend.shape[0]
+    idx = kv_indices.long().clamp(0, max(0, k_buffer.shape[0] - 1))
+    keys = torch.cat([_dequant(_gather_rows(k_buffer, idx), k_scale, dtype), k_extend.to(dtype)])
+    values = torch.cat([_dequant(_gather_rows(v_buffer, idx), v_scale, dtype), v_extend.to(dtype)])
+    pre = (kv_indptr[1:] - kv_indptr[:-1]).long()
+    ext = (qo_indptr[1:] - qo_indptr[:-1]).long()
+    lens = _i32(pre + ext)
+    width = _width(lens, npre + int(max_len_extend))
+    j = torch.arange(width, device=dev)[None, :]
+    p = pre[:, None]
+    table = torch.where(j < p, kv_indptr[:-1].long()[:, None] + j, npre + qo_indptr[:-1].long()[:, None] + j - p)
+    table = table.clamp_(0, max(0, npre + rows - 1)).to(torch.int32)
+    window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
+    _attention().paged_prefill(
+        q_extend,
+        keys.unsqueeze(1),
+        values.unsqueeze(1),
+        table,
+        lens,
+        _i32(qo_indptr),
+        scale=float(sm_scale or 0.0),
+        softcap=float(logit_cap or 0.0),
+        window_left=window,
+        sinks=_sinks(sinks),
+        out=o_extend,
+    )
