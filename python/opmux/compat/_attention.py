@@ -36,7 +36,9 @@ def _attention() -> Any:
 
 
 def _refuse(name: str, why: str) -> None:
-    raise NotImplementedError(f"{name}: {why}; opmux's attention.paged_decode / paged_prefill do not compute it")
+    raise NotImplementedError(
+        f"{name}: {why}; opmux's attention.paged_decode / paged_prefill do not compute it"
+    )
 
 
 def _is_fp8(t: Tensor) -> bool:
@@ -60,7 +62,7 @@ def _scale_tensor(scale: Any, device: Any, name: str) -> Tensor:
 
 def _sinks(sinks: Tensor | None) -> Tensor | None:
     """The op takes float32 sink logits (models keep them in their weight dtype)."""
-    return None if sinks is None or sinks.dtype == torch.float32 else sinks.float()
+    return sinks if sinks is None or sinks.dtype == torch.float32 else sinks.float()
 
 
 def _capturing(t: Tensor) -> bool:
@@ -214,7 +216,10 @@ def unified_attention(
 # -- SGLang ----------------------------------------------------------------------------------------
 def _sgl_common(name: str, q: Tensor, v_buffer: Tensor, xai_temperature_len: int) -> None:
     if xai_temperature_len is not None and xai_temperature_len > 0:
-        _refuse(f"{name}: xai_temperature_len={xai_temperature_len}", "Grok's position-dependent logit temperature")
+        _refuse(
+            f"{name}: xai_temperature_len={xai_temperature_len}",
+            "Grok's position-dependent logit temperature",
+        )
     if q.shape[-1] != v_buffer.shape[-1]:
         _refuse(
             f"{name}: value head dim {v_buffer.shape[-1]} != query head dim {q.shape[-1]}",
@@ -417,7 +422,9 @@ def extend_attention_fwd(
     width = _width(lens, npre + int(max_len_extend))
     j = torch.arange(width, device=dev)[None, :]
     p = pre[:, None]
-    table = torch.where(j < p, kv_indptr[:-1].long()[:, None] + j, npre + qo_indptr[:-1].long()[:, None] + j - p)
+    table = torch.where(
+        j < p, kv_indptr[:-1].long()[:, None] + j, npre + qo_indptr[:-1].long()[:, None] + j - p
+    )
     table = table.clamp_(0, max(0, npre + rows - 1)).to(torch.int32)
     window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
     _attention().paged_prefill(

@@ -1,0 +1,387 @@
+"""The engines' attention entry points (opmux.compat.vllm.unified_attention,
+opmux.compat.sgl_kernel.decode_attention_fwd / extend_attention_fwd) against a float32 reference
+written here, one sequence at a time with einsum: mixed prefill + decode batches, GQA, page sizes
+1 and 16, softcap, sliding window, sinks, fp8 caches, and the refused arguments."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import opmux.compat.sgl_kernel as sgl
+import opmux.compat.vllm as vllm
+
+FP8 = torch.float8_e4m3fn
+HQ, HKV, D = 4, 2, 16
+
+
+@pytest.fixture(params=("triton", "torch"))
+def attn_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each attention backend that runs on the CPU, forced (a fallback fails the test)."""
+    import opmux.kernels as K
+
+    monkeypatch.setenv("OPMUX_FALLBACK", "error")
+    K.refresh()
+    with K.use_backends(f"attention.*={request.param}"):
+        yield request.param
+
+
+def ref_seq(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    softcap: float = 0.0,
+    window: int = -1,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One sequence: q [ql, Hq, D] are the last ql positions of k / v [n, Hkv, D]; causal,
+    window (positions >= qpos - window), softcap, sinks in the denominator; float32."""
+    q, k, v = q.float(), k.float(), v.float()
+    ql, hq, _ = q.shape
+    n, hkv = k.shape[0], k.shape[1]
+    kk, vv = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    s = torch.einsum("qhd,nhd->hqn", q, kk) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    qpos = (n - ql + torch.arange(ql))[:, None]
+    pos = torch.arange(n)[None, :]
+    keep = pos <= qpos
+    if window >= 0:
+        keep &= pos >= qpos - window
+    s = s.masked_fill(~keep[None], float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[:, None, None].expand(hq, ql, 1)], 2)
+    p = torch.softmax(s, -1)[..., :n]
+    return torch.einsum("hqn,nhd->qhd", p, vv)
+
+
+# -- vLLM unified_attention --------------------------------------------------------------------
+UNIFIED = [
+    "q",
+    "k",
+    "v",
+    "out",
+    "cu_seqlens_q",
+    "max_seqlen_q",
+    "seqused_k",
+    "max_seqlen_k",
+    "softmax_scale",
+    "causal",
+    "window_size",
+    "block_table",
+    "softcap",
+    "q_descale",
+    "k_descale",
+    "v_descale",
+]
+DECODE = ["q", "k_buffer", "v_buffer", "o", "kv_indptr", "kv_indices", "attn_logits", "attn_lse"]
+DECODE += ["num_kv_splits", "max_kv_splits", "sm_scale", "k_scale", "v_scale", "logit_cap", "sinks"]
+EXTEND = ["q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr"]
+EXTEND += ["kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "k_scale", "v_scale"]
+EXTEND += ["sm_scale", "logit_cap", "skip_prefix_custom_mask", "sliding_window_size", "sinks"]
+
+
+def test_signatures_are_the_engines() -> None:
+    assert list(inspect.signature(vllm.unified_attention).parameters)[: len(UNIFIED)] == UNIFIED
+    assert list(inspect.signature(sgl.decode_attention_fwd).parameters)[: len(DECODE)] == DECODE
+    assert list(inspect.signature(sgl.extend_attention_fwd).parameters)[: len(EXTEND)] == EXTEND
+    assert "unified_attention" in vllm.__all__
+    assert {"decode_attention_fwd", "extend_attention_fwd"} <= set(sgl.__all__)
+
+
+def _paged_batch(ps: int, q_lens: list[int], kv_lens: list[int], seed: int) -> dict[str, torch.Tensor]:
+    """A flash-layout cache [nb, ps, Hkv, D] with each sequence's blocks scattered at random."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // ps) for n in kv_lens]
+    nb = sum(need) + 3
+    perm = torch.randperm(nb, generator=g)
+    width = max(need)
+    table = torch.zeros((len(kv_lens), width), dtype=torch.int32)
+    at = 0
+    for b, m in enumerate(need):
+        table[b, :m] = perm[at : at + m]
+        at += m
+    return {
+        "q": torch.randn(sum(q_lens), HQ, D, generator=g),
+        "kc": torch.randn(nb, ps, HKV, D, generator=g),
+        "vc": torch.randn(nb, ps, HKV, D, generator=g),
+        "table": table,
+        "cu": torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
+        "lens": torch.tensor(kv_lens, dtype=torch.int32),
+        "sinks": torch.randn(HQ, generator=g),
+    }
+
+
+def _seq_kv(cache: torch.Tensor, table: torch.Tensor, b: int, n: int) -> torch.Tensor:
+    ps = cache.shape[1]
+    pos = torch.arange(n)
+    return cache[table[b, pos // ps].long(), pos % ps]
+
+
+# a mixed batch: a decode, a chunked prefill over a prefix, a decode of a 1-token sequence, a
+# plain prefill
+Q_LENS, KV_LENS = [1, 4, 1, 3], [9, 21, 1, 3]
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+@pytest.mark.parametrize(
+    ("softcap", "window", "use_sinks"), [(0.0, -1, False), (5.0, -1, True), (0.0, 4, False), (3.0, 2, True)]
+)
+def test_unified_attention_mixed_batch(
+    attn_backend: str, ps: int, softcap: float, window: int, use_sinks: bool
+) -> None:
+    t = _paged_batch(ps, Q_LENS, KV_LENS, seed=ps + window)
+    scale = 0.3
+    pad = 2  # CUDA-graph padding rows past cu_seqlens_q[-1]: left as they are
+    q = torch.cat([t["q"], torch.randn(pad, HQ, D)])
+    out = torch.full_like(q, 7.0)
+    # float32 sinks, and a model-dtype (bf16) one converted by the entry
+    sinks = t["sinks"].to(torch.bfloat16 if softcap > 4 else torch.float32) if use_sinks else None
+    vllm.unified_attention(
+        q=q,
+        k=t["kc"],
+        v=t["vc"],
+        out=out,
+        cu_seqlens_q=t["cu"],
+        max_seqlen_q=max(Q_LENS),
+        seqused_k=t["lens"],
+        max_seqlen_k=max(KV_LENS),
+        softmax_scale=scale,
+        causal=True,
+        window_size=(window, 0) if window >= 0 else (-1, -1),
+        block_table=t["table"],
+        softcap=softcap,
+        q_descale=None,
+        k_descale=None,
+        v_descale=None,
+        sinks=sinks,
+    )
+    for b, n in enumerate(KV_LENS):
+        r0, r1 = int(t["cu"][b]), int(t["cu"][b + 1])
+        k, v = _seq_kv(t["kc"], t["table"], b, n), _seq_kv(t["vc"], t["table"], b, n)
+        s = sinks.float() if sinks is not None else None
+        want = ref_seq(q[r0:r1], k, v, scale, softcap, window, s)
+        torch.testing.assert_close(out[r0:r1], want, atol=2e-5, rtol=2e-5)
+    assert bool((out[-pad:] == 7.0).all())
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_unified_attention_fp8_cache(attn_backend: str, as_bytes: bool) -> None:
+    """fp8 caches with vLLM's [num_seqs, Hkv] descales: the first element dequantizes (vLLM's
+    per-tensor mode), uint8 bytes read as e4m3."""
+    t = _paged_batch(16, Q_LENS, KV_LENS, seed=5)
+    kq, vq = (t["kc"] / 0.5).to(FP8), (t["vc"] / 0.25).to(FP8)
+    nseq = len(Q_LENS)
+    out = torch.empty_like(t["q"])
+    vllm.unified_attention(
+        t["q"],
+        kq.view(torch.uint8) if as_bytes else kq,
+        vq.view(torch.uint8) if as_bytes else vq,
+        out,
+        t["cu"],
+        max(Q_LENS),
+        t["lens"],
+        max(KV_LENS),
+        D**-0.5,
+        True,
+        (-1, -1),
+        t["table"],
+        0,
+        None,
+        torch.full((nseq, HKV), 0.5),
+        torch.full((nseq, HKV), 0.25),
+    )
+    for b, n in enumerate(KV_LENS):
+        r0, r1 = int(t["cu"][b]), int(t["cu"][b + 1])
+        k = _seq_kv(kq, t["table"], b, n).float() * 0.5
+        v = _seq_kv(vq, t["table"], b, n).float() * 0.25
+        torch.testing.assert_close(out[r0:r1], ref_seq(t["q"][r0:r1], k, v, D**-0.5), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"alibi_slopes": torch.ones(HQ)}, "alibi_slopes"),
+        ({"qq_bias": torch.zeros(4, 4)}, "qq_bias"),
+        ({"output_scale": torch.ones(1)}, "output_scale"),
+        ({"causal": False}, "causal=False"),
+        ({"q_descale": torch.ones(1)}, "q_descale"),
+        ({"mm_prefix_range": torch.zeros(1, 1, 2, dtype=torch.int32)}, "mm_prefix_range"),
+        ({"kv_quant_mode": 2}, "kv_quant_mode"),
+        ({"use_alibi_sqrt": True}, "use_alibi_sqrt"),
+    ],
+)
+def test_unified_attention_refusals(kwargs: dict[str, object], names: str) -> None:
+    t = _paged_batch(16, [1], [5], seed=1)
+    out = torch.full_like(t["q"], 3.0)
+    args = {
+        "q": t["q"],
+        "k": t["kc"],
+        "v": t["vc"],
+        "out": out,
+        "cu_seqlens_q": t["cu"],
+        "max_seqlen_q": 1,
+        "seqused_k": t["lens"],
+        "max_seqlen_k": 5,
+        "softmax_scale": 0.25,
+        "causal": True,
+        "window_size": (-1, -1),
+        "block_table": t["table"],
+        "softcap": 0.0,
+        "q_descale": None,
+        "k_descale": None,
+        "v_descale": None,
+        **kwargs,
+    }
+    with pytest.raises(NotImplementedError, match=names):
+        vllm.unified_attention(**args)  # type: ignore[arg-type]
+    assert bool((out == 3.0).all())  # nothing written
+
+
+def test_unified_attention_fp8_cache_needs_descales() -> None:
+    t = _paged_batch(16, [1], [5], seed=2)
+    with pytest.raises(ValueError, match="k_descale"):
+        vllm.unified_attention(
+            t["q"], t["kc"].to(FP8), t["vc"].to(FP8), torch.empty_like(t["q"]), t["cu"], 1, t["lens"], 5,
+            0.25, True, (-1, -1), t["table"], 0.0, None, None, None,
+        )  # fmt: skip
+
+
+# -- SGLang decode / extend (token pools, page size 1) ---------------------------------------------
+def _pool(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Generator]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, HKV, D, generator=g), torch.randn(n, HKV, D, generator=g), g
+
+
+def _csr(lens: list[int], n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_indptr / kv_indices over distinct random pool rows (int64 indices, as SGLang's arange)."""
+    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    return indptr, torch.randperm(n, generator=g)[: sum(lens)]
+
+
+@pytest.mark.parametrize(
+    ("softcap", "use_sinks", "kv_scales", "fp8"),
+    [(0.0, False, (1.0, 1.0), False), (4.0, True, (0.5, 2.0), False), (0.0, True, (0.5, 0.25), True)],
+)
+def test_sgl_decode_attention(
+    attn_backend: str, softcap: float, use_sinks: bool, kv_scales: tuple[float, float], fp8: bool
+) -> None:
+    kb, vb, g = _pool(48, seed=3)
+    lens = [5, 1, 17]
+    indptr, indices = _csr(lens, 48, g)
+    bsz = len(lens)
+    q = torch.randn(bsz, HQ, D, generator=g)
+    o = torch.empty_like(q)
+    sinks = torch.randn(HQ, generator=g) if use_sinks else None
+    ks, vs = kv_scales
+    if fp8:
+        kb, vb = (kb / ks).to(FP8), (vb / vs).to(FP8)
+    splits = 4
+    sgl.decode_attention_fwd(
+        q,
+        kb,
+        vb,
+        o,
+        indptr,
+        indices,
+        torch.empty(bsz, HQ, splits, D),
+        torch.empty(bsz, HQ, splits),
+        torch.full((bsz,), splits, dtype=torch.int32),
+        splits,
+        0.3,
+        ks,
+        vs,
+        logit_cap=softcap,
+        sinks=sinks,
+    )
+    for b in range(bsz):
+        rows = indices[int(indptr[b]) : int(indptr[b + 1])]
+        k, v = kb[rows].float(), vb[rows].float()
+        if fp8:  # the pool holds x / scale: K = fp8 * scale
+            want = ref_seq(q[b : b + 1], k * ks, v * vs, 0.3, softcap, -1, sinks)
+        else:  # SGLang: logits scaled by sm_scale * k_scale, the output by v_scale
+            want = ref_seq(q[b : b + 1], k, v, 0.3 * ks, softcap, -1, sinks) * vs
+        torch.testing.assert_close(o[b : b + 1], want, atol=1e-4 if fp8 else 2e-5, rtol=1e-4 if fp8 else 2e-5)
+
+
+def test_sgl_decode_halves_take_the_scale_with_k(attn_backend: str) -> None:
+    """decode_attention_fwd_normal / _grouped: ``sm_scale_withk`` is the whole logit scale."""
+    kb, vb, g = _pool(20, seed=4)
+    indptr, indices = _csr([6, 9], 20, g)
+    q = torch.randn(2, HQ, D, generator=g)
+    ws = (torch.empty(2, HQ, 2, D), torch.empty(2, HQ, 2), torch.full((2,), 2, dtype=torch.int32), 2)
+    a, b = torch.empty_like(q), torch.empty_like(q)
+    sgl.decode_attention_fwd_normal(q, kb, vb, a, indptr, indices, *ws, 0.2)
+    sgl.decode_attention_fwd(q, kb, vb, b, indptr, indices, *ws, 0.4, 0.5)
+    torch.testing.assert_close(a, b)
+    rows = indices[:6]
+    torch.testing.assert_close(a[:1], ref_seq(q[:1], kb[rows], vb[rows], 0.2), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("softcap", "window", "use_sinks", "kv_scales"),
+    [(0.0, -1, False, (1.0, 1.0)), (3.0, 3, True, (1.0, 1.0)), (0.0, -1, True, (0.5, 2.0))],
+)
+def test_sgl_extend_attention(
+    attn_backend: str, softcap: float, window: int, use_sinks: bool, kv_scales: tuple[float, float]
+) -> None:
+    """Prefixes through kv_indices (one empty), the new tokens apart, causal among themselves."""
+    kb, vb, g = _pool(40, seed=6)
+    pre, ext = [4, 0, 7], [3, 2, 1]
+    kv_indptr, kv_indices = _csr(pre, 40, g)
+    qo = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32)
+    rows = sum(ext)
+    q, ke, ve = (torch.randn(rows, h, D, generator=g) for h in (HQ, HKV, HKV))
+    o = torch.full_like(q, 9.0)
+    sinks = torch.randn(HQ, generator=g) if use_sinks else None
+    ks, vs = kv_scales
+    sgl.extend_attention_fwd(
+        q, ke, ve, o, kb, vb, qo, kv_indptr, kv_indices, None, True, None, max(ext), ks, vs,
+        sm_scale=0.35, logit_cap=softcap, sliding_window_size=window, sinks=sinks,
+    )  # fmt: skip
+    for b in range(len(pre)):
+        idx = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])]
+        r0, r1 = int(qo[b]), int(qo[b + 1])
+        k = torch.cat([kb[idx] * ks, ke[r0:r1]])
+        v = torch.cat([vb[idx] * vs, ve[r0:r1]])
+        want = ref_seq(q[r0:r1], k, v, 0.35, softcap, window, sinks)
+        torch.testing.assert_close(o[r0:r1], want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"custom_mask": torch.ones(8, dtype=torch.bool)}, "custom_mask"),
+        ({"is_causal": False}, "is_causal=False"),
+        ({"xai_temperature_len": 8}, "xai_temperature_len"),
+    ],
+)
+def test_sgl_extend_refusals(kwargs: dict[str, object], names: str) -> None:
+    kb, vb, g = _pool(8, seed=7)
+    kv_indptr, kv_indices = _csr([2], 8, g)
+    q, ke, ve = torch.randn(2, HQ, D), torch.randn(2, HKV, D), torch.randn(2, HKV, D)
+    args = {
+        "q_extend": q, "k_extend": ke, "v_extend": ve, "o_extend": torch.empty_like(q), "k_buffer": kb,
+        "v_buffer": vb, "qo_indptr": torch.tensor([0, 2], dtype=torch.int32), "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices, "custom_mask": None, "is_causal": True, "mask_indptr": None,
+        "max_len_extend": 2, **kwargs,
+    }  # fmt: skip
+    with pytest.raises(NotImplementedError, match=names):
+        sgl.extend_attention_fwd(**args)  # type: ignore[arg-type]
+
+
+def test_sgl_decode_refusals() -> None:
+    kb, vb, g = _pool(8, seed=8)
+    indptr, indices = _csr([3], 8, g)
+    q = torch.randn(1, HQ, D)
+    ws = (torch.empty(1, HQ, 1, D), torch.empty(1, HQ, 1), torch.ones(1, dtype=torch.int32), 1)
+    with pytest.raises(NotImplementedError, match="xai_temperature_len"):
+        sgl.decode_attention_fwd(
+            q, kb, vb, torch.empty_like(q), indptr, indices, *ws, 0.25, xai_temperature_len=4
+        )
+    with pytest.raises(NotImplementedError, match="value head dim"):  # MLA: K 16 / V 8
+        sgl.decode_attention_fwd(q, kb, vb[..., :8], torch.empty(1, HQ, 8), indptr, indices, *ws, 0.25)
