@@ -42,6 +42,8 @@ def install_shims(shadow: bool = False) -> list[str]:
     if shadow or importlib.util.find_spec("sgl_kernel") is None:
         sys.modules["sgl_kernel"] = importlib.import_module("opmux.compat.sgl_kernel")
         installed.append("sgl_kernel -> opmux.compat.sgl_kernel")
+    if shadow or importlib.util.find_spec("sglang") is None:
+        installed += _sglang_shims(sys.modules["sgl_kernel"] if "sgl_kernel" in sys.modules else None)
     if shadow or importlib.util.find_spec("vllm") is None:
         ops = importlib.import_module("opmux.compat.vllm")
         pkg = sys.modules.get("vllm")
@@ -54,6 +56,50 @@ def install_shims(shadow: bool = False) -> list[str]:
         installed.append("vllm._custom_ops -> opmux.compat.vllm")
         installed += _vllm_shims(ops)
     return installed
+
+
+def _sglang_shims(sgl: Any) -> list[str]:
+    """SGLang's Triton attention modules (``sglang.srt.layers.attention.triton_ops``) as
+    opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py. Its own
+    references there (``prefill_attention.context_attention_fwd``, ``redundant_attention``) are
+    not opmux entries: stand-ins raising NotImplementedError naming them, so only the cases that
+    use them fail. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
+    imports."""
+    import unittest
+
+    if sgl is None:
+        sgl = importlib.import_module("opmux.compat.sgl_kernel")
+
+    def absent(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"{name}: SGLang's own reference kernel, not an opmux entry point")
+
+        return call
+
+    ops = "sglang.srt.layers.attention.triton_ops"
+    _module(
+        f"{ops}.decode_attention",
+        decode_attention_fwd=sgl.decode_attention_fwd,
+        decode_attention_fwd_normal=sgl.decode_attention_fwd_normal,
+        decode_attention_fwd_grouped=sgl.decode_attention_fwd_grouped,
+    )
+    _module(
+        f"{ops}.extend_attention",
+        extend_attention_fwd=sgl.extend_attention_fwd,
+        redundant_attention=absent("redundant_attention"),
+    )
+    _module(f"{ops}.prefill_attention", context_attention_fwd=absent("context_attention_fwd"))
+    utils = sys.modules.get("sglang.srt.utils")
+    if utils is None or not hasattr(utils, "infer_device"):
+        _module(
+            "sglang.srt.utils",
+            is_hip=lambda: False,
+            is_cuda=lambda: True,
+            infer_device=lambda: _DEVICE[0],
+            get_device=lambda: _DEVICE[0],
+        )
+    _module("sglang.test.test_utils", CustomTestCase=unittest.TestCase)
+    return [f"{ops}.{{decode,extend}}_attention -> opmux.compat.sgl_kernel"]
 
 
 # -- what vLLM's kernel tests import besides _custom_ops ----------------------------------------
@@ -359,6 +405,9 @@ def _vllm_shims(ops: Any) -> list[str]:
         batched_moe_align_block_size=batched_moe_align_block_size,
     )
     _module("vllm.model_executor.layers.fused_moe.router.fused_topk_router", fused_topk=fused_topk)
+    # unified_attention (opmux.compat.vllm's: attention.paged_prefill), at its older and its v1 path
+    for path in ("vllm.attention.ops", "vllm.v1.attention.ops"):
+        _module(f"{path}.triton_unified_attention", unified_attention=ops.unified_attention)
     # fused_moe.py's entry points (opmux.compat.vllm's), also as the package's names; the
     # submodule first: making it sets the package's ``fused_moe`` attribute, the function wins
     moe_names = dict(fused_experts=ops.fused_experts, fused_moe=ops.fused_moe, fused_topk=ops.fused_topk)
@@ -603,6 +652,13 @@ class _Plugin:
 #: (docs/compat.md): the issue's three tests, ``test_fused_moe``, ``test_mixtral_moe``,
 #: ``test_w8a8_block_fp8_fused_moe``
 PRESETS = {
+    # vLLM tests/kernels/attention/test_triton_unified_attention.py at 3a04cf8 (imports only
+    # unified_attention and current_platform): every bf16 case (2 x 2 x 2 x 4 x 2 x 2 = 128); the
+    # fp8-query cases (q_dtype1) are refused by opmux (fp8 queries / q_descale)
+    "vllm-unified-attention": "test_triton_unified_attn and not q_dtype1",
+    # SGLang test/srt/test_triton_attention_kernels.py: the decode tests (the extend / context ones
+    # take SGLang's own reference kernels, not opmux entries)
+    "sgl-triton-attention": "test_decode_attention or test_grouped_decode_attention",
     # all three (120 + 2 + 180 cases)
     "vllm-moe": "test_mixtral_moe or (test_fused_moe and not wn16 and not int64) or test_w8a8_block_fp8_fused_moe",
     # a cross-section for one bounded GPU call (125 cases): every Mixtral case; test_fused_moe at
