@@ -281,17 +281,23 @@ def _moe_fused_swap(name: str, module: Any, result: KernelizeResult) -> bool:
         return False
     gate_original, experts_original = gate.forward, experts.forward
     # the router's own rule, found by a probe in bf16 (fp32 weights would hide a cast): is the
-    # top-k renormalized, are the weights handed on in fp32 or in the logits' dtype
+    # top-k renormalized, are the weights handed on in fp32 or in the logits' dtype. The probe's
+    # logits are scaled to a unit spread: a peaked softmax (large router weights) puts nearly all
+    # the weight on one expert, where plain and renormalized top-k weights agree within the
+    # tolerance; of the rules that match, the closer wins
     probe = torch.randn(5, rw.shape[1], generator=torch.Generator().manual_seed(0)).to(rw.device)
     g16 = copy.deepcopy(gate).to(torch.bfloat16)
     with torch.no_grad():
+        spread = float(F.linear(probe, rw.detach().float()).std())
+        probe = probe / spread if spread > 0 else probe
         logits, want_w, want_ids = g16(probe.bfloat16())
-        rule = None
+        rule, best = None, float("inf")
         for renorm in (True, False):
             w, ids = _route(logits, k, renorm)
-            if torch.equal(ids, want_ids.long()) and _close(w.to(want_w.dtype), want_w):
-                rule = (renorm, want_w.dtype != torch.float32)
-                break
+            w = w.to(want_w.dtype)
+            err = float((w.float() - want_w.float()).abs().max())
+            if torch.equal(ids, want_ids.long()) and _close(w, want_w) and err < best:
+                rule, best = (renorm, want_w.dtype != torch.float32), err
     if rule is None:
         result.skipped.append((name, "its router is not softmax top-k on a probe"))
         return False
