@@ -14,7 +14,9 @@ implementation: ``kvcache.reshape_and_cache`` writes, ``attention.paged_prefill`
 * a request is admitted when the free pages cover its whole length (no preemption), and gives its
   pages back when it finishes; later requests reuse them.
 
-It prints each request's agreement with the reference and the median decode-step time beside HF's
+It prints each request's agreement with the reference (fp32: identical tokens; bf16: identical
+up to a tie of the reference's own bf16 logits, where HF's eager rounding and opmux's fp32
+accumulation may go either way) and the median decode-step time beside HF's
 eager decode step at the same batch and context (timing is printed, never checked).
 
     PYTHONPATH=python python examples/generate_paged.py --model llama --dtype float32 --device cpu
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import sys
 import time
@@ -38,7 +41,7 @@ import torch
 import transformers
 
 from opmux.integrations.paged_cache import PagedKVCache
-from opmux.integrations.transformers import kernelize, register_paged_attention
+from opmux.integrations.transformers import KernelizeResult, kernelize, register_paged_attention
 
 #: per model: the config class, the model class, the config fields beyond the size's
 MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -125,6 +128,27 @@ def reference_tokens(model: Any, requests: list[Request]) -> dict[int, list[int]
     return ref
 
 
+@torch.no_grad()
+def agreement(model: Any, q: Request, ref: list[int]) -> tuple[bool, str]:
+    """Whether ``q``'s tokens agree with the reference, and how. fp32: identical. A lower precision
+    also accepts a split at a tie of the reference's own logits: the first differing token is
+    within one rounding (one ulp of the dtype) of the reference's token there, as HF's own
+    decode and full forward can pick either (the run goes its own way after that)."""
+    if q.out == ref:
+        return True, "identical"
+    i = next(j for j, (a, b) in enumerate(zip(q.out, ref, strict=True)) if a != b)
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        ids = torch.tensor([q.prompt + ref[:i]], device=next(model.parameters()).device)
+        logits = model(ids, logits_to_keep=1).logits[0, -1].float()
+        want, got = float(logits[ref[i]]), float(logits[q.out[i]])
+        top = max(abs(want), abs(got), 2.0**-126)
+        ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
+        if abs(want - got) <= ulp:
+            return True, f"identical to token {i}, then a {str(dtype).removeprefix("torch.")} tie (HF's logits {want:.6g} / {got:.6g})"
+    return False, f"DIFFERENT from token {i}\n    opmux {q.out}\n    HF    {ref}"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -147,6 +171,8 @@ def run_loop(
         while waiting and waiting[0].arrival <= step:
             q = waiting[0]
             need = cache.blocks_needed(q.rid, len(q.prompt) + q.max_new_tokens)
+            if need > cache.num_blocks:
+                raise MemoryError(f"request {q.rid} needs {need} pages, the cache has {cache.num_blocks}")
             if need > cache.num_free_blocks - reserved:
                 break
             running.append(waiting.pop(0))
@@ -194,6 +220,31 @@ def run_loop(
     return decode_times
 
 
+def serve(
+    model: Any,
+    requests: list[Request],
+    page_size: int,
+    num_blocks: int,
+    token_budget: int,
+    cache_cls: type[PagedKVCache] = PagedKVCache,
+) -> tuple[KernelizeResult, list[tuple[int, float]]]:
+    """Run ``requests`` on a kernelized copy of ``model`` with the "opmux" attention over a fresh
+    ``cache_cls`` (``num_blocks`` pages of ``page_size`` per layer); returns what kernelize
+    swapped (already reverted: it patches the modeling module's RoPE, shared with ``model``) and
+    ``run_loop``'s decode-step times."""
+    served = copy.deepcopy(model)
+    result = kernelize(served)
+    served.set_attn_implementation(register_paged_attention())
+    dtype = next(model.parameters()).dtype
+    cache = cache_cls.for_config(
+        served.config, num_blocks=num_blocks, page_size=page_size, dtype=dtype, device=served.device
+    )
+    try:
+        return result, run_loop(served, cache, requests, token_budget)
+    finally:
+        result.revert()
+
+
 @torch.no_grad()
 def hf_decode_step(model: Any, batch: int, context: int, steps: int = 8, forward: Callable | None = None) -> float:
     """Median seconds of one decode step of the untouched model (its own KV cache), ``batch``
@@ -236,27 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     requests = make_requests(args.requests, model.config.vocab_size, args.max_prompt, args.max_new)
     ref = reference_tokens(model, requests)
 
-    served = copy.deepcopy(model)
-    result = kernelize(served)  # patches the modeling module's RoPE too: the reference ran first
-    served.set_attn_implementation(register_paged_attention())
-    cache = PagedKVCache.for_config(
-        served.config, num_blocks=args.num_blocks, page_size=args.page_size, dtype=dtype, device=args.device
-    )
-    try:
-        decode_times = run_loop(served, cache, requests, args.token_budget)
-    finally:
-        result.revert()
+    result, decode_times = serve(model, requests, args.page_size, args.num_blocks, args.token_budget)
 
     print(f"{args.model} ({args.size}, {args.dtype}, {args.device}): {result.counts()} + paged attention")
-    ok = True
-    for q in requests:
-        same = q.out == ref[q.rid]
-        ok &= same
+    verdicts = [agreement(model, q, ref[q.rid]) for q in requests]
+    for q, (_, how) in zip(requests, verdicts, strict=True):
         print(
             f"  request {q.rid}: prompt {len(q.prompt):3d}, new {q.max_new_tokens:3d}, arrived {q.arrival:2d}, "
-            f"steps {q.admitted:2d}-{q.finished:2d}, pages {q.pages}: "
-            + ("identical" if same else f"DIFFERENT\n    opmux {q.out}\n    HF    {ref[q.rid]}")
+            f"steps {q.admitted:2d}-{q.finished:2d}, pages {q.pages}: {how}"
         )
+    ok = all(v for v, _ in verdicts)
     if decode_times:
         bs = round(statistics.mean(b for b, _ in decode_times))
         ctx = round(statistics.mean(len(q.prompt) + q.max_new_tokens // 2 for q in requests))
@@ -267,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             hf_decode_step(model, bs, ctx, steps=2, forward=compiled)  # compiles
             line += f"; HF torch.compile {1e3 * hf_decode_step(model, bs, ctx, forward=compiled):.2f} ms"
         print(line)
-    print("all requests identical to HF eager" if ok else "MISMATCH: some requests differ from HF eager")
+    print("all requests agree with HF eager" if ok else "MISMATCH: some requests differ from HF eager")
     return 0 if ok else 1
 
 

@@ -93,6 +93,10 @@ class PagedKVCache:
         )
 
     @property
+    def num_blocks(self) -> int:
+        return self.key[0].shape[0] if self.key else 0
+
+    @property
     def num_free_blocks(self) -> int:
         return len(self._free)
 
