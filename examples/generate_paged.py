@@ -145,7 +145,8 @@ def agreement(model: Any, q: Request, ref: list[int]) -> tuple[bool, str]:
         top = max(abs(want), abs(got), 2.0**-126)
         ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
         if abs(want - got) <= ulp:
-            return True, f"identical to token {i}, then a {str(dtype).removeprefix("torch.")} tie (HF's logits {want:.6g} / {got:.6g})"
+            kind = str(dtype).removeprefix("torch.")
+            return True, f"identical to token {i}, then a {kind} tie (HF's logits {want:.6g} / {got:.6g})"
     return False, f"DIFFERENT from token {i}\n    opmux {q.out}\n    HF    {ref}"
 
 
