@@ -247,7 +247,9 @@ def serve(
 
 
 @torch.no_grad()
-def hf_decode_step(model: Any, batch: int, context: int, steps: int = 8, forward: Callable | None = None) -> float:
+def hf_decode_step(
+    model: Any, batch: int, context: int, steps: int = 8, forward: Callable | None = None
+) -> float:
     """Median seconds of one decode step of the untouched model (its own KV cache), ``batch``
     sequences after a ``context``-token prompt."""
     dev = next(model.parameters()).device

@@ -16,8 +16,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from opmux.integrations.paged_cache import PagedKVCache, PagedStep  # noqa: E402
-from opmux.kernels import tracing, use_backends  # noqa: E402
+from opmux.integrations.paged_cache import PagedKVCache, PagedStep
+from opmux.kernels import tracing, use_backends
 
 ROOT = Path(__file__).resolve().parents[2]
 #: tiny workload: prompts up to 12 tokens (chunked by the 8-token budget), 8 pages of 4 slots (too
@@ -106,7 +106,9 @@ def test_a_broken_cache_gives_other_tokens(cache_cls: type[PagedKVCache]) -> Non
 
 
 def test_cache_pages_slots_and_reuse() -> None:
-    cache = PagedKVCache(1, num_blocks=4, page_size=2, num_kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(
+        1, num_blocks=4, page_size=2, num_kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu"
+    )
     step = cache.schedule([("a", 3), ("b", 1)])
     assert cache.blocks("a") == [0, 1] and cache.blocks("b") == [2]
     assert step.slot_mapping.tolist() == [0, 1, 2, 4]

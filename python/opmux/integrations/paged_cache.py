@@ -184,6 +184,9 @@ class PagedKVCache:
         ops.kvcache.reshape_and_cache(key, value, kc, vc, step.slot_mapping)
         args = (kc, vc, step.block_tables, step.seq_lens)
         extra = {"scale": scale, "softcap": softcap, "window_left": window_left}
+        out: Tensor
         if step.decode:
-            return ops.attention.paged_decode(query, *args, **extra)
-        return ops.attention.paged_prefill(query, *args, step.cu_seqlens_q, **extra)
+            out = ops.attention.paged_decode(query, *args, **extra)
+        else:
+            out = ops.attention.paged_prefill(query, *args, step.cu_seqlens_q, **extra)
+        return out
