@@ -40,10 +40,15 @@ def _example() -> Any:
     return sys.modules[name]
 
 
+#: the ops' torch backends (the CPU default would JIT-compile the C++ units first: slow here); the
+#: triton case runs the paged attention and cache writes as on CUDA, in the interpreter
+TORCH = "*=torch"
+TRITON = "*=torch;attention.*=triton;kvcache.*=triton"
+
+
 @pytest.fixture(autouse=True)
 def _torch_backends() -> Iterator[None]:
-    """The ops' torch backends: the CPU default would JIT-compile the C++ units first (slow here)."""
-    with use_backends("*=torch"):
+    with use_backends(TORCH):
         yield
 
 
@@ -56,15 +61,21 @@ def _run(model_name: str, cache_cls: type[PagedKVCache] = PagedKVCache) -> tuple
     return model, requests, ref
 
 
-@pytest.mark.parametrize("model_name", ["llama", "qwen3-moe"])
-def test_loop_gives_hf_greedy_tokens(model_name: str) -> None:
-    with tracing.capture() as calls:
+@pytest.mark.parametrize(
+    ("model_name", "backends"),
+    [("llama", TORCH), ("qwen3-moe", TORCH), ("llama", TRITON)],
+    ids=["llama", "qwen3-moe", "llama-triton"],
+)
+def test_loop_gives_hf_greedy_tokens(model_name: str, backends: str) -> None:
+    with use_backends(backends), tracing.capture() as calls:
         model, requests, ref = _run(model_name)
     gp = _example()
     bad = {q.rid: (q.out, ref[q.rid]) for q in requests if q.out != ref[q.rid]}
     assert not bad, f"requests whose tokens differ from HF eager (opmux, HF): {bad}"
     assert all(gp.agreement(model, q, ref[q.rid]) == (True, "identical") for q in requests)
     ops = {c.op for c in calls}
+    want = "triton" if backends == TRITON else "torch"
+    assert {c.backend for c in calls if c.op.startswith(("attention.", "kvcache."))} == {want}
     assert {"kvcache.reshape_and_cache", "attention.paged_prefill", "attention.paged_decode"} <= ops
     assert {"layernorm.rmsnorm", "rope.rotary_embedding"} <= ops
     assert ("moe.fused_experts" if model_name == "qwen3-moe" else "activation.silu_and_mul") in ops
