@@ -253,7 +253,7 @@ def hf_decode_step(
     """Median seconds of one decode step of the untouched model (its own KV cache), ``batch``
     sequences after a ``context``-token prompt."""
     dev = next(model.parameters()).device
-    fwd = forward or model
+    fwd = forward if forward is not None else model
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(1, model.config.vocab_size, (batch, context), generator=g).to(dev)
     out = fwd(ids, use_cache=True)
