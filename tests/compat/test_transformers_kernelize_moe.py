@@ -91,6 +91,27 @@ def test_kernelized_moe_model_matches(family: str, dtype: torch.dtype) -> None:
         assert torch.equal(model(ids).logits, want.logits)  # the model's own code again
 
 
+@pytest.mark.parametrize("norm", [False, True])
+def test_a_peaked_router_keeps_its_rule(norm: bool) -> None:
+    """Large router weights (a peaked softmax: the top expert takes nearly all the weight) must not
+    pass plain top-k weights off as renormalized ones, or the reverse: Qwen3-MoE's default is
+    ``norm_topk_prob=False``."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(
+        **{**SMALL, "hidden_size": 256}, num_experts=8, moe_intermediate_size=48, norm_topk_prob=norm
+    )
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    block = model.model.layers[0].mlp
+    with torch.no_grad():
+        block.gate.weight.normal_(0.0, 2.0)  # unit inputs: logits of spread ~32, one expert takes all
+        x = torch.randn(1, 9, 256, generator=torch.Generator().manual_seed(1)) / 32  # spread ~1 here
+        want = block(x)
+        result = kernelize(model, norms=False, mlp=False, rope=False)
+        got = block(x)
+    assert result.counts() == {"moe": SMALL["num_hidden_layers"]}, str(result)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_grad_mode_falls_back_to_the_blocks_own_code() -> None:
     model = _model("mixtral", torch.float32)
     kernelize(model, norms=False, mlp=False, rope=False)

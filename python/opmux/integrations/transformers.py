@@ -24,6 +24,12 @@ trainable weights, dtypes that differ from the weights').
   stacked once). The router logits stay the block's / router's output (aux loss).
 * Rotary embedding: the modeling module's ``apply_rotary_pos_emb`` (rotate_half layout) runs
   ``rope.rotary_embedding`` on copies of q and k with the call's cos/sin as the cache.
+
+Attention is not swapped by kernelize: ``register_paged_attention()`` adds an ``"opmux"``
+implementation to transformers' attention interface (``model.set_attn_implementation("opmux")``)
+that runs over an opmux-owned paged KV cache (``opmux.integrations.paged_cache``); the model is
+then called on one packed row of new tokens with the step's cache view (``opmux_step=``), as
+examples/generate_paged.py does.
 """
 
 from __future__ import annotations
@@ -37,7 +43,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["KernelizeResult", "Swap", "kernelize"]
+__all__ = [
+    "PAGED_ATTENTION",
+    "KernelizeResult",
+    "Swap",
+    "kernelize",
+    "paged_attention_forward",
+    "register_paged_attention",
+]
 
 
 @dataclass(frozen=True)
@@ -268,17 +281,23 @@ def _moe_fused_swap(name: str, module: Any, result: KernelizeResult) -> bool:
         return False
     gate_original, experts_original = gate.forward, experts.forward
     # the router's own rule, found by a probe in bf16 (fp32 weights would hide a cast): is the
-    # top-k renormalized, are the weights handed on in fp32 or in the logits' dtype
+    # top-k renormalized, are the weights handed on in fp32 or in the logits' dtype. The probe's
+    # logits are scaled to a unit spread: a peaked softmax (large router weights) puts nearly all
+    # the weight on one expert, where plain and renormalized top-k weights agree within the
+    # tolerance; of the rules that match, the closer wins
     probe = torch.randn(5, rw.shape[1], generator=torch.Generator().manual_seed(0)).to(rw.device)
     g16 = copy.deepcopy(gate).to(torch.bfloat16)
     with torch.no_grad():
+        spread = float(F.linear(probe, rw.detach().float()).std())
+        probe = probe / spread if spread > 0 else probe
         logits, want_w, want_ids = g16(probe.bfloat16())
-        rule = None
+        rule, best = None, float("inf")
         for renorm in (True, False):
             w, ids = _route(logits, k, renorm)
-            if torch.equal(ids, want_ids.long()) and _close(w.to(want_w.dtype), want_w):
-                rule = (renorm, want_w.dtype != torch.float32)
-                break
+            w = w.to(want_w.dtype)
+            err = float((w.float() - want_w.float()).abs().max())
+            if torch.equal(ids, want_ids.long()) and _close(w, want_w) and err < best:
+                rule, best = (renorm, want_w.dtype != torch.float32), err
     if rule is None:
         result.skipped.append((name, "its router is not softmax top-k on a probe"))
         return False
@@ -479,3 +498,62 @@ def kernelize(
 
     result._undo.insert(0, forget)
     return result
+
+
+# -- paged attention ------------------------------------------------------------------------------
+#: the attention implementation's name in transformers' AttentionInterface
+PAGED_ATTENTION = "opmux"
+
+
+def paged_attention_forward(
+    module: Any,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-interface signature over opmux's paged KV cache. The model is called
+    on one packed row (``input_ids [1, T]``, ``position_ids = step.positions[None]``) with
+    ``opmux_step=`` a ``PagedStep``: the step's lengths and block tables are the mask (no
+    ``attention_mask``; transformers builds none for an implementation it has no mask function
+    for). q / k / v ``[1, H, T, D]`` -> ``[1, T, Hq, D]``, as the eager function returns."""
+    from opmux.integrations.paged_cache import PagedStep
+
+    step = kwargs.get("opmux_step")
+    if not isinstance(step, PagedStep):
+        raise ValueError(
+            f"the {PAGED_ATTENTION!r} attention runs over a paged cache: call the model with "
+            "opmux_step=cache.schedule(...) (opmux.integrations.paged_cache)"
+        )
+    if query.shape[0] != 1 or query.shape[2] != step.slot_mapping.shape[0]:
+        raise ValueError(
+            f"query has shape {tuple(query.shape)}: expected one packed row of the step's "
+            f"{step.slot_mapping.shape[0]} tokens, [1, heads, tokens, head_dim]"
+        )
+    if dropout:
+        raise ValueError("the paged attention is inference-only: dropout must be 0")
+    window = kwargs.get("sliding_window")  # transformers' window: key positions > query - window
+    out = step.cache.attend(
+        module.layer_idx,
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        step,
+        scale=scaling or 0.0,
+        softcap=kwargs.get("softcap") or 0.0,
+        window_left=-1 if window is None else int(window) - 1,
+    )
+    return out.unsqueeze(0), None
+
+
+def register_paged_attention(name: str = PAGED_ATTENTION) -> str:
+    """Register ``paged_attention_forward`` with transformers' AttentionInterface under ``name``
+    (for every model: the interface's mapping is global); returns the name for
+    ``model.set_attn_implementation``."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, paged_attention_forward)
+    return name

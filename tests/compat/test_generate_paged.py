@@ -1,0 +1,139 @@
+"""examples/generate_paged.py on tiny random-weight Llama and Qwen3-MoE models (CPU, fp32): the
+continuous-batching loop over opmux's paged KV cache (kernelize + the "opmux" attention) gives
+every request the untouched model's greedy tokens, through kvcache / attention ops; a wrong block
+table or a misplaced cache write breaks that. Plus the cache's page bookkeeping."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from opmux.integrations.paged_cache import PagedKVCache, PagedStep
+from opmux.kernels import tracing, use_backends
+
+ROOT = Path(__file__).resolve().parents[2]
+#: tiny workload: prompts up to 12 tokens (chunked by the 8-token budget), 8 pages of 4 slots (too
+#: few for every request at once: later ones wait for, then reuse, freed pages)
+LOOP = dict(page_size=4, num_blocks=8, token_budget=8)
+
+
+def _example() -> Any:
+    name = "generate_paged_example"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / "generate_paged.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+#: the ops' torch backends (the CPU default would JIT-compile the C++ units first: slow here); the
+#: triton case runs the paged attention and cache writes as on CUDA, in the interpreter
+TORCH = "*=torch"
+TRITON = "*=torch;attention.*=triton;kvcache.*=triton"
+
+
+@pytest.fixture(autouse=True)
+def _torch_backends() -> Iterator[None]:
+    with use_backends(TORCH):
+        yield
+
+
+def _run(model_name: str, cache_cls: type[PagedKVCache] = PagedKVCache) -> tuple[Any, list[Any], dict]:
+    gp = _example()
+    model = gp.build_model(model_name, "tiny", torch.float32, "cpu")
+    requests = gp.make_requests(5, model.config.vocab_size, max_prompt=12, max_new=8)
+    ref = gp.reference_tokens(model, requests)
+    gp.serve(model, requests, cache_cls=cache_cls, **LOOP)
+    return model, requests, ref
+
+
+@pytest.mark.parametrize(
+    ("model_name", "backends"),
+    [("llama", TORCH), ("qwen3-moe", TORCH), ("llama", TRITON)],
+    ids=["llama", "qwen3-moe", "llama-triton"],
+)
+def test_loop_gives_hf_greedy_tokens(model_name: str, backends: str) -> None:
+    with use_backends(backends), tracing.capture() as calls:
+        model, requests, ref = _run(model_name)
+    gp = _example()
+    bad = {q.rid: (q.out, ref[q.rid]) for q in requests if q.out != ref[q.rid]}
+    assert not bad, f"requests whose tokens differ from HF eager (opmux, HF): {bad}"
+    assert all(gp.agreement(model, q, ref[q.rid]) == (True, "identical") for q in requests)
+    ops = {c.op for c in calls}
+    want = "triton" if backends == TRITON else "torch"
+    assert {c.backend for c in calls if c.op.startswith(("attention.", "kvcache."))} == {want}
+    assert {"kvcache.reshape_and_cache", "attention.paged_prefill", "attention.paged_decode"} <= ops
+    assert {"layernorm.rmsnorm", "rope.rotary_embedding"} <= ops
+    assert ("moe.fused_experts" if model_name == "qwen3-moe" else "activation.silu_and_mul") in ops
+    # the workload does what it is there for: chunked prompts, requests that wait, pages reused
+    assert any(len(q.prompt) > LOOP["token_budget"] for q in requests)
+    assert any(q.admitted > q.arrival for q in requests)
+    used = [p for q in requests for p in q.pages]
+    assert len(used) > len(set(used)), "no page served two requests"
+    assert len({q.finished for q in requests}) > 1
+
+
+class _RolledTables(PagedKVCache):
+    """Each request reads the next request's pages (a wrong block table)."""
+
+    def schedule(self, new_tokens: Any) -> PagedStep:
+        step = super().schedule(new_tokens)
+        return _replace(step, block_tables=step.block_tables.roll(1, dims=0).contiguous())
+
+
+class _ShiftedSlots(PagedKVCache):
+    """Each new token's K/V lands one slot later than the block table says (an off-by-one write)."""
+
+    def schedule(self, new_tokens: Any) -> PagedStep:
+        step = super().schedule(new_tokens)
+        capacity = self.num_blocks * self.page_size
+        return _replace(step, slot_mapping=(step.slot_mapping + 1) % capacity)
+
+
+def _replace(step: PagedStep, **changes: Any) -> PagedStep:
+    import dataclasses
+
+    return dataclasses.replace(step, **changes)
+
+
+@pytest.mark.parametrize("cache_cls", [_RolledTables, _ShiftedSlots], ids=["rolled-tables", "shifted-slots"])
+def test_a_broken_cache_gives_other_tokens(cache_cls: type[PagedKVCache]) -> None:
+    _, requests, ref = _run("llama", cache_cls)
+    assert any(q.out != ref[q.rid] for q in requests), "the loop ignores its paged cache"
+
+
+def test_cache_pages_slots_and_reuse() -> None:
+    cache = PagedKVCache(
+        1, num_blocks=4, page_size=2, num_kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu"
+    )
+    step = cache.schedule([("a", 3), ("b", 1)])
+    assert cache.blocks("a") == [0, 1] and cache.blocks("b") == [2]
+    assert step.slot_mapping.tolist() == [0, 1, 2, 4]
+    assert step.block_tables.tolist() == [[0, 1], [2, 0]] and step.block_tables.dtype == torch.int32
+    assert step.seq_lens.tolist() == [3, 1] and step.cu_seqlens_q.tolist() == [0, 3, 4]
+    assert step.positions.tolist() == [0, 1, 2, 0] and step.last_rows.tolist() == [2, 3]
+    assert not step.decode
+    step = cache.schedule([("a", 1), ("b", 1)])  # a fills its second page, b its first
+    assert step.decode and step.slot_mapping.tolist() == [3, 5] and cache.num_free_blocks == 1
+    with pytest.raises(MemoryError):  # 2 pages needed, 1 free: nothing changes
+        cache.schedule([("a", 1), ("b", 1)])
+    assert cache.seq_len("a") == 4 and cache.seq_len("b") == 2 and cache.num_free_blocks == 1
+    cache.release("a")
+    cache.schedule([("c", 5)])  # takes a's freed pages first, then the one never used
+    assert cache.blocks("c") == [0, 1, 3] and cache.num_free_blocks == 0
+    with pytest.raises(ValueError, match="twice"):
+        cache.schedule([("b", 1), ("b", 1)])
