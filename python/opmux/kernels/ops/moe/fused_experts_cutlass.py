@@ -148,23 +148,51 @@ def supports(
     vllm_rounding: Any = False,
     out: Any = None,
 ) -> str | None:
-    """The backend's predicate (the op's public arguments): None to run, else the reason."""
+    """The backend's predicate (the op's public arguments): None to run, else the reason. It runs
+    on every call (the dispatch asks it): the GPU's capability is read once per device and the
+    verdict once per set of facts."""
     try:
-        device = hidden.device.type
-        capability = torch.cuda.get_device_capability(hidden.device) if device == "cuda" else None
-        scales = [s for s in (w1_scale, w2_scale) if s is not None]
-        return refusal(
-            device=device,
-            capability=capability,
-            w1_dtype=str(w1.dtype).removeprefix("torch."),
-            hidden_dtype=str(hidden.dtype).removeprefix("torch."),
-            experts=int(w1.shape[0]),
-            n=int(w2.shape[-1]),
-            k=int(hidden.shape[-1]),
-            contiguous=all(t.is_contiguous() for t in (w1, w2, *scales)),
-        )
+        device = hidden.device
+        capability = None
+        if device.type == "cuda":
+            capability = _capability(
+                device.index if device.index is not None else torch.cuda.current_device()
+            )
+        contiguous = all(t is None or t.is_contiguous() for t in (w1, w2, w1_scale, w2_scale))
+        return _verdict(
+            device.type, capability, w1.dtype, hidden.dtype, int(w1.shape[0]), int(w2.shape[-1]),
+            int(hidden.shape[-1]), contiguous,
+        )  # fmt: skip
     except Exception:  # not tensors, wrong ranks: the contract names the problem
         return None
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=256)
+def _verdict(
+    device: str,
+    capability: tuple[int, int] | None,
+    w1_dtype: Any,
+    hidden_dtype: Any,
+    experts: int,
+    n: int,
+    k: int,
+    contiguous: bool,
+) -> str | None:
+    return refusal(
+        device=device,
+        capability=capability,
+        w1_dtype=str(w1_dtype).removeprefix("torch."),
+        hidden_dtype=str(hidden_dtype).removeprefix("torch."),
+        experts=experts,
+        n=n,
+        k=k,
+        contiguous=contiguous,
+    )
 
 
 class _Library:
