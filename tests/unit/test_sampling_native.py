@@ -112,3 +112,17 @@ def test_cuda_unit_compiles_for_sm90a_and_sm80(tmp_path: Path) -> None:
         assert mod[f"{name}_cuda"] is not None
     for name in ("top_k_top_p_sampling_from_probs", "min_p_sampling_from_probs"):
         assert mod[f"{name}_cuda"] is not None
+
+
+@pytest.mark.parametrize("backend", ["torch", "jit", "triton"])
+def test_signed_zeros_tie_at_the_threshold(backend: str) -> None:
+    """-0.0 equals +0.0: a -0 logit tied with a +0 k-th value is kept (the definition's
+    ``x >= t``), on every backend; the key-based kernels (Triton, CUDA) once ordered -0 below +0
+    and masked it."""
+    x = torch.tensor(
+        [[1.0, 0.0, -0.0, -1.0, -2.0, 0.5, -3.0, -4.0], [-0.0, 2.0, 0.0, -1.0, 1.0, -5.0, 0.0, -0.0]]
+    )
+    want = S.top_k_mask_logits(x, top_k=3, backend="torch")
+    assert torch.equal(torch.isinf(want), torch.isinf(x) | (x < 0))  # both zeros kept in both rows
+    assert torch.equal(S.top_k_mask_logits(x, top_k=3, backend=backend), want)
+    assert torch.equal(S.top_k_mask_logits(x.bfloat16(), top_k=3, backend=backend), want.bfloat16())

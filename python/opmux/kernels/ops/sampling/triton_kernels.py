@@ -41,8 +41,10 @@ _L_LO, _L_HI, _L_ITERS = -(2**31), 2**31, 32
 @triton.jit
 def _key(x, ORDERED: tl.constexpr):
     """An int32 key that orders as ``x`` (float32): its bits, for non-negative values; for logits
-    the negative ones' magnitude bits flipped (``ORDERED``)."""
+    the negative ones' magnitude bits flipped (``ORDERED``). -0 takes +0's key: the two are one
+    value, so a zero tied with a zero threshold is kept whatever its sign (the ops' ``x >= t``)."""
     b = x.to(tl.int32, bitcast=True)
+    b = tl.where((b & 0x7FFFFFFF) == 0, 0, b)
     if ORDERED:
         b = b ^ ((b >> 31) & 0x7FFFFFFF)
     return b

@@ -44,8 +44,9 @@ OPMUX_HD float uniform(uint64_t seed, uint64_t offset, int64_t row) {
   return static_cast<float>(x) * 4.6566127342e-10f;
 }
 
-// An int32 key that orders as the float32 value (a total order: -0 < +0, NaNs at the ends), so a
-// selection over keys is well defined for any bits a caller passes.
+// An int32 key that orders as the float32 value (NaNs at the ends), so a selection over keys is
+// well defined for any bits a caller passes. -0 and +0 share the key 0: they are one value, so a
+// signed zero tied with a zero threshold is kept, as the definition's `x >= t` keeps it.
 OPMUX_HD int32_t ordered_key(float v) {
   int32_t b;
 #if defined(__CUDA_ARCH__)
@@ -53,6 +54,7 @@ OPMUX_HD int32_t ordered_key(float v) {
 #else
   std::memcpy(&b, &v, 4);
 #endif
+  if ((b & 0x7FFFFFFF) == 0) b = 0;
   return b ^ ((b >> 31) & 0x7FFFFFFF);
 }
 
