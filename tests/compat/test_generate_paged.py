@@ -137,3 +137,36 @@ def test_cache_pages_slots_and_reuse() -> None:
     assert cache.blocks("c") == [0, 1, 3] and cache.num_free_blocks == 0
     with pytest.raises(ValueError, match="twice"):
         cache.schedule([("b", 1), ("b", 1)])
+
+
+@pytest.mark.parametrize("tokens", [[("a", 5), ("b", 3)], [("a", 1), ("b", 1)]], ids=["prefill", "decode"])
+def test_attention_forward_takes_gpt_oss_sinks(tokens: list[tuple[str, int]]) -> None:
+    """gpt-oss hands its attention sinks to the attention function as ``s_aux``: they enter the
+    softmax's denominator (dropping them silently changes every output row)."""
+    from opmux.integrations.transformers import paged_attention_forward
+    from opmux.kernels.ops.attention import _prefill
+
+    cache = PagedKVCache(
+        1, num_blocks=4, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu"
+    )
+    step = cache.schedule(tokens)
+    g = torch.Generator().manual_seed(3)
+    t = step.slot_mapping.shape[0]
+    q, k, v = (torch.randn(1, h, t, 8, generator=g) for h in (4, 2, 2))
+    sinks = torch.tensor([1.0, -0.5, 2.0, 0.0], dtype=torch.bfloat16)
+
+    class Layer:
+        layer_idx = 0
+
+    got, _ = paged_attention_forward(Layer(), q, k, v, None, scaling=0.3, opmux_step=step, s_aux=sinks)
+    want = _prefill.reference(
+        q[0].transpose(0, 1),
+        cache.key[0],
+        cache.value[0],
+        step.block_tables,
+        step.seq_lens,
+        step.cu_seqlens_q,
+        scale=0.3,
+        sinks=sinks.float(),
+    )
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)

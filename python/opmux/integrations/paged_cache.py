@@ -172,18 +172,19 @@ class PagedKVCache:
         scale: float = 0.0,
         softcap: float = 0.0,
         window_left: int = -1,
+        sinks: Tensor | None = None,
     ) -> Tensor:
         """Write the step's new ``key`` / ``value`` ``[T, Hkv, D]`` into ``layer``'s pages
         (``kvcache.reshape_and_cache``), then attend ``query [T, Hq, D]`` over each request's
         pages: ``attention.paged_decode`` when every request brings one token, else
         ``attention.paged_prefill`` (prompt chunks on a cached prefix, decode tokens beside them).
-        Returns ``[T, Hq, D]``."""
+        ``sinks [Hq]``: float32 attention-sink logits (gpt-oss). Returns ``[T, Hq, D]``."""
         from opmux.kernels import ops
 
         kc, vc = self.key[layer], self.value[layer]
         ops.kvcache.reshape_and_cache(key, value, kc, vc, step.slot_mapping)
         args = (kc, vc, step.block_tables, step.seq_lens)
-        extra = {"scale": scale, "softcap": softcap, "window_left": window_left}
+        extra = {"scale": scale, "softcap": softcap, "window_left": window_left, "sinks": sinks}
         out: Tensor
         if step.decode:
             out = ops.attention.paged_decode(query, *args, **extra)

@@ -519,7 +519,8 @@ def paged_attention_forward(
     on one packed row (``input_ids [1, T]``, ``position_ids = step.positions[None]``) with
     ``opmux_step=`` a ``PagedStep``: the step's lengths and block tables are the mask (no
     ``attention_mask``; transformers builds none for an implementation it has no mask function
-    for). q / k / v ``[1, H, T, D]`` -> ``[1, T, Hq, D]``, as the eager function returns."""
+    for). q / k / v ``[1, H, T, D]`` -> ``[1, T, Hq, D]``, as the eager function returns.
+    ``scaling``, ``softcap``, ``sliding_window`` and gpt-oss's sinks (``s_aux``) are the ops'."""
     from opmux.integrations.paged_cache import PagedStep
 
     step = kwargs.get("opmux_step")
@@ -536,6 +537,7 @@ def paged_attention_forward(
     if dropout:
         raise ValueError("the paged attention is inference-only: dropout must be 0")
     window = kwargs.get("sliding_window")  # transformers' window: key positions > query - window
+    sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks (one logit per head, in the denominator)
     out = step.cache.attend(
         module.layer_idx,
         query[0].transpose(0, 1),
@@ -545,6 +547,7 @@ def paged_attention_forward(
         scale=scaling or 0.0,
         softcap=kwargs.get("softcap") or 0.0,
         window_left=-1 if window is None else int(window) - 1,
+        sinks=None if sinks is None else sinks.float(),
     )
     return out.unsqueeze(0), None
 
