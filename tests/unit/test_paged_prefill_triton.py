@@ -250,3 +250,16 @@ def test_kernel_compiles_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
+def test_a_minus_inf_sink_with_a_window() -> None:
+    """A -inf sink (no sink for that head) where a row's first key tile is all outside its window
+    (query blocks taller than key tiles): the running max must not start at -inf (exp2(-inf -
+    -inf) = NaN for every later tile of the row)."""
+    args = _problem([40, 5], [40, 0], page=4, seed=5)
+    kw: dict[str, Any] = {"sinks": torch.tensor([float("-inf"), 0.5, -1.0, 2.0]), "window_left": 3}
+    lse_want = torch.empty(args[0].shape[:2])
+    want = _prefill.reference(*args, lse=lse_want, **kw)
+    got, lse = _launch(args, block_m=64, block_n=16, **kw)
+    _close(got, want, torch.float32)
+    torch.testing.assert_close(lse, lse_want, atol=1e-4, rtol=1e-4)

@@ -12,7 +12,8 @@ tile is read once per group and feeds a ``[BLOCK_M, BLOCK_N]`` tensor-core produ
 positions walk the sequence's block table one token per row (any page size) from the window's
 start to the block's last causal position (causal block skipping: nothing past it is read), with
 the causal and window masks applied per element and an online softmax in fp32 (``exp2``). Sinks
-start the running max and sum (``m = sink``, ``l = 1``), so they enter the denominator only.
+start the running max and sum (``m = sink``, ``l = 1``; a ``-inf`` sink ``m = -1e30``, ``l = 0``),
+so they enter the denominator only.
 
 Program ids run in reverse (a sequence's last blocks, with the most keys, start first).
 CUDA-graph safe: no sync, no workspace. Each program clamps its offsets to ``[0, T]``, its length
@@ -154,9 +155,10 @@ def _prefill(
         qk_scale = qk_scale * LOG2E
     qpos = prefix + tok  # each row's last visible position
 
-    if HAS_SINKS:
-        m_i = tl.load(SINKS + heads, mask=rmask, other=0.0) * LOG2E
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if HAS_SINKS:  # a -inf sink (none for that head) starts at -1e30 with l = 0: a first key
+        sink = tl.load(SINKS + heads, mask=rmask, other=0.0) * LOG2E  # tile all masked for a row
+        m_i = tl.maximum(sink, -1.0e30)  # must not give exp2(-inf - -inf) = NaN
+        l_i = tl.exp2(sink - m_i)
     else:
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
