@@ -61,40 +61,52 @@ def _case(
     dtype: str,
     feats: dict[str, Any],
     seed: int,
+    device: str = "cuda",
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
     """(query, caches, table, seq_lens, cu_seqlens_q) and the keyword arguments; the caches are
-    views between two NaN blocks (a read outside them is a NaN in the output)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    views between two NaN blocks of their own dtype (a read outside them is a NaN in the output):
+    converted whole, guards included, before the view is taken."""
+    g = torch.Generator(device=device).manual_seed(seed)
     dt = _DT[dtype]
+    ks, vs = torch.tensor([0.02], device=device), torch.tensor([0.015], device=device)
     lens = [p + n for p, n in zip(prefix, q_lens, strict=True)]
     bsz = len(lens)
     width = max(1, max(-(-n // page) for n in lens))
     nb = bsz * width + 3
 
-    def cache() -> torch.Tensor:
+    def cache(scale: torch.Tensor) -> torch.Tensor:
         shape = (nb + 2, hkv, page, d) if feats.get("hnd") else (nb + 2, page, hkv, d)
-        c = torch.randn(shape, device="cuda", generator=g)
+        c = torch.randn(shape, device=device, generator=g)
         c[0] = c[-1] = float("nan")
+        c = (c / scale).to(torch.float8_e4m3fn) if feats.get("fp8") else c.to(dt)
         c = c[1:-1]
         return c.transpose(1, 2) if feats.get("hnd") else c
 
-    kc, vc = cache(), cache()
-    table = torch.randperm(nb, device="cuda", generator=g)[: bsz * width].reshape(bsz, width).to(I32)
-    query = torch.randn(sum(q_lens), hq, d, device="cuda", generator=g).to(dt)
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=I32, device="cuda")
+    kc, vc = cache(ks), cache(vs)
+    table = torch.randperm(nb, device=device, generator=g)[: bsz * width].reshape(bsz, width).to(I32)
+    query = torch.randn(sum(q_lens), hq, d, device=device, generator=g).to(dt)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=I32, device=device)
     kw: dict[str, Any] = {k: feats[k] for k in ("softcap", "window_left") if k in feats}
     if feats.get("sinks"):
-        kw["sinks"] = torch.randn(hq, device="cuda", generator=g) * 2
+        kw["sinks"] = torch.randn(hq, device=device, generator=g) * 2
     if feats.get("lse"):
-        kw["lse"] = torch.empty(sum(q_lens), hq, device="cuda")
+        kw["lse"] = torch.empty(sum(q_lens), hq, device=device)
     if feats.get("fp8"):
-        ks, vs = torch.tensor([0.02], device="cuda"), torch.tensor([0.015], device="cuda")
-        kc = (kc.float() / ks).to(torch.float8_e4m3fn)
-        vc = (vc.float() / vs).to(torch.float8_e4m3fn)
         kw |= {"k_scale": ks, "v_scale": vs}
-    else:
-        kc, vc = kc.to(dt), vc.to(dt)
-    return (query, kc, vc, table, torch.tensor(lens, dtype=I32, device="cuda"), cu), kw
+    return (query, kc, vc, table, torch.tensor(lens, dtype=I32, device=device), cu), kw
+
+
+@pytest.mark.parametrize("feats", [{}, {"fp8": True}, {"hnd": True}], ids=["plain", "fp8", "hnd"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_cases_caches_sit_between_nan_guards(dtype: str, feats: dict[str, Any]) -> None:
+    """The grid's out-of-bounds detector: the block just before and just after each cache view
+    holds NaN in the cache's own dtype (a conversion after the view was taken would copy the view
+    alone and drop the guards)."""
+    (_, kc, vc, *_), _ = _case([5], [3], 4, 2, 16, 4, dtype, feats, 0, device="cpu")
+    for c in (kc, vc):
+        for off in (-c.stride(0), c.shape[0] * c.stride(0)):
+            guard = torch.as_strided(c, c.shape[1:], c.stride()[1:], c.storage_offset() + off)
+            assert bool(guard.float().isnan().all()), f"{c.dtype} {feats}: no NaN guard at {off}"
 
 
 def _backends() -> list[str]:
