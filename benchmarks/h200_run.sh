@@ -45,8 +45,9 @@
 #          compute-sanitizer over its bad-id, expert_map and decode bad-id cases (OUT_DIR/moe_grid.log);
 # prefill: attention.paged_prefill's GPU grid, compute-sanitizer over its bad page tables, and
 #          benchmarks/bench_attention_prefill.py (OUT_DIR/prefill*);
-# sampling: the sampling ops' parity cells on cuda (every backend, the native unit included) and
-#          benchmarks/bench_sampling.py (OUT_DIR/sampling*);
+# sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
+#          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda) and benchmarks/bench_sampling.py
+#          (OUT_DIR/sampling*);
 # "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
@@ -185,6 +186,10 @@ for stage in $STAGES; do
                     "$REPO/tests/parity/test_contract.py" --target cuda "${PARITY_TREE[@]}" -p no:cacheprovider \
                     --import-mode=importlib -q -ra --rootdir "$REPO" -k "sampling or top_k or top_p or greedy or min_p" \
                     2>&1 | tee "$OUT/sampling_parity.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                # the statistics (mask, chi-square, determinism) on the GPU's backends, the native unit too
+                OPMUX_TEST_DEVICE=cuda timeout 300 python3 -m pytest "$REPO/tests/unit/test_sampling_stats.py" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
+                    | tee -a "$OUT/sampling_parity.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 timeout 300 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 240 2>&1 \
                     | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;

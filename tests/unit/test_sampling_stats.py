@@ -7,19 +7,47 @@ filtered, renormalised distribution (chi-square at significance 1e-3, cosine > 0
 renorm / mask ops equal an independent reference; (d) a seed and offset give the same ids twice,
 other offsets other draws. Rows are short on the Triton interpreter (V <= 512); long ones run on
 the torch and native backends only. Every draw is seeded, so a pass is reproducible.
+
+``OPMUX_TEST_DEVICE=cuda`` runs the same tests on a GPU (``jit``: the native CUDA unit; Triton
+compiled), the references staying on the CPU.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
-from opmux.kernels.ops import sampling as S
+from opmux.kernels.ops import sampling as _sampling
 
 BACKENDS = ("torch", "jit", "triton")
 ALPHA = 1e-3
+#: where the ops run (the rows are built, and the references computed, on the CPU)
+DEVICE = torch.device(os.environ.get("OPMUX_TEST_DEVICE", "cpu"))
+
+
+class _OnDevice:
+    """The sampling ops with their tensor arguments on DEVICE and their results back on the CPU
+    (on the CPU: the very same tensors, so caller buffers stay the results)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        op = getattr(_sampling, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            def there(v: Any) -> Any:
+                return v.to(DEVICE) if isinstance(v, torch.Tensor) else v
+
+            got = op(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
+            return got.cpu() if isinstance(got, torch.Tensor) else got
+
+        return call
+
+
+S = _OnDevice()
 
 
 # -- an independent reference (python loops over sorted rows) ------------------------------------
@@ -347,6 +375,7 @@ def test_same_seed_offset_same_ids_other_offsets_other_draws(backend: str) -> No
 
 # -- contents and buffers --------------------------------------------------------------------------
 def test_nan_rows_and_out_of_range_parameters_are_refused_on_cpu() -> None:
+    S = _sampling  # the CPU's checks (on CUDA the contents are not read: a synchronisation)
     probs = torch.full((3, 8), 1 / 8)
     probs[1, 2] = torch.nan
     with pytest.raises(ValueError, match="probs row 1 holds NaN"):
@@ -366,9 +395,10 @@ def test_nan_rows_and_out_of_range_parameters_are_refused_on_cpu() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_caller_id_buffers(backend: str) -> None:
-    probs = torch.zeros(3, 10)
+    S = _sampling  # the buffers on DEVICE themselves
+    probs = torch.zeros(3, 10, device=DEVICE)
     probs[0, 4] = probs[1, 9] = probs[2, 0] = 1.0
-    out = torch.full((3,), -7, dtype=torch.int32)
+    out = torch.full((3,), -7, dtype=torch.int32, device=DEVICE)
     got = S.top_k_top_p_sampling_from_probs(probs, top_k=3, out=out, backend=backend)
     assert got is out and out.tolist() == [4, 9, 0]
     out.fill_(-7)
@@ -377,6 +407,7 @@ def test_caller_id_buffers(backend: str) -> None:
     assert S.greedy(probs, out=out, backend=backend).tolist() == [4, 9, 0]
 
 
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the interpreter's packed rows against one row a program")
 def test_one_row_per_program_gives_the_packed_result(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU's layout (one row per program: a row fills the tile) computes what the packed one does."""
     from opmux.kernels.ops.sampling import triton_kernels as tk
