@@ -268,6 +268,48 @@ def reference(
 _CHUNK_ELEMENTS = 1 << 25
 
 
+def attend_rows(
+    out: Tensor,
+    lse: Tensor | None,
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    blocks: Tensor,
+    keep: Tensor,
+    sinks: Tensor | None,
+    k_scale: Tensor | None,
+    v_scale: Tensor | None,
+    scale: float,
+    softcap: float,
+) -> None:
+    """One chunk of query rows ``[r, Hq, D]``, each against a whole block-table row: ``blocks``
+    ``[r, cap]`` the page of every position (already clamped into the cache), ``keep`` which
+    positions the row sees. The definition's float32 arithmetic (softcap, sinks in the
+    denominator only, an all-masked row gives 0 and its sinks' LSE) into ``out`` / ``lse``, as
+    both paged ops' torch backends compute it."""
+    r, hq, d = query.shape
+    hkv, cap = key_cache.shape[2], blocks.shape[1]
+    g = hq // hkv
+    offsets = (torch.arange(cap, device=query.device) % key_cache.shape[1])[None, :]
+    k = _rows(key_cache, blocks, offsets).float()  # [r, cap, Hkv, D]
+    v = _rows(value_cache, blocks, offsets).float()
+    if k_scale is not None and v_scale is not None:
+        k, v = k * k_scale.reshape(()), v * v_scale.reshape(())
+    s = torch.einsum("rhgd,rnhd->rhgn", query.float().reshape(r, hkv, g, d), k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.reshape(r, hq, cap).masked_fill(~keep[:, None, :], float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[None, :, None].expand(r, hq, 1)], 2)
+    m = s.amax(2, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # all -inf: no NaN
+    e = torch.exp(s - m)
+    total = e.sum(2, keepdim=True)
+    prob = (e / total.clamp_min(torch.finfo(torch.float32).tiny))[..., :cap]
+    out.copy_(torch.einsum("rhgn,rnhd->rhgd", prob.reshape(r, hkv, g, cap), v).reshape(r, hq, d))
+    if lse is not None:
+        lse.copy_((total.log() + m).squeeze(2))
+
+
 def torch_decode(
     out: Tensor,
     lse: Tensor,
@@ -291,8 +333,7 @@ def torch_decode(
     the table's capacity and bad block ids masked as the Triton kernel does."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
-    g, width = hq // hkv, block_tables.shape[1]
-    cap = width * ps
+    cap = block_tables.shape[1] * ps
     if bsz == 0:
         return
     if nb == 0 or cap == 0:  # no key at all: the sinks alone
@@ -311,23 +352,8 @@ def torch_decode(
         keep = (pos[None, :] < n) & (blocks >= 0) & (blocks < nb)
         if window_left >= 0:
             keep &= pos[None, :] >= n - 1 - window_left
-        blocks = blocks.clamp(0, nb - 1)
-        k = _rows(key_cache, blocks, (pos % ps)[None, :]).float()  # [b, cap, Hkv, D]
-        v = _rows(value_cache, blocks, (pos % ps)[None, :]).float()
-        if fp8:
-            k, v = k * k_scale.reshape(()), v * v_scale.reshape(())
-        q = query[b0:b1].float().reshape(b1 - b0, hkv, g, d)
-        s = torch.einsum("bhgd,bnhd->bhgn", q, k) * scale
-        if softcap > 0:
-            s = softcap * torch.tanh(s / softcap)
-        s = s.reshape(b1 - b0, hq, cap).masked_fill(~keep[:, None, :], float("-inf"))
-        if has_sinks:
-            s = torch.cat([s, sinks.float()[None, :, None].expand(b1 - b0, hq, 1)], 2)
-        m = s.amax(2, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # all -inf: no NaN
-        e = torch.exp(s - m)
-        total = e.sum(2, keepdim=True)
-        p = (e / total.clamp_min(torch.finfo(torch.float32).tiny))[..., :cap]
-        o = torch.einsum("bhgn,bnhd->bhgd", p.reshape(b1 - b0, hkv, g, cap), v)
-        out[b0:b1] = o.reshape(b1 - b0, hq, d)
-        if has_lse:
-            lse[b0:b1] = (total.log() + m).squeeze(2)
+        attend_rows(
+            out[b0:b1], lse[b0:b1] if has_lse else None, query[b0:b1], key_cache, value_cache,
+            blocks.clamp(0, nb - 1), keep, sinks if has_sinks else None,
+            k_scale if fp8 else None, v_scale if fp8 else None, scale, softcap,
+        )  # fmt: skip

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks
 from .._contract import FLOATS, Arg, Contract, Forms, Rule, When
-from ._decode import _I32, _rows, cache_items, cache_scales, knob_items
+from ._decode import _I32, _rows, attend_rows, cache_items, cache_scales, knob_items
 
 if TYPE_CHECKING:
     import torch
@@ -248,7 +248,7 @@ def torch_prefill(
     rows, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     bsz, width = block_tables.shape
-    g, cap = hq // hkv, width * ps
+    cap = width * ps
     if rows == 0 or bsz == 0:
         return
     if nb == 0 or cap == 0:  # no key at all: the sinks alone
@@ -271,23 +271,8 @@ def torch_prefill(
         keep = (pos[None, :] <= last) & (pos[None, :] < n_t[t0:t1, None]) & (blocks >= 0) & (blocks < nb)
         if window_left >= 0:
             keep &= pos[None, :] >= last - window_left
-        blocks = blocks.clamp(0, nb - 1)
-        k = _rows(key_cache, blocks, (pos % ps)[None, :]).float()  # [t, cap, Hkv, D]
-        v = _rows(value_cache, blocks, (pos % ps)[None, :]).float()
-        if fp8:
-            k, v = k * k_scale.reshape(()), v * v_scale.reshape(())
-        q = query[t0:t1].float().reshape(t1 - t0, hkv, g, d)
-        s = torch.einsum("thgd,tnhd->thgn", q, k) * scale
-        if softcap > 0:
-            s = softcap * torch.tanh(s / softcap)
-        s = s.reshape(t1 - t0, hq, cap).masked_fill(~keep[:, None, :], float("-inf"))
-        if has_sinks:
-            s = torch.cat([s, sinks.float()[None, :, None].expand(t1 - t0, hq, 1)], 2)
-        m = s.amax(2, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # all -inf: no NaN
-        e = torch.exp(s - m)
-        total = e.sum(2, keepdim=True)
-        p = (e / total.clamp_min(torch.finfo(torch.float32).tiny))[..., :cap]
-        o = torch.einsum("thgn,tnhd->thgd", p.reshape(t1 - t0, hkv, g, cap), v)
-        out[t0:t1] = o.reshape(t1 - t0, hq, d)
-        if has_lse:
-            lse[t0:t1] = (total.log() + m).squeeze(2)
+        attend_rows(
+            out[t0:t1], lse[t0:t1] if has_lse else None, query[t0:t1], key_cache, value_cache,
+            blocks.clamp(0, nb - 1), keep, sinks if has_sinks else None,
+            k_scale if fp8 else None, v_scale if fp8 else None, scale, softcap,
+        )  # fmt: skip
