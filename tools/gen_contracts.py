@@ -50,8 +50,25 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
                 entries = render_entries(folder.name, device, found)
                 assert entries is not None
                 out[include / f"{folder.name}_{device}_lanes.inc"] = entries
+    _load_new_contracts(out)
     out |= {path: render_entrypoints(found.values()) for path, found in entry.items()}
     return out
+
+
+def _load_new_contracts(out: dict[Path, str]) -> None:
+    """A new group's ``_contracts.py`` does not exist yet, but rendering its entry points reads
+    it (``Decl.outputs``): load the rendered text as that module, in memory (nothing written)."""
+    import types
+
+    for path, text in out.items():
+        if path.name != "_contracts.py" or path.is_file():
+            continue
+        name = f"opmux.kernels.ops.{path.parent.name}._contracts"
+        module = types.ModuleType(name)
+        module.__file__ = str(path)
+        module.__package__ = name.rpartition(".")[0]
+        exec(compile(text, str(path), "exec"), module.__dict__)
+        sys.modules[name] = module
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -281,6 +281,15 @@ KNOBS: Mapping[str, Knob] = _knobs(
         _seconds,
     ),
     Knob(
+        "OPMUX_COMM_TIMEOUT",
+        "seconds",
+        "300",
+        "Longest a `comm` op waits for its peers: a rank that died or never joined the call makes "
+        "the others raise `CommError` (gloo: the collective's wait; opmux's one-shot / two-shot "
+        "CUDA kernels: a device-side trap naming the missing rank) instead of hanging.",
+        _seconds,
+    ),
+    Knob(
         "OPMUX_PROBE_TIMEOUT",
         "seconds",
         "30",

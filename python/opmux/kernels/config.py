@@ -109,6 +109,10 @@ def compile_timeout() -> float:
     return cast(float, get("OPMUX_JIT_COMPILE_TIMEOUT"))
 
 
+def comm_timeout() -> float:
+    return cast(float, get("OPMUX_COMM_TIMEOUT"))
+
+
 def probe_timeout() -> float:
     return cast(float, get("OPMUX_PROBE_TIMEOUT"))
 

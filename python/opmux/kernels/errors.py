@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BackendUnavailable", "FallbackError"]
+__all__ = ["BackendUnavailable", "CommError", "FallbackError"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -33,3 +33,19 @@ class FallbackError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.op, self.wanted, self.reason, self.trace))
+
+
+class CommError(RuntimeError):
+    """A ``comm`` op's collective failed: a peer left the call, never joined it within
+    ``OPMUX_COMM_TIMEOUT``, or the group's backend refused it."""
+
+    def __init__(self, op: str, group: str, rank: int, world: int, cause: str) -> None:
+        super().__init__(
+            f"{op}: the collective on group {group!r} (rank {rank} of {world}) failed: {cause}. "
+            "A peer that died or did not join the call within OPMUX_COMM_TIMEOUT fails every rank; "
+            "the group cannot be used again (create a new one)"
+        )
+        self.op, self.group, self.rank, self.world, self.cause = op, group, rank, world, cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.op, self.group, self.rank, self.world, self.cause))

@@ -366,6 +366,47 @@ def finite_float(op: str, name: str, v: object) -> float:
     return float(v)
 
 
+#: process-group name -> the ``ProcessGroup`` it resolved to (``process_group``): the serving
+#: form's check is one dict lookup
+GROUPS: dict[str, Any] = {}
+
+
+def live_group_names() -> list[str]:
+    """The names of this process's live torch.distributed groups (for messages)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    from torch.distributed import distributed_c10d as c10d
+
+    return sorted(str(n) for n in c10d._world.pg_names.values())
+
+
+def process_group(op: str, name: str, v: object) -> Any:
+    """A process group given by its name (``ProcessGroup.group_name``, as torch's functional
+    collectives take it): the group, or a ValueError naming the live groups."""
+    if type(v) is not str:
+        raise TypeError(f"{op}: {name} must be a process group's name (ProcessGroup.group_name), got {v!r}")
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            f"{op}: {name} {v!r} names no process group: torch.distributed is not initialized in this "
+            "process (call torch.distributed.init_process_group first; opmux never creates groups)"
+        )
+    from torch.distributed import distributed_c10d
+
+    c10d: Any = distributed_c10d  # its private resolver: the one torch's functional collectives use
+    try:
+        pg = c10d._resolve_process_group(v)
+    except (KeyError, ValueError, RuntimeError):
+        pg = None
+    if pg is None or pg not in c10d._world.pg_names:
+        GROUPS.pop(v, None)
+        live = ", ".join(map(repr, live_group_names())) or "none"
+        raise ValueError(f"{op}: {name} {v!r} names no live process group; live groups: {live}")
+    GROUPS[v] = pg
+    return pg
+
+
 def str_choice(op: str, name: str, v: object, names: tuple[str, ...]) -> None:
     """A str argument naming one of ``names`` (an activation)."""
     if type(v) is str and v in names:

@@ -110,6 +110,9 @@ SCALAR_KINDS |= {
     "choice": "one of the names in choices",
     #: any int64 (a Philox seed or offset)
     "int64": "an int in [-2^63, 2^63)",
+    #: a torch.distributed process group's name (``ProcessGroup.group_name``, as torch's
+    #: functional collectives take it); the kernel gets the resolved ``ProcessGroup``
+    "group": "the name of a live torch.distributed process group",
 }
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

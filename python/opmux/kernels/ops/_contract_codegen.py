@@ -379,11 +379,15 @@ class _Writer(_ViewWriter):
             return [f"type({v}) is float", f"0.0 <= {v} < _checks.INF"]
         if s.kind == "choice":
             return [f"{v} in {s.choices!r}", f"type({v}) is str"]
+        if s.kind == "group":  # a name resolved before (the cache the full check fills)
+            return [f"type({v}) is str", f"{v} in _checks.GROUPS"]
         return [f"({v} is None or {v} in {_dtype_tuple(s.choices)})"]
 
     def scalar_value(self, s: Scalar, fast: bool) -> str:
         if s.kind == "dtype":
             return f"torch.{s.default} if {s.name} is None else {s.name}"
+        if s.kind == "group":
+            return f"_checks.GROUPS[{s.name}]" if fast else f'_checks.process_group(op, "{s.name}", {s.name})'
         if s.kind in ("positive", "finite") and not fast:
             return f"float({s.name})"
         return s.name
@@ -436,6 +440,8 @@ class _Writer(_ViewWriter):
             self.emit(1, f'_checks.positive_int(op, "{v}", {v})')
         elif s.kind == "choice":
             self.emit(1, f'_checks.str_choice(op, "{v}", {v}, {s.choices!r})')
+        elif s.kind == "group":
+            pass  # resolved (or refused with the live groups' names) by scalar_value
         else:
             self.emit(1, f'_checks.dtype_choice(op, "{v}", {v}, {s.choices!r})')
         self.emit(1, f"{v}_ = {self.scalar_value(s, fast=False)}")

@@ -1,0 +1,255 @@
+"""The ``oneshot`` and ``twoshot`` backends of the ``comm`` ops: opmux's all-reduce kernels over
+peer-accessible buffers (``jit/csrc/comm_cuda.cu``), registered once per group.
+
+:func:`register` (a collective: every rank of the group calls it once, before the first call
+that should use these backends) allocates one buffer per rank with torch's symmetric memory
+(``torch.distributed._symmetric_memory``: the peers' buffers mapped into every rank's address
+space; NVLink multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` is set), zeroes it and
+keeps the peers' base addresses. A call then launches one kernel: no host synchronisation, no
+allocation, the addresses passed by value, so it can be captured in a CUDA graph and replayed.
+
+* one-shot: every rank copies its x into its buffer, waits for its peers (a flag per block), and
+  reads and sums every peer's x: one barrier, ``world`` reads of the whole message per rank;
+* two-shot: reduce-scatter (each rank sums its share from every peer) then all-gather: two
+  barriers, each rank reads about twice the message: the larger messages.
+
+Where each runs (the predicates, whose reason ``explain`` prints): CUDA tensors on the device the
+group's workspace was registered on, contiguous rows, at most the workspace's bytes; one-shot up
+to the per-world threshold below, two-shot beyond it; larger messages and unregistered groups go
+to NCCL (``torch``). The thresholds are vLLM's custom all-reduce's (``custom_all_reduce.cuh``:
+one stage for any size at 2 ranks, below 512 KiB at 4, below 256 KiB at 6 and 8; 8 MiB at most),
+not yet measured here: the multi-GPU machine that would measure them was not lent (issue #31).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ... import config
+from ...errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    from .._torch import torch
+
+__all__ = ["ALGORITHMS", "Workspace", "register", "registered", "unregister"]
+
+#: the backends, in the order dispatch tries them on CUDA
+ALGORITHMS = ("oneshot", "twoshot")
+#: the world sizes the kernels take
+WORLDS = (2, 4, 6, 8)
+#: one-shot up to this many bytes per world size (vLLM's thresholds; see the module docstring)
+ONESHOT_MAX_BYTES = {2: 8 << 20, 4: 512 << 10, 6: 256 << 10, 8: 256 << 10}
+#: a workspace's default message capacity (vLLM's custom all-reduce maximum)
+DEFAULT_MAX_BYTES = 8 << 20
+#: the buffer's layout (``jit/include/opmux/comm_layout.h``): the flags, then two halves of
+#: [in | result] regions of ``cap`` bytes each (calls alternate halves)
+FLAG_BYTES = 4096
+REGION_ALIGN = 4096
+#: int32 counters each rank's kernels keep for themselves (epochs, calls)
+COUNTERS = 256
+#: the fused kernels' longest row (elements): a block owns a row
+MAX_HIDDEN = 16384
+_REGISTER = "comm.ipc.register"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """One rank's registration of a group: its buffer, the peers' addresses, its counters."""
+
+    group: str
+    rank: int
+    world: int
+    #: bytes of one data region: the largest message
+    cap: int
+    device: Any
+    buffer: Any
+    #: the peers' buffer base addresses, rank order (a CPU int64 tensor, read at launch)
+    ptrs: Any
+    counters: Any
+    handle: Any
+
+
+_WORKSPACES: dict[str, Workspace] = {}
+
+
+def register(group: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Workspace:
+    """Register process group ``group`` (its name) for the peer-buffer kernels, messages up to
+    ``max_bytes``. A collective: every rank calls it, each with its GPU as the current device.
+    Registering a group again replaces its workspace (all ranks, the same ``max_bytes``)."""
+    from .._checks import process_group
+
+    pg = process_group(_REGISTER, "group", group)
+    dist = torch.distributed
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    if world not in WORLDS:
+        raise ValueError(f"{_REGISTER}: group {group!r} has {world} ranks; the kernels take {WORLDS}")
+    if type(max_bytes) is not int or max_bytes <= 0:
+        raise ValueError(f"{_REGISTER}: max_bytes must be a positive int, got {max_bytes!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{_REGISTER}: the peer-buffer kernels need CUDA GPUs; this process sees none")
+    cap = -(-max_bytes // REGION_ALIGN) * REGION_ALIGN
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    from torch.distributed import _symmetric_memory as symm
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    buffer = symm.empty(FLAG_BYTES + 4 * cap, dtype=torch.uint8, device=device)
+    buffer.zero_()
+    torch.cuda.synchronize(device)  # zeroed before any peer can see the buffer (next line)
+    handle = symm.rendezvous(buffer, pg)
+    ptrs = torch.tensor([int(p) for p in handle.buffer_ptrs], dtype=torch.int64)
+    counters = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    ws = Workspace(group, rank, world, cap, device, buffer, ptrs, counters, handle)
+    _WORKSPACES[group] = ws
+    return ws
+
+
+def registered(group: str) -> Workspace | None:
+    """The workspace of ``group`` (its name), or None."""
+    return _WORKSPACES.get(group)
+
+
+def unregister(group: str) -> None:
+    """Forget ``group``'s workspace (its calls go to NCCL); the buffer is freed with the last
+    reference (every rank should unregister before destroying the group)."""
+    _WORKSPACES.pop(group, None)
+
+
+# -- the predicates: the op's public arguments -> the reason not to run, or None -------------------
+def refusal(algo: str, x: Any, group: Any) -> str | None:
+    """Why backend ``algo`` cannot run a call on ``x`` over ``group`` (None: it can)."""
+    if getattr(x, "device", None) is None or x.device.type != "cuda":
+        return "the peer-buffer kernels run on CUDA tensors"
+    ws = _WORKSPACES.get(group) if type(group) is str else None
+    if ws is None:
+        return (
+            f"group {group!r} has no opmux workspace: call "
+            f"opmux.kernels.ops.comm.ipc.register({group!r}) once on every rank (else NCCL runs it)"
+        )
+    if x.device != ws.device:
+        return f"x is on {x.device}; the group's workspace on {ws.device}"
+    if not x.is_contiguous():
+        return "the peer-buffer kernels take a contiguous x (a strided one goes to NCCL)"
+    nbytes = x.numel() * x.element_size()
+    if nbytes > ws.cap:
+        return f"a {nbytes}-byte message exceeds the workspace's {ws.cap} bytes (register a larger max_bytes)"
+    if x.dim() and x.shape[-1] > MAX_HIDDEN:
+        return f"rows of {x.shape[-1]} elements; the kernels take at most {MAX_HIDDEN}"
+    limit = ONESHOT_MAX_BYTES[ws.world]
+    if algo == "oneshot" and nbytes > limit:
+        return f"{nbytes} bytes > {limit} at {ws.world} ranks: two-shot reads less from there"
+    return None
+
+
+def oneshot_supports(x: Any, *args: Any, **kwargs: Any) -> str | None:
+    return refusal("oneshot", x, _group(args, kwargs))
+
+
+def twoshot_supports(x: Any, *args: Any, **kwargs: Any) -> str | None:
+    return refusal("twoshot", x, _group(args, kwargs))
+
+
+def _group(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The group name among the public arguments after x: all_reduce (x, group, out), the fused
+    ops (x, residual, weight, group, ...)."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    return next((a for a in args if type(a) is str), None)
+
+
+# -- the kernels ------------------------------------------------------------------------------------
+_FUNCTIONS = ("all_reduce", "all_reduce_add_rmsnorm")
+
+
+@functools.cache
+def library() -> dict[str, Callable[..., Any]]:
+    """``comm_cuda``'s functions, from the AOT library when it has them, else JIT-compiled once
+    (``BackendUnavailable`` when neither can be had: dispatch falls back to NCCL)."""
+    from ... import aot
+
+    lib = aot.load_library(aot.as_device("cuda"))
+    if lib is not None:
+        try:
+            return {f: lib[f"comm_{f}_cuda"] for f in _FUNCTIONS}
+        except Exception:  # a wheel built before the unit existed: compile it
+            pass
+    from ... import jit
+    from ...jit.compile import build, toolchain
+    from ...jit.compile.load import JitUnavailable
+
+    try:
+        mod = jit.load_module("comm_cuda")
+        return {f: mod[f"comm_{f}_cuda"] for f in _FUNCTIONS}
+    except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable, KeyError) as exc:
+        raise BackendUnavailable("oneshot", f"{type(exc).__name__}: {exc}") from exc
+
+
+_ALGO = {"oneshot": 1, "twoshot": 2}
+_EMPTY: dict[Any, tuple[Any, Any]] = {}
+
+
+def _ws(group: Any) -> Workspace:
+    ws = _WORKSPACES.get(str(group.group_name))
+    if ws is None:  # unregistered between the predicate and the call
+        raise BackendUnavailable("oneshot", f"group {group.group_name!r} has no opmux workspace")
+    return ws
+
+
+def _timeout_ms() -> int:
+    return int(config.comm_timeout() * 1000)
+
+
+def _empties(device: Any) -> tuple[Any, Any]:
+    e = _EMPTY.get(device)
+    if e is None:
+        e = _EMPTY[device] = (
+            torch.empty(0, dtype=torch.uint8, device=device),
+            torch.empty(0, dtype=torch.float32, device=device),
+        )
+    return e
+
+
+def _all_reduce(algo: str) -> Callable[..., None]:
+    def run(out: Tensor, x: Tensor, group: Any) -> None:
+        ws = _ws(group)
+        library()["all_reduce"](
+            out, x, ws.ptrs, ws.counters, ws.rank, ws.world, ws.cap, _ALGO[algo], _timeout_ms()
+        )
+
+    run.__name__ = run.__qualname__ = f"{algo}_all_reduce"
+    return run
+
+
+def _add_rmsnorm(algo: str, quant: bool) -> Callable[..., None]:
+    def run(
+        x: Tensor,
+        residual: Tensor,
+        weight: Tensor,
+        eps: float,
+        group: Any,
+        out_q: Tensor | None = None,
+        out_scale: Tensor | None = None,
+    ) -> None:
+        ws = _ws(group)
+        q, s = (out_q, out_scale) if quant else _empties(x.device)
+        library()["all_reduce_add_rmsnorm"](
+            x, residual, weight, eps, q, s, ws.ptrs, ws.counters, ws.rank, ws.world, ws.cap,
+            _ALGO[algo], _timeout_ms(),
+        )  # fmt: skip
+
+    run.__name__ = run.__qualname__ = f"{algo}_add_rmsnorm{'_quant' if quant else ''}"
+    return run
+
+
+oneshot_all_reduce = _all_reduce("oneshot")
+twoshot_all_reduce = _all_reduce("twoshot")
+oneshot_add_rmsnorm = _add_rmsnorm("oneshot", False)
+twoshot_add_rmsnorm = _add_rmsnorm("twoshot", False)
+oneshot_add_rmsnorm_quant = _add_rmsnorm("oneshot", True)
+twoshot_add_rmsnorm_quant = _add_rmsnorm("twoshot", True)
