@@ -3,8 +3,8 @@
 A one-rank group makes the all-reduce the identity, so these cases check what every backend
 shares with one rank: the contract (shapes, strides, dtypes, outputs, the group's name), the
 fused add / RMSNorm / fp8 quant after the reduction, and the errors. The sums over several ranks
-are tests/unit/test_comm_gloo.py (gloo, 2 and 4 processes) and, on GPUs, tests/parity/
-test_comm_grid.py.
+are tests/unit/test_comm_groups.py (gloo with 2 and 4 processes; NCCL and the peer-buffer
+kernels with 2, 4 and 8 GPUs where a machine has them).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def all_reduce_samples(device: str, dtype: torch.dtype) -> list[Sample]:
             (_t((3, 40), device, dtype, 5), g),
             {"out": torch.zeros(3, 40, dtype=dtype, device=device)},
         ),
-        # (in place, out=x: tests/unit/test_comm_gloo.py; the harness fills a caller's out with NaN)
+        # (in place, out=x: tests/unit/test_comm_groups.py; the harness fills a caller's out with NaN)
         Sample("no-rows", (_t((0, 16), device, dtype, 6), g)),
     ]
 

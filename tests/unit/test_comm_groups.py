@@ -1,10 +1,14 @@
-"""The comm ops over real process groups on the CPU: gloo, 2 and 4 processes on this machine.
+"""The comm ops over real process groups: gloo with 2 and 4 processes on this machine's CPU, and
+(on a machine with 2+ GPUs) NCCL and the peer-buffer kernels at TP = 2, 4 and 8.
 
 Each worker process joins a gloo group (a FileStore rendezvous in a temporary folder), runs the
 ops against the reference (every rank's x gathered and summed in rank order) at the op's
 tolerance, checks that every rank got the same result, and that bad input fails alike on every
 rank. The fault tests: a rank that never joins the call, or dies, makes the others raise
-CommError within OPMUX_COMM_TIMEOUT instead of hanging.
+CommError within OPMUX_COMM_TIMEOUT instead of hanging. The GPU grid: every backend (oneshot,
+twoshot, torch) against the reference for T in {1, 16, 128, 1024, 8192} x H in {4096, 8192},
+in eager mode and replayed from a CUDA graph with fresh inputs (``OPMUX_TEST_COMM_GPUS=1``
+runs it; it skips where fewer than 2 GPUs are visible).
 """
 
 from __future__ import annotations
@@ -182,3 +186,116 @@ def test_a_missing_rank_fails_the_others_within_the_timeout(fault: str, tmp_path
     assert "(rank 0 of 2)" in rep["message"] and "OPMUX_COMM_TIMEOUT" in rep["message"]
     assert (rep["rank"], rep["world"]) == (0, 2)
     assert rep["elapsed"] < 60, rep  # the 4 s timeout (a dead peer: at once), not a hang
+
+
+# -- the GPU grid (2+ GPUs) ----------------------------------------------------------------------
+_GPU_T = (1, 16, 128, 1024, 8192)
+_GPU_H = (4096, 8192)
+
+
+def _gpu_worker(rank: int, world: int, folder: str) -> None:
+    out = Path(folder) / f"rank{rank}.json"
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from opmux.kernels import explain, registry
+        from opmux.kernels.explain import op_instance
+        from opmux.kernels.ops.comm import ipc
+        from opmux.kernels.ops.comm import op as comm_op
+
+        torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "cpu:gloo,cuda:nccl", init_method=f"file://{folder}/store", rank=rank, world_size=world,
+            device_id=torch.device("cuda", rank),
+        )  # fmt: skip
+        assert dist.group.WORLD is not None
+        g = str(dist.group.WORLD.group_name)
+        ws = ipc.register(g, 8 << 20)
+        ops = {name: op_instance(f"comm.{name}") for name in ("all_reduce", "all_reduce_fused_add_rmsnorm")}
+        quant = op_instance("comm.all_reduce_fused_add_rmsnorm_quant_fp8")
+        report: dict[str, Any] = {"cases": 0, "graphs": 0, "chosen": {}}
+
+        def same_everywhere(t: torch.Tensor) -> None:
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous())
+            for p in parts[1:]:
+                assert torch.equal(p.view(torch.uint8), parts[0].view(torch.uint8)), "ranks differ"
+
+        def inputs(t: int, h: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+            gen = torch.Generator(device="cuda").manual_seed(seed)
+            x = torch.randn(t, h, generator=gen, device="cuda").to(dtype)
+            gen.manual_seed(7 + t)  # the residual and weight are replicated, as in TP
+            res = torch.randn(t, h, generator=gen, device="cuda").to(dtype)
+            w = torch.randn(h, generator=gen, device="cuda").to(dtype)
+            return x, res, w
+
+        for dtype in (torch.bfloat16, torch.float32):
+            atol, rtol = dict(registry.get("comm.all_reduce").tolerances)[str(dtype)[6:]]
+            for t in _GPU_T:
+                for h in _GPU_H if dtype == torch.bfloat16 else (4096,):
+                    x, res, w = inputs(t, h, dtype, 100 * rank + t)
+                    report["chosen"][f"{t}x{h}"] = explain("comm.all_reduce", x, g).chosen
+                    want = comm_op.ref_all_reduce(x, g)
+                    r1, x1 = res.clone(), x.clone()
+                    comm_op.ref_add_rmsnorm(x1, r1, w, g)
+                    for algo in (*ipc.ALGORITHMS, "torch"):
+                        if algo != "torch" and x.numel() * x.element_size() > ws.cap:
+                            continue
+                        got = ops["all_reduce"].impl(algo)(x, g)
+                        torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+                        same_everywhere(got)
+                        x2, r2 = x.clone(), res.clone()
+                        ops["all_reduce_fused_add_rmsnorm"].impl(algo)(x2, r2, w, g)
+                        torch.testing.assert_close(r2, r1, atol=atol, rtol=rtol)
+                        torch.testing.assert_close(x2, x1, atol=4 * atol, rtol=4 * rtol)
+                        same_everywhere(x2)
+                        x3, r3 = x.clone(), res.clone()
+                        q, s = quant.impl(algo)(x3, r3, w, g)
+                        assert torch.equal(x3, x2), algo
+                        torch.testing.assert_close(q.float() * s, x3.float(), atol=4 * atol, rtol=0.07)
+                        report["cases"] += 3
+        # CUDA graphs: captured once, replayed with fresh inputs in the static buffers
+        for algo in (*ipc.ALGORITHMS, "torch"):
+            xs, rs, w = inputs(16, 4096, torch.bfloat16, rank)
+            fused = ops["all_reduce_fused_add_rmsnorm"].impl(algo)
+            fused(xs, rs, w, g)  # warm up (JIT, NCCL communicators) outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fused(xs, rs, w, g)
+            for i in range(3):
+                x, res, _ = inputs(16, 4096, torch.bfloat16, 1000 * i + rank)
+                xs.copy_(x)
+                rs.copy_(res)
+                graph.replay()
+                r1, x1 = res.clone(), x.clone()
+                comm_op.ref_add_rmsnorm(x1, r1, w, g)
+                torch.testing.assert_close(rs, r1, atol=3.2e-2, rtol=3.2e-2)
+                torch.testing.assert_close(xs, x1, atol=0.13, rtol=0.13)
+                report["graphs"] += 1
+        ipc.unregister(g)
+        dist.destroy_process_group()
+        out.write_text(json.dumps(report))
+    except BaseException:
+        out.write_text(json.dumps({"error": traceback.format_exc()}))
+        raise
+
+
+def _gpus() -> int:
+    if os.environ.get("OPMUX_TEST_COMM_GPUS") != "1":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_gpu_backends_match_the_reference(world: int, tmp_path: Path) -> None:
+    if _gpus() < world:
+        pytest.skip(f"needs {world} GPUs and OPMUX_TEST_COMM_GPUS=1 (visible: {_gpus()})")
+    reports = _run(
+        world, tmp_path, _gpu_worker, env={"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    )
+    for r, rep in enumerate(reports):
+        assert "error" not in rep, f"rank {r}:\n{rep['error']}"
+        assert rep["graphs"] == 9 and rep["cases"] > 0, rep
