@@ -308,6 +308,9 @@ bool vec_aligned(const QkParams& p) {
   return p.hidden % cuda::kVec16<T> == 0 && vec_aligned<T>(p.q) && vec_aligned<T>(p.k);
 }
 
+// The fused op's choice of threads per row and vector width fixes its sum-of-squares order:
+// comm_cuda.cu's norm_threads() mirrors it (the fused all-reduce + add + RMSNorm is bit-equal to
+// all_reduce -> fused_add_rmsnorm only while both agree), so change both together.
 template <typename T, bool FUSED, bool GEMMA, typename P>
 void launch_norm(const char* op, const P& p, int32_t device_id) {
   constexpr int VEC = cuda::kVec16<T>;

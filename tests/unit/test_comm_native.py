@@ -1,0 +1,74 @@
+"""The comm group's native CUDA unit (issue #31: all-reduce, fused with residual add + RMSNorm +
+per-token fp8 quant): its layout header holds the numbers the Python side mirrors, and
+(OPMUX_TEST_NVCC=1: nvcc, no GPU needed) the unit compiles for sm_90a and sm_80, exports both
+functions and refuses arguments on the wrong device before touching memory."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+EXPORTS = ("comm_all_reduce_cuda", "comm_all_reduce_add_rmsnorm_cuda")
+
+
+def _layout() -> dict[str, int]:
+    """``constexpr <type> kName = <int>;`` lines of opmux/comm_layout.h."""
+    from opmux.kernels.jit import KERNEL_PATH
+
+    text = (Path(KERNEL_PATH) / "include" / "opmux" / "comm_layout.h").read_text(encoding="utf-8")
+    return {m[1]: int(m[2]) for m in re.finditer(r"^constexpr \w+ (k\w+) = (\d+);", text, re.M)}
+
+
+def test_layout_header_numbers() -> None:
+    k = _layout()
+    assert k["kMaxBlocks"] == 64 and k["kMaxWorld"] == 8
+    assert k["kFlagsBytes"] == 4096 and k["kCapAlign"] == 4096
+    assert k["kMaxBlocks"] * k["kMaxWorld"] * 4 <= k["kFlagsBytes"]  # uint32 flags[blocks][world]
+    assert k["kCounters"] == 256
+    # per-block epochs, then the call count and the finished-blocks count, inside the counters
+    assert k["kCounterEpoch"] + k["kMaxBlocks"] <= k["kCounterCall"] < k["kCounterDone"] < k["kCounters"]
+    assert (k["kAlgoOneShot"], k["kAlgoTwoShot"]) == (1, 2)
+
+
+@pytest.mark.skipif(
+    os.environ.get("OPMUX_TEST_NVCC") != "1", reason="set OPMUX_TEST_NVCC=1: nvcc builds the CUDA unit"
+)
+def test_cuda_unit_compiles_for_sm90a_and_sm80(tmp_path: Path) -> None:
+    from opmux.kernels.jit import KERNEL_PATH
+    from opmux.kernels.jit.compile import build, toolchain
+
+    try:
+        toolchain.find_nvcc()
+    except toolchain.ToolchainNotFound as exc:
+        pytest.skip(str(exc))
+    src = Path(KERNEL_PATH) / "csrc" / "comm_cuda.cu"
+    out = tmp_path / "comm_cuda.so"
+    build.build_shared_library(
+        out,
+        sources=[src],
+        device="cuda",
+        archs=["sm_90a", "sm_80"],
+        include_dirs=[Path(KERNEL_PATH) / "include", src.parent],
+    )
+    import tvm_ffi
+
+    mod = tvm_ffi.load_module(str(out))
+    for name in EXPORTS:
+        assert mod[name] is not None
+    # the first checks need no GPU: CPU tensors are refused, naming the argument
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    ptrs = torch.zeros(2, dtype=torch.int64)
+    counters = torch.zeros(256, dtype=torch.int32)
+    with pytest.raises(ValueError, match="x is on device cpu"):
+        mod["comm_all_reduce_cuda"](x, x, ptrs, counters, 0, 2, 4096, 1, 0)
+    w = torch.ones(8, dtype=torch.bfloat16)
+    none_q = torch.empty(0, dtype=torch.uint8)
+    none_s = torch.empty(0)
+    with pytest.raises(ValueError, match="x is on device cpu"):
+        mod["comm_all_reduce_add_rmsnorm_cuda"](
+            x, x.clone(), w, 1e-6, none_q, none_s, ptrs, counters, 0, 2, 4096, 2, 0
+        )
