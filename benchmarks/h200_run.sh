@@ -43,6 +43,9 @@
 #          moe-tune stage wrote it (OUT_DIR/moe_bench.*), vLLM's files as the peer's ($MOE_PEER_CONFIGS);
 # moe-grid: tests/parity/test_moe_grid.py on every backend (decode path included), then
 #          compute-sanitizer over its bad-id, expert_map and decode bad-id cases (OUT_DIR/moe_grid.log);
+# comm:    the comm ops' parity cells on one GPU (one rank: the peer-buffer kernels' arithmetic and
+#          bounds), compute-sanitizer over them, and the 2-8 GPU grid where the kind has the GPUs
+#          (OUT_DIR/comm.log);
 # prefill: attention.paged_prefill's GPU grid, compute-sanitizer over its bad page tables, and
 #          benchmarks/bench_attention_prefill.py (OUT_DIR/prefill*);
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
@@ -192,6 +195,19 @@ for stage in $STAGES; do
                     | tee -a "$OUT/sampling_parity.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 timeout 300 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 240 2>&1 \
                     | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        comm) # one GPU: the comm ops' parity cells at one rank (the peer-buffer kernels' arithmetic
+              # and bounds: their barriers are no-ops), then compute-sanitizer over them; the 2-8 GPU
+              # grid and benchmarks/bench_comm.py need a multi-GPU kind
+              timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k "comm" 2>&1 \
+                    | tee "$OUT/comm.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+              PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                    python3 -m pytest "$REPO/tests/parity/test_parity.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q --rootdir "$REPO" -k "comm and (oneshot or twoshot)" \
+                    2>&1 | tee -a "$OUT/comm.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+              OPMUX_TEST_COMM_GPUS=1 timeout 400 python3 -m pytest "$REPO/tests/unit/test_comm_groups.py" -k gpu \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
+                    | tee -a "$OUT/comm.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"

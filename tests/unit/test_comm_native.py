@@ -34,6 +34,20 @@ def test_layout_header_numbers() -> None:
     assert (k["kAlgoOneShot"], k["kAlgoTwoShot"]) == (1, 2)
 
 
+def test_python_mirrors_the_layout() -> None:
+    """ops/comm/ipc.py allocates what the header lays out (buffer, counters, worlds, grid)."""
+    from opmux.kernels.ops.comm import ipc
+
+    k = _layout()
+    assert (ipc.FLAG_BYTES, ipc.REGION_ALIGN, ipc.COUNTERS) == (
+        k["kFlagsBytes"],
+        k["kCapAlign"],
+        k["kCounters"],
+    )
+    assert ipc.WORLDS == tuple(range(1, k["kMaxWorld"] + 1))
+    assert dict(zip(ipc.ALGORITHMS, (1, 2), strict=True)) == ipc._ALGO
+
+
 @pytest.mark.skipif(
     os.environ.get("OPMUX_TEST_NVCC") != "1", reason="set OPMUX_TEST_NVCC=1: nvcc builds the CUDA unit"
 )

@@ -17,13 +17,20 @@ Invalid = list[tuple[str, tuple[object, ...], dict[str, object], type[Exception]
 
 
 def group(device: str) -> str:
-    """This process's default group, initialised as a one-rank group if there is none yet."""
+    """This process's default group, initialised as a one-rank group if there is none yet; on a
+    GPU registered for the peer-buffer kernels too (one rank: their barriers are no-ops, so the
+    parity cells of ``oneshot`` / ``twoshot`` check their arithmetic and bounds on one GPU)."""
+    from opmux.kernels.ops.comm import ipc
+
     dist = torch.distributed
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     assert dist.group.WORLD is not None
-    return str(dist.group.WORLD.group_name)
+    name = str(dist.group.WORLD.group_name)
+    if torch.device(device).type == "cuda" and ipc.registered(name) is None:
+        ipc.register(name, 1 << 20)
+    return name
 
 
 def _t(shape: tuple[int, ...], device: str, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -629,8 +629,8 @@ inline void check_contiguous(const char* op, const char* name, const TensorView&
 inline Sync check_group(const char* op, const TensorView& ptrs, const TensorView& counters, int32_t device_id,
                         int64_t rank, int64_t world, int64_t cap, int64_t algo, int64_t timeout_ms,
                         int64_t message_bytes) {
-  if (world < 2 || world > kMaxWorld) {
-    TVM_FFI_THROW(ValueError) << op << ": world must be in [2, " << kMaxWorld << "], got " << world;
+  if (world < 1 || world > kMaxWorld) {  // 1: the kernels on one GPU (its barriers are no-ops)
+    TVM_FFI_THROW(ValueError) << op << ": world must be in [1, " << kMaxWorld << "], got " << world;
   }
   if (rank < 0 || rank >= world) {
     TVM_FFI_THROW(ValueError) << op << ": rank must be in [0, world = " << world << "), got " << rank;

@@ -42,17 +42,24 @@ __all__ = ["ALGORITHMS", "Workspace", "register", "registered", "unregister"]
 
 #: the backends, in the order dispatch tries them on CUDA
 ALGORITHMS = ("oneshot", "twoshot")
-#: the world sizes the kernels take
-WORLDS = (2, 4, 6, 8)
-#: one-shot up to this many bytes per world size (vLLM's thresholds; see the module docstring)
-ONESHOT_MAX_BYTES = {2: 8 << 20, 4: 512 << 10, 6: 256 << 10, 8: 256 << 10}
+#: the world sizes the kernels take (1: one GPU, the barriers are no-ops: how a one-GPU machine
+#: runs these kernels' arithmetic and bounds; ``comm_layout.h``'s kMaxWorld)
+WORLDS = tuple(range(1, 9))
+
+
+def oneshot_max_bytes(world: int) -> int:
+    """One-shot up to this many bytes (vLLM's thresholds; see the module docstring)."""
+    return 8 << 20 if world <= 2 else 512 << 10 if world <= 4 else 256 << 10
+
+
 #: a workspace's default message capacity (vLLM's custom all-reduce maximum)
 DEFAULT_MAX_BYTES = 8 << 20
-#: the buffer's layout (``jit/include/opmux/comm_layout.h``): the flags, then two halves of
-#: [in | result] regions of ``cap`` bytes each (calls alternate halves)
+#: the buffer's layout, as ``jit/include/opmux/comm_layout.h`` states it (kFlagsBytes, kCapAlign,
+#: kCounters; tests/unit/test_comm_native.py compares them): the flags, then two halves of
+#: [in | result] regions of ``cap`` bytes each (calls alternate halves), and the int32 counters
+#: each rank's kernels keep for themselves (epochs, calls)
 FLAG_BYTES = 4096
 REGION_ALIGN = 4096
-#: int32 counters each rank's kernels keep for themselves (epochs, calls)
 COUNTERS = 256
 #: the fused kernels' longest row (elements): a block owns a row
 MAX_HIDDEN = 16384
@@ -89,7 +96,9 @@ def register(group: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Workspace:
     dist = torch.distributed
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
     if world not in WORLDS:
-        raise ValueError(f"{_REGISTER}: group {group!r} has {world} ranks; the kernels take {WORLDS}")
+        raise ValueError(
+            f"{_REGISTER}: group {group!r} has {world} ranks; the kernels take 1 to {WORLDS[-1]}"
+        )
     if type(max_bytes) is not int or max_bytes <= 0:
         raise ValueError(f"{_REGISTER}: max_bytes must be a positive int, got {max_bytes!r}")
     if not torch.cuda.is_available():
@@ -141,7 +150,7 @@ def refusal(algo: str, x: Any, group: Any) -> str | None:
         return f"a {nbytes}-byte message exceeds the workspace's {ws.cap} bytes (register a larger max_bytes)"
     if x.dim() and x.shape[-1] > MAX_HIDDEN:
         return f"rows of {x.shape[-1]} elements; the kernels take at most {MAX_HIDDEN}"
-    limit = ONESHOT_MAX_BYTES[ws.world]
+    limit = oneshot_max_bytes(ws.world)
     if algo == "oneshot" and nbytes > limit:
         return f"{nbytes} bytes > {limit} at {ws.world} ranks: two-shot reads less from there"
     return None
