@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +35,34 @@ def _fresh_dispatch(monkeypatch: pytest.MonkeyPatch, shared_jit_cache: Path) -> 
     tracing._State.enabled = None
     _dispatch_state._stale()
     facts.reset()
+
+
+@pytest.fixture
+def nvcc_unit(tmp_path: Path) -> Callable[[str], Any]:
+    """``nvcc_unit("comm_cuda")``: the CUDA unit ``jit/csrc/<name>.cu`` compiled for sm_90a and
+    sm_80 (nvcc, no GPU needed) and loaded; skips without OPMUX_TEST_NVCC=1 or without nvcc."""
+    if os.environ.get("OPMUX_TEST_NVCC") != "1":
+        pytest.skip("set OPMUX_TEST_NVCC=1: nvcc builds the CUDA unit (a minute or more)")
+    from opmux.kernels.jit import KERNEL_PATH
+    from opmux.kernels.jit.compile import build, toolchain
+
+    try:
+        toolchain.find_nvcc()
+    except toolchain.ToolchainNotFound as exc:
+        pytest.skip(str(exc))
+
+    def compile_unit(name: str) -> Any:
+        src = Path(KERNEL_PATH) / "csrc" / f"{name}.cu"
+        out = tmp_path / f"{name}.so"
+        build.build_shared_library(
+            out,
+            sources=[src],
+            device="cuda",
+            archs=["sm_90a", "sm_80"],
+            include_dirs=[Path(KERNEL_PATH) / "include", src.parent],
+        )
+        import tvm_ffi
+
+        return tvm_ffi.load_module(str(out))
+
+    return compile_unit

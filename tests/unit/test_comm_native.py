@@ -5,9 +5,10 @@ functions and refuses arguments on the wrong device before touching memory."""
 
 from __future__ import annotations
 
-import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,29 +49,8 @@ def test_python_mirrors_the_layout() -> None:
     assert dict(zip(ipc.ALGORITHMS, (1, 2), strict=True)) == ipc._ALGO
 
 
-@pytest.mark.skipif(
-    os.environ.get("OPMUX_TEST_NVCC") != "1", reason="set OPMUX_TEST_NVCC=1: nvcc builds the CUDA unit"
-)
-def test_cuda_unit_compiles_for_sm90a_and_sm80(tmp_path: Path) -> None:
-    from opmux.kernels.jit import KERNEL_PATH
-    from opmux.kernels.jit.compile import build, toolchain
-
-    try:
-        toolchain.find_nvcc()
-    except toolchain.ToolchainNotFound as exc:
-        pytest.skip(str(exc))
-    src = Path(KERNEL_PATH) / "csrc" / "comm_cuda.cu"
-    out = tmp_path / "comm_cuda.so"
-    build.build_shared_library(
-        out,
-        sources=[src],
-        device="cuda",
-        archs=["sm_90a", "sm_80"],
-        include_dirs=[Path(KERNEL_PATH) / "include", src.parent],
-    )
-    import tvm_ffi
-
-    mod = tvm_ffi.load_module(str(out))
+def test_cuda_unit_compiles_for_sm90a_and_sm80(nvcc_unit: Callable[[str], Any]) -> None:
+    mod = nvcc_unit("comm_cuda")
     for name in EXPORTS:
         assert mod[name] is not None
     # the first checks need no GPU: CPU tensors are refused, naming the argument

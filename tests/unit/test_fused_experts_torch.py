@@ -65,5 +65,7 @@ def test_ids_the_map_does_not_cover_are_skipped_unchecked() -> None:
     )
     assert torch.equal(out[1:3], torch.zeros(2, 16, dtype=torch.bfloat16))
     good = ids[[0, 3]]
-    ref = _experts.reference(p["hidden"][[0, 3]], p["w1"], p["w2"], p["topk_weights"][[0, 3]], good, expert_map=emap)
+    ref = _experts.reference(
+        p["hidden"][[0, 3]], p["w1"], p["w2"], p["topk_weights"][[0, 3]], good, expert_map=emap
+    )
     torch.testing.assert_close(out[[0, 3]], ref, atol=2e-2, rtol=2e-2)

@@ -252,7 +252,9 @@ def test_decode_entries_are_validated() -> None:
     thin = {**_DECODE, "BLOCK_SIZE_K": 32, "DECODE": 0}  # 4-row tiles are the decode path's only
     assert any("BLOCK_SIZE_M=4" in p for p in tuned.validate_entry(fe.OP, "triton", thin))
     fp8 = {**_DECODE, "BLOCK_SIZE_K": 128}  # fp8's products are tensor-core tiles: 16 rows or more
-    assert any("BLOCK_SIZE_N=8" in p for p in tuned.validate_entry(fe.OP, "triton", fp8, tuned.FP8_BLOCK_TAGS))
+    assert any(
+        "BLOCK_SIZE_N=8" in p for p in tuned.validate_entry(fe.OP, "triton", fp8, tuned.FP8_BLOCK_TAGS)
+    )
     assert not tuned.validate_entry(fe.OP, "triton", fp8 | {"BLOCK_SIZE_N": 16}, tuned.FP8_BLOCK_TAGS)
 
 

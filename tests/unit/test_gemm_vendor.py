@@ -30,7 +30,9 @@ def test_accepted_where_measured_right(n: int, k: int) -> None:
     assert scaled_mm_supports(a, b, None, None) is None
 
 
-@pytest.mark.parametrize(("n", "k"), [(512, 256), (576, 640), (7168, 384), (1024, 768), (7168, 1280), (512, 4000)])
+@pytest.mark.parametrize(
+    ("n", "k"), [(512, 256), (576, 640), (7168, 384), (1024, 768), (7168, 1280), (512, 4000)]
+)
 def test_refused_where_it_computes_wrong(n: int, k: int) -> None:
     a, b = _args(4096, n, k)
     why = scaled_mm_supports(a, b, None, None)

@@ -50,7 +50,9 @@ def test_found_through_find_spec_without_importing(monkeypatch: pytest.MonkeyPat
     )
 
 
-def test_missing_is_a_typed_error_naming_the_requirement(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_missing_is_a_typed_error_naming_the_requirement(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     _point_find_spec(monkeypatch, None)
     assert tc.cutlass_include_dir() is None
     with pytest.raises(tc.ToolchainNotFound) as info:
@@ -90,8 +92,12 @@ def _build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source_text: str) ->
     monkeypatch.setattr(build, "_run", recorder)
     src = tmp_path / "unit.cu"
     src.write_text(source_text)
-    nvcc = tc.Toolchain(kind="nvcc", path="/bin/true", version="Cuda compilation tools, release 13.0, V13.0.88")
-    build.build_shared_library(tmp_path / "out" / "unit.so", sources=[src], device="cuda", archs=["sm_90a"], toolchain=nvcc)
+    nvcc = tc.Toolchain(
+        kind="nvcc", path="/bin/true", version="Cuda compilation tools, release 13.0, V13.0.88"
+    )
+    build.build_shared_library(
+        tmp_path / "out" / "unit.so", sources=[src], device="cuda", archs=["sm_90a"], toolchain=nvcc
+    )
     return recorder.commands[0]
 
 

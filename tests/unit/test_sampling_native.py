@@ -4,8 +4,8 @@ arguments; the CUDA unit compiles for sm_90a and sm_80 (OPMUX_TEST_NVCC=1: nvcc,
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -85,29 +85,8 @@ def test_cpu_unit_refuses_bad_native_arguments() -> None:
     assert torch.equal(out, probs)
 
 
-@pytest.mark.skipif(
-    os.environ.get("OPMUX_TEST_NVCC") != "1", reason="set OPMUX_TEST_NVCC=1: nvcc builds the CUDA unit"
-)
-def test_cuda_unit_compiles_for_sm90a_and_sm80(tmp_path: Path) -> None:
-    from opmux.kernels.jit import KERNEL_PATH
-    from opmux.kernels.jit.compile import build, toolchain
-
-    try:
-        toolchain.find_nvcc()
-    except toolchain.ToolchainNotFound as exc:
-        pytest.skip(str(exc))
-    src = Path(KERNEL_PATH) / "csrc" / "sampling_cuda.cu"
-    out = tmp_path / "sampling_cuda.so"
-    build.build_shared_library(
-        out,
-        sources=[src],
-        device="cuda",
-        archs=["sm_90a", "sm_80"],
-        include_dirs=[Path(KERNEL_PATH) / "include", src.parent],
-    )
-    import tvm_ffi
-
-    mod = tvm_ffi.load_module(str(out))
+def test_cuda_unit_compiles_for_sm90a_and_sm80(nvcc_unit: Callable[[str], Any]) -> None:
+    mod = nvcc_unit("sampling_cuda")
     for name in ("top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits", "greedy"):
         assert mod[f"{name}_cuda"] is not None
     for name in ("top_k_top_p_sampling_from_probs", "min_p_sampling_from_probs"):

@@ -191,10 +191,14 @@ def test_the_triton_launcher_takes_the_tuned_entry(user_dir: Path, monkeypatch: 
     w2 = torch.zeros(3, 32, 16, dtype=torch.bfloat16)
     ids = torch.zeros(4, 2, dtype=torch.int32)
     empty = torch.empty(0)
-    fe.fused_experts(hidden, hidden, w1, w2, ids.float(), ids, empty, empty, empty.int(), "silu", False, False)
+    fe.fused_experts(
+        hidden, hidden, w1, w2, ids.float(), ids, empty, empty, empty.int(), "silu", False, False
+    )
     assert seen and seen[0]["BLOCK_SIZE_M"] == 32
     h32 = hidden.float()
-    fe.fused_experts(h32, h32, w1.float(), w2.float(), ids.float(), ids, empty, empty, empty, "silu", False, False)
+    fe.fused_experts(
+        h32, h32, w1.float(), w2.float(), ids.float(), ids, empty, empty, empty, "silu", False, False
+    )
     assert dict(seen[1]) == tuned.default_config(OP, "triton", 4, (3, 16), F32)  # the bf16 file is not fp32's
 
 

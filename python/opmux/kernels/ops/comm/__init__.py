@@ -1,12 +1,12 @@
-"""Sampling, the last op of a decode step: top-k / top-p renormalisation, top-k masking of logits,
-greedy ids, and top-k / top-p / min-p sampling with a Philox seed and offset.
+"""Tensor-parallel communication over a torch.distributed group the caller created: all-reduce,
+alone and fused with the residual add, RMSNorm and per-token fp8 quantization after it.
 
->>> import torch
->>> from opmux.kernels.ops.sampling import greedy, top_k_renorm_probs
->>> greedy(torch.tensor([[0.0, 2.0, 2.0, 1.0]])).tolist()
-[1]
->>> [round(v, 4) for v in top_k_renorm_probs(torch.tensor([[0.1, 0.4, 0.2, 0.3]]), top_k=2)[0].tolist()]
-[0.0, 0.5714, 0.0, 0.4286]
+>>> import torch, torch.distributed as dist
+>>> from opmux.kernels.ops import comm
+>>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+>>> comm.all_reduce(torch.ones(2, 4), dist.group.WORLD.group_name).tolist()
+[[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
+>>> dist.destroy_process_group()
 """
 
 from .._group import exports
