@@ -61,10 +61,10 @@ def install_shims(shadow: bool = False) -> list[str]:
 
 def _sglang_shims(sgl: Any) -> list[str]:
     """SGLang's Triton attention modules (``sglang.srt.layers.attention.triton_ops``) as
-    opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py. Its own
-    references there (``prefill_attention.context_attention_fwd``, ``redundant_attention``) are
-    not opmux entries: stand-ins raising NotImplementedError naming them, so only the cases that
-    use them fail. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
+    opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py. Its prefill
+    kernel ``prefill_attention.context_attention_fwd`` and its reference ``redundant_attention``
+    are not opmux entries: stand-ins raising NotImplementedError naming them, so only the cases
+    that use them fail. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
     imports."""
     import unittest
 
@@ -73,7 +73,7 @@ def _sglang_shims(sgl: Any) -> list[str]:
 
     def absent(name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"{name}: SGLang's own reference kernel, not an opmux entry point")
+            raise NotImplementedError(f"{name}: SGLang's own kernel or reference, not an opmux entry point")
 
         return call
 
@@ -735,9 +735,24 @@ PRESETS = {
     # unified_attention and current_platform): every bf16 case (2 x 2 x 2 x 4 x 2 x 2 = 128); the
     # fp8-query cases (q_dtype1) are refused by opmux (fp8 queries / q_descale)
     "vllm-unified-attention": "test_triton_unified_attn and not q_dtype1",
-    # SGLang test/srt/test_triton_attention_kernels.py: the decode tests (the extend / context ones
-    # take SGLang's own reference kernels, not opmux entries)
-    "sgl-triton-attention": "test_decode_attention or test_grouped_decode_attention",
+    # SGLang test/registered/attention/test_triton_attention_kernels.py at 0c0c7e76 (docs/compat.md):
+    # test_decode_attention (against the file's own torch reference) and
+    # test_build_unified_kv_indices. Left out: test_grouped_decode_attention (one function over
+    # every config, MLA 576 / 512 among them: refused), test_extend_attention (custom_mask refused,
+    # SGLang's redundant_attention reference), test_context_attention (SGLang's prefill kernel,
+    # no opmux entry), test_extend_attention_unified_vs_regular (its unified indices point at other
+    # pool rows than k_extend: passes or not by the data), test_extend_attention_sliding_window
+    # (19 requests of up to 12k tokens: a GPU run)
+    "sgl-triton-attention": "test_decode_attention or test_build_unified_kv_indices",
+    # sgl-kernel tests/test_sampling.py at 059cddc1 on two CPU cores (78 cases, about 70 s): every
+    # case at vocab 111, and at 32000 the alignment (from_logits == from_probs) and renorm cases;
+    # the 1000-draw cases at 32000 / 128256 take minutes each here (a GPU run)
+    "sgl-sampling-cpu": (
+        "111 or (32000 and not test_top_k_top_p_joint_sampling_from_probs and not test_min_p_sampling)"
+    ),
+    # vLLM v0.20.0 tests/v1/sample/test_topk_topp_sampler.py: all of it (89 cases; the one
+    # FlashInfer comparison is skipped by the file itself)
+    "vllm-topk-topp-sampler": "not test_flashinfer_sampler",
     # all three (120 + 2 + 180 cases)
     "vllm-moe": "test_mixtral_moe or (test_fused_moe and not wn16 and not int64) or test_w8a8_block_fp8_fused_moe",
     # a cross-section for one bounded GPU call (125 cases): every Mixtral case; test_fused_moe at
