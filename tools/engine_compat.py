@@ -41,6 +41,7 @@ def install_shims(shadow: bool = False) -> list[str]:
     installed = [f"opmux {opmux.__version__} from {Path(opmux.__file__).parent}"]
     if shadow or importlib.util.find_spec("sgl_kernel") is None:
         sys.modules["sgl_kernel"] = importlib.import_module("opmux.compat.sgl_kernel")
+        sys.modules["sgl_kernel.sampling"] = sys.modules["sgl_kernel"].sampling
         installed.append("sgl_kernel -> opmux.compat.sgl_kernel")
     if shadow or importlib.util.find_spec("sglang") is None:
         installed += _sglang_shims(sys.modules["sgl_kernel"] if "sgl_kernel" in sys.modules else None)
@@ -60,10 +61,10 @@ def install_shims(shadow: bool = False) -> list[str]:
 
 def _sglang_shims(sgl: Any) -> list[str]:
     """SGLang's Triton attention modules (``sglang.srt.layers.attention.triton_ops``) as
-    opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py. Its own
-    references there (``prefill_attention.context_attention_fwd``, ``redundant_attention``) are
-    not opmux entries: stand-ins raising NotImplementedError naming them, so only the cases that
-    use them fail. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
+    opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py. Its prefill
+    kernel ``prefill_attention.context_attention_fwd`` and its reference ``redundant_attention``
+    are not opmux entries: stand-ins raising NotImplementedError naming them, so only the cases
+    that use them fail. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
     imports."""
     import unittest
 
@@ -72,7 +73,7 @@ def _sglang_shims(sgl: Any) -> list[str]:
 
     def absent(name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"{name}: SGLang's own reference kernel, not an opmux entry point")
+            raise NotImplementedError(f"{name}: SGLang's own kernel or reference, not an opmux entry point")
 
         return call
 
@@ -86,6 +87,8 @@ def _sglang_shims(sgl: Any) -> list[str]:
     _module(
         f"{ops}.extend_attention",
         extend_attention_fwd=sgl.extend_attention_fwd,
+        extend_attention_fwd_unified=sgl.extend_attention_fwd_unified,
+        build_unified_kv_indices=sgl.build_unified_kv_indices,
         redundant_attention=absent("redundant_attention"),
     )
     _module(f"{ops}.prefill_attention", context_attention_fwd=absent("context_attention_fwd"))
@@ -99,7 +102,15 @@ def _sglang_shims(sgl: Any) -> list[str]:
             get_device=lambda: _DEVICE[0],
         )
     _module("sglang.test.test_utils", CustomTestCase=unittest.TestCase)
+    # SGLang's CI registration (test/registered/*): a no-op here
+    _module(
+        "sglang.test.ci.ci_register", **{f"register_{d}_ci": _no_op for d in ("cuda", "amd", "cpu", "npu")}
+    )
     return [f"{ops}.{{decode,extend}}_attention -> opmux.compat.sgl_kernel"]
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 # -- what vLLM's kernel tests import besides _custom_ops ----------------------------------------
@@ -408,6 +419,7 @@ def _vllm_shims(ops: Any) -> list[str]:
     # unified_attention (opmux.compat.vllm's: attention.paged_prefill), at its older and its v1 path
     for path in ("vllm.attention.ops", "vllm.v1.attention.ops"):
         _module(f"{path}.triton_unified_attention", unified_attention=ops.unified_attention)
+    _vllm_sampler_shims()
     # fused_moe.py's entry points (opmux.compat.vllm's), also as the package's names; the
     # submodule first: making it sets the package's ``fused_moe`` attribute, the function wins
     moe_names = dict(fused_experts=ops.fused_experts, fused_moe=ops.fused_moe, fused_topk=ops.fused_topk)
@@ -430,11 +442,66 @@ def _vllm_shims(ops: Any) -> list[str]:
     kernels.__path__ = [str(d) for d in _UPSTREAM_DIRS]  # type: ignore[attr-defined]
     installed = [
         "vllm.platforms, vllm.utils, vllm.triton_utils, vllm.model_executor.layers.fused_moe "
-        "(fused_experts, fused_moe, fused_topk, moe_align_block_size, router), tests.kernels.utils, torch.ops._C_cache_ops: shims",
+        "(fused_experts, fused_moe, fused_topk, moe_align_block_size, router), vllm.v1.sample.ops "
+        "(topk_topp_sampler, topk_topp_triton), tests.kernels.utils, torch.ops._C_cache_ops: shims",
         *_load_sibling("engine_compat_vllm").install(ops, _module),
         *_load_sibling("engine_compat_vllm_moe").install(ops, _module),
     ]
     return installed + _upstream_test_utils(opcheck)
+
+
+def _vllm_sampler_shims() -> None:
+    """``vllm.v1.sample.ops.topk_topp_sampler`` (TopKTopPSampler, apply_top_k_top_p, random_sample)
+    and ``topk_topp_triton.apply_top_k_top_p_triton``: opmux.compat.vllm_sampler's. The module's
+    sort-based ``apply_top_k_top_p_pytorch`` (and ``apply_top_k_only``) is vLLM's torch form, the
+    reference its tests compare the Triton entry with: written here from vLLM v0.20.0's
+    definition (vllm/v1/sample/ops/topk_topp_sampler.py), not opmux's."""
+    import torch
+
+    sampler = importlib.import_module("opmux.compat.vllm_sampler")
+
+    def apply_top_k_only(logits: Any, k: Any) -> Any:
+        no_top_k_mask = k == logits.shape[1]
+        k = k.masked_fill(no_top_k_mask, 1)
+        max_top_k = k.max()
+        k_index = k.sub_(1).unsqueeze(1)
+        top_k_mask = logits.topk(max_top_k, dim=1).values.gather(1, k_index.long())
+        top_k_mask.masked_fill_(no_top_k_mask.unsqueeze(1), -float("inf"))
+        return logits.masked_fill_(logits < top_k_mask, -float("inf"))
+
+    def apply_top_k_top_p_pytorch(logits: Any, k: Any, p: Any, allow_cpu_sync: bool = False) -> Any:
+        if p is None:
+            if k is None:
+                return logits
+            if allow_cpu_sync:
+                return apply_top_k_only(logits, k)
+        logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+        if k is not None:
+            top_k_mask = logits_sort.size(1) - k.to(torch.long)
+            top_k_mask = logits_sort.gather(1, top_k_mask.unsqueeze(dim=1))
+            logits_sort.masked_fill_(logits_sort < top_k_mask, -float("inf"))
+        if p is not None:
+            probs_sort = logits_sort.softmax(dim=-1)
+            probs_sum = torch.cumsum(probs_sort, dim=-1, out=probs_sort)
+            top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)
+            top_p_mask[:, -1] = False
+            logits_sort.masked_fill_(top_p_mask, -float("inf"))
+        return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
+
+    ops = "vllm.v1.sample.ops"
+    _module(f"{ops}.topk_topp_triton", apply_top_k_top_p_triton=sampler.apply_top_k_top_p_triton)
+    _module(
+        f"{ops}.topk_topp_sampler",
+        TopKTopPSampler=sampler.TopKTopPSampler,
+        apply_top_k_top_p=sampler.apply_top_k_top_p,
+        apply_top_k_top_p_triton=sampler.apply_top_k_top_p_triton,
+        random_sample=sampler.random_sample,
+        apply_top_k_top_p_pytorch=apply_top_k_top_p_pytorch,
+        apply_top_k_only=apply_top_k_only,
+    )
+    triton_utils = sys.modules.get("vllm.triton_utils")
+    if triton_utils is not None:
+        triton_utils.HAS_TRITON = hasattr(triton_utils, "triton")  # type: ignore[attr-defined]
 
 
 def _upstream_test_utils(opcheck: Any) -> list[str]:
@@ -585,6 +652,18 @@ def _cpu_device_mode() -> Any:
                 args = (args[0], cpu(args[1]), *args[2:])
             return func(*args, **kwargs)
 
+    # torch.Generator("cuda:0") / Generator(device="cuda"): a CPU generator (a subclass, so
+    # `generator=` arguments and clone_state() take it as any CPU generator)
+    base = torch.Generator
+
+    class CpuGenerator(base):  # type: ignore[misc, valid-type]
+        def __new__(cls, device: Any = "cpu") -> Any:
+            return base.__new__(cls, cpu(device))
+
+        def __init__(self, device: Any = "cpu") -> None:
+            pass
+
+    torch.Generator = CpuGenerator  # type: ignore[misc]
     for name in ("synchronize", "empty_cache"):  # no device to wait for
         setattr(torch.cuda, name, lambda *a, **k: None)
     torch.accelerator.synchronize = lambda *a, **k: None  # type: ignore[assignment]
@@ -656,9 +735,24 @@ PRESETS = {
     # unified_attention and current_platform): every bf16 case (2 x 2 x 2 x 4 x 2 x 2 = 128); the
     # fp8-query cases (q_dtype1) are refused by opmux (fp8 queries / q_descale)
     "vllm-unified-attention": "test_triton_unified_attn and not q_dtype1",
-    # SGLang test/srt/test_triton_attention_kernels.py: the decode tests (the extend / context ones
-    # take SGLang's own reference kernels, not opmux entries)
-    "sgl-triton-attention": "test_decode_attention or test_grouped_decode_attention",
+    # SGLang test/registered/attention/test_triton_attention_kernels.py at 0c0c7e76 (docs/compat.md):
+    # test_decode_attention (against the file's own torch reference) and
+    # test_build_unified_kv_indices. Left out: test_grouped_decode_attention (one function over
+    # every config, MLA 576 / 512 among them: refused), test_extend_attention (custom_mask refused,
+    # SGLang's redundant_attention reference), test_context_attention (SGLang's prefill kernel,
+    # no opmux entry), test_extend_attention_unified_vs_regular (its unified indices point at other
+    # pool rows than k_extend: passes or not by the data), test_extend_attention_sliding_window
+    # (19 requests of up to 12k tokens: a GPU run)
+    "sgl-triton-attention": "test_decode_attention or test_build_unified_kv_indices",
+    # sgl-kernel tests/test_sampling.py at 059cddc1 on two CPU cores (78 cases, about 70 s): every
+    # case at vocab 111, and at 32000 the alignment (from_logits == from_probs) and renorm cases;
+    # the 1000-draw cases at 32000 / 128256 take minutes each here (a GPU run)
+    "sgl-sampling-cpu": (
+        "111 or (32000 and not test_top_k_top_p_joint_sampling_from_probs and not test_min_p_sampling)"
+    ),
+    # vLLM v0.20.0 tests/v1/sample/test_topk_topp_sampler.py: all of it (89 cases; the one
+    # FlashInfer comparison is skipped by the file itself)
+    "vllm-topk-topp-sampler": "not test_flashinfer_sampler",
     # all three (120 + 2 + 180 cases)
     "vllm-moe": "test_mixtral_moe or (test_fused_moe and not wn16 and not int64) or test_w8a8_block_fp8_fused_moe",
     # a cross-section for one bounded GPU call (125 cases): every Mixtral case; test_fused_moe at

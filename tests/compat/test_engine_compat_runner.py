@@ -256,3 +256,63 @@ def test_runner_ignores_the_pytest_settings_of_folders_above(
     proc = run_engine_compat(folder, tmp_path)
     assert "test_loose.py: 1 passed" in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout
+
+
+# SGLang's / vLLM's sampler and Triton-attention test files (sgl-kernel/tests/test_sampling.py,
+# vLLM tests/v1/sample/test_topk_topp_sampler.py, SGLang's test_triton_attention_kernels.py):
+# torch.Generator("cuda:0") on the CPU, sgl_kernel.sampling, vLLM's sampler modules (its
+# sort-based apply_top_k_top_p_pytorch the reference, the Triton entry opmux's), SGLang's CI
+# registration and unified extend entries.
+SAMPLER_STYLE = """
+import torch
+from torch import Generator
+
+import sgl_kernel
+from sglang.srt.layers.attention.triton_ops.extend_attention import build_unified_kv_indices
+from sglang.test.ci.ci_register import register_cuda_ci
+from vllm.platforms import current_platform
+from vllm.triton_utils import HAS_TRITON
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+register_cuda_ci(est_time=1, suite="x")
+
+
+def test_generator_and_logits_sampling():
+    logits = torch.randn(5, 111, device="cuda:0") * 5
+    g = torch.Generator("cuda:0")
+    g2 = g.clone_state()
+    a = sgl_kernel.sampling.top_k_top_p_sampling_from_logits(logits, 10, 0.5, generator=g)
+    b = sgl_kernel.sampling.top_k_top_p_sampling_from_probs(torch.softmax(logits, -1), 10, 0.5, generator=g2)
+    assert torch.equal(a, b)
+
+
+def test_vllm_triton_entry_against_the_sort_reference():
+    from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
+
+    assert HAS_TRITON
+    torch.set_default_device(current_platform.device_type)
+    gen = Generator(device=current_platform.device_type).manual_seed(42)
+    logits = torch.randn(8, 1024, generator=gen)
+    k = torch.randint(1, 100, (8,), generator=gen)
+    ref = apply_top_k_top_p_pytorch(logits.clone(), k, None)
+    got = apply_top_k_top_p_triton(logits.clone(), k.to(torch.int32), None)
+    assert torch.equal(ref == float("-inf"), got == float("-inf"))
+
+
+def test_unified_indices():
+    indptr, indices, lens = build_unified_kv_indices(
+        torch.tensor([0, 2], dtype=torch.int32), torch.tensor([7, 8]), torch.tensor([0], dtype=torch.int32),
+        torch.tensor([1], dtype=torch.int32), torch.tensor([9]), 1,
+    )
+    assert indices.tolist() == [7, 8, 9]
+"""
+
+
+def test_runner_shims_sampler_and_attention_imports(
+    tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
+) -> None:
+    (tmp_path / "test_sampler_style.py").write_text(SAMPLER_STYLE)
+    proc = run_engine_compat(tmp_path, tmp_path)
+    out = proc.stdout
+    assert "test_sampler_style.py: 3 passed" in out, out + proc.stderr
+    assert proc.returncode == 0, out

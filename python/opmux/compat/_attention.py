@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
+    "build_unified_kv_indices",
     "decode_attention_fwd",
     "decode_attention_fwd_grouped",
     "decode_attention_fwd_normal",
     "extend_attention_fwd",
+    "extend_attention_fwd_unified",
     "unified_attention",
 ]
 
@@ -439,4 +441,102 @@ def extend_attention_fwd(
         window_left=window,
         sinks=_sinks(sinks),
         out=o_extend,
+    )
+
+
+def build_unified_kv_indices(
+    prefix_kv_indptr: Tensor,
+    prefix_kv_indices: Tensor,
+    extend_start_loc: Tensor,
+    extend_seq_lens: Tensor,
+    extend_kv_indices: Tensor,
+    bs: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """SGLang's ``build_unified_kv_indices`` (``triton_ops/extend_attention.py``): request ``b``'s
+    pool rows as one list, its prefix rows (``prefix_kv_indices[prefix_kv_indptr[b] : ...]``) then
+    its new tokens' (``extend_kv_indices[extend_start_loc[b] : + extend_seq_lens[b]]``). Returns
+    ``(unified_kv_indptr int32 [bs + 1], unified_kv_indices [len(prefix) + len(extend)],
+    prefix_lens [bs])``, built on the device with no host read (entries past
+    ``unified_kv_indptr[bs]`` are 0)."""
+    dev = prefix_kv_indptr.device
+    prefix_lens = prefix_kv_indptr[1 : bs + 1] - prefix_kv_indptr[:bs]
+    unified_lens = prefix_lens + extend_seq_lens[:bs]
+    indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+    indptr[1:] = torch.cumsum(unified_lens, dim=0)
+    total = prefix_kv_indices.numel() + extend_kv_indices.numel()
+    dtype = prefix_kv_indices.dtype if prefix_kv_indices.numel() else extend_kv_indices.dtype
+    out = torch.zeros(total, dtype=dtype, device=dev)
+    if total == 0 or bs == 0:
+        return indptr, out, prefix_lens
+    t = torch.arange(total, device=dev)
+    b = torch.searchsorted(indptr[1:].long(), t, right=True).clamp_(max=bs - 1)
+    j = t - indptr[:-1].long()[b]
+    pre = prefix_lens.long()[b]
+    in_prefix = j < pre
+    src_p = (prefix_kv_indptr[:bs].long()[b] + j).clamp_(0, max(0, prefix_kv_indices.numel() - 1))
+    src_e = (extend_start_loc[:bs].long()[b] + j - pre).clamp_(0, max(0, extend_kv_indices.numel() - 1))
+    p_vals = prefix_kv_indices[src_p].to(dtype) if prefix_kv_indices.numel() else out
+    e_vals = extend_kv_indices[src_e].to(dtype) if extend_kv_indices.numel() else out
+    vals = torch.where(in_prefix, p_vals, e_vals)
+    return indptr, torch.where(t < indptr[bs].long(), vals, out), prefix_lens
+
+
+def extend_attention_fwd_unified(
+    q: Tensor,
+    o: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    qo_indptr: Tensor,
+    kv_indptr: Tensor,
+    kv_indices: Tensor,
+    prefix_lens: Tensor,
+    max_len_extend: int,
+    custom_mask: Tensor | None = None,
+    mask_indptr: Tensor | None = None,
+    sm_scale: float | None = None,
+    logit_cap: float = 0.0,
+    is_causal: bool = True,
+    sliding_window_size: int = -1,
+    sinks: Tensor | None = None,
+    window_start_pos: Tensor | None = None,
+    xai_temperature_len: int = -1,
+) -> None:
+    """SGLang's one-stage ``extend_attention_fwd_unified`` (deterministic inference): request
+    ``b``'s queries ``q[qo_indptr[b] : qo_indptr[b + 1]]`` are the last tokens of its sequence,
+    whose pool rows (prefix, then the new tokens, already written) are
+    ``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]`` (``build_unified_kv_indices``):
+    ``attention.paged_prefill`` into ``o`` over the pools as they are (page size 1, the rows as
+    an int32 block table gathered on the device; no K / V copy). ``prefix_lens`` is implied by
+    the lengths (sequence length minus query count) and not read. ``sliding_window_size > 0`` is
+    the op's ``window_left``; ``logit_cap``, sinks and ``sm_scale`` as ``extend_attention_fwd``.
+
+    Refused (``NotImplementedError``): ``custom_mask``, ``is_causal=False``, ``window_start_pos``
+    (SWA pools' position offsets), ``xai_temperature_len > 0``, MLA head dims.
+    """
+    _sgl_common("extend_attention_fwd_unified", q, v_buffer, xai_temperature_len)
+    if custom_mask is not None:
+        _refuse(
+            "extend_attention_fwd_unified: custom_mask", "arbitrary (tree) masks; the ops' mask is causal"
+        )
+    if not is_causal:
+        _refuse("extend_attention_fwd_unified: is_causal=False", "non-causal attention")
+    if window_start_pos is not None:
+        _refuse("extend_attention_fwd_unified: window_start_pos", "sliding-window pools' position offsets")
+    bsz = qo_indptr.shape[0] - 1
+    kv_indptr = kv_indptr[: bsz + 1]
+    lens = _i32(kv_indptr[1:] - kv_indptr[:-1])
+    table = _csr_table(kv_indptr, kv_indices, _width(lens, kv_indices.numel()))
+    window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
+    _attention().paged_prefill(
+        q,
+        k_buffer.unsqueeze(1),
+        v_buffer.unsqueeze(1),
+        table,
+        lens,
+        _i32(qo_indptr),
+        scale=float(sm_scale or 0.0),
+        softcap=float(logit_cap or 0.0),
+        window_left=window,
+        sinks=_sinks(sinks),
+        out=o,
     )

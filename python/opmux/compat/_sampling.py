@@ -23,6 +23,7 @@ __all__ = [
     "top_k_mask_logits",
     "top_k_renorm_probs",
     "top_k_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits",
     "top_k_top_p_sampling_from_probs",
     "top_p_renorm_probs",
     "top_p_sampling_from_probs",
@@ -108,6 +109,30 @@ def top_k_top_p_sampling_from_probs(
         **_p("top_p", top_p),
         **_draw_words(rows, generator, seed, offset),
         filter_apply_order=filter_apply_order,
+    )
+
+
+def top_k_top_p_sampling_from_logits(
+    logits: Tensor,
+    top_k: Tensor | int,
+    top_p: Tensor | float,
+    indices: Tensor | None = None,
+    filter_apply_order: str = "top_k_first",
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | None = None,
+    offset: int | None = None,
+) -> Tensor:
+    """``top_k_top_p_sampling_from_probs`` on ``softmax(logits)`` (float32): the top-k set of the
+    logits is that of their probabilities, so both orders filter the same tokens as FlashInfer's
+    (which masks the logits first for ``top_k_first``). The same ``generator`` state gives the same
+    ids as the probs entry on ``torch.softmax(logits, dim=-1)``."""
+    if check_nan and bool(torch.isnan(logits).any()):
+        raise ValueError("Input logits contains NaN.")
+    probs = torch.softmax(logits.float(), dim=-1)
+    return top_k_top_p_sampling_from_probs(
+        probs, top_k, top_p, indices, filter_apply_order, deterministic, generator, False, seed, offset
     )
 
 

@@ -16,16 +16,20 @@ from typing import TYPE_CHECKING, Any
 from opmux.kernels.ops._torch import torch
 
 from . import _direct, _gemm
+from . import _sgl_sampling as sampling
 from ._attention import (
+    build_unified_kv_indices,
     decode_attention_fwd,
     decode_attention_fwd_grouped,
     decode_attention_fwd_normal,
     extend_attention_fwd,
+    extend_attention_fwd_unified,
 )
 from ._sampling import (
     min_p_sampling_from_probs,
     top_k_mask_logits,
     top_k_renorm_probs,
+    top_k_top_p_sampling_from_logits,
     top_k_top_p_sampling_from_probs,
     top_p_renorm_probs,
     top_p_sampling_from_probs,
@@ -37,10 +41,12 @@ if TYPE_CHECKING:
 __all__ = [
     "FusedSetKVBufferArg",
     "apply_rope_with_cos_sin_cache_inplace",
+    "build_unified_kv_indices",
     "decode_attention_fwd",
     "decode_attention_fwd_grouped",
     "decode_attention_fwd_normal",
     "extend_attention_fwd",
+    "extend_attention_fwd_unified",
     "fp8_blockwise_scaled_mm",
     "fused_add_rmsnorm",
     "fused_experts",
@@ -53,6 +59,7 @@ __all__ = [
     "moe_sum",
     "rmsnorm",
     "rotary_embedding",
+    "sampling",
     "sgl_per_tensor_quant_fp8",
     "sgl_per_token_group_quant_8bit",
     "sgl_per_token_group_quant_fp8",
@@ -62,6 +69,7 @@ __all__ = [
     "top_k_mask_logits",
     "top_k_renorm_prob",
     "top_k_renorm_probs",
+    "top_k_top_p_sampling_from_logits",
     "top_k_top_p_sampling_from_probs",
     "top_p_renorm_prob",
     "top_p_renorm_probs",

@@ -20,7 +20,7 @@ from ._sampling import random_words
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["TopKTopPSampler", "apply_top_k_top_p", "random_sample"]
+__all__ = ["TopKTopPSampler", "apply_top_k_top_p", "apply_top_k_top_p_triton", "random_sample"]
 
 _LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logits", "processed_logprobs")
 
@@ -40,8 +40,33 @@ def apply_top_k_top_p(logits: Tensor, k: Tensor | None, p: Tensor | None) -> Ten
     if k is not None:
         s.top_k_mask_logits(logits, top_k_arr=k, out=logits)
     if p is not None:
-        kept = s.top_p_renorm_probs(logits.softmax(dim=-1, dtype=torch.float32), top_p_arr=p.float())
-        logits.masked_fill_(kept == 0, -float("inf"))
+        # a row of -inf only (a grammar mask leaving nothing) has no softmax: it stays as it is
+        # (vLLM's no-op), its probabilities replaced by a uniform row for the op (no host read)
+        dead = (logits.amax(dim=-1, keepdim=True) == -float("inf")).expand_as(logits)
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        probs = torch.where(dead, torch.full_like(probs, 1.0 / max(1, logits.shape[-1])), probs)
+        kept = s.top_p_renorm_probs(probs, top_p_arr=p.float())
+        logits.masked_fill_((kept == 0) & ~dead, -float("inf"))
+    return logits
+
+
+def apply_top_k_top_p_triton(
+    logits: Tensor, k: Tensor | None, p: Tensor | None, mask_value: float = float("-inf")
+) -> Tensor:
+    """vLLM's Triton entry (``vllm/v1/sample/ops/topk_topp_triton.py``, what its
+    ``apply_top_k_top_p`` calls for 8 rows and more): ``apply_top_k_top_p`` on a float32
+    ``[B, V]`` ``logits``, in place (returned); ``k`` [B] int, ``p`` [B] float, either None.
+    The positions masked out are set to ``mask_value`` (vLLM's default -inf)."""
+    if logits.ndim != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"logits must be a 2-D float32 tensor, got {tuple(logits.shape)} {logits.dtype}")
+    for name, t in (("k", k), ("p", p)):
+        if t is not None and (t.ndim != 1 or t.shape[0] != logits.shape[0]):
+            raise ValueError(f"{name} must have shape [{logits.shape[0]}], got {tuple(t.shape)}")
+    if logits.shape[0] == 0 or (k is None and p is None):
+        return logits
+    logits = apply_top_k_top_p(logits, k, p)
+    if mask_value != float("-inf"):
+        logits.masked_fill_(logits == float("-inf"), mask_value)
     return logits
 
 
