@@ -453,41 +453,12 @@ def _vllm_shims(ops: Any) -> list[str]:
 def _vllm_sampler_shims() -> None:
     """``vllm.v1.sample.ops.topk_topp_sampler`` (TopKTopPSampler, apply_top_k_top_p, random_sample)
     and ``topk_topp_triton.apply_top_k_top_p_triton``: opmux.compat.vllm_sampler's. The module's
-    sort-based ``apply_top_k_top_p_pytorch`` (and ``apply_top_k_only``) is vLLM's torch form, the
-    reference its tests compare the Triton entry with: written here from vLLM v0.20.0's
-    definition (vllm/v1/sample/ops/topk_topp_sampler.py), not opmux's."""
-    import torch
-
+    sort-based ``apply_top_k_top_p_pytorch`` / ``apply_top_k_only`` are vLLM's torch form, the
+    reference its tests compare the Triton entry with: taken from vLLM's own
+    ``topk_topp_sampler.py`` when it was fetched beside the tests (``_upstream_functions``; never
+    committed), else absent (the tests importing them fail naming them)."""
     sampler = importlib.import_module("opmux.compat.vllm_sampler")
-
-    def apply_top_k_only(logits: Any, k: Any) -> Any:
-        no_top_k_mask = k == logits.shape[1]
-        k = k.masked_fill(no_top_k_mask, 1)
-        max_top_k = k.max()
-        k_index = k.sub_(1).unsqueeze(1)
-        top_k_mask = logits.topk(max_top_k, dim=1).values.gather(1, k_index.long())
-        top_k_mask.masked_fill_(no_top_k_mask.unsqueeze(1), -float("inf"))
-        return logits.masked_fill_(logits < top_k_mask, -float("inf"))
-
-    def apply_top_k_top_p_pytorch(logits: Any, k: Any, p: Any, allow_cpu_sync: bool = False) -> Any:
-        if p is None:
-            if k is None:
-                return logits
-            if allow_cpu_sync:
-                return apply_top_k_only(logits, k)
-        logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
-        if k is not None:
-            top_k_mask = logits_sort.size(1) - k.to(torch.long)
-            top_k_mask = logits_sort.gather(1, top_k_mask.unsqueeze(dim=1))
-            logits_sort.masked_fill_(logits_sort < top_k_mask, -float("inf"))
-        if p is not None:
-            probs_sort = logits_sort.softmax(dim=-1)
-            probs_sum = torch.cumsum(probs_sort, dim=-1, out=probs_sort)
-            top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)
-            top_p_mask[:, -1] = False
-            logits_sort.masked_fill_(top_p_mask, -float("inf"))
-        return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
-
+    reference = _upstream_functions("topk_topp_sampler.py", ("apply_top_k_top_p_pytorch", "apply_top_k_only"))
     ops = "vllm.v1.sample.ops"
     _module(f"{ops}.topk_topp_triton", apply_top_k_top_p_triton=sampler.apply_top_k_top_p_triton)
     _module(
@@ -496,12 +467,29 @@ def _vllm_sampler_shims() -> None:
         apply_top_k_top_p=sampler.apply_top_k_top_p,
         apply_top_k_top_p_triton=sampler.apply_top_k_top_p_triton,
         random_sample=sampler.random_sample,
-        apply_top_k_top_p_pytorch=apply_top_k_top_p_pytorch,
-        apply_top_k_only=apply_top_k_only,
+        **reference,
     )
     triton_utils = sys.modules.get("vllm.triton_utils")
     if triton_utils is not None:
         triton_utils.HAS_TRITON = hasattr(triton_utils, "triton")  # type: ignore[attr-defined]
+
+
+def _upstream_functions(filename: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """The top-level functions ``names`` of an upstream source file fetched beside the tests (the
+    first ``filename`` in the test folder or its parent), defined alone: the file's other imports
+    (the engine's package) are not run; the functions see ``torch``."""
+    import ast
+
+    import torch
+
+    found = [d / filename for d in _UPSTREAM_DIRS if (d / filename).is_file()]
+    if not found:
+        return {}
+    tree = ast.parse(found[0].read_text(encoding="utf-8"), str(found[0]))
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), str(found[0]), "exec"), namespace)
+    return {n: namespace[n] for n in names if n in namespace}
 
 
 def _upstream_test_utils(opcheck: Any) -> list[str]:

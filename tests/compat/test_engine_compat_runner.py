@@ -261,8 +261,17 @@ def test_runner_ignores_the_pytest_settings_of_folders_above(
 # SGLang's / vLLM's sampler and Triton-attention test files (sgl-kernel/tests/test_sampling.py,
 # vLLM tests/v1/sample/test_topk_topp_sampler.py, SGLang's test_triton_attention_kernels.py):
 # torch.Generator("cuda:0") on the CPU, sgl_kernel.sampling, vLLM's sampler modules (its
-# sort-based apply_top_k_top_p_pytorch the reference, the Triton entry opmux's), SGLang's CI
-# registration and unified extend entries.
+# sort-based apply_top_k_top_p_pytorch the reference, defined alone from the engine's source file
+# fetched beside the tests; the Triton entry opmux's), SGLang's CI registration and unified
+# extend entries.
+UPSTREAM_SAMPLER = """
+import vllm.not_a_module_the_runner_imports  # only the named functions are defined
+
+
+def apply_top_k_top_p_pytorch(logits, k, p):
+    kth = logits.sort(dim=-1, descending=True).values.gather(1, (k.long() - 1)[:, None])
+    return logits.masked_fill(logits < kth, float("-inf"))
+"""
 SAMPLER_STYLE = """
 import torch
 from torch import Generator
@@ -312,6 +321,7 @@ def test_runner_shims_sampler_and_attention_imports(
     tmp_path: Path, run_engine_compat: Callable[[Path, Path], CompletedProcess[str]]
 ) -> None:
     (tmp_path / "test_sampler_style.py").write_text(SAMPLER_STYLE)
+    (tmp_path / "topk_topp_sampler.py").write_text(UPSTREAM_SAMPLER)
     proc = run_engine_compat(tmp_path, tmp_path)
     out = proc.stdout
     assert "test_sampler_style.py: 3 passed" in out, out + proc.stderr
