@@ -7,7 +7,7 @@
 #   NCU_BENCH=docs/benchmarks/h200.json NCU_ARGS="--top 6" bash benchmarks/h200_run.sh OUT_DIR "prewarm ncu"
 #   OPMUX_FROM_TREE=1 MOE_PEER_CONFIGS=.scratch/peer_configs MOE_TUNE="--models DeepSeek-V3 --m 1,8 --budget-s 70; \
 #       --models Qwen3-30B-A3B --m 1,256,1024 --budget-s 80" bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-tune moe-bench"
-#   OPMUX_FROM_TREE=1 bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-grid prefill sampling"
+#   OPMUX_FROM_TREE=1 bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-grid prefill decode sampling"
 #
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
@@ -48,6 +48,9 @@
 #          (OUT_DIR/comm.log);
 # prefill: attention.paged_prefill's GPU grid, compute-sanitizer over its bad page tables, and
 #          benchmarks/bench_attention_prefill.py (OUT_DIR/prefill*);
+# decode:  attention.paged_decode's GPU grid (Triton, the native cuda unit, torch; forced split
+#          counts, graph replay), its parity cells on cuda, compute-sanitizer over its bad page
+#          tables, and benchmarks/bench_attention_decode.py (triton vs cuda; OUT_DIR/decode*);
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
 #          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda) and benchmarks/bench_sampling.py
 #          (OUT_DIR/sampling*);
@@ -185,6 +188,18 @@ for stage in $STAGES; do
                     | tee -a "$OUT/prefill_grid.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 timeout 400 python3 "$REPO/benchmarks/bench_attention_prefill.py" --out "$OUT/prefill" --budget-s 300 2>&1 \
                     | tee "$OUT/prefill_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        decode) timeout 420 python3 -m pytest "$REPO/tests/parity/test_attention_decode_grid.py" --target cuda \
+                    "${PARITY_TREE[@]}" -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
+                    | tee "$OUT/decode_grid.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k paged_decode 2>&1 \
+                    | tee -a "$OUT/decode_grid.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+                    python3 -m pytest "$REPO/tests/parity/test_attention_decode_grid.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k "bad_page_tables or forced_split" 2>&1 \
+                    | tee -a "$OUT/decode_grid.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                timeout 400 python3 "$REPO/benchmarks/bench_attention_decode.py" --out "$OUT/decode" --budget-s 300 2>&1 \
+                    | tee "$OUT/decode_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         sampling) timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" "$REPO/tests/parity/test_lanes.py" \
                     "$REPO/tests/parity/test_contract.py" --target cuda "${PARITY_TREE[@]}" -p no:cacheprovider \
                     --import-mode=importlib -q -ra --rootdir "$REPO" -k "sampling or top_k or top_p or greedy or min_p" \

@@ -50,8 +50,9 @@ the block-table form is taken (as paged_decode).
 
 from __future__ import annotations
 
+from ...spec import Requirement
 from .._decl import declare
-from . import _decode, _prefill
+from . import _decode, _prefill, paged_decode_cuda
 
 paged_decode = declare(
     _decode.OP,
@@ -66,6 +67,23 @@ paged_decode = declare(
     reference=_decode.reference,
     torch=_decode.torch_decode,
     native=False,
+    # split-KV decode in opmux's own CUDA unit (jit/csrc/attention_decode_cuda.cu, its own unit as
+    # moe's cutlass backend); its predicate refuses what the unit does not instantiate
+    vendor=(
+        (
+            paged_decode_cuda.BACKEND,
+            paged_decode_cuda.paged_decode,
+            Requirement(
+                devices=("cuda",),
+                sm_min=80,
+                predicate="opmux.kernels.ops.attention.paged_decode_cuda:supports",
+            ),
+        ),
+    ),
+    # Triton first: the native unit has been compiled (sm_90a, sm_80) but has never run on a GPU;
+    # it moves ahead only where an H200 run of benchmarks/bench_attention_decode.py measures it
+    # faster (and the decode grid, tests/parity/test_attention_decode_grid.py, passes there)
+    priority=(("cuda", ("triton", paged_decode_cuda.BACKEND, "torch")),),
     # attention over <= 100 tokens: one rounding of the output, p in the value dtype for the dot
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
 )
