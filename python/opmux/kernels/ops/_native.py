@@ -17,7 +17,7 @@ from typing import Any, Literal
 from .. import tuned
 from ..errors import BackendUnavailable
 
-__all__ = ["AOT", "JIT", "NativeLoader"]
+__all__ = ["AOT", "JIT", "NativeLoader", "unit_functions"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,25 @@ def _with_tuned_config(
 
 AOT = NativeLoader("aot")
 JIT = NativeLoader("jit")
+
+
+def unit_functions(unit: str, names: tuple[str, ...], backend: str) -> dict[str, Callable[..., Any]]:
+    """Functions ``names`` of CUDA unit ``unit``, the own unit of a vendor-style backend
+    (``moe_grouped_cuda``, ``attention_decode_cuda``, ``comm_cuda``): from the wheel's AOT library
+    when it has them all, else the JIT module (compiled once); ``BackendUnavailable(backend, ...)``
+    when neither can be had (dispatch falls back under the policy). Callers memoize it."""
+    from .. import aot, jit
+    from ..jit.compile import build, toolchain
+    from ..jit.compile.load import JitUnavailable
+
+    lib = aot.load_library(aot.as_device("cuda"))
+    if lib is not None:
+        try:
+            return {n: lib[n] for n in names}
+        except Exception:  # a wheel built before the unit existed: compile it
+            pass
+    try:
+        mod = jit.load_module(unit)
+        return {n: mod[n] for n in names}
+    except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable, KeyError) as exc:
+        raise BackendUnavailable(backend, f"{type(exc).__name__}: {exc}") from exc

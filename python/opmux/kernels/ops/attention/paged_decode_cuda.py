@@ -183,22 +183,9 @@ class _Library:
 @functools.cache
 def library() -> _Library:
     """Load ``attention_decode_cuda`` once per process (``BackendUnavailable`` if it cannot be)."""
-    from ... import aot
+    from .._native import unit_functions
 
-    lib = aot.load_library(aot.as_device("cuda"))
-    if lib is not None:
-        try:
-            return _Library(lib.__getitem__)
-        except Exception:  # a wheel built before the unit existed: compile it
-            pass
-    from ... import jit
-    from ...jit.compile import build, toolchain
-    from ...jit.compile.load import JitUnavailable
-
-    try:
-        return _Library(jit.load_module("attention_decode_cuda").__getitem__)
-    except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable, KeyError) as exc:
-        raise BackendUnavailable(BACKEND, f"{type(exc).__name__}: {exc}") from exc
+    return _Library(unit_functions("attention_decode_cuda", _FUNCTIONS, BACKEND).__getitem__)
 
 
 def launch(

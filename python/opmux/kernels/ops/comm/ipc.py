@@ -178,25 +178,12 @@ _FUNCTIONS = ("all_reduce", "all_reduce_add_rmsnorm")
 
 @functools.cache
 def library() -> dict[str, Callable[..., Any]]:
-    """``comm_cuda``'s functions, from the AOT library when it has them, else JIT-compiled once
-    (``BackendUnavailable`` when neither can be had: dispatch falls back to NCCL)."""
-    from ... import aot
+    """``comm_cuda``'s functions by short name, loaded once per process (``BackendUnavailable``
+    when neither the AOT library nor a JIT build has them: dispatch falls back to NCCL)."""
+    from .._native import unit_functions
 
-    lib = aot.load_library(aot.as_device("cuda"))
-    if lib is not None:
-        try:
-            return {f: lib[f"comm_{f}_cuda"] for f in _FUNCTIONS}
-        except Exception:  # a wheel built before the unit existed: compile it
-            pass
-    from ... import jit
-    from ...jit.compile import build, toolchain
-    from ...jit.compile.load import JitUnavailable
-
-    try:
-        mod = jit.load_module("comm_cuda")
-        return {f: mod[f"comm_{f}_cuda"] for f in _FUNCTIONS}
-    except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable, KeyError) as exc:
-        raise BackendUnavailable("oneshot", f"{type(exc).__name__}: {exc}") from exc
+    found = unit_functions("comm_cuda", tuple(f"comm_{f}_cuda" for f in _FUNCTIONS), ALGORITHMS[0])
+    return {f: found[f"comm_{f}_cuda"] for f in _FUNCTIONS}
 
 
 _ALGO = {"oneshot": 1, "twoshot": 2}

@@ -206,22 +206,10 @@ class _Library:
 @functools.cache
 def library() -> _Library:
     """Load ``moe_grouped_cuda`` once per process (``BackendUnavailable`` if it cannot be)."""
-    from ... import aot
+    from .._native import unit_functions
 
-    lib = aot.load_library(aot.as_device("cuda"))
-    if lib is not None:
-        try:
-            return _Library(lib.__getitem__)
-        except Exception:  # a wheel built before the unit existed: compile it
-            pass
-    from ... import jit
-    from ...jit.compile import build, toolchain
-    from ...jit.compile.load import JitUnavailable
-
-    try:
-        return _Library(jit.load_module("moe_grouped_cuda").__getitem__)
-    except (build.CompileError, toolchain.ToolchainNotFound, JitUnavailable, KeyError) as exc:
-        raise BackendUnavailable(BACKEND, f"{type(exc).__name__}: {exc}") from exc
+    names = tuple(f"moe_grouped_{n}_cuda" for n in _FUNCTIONS)
+    return _Library(unit_functions("moe_grouped_cuda", names, BACKEND).__getitem__)
 
 
 def _activate(activation: str, h: Tensor, out: Tensor, vllm_rounding: bool) -> None:
