@@ -17,15 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import attention_grid as grid
 import pytest
 import torch
 
-from opmux.kernels import registry
-from opmux.kernels.explain import op_instance
 from opmux.kernels.ops.attention._decode import reference
 
 OP = "attention.paged_decode"
-I32 = torch.int32
+I32 = grid.I32
 #: (seq_lens, Hq, Hkv, D, page size, dtype, features)
 GRID: tuple[tuple[list[int], int, int, int, int, str, dict[str, Any]], ...] = (
     ([4096], 32, 8, 128, 16, "bf16", {}),
@@ -45,7 +44,6 @@ GRID: tuple[tuple[list[int], int, int, int, int, str, dict[str, Any]], ...] = (
     ([5000, 17], 64, 1, 128, 16, "bf16", {"fp8": True, "hnd": True}),
     ([2000, 1], 48, 4, 80, 16, "bf16", {"fp8": True, "lse": True}),
 )
-_DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _case(
@@ -59,35 +57,8 @@ def _case(
     seed: int,
     device: str = "cuda",
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
-    """(query, caches, table, seq_lens) and the keyword arguments; the caches are views between two
-    NaN blocks of their own dtype (a read outside them is a NaN in the output): converted whole,
-    guards included, before the view is taken."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = _DT[dtype]
-    ks, vs = torch.tensor([0.02], device=device), torch.tensor([0.015], device=device)
-    bsz = len(lens)
-    width = max(1, max(-(-n // page) for n in lens))
-    nb = bsz * width + 3
-
-    def cache(scale: torch.Tensor) -> torch.Tensor:
-        shape = (nb + 2, hkv, page, d) if feats.get("hnd") else (nb + 2, page, hkv, d)
-        c = torch.randn(shape, device=device, generator=g)
-        c[0] = c[-1] = float("nan")
-        c = (c / scale).to(torch.float8_e4m3fn) if feats.get("fp8") else c.to(dt)
-        c = c[1:-1]
-        return c.transpose(1, 2) if feats.get("hnd") else c
-
-    kc, vc = cache(ks), cache(vs)
-    table = torch.randperm(nb, device=device, generator=g)[: bsz * width].reshape(bsz, width).to(I32)
-    query = torch.randn(bsz, hq, d, device=device, generator=g).to(dt)
-    kw: dict[str, Any] = {k: feats[k] for k in ("softcap", "window_left") if k in feats}
-    if feats.get("sinks"):
-        kw["sinks"] = torch.randn(hq, device=device, generator=g) * 2
-    if feats.get("lse"):
-        kw["lse"] = torch.empty(bsz, hq, device=device)
-    if feats.get("fp8"):
-        kw |= {"k_scale": ks, "v_scale": vs}
-    return (query, kc, vc, table, torch.tensor(lens, dtype=I32, device=device)), kw
+    """(query, caches, table, seq_lens) and the keyword arguments (``attention_grid.paged_batch``)."""
+    return grid.paged_batch(lens, len(lens), hq, hkv, d, page, dtype, feats, seed, device)
 
 
 @pytest.mark.parametrize("feats", [{}, {"fp8": True}, {"hnd": True}], ids=["plain", "fp8", "hnd"])
@@ -96,29 +67,10 @@ def test_cases_caches_sit_between_nan_guards(dtype: str, feats: dict[str, Any]) 
     """The grid's out-of-bounds detector: the block just before and just after each cache view
     holds NaN in the cache's own dtype."""
     (_, kc, vc, *_), _ = _case([5, 3], 4, 2, 16, 4, dtype, feats, 0, device="cpu")
-    for c in (kc, vc):
-        for off in (-c.stride(0), c.shape[0] * c.stride(0)):
-            guard = torch.as_strided(c, c.shape[1:], c.stride()[1:], c.storage_offset() + off)
-            assert bool(guard.float().isnan().all()), f"{c.dtype} {feats}: no NaN guard at {off}"
+    grid.assert_nan_guarded((kc, vc), str(feats))
 
 
-def _backends() -> list[str]:
-    return ["default", *[b.name for b in registry.get(OP).backends if "cuda" in b.requires.devices]]
-
-
-def _fn(backend: str) -> Any:
-    op = op_instance(OP)
-    return op if backend == "default" else op.impl(backend)
-
-
-def _check(got: torch.Tensor, want: torch.Tensor, fp8: bool, what: str) -> None:
-    tol = (0.15, 0.15) if fp8 else (1.5e-2, 1e-2)
-    torch.testing.assert_close(
-        got.float(), want.float(), atol=tol[0], rtol=tol[1], msg=lambda m: f"{what}: {m}"
-    )
-
-
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", grid.backends(OP))
 def test_serving_grid(backend: str, device_type: str) -> None:
     if device_type == "cpu":
         pytest.skip("the serving grid runs on a GPU (the CPU runs the op's small parity samples)")
@@ -130,9 +82,9 @@ def test_serving_grid(backend: str, device_type: str) -> None:
         what = f"{backend} lens={lens[:4]} {hq}/{hkv} D={d} page={page} {dtype} {sorted(feats)}"
         lse_want = torch.empty(args[0].shape[:2], device="cuda") if "lse" in kw else None
         want = reference(*args, **{**kw, "lse": lse_want})
-        got = _fn(backend)(*args, **kw)
+        got = grid.fn(OP, backend)(*args, **kw)
         torch.cuda.synchronize()
-        _check(got, want, bool(feats.get("fp8")), what)
+        grid.check(got, want, bool(feats.get("fp8")), what)
         if lse_want is not None:
             torch.testing.assert_close(
                 kw["lse"], lse_want, atol=1e-2, rtol=1e-3, msg=lambda m, w=f"{what} lse": f"{w}: {m}"
@@ -167,7 +119,7 @@ def test_cuda_forced_split_counts(splits: int, device_type: str) -> None:
         kargs = _kernel_args(args, kw)
         pc.launch(*kargs, splits=splits)
         torch.cuda.synchronize()
-        _check(kargs[0], want, bool(feats.get("fp8")), f"splits={splits} {sorted(feats)}")
+        grid.check(kargs[0], want, bool(feats.get("fp8")), f"splits={splits} {sorted(feats)}")
         if lse_want is not None:
             torch.testing.assert_close(kw["lse"], lse_want, atol=1e-2, rtol=1e-3)
 
@@ -180,7 +132,7 @@ def test_cuda_graph_replay_takes_new_lengths(backend: str, device_type: str) -> 
     args, _ = _case([3000, 200, 1], 32, 8, 128, 16, "bf16", {}, 50)
     q, kc, vc, table, lens = args
     out = torch.empty_like(q)
-    fn = _fn(backend)
+    fn = grid.fn(OP, backend)
     fn(q, kc, vc, table, lens, out=out)  # warm-up: compile and select outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -190,7 +142,7 @@ def test_cuda_graph_replay_takes_new_lengths(backend: str, device_type: str) -> 
     table.copy_(table.flip(0))
     graph.replay()
     torch.cuda.synchronize()
-    _check(out, reference(q, kc, vc, table, lens), False, f"{backend} graph replay")
+    grid.check(out, reference(q, kc, vc, table, lens), False, f"{backend} graph replay")
 
 
 def _guarded_out(rows: int, hq: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +151,7 @@ def _guarded_out(rows: int, hq: int, d: int, dtype: torch.dtype) -> tuple[torch.
     return buf, buf[8 : 8 + rows]
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", grid.backends(OP))
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_bad_page_tables_touch_nothing(backend: str, fp8: bool, device_type: str) -> None:
     """CUDA clamps lengths to the table's capacity and skips block ids outside the cache: the
@@ -207,7 +159,7 @@ def test_bad_page_tables_touch_nothing(backend: str, fp8: bool, device_type: str
     caches, nothing written outside ``out`` (or ``lse``)."""
     if device_type == "cpu":
         pytest.skip("on the CPU such tables raise ValueError (the parity harness's invalid cases)")
-    fn = _fn(backend)
+    fn = grid.fn(OP, backend)
     feats = {"fp8": True} if fp8 else {}
     args, kw = _case([200, 300, 100, 0], 16, 4, 128, 16, "bf16", feats, 60)
     q, kc, vc, table, lens = args
@@ -229,7 +181,7 @@ def test_bad_page_tables_touch_nothing(backend: str, fp8: bool, device_type: str
     assert bool(out.isfinite().all()), "a read outside the cache (NaN) or an unwritten row"
     tol_fp8 = bool(fp8)
     want0 = reference(q[:1], kc, vc, table[:1], torch.tensor([cap], dtype=I32, device="cuda"), **kw)
-    _check(out[:1], want0, tol_fp8, f"{backend} length past the capacity")
+    grid.check(out[:1], want0, tol_fp8, f"{backend} length past the capacity")
     assert bool((out[3] == 0).all()) and bool((lse_buf[4] == float("-inf")).all()), "an empty sequence"
     for b in (1, 2):
         pos = torch.arange(int(lens[b]), device="cuda")
@@ -243,4 +195,4 @@ def test_bad_page_tables_touch_nothing(backend: str, fp8: bool, device_type: str
         s = s.masked_fill(~keep, float("-inf"))
         p = torch.softmax(s, -1)
         want = torch.einsum("hgn,nhd->hgd", p, v).reshape(16, 128)
-        _check(out[b], want, tol_fp8, f"{backend} bad block ids of sequence {b}")
+        grid.check(out[b], want, tol_fp8, f"{backend} bad block ids of sequence {b}")

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import attention_grid as grid
 import pytest
 import torch
 
-from opmux.kernels import registry
-from opmux.kernels.explain import op_instance
 from opmux.kernels.ops.attention._prefill import reference
 
 OP = "attention.paged_prefill"
-I32 = torch.int32
+I32 = grid.I32
 #: (new tokens per sequence, cached prefix per sequence, Hq, Hkv, D, page size, dtype, features)
 GRID: tuple[tuple[list[int], list[int], int, int, int, int, str, dict[str, Any]], ...] = (
     ([1024], [0], 32, 8, 128, 16, "bf16", {}),
@@ -48,7 +47,6 @@ GRID: tuple[tuple[list[int], list[int], int, int, int, int, str, dict[str, Any]]
     ([400, 33], [600, 9], 32, 8, 128, 16, "bf16", {"hnd": True, "lse": True}),
     ([64] * 16, [i * 97 for i in range(16)], 32, 8, 128, 16, "bf16", {}),
 )
-_DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _case(
@@ -63,37 +61,12 @@ def _case(
     seed: int,
     device: str = "cuda",
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
-    """(query, caches, table, seq_lens, cu_seqlens_q) and the keyword arguments; the caches are
-    views between two NaN blocks of their own dtype (a read outside them is a NaN in the output):
-    converted whole, guards included, before the view is taken."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = _DT[dtype]
-    ks, vs = torch.tensor([0.02], device=device), torch.tensor([0.015], device=device)
+    """(query, caches, table, seq_lens, cu_seqlens_q) and the keyword arguments
+    (``attention_grid.paged_batch``)."""
     lens = [p + n for p, n in zip(prefix, q_lens, strict=True)]
-    bsz = len(lens)
-    width = max(1, max(-(-n // page) for n in lens))
-    nb = bsz * width + 3
-
-    def cache(scale: torch.Tensor) -> torch.Tensor:
-        shape = (nb + 2, hkv, page, d) if feats.get("hnd") else (nb + 2, page, hkv, d)
-        c = torch.randn(shape, device=device, generator=g)
-        c[0] = c[-1] = float("nan")
-        c = (c / scale).to(torch.float8_e4m3fn) if feats.get("fp8") else c.to(dt)
-        c = c[1:-1]
-        return c.transpose(1, 2) if feats.get("hnd") else c
-
-    kc, vc = cache(ks), cache(vs)
-    table = torch.randperm(nb, device=device, generator=g)[: bsz * width].reshape(bsz, width).to(I32)
-    query = torch.randn(sum(q_lens), hq, d, device=device, generator=g).to(dt)
+    args, kw = grid.paged_batch(lens, sum(q_lens), hq, hkv, d, page, dtype, feats, seed, device)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=I32, device=device)
-    kw: dict[str, Any] = {k: feats[k] for k in ("softcap", "window_left") if k in feats}
-    if feats.get("sinks"):
-        kw["sinks"] = torch.randn(hq, device=device, generator=g) * 2
-    if feats.get("lse"):
-        kw["lse"] = torch.empty(sum(q_lens), hq, device=device)
-    if feats.get("fp8"):
-        kw |= {"k_scale": ks, "v_scale": vs}
-    return (query, kc, vc, table, torch.tensor(lens, dtype=I32, device=device), cu), kw
+    return (*args, cu), kw
 
 
 @pytest.mark.parametrize("feats", [{}, {"fp8": True}, {"hnd": True}], ids=["plain", "fp8", "hnd"])
@@ -103,29 +76,10 @@ def test_cases_caches_sit_between_nan_guards(dtype: str, feats: dict[str, Any]) 
     holds NaN in the cache's own dtype (a conversion after the view was taken would copy the view
     alone and drop the guards)."""
     (_, kc, vc, *_), _ = _case([5], [3], 4, 2, 16, 4, dtype, feats, 0, device="cpu")
-    for c in (kc, vc):
-        for off in (-c.stride(0), c.shape[0] * c.stride(0)):
-            guard = torch.as_strided(c, c.shape[1:], c.stride()[1:], c.storage_offset() + off)
-            assert bool(guard.float().isnan().all()), f"{c.dtype} {feats}: no NaN guard at {off}"
+    grid.assert_nan_guarded((kc, vc), str(feats))
 
 
-def _backends() -> list[str]:
-    return ["default", *[b.name for b in registry.get(OP).backends if "cuda" in b.requires.devices]]
-
-
-def _fn(backend: str) -> Any:
-    op = op_instance(OP)
-    return op if backend == "default" else op.impl(backend)
-
-
-def _check(got: torch.Tensor, want: torch.Tensor, fp8: bool, what: str) -> None:
-    tol = (0.15, 0.15) if fp8 else (1.5e-2, 1e-2)
-    torch.testing.assert_close(
-        got.float(), want.float(), atol=tol[0], rtol=tol[1], msg=lambda m: f"{what}: {m}"
-    )
-
-
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", grid.backends(OP))
 def test_serving_grid(backend: str, device_type: str) -> None:
     if device_type == "cpu":
         pytest.skip("the serving grid runs on a GPU (the CPU runs the op's small parity samples)")
@@ -138,9 +92,9 @@ def test_serving_grid(backend: str, device_type: str) -> None:
         lse_want = torch.empty(args[0].shape[:2], device="cuda") if "lse" in kw else None
         lse_what = f"{what} lse"
         want = reference(*args, **{**kw, "lse": lse_want})
-        got = _fn(backend)(*args, **kw)
+        got = grid.fn(OP, backend)(*args, **kw)
         torch.cuda.synchronize()
-        _check(got, want, bool(feats.get("fp8")), what)
+        grid.check(got, want, bool(feats.get("fp8")), what)
         if lse_want is not None:
             torch.testing.assert_close(
                 kw["lse"], lse_want, atol=1e-2, rtol=1e-3, msg=lambda m, w=lse_what: f"{w}: {m}"
@@ -156,7 +110,7 @@ def test_cuda_graph_replay_takes_new_lengths(device_type: str) -> None:
     args, _ = _case([300, 200], [100, 700], 32, 8, 128, 16, "bf16", {}, 50)
     q, kc, vc, table, lens, cu = args
     out = torch.empty_like(q)
-    fn = op_instance(OP)
+    fn = grid.fn(OP, "default")
     fn(q, kc, vc, table, lens, cu, out=out)  # warm-up: compile and select outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -166,7 +120,7 @@ def test_cuda_graph_replay_takes_new_lengths(device_type: str) -> None:
     cu.copy_(torch.tensor([0, 240, 500], dtype=I32))
     graph.replay()
     torch.cuda.synchronize()
-    _check(out, reference(q, kc, vc, table, lens, cu), False, "graph replay")
+    grid.check(out, reference(q, kc, vc, table, lens, cu), False, "graph replay")
 
 
 def _guarded_out(rows: int, hq: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,14 +129,14 @@ def _guarded_out(rows: int, hq: int, d: int, dtype: torch.dtype) -> tuple[torch.
     return buf, buf[8 : 8 + rows]
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", grid.backends(OP))
 def test_bad_page_tables_touch_nothing(backend: str, device_type: str) -> None:
     """CUDA clamps lengths to the table's capacity, offsets to query's rows, and skips block ids
     outside the cache: the result is the definition's over what remains, nothing read from the
     NaN blocks around the caches, nothing written outside ``out``."""
     if device_type == "cpu":
         pytest.skip("on the CPU such tables raise ValueError (the parity harness's invalid cases)")
-    fn = _fn(backend)
+    fn = grid.fn(OP, backend)
     args, _ = _case([40, 30, 20], [200, 50, 100], 16, 4, 128, 16, "bf16", {}, 60)
     q, kc, vc, table, lens, cu = args
     nb, cap = kc.shape[0], table.shape[1] * kc.shape[1]
@@ -199,7 +153,7 @@ def test_bad_page_tables_touch_nothing(backend: str, device_type: str) -> None:
     assert bool(out.isfinite().all()), "a read outside the cache (NaN) or an unwritten row"
     # the definition over what the kernels see: bad blocks' positions dropped from the sequence
     want0 = reference(q[:40], kc, vc, table[:1], torch.tensor([cap], dtype=I32, device="cuda"), cu[:2])
-    _check(out[:40], want0, False, f"{backend} length past the capacity")
+    grid.check(out[:40], want0, False, f"{backend} length past the capacity")
     for b, (lo, hi) in ((1, (40, 70)), (2, (70, 90))):
         pos = torch.arange(int(lens[b]), device="cuda")
         blk = bad[b].long()[pos // 16]
@@ -211,7 +165,7 @@ def test_bad_page_tables_touch_nothing(backend: str, device_type: str) -> None:
         s = s.masked_fill(~keep | (pos > last), float("-inf"))
         p = torch.softmax(s, -1).nan_to_num(0.0)
         want = torch.einsum("ihgn,nhd->ihgd", p, v).reshape(hi - lo, 16, 128)
-        _check(out[lo:hi], want, False, f"{backend} bad block ids of sequence {b}")
+        grid.check(out[lo:hi], want, False, f"{backend} bad block ids of sequence {b}")
     # offsets past query's rows, decreasing offsets, more new tokens than the length: clamped,
     # nothing out of bounds (the values are unspecified)
     for bad_cu, bl in (([0, 40, 70, 500], lens), ([0, 80, 30, 90], lens), ([0, 40, 70, 90], lens // 8)):
