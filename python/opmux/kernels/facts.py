@@ -103,6 +103,14 @@ def detect_facts(device_type: str, arch: str | None) -> Facts:
             caps.add(f"aot:{device}")
         else:
             missing[f"aot:{device}"] = (reason, detail)
+    if device_type == "cuda":  # vendor libraries some backends call (found, not imported)
+        if importlib.util.find_spec("flashinfer") is not None:
+            caps.add("flashinfer")
+        else:
+            missing["flashinfer"] = (
+                Reason.MISSING_CAPABILITY,
+                "flashinfer is not installed (pip install flashinfer-python)",
+            )
     if device_type == "npu":
         if importlib.util.find_spec("torch_npu") is not None:
             caps.add("torch_npu")

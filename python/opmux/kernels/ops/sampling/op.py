@@ -55,9 +55,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...spec import Requirement
 from .._common import INT32_EXACT, TOLERANCES
 from .._contract import FLOATS, Arg, Contract, Rule, Scalar
 from .._decl import declare
+from . import flashinfer_backend as _fi
 
 if TYPE_CHECKING:
     import torch
@@ -538,7 +540,15 @@ _IDS_TOL = (*TOLERANCES, INT32_EXACT)
 #: on CUDA, Triton ahead of the native unit: the native CUDA unit has been compile-checked but not
 #: yet run or timed on a GPU; the H200 run (the parity cells and benchmarks/bench_sampling.py)
 #: decides the order there, as measured orders do for the other groups
-_CUDA_ORDER = (("cuda", ("triton", "aot", "jit", "torch")),)
+_CUDA_ORDER = (("cuda", ("triton", "aot", "jit", _fi.BACKEND, "torch")),)
+#: FlashInfer's samplers where installed (``flashinfer_backend.py``): after opmux's own until an
+#: H200 benchmark says otherwise
+_FI = Requirement(devices=("cuda",), dtypes=_F32, capabilities=("flashinfer",))
+
+
+def _flashinfer(op: str) -> tuple[tuple[str, Any, Requirement], ...]:
+    return ((_fi.BACKEND, getattr(_fi, op), _FI),)
+
 
 top_k_renorm_probs = declare(
     "sampling.top_k_renorm_probs",
@@ -551,6 +561,7 @@ top_k_renorm_probs = declare(
     torch=torch_top_k_renorm_probs,
     dtypes=_F32,
     tolerances=_EXACT32,
+    vendor=_flashinfer("top_k_renorm_probs"),
     priority=_CUDA_ORDER,
 )
 top_p_renorm_probs = declare(
@@ -564,6 +575,7 @@ top_p_renorm_probs = declare(
     torch=torch_top_p_renorm_probs,
     dtypes=_F32,
     tolerances=_EXACT32,
+    vendor=_flashinfer("top_p_renorm_probs"),
     priority=_CUDA_ORDER,
 )
 top_k_mask_logits = declare(
@@ -577,6 +589,7 @@ top_k_mask_logits = declare(
     torch=torch_top_k_mask_logits,
     # the kept values are copied, never computed: exact in every dtype
     tolerances=(("float32", (0.0, 0.0)), ("float16", (0.0, 0.0)), ("bfloat16", (0.0, 0.0))),
+    vendor=_flashinfer("top_k_mask_logits"),
     priority=_CUDA_ORDER,
 )
 greedy = declare(
@@ -602,6 +615,7 @@ top_k_top_p_sampling_from_probs = declare(
     torch=torch_top_k_top_p_sampling,
     dtypes=_F32,
     tolerances=_IDS_TOL,
+    vendor=_flashinfer("top_k_top_p_sampling_from_probs"),
     priority=_CUDA_ORDER,
 )
 min_p_sampling_from_probs = declare(
@@ -615,5 +629,6 @@ min_p_sampling_from_probs = declare(
     torch=torch_min_p_sampling,
     dtypes=_F32,
     tolerances=_IDS_TOL,
+    vendor=_flashinfer("min_p_sampling_from_probs"),
     priority=_CUDA_ORDER,
 )

@@ -1,0 +1,167 @@
+"""The sampling ops' ``flashinfer`` backend: how the kernel arguments map onto FlashInfer's API (k = 0
+as V, per-row tensors, the Philox seed / offset, the filter order), its refusals (no FlashInfer,
+one whose samplers take no seed), and its place in the declarations. FlashInfer needs a GPU, so a
+stand-in ``flashinfer.sampling`` (opmux's torch backend behind FlashInfer's signatures) records
+the calls here; tests/unit/test_sampling_stats.py runs the real one statistically on a GPU."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from opmux.kernels import facts, registry
+from opmux.kernels.errors import BackendUnavailable
+from opmux.kernels.ops import sampling as S
+from opmux.kernels.ops.sampling import flashinfer_backend as fib
+
+Calls = list[tuple[str, dict[str, Any]]]
+
+
+def _arr(v: Any, name: str) -> dict[str, Any]:
+    return {f"{name}_arr": v} if isinstance(v, torch.Tensor) else {name: v}
+
+
+def _stand_in(calls: Calls, with_seed: bool = True) -> types.ModuleType:
+    fs = types.ModuleType("flashinfer.sampling")
+
+    def top_k_renorm_probs(probs: torch.Tensor, top_k: Any) -> torch.Tensor:
+        calls.append(("top_k_renorm_probs", {"top_k": top_k}))
+        return S.top_k_renorm_probs(probs, **_arr(top_k, "top_k"), backend="torch")
+
+    def top_p_renorm_probs(probs: torch.Tensor, top_p: Any) -> torch.Tensor:
+        calls.append(("top_p_renorm_probs", {"top_p": top_p}))
+        return S.top_p_renorm_probs(probs, **_arr(top_p, "top_p"), backend="torch")
+
+    def top_k_mask_logits(logits: torch.Tensor, top_k: Any) -> torch.Tensor:
+        calls.append(("top_k_mask_logits", {"top_k": top_k}))
+        return S.top_k_mask_logits(logits, **_arr(top_k, "top_k"), backend="torch")
+
+    def top_k_top_p_sampling_from_probs(
+        probs: torch.Tensor, top_k: Any, top_p: Any, indices: Any = None, filter_apply_order: str = "top_k_first",
+        deterministic: bool = True, generator: Any = None, check_nan: bool = False, seed: Any = None,
+        offset: Any = None,
+    ) -> torch.Tensor:  # fmt: skip
+        calls.append(("top_k_top_p", {"top_k": top_k, "top_p": top_p, "order": filter_apply_order,
+                                      "deterministic": deterministic, "seed": seed, "offset": offset}))  # fmt: skip
+        return torch.zeros(probs.shape[0], dtype=torch.int32) + 7
+
+    def min_p_sampling_from_probs(
+        probs: torch.Tensor, min_p: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
+        check_nan: bool = False, seed: Any = None, offset: Any = None,
+    ) -> torch.Tensor:  # fmt: skip
+        calls.append(("min_p", {"min_p": min_p, "seed": seed, "offset": offset}))
+        return torch.full((probs.shape[0],), 3, dtype=torch.int32)
+
+    if not with_seed:
+
+        def top_k_top_p_sampling_from_probs(  # an older FlashInfer: a Generator, no seed
+            probs: torch.Tensor, top_k: Any, top_p: Any, generator: Any = None
+        ) -> torch.Tensor:
+            raise AssertionError("never called: refused")
+
+    for fn in (top_k_renorm_probs, top_p_renorm_probs, top_k_mask_logits, top_k_top_p_sampling_from_probs,
+               min_p_sampling_from_probs):  # fmt: skip
+        setattr(fs, fn.__name__, fn)
+    return fs
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, fs: types.ModuleType | None) -> None:
+    pkg = types.ModuleType("flashinfer")
+    pkg.__path__ = []  # type: ignore[attr-defined]
+    pkg.sampling = fs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashinfer", pkg if fs is not None else None)
+    monkeypatch.setitem(sys.modules, "flashinfer.sampling", fs)
+    fib._sampling.cache_clear()
+    fib.refusal.cache_clear()
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
+    recorded: Calls = []
+    _install(monkeypatch, _stand_in(recorded))
+    yield recorded
+    fib._sampling.cache_clear()
+    fib.refusal.cache_clear()
+
+
+def _probs(b: int, v: int) -> torch.Tensor:
+    return torch.softmax(torch.randn(b, v, generator=torch.Generator().manual_seed(b + v)) * 3, -1)
+
+
+def test_k_zero_is_every_token_and_rows_map_through(calls: Calls) -> None:
+    probs = _probs(3, 40)
+    k = torch.tensor([0, 5, 40], dtype=torch.int32)
+    out = torch.empty_like(probs)
+    fib.top_k_renorm_probs(out, probs, k, True, 0)
+    assert calls[-1][1]["top_k"].tolist() == [40, 5, 40]  # 0 (off) became V
+    torch.testing.assert_close(out, S.top_k_renorm_probs(probs, top_k_arr=k, backend="torch"))
+    fib.top_k_mask_logits(out, probs.log(), k, False, 0)
+    assert calls[-1][1]["top_k"] == 40
+    fib.top_p_renorm_probs(out, probs, torch.empty(0), False, 0.5)
+    assert calls[-1][1]["top_p"] == 0.5
+    torch.testing.assert_close(out, S.top_p_renorm_probs(probs, top_p=0.5, backend="torch"))
+
+
+def test_draws_pass_the_seed_offset_and_order(calls: Calls) -> None:
+    probs = _probs(4, 16)
+    out = torch.empty(4, dtype=torch.int32)
+    seed, offset = torch.tensor([11]), torch.tensor([2])
+    none = torch.empty(0)
+    fib.top_k_top_p_sampling_from_probs(
+        out, probs, none, False, 3, none, False, 0.9, seed, True, 0, offset, True, 0, "joint"
+    )
+    got = calls[-1][1]
+    assert got["seed"] is seed and got["offset"] is offset and got["deterministic"] is True
+    assert (got["top_k"], got["top_p"], got["order"]) == (3, 0.9, "joint")
+    assert out.tolist() == [7] * 4
+    fib.min_p_sampling_from_probs(out, probs, none, False, 0.2, none, False, 5, none, False, 9)
+    assert calls[-1][1] == {"min_p": 0.2, "seed": 5, "offset": 9}
+    assert out.tolist() == [3] * 4
+    before = len(calls)
+    fib.min_p_sampling_from_probs(out[:0], probs[:0], none, False, 0.2, none, False, 5, none, False, 9)
+    assert len(calls) == before  # no rows: no call
+
+
+def test_refusals_name_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(monkeypatch, _stand_in([], with_seed=False))
+    why = fib.refusal("top_k_top_p_sampling_from_probs")
+    assert why is not None and "seed / offset" in why and "0.5 or later" in why
+    assert fib.refusal("top_k_renorm_probs") is None  # the filters need no seed
+    with pytest.raises(BackendUnavailable, match="seed / offset"):
+        fib.top_k_top_p_sampling_from_probs(
+            torch.empty(1, dtype=torch.int32), _probs(1, 8), torch.empty(0), False, 2, torch.empty(0), False,
+            1.0, torch.empty(0), False, 0, torch.empty(0), False, 0, "top_k_first",
+        )  # fmt: skip
+    _install(monkeypatch, None)
+    assert fib.refusal("min_p_sampling_from_probs") == "flashinfer.sampling cannot be imported"
+    fib._sampling.cache_clear()
+    fib.refusal.cache_clear()
+
+
+def test_declared_after_opmux_backends_on_cuda_and_never_for_greedy() -> None:
+    for name in fib.FUNCTIONS:
+        spec = registry.get(f"sampling.{name}")
+        backend = spec.backend("flashinfer")
+        assert backend.requires.capabilities == ("flashinfer",) and backend.requires.devices == ("cuda",)
+        order = dict(spec.priority)["cuda"]
+        assert order.index("flashinfer") > order.index("triton") and order[-1] == "torch", order
+    assert "flashinfer" not in {b.name for b in registry.get("sampling.greedy").backends}
+
+
+def test_the_capability_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "flashinfer" else real(n, *a))
+    facts.reset()
+    try:
+        found = facts.detect_facts("cuda", "sm_90")
+        assert "flashinfer" not in found.capabilities
+        assert "pip install flashinfer-python" in found.missing["flashinfer"][1]
+    finally:
+        facts.reset()
