@@ -105,3 +105,19 @@ def test_signed_zeros_tie_at_the_threshold(backend: str) -> None:
     assert torch.equal(torch.isinf(want), torch.isinf(x) | (x < 0))  # both zeros kept in both rows
     assert torch.equal(S.top_k_mask_logits(x, top_k=3, backend=backend), want)
     assert torch.equal(S.top_k_mask_logits(x.bfloat16(), top_k=3, backend=backend), want.bfloat16())
+
+
+def test_an_all_zero_row_keeps_the_whole_row_on_every_backend() -> None:
+    """No mass to reach p: the definition keeps the whole row (top-p renorm: 0 / 0, NaN); the
+    Triton and CUDA kernels' boundary search used to keep nothing (zeros)."""
+    probs = torch.zeros(3, 40)
+    probs[1, 7] = 1.0
+    probs[2] = torch.softmax(torch.arange(40.0), 0)
+    want = S.top_p_renorm_probs(probs, top_p=0.5, backend="torch")
+    assert bool(want[0].isnan().all())
+    import numpy as np
+
+    for backend in ("jit", "triton"):
+        with np.errstate(invalid="ignore"):  # the interpreter's numpy 0 / 0 (the point of the row)
+            got = S.top_p_renorm_probs(probs, top_p=0.5, backend=backend)
+        torch.testing.assert_close(got, want, equal_nan=True, atol=1e-6, rtol=1e-6)

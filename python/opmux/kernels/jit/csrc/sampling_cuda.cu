@@ -266,6 +266,9 @@ __device__ int32_t top_p_key(const float* x, int64_t n, bool vec, int32_t base, 
   float mass;
   int64_t last;
   kept_mass(x, n, vec, base, sm, &mass, &last);
+  // no mass above base (an all-zero row): the whole row is kept, as the definition does (its
+  // renorm is then 0 / 0, NaN, as the reference's); NaN mass likewise keeps the row
+  if (!(p * mass > 0.0f)) return base;
   return static_cast<int32_t>(pivot_search<true>(x, n, vec, base, kProbHi, static_cast<double>(p * mass), sm));
 }
 

@@ -152,7 +152,9 @@ def _top_p_key(
     need = p * _stat(X, sx, rows, rmask, n, base, True, False, ROWS, BLOCK)
     hi0 = tl.full([ROWS], 0x7F800001, tl.int64)
     t = _search(X, sx, rows, rmask, n, base, hi0, need, True, False, 31, ROWS, BLOCK)
-    return tl.where(on, t, base), on
+    # no mass above base (an all-zero row): every entry holds "p of nothing", as the definition
+    # keeps the whole row (its renorm is then 0 / 0, NaN, as the reference's)
+    return tl.where(on & (need > 0.0), t, base), on
 
 
 @triton.jit
