@@ -24,6 +24,7 @@ not yet measured here: the multi-GPU machine that would measure them was not len
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -198,7 +199,9 @@ def _ws(group: Any) -> Workspace:
 
 
 def _timeout_ms() -> int:
-    return int(config.comm_timeout() * 1000)
+    """OPMUX_COMM_TIMEOUT in whole milliseconds, rounded up: the kernels read 0 as "wait forever",
+    which a positive timeout under a millisecond must not become."""
+    return max(1, math.ceil(config.comm_timeout() * 1000))
 
 
 def _empties(device: Any) -> tuple[Any, Any]:
