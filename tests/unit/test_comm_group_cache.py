@@ -30,7 +30,7 @@ def test_a_destroyed_group_is_not_served_from_the_cache(fresh_dist: None) -> Non
     name = _init()
     comm.all_reduce(torch.ones(2, 4), name)  # resolves the name, fills the cache
     dist.destroy_process_group()
-    with pytest.raises(ValueError, match="names no process group|names no live process group"):
+    with pytest.raises(ValueError, match=r"names no (live )?process group"):
         comm.all_reduce(torch.ones(2, 4), name)
 
 
