@@ -367,8 +367,21 @@ def finite_float(op: str, name: str, v: object) -> float:
 
 
 #: process-group name -> the ``ProcessGroup`` it resolved to (``process_group``): the serving
-#: form's check is one dict lookup
+#: form's check (``cached_group``) is two dict lookups
 GROUPS: dict[str, Any] = {}
+
+
+def cached_group(v: str) -> bool:
+    """``v`` names a group resolved before (``GROUPS``) that is still live under that name: a
+    group destroyed since, or a name reused by a new group (the default group is ``'0'`` again
+    after ``destroy_process_group`` + ``init_process_group``), is not (the full check resolves
+    it again or names the live groups)."""
+    pg = GROUPS.get(v)
+    if pg is None:
+        return False
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._world.pg_names.get(pg) == v
 
 
 def live_group_names() -> list[str]:

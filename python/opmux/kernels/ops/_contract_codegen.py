@@ -379,8 +379,8 @@ class _Writer(_ViewWriter):
             return [f"type({v}) is float", f"0.0 <= {v} < _checks.INF"]
         if s.kind == "choice":
             return [f"{v} in {s.choices!r}", f"type({v}) is str"]
-        if s.kind == "group":  # a name resolved before (the cache the full check fills)
-            return [f"type({v}) is str", f"{v} in _checks.GROUPS"]
+        if s.kind == "group":  # a name resolved before (the cache the full check fills), still live
+            return [f"type({v}) is str", f"_checks.cached_group({v})"]
         return [f"({v} is None or {v} in {_dtype_tuple(s.choices)})"]
 
     def scalar_value(self, s: Scalar, fast: bool) -> str:

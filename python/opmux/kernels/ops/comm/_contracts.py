@@ -28,7 +28,7 @@ def check_all_reduce(op: str, x: Any, group: Any, out: Any = None) -> tuple[tupl
         x_s = x.shape
         if (
             type(group) is str
-            and group in _checks.GROUPS
+            and _checks.cached_group(group)
             and out is None
             and len(x_s) == 2
             and x.dtype in _FLOAT32_FLOAT16_BFLOAT16
@@ -70,7 +70,7 @@ def check_add_rmsnorm(op: str, x: Any, residual: Any, weight: Any, group: Any, e
             type(eps) is float
             and 0.0 < eps < _checks.INF
             and type(group) is str
-            and group in _checks.GROUPS
+            and _checks.cached_group(group)
             and len(x_s) == 2
             and x.dtype in _FLOAT32_FLOAT16_BFLOAT16
             and (x_s[1] <= 1 or x.stride()[1] == 1)
@@ -131,7 +131,7 @@ def check_add_rmsnorm_quant(op: str, x: Any, residual: Any, weight: Any, group: 
             type(eps) is float
             and 0.0 < eps < _checks.INF
             and type(group) is str
-            and group in _checks.GROUPS
+            and _checks.cached_group(group)
             and out_q is None
             and out_scale is None
             and len(x_s) == 2

@@ -24,6 +24,7 @@ not yet measured here: the multi-GPU machine that would measure them was not len
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,8 +132,9 @@ def unregister(group: str) -> None:
 
 
 # -- the predicates: the op's public arguments -> the reason not to run, or None -------------------
-def refusal(algo: str, x: Any, group: Any) -> str | None:
-    """Why backend ``algo`` cannot run a call on ``x`` over ``group`` (None: it can)."""
+def refusal(algo: str, x: Any, group: Any, outputs: tuple[Any, ...] = ()) -> str | None:
+    """Why backend ``algo`` cannot run a call on ``x`` over ``group``, writing the caller's
+    ``outputs`` (``out`` / ``out_q``: the kernels refuse strided ones), (None: it can)."""
     if getattr(x, "device", None) is None or x.device.type != "cuda":
         return "the peer-buffer kernels run on CUDA tensors"
     ws = _WORKSPACES.get(group) if type(group) is str else None
@@ -145,6 +147,8 @@ def refusal(algo: str, x: Any, group: Any) -> str | None:
         return f"x is on {x.device}; the group's workspace on {ws.device}"
     if not x.is_contiguous():
         return "the peer-buffer kernels take a contiguous x (a strided one goes to NCCL)"
+    if any(not t.is_contiguous() for t in outputs):
+        return "the peer-buffer kernels write contiguous outputs (a strided out / out_q goes to NCCL)"
     nbytes = x.numel() * x.element_size()
     if nbytes > ws.cap:
         return f"a {nbytes}-byte message exceeds the workspace's {ws.cap} bytes (register a larger max_bytes)"
@@ -157,11 +161,23 @@ def refusal(algo: str, x: Any, group: Any) -> str | None:
 
 
 def oneshot_supports(x: Any, *args: Any, **kwargs: Any) -> str | None:
-    return refusal("oneshot", x, _group(args, kwargs))
+    return refusal("oneshot", x, _group(args, kwargs), _outputs(args, kwargs))
 
 
 def twoshot_supports(x: Any, *args: Any, **kwargs: Any) -> str | None:
-    return refusal("twoshot", x, _group(args, kwargs))
+    return refusal("twoshot", x, _group(args, kwargs), _outputs(args, kwargs))
+
+
+def _outputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The caller's output tensors among the public arguments after x: all_reduce's ``out``
+    (x, group, out), the quantizing op's ``out_q`` (x, residual, weight, group, eps, out_q,
+    out_scale; out_scale is read as a flat vector, any layout the contract takes)."""
+    i = next((k for k, a in enumerate(args) if type(a) is str), None)
+    if i == 0:  # all_reduce
+        out = kwargs.get("out", args[1] if len(args) > 1 else None)
+    else:  # the fused ops: out_q two places after the group (eps between)
+        out = kwargs.get("out_q", args[i + 2] if i is not None and len(args) > i + 2 else None)
+    return (out,) if hasattr(out, "is_contiguous") else ()
 
 
 def _group(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -198,7 +214,9 @@ def _ws(group: Any) -> Workspace:
 
 
 def _timeout_ms() -> int:
-    return int(config.comm_timeout() * 1000)
+    """OPMUX_COMM_TIMEOUT in whole milliseconds, rounded up: the kernels read 0 as "wait forever",
+    which a positive timeout under a millisecond must not become."""
+    return max(1, math.ceil(config.comm_timeout() * 1000))
 
 
 def _empties(device: Any) -> tuple[Any, Any]:
