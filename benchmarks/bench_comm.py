@@ -9,7 +9,12 @@ calls (benchmarks/bench_gpu.py's ``time_impl``; all ranks capture and replay in 
 * ``all_reduce_fused_add_rmsnorm``: opmux's default and each peer-buffer backend, against NCCL's
   all-reduce followed by opmux's ``fused_add_rmsnorm`` (what a layer pays without the fusion);
 * ``all_reduce``: opmux's default and each backend, against NCCL and torch's symmetric-memory
-  one-shot (``torch.ops.symm_mem.one_shot_all_reduce``, where this torch build has it).
+  one-shot (``torch.ops.symm_mem.one_shot_all_reduce``, where this torch build has it; x copied
+  into its symmetric buffer first, as opmux's kernels copy it in).
+
+A backend that fails on any rank is reported for that row (every rank still joins each gather).
+A failure inside a collective itself (one rank raising mid-capture while its peers wait) cannot
+be recovered by a benchmark: the peer-buffer kernels then trap after ``OPMUX_COMM_TIMEOUT``.
 
 NVLink multicast stays off (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, set
 here before any process starts). Writes ``DIR/comm_w<world>.json`` and ``.md``.
@@ -91,7 +96,10 @@ def worker(rank: int, world: int, out: str, replays: int) -> None:
 
                 buf = sm.empty(t, h, dtype=torch.bfloat16, device="cuda")
                 sm.rendezvous(buf, g)
-                plain["torch symm_mem one-shot"] = lambda s, b=buf: symm.one_shot_all_reduce(b, "sum", g)
+                # x copied into the symmetric buffer first, as opmux's kernels copy it in: like for like
+                plain["torch symm_mem one-shot"] = lambda s, b=buf: symm.one_shot_all_reduce(
+                    b.copy_(s["x"]), "sum", g
+                )
             case: dict[str, Any] = {
                 "T": t,
                 "H": h,
@@ -102,12 +110,18 @@ def worker(rank: int, world: int, out: str, replays: int) -> None:
                 res: dict[str, Any] = {}
                 for label, fn in impls.items():
                     try:
-                        timing = _time(torch, fn, sets, r, replays)
-                        slow = [0.0] * world
-                        dist.all_gather_object(slow, timing["us"])
-                        res[label] = {**timing, "us_slowest_rank": max(slow)}
-                    except Exception as exc:  # a peer that cannot run here is reported, not fatal
-                        res[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                        timing: dict[str, Any] = _time(torch, fn, sets, r, replays)
+                    except Exception as exc:  # reported; every rank still joins the gather below
+                        timing = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    # every rank reaches this gather whatever happened above (a rank skipping it
+                    # would leave its peers waiting): a failure on any rank fails the row
+                    got: list[Any] = [None] * world
+                    dist.all_gather_object(got, timing)
+                    errors = [f"rank {i}: {t['error']}" for i, t in enumerate(got) if "error" in t]
+                    if errors:
+                        res[label] = {"error": "; ".join(errors)}
+                    else:
+                        res[label] = {**timing, "us_slowest_rank": max(t["us"] for t in got)}
                 case[name] = res
             cases.append(case)
             if rank == 0:

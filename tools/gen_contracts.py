@@ -50,18 +50,19 @@ def expected(package: Path = ROOT / "python" / "opmux") -> dict[Path, str]:
                 entries = render_entries(folder.name, device, found)
                 assert entries is not None
                 out[include / f"{folder.name}_{device}_lanes.inc"] = entries
-    _load_new_contracts(out)
+    _load_rendered_contracts(out)
     out |= {path: render_entrypoints(found.values()) for path, found in entry.items()}
     return out
 
 
-def _load_new_contracts(out: dict[Path, str]) -> None:
-    """A new group's ``_contracts.py`` does not exist yet, but rendering its entry points reads
-    it (``Decl.outputs``): load the rendered text as that module, in memory (nothing written)."""
+def _load_rendered_contracts(out: dict[Path, str]) -> None:
+    """Rendering the entry points reads each group's ``_contracts`` module (``Decl.outputs``):
+    load the text just rendered as that module, in memory (nothing written), so they follow the
+    declarations of this run, not a stale file (or none yet: a new group) in one pass."""
     import types
 
     for path, text in out.items():
-        if path.name != "_contracts.py" or path.is_file():
+        if path.name != "_contracts.py":
             continue
         name = f"opmux.kernels.ops.{path.parent.name}._contracts"
         module = types.ModuleType(name)

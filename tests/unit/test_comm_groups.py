@@ -188,6 +188,41 @@ def test_a_missing_rank_fails_the_others_within_the_timeout(fault: str, tmp_path
     assert rep["elapsed"] < 60, rep  # the 4 s timeout (a dead peer: at once), not a hang
 
 
+def _agree_worker(rank: int, world: int, folder: str) -> None:
+    """register()'s agreement step over a gloo group: rank 1 cannot load the kernels."""
+    out = Path(folder) / f"rank{rank}.json"
+    import torch
+
+    from opmux.kernels.errors import BackendUnavailable
+    from opmux.kernels.ops.comm import ipc
+
+    _init(rank, world, folder)
+    import torch.distributed as dist
+
+    def library() -> dict[str, Any]:
+        if rank == 1:
+            raise BackendUnavailable("oneshot", "CompileError: nvcc failed")
+        return {}
+
+    ipc.library = library  # type: ignore[assignment]
+    try:
+        ipc._agree_on_kernels(dist.group.WORLD, "g", rank, world, torch.device("cpu"))
+        report = {"error": "no error"}
+    except BackendUnavailable as err:
+        report = {"message": str(err)}
+    out.write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+def test_registration_is_all_ranks_or_none(tmp_path: Path) -> None:
+    """One rank that cannot load the peer-buffer kernels makes every rank refuse to register
+    (else it would run NCCL while its peers wait in a peer-buffer kernel)."""
+    reports = _run(2, tmp_path, _agree_worker)
+    for rep in reports:
+        assert "ranks [1] cannot load the peer-buffer kernels" in rep.get("message", ""), rep
+    assert "nvcc failed" in reports[1]["message"] and "nvcc failed" not in reports[0]["message"]
+
+
 # -- the GPU grid (2+ GPUs) ----------------------------------------------------------------------
 _GPU_T = (1, 16, 128, 1024, 8192)
 _GPU_H = (4096, 8192)
@@ -255,19 +290,44 @@ def _gpu_worker(rank: int, world: int, folder: str) -> None:
                         assert torch.equal(x3, x2), algo
                         torch.testing.assert_close(q.float() * s, x3.float(), atol=4 * atol, rtol=0.07)
                         report["cases"] += 3
+        # awkward sizes at this world: fewer rows than ranks, H not a multiple of the vector width
+        # or of world x vector (two-shot's clipped shares, the scalar tails), offset views (the
+        # unaligned paths: XVEC false, VEC 1)
+        for t, h, offset in ((1, 33, 0), (2, 100, 0), (3, 4100, 0), (5, 4096, 1), (world + 1, 7, 3)):
+            x_all, res_all, w_all = inputs(t, h + offset, torch.bfloat16, 50 * rank + t + h)
+            x = x_all.flatten()[offset : offset + t * h].view(t, h)
+            res = res_all.flatten()[offset : offset + t * h].view(t, h)
+            w = w_all[offset : offset + h] if offset else w_all[:h]
+            want = comm_op.ref_all_reduce(x, g)
+            r1, x1 = res.clone(), x.clone()
+            comm_op.ref_add_rmsnorm(x1, r1, w, g)
+            for algo in ipc.ALGORITHMS:
+                got = ops["all_reduce"].impl(algo)(x, g)
+                torch.testing.assert_close(got, want, atol=3.2e-2, rtol=3.2e-2)
+                same_everywhere(got)
+                x2, r2 = x.clone(), res.clone()
+                ops["all_reduce_fused_add_rmsnorm"].impl(algo)(x2, r2, w, g)
+                torch.testing.assert_close(r2, r1, atol=3.2e-2, rtol=3.2e-2)
+                torch.testing.assert_close(x2, x1, atol=0.13, rtol=0.13)
+                same_everywhere(x2)
+                report["cases"] += 2
         # CUDA graphs: captured once, replayed with fresh inputs in the static buffers
         for algo in (*ipc.ALGORITHMS, "torch"):
             xs, rs, w = inputs(16, 4096, torch.bfloat16, rank)
             fused = ops["all_reduce_fused_add_rmsnorm"].impl(algo)
+            plain = ops["all_reduce"].impl(algo)
+            ys = torch.empty_like(xs)
             fused(xs, rs, w, g)  # warm up (JIT, NCCL communicators) outside the capture
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph):  # both exports in one graph: halves and epochs interleave
+                plain(rs, g, out=ys)
                 fused(xs, rs, w, g)
             for i in range(3):
                 x, res, _ = inputs(16, 4096, torch.bfloat16, 1000 * i + rank)
                 xs.copy_(x)
                 rs.copy_(res)
                 graph.replay()
+                torch.testing.assert_close(ys, comm_op.ref_all_reduce(res, g), atol=3.2e-2, rtol=3.2e-2)
                 r1, x1 = res.clone(), x.clone()
                 comm_op.ref_add_rmsnorm(x1, r1, w, g)
                 torch.testing.assert_close(rs, r1, atol=3.2e-2, rtol=3.2e-2)

@@ -284,9 +284,12 @@ KNOBS: Mapping[str, Knob] = _knobs(
         "OPMUX_COMM_TIMEOUT",
         "seconds",
         "300",
-        "Longest a `comm` op waits for its peers: a rank that died or never joined the call makes "
-        "the others raise `CommError` (gloo: the collective's wait; opmux's one-shot / two-shot "
-        "CUDA kernels: a device-side trap naming the missing rank) instead of hanging.",
+        "Longest a `comm` op waits for its peers, so a rank that died or never joined the call "
+        "fails the others instead of hanging: on the CPU (gloo) they raise `CommError`; opmux's "
+        "one-shot / two-shot CUDA kernels print the missing rank and trap (a sticky launch "
+        "failure at the next sync: the CUDA context is lost, the process must exit). NCCL calls "
+        "(the `torch` backend on CUDA) are bounded by NCCL's own watchdog and the group's "
+        "timeout, not by this.",
         _seconds,
     ),
     Knob(

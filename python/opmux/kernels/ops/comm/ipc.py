@@ -19,6 +19,14 @@ to the per-world threshold below, two-shot beyond it; larger messages and unregi
 to NCCL (``torch``). The thresholds are vLLM's custom all-reduce's (``custom_all_reduce.cuh``:
 one stage for any size at 2 ranks, below 512 KiB at 4, below 256 KiB at 6 and 8; 8 MiB at most),
 not yet measured here: the multi-GPU machine that would measure them was not lent (issue #31).
+
+What every rank must do alike (the kernels pair block b of a call with block b of every peer):
+the same calls in the same order, with the same shapes, dtypes and layouts (a strided x on one
+rank sends that rank to NCCL while its peers wait in a peer-buffer kernel: they trap after
+``OPMUX_COMM_TIMEOUT``); registration itself is all ranks or none (:func:`register`). A call's
+blocks (at most 64) must become resident together on every rank: kernels on other streams that
+hold every SM for longer than the timeout (compute / communication overlap on a small GPU or MIG
+slice) would starve them.
 """
 
 from __future__ import annotations
@@ -62,7 +70,8 @@ DEFAULT_MAX_BYTES = 8 << 20
 FLAG_BYTES = 4096
 REGION_ALIGN = 4096
 COUNTERS = 256
-#: the fused kernels' longest row (elements): a block owns a row
+#: the fused kernels' longest row (elements): a block owns a row (its norm threads stride over
+#: it; the bound is the one their tests cover, not a hard limit of the code)
 MAX_HIDDEN = 16384
 _REGISTER = "comm.ipc.register"
 
@@ -82,15 +91,25 @@ class Workspace:
     ptrs: Any
     counters: Any
     handle: Any
+    #: the ``ProcessGroup`` registered (a new group reusing the name is not this one)
+    pg: Any = None
 
 
 _WORKSPACES: dict[str, Workspace] = {}
+#: workspaces replaced or unregistered: kept alive for the life of the process, since a captured
+#: CUDA graph holds their addresses (a replay would otherwise write freed memory)
+_RETIRED: list[Workspace] = []
 
 
 def register(group: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Workspace:
     """Register process group ``group`` (its name) for the peer-buffer kernels, messages up to
     ``max_bytes``. A collective: every rank calls it, each with its GPU as the current device.
-    Registering a group again replaces its workspace (all ranks, the same ``max_bytes``)."""
+    Registering a group again replaces its workspace (all ranks, the same ``max_bytes``); the old
+    one stays allocated (graphs captured with it may still be replayed).
+
+    Every rank loads the kernels first (AOT library or JIT) and the ranks agree on it over the
+    group: if any rank cannot, none registers and each raises ``BackendUnavailable`` naming the
+    ranks (one rank on NCCL while its peers wait in a peer-buffer kernel would hang them all)."""
     from .._checks import process_group
 
     pg = process_group(_REGISTER, "group", group)
@@ -105,19 +124,41 @@ def register(group: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Workspace:
     if not torch.cuda.is_available():
         raise ValueError(f"{_REGISTER}: the peer-buffer kernels need CUDA GPUs; this process sees none")
     cap = -(-max_bytes // REGION_ALIGN) * REGION_ALIGN
+    device = torch.device("cuda", torch.cuda.current_device())
+    _agree_on_kernels(pg, group, rank, world, device)
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     from torch.distributed import _symmetric_memory as symm
 
-    device = torch.device("cuda", torch.cuda.current_device())
     buffer = symm.empty(FLAG_BYTES + 4 * cap, dtype=torch.uint8, device=device)
     buffer.zero_()
     torch.cuda.synchronize(device)  # zeroed before any peer can see the buffer (next line)
     handle = symm.rendezvous(buffer, pg)
     ptrs = torch.tensor([int(p) for p in handle.buffer_ptrs], dtype=torch.int64)
     counters = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    ws = Workspace(group, rank, world, cap, device, buffer, ptrs, counters, handle)
+    ws = Workspace(group, rank, world, cap, device, buffer, ptrs, counters, handle, pg)
+    unregister(group)
     _WORKSPACES[group] = ws
     return ws
+
+
+def _agree_on_kernels(pg: Any, group: str, rank: int, world: int, device: Any) -> None:
+    """Load the kernels on this rank, then learn over the group which ranks could not."""
+    try:
+        library()
+        why = ""
+    except BackendUnavailable as exc:
+        why = str(exc)
+    failed = torch.tensor([0 if not why else 1 << rank], dtype=torch.int64, device=device)
+    torch.distributed.all_reduce(failed, group=pg)  # a bit per rank that failed
+    bits = int(failed.item())
+    if bits:
+        ranks = [r for r in range(world) if bits >> r & 1]
+        detail = f" (here: {why})" if why else ""
+        raise BackendUnavailable(
+            ALGORITHMS[0],
+            f"group {group!r}: ranks {ranks} cannot load the peer-buffer kernels{detail}; no rank "
+            "registered (its calls go to NCCL on every rank)",
+        )
 
 
 def registered(group: str) -> Workspace | None:
@@ -126,13 +167,15 @@ def registered(group: str) -> Workspace | None:
 
 
 def unregister(group: str) -> None:
-    """Forget ``group``'s workspace (its calls go to NCCL); the buffer is freed with the last
-    reference (every rank should unregister before destroying the group)."""
-    _WORKSPACES.pop(group, None)
+    """Forget ``group``'s workspace (its calls go to NCCL on every rank that unregisters: all of
+    them should). The buffer stays allocated: a captured CUDA graph may still hold it."""
+    ws = _WORKSPACES.pop(group, None)
+    if ws is not None:
+        _RETIRED.append(ws)
 
 
 # -- the predicates: the op's public arguments -> the reason not to run, or None -------------------
-def refusal(algo: str, x: Any, group: Any, outputs: tuple[Any, ...] = ()) -> str | None:
+def refusal(algo: str, x: Any, group: Any, outputs: tuple[Any, ...] = (), rows: bool = False) -> str | None:
     """Why backend ``algo`` cannot run a call on ``x`` over ``group``, writing the caller's
     ``outputs`` (``out`` / ``out_q``: the kernels refuse strided ones), (None: it can)."""
     if getattr(x, "device", None) is None or x.device.type != "cuda":
@@ -143,6 +186,8 @@ def refusal(algo: str, x: Any, group: Any, outputs: tuple[Any, ...] = ()) -> str
             f"group {group!r} has no opmux workspace: call "
             f"opmux.kernels.ops.comm.ipc.register({group!r}) once on every rank (else NCCL runs it)"
         )
+    if ws.pg is not None and not _live(ws):
+        return f"group {group!r}'s workspace belongs to a group that no longer has that name: register again"
     if x.device != ws.device:
         return f"x is on {x.device}; the group's workspace on {ws.device}"
     if not x.is_contiguous():
@@ -152,20 +197,32 @@ def refusal(algo: str, x: Any, group: Any, outputs: tuple[Any, ...] = ()) -> str
     nbytes = x.numel() * x.element_size()
     if nbytes > ws.cap:
         return f"a {nbytes}-byte message exceeds the workspace's {ws.cap} bytes (register a larger max_bytes)"
-    if x.dim() and x.shape[-1] > MAX_HIDDEN:
-        return f"rows of {x.shape[-1]} elements; the kernels take at most {MAX_HIDDEN}"
+    if rows and x.dim() and x.shape[-1] > MAX_HIDDEN:
+        return f"rows of {x.shape[-1]} elements; the fused kernels take at most {MAX_HIDDEN}"
     limit = oneshot_max_bytes(ws.world)
     if algo == "oneshot" and nbytes > limit:
         return f"{nbytes} bytes > {limit} at {ws.world} ranks: two-shot reads less from there"
     return None
 
 
+def _live(ws: Workspace) -> bool:
+    """Whether the workspace's group is still the live group of that name."""
+    from torch.distributed import distributed_c10d
+
+    return bool(distributed_c10d._world.pg_names.get(ws.pg) == ws.group)
+
+
 def oneshot_supports(x: Any, *args: Any, **kwargs: Any) -> str | None:
-    return refusal("oneshot", x, _group(args, kwargs), _outputs(args, kwargs))
+    return refusal("oneshot", x, _group(args, kwargs), _outputs(args, kwargs), _rows(args, kwargs))
 
 
 def twoshot_supports(x: Any, *args: Any, **kwargs: Any) -> str | None:
-    return refusal("twoshot", x, _group(args, kwargs), _outputs(args, kwargs))
+    return refusal("twoshot", x, _group(args, kwargs), _outputs(args, kwargs), _rows(args, kwargs))
+
+
+def _rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A fused op (x, residual, weight, group, ...): its kernel owns whole rows."""
+    return "residual" in kwargs or (len(args) > 0 and type(args[0]) is not str)
 
 
 def _outputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
