@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from ...spec import Requirement
 from .._decl import declare
-from . import _decode, _prefill, paged_decode_cuda
+from . import _decode, _prefill, paged_decode_cuda, paged_decode_flashinfer
 
 paged_decode = declare(
     _decode.OP,
@@ -79,11 +79,23 @@ paged_decode = declare(
                 predicate="opmux.kernels.ops.attention.paged_decode_cuda:supports",
             ),
         ),
+        # FlashInfer's batch decode where installed (a plan per batch, run per layer)
+        (
+            paged_decode_flashinfer.BACKEND,
+            paged_decode_flashinfer.paged_decode,
+            Requirement(
+                devices=("cuda",),
+                dtypes=("float16", "bfloat16"),
+                sm_min=80,
+                capabilities=("flashinfer",),
+                predicate="opmux.kernels.ops.attention.paged_decode_flashinfer:supports",
+            ),
+        ),
     ),
     # Triton first: the native unit has been compiled (sm_90a, sm_80) but has never run on a GPU;
     # it moves ahead only where an H200 run of benchmarks/bench_attention_decode.py measures it
     # faster (and the decode grid, tests/parity/test_attention_decode_grid.py, passes there)
-    priority=(("cuda", ("triton", paged_decode_cuda.BACKEND, "torch")),),
+    priority=(("cuda", ("triton", paged_decode_cuda.BACKEND, paged_decode_flashinfer.BACKEND, "torch")),),
     # attention over <= 100 tokens: one rounding of the output, p in the value dtype for the dot
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
 )
