@@ -1,7 +1,8 @@
 """The engines' attention entry points (opmux.compat.vllm.unified_attention,
 opmux.compat.sgl_kernel.decode_attention_fwd / extend_attention_fwd) against a float32 reference
 written here, one sequence at a time with einsum: mixed prefill + decode batches, GQA, page sizes
-1 and 16, softcap, sliding window, sinks, fp8 caches, and the refused arguments."""
+1 and 16, softcap, sliding window, sinks, fp8 caches, MLA's 576 / 512 decode, and the refused
+arguments."""
 
 from __future__ import annotations
 
@@ -383,5 +384,29 @@ def test_sgl_decode_refusals() -> None:
         sgl.decode_attention_fwd(
             q, kb, vb, torch.empty_like(q), indptr, indices, *ws, 0.25, xai_temperature_len=4
         )
-    with pytest.raises(NotImplementedError, match="value head dim"):  # MLA: K 16 / V 8
-        sgl.decode_attention_fwd(q, kb, vb[..., :8], torch.empty(1, HQ, 8), indptr, indices, *ws, 0.25)
+    with pytest.raises(ValueError, match="value_cache has head dim 32 and key_cache 16"):  # V past K
+        wide = torch.randn(8, HKV, 2 * D)
+        sgl.decode_attention_fwd(q, kb, wide, torch.empty(1, HQ, 2 * D), indptr, indices, *ws, 0.25)
+
+
+@pytest.mark.parametrize("view", [True, False], ids=["v-view-of-k", "v-own"])
+def test_sgl_decode_attention_mla(attn_backend: str, view: bool) -> None:
+    """SGLang's MLA decode (its test_grouped_decode_attention's last config, smaller): one KV
+    head of a 576-dim latent pool, ``v_buffer = k_buffer[..., :512]``, ``o [B, 16, 512]``."""
+    hq, d, dv, n = 16, 576, 512, 40
+    g = torch.Generator().manual_seed(9)
+    kb = torch.randn(n, 1, d, generator=g)
+    vb = kb[..., :dv] if view else torch.randn(n, 1, dv, generator=g)
+    lens = [7, 1, 19]
+    indptr, indices = _csr(lens, n, g)
+    bsz = len(lens)
+    q = torch.randn(bsz, hq, d, generator=g)
+    o = torch.full((bsz, hq, dv), 9.0)
+    splits = 4
+    ws = (torch.empty(bsz, hq, splits, dv), torch.empty(bsz, hq, splits), torch.full((bsz,), splits), splits)
+    sm_scale = 192**-0.5
+    sgl.decode_attention_fwd(q, kb, vb, o, indptr, indices, *ws, sm_scale, logit_cap=30.0)
+    for b in range(bsz):
+        rows = indices[int(indptr[b]) : int(indptr[b + 1])]
+        want = ref_seq(q[b : b + 1], kb[rows], vb[rows], sm_scale, 30.0)
+        torch.testing.assert_close(o[b : b + 1], want, atol=2e-5, rtol=2e-5)

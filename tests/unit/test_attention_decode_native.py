@@ -49,9 +49,19 @@ def test_refusal_reasons() -> None:
         ({"cache_dtype": "float16"}, "not float16"),
         ({"query_dtype": "float64", "cache_dtype": "float64"}, "not float64"),
         ({"aligned": False}, "16-byte aligned"),
+        ({"head_dim": 576, "value_head_dim": 512}, "key head dim 576 and value head dim 512 (MLA)"),
+        ({"value_head_dim": 64}, "value head dim 64"),
     ):
         why = pc.refusal(**{**_OK, **change})
         assert why is not None and words in why, (change, why)
+
+
+def test_supports_reads_the_value_head_dim() -> None:
+    """An MLA call (value_cache = key_cache[..., :512] of a 576-dim cache) is refused with its
+    reason (the predicate's facts carry the value head dim)."""
+    assert pc.refusal(**{**_OK, "value_head_dim": 128}) is None
+    why = pc._verdict("cuda", (9, 0), torch.bfloat16, torch.bfloat16, 576, True, 512)
+    assert why is not None and "value head dim 512 (MLA)" in why
 
 
 def test_supports_on_cpu_tensors_names_the_device() -> None:

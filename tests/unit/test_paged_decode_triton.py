@@ -164,19 +164,23 @@ from opmux.kernels.ops.attention import triton_kernels as tk
 
 PTRS = {"Q": "bf16", "KC": "fp8e4nv", "VC": "fp8e4nv", "BT": "i32", "LENS": "i32", "OUT": "bf16"}
 FLOATS = ("sm_scale", "softcap")
+PLAIN = dict(BLOCK_DR=16, HAS_TAIL=False, V_FROM_K=False)
+MLA = dict(BLOCK_DV=512, BLOCK_DR=64, HAS_TAIL=True, USE_DOT=True, DOT_F32=False)  # 576 / 512
 FORMS = [
-    dict(BLOCK_G=16, BLOCK_D=128, USE_DOT=True, DOT_F32=False, FP8=True, SOFTCAP=True, WINDOW=True),
-    dict(BLOCK_G=1, BLOCK_D=256, USE_DOT=False, DOT_F32=False, FP8=False, SOFTCAP=False, WINDOW=False),
+    dict(PLAIN, BLOCK_G=16, BLOCK_DV=128, USE_DOT=True, DOT_F32=False, FP8=True, SOFTCAP=True, WINDOW=True),
+    dict(PLAIN, BLOCK_G=1, BLOCK_DV=256, USE_DOT=False, DOT_F32=False, FP8=False, SOFTCAP=False, WINDOW=False),
+    dict(MLA, BLOCK_G=16, V_FROM_K=True, FP8=False, SOFTCAP=False, WINDOW=False),
+    dict(MLA, BLOCK_G=128, V_FROM_K=False, FP8=True, SOFTCAP=True, WINDOW=True),
 ]
 for form in FORMS:
-    block_n, warps = tk.tile_config(form["BLOCK_D"])
+    block_n, warps = tk.tile_config(form["BLOCK_DV"])
     const = dict(form, PAGE_SIZE=16, BLOCK_N=block_n)
     cache = "fp8e4nv" if form["FP8"] else "bf16"
     sig = {}
     for n in tk._decode_split.arg_names:
         if n in const:
             sig[n] = "constexpr"
-        elif n[0].isupper() and n not in ("G", "D", "S"):
+        elif n[0].isupper() and n not in ("G", "CHUNKS", "Hq", "D", "DV", "S"):
             sig[n] = "*" + {"KC": cache, "VC": cache}.get(n, PTRS.get(n, "fp32"))
         else:
             sig[n] = "fp32" if n in FLOATS else "i32"
@@ -190,7 +194,9 @@ print("compiled")
 
 def test_kernels_compile_for_sm90() -> None:
     """The interpreter runs what the compiler may refuse (it took ``tl.cdiv`` of tensors): both
-    kernels compiled for an H100 / H200 (sm_90, no GPU needed), outside the interpreter."""
+    kernels compiled for an H100 / H200 (sm_90, no GPU needed), outside the interpreter; MLA's
+    576 / 512 forms (a 512 + 64 key tile, the value tile from the key's or its own; bf16 and fp8,
+    a group of 16 and of 128 heads) among them."""
     import os
     import subprocess
     import sys

@@ -216,13 +216,15 @@ def unified_attention(
 
 
 # -- SGLang ----------------------------------------------------------------------------------------
-def _sgl_common(name: str, q: Tensor, v_buffer: Tensor, xai_temperature_len: int) -> None:
+def _sgl_common(name: str, q: Tensor, v_buffer: Tensor, xai_temperature_len: int, mla: bool = False) -> None:
+    """The refusals SGLang's Triton attention entry points share; ``mla``: the value head dim may
+    be below the query's (paged_decode takes MLA's 576 / 512; paged_prefill one head dim)."""
     if xai_temperature_len is not None and xai_temperature_len > 0:
         _refuse(
             f"{name}: xai_temperature_len={xai_temperature_len}",
             "Grok's position-dependent logit temperature",
         )
-    if q.shape[-1] != v_buffer.shape[-1]:
+    if not mla and q.shape[-1] != v_buffer.shape[-1]:
         _refuse(
             f"{name}: value head dim {v_buffer.shape[-1]} != query head dim {q.shape[-1]}",
             "MLA's split K / V dims (the ops take one head dim for query, key and value)",
@@ -251,7 +253,9 @@ def decode_attention_fwd(
     request over the token pools ``k_buffer`` / ``v_buffer [num_tokens, Hkv, D]``, request ``b``'s
     tokens at ``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]``: ``attention.paged_decode`` with the
     pools as a page-size-1 cache and that CSR form as its block table (gathered on the device), into
-    ``o``.
+    ``o``. MLA (absorbed, DeepSeek / Kimi): ``k_buffer [num_tokens, 1, 576]``, ``v_buffer`` its
+    first 512 dims (``k_buffer[..., :512]``, a view: the kernel reads each row once) and ``o``
+    ``[B, Hq, 512]``, as SGLang's MLA backend passes them: the op's value head dim ``Dv <= D``.
 
     SGLang scales the logits by ``sm_scale * k_scale`` and the output by ``v_scale``: with an fp8
     pool these are the op's per-tensor ``k_scale`` / ``v_scale`` (``K = fp8 * k_scale``); with any
@@ -264,10 +268,10 @@ def decode_attention_fwd(
     decode) nothing is read and the width is ``kv_indices.numel()``, a static bound (the table
     costs ``B * kv_indices.numel()`` int32 in the graph's pool).
 
-    Refused (``NotImplementedError``): ``xai_temperature_len > 0``, a value head dim other than
-    the query's (MLA: K 576 / V 512).
+    Refused (``NotImplementedError``): ``xai_temperature_len > 0``. A value head dim above the
+    query's is the op's ValueError.
     """
-    _sgl_common("decode_attention_fwd", q, v_buffer, xai_temperature_len)
+    _sgl_common("decode_attention_fwd", q, v_buffer, xai_temperature_len, mla=True)
     bsz = q.shape[0]
     indptr = kv_indptr[: bsz + 1]
     lens = _i32(indptr[1:] - indptr[:-1])

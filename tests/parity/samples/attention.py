@@ -58,6 +58,28 @@ def _fp8(args: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], dict
     return (q, kq, vq, table, seq), {"k_scale": ks, "v_scale": vs}
 
 
+def _mla(
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    lens: list[int],
+    hq: int = 16,
+    page: int = 16,
+    view: bool = True,
+) -> tuple[torch.Tensor, ...]:
+    """Absorbed MLA (DeepSeek-V2 / V3, Kimi): one KV head of a 576-dim latent cache, V its first
+    512 dims: ``key_cache[..., :512]`` (a view of the same memory, as engines pass it) or a value
+    cache of its own."""
+    q, kc, vc, table, seq = _decode(device, dtype, seed, lens, hq=hq, hkv=1, d=576, page=page)
+    return q, kc, kc[..., :512] if view else vc[..., 64:].contiguous(), table, seq
+
+
+#: DeepSeek's softmax scale (qk_nope 128 + rope 64 head dims)
+MLA_SCALE = 192**-0.5
+#: the native CUDA decode takes Dv == D only (its predicate refuses MLA)
+NO_CUDA = (("cuda", "the native CUDA decode reads values of the key's head dim (no MLA)"),)
+
+
 def paged_decode_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out = [
         Sample("gqa-4-2-d64-page16", _decode(device, dtype, 0, [37, 100, 16])),
@@ -112,6 +134,38 @@ def paged_decode_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     )
     caller = torch.full((2, 4, 64), 3.0, dtype=dtype, device=device)
     out.append(Sample("caller-out", _decode(device, dtype, 17, [12, 25]), {"out": caller}))
+    mla = {"scale": MLA_SCALE}
+    out += [
+        Sample("mla-576-512-h16-page1-view", _mla(device, dtype, 18, [23, 9], page=1), mla, NO_CUDA),
+        Sample("mla-576-512-h16-page16-own", _mla(device, dtype, 19, [40, 0, 17], view=False), mla, NO_CUDA),
+        Sample(
+            "mla-576-512-h128-page64-view-lse",
+            _mla(device, dtype, 20, [70, 3], hq=128, page=64),
+            {**mla, "lse": torch.empty(2, 128, device=device)},
+            NO_CUDA,
+        ),
+        Sample(
+            "mla-576-512-h16-page16-softcap-sinks",
+            _mla(device, dtype, 21, [50, 33]),
+            {**mla, "softcap": 5.0, "sinks": torch.randn(16, generator=g).to(device)},
+            NO_CUDA,
+        ),
+        Sample(
+            "mla-576-512-h128-page16-own-window",
+            _mla(device, dtype, 22, [45, 12], hq=128, view=False),
+            {**mla, "window_left": 20},
+            NO_CUDA,
+        ),
+        Sample(
+            "mla-caller-out",
+            _mla(device, dtype, 23, [19, 30]),
+            {**mla, "out": torch.full((2, 16, 512), 3.0, dtype=dtype, device=device)},
+            NO_CUDA,
+        ),
+    ]
+    (q8, kq, _, t8, s8), kw = _fp8(_mla(device, dtype, 24, [33, 6]))
+    kw["v_scale"] = kw["k_scale"]  # one scale for the latent rows
+    out.append(Sample("mla-fp8-view", (q8, kq, kq[..., :512], t8, s8), {**kw, **mla}, NO_CUDA))
     return out
 
 
@@ -161,6 +215,37 @@ def paged_decode_invalid(device: str) -> Invalid:
             {"k_scale": torch.ones(1, device=device), "v_scale": torch.ones(1, device=device)},
             ValueError,
             "fp8 cache",
+        ),
+    ]
+    mq, mk, mv, mt, ms = _mla(device, torch.bfloat16, 0, [20, 7])
+    cases += [
+        (
+            "mla-value-dim-past-key",
+            (mq, mk, torch.zeros(*mk.shape[:3], 640, dtype=mk.dtype, device=device), mt, ms),
+            {},
+            ValueError,
+            r"value_cache has head dim 640 and key_cache 576: the value head dim must be between 1 and",
+        ),
+        (
+            "mla-out-key-dim",
+            (mq, mk, mv, mt, ms),
+            {"out": torch.empty(2, 16, 576, dtype=mq.dtype, device=device)},
+            ValueError,
+            r"out has shape \(2, 16, 576\), expected \[2, 16, 512\] \(value_cache's head dim 512\)",
+        ),
+        (
+            "mla-value-blocks",
+            (mq, mk, mv[:3], mt, ms),
+            {},
+            ValueError,
+            r"value_cache has shape \(3, 16, 1, 512\), expected \[7, 16, 1, Dv\] like key_cache \(Dv <= 576",
+        ),
+        (
+            "mla-value-dtype",
+            (mq, mk, mv.float(), mt, ms),
+            {},
+            TypeError,
+            "value_cache",
         ),
     ]
     (q8, kq, vq, t8, s8), kw = _fp8((q, kc, vc, table, seq))
@@ -320,6 +405,15 @@ def paged_prefill_invalid(device: str) -> Invalid:
     (q8, kq, vq, t8, s8), _ = _fp8((q, kc, vc, table, seq))
     cases.append(
         ("fp8-without-scales", (q8, kq, vq, t8, s8, cu), {}, ValueError, "needs k_scale and v_scale")
+    )
+    cases.append(  # paged_prefill keeps Dv == D (paged_decode takes MLA's Dv < D)
+        (
+            "value-dim-below-key",
+            (q, kc, vc[..., :32], table, seq, cu),
+            {},
+            ValueError,
+            r"value_cache has shape \(7, 16, 2, 32\), expected \(7, 16, 2, 64\) like key_cache",
+        )
     )
     if device == "cpu":  # on CUDA the kernels clamp offsets and lengths and skip bad blocks (no sync)
 

@@ -63,10 +63,31 @@ def cache_scales(fp8: bool) -> tuple[Any, ...]:
     return scales
 
 
-def cache_items(fp8: bool) -> tuple[Any, ...]:
+#: the value cache of a decode whose value head dim ``Dv`` may be below the key's ``D`` (absorbed
+#: MLA: one latent cache [.., 1, 576], V its first 512 dims, often the view ``key_cache[..., :512]``)
+_VALUE_EXPECT_MLA = (
+    "[{NB}, {PS}, {Hkv}, Dv] like key_cache (Dv <= {D}: the value head dim, e.g. MLA's 512 of a "
+    "576-dim latent cache)"
+)
+
+
+def value_dim_rule() -> Rule:
+    """``Dv``, the value cache's head dim, at most the key's (MLA); out is ``[.., Dv]``."""
+    return Rule(
+        "Dv >= 1 and Dv <= D",
+        "value_cache has head dim {Dv} and key_cache {D}: the value head dim must be between 1 and the "
+        "key's (MLA: V is the first Dv dims of the latent cache, e.g. value_cache = key_cache[..., :512] "
+        "of a 576-dim cache)",
+    )
+
+
+def cache_items(fp8: bool, value_dim: str = "D") -> tuple[Any, ...]:
     """The two paged caches (fp8 e4m3, or the query's dtype) and the head-count rules, as both
-    paged attention ops state them."""
+    paged attention ops state them. ``value_dim``: ``"D"`` (the value cache's head dim is the
+    key's: paged_prefill) or ``"Dv"`` (its own, at most ``D``: paged_decode, MLA; the rule
+    follows the value cache)."""
     cache: dict[str, Any] = {"dtypes": FP8, "device_of": "query"} if fp8 else {"like": "query"}
+    mla = value_dim != "D"
     return (
         Arg(
             "key_cache",
@@ -87,12 +108,13 @@ def cache_items(fp8: bool) -> tuple[Any, ...]:
         ),
         Arg(
             "value_cache",
-            "NB, PS, Hkv, D",
+            f"NB, PS, Hkv, {value_dim}",
             like="key_cache",
             layout="dense_last",
-            expect="{tuple(key_cache.shape)} like key_cache",
+            expect=_VALUE_EXPECT_MLA if mla else "{tuple(key_cache.shape)} like key_cache",
             layout_hint=_CACHE_HINT,
         ),
+        *((value_dim_rule(),) if mla else ()),
     )
 
 
@@ -133,7 +155,7 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             "Hq >= 1 and D >= 1",
             "query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1",
         ),
-        *cache_items(fp8),
+        *cache_items(fp8, "Dv"),
         Arg(
             "block_tables",
             "B, MB",
@@ -159,7 +181,14 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             device="cuda",
         ),
         Arg("lse", "B, Hq", dtypes=("float32",), device_of="query", layout="strided", expect="[{B}, {Hq}]"),
-        Arg("out", "B, Hq, D", like="query", layout="dense_last", expect="[{B}, {Hq}, {D}]", out=True),
+        Arg(
+            "out",
+            "B, Hq, Dv",
+            like="query",
+            layout="dense_last",
+            expect="[{B}, {Hq}, {Dv}] (value_cache's head dim {Dv})",
+            out=True,
+        ),
     )
 
 
@@ -233,20 +262,21 @@ def reference(
 ) -> Tensor:
     """The definition, one sequence at a time: its keys and values gathered through its block
     table, scores in float32 (float64 for a float64 call: the parity harness's oracle), softcap,
-    the window, the sinks in the denominator, the weighted sum in float32, one cast."""
+    the window, the sinks in the denominator, the weighted sum in float32, one cast. Scores over
+    the key head dim ``D``, values over the value cache's ``Dv`` (MLA: ``Dv < D``)."""
     f = torch.float64 if query.dtype == torch.float64 else torch.float32
     bsz, hq, d = query.shape
-    ps, hkv = key_cache.shape[1], key_cache.shape[2]
+    ps, hkv, dv = key_cache.shape[1], key_cache.shape[2], value_cache.shape[3]
     g = hq // hkv
     sm = scale if scale > 0 else d**-0.5
-    o = torch.zeros((bsz, hq, d), dtype=f, device=query.device)
+    o = torch.zeros((bsz, hq, dv), dtype=f, device=query.device)
     lses = torch.full((bsz, hq), float("-inf"), dtype=f, device=query.device)
     for b, n in enumerate(seq_lens.tolist()):
         start = max(0, n - 1 - window_left) if window_left >= 0 else 0
         pos = torch.arange(start, n, device=query.device)
         blocks = block_tables[b].long()[pos // ps]
         k = _rows(key_cache, blocks, pos % ps).to(f)  # [n, Hkv, D]
-        v = _rows(value_cache, blocks, pos % ps).to(f)
+        v = _rows(value_cache, blocks, pos % ps).to(f)  # [n, Hkv, Dv]
         if k_scale is not None and v_scale is not None:
             k, v = k * k_scale.to(f).reshape(()), v * v_scale.to(f).reshape(())
         s = torch.einsum("hgd,nhd->hgn", query[b].to(f).reshape(hkv, g, d), k) * sm
@@ -256,7 +286,7 @@ def reference(
         logits = torch.cat([s, sinks.to(f)[:, None]], 1) if sinks is not None else s
         lse_b = torch.logsumexp(logits, 1) if logits.shape[1] else lses[b]
         p = torch.exp(s - lse_b[:, None]) if s.shape[1] else s
-        o[b] = torch.einsum("hgn,nhd->hgd", p.reshape(hkv, g, -1), v).reshape(hq, d)
+        o[b] = torch.einsum("hgn,nhd->hgd", p.reshape(hkv, g, -1), v).reshape(hq, dv)
         lses[b] = lse_b
     if lse is not None:
         lse.copy_(lses)
@@ -282,7 +312,8 @@ def attend_rows(
     scale: float,
     softcap: float,
 ) -> None:
-    """One chunk of query rows ``[r, Hq, D]``, each against a whole block-table row: ``blocks``
+    """One chunk of query rows ``[r, Hq, D]`` (into ``out [r, Hq, Dv]``, the value cache's head
+    dim), each against a whole block-table row: ``blocks``
     ``[r, cap]`` the page of every position (already clamped into the cache), ``keep`` which
     positions the row sees. The definition's float32 arithmetic (softcap, sinks in the
     denominator only, an all-masked row gives 0 and its sinks' LSE) into ``out`` / ``lse``, as
@@ -305,7 +336,7 @@ def attend_rows(
     e = torch.exp(s - m)
     total = e.sum(2, keepdim=True)
     prob = (e / total.clamp_min(torch.finfo(torch.float32).tiny))[..., :cap]
-    out.copy_(torch.einsum("rhgn,rnhd->rhgd", prob.reshape(r, hkv, g, cap), v).reshape(r, hq, d))
+    out.copy_(torch.einsum("rhgn,rnhd->rhgd", prob.reshape(r, hkv, g, cap), v).reshape(r, hq, -1))
     if lse is not None:
         lse.copy_((total.log() + m).squeeze(2))
 
@@ -343,7 +374,7 @@ def torch_decode(
         return
     dev = query.device
     pos = torch.arange(cap, device=dev)
-    step = max(1, _CHUNK_ELEMENTS // max(1, cap * hkv * d))
+    step = max(1, _CHUNK_ELEMENTS // max(1, cap * hkv * d))  # the key rows: Dv <= D
     for b0 in range(0, bsz, step):
         b1 = min(bsz, b0 + step)
         table = block_tables[b0:b1].long()

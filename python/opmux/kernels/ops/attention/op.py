@@ -5,7 +5,11 @@
 last stride, any other strides); ``key_cache`` / ``value_cache`` ``[num_blocks, page_size, Hkv, D]``
 as ``kvcache.reshape_and_cache`` writes them: vLLM's flash layout (NHD), or HND given as its
 permuted view (any non-negative strides, a dense head dim); ``Hq`` a multiple of ``Hkv`` (query
-head ``h`` reads KV head ``h // (Hq / Hkv)``: GQA / MQA). ``block_tables`` int32
+head ``h`` reads KV head ``h // (Hq / Hkv)``: GQA / MQA). The value cache's head dim ``Dv`` may be
+below the key's ``D`` (absorbed MLA, DeepSeek-V2 / V3 / R1 and Kimi: one KV head of a 576-dim
+latent cache, V its first 512 dims, passed as ``value_cache = key_cache[..., :512]``, a view of
+the same memory, or as a tensor of its own): scores over ``D``, values and ``out [B, Hq, Dv]``
+over ``Dv`` (``1 <= Dv <= D``). ``block_tables`` int32
 ``[B, max_blocks_per_seq]``: sequence ``b``'s position ``i`` is in block
 ``block_tables[b, i // page_size]`` at offset ``i % page_size``; ``seq_lens`` int32 ``[B]`` (0
 allowed: the output is 0 and the lse -inf, or the sink).
@@ -36,7 +40,8 @@ a paged KV cache), plain causal prefill being the case of an empty prefix. A rag
 Query ``i`` of a sequence with ``q_len`` new tokens sees the positions ``<= seq_len - q_len + i``
 (the causal mask aligned to the end of the KV); ``window_left``: only positions
 ``>= seq_len - q_len + i - window_left``. Cache forms, GQA / MQA, ``scale``, ``softcap``,
-``sinks``, the fp8 scales and ``lse [T, Hq]`` are paged_decode's. The values hook checks CPU
+``sinks``, the fp8 scales and ``lse [T, Hq]`` are paged_decode's; the value head dim is the
+key's (no MLA ``Dv < D`` here: the value cache ``[num_blocks, page_size, Hkv, D]``). The values hook checks CPU
 tensors (``cu_seqlens_q`` against query's rows, the lengths, the block ids); on CUDA the kernels
 clamp the offsets to ``[0, T]`` and the lengths to the table's capacity and skip bad block ids.
 
@@ -59,9 +64,10 @@ paged_decode = declare(
     "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
     "float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, "
     "Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
-    doc="query [B, Hq, D] against the paged KV cache [num_blocks, page_size, Hkv, D] (NHD or HND view) "
-    "through block_tables [B, max_blocks] / seq_lens [B] -> [B, Hq, D] (+ lse [B, Hq]); GQA / MQA, "
-    "softcap, sliding window, attention sinks, fp8 e4m3 caches with k_scale / v_scale",
+    doc="query [B, Hq, D] against the paged KV cache [num_blocks, page_size, Hkv, D] (NHD or HND view; "
+    "the value cache's head dim Dv <= D: MLA's 576 / 512) through block_tables [B, max_blocks] / "
+    "seq_lens [B] -> [B, Hq, Dv] (+ lse [B, Hq]); GQA / MQA, softcap, sliding window, attention sinks, "
+    "fp8 e4m3 caches with k_scale / v_scale",
     contract=_decode.PAGED_DECODE,
     values=_decode.values,
     reference=_decode.reference,

@@ -15,7 +15,7 @@ Workspace: ``B * Hq * S * (D + 2)`` float32 elements, allocated per call with ``
 never synchronises and a captured graph replays with new lengths and tables.
 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA sm_80+, head dims
-64 / 80 / 96 / 128 / 256, caches whose rows start 16-byte aligned (a fresh cache, its HND
+64 / 80 / 96 / 128 / 256 with the value head dim the key's (not MLA's 576 / 512), caches whose rows start 16-byte aligned (a fresh cache, its HND
 permuted view, kvcache's layouts all are). Bad tables on CUDA: lengths clamped to the table's
 capacity, block ids outside ``[0, num_blocks)`` skipped, as the Triton kernel.
 
@@ -88,9 +88,11 @@ def refusal(
     cache_dtype: str,
     head_dim: int,
     aligned: bool,
+    value_head_dim: int | None = None,
 ) -> str | None:
     """Why the backend cannot run a call with these facts (None: it can). Pure: the predicate
-    gathers the facts, tests call this directly."""
+    gathers the facts, tests call this directly. ``value_head_dim``: the value cache's (None:
+    ``head_dim``); the unit takes only ``Dv = D`` (not MLA's 512 of 576)."""
     if device != "cuda":
         return f"the native CUDA decode runs on CUDA tensors, not {device}"
     if capability is None or capability < (8, 0):
@@ -100,6 +102,11 @@ def refusal(
         return f"the native CUDA decode takes float32, float16 or bfloat16 queries, not {query_dtype}"
     if cache_dtype not in (query_dtype, "float8_e4m3fn"):
         return f"the native CUDA decode reads caches of the query's dtype or float8_e4m3fn, not {cache_dtype}"
+    if value_head_dim is not None and value_head_dim != head_dim:
+        return (
+            f"the native CUDA decode reads values of the key's head dim; this call has key head dim "
+            f"{head_dim} and value head dim {value_head_dim} (MLA): the Triton backend takes it"
+        )
     if head_dim not in HEAD_DIMS:
         dims = ", ".join(map(str, HEAD_DIMS))
         return f"the native CUDA decode is built for head dims {dims}; this call has {head_dim}"
@@ -138,7 +145,15 @@ def supports(
                 device.index if device.index is not None else torch.cuda.current_device()
             )
         aligned = _aligned(key_cache) and _aligned(value_cache)
-        return _verdict(device.type, capability, query.dtype, key_cache.dtype, int(query.shape[-1]), aligned)
+        return _verdict(
+            device.type,
+            capability,
+            query.dtype,
+            key_cache.dtype,
+            int(query.shape[-1]),
+            aligned,
+            int(value_cache.shape[-1]),
+        )
     except Exception:  # not tensors, wrong ranks: the contract names the problem
         return None
 
@@ -161,6 +176,7 @@ def _verdict(
     cache_dtype: Any,
     head_dim: int,
     aligned: bool,
+    value_head_dim: int,
 ) -> str | None:
     return refusal(
         device=device,
@@ -169,6 +185,7 @@ def _verdict(
         cache_dtype=str(cache_dtype).removeprefix("torch."),
         head_dim=head_dim,
         aligned=aligned,
+        value_head_dim=value_head_dim,
     )
 
 

@@ -1,13 +1,21 @@
 """Triton kernels of the attention ops (imported only when the triton backend first runs).
 
 ``paged_decode``: split-KV decode (FlashDecoding). ``_decode_split`` runs on a grid
-``(B, Hkv, num_splits)``: each program takes every query head of one KV head (the ``G = Hq / Hkv``
-heads of a GQA group: one ``[G, D]`` query tile against ``[BLOCK_N, D]`` key tiles, so each key is
-read once per group), walks its share of the sequence's positions (the attended range split
+``(B, Hkv * chunks, num_splits)``: each program takes the query heads of one KV head (the
+``G = Hq / Hkv`` heads of a GQA group, or a chunk of at most ``MAX_ACC / BLOCK_DV`` of them
+(:func:`group_tile`): one ``[G, D]`` query tile against ``[BLOCK_N, D]`` key tiles, so each key is
+read once per group or chunk), walks its share of the sequence's positions (the attended range split
 evenly over the splits, in whole tiles) through the block table one token per row (any page size),
 and keeps an online softmax in fp32: it writes its unnormalised output, its running max and its
 sum to a float32 workspace. ``_decode_merge`` (grid ``(B, Hq)``) rescales the splits to their
 common max, adds the sink to the denominator, and writes ``out`` (one cast) and ``lse``.
+
+Value head dim ``Dv <= D`` (absorbed MLA: a 576-dim latent cache, V its first 512 dims): the
+key dims are read as two tiles, ``[0, Dv)`` padded to ``BLOCK_DV`` (the value tile's dims too)
+and the rest ``[Dv, D)`` padded to ``BLOCK_DR`` (MLA's 64 rope dims; none when ``Dv = D``), the
+score the sum of two products (512 + 64: no tile padded to 1024). When the value cache is the
+key cache's own prefix view (same storage and strides, ``key_cache[..., :Dv]``), the value tile
+is the key tile already loaded (``V_FROM_K``: one read of each cache row).
 
 The scores go through ``tl.dot`` when a group has several heads (the group padded to 16 rows:
 decode reads the cache, the tensor cores are idle anyway); a single head (MHA) takes an
@@ -65,12 +73,39 @@ def num_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) -> in
     return max(1, min(want, by_len, MAX_SPLITS))
 
 
+def value_is_key_prefix(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether ``value_cache`` is ``key_cache[..., :Dv]`` (same start, dtype and strides: MLA's
+    latent cache passed twice), so the kernel takes the value rows from the key tile it read."""
+    return (
+        value_cache.data_ptr() == key_cache.data_ptr()
+        and value_cache.dtype == key_cache.dtype
+        and value_cache.stride() == key_cache.stride()
+    )
+
+
+#: the most elements of a program's fp32 accumulator ``[BLOCK_G, BLOCK_DV]`` (16 heads of MLA's
+#: 512 value dims: 64 registers a thread at 4 warps); a larger GQA group is split over programs
+MAX_ACC = 16 * 512
+
+
+def group_tile(group: int, block_dv: int) -> int:
+    """The heads of a GQA group one program takes (BLOCK_G): the group padded to 16 rows for
+    ``tl.dot`` (1 without: MHA), at most ``MAX_ACC / BLOCK_DV`` of them (MLA's 128 heads of 512
+    dims: 8 programs of 16 heads, each reading the KV head's rows; a whole group of 128 spilled)."""
+    if group <= 1:
+        return 1
+    return max(16, min(triton.next_power_of_2(group), MAX_ACC // block_dv))
+
+
 def tile_config(block_d: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) of the split kernel for a padded head dim: the largest key tile
+    """(BLOCK_N, num_warps) of the split kernel for a padded (value) head dim: the largest key tile
     whose gather (a row pointer per token and element) and dot stay in registers on sm_90 (no
     spills per ptxas for every form, bf16 / fp16 / fp32 / fp8, dot and elementwise). Static, not
-    timed yet: a tuned table can replace it."""
-    return (32, 8) if block_d <= 128 else (16, 4)
+    timed yet: a tuned table can replace it. MLA's 512-dim value tile (with the 64-dim rope
+    tile of the keys) takes 8 warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
+    if block_d <= 128:
+        return 32, 8
+    return (16, 8) if block_d >= 512 else (16, 4)
 
 
 @triton.jit
@@ -106,23 +141,30 @@ def _decode_split(
     num_blocks,
     capacity,
     G,
+    CHUNKS,
+    Hq,
     D,
+    DV,
     S,
     sm_scale,
     softcap,
     window_left,
     PAGE_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_DR: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr,
     FP8: tl.constexpr,
     SOFTCAP: tl.constexpr,
     WINDOW: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    V_FROM_K: tl.constexpr,
 ):
     b = tl.program_id(0)
-    hk = tl.program_id(1)
+    hk = tl.program_id(1) // CHUNKS  # the KV head; its group in chunks of BLOCK_G heads
+    c0 = (tl.program_id(1) % CHUNKS) * BLOCK_G
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
 
@@ -137,24 +179,27 @@ def _decode_split(
     end = tl.minimum(start + per, n)
 
     g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    gmask = g < G
-    dmask = d < D
-    heads = hk * G + g
-    q = tl.load(
-        Q + b64 * sq_b + heads[:, None].to(tl.int64) * sq_h + d[None, :],
-        mask=gmask[:, None] & dmask[None, :],
-        other=0.0,
-    )
+    d = tl.arange(0, BLOCK_DV)  # the key dims [0, Dv): the value dims too
+    gmask = c0 + g < G
+    dmask = d < DV
+    heads = hk * G + c0 + g
+    qrow = Q + b64 * sq_b + heads[:, None].to(tl.int64) * sq_h
+    q = tl.load(qrow + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
+    if HAS_TAIL:  # the key dims [Dv, D) (MLA's rope part)
+        dr = DV + tl.arange(0, BLOCK_DR)
+        rmask = dr < D
+        qr = tl.load(qrow + dr[None, :], mask=gmask[:, None] & rmask[None, :], other=0.0)
+        if DOT_F32:
+            qr = qr.to(tl.float32)
     qk_scale = sm_scale
     if FP8:
         qk_scale = sm_scale * tl.load(KS)
 
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
     kbase = KC + hk.to(tl.int64) * sk_h
     vbase = VC + hk.to(tl.int64) * sv_h
     for n0 in range(start, end, BLOCK_N):
@@ -164,18 +209,24 @@ def _decode_split(
         ok = inr & (blk >= 0) & (blk < num_blocks)  # a bad block id: its tokens are skipped
         page_off = (pos % PAGE_SIZE).to(tl.int64)
         kmask = ok[:, None] & dmask[None, :]
-        k = tl.load(
-            kbase + (blk.to(tl.int64) * sk_b + page_off * sk_p)[:, None] + d[None, :], mask=kmask, other=0.0
-        )
-        v = tl.load(
-            vbase + (blk.to(tl.int64) * sv_b + page_off * sv_p)[:, None] + d[None, :], mask=kmask, other=0.0
-        )
+        krow = kbase + (blk.to(tl.int64) * sk_b + page_off * sk_p)[:, None]
+        k = tl.load(krow + d[None, :], mask=kmask, other=0.0)
         if DOT_F32:
             k = k.to(tl.float32)
-            v = v.to(tl.float32)
         else:
             k = k.to(q.dtype)
-            v = v.to(q.dtype)
+        if V_FROM_K:  # value_cache = key_cache[..., :Dv]: the rows just read
+            v = k
+        else:
+            v = tl.load(
+                vbase + (blk.to(tl.int64) * sv_b + page_off * sv_p)[:, None] + d[None, :],
+                mask=kmask,
+                other=0.0,
+            )
+            if DOT_F32:
+                v = v.to(tl.float32)
+            else:
+                v = v.to(q.dtype)
         if USE_DOT:
             if DOT_F32:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -183,6 +234,19 @@ def _decode_split(
                 s = tl.dot(q, tl.trans(k))
         else:
             s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+        if HAS_TAIL:
+            kr = tl.load(krow + dr[None, :], mask=ok[:, None] & rmask[None, :], other=0.0)
+            if DOT_F32:
+                kr = kr.to(tl.float32)
+            else:
+                kr = kr.to(q.dtype)
+            if USE_DOT:
+                if DOT_F32:
+                    s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
+                else:
+                    s += tl.dot(qr, tl.trans(kr))
+            else:
+                s += tl.sum(qr.to(tl.float32)[:, None, :] * kr.to(tl.float32)[None, :, :], 2)
         s = s * qk_scale
         if SOFTCAP:
             s = softcap * _tanh(s / softcap)
@@ -203,10 +267,10 @@ def _decode_split(
 
     if FP8:
         acc = acc * tl.load(VS)
-    row = (b64 * G * tl.num_programs(1) + heads.to(tl.int64)) * S + split  # [B, Hq, S]
+    row = (b64 * Hq + heads.to(tl.int64)) * S + split  # [B, Hq, S]
     tl.store(PM + row, m_i, mask=gmask)
     tl.store(PL + row, l_i, mask=gmask)
-    tl.store(PO + row[:, None] * D + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
+    tl.store(PO + row[:, None] * DV + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
 
 
 @triton.jit
@@ -281,24 +345,27 @@ def launch(
     """Both kernels on the checked arguments; ``splits`` overrides the heuristic (tests, tuning)."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
     if bsz == 0:
         return
     g = hq // hkv
     width = block_tables.shape[1]
     capacity = width * ps
-    if splits is None:
-        splits = num_splits(bsz, hkv, capacity, _sm_count(query.device))
-    block_d = max(16, triton.next_power_of_2(d))
+    block_dv = max(16, triton.next_power_of_2(dv))
+    block_dr = max(16, triton.next_power_of_2(d - dv)) if d > dv else 16
     use_dot = g > 1
-    block_g = max(16, triton.next_power_of_2(g)) if use_dot else 1
-    block_n, warps = tile_config(block_d)
+    block_g = group_tile(g, block_dv)
+    chunks = triton.cdiv(g, block_g)
+    if splits is None:
+        splits = num_splits(bsz, hkv * chunks, capacity, _sm_count(query.device))
+    block_n, warps = tile_config(block_dv)
     dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
-    ws = torch.empty((bsz, hq, splits, d), dtype=torch.float32, device=query.device)
+    ws = torch.empty((bsz, hq, splits, dv), dtype=torch.float32, device=query.device)
     pm = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
     pl = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
     # a stride of an empty table (no column) is unread; keep it a valid int
     sbt = block_tables.stride()
-    _decode_split[(bsz, hkv, splits)](
+    _decode_split[(bsz, hkv * chunks, splits)](
         query,
         key_cache,
         value_cache,
@@ -322,20 +389,26 @@ def launch(
         nb,
         capacity,
         g,
+        chunks,
+        hq,
         d,
+        dv,
         splits,
         scale,
         softcap,
         window_left,
         PAGE_SIZE=ps,
         BLOCK_G=block_g,
-        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        BLOCK_DR=block_dr,
         BLOCK_N=block_n,
         USE_DOT=use_dot,
         DOT_F32=dot_f32,
         FP8=fp8,
         SOFTCAP=softcap > 0,
         WINDOW=window_left >= 0,
+        HAS_TAIL=d > dv,
+        V_FROM_K=value_is_key_prefix(key_cache, value_cache),
         num_warps=warps,
     )
     _decode_merge[(bsz, hq)](
@@ -350,12 +423,12 @@ def launch(
         lse.stride(0) if has_lse else 0,
         lse.stride(1) if has_lse else 0,
         hq,
-        d,
+        dv,
         splits,
         HAS_SINKS=has_sinks,
         HAS_LSE=has_lse,
         BLOCK_S=triton.next_power_of_2(splits),
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_D=triton.next_power_of_2(dv),
         num_warps=4,
     )
 
