@@ -146,6 +146,7 @@ def test_refusals_name_the_reason() -> None:
         "sinks": (True, "sinks"),
         "lse": (True, "base 2"),
         "capturing": (True, "CUDA-graph capture"),
+        "value_dim": (64, "(MLA)"),
     }
     for field, (value, words) in cases.items():
         why = fid.refusal(**{**base, field: value})

@@ -13,7 +13,7 @@ block outside the cache raises ``BackendUnavailable`` (dispatch falls back to a 
 skips such blocks) rather than letting FlashInfer read out of bounds.
 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16, head dims
-64 / 128 / 256, a cache that is an NHD tensor or the HND view of a contiguous HND one (FlashInfer's
+64 / 128 / 256 (the value's the key's: no MLA), a cache that is an NHD tensor or the HND view of a contiguous HND one (FlashInfer's
 two layouts), no sinks, no lse (FlashInfer's is base 2), no fp8 cache (its scales are host floats),
 not while a CUDA graph is captured. Declared last but torch on CUDA until an H200 benchmark
 (``benchmarks/bench_attention_decode.py``) shows it faster.
@@ -58,6 +58,7 @@ def refusal(
     head_dim: int,
     layouts: tuple[str | None, str | None],
     sinks: bool,
+    value_dim: int | None = None,
     lse: bool,
     capturing: bool,
 ) -> str | None:
@@ -68,6 +69,8 @@ def refusal(
         return f"FlashInfer's decode here takes bf16 / fp16 queries and caches of that dtype ({dtype}, {cache_dtype})"
     if head_dim not in HEAD_DIMS:
         return f"head dim {head_dim}: FlashInfer's decode is built for {HEAD_DIMS}"
+    if value_dim is not None and value_dim != head_dim:
+        return f"value head dim {value_dim} != key head dim {head_dim} (MLA): the Triton backend takes it"
     if layouts[0] is None or layouts[0] != layouts[1]:
         return "FlashInfer takes NHD caches or HND views of dense HND ones, the same for K and V"
     if sinks:
@@ -104,6 +107,7 @@ def supports(
             head_dim=int(query.shape[-1]),
             layouts=(layout(key_cache), layout(value_cache)),
             sinks=sinks is not None,
+            value_dim=int(value_cache.shape[-1]),
             lse=lse is not None,
             capturing=capturing,
         )
@@ -205,6 +209,7 @@ def paged_decode(
         head_dim=int(query.shape[-1]),
         layouts=(kv_layout, layout(value_cache)),
         sinks=has_sinks,
+        value_dim=int(value_cache.shape[-1]),
         lse=has_lse,
         capturing=query.device.type == "cuda" and torch.cuda.is_current_stream_capturing(),
     )
