@@ -29,7 +29,8 @@ def paged_batch(
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
     """(query [q_rows, Hq, D], caches, block table, seq_lens) for sequences of ``lens`` tokens
     and the keyword arguments ``feats`` asks for (softcap, window_left, sinks, lse, fp8 scales;
-    ``hnd``: the caches as HND views). The caches are views between two NaN blocks of their own
+    ``hnd``: the caches as HND views; ``dv``: a value head dim below D (MLA), the value cache its
+    own tensor or, with ``v_view``, the key cache's first ``dv`` dims). The caches are views between two NaN blocks of their own
     dtype (a read outside them is a NaN in the output): converted whole, guards included, before
     the view is taken."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -39,15 +40,18 @@ def paged_batch(
     width = max(1, max(-(-n // page) for n in lens))
     nb = bsz * width + 3
 
-    def cache(scale: torch.Tensor) -> torch.Tensor:
-        shape = (nb + 2, hkv, page, d) if feats.get("hnd") else (nb + 2, page, hkv, d)
+    def cache(scale: torch.Tensor, dim: int) -> torch.Tensor:
+        shape = (nb + 2, hkv, page, dim) if feats.get("hnd") else (nb + 2, page, hkv, dim)
         c = torch.randn(shape, device=device, generator=g)
         c[0] = c[-1] = float("nan")
         c = (c / scale).to(torch.float8_e4m3fn) if feats.get("fp8") else c.to(dt)
         c = c[1:-1]
         return c.transpose(1, 2) if feats.get("hnd") else c
 
-    kc, vc = cache(ks), cache(vs)
+    kc = cache(ks, d)
+    dv = feats.get("dv", d)  # MLA: the value head dim below the key's
+    # the latent cache passed twice (V its first dv dims), or a value cache of its own
+    vc = kc[..., :dv] if feats.get("v_view") else cache(vs, dv)
     table = torch.randperm(nb, device=device, generator=g)[: bsz * width].reshape(bsz, width).to(I32)
     query = torch.randn(q_rows, hq, d, device=device, generator=g).to(dt)
     kw: dict[str, Any] = {k: feats[k] for k in ("softcap", "window_left") if k in feats}
