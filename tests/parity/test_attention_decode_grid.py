@@ -189,7 +189,10 @@ def test_bad_page_tables_touch_nothing(backend: str, fp8: bool, device_type: str
     bad_lens[3] = -5  # clamped to 0
     lse_buf = torch.full((4 + 2, 16), 777.0, device="cuda")
     buf, out = _guarded_out(4, 16, 128, q.dtype)
-    fn(q, kc, vc, bad, bad_lens, out=out, lse=lse_buf[1:5], **kw)
+    try:
+        fn(q, kc, vc, bad, bad_lens, out=out, lse=lse_buf[1:5], **kw)
+    except BackendUnavailable as exc:  # a vendor backend that refuses (lse, fp8) or is absent
+        pytest.skip(f"{backend} refused the call: {exc}")
     torch.cuda.synchronize()
     assert bool((buf[:8] == 12345.0).all() and (buf[-8:] == 12345.0).all()), "a write outside out"
     assert bool((lse_buf[0] == 777.0).all() and (lse_buf[-1] == 777.0).all()), "a write outside lse"

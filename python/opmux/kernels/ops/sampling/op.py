@@ -540,7 +540,10 @@ _IDS_TOL = (*TOLERANCES, INT32_EXACT)
 #: on CUDA, Triton ahead of the native unit: the native CUDA unit has been compile-checked but not
 #: yet run or timed on a GPU; the H200 run (the parity cells and benchmarks/bench_sampling.py)
 #: decides the order there, as measured orders do for the other groups
-_CUDA_ORDER = (("cuda", ("triton", "aot", "jit", _fi.BACKEND, "torch")),)
+#: measured on the H200 (2026-12-05, docs/benchmarks/sampling_h200.md): the native CUDA unit takes
+#: 0.17-0.63x the Triton kernels' time in every case timed (B 1-256, V 32,000-151,936), so the
+#: native unit leads; FlashInfer, not installed there, stays after them until timed
+_CUDA_ORDER = (("cuda", ("aot", "jit", "triton", _fi.BACKEND, "torch")),)
 #: FlashInfer's samplers where installed (``flashinfer_backend.py``): after opmux's own until an
 #: H200 benchmark says otherwise
 _FI = Requirement(devices=("cuda",), dtypes=_F32, capabilities=("flashinfer",))
