@@ -377,11 +377,14 @@ def cached_group(v: str) -> bool:
     after ``destroy_process_group`` + ``init_process_group``), is not (the full check resolves
     it again or names the live groups)."""
     pg = GROUPS.get(v)
-    if pg is None:
-        return False
+    return pg is not None and is_live_group(pg, v)
+
+
+def is_live_group(pg: Any, name: str) -> bool:
+    """Whether ``pg`` is still the live torch.distributed group named ``name``."""
     from torch.distributed import distributed_c10d as c10d
 
-    return c10d._world.pg_names.get(pg) == v
+    return bool(c10d._world.pg_names.get(pg) == name)
 
 
 def live_group_names() -> list[str]:

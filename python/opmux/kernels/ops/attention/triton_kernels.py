@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -97,15 +98,26 @@ def group_tile(group: int, block_dv: int) -> int:
     return max(16, min(triton.next_power_of_2(group), MAX_ACC // block_dv))
 
 
-def tile_config(block_d: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) of the split kernel for a padded (value) head dim: the largest key tile
-    whose gather (a row pointer per token and element) and dot stay in registers on sm_90 (no
-    spills per ptxas for every form, bf16 / fp16 / fp32 / fp8, dot and elementwise). Static, not
-    timed yet: a tuned table can replace it. MLA's 512-dim value tile (with the 64-dim rope
-    tile of the keys) takes 8 warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
+class TileConfig(NamedTuple):
+    """The split kernel's launch: key tile rows, warps, software-pipeline stages, and whether each
+    step issues the next tile's loads before its own math (a register double buffer: the cache
+    rows come through a block table, so Triton's pipeliner stages only the table's entries)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int = 3
+    prefetch: bool = False
+
+
+def tile_config(block_d: int) -> TileConfig:
+    """The split kernel's launch for a padded (value) head dim: the largest key tile whose gather
+    (a row pointer per token and element) and dot stay in registers on sm_90 (no spills per ptxas
+    for every form, bf16 / fp16 / fp32 / fp8, dot and elementwise). Static, not timed yet: a tuned
+    table can replace it. MLA's 512-dim value tile (with the 64-dim rope tile of the keys) takes 8
+    warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
     if block_d <= 128:
-        return 32, 8
-    return (16, 8) if block_d >= 512 else (16, 4)
+        return TileConfig(32, 8)
+    return TileConfig(16, 8) if block_d >= 512 else TileConfig(16, 4)
 
 
 @triton.jit
@@ -114,6 +126,52 @@ def _tanh(x):
     t = tl.exp(-2.0 * tl.abs(x))
     y = (1.0 - t) / (1.0 + t)
     return tl.where(x < 0.0, -y, y)
+
+
+@triton.jit
+def _load_tile(
+    kbase,
+    vbase,
+    bt_row,
+    sbt_m,
+    n0,
+    end,
+    num_blocks,
+    sk_b,
+    sk_p,
+    sv_b,
+    sv_p,
+    d,
+    dmask,
+    dr,
+    rmask,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    V_FROM_K: tl.constexpr,
+):
+    """One key tile's rows ``[n0, n0 + BLOCK_N)`` of the sequence through its block table, in the
+    cache's dtype: (keys ``[0, Dv)``, values, keys ``[Dv, D)`` (the keys again without a tail),
+    which rows are real). Positions at or past ``end`` and bad block ids load nothing."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    inr = pos < end
+    blk = tl.load(bt_row + (pos // PAGE_SIZE).to(tl.int64) * sbt_m, mask=inr, other=-1)
+    ok = inr & (blk >= 0) & (blk < num_blocks)  # a bad block id: its tokens are skipped
+    page_off = (pos % PAGE_SIZE).to(tl.int64)
+    kmask = ok[:, None] & dmask[None, :]
+    krow = kbase + (blk.to(tl.int64) * sk_b + page_off * sk_p)[:, None]
+    k = tl.load(krow + d[None, :], mask=kmask, other=0.0)
+    if V_FROM_K:  # value_cache = key_cache[..., :Dv]: the rows just read
+        v = k
+    else:
+        v = tl.load(
+            vbase + (blk.to(tl.int64) * sv_b + page_off * sv_p)[:, None] + d[None, :], mask=kmask, other=0.0
+        )
+    if HAS_TAIL:
+        kr = tl.load(krow + dr[None, :], mask=ok[:, None] & rmask[None, :], other=0.0)
+    else:
+        kr = k
+    return k, v, kr, ok
 
 
 @triton.jit
@@ -161,6 +219,7 @@ def _decode_split(
     WINDOW: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     V_FROM_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     hk = tl.program_id(1) // CHUNKS  # the KV head; its group in chunks of BLOCK_G heads
@@ -187,9 +246,9 @@ def _decode_split(
     q = tl.load(qrow + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
-    if HAS_TAIL:  # the key dims [Dv, D) (MLA's rope part)
-        dr = DV + tl.arange(0, BLOCK_DR)
-        rmask = dr < D
+    dr = DV + tl.arange(0, BLOCK_DR)  # the key dims [Dv, D) (MLA's rope part), when HAS_TAIL
+    rmask = dr < D
+    if HAS_TAIL:
         qr = tl.load(qrow + dr[None, :], mask=gmask[:, None] & rmask[None, :], other=0.0)
         if DOT_F32:
             qr = qr.to(tl.float32)
@@ -202,31 +261,80 @@ def _decode_split(
     acc = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
     kbase = KC + hk.to(tl.int64) * sk_h
     vbase = VC + hk.to(tl.int64) * sv_h
+    if PREFETCH:  # the first tile's rows; each step then issues the next tile's before its math
+        k_nx, v_nx, kr_nx, ok_nx = _load_tile(
+            kbase,
+            vbase,
+            BT + b64 * sbt_b,
+            sbt_m,
+            start,
+            end,
+            num_blocks,
+            sk_b,
+            sk_p,
+            sv_b,
+            sv_p,
+            d,
+            dmask,
+            dr,
+            rmask,
+            PAGE_SIZE,
+            BLOCK_N,
+            HAS_TAIL,
+            V_FROM_K,
+        )
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        inr = pos < end
-        blk = tl.load(BT + b64 * sbt_b + (pos // PAGE_SIZE).to(tl.int64) * sbt_m, mask=inr, other=-1)
-        ok = inr & (blk >= 0) & (blk < num_blocks)  # a bad block id: its tokens are skipped
-        page_off = (pos % PAGE_SIZE).to(tl.int64)
-        kmask = ok[:, None] & dmask[None, :]
-        krow = kbase + (blk.to(tl.int64) * sk_b + page_off * sk_p)[:, None]
-        k = tl.load(krow + d[None, :], mask=kmask, other=0.0)
+        if PREFETCH:
+            k, v, kr, ok = k_nx, v_nx, kr_nx, ok_nx
+            k_nx, v_nx, kr_nx, ok_nx = _load_tile(
+                kbase,
+                vbase,
+                BT + b64 * sbt_b,
+                sbt_m,
+                n0 + BLOCK_N,
+                end,
+                num_blocks,
+                sk_b,
+                sk_p,
+                sv_b,
+                sv_p,
+                d,
+                dmask,
+                dr,
+                rmask,
+                PAGE_SIZE,
+                BLOCK_N,
+                HAS_TAIL,
+                V_FROM_K,
+            )
+        else:
+            k, v, kr, ok = _load_tile(
+                kbase,
+                vbase,
+                BT + b64 * sbt_b,
+                sbt_m,
+                n0,
+                end,
+                num_blocks,
+                sk_b,
+                sk_p,
+                sv_b,
+                sv_p,
+                d,
+                dmask,
+                dr,
+                rmask,
+                PAGE_SIZE,
+                BLOCK_N,
+                HAS_TAIL,
+                V_FROM_K,
+            )
         if DOT_F32:
             k = k.to(tl.float32)
+            v = v.to(tl.float32)
         else:
             k = k.to(q.dtype)
-        if V_FROM_K:  # value_cache = key_cache[..., :Dv]: the rows just read
-            v = k
-        else:
-            v = tl.load(
-                vbase + (blk.to(tl.int64) * sv_b + page_off * sv_p)[:, None] + d[None, :],
-                mask=kmask,
-                other=0.0,
-            )
-            if DOT_F32:
-                v = v.to(tl.float32)
-            else:
-                v = v.to(q.dtype)
+            v = v.to(q.dtype)
         if USE_DOT:
             if DOT_F32:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -235,7 +343,6 @@ def _decode_split(
         else:
             s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
         if HAS_TAIL:
-            kr = tl.load(krow + dr[None, :], mask=ok[:, None] & rmask[None, :], other=0.0)
             if DOT_F32:
                 kr = kr.to(tl.float32)
             else:
@@ -341,8 +448,10 @@ def launch(
     softcap: float,
     window_left: int,
     splits: int | None = None,
+    tile: TileConfig | None = None,
 ) -> None:
-    """Both kernels on the checked arguments; ``splits`` overrides the heuristic (tests, tuning)."""
+    """Both kernels on the checked arguments; ``splits`` and ``tile`` override the heuristics
+    (tests, tuning)."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -358,7 +467,7 @@ def launch(
     chunks = triton.cdiv(g, block_g)
     if splits is None:
         splits = num_splits(bsz, hkv * chunks, capacity, _sm_count(query.device))
-    block_n, warps = tile_config(block_dv)
+    block_n, warps, stages, prefetch = tile or tile_config(block_dv)
     dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
     ws = torch.empty((bsz, hq, splits, dv), dtype=torch.float32, device=query.device)
     pm = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
@@ -409,7 +518,9 @@ def launch(
         WINDOW=window_left >= 0,
         HAS_TAIL=d > dv,
         V_FROM_K=value_is_key_prefix(key_cache, value_cache),
+        PREFETCH=prefetch,
         num_warps=warps,
+        num_stages=stages,
     )
     _decode_merge[(bsz, hq)](
         ws,

@@ -186,7 +186,9 @@ def refusal(algo: str, x: Any, group: Any, outputs: tuple[Any, ...] = (), rows: 
             f"group {group!r} has no opmux workspace: call "
             f"opmux.kernels.ops.comm.ipc.register({group!r}) once on every rank (else NCCL runs it)"
         )
-    if ws.pg is not None and not _live(ws):
+    from .._checks import is_live_group
+
+    if ws.pg is not None and not is_live_group(ws.pg, ws.group):
         return f"group {group!r}'s workspace belongs to a group that no longer has that name: register again"
     if x.device != ws.device:
         return f"x is on {x.device}; the group's workspace on {ws.device}"
@@ -203,13 +205,6 @@ def refusal(algo: str, x: Any, group: Any, outputs: tuple[Any, ...] = (), rows: 
     if algo == "oneshot" and nbytes > limit:
         return f"{nbytes} bytes > {limit} at {ws.world} ranks: two-shot reads less from there"
     return None
-
-
-def _live(ws: Workspace) -> bool:
-    """Whether the workspace's group is still the live group of that name."""
-    from torch.distributed import distributed_c10d
-
-    return bool(distributed_c10d._world.pg_names.get(ws.pg) == ws.group)
 
 
 def oneshot_supports(x: Any, *args: Any, **kwargs: Any) -> str | None:
