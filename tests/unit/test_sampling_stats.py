@@ -347,6 +347,74 @@ def test_renorm_ties_and_boundaries(backend: str) -> None:
     assert (S.top_k_renorm_probs(base[:1], top_k=3, backend=backend) > 0).all()
 
 
+#: Qwen's vocabulary: on a GPU a few such rows take a cluster of 8 blocks each (a slice per block)
+LONG_V = 151_936
+
+
+def _spread_row(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A long row whose mass sits on 16 tokens spread over the whole row (so over every block's
+    slice of a cluster), the rest tiny; and those 16 positions."""
+    g = torch.Generator().manual_seed(seed)
+    heavy = torch.arange(16) * (LONG_V // 16) + torch.randint(0, LONG_V // 16, (16,), generator=g)
+    row = torch.full((LONG_V,), 1e-9)
+    row[heavy] = torch.rand(16, generator=g) + 0.2
+    return row / row.sum(), heavy
+
+
+@pytest.mark.parametrize("backend", ["torch", "jit"])
+def test_long_rows_few_rows(backend: str) -> None:
+    """Few rows of a 151,936-token vocabulary (the native CUDA unit splits each over a cluster of
+    blocks): renorm and mask equal the reference, greedy takes the first of two tied maxima in far
+    apart slices, sampled ids stay in the mask."""
+    g = torch.Generator().manual_seed(12)
+    for rows in (1, 3):
+        probs = torch.softmax(torch.randn(rows, LONG_V, generator=g) * 3, -1)
+        for k in (50, 5000):
+            want = _renormed(probs, _keep(probs, k))
+            torch.testing.assert_close(
+                S.top_k_renorm_probs(probs, top_k=k, backend=backend), want, atol=1e-6, rtol=1e-6
+            )
+        for p in (0.3, 0.9):
+            want = _renormed(probs, _keep(probs, p=p, joint=True))
+            torch.testing.assert_close(
+                S.top_p_renorm_probs(probs, top_p=p, backend=backend), want, atol=1e-6, rtol=1e-6
+            )
+        for dt in (torch.float32, torch.bfloat16):
+            logits = (torch.randn(rows, LONG_V, generator=g) * 4).to(dt)
+            logits[:, 100_000] = logits[:, 7] = 50.0  # tied maxima, slices apart: the first wins
+            want = torch.where(_keep(logits.float(), 40), logits, torch.tensor(-torch.inf, dtype=dt))
+            torch.testing.assert_close(
+                S.top_k_mask_logits(logits, top_k=40, backend=backend), want, atol=0, rtol=0
+            )
+            assert S.greedy(logits, backend=backend).tolist() == [7] * rows
+        kw = {"top_k": 1000, "top_p": 0.8}
+        keep = _keep(probs, 1000, 0.8)
+        for offset in range(4):
+            ids = S.top_k_top_p_sampling_from_probs(probs, seed=4, offset=offset, backend=backend, **kw)
+            assert keep.gather(1, ids.long()[:, None]).all(), offset
+        keep = _keep(probs, min_p=0.1)
+        ids = S.min_p_sampling_from_probs(probs, min_p=0.1, seed=4, backend=backend)
+        assert keep.gather(1, ids.long()[:, None]).all()
+
+
+def test_long_row_draws_follow_the_renormalised_probs() -> None:
+    """8 long rows (a cluster of 8 blocks each on a GPU) over 500 offsets: the draws land on the 16
+    heavy tokens in their renormalised proportions, whichever slice holds the crossing."""
+    row, heavy = _spread_row(41)
+    probs = row.expand(8, LONG_V).contiguous()
+    draws = []
+    offset = torch.zeros(1, dtype=torch.int64)
+    for _ in range(500):
+        draws.append(
+            S.top_k_top_p_sampling_from_probs(probs, top_k=16, seed=9, offset_tensor=offset, backend="jit")
+        )
+        offset += 1
+    ids = torch.cat(draws).long()
+    assert torch.isin(ids, heavy).all(), "a draw outside the 16 kept tokens"
+    local = (ids[:, None] == heavy[None, :]).int().argmax(1)
+    _assert_follows(local.int(), row[heavy] / row[heavy].sum(), "jit long rows")
+
+
 # -- (d) determinism -------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_seed_offset_same_ids_other_offsets_other_draws(backend: str) -> None:

@@ -13,9 +13,18 @@
 //     stream, so all three draw the same u), the kept mass, then chunks of the row with a block-wide
 //     exclusive prefix scan until the first kept positive entry whose cumulative mass exceeds
 //     u * mass (else the last kept positive entry, else 0).
+// Few rows over a large vocabulary (fewer rows than half the SMs) take a cluster of up to 8 blocks per
+// row on sm_90 (thread block clusters): each block owns a contiguous slice of the row, and every
+// reduction above ends with the blocks' partial results summed through distributed shared memory in
+// rank order, so every block of the cluster takes the same decisions and the result is the one-block
+// arithmetic regrouped (still no atomics, still independent of timing). The draw scans only in the
+// blocks whose slice can hold the crossing (the masses of the slices before it, in rank order, below
+// the target), and the lowest hit wins.
 // Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
 // or ints: nothing is read on the host, so a captured CUDA graph replays with the tensors' values.
 #include <tvm/ffi/function.h>
+
+#include <cooperative_groups.h>
 
 #include <cstdint>
 #include <string>
@@ -35,6 +44,9 @@ using sampling::ordered_key;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPivots = 15;  // per pass: a 16-way split of the key interval
+constexpr int kUnroll = 4;   // 16-byte loads in flight per thread in a pass (a pass is load-latency bound)
+constexpr int kMaxCluster = 8;  // blocks per row (the portable cluster size)
+constexpr int64_t kMinSlice = 8192;  // elements per block of a cluster at least
 
 enum Op { kTopKRenorm, kTopPRenorm, kTopKMask, kGreedy, kTopKTopPSample, kMinPSample };
 
@@ -52,12 +64,35 @@ struct Params {
   const int64_t* offset_t;
   int64_t offset_val;
   bool joint, vec;
+  int cluster;  // blocks per row (1: one block, no cluster)
 };
+
+// The part of the row one block owns: [lo, lo + len) of n, lo a multiple of 8 elements (16-byte
+// aligned for every dtype when the row is).
+struct Slice {
+  int64_t lo, len;
+  int rank, blocks;
+};
+
+__device__ __forceinline__ Slice row_slice(int64_t n, int blocks) {
+  const int rank = blocks > 1 ? static_cast<int>(blockIdx.x % blocks) : 0;
+  const int64_t per = ((n + blocks - 1) / blocks + 7) / 8 * 8;
+  const int64_t lo = per * rank < n ? per * rank : n;
+  const int64_t hi = lo + per < n ? lo + per : n;
+  return Slice{lo, hi - lo, rank, blocks};
+}
 
 struct Smem {
   float f[kWarps * (kPivots + 1)];
   int i[kWarps * (kPivots + 1)];
   float scan[kWarps];
+  // the cluster's exchange: this block's partials (read by the others), the totals
+  float part_f[kPivots + 1];
+  int part_i[kPivots + 1];
+  int64_t part_l[2];
+  float tot_f[kPivots + 1];
+  int tot_i[kPivots + 1];
+  int64_t tot_l[2];
 };
 
 // Calls f(i, v) for the elements of x[0, n) this thread owns: VEC-wide aligned chunks (when `vec`),
@@ -68,7 +103,19 @@ __device__ __forceinline__ void for_each(const T* x, int64_t n, bool vec, F&& f)
   int64_t done = 0;
   if (vec) {
     const int64_t nv = n / VEC;
-    for (int64_t j = threadIdx.x; j < nv; j += kThreads) {
+    int64_t j = threadIdx.x;
+    // kUnroll loads issued before any is used; each thread still visits its vectors in order
+    for (; j + (kUnroll - 1) * kThreads < nv; j += kUnroll * kThreads) {
+      cuda::Vec<T, VEC> v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = cuda::load_vec<T, VEC>(x + (j + u * kThreads) * VEC);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) f((j + u * kThreads) * VEC + e, to_float(v[u].v[e]));
+      }
+    }
+    for (; j < nv; j += kThreads) {
       const cuda::Vec<T, VEC> v = cuda::load_vec<T, VEC>(x + j * VEC);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) f(j * VEC + e, to_float(v.v[e]));
@@ -99,10 +146,87 @@ __device__ __forceinline__ void block_sum(S (&v)[N], S* red) {
   __syncthreads();
 }
 
+// The cluster's sums of v[0, N) (every block's block_sum result), added in rank order: every block
+// of the cluster gets the same totals. The two cluster barriers also order the exchange against
+// the next one's writes.
+template <int N, typename S>
+__device__ __forceinline__ void cluster_sum(S (&v)[N], S* part, S* tot, const Slice& sl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (sl.blocks == 1) return;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) part[j] = v[j];
+  }
+  cl.sync();
+  if (threadIdx.x < N) {
+    S a = 0;
+    for (int b = 0; b < sl.blocks; ++b) a += cl.map_shared_rank(part, b)[threadIdx.x];
+    tot[threadIdx.x] = a;
+  }
+  cl.sync();
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = tot[j];
+#endif
+}
+
+// The cluster's sum of `own` (each block's total) in rank order, and the sum over the ranks
+// below this block's (the mass of the slices before it).
+__device__ __forceinline__ float cluster_prefix(float own, float* before, Smem& sm, const Slice& sl) {
+  *before = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (sl.blocks == 1) return own;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) sm.part_f[0] = own;
+  cl.sync();
+  if (threadIdx.x == 0) {
+    float a = 0.0f, b4 = 0.0f;
+    for (int b = 0; b < sl.blocks; ++b) {
+      if (b == sl.rank) b4 = a;
+      a += cl.map_shared_rank(sm.part_f, b)[0];
+    }
+    sm.tot_f[0] = a;
+    sm.tot_f[1] = b4;
+  }
+  cl.sync();
+  *before = sm.tot_f[1];
+  return sm.tot_f[0];
+#else
+  return own;
+#endif
+}
+
+// The cluster's extreme of an int64 (max, or min when MIN) over the blocks' values.
+template <bool MIN>
+__device__ __forceinline__ int64_t cluster_extreme(int64_t v, Smem& sm, const Slice& sl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (sl.blocks == 1) return v;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) sm.part_l[0] = v;
+  cl.sync();
+  if (threadIdx.x == 0) {
+    int64_t a = v;
+    for (int b = 0; b < sl.blocks; ++b) {
+      const int64_t o = cl.map_shared_rank(sm.part_l, b)[0];
+      a = MIN ? (o < a ? o : a) : (o > a ? o : a);
+    }
+    sm.tot_l[0] = a;
+  }
+  cl.sync();
+  return sm.tot_l[0];
+#else
+  return v;
+#endif
+}
+
 // The largest key in [lo, hi) whose stat (count, or mass when MASS) of values with key >= it is
 // >= need, given stat(>= lo) >= need > stat(>= hi).
 template <bool MASS, typename T>
-__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int64_t hi, double need, Smem& sm) {
+__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int64_t hi, double need, Smem& sm,
+                                const Slice& sl) {
   using S = typename std::conditional<MASS, float, int>::type;
   while (hi - lo > 1) {
     const int64_t step = (hi - lo + kPivots) / (kPivots + 1);
@@ -123,8 +247,10 @@ __device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int
     });
     if constexpr (MASS) {
       block_sum(acc, sm.f);
+      cluster_sum(acc, sm.part_f, sm.tot_f, sl);
     } else {
       block_sum(acc, sm.i);
+      cluster_sum(acc, sm.part_i, sm.tot_i, sl);
     }
     int64_t nlo = lo, nhi = lo + step < hi ? lo + step : hi;
 #pragma unroll
@@ -141,9 +267,11 @@ __device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int
   return lo;
 }
 
-// The kept mass (key >= t) and the last kept positive index (-1: none).
+// The kept mass (key >= t) of the row, the last kept positive index of the row (-1: none), and
+// the kept mass of the slices before this block's (0 without a cluster). x: this block's slice.
 template <typename T>
-__device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, float* mass, int64_t* last) {
+__device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, float* mass, int64_t* last,
+                          const Slice& sl, float* before = nullptr) {
   float m[1] = {0.0f};
   int64_t l = -1;
   for_each(x, n, vec, [&](int64_t i, float v) {
@@ -153,6 +281,9 @@ __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, 
     }
   });
   block_sum(m, sm.f);
+  float b4;
+  m[0] = cluster_prefix(m[0], &b4, sm, sl);
+  if (before != nullptr) *before = b4;
   for (int o = 16; o > 0; o >>= 1) {
     const int64_t other = __shfl_xor_sync(0xffffffffu, l, o);
     l = other > l ? other : l;
@@ -164,7 +295,7 @@ __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, 
   for (int w = 0; w < kWarps; ++w) l = lred[w] > l ? lred[w] : l;
   __syncthreads();
   *mass = m[0];
-  *last = l;
+  *last = cluster_extreme<false>(l < 0 ? -1 : l + sl.lo, sm, sl);
 }
 
 // Exclusive prefix sum of v over the block (threads in order); *total gets the block's sum.
@@ -188,17 +319,19 @@ __device__ __forceinline__ float block_exclusive_scan(float v, Smem& sm, float* 
   return before + inc - v;
 }
 
-// Inverse CDF over the entries with key >= t; returns the id (every thread).
-__device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u, Smem& sm) {
-  float mass;
+// Inverse CDF over the entries with key >= t; returns the id (every thread). x: this block's slice.
+__device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u, Smem& sm, const Slice& sl) {
+  float mass, before;
   int64_t last;
-  kept_mass(x, n, vec, t, sm, &mass, &last);
+  kept_mass(x, n, vec, t, sm, &mass, &last, sl, &before);
   const float target = u * mass;
   constexpr int VEC = 4;
   const int64_t chunk = static_cast<int64_t>(kThreads) * VEC;
-  float carry = 0.0f;
+  float carry = before;
   __shared__ int64_t found_red[kWarps];
-  for (int64_t base = 0; base < n; base += chunk) {
+  int64_t found = INT64_MAX;
+  // a slice whose predecessors' mass already exceeds the target holds no crossing
+  for (int64_t base = 0; base < n && (sl.blocks == 1 || before <= target); base += chunk) {
     const int64_t i0 = base + static_cast<int64_t>(threadIdx.x) * VEC;
     float q[VEC];
     if (vec && i0 + VEC <= n) {
@@ -232,9 +365,14 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
     hit = INT64_MAX;
     for (int w = 0; w < kWarps; ++w) hit = found_red[w] < hit ? found_red[w] : hit;
     __syncthreads();
-    if (hit != INT64_MAX) return static_cast<int32_t>(hit);
+    if (hit != INT64_MAX) {
+      found = hit + sl.lo;
+      break;
+    }
     carry += total;
   }
+  found = cluster_extreme<true>(found, sm, sl);
+  if (found != INT64_MAX) return static_cast<int32_t>(found);
   return static_cast<int32_t>(last < 0 ? 0 : last);
 }
 
@@ -256,33 +394,36 @@ constexpr int64_t kProbLo = 0, kProbHi = 0x7F800001LL;
 constexpr int64_t kLogitLo = -2147483648LL, kLogitHi = 2147483648LL;
 
 template <typename T>
-__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, bool logits, Smem& sm) {
+__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, bool logits, Smem& sm, const Slice& sl) {
   return static_cast<int32_t>(pivot_search<false>(x, n, vec, logits ? kLogitLo : kProbLo,
-                                                  logits ? kLogitHi : kProbHi, static_cast<double>(k), sm));
+                                                  logits ? kLogitHi : kProbHi, static_cast<double>(k), sm, sl));
 }
 
 // The top-p boundary key over the values with key >= base.
-__device__ int32_t top_p_key(const float* x, int64_t n, bool vec, int32_t base, float p, Smem& sm) {
+__device__ int32_t top_p_key(const float* x, int64_t n, bool vec, int32_t base, float p, Smem& sm, const Slice& sl) {
   float mass;
   int64_t last;
-  kept_mass(x, n, vec, base, sm, &mass, &last);
+  kept_mass(x, n, vec, base, sm, &mass, &last, sl);
   // no mass above base (an all-zero row): the whole row is kept, as the definition does (its
   // renorm is then 0 / 0, NaN, as the reference's); NaN mass likewise keeps the row
   if (!(p * mass > 0.0f)) return base;
-  return static_cast<int32_t>(pivot_search<true>(x, n, vec, base, kProbHi, static_cast<double>(p * mass), sm));
+  return static_cast<int32_t>(pivot_search<true>(x, n, vec, base, kProbHi, static_cast<double>(p * mass), sm, sl));
 }
 
 template <Op OP, typename T>
 __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
   cuda::pdl_enter();
   __shared__ Smem sm;
-  const int64_t r = blockIdx.x;
-  const T* x = static_cast<const T*>(p.x) + r * p.sx;
-  const int64_t n = p.n;
+  const int64_t r = blockIdx.x / p.cluster;
+  const int64_t n = p.n;  // the row's length; the block reads its slice [sl.lo, sl.lo + sl.len)
+  const Slice sl = row_slice(n, p.cluster);
+  const T* row = static_cast<const T*>(p.x) + r * p.sx;
+  const T* x = row + sl.lo;
+  const int64_t len = sl.len;
   if constexpr (OP == kGreedy) {
     float best = -INFINITY;
     int64_t idx = INT64_MAX;
-    for_each(x, n, p.vec, [&](int64_t i, float v) {
+    for_each(x, len, p.vec, [&](int64_t i, float v) {
       if (v > best || (v == best && i < idx)) {
         best = v;
         idx = i;
@@ -303,48 +444,52 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
       ired[threadIdx.x >> 5] = idx;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < kWarps; ++w) {
-        if (bred[w] > best || (bred[w] == best && ired[w] < idx)) {
-          best = bred[w];
-          idx = ired[w];
-        }
+    for (int w = 0; w < kWarps; ++w) {
+      if (bred[w] > best || (bred[w] == best && ired[w] < idx)) {
+        best = bred[w];
+        idx = ired[w];
       }
+    }
+    // the cluster: the largest value (NaN-free keys order it), then the lowest index holding it
+    const int64_t key = cluster_extreme<false>(idx == INT64_MAX ? INT64_MIN : ordered_key(best + 0.0f), sm, sl);
+    idx = (idx != INT64_MAX && ordered_key(best + 0.0f) == key) ? idx + sl.lo : INT64_MAX;
+    idx = cluster_extreme<true>(idx, sm, sl);
+    if (threadIdx.x == 0 && sl.rank == 0) {
       static_cast<int32_t*>(p.out)[r] = static_cast<int32_t>(idx == INT64_MAX ? 0 : idx);
     }
   } else if constexpr (OP == kTopKMask) {
-    T* out = static_cast<T*>(p.out) + r * p.so;
+    T* out = static_cast<T*>(p.out) + r * p.so + sl.lo;
     const int64_t k = row_k(p, r);
     const bool on = k > 0 && k < n;
-    const int32_t t = on ? top_k_key(x, n, p.vec, k, true, sm) : INT32_MIN;
+    const int32_t t = on ? top_k_key(x, len, p.vec, k, true, sm, sl) : INT32_MIN;
     const T ninf = cuda::from_float<T>(-INFINITY);
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    for (int64_t i = threadIdx.x; i < len; i += kThreads) {
       const T v = x[i];
       out[i] = ordered_key(to_float(v)) >= t ? v : ninf;
     }
   } else if constexpr (OP == kTopKRenorm || OP == kTopPRenorm) {
-    float* out = static_cast<float*>(p.out) + r * p.so;
+    float* out = static_cast<float*>(p.out) + r * p.so + sl.lo;
     const float* xf = reinterpret_cast<const float*>(x);
     int32_t t = 0;
     bool on;
     if constexpr (OP == kTopKRenorm) {
       const int64_t k = row_k(p, r);
       on = k > 0 && k < n;
-      if (on) t = top_k_key(xf, n, p.vec, k, false, sm);
+      if (on) t = top_k_key(xf, len, p.vec, k, false, sm, sl);
     } else {
       const float pr = row_p(p, r);
       on = pr < 1.0f;
-      if (on) t = top_p_key(xf, n, p.vec, 0, pr, sm);
+      if (on) t = top_p_key(xf, len, p.vec, 0, pr, sm, sl);
     }
     if (!on) {
-      for (int64_t i = threadIdx.x; i < n; i += kThreads) out[i] = xf[i];
+      for (int64_t i = threadIdx.x; i < len; i += kThreads) out[i] = xf[i];
       return;
     }
     float mass;
     int64_t last;
-    kept_mass(xf, n, p.vec, t, sm, &mass, &last);
+    kept_mass(xf, len, p.vec, t, sm, &mass, &last, sl);
     const float inv = 1.0f / mass;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    for (int64_t i = threadIdx.x; i < len; i += kThreads) {
       const float v = xf[i];
       out[i] = ordered_key(v) >= t ? v * inv : 0.0f;
     }
@@ -353,25 +498,27 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     const int64_t k = row_k(p, r);
     const float pr = row_p(p, r);
     int32_t t = static_cast<int32_t>(kProbLo);
-    if (k > 0 && k < n) t = top_k_key(xf, n, p.vec, k, false, sm);
+    if (k > 0 && k < n) t = top_k_key(xf, len, p.vec, k, false, sm, sl);
     if (pr < 1.0f) {
-      const int32_t tp = top_p_key(xf, n, p.vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm);
+      const int32_t tp = top_p_key(xf, len, p.vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
       t = p.joint ? (tp > t ? tp : t) : tp;
     }
-    const int32_t id = draw(xf, n, p.vec, t, row_uniform(p, r), sm);
-    if (threadIdx.x == 0) static_cast<int32_t*>(p.out)[r] = id;
+    const int32_t id = draw(xf, len, p.vec, t, row_uniform(p, r), sm, sl);
+    if (threadIdx.x == 0 && sl.rank == 0) static_cast<int32_t*>(p.out)[r] = id;
   } else {  // kMinPSample
     const float* xf = reinterpret_cast<const float*>(x);
     float top[1] = {0.0f};
-    for_each(xf, n, p.vec, [&](int64_t, float v) { top[0] = v > top[0] ? v : top[0]; });
+    for_each(xf, len, p.vec, [&](int64_t, float v) { top[0] = v > top[0] ? v : top[0]; });
     for (int o = 16; o > 0; o >>= 1) top[0] = fmaxf(top[0], __shfl_xor_sync(0xffffffffu, top[0], o));
     if ((threadIdx.x & 31) == 0) sm.f[threadIdx.x >> 5] = top[0];
     __syncthreads();
     for (int w = 0; w < kWarps; ++w) top[0] = fmaxf(top[0], sm.f[w]);
     __syncthreads();
+    // a non-negative float orders as its bits: the cluster's max through the int64 exchange
+    top[0] = __int_as_float(static_cast<int>(cluster_extreme<false>(__float_as_int(top[0]), sm, sl)));
     const int32_t t0 = ordered_key(row_p(p, r) * top[0]);
-    const int32_t id = draw(xf, n, p.vec, t0 > 0 ? t0 : 0, row_uniform(p, r), sm);
-    if (threadIdx.x == 0) static_cast<int32_t*>(p.out)[r] = id;
+    const int32_t id = draw(xf, len, p.vec, t0 > 0 ? t0 : 0, row_uniform(p, r), sm, sl);
+    if (threadIdx.x == 0 && sl.rank == 0) static_cast<int32_t*>(p.out)[r] = id;
   }
 }
 
@@ -382,6 +529,15 @@ bool vec_ok(const void* base, int64_t stride) {
   return reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % VEC == 0;
 }
 
+// Blocks per row: one, unless the rows leave most SMs idle and the rows are long (sm_90 clusters):
+// then up to kMaxCluster, a power of two, each slice at least kMinSlice elements.
+int blocks_per_row(const cuda::DeviceProps& props, int64_t rows, int64_t n) {
+  if (props.cc_major < 9) return 1;
+  int c = 1;
+  while (c < kMaxCluster && rows * c * 2 <= props.sm_count && n >= kMinSlice * c * 2) c *= 2;
+  return c;
+}
+
 template <Op OP, typename T>
 void launch(const char* op, Params p, int32_t device_id) {
   if (p.rows == 0) return;
@@ -389,8 +545,10 @@ void launch(const char* op, Params p, int32_t device_id) {
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
   p.vec = vec_ok<T>(p.x, p.sx);
-  cuda::launch(op, device_id, props, sampling_kernel<OP, T>, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0,
-               cuda::current_stream(device_id), p);
+  p.cluster = blocks_per_row(props, p.rows, p.n);
+  cuda::launch_clustered(op, device_id, props, sampling_kernel<OP, T>,
+                         dim3(static_cast<unsigned>(p.rows * p.cluster)), dim3(kThreads), 0,
+                         cuda::current_stream(device_id), static_cast<unsigned>(p.cluster), p);
 }
 
 Params base_params(const TensorView& x, const SampleRows& r) {

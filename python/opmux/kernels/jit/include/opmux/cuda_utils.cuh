@@ -175,28 +175,45 @@ class PdlScope {
 
 // Launches `kernel` on `stream` (the current device must be `device_id`), with programmatic
 // stream serialization when the entry point enabled it and the GPU and binary support it (the
-// kernels call pdl_wait() before touching global memory), then surfaces any launch error as a
+// kernels call pdl_wait() before touching global memory), in thread block clusters of `cluster_x`
+// blocks when it is above 1 (sm_90+; grid.x a multiple of it), then surfaces any launch error as a
 // RuntimeError.
 template <typename... KArgs, typename... Args>
-inline void launch(const char* op, int32_t device_id, const DeviceProps& props,
-                   void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, Args&&... args) {
+inline void launch_clustered(const char* op, int32_t device_id, const DeviceProps& props,
+                             void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, unsigned cluster_x, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled() && pdl_supported(op, reinterpret_cast<const void*>(kernel), device_id, props.cc_major)) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() && pdl_supported(op, reinterpret_cast<const void*>(kernel),
-                                                 device_id, props.cc_major)
-                     ? 1
-                     : 0;
+  cfg.numAttrs = n;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op,
              "kernel launch");
   check_cuda(cudaGetLastError(), op, "kernel launch");
+}
+
+// launch_clustered without clusters.
+template <typename... KArgs, typename... Args>
+inline void launch(const char* op, int32_t device_id, const DeviceProps& props,
+                   void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  launch_clustered(op, device_id, props, kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
 // True when p is aligned to `bytes`.
