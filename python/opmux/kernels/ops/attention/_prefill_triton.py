@@ -2,29 +2,30 @@
 ``triton_kernels.paged_prefill`` is its launcher).
 
 Flash attention over the paged cache, one pass (no split-KV: prefill has query blocks enough to
-fill the GPU). A program per (query block of a sequence, KV head) on a grid
-``(T // BLOCK_Q + B, Hkv)`` sized from the shapes alone: sequence ``b``'s blocks are the program
-ids from ``cu_seqlens_q[b] // BLOCK_Q + b`` (vLLM's unified-attention numbering, which gives each
-sequence at least ``cdiv(q_len, BLOCK_Q)`` ids), found by a binary search over ``cu_seqlens_q``;
-spare ids exit at once. The ``G = Hq / Hkv`` query heads of the KV head are packed into the M tile
-(row ``r``: token ``r // GC``, head ``r % GC``; ``BLOCK_M = BLOCK_Q * GC`` rounded up), so each key
-tile is read once per group and feeds a ``[BLOCK_M, BLOCK_N]`` tensor-core product. A group larger
-than the M tile (MLA's 128 heads against a 64-row tile) is split into ``CHUNKS`` chunks of
-``GC = BLOCK_M`` heads, one token per program, on the second grid axis ``(Hkv * CHUNKS)``, as
-decode's ``group_tile`` splits it: the key rows are then read once per chunk, the same count of
-cache reads per query row as any other packing of a ``BLOCK_M`` tile.
+fill the GPU). A program per (query block of a sequence, KV head or chunk of its group) on a grid
+``(T // BLOCK_Q + B, Hkv * CHUNKS)`` sized from the shapes alone: sequence ``b``'s blocks are the
+program ids from ``cu_seqlens_q[b] // BLOCK_Q + b`` (vLLM's unified-attention numbering, which
+gives each sequence at least ``cdiv(q_len, BLOCK_Q)`` ids), found by a binary search over
+``cu_seqlens_q``; spare ids exit at once. The ``G = Hq / Hkv`` query heads of the KV head are
+packed into the M tile (row ``r``: token ``r // GC``, head ``r % GC``; ``BLOCK_M = BLOCK_Q * GC``
+rounded up), so each key tile is read once per group and feeds a ``[BLOCK_M, BLOCK_N]``
+tensor-core product. ``GC = G`` (``CHUNKS = 1``) unless the group is larger than the M tile
+(MLA's 128 heads against its 32-row tile): then ``CHUNKS`` chunks of ``GC = BLOCK_M`` heads, one
+token a program, as decode's ``group_tile`` splits a group; the key rows are read once per chunk,
+the same cache reads per query row as any other packing of a ``BLOCK_M`` tile.
 
 Value head dim ``Dv <= D`` (MLA: a 576-dim latent cache, V its first 512 dims) as paged_decode's
 split kernel takes it, with its tile loader (``triton_kernels._load_tile``): the key dims read as
 two tiles, ``[0, Dv)`` padded to ``BLOCK_DV`` (the value tile's dims too) and ``[Dv, D)`` padded to
 ``BLOCK_DR`` (``HAS_TAIL``; none when ``Dv = D``), the score the sum of two products; a value cache
 that is the key cache's own prefix view takes its tile from the key tile (``V_FROM_K``: each
-cache row read once). The key
-positions walk the sequence's block table one token per row (any page size) from the window's
-start to the block's last causal position (causal block skipping: nothing past it is read), with
-the causal and window masks applied per element and an online softmax in fp32 (``exp2``). Sinks
-start the running max and sum (``m = sink``, ``l = 1``; a ``-inf`` sink ``m = -1e30``, ``l = 0``),
-so they enter the denominator only.
+cache row read once).
+
+The key positions walk the sequence's block table one token per row (any page size) from the
+window's start to the block's last causal position (causal block skipping: nothing past it is
+read), with the causal and window masks applied per element and an online softmax in fp32
+(``exp2``). Sinks start the running max and sum (``m = sink``, ``l = 1``; a ``-inf`` sink ``m =
+-1e30``, ``l = 0``), so they enter the denominator only.
 
 Program ids run in reverse (a sequence's last blocks, with the most keys, start first).
 CUDA-graph safe: no sync, no workspace. Each program clamps its offsets to ``[0, T]``, its length
@@ -52,7 +53,8 @@ def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int,
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a padded value head dim (``BLOCK_DV``), a
     GQA group and the query dtype: the largest tiles ptxas compiles for sm_90 without spills (bf16
     / fp16 / fp8 caches, with 16-divisible strides as the JIT specialises them). Up to 256 dims:
-    128 query rows against 64-key tiles (64 x 32 at 256), at least one whole group per tile.
+    128 query rows against 64-key tiles (64 x 32 at 256), at least one whole group per tile (a
+    256-dim value tile with a key tail, no model's shape, spills 32 bytes there).
     MLA's 512 value dims (+ the keys' 64 rope dims): the fp32 accumulator ``[BLOCK_M, 512]`` alone
     is 64 registers a thread per 32 rows at 8 warps, so 32 rows against 16-key tiles at 8 warps
     (204-255 registers, none spilled, for the value view and a value cache of its own, bf16 and
