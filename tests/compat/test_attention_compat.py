@@ -1,8 +1,8 @@
 """The engines' attention entry points (opmux.compat.vllm.unified_attention,
 opmux.compat.sgl_kernel.decode_attention_fwd / extend_attention_fwd) against a float32 reference
 written here, one sequence at a time with einsum: mixed prefill + decode batches, GQA, page sizes
-1 and 16, softcap, sliding window, sinks, fp8 caches, MLA's 576 / 512 decode, and the refused
-arguments."""
+1 and 16, softcap, sliding window, sinks, fp8 caches, MLA's 576 / 512 decode and extend, and the
+refused arguments."""
 
 from __future__ import annotations
 
@@ -410,3 +410,59 @@ def test_sgl_decode_attention_mla(attn_backend: str, view: bool) -> None:
         rows = indices[int(indptr[b]) : int(indptr[b + 1])]
         want = ref_seq(q[b : b + 1], kb[rows], vb[rows], sm_scale, 30.0)
         torch.testing.assert_close(o[b : b + 1], want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("view", [True, False], ids=["v-view-of-k", "v-own"])
+def test_sgl_extend_attention_mla(attn_backend: str, view: bool) -> None:
+    """SGLang's MLA extend (absorbed: q / k 576, v 512, ``o_extend [T, 16, 512]``): the two-stage
+    entry (prefix rows through kv_indices, the new tokens apart) and the one-stage entry over the
+    pools as they are (``v_buffer = k_buffer[..., :512]``, or a pool of its own) agree with the
+    reference; a value head dim past the key's is the op's ValueError."""
+    hq, d, dv, n = 16, 576, 512, 48
+    g = torch.Generator().manual_seed(12)
+    kb = torch.randn(n, 1, d, generator=g)
+    vb = kb[..., :dv] if view else torch.randn(n, 1, dv, generator=g)
+    pre, ext = [5, 0, 9], [3, 4, 1]
+    slots = torch.randperm(n, generator=g)
+    pre_idx, ext_idx, at = [], [], 0
+    for p_, e_ in zip(pre, ext, strict=True):
+        pre_idx.append(slots[at : at + p_])
+        ext_idx.append(slots[at + p_ : at + p_ + e_])
+        at += p_ + e_
+    kv_indices, extend_rows = torch.cat(pre_idx), torch.cat(ext_idx)
+    kv_indptr = torch.tensor([0, *torch.tensor(pre).cumsum(0).tolist()], dtype=torch.int32)
+    qo = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(ext), hq, d, generator=g)
+    sm_scale = 192**-0.5
+    o2 = torch.full((sum(ext), hq, dv), 9.0)
+    sgl.extend_attention_fwd(
+        q, kb[extend_rows], vb[extend_rows], o2, kb, vb, qo, kv_indptr, kv_indices, None, True, None,
+        max(ext), sm_scale=sm_scale, logit_cap=20.0,
+    )  # fmt: skip
+    for b in range(len(pre)):
+        rows = torch.cat([pre_idx[b], ext_idx[b]])
+        r0, r1 = int(qo[b]), int(qo[b + 1])
+        want = ref_seq(q[r0:r1], kb[rows], vb[rows], sm_scale, 20.0)
+        torch.testing.assert_close(o2[r0:r1], want, atol=2e-5, rtol=2e-5)
+    u_indptr = torch.tensor(
+        [0, *torch.tensor(pre).add(torch.tensor(ext)).cumsum(0).tolist()], dtype=torch.int32
+    )
+    u_indices = torch.cat([torch.cat([pre_idx[b], ext_idx[b]]) for b in range(len(pre))])
+    o1 = torch.full_like(o2, 9.0)
+    sgl.extend_attention_fwd_unified(
+        q, o1, kb, vb, qo, u_indptr, u_indices, torch.tensor(pre), max(ext), sm_scale=sm_scale, logit_cap=20.0
+    )
+    torch.testing.assert_close(o1, o2, atol=2e-5, rtol=2e-5)
+    wide = torch.randn(n, 1, d + 64, generator=g)
+    with pytest.raises(ValueError, match="value_cache has head dim 640 and key_cache 576"):
+        sgl.extend_attention_fwd_unified(
+            q,
+            torch.empty(sum(ext), hq, d + 64),
+            kb,
+            wide,
+            qo,
+            u_indptr,
+            u_indices,
+            torch.tensor(pre),
+            max(ext),
+        )

@@ -1,6 +1,7 @@
 """attention.paged_prefill on a GPU at serving sizes: every backend that runs on the device against
 the op's definition (the per-sequence float32 reference) over batches, contexts (prefix 0 to 4k,
-new tokens 1 to 4k), head dims 64 / 80 / 96 / 128 / 256, page sizes 1 to 128 (odd ones too),
+new tokens 1 to 4k), head dims 64 / 80 / 96 / 128 / 256 and MLA's 576 / 512 (the value cache
+the latent cache's prefix view or its own, 16 to 128 heads) and 192 / 128, page sizes 1 to 128 (odd ones too),
 GQA / MQA / MHA, softcap, sliding windows, sinks, lse, HND views and fp8 e4m3 caches; tolerances
 atol 1.5e-2 / rtol 1e-2 (fp8 caches 0.15). And bad page tables, lengths and offsets: on CUDA the
 kernels clamp and skip them (no sync to check), so the call must give the definition's result
@@ -46,6 +47,12 @@ GRID: tuple[tuple[list[int], list[int], int, int, int, int, str, dict[str, Any]]
     ([100, 50], [200, 10], 12, 4, 64, 3, "fp32", {}),
     ([400, 33], [600, 9], 32, 8, 128, 16, "bf16", {"hnd": True, "lse": True}),
     ([64] * 16, [i * 97 for i in range(16)], 32, 8, 128, 16, "bf16", {}),
+    # absorbed MLA (DeepSeek-V3): one 576-dim latent KV head, V its first 512 dims; 192 / 128
+    ([512, 100], [1000, 0], 16, 1, 576, 64, "bf16", {"dv": 512, "v_view": True}),
+    ([64, 3], [2000, 40], 128, 1, 576, 16, "bf16", {"dv": 512, "v_view": True, "lse": True}),
+    ([300], [700], 16, 1, 576, 1, "fp16", {"dv": 512, "softcap": 30.0, "window_left": 255}),
+    ([256, 17], [1500, 0], 32, 1, 576, 64, "bf16", {"dv": 512, "v_view": True, "fp8": True}),
+    ([400, 100], [300, 50], 16, 2, 192, 16, "bf16", {"dv": 128, "sinks": True}),
 )
 
 

@@ -3,8 +3,8 @@ R1, Kimi): one latent cache [num_blocks, page, 1, 576], V its first 512 dims, pa
 ``value_cache = key_cache[..., :512]`` (a view of the same memory) or as a tensor of its own;
 out [B, Hq, 512]. The Triton backend in the interpreter and the torch backend against the
 reference (a 512 + 64 key tile, the value tile from the key tile for the view, a group of 128
-heads split over programs, one split or many, fp8 caches); the contract's rules and messages;
-paged_prefill keeps requiring Dv == D."""
+heads split over programs, one split or many, fp8 caches); the contract's rules and messages
+(paged_prefill's MLA form: ``test_paged_prefill_mla.py``)."""
 
 from __future__ import annotations
 
@@ -157,12 +157,3 @@ def test_contract_rules() -> None:
         ValueError, match=r"key_cache has shape .*expected \[num_blocks, page_size, Hkv, 576\]"
     ):
         ops.attention.paged_decode(q, vc, vc, table, lens)  # the key cache still follows the query
-
-
-def test_paged_prefill_keeps_dv_equal_d() -> None:
-    q, kc, vc, table, lens = _mla([20, 7], seed=12)
-    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
-    with pytest.raises(
-        ValueError, match=r"value_cache has shape \(6, 16, 1, 512\), expected \(6, 16, 1, 576\)"
-    ):
-        ops.attention.paged_prefill(torch.randn(5, 16, D, dtype=q.dtype), kc, vc, table, lens, cu)

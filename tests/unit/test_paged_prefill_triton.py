@@ -199,22 +199,34 @@ def test_cu_seqlens_refused_on_the_cpu() -> None:
 
 
 _COMPILE = """
-import os, triton
+import os, re, subprocess, tempfile, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from opmux.kernels.ops.attention import _prefill_triton as pt
 
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+PTXAS = next((p for p in (os.path.join(BIN, n) for n in ("ptxas-blackwell", "ptxas")) if os.path.exists(p)), None)
 STRIDES = ("sq_t", "sq_h", "sk_b", "sk_p", "sk_h", "sv_b", "sv_p", "sv_h", "so_t", "so_h")
-FORMS = [  # (q dtype, cache dtype, head dim, group, page, flags)
-    ("bf16", "fp8e4nv", 128, 4, 16, dict(FP8=True, SOFTCAP=True, WINDOW=True, HAS_SINKS=True, HAS_LSE=True)),
+ALL = dict(SOFTCAP=True, WINDOW=True, HAS_SINKS=True, HAS_LSE=True)
+MLA = dict(BLOCK_DR=64, HAS_TAIL=True)  # 512 value dims + 64 rope dims of the keys
+FORMS = [  # (q dtype, cache dtype, (value) head dim, group, page, flags)
+    ("bf16", "fp8e4nv", 128, 4, 16, dict(FP8=True, **ALL)),
     ("fp16", "fp16", 256, 2, 5, {}),
     ("bf16", "bf16", 64, 8, 1, dict(HAS_LSE=True)),
     ("fp32", "fp32", 128, 4, 16, dict(DOT_F32=True)),
+    ("bf16", "bf16", 512, 16, 16, dict(V_FROM_K=True, **MLA, **ALL)),
+    ("bf16", "bf16", 512, 128, 64, dict(**MLA, **ALL)),
+    ("bf16", "fp8e4nv", 512, 128, 16, dict(FP8=True, V_FROM_K=True, **MLA, **ALL)),
+    ("bf16", "fp8e4nv", 512, 16, 1, dict(FP8=True, **MLA)),
+    ("fp16", "fp16", 128, 8, 16, dict(**MLA, **ALL)),  # non-absorbed: D 192, Dv 128
+    ("fp32", "fp32", 512, 16, 16, dict(DOT_F32=True, V_FROM_K=True, **MLA)),
 ]
 for qdt, cache, block_d, g, page, flags in FORMS:
     bm, bn, warps, stages = pt.tile_config(block_d, g, qdt == "fp32")
-    const = dict(G=g, PAGE_SIZE=page, BLOCK_M=bm, BLOCK_Q=bm // g, BLOCK_D=block_d, BLOCK_N=bn, DOT_F32=False,
-                 FP8=False, SOFTCAP=False, WINDOW=False, HAS_SINKS=False, HAS_LSE=False)
+    gc = min(g, bm)  # the launcher's head chunk
+    const = dict(G=g, GC=gc, PAGE_SIZE=page, BLOCK_M=bm, BLOCK_Q=bm // gc, BLOCK_DV=block_d, BLOCK_DR=16,
+                 BLOCK_N=bn, DOT_F32=False, FP8=False, SOFTCAP=False, WINDOW=False, HAS_SINKS=False,
+                 HAS_LSE=False, HAS_TAIL=False, V_FROM_K=False)
     const.update(flags)
     sig = {}
     for n in pt._prefill.arg_names:
@@ -226,22 +238,33 @@ for qdt, cache, block_d, g, page, flags in FORMS:
             sig[n] = "*" + cache
         elif n in ("BT", "LENS", "CU"):
             sig[n] = "*i32"
-        elif n[0].isupper() and n != "D":
+        elif n[0].isupper() and n not in ("D", "DV", "CHUNKS"):
             sig[n] = "*fp32"
         else:
             sig[n] = "fp32" if n in ("sm_scale", "softcap") else "i32"
     names = pt._prefill.arg_names
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n][0] == "*" or n in STRIDES}
-    triton.compile(ASTSource(pt._prefill, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": warps, "num_stages": stages})
+    k = triton.compile(ASTSource(pt._prefill, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    if PTXAS and qdt != "fp32":  # the tile choice: no spills on sm_90 (fp32: a correctness form)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "k.ptx")
+            open(src, "w").write(k.asm["ptx"])
+            r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.o")],
+                               capture_output=True, text=True)
+        spill = re.search(r"(\\d+) bytes spill stores", r.stderr)
+        assert r.returncode == 0 and spill and spill.group(1) == "0", (qdt, cache, block_d, g, r.stderr[-800:])
 print("compiled")
 """
 
 
 def test_kernel_compiles_for_sm90() -> None:
     """The interpreter runs what the compiler may refuse: the kernel compiled for an H100 / H200
-    (sm_90, no GPU needed) in four forms (fp8 with every feature, D 256 with an odd page, MQA-like
-    groups of 8 with one-token pages, fp32), outside the interpreter."""
+    (sm_90, no GPU needed) outside the interpreter, at tile_config's tiles, in ten forms (fp8 with
+    every feature, D 256 with an odd page, MQA-like groups of 8 with one-token pages, fp32; MLA's
+    512 + 64 with the value view and a value cache of its own, groups of 16 and of 128 (chunks of
+    32 heads), bf16 and fp8 caches, D 192 / Dv 128), and where Triton ships ptxas, none of the bf16 / fp16 ones spills (fp32 queries, a correctness
+    form, may)."""
     import os
     import subprocess
     import sys

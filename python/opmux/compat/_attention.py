@@ -216,18 +216,13 @@ def unified_attention(
 
 
 # -- SGLang ----------------------------------------------------------------------------------------
-def _sgl_common(name: str, q: Tensor, v_buffer: Tensor, xai_temperature_len: int, mla: bool = False) -> None:
-    """The refusals SGLang's Triton attention entry points share; ``mla``: the value head dim may
-    be below the query's (paged_decode takes MLA's 576 / 512; paged_prefill one head dim)."""
+def _sgl_common(name: str, xai_temperature_len: int) -> None:
+    """The refusal SGLang's Triton attention entry points share. Their value head dim may be below
+    the query's (MLA's 576 / 512): both ops take it, and refuse a value head dim above the key's."""
     if xai_temperature_len is not None and xai_temperature_len > 0:
         _refuse(
             f"{name}: xai_temperature_len={xai_temperature_len}",
             "Grok's position-dependent logit temperature",
-        )
-    if not mla and q.shape[-1] != v_buffer.shape[-1]:
-        _refuse(
-            f"{name}: value head dim {v_buffer.shape[-1]} != query head dim {q.shape[-1]}",
-            "MLA's split K / V dims (the ops take one head dim for query, key and value)",
         )
 
 
@@ -271,7 +266,7 @@ def decode_attention_fwd(
     Refused (``NotImplementedError``): ``xai_temperature_len > 0``. A value head dim above the
     query's is the op's ValueError.
     """
-    _sgl_common("decode_attention_fwd", q, v_buffer, xai_temperature_len, mla=True)
+    _sgl_common("decode_attention_fwd", xai_temperature_len)
     bsz = q.shape[0]
     indptr = kv_indptr[: bsz + 1]
     lens = _i32(indptr[1:] - indptr[:-1])
@@ -405,12 +400,16 @@ def extend_attention_fwd(
     static bound ``kv_indices.numel() + max_len_extend`` instead). ``sliding_window_size > 0``:
     query ``i`` sees positions ``>= prefix + i - sliding_window_size`` (the op's ``window_left``);
     ``logit_cap`` is its softcap, ``sinks [Hq]`` its sinks, ``sm_scale`` None or 0: ``1/sqrt(D)``.
-    ``window_kv_offsets`` is only read by SGLang together with a ``custom_mask``.
+    ``window_kv_offsets`` is only read by SGLang together with a ``custom_mask``. MLA (SGLang's
+    Triton MLA backend, absorbed: ``q_extend`` / ``k_extend`` / ``k_buffer`` of head dim 576,
+    ``v_extend`` / ``v_buffer`` 512 and ``o_extend [T, Hq, 512]``): the op's value head dim
+    ``Dv <= D``; the values gathered apart from the keys.
 
     Refused (``NotImplementedError``): ``custom_mask`` (speculative-decoding tree masks),
-    ``is_causal=False``, ``xai_temperature_len > 0``, value head dim other than the query's (MLA).
+    ``is_causal=False``, ``xai_temperature_len > 0``. A value head dim above the query's is the
+    op's ValueError.
     """
-    _sgl_common("extend_attention_fwd", q_extend, v_extend, xai_temperature_len)
+    _sgl_common("extend_attention_fwd", xai_temperature_len)
     if custom_mask is not None:
         _refuse("extend_attention_fwd: custom_mask", "arbitrary (tree) masks; the ops' mask is causal")
     if not is_causal:
@@ -513,11 +512,13 @@ def extend_attention_fwd_unified(
     an int32 block table gathered on the device; no K / V copy). ``prefix_lens`` is implied by
     the lengths (sequence length minus query count) and not read. ``sliding_window_size > 0`` is
     the op's ``window_left``; ``logit_cap``, sinks and ``sm_scale`` as ``extend_attention_fwd``.
+    MLA as ``extend_attention_fwd``; ``v_buffer = k_buffer[..., :512]`` (a view) stays one: the
+    kernel then reads each pool row once.
 
     Refused (``NotImplementedError``): ``custom_mask``, ``is_causal=False``, ``window_start_pos``
-    (SWA pools' position offsets), ``xai_temperature_len > 0``, MLA head dims.
+    (SWA pools' position offsets), ``xai_temperature_len > 0``.
     """
-    _sgl_common("extend_attention_fwd_unified", q, v_buffer, xai_temperature_len)
+    _sgl_common("extend_attention_fwd_unified", xai_temperature_len)
     if custom_mask is not None:
         _refuse(
             "extend_attention_fwd_unified: custom_mask", "arbitrary (tree) masks; the ops' mask is causal"

@@ -326,6 +326,25 @@ def _prefill(
     return query, kc, vc, table, seq, cu
 
 
+def _prefill_mla(
+    device: str,
+    dtype: torch.dtype,
+    seed: int,
+    q_lens: list[int],
+    prefix: list[int],
+    hq: int = 16,
+    page: int = 16,
+    view: bool = True,
+    d: int = 576,
+    dv: int = 512,
+    hkv: int = 1,
+) -> tuple[torch.Tensor, ...]:
+    """A prefill over an MLA cache (as ``_mla``): the value cache ``key_cache[..., :dv]`` (the
+    latent cache's prefix view) or one of its own ``[.., dv]``."""
+    q, kc, vc, table, seq, cu = _prefill(device, dtype, seed, q_lens, prefix, hq, hkv, d, page)
+    return q, kc, kc[..., :dv] if view else vc[..., d - dv :].contiguous(), table, seq, cu
+
+
 def paged_prefill_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out = [
         Sample("causal-prefill-gqa-4-2", _prefill(device, dtype, 0, [37, 20], [0, 0])),
@@ -363,6 +382,45 @@ def paged_prefill_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out.append(Sample("fp8-hnd-sinks-lse-window", (q8, kq, vq, t8, s8, cu), kw))
     caller = torch.full((9, 4, 64), 3.0, dtype=dtype, device=device)
     out.append(Sample("caller-out", _prefill(device, dtype, 18, [4, 5], [6, 0]), {"out": caller}))
+    return out + _prefill_mla_samples(device, dtype)
+
+
+def _prefill_mla_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    """MLA's value head dim below the key's: 576 / 512 with the value cache as the key's prefix
+    view or its own, groups of 16 and 128, fp8, softcap / sinks / window / lse; 192 / 128."""
+    mla = {"scale": MLA_SCALE}
+    g = torch.Generator().manual_seed(40)
+    out = [
+        Sample("mla-576-512-h16-page16-view", _prefill_mla(device, dtype, 30, [9, 0, 3], [20, 4, 0]), mla),
+        Sample(
+            "mla-576-512-h16-page1-own",
+            _prefill_mla(device, dtype, 31, [5, 4], [7, 0], page=1, view=False),
+            mla,
+        ),
+        Sample(
+            "mla-576-512-h128-page64-view-lse",
+            _prefill_mla(device, dtype, 32, [3, 2], [70, 0], hq=128, page=64),
+            {**mla, "lse": torch.empty(5, 128, device=device)},
+        ),
+        Sample(
+            "mla-576-512-softcap-sinks-window",
+            _prefill_mla(device, dtype, 33, [8, 5], [12, 30], page=5, view=False),
+            {**mla, "softcap": 5.0, "window_left": 9, "sinks": torch.randn(16, generator=g).to(device)},
+        ),
+        Sample(
+            "mla-192-128-gqa-8-2",
+            _prefill_mla(device, dtype, 34, [10, 6], [9, 0], hq=8, hkv=2, d=192, dv=128),
+        ),
+        Sample(
+            "mla-caller-out",
+            _prefill_mla(device, dtype, 35, [4, 3], [6, 0]),
+            {**mla, "out": torch.full((7, 16, 512), 3.0, dtype=dtype, device=device)},
+        ),
+    ]
+    q, kc, _, table, seq, cu = _prefill_mla(device, dtype, 36, [6, 2], [11, 5])
+    (q8, kq, _, t8, s8), kw = _fp8((q, kc, kc, table, seq))
+    kw["v_scale"] = kw["k_scale"]  # one latent cache: one scale for its rows
+    out.append(Sample("mla-fp8-view", (q8, kq, kq[..., :512], t8, s8, cu), {**kw, **mla}))
     return out
 
 
@@ -406,15 +464,30 @@ def paged_prefill_invalid(device: str) -> Invalid:
     cases.append(
         ("fp8-without-scales", (q8, kq, vq, t8, s8, cu), {}, ValueError, "needs k_scale and v_scale")
     )
-    cases.append(  # paged_prefill keeps Dv == D (paged_decode takes MLA's Dv < D)
+    vbig = torch.zeros(*vc.shape[:3], 96, dtype=vc.dtype, device=device)
+    cases += [  # the value head dim Dv <= D (MLA's Dv < D, as paged_decode)
         (
-            "value-dim-below-key",
-            (q, kc, vc[..., :32], table, seq, cu),
+            "value-dim-past-key",
+            (q, kc, vbig, table, seq, cu),
             {},
             ValueError,
-            r"value_cache has shape \(7, 16, 2, 32\), expected \(7, 16, 2, 64\) like key_cache",
-        )
-    )
+            r"value_cache has head dim 96 and key_cache 64: the value head dim must be between 1 and",
+        ),
+        (
+            "mla-out-key-dim",
+            (q, kc, vc[..., :32], table, seq, cu),
+            {"out": torch.empty(8, 4, 64, dtype=q.dtype, device=device)},
+            ValueError,
+            r"out has shape \(8, 4, 64\), expected \[8, 4, 32\] \(value_cache's head dim 32\)",
+        ),
+        (
+            "mla-value-blocks",
+            (q, kc, vc[:3, ..., :32], table, seq, cu),
+            {},
+            ValueError,
+            r"value_cache has shape \(3, 16, 2, 32\), expected \[7, 16, 2, Dv\] like key_cache \(Dv <= 64",
+        ),
+    ]
     if device == "cpu":  # on CUDA the kernels clamp offsets and lengths and skip bad blocks (no sync)
 
         def i32(v: list[int]) -> torch.Tensor:

@@ -426,7 +426,6 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
             and value_cache_s[0] == key_cache_s[0]
             and value_cache_s[1] == key_cache_s[1]
             and value_cache_s[2] == key_cache_s[2]
-            and value_cache_s[3] == query_s[2]
             and value_cache.dtype == key_cache.dtype
             and (value_cache_s[-1] <= 1 or value_cache.stride()[-1] == 1)
             and type(value_cache) is _TENSOR
@@ -457,13 +456,14 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
             NB = key_cache_s[0]
             PS = key_cache_s[1]
             Hkv = key_cache_s[2]
+            Dv = value_cache_s[3]
             B = block_tables_s[0]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
-                out = query.new_empty(T, Hq, D)
+                out = query.new_empty(T, Hq, Dv)
                 return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, k_scale, v_scale, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -492,10 +492,13 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
         raise ValueError(f'{op}: query has {Hq} heads, key_cache {Hkv}: the query heads must be a multiple of the KV heads (GQA / MQA)')
     _checks.tensor(op, "value_cache", value_cache)
     if value_cache.dim() != 4:
-        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
-    if value_cache.shape[-4] != NB or value_cache.shape[-3] != PS or value_cache.shape[-2] != Hkv or value_cache.shape[-1] != D:
-        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected [{NB}, {PS}, {Hkv}, Dv] like key_cache (Dv <= {D}: the value head dim, e.g. MLA's 512 of a 576-dim latent cache)")
+    Dv = value_cache.shape[-1]
+    if value_cache.shape[-4] != NB or value_cache.shape[-3] != PS or value_cache.shape[-2] != Hkv:
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected [{NB}, {PS}, {Hkv}, Dv] like key_cache (Dv <= {D}: the value head dim, e.g. MLA's 512 of a 576-dim latent cache)")
     _checks.like(op, "key_cache", key_cache, "value_cache", value_cache)
+    if not (Dv >= 1 and Dv <= D):
+        raise ValueError(f"{op}: value_cache has head dim {Dv} and key_cache {D}: the value head dim must be between 1 and the key's (MLA: V is the first Dv dims of the latent cache, e.g. value_cache = key_cache[..., :512] of a 576-dim cache)")
     _checks.tensor(op, "block_tables", block_tables)
     _checks.dtype_in(op, "block_tables", block_tables, ('int32',))
     if block_tables.dim() != 2:
@@ -549,11 +552,11 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
             raise ValueError(f"{op}: lse has shape {tuple(lse.shape)}, expected [{T}, {Hq}]")
         _checks.same_device(op, "query", query, lse=lse)
     if out is None:
-        out = torch.empty((T, Hq, D), dtype=query.dtype, device=query.device)
+        out = torch.empty((T, Hq, Dv), dtype=query.dtype, device=query.device)
     else:
         _checks.tensor(op, "out", out)
-        if tuple(out.shape) != (T, Hq, D):
-            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected [{T}, {Hq}, {D}]")
+        if tuple(out.shape) != (T, Hq, Dv):
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected [{T}, {Hq}, {Dv}] (value_cache's head dim {Dv})")
         _checks.like(op, "query", query, "out", out)
     if not _checks.dense_last(query):
         raise ValueError(f'{op}: query has strides {query.stride()}; its head_dim must be dense (stride 1)')
@@ -619,7 +622,6 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
             and value_cache_s[0] == key_cache_s[0]
             and value_cache_s[1] == key_cache_s[1]
             and value_cache_s[2] == key_cache_s[2]
-            and value_cache_s[3] == query_s[2]
             and value_cache.dtype == key_cache.dtype
             and (value_cache_s[-1] <= 1 or value_cache.stride()[-1] == 1)
             and type(value_cache) is _TENSOR
@@ -644,13 +646,14 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
             NB = key_cache_s[0]
             PS = key_cache_s[1]
             Hkv = key_cache_s[2]
+            Dv = value_cache_s[3]
             B = block_tables_s[0]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
-                out = query.new_empty(T, Hq, D)
+                out = query.new_empty(T, Hq, Dv)
                 return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, seq_lens, seq_lens, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
@@ -678,10 +681,13 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
         raise ValueError(f'{op}: query has {Hq} heads, key_cache {Hkv}: the query heads must be a multiple of the KV heads (GQA / MQA)')
     _checks.tensor(op, "value_cache", value_cache)
     if value_cache.dim() != 4:
-        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
-    if value_cache.shape[-4] != NB or value_cache.shape[-3] != PS or value_cache.shape[-2] != Hkv or value_cache.shape[-1] != D:
-        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected {tuple(key_cache.shape)} like key_cache")
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected [{NB}, {PS}, {Hkv}, Dv] like key_cache (Dv <= {D}: the value head dim, e.g. MLA's 512 of a 576-dim latent cache)")
+    Dv = value_cache.shape[-1]
+    if value_cache.shape[-4] != NB or value_cache.shape[-3] != PS or value_cache.shape[-2] != Hkv:
+        raise ValueError(f"{op}: value_cache has shape {tuple(value_cache.shape)}, expected [{NB}, {PS}, {Hkv}, Dv] like key_cache (Dv <= {D}: the value head dim, e.g. MLA's 512 of a 576-dim latent cache)")
     _checks.like(op, "key_cache", key_cache, "value_cache", value_cache)
+    if not (Dv >= 1 and Dv <= D):
+        raise ValueError(f"{op}: value_cache has head dim {Dv} and key_cache {D}: the value head dim must be between 1 and the key's (MLA: V is the first Dv dims of the latent cache, e.g. value_cache = key_cache[..., :512] of a 576-dim cache)")
     _checks.tensor(op, "block_tables", block_tables)
     _checks.dtype_in(op, "block_tables", block_tables, ('int32',))
     if block_tables.dim() != 2:
@@ -729,11 +735,11 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
             raise ValueError(f"{op}: lse has shape {tuple(lse.shape)}, expected [{T}, {Hq}]")
         _checks.same_device(op, "query", query, lse=lse)
     if out is None:
-        out = torch.empty((T, Hq, D), dtype=query.dtype, device=query.device)
+        out = torch.empty((T, Hq, Dv), dtype=query.dtype, device=query.device)
     else:
         _checks.tensor(op, "out", out)
-        if tuple(out.shape) != (T, Hq, D):
-            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected [{T}, {Hq}, {D}]")
+        if tuple(out.shape) != (T, Hq, Dv):
+            raise ValueError(f"{op}: out has shape {tuple(out.shape)}, expected [{T}, {Hq}, {Dv}] (value_cache's head dim {Dv})")
         _checks.like(op, "query", query, "out", out)
     if not _checks.dense_last(query):
         raise ValueError(f'{op}: query has strides {query.stride()}; its head_dim must be dense (stride 1)')

@@ -84,8 +84,8 @@ def value_dim_rule() -> Rule:
 def cache_items(fp8: bool, value_dim: str = "D") -> tuple[Any, ...]:
     """The two paged caches (fp8 e4m3, or the query's dtype) and the head-count rules, as both
     paged attention ops state them. ``value_dim``: ``"D"`` (the value cache's head dim is the
-    key's: paged_prefill) or ``"Dv"`` (its own, at most ``D``: paged_decode, MLA; the rule
-    follows the value cache)."""
+    key's) or ``"Dv"`` (its own, at most ``D``: MLA, as paged_decode and paged_prefill take it;
+    the rule follows the value cache)."""
     cache: dict[str, Any] = {"dtypes": FP8, "device_of": "query"} if fp8 else {"like": "query"}
     mla = value_dim != "D"
     return (

@@ -40,7 +40,7 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             "Hq >= 1 and D >= 1",
             "query has shape {tuple(query.shape)}: num_heads and head_dim must be at least 1",
         ),
-        *cache_items(fp8),
+        *cache_items(fp8, value_dim="Dv"),
         Arg(
             "block_tables",
             "B, MB",
@@ -76,7 +76,14 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             device="cuda",
         ),
         Arg("lse", "T, Hq", dtypes=("float32",), device_of="query", layout="strided", expect="[{T}, {Hq}]"),
-        Arg("out", "T, Hq, D", like="query", layout="dense_last", expect="[{T}, {Hq}, {D}]", out=True),
+        Arg(
+            "out",
+            "T, Hq, Dv",
+            like="query",
+            layout="dense_last",
+            expect="[{T}, {Hq}, {Dv}] (value_cache's head dim {Dv})",
+            out=True,
+        ),
     )
 
 
@@ -176,14 +183,15 @@ def reference(
     """The definition, one sequence at a time: its keys and values gathered through its block
     table, scores in float32 (float64 for a float64 call), the causal mask aligned to the end of
     the KV (query ``i`` of ``q_len`` sees positions ``<= seq_len - q_len + i``), the window,
-    softcap, the sinks in the denominator, the weighted sum in float32, one cast."""
+    softcap, the sinks in the denominator, the weighted sum in float32, one cast. Scores over
+    the key head dim ``D``, values over the value cache's ``Dv`` (MLA: ``Dv < D``)."""
     f = torch.float64 if query.dtype == torch.float64 else torch.float32
     rows, hq, d = query.shape
-    ps, hkv = key_cache.shape[1], key_cache.shape[2]
+    ps, hkv, dv = key_cache.shape[1], key_cache.shape[2], value_cache.shape[3]
     g = hq // hkv
     sm = scale if scale > 0 else d**-0.5
     dev = query.device
-    o = torch.zeros((rows, hq, d), dtype=f, device=dev)
+    o = torch.zeros((rows, hq, dv), dtype=f, device=dev)
     lses = torch.full((rows, hq), float("-inf"), dtype=f, device=dev)
     cu = cu_seqlens_q.tolist()
     for b, n in enumerate(seq_lens.tolist()):
@@ -193,7 +201,7 @@ def reference(
         pos = torch.arange(n, device=dev)
         blocks = block_tables[b].long()[pos // ps]
         k = _rows(key_cache, blocks, pos % ps).to(f)  # [n, Hkv, D]
-        v = _rows(value_cache, blocks, pos % ps).to(f)
+        v = _rows(value_cache, blocks, pos % ps).to(f)  # [n, Hkv, Dv]
         if k_scale is not None and v_scale is not None:
             k, v = k * k_scale.to(f).reshape(()), v * v_scale.to(f).reshape(())
         qb = query[q0:q1].to(f).reshape(q1 - q0, hkv, g, d)
@@ -210,7 +218,7 @@ def reference(
         )
         lse_b = torch.logsumexp(logits, 2) if logits.shape[2] else lses[q0:q1]
         p = torch.exp(s - lse_b[:, :, None])
-        o[q0:q1] = torch.einsum("ihgn,nhd->ihgd", p.reshape(q1 - q0, hkv, g, n), v).reshape(q1 - q0, hq, d)
+        o[q0:q1] = torch.einsum("ihgn,nhd->ihgd", p.reshape(q1 - q0, hkv, g, n), v).reshape(q1 - q0, hq, dv)
         lses[q0:q1] = lse_b
     if lse is not None:
         lse.copy_(lses)
@@ -263,7 +271,7 @@ def torch_prefill(
     n_t = seq_lens.long().clamp(0, cap)[seq]
     last_t = n_t - (cu[seq + 1] - cu[seq]) + (tok - cu[seq])  # the last position token t sees
     pos = torch.arange(cap, device=dev)
-    step = max(1, _CHUNK_ELEMENTS // max(1, cap * hkv * d))
+    step = max(1, _CHUNK_ELEMENTS // max(1, cap * hkv * d))  # the key rows: Dv <= D
     for t0 in range(0, rows, step):
         t1 = min(rows, t0 + step)
         blocks = block_tables.long()[seq[t0:t1]][:, pos // ps]  # [t, cap]

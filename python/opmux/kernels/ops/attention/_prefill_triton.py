@@ -2,18 +2,30 @@
 ``triton_kernels.paged_prefill`` is its launcher).
 
 Flash attention over the paged cache, one pass (no split-KV: prefill has query blocks enough to
-fill the GPU). A program per (query block of a sequence, KV head) on a grid
-``(T // BLOCK_Q + B, Hkv)`` sized from the shapes alone: sequence ``b``'s blocks are the program
-ids from ``cu_seqlens_q[b] // BLOCK_Q + b`` (vLLM's unified-attention numbering, which gives each
-sequence at least ``cdiv(q_len, BLOCK_Q)`` ids), found by a binary search over ``cu_seqlens_q``;
-spare ids exit at once. The ``G = Hq / Hkv`` query heads of the KV head are packed into the M tile
-(row ``r``: token ``r // G``, head ``r % G``; ``BLOCK_M = BLOCK_Q * G`` rounded up), so each key
-tile is read once per group and feeds a ``[BLOCK_M, BLOCK_N]`` tensor-core product. The key
-positions walk the sequence's block table one token per row (any page size) from the window's
-start to the block's last causal position (causal block skipping: nothing past it is read), with
-the causal and window masks applied per element and an online softmax in fp32 (``exp2``). Sinks
-start the running max and sum (``m = sink``, ``l = 1``; a ``-inf`` sink ``m = -1e30``, ``l = 0``),
-so they enter the denominator only.
+fill the GPU). A program per (query block of a sequence, KV head or chunk of its group) on a grid
+``(T // BLOCK_Q + B, Hkv * CHUNKS)`` sized from the shapes alone: sequence ``b``'s blocks are the
+program ids from ``cu_seqlens_q[b] // BLOCK_Q + b`` (vLLM's unified-attention numbering, which
+gives each sequence at least ``cdiv(q_len, BLOCK_Q)`` ids), found by a binary search over
+``cu_seqlens_q``; spare ids exit at once. The ``G = Hq / Hkv`` query heads of the KV head are
+packed into the M tile (row ``r``: token ``r // GC``, head ``r % GC``; ``BLOCK_M = BLOCK_Q * GC``
+rounded up), so each key tile is read once per group and feeds a ``[BLOCK_M, BLOCK_N]``
+tensor-core product. ``GC = G`` (``CHUNKS = 1``) unless the group is larger than the M tile
+(MLA's 128 heads against its 32-row tile): then ``CHUNKS`` chunks of ``GC = BLOCK_M`` heads, one
+token a program, as decode's ``group_tile`` splits a group; the key rows are read once per chunk,
+the same cache reads per query row as any other packing of a ``BLOCK_M`` tile.
+
+Value head dim ``Dv <= D`` (MLA: a 576-dim latent cache, V its first 512 dims) as paged_decode's
+split kernel takes it, with its tile loader (``triton_kernels._load_tile``): the key dims read as
+two tiles, ``[0, Dv)`` padded to ``BLOCK_DV`` (the value tile's dims too) and ``[Dv, D)`` padded to
+``BLOCK_DR`` (``HAS_TAIL``; none when ``Dv = D``), the score the sum of two products; a value cache
+that is the key cache's own prefix view takes its tile from the key tile (``V_FROM_K``: each
+cache row read once).
+
+The key positions walk the sequence's block table one token per row (any page size) from the
+window's start to the block's last causal position (causal block skipping: nothing past it is
+read), with the causal and window masks applied per element and an online softmax in fp32
+(``exp2``). Sinks start the running max and sum (``m = sink``, ``l = 1``; a ``-inf`` sink ``m =
+-1e30``, ``l = 0``), so they enter the denominator only.
 
 Program ids run in reverse (a sequence's last blocks, with the most keys, start first).
 CUDA-graph safe: no sync, no workspace. Each program clamps its offsets to ``[0, T]``, its length
@@ -31,17 +43,27 @@ import triton.language as tl
 
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
+from . import triton_kernels as _tk  # decode's tile loader (that module imports this one first)
+
 #: Triton's CPU interpreter (tests): bf16 tiles go to the dot as fp32 there (exact); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a padded head dim, a GQA group and the query
-    dtype: 128 query rows against 64-key tiles (64 x 32 at D 256), at least one whole group per
-    tile; the largest tiles ptxas compiles for sm_90 without spills (bf16 / fp16 / fp8 caches,
-    with 16-divisible strides as the JIT specialises them). fp32 queries take IEEE products on the
-    CUDA cores: a small tile (a correctness form, not a serving one). Static, not timed yet: a
-    tuned table can replace it."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a padded value head dim (``BLOCK_DV``), a
+    GQA group and the query dtype: the largest tiles ptxas compiles for sm_90 without spills (bf16
+    / fp16 / fp8 caches, with 16-divisible strides as the JIT specialises them). Up to 256 dims:
+    128 query rows against 64-key tiles (64 x 32 at 256), at least one whole group per tile (a
+    256-dim value tile with a key tail, no model's shape, spills 32 bytes there).
+    MLA's 512 value dims (+ the keys' 64 rope dims): the fp32 accumulator ``[BLOCK_M, 512]`` alone
+    is 64 registers a thread per 32 rows at 8 warps, so 32 rows against 16-key tiles at 8 warps
+    (204-255 registers, none spilled, for the value view and a value cache of its own, bf16 and
+    fp8); 64 rows, or 32 rows at 4 warps, spilled. A larger group is then split over programs
+    (chunks of 32 heads, one token each: ``launch``). fp32 queries take IEEE products on the CUDA
+    cores: a small tile (a correctness form, not a serving one; 16 x 16 at 8 warps for MLA's
+    dims). Static, not timed yet: a tuned table can replace it."""
+    if block_d > 256:
+        return (16, 16, 8, 1) if fp32 else (32, 16, 8, 2)
     if fp32:
         bm, bn, warps, stages = 16, 32, 4, 1
     elif block_d <= 128:
@@ -90,15 +112,19 @@ def _prefill(
     num_rows,
     num_blocks,
     capacity,
+    CHUNKS,
     D,
+    DV,
     sm_scale,
     softcap,
     window_left,
     G: tl.constexpr,
+    GC: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_DR: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_F32: tl.constexpr,
     FP8: tl.constexpr,
@@ -106,10 +132,13 @@ def _prefill(
     WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     HAS_LSE: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    V_FROM_K: tl.constexpr,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    hk = tl.program_id(1)
+    hk = tl.program_id(1) // CHUNKS  # the KV head; its group in chunks of GC heads
+    h0 = (tl.program_id(1) % CHUNKS) * GC
     # the sequence: the last b with cu[b] // BLOCK_Q + b <= pid
     lo = 0
     hi = num_seqs
@@ -135,19 +164,22 @@ def _prefill(
     b64 = b.to(tl.int64)
 
     r = tl.arange(0, BLOCK_M)
-    d = tl.arange(0, BLOCK_D)
-    tok = t0 + r // G
-    heads = hk * G + r % G
-    rmask = (r < BLOCK_Q * G) & (tok < q_len)
-    dmask = d < D
+    d = tl.arange(0, BLOCK_DV)  # the key dims [0, Dv): the value dims too
+    tok = t0 + r // GC
+    heads = hk * G + h0 + r % GC
+    rmask = (r < BLOCK_Q * GC) & (tok < q_len) & (h0 + r % GC < G)
+    dmask = d < DV
     qrow = (q_start + tok).to(tl.int64)
-    q = tl.load(
-        Q + qrow[:, None] * sq_t + heads[:, None].to(tl.int64) * sq_h + d[None, :],
-        mask=rmask[:, None] & dmask[None, :],
-        other=0.0,
-    )
+    qptr = Q + qrow[:, None] * sq_t + heads[:, None].to(tl.int64) * sq_h
+    q = tl.load(qptr + d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
+    dr = DV + tl.arange(0, BLOCK_DR)  # the key dims [Dv, D) (MLA's rope part), when HAS_TAIL
+    drmask = dr < D
+    if HAS_TAIL:
+        qr = tl.load(qptr + dr[None, :], mask=rmask[:, None] & drmask[None, :], other=0.0)
+        if DOT_F32:
+            qr = qr.to(tl.float32)
     qk_scale = sm_scale
     if FP8:
         qk_scale = sm_scale * tl.load(KS)
@@ -162,7 +194,7 @@ def _prefill(
     else:
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     kv_end = tl.minimum(n, prefix + tl.minimum(t0 + BLOCK_Q, q_len))  # causal: nothing past the block
     kv_start = n * 0
@@ -172,19 +204,35 @@ def _prefill(
     vbase = VC + hk.to(tl.int64) * sv_h
     for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        inr = pos < kv_end
-        blk = tl.load(BT + b64 * sbt_b + (pos // PAGE_SIZE).to(tl.int64) * sbt_m, mask=inr, other=-1)
-        ok = inr & (blk >= 0) & (blk < num_blocks)  # a bad block id: its tokens are skipped
-        page_off = (pos % PAGE_SIZE).to(tl.int64)
-        kmask = ok[:, None] & dmask[None, :]
-        k = tl.load(
-            kbase + (blk.to(tl.int64) * sk_b + page_off * sk_p)[:, None] + d[None, :], mask=kmask, other=0.0
+        k, v, kr, ok = _tk._load_tile(
+            kbase,
+            vbase,
+            BT + b64 * sbt_b,
+            sbt_m,
+            n0,
+            kv_end,
+            num_blocks,
+            sk_b,
+            sk_p,
+            sv_b,
+            sv_p,
+            d,
+            dmask,
+            dr,
+            drmask,
+            PAGE_SIZE,
+            BLOCK_N,
+            HAS_TAIL,
+            V_FROM_K,
         )
         if DOT_F32:
-            k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            if HAS_TAIL:
+                s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k.to(q.dtype)))
+            if HAS_TAIL:
+                s += tl.dot(qr, tl.trans(kr.to(q.dtype)))
         s = s * qk_scale
         if SOFTCAP:
             s = softcap * _tanh(s / softcap) * LOG2E
@@ -197,9 +245,6 @@ def _prefill(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = tl.load(
-            vbase + (blk.to(tl.int64) * sv_b + page_off * sv_p)[:, None] + d[None, :], mask=kmask, other=0.0
-        )
         if DOT_F32:
             acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
         else:
@@ -245,18 +290,22 @@ def launch(
     """The kernel on the checked arguments; ``block_m`` / ``block_n`` override the tile (tests)."""
     rows, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
     bsz, width = block_tables.shape
     if rows == 0 or bsz == 0:
         return
     g = hq // hkv
-    block_d = max(16, triton.next_power_of_2(d))
-    bm, bn, warps, stages = tile_config(block_d, g, query.dtype == torch.float32)
-    bm = max(block_m or bm, 16, triton.next_power_of_2(g))
+    block_dv = max(16, triton.next_power_of_2(dv))
+    block_dr = max(16, triton.next_power_of_2(d - dv)) if d > dv else 16
+    bm, bn, warps, stages = tile_config(block_dv, g, query.dtype == torch.float32)
+    bm = max(block_m or bm, 16)
     bn = block_n or bn
-    block_q = bm // g
+    gc = min(g, bm)  # the heads of a program: the whole group, or a chunk of it
+    chunks = triton.cdiv(g, gc)
+    block_q = bm // gc
     dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
     sbt = block_tables.stride()
-    _prefill[(rows // block_q + bsz, hkv)](
+    _prefill[(rows // block_q + bsz, hkv * chunks)](
         query,
         key_cache,
         value_cache,
@@ -286,15 +335,19 @@ def launch(
         rows,
         nb,
         width * ps,
+        chunks,
         d,
+        dv,
         scale,
         softcap,
         window_left,
         G=g,
+        GC=gc,
         PAGE_SIZE=ps,
         BLOCK_M=bm,
         BLOCK_Q=block_q,
-        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        BLOCK_DR=block_dr,
         BLOCK_N=bn,
         DOT_F32=dot_f32,
         FP8=fp8,
@@ -302,6 +355,8 @@ def launch(
         WINDOW=window_left >= 0,
         HAS_SINKS=has_sinks,
         HAS_LSE=has_lse,
+        HAS_TAIL=d > dv,
+        V_FROM_K=_tk.value_is_key_prefix(key_cache, value_cache),
         num_warps=warps,
         num_stages=stages,
     )

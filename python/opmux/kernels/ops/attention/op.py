@@ -40,8 +40,9 @@ a paged KV cache), plain causal prefill being the case of an empty prefix. A rag
 Query ``i`` of a sequence with ``q_len`` new tokens sees the positions ``<= seq_len - q_len + i``
 (the causal mask aligned to the end of the KV); ``window_left``: only positions
 ``>= seq_len - q_len + i - window_left``. Cache forms, GQA / MQA, ``scale``, ``softcap``,
-``sinks``, the fp8 scales and ``lse [T, Hq]`` are paged_decode's; the value head dim is the
-key's (no MLA ``Dv < D`` here: the value cache ``[num_blocks, page_size, Hkv, D]``). The values hook checks CPU
+``sinks``, the fp8 scales and ``lse [T, Hq]`` are paged_decode's, and so is the value head dim:
+``Dv <= D`` (MLA's 576-dim latent cache with ``value_cache = key_cache[..., :512]``, or a value
+cache of its own, e.g. ``D = 192``, ``Dv = 128``), ``out [T, Hq, Dv]``. The values hook checks CPU
 tensors (``cu_seqlens_q`` against query's rows, the lengths, the block ids); on CUDA the kernels
 clamp the offsets to ``[0, T]`` and the lengths to the table's capacity and skip bad block ids.
 
@@ -113,7 +114,8 @@ paged_prefill = declare(
     "Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
     doc="ragged query [T, Hq, D] (cu_seqlens_q [B + 1]) of new tokens attending causally over their "
     "sequences' paged KV cache [num_blocks, page_size, Hkv, D] (cached prefix + new tokens, NHD or HND "
-    "view) through block_tables [B, max_blocks] / seq_lens [B] -> [T, Hq, D] (+ lse [T, Hq]); GQA / MQA, "
+    "view; the value cache's head dim Dv <= D: MLA's 576 / 512) through block_tables [B, max_blocks] / "
+    "seq_lens [B] -> [T, Hq, Dv] (+ lse [T, Hq]); GQA / MQA, "
     "softcap, sliding window, attention sinks, fp8 e4m3 caches with k_scale / v_scale",
     contract=_prefill.PAGED_PREFILL,
     values=_prefill.values,
