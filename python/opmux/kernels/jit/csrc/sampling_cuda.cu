@@ -18,8 +18,8 @@
 // reduction above ends with the blocks' partial results summed through distributed shared memory in
 // rank order, so every block of the cluster takes the same decisions and the result is the one-block
 // arithmetic regrouped (still no atomics, still independent of timing). The draw scans only in the
-// blocks whose slice can hold the crossing (the masses of the slices before it, in rank order, below
-// the target), and the lowest hit wins.
+// block whose slice holds the crossing (the running mass over the slices, in rank order, brackets
+// the target); its slice's last kept entry stands in should its own sums not cross it.
 // Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
 // or ints: nothing is read on the host, so a captured CUDA graph replays with the tensors' values.
 #include <tvm/ffi/function.h>
@@ -168,13 +168,17 @@ __device__ __forceinline__ void cluster_sum(S (&v)[N], S* part, S* tot, const Sl
   cl.sync();
 #pragma unroll
   for (int j = 0; j < N; ++j) v[j] = tot[j];
+#else
+  if (sl.blocks > 1) __trap();  // a cluster launch needs the sm_90 code (the host checks the binary)
 #endif
 }
 
-// The cluster's sum of `own` (each block's total) in rank order, and the sum over the ranks
-// below this block's (the mass of the slices before it).
-__device__ __forceinline__ float cluster_prefix(float own, float* before, Smem& sm, const Slice& sl) {
+// The cluster's sum of `own` (each block's total) in rank order, and the running sums just
+// before and just after this block's term: one block's `after` is bitwise the next one's `before`,
+// so the intervals [before, after) tile [0, total) without gaps.
+__device__ __forceinline__ float cluster_prefix(float own, float* before, float* after, Smem& sm, const Slice& sl) {
   *before = 0.0f;
+  *after = own;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (sl.blocks == 1) return own;
   namespace cg = cooperative_groups;
@@ -182,18 +186,22 @@ __device__ __forceinline__ float cluster_prefix(float own, float* before, Smem& 
   if (threadIdx.x == 0) sm.part_f[0] = own;
   cl.sync();
   if (threadIdx.x == 0) {
-    float a = 0.0f, b4 = 0.0f;
+    float a = 0.0f, b4 = 0.0f, aft = 0.0f;
     for (int b = 0; b < sl.blocks; ++b) {
       if (b == sl.rank) b4 = a;
       a += cl.map_shared_rank(sm.part_f, b)[0];
+      if (b == sl.rank) aft = a;
     }
     sm.tot_f[0] = a;
     sm.tot_f[1] = b4;
+    sm.tot_f[2] = aft;
   }
   cl.sync();
   *before = sm.tot_f[1];
+  *after = sm.tot_f[2];
   return sm.tot_f[0];
 #else
+  if (sl.blocks > 1) __trap();  // a cluster launch needs the sm_90 code (the host checks the binary)
   return own;
 #endif
 }
@@ -218,6 +226,7 @@ __device__ __forceinline__ int64_t cluster_extreme(int64_t v, Smem& sm, const Sl
   cl.sync();
   return sm.tot_l[0];
 #else
+  if (sl.blocks > 1) __trap();  // a cluster launch needs the sm_90 code (the host checks the binary)
   return v;
 #endif
 }
@@ -267,11 +276,17 @@ __device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int
   return lo;
 }
 
-// The kept mass (key >= t) of the row, the last kept positive index of the row (-1: none), and
-// the kept mass of the slices before this block's (0 without a cluster). x: this block's slice.
+// The kept mass (key >= t) of the row and the last kept positive index of the row (-1: none);
+// with `own`, this block's share: the running mass before and after its slice (0 and the mass
+// without a cluster) and its slice's last kept positive index (row-global; -1: none).
+struct OwnMass {
+  float before, after;
+  int64_t last;
+};
+
 template <typename T>
 __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, float* mass, int64_t* last,
-                          const Slice& sl, float* before = nullptr) {
+                          const Slice& sl, OwnMass* own = nullptr) {
   float m[1] = {0.0f};
   int64_t l = -1;
   for_each(x, n, vec, [&](int64_t i, float v) {
@@ -281,9 +296,8 @@ __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, 
     }
   });
   block_sum(m, sm.f);
-  float b4;
-  m[0] = cluster_prefix(m[0], &b4, sm, sl);
-  if (before != nullptr) *before = b4;
+  float before, after;
+  m[0] = cluster_prefix(m[0], &before, &after, sm, sl);
   for (int o = 16; o > 0; o >>= 1) {
     const int64_t other = __shfl_xor_sync(0xffffffffu, l, o);
     l = other > l ? other : l;
@@ -294,8 +308,10 @@ __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, 
   l = -1;
   for (int w = 0; w < kWarps; ++w) l = lred[w] > l ? lred[w] : l;
   __syncthreads();
+  l = l < 0 ? -1 : l + sl.lo;
   *mass = m[0];
-  *last = cluster_extreme<false>(l < 0 ? -1 : l + sl.lo, sm, sl);
+  *last = cluster_extreme<false>(l, sm, sl);
+  if (own != nullptr) *own = OwnMass{before, after, l};
 }
 
 // Exclusive prefix sum of v over the block (threads in order); *total gets the block's sum.
@@ -321,17 +337,21 @@ __device__ __forceinline__ float block_exclusive_scan(float v, Smem& sm, float* 
 
 // Inverse CDF over the entries with key >= t; returns the id (every thread). x: this block's slice.
 __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u, Smem& sm, const Slice& sl) {
-  float mass, before;
+  float mass;
   int64_t last;
-  kept_mass(x, n, vec, t, sm, &mass, &last, sl, &before);
+  OwnMass own;
+  kept_mass(x, n, vec, t, sm, &mass, &last, sl, &own);
   const float target = u * mass;
+  // the one block whose running-mass interval holds the target scans (all of the row without a
+  // cluster); should its own sums not cross it (float rounding), its slice's last kept entry is
+  // the draw, as the whole row's is for one block
+  const bool mine = own.before <= target && target < own.after;
   constexpr int VEC = 4;
   const int64_t chunk = static_cast<int64_t>(kThreads) * VEC;
-  float carry = before;
+  float carry = own.before;
   __shared__ int64_t found_red[kWarps];
-  int64_t found = INT64_MAX;
-  // a slice whose predecessors' mass already exceeds the target holds no crossing
-  for (int64_t base = 0; base < n && (sl.blocks == 1 || before <= target); base += chunk) {
+  int64_t found = mine ? own.last : INT64_MAX;
+  for (int64_t base = 0; base < n && mine; base += chunk) {
     const int64_t i0 = base + static_cast<int64_t>(threadIdx.x) * VEC;
     float q[VEC];
     if (vec && i0 + VEC <= n) {
@@ -371,8 +391,8 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
     }
     carry += total;
   }
-  found = cluster_extreme<true>(found, sm, sl);
-  if (found != INT64_MAX) return static_cast<int32_t>(found);
+  found = cluster_extreme<true>(found, sm, sl);  // one owner at most
+  if (found != INT64_MAX && found >= 0) return static_cast<int32_t>(found);
   return static_cast<int32_t>(last < 0 ? 0 : last);
 }
 
@@ -529,8 +549,9 @@ bool vec_ok(const void* base, int64_t stride) {
   return reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride % VEC == 0;
 }
 
-// Blocks per row: one, unless the rows leave most SMs idle and the rows are long (sm_90 clusters):
-// then up to kMaxCluster, a power of two, each slice at least kMinSlice elements.
+// Blocks per row wanted: one, unless the rows leave most SMs idle and the rows are long (sm_90
+// clusters): then up to kMaxCluster, a power of two, each slice at least kMinSlice elements
+// (cuda::cluster_blocks then checks the binary and the GPU).
 int blocks_per_row(const cuda::DeviceProps& props, int64_t rows, int64_t n) {
   if (props.cc_major < 9) return 1;
   int c = 1;
@@ -545,7 +566,8 @@ void launch(const char* op, Params p, int32_t device_id) {
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
   p.vec = vec_ok<T>(p.x, p.sx);
-  p.cluster = blocks_per_row(props, p.rows, p.n);
+  p.cluster = cuda::cluster_blocks(op, device_id, props, sampling_kernel<OP, T>, dim3(kThreads), 0,
+                                   blocks_per_row(props, p.rows, p.n));
   cuda::launch_clustered(op, device_id, props, sampling_kernel<OP, T>,
                          dim3(static_cast<unsigned>(p.rows * p.cluster)), dim3(kThreads), 0,
                          cuda::current_stream(device_id), static_cast<unsigned>(p.cluster), p);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "opmux/common.h"
@@ -151,6 +152,42 @@ inline bool pdl_supported(const char* op, const void* kernel, int32_t device_id,
   cudaFuncAttributes attr;
   check_cuda(cudaFuncGetAttributes(&attr, kernel), op, "cudaFuncGetAttributes");
   return cache[key] = attr.ptxVersion >= 90;
+}
+
+// Blocks per thread block cluster for `kernel`: `want` (a power of two) halved until the binary
+// holds sm_90 code (PTX >= 9.0: an sm_80 build JIT-ed on a newer GPU has no cluster instructions,
+// as pdl_supported) and the GPU can co-schedule such a cluster (cudaOccupancyMaxActiveClusters:
+// MPS or green contexts may leave too few SMs); 1 below sm_90. Cached per (kernel, device, want).
+template <typename... KArgs>
+inline int cluster_blocks(const char* op, int32_t device_id, const DeviceProps& props, void (*kernel)(KArgs...),
+                          dim3 block, size_t smem, int want) {
+  if (want <= 1 || props.cc_major < 9) return 1;
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int32_t, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device_id, want);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaFuncAttributes attr;
+  check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)), op, "cudaFuncGetAttributes");
+  int c = attr.ptxVersion >= 90 ? want : 1;
+  for (; c > 1; c /= 2) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(c));
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute cl[1];
+    cl[0].id = cudaLaunchAttributeClusterDimension;
+    cl[0].val.clusterDim.x = static_cast<unsigned>(c);
+    cl[0].val.clusterDim.y = 1;
+    cl[0].val.clusterDim.z = 1;
+    cfg.attrs = cl;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cfg) == cudaSuccess && n > 0) break;
+    cudaGetLastError();  // a refused query is an answer, not an error to surface later
+  }
+  return cache[key] = c;
 }
 
 // Whether the launches of the current entry point may use programmatic dependent launch: every
