@@ -43,7 +43,7 @@ import triton.language as tl
 
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
-from . import triton_kernels as _tk  # decode's tile loader (that module imports this one first)
+from ._paged_tiles import _load_tile, _tanh, value_is_key_prefix
 
 #: Triton's CPU interpreter (tests): bf16 tiles go to the dot as fp32 there (exact); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -71,14 +71,6 @@ def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int,
     else:
         bm, bn, warps, stages = 64, 32, 8, 2
     return max(bm, triton.next_power_of_2(group)), bn, warps, stages
-
-
-@triton.jit
-def _tanh(x):
-    """tanh from one exp of a non-positive argument (no overflow; no libdevice in the interpreter)."""
-    t = tl.exp(-2.0 * tl.abs(x))
-    y = (1.0 - t) / (1.0 + t)
-    return tl.where(x < 0.0, -y, y)
 
 
 @triton.jit
@@ -204,7 +196,7 @@ def _prefill(
     vbase = VC + hk.to(tl.int64) * sv_h
     for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        k, v, kr, ok = _tk._load_tile(
+        k, v, kr, ok = _load_tile(
             kbase,
             vbase,
             BT + b64 * sbt_b,
@@ -356,7 +348,7 @@ def launch(
         HAS_SINKS=has_sinks,
         HAS_LSE=has_lse,
         HAS_TAIL=d > dv,
-        V_FROM_K=_tk.value_is_key_prefix(key_cache, value_cache),
+        V_FROM_K=value_is_key_prefix(key_cache, value_cache),
         num_warps=warps,
         num_stages=stages,
     )
