@@ -169,7 +169,10 @@ def test_cuda_skips_bad_blocks_without_a_sync() -> None:
 def test_split_heuristic() -> None:
     ns = triton_kernels.num_splits
     assert ns(1, 1, 10, 132) == 1  # a short table: one split
-    assert ns(1, 8, 32768, 132) == 33  # small batch, long context: enough programs for the SMs
+    assert ns(1, 8, 32768, 132) == 66  # 8 pairs: four waves' worth of programs
+    assert ns(1, 8, 512, 132) == 16  # ... but no split under 32 positions
+    assert ns(16, 4, 32768, 132) == 9  # 64 pairs fill half the SMs: still four
+    assert ns(16, 8, 32768, 132) == 3  # 128 pairs: two waves
     assert ns(256, 8, 32768, 132) == 1  # a full batch: no split
     assert ns(1, 1, 1 << 20, 132) == triton_kernels.MAX_SPLITS
     assert ns(0, 8, 0, 132) == 1

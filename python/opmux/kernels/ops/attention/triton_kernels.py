@@ -52,8 +52,8 @@ from ._paged_tiles import _load_tile, _tanh, value_is_key_prefix
 #: go to the dot as fp32 there (exact: a bf16 product fits fp32); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 #: a split handles at least this many positions (more splits only for longer tables)
-MIN_SPLIT_TOKENS = 64
-MAX_SPLITS = 64
+MIN_SPLIT_TOKENS = 32
+MAX_SPLITS = 128
 #: the running max starts at -1e30 (finite, so that no ``-inf - -inf`` ever appears; a literal
 #: in the kernels: Triton takes no plain global there)
 
@@ -66,11 +66,16 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
-    """How many splits per (sequence, KV head): enough programs for two waves of the SMs, none
-    shorter than ``MIN_SPLIT_TOKENS`` positions of the table, at most ``MAX_SPLITS``. From the
-    shapes only (no sync); a tuned table can replace it."""
+    """How many splits per (sequence, KV head): enough programs for two waves of the SMs, four
+    when the (sequence, KV head) pairs alone would fill at most half of them, none shorter than
+    ``MIN_SPLIT_TOKENS`` positions of the table, at most ``MAX_SPLITS``. From the shapes only (no
+    sync). The rule is the H200 sweep's (``benchmarks/tune/decode_tiles.py``,
+    docs/benchmarks/attention_decode_h200.md): with the 4-warp prefetching tile, twice the
+    two-wave count gave 0.78-0.94x the time at batch 1 and at Qwen3's 16 x 4 pairs, and 1.0-1.25x
+    once the pairs filled the SMs."""
     programs = max(1, batch * kv_heads)
-    want = triton.cdiv(2 * sm_count, programs)
+    waves = 4 if 2 * programs <= sm_count else 2
+    want = triton.cdiv(waves * sm_count, programs)
     by_len = triton.cdiv(max(1, max_context), MIN_SPLIT_TOKENS)
     return max(1, min(want, by_len, MAX_SPLITS))
 
@@ -101,13 +106,15 @@ class TileConfig(NamedTuple):
 
 
 def tile_config(block_d: int) -> TileConfig:
-    """The split kernel's launch for a padded (value) head dim: the largest key tile whose gather
-    (a row pointer per token and element) and dot stay in registers on sm_90 (no spills per ptxas
-    for every form, bf16 / fp16 / fp32 / fp8, dot and elementwise). Static, not timed yet: a tuned
-    table can replace it. MLA's 512-dim value tile (with the 64-dim rope tile of the keys) takes 8
-    warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
+    """The split kernel's launch for a padded (value) head dim. Up to 128 dims: 32 key rows at 4
+    warps with the register double buffer, the H200 sweep's best (``benchmarks/tune/
+    decode_tiles.py``: 0.74x the previous 32 rows at 8 warps over 23 bf16 cases, never slower than
+    it; docs/benchmarks/attention_decode_h200.md). Larger dims keep the largest key tile whose
+    gather and dot stay in registers on sm_90 without spills (every form, bf16 / fp16 / fp32 / fp8,
+    dot and elementwise), not timed yet; MLA's 512-dim value tile (with the 64-dim rope tile of the
+    keys) takes 8 warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
     if block_d <= 128:
-        return TileConfig(32, 8)
+        return TileConfig(32, 4, 3, True)
     return TileConfig(16, 8) if block_d >= 512 else TileConfig(16, 4)
 
 
