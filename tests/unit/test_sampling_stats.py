@@ -351,6 +351,17 @@ def test_renorm_ties_and_boundaries(backend: str) -> None:
 LONG_V = 151_936
 
 
+def _mid_p(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """Per row, a top-p halfway between the cumulative masses (largest first, in float64) on
+    either side of ``p``: no backend's summation order can move the boundary."""
+    cs = (probs.double().sort(1, descending=True).values.cumsum(1)) / probs.double().sum(1, keepdim=True)
+    m = torch.searchsorted(cs, torch.full((probs.shape[0], 1), p, dtype=torch.float64))[:, 0].clamp(
+        1, cs.shape[1] - 1
+    )
+    rows = torch.arange(probs.shape[0])
+    return ((cs[rows, m - 1] + cs[rows, m]) / 2).float()
+
+
 def _spread_row(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A long row whose mass sits on 16 tokens spread over the whole row (so over every block's
     slice of a cluster), the rest tiny; and those 16 positions."""
@@ -375,10 +386,17 @@ def test_long_rows_few_rows(backend: str) -> None:
                 S.top_k_renorm_probs(probs, top_k=k, backend=backend), want, atol=1e-6, rtol=1e-6
             )
         for p in (0.3, 0.9):
-            want = _renormed(probs, _keep(probs, p=p, joint=True))
-            torch.testing.assert_close(
-                S.top_p_renorm_probs(probs, top_p=p, backend=backend), want, atol=1e-6, rtol=1e-6
+            # p halfway between two cumulative masses of each row: the kept set is the same
+            # whatever order a backend sums in (the exact-boundary cases are the dyadic rows')
+            p_rows = _mid_p(probs, p)
+            want = torch.stack(
+                [
+                    _renormed(r[None], _keep(r[None], p=float(q), joint=True))[0]
+                    for r, q in zip(probs, p_rows, strict=True)
+                ]
             )
+            got = S.top_p_renorm_probs(probs, top_p_arr=p_rows, backend=backend)
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
         for dt in (torch.float32, torch.bfloat16):
             logits = (torch.randn(rows, LONG_V, generator=g) * 4).to(dt)
             logits[:, 100_000] = logits[:, 7] = 50.0  # tied maxima, slices apart: the first wins
