@@ -278,8 +278,11 @@ def launch(
     window_left: int,
     block_m: int | None = None,
     block_n: int | None = None,
+    warps: int | None = None,
+    stages: int | None = None,
 ) -> None:
-    """The kernel on the checked arguments; ``block_m`` / ``block_n`` override the tile (tests)."""
+    """The kernel on the checked arguments; ``block_m`` / ``block_n`` / ``warps`` / ``stages``
+    override ``tile_config``'s (tests, benchmarks/tune/prefill_tiles.py)."""
     rows, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -289,9 +292,10 @@ def launch(
     g = hq // hkv
     block_dv = max(16, triton.next_power_of_2(dv))
     block_dr = max(16, triton.next_power_of_2(d - dv)) if d > dv else 16
-    bm, bn, warps, stages = tile_config(block_dv, g, query.dtype == torch.float32)
+    bm, bn, w, st = tile_config(block_dv, g, query.dtype == torch.float32)
     bm = max(block_m or bm, 16)
     bn = block_n or bn
+    warps, stages = warps or w, stages or st
     gc = min(g, bm)  # the heads of a program: the whole group, or a chunk of it
     chunks = triton.cdiv(g, gc)
     block_q = bm // gc

@@ -1,0 +1,159 @@
+"""Sweep attention.paged_prefill's Triton launch (query rows x key rows, warps, pipeline stages) over
+the prefill benchmark's shapes on one GPU: the data behind ``_prefill_triton.tile_config``.
+
+    python benchmarks/tune/prefill_tiles.py --out DIR [--models Llama-3-8B,Qwen3-30B-A3B]
+        [--tokens 1024,4096,16384] [--modes prefill,extend,ragged] [--budget-s 240]
+
+Every candidate is checked against the default launch's output on the same case (atol 2e-2: the
+same arithmetic in another order) before it is timed; a candidate the compiler refuses (shared
+memory, registers) is recorded as such. Timing: bench_gpu.time_impl (R calls in one CUDA graph,
+median of the replays). Writes DIR/prefill_tiles.json (rewritten after every case) and
+DIR/prefill_tiles.md: per case the default's time and the best candidate, and each candidate's
+time over the default's (geometric mean and worst over the cases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench_attention_prefill import MODELS, make_case, split  # noqa: E402
+from bench_gpu import environment, time_impl  # noqa: E402
+
+OP = "attention.paged_prefill"
+#: (BLOCK_M query rows, BLOCK_N key rows, num_warps, num_stages); the first is D = 128's default
+TILES = [
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 64, 4, 2),
+    (128, 32, 4, 3),
+    (128, 128, 8, 2),
+    (64, 64, 4, 2),
+    (64, 64, 4, 3),
+    (64, 32, 4, 3),
+    (64, 128, 4, 2),
+    (256, 64, 8, 2),
+]
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
+
+
+def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, Any]:
+    from opmux.kernels.ops.attention import _prefill_triton
+    from opmux.kernels.ops.attention import op as decls
+
+    hq, hkv, d = MODELS[model]
+    q_lens, prefix = split(mode, n)
+    c = make_case(torch, q_lens, prefix, (hq, hkv, d), args.page)
+    kernel_args, out = decls.paged_prefill.check(
+        OP, c["query"], c["kc"], c["vc"], c["table"], c["lens"], c["cu"]
+    )
+    flops = sum(4 * q * (p + q / 2) * hq * d for q, p in zip(q_lens, prefix, strict=True))
+    R = max(1, min(100, math.ceil(args.target_us / max(5.0, flops / 4e14 * 1e6))))
+
+    def launch(tile: tuple[int, int, int, int] | None) -> Any:
+        if tile is None:
+            _prefill_triton.launch(*kernel_args)
+        else:
+            bm, bn, w, st = tile
+            _prefill_triton.launch(*kernel_args, block_m=bm, block_n=bn, warps=w, stages=st)
+        return out
+
+    launch(None)
+    torch.cuda.synchronize()
+    want = out.float().clone()
+    rec: dict[str, Any] = {"model": model, "mode": mode, "N": n, "cands": {}}
+    rec["default_us"] = time_impl(torch, lambda _: launch(None), [None], R, args.replays)["us"]
+    for tile in TILES:
+        name = "{}x{} {}w s{}".format(*tile)
+        try:
+            launch(tile)
+            torch.cuda.synchronize()
+            err = (out.float() - want).abs().max().item()
+            if not err <= 2e-2:
+                rec["cands"][name] = {"status": "wrong", "err": err}
+                continue
+            r = time_impl(torch, lambda _, tile=tile: launch(tile), [None], R, args.replays)
+            rec["cands"][name] = {"us": r["us"], "TFLOPs": flops / (r["us"] * 1e-6) / 1e12}
+        except Exception as exc:
+            rec["cands"][name] = {"status": "error", "why": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    ok = {k: v["us"] for k, v in rec["cands"].items() if "us" in v}
+    if ok:
+        best = min(ok, key=ok.get)
+        rec["best"], rec["best_us"] = best, ok[best]
+        rec["best_over_default"] = ok[best] / rec["default_us"]
+    log(
+        f"{model} {mode} N={n}: default {rec['default_us']:.1f} us, best {rec.get('best')} {rec.get('best_us', math.nan):.1f} us"
+    )
+    del c
+    torch.cuda.empty_cache()
+    return rec
+
+
+def render(record: dict[str, Any]) -> str:
+    env = record["env"]
+    lines = [
+        "# paged_prefill Triton launch sweep",
+        "",
+        f"{env.get('device')} (torch {env.get('torch')}, Triton {env.get('triton')}). us per call in CUDA graphs.",
+        "",
+        "| model | mode | N | default | best | best us | best/default |",
+        "|---|---|---:|---:|---|---:|---:|",
+    ]
+    ratios: dict[str, list[float]] = {}
+    for r in record["cases"]:
+        lines.append(
+            f"| {r['model']} | {r['mode']} | {r['N']} | {r['default_us']:.1f} | {r.get('best', '-')} | "
+            f"{r.get('best_us', math.nan):.1f} | {r.get('best_over_default', math.nan):.3f} |"
+        )
+        for k, v in r["cands"].items():
+            if "us" in v:
+                ratios.setdefault(k, []).append(v["us"] / r["default_us"])
+    lines += ["", "| candidate | geomean over default | worst | cases |", "|---|---:|---:|---:|"]
+    for k, v in sorted(ratios.items(), key=lambda kv: math.prod(kv[1]) ** (1 / len(kv[1]))):
+        lines.append(f"| {k} | {math.prod(v) ** (1 / len(v)):.3f} | {max(v):.3f} | {len(v)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--tokens", default="1024,4096,16384")
+    p.add_argument("--modes", default="prefill,extend,ragged")
+    p.add_argument("--page", type=int, default=16)
+    p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--target-us", type=float, default=3000.0, help="graph length per timing")
+    p.add_argument("--replays", type=int, default=5)
+    args = p.parse_args(argv)
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"env": environment(torch), "tiles": TILES, "cases": []}
+    deadline = time.monotonic() + args.budget_s
+    for model in args.models.split(","):
+        for mode in args.modes.split(","):
+            for n in (int(x) for x in args.tokens.split(",")):
+                if time.monotonic() > deadline:
+                    log("budget spent; the cases so far are written")
+                    break
+                record["cases"].append(run_case(torch, model, mode, n, args))
+                (args.out / "prefill_tiles.json").write_text(json.dumps(record, indent=1))
+    (args.out / "prefill_tiles.md").write_text(render(record))
+    print(render(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
