@@ -54,6 +54,8 @@
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
 #          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda) and benchmarks/bench_sampling.py
 #          (OUT_DIR/sampling*);
+# tiles:   benchmarks/tune/decode_tiles.py and prefill_tiles.py, the attention kernels' launch
+#          sweeps (OUT_DIR/decode_tiles, OUT_DIR/prefill_tiles);
 # "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
@@ -223,6 +225,11 @@ for stage in $STAGES; do
               OPMUX_TEST_COMM_GPUS=1 timeout 400 python3 -m pytest "$REPO/tests/unit/test_comm_groups.py" -k gpu \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee -a "$OUT/comm.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        # the attention kernels' launch sweeps (the data behind their tile_config)
+        tiles) timeout 300 python3 "$REPO/benchmarks/tune/decode_tiles.py" --out "$OUT/decode_tiles" --budget-s 200 2>&1 \
+                    | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                timeout 300 python3 "$REPO/benchmarks/tune/prefill_tiles.py" --out "$OUT/prefill_tiles" --budget-s 200 2>&1 \
+                    | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"
