@@ -226,9 +226,9 @@ for stage in $STAGES; do
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee -a "$OUT/comm.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         # the attention kernels' launch sweeps (the data behind their tile_config)
-        tiles) timeout 300 python3 "$REPO/benchmarks/tune/decode_tiles.py" --out "$OUT/decode_tiles" --budget-s 200 2>&1 \
+        tiles) timeout 200 python3 "$REPO/benchmarks/tune/decode_tiles.py" --out "$OUT/decode_tiles" --budget-s 120 2>&1 \
                     | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                timeout 300 python3 "$REPO/benchmarks/tune/prefill_tiles.py" --out "$OUT/prefill_tiles" --budget-s 200 2>&1 \
+                timeout 200 python3 "$REPO/benchmarks/tune/prefill_tiles.py" --out "$OUT/prefill_tiles" --budget-s 120 2>&1 \
                     | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac

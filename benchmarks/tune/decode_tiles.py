@@ -61,7 +61,10 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     kernel_args, out = decls.paged_decode.check(
         OP, c["query"], c["kc"], c["vc"], c["table"], c["lens"], **c["kw"]
     )
-    base_splits = tk.num_splits(bsz, hkv, n, torch.cuda.get_device_properties(0).multi_processor_count)
+    # the launcher's own count (D 128 here: one chunk per KV head)
+    base_splits = tk.num_splits(
+        bsz, hkv, n, torch.cuda.get_device_properties(0).multi_processor_count, not fp8
+    )
     cache_bytes = 2 * bsz * n * hkv * d * (1 if fp8 else 2)
     R = max(1, min(200, math.ceil(args.target_us / max(5.0, cache_bytes / 4e12 * 1e6))))
 
@@ -76,10 +79,12 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     t = time_impl(torch, lambda _: launch(None, base_splits), [None], R, args.replays)
     rec["heuristic_us"] = t["us"]
     for tile in TILES:
+        seen: set[int] = set()
         for f in SPLIT_FACTORS:
-            splits = min(tk.MAX_SPLITS * 2, base_splits * f)
-            if f > 1 and splits == base_splits:
+            splits = min(tk.MAX_SPLITS, base_splits * f)
+            if splits in seen:  # clamped to a count already timed
                 continue
+            seen.add(splits)
             name = f"{tile[0]}x{tile[1]}w s{tile[2]}{' pf' if tile[3] else ''} split*{f}"
             try:
                 launch(tk.TileConfig(*tile), splits)
@@ -176,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                         break
                     record["cases"].append(run_case(torch, model, bsz, n, fp8, args))
                     (args.out / "decode_tiles.json").write_text(json.dumps(record, indent=1))
+                    (args.out / "decode_tiles.md").write_text(render(record))  # a killed run keeps it
     (args.out / "decode_tiles.md").write_text(render(record))
     print(render(record))
     return 0

@@ -77,12 +77,12 @@ def test_one_split_or_many_agree(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("block_n", [16, 64])
 def test_prefetched_tiles_agree(block_n: int) -> None:
     """The register double buffer (each step loads the next tile first) and other key tiles give
-    the plain loop's result: a ragged batch whose splits end mid-tile and mid-page, a window, a bad
-    block id masked, one split and several."""
+    the plain loop's result: a ragged batch whose sequences end mid-tile and mid-page, a window, a
+    bad block id masked, one split and several."""
     args = _problem([300, 130, 1, 0], hq=8, hkv=2, page=16, dtype=torch.float32, seed=11)
     args[3][1, 2] = args[1].shape[0] + 5  # masked by the kernel (the launcher: no values hook)
     kw = {"window_left": 200}
-    plain, lse_plain = _launch(args, 3, **kw)
+    plain, lse_plain = _launch(args, 3, triton_kernels.TileConfig(32, 4, 1, False), **kw)
     for tile in (
         triton_kernels.TileConfig(block_n, 4, 2, True),
         triton_kernels.TileConfig(block_n, 4, 1, False),
@@ -176,6 +176,10 @@ def test_split_heuristic() -> None:
     assert ns(256, 8, 32768, 132) == 1  # a full batch: no split
     assert ns(1, 1, 1 << 20, 132) == triton_kernels.MAX_SPLITS
     assert ns(0, 8, 0, 132) == 1
+    # fp8 caches and wide (MLA) value tiles: two waves, the wider bounds (untimed forms)
+    assert ns(1, 8, 32768, 132, measured=False) == 33
+    assert ns(1, 8, 512, 132, measured=False) == 8
+    assert ns(1, 1, 1 << 20, 132, measured=False) == triton_kernels.WIDE_MAX_SPLITS
 
 
 _COMPILE = """

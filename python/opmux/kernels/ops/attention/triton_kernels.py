@@ -51,9 +51,11 @@ from ._paged_tiles import _load_tile, _tanh, value_is_key_prefix
 #: Triton's CPU interpreter (tests): its ``tl.dot`` takes bf16 tiles for integers, so bf16 tiles
 #: go to the dot as fp32 there (exact: a bf16 product fits fp32); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-#: a split handles at least this many positions (more splits only for longer tables)
-MIN_SPLIT_TOKENS = 32
-MAX_SPLITS = 128
+#: a split handles at least this many positions (more splits only for longer tables), at most
+#: this many splits; the measured rule's bounds (16-bit caches, head dims <= 128), and the
+#: untimed forms' (fp8 caches, wider heads: MLA's 512-dim partial outputs)
+MIN_SPLIT_TOKENS, MAX_SPLITS = 32, 128
+WIDE_MIN_SPLIT_TOKENS, WIDE_MAX_SPLITS = 64, 64
 #: the running max starts at -1e30 (finite, so that no ``-inf - -inf`` ever appears; a literal
 #: in the kernels: Triton takes no plain global there)
 
@@ -65,19 +67,23 @@ def _sm_count(device: torch.device) -> int:
     return 132  # the CPU interpreter: an H200's count, so tests take the GPU's split counts
 
 
-def num_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
-    """How many splits per (sequence, KV head): enough programs for two waves of the SMs, four
-    when the (sequence, KV head) pairs alone would fill at most half of them, none shorter than
-    ``MIN_SPLIT_TOKENS`` positions of the table, at most ``MAX_SPLITS``. From the shapes only (no
-    sync). The rule is the H200 sweep's (``benchmarks/tune/decode_tiles.py``,
-    docs/benchmarks/attention_decode_h200.md): with the 4-warp prefetching tile, twice the
-    two-wave count gave 0.78-0.94x the time at batch 1 and at Qwen3's 16 x 4 pairs, and 1.0-1.25x
-    once the pairs filled the SMs."""
+def num_splits(batch: int, kv_heads: int, max_context: int, sm_count: int, measured: bool = True) -> int:
+    """How many splits per (sequence, KV head): enough programs for two waves of the SMs, none
+    shorter than ``MIN_SPLIT_TOKENS`` positions of the table, at most ``MAX_SPLITS``. From the
+    shapes only (no sync). ``measured`` (16-bit caches, value head dims <= 128: what the H200
+    sweep timed, ``benchmarks/tune/decode_tiles.py``, docs/benchmarks/attention_decode_h200.md):
+    four waves when the (sequence, KV head) pairs fill at most half the SMs (2x the two-wave count
+    took 0.78-0.91x the time at batch 1 and 0.93-1.01x at Qwen3's 16 x 4 pairs, 1.0-1.25x once the
+    pairs fill the SMs). Otherwise (fp8 caches: 2x was 1.03-1.16x at batch 1; MLA's wide partial
+    outputs: untimed) two waves within the ``WIDE_*`` bounds."""
     programs = max(1, batch * kv_heads)
-    waves = 4 if 2 * programs <= sm_count else 2
+    if measured:
+        waves, least, most = (4 if 2 * programs <= sm_count else 2), MIN_SPLIT_TOKENS, MAX_SPLITS
+    else:
+        waves, least, most = 2, WIDE_MIN_SPLIT_TOKENS, WIDE_MAX_SPLITS
     want = triton.cdiv(waves * sm_count, programs)
-    by_len = triton.cdiv(max(1, max_context), MIN_SPLIT_TOKENS)
-    return max(1, min(want, by_len, MAX_SPLITS))
+    by_len = triton.cdiv(max(1, max_context), least)
+    return max(1, min(want, by_len, most))
 
 
 #: the most elements of a program's fp32 accumulator ``[BLOCK_G, BLOCK_DV]`` (16 heads of MLA's
@@ -105,16 +111,18 @@ class TileConfig(NamedTuple):
     prefetch: bool = False
 
 
-def tile_config(block_d: int) -> TileConfig:
-    """The split kernel's launch for a padded (value) head dim. Up to 128 dims: 32 key rows at 4
-    warps with the register double buffer, the H200 sweep's best (``benchmarks/tune/
-    decode_tiles.py``: 0.74x the previous 32 rows at 8 warps over 23 bf16 cases, never slower than
-    it; docs/benchmarks/attention_decode_h200.md). Larger dims keep the largest key tile whose
-    gather and dot stay in registers on sm_90 without spills (every form, bf16 / fp16 / fp32 / fp8,
-    dot and elementwise), not timed yet; MLA's 512-dim value tile (with the 64-dim rope tile of the
-    keys) takes 8 warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
+def tile_config(block_d: int, plain: bool = True) -> TileConfig:
+    """The split kernel's launch for a padded (value) head dim. Up to 128 dims, 16-bit queries
+    and no key tail (``plain``): 32 key rows at 4 warps with the register double buffer, the H200
+    sweep's best (``benchmarks/tune/decode_tiles.py``: 0.744x the previous 32 rows at 8 warps
+    over 23 bf16 cases, never slower than it; docs/benchmarks/attention_decode_h200.md). fp32
+    queries and a key tail (192 / 128) keep that previous tile: double buffers of fp32 or three
+    tiles were not checked for spills nor timed. Larger dims keep the largest key tile whose
+    gather and dot stay in registers on sm_90 without spills (every form, bf16 / fp16 / fp32 /
+    fp8, dot and elementwise), not timed yet; MLA's 512-dim value tile (with the 64-dim rope tile
+    of the keys) takes 8 warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
     if block_d <= 128:
-        return TileConfig(32, 4, 3, True)
+        return TileConfig(32, 4, 3, True) if plain else TileConfig(32, 8)
     return TileConfig(16, 8) if block_d >= 512 else TileConfig(16, 4)
 
 
@@ -410,8 +418,8 @@ def launch(
     block_g = group_tile(g, block_dv)
     chunks = triton.cdiv(g, block_g)
     if splits is None:
-        splits = num_splits(bsz, hkv * chunks, capacity, _sm_count(query.device))
-    block_n, warps, stages, prefetch = tile or tile_config(block_dv)
+        splits = num_splits(bsz, hkv * chunks, capacity, _sm_count(query.device), block_dv <= 128 and not fp8)
+    block_n, warps, stages, prefetch = tile or tile_config(block_dv, query.dtype != torch.float32 and d == dv)
     dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
     ws = torch.empty((bsz, hq, splits, dv), dtype=torch.float32, device=query.device)
     pm = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
