@@ -94,7 +94,7 @@ def check_decode_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, bloc
             Hkv = key_cache_s[2]
             Dv = value_cache_s[3]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 2147483647 and B * Hq <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 1073741824 and B * Hq <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
@@ -170,8 +170,8 @@ def check_decode_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, bloc
     _checks.tensor(op, "v_scale", v_scale)
     _checks.dtype_in(op, "v_scale", v_scale, ('float32',))
     _checks.same_device(op, "query", query, v_scale=v_scale)
-    if not (MB * PS <= 2147483647 and B * Hq <= 2147483647) and query.device.type == 'cuda':
-        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages: sizes exceed the kernel's 32-bit positions")
+    if not (MB * PS <= 1073741824 and B * Hq <= 2147483647) and query.device.type == 'cuda':
+        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages: sizes exceed the kernel's 32-bit positions (at most 1073741824 table positions)")
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))
@@ -269,7 +269,7 @@ def check_decode(op: str, query: Any, key_cache: Any, value_cache: Any, block_ta
             Hkv = key_cache_s[2]
             Dv = value_cache_s[3]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 2147483647 and B * Hq <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 1073741824 and B * Hq <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
@@ -338,8 +338,8 @@ def check_decode(op: str, query: Any, key_cache: Any, value_cache: Any, block_ta
         _checks.same_device(op, "query", query, sinks=sinks)
     if not (k_scale is None and v_scale is None):
         raise ValueError(f'{op}: k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {str(key_cache.dtype)[6:]}: pass no scales, or an fp8 cache')
-    if not (MB * PS <= 2147483647 and B * Hq <= 2147483647) and query.device.type == 'cuda':
-        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages: sizes exceed the kernel's 32-bit positions")
+    if not (MB * PS <= 1073741824 and B * Hq <= 2147483647) and query.device.type == 'cuda':
+        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages: sizes exceed the kernel's 32-bit positions (at most 1073741824 table positions)")
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))
@@ -459,7 +459,7 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
             Dv = value_cache_s[3]
             B = block_tables_s[0]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
@@ -541,8 +541,8 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
     _checks.tensor(op, "v_scale", v_scale)
     _checks.dtype_in(op, "v_scale", v_scale, ('float32',))
     _checks.same_device(op, "query", query, v_scale=v_scale)
-    if not (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
-        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions")
+    if not (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
+        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions (at most 1073741824 table positions)")
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))
@@ -649,7 +649,7 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
             Dv = value_cache_s[3]
             B = block_tables_s[0]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
@@ -724,8 +724,8 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
         _checks.same_device(op, "query", query, sinks=sinks)
     if not (k_scale is None and v_scale is None):
         raise ValueError(f'{op}: k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {str(key_cache.dtype)[6:]}: pass no scales, or an fp8 cache')
-    if not (MB * PS <= 2147483647 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
-        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions")
+    if not (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
+        raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions (at most 1073741824 table positions)")
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))

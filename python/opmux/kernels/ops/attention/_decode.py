@@ -22,6 +22,10 @@ else:
 
 OP = "attention.paged_decode"
 _I32 = 2**31 - 1
+#: the most table positions (max_blocks_per_seq * page_size): the kernels step a few tiles and
+#: splits past a table's end in 32-bit position arithmetic (masked), so the table stays far below
+#: 2**31 (a billion tokens)
+_POSITIONS = 2**30
 #: the cache layouts the kernels take: any non-negative strides with a dense head dim (kvcache's)
 _CACHE_HINT = (
     "has strides {{t}.stride()}; its head_dim must be dense (stride 1) and no stride negative (NHD "
@@ -176,8 +180,9 @@ def _items(fp8: bool) -> tuple[Any, ...]:
         *knob_items(),
         *scales,
         Rule(
-            f"MB * PS <= {_I32} and B * Hq <= {_I32}",
-            "block_tables [{B}, {MB}] of {PS}-token pages: sizes exceed the kernel's 32-bit positions",
+            f"MB * PS <= {_POSITIONS} and B * Hq <= {_I32}",
+            "block_tables [{B}, {MB}] of {PS}-token pages: sizes exceed the kernel's 32-bit positions "
+            f"(at most {_POSITIONS} table positions)",
             device="cuda",
         ),
         Arg("lse", "B, Hq", dtypes=("float32",), device_of="query", layout="strided", expect="[{B}, {Hq}]"),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _checks
 from .._contract import FLOATS, Arg, Contract, Forms, Rule, When
-from ._decode import _I32, _rows, attend_rows, cache_items, cache_scales, knob_items
+from ._decode import _I32, _POSITIONS, _rows, attend_rows, cache_items, cache_scales, knob_items
 
 if TYPE_CHECKING:
     import torch
@@ -70,9 +70,9 @@ def _items(fp8: bool) -> tuple[Any, ...]:
         *knob_items(),
         *scales,
         Rule(
-            f"MB * PS <= {_I32} and T * Hq <= {_I32} and T + B <= {_I32}",
+            f"MB * PS <= {_POSITIONS} and T * Hq <= {_I32} and T + B <= {_I32}",
             "block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's "
-            "32-bit positions",
+            f"32-bit positions (at most {_POSITIONS} table positions)",
             device="cuda",
         ),
         Arg("lse", "T, Hq", dtypes=("float32",), device_of="query", layout="strided", expect="[{T}, {Hq}]"),
