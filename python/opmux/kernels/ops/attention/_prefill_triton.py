@@ -197,26 +197,9 @@ def _prefill(
     for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         k, v, kr, ok = _load_tile(
-            kbase,
-            vbase,
-            BT + b64 * sbt_b,
-            sbt_m,
-            n0,
-            kv_end,
-            num_blocks,
-            sk_b,
-            sk_p,
-            sv_b,
-            sv_p,
-            d,
-            dmask,
-            dr,
-            drmask,
-            PAGE_SIZE,
-            BLOCK_N,
-            HAS_TAIL,
-            V_FROM_K,
-        )
+            kbase, vbase, BT + b64 * sbt_b, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
+            dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
+        )  # fmt: skip
         if DOT_F32:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
             if HAS_TAIL:

@@ -215,72 +215,21 @@ def _decode_split(
     vbase = VC + hk.to(tl.int64) * sv_h
     if PREFETCH:  # the first tile's rows; each step then issues the next tile's before its math
         k_nx, v_nx, kr_nx, ok_nx = _load_tile(
-            kbase,
-            vbase,
-            BT + b64 * sbt_b,
-            sbt_m,
-            start,
-            end,
-            num_blocks,
-            sk_b,
-            sk_p,
-            sv_b,
-            sv_p,
-            d,
-            dmask,
-            dr,
-            rmask,
-            PAGE_SIZE,
-            BLOCK_N,
-            HAS_TAIL,
-            V_FROM_K,
-        )
+            kbase, vbase, BT + b64 * sbt_b, sbt_m, start, end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
+            dmask, dr, rmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
+        )  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:
             k, v, kr, ok = k_nx, v_nx, kr_nx, ok_nx
             k_nx, v_nx, kr_nx, ok_nx = _load_tile(
-                kbase,
-                vbase,
-                BT + b64 * sbt_b,
-                sbt_m,
-                n0 + BLOCK_N,
-                end,
-                num_blocks,
-                sk_b,
-                sk_p,
-                sv_b,
-                sv_p,
-                d,
-                dmask,
-                dr,
-                rmask,
-                PAGE_SIZE,
-                BLOCK_N,
-                HAS_TAIL,
-                V_FROM_K,
-            )
+                kbase, vbase, BT + b64 * sbt_b, sbt_m, n0 + BLOCK_N, end, num_blocks, sk_b, sk_p, sv_b,
+                sv_p, d, dmask, dr, rmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
+            )  # fmt: skip
         else:
             k, v, kr, ok = _load_tile(
-                kbase,
-                vbase,
-                BT + b64 * sbt_b,
-                sbt_m,
-                n0,
-                end,
-                num_blocks,
-                sk_b,
-                sk_p,
-                sv_b,
-                sv_p,
-                d,
-                dmask,
-                dr,
-                rmask,
-                PAGE_SIZE,
-                BLOCK_N,
-                HAS_TAIL,
-                V_FROM_K,
-            )
+                kbase, vbase, BT + b64 * sbt_b, sbt_m, n0, end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
+                dmask, dr, rmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
+            )  # fmt: skip
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
