@@ -135,7 +135,9 @@ def test_a_default_call_starts_the_bridge_and_takes_its_entry(tmp_path: Path) ->
         [sys.executable, "-c", _ENTRY_SCRIPT], capture_output=True, text=True, env=full, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "FIRST building" in proc.stdout, proc.stdout
+    # started by that call: still building, or already built when the call's own JIT compile of
+    # the op's CPU unit took longer than the bridge (about 19 s on CI's 2 cores)
+    assert "FIRST building" in proc.stdout or "FIRST ready" in proc.stdout, proc.stdout
     if "HEADERS True" in proc.stdout:
         assert "ENTRY True CALLS 2" in proc.stdout, proc.stdout
     else:  # built without the entry: the tvm-ffi lane stays
