@@ -26,6 +26,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from _sweep import candidate_rows, pick_best  # noqa: E402
 from bench_attention_decode import MODELS, make_case  # noqa: E402
 from bench_gpu import environment, time_impl  # noqa: E402
 
@@ -103,13 +104,9 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
                 rec["cands"][name] = {"us": r["us"], "GBs": cache_bytes / (r["us"] * 1e-6) / 1e9}
             except Exception as exc:
                 rec["cands"][name] = {"status": "error", "why": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    ok = {k: v["us"] for k, v in rec["cands"].items() if "us" in v}
-    if ok:
-        best = min(ok, key=ok.get)
-        rec["best"], rec["best_us"] = best, ok[best]
-        rec["best_over_heuristic"] = ok[best] / rec["heuristic_us"]
+    if pick_best(rec, "heuristic") is not None:
         rec["heuristic_GBs"] = cache_bytes / (rec["heuristic_us"] * 1e-6) / 1e9
-        rec["best_GBs"] = cache_bytes / (ok[best] * 1e-6) / 1e9
+        rec["best_GBs"] = cache_bytes / (rec["best_us"] * 1e-6) / 1e9
     log(
         f"{model} B={bsz} N={n}{' fp8' if fp8 else ''}: heuristic {rec['heuristic_us']:.1f} us, "
         f"best {rec.get('best')} {rec.get('best_us', float('nan')):.1f} us"
@@ -130,20 +127,14 @@ def render(record: dict[str, Any]) -> str:
         "| model | B | N | cache | splits | heuristic | best | best us | best/heuristic |",
         "|---|---:|---:|---|---:|---:|---|---:|---:|",
     ]
-    totals: dict[str, list[float]] = {}
     for r in record["cases"]:
         lines.append(
             f"| {r['model']} | {r['B']} | {r['N']} | {'fp8' if r['fp8'] else 'bf16'} | {r['splits']} | "
             f"{r['heuristic_us']:.1f} ({r.get('heuristic_GBs', 0):.0f}) | {r.get('best', '-')} | "
             f"{r.get('best_us', float('nan')):.1f} ({r.get('best_GBs', 0):.0f}) | {r.get('best_over_heuristic', float('nan')):.3f} |"
         )
-        for k, v in r["cands"].items():
-            if "us" in v:
-                totals.setdefault(k, []).append(v["us"] / r["heuristic_us"])
     lines += ["", "Each candidate over the heuristic (geometric mean over the cases it ran; worst case):", ""]
-    lines += ["| candidate | geomean | worst | cases |", "|---|---:|---:|---:|"]
-    for k, v in sorted(totals.items(), key=lambda kv: math.prod(kv[1]) ** (1 / len(kv[1]))):
-        lines.append(f"| {k} | {math.prod(v) ** (1 / len(v)):.3f} | {max(v):.3f} | {len(v)} |")
+    lines += candidate_rows(record["cases"], "heuristic", "geomean")
     return "\n".join(lines) + "\n"
 
 

@@ -25,6 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from _sweep import candidate_rows, pick_best  # noqa: E402
 from bench_attention_prefill import MODELS, make_case, split  # noqa: E402
 from bench_gpu import environment, time_impl  # noqa: E402
 
@@ -88,11 +89,7 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
             rec["cands"][name] = {"us": r["us"], "TFLOPs": flops / (r["us"] * 1e-6) / 1e12}
         except Exception as exc:
             rec["cands"][name] = {"status": "error", "why": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    ok = {k: v["us"] for k, v in rec["cands"].items() if "us" in v}
-    if ok:
-        best = min(ok, key=ok.get)
-        rec["best"], rec["best_us"] = best, ok[best]
-        rec["best_over_default"] = ok[best] / rec["default_us"]
+    pick_best(rec, "default")
     log(
         f"{model} {mode} N={n}: default {rec['default_us']:.1f} us, best {rec.get('best')} {rec.get('best_us', math.nan):.1f} us"
     )
@@ -111,18 +108,12 @@ def render(record: dict[str, Any]) -> str:
         "| model | mode | N | default | best | best us | best/default |",
         "|---|---|---:|---:|---|---:|---:|",
     ]
-    ratios: dict[str, list[float]] = {}
     for r in record["cases"]:
         lines.append(
             f"| {r['model']} | {r['mode']} | {r['N']} | {r['default_us']:.1f} | {r.get('best', '-')} | "
             f"{r.get('best_us', math.nan):.1f} | {r.get('best_over_default', math.nan):.3f} |"
         )
-        for k, v in r["cands"].items():
-            if "us" in v:
-                ratios.setdefault(k, []).append(v["us"] / r["default_us"])
-    lines += ["", "| candidate | geomean over default | worst | cases |", "|---|---:|---:|---:|"]
-    for k, v in sorted(ratios.items(), key=lambda kv: math.prod(kv[1]) ** (1 / len(kv[1]))):
-        lines.append(f"| {k} | {math.prod(v) ** (1 / len(v)):.3f} | {max(v):.3f} | {len(v)} |")
+    lines += ["", *candidate_rows(record["cases"], "default", "geomean over default")]
     return "\n".join(lines) + "\n"
 
 
