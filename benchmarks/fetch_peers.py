@@ -22,6 +22,13 @@ benchmark), so it is rewritten into a trimmed wheel of the same name and version
 * the non-source package data (json, jinja templates, ...), except files over
   ``LARGE_DATA`` bytes outside the benchmarked modules (build manifests of other kernels).
 
+With ``--aot-arch 9.0a`` the JIT modules the GPU benchmarks touch (the glue ops', the samplers',
+bf16 batch decode and FA3 paged prefill at D = 128) are built here first, from the whole wheel, by
+``flashinfer_aot.py``, and ride in the trimmed wheel as FlashInfer's own AOT files
+(``flashinfer/data/aot/<name>/<name>.so``): the device machine then loads them without compiling.
+Their gen functions still run at first use (they render jinja templates and copy sources from the
+top of ``data/csrc`` before finding the built file), so those top-level files are kept too.
+
 The RECORD is regenerated, and a ``TRIMMED`` note is added to the dist-info. Wheels fetched:
 liger-kernel (pure Python), apache-tvm-ffi (cp312 manylinux; opmux's compiled code binds through
 it, and the device image lacks it) and flashinfer-python. Their other requirements are already in
@@ -180,8 +187,11 @@ def _docstrings(tree: ast.AST) -> list[ast.Constant]:
     return found
 
 
-def trim_flashinfer(wheel: Path) -> Path:
+def trim_flashinfer(wheel: Path, aot: dict[str, Path] | None = None) -> Path:
+    """Rewrite ``wheel`` in place, trimmed; ``aot``: {module name: built .so} to add as
+    ``flashinfer/data/aot/<name>/<name>.so``."""
     pkg = "flashinfer"
+    aot = aot or {}
     with zipfile.ZipFile(wheel) as zf:
         infos = zf.infolist()
         names = {i.filename: i for i in infos}
@@ -197,6 +207,8 @@ def trim_flashinfer(wheel: Path) -> Path:
                 continue
             if n.endswith(".py"):  # every one (see the module docstring)
                 keep.append(i)
+            elif aot and n.startswith(f"{pkg}/data/csrc/") and n.count("/") == 3:
+                keep.append(i)  # the AOT modules' gen functions still read their templates here
             elif n.startswith(f"{pkg}/data/cccl/"):
                 keep.append(
                     i
@@ -225,11 +237,20 @@ def trim_flashinfer(wheel: Path) -> Path:
                 zo.writestr(i, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
                 digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
                 record.append(f"{i.filename},sha256={digest},{len(data)}")
+            for name, so in sorted(aot.items()):
+                data = so.read_bytes()
+                arc = f"{pkg}/data/aot/{name}/{name}.so"
+                info = zipfile.ZipInfo(arc, date_time=(2020, 1, 1, 0, 0, 0))
+                info.external_attr = 0o755 << 16
+                zo.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                record.append(f"{arc},sha256={digest},{len(data)}")
             note = (
                 f"Trimmed by opmux benchmarks/fetch_peers.py for the offline benchmark machine: kept "
                 f"{len(keep)} of {len(infos)} files: every Python file ({stripped} rewritten by "
                 f"ast.unparse without comments and docstrings); CUDA sources only for {', '.join(CSRC_UNITS)} "
-                "and their #include closure.\n"
+                f"and their #include closure; {len(aot)} modules built ahead of time (data/aot): "
+                f"{', '.join(sorted(aot)) or 'none'}.\n"
             ).encode()
             zo.writestr(f"{distinfo}/TRIMMED", note)
             digest = base64.urlsafe_b64encode(hashlib.sha256(note).digest()).rstrip(b"=").decode()
@@ -252,14 +273,32 @@ def main() -> None:
     ap.add_argument(
         "--no-download", action="store_true", help="only trim the flashinfer wheel already in --dir"
     )
+    ap.add_argument(
+        "--aot-arch",
+        help="build the benchmarks' FlashInfer modules for this arch first (e.g. 9.0a; needs nvcc) "
+        "and ship them in the trimmed wheel (flashinfer_aot.py)",
+    )
+    ap.add_argument("--aot-modules", help="comma-separated subset of flashinfer_aot.MODULES")
     args = ap.parse_args()
     if not args.no_download:
         download(args.dir)
     for w in sorted(args.dir.glob("flashinfer_python-*.whl")):
         with zipfile.ZipFile(w) as zf:
             if any(n.endswith(".dist-info/TRIMMED") for n in zf.namelist()):
-                print(f"{w.name}: already trimmed")
+                print(f"{w.name}: already trimmed (--aot-arch needs the whole wheel: download it again)")
                 continue
+        aot: dict[str, Path] = {}
+        if args.aot_arch:
+            import tempfile
+
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import flashinfer_aot
+
+            keys = args.aot_modules.split(",") if args.aot_modules else list(flashinfer_aot.MODULES)
+            with tempfile.TemporaryDirectory(prefix="fi-aot-out-") as t:
+                aot = flashinfer_aot.build(w, args.aot_arch, Path(t), keys)
+                trim_flashinfer(w, aot)
+            continue
         trim_flashinfer(w)
     total = 0
     for w in sorted(args.dir.glob("*.whl")):
