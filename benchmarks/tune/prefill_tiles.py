@@ -1,5 +1,6 @@
-"""Sweep attention.paged_prefill's Triton launch (query rows x key rows, warps, pipeline stages) over
-the prefill benchmark's shapes on one GPU: the data behind ``_prefill_triton.tile_config``.
+"""Sweep attention.paged_prefill's Triton launch (query rows x key rows, warps, pipeline stages, and
+the kernel's SPLIT: key tiles below the diagonal without the causal mask) over the prefill
+benchmark's shapes on one GPU: the data behind ``_prefill_triton.tile_config``.
 
     python benchmarks/tune/prefill_tiles.py --out DIR [--models Llama-3-8B,Qwen3-30B-A3B]
         [--tokens 1024,4096,16384] [--modes prefill,extend,ragged] [--budget-s 240]
@@ -30,18 +31,23 @@ from bench_attention_prefill import MODELS, make_case, split  # noqa: E402
 from bench_gpu import environment, time_impl  # noqa: E402
 
 OP = "attention.paged_prefill"
-#: (BLOCK_M query rows, BLOCK_N key rows, num_warps, num_stages); D = 128's default (128, 64, 8, 2)
-#: is the baseline every case times first
+#: (BLOCK_M query rows, BLOCK_N key rows, num_warps, num_stages, SPLIT); D = 128's default
+#: (128, 64, 8, 2, off) is the baseline every case times first. SPLIT's two pipelined loops take
+#: more registers (ptxas sm_90a, bf16: 192 -> 255 at 128 x 64; 128 x 128 then spills): only the
+#: tiles that stay unspilled are swept with it
 TILES = [
-    (128, 64, 8, 3),
-    (128, 64, 4, 2),
-    (128, 32, 4, 3),
-    (128, 128, 8, 2),
-    (64, 64, 4, 2),
-    (64, 64, 4, 3),
-    (64, 32, 4, 3),
-    (64, 128, 4, 2),
-    (256, 64, 8, 2),
+    (128, 64, 8, 3, False),
+    (128, 64, 4, 2, False),
+    (128, 32, 4, 3, False),
+    (128, 128, 8, 2, False),
+    (64, 64, 4, 2, False),
+    (64, 64, 4, 3, False),
+    (64, 32, 4, 3, False),
+    (64, 128, 4, 2, False),
+    (256, 64, 8, 2, False),
+    (128, 64, 8, 2, True),
+    (128, 32, 8, 3, True),
+    (64, 64, 4, 3, True),
 ]
 T0 = time.perf_counter()
 
@@ -63,12 +69,12 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     flops = sum(4 * q * (p + q / 2) * hq * d for q, p in zip(q_lens, prefix, strict=True))
     R = max(1, min(100, math.ceil(args.target_us / max(5.0, flops / 4e14 * 1e6))))
 
-    def launch(tile: tuple[int, int, int, int] | None) -> Any:
+    def launch(tile: tuple[int, int, int, int, bool] | None) -> Any:
         if tile is None:
             _prefill_triton.launch(*kernel_args)
         else:
-            bm, bn, w, st = tile
-            _prefill_triton.launch(*kernel_args, block_m=bm, block_n=bn, warps=w, stages=st)
+            bm, bn, w, st, sp = tile
+            _prefill_triton.launch(*kernel_args, block_m=bm, block_n=bn, warps=w, stages=st, split=sp)
         return out
 
     launch(None)
@@ -77,7 +83,7 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     rec: dict[str, Any] = {"model": model, "mode": mode, "N": n, "cands": {}}
     rec["default_us"] = time_impl(torch, lambda _: launch(None), [None], R, args.replays)["us"]
     for tile in TILES:
-        name = "{}x{} {}w s{}".format(*tile)
+        name = "{}x{} {}w s{}".format(*tile[:4]) + (" split" if tile[4] else "")
         try:
             launch(tile)
             torch.cuda.synchronize()

@@ -54,7 +54,7 @@ def _problem(
 def _launch(args: list[torch.Tensor], **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel on the contract's kernel arguments (no values hook), out and lse pre-filled
     with NaN (a row no program writes stays NaN); ``block_m`` / ``block_n`` pick the tile."""
-    tile = {k: kw.pop(k) for k in ("block_m", "block_n") if k in kw}
+    tile = {k: kw.pop(k) for k in ("block_m", "block_n", "split") if k in kw}
     rows, hq = args[0].shape[:2]
     lse = torch.full((rows, hq), float("nan"))
     out = torch.full(args[0].shape, float("nan"), dtype=args[0].dtype)
@@ -191,6 +191,41 @@ def test_bad_indices_are_clamped_and_masked_by_the_kernel() -> None:
     assert torch.isfinite(got).all() and torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"softcap": 2.0, "sinks": _SINKS}, {"window_left": 5}],
+    ids=["plain", "softcap-sinks", "window"],
+)
+def test_split_runs_the_tiles_below_the_diagonal_unmasked(kw: dict[str, Any], dtype: torch.dtype) -> None:
+    """``split=True`` (the kernel's SPLIT): long prefixes and prompts, so that both the unmasked
+    loop and the diagonal's masked one run several 16-key tiles per query block; a window keeps
+    the masked loop alone. Same output and LSE as the reference."""
+    args = _problem([37, 1, 20, 3], [50, 70, 0, 16], page=5, dtype=dtype, seed=9)
+    lse_want = torch.empty(args[0].shape[:2])
+    want = _prefill.reference(*args, lse=lse_want, **kw)
+    for tile in ({"block_m": 16, "block_n": 16}, {"block_m": 32, "block_n": 32}):
+        got, lse = _launch(args, split=True, **tile, **kw)
+        _close(got, want, dtype)
+        torch.testing.assert_close(lse, lse_want, atol=1e-3, rtol=1e-4)
+
+
+def test_split_skips_a_bad_block_in_the_unmasked_tiles() -> None:
+    """A bad block id below the diagonal: the unmasked loop's column bias drops its tokens as the
+    masked loop does (the two launches agree), and nothing non-finite comes out."""
+    q, kc, vc, table, lens, cu = _problem([5, 6], [40, 33], page=8, seed=10)
+    bad = table.clone()
+    bad[0, 1] = kc.shape[0] + 3  # positions 8..15 of sequence 0: inside the first unmasked tiles
+    bad[1, 0] = -1
+    got, lse = _launch([q, kc, vc, bad, lens, cu], block_m=16, block_n=16, split=True)
+    ref, lse_ref = _launch([q, kc, vc, bad, lens, cu], block_m=16, block_n=16)
+    assert torch.isfinite(got).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5)
+    full = _prefill.reference(q, kc, vc, table, lens, cu)
+    assert not torch.allclose(got[:5], full[:5], atol=1e-3)  # the block's tokens really are gone
+
+
 def test_cu_seqlens_refused_on_the_cpu() -> None:
     args = _problem([5, 3], [2, 0], seed=7)
     for cu, match in (([0, 2, 8], "sequence 1 has 6 new tokens"), ([0, 5, 9], "but query has 8 rows")):
@@ -220,13 +255,14 @@ FORMS = [  # (q dtype, cache dtype, (value) head dim, group, page, flags)
     ("bf16", "fp8e4nv", 512, 16, 1, dict(FP8=True, **MLA)),
     ("fp16", "fp16", 128, 8, 16, dict(**MLA, **ALL)),  # non-absorbed: D 192, Dv 128
     ("fp32", "fp32", 512, 16, 16, dict(DOT_F32=True, V_FROM_K=True, **MLA)),
+    ("bf16", "bf16", 128, 4, 16, dict(SPLIT=True, HAS_LSE=True)),  # the sweep's unmasked-interior form
 ]
 for qdt, cache, block_d, g, page, flags in FORMS:
     bm, bn, warps, stages = pt.tile_config(block_d, g, qdt == "fp32")
     gc = min(g, bm)  # the launcher's head chunk
     const = dict(G=g, GC=gc, PAGE_SIZE=page, BLOCK_M=bm, BLOCK_Q=bm // gc, BLOCK_DV=block_d, BLOCK_DR=16,
                  BLOCK_N=bn, DOT_F32=False, FP8=False, SOFTCAP=False, WINDOW=False, HAS_SINKS=False,
-                 HAS_LSE=False, HAS_TAIL=False, V_FROM_K=False)
+                 HAS_LSE=False, HAS_TAIL=False, V_FROM_K=False, SPLIT=False)
     const.update(flags)
     sig = {}
     for n in pt._prefill.arg_names:
@@ -260,10 +296,11 @@ print("compiled")
 
 def test_kernel_compiles_for_sm90() -> None:
     """The interpreter runs what the compiler may refuse: the kernel compiled for an H100 / H200
-    (sm_90, no GPU needed) outside the interpreter, at tile_config's tiles, in ten forms (fp8 with
+    (sm_90, no GPU needed) outside the interpreter, at tile_config's tiles, in eleven forms (fp8 with
     every feature, D 256 with an odd page, MQA-like groups of 8 with one-token pages, fp32; MLA's
     512 + 64 with the value view and a value cache of its own, groups of 16 and of 128 (chunks of
-    32 heads), bf16 and fp8 caches, D 192 / Dv 128), and where Triton ships ptxas, none of the bf16 / fp16 ones spills (fp32 queries, a correctness
+    32 heads), bf16 and fp8 caches, D 192 / Dv 128; the split loop at the bf16 128-dim tile), and
+    where Triton ships ptxas, none of the bf16 / fp16 ones spills (fp32 queries, a correctness
     form, may)."""
     import os
     import subprocess

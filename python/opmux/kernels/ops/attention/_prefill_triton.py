@@ -74,6 +74,48 @@ def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int,
 
 
 @triton.jit
+def _step(
+    q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left,
+    MASKED: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, HAS_TAIL: tl.constexpr,
+):  # fmt: skip
+    """One key tile's online-softmax update of (acc, m_i, l_i): scores in log2 units, then the
+    causal and window masks per element (``MASKED``) or, for a tile every row sees whole, only
+    the tile's bad block ids as a column bias (one add per score instead of compares and a
+    select)."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    if DOT_F32:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        if HAS_TAIL:
+            s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        if HAS_TAIL:
+            s += tl.dot(qr, tl.trans(kr.to(q.dtype)))
+    s = s * qk_scale
+    if SOFTCAP:
+        s = softcap * _tanh(s / softcap) * LOG2E
+    if MASKED:
+        pos = n0 + tl.arange(0, BLOCK_N)
+        keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
+        if WINDOW:
+            keep = keep & (pos[None, :] >= qpos[:, None] - window_left)
+        s = tl.where(keep, s, float("-inf"))
+    else:
+        s = s + tl.where(ok, 0.0, float("-inf"))[None, :]
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if DOT_F32:
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _prefill(
     Q,
     KC,
@@ -126,6 +168,7 @@ def _prefill(
     HAS_LSE: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     V_FROM_K: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -168,6 +211,7 @@ def _prefill(
         q = q.to(tl.float32)
     dr = DV + tl.arange(0, BLOCK_DR)  # the key dims [Dv, D) (MLA's rope part), when HAS_TAIL
     drmask = dr < D
+    qr = q  # no key tail: unused
     if HAS_TAIL:
         qr = tl.load(qptr + dr[None, :], mask=rmask[:, None] & drmask[None, :], other=0.0)
         if DOT_F32:
@@ -194,37 +238,35 @@ def _prefill(
         kv_start = tl.maximum(prefix + t0 - window_left, 0)
     kbase = KC + hk.to(tl.int64) * sk_h
     vbase = VC + hk.to(tl.int64) * sv_h
-    for n0 in range(kv_start, kv_end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
+    bt_row = BT + b64 * sbt_b
+    # SPLIT: key tiles wholly at or before every row's own position (the block's first row sees
+    # up to prefix + t0) run first without the causal mask, only bad block ids masked (a column
+    # bias); the tiles across the diagonal (every tile of a window) take the element masks. Off:
+    # one masked loop (fewer registers: the split's two pipelined loops hold 192 -> 255 at the
+    # 128 x 64 bf16 tile, ptxas sm_90a; which is faster is the sweep's to say)
+    full_end = kv_start
+    if SPLIT and not WINDOW:
+        full_end = tl.maximum(
+            kv_start, tl.minimum(kv_end, kv_start + (prefix + t0 + 1 - kv_start) // BLOCK_N * BLOCK_N)
+        )
+        for n0 in range(kv_start, full_end, BLOCK_N):
+            k, v, kr, ok = _load_tile(
+                kbase, vbase, bt_row, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
+                dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
+            )  # fmt: skip
+            acc, m_i, l_i = _step(
+                q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left,
+                False, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL,
+            )  # fmt: skip
+    for n0 in range(full_end, kv_end, BLOCK_N):
         k, v, kr, ok = _load_tile(
-            kbase, vbase, BT + b64 * sbt_b, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
+            kbase, vbase, bt_row, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
             dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
         )  # fmt: skip
-        if DOT_F32:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            if HAS_TAIL:
-                s += tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k.to(q.dtype)))
-            if HAS_TAIL:
-                s += tl.dot(qr, tl.trans(kr.to(q.dtype)))
-        s = s * qk_scale
-        if SOFTCAP:
-            s = softcap * _tanh(s / softcap) * LOG2E
-        keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
-        if WINDOW:
-            keep = keep & (pos[None, :] >= qpos[:, None] - window_left)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if DOT_F32:
-            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
-        m_i = m_new
+        acc, m_i, l_i = _step(
+            q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left,
+            True, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL,
+        )  # fmt: skip
 
     if FP8:
         acc = acc * tl.load(VS)
@@ -263,9 +305,11 @@ def launch(
     block_n: int | None = None,
     warps: int | None = None,
     stages: int | None = None,
+    split: bool = False,
 ) -> None:
     """The kernel on the checked arguments; ``block_m`` / ``block_n`` / ``warps`` / ``stages``
-    override ``tile_config``'s (tests, benchmarks/tune/prefill_tiles.py)."""
+    override ``tile_config``'s and ``split`` runs the tiles below the diagonal unmasked (the
+    kernel's ``SPLIT``; tests, benchmarks/tune/prefill_tiles.py)."""
     rows, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -336,6 +380,7 @@ def launch(
         HAS_LSE=has_lse,
         HAS_TAIL=d > dv,
         V_FROM_K=value_is_key_prefix(key_cache, value_cache),
+        SPLIT=split,
         num_warps=warps,
         num_stages=stages,
     )
