@@ -217,3 +217,32 @@ def test_the_shipped_h200_tables() -> None:
         assert {1, 8, 64, 256, 1024, 4096, 16384} <= set(table)
         assert dict(tuned.lookup(OP, "triton", "NVIDIA_H200", shape, 100, tags)) == dict(table[64])
         assert tuned.source(OP, "triton", "NVIDIA_H200", shape, tags=tags) == str(path)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_deepseek_fp8_decode_takes_the_tensor_core_decode_entry(
+    m: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the default call does on the H200 at decode sizes with the shipped tables: the fp8
+    select table (its first entry M = 64) does not reach M = 1 or 2 (SELECT_REACH), so the declared
+    CUDA order puts Triton first, and Triton's table gives its M = 1 entry: the two-launch decode
+    path (``DECODE``). Shape and M as the op's own problem function reads them (meta tensors)."""
+    import torch
+
+    from opmux.kernels import measured
+    from opmux.kernels.ops.moe import fused_experts_triton as fe
+
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA_H200")
+    e, n, k, topk = 256, 2048, 7168, 8
+    meta = dict(device="meta")
+    hidden = torch.empty(m, k, dtype=torch.bfloat16, **meta)
+    w1 = torch.empty(e, 2 * n, k, dtype=torch.float8_e4m3fn, **meta)
+    w2 = torch.empty(e, k, n, dtype=torch.float8_e4m3fn, **meta)
+    s1, s2 = torch.empty(e, 2 * n // 128, k // 128, **meta), torch.empty(e, k // 128, n // 128, **meta)
+    tw, ti = torch.empty(m, topk, **meta), torch.empty(m, topk, dtype=torch.int32, **meta)
+    assert measured.preferred(OP, "cuda", (hidden, w1, w2, tw, ti), {"w1_scale": s1, "w2_scale": s2}) is None
+    out, no_map = torch.empty_like(hidden), torch.empty(0, dtype=torch.int32, **meta)
+    args = (out, hidden, w1, w2, tw, ti, s1, s2, no_map)
+    shape, rows = fe._PROBLEM(*args)
+    config = tuned.lookup(OP, "triton", "NVIDIA_H200", shape, rows, fe._TAGS(*args))
+    assert (shape, rows) == ((e, n), m) and config.get("DECODE") == 1, dict(config)
