@@ -135,28 +135,7 @@ def fi_prebuild_worker(modules: list[str], status: Path) -> int:
     """Worker process: build FlashInfer JIT modules (3 at a time), one status line each."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def spec(name: str) -> Any:
-        if name == "norm":
-            from flashinfer.jit.norm import gen_norm_module
-
-            return gen_norm_module()
-        if name.endswith("_and_mul"):
-            from flashinfer.jit.activation import gen_act_and_mul_module
-
-            return gen_act_and_mul_module(name[: -len("_and_mul")])
-        if name == "rope":
-            from flashinfer.jit.rope import gen_rope_module
-
-            return gen_rope_module()
-        if name == "quantization":
-            from flashinfer.jit.quantization import gen_quantization_module
-
-            return gen_quantization_module()
-        if name == "page":
-            from flashinfer.jit.page import gen_page_module
-
-            return gen_page_module()
-        raise KeyError(name)
+    from flashinfer_aot import spec  # the module names' JIT specs, as fetch_peers --aot-arch builds them
 
     lock = threading.Lock()
 

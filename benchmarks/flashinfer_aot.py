@@ -47,8 +47,9 @@ MODULES = (
 )
 
 
-def _spec(key: str):  # type: ignore[no-untyped-def]
-    """FlashInfer's JitSpec for one of ``MODULES`` (imported from the unpacked wheel)."""
+def spec(key: str):  # type: ignore[no-untyped-def]
+    """FlashInfer's JitSpec for one of ``MODULES`` (flashinfer imported from where it is: the
+    unpacked wheel here, the installed one in bench_gpu.py's prebuild worker)."""
     import torch
 
     bf16, i32 = torch.bfloat16, torch.int32
@@ -93,10 +94,10 @@ def _worker(keys: list[str]) -> int:
     for key in keys:
         t = time.perf_counter()
         try:
-            spec = _spec(key)
-            spec.build(verbose=False)
-            so = Path(spec.get_library_path())
-            rec = {"module": key, "name": spec.name, "so": str(so), "s": round(time.perf_counter() - t, 1)}
+            js = spec(key)
+            js.build(verbose=False)
+            so = Path(js.get_library_path())
+            rec = {"module": key, "name": js.name, "so": str(so), "s": round(time.perf_counter() - t, 1)}
         except Exception as exc:  # reported, the others still built
             failed += 1
             rec = {"module": key, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}

@@ -103,4 +103,4 @@ def test_aot_module_list_is_closed() -> None:
     aot = _load("flashinfer_aot")
     assert len(set(aot.MODULES)) == len(aot.MODULES)
     with pytest.raises(KeyError, match="known: sampling"):
-        aot._spec("no_such_module")
+        aot.spec("no_such_module")

@@ -244,29 +244,24 @@ def _prefill(
     # bias); the tiles across the diagonal (every tile of a window) take the element masks. Off:
     # one masked loop (fewer registers: the split's two pipelined loops hold 192 -> 255 at the
     # 128 x 64 bf16 tile, ptxas sm_90a; which is faster is the sweep's to say)
+    PHASES: tl.constexpr = 2 if SPLIT and not WINDOW else 1
     full_end = kv_start
-    if SPLIT and not WINDOW:
+    if PHASES == 2:
         full_end = tl.maximum(
             kv_start, tl.minimum(kv_end, kv_start + (prefix + t0 + 1 - kv_start) // BLOCK_N * BLOCK_N)
         )
-        for n0 in range(kv_start, full_end, BLOCK_N):
+    for phase in tl.static_range(PHASES):  # [kv_start, full_end) unmasked, then [full_end, kv_end)
+        lo = kv_start if phase < PHASES - 1 else full_end
+        hi = full_end if phase < PHASES - 1 else kv_end
+        for n0 in range(lo, hi, BLOCK_N):
             k, v, kr, ok = _load_tile(
                 kbase, vbase, bt_row, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
                 dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
             )  # fmt: skip
             acc, m_i, l_i = _step(
                 q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left,
-                False, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL,
+                phase == PHASES - 1, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL,
             )  # fmt: skip
-    for n0 in range(full_end, kv_end, BLOCK_N):
-        k, v, kr, ok = _load_tile(
-            kbase, vbase, bt_row, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
-            dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
-        )  # fmt: skip
-        acc, m_i, l_i = _step(
-            q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left,
-            True, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL,
-        )  # fmt: skip
 
     if FP8:
         acc = acc * tl.load(VS)
