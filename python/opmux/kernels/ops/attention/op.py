@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from ...spec import Requirement
 from .._decl import declare
-from . import _decode, _prefill, paged_decode_cuda, paged_decode_flashinfer
+from . import _decode, _prefill, paged_decode_cuda, paged_decode_flashinfer, paged_prefill_flashinfer
 
 paged_decode = declare(
     _decode.OP,
@@ -122,6 +122,23 @@ paged_prefill = declare(
     reference=_prefill.reference,
     torch=_prefill.torch_prefill,
     native=False,
+    # FlashInfer's batch prefill where installed (a plan per batch, run per layer)
+    vendor=(
+        (
+            paged_prefill_flashinfer.BACKEND,
+            paged_prefill_flashinfer.paged_prefill,
+            Requirement(
+                devices=("cuda",),
+                dtypes=("float16", "bfloat16"),
+                sm_min=80,
+                capabilities=("flashinfer",),
+                predicate="opmux.kernels.ops.attention.paged_prefill_flashinfer:supports",
+            ),
+        ),
+    ),
+    # Triton first until an H200 run of benchmarks/bench_attention_prefill.py measures FlashInfer
+    # faster (it is refused inside graph captures, where serving engines run their steps, anyway)
+    priority=(("cuda", ("triton", paged_prefill_flashinfer.BACKEND, "torch")),),
     # attention over <= a few hundred tokens: one rounding of the output, p in the value dtype
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
 )

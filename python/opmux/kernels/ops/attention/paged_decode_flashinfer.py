@@ -25,61 +25,18 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailable
+from . import _flashinfer
+from ._flashinfer import BACKEND, HEAD_DIMS, csr, layout
 
 if TYPE_CHECKING:
-    import torch
     from torch import Tensor
-else:
-    from .._torch import torch
 
-BACKEND = "flashinfer"
-HEAD_DIMS = (64, 128, 256)
-#: FlashInfer's float workspace per device (its examples' 128 MB)
-WORKSPACE_BYTES = 128 << 20
-#: plans kept (one per live batch: a few engines' steps)
-MAX_PLANS = 8
+__all__ = ["BACKEND", "HEAD_DIMS", "csr", "layout", "paged_decode", "refusal", "supports"]
 
 
-def layout(cache: Any) -> str | None:
-    """``"NHD"`` for a dense [nb, page, Hkv, D] cache, ``"HND"`` for the [nb, page, Hkv, D] view of a
-    dense [nb, Hkv, page, D] one, else None."""
-    if cache.is_contiguous():
-        return "NHD"
-    if cache.transpose(1, 2).is_contiguous():
-        return "HND"
-    return None
-
-
-def refusal(
-    *,
-    device: str,
-    dtype: str,
-    cache_dtype: str,
-    head_dim: int,
-    layouts: tuple[str | None, str | None],
-    sinks: bool,
-    value_dim: int | None = None,
-    lse: bool,
-    capturing: bool,
-) -> str | None:
+def refusal(**facts: Any) -> str | None:
     """Why FlashInfer's decode cannot run a call with these facts (None: it can). Pure."""
-    if device != "cuda":
-        return "FlashInfer's decode runs on CUDA tensors"
-    if dtype not in ("bfloat16", "float16") or cache_dtype != dtype:
-        return f"FlashInfer's decode here takes bf16 / fp16 queries and caches of that dtype ({dtype}, {cache_dtype})"
-    if head_dim not in HEAD_DIMS:
-        return f"head dim {head_dim}: FlashInfer's decode is built for {HEAD_DIMS}"
-    if value_dim is not None and value_dim != head_dim:
-        return f"value head dim {value_dim} != key head dim {head_dim} (MLA): the Triton backend takes it"
-    if layouts[0] is None or layouts[0] != layouts[1]:
-        return "FlashInfer takes NHD caches or HND views of dense HND ones, the same for K and V"
-    if sinks:
-        return "attention sinks: the next backend runs them"
-    if lse:
-        return "lse: FlashInfer's is in base 2; the next backend writes the op's"
-    if capturing:
-        return "FlashInfer plans a batch on the host: not inside a CUDA-graph capture"
-    return None
+    return _flashinfer.refusal("decode", **facts)
 
 
 def supports(
@@ -99,7 +56,6 @@ def supports(
 ) -> str | None:
     """The backend's predicate (the op's public arguments)."""
     try:
-        capturing = query.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         return refusal(
             device=query.device.type,
             dtype=str(query.dtype).removeprefix("torch."),
@@ -109,30 +65,10 @@ def supports(
             sinks=sinks is not None,
             value_dim=int(value_cache.shape[-1]),
             lse=lse is not None,
-            capturing=capturing,
+            capturing=_flashinfer.capturing(query),
         )
     except Exception:  # not tensors, wrong ranks: the contract names the problem
         return None
-
-
-def csr(block_tables: Tensor, seq_lens: Tensor, page: int, num_blocks: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(indptr, indices, last_page_len) int32 on the host: each sequence's first
-    ``ceil(len / page)`` blocks, its last page holding 1 to ``page`` entries. Lengths are clamped
-    to the table's capacity (as the op's kernels do); a sequence of length 0 or a used block id
-    outside the cache raises BackendUnavailable (the call goes to the next backend)."""
-    table = block_tables.to("cpu", torch.int64)
-    lens = seq_lens.to("cpu", torch.int64).clamp(0, table.shape[1] * page)
-    pages = (lens + page - 1) // page
-    indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
-    indptr[1:] = pages.cumsum(0)
-    if bool((lens == 0).any()):  # FlashInfer's last pages hold 1 to page_size entries
-        raise BackendUnavailable(BACKEND, "a sequence of length 0 (FlashInfer plans none)")
-    cols = torch.arange(table.shape[1])
-    indices = table[cols[None, :] < pages[:, None]]
-    if indices.numel() and bool(((indices < 0) | (indices >= num_blocks)).any()):
-        raise BackendUnavailable(BACKEND, f"a block table names a block outside [0, {num_blocks})")
-    last = lens - (pages - 1) * page
-    return indptr.to(torch.int32), indices.to(torch.int32), last.to(torch.int32)
 
 
 @functools.cache
@@ -144,15 +80,11 @@ def _decode_module() -> Any:
     return fd
 
 
-_WORKSPACES: dict[Any, Any] = {}
 _PLANS: dict[Any, Any] = {}
 
 
 def _wrapper(device: Any, kv_layout: str) -> Any:
-    ws = _WORKSPACES.get(device)
-    if ws is None:
-        ws = _WORKSPACES[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    return _decode_module().BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout)
+    return _decode_module().BatchDecodeWithPagedKVCacheWrapper(_flashinfer.workspace(device), kv_layout)
 
 
 def _plan(
@@ -176,9 +108,7 @@ def _plan(
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,
         )  # fmt: skip
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = planned
+        _flashinfer.remember(_PLANS, key, planned)
     return planned
 
 
@@ -211,15 +141,12 @@ def paged_decode(
         sinks=has_sinks,
         value_dim=int(value_cache.shape[-1]),
         lse=has_lse,
-        capturing=query.device.type == "cuda" and torch.cuda.is_current_stream_capturing(),
+        capturing=_flashinfer.capturing(query),
     )
     if why is not None:  # forced onto a call it cannot run
         raise BackendUnavailable(BACKEND, why)
     if query.shape[0] == 0:
         return
     assert kv_layout is not None
-    caches = (key_cache, value_cache)
-    if kv_layout == "HND":  # FlashInfer's HND tensors: [nb, Hkv, page, D]
-        caches = (key_cache.transpose(1, 2), value_cache.transpose(1, 2))
     wrapper = _plan(query, key_cache, block_tables, seq_lens, kv_layout, scale, softcap, window_left)
-    wrapper.run(query, caches, out=out)
+    wrapper.run(query, _flashinfer.caches(key_cache, value_cache, kv_layout), out=out)

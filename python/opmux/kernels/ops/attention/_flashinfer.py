@@ -1,0 +1,122 @@
+"""What the two ``flashinfer`` backends of the attention group share (``paged_decode_flashinfer``,
+``paged_prefill_flashinfer``): the cache layouts FlashInfer takes, the reasons a call cannot run
+there, the block table as FlashInfer's CSR page table, the per-device workspace and the plan cache.
+
+FlashInfer plans a batch once on the host (CSR page table read there) and runs each layer on
+that plan; opmux's ops take vLLM's block table and lengths per call. Each backend keeps one plan
+per batch, keyed by the index tensors' storage and version counters (an in-place update, as an
+engine's next step makes, plans again), by the shapes and by the knobs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    from .._torch import torch
+
+BACKEND = "flashinfer"
+HEAD_DIMS = (64, 128, 256)
+#: FlashInfer's float workspace per device (its examples' 128 MB)
+WORKSPACE_BYTES = 128 << 20
+#: plans kept per backend (one per live batch: a few engines' steps)
+MAX_PLANS = 8
+
+_WORKSPACES: dict[Any, Any] = {}
+
+
+def layout(cache: Any) -> str | None:
+    """``"NHD"`` for a dense [nb, page, Hkv, D] cache, ``"HND"`` for the [nb, page, Hkv, D] view of a
+    dense [nb, Hkv, page, D] one, else None."""
+    if cache.is_contiguous():
+        return "NHD"
+    if cache.transpose(1, 2).is_contiguous():
+        return "HND"
+    return None
+
+
+def refusal(
+    what: str,
+    *,
+    device: str,
+    dtype: str,
+    cache_dtype: str,
+    head_dim: int,
+    layouts: tuple[str | None, str | None],
+    sinks: bool,
+    value_dim: int | None = None,
+    lse: bool,
+    capturing: bool,
+) -> str | None:
+    """Why FlashInfer's ``what`` (decode, prefill) cannot run a call with these facts (None: it
+    can). Pure."""
+    if device != "cuda":
+        return f"FlashInfer's {what} runs on CUDA tensors"
+    if dtype not in ("bfloat16", "float16") or cache_dtype != dtype:
+        return f"FlashInfer's {what} here takes bf16 / fp16 queries and caches of that dtype ({dtype}, {cache_dtype})"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim}: FlashInfer's {what} is built for {HEAD_DIMS}"
+    if value_dim is not None and value_dim != head_dim:
+        return f"value head dim {value_dim} != key head dim {head_dim} (MLA): the Triton backend takes it"
+    if layouts[0] is None or layouts[0] != layouts[1]:
+        return "FlashInfer takes NHD caches or HND views of dense HND ones, the same for K and V"
+    if sinks:
+        return "attention sinks: the next backend runs them"
+    if lse:
+        return "lse: FlashInfer's is in base 2; the next backend writes the op's"
+    if capturing:
+        return "FlashInfer plans a batch on the host: not inside a CUDA-graph capture"
+    return None
+
+
+def capturing(query: Any) -> bool:
+    """Whether ``query``'s stream is being captured into a CUDA graph."""
+    return bool(query.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def csr(block_tables: Tensor, seq_lens: Tensor, page: int, num_blocks: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(indptr, indices, last_page_len) int32 on the host: each sequence's first
+    ``ceil(len / page)`` blocks, its last page holding 1 to ``page`` entries. Lengths are clamped
+    to the table's capacity (as the op's kernels do); a sequence of length 0 or a used block id
+    outside the cache raises BackendUnavailable (the call goes to the next backend)."""
+    table = block_tables.to("cpu", torch.int64)
+    lens = seq_lens.to("cpu", torch.int64).clamp(0, table.shape[1] * page)
+    pages = (lens + page - 1) // page
+    indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    indptr[1:] = pages.cumsum(0)
+    if bool((lens == 0).any()):  # FlashInfer's last pages hold 1 to page_size entries
+        raise BackendUnavailable(BACKEND, "a sequence of length 0 (FlashInfer plans none)")
+    cols = torch.arange(table.shape[1])
+    indices = table[cols[None, :] < pages[:, None]]
+    if indices.numel() and bool(((indices < 0) | (indices >= num_blocks)).any()):
+        raise BackendUnavailable(BACKEND, f"a block table names a block outside [0, {num_blocks})")
+    last = lens - (pages - 1) * page
+    return indptr.to(torch.int32), indices.to(torch.int32), last.to(torch.int32)
+
+
+def workspace(device: Any) -> Any:
+    """The device's FlashInfer float workspace (one, shared by the wrappers of both backends)."""
+    ws = _WORKSPACES.get(device)
+    if ws is None:
+        ws = _WORKSPACES[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return ws
+
+
+def caches(key_cache: Tensor, value_cache: Tensor, kv_layout: str) -> tuple[Tensor, Tensor]:
+    """The caches as FlashInfer's run takes them (HND: its [nb, Hkv, page, D] tensors)."""
+    if kv_layout == "HND":
+        return key_cache.transpose(1, 2), value_cache.transpose(1, 2)
+    return key_cache, value_cache
+
+
+def remember(plans: dict[Any, Any], key: Any, planned: Any) -> Any:
+    """Keep ``planned`` under ``key`` (at most MAX_PLANS: the oldest batches are dropped whole)."""
+    if len(plans) >= MAX_PLANS:
+        plans.clear()
+    plans[key] = planned
+    return planned
