@@ -171,3 +171,20 @@ def test_declared_after_triton_on_cuda() -> None:
     assert b.requires.capabilities == ("flashinfer",) and b.requires.devices == ("cuda",)
     order = dict(spec.priority)["cuda"]
     assert order.index("flashinfer") > order.index("triton") and order[-1] == "torch", order
+
+
+def test_a_plan_flashinfer_cannot_make_is_a_refusal(
+    stand_in: type[_Wrapper], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FlashInfer raising while planning (a JIT module missing where JIT is off, say) reaches
+    dispatch as BackendUnavailable with FlashInfer's words, and no plan is kept."""
+
+    def missing(self: _Wrapper, *args: Any, **kw: Any) -> None:
+        raise RuntimeError("JIT compilation is disabled via FLASHINFER_DISABLE_JIT")
+
+    monkeypatch.setattr(stand_in, "plan", missing)
+    with pytest.raises(
+        BackendUnavailable, match="could not plan the batch: RuntimeError: JIT compilation is disabled"
+    ):
+        _run(_batch([4], [3], 4, 2, 64, 4, False))
+    assert not fip._PLANS

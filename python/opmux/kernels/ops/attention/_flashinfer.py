@@ -114,6 +114,19 @@ def caches(key_cache: Tensor, value_cache: Tensor, kv_layout: str) -> tuple[Tens
     return key_cache, value_cache
 
 
+def plan(wrapper: Any, *args: Any, **kw: Any) -> Any:
+    """``wrapper.plan(*args, **kw)``; a failure there (its JIT module missing or failing to
+    build, a shape its kernels lack) is the backend's refusal, BackendUnavailable with
+    FlashInfer's message, so dispatch moves on rather than surfacing a vendor traceback."""
+    try:
+        wrapper.plan(*args, **kw)
+    except Exception as exc:
+        raise BackendUnavailable(
+            BACKEND, f"FlashInfer could not plan the batch: {type(exc).__name__}: {exc}"
+        ) from exc
+    return wrapper
+
+
 def remember(plans: dict[Any, Any], key: Any, planned: Any) -> Any:
     """Keep ``planned`` under ``key`` (at most MAX_PLANS: the oldest batches are dropped whole)."""
     if len(plans) >= MAX_PLANS:

@@ -103,7 +103,8 @@ def _plan(
     if planned is None:
         indptr, indices, last = csr(block_tables, seq_lens, page, nb)
         planned = _wrapper(query.device, kv_layout)
-        planned.plan(
+        _flashinfer.plan(
+            planned,
             indptr.to(query.device), indices.to(query.device), last.to(query.device), hq, hkv, d, page,
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,

@@ -122,7 +122,8 @@ def _plan(
             _flashinfer.workspace(query.device), kv_layout
         )
         dev = query.device
-        planned.plan(
+        _flashinfer.plan(
+            planned,
             qo.to(dev), indptr.to(dev), indices.to(dev), last.to(dev), hq, hkv, d, page, causal=True,
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,
