@@ -2,7 +2,7 @@
 # Build and run the launch-layout sweeps (sweep_cuda.cu) on the GPU machine, families in
 # parallel builds, runs one after another; results in OUT_DIR/sweeps.txt (one file: the device
 # tool brings back at most 8). From the repository root, with tvm-ffi importable:
-#   bash benchmarks/tune/run_sweeps.sh OUT_DIR [act norm quant]
+#   bash benchmarks/tune/run_sweeps.sh OUT_DIR [act norm quant sampling]
 set -uo pipefail
 OUT=${1:?usage: run_sweeps.sh OUT_DIR [families]}
 shift

@@ -1,4 +1,5 @@
-// Launch-layout sweeps of opmux's CUDA kernels on the GPU at hand (METHOD.md: one program that
+// Launch-layout sweeps of opmux's CUDA kernels on the GPU at hand (families: act, norm, quant,
+// sampling: -DSWEEP_<FAMILY>) (METHOD.md: one program that
 // checks and times several variants in one call). It includes the real kernel sources, so what
 // it times is what the library runs; variants that the library does not (yet) launch are
 // defined here. Build and run on the GPU machine (benchmarks/tune/run_sweeps.sh):
@@ -16,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +31,8 @@
 #include "layernorm_cuda.cu"
 #elif defined(SWEEP_QUANT)
 #include "quantization_cuda.cu"
+#elif defined(SWEEP_SAMPLING)
+#include "sampling_cuda.cu"
 #endif
 
 #define CK(x)                                                                              \
@@ -527,6 +531,131 @@ void run_all() {
   for (int64_t T : {1, 16, 128, 1024, 4096, 16384, 32768}) sweep_group(T);
 }
 #endif  // SWEEP_QUANT
+
+#if defined(SWEEP_SAMPLING)
+namespace sp = opmux::sampling_cuda;
+
+// Rows of probabilities shaped like a model's next-token distribution: softmax of logits with a
+// heavy head (a few tokens carry most of the mass), fp32, each row its own draw.
+void fill_probs(void* d, int64_t B, int64_t V, unsigned seed) {
+  std::vector<float> h(static_cast<size_t>(B * V));
+  unsigned s = seed * 2654435761u + 7;
+  for (int64_t r = 0; r < B; ++r) {
+    float* row = h.data() + r * V;
+    double total = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      s = s * 1664525u + 1013904223u;
+      const float u = ((s >> 8) + 0.5f) / 16777216.0f;  // (0, 1)
+      const float logit = 12.0f * u * u * u * u;      // most near 0, a few up to 12
+      row[i] = std::exp(logit);
+      total += row[i];
+    }
+    for (int64_t i = 0; i < V; ++i) row[i] = static_cast<float>(row[i] / total);
+  }
+  CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+}
+
+// Blocks per row (a thread block cluster on sm_90; 16 is a non-portable size) for each op at few
+// rows: the library's rule (sampling_cuda.cu blocks_per_row: clusters only while rows leave half
+// the SMs idle, each block at least kMinSlice = 8192 entries) against every size. Each size's
+// output is compared with the one-block launch first: renorm / mask values by the largest
+// difference (the cluster regroups the float sums), draws by how many rows drew the same id.
+template <sp::Op OP>
+void sweep_sampling(const char* name, int64_t B, int64_t V) {
+  constexpr bool kIds = OP == sp::kTopKTopPSample || OP == sp::kMinPSample || OP == sp::kGreedy;
+  const size_t xb = B * V * 4, ob = kIds ? B * 4 : xb, bytes = xb + (kIds ? 0 : xb);
+  const int sets = sets_for(bytes), reps = reps_for(bytes) / 4 + 10;  // multi-pass: ~4x a read's time
+  std::vector<void*> xs(sets), outs(sets);
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaMalloc(&xs[s], xb));
+    CK(cudaMalloc(&outs[s], ob));
+    fill_probs(xs[s], B, V, 41 + s);
+  }
+  auto params = [&](int i, int c) {
+    sp::Params p{};
+    p.x = xs[i % sets];
+    p.out = outs[i % sets];
+    p.sx = V;
+    p.so = V;
+    p.rows = B;
+    p.n = V;
+    p.k_val = 50;
+    p.p_val = OP == sp::kMinPSample ? 0.05f : 0.9f;
+    p.seed_val = 1234;
+    p.offset_val = i;
+    p.vec = true;
+    p.cluster = c;
+    return p;
+  };
+  auto kernel = sp::sampling_kernel<OP, float>;
+  CK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  auto go = [&](int i, int c) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(B * c));
+    cfg.blockDim = dim3(sp::kThreads);
+    cfg.stream = g_stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = static_cast<unsigned>(c);
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c > 1 ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, kernel, params(i, c));
+  };
+  const opmux::cuda::DeviceProps props = opmux::cuda::device_props("sweep", 0);
+  const int rule = sp::blocks_per_row(props, B, V);
+  const std::string cs = std::string(name) + " B=" + std::to_string(B) + " V=" + std::to_string(V);
+  std::vector<char> ref(ob), got(ob);
+  for (int c : {1, 2, 4, 8, 16}) {
+    if (c > 1 && props.cc_major < 9) break;
+    const std::string variant = "blocks/row=" + std::to_string(c) + (c == rule ? " (library)" : "");
+    cudaError_t e = go(0, c);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g_stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::printf("%-34s %-40s refused: %s\n", cs.c_str(), variant.c_str(), cudaGetErrorString(e));
+      continue;
+    }
+    CK(cudaMemcpy((c == 1 ? ref : got).data(), outs[0], ob, cudaMemcpyDeviceToHost));
+    std::string check = "reference";
+    if (c > 1 && kIds) {
+      int equal = 0;
+      for (int64_t r = 0; r < B; ++r) equal += reinterpret_cast<int32_t*>(got.data())[r] == reinterpret_cast<int32_t*>(ref.data())[r];
+      check = std::to_string(equal) + "/" + std::to_string(B) + " ids as 1 block";
+    } else if (c > 1) {
+      float worst = 0;
+      const float* a = reinterpret_cast<const float*>(got.data());
+      const float* b = reinterpret_cast<const float*>(ref.data());
+      for (int64_t i = 0; i < B * V; ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "max |diff| %.1e", worst);
+      check = buf;
+    }
+    const double us = time_graph([&](int i) { CK(go(i, c)); }, reps);
+    std::printf("%-34s %-40s %9.2f us  %s\n", cs.c_str(), variant.c_str(), us, check.c_str());
+    std::fflush(stdout);
+  }
+  for (int s = 0; s < sets; ++s) {
+    CK(cudaFree(xs[s]));
+    CK(cudaFree(outs[s]));
+  }
+}
+
+void run_all() {
+  for (int64_t V : {32000, 128256, 151936}) {
+    for (int64_t B : {1, 4, 16}) {
+      sweep_sampling<sp::kTopKTopPSample>("top_k_top_p", B, V);
+      sweep_sampling<sp::kTopKRenorm>("top_k_renorm", B, V);
+      sweep_sampling<sp::kTopPRenorm>("top_p_renorm", B, V);
+      sweep_sampling<sp::kTopKMask>("top_k_mask", B, V);
+      sweep_sampling<sp::kMinPSample>("min_p", B, V);
+    }
+  }
+}
+#endif  // SWEEP_SAMPLING
 
 int main() {
   CK(cudaSetDevice(0));
