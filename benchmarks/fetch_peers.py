@@ -42,6 +42,7 @@ import ast
 import base64
 import hashlib
 import re
+import stat
 import subprocess
 import sys
 import zipfile
@@ -241,7 +242,7 @@ def trim_flashinfer(wheel: Path, aot: dict[str, Path] | None = None) -> Path:
                 data = so.read_bytes()
                 arc = f"{pkg}/data/aot/{name}/{name}.so"
                 info = zipfile.ZipInfo(arc, date_time=(2020, 1, 1, 0, 0, 0))
-                info.external_attr = 0o755 << 16
+                info.external_attr = (stat.S_IFREG | 0o755) << 16  # a regular file pip makes executable
                 zo.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
                 digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
                 record.append(f"{arc},sha256={digest},{len(data)}")
@@ -280,6 +281,15 @@ def main() -> None:
     )
     ap.add_argument("--aot-modules", help="comma-separated subset of flashinfer_aot.MODULES")
     args = ap.parse_args()
+    keys: list[str] = []
+    if args.aot_arch:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import flashinfer_aot
+
+        keys = args.aot_modules.split(",") if args.aot_modules else list(flashinfer_aot.MODULES)
+        unknown = sorted(set(keys) - set(flashinfer_aot.MODULES))
+        if unknown:
+            ap.error(f"unknown --aot-modules {unknown}; known: {', '.join(flashinfer_aot.MODULES)}")
     if not args.no_download:
         download(args.dir)
     for w in sorted(args.dir.glob("flashinfer_python-*.whl")):
@@ -291,12 +301,13 @@ def main() -> None:
         if args.aot_arch:
             import tempfile
 
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            import flashinfer_aot
-
-            keys = args.aot_modules.split(",") if args.aot_modules else list(flashinfer_aot.MODULES)
             with tempfile.TemporaryDirectory(prefix="fi-aot-out-") as t:
                 aot = flashinfer_aot.build(w, args.aot_arch, Path(t), keys)
+                if len(aot) < len(keys):  # the wheel stays whole: fix the build, run again
+                    print(
+                        f"{len(keys) - len(aot)} module(s) failed: {w.name} left untrimmed", file=sys.stderr
+                    )
+                    sys.exit(1)
                 trim_flashinfer(w, aot)
             continue
         trim_flashinfer(w)

@@ -11,9 +11,10 @@ there, in the trimmed wheel.
 The build runs FlashInfer's own JIT machinery (its ninja files, its flags) from the unpacked wheel,
 with ``FLASHINFER_CUDA_ARCH_LIST`` set to ``--arch``; what a CPU machine lacks is supplied for the
 build only: cuRAND's and cuBLASLt's headers, where the toolkit has none, from the
-``nvidia-curand`` / ``nvidia-cublas`` wheels (headers only unpacked), ``import flashinfer``'s own
-needs (``IMPORT_DEPS``), and an empty ``libcuda.so`` stub to link against (no driver symbol is used: the modules record only
-``libcudart.so.<major>``, which the GPU machine's torch loads). nvcc must be on PATH (or CUDA_HOME).
+``nvidia-curand`` / ``nvidia-cublas`` wheels of the toolkit's CUDA major (headers only unpacked),
+``import flashinfer``'s own needs (``IMPORT_DEPS``), and an empty ``libcuda.so`` stub to link against (no driver symbol is used: the modules record only
+``libcudart.so.<major>``, which the GPU machine's torch loads: build with the CUDA major of that
+torch). nvcc must be on PATH (or CUDA_HOME).
 Each module's build prints one line (name, seconds, size); a module that fails is reported and left
 out, so the benchmark JIT-compiles or skips that one peer instead.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,7 +98,7 @@ def _worker(keys: list[str]) -> int:
         try:
             js = spec(key)
             js.build(verbose=False)
-            so = Path(js.get_library_path())
+            so = Path(js.jit_library_path)  # the file just built (get_library_path may name an AOT one)
             rec = {"module": key, "name": js.name, "so": str(so), "s": round(time.perf_counter() - t, 1)}
         except Exception as exc:  # reported, the others still built
             failed += 1
@@ -134,15 +136,29 @@ def _import_deps(tmp: Path) -> Path | None:
 
 
 #: headers FlashInfer's sources include that a bare CUDA toolkit may lack: (header, the
-#: distribution whose wheel carries it under ``nvidia/cu*/include``)
+#: distribution whose wheel carries it under ``nvidia/cu*/include``: CUDA 13's name; CUDA 12's
+#: has the ``-cu12`` suffix)
 TOOLKIT_HEADERS = (("curand.h", "nvidia-curand"), ("cublasLt.h", "nvidia-cublas"))
 
 
-def _header_includes(tmp: Path, home: str) -> list[Path]:
-    """Include folders for ``TOOLKIT_HEADERS`` missing from the toolkit: each wheel downloaded
-    (pip) and only its headers unpacked."""
+def cuda_major(home: str) -> int:
+    """The toolkit's CUDA major version (nvcc --version's "release X.Y")."""
+    nvcc = Path(home) / "bin" / "nvcc"
+    out = subprocess.run(
+        [str(nvcc) if nvcc.exists() else "nvcc", "--version"], capture_output=True, text=True
+    )
+    found = re.search(r"release (\d+)\.", out.stdout)
+    if found is None:
+        raise SystemExit(f"cannot read the CUDA version from nvcc --version: {out.stdout or out.stderr}")
+    return int(found.group(1))
+
+
+def _header_includes(tmp: Path, home: str, major: int) -> list[Path]:
+    """Include folders for ``TOOLKIT_HEADERS`` missing from the toolkit: each wheel of the
+    toolkit's CUDA major downloaded (pip) and only its headers unpacked."""
     found: list[Path] = []
-    for header, dist in TOOLKIT_HEADERS:
+    for header, dist13 in TOOLKIT_HEADERS:
+        dist = dist13 if major >= 13 else f"{dist13}-cu{major}"
         if any((Path(home) / inc / header).exists() for inc in ("include", "targets/x86_64-linux/include")):
             continue
         dl = tmp / "dl" / dist
@@ -199,8 +215,14 @@ def build(wheel: Path, arch: str, out: Path, keys: list[str], workdir: Path | No
         print(f"unpacking {wheel.name} ...", flush=True)
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(pkg)
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_DISABLE_JIT"}  # this builds
         home = _cuda_home()
+        major = cuda_major(home)
+        print(
+            f"CUDA {major} toolkit at {home}: the modules will need libcudart.so.{major} on the GPU machine "
+            f"(a torch built for CUDA {major})",
+            flush=True,
+        )
         env.update(
             CUDA_HOME=home,
             FLASHINFER_CUDA_ARCH_LIST=arch,
@@ -212,7 +234,7 @@ def build(wheel: Path, arch: str, out: Path, keys: list[str], workdir: Path | No
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         if deps is not None:  # ninja's executable, when it came from the wheel
             env["PATH"] = os.pathsep.join([str(deps / "bin"), env.get("PATH", "")])
-        incs = _header_includes(tmp, home)
+        incs = _header_includes(tmp, home, major)
         if incs:
             env["FLASHINFER_EXTRA_CUDAFLAGS"] = " ".join(f"-I{p}" for p in incs)
             env["FLASHINFER_EXTRA_CFLAGS"] = env["FLASHINFER_EXTRA_CUDAFLAGS"]
@@ -238,6 +260,8 @@ def build(wheel: Path, arch: str, out: Path, keys: list[str], workdir: Path | No
                     f"[{i}/{len(keys)}] {rec['module']}: {rec['s']} s, {size:.1f} MiB ({rec['name'][:60]})",
                     flush=True,
                 )
+        if proc.returncode not in (0, 1):  # 1: some module failed (each reported above)
+            print(f"warning: the build worker exited with {proc.returncode}", file=sys.stderr)
         print(f"built {len(built)} of {len(keys)} modules in {time.perf_counter() - t0:.0f} s", flush=True)
     return built
 

@@ -198,3 +198,54 @@ def _with_triton(spec: Any, like: Any) -> Any:
     triton = replace(like.backend("triton"), target="opmux.kernels.ops.layernorm.triton_kernels:rmsnorm")
     backends = (*tuple(b for b in spec.backends if b.name != "triton"), triton)
     return replace(spec, backends=backends)
+
+
+def test_a_call_refusal_runs_the_next_backend_and_keeps_the_refusing_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CallRefused (a backend declining this call's data, e.g. FlashInfer's planner over a table
+    naming a block outside the cache) sends the call to the next backend, caches nothing for it,
+    and leaves the backend selectable: the next call runs on it. A plain BackendUnavailable is
+    remembered instead (the backend stays off)."""
+    from opmux.kernels.errors import BackendUnavailable, CallRefused
+    from opmux.kernels.explain import op_instance
+
+    x, w = _x()
+    op = op_instance("layernorm.rmsnorm")
+    op.invalidate()
+    first = explain("layernorm.rmsnorm", x, w).chosen
+    real_bind = op.bind
+    mode = {"raise": CallRefused}
+
+    def bind(backend: str, device: str) -> Any:
+        fn = real_bind(backend, device)
+        if backend != first:
+            return fn
+
+        def maybe(*args: Any, **kwargs: Any) -> Any:
+            if mode["raise"] is not None:
+                raise mode["raise"](backend, "declined this call's data")
+            return fn(*args, **kwargs)
+
+        return maybe
+
+    monkeypatch.setattr(op, "bind", bind)
+    try:
+        # (leaving config.scope refreshes the settings, which forgets failures: assert inside)
+        with tracing.capture() as calls, config.scope(OPMUX_FALLBACK="silent"):
+            want = rmsnorm(x, w)
+            assert first not in op._failed
+            mode["raise"] = None
+            got = rmsnorm(x, w)
+        assert calls[0].backend != first and calls[1].backend == first, calls
+        torch.testing.assert_close(got, want)
+        mode["raise"] = BackendUnavailable
+        with tracing.capture() as calls, config.scope(OPMUX_FALLBACK="silent"):
+            rmsnorm(x, w)
+            mode["raise"] = None
+            rmsnorm(x, w)
+            assert first in op._failed
+        assert all(c.backend != first for c in calls), calls
+    finally:
+        op._failed.pop(first, None)
+        op.invalidate()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
+import stat
 import sys
 import zipfile
 from pathlib import Path
@@ -87,7 +88,8 @@ def test_aot_modules_land_where_flashinfer_loads_them(fp: ModuleType, tmp_path: 
     with zipfile.ZipFile(wheel) as zf:
         arc = f"flashinfer/data/aot/{name}/{name}.so"  # jit.env.get_aot_artifacts' fallback path
         assert zf.read(arc) == so.read_bytes()
-        assert (zf.getinfo(arc).external_attr >> 16) & 0o111, "the module must stay executable"
+        mode = zf.getinfo(arc).external_attr >> 16
+        assert stat.S_ISREG(mode) and mode & 0o111, "a regular, executable file (as pip installs it)"
         record = _record(zf)
         assert record[arc] == _sha(so.read_bytes())
         # the gen functions read their templates from the top of data/csrc before finding the file

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from opmux.kernels import registry
-from opmux.kernels.errors import BackendUnavailable
+from opmux.kernels.errors import CallRefused
 from opmux.kernels.ops import attention
 from opmux.kernels.ops.attention import paged_prefill_flashinfer as fip
 
@@ -35,18 +35,30 @@ class _Wrapper:
 
     def plan(self, qo: Any, indptr: Any, indices: Any, last: Any, hq: int, hkv: int, d: int, page: int,
              **kw: Any) -> None:  # fmt: skip
-        self.plans.append({"qo": qo, "indptr": indptr, "indices": indices, "last": last, "page": page, **kw})
+        assert all(t.device.type == "cpu" and t.dtype == torch.int32 for t in (qo, indptr, indices, last))
+        self.plans.append(
+            {
+                "qo": qo,
+                "indptr": indptr,
+                "indices": indices,
+                "last": last,
+                "page": page,
+                "heads": (hq, hkv, d),
+                **kw,
+            }
+        )
 
     def run(
         self, q: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
     ) -> torch.Tensor:
         p = self.plans[-1]
-        assert p["causal"] is True
+        assert p["causal"] is True and p["q_data_type"] == q.dtype and p["kv_data_type"] == caches[0].dtype
         k, v = caches
         if self.layout == "HND":
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         hkv, d = k.shape[2], k.shape[3]
         g = q.shape[1] // hkv
+        assert p["heads"] == (q.shape[1], hkv, d) and p["page"] == k.shape[1], (p["heads"], p["page"])
         for b in range(len(p["qo"]) - 1):
             q0, q1 = int(p["qo"][b]), int(p["qo"][b + 1])
             if q1 == q0:
@@ -134,6 +146,7 @@ def test_runs_match_the_op_and_plan_once_per_batch(stand_in: type[_Wrapper], hnd
 
 
 def test_planning_refuses_what_flashinfer_would_read_out_of_bounds(stand_in: type[_Wrapper]) -> None:
+    """Each refusal declines that call only (CallRefused: dispatch keeps the backend)."""
     q, kc, vc, table, lens, cu = _batch([5, 3], [4, 0], 4, 2, 64, 4, False)
     bad_table = table.clone()
     bad_table[1, 0] = kc.shape[0]
@@ -142,13 +155,37 @@ def test_planning_refuses_what_flashinfer_would_read_out_of_bounds(stand_in: typ
         ([q, kc, vc, table, torch.tensor([9, 2], dtype=I32), cu], "more new tokens than its length"),
         ([q, kc, vc, table, lens, torch.tensor([0, 5, 7], dtype=I32)], "query's 8 rows"),
         ([q, kc, vc, table, lens, torch.tensor([0, 9, 8], dtype=I32)], "does not rise"),
-        ([q, kc, vc, table, torch.tensor([9, 0], dtype=I32), torch.tensor([0, 8, 8], dtype=I32)], "length 0"),
     ]
     for args, words in cases:
-        with pytest.raises(BackendUnavailable, match=words):
+        with pytest.raises(CallRefused, match=words):
             _run(args)
-        fip._PLANS.clear()
     assert not stand_in.made  # refused before any wrapper was made
+
+
+def test_an_empty_sequence_is_planned_as_no_pages(stand_in: type[_Wrapper]) -> None:
+    args = _batch([4, 0, 3], [2, 0, 5], 4, 2, 64, 4, False)
+    _close(_run(args), attention.paged_prefill(*args, backend="torch"))
+    p = stand_in.made[0].plans[0]
+    assert p["indptr"].tolist() == [0, 2, 2, 4] and p["last"].tolist() == [2, 0, 4]
+
+
+def test_the_plan_pins_its_index_tensors_and_inference_tensors_plan_every_call(
+    stand_in: type[_Wrapper],
+) -> None:
+    """A cached plan holds the index tensors its key names (so no fresh tensor can take their
+    address and find a stale plan); inference tensors, which have no version counter, are
+    planned on every call instead of cached."""
+    args = _batch([4, 3], [2, 5], 4, 2, 64, 4, False)
+    _run(args)
+    ((_, pinned),) = fip._PLANS.values()
+    assert [t is a for t, a in zip(pinned, (args[3], args[4], args[5]), strict=True)] == [True] * 3
+    fip._PLANS.clear()
+    with torch.inference_mode():
+        inf = [t.clone() for t in args]
+        want = attention.paged_prefill(*inf, backend="torch")
+        for _ in range(2):
+            _close(_run(inf), want)
+    assert not fip._PLANS and len(stand_in.made) == 3  # one cached plan above, then one per call
 
 
 def test_refusals_name_the_op() -> None:
@@ -177,14 +214,14 @@ def test_a_plan_flashinfer_cannot_make_is_a_refusal(
     stand_in: type[_Wrapper], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """FlashInfer raising while planning (a JIT module missing where JIT is off, say) reaches
-    dispatch as BackendUnavailable with FlashInfer's words, and no plan is kept."""
+    dispatch as CallRefused with FlashInfer's words (this call moves on), and no plan is kept."""
 
     def missing(self: _Wrapper, *args: Any, **kw: Any) -> None:
         raise RuntimeError("JIT compilation is disabled via FLASHINFER_DISABLE_JIT")
 
     monkeypatch.setattr(stand_in, "plan", missing)
     with pytest.raises(
-        BackendUnavailable, match="could not plan the batch: RuntimeError: JIT compilation is disabled"
+        CallRefused, match="could not plan the batch: RuntimeError: JIT compilation is disabled"
     ):
         _run(_batch([4], [3], 4, 2, 64, 4, False))
     assert not fip._PLANS

@@ -212,7 +212,8 @@ def test_split_runs_the_tiles_below_the_diagonal_unmasked(kw: dict[str, Any], dt
 
 def test_split_skips_a_bad_block_in_the_unmasked_tiles() -> None:
     """A bad block id below the diagonal: the unmasked loop's column bias drops its tokens as the
-    masked loop does (the two launches agree), and nothing non-finite comes out."""
+    masked loop does (the two launches agree), and nothing non-finite comes out; so with lengths
+    shorter than the new tokens."""
     q, kc, vc, table, lens, cu = _problem([5, 6], [40, 33], page=8, seed=10)
     bad = table.clone()
     bad[0, 1] = kc.shape[0] + 3  # positions 8..15 of sequence 0: inside the first unmasked tiles
@@ -224,6 +225,13 @@ def test_split_skips_a_bad_block_in_the_unmasked_tiles() -> None:
     torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5)
     full = _prefill.reference(q, kc, vc, table, lens, cu)
     assert not torch.allclose(got[:5], full[:5], atol=1e-3)  # the block's tokens really are gone
+    # lengths below the new tokens' count (a negative prefix: what a bad length gives the CUDA
+    # path, which has no host check): the two loops still agree, nothing non-finite
+    short = torch.tensor([3, 40], dtype=I32)
+    got, lse = _launch([q, kc, vc, table, short, cu], block_m=16, block_n=16, split=True)
+    ref, lse_ref = _launch([q, kc, vc, table, short, cu], block_m=16, block_n=16)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, equal_nan=True)
+    torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5, equal_nan=True)
 
 
 def test_cu_seqlens_refused_on_the_cpu() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BackendUnavailable", "CommError", "FallbackError"]
+__all__ = ["BackendUnavailable", "CallRefused", "CommError", "FallbackError"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -21,6 +21,13 @@ class BackendUnavailable(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.backend, self.detail))
+
+
+class CallRefused(BackendUnavailable):
+    """A backend that runs here declines *this call* (what its data asks: a block table naming a
+    block outside the cache, a shape its vendor kernels lack). Dispatch runs the call on the next
+    backend and keeps this one for later calls; a plain BackendUnavailable is remembered instead
+    (the backend is off until a refresh)."""
 
 
 class FallbackError(RuntimeError):

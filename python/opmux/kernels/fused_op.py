@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from . import _dispatch_state, _warn, facts, measured, registry, torch_kernels, tracing
-from .errors import BackendUnavailable, FallbackError
+from .errors import BackendUnavailable, CallRefused, FallbackError
 from .ops import _entry_codegen
 from .ops._decl import Decl, Param
 from .ops._entry_runtime import ENTRY
@@ -440,9 +440,14 @@ class FusedOp(Generic[R]):
             )
 
     def select_for(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: str | Sequence[str] | None = None
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        backend: str | Sequence[str] | None = None,
+        refused: dict[str, str] | None = None,
     ) -> Selection:
-        """The full selection for these arguments (what ``explain`` shows)."""
+        """The full selection for these arguments (what ``explain`` shows); ``refused``: the
+        backends that declined this call (CallRefused), counted as failed for it alone."""
         x = self._key(args, kwargs)
         self.check_key_tensor(x)
         device_type, arch = platform_device(x.device)
@@ -455,13 +460,14 @@ class FusedOp(Generic[R]):
         dtype = dtype_name(x.dtype)
         rejections = self._arg_rejections(args, kwargs)
         preferred = measured.preferred(self.op_name, x.device, args, kwargs) if self._measured else None
+        failed = {**self._failed, **refused} if refused else self._failed
         # select reads numel only through the device's size-class priority: that order keys it
         key = (
             id(found),
             dtype,
             forced,
             tuple(sorted(rejections.items())),
-            tuple(sorted(self._failed.items())),
+            tuple(sorted(failed.items())),
             self.spec.priority_for(device_type, x.numel()),
             preferred,
         )
@@ -474,7 +480,7 @@ class FusedOp(Generic[R]):
             dtype=dtype,
             forced=forced,
             arg_rejections=rejections,
-            failed=self._failed,
+            failed=failed,
             numel=x.numel(),
             preferred=preferred,
         )
@@ -508,12 +514,16 @@ class FusedOp(Generic[R]):
     ) -> R:
         x = self._key(args, kwargs)
         gen = _dispatch_state.generation()  # a use_backends block opening/closing voids the cache
+        refused: dict[str, str] = {}
         while True:
-            sel = self.select_for(args, kwargs, backend)
+            sel = self.select_for(args, kwargs, backend, refused)
             self._apply_policy(sel)
             try:
                 fn = self.bind(sel.chosen, _native_device(x))
                 result = fn(*args, enable_pdl=enable_pdl, **kwargs)
+            except CallRefused as exc:  # this call's data: the next backend runs it, this one stays
+                refused[sel.chosen] = exc.detail
+                continue
             except BackendUnavailable as exc:
                 # e.g. a failed JIT compile: remember it, reselect, let the policy speak
                 self._failed[sel.chosen] = exc.detail
@@ -538,6 +548,7 @@ class FusedOp(Generic[R]):
         elif (
             not self._predicates
             and not self._measured  # its choice depends on the call's shape: never cached per dtype
+            and not refused  # a backend declined this call's data, not calls like it
             and (x.is_cpu or x.is_cuda)
             and (sel.chosen, _native_device(x)) in self._kernels
             and _dispatch_state.cacheable(gen)

@@ -5,14 +5,19 @@ there, the block table as FlashInfer's CSR page table, the per-device workspace 
 FlashInfer plans a batch once on the host (CSR page table read there) and runs each layer on
 that plan; opmux's ops take vLLM's block table and lengths per call. Each backend keeps one plan
 per batch, keyed by the index tensors' storage and version counters (an in-place update, as an
-engine's next step makes, plans again), by the shapes and by the knobs.
+engine's next step makes, plans again), by the shapes and by the knobs; the cache entry holds the
+index tensors themselves, so no new tensor can take a cached one's address while its plan lives
+(a fresh tensor at a freed tensor's address would otherwise find a stale plan). Inference
+tensors have no version counter: their batches are planned on every call. What the planner
+refuses of a call's data (a block outside the cache, offsets past the query) is ``CallRefused``:
+that call runs on the next backend, later calls still come here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable
+from ...errors import CallRefused
 
 if TYPE_CHECKING:
     import torch
@@ -74,28 +79,46 @@ def refusal(
     return None
 
 
+def facts(query: Any, key_cache: Any, value_cache: Any, sinks: bool, lse: bool) -> dict[str, Any]:
+    """The facts ``refusal`` weighs, read from a call's tensors."""
+    return dict(
+        device=query.device.type,
+        dtype=str(query.dtype).removeprefix("torch."),
+        cache_dtype=str(key_cache.dtype).removeprefix("torch."),
+        head_dim=int(query.shape[-1]),
+        layouts=(layout(key_cache), layout(value_cache)),
+        sinks=sinks,
+        value_dim=int(value_cache.shape[-1]),
+        lse=lse,
+        capturing=capturing(query),
+    )
+
+
 def capturing(query: Any) -> bool:
     """Whether ``query``'s stream is being captured into a CUDA graph."""
     return bool(query.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
-def csr(block_tables: Tensor, seq_lens: Tensor, page: int, num_blocks: int) -> tuple[Tensor, Tensor, Tensor]:
+def csr(
+    block_tables: Tensor, seq_lens: Tensor, page: int, num_blocks: int, empty_ok: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
     """(indptr, indices, last_page_len) int32 on the host: each sequence's first
     ``ceil(len / page)`` blocks, its last page holding 1 to ``page`` entries. Lengths are clamped
-    to the table's capacity (as the op's kernels do); a sequence of length 0 or a used block id
-    outside the cache raises BackendUnavailable (the call goes to the next backend)."""
+    to the table's capacity (as the op's kernels do); a used block id outside the cache, or a
+    sequence of length 0 unless ``empty_ok`` (prefill: no pages, no query rows, nothing to do),
+    is CallRefused (the call goes to the next backend)."""
     table = block_tables.to("cpu", torch.int64)
     lens = seq_lens.to("cpu", torch.int64).clamp(0, table.shape[1] * page)
     pages = (lens + page - 1) // page
     indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
     indptr[1:] = pages.cumsum(0)
-    if bool((lens == 0).any()):  # FlashInfer's last pages hold 1 to page_size entries
-        raise BackendUnavailable(BACKEND, "a sequence of length 0 (FlashInfer plans none)")
+    if not empty_ok and bool((lens == 0).any()):  # FlashInfer decode's last pages hold 1 to page_size
+        raise CallRefused(BACKEND, "a sequence of length 0 (FlashInfer plans none)")
     cols = torch.arange(table.shape[1])
     indices = table[cols[None, :] < pages[:, None]]
     if indices.numel() and bool(((indices < 0) | (indices >= num_blocks)).any()):
-        raise BackendUnavailable(BACKEND, f"a block table names a block outside [0, {num_blocks})")
-    last = lens - (pages - 1) * page
+        raise CallRefused(BACKEND, f"a block table names a block outside [0, {num_blocks})")
+    last = torch.where(pages > 0, lens - (pages - 1) * page, 0)
     return indptr.to(torch.int32), indices.to(torch.int32), last.to(torch.int32)
 
 
@@ -114,22 +137,46 @@ def caches(key_cache: Tensor, value_cache: Tensor, kv_layout: str) -> tuple[Tens
     return key_cache, value_cache
 
 
-def plan(wrapper: Any, *args: Any, **kw: Any) -> Any:
-    """``wrapper.plan(*args, **kw)``; a failure there (its JIT module missing or failing to
-    build, a shape its kernels lack) is the backend's refusal, BackendUnavailable with
-    FlashInfer's message, so dispatch moves on rather than surfacing a vendor traceback."""
+def version(t: Any) -> int | None:
+    """``t``'s version counter (bumped by in-place writes), None for an inference tensor."""
     try:
+        return int(t._version)
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return None
+
+
+def plan(make: Any, *args: Any, **kw: Any) -> Any:
+    """``make()`` (a FlashInfer wrapper), planned with ``*args, **kw``. A failure there (its JIT
+    module missing or failing to build where JIT is off, a shape its kernels lack) declines this
+    call (CallRefused with FlashInfer's words): dispatch moves on. Out of memory and CUDA
+    errors are the device's, not FlashInfer's refusal: they propagate."""
+    try:
+        wrapper = make()
         wrapper.plan(*args, **kw)
+    except torch.cuda.OutOfMemoryError:
+        raise
     except Exception as exc:
-        raise BackendUnavailable(
+        if "CUDA error" in str(exc):
+            raise
+        raise CallRefused(
             BACKEND, f"FlashInfer could not plan the batch: {type(exc).__name__}: {exc}"
         ) from exc
     return wrapper
 
 
-def remember(plans: dict[Any, Any], key: Any, planned: Any) -> Any:
-    """Keep ``planned`` under ``key`` (at most MAX_PLANS: the oldest batches are dropped whole)."""
+def planned(plans: dict[Any, Any], key: Any) -> Any:
+    """The wrapper planned under ``key``, or None."""
+    entry = plans.get(key)
+    return None if entry is None else entry[0]
+
+
+def remember(plans: dict[Any, Any], key: Any, wrapper: Any, index_tensors: tuple[Any, ...]) -> Any:
+    """Keep ``wrapper`` under ``key`` with the index tensors the key names (they pin the
+    addresses in the key; at most MAX_PLANS batches, the oldest dropped whole). A key holding a
+    None version (inference tensors) is not kept: such a batch plans on every call."""
+    if None in key:
+        return wrapper
     if len(plans) >= MAX_PLANS:
         plans.clear()
-    plans[key] = planned
-    return planned
+    plans[key] = (wrapper, index_tensors)
+    return wrapper

@@ -24,7 +24,8 @@ cache row read once).
 The key positions walk the sequence's block table one token per row (any page size) from the
 window's start to the block's last causal position (causal block skipping: nothing past it is
 read), with the causal and window masks applied per element and an online softmax in fp32
-(``exp2``). Sinks start the running max and sum (``m = sink``, ``l = 1``; a ``-inf`` sink ``m =
+(``exp2``); with ``SPLIT`` (a launch option the prefill sweep races) the key tiles wholly below
+the block's diagonal run first without the element masks. Sinks start the running max and sum (``m = sink``, ``l = 1``; a ``-inf`` sink ``m =
 -1e30``, ``l = 0``), so they enter the denominator only.
 
 Program ids run in reverse (a sequence's last blocks, with the most keys, start first).

@@ -9,8 +9,10 @@ their version counters (an in-place update of either, as an engine's next step m
 again) and by the shapes and knobs. The first call of a batch converts the table (one host read:
 it is refused inside a CUDA-graph capture, where Triton runs instead); every later layer of the
 step runs on the plan with no host work. Block ids are checked while planning: a table naming a
-block outside the cache raises ``BackendUnavailable`` (dispatch falls back to a backend that
-skips such blocks) rather than letting FlashInfer read out of bounds.
+block outside the cache, or a sequence of length 0, is ``CallRefused`` (that call falls back to a
+backend that skips such blocks; later calls still come here) rather than letting FlashInfer read
+out of bounds. The plan cache's rules (pinned index tensors, inference tensors) are
+``_flashinfer``'s.
 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16, head dims
 64 / 128 / 256 (the value's the key's: no MLA), a cache that is an NHD tensor or the HND view of a contiguous HND one (FlashInfer's
@@ -24,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, CallRefused
 from . import _flashinfer
 from ._flashinfer import BACKEND, HEAD_DIMS, csr, layout
 
@@ -56,17 +58,7 @@ def supports(
 ) -> str | None:
     """The backend's predicate (the op's public arguments)."""
     try:
-        return refusal(
-            device=query.device.type,
-            dtype=str(query.dtype).removeprefix("torch."),
-            cache_dtype=str(key_cache.dtype).removeprefix("torch."),
-            head_dim=int(query.shape[-1]),
-            layouts=(layout(key_cache), layout(value_cache)),
-            sinks=sinks is not None,
-            value_dim=int(value_cache.shape[-1]),
-            lse=lse is not None,
-            capturing=_flashinfer.capturing(query),
-        )
+        return refusal(**_flashinfer.facts(query, key_cache, value_cache, sinks is not None, lse is not None))
     except Exception:  # not tensors, wrong ranks: the contract names the problem
         return None
 
@@ -83,10 +75,6 @@ def _decode_module() -> Any:
 _PLANS: dict[Any, Any] = {}
 
 
-def _wrapper(device: Any, kv_layout: str) -> Any:
-    return _decode_module().BatchDecodeWithPagedKVCacheWrapper(_flashinfer.workspace(device), kv_layout)
-
-
 def _plan(
     query: Tensor, key_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, kv_layout: str,
     scale: float, softcap: float, window_left: int,
@@ -94,23 +82,24 @@ def _plan(
     """The planned wrapper of this batch (made on its first layer)."""
     bsz, hq, d = query.shape
     nb, page, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    version = _flashinfer.version
     key = (
-        query.device, block_tables.data_ptr(), block_tables._version, tuple(block_tables.shape),
-        seq_lens.data_ptr(), seq_lens._version, bsz, hq, hkv, d, page, nb, query.dtype, kv_layout,
+        query.device, block_tables.data_ptr(), version(block_tables), tuple(block_tables.shape),
+        seq_lens.data_ptr(), version(seq_lens), bsz, hq, hkv, d, page, nb, query.dtype, kv_layout,
         scale, softcap, window_left,
     )  # fmt: skip
-    planned = _PLANS.get(key)
-    if planned is None:
+    wrapper = _flashinfer.planned(_PLANS, key)
+    if wrapper is None:
         indptr, indices, last = csr(block_tables, seq_lens, page, nb)
-        planned = _wrapper(query.device, kv_layout)
-        _flashinfer.plan(
-            planned,
-            indptr.to(query.device), indices.to(query.device), last.to(query.device), hq, hkv, d, page,
+        ws = _flashinfer.workspace(query.device)
+        wrapper = _flashinfer.plan(
+            lambda: _decode_module().BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout),
+            indptr, indices, last, hq, hkv, d, page,  # host tensors: FlashInfer copies them over
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,
         )  # fmt: skip
-        _flashinfer.remember(_PLANS, key, planned)
-    return planned
+        _flashinfer.remember(_PLANS, key, wrapper, (block_tables, seq_lens))
+    return wrapper
 
 
 def paged_decode(
@@ -133,19 +122,9 @@ def paged_decode(
 ) -> None:
     """``attention.paged_decode`` per its contract (the kernel arguments, already checked)."""
     kv_layout = layout(key_cache)
-    why = refusal(
-        device=query.device.type,
-        dtype=str(query.dtype).removeprefix("torch."),
-        cache_dtype=str(key_cache.dtype).removeprefix("torch."),
-        head_dim=int(query.shape[-1]),
-        layouts=(kv_layout, layout(value_cache)),
-        sinks=has_sinks,
-        value_dim=int(value_cache.shape[-1]),
-        lse=has_lse,
-        capturing=_flashinfer.capturing(query),
-    )
-    if why is not None:  # forced onto a call it cannot run
-        raise BackendUnavailable(BACKEND, why)
+    why = refusal(**_flashinfer.facts(query, key_cache, value_cache, has_sinks, has_lse))
+    if why is not None:  # forced onto a call it cannot run (its facts, this call's)
+        raise CallRefused(BACKEND, why)
     if query.shape[0] == 0:
         return
     assert kv_layout is not None

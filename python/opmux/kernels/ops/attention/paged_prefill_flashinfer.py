@@ -10,9 +10,9 @@ layer with no host work. The query rows of sequence ``b`` are ``cu_seqlens_q[b] 
 cu_seqlens_q[b + 1]``, the last ones of its ``seq_lens[b]`` positions: FlashInfer's causal mask
 aligns them to the end of the keys as the op does. Planning checks what the op's contract
 checks on the CPU and the kernels otherwise clamp: offsets that do not rise within the query's
-rows, a sequence with more new tokens than positions, a block outside the cache, or an empty
-sequence send the call to the next backend (``BackendUnavailable``), so FlashInfer never reads
-out of bounds.
+rows, a sequence with more new tokens than positions, or a block outside the cache send that call
+to the next backend (``CallRefused``: later calls still come here), so FlashInfer never reads out
+of bounds; an empty sequence is planned as no pages and no rows.
 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16, head dims
 64 / 128 / 256 with the value's the key's (no MLA), NHD caches or HND views of dense HND ones, no
@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, CallRefused
 from . import _flashinfer
 from ._flashinfer import BACKEND, csr, layout
 
@@ -63,17 +63,7 @@ def supports(
 ) -> str | None:
     """The backend's predicate (the op's public arguments)."""
     try:
-        return refusal(
-            device=query.device.type,
-            dtype=str(query.dtype).removeprefix("torch."),
-            cache_dtype=str(key_cache.dtype).removeprefix("torch."),
-            head_dim=int(query.shape[-1]),
-            layouts=(layout(key_cache), layout(value_cache)),
-            sinks=sinks is not None,
-            value_dim=int(value_cache.shape[-1]),
-            lse=lse is not None,
-            capturing=_flashinfer.capturing(query),
-        )
+        return refusal(**_flashinfer.facts(query, key_cache, value_cache, sinks is not None, lse is not None))
     except Exception:  # not tensors, wrong ranks: the contract names the problem
         return None
 
@@ -82,14 +72,14 @@ def query_indptr(cu_seqlens_q: Tensor, seq_lens: Tensor, rows: int, capacity: in
     """``cu_seqlens_q`` as FlashInfer's ``qo_indptr`` (int32, host), checked as the contract
     checks it on the CPU: it starts at 0, never falls, ends at the query's ``rows``, and no
     sequence has more new tokens than its length (clamped to the table's ``capacity``, as the
-    kernels clamp it). Else BackendUnavailable: the next backend, whose kernels clamp."""
+    kernels clamp it). Else CallRefused: this call goes to the next backend, whose kernels clamp."""
     cu = cu_seqlens_q.to("cpu", torch.int64)
     lens = seq_lens.to("cpu", torch.int64).clamp(0, capacity)
     new = cu[1:] - cu[:-1]
     if int(cu[0]) != 0 or int(cu[-1]) != rows or bool((new < 0).any()):
-        raise BackendUnavailable(BACKEND, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
+        raise CallRefused(BACKEND, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
     if bool((new > lens).any()):
-        raise BackendUnavailable(BACKEND, "a sequence has more new tokens than its length")
+        raise CallRefused(BACKEND, "a sequence has more new tokens than its length")
     return cu.to(torch.int32)
 
 
@@ -109,27 +99,25 @@ def _plan(
     """The planned wrapper of this batch (made on its first layer)."""
     rows, hq, d = query.shape
     nb, page, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    version = _flashinfer.version
     key = (
-        query.device, block_tables.data_ptr(), block_tables._version, tuple(block_tables.shape),
-        seq_lens.data_ptr(), seq_lens._version, cu_seqlens_q.data_ptr(), cu_seqlens_q._version,
+        query.device, block_tables.data_ptr(), version(block_tables), tuple(block_tables.shape),
+        seq_lens.data_ptr(), version(seq_lens), cu_seqlens_q.data_ptr(), version(cu_seqlens_q),
         rows, hq, hkv, d, page, nb, query.dtype, kv_layout, scale, softcap, window_left,
     )  # fmt: skip
-    planned = _PLANS.get(key)
-    if planned is None:
+    wrapper = _flashinfer.planned(_PLANS, key)
+    if wrapper is None:
         qo = query_indptr(cu_seqlens_q, seq_lens, rows, block_tables.shape[1] * page)
-        indptr, indices, last = csr(block_tables, seq_lens, page, nb)
-        planned = _prefill_module().BatchPrefillWithPagedKVCacheWrapper(
-            _flashinfer.workspace(query.device), kv_layout
-        )
-        dev = query.device
-        _flashinfer.plan(
-            planned,
-            qo.to(dev), indptr.to(dev), indices.to(dev), last.to(dev), hq, hkv, d, page, causal=True,
+        indptr, indices, last = csr(block_tables, seq_lens, page, nb, empty_ok=True)
+        ws = _flashinfer.workspace(query.device)
+        wrapper = _flashinfer.plan(
+            lambda: _prefill_module().BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout),
+            qo, indptr, indices, last, hq, hkv, d, page, causal=True,  # host tensors: FlashInfer copies
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,
         )  # fmt: skip
-        _flashinfer.remember(_PLANS, key, planned)
-    return planned
+        _flashinfer.remember(_PLANS, key, wrapper, (block_tables, seq_lens, cu_seqlens_q))
+    return wrapper
 
 
 def paged_prefill(
@@ -153,19 +141,9 @@ def paged_prefill(
 ) -> None:
     """``attention.paged_prefill`` per its contract (the kernel arguments, already checked)."""
     kv_layout = layout(key_cache)
-    why = refusal(
-        device=query.device.type,
-        dtype=str(query.dtype).removeprefix("torch."),
-        cache_dtype=str(key_cache.dtype).removeprefix("torch."),
-        head_dim=int(query.shape[-1]),
-        layouts=(kv_layout, layout(value_cache)),
-        sinks=has_sinks,
-        value_dim=int(value_cache.shape[-1]),
-        lse=has_lse,
-        capturing=_flashinfer.capturing(query),
-    )
-    if why is not None:  # forced onto a call it cannot run
-        raise BackendUnavailable(BACKEND, why)
+    why = refusal(**_flashinfer.facts(query, key_cache, value_cache, has_sinks, has_lse))
+    if why is not None:  # forced onto a call it cannot run (its facts, this call's)
+        raise CallRefused(BACKEND, why)
     if query.shape[0] == 0 or block_tables.shape[0] == 0:
         return
     assert kv_layout is not None
