@@ -514,7 +514,7 @@ class FusedOp(Generic[R]):
     ) -> R:
         x = self._key(args, kwargs)
         gen = _dispatch_state.generation()  # a use_backends block opening/closing voids the cache
-        refused: dict[str, str] = {}
+        refused: dict[str, str] | None = None  # made on a first refusal: no allocation per call
         while True:
             sel = self.select_for(args, kwargs, backend, refused)
             self._apply_policy(sel)
@@ -522,7 +522,7 @@ class FusedOp(Generic[R]):
                 fn = self.bind(sel.chosen, _native_device(x))
                 result = fn(*args, enable_pdl=enable_pdl, **kwargs)
             except CallRefused as exc:  # this call's data: the next backend runs it, this one stays
-                refused[sel.chosen] = exc.detail
+                refused = {**(refused or {}), sel.chosen: exc.detail}
                 continue
             except BackendUnavailable as exc:
                 # e.g. a failed JIT compile: remember it, reselect, let the policy speak
