@@ -177,7 +177,7 @@ def test_the_plan_pins_its_index_tensors_and_inference_tensors_plan_every_call(
     planned on every call instead of cached."""
     args = _batch([4, 3], [2, 5], 4, 2, 64, 4, False)
     _run(args)
-    ((_, pinned),) = fip._PLANS.values()
+    ((_, pinned, _),) = fip._PLANS.values()
     assert [t is a for t, a in zip(pinned, (args[3], args[4], args[5]), strict=True)] == [True] * 3
     fip._PLANS.clear()
     with torch.inference_mode():
@@ -225,3 +225,16 @@ def test_a_plan_flashinfer_cannot_make_is_a_refusal(
     ):
         _run(_batch([4], [3], 4, 2, 64, 4, False))
     assert not fip._PLANS
+
+
+def test_a_new_batch_past_the_cache_replans_the_oldest_wrapper(stand_in: type[_Wrapper]) -> None:
+    """Past MAX_PLANS batches, a new batch takes the oldest one's wrapper (planned again) rather
+    than allocating another: an engine's steps reuse a fixed set of wrappers."""
+    from opmux.kernels.ops.attention import _flashinfer
+
+    n = _flashinfer.MAX_PLANS
+    steps = [_batch([3, 2], [1 + i, 4], 4, 2, 64, 4, False) for i in range(n + 2)]
+    for args in steps:
+        _close(_run(args), attention.paged_prefill(*args, backend="torch"))
+    assert len(stand_in.made) == n and len(fip._PLANS) == n
+    assert sum(len(w.plans) for w in stand_in.made) == n + 2  # two wrappers were planned twice

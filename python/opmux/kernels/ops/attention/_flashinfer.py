@@ -145,13 +145,13 @@ def version(t: Any) -> int | None:
         return None
 
 
-def plan(make: Any, *args: Any, **kw: Any) -> Any:
-    """``make()`` (a FlashInfer wrapper), planned with ``*args, **kw``. A failure there (its JIT
-    module missing or failing to build where JIT is off, a shape its kernels lack) declines this
-    call (CallRefused with FlashInfer's words): dispatch moves on. Out of memory and CUDA
-    errors are the device's, not FlashInfer's refusal: they propagate."""
+def plan(plans: dict[Any, Any], device: Any, kv_layout: str, make: Any, *args: Any, **kw: Any) -> Any:
+    """A wrapper (``wrapper_for``: a recycled one, or ``make()``) planned with ``*args, **kw``. A
+    failure there (its JIT module missing or failing to build where JIT is off, a shape its
+    kernels lack) declines this call (CallRefused with FlashInfer's words): dispatch moves on.
+    Out of memory and CUDA errors are the device's, not FlashInfer's refusal: they propagate."""
     try:
-        wrapper = make()
+        wrapper = wrapper_for(plans, device, kv_layout, make)
         wrapper.plan(*args, **kw)
     except torch.cuda.OutOfMemoryError:
         raise
@@ -170,13 +170,28 @@ def planned(plans: dict[Any, Any], key: Any) -> Any:
     return None if entry is None else entry[0]
 
 
-def remember(plans: dict[Any, Any], key: Any, wrapper: Any, index_tensors: tuple[Any, ...]) -> Any:
+def wrapper_for(plans: dict[Any, Any], device: Any, kv_layout: str, make: Any) -> Any:
+    """A wrapper to plan a new batch on: once MAX_PLANS batches are kept, the oldest one's (its
+    plan dropped; FlashInfer plans a wrapper again and again) when it has this device and layout,
+    else ``make()``. A wrapper holds device and pinned host buffers (8 MiB each in 0.7): making one
+    per engine step would allocate them every step."""
+    if len(plans) >= MAX_PLANS:
+        oldest = next(iter(plans))
+        wrapper, _, where = plans.pop(oldest)
+        if where == (device, kv_layout):
+            return wrapper
+    return make()
+
+
+def remember(
+    plans: dict[Any, Any], key: Any, wrapper: Any, index_tensors: tuple[Any, ...], device: Any, kv_layout: str
+) -> Any:
     """Keep ``wrapper`` under ``key`` with the index tensors the key names (they pin the
-    addresses in the key; at most MAX_PLANS batches, the oldest dropped whole). A key holding a
-    None version (inference tensors) is not kept: such a batch plans on every call."""
+    addresses in the key), dropping the oldest batch past MAX_PLANS. A key holding a None version
+    (inference tensors) is not kept: such a batch plans on every call."""
     if None in key:
         return wrapper
-    if len(plans) >= MAX_PLANS:
-        plans.clear()
-    plans[key] = (wrapper, index_tensors)
+    while len(plans) >= MAX_PLANS:
+        plans.pop(next(iter(plans)))
+    plans[key] = (wrapper, index_tensors, (device, kv_layout))
     return wrapper
