@@ -10,7 +10,9 @@ same arithmetic in another order) before it is timed; a candidate the compiler r
 memory, registers) is recorded as such. Timing: bench_gpu.time_impl (R calls in one CUDA graph,
 median of the replays). Writes DIR/prefill_tiles.json (rewritten after every case) and
 DIR/prefill_tiles.md: per case the default's time and the best candidate, and each candidate's
-time over the default's (geometric mean and worst over the cases).
+time over the default's (geometric mean and worst over the cases). ``--table-out DIR`` also writes
+the tuned tables the launch reads (``write_tables``: per (DV, G) and query rows, the candidate the
+cases of that row count favour, else the default), named for this GPU.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     launch(None)
     torch.cuda.synchronize()
     want = out.float().clone()
-    rec: dict[str, Any] = {"model": model, "mode": mode, "N": n, "cands": {}}
+    rec: dict[str, Any] = {"model": model, "mode": mode, "N": n, "rows": sum(q_lens), "cands": {}}
+    rec["shape"] = [max(16, 1 << (d - 1).bit_length()), hq // hkv]  # the tuned table's (DV, G)
     rec["default_us"] = time_impl(torch, lambda _: launch(None), [None], R, args.replays)["us"]
     for tile in TILES:
         name = "{}x{} {}w s{}".format(*tile[:4]) + (" split" if tile[4] else "")
@@ -102,6 +105,51 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     del c
     torch.cuda.empty_cache()
     return rec
+
+
+def _entry(tile: tuple[int, int, int, int, bool]) -> dict[str, int]:
+    bm, bn, w, st, sp = tile
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLIT": int(sp)}
+
+
+def tables(record: dict[str, Any]) -> dict[tuple[int, int], dict[str, dict[str, int]]]:
+    """The tuned tables the sweep supports: per (DV, G) and query rows, the candidate with the
+    lowest geometric-mean time over the default's across that row count's cases (the modes), if
+    it beats the default (1.0) by more than 2%; else the default launch itself (tile_config's), so
+    a table never carries a guess. Only candidates timed in every such case compete."""
+    from opmux.kernels import tuned
+
+    groups: dict[tuple[tuple[int, int], int], list[dict[str, Any]]] = {}
+    for r in record["cases"]:
+        groups.setdefault((tuple(r["shape"]), r["rows"]), []).append(r)
+    out: dict[tuple[int, int], dict[str, dict[str, int]]] = {}
+    for (shape, rows), cases in sorted(groups.items()):
+        best, best_ratio = None, 0.98
+        for tile in TILES:
+            name = "{}x{} {}w s{}".format(*tile[:4]) + (" split" if tile[4] else "")
+            ratios = [c["cands"].get(name, {}).get("us", math.nan) / c["default_us"] for c in cases]
+            if all(math.isfinite(x) for x in ratios):
+                geo = math.prod(ratios) ** (1 / len(ratios))
+                if geo < best_ratio:
+                    best, best_ratio = tile, geo
+        entry = _entry(best) if best else tuned.default_config(OP, "triton", rows, shape)
+        out.setdefault((shape[0], shape[1]), {})[str(rows)] = dict(entry)
+    return out
+
+
+def write_tables(record: dict[str, Any], folder: Path) -> list[Path]:
+    """The tables as ``DV=..,G=..,device_name=<this GPU>.json`` files in ``folder`` (for
+    ``OPMUX_TUNED_CONFIG_DIR``, or to ship under opmux/kernels/configs/attention.paged_prefill/)."""
+    from opmux.kernels import tuned
+
+    folder.mkdir(parents=True, exist_ok=True)
+    device = record["env"].get("device", "unknown").replace(" ", "_")
+    written = []
+    for shape, table in tables(record).items():
+        path = folder / tuned.table_key(OP, "triton", device, shape).file_name()
+        path.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+        written.append(path)
+    return written
 
 
 def render(record: dict[str, Any]) -> str:
@@ -133,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--target-us", type=float, default=3000.0, help="graph length per timing")
     p.add_argument("--replays", type=int, default=5)
+    p.add_argument("--table-out", type=Path, help="also write the tuned tables (write_tables) here")
     args = p.parse_args(argv)
     import torch
 
@@ -150,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 (args.out / "prefill_tiles.md").write_text(render(record))  # a killed run keeps it
     (args.out / "prefill_tiles.md").write_text(render(record))
     print(render(record))
+    if args.table_out is not None:
+        for path in write_tables(record, args.table_out):
+            log(f"table {path}")
     return 0
 
 

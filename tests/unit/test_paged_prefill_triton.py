@@ -331,3 +331,68 @@ def test_a_minus_inf_sink_with_a_window() -> None:
     got, lse = _launch(args, block_m=64, block_n=16, **kw)
     _close(got, want, torch.float32)
     torch.testing.assert_close(lse, lse_want, atol=1e-4, rtol=1e-4)
+
+
+class _Spy:
+    """The kernel launched as before, each launch's keyword arguments (constexprs, warps) kept."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel, self.seen = kernel, []
+
+    def __getitem__(self, grid: Any) -> Any:
+        launch = self.kernel[grid]
+
+        def run(*args: Any, **kw: Any) -> Any:
+            self.seen.append(kw)
+            return launch(*args, **kw)
+
+        return run
+
+
+def test_the_launch_comes_from_a_tuned_table(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table for (padded value head dim, group) on this device picks the 16-bit launch (its
+    nearest-M entry, SPLIT included); a malformed entry is warned about and skipped (tile_config
+    then); fp32 queries never read a table; explicit overrides win."""
+    import json
+    import warnings
+
+    from opmux.kernels import _env, tuned
+
+    spy = _Spy(pt._prefill)
+    monkeypatch.setattr(pt, "_prefill", spy)
+    args = _problem([20, 12], [9, 0], hq=4, hkv=2, d=64, page=5, dtype=torch.bfloat16, seed=11)
+    want = _prefill.reference(*args)
+    name = tuned.table_key(OP, "triton", "cpu", (64, 2)).file_name()
+    assert name == "DV=64,G=2,device_name=cpu.json"
+    table = {
+        "16": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "SPLIT": 1},
+        "512": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    }
+    (tmp_path / name).write_text(json.dumps(table), encoding="utf-8")
+    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
+        tuned.refresh()
+        try:
+            got, _ = _launch(args)  # 32 rows: the M = 16 entry
+            _close(got, want, torch.bfloat16)
+            kw = spy.seen[-1]
+            assert (kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"], kw["num_stages"], kw["SPLIT"]) == (
+                16,
+                16,
+                4,
+                1,
+                True,
+            )
+            _launch(args, block_n=32, split=False)  # explicit arguments override the table's
+            assert (spy.seen[-1]["BLOCK_N"], spy.seen[-1]["SPLIT"]) == (32, False)
+            f32 = [a.float() if a.is_floating_point() else a for a in args]
+            _launch(f32)
+            assert spy.seen[-1]["BLOCK_M"] == pt.tile_config(64, 2, True)[0] and not spy.seen[-1]["SPLIT"]
+            (tmp_path / name).write_text(json.dumps({"16": {**table["16"], "BLOCK_M": 24}}), encoding="utf-8")
+            tuned.refresh()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _launch(args)
+            assert any("BLOCK_M=24" in str(w.message) for w in caught), [str(w.message) for w in caught]
+            assert spy.seen[-1]["BLOCK_M"] == pt.tile_config(64, 2)[0]
+        finally:
+            tuned.refresh()

@@ -442,6 +442,52 @@ def _gemm_call_problem(a: Any, b: Any, *rest: Any, **kwargs: Any) -> tuple[tuple
     return (b.shape[0], k), a.numel() // k if k else 0
 
 
+#: a paged-prefill Triton launch: query x key tile, warps, stages, and SPLIT (the key tiles below
+#: the diagonal unmasked: _prefill_triton's kernel)
+_PREFILL_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def _check_triton_prefill(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
+    """Problems with one entry of a paged-prefill Triton table (empty: usable)."""
+    problems = [f"missing {key}" for key in _PREFILL_KEYS if key not in entry]
+    unknown = sorted(set(entry) - set(_PREFILL_KEYS) - {"SPLIT"})
+    if unknown:
+        problems.append(
+            f"unknown key(s) {', '.join(unknown)} (known: {', '.join((*_PREFILL_KEYS, 'SPLIT'))})"
+        )
+    for key, value in entry.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            problems.append(f"{key}={value!r} is not an integer")
+    if problems:
+        return problems
+    for key in ("BLOCK_M", "BLOCK_N"):
+        if not (_pow2(entry[key]) and 16 <= entry[key] <= 256):
+            problems.append(f"{key}={entry[key]} (a power of two in 16..256)")
+    if not (_pow2(entry["num_warps"]) and entry["num_warps"] <= 16):
+        problems.append(f"num_warps={entry['num_warps']} (1, 2, 4, 8 or 16)")
+    if not 1 <= entry["num_stages"] <= 8:
+        problems.append(f"num_stages={entry['num_stages']} (1..8)")
+    if entry.get("SPLIT", 0) not in (0, 1):
+        problems.append(f"SPLIT={entry['SPLIT']} (0 or 1)")
+    return problems
+
+
+def _default_triton_prefill(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
+    """``_prefill_triton.tile_config``'s 16-bit tile for (padded value head dim, GQA group)."""
+    from .ops.attention._prefill_tile_config import tile_config  # plain Python
+
+    bm, bn, warps, stages = tile_config(shape[0], shape[1])
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "SPLIT": 0}
+
+
+def _prefill_kernel_problem(
+    out: Any, lse: Any, has_lse: Any, query: Any, key_cache: Any, value_cache: Any, *rest: Any
+) -> tuple[tuple[int, ...], int]:
+    """((the value head dim padded to a power of two >= 16, the GQA group), query rows)."""
+    dv, g = value_cache.shape[3], query.shape[1] // key_cache.shape[2]
+    return (max(16, 1 << max(dv - 1, 0).bit_length()), g), query.shape[0]
+
+
 #: Each op with tuned tables. A new op or backend adds its entry here.
 SCHEMAS: Mapping[str, Schema] = {
     "gemm.w8a8_block_fp8_matmul": Schema(
@@ -466,6 +512,14 @@ SCHEMAS: Mapping[str, Schema] = {
         form_tags=("dtype", "block_shape"),
         kernel_tags=_moe_kernel_tags,
         call_tags=_moe_call_tags,
+    ),
+    # the Triton launch of 16-bit queries (fp32 ones keep tile_config's correctness tile)
+    "attention.paged_prefill": Schema(
+        shape=("DV", "G"),
+        tags=(),
+        entries={"triton": _check_triton_prefill},
+        defaults={"triton": _default_triton_prefill},
+        kernel_problem=_prefill_kernel_problem,
     ),
 }
 

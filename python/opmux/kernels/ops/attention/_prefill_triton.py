@@ -42,36 +42,15 @@ import torch
 import triton
 import triton.language as tl
 
+from opmux.kernels import tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
 from ._paged_tiles import _load_tile, _tanh, value_is_key_prefix
+from ._prefill_tile_config import tile_config
 
 #: Triton's CPU interpreter (tests): bf16 tiles go to the dot as fp32 there (exact); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a padded value head dim (``BLOCK_DV``), a
-    GQA group and the query dtype: the largest tiles ptxas compiles for sm_90 without spills (bf16
-    / fp16 / fp8 caches, with 16-divisible strides as the JIT specialises them). Up to 256 dims:
-    128 query rows against 64-key tiles (64 x 32 at 256), at least one whole group per tile (a
-    256-dim value tile with a key tail, no model's shape, spills 32 bytes there).
-    MLA's 512 value dims (+ the keys' 64 rope dims): the fp32 accumulator ``[BLOCK_M, 512]`` alone
-    is 64 registers a thread per 32 rows at 8 warps, so 32 rows against 16-key tiles at 8 warps
-    (204-255 registers, none spilled, for the value view and a value cache of its own, bf16 and
-    fp8); 64 rows, or 32 rows at 4 warps, spilled. A larger group is then split over programs
-    (chunks of 32 heads, one token each: ``launch``). fp32 queries take IEEE products on the CUDA
-    cores: a small tile (a correctness form, not a serving one; 16 x 16 at 8 warps for MLA's
-    dims). Static, not timed yet: a tuned table can replace it."""
-    if block_d > 256:
-        return (16, 16, 8, 1) if fp32 else (32, 16, 8, 2)
-    if fp32:
-        bm, bn, warps, stages = 16, 32, 4, 1
-    elif block_d <= 128:
-        bm, bn, warps, stages = 128, 64, 8, 2
-    else:
-        bm, bn, warps, stages = 64, 32, 8, 2
-    return max(bm, triton.next_power_of_2(group)), bn, warps, stages
+OP = "attention.paged_prefill"
 
 
 @triton.jit
@@ -301,11 +280,13 @@ def launch(
     block_n: int | None = None,
     warps: int | None = None,
     stages: int | None = None,
-    split: bool = False,
+    split: bool | None = None,
 ) -> None:
-    """The kernel on the checked arguments; ``block_m`` / ``block_n`` / ``warps`` / ``stages``
-    override ``tile_config``'s and ``split`` runs the tiles below the diagonal unmasked (the
-    kernel's ``SPLIT``; tests, benchmarks/tune/prefill_tiles.py)."""
+    """The kernel on the checked arguments. The launch of 16-bit queries is the tuned table's
+    entry for (padded value head dim, GQA group) nearest the query rows on this device
+    (``configs/attention.paged_prefill/DV=..,G=..,device_name=...json``, or a user folder:
+    ``tuned``), else ``tile_config``'s; ``block_m`` / ``block_n`` / ``warps`` / ``stages`` /
+    ``split`` (the kernel's ``SPLIT``) override it (tests, benchmarks/tune/prefill_tiles.py)."""
     rows, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -315,10 +296,22 @@ def launch(
     g = hq // hkv
     block_dv = max(16, triton.next_power_of_2(dv))
     block_dr = max(16, triton.next_power_of_2(d - dv)) if d > dv else 16
-    bm, bn, w, st = tile_config(block_dv, g, query.dtype == torch.float32)
+    if query.dtype == torch.float32:  # a correctness form: the small IEEE tile, never a table's
+        bm, bn, w, st = tile_config(block_dv, g, True)
+        sp = False
+    else:
+        cfg = tuned.lookup(OP, "triton", tuned.device_name(query.device), (block_dv, g), rows)
+        bm, bn, w, st, sp = (
+            cfg["BLOCK_M"],
+            cfg["BLOCK_N"],
+            cfg["num_warps"],
+            cfg["num_stages"],
+            bool(cfg.get("SPLIT")),
+        )
     bm = max(block_m or bm, 16)
     bn = block_n or bn
     warps, stages = warps or w, stages or st
+    split = sp if split is None else split
     gc = min(g, bm)  # the heads of a program: the whole group, or a chunk of it
     chunks = triton.cdiv(g, gc)
     block_q = bm // gc
