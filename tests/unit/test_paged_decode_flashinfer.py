@@ -18,6 +18,7 @@ import torch
 from opmux.kernels import registry
 from opmux.kernels.errors import BackendUnavailable
 from opmux.kernels.ops import attention
+from opmux.kernels.ops.attention import _flashinfer
 from opmux.kernels.ops.attention import paged_decode_flashinfer as fid
 
 I32 = torch.int32
@@ -67,11 +68,11 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Wrapper]]:
     monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
     monkeypatch.setitem(sys.modules, "flashinfer.decode", mod)
     monkeypatch.setattr(fid, "refusal", lambda **kw: None)  # CPU tensors: the device check aside
-    fid._decode_module.cache_clear()
+    _flashinfer.vendor.cache_clear()
     fid._PLANS.clear()
     _Wrapper.made.clear()
     yield _Wrapper
-    fid._decode_module.cache_clear()
+    _flashinfer.vendor.cache_clear()
     fid._PLANS.clear()
 
 

@@ -18,6 +18,7 @@ import torch
 from opmux.kernels import registry
 from opmux.kernels.errors import CallRefused
 from opmux.kernels.ops import attention
+from opmux.kernels.ops.attention import _flashinfer
 from opmux.kernels.ops.attention import paged_prefill_flashinfer as fip
 
 I32 = torch.int32
@@ -89,11 +90,11 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Wrapper]]:
     monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
     monkeypatch.setitem(sys.modules, "flashinfer.prefill", mod)
     monkeypatch.setattr(fip, "refusal", lambda **kw: None)  # CPU tensors: the device check aside
-    fip._prefill_module.cache_clear()
+    _flashinfer.vendor.cache_clear()
     fip._PLANS.clear()
     _Wrapper.made.clear()
     yield _Wrapper
-    fip._prefill_module.cache_clear()
+    _flashinfer.vendor.cache_clear()
     fip._PLANS.clear()
 
 
@@ -230,7 +231,6 @@ def test_a_plan_flashinfer_cannot_make_is_a_refusal(
 def test_a_new_batch_past_the_cache_replans_the_oldest_wrapper(stand_in: type[_Wrapper]) -> None:
     """Past MAX_PLANS batches, a new batch takes the oldest one's wrapper (planned again) rather
     than allocating another: an engine's steps reuse a fixed set of wrappers."""
-    from opmux.kernels.ops.attention import _flashinfer
 
     n = _flashinfer.MAX_PLANS
     steps = [_batch([3, 2], [1 + i, 4], 4, 2, 64, 4, False) for i in range(n + 2)]

@@ -210,17 +210,20 @@ _TRITON_GEMM_KEYS = (
 )
 
 
-def _tile_problems(entry: Mapping[str, Any]) -> list[str]:
-    """Problems with the M / N tiles, warps, stages and grouping of a Triton GEMM entry."""
+def _tile_problems(
+    entry: Mapping[str, Any], tiles: tuple[str, ...] = ("BLOCK_SIZE_M", "BLOCK_SIZE_N")
+) -> list[str]:
+    """Problems with the tiles, warps, stages and grouping (where the entry has one) of a Triton
+    entry (a GEMM's, the MoE's, paged prefill's)."""
     problems: list[str] = []
-    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N"):
+    for key in tiles:
         if not (_pow2(entry[key]) and 16 <= entry[key] <= 256):
             problems.append(f"{key}={entry[key]} (a power of two in 16..256)")
     if not (_pow2(entry["num_warps"]) and entry["num_warps"] <= 16):
         problems.append(f"num_warps={entry['num_warps']} (1, 2, 4, 8 or 16)")
     if not 1 <= entry["num_stages"] <= 8:
         problems.append(f"num_stages={entry['num_stages']} (1..8)")
-    if entry["GROUP_SIZE_M"] < 1:
+    if entry.get("GROUP_SIZE_M", 1) < 1:
         problems.append(f"GROUP_SIZE_M={entry['GROUP_SIZE_M']} (>= 1)")
     return problems
 
@@ -460,13 +463,7 @@ def _check_triton_prefill(entry: Mapping[str, Any], tags: Tags = ()) -> list[str
             problems.append(f"{key}={value!r} is not an integer")
     if problems:
         return problems
-    for key in ("BLOCK_M", "BLOCK_N"):
-        if not (_pow2(entry[key]) and 16 <= entry[key] <= 256):
-            problems.append(f"{key}={entry[key]} (a power of two in 16..256)")
-    if not (_pow2(entry["num_warps"]) and entry["num_warps"] <= 16):
-        problems.append(f"num_warps={entry['num_warps']} (1, 2, 4, 8 or 16)")
-    if not 1 <= entry["num_stages"] <= 8:
-        problems.append(f"num_stages={entry['num_stages']} (1..8)")
+    problems = _tile_problems(entry, ("BLOCK_M", "BLOCK_N"))
     if entry.get("SPLIT", 0) not in (0, 1):
         problems.append(f"SPLIT={entry['SPLIT']} (0 or 1)")
     return problems

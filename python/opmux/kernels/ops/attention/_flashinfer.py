@@ -15,9 +15,11 @@ that call runs on the next backend, later calls still come here.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from ...errors import CallRefused
+from ...errors import BackendUnavailable, CallRefused
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +94,24 @@ def facts(query: Any, key_cache: Any, value_cache: Any, sinks: bool, lse: bool) 
         lse=lse,
         capturing=capturing(query),
     )
+
+
+def predicate(what: str, query: Any, key_cache: Any, value_cache: Any, sinks: Any, lse: Any) -> str | None:
+    """A backend's predicate from the op's public arguments: ``refusal`` of them, or None where
+    they are not tensors of the expected ranks (the contract names that problem)."""
+    try:
+        return refusal(what, **facts(query, key_cache, value_cache, sinks is not None, lse is not None))
+    except Exception:
+        return None
+
+
+@functools.cache
+def vendor(module: str) -> Any:
+    """FlashInfer's ``module`` (``flashinfer.decode``, ``flashinfer.prefill``), imported on first use."""
+    try:
+        return importlib.import_module(module)  # vendor library, present only where installed
+    except Exception as exc:  # not installed, or a build that fails to import here
+        raise BackendUnavailable(BACKEND, f"{module} cannot be imported: {exc}") from exc
 
 
 def capturing(query: Any) -> bool:

@@ -23,10 +23,9 @@ not while a CUDA graph is captured. Declared last but torch on CUDA until an H20
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable, CallRefused
+from ...errors import CallRefused
 from . import _flashinfer
 from ._flashinfer import BACKEND, HEAD_DIMS, csr, layout
 
@@ -57,19 +56,11 @@ def supports(
     out: Any = None,
 ) -> str | None:
     """The backend's predicate (the op's public arguments)."""
-    try:
-        return refusal(**_flashinfer.facts(query, key_cache, value_cache, sinks is not None, lse is not None))
-    except Exception:  # not tensors, wrong ranks: the contract names the problem
-        return None
+    return _flashinfer.predicate("decode", query, key_cache, value_cache, sinks, lse)
 
 
-@functools.cache
 def _decode_module() -> Any:
-    try:
-        import flashinfer.decode as fd  # vendor library, present only where installed
-    except Exception as exc:  # not installed, or a build that fails to import here
-        raise BackendUnavailable(BACKEND, f"flashinfer.decode cannot be imported: {exc}") from exc
-    return fd
+    return _flashinfer.vendor("flashinfer.decode")
 
 
 _PLANS: dict[Any, Any] = {}

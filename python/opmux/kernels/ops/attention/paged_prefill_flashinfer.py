@@ -23,10 +23,9 @@ FlashInfer's wrapper on the same paged cache) shows where it is faster.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable, CallRefused
+from ...errors import CallRefused
 from . import _flashinfer
 from ._flashinfer import BACKEND, csr, layout
 
@@ -62,10 +61,7 @@ def supports(
     out: Any = None,
 ) -> str | None:
     """The backend's predicate (the op's public arguments)."""
-    try:
-        return refusal(**_flashinfer.facts(query, key_cache, value_cache, sinks is not None, lse is not None))
-    except Exception:  # not tensors, wrong ranks: the contract names the problem
-        return None
+    return _flashinfer.predicate("prefill", query, key_cache, value_cache, sinks, lse)
 
 
 def query_indptr(cu_seqlens_q: Tensor, seq_lens: Tensor, rows: int, capacity: int) -> Tensor:
@@ -83,13 +79,8 @@ def query_indptr(cu_seqlens_q: Tensor, seq_lens: Tensor, rows: int, capacity: in
     return cu.to(torch.int32)
 
 
-@functools.cache
 def _prefill_module() -> Any:
-    try:
-        import flashinfer.prefill as fp  # vendor library, present only where installed
-    except Exception as exc:  # not installed, or a build that fails to import here
-        raise BackendUnavailable(BACKEND, f"flashinfer.prefill cannot be imported: {exc}") from exc
-    return fp
+    return _flashinfer.vendor("flashinfer.prefill")
 
 
 def _plan(
