@@ -84,6 +84,12 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     want = out.float().clone()
     rec: dict[str, Any] = {"model": model, "mode": mode, "N": n, "rows": sum(q_lens), "cands": {}}
     rec["shape"] = [max(16, 1 << (d - 1).bit_length()), hq // hkv]  # the tuned table's (DV, G)
+    # the default launch as timed (a tuned table's entry where one is read, else tile_config's)
+    from opmux.kernels import tuned
+
+    rec["default_cfg"] = dict(
+        tuned.lookup(OP, "triton", tuned.device_name(c["query"].device), tuple(rec["shape"]), rec["rows"])
+    )
     rec["default_us"] = time_impl(torch, lambda _: launch(None), [None], R, args.replays)["us"]
     for tile in TILES:
         name = "{}x{} {}w s{}".format(*tile[:4]) + (" split" if tile[4] else "")
@@ -115,10 +121,9 @@ def _entry(tile: tuple[int, int, int, int, bool]) -> dict[str, int]:
 def tables(record: dict[str, Any]) -> dict[tuple[int, int], dict[str, dict[str, int]]]:
     """The tuned tables the sweep supports: per (DV, G) and query rows, the candidate with the
     lowest geometric-mean time over the default's across that row count's cases (the modes), if
-    it beats the default (1.0) by more than 2%; else the default launch itself (tile_config's), so
-    a table never carries a guess. Only candidates timed in every such case compete."""
-    from opmux.kernels import tuned
-
+    it beats the default (1.0) by more than 2%; else the default launch as it was timed (the
+    table's entry it read, or tile_config's), so a table never carries a guess. Only candidates
+    timed in every such case compete."""
     groups: dict[tuple[tuple[int, int], int], list[dict[str, Any]]] = {}
     for r in record["cases"]:
         groups.setdefault((tuple(r["shape"]), r["rows"]), []).append(r)
@@ -132,7 +137,7 @@ def tables(record: dict[str, Any]) -> dict[tuple[int, int], dict[str, dict[str, 
                 geo = math.prod(ratios) ** (1 / len(ratios))
                 if geo < best_ratio:
                     best, best_ratio = tile, geo
-        entry = _entry(best) if best else tuned.default_config(OP, "triton", rows, shape)
+        entry = _entry(best) if best else cases[0]["default_cfg"]  # the default as timed
         out.setdefault((shape[0], shape[1]), {})[str(rows)] = dict(entry)
     return out
 

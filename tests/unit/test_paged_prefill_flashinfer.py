@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from opmux.kernels import registry
-from opmux.kernels.errors import CallRefused
+from opmux.kernels.errors import BackendUnavailable, CallRefused
 from opmux.kernels.ops import attention
 from opmux.kernels.ops.attention import _flashinfer
 from opmux.kernels.ops.attention import paged_prefill_flashinfer as fip
@@ -180,13 +180,16 @@ def test_the_plan_pins_its_index_tensors_and_inference_tensors_plan_every_call(
     _run(args)
     ((_, pinned, _),) = fip._PLANS.values()
     assert [t is a for t, a in zip(pinned, (args[3], args[4], args[5]), strict=True)] == [True] * 3
-    fip._PLANS.clear()
+    _run(_batch([2, 2], [3, 1], 4, 2, 64, 4, False))  # a second cached batch
+    cached = dict(fip._PLANS)
     with torch.inference_mode():
         inf = [t.clone() for t in args]
         want = attention.paged_prefill(*inf, backend="torch")
-        for _ in range(2):
+        for _ in range(3):
             _close(_run(inf), want)
-    assert not fip._PLANS and len(stand_in.made) == 3  # one cached plan above, then one per call
+    # planned on every call, on one scratch wrapper: no new wrapper per call, no cached batch evicted
+    assert fip._PLANS == cached and len(stand_in.made) == 3
+    assert len(stand_in.made[2].plans) == 3
 
 
 def test_refusals_name_the_op() -> None:
@@ -226,6 +229,14 @@ def test_a_plan_flashinfer_cannot_make_is_a_refusal(
     ):
         _run(_batch([4], [3], 4, 2, 64, 4, False))
     assert not fip._PLANS
+
+    def broken(self: _Wrapper, *args: Any, **kw: Any) -> None:
+        raise RuntimeError("Ninja build failed. Ninja output: ...")
+
+    monkeypatch.setattr(stand_in, "plan", broken)  # a failed build: the backend is off, not retried each step
+    with pytest.raises(BackendUnavailable, match="Ninja build failed") as info:
+        _run(_batch([4], [3], 4, 2, 64, 4, False))
+    assert not isinstance(info.value, CallRefused)
 
 
 def test_a_new_batch_past_the_cache_replans_the_oldest_wrapper(stand_in: type[_Wrapper]) -> None:

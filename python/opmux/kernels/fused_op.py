@@ -467,7 +467,8 @@ class FusedOp(Generic[R]):
             dtype,
             forced,
             tuple(sorted(rejections.items())),
-            tuple(sorted(failed.items())),
+            tuple(sorted(self._failed.items())),
+            tuple(sorted(refused or ())),  # names only: a refusal's text varies per call
             self.spec.priority_for(device_type, x.numel()),
             preferred,
         )

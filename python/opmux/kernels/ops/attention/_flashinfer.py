@@ -10,13 +10,16 @@ index tensors themselves, so no new tensor can take a cached one's address while
 (a fresh tensor at a freed tensor's address would otherwise find a stale plan). Inference
 tensors have no version counter: their batches are planned on every call. What the planner
 refuses of a call's data (a block outside the cache, offsets past the query) is ``CallRefused``:
-that call runs on the next backend, later calls still come here.
+that call runs on the next backend, later calls still come here. Use is single-threaded per
+device (one stream), as FlashInfer's shared float workspace already assumes: a recycled wrapper
+is planned again while nothing else runs on it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import subprocess
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailable, CallRefused
@@ -35,6 +38,8 @@ WORKSPACE_BYTES = 128 << 20
 MAX_PLANS = 8
 
 _WORKSPACES: dict[Any, Any] = {}
+#: per plan cache, device and layout: the wrapper uncacheable batches (inference tensors) plan on
+_SCRATCH: dict[Any, Any] = {}
 
 
 def layout(cache: Any) -> str | None:
@@ -165,22 +170,39 @@ def version(t: Any) -> int | None:
         return None
 
 
-def plan(plans: dict[Any, Any], device: Any, kv_layout: str, make: Any, *args: Any, **kw: Any) -> Any:
-    """A wrapper (``wrapper_for``: a recycled one, or ``make()``) planned with ``*args, **kw``. A
-    failure there (its JIT module missing or failing to build where JIT is off, a shape its
-    kernels lack) declines this call (CallRefused with FlashInfer's words): dispatch moves on.
-    Out of memory and CUDA errors are the device's, not FlashInfer's refusal: they propagate."""
-    try:
+def plan(
+    plans: dict[Any, Any], device: Any, kv_layout: str, cacheable: bool, make: Any, *args: Any, **kw: Any
+) -> Any:
+    """A wrapper planned with ``*args, **kw``: for a cacheable batch ``wrapper_for``'s (a recycled
+    one, or ``make()``), else this cache's scratch wrapper for the device and layout (inference
+    tensors: planned every call, never evicting a cached batch). Importing FlashInfer or making
+    the wrapper happens outside the guard: its BackendUnavailable, out of memory, propagate.
+    Planning that fails declines this call (CallRefused with FlashInfer's words: a shape its
+    kernels lack, a JIT module missing where JIT is off: both fail at once next time), unless
+    it is a failed build or a broken install (BackendUnavailable: the backend is off, so no
+    engine step waits for the same failing build again) or a CUDA error (propagates)."""
+    if cacheable:
         wrapper = wrapper_for(plans, device, kv_layout, make)
+    else:
+        slot = (id(plans), device, kv_layout)
+        wrapper = _SCRATCH.get(slot)
+        if wrapper is None:
+            wrapper = _SCRATCH[slot] = make()
+    try:
         wrapper.plan(*args, **kw)
-    except torch.cuda.OutOfMemoryError:
+    except (BackendUnavailable, torch.cuda.OutOfMemoryError):
         raise
     except Exception as exc:
-        if "CUDA error" in str(exc):
+        text = str(exc)
+        if "CUDA error" in text:
             raise
-        raise CallRefused(
-            BACKEND, f"FlashInfer could not plan the batch: {type(exc).__name__}: {exc}"
-        ) from exc
+        detail = f"FlashInfer could not plan the batch: {type(exc).__name__}: {text}"
+        if (
+            isinstance(exc, (ImportError, OSError, subprocess.CalledProcessError))
+            or "build failed" in text.lower()
+        ):
+            raise BackendUnavailable(BACKEND, detail) from exc
+        raise CallRefused(BACKEND, detail) from exc
     return wrapper
 
 

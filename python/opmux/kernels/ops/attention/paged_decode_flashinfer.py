@@ -84,7 +84,7 @@ def _plan(
         indptr, indices, last = csr(block_tables, seq_lens, page, nb)
         ws = _flashinfer.workspace(query.device)
         wrapper = _flashinfer.plan(
-            _PLANS, query.device, kv_layout, lambda: _decode_module().BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout),
+            _PLANS, query.device, kv_layout, None not in key, lambda: _decode_module().BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout),
             indptr, indices, last, hq, hkv, d, page,  # host tensors: FlashInfer copies them over
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,

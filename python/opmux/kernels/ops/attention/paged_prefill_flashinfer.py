@@ -102,7 +102,7 @@ def _plan(
         indptr, indices, last = csr(block_tables, seq_lens, page, nb, empty_ok=True)
         ws = _flashinfer.workspace(query.device)
         wrapper = _flashinfer.plan(
-            _PLANS, query.device, kv_layout, lambda: _prefill_module().BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout),
+            _PLANS, query.device, kv_layout, None not in key, lambda: _prefill_module().BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout),
             qo, indptr, indices, last, hq, hkv, d, page, causal=True,  # host tensors: FlashInfer copies
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,
