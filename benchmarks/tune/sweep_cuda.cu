@@ -49,19 +49,31 @@ namespace sweep {
 static cudaStream_t g_stream;
 static double g_copy_gbs = 0;
 
+// A launch on the timed stream with programmatic dependent launch, as the library launches, in
+// thread block clusters of `cluster` blocks along x when above 1; the launch's error, unchecked.
 template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+cudaError_t try_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, unsigned cluster,
+                       Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = g_stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, kernel, args...));
+  cfg.numAttrs = cluster > 1 ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+  CK(try_launch(kernel, grid, block, smem, 1u, args...));
 }
 
 // Median us per launch of fn(i) for i in [0, reps), captured in one graph.
@@ -590,20 +602,8 @@ void sweep_sampling(const char* name, int64_t B, int64_t V) {
   auto kernel = sp::sampling_kernel<OP, float>;
   CK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   auto go = [&](int i, int c) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(B * c));
-    cfg.blockDim = dim3(sp::kThreads);
-    cfg.stream = g_stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = static_cast<unsigned>(c);
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = c > 1 ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, kernel, params(i, c));
+    return try_launch(kernel, dim3(static_cast<unsigned>(B * c)), dim3(sp::kThreads), 0, static_cast<unsigned>(c),
+                      params(i, c));
   };
   const opmux::cuda::DeviceProps props = opmux::cuda::device_props("sweep", 0);
   const int rule = sp::blocks_per_row(props, B, V);
