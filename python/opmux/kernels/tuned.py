@@ -485,6 +485,58 @@ def _prefill_kernel_problem(
     return (max(16, 1 << max(dv - 1, 0).bit_length()), g), query.shape[0]
 
 
+#: a paged-decode Triton launch: key tile rows, warps, stages; PREFETCH (the register double
+#: buffer, 0 / 1) and WAVES (the split count's wave target: ``_decode_tile_config.num_splits``)
+_DECODE_KEYS = ("BLOCK_N", "num_warps", "num_stages")
+_DECODE_OPTIONAL = ("PREFETCH", "WAVES")
+
+
+def _check_triton_decode(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
+    """Problems with one entry of a paged-decode Triton table (empty: usable)."""
+    problems = [f"missing {key}" for key in _DECODE_KEYS if key not in entry]
+    known = (*_DECODE_KEYS, *_DECODE_OPTIONAL)
+    unknown = sorted(set(entry) - set(known))
+    if unknown:
+        problems.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
+    for key, value in entry.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            problems.append(f"{key}={value!r} is not an integer")
+    if problems:
+        return problems
+    problems = _tile_problems(entry, ("BLOCK_N",))
+    if entry.get("PREFETCH", 0) not in (0, 1):
+        problems.append(f"PREFETCH={entry['PREFETCH']} (0 or 1)")
+    if not 1 <= entry.get("WAVES", 1) <= 16:
+        problems.append(f"WAVES={entry['WAVES']} (1..16 waves of programs over the SMs)")
+    return problems
+
+
+def _default_triton_decode(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
+    """``triton_kernels.tile_config``'s plain tile for the padded value head dim; no ``WAVES``:
+    the launch's wave rule then (``wave_target``: it needs the device's SM count, which a
+    torch-free default cannot know), as without a table."""
+    from .ops.attention._decode_tile_config import tile_config  # plain Python
+
+    block_n, warps, stages, prefetch = tile_config(shape[0])
+    return {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "PREFETCH": int(prefetch)}
+
+
+def _decode_kernel_problem(
+    out: Any, lse: Any, has_lse: Any, query: Any, key_cache: Any, value_cache: Any, *rest: Any
+) -> tuple[tuple[int, ...], int]:
+    """((the value head dim padded to a power of two >= 16, the GQA group), the programs of one
+    split: sequences x KV head chunks). M is the split rule's own input (waves of programs over
+    the SMs), and the H200 sweep's best split count followed it (docs/benchmarks/
+    attention_decode_tiles_h200.json: about four waves at 4-64 pairs, two from 256 pairs on); the
+    context, which M leaves out, moved it less (at 128 pairs 4x the rule's splits took 1.11x the
+    time at 512 positions, 0.91x at 32k)."""
+    from .ops.attention._decode_tile_config import programs  # plain Python
+
+    dv, g = value_cache.shape[3], query.shape[1] // key_cache.shape[2]
+    block_dv = max(16, 1 << max(dv - 1, 0).bit_length())
+    return (block_dv, g), programs(query.shape[0], key_cache.shape[2], g, block_dv)
+
+
 #: Each op with tuned tables. A new op or backend adds its entry here.
 SCHEMAS: Mapping[str, Schema] = {
     "gemm.w8a8_block_fp8_matmul": Schema(
@@ -517,6 +569,15 @@ SCHEMAS: Mapping[str, Schema] = {
         entries={"triton": _check_triton_prefill},
         defaults={"triton": _default_triton_prefill},
         kernel_problem=_prefill_kernel_problem,
+    ),
+    # the Triton split kernel of 16-bit caches and queries, value head dims <= 128, no key tail
+    # (the forms the H200 sweep timed; the others keep tile_config and the wave rule)
+    "attention.paged_decode": Schema(
+        shape=("DV", "G"),
+        tags=(),
+        entries={"triton": _check_triton_decode},
+        defaults={"triton": _default_triton_decode},
+        kernel_problem=_decode_kernel_problem,
     ),
 }
 

@@ -37,25 +37,33 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from opmux.kernels import tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
 from . import _prefill_triton
+from ._decode_tile_config import (  # noqa: F401  (MAX_ACC, MAX_SPLITS, ...: this module's names too)
+    MAX_ACC,
+    MAX_SPLITS,
+    MIN_SPLIT_TOKENS,
+    WIDE_MAX_SPLITS,
+    WIDE_MIN_SPLIT_TOKENS,
+    TileConfig,
+    group_tile,
+    num_splits,
+    tile_config,
+    wave_target,
+)
 from ._paged_tiles import _load_tile, _tanh, value_is_key_prefix
 
 #: Triton's CPU interpreter (tests): its ``tl.dot`` takes bf16 tiles for integers, so bf16 tiles
 #: go to the dot as fp32 there (exact: a bf16 product fits fp32); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-#: a split handles at least this many positions (more splits only for longer tables), at most
-#: this many splits; the measured rule's bounds (16-bit caches, head dims <= 128), and the
-#: untimed forms' (fp8 caches, wider heads: MLA's 512-dim partial outputs)
-MIN_SPLIT_TOKENS, MAX_SPLITS = 32, 128
-WIDE_MIN_SPLIT_TOKENS, WIDE_MAX_SPLITS = 64, 64
+OP = "attention.paged_decode"
 #: the running max starts at -1e30 (finite, so that no ``-inf - -inf`` ever appears; a literal
 #: in the kernels: Triton takes no plain global there)
 
@@ -65,65 +73,6 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the CPU interpreter: an H200's count, so tests take the GPU's split counts
-
-
-def num_splits(batch: int, kv_heads: int, max_context: int, sm_count: int, measured: bool = True) -> int:
-    """How many splits per (sequence, KV head): enough programs for two waves of the SMs, none
-    shorter than ``MIN_SPLIT_TOKENS`` positions of the table, at most ``MAX_SPLITS``. From the
-    shapes only (no sync). ``measured`` (16-bit caches, value head dims <= 128: what the H200
-    sweep timed, ``benchmarks/tune/decode_tiles.py``, docs/benchmarks/attention_decode_h200.md):
-    four waves when the (sequence, KV head) pairs fill at most half the SMs (2x the two-wave count
-    took 0.78-0.91x the time at batch 1 and 0.93-1.01x at Qwen3's 16 x 4 pairs, 1.0-1.25x once the
-    pairs fill the SMs). Otherwise (fp8 caches: 2x was 1.03-1.16x at batch 1; MLA's wide partial
-    outputs: untimed) two waves within the ``WIDE_*`` bounds."""
-    programs = max(1, batch * kv_heads)
-    if measured:
-        waves, least, most = (4 if 2 * programs <= sm_count else 2), MIN_SPLIT_TOKENS, MAX_SPLITS
-    else:
-        waves, least, most = 2, WIDE_MIN_SPLIT_TOKENS, WIDE_MAX_SPLITS
-    want = triton.cdiv(waves * sm_count, programs)
-    by_len = triton.cdiv(max(1, max_context), least)
-    return max(1, min(want, by_len, most))
-
-
-#: the most elements of a program's fp32 accumulator ``[BLOCK_G, BLOCK_DV]`` (16 heads of MLA's
-#: 512 value dims: 64 registers a thread at 4 warps); a larger GQA group is split over programs
-MAX_ACC = 16 * 512
-
-
-def group_tile(group: int, block_dv: int) -> int:
-    """The heads of a GQA group one program takes (BLOCK_G): the group padded to 16 rows for
-    ``tl.dot`` (1 without: MHA), at most ``MAX_ACC / BLOCK_DV`` of them (MLA's 128 heads of 512
-    dims: 8 programs of 16 heads, each reading the KV head's rows; a whole group of 128 spilled)."""
-    if group <= 1:
-        return 1
-    return max(16, min(triton.next_power_of_2(group), MAX_ACC // block_dv))
-
-
-class TileConfig(NamedTuple):
-    """The split kernel's launch: key tile rows, warps, software-pipeline stages, and whether each
-    step issues the next tile's loads before its own math (a register double buffer: the cache
-    rows come through a block table, so Triton's pipeliner stages only the table's entries)."""
-
-    block_n: int
-    num_warps: int
-    num_stages: int = 3
-    prefetch: bool = False
-
-
-def tile_config(block_d: int, plain: bool = True) -> TileConfig:
-    """The split kernel's launch for a padded (value) head dim. Up to 128 dims, 16-bit queries
-    and no key tail (``plain``): 32 key rows at 4 warps with the register double buffer, the H200
-    sweep's best (``benchmarks/tune/decode_tiles.py``: 0.744x the previous 32 rows at 8 warps
-    over 23 bf16 cases, never slower than it; docs/benchmarks/attention_decode_h200.md). fp32
-    queries and a key tail (192 / 128) keep that previous tile: double buffers of fp32 or three
-    tiles were not checked for spills nor timed. Larger dims keep the largest key tile whose
-    gather and dot stay in registers on sm_90 without spills (every form, bf16 / fp16 / fp32 /
-    fp8, dot and elementwise), not timed yet; MLA's 512-dim value tile (with the 64-dim rope tile
-    of the keys) takes 8 warps: at 4 the fp32 / fp8 / separate-value forms spilled."""
-    if block_d <= 128:
-        return TileConfig(32, 4, 3, True) if plain else TileConfig(32, 8)
-    return TileConfig(16, 8) if block_d >= 512 else TileConfig(16, 4)
 
 
 @triton.jit
@@ -331,6 +280,35 @@ def _decode_merge(
         tl.store(LSE + b * sl_b + h * sl_h, lse)
 
 
+def launch_config(
+    device: torch.device,
+    batch: int,
+    heads: int,
+    capacity: int,
+    block_dv: int,
+    group: int,
+    plain: bool,
+    fp8: bool,
+) -> tuple[TileConfig, int, int]:
+    """The split kernel's (tile, wave target, split count) for ``batch`` sequences of ``heads`` KV
+    head chunks and a table of ``capacity`` positions. The forms the H200 sweep timed (16-bit
+    caches, value head dims <= 128, ``plain``: 16-bit queries without a key tail) take the tuned
+    table's entry for (padded value head dim, GQA group) nearest the programs of a split on this
+    device (``configs/attention.paged_decode/DV=..,G=..,device_name=...json``, or a user folder:
+    ``tuned``), else :func:`tile_config` and :func:`wave_target`; the other forms keep those.
+    From the shapes only: CUDA-graph safe."""
+    sms = _sm_count(device)
+    measured = block_dv <= 128 and not fp8
+    waves = wave_target(batch * heads, sms, measured)
+    if measured and plain:
+        cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)
+        tile = TileConfig(cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], bool(cfg.get("PREFETCH")))
+        waves = cfg.get("WAVES", waves)
+    else:
+        tile = tile_config(block_dv, plain)
+    return tile, waves, num_splits(batch, heads, capacity, sms, measured, waves)
+
+
 def launch(
     out: torch.Tensor,
     lse: torch.Tensor,
@@ -351,8 +329,8 @@ def launch(
     splits: int | None = None,
     tile: TileConfig | None = None,
 ) -> None:
-    """Both kernels on the checked arguments; ``splits`` and ``tile`` override the heuristics
-    (tests, tuning)."""
+    """Both kernels on the checked arguments. The tile and the split count's wave target are
+    :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning)."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -366,9 +344,12 @@ def launch(
     use_dot = g > 1
     block_g = group_tile(g, block_dv)
     chunks = triton.cdiv(g, block_g)
-    if splits is None:
-        splits = num_splits(bsz, hkv * chunks, capacity, _sm_count(query.device), block_dv <= 128 and not fp8)
-    block_n, warps, stages, prefetch = tile or tile_config(block_dv, query.dtype != torch.float32 and d == dv)
+    plain = query.dtype != torch.float32 and d == dv
+    auto_tile, _, auto_splits = launch_config(
+        query.device, bsz, hkv * chunks, capacity, block_dv, g, plain, fp8
+    )
+    splits = auto_splits if splits is None else splits
+    block_n, warps, stages, prefetch = tile or auto_tile
     dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
     ws = torch.empty((bsz, hq, splits, dv), dtype=torch.float32, device=query.device)
     pm = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
@@ -463,8 +444,8 @@ def paged_decode(
     softcap: float,
     window_left: int,
 ) -> None:
-    """``attention.paged_decode`` per its contract (ops/attention/op.py), the split count from
-    :func:`num_splits`."""
+    """``attention.paged_decode`` per its contract (ops/attention/op.py), the launch from
+    :func:`launch_config`."""
     launch(
         out,
         lse,
