@@ -1,16 +1,26 @@
 """Sweep attention.paged_decode's Triton launch (key tile rows, warps, pipeline stages, the register
-double buffer, the split count) over the decode benchmark's shapes on one GPU: the data behind
-``triton_kernels.tile_config`` and ``num_splits``.
+double buffer, the split count's wave target) over the decode benchmark's shapes on one GPU: the
+data behind ``triton_kernels.tile_config`` and ``num_splits``, and the tuned tables the launch reads.
 
     python benchmarks/tune/decode_tiles.py --out DIR [--models Llama-3-8B,Qwen3-30B-A3B]
-        [--batches 1,16,64,256] [--contexts 512,4096,32768] [--fp8] [--budget-s 240]
+        [--batches 1,16,64,256] [--contexts 512,4096,32768] [--fp8] [--budget-s 240] [--table-out DIR]
+    python benchmarks/tune/decode_tiles.py --tables-from DIR/decode_tiles.json --table-out DIR
 
-Every candidate is checked against the heuristic launch's output on the same case (atol 2e-2: the
-same arithmetic in another order) before it is timed; timing is bench_gpu.time_impl (R calls in one
-CUDA graph, median of the replays). Writes DIR/decode_tiles.json (rewritten after every case) and
-DIR/decode_tiles.md: per case the heuristic's time, the best candidate and its ratio, and each
-candidate's time relative to the heuristic's summed over the cases (the candidate that is best
-everywhere, if any).
+Every candidate is a table entry: a tile and a wave target ``WAVES`` 1, 2 and 4 times the rule's
+(``wave_target``: 1-4x its split count where the table's length does not bound it; the split count
+follows from the waves as the launch derives it, so a table entry measured at one batch carries to
+its neighbours). Each is checked against the default launch's output on the same case (atol 2e-2:
+the same arithmetic in another order) before it is timed; a wave target whose split count equals
+one already timed for the tile (bounded by the length or MAX_SPLITS) reuses that time. Timing is
+bench_gpu.time_impl (R calls in one CUDA graph, median of the replays). Writes DIR/decode_tiles.json
+(rewritten after every case) and DIR/decode_tiles.md: per case the default's time, the best
+candidate and its ratio, and each candidate's time relative to the default's over the cases.
+``--table-out DIR`` also writes the tuned tables (``write_tables``: per (DV, G) and programs of a
+split, the candidate that M's bf16 cases favour by more than 2%, else the default as timed), named
+for this GPU; ``--tables-from JSON --table-out DIR`` writes those of an earlier run's record,
+without a GPU (records of the sweep before wave targets, e.g.
+docs/benchmarks/attention_decode_tiles_h200.json, are refused: their raw split counts are no
+table's terms).
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from _sweep import candidate_rows, pick_best  # noqa: E402
+import _sweep  # noqa: E402
+from _sweep import add_table_options, candidate_rows, pick_best, table_rows, tables_only  # noqa: E402
 from bench_attention_decode import MODELS, make_case  # noqa: E402
 from bench_gpu import environment, time_impl  # noqa: E402
 
@@ -44,8 +55,9 @@ TILES = [
     (16, 2, 3, True),
     (64, 4, 3, False),
 ]
-#: the split count times these (1: the heuristic's)
-SPLIT_FACTORS = (1, 2, 4)
+#: the wave target times these (1: the rule's), at most MAX_WAVES (tuned's bound on WAVES)
+WAVE_FACTORS = (1, 2, 4)
+MAX_WAVES = 16
 T0 = time.perf_counter()
 
 
@@ -53,7 +65,13 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
 
 
+def _entry(tile: Any, waves: int) -> dict[str, int]:
+    bn, w, st, pf = tile
+    return {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "PREFETCH": int(pf), "WAVES": waves}
+
+
 def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> dict[str, Any]:
+    from opmux.kernels.ops.attention import _decode_tile_config as dtc
     from opmux.kernels.ops.attention import op as decls
     from opmux.kernels.ops.attention import triton_kernels as tk
 
@@ -62,37 +80,51 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     kernel_args, out = decls.paged_decode.check(
         OP, c["query"], c["kc"], c["vc"], c["table"], c["lens"], **c["kw"]
     )
-    # the launcher's own count (D 128 here: one chunk per KV head)
-    base_splits = tk.num_splits(
-        bsz, hkv, n, torch.cuda.get_device_properties(0).multi_processor_count, not fp8
-    )
+    # the launch's own terms: the table's shape and M, the default's tile and wave target
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    block_dv, g = max(16, 1 << (d - 1).bit_length()), hq // hkv
+    heads = dtc.programs(1, hkv, g, block_dv)  # KV head chunks a sequence
+    capacity = c["table"].shape[1] * c["kc"].shape[1]
+    tile0, waves0, base_splits = tk.launch_config(
+        c["query"].device, bsz, heads, capacity, block_dv, g, True, fp8
+    )  # a table's entry where one is read, else the heuristic's
+    rule = dtc.wave_target(bsz * heads, sms, not fp8)
     cache_bytes = 2 * bsz * n * hkv * d * (1 if fp8 else 2)
     R = max(1, min(200, math.ceil(args.target_us / max(5.0, cache_bytes / 4e12 * 1e6))))
 
-    def launch(tile: Any, splits: int) -> Any:
+    def launch(tile: Any, splits: int | None) -> Any:
         tk.launch(*kernel_args, splits=splits, tile=tile)
         return out
 
-    launch(None, base_splits)
+    launch(None, None)
     torch.cuda.synchronize()
     want = out.float().clone()
     rec: dict[str, Any] = {"model": model, "B": bsz, "N": n, "fp8": fp8, "splits": base_splits, "cands": {}}
-    t = time_impl(torch, lambda _: launch(None, base_splits), [None], R, args.replays)
+    rec.update(shape=[block_dv, g], M=bsz * heads, sms=sms, default_cfg=_entry(tile0, waves0))
+    t = time_impl(torch, lambda _: launch(None, None), [None], R, args.replays)
     rec["heuristic_us"] = t["us"]
     for tile in TILES:
-        seen: set[int] = set()
-        for f in SPLIT_FACTORS:
-            splits = min(tk.MAX_SPLITS, base_splits * f)
-            if splits in seen:  # clamped to a count already timed
+        seen: dict[int, str] = {}
+        for f in WAVE_FACTORS:
+            waves = min(MAX_WAVES, rule * f)
+            splits = dtc.num_splits(bsz, heads, capacity, sms, not fp8, waves)
+            name = f"{tile[0]}x{tile[1]}w s{tile[2]}{' pf' if tile[3] else ''} waves{waves}"
+            if splits in seen:  # bounded to a split count already timed: the same launch
+                rec["cands"][name] = {
+                    **rec["cands"][seen[splits]],
+                    "cfg": _entry(tile, waves),
+                    "same_as": seen[splits],
+                }
                 continue
-            seen.add(splits)
-            name = f"{tile[0]}x{tile[1]}w s{tile[2]}{' pf' if tile[3] else ''} split*{f}"
+            seen[splits] = name
+            cand: dict[str, Any] = {"cfg": _entry(tile, waves), "splits": splits}
+            rec["cands"][name] = cand
             try:
                 launch(tk.TileConfig(*tile), splits)
                 torch.cuda.synchronize()
                 err = (out.float() - want).abs().max().item()
                 if not err <= 2e-2 * (8 if fp8 else 1):
-                    rec["cands"][name] = {"status": "wrong", "err": err}
+                    cand.update(status="wrong", err=err)
                     continue
                 r = time_impl(
                     torch,
@@ -101,9 +133,9 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
                     R,
                     args.replays,
                 )
-                rec["cands"][name] = {"us": r["us"], "GBs": cache_bytes / (r["us"] * 1e-6) / 1e9}
+                cand.update(us=r["us"], GBs=cache_bytes / (r["us"] * 1e-6) / 1e9)
             except Exception as exc:
-                rec["cands"][name] = {"status": "error", "why": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                cand.update(status="error", why=f"{type(exc).__name__}: {str(exc)[:200]}")
     if pick_best(rec, "heuristic") is not None:
         rec["heuristic_GBs"] = cache_bytes / (rec["heuristic_us"] * 1e-6) / 1e9
         rec["best_GBs"] = cache_bytes / (rec["best_us"] * 1e-6) / 1e9
@@ -114,6 +146,27 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     del c
     torch.cuda.empty_cache()
     return rec
+
+
+def tables(record: dict[str, Any]) -> dict[tuple[int, ...], dict[int, dict[str, int]]]:
+    """The tuned tables the sweep supports (``_sweep.table_rows``): per (DV, G) and programs of a
+    split (M), the candidate that M's cases favour (their contexts, bf16 caches only: fp8 ones
+    read no table), else the default as timed. ValueError for a record of the sweep before wave
+    targets (``split_factors``: raw split counts, no table's terms)."""
+    if "wave_factors" not in record:
+        raise ValueError(
+            "a record of the earlier decode sweep (raw split counts, no wave targets): its candidates "
+            "are no table entries; rerun benchmarks/tune/decode_tiles.py"
+        )
+    cases = [r for r in record["cases"] if not r["fp8"]]
+    return table_rows(
+        cases, "M", "heuristic", lambda group: [(k, v["cfg"]) for k, v in group[0]["cands"].items()]
+    )
+
+
+def write_tables(record: dict[str, Any], folder: Path) -> list[Path]:
+    """The tables as ``DV=..,G=..,device_name=<the record's GPU>.json`` files in ``folder``."""
+    return _sweep.write_tables(OP, record, tables(record), folder)
 
 
 def render(record: dict[str, Any]) -> str:
@@ -140,7 +193,7 @@ def render(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    add_table_options(p)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--batches", default="1,16,64,256")
     p.add_argument("--contexts", default="512,4096,32768")
@@ -150,13 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-us", type=float, default=1500.0, help="graph length per timing")
     p.add_argument("--replays", type=int, default=5)
     args = p.parse_args(argv)
+    if tables_only(p, args, write_tables):
+        return 0
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
         "env": environment(torch),
         "tiles": TILES,
-        "split_factors": SPLIT_FACTORS,
+        "wave_factors": WAVE_FACTORS,
         "cases": [],
     }
     deadline = time.monotonic() + args.budget_s
@@ -175,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                     (args.out / "decode_tiles.md").write_text(render(record))  # a killed run keeps it
     (args.out / "decode_tiles.md").write_text(render(record))
     print(render(record))
+    if args.table_out is not None:
+        for path in write_tables(record, args.table_out):
+            log(f"table {path}")
     return 0
 
 

@@ -3,7 +3,8 @@ the kernel's SPLIT: key tiles below the diagonal without the causal mask) over t
 benchmark's shapes on one GPU: the data behind ``_prefill_triton.tile_config``.
 
     python benchmarks/tune/prefill_tiles.py --out DIR [--models Llama-3-8B,Qwen3-30B-A3B]
-        [--tokens 1024,4096,16384] [--modes prefill,extend,ragged] [--budget-s 240]
+        [--tokens 1024,4096,16384] [--modes prefill,extend,ragged] [--budget-s 240] [--table-out DIR]
+    python benchmarks/tune/prefill_tiles.py --tables-from DIR/prefill_tiles.json --table-out DIR
 
 Every candidate is checked against the default launch's output on the same case (atol 2e-2: the
 same arithmetic in another order) before it is timed; a candidate the compiler refuses (shared
@@ -12,7 +13,8 @@ median of the replays). Writes DIR/prefill_tiles.json (rewritten after every cas
 DIR/prefill_tiles.md: per case the default's time and the best candidate, and each candidate's
 time over the default's (geometric mean and worst over the cases). ``--table-out DIR`` also writes
 the tuned tables the launch reads (``write_tables``: per (DV, G) and query rows, the candidate the
-cases of that row count favour, else the default), named for this GPU.
+cases of that row count favour, else the default), named for this GPU; ``--tables-from JSON
+--table-out DIR`` writes those of an earlier run's record, without a GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from _sweep import candidate_rows, pick_best  # noqa: E402
+import _sweep  # noqa: E402
+from _sweep import add_table_options, candidate_rows, pick_best, table_rows, tables_only  # noqa: E402
 from bench_attention_prefill import MODELS, make_case, split  # noqa: E402
 from bench_gpu import environment, time_impl  # noqa: E402
 
@@ -92,7 +95,7 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     )
     rec["default_us"] = time_impl(torch, lambda _: launch(None), [None], R, args.replays)["us"]
     for tile in TILES:
-        name = "{}x{} {}w s{}".format(*tile[:4]) + (" split" if tile[4] else "")
+        name = _name(tile)
         try:
             launch(tile)
             torch.cuda.synchronize()
@@ -113,48 +116,26 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     return rec
 
 
+def _name(tile: tuple[int, int, int, int, bool]) -> str:
+    return "{}x{} {}w s{}".format(*tile[:4]) + (" split" if tile[4] else "")
+
+
 def _entry(tile: tuple[int, int, int, int, bool]) -> dict[str, int]:
     bm, bn, w, st, sp = tile
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "SPLIT": int(sp)}
 
 
-def tables(record: dict[str, Any]) -> dict[tuple[int, int], dict[str, dict[str, int]]]:
-    """The tuned tables the sweep supports: per (DV, G) and query rows, the candidate with the
-    lowest geometric-mean time over the default's across that row count's cases (the modes), if
-    it beats the default (1.0) by more than 2%; else the default launch as it was timed (the
-    table's entry it read, or tile_config's), so a table never carries a guess. Only candidates
-    timed in every such case compete."""
-    groups: dict[tuple[tuple[int, int], int], list[dict[str, Any]]] = {}
-    for r in record["cases"]:
-        groups.setdefault((tuple(r["shape"]), r["rows"]), []).append(r)
-    out: dict[tuple[int, int], dict[str, dict[str, int]]] = {}
-    for (shape, rows), cases in sorted(groups.items()):
-        best, best_ratio = None, 0.98
-        for tile in TILES:
-            name = "{}x{} {}w s{}".format(*tile[:4]) + (" split" if tile[4] else "")
-            ratios = [c["cands"].get(name, {}).get("us", math.nan) / c["default_us"] for c in cases]
-            if all(math.isfinite(x) for x in ratios):
-                geo = math.prod(ratios) ** (1 / len(ratios))
-                if geo < best_ratio:
-                    best, best_ratio = tile, geo
-        entry = _entry(best) if best else cases[0]["default_cfg"]  # the default as timed
-        out.setdefault((shape[0], shape[1]), {})[str(rows)] = dict(entry)
-    return out
+def tables(record: dict[str, Any]) -> dict[tuple[int, ...], dict[int, dict[str, int]]]:
+    """The tuned tables the sweep supports (``_sweep.table_rows``): per (DV, G) and query rows,
+    the candidate the cases of that row count (the modes) favour, else the default as timed. The
+    candidates are the record's own tiles (a record of an earlier tile list keeps its names)."""
+    tiles = [tuple(t) for t in record["tiles"]]
+    return table_rows(record["cases"], "rows", "default", lambda _: [(_name(t), _entry(t)) for t in tiles])
 
 
 def write_tables(record: dict[str, Any], folder: Path) -> list[Path]:
-    """The tables as ``DV=..,G=..,device_name=<this GPU>.json`` files in ``folder`` (for
-    ``OPMUX_TUNED_CONFIG_DIR``, or to ship under opmux/kernels/configs/attention.paged_prefill/)."""
-    from opmux.kernels import tuned
-
-    folder.mkdir(parents=True, exist_ok=True)
-    device = record["env"].get("device", "unknown").replace(" ", "_")
-    written = []
-    for shape, table in tables(record).items():
-        path = folder / tuned.table_key(OP, "triton", device, shape).file_name()
-        path.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
-        written.append(path)
-    return written
+    """The tables as ``DV=..,G=..,device_name=<the record's GPU>.json`` files in ``folder``."""
+    return _sweep.write_tables(OP, record, tables(record), folder)
 
 
 def render(record: dict[str, Any]) -> str:
@@ -178,7 +159,7 @@ def render(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    add_table_options(p)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--tokens", default="1024,4096,16384")
     p.add_argument("--modes", default="prefill,extend,ragged")
@@ -186,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--target-us", type=float, default=3000.0, help="graph length per timing")
     p.add_argument("--replays", type=int, default=5)
-    p.add_argument("--table-out", type=Path, help="also write the tuned tables (write_tables) here")
     args = p.parse_args(argv)
+    if tables_only(p, args, write_tables):
+        return 0
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)

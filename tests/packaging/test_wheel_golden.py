@@ -222,3 +222,19 @@ def test_new_kernel_file_in_a_subdirectory_is_required_and_matched(root, tmp_pat
     narrowed.write_text(narrowed.read_text().replace('"kernels/jit/csrc/**/*"', '"kernels/jit/csrc/*"'))
     problems = wheel_check.check_package_data(narrowed, tree)
     assert len(problems) == 1 and "python/opmux/kernels/jit/csrc/sub/extra_kernel.inc" in problems[0]
+
+
+def test_a_tuned_table_of_any_op_is_required_and_matched(root, tmp_path):
+    """A table shipped for an op that has none yet (paged decode's, as paged prefill's would be):
+    the golden list requires it and every target's package-data globs bundle it."""
+    tree = _tree_copy(root, tmp_path)
+    for t in targets.load().values():
+        shutil.copy2(root / t.pyproject, tree / t.pyproject)
+    table = (
+        tree / "python/opmux/kernels/configs/attention.paged_decode/DV=128,G=4,device_name=NVIDIA_H200.json"
+    )
+    table.parent.mkdir(parents=True)
+    table.write_text('{"1": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "PREFETCH": 1, "WAVES": 4}}\n')
+    assert table.relative_to(tree / "python").as_posix() in wheel_check.required_data_files(tree)
+    for t in targets.load().values():
+        assert wheel_check.check_package_data(tree / t.pyproject, tree) == [], t.pyproject

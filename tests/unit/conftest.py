@@ -38,6 +38,27 @@ def _fresh_dispatch(monkeypatch: pytest.MonkeyPatch, shared_jit_cache: Path) -> 
 
 
 @pytest.fixture
+def tuned_tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No user folder of tuned tables (a developer's OPMUX_TUNED_CONFIG_DIR unset); the tables
+    reread before and after the test."""
+    from opmux.kernels import tuned
+
+    monkeypatch.delenv("OPMUX_TUNED_CONFIG_DIR", raising=False)
+    tuned.refresh()
+    yield
+    tuned.refresh()
+
+
+@pytest.fixture
+def tuned_user_dir(tmp_path: Path, tuned_tables: None) -> Iterator[Path]:
+    """``tmp_path`` as the user folder of tuned tables (``config.scope`` rereads them)."""
+    from opmux.kernels import _env
+
+    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
+        yield tmp_path
+
+
+@pytest.fixture
 def nvcc_unit(tmp_path: Path) -> Callable[[str], Any]:
     """``nvcc_unit("comm_cuda")``: the CUDA unit ``jit/csrc/<name>.cu`` compiled for sm_90a and
     sm_80 (nvcc, no GPU needed) and loaded; skips without OPMUX_TEST_NVCC=1 or without nvcc."""

@@ -9,14 +9,13 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from opmux.kernels import _env, tuned
+from opmux.kernels import tuned
 from opmux.kernels.ops.attention import _decode
 from opmux.kernels.ops.attention import op as decls
 
@@ -55,19 +54,7 @@ def _before_tables(
     return tile, splits, block_g
 
 
-@pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("OPMUX_TUNED_CONFIG_DIR", raising=False)
-    tuned.refresh()
-    yield
-    tuned.refresh()
-
-
-@pytest.fixture
-def user_dir(tmp_path: Path) -> Iterator[Path]:
-    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
-        tuned.refresh()
-        yield tmp_path
+pytestmark = pytest.mark.usefixtures("tuned_tables")
 
 
 class _Recorder:
@@ -163,7 +150,7 @@ def _launch(args: list[torch.Tensor], **kw: Any) -> torch.Tensor:
 ENTRY = {"BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "PREFETCH": 0, "WAVES": 1}
 
 
-def test_a_user_table_picks_the_launch(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_user_table_picks_the_launch(tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A table for (padded value head dim, group) on this device: its entry nearest the programs
     of a split (3 sequences x 2 KV heads = 6: the M = 4 entry) sets the tile and the wave target
     (one wave: 22 splits where the rule's four waves hit the length bound, 32), and the result is
@@ -175,7 +162,7 @@ def test_a_user_table_picks_the_launch(user_dir: Path, monkeypatch: pytest.Monke
     name = tuned.table_key(OP, "triton", "cpu", (64, 2)).file_name()
     assert name == "DV=64,G=2,device_name=cpu.json"
     no_waves = {k: v for k, v in ENTRY.items() if k != "WAVES"}
-    (user_dir / name).write_text(
+    (tuned_user_dir / name).write_text(
         json.dumps({"4": ENTRY, "64": {**no_waves, "BLOCK_N": 64}}), encoding="utf-8"
     )
     tuned.refresh()
@@ -190,19 +177,21 @@ def test_a_user_table_picks_the_launch(user_dir: Path, monkeypatch: pytest.Monke
     for dtype, fp8 in ((torch.float32, False), (torch.bfloat16, True)):  # (a key tail: as fp32)
         tile, _, splits = tk.launch_config(CPU, 3, 2, 1024, 64, 2, dtype != torch.float32, fp8)
         assert (tuple(tile), splits) == _before_tables(3, 2, 2, 1024, 64, 64, dtype, fp8)[:2]
-    (user_dir / tuned.table_key(OP, "triton", "cpu", (256, 2)).file_name()).write_text(
+    (tuned_user_dir / tuned.table_key(OP, "triton", "cpu", (256, 2)).file_name()).write_text(
         json.dumps({"4": ENTRY})
     )
     tuned.refresh()
     assert tk.launch_config(CPU, 3, 2, 1024, 256, 2, True, False)[0] == tk.tile_config(256)
 
 
-def test_a_bad_table_entry_is_named_and_skipped(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_table_entry_is_named_and_skipped(
+    tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     split = _Recorder()
     monkeypatch.setattr(tk, "_decode_split", split)
     monkeypatch.setattr(tk, "_decode_merge", _Recorder())
     name = tuned.table_key(OP, "triton", "cpu", (64, 2)).file_name()
-    (user_dir / name).write_text(json.dumps({"4": {**ENTRY, "PREFETCH": 2}}), encoding="utf-8")
+    (tuned_user_dir / name).write_text(json.dumps({"4": {**ENTRY, "PREFETCH": 2}}), encoding="utf-8")
     tuned.refresh()
     args = _problem([300, 130, 1], width=64, dtype=torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,22 +21,7 @@ def _entry(bm: int = 16, bn: int = 64, **extra: int) -> dict[str, int]:
             "num_warps": 4, "num_stages": 3, **extra}  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("OPMUX_TUNED_CONFIG_DIR", raising=False)
-    tuned.refresh()
-    yield
-    tuned.refresh()
-
-
-def _user_dir(tmp_path: Path) -> Iterator[Path]:
-    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
-        yield tmp_path
-
-
-@pytest.fixture
-def user_dir(tmp_path: Path) -> Iterator[Path]:
-    yield from _user_dir(tmp_path)
+pytestmark = pytest.mark.usefixtures("tuned_tables")
 
 
 def _write(directory: Path, name: str, table: object) -> Path:
@@ -96,8 +80,8 @@ def test_nearest_m_as_vllm(m: int, expected: int) -> None:
     assert expected == min(keys, key=lambda x: abs(x - m))  # vLLM's rule, first (smaller) on a tie
 
 
-def test_lookup_uses_nearest_entry(user_dir: Path) -> None:
-    _write(user_dir, VLLM_NAME, {"1": _entry(16, 32), "64": _entry(64, 128), "512": _entry(128, 128)})
+def test_lookup_uses_nearest_entry(tuned_user_dir: Path) -> None:
+    _write(tuned_user_dir, VLLM_NAME, {"1": _entry(16, 32), "64": _entry(64, 128), "512": _entry(128, 128)})
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 32
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 100)["BLOCK_SIZE_M"] == 64
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 4000)["BLOCK_SIZE_M"] == 128
@@ -107,8 +91,8 @@ def test_lookup_uses_nearest_entry(user_dir: Path) -> None:
     )
 
 
-def test_lookup_is_memoised(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _write(user_dir, SGLANG_NAME, {"1": _entry()})
+def test_lookup_is_memoised(tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tuned_user_dir, SGLANG_NAME, {"1": _entry()})
     first = tuned.lookup(OP, "triton", DEV, (4096, 7040), 3)
     reads: list[Path] = []
     monkeypatch.setattr(tuned, "read_table", lambda path, key: reads.append(path))
@@ -120,10 +104,10 @@ def test_lookup_is_memoised(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> 
         first["BLOCK_SIZE_M"] = 1  # type: ignore[index]
 
 
-def test_a_config_stands_for_m_within_reach(user_dir: Path) -> None:
+def test_a_config_stands_for_m_within_reach(tuned_user_dir: Path) -> None:
     """A table tuned at decode M only does not launch prefill: beyond SELECT_REACH of the nearest
     entry the default heuristic runs, and explain says so; vLLM's full tables read as in vLLM."""
-    _write(user_dir, VLLM_NAME, {"1": _entry(bn=32), "16": _entry(bn=64)})
+    _write(tuned_user_dir, VLLM_NAME, {"1": _entry(bn=32), "16": _entry(bn=64)})
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 64)["BLOCK_SIZE_N"] == 64
     assert tuned.source(OP, "triton", DEV, (4096, 7040), 64).endswith(VLLM_NAME)
     far = tuned.lookup(OP, "triton", DEV, (4096, 7040), 8192)
@@ -132,18 +116,18 @@ def test_a_config_stands_for_m_within_reach(user_dir: Path) -> None:
     assert tuned.source(OP, "triton", DEV, (4096, 7040)).endswith(VLLM_NAME)
 
 
-def test_user_dir_first_and_op_subfolder_first(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shipped = user_dir / "shipped"
+def test_user_dir_first_and_op_subfolder_first(tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = tuned_user_dir / "shipped"
     monkeypatch.setattr(tuned, "shipped_dir", lambda op: shipped / op)
     _write(shipped / OP, VLLM_NAME, {"1": _entry(bn=32)})
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 32
     tuned.refresh()
-    _write(user_dir, VLLM_NAME, {"1": _entry(bn=64)})
+    _write(tuned_user_dir, VLLM_NAME, {"1": _entry(bn=64)})
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 64
     tuned.refresh()
-    _write(user_dir / OP, SGLANG_NAME, {"1": _entry(bn=128)})
+    _write(tuned_user_dir / OP, SGLANG_NAME, {"1": _entry(bn=128)})
     assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 128
-    assert [d for d, _ in tuned.search_dirs(OP)] == [user_dir / OP, user_dir, shipped / OP]
+    assert [d for d, _ in tuned.search_dirs(OP)] == [tuned_user_dir / OP, tuned_user_dir, shipped / OP]
 
 
 def test_env_var_read_once_until_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,8 +153,8 @@ def test_env_var_read_once_until_refresh(tmp_path: Path, monkeypatch: pytest.Mon
         (json.dumps({"1": {"BLOCK_SIZE_M": 16}}), "missing BLOCK_SIZE_N"),
     ],
 )
-def test_malformed_user_file_warns_and_falls_back(user_dir: Path, content: str, reason: str) -> None:
-    path = user_dir / VLLM_NAME
+def test_malformed_user_file_warns_and_falls_back(tuned_user_dir: Path, content: str, reason: str) -> None:
+    path = tuned_user_dir / VLLM_NAME
     path.write_text(content, encoding="utf-8")
     with pytest.warns(tuned.TunedConfigWarning, match=reason) as record:
         config = tuned.lookup(OP, "triton", DEV, (4096, 7040), 8)
@@ -178,28 +162,30 @@ def test_malformed_user_file_warns_and_falls_back(user_dir: Path, content: str, 
     assert dict(config) == tuned.default_config(OP, "triton", 8, (4096, 7040))
 
 
-def test_bad_user_file_gives_way_to_next(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shipped = user_dir / "shipped"
+def test_bad_user_file_gives_way_to_next(tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = tuned_user_dir / "shipped"
     monkeypatch.setattr(tuned, "shipped_dir", lambda op: shipped / op)
     _write(shipped / OP, VLLM_NAME, {"1": _entry(bn=32)})
-    (user_dir / VLLM_NAME).write_text("{", encoding="utf-8")
+    (tuned_user_dir / VLLM_NAME).write_text("{", encoding="utf-8")
     with pytest.warns(tuned.TunedConfigWarning):
         assert tuned.lookup(OP, "triton", DEV, (4096, 7040), 1)["BLOCK_SIZE_N"] == 32
 
 
-def test_other_ops_files_in_the_user_dir_are_ignored(user_dir: Path) -> None:
-    _write(user_dir, f"E=256,N=128,device_name={DEV},dtype=fp8_w8a8,block_shape=[128,128].json", {"1": {}})
-    _write(user_dir, "notes.txt", {})
+def test_other_ops_files_in_the_user_dir_are_ignored(tuned_user_dir: Path) -> None:
+    _write(
+        tuned_user_dir, f"E=256,N=128,device_name={DEV},dtype=fp8_w8a8,block_shape=[128,128].json", {"1": {}}
+    )
+    _write(tuned_user_dir, "notes.txt", {})
     assert dict(tuned.lookup(OP, "triton", DEV, (128, 7168), 1)) == tuned.default_config(
         OP, "triton", 1, (128, 7168)
     )
 
 
-def test_cuda_backend_tables(user_dir: Path) -> None:
+def test_cuda_backend_tables(tuned_user_dir: Path) -> None:
     key = tuned.table_key(OP, "cuda", DEV, (4096, 7040))
     assert key.file_name().endswith(",backend=cuda.json")
-    _write(user_dir, key.file_name(), {"1": {"config_id": 3}, "256": {"config_id": 7}})
-    _write(user_dir, VLLM_NAME, {"1": _entry()})  # the triton table of the same shape is apart
+    _write(tuned_user_dir, key.file_name(), {"1": {"config_id": 3}, "256": {"config_id": 7}})
+    _write(tuned_user_dir, VLLM_NAME, {"1": _entry()})  # the triton table of the same shape is apart
     assert dict(tuned.lookup(OP, "cuda", DEV, (4096, 7040), 200)) == {"config_id": 7}
     assert "config_id" not in tuned.lookup(OP, "triton", DEV, (4096, 7040), 200)
 
@@ -263,7 +249,7 @@ def test_cuda_default_is_the_kernels_own_heuristic() -> None:
     assert tuned.validate_entry(OP, "cuda", {"config_id": -1})  # never in a file
 
 
-def test_select_tables_and_the_any_shape_size_classes(user_dir: Path) -> None:
+def test_select_tables_and_the_any_shape_size_classes(tuned_user_dir: Path) -> None:
     GPU = "OPMUX_TEST_GPU"  # no shipped table: only what the test writes
     exact = tuned.table_key(OP, "select", GPU, (4096, 7040))
     classes = tuned.table_key(OP, "select", GPU, (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
@@ -271,11 +257,11 @@ def test_select_tables_and_the_any_shape_size_classes(user_dir: Path) -> None:
     assert classes.file_name().startswith("N=0,K=0,")
     assert dict(tuned.lookup(OP, "select", GPU, (4096, 7040), 1)) == {}  # no table: no preference
     assert tuned.source(OP, "select", GPU, (4096, 7040)) == "default"
-    _write(user_dir, classes.file_name(), {"1": {"backend": "triton"}, "512": {"backend": "scaled_mm"}})
+    _write(tuned_user_dir, classes.file_name(), {"1": {"backend": "triton"}, "512": {"backend": "scaled_mm"}})
     tuned.refresh()
     assert tuned.lookup(OP, "select", GPU, (4096, 7040), 300)["backend"] == "scaled_mm"
     assert tuned.source(OP, "select", GPU, (4096, 7040)).endswith(classes.file_name())
-    _write(user_dir, exact.file_name(), {"1": {"backend": "jit"}})
+    _write(tuned_user_dir, exact.file_name(), {"1": {"backend": "jit"}})
     tuned.refresh()
     assert tuned.lookup(OP, "select", GPU, (4096, 7040), 2)["backend"] == "jit"  # its own table first
     assert tuned.lookup(OP, "select", GPU, (2048, 7168), 1)["backend"] == "triton"
@@ -289,7 +275,7 @@ def test_select_tables_and_the_any_shape_size_classes(user_dir: Path) -> None:
     # the entry that speaks for M is the nearest by ratio, as the reach is: M=1024 of a table
     # measured at 16 and 4096 takes 4096's (by absolute distance it was 16's, out of reach)
     gapped = tuned.table_key(OP, "select", GPU, (1024, 7040))
-    _write(user_dir, gapped.file_name(), {"16": {"backend": "triton"}, "4096": {"backend": "jit"}})
+    _write(tuned_user_dir, gapped.file_name(), {"16": {"backend": "triton"}, "4096": {"backend": "jit"}})
     tuned.refresh()
     assert tuned.lookup(OP, "select", GPU, (1024, 7040), 1024)["backend"] == "jit"
     assert tuned.source(OP, "select", GPU, (1024, 7040), 1024).endswith(gapped.file_name())

@@ -6,13 +6,12 @@ default heuristic, and the Triton launcher taking the tuned entry."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from opmux.kernels import _env, tuned
+from opmux.kernels import tuned
 
 OP = "moe.fused_experts"
 DEV = "NVIDIA_TEST_GPU"  # no shipped table: what a test writes is all there is
@@ -27,18 +26,7 @@ def _entry(bm: int = 16, bn: int = 64, bk: int = 64, **extra: Any) -> dict[str, 
             "num_warps": 4, "num_stages": 3, **extra}  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("OPMUX_TUNED_CONFIG_DIR", raising=False)
-    tuned.refresh()
-    yield
-    tuned.refresh()
-
-
-@pytest.fixture
-def user_dir(tmp_path: Path) -> Iterator[Path]:
-    with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
-        yield tmp_path
+pytestmark = pytest.mark.usefixtures("tuned_tables")
 
 
 def _write(directory: Path, name: str, table: object) -> Path:
@@ -79,15 +67,23 @@ def test_a_gemm_reads_no_moe_table() -> None:
         tuned.TableKey.parse("gemm.w8a8_block_fp8_matmul", FP8_NAME)
 
 
-def test_each_form_reads_its_own_file_from_a_vllm_folder(user_dir: Path) -> None:
+def test_each_form_reads_its_own_file_from_a_vllm_folder(tuned_user_dir: Path) -> None:
     _write(
-        user_dir, BF16_NAME, {"1": _entry(bn=32), "64": _entry(bm=64, bn=128), "1024": _entry(bm=128, bn=256)}
+        tuned_user_dir,
+        BF16_NAME,
+        {"1": _entry(bn=32), "64": _entry(bm=64, bn=128), "1024": _entry(bm=128, bn=256)},
     )
-    _write(user_dir, BF16_NAME.replace(".json", ",dtype=fp8_w8a8.json"), {"1": _entry(bn=16)})  # per tensor
-    _write(user_dir, BF16_NAME.replace(".json", ",dtype=int8_w8a16.json"), {"1": _entry(bn=16)})
-    _write(user_dir, BF16_NAME.replace(".json", ",dtype=float32.json"), {"1": _entry(bk=32, bn=128)})
-    _write(user_dir, FP8_NAME, {"1": _entry(bk=128, bn=256), "256": _entry(bm=64, bk=128)})
-    _write(user_dir, f"N=4096,K=7168,device_name={DEV},dtype=fp8_w8a8,block_shape=[128,128].json", {"1": {}})
+    _write(
+        tuned_user_dir, BF16_NAME.replace(".json", ",dtype=fp8_w8a8.json"), {"1": _entry(bn=16)}
+    )  # per tensor
+    _write(tuned_user_dir, BF16_NAME.replace(".json", ",dtype=int8_w8a16.json"), {"1": _entry(bn=16)})
+    _write(tuned_user_dir, BF16_NAME.replace(".json", ",dtype=float32.json"), {"1": _entry(bk=32, bn=128)})
+    _write(tuned_user_dir, FP8_NAME, {"1": _entry(bk=128, bn=256), "256": _entry(bm=64, bk=128)})
+    _write(
+        tuned_user_dir,
+        f"N=4096,K=7168,device_name={DEV},dtype=fp8_w8a8,block_shape=[128,128].json",
+        {"1": {}},
+    )
     # nearest M, as vLLM
     assert tuned.lookup(OP, "triton", DEV, (8, 14336), 1, ())["BLOCK_SIZE_N"] == 32
     assert tuned.lookup(OP, "triton", DEV, (8, 14336), 40, ())["BLOCK_SIZE_N"] == 128
@@ -103,15 +99,15 @@ def test_each_form_reads_its_own_file_from_a_vllm_folder(user_dir: Path) -> None
     assert tuned.source(OP, "triton", "NVIDIA_H100", (8, 14336), 1, ()) == "default"
 
 
-def test_the_op_subfolder_comes_first(user_dir: Path) -> None:
-    _write(user_dir, FP8_NAME, {"1": _entry(bk=128, bn=32)})
-    _write(user_dir / OP, FP8_NAME, {"1": _entry(bk=128, bn=128)})
+def test_the_op_subfolder_comes_first(tuned_user_dir: Path) -> None:
+    _write(tuned_user_dir, FP8_NAME, {"1": _entry(bk=128, bn=32)})
+    _write(tuned_user_dir / OP, FP8_NAME, {"1": _entry(bk=128, bn=128)})
     assert tuned.lookup(OP, "triton", DEV, (256, 2048), 1, FP8)["BLOCK_SIZE_N"] == 128
 
 
-def test_known_extras_are_read_and_ignored(user_dir: Path) -> None:
+def test_known_extras_are_read_and_ignored(tuned_user_dir: Path) -> None:
     extras = {"SPLIT_K": 1, "kpack": 2, "matrix_instr_nonkdim": 16, "waves_per_eu": 0, "USE_TMA": False}
-    _write(user_dir, BF16_NAME, {"1": _entry(bn=32, **extras)})
+    _write(tuned_user_dir, BF16_NAME, {"1": _entry(bn=32, **extras)})
     assert tuned.lookup(OP, "triton", DEV, (8, 14336), 1, ())["BLOCK_SIZE_N"] == 32
 
 
@@ -129,19 +125,19 @@ def test_known_extras_are_read_and_ignored(user_dir: Path) -> None:
     ],
 )
 def test_bad_user_file_warns_and_is_skipped(
-    user_dir: Path, name: str, entry: dict[str, Any], reason: str
+    tuned_user_dir: Path, name: str, entry: dict[str, Any], reason: str
 ) -> None:
     tags = FP8 if "fp8" in name else ()
     shape = (256, 2048) if tags else (8, 14336)
-    path = _write(user_dir, name, {"1": entry})
+    path = _write(tuned_user_dir, name, {"1": entry})
     with pytest.warns(tuned.TunedConfigWarning, match=reason) as record:
         config = tuned.lookup(OP, "triton", DEV, shape, 4, tags)
     assert str(path) in str(record[0].message)
     assert dict(config) == tuned.default_config(OP, "triton", 4, shape, tags)
 
 
-def test_bf16_takes_any_power_of_two_k_step(user_dir: Path) -> None:
-    _write(user_dir, BF16_NAME, {"1": _entry(bk=256), "64": _entry(bk=16)})
+def test_bf16_takes_any_power_of_two_k_step(tuned_user_dir: Path) -> None:
+    _write(tuned_user_dir, BF16_NAME, {"1": _entry(bk=256), "64": _entry(bk=16)})
     assert tuned.lookup(OP, "triton", DEV, (8, 14336), 1, ())["BLOCK_SIZE_K"] == 256
     assert tuned.lookup(OP, "triton", DEV, (8, 14336), 64, ())["BLOCK_SIZE_K"] == 16
 
@@ -179,13 +175,15 @@ def test_kernel_problem_and_tags() -> None:
     assert schema.kernel_tags(hidden.float(), hidden.float(), w1.float(), w2.float()) == F32
 
 
-def test_the_triton_launcher_takes_the_tuned_entry(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_triton_launcher_takes_the_tuned_entry(
+    tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch = pytest.importorskip("torch")
     from opmux.kernels.ops.moe import fused_experts_triton as fe
 
     seen: list[Any] = []
     monkeypatch.setattr(fe, "launch_fused_experts", lambda *args, **kw: seen.append(args[-1]))
-    _write(user_dir, "E=3,N=16,device_name=cpu.json", {"4": _entry(bm=32, bn=16, bk=32)})
+    _write(tuned_user_dir, "E=3,N=16,device_name=cpu.json", {"4": _entry(bm=32, bn=16, bk=32)})
     hidden = torch.zeros(4, 32, dtype=torch.bfloat16)
     w1 = torch.zeros(3, 32, 32, dtype=torch.bfloat16)
     w2 = torch.zeros(3, 32, 16, dtype=torch.bfloat16)

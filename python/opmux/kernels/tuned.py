@@ -228,16 +228,23 @@ def _tile_problems(
     return problems
 
 
-def _check_triton_block_fp8(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
-    """Problems with one entry of a Triton block-fp8 GEMM table (empty: usable)."""
-    problems = [f"missing {key}" for key in _TRITON_GEMM_KEYS if key not in entry]
-    unknown = sorted(set(entry) - set(_TRITON_GEMM_KEYS) - {"SPLIT_K"})
+def _key_problems(
+    entry: Mapping[str, Any], required: tuple[str, ...], optional: tuple[str, ...]
+) -> list[str]:
+    """Missing and unknown keys and non-integer values of an entry whose values are all integers."""
+    problems = [f"missing {key}" for key in required if key not in entry]
+    unknown = sorted(set(entry) - set(required) - set(optional))
     if unknown:
-        known = ", ".join((*_TRITON_GEMM_KEYS, "SPLIT_K"))
-        problems.append(f"unknown key(s) {', '.join(unknown)} (known: {known})")
+        problems.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join((*required, *optional))})")
     for key, value in entry.items():
         if not isinstance(value, int) or isinstance(value, bool):
             problems.append(f"{key}={value!r} is not an integer")
+    return problems
+
+
+def _check_triton_block_fp8(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
+    """Problems with one entry of a Triton block-fp8 GEMM table (empty: usable)."""
+    problems = _key_problems(entry, _TRITON_GEMM_KEYS, ("SPLIT_K",))
     if problems:
         return problems
     if entry["BLOCK_SIZE_K"] != 128:
@@ -452,15 +459,7 @@ _PREFILL_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 def _check_triton_prefill(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     """Problems with one entry of a paged-prefill Triton table (empty: usable)."""
-    problems = [f"missing {key}" for key in _PREFILL_KEYS if key not in entry]
-    unknown = sorted(set(entry) - set(_PREFILL_KEYS) - {"SPLIT"})
-    if unknown:
-        problems.append(
-            f"unknown key(s) {', '.join(unknown)} (known: {', '.join((*_PREFILL_KEYS, 'SPLIT'))})"
-        )
-    for key, value in entry.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            problems.append(f"{key}={value!r} is not an integer")
+    problems = _key_problems(entry, _PREFILL_KEYS, ("SPLIT",))
     if problems:
         return problems
     problems = _tile_problems(entry, ("BLOCK_M", "BLOCK_N"))
@@ -493,14 +492,7 @@ _DECODE_OPTIONAL = ("PREFETCH", "WAVES")
 
 def _check_triton_decode(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     """Problems with one entry of a paged-decode Triton table (empty: usable)."""
-    problems = [f"missing {key}" for key in _DECODE_KEYS if key not in entry]
-    known = (*_DECODE_KEYS, *_DECODE_OPTIONAL)
-    unknown = sorted(set(entry) - set(known))
-    if unknown:
-        problems.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
-    for key, value in entry.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            problems.append(f"{key}={value!r} is not an integer")
+    problems = _key_problems(entry, _DECODE_KEYS, _DECODE_OPTIONAL)
     if problems:
         return problems
     problems = _tile_problems(entry, ("BLOCK_N",))
