@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 import triton
@@ -296,7 +297,31 @@ def launch_config(
     table's entry for (padded value head dim, GQA group) nearest the programs of a split on this
     device (``configs/attention.paged_decode/DV=..,G=..,device_name=...json``, or a user folder:
     ``tuned``), else :func:`tile_config` and :func:`wave_target`; the other forms keep those.
-    From the shapes only: CUDA-graph safe."""
+    From the shapes only: CUDA-graph safe. Memoised per shape (emptied when the tables change):
+    a decode step calls it once per layer with the same shapes."""
+    key = (device, batch, heads, capacity, block_dv, group, plain, fp8)
+    hit = _LAUNCH_MEMO.get(key)
+    if hit is None:
+        if len(_LAUNCH_MEMO) >= 4096:  # many batch / table widths over a long run: start again
+            _LAUNCH_MEMO.clear()
+        hit = _LAUNCH_MEMO[key] = _launch_config(device, batch, heads, capacity, block_dv, group, plain, fp8)
+    return hit
+
+
+#: launch_config's results (tuned.memo: emptied by tuned.refresh)
+_LAUNCH_MEMO: dict[tuple[Any, ...], tuple[TileConfig, int, int]] = tuned.memo()
+
+
+def _launch_config(
+    device: torch.device,
+    batch: int,
+    heads: int,
+    capacity: int,
+    block_dv: int,
+    group: int,
+    plain: bool,
+    fp8: bool,
+) -> tuple[TileConfig, int, int]:
     sms = _sm_count(device)
     measured = block_dv <= 128 and not fp8
     waves = wave_target(batch * heads, sms, measured)
