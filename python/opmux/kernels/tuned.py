@@ -55,6 +55,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from opmux.kernels import _env
+from opmux.kernels._warn import warn_at_caller
 
 __all__ = [
     "FP8_BLOCK_TAGS",
@@ -73,6 +74,7 @@ __all__ = [
     "nearest",
     "read_table",
     "refresh",
+    "reject",
     "search_dirs",
     "shipped_dir",
     "shipped_tables",
@@ -824,6 +826,35 @@ def lookup(
         _State.results.clear()
     _State.results[memo] = config
     return config
+
+
+def reject(
+    op: str,
+    backend: str,
+    device_name: str,
+    shape: tuple[int, ...],
+    m: int,
+    tags: Tags | None,
+    config: Mapping[str, Any],
+    error: BaseException,
+) -> Config:
+    """A tuned entry the compiler refused on this device (shared memory, registers: a table
+    checks its keys, not the chip's limits): warn, and serve the default for this lookup from now
+    on (until :func:`refresh`), so a bad entry costs one failed compile, never the call. Returns
+    that default; the caller launches it (and raises where the default itself was refused)."""
+    default: Config = MappingProxyType(default_config(op, backend, m, shape, tags))
+    if dict(default) == dict(config):
+        return default  # the default itself refused: nothing to fall back to
+    _State.results[(op, backend, device_name, shape, m, tags)] = default
+    for derived in _State.memos:  # readers' results built on the refused entry
+        derived.clear()
+    warn_at_caller(
+        f"{op} ({backend}) on {device_name}: the tuned entry {dict(config)} for shape {shape}, "
+        f"M={m} ({source(op, backend, device_name, shape, m, tags)}) does not compile here "
+        f"({type(error).__name__}: {str(error)[:200]}); running the default {dict(default)}",
+        TunedConfigWarning,
+    )
+    return default
 
 
 #: a measurement (a backend choice, a launch configuration) stands for batch sizes within this

@@ -37,12 +37,15 @@ bounds, whatever the index tensors hold.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from opmux.kernels import tuned
+from opmux.kernels.ops._triton_tuned import launch_tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
 from ._paged_tiles import _load_tile, _tanh, value_is_key_prefix
@@ -286,7 +289,9 @@ def launch(
     entry for (padded value head dim, GQA group) nearest the query rows on this device
     (``configs/attention.paged_prefill/DV=..,G=..,device_name=...json``, or a user folder:
     ``tuned``), else ``tile_config``'s; ``block_m`` / ``block_n`` / ``warps`` / ``stages`` /
-    ``split`` (the kernel's ``SPLIT``) override it (tests, benchmarks/tune/prefill_tiles.py)."""
+    ``split`` (the kernel's ``SPLIT``) override it (tests, benchmarks/tune/prefill_tiles.py). A
+    table's entry the compiler refuses here runs the default instead, with a warning
+    (``launch_tuned``)."""
     rows, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -296,80 +301,78 @@ def launch(
     g = hq // hkv
     block_dv = max(16, triton.next_power_of_2(dv))
     block_dr = max(16, triton.next_power_of_2(d - dv)) if d > dv else 16
+
+    def run(cfg: Mapping[str, Any]) -> None:
+        bm = max(block_m or cfg["BLOCK_M"], 16)
+        bn = block_n or cfg["BLOCK_N"]
+        nw, ns = warps or cfg["num_warps"], stages or cfg["num_stages"]
+        sp = bool(cfg.get("SPLIT")) if split is None else split
+        gc = min(g, bm)  # the heads of a program: the whole group, or a chunk of it
+        chunks = triton.cdiv(g, gc)
+        block_q = bm // gc
+        dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
+        sbt = block_tables.stride()
+        _prefill[(rows // block_q + bsz, hkv * chunks)](
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            cu_seqlens_q,
+            sinks,
+            k_scale,
+            v_scale,
+            out,
+            lse,
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            value_cache.stride(0),
+            value_cache.stride(1),
+            value_cache.stride(2),
+            sbt[0],
+            sbt[1],
+            out.stride(0),
+            out.stride(1),
+            lse.stride(0) if has_lse else 0,
+            lse.stride(1) if has_lse else 0,
+            bsz,
+            rows,
+            nb,
+            width * ps,
+            chunks,
+            d,
+            dv,
+            scale,
+            softcap,
+            window_left,
+            G=g,
+            GC=gc,
+            PAGE_SIZE=ps,
+            BLOCK_M=bm,
+            BLOCK_Q=block_q,
+            BLOCK_DV=block_dv,
+            BLOCK_DR=block_dr,
+            BLOCK_N=bn,
+            DOT_F32=dot_f32,
+            FP8=fp8,
+            SOFTCAP=softcap > 0,
+            WINDOW=window_left >= 0,
+            HAS_SINKS=has_sinks,
+            HAS_LSE=has_lse,
+            HAS_TAIL=d > dv,
+            V_FROM_K=value_is_key_prefix(key_cache, value_cache),
+            SPLIT=sp,
+            num_warps=nw,
+            num_stages=ns,
+        )
+
     if query.dtype == torch.float32:  # a correctness form: the small IEEE tile, never a table's
         bm, bn, w, st = tile_config(block_dv, g, True)
-        sp = False
-    else:
-        cfg = tuned.lookup(OP, "triton", tuned.device_name(query.device), (block_dv, g), rows)
-        bm, bn, w, st, sp = (
-            cfg["BLOCK_M"],
-            cfg["BLOCK_N"],
-            cfg["num_warps"],
-            cfg["num_stages"],
-            bool(cfg.get("SPLIT")),
-        )
-    bm = max(block_m or bm, 16)
-    bn = block_n or bn
-    warps, stages = warps or w, stages or st
-    split = sp if split is None else split
-    gc = min(g, bm)  # the heads of a program: the whole group, or a chunk of it
-    chunks = triton.cdiv(g, gc)
-    block_q = bm // gc
-    dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
-    sbt = block_tables.stride()
-    _prefill[(rows // block_q + bsz, hkv * chunks)](
-        query,
-        key_cache,
-        value_cache,
-        block_tables,
-        seq_lens,
-        cu_seqlens_q,
-        sinks,
-        k_scale,
-        v_scale,
-        out,
-        lse,
-        query.stride(0),
-        query.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        sbt[0],
-        sbt[1],
-        out.stride(0),
-        out.stride(1),
-        lse.stride(0) if has_lse else 0,
-        lse.stride(1) if has_lse else 0,
-        bsz,
-        rows,
-        nb,
-        width * ps,
-        chunks,
-        d,
-        dv,
-        scale,
-        softcap,
-        window_left,
-        G=g,
-        GC=gc,
-        PAGE_SIZE=ps,
-        BLOCK_M=bm,
-        BLOCK_Q=block_q,
-        BLOCK_DV=block_dv,
-        BLOCK_DR=block_dr,
-        BLOCK_N=bn,
-        DOT_F32=dot_f32,
-        FP8=fp8,
-        SOFTCAP=softcap > 0,
-        WINDOW=window_left >= 0,
-        HAS_SINKS=has_sinks,
-        HAS_LSE=has_lse,
-        HAS_TAIL=d > dv,
-        V_FROM_K=value_is_key_prefix(key_cache, value_cache),
-        SPLIT=split,
-        num_warps=warps,
-        num_stages=stages,
-    )
+        run({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st})
+        return
+    device = tuned.device_name(query.device)
+    cfg = tuned.lookup(OP, "triton", device, (block_dv, g), rows)
+    launch_tuned(run, cfg, OP, "triton", device, (block_dv, g), rows)

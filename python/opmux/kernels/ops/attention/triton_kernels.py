@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from opmux.kernels import tuned
+from opmux.kernels.ops._triton_tuned import launch_tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
 from . import _prefill_triton
@@ -308,6 +309,12 @@ def launch_config(
     return hit
 
 
+def _tabled(block_dv: int, plain: bool, fp8: bool) -> bool:
+    """Whether the launch comes from a tuned table: the forms the H200 sweep timed (16-bit
+    caches, value head dims <= 128, 16-bit queries without a key tail)."""
+    return block_dv <= 128 and plain and not fp8
+
+
 #: launch_config's results (tuned.memo: emptied by tuned.refresh)
 _LAUNCH_MEMO: dict[tuple[Any, ...], tuple[TileConfig, int, int]] = tuned.memo()
 
@@ -325,7 +332,7 @@ def _launch_config(
     sms = _sm_count(device)
     measured = block_dv <= 128 and not fp8
     waves = wave_target(batch * heads, sms, measured)
-    if measured and plain:
+    if _tabled(block_dv, plain, fp8):
         cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)
         tile = TileConfig(cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], bool(cfg.get("PREFETCH")))
         waves = cfg.get("WAVES", waves)
@@ -355,7 +362,8 @@ def launch(
     tile: TileConfig | None = None,
 ) -> None:
     """Both kernels on the checked arguments. The tile and the split count's wave target are
-    :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning)."""
+    :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning). A table's
+    entry the compiler refuses here runs the default instead, with a warning (``launch_tuned``)."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -370,85 +378,95 @@ def launch(
     block_g = group_tile(g, block_dv)
     chunks = triton.cdiv(g, block_g)
     plain = query.dtype != torch.float32 and d == dv
-    auto_tile, _, auto_splits = launch_config(
-        query.device, bsz, hkv * chunks, capacity, block_dv, g, plain, fp8
-    )
-    splits = auto_splits if splits is None else splits
-    block_n, warps, stages, prefetch = tile or auto_tile
-    dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
-    ws = torch.empty((bsz, hq, splits, dv), dtype=torch.float32, device=query.device)
-    pm = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
-    pl = torch.empty((bsz, hq, splits), dtype=torch.float32, device=query.device)
-    # a stride of an empty table (no column) is unread; keep it a valid int
-    sbt = block_tables.stride()
-    _decode_split[(bsz, hkv * chunks, splits)](
-        query,
-        key_cache,
-        value_cache,
-        block_tables,
-        seq_lens,
-        k_scale,
-        v_scale,
-        ws,
-        pm,
-        pl,
-        query.stride(0),
-        query.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        sbt[0],
-        sbt[1],
-        nb,
-        capacity,
-        g,
-        chunks,
-        hq,
-        d,
-        dv,
-        splits,
-        scale,
-        softcap,
-        window_left,
-        PAGE_SIZE=ps,
-        BLOCK_G=block_g,
-        BLOCK_DV=block_dv,
-        BLOCK_DR=block_dr,
-        BLOCK_N=block_n,
-        USE_DOT=use_dot,
-        DOT_F32=dot_f32,
-        FP8=fp8,
-        SOFTCAP=softcap > 0,
-        WINDOW=window_left >= 0,
-        HAS_TAIL=d > dv,
-        V_FROM_K=value_is_key_prefix(key_cache, value_cache),
-        PREFETCH=prefetch,
-        num_warps=warps,
-        num_stages=stages,
-    )
-    _decode_merge[(bsz, hq)](
-        ws,
-        pm,
-        pl,
-        sinks,
-        out,
-        lse,
-        out.stride(0),
-        out.stride(1),
-        lse.stride(0) if has_lse else 0,
-        lse.stride(1) if has_lse else 0,
-        hq,
-        dv,
-        splits,
-        HAS_SINKS=has_sinks,
-        HAS_LSE=has_lse,
-        BLOCK_S=triton.next_power_of_2(splits),
-        BLOCK_D=triton.next_power_of_2(dv),
-        num_warps=4,
-    )
+
+    def run(_: object = None) -> None:
+        auto_tile, _, auto_splits = launch_config(
+            query.device, bsz, hkv * chunks, capacity, block_dv, g, plain, fp8
+        )
+        n_splits = auto_splits if splits is None else splits
+        block_n, warps, stages, prefetch = tile or auto_tile
+        dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
+        ws = torch.empty((bsz, hq, n_splits, dv), dtype=torch.float32, device=query.device)
+        pm = torch.empty((bsz, hq, n_splits), dtype=torch.float32, device=query.device)
+        pl = torch.empty((bsz, hq, n_splits), dtype=torch.float32, device=query.device)
+        # a stride of an empty table (no column) is unread; keep it a valid int
+        sbt = block_tables.stride()
+        _decode_split[(bsz, hkv * chunks, n_splits)](
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            k_scale,
+            v_scale,
+            ws,
+            pm,
+            pl,
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            value_cache.stride(0),
+            value_cache.stride(1),
+            value_cache.stride(2),
+            sbt[0],
+            sbt[1],
+            nb,
+            capacity,
+            g,
+            chunks,
+            hq,
+            d,
+            dv,
+            n_splits,
+            scale,
+            softcap,
+            window_left,
+            PAGE_SIZE=ps,
+            BLOCK_G=block_g,
+            BLOCK_DV=block_dv,
+            BLOCK_DR=block_dr,
+            BLOCK_N=block_n,
+            USE_DOT=use_dot,
+            DOT_F32=dot_f32,
+            FP8=fp8,
+            SOFTCAP=softcap > 0,
+            WINDOW=window_left >= 0,
+            HAS_TAIL=d > dv,
+            V_FROM_K=value_is_key_prefix(key_cache, value_cache),
+            PREFETCH=prefetch,
+            num_warps=warps,
+            num_stages=stages,
+        )
+        _decode_merge[(bsz, hq)](
+            ws,
+            pm,
+            pl,
+            sinks,
+            out,
+            lse,
+            out.stride(0),
+            out.stride(1),
+            lse.stride(0) if has_lse else 0,
+            lse.stride(1) if has_lse else 0,
+            hq,
+            dv,
+            n_splits,
+            HAS_SINKS=has_sinks,
+            HAS_LSE=has_lse,
+            BLOCK_S=triton.next_power_of_2(n_splits),
+            BLOCK_D=triton.next_power_of_2(dv),
+            num_warps=4,
+        )
+
+    if tile is not None or not _tabled(block_dv, plain, fp8):
+        run()
+        return
+    # a table's entry the compiler refuses here: the default instead, with a warning
+    device, m = tuned.device_name(query.device), bsz * hkv * chunks
+    cfg = tuned.lookup(OP, "triton", device, (block_dv, g), m)
+    launch_tuned(run, cfg, OP, "triton", device, (block_dv, g), m)
 
 
 def paged_decode(

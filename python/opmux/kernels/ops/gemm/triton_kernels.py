@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from opmux.kernels import tuned
+from opmux.kernels.ops._triton_tuned import launch_tuned
 
 OP = "gemm.w8a8_block_fp8_matmul"
 BACKEND = "triton"
@@ -197,5 +198,6 @@ def w8a8_block_fp8_matmul(
     n = b.shape[0]
     if m == 0 or n == 0:
         return
-    config = tuned.lookup(OP, BACKEND, tuned.device_name(a.device), (n, k), m)
-    launch(out, a, b, a_scale, b_scale, config)
+    device = tuned.device_name(a.device)
+    config = tuned.lookup(OP, BACKEND, device, (n, k), m)
+    launch_tuned(lambda cfg: launch(out, a, b, a_scale, b_scale, cfg), config, OP, BACKEND, device, (n, k), m)

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from opmux.kernels import ops, tuned
+from opmux.kernels.ops._triton_tuned import launch_tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 from opmux.kernels.ops.moe import _experts
 from opmux.kernels.ops.moe.fused_experts_decode import launch_decode, quant_groups
@@ -407,5 +408,11 @@ def fused_experts(
     if hidden.shape[0] == 0:
         return
     shape, m = _PROBLEM(*args)
-    config = tuned.lookup(OP, BACKEND, tuned.device_name(hidden.device), shape, m, _TAGS(*args))
-    launch_fused_experts(*args, activation, apply_router_weight_on_input, config, vllm_rounding=vllm_rounding)
+    device, tags = tuned.device_name(hidden.device), _TAGS(*args)
+    config = tuned.lookup(OP, BACKEND, device, shape, m, tags)
+    launch_tuned(
+        lambda cfg: launch_fused_experts(
+            *args, activation, apply_router_weight_on_input, cfg, vllm_rounding=vllm_rounding
+        ),
+        config, OP, BACKEND, device, shape, m, tags,
+    )  # fmt: skip
