@@ -677,7 +677,8 @@ class _State:
     user_dir: Path | None = None
     user_dir_read = False
     index: ClassVar[dict[tuple[str, Path], dict[TableKey, Path]]] = {}
-    tables: ClassVar[dict[TableKey, tuple[list[int], list[Config]] | None]] = {}
+    # a table's entries; None where reject() took one out
+    tables: ClassVar[dict[TableKey, tuple[list[int], list[Config | None]] | None]] = {}
     results: ClassVar[dict[tuple[str, str, str, tuple[int, ...], int, Tags | None], Config]] = {}
     memos: ClassVar[list[dict[Any, Any]]] = []
 
@@ -839,18 +840,23 @@ def reject(
     error: BaseException,
 ) -> Config:
     """A tuned entry the compiler refused on this device (shared memory, registers: a table
-    checks its keys, not the chip's limits): warn, and serve the default for this lookup from now
-    on (until :func:`refresh`), so a bad entry costs one failed compile, never the call. Returns
-    that default; the caller launches it (and raises where the default itself was refused)."""
+    checks its keys, not the chip's limits): warn once, and take the entry out of its table until
+    :func:`refresh` (every M it served gets the default for its M), so a bad entry costs one
+    failed compile, never a call. Returns the default for ``m``; the caller launches it (and
+    raises where the default itself was refused)."""
     default: Config = MappingProxyType(default_config(op, backend, m, shape, tags))
     if dict(default) == dict(config):
         return default  # the default itself refused: nothing to fall back to
-    _State.results[(op, backend, device_name, shape, m, tags)] = default
+    where = source(op, backend, device_name, shape, m, tags)
+    table = _table(table_key(op, backend, device_name, shape, tags))
+    if table is not None:
+        table[1][:] = [None if e is not None and dict(e) == dict(config) else e for e in table[1]]
+    _State.results.clear()
     for derived in _State.memos:  # readers' results built on the refused entry
         derived.clear()
     warn_at_caller(
         f"{op} ({backend}) on {device_name}: the tuned entry {dict(config)} for shape {shape}, "
-        f"M={m} ({source(op, backend, device_name, shape, m, tags)}) does not compile here "
+        f"M={m} ({where}) does not compile here "
         f"({type(error).__name__}: {str(error)[:200]}); running the default {dict(default)}",
         TunedConfigWarning,
     )
@@ -870,7 +876,7 @@ def _within_reach(key: int, m: int) -> bool:
     return k <= SELECT_REACH * want and want <= SELECT_REACH * k
 
 
-def _config_entry(table: tuple[list[int], list[Config]] | None, m: int) -> Config | None:
+def _config_entry(table: tuple[list[int], list[Config | None]] | None, m: int) -> Config | None:
     """A launch-configuration table's entry for ``m``: vLLM's nearest M (absolute distance),
     if within reach; None (the default heuristic) otherwise."""
     if table is None:
@@ -881,7 +887,7 @@ def _config_entry(table: tuple[list[int], list[Config]] | None, m: int) -> Confi
 
 def _select_table(
     op: str, device_name: str, shape: tuple[int, ...], m: int, tags: Tags | None = None
-) -> tuple[TableKey, tuple[list[int], list[Config]]] | None:
+) -> tuple[TableKey, tuple[list[int], list[Config | None]]] | None:
     """The ``select`` table of the form ``tags`` that speaks for ``m``: the shape's, else the
     size classes over every shape, each only where its nearest M is within
     :data:`SELECT_REACH` of ``m``."""
@@ -895,7 +901,7 @@ def _select_table(
     return None
 
 
-def _table(key: TableKey) -> tuple[list[int], list[Config]] | None:
+def _table(key: TableKey) -> tuple[list[int], list[Config | None]] | None:
     if key not in _State.tables:
         found = find_table(key)
         _State.tables[key] = None if found is None else (list(found[1]), list(found[1].values()))

@@ -37,4 +37,4 @@ def launch_tuned(
         default = tuned.reject(op, backend, device_name, shape, m, tags, config, exc)
         if dict(default) == dict(config):
             raise
-        return launch(default)
+    return launch(default)  # outside the handler: the first try's frames (buffers) are freed

@@ -375,4 +375,7 @@ def launch(
         return
     device = tuned.device_name(query.device)
     cfg = tuned.lookup(OP, "triton", device, (block_dv, g), rows)
-    launch_tuned(run, cfg, OP, "triton", device, (block_dv, g), rows)
+    if any(v is not None for v in (block_m, block_n, warps, stages, split)):
+        run(cfg)  # the caller's tile: a refusal is the caller's, not the table's
+    else:
+        launch_tuned(run, cfg, OP, "triton", device, (block_dv, g), rows)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -300,6 +301,20 @@ def launch_config(
     ``tuned``), else :func:`tile_config` and :func:`wave_target`; the other forms keep those.
     From the shapes only: CUDA-graph safe. Memoised per shape (emptied when the tables change):
     a decode step calls it once per layer with the same shapes."""
+    return _launch_plan(device, batch, heads, capacity, block_dv, group, plain, fp8)[:3]
+
+
+def _launch_plan(
+    device: torch.device,
+    batch: int,
+    heads: int,
+    capacity: int,
+    block_dv: int,
+    group: int,
+    plain: bool,
+    fp8: bool,
+) -> tuple[TileConfig, int, int, Mapping[str, Any] | None]:
+    """:func:`launch_config`'s result and the table's entry it came from (None: no table read)."""
     key = (device, batch, heads, capacity, block_dv, group, plain, fp8)
     hit = _LAUNCH_MEMO.get(key)
     if hit is None:
@@ -315,8 +330,8 @@ def _tabled(block_dv: int, plain: bool, fp8: bool) -> bool:
     return block_dv <= 128 and plain and not fp8
 
 
-#: launch_config's results (tuned.memo: emptied by tuned.refresh)
-_LAUNCH_MEMO: dict[tuple[Any, ...], tuple[TileConfig, int, int]] = tuned.memo()
+#: _launch_plan's results (tuned.memo: emptied by tuned.refresh and tuned.reject)
+_LAUNCH_MEMO: dict[tuple[Any, ...], tuple[TileConfig, int, int, Mapping[str, Any] | None]] = tuned.memo()
 
 
 def _launch_config(
@@ -328,17 +343,18 @@ def _launch_config(
     group: int,
     plain: bool,
     fp8: bool,
-) -> tuple[TileConfig, int, int]:
+) -> tuple[TileConfig, int, int, Mapping[str, Any] | None]:
     sms = _sm_count(device)
     measured = block_dv <= 128 and not fp8
     waves = wave_target(batch * heads, sms, measured)
+    cfg = None
     if _tabled(block_dv, plain, fp8):
         cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)
         tile = TileConfig(cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], bool(cfg.get("PREFETCH")))
         waves = cfg.get("WAVES", waves)
     else:
         tile = tile_config(block_dv, plain)
-    return tile, waves, num_splits(batch, heads, capacity, sms, measured, waves)
+    return tile, waves, num_splits(batch, heads, capacity, sms, measured, waves), cfg
 
 
 def launch(
@@ -380,7 +396,7 @@ def launch(
     plain = query.dtype != torch.float32 and d == dv
 
     def run(_: object = None) -> None:
-        auto_tile, _, auto_splits = launch_config(
+        auto_tile, _, auto_splits, _ = _launch_plan(
             query.device, bsz, hkv * chunks, capacity, block_dv, g, plain, fp8
         )
         n_splits = auto_splits if splits is None else splits
@@ -460,13 +476,12 @@ def launch(
             num_warps=4,
         )
 
-    if tile is not None or not _tabled(block_dv, plain, fp8):
-        run()
-        return
-    # a table's entry the compiler refuses here: the default instead, with a warning
-    device, m = tuned.device_name(query.device), bsz * hkv * chunks
-    cfg = tuned.lookup(OP, "triton", device, (block_dv, g), m)
-    launch_tuned(run, cfg, OP, "triton", device, (block_dv, g), m)
+    cfg = _launch_plan(query.device, bsz, hkv * chunks, capacity, block_dv, g, plain, fp8)[3]
+    if tile is not None or cfg is None:
+        run()  # no table's tile: a refusal is the caller's or the default's
+    else:  # a table's entry the compiler refuses here: the default instead, with a warning
+        m = bsz * hkv * chunks
+        launch_tuned(run, cfg, OP, "triton", tuned.device_name(query.device), (block_dv, g), m)
 
 
 def paged_decode(
