@@ -55,7 +55,8 @@
 #          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda) and benchmarks/bench_sampling.py
 #          (OUT_DIR/sampling*);
 # tiles:   benchmarks/tune/decode_tiles.py and prefill_tiles.py, the attention kernels' launch
-#          sweeps (OUT_DIR/decode_tiles, OUT_DIR/prefill_tiles);
+#          sweeps (OUT_DIR/decode_tiles, OUT_DIR/prefill_tiles) and the tuned tables they write
+#          (OUT_DIR/tables.tgz: <op>/<table>.json, for python/opmux/kernels/configs/);
 # "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
@@ -226,10 +227,12 @@ for stage in $STAGES; do
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee -a "$OUT/comm.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         # the attention kernels' launch sweeps (the data behind their tile_config)
-        tiles) timeout 200 python3 "$REPO/benchmarks/tune/decode_tiles.py" --out "$OUT/decode_tiles" --budget-s 120 2>&1 \
-                    | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                timeout 200 python3 "$REPO/benchmarks/tune/prefill_tiles.py" --out "$OUT/prefill_tiles" --budget-s 120 2>&1 \
-                    | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        tiles) timeout 200 python3 "$REPO/benchmarks/tune/decode_tiles.py" --out "$OUT/decode_tiles" --budget-s 120 \
+                    --table-out "$OUT/tables/attention.paged_decode" 2>&1 | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                timeout 200 python3 "$REPO/benchmarks/tune/prefill_tiles.py" --out "$OUT/prefill_tiles" --budget-s 120 \
+                    --table-out "$OUT/tables/attention.paged_prefill" 2>&1 | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                # the tables' names hold '=' and ',': the device tool returns them only inside a tar
+                (cd "$OUT" && tar czf tables.tgz tables && rm -rf tables) ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     echo "== $stage: $(( $(date +%s) - start )) s"
