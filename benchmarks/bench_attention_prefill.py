@@ -22,7 +22,10 @@ first sequence (the extend property: those rows over the same KV), each peer aga
 1.5e-2, rtol 1e-2). Timing: R calls in one CUDA graph (bench_gpu.time_impl), median of the
 replays; TFLOP/s count ``4 * Hq * D`` per (query, visible key) pair. Writes DIR/attention_prefill.json
 (rewritten after every case) and DIR/attention_prefill.md with ``opmux/peer`` ratios (below 1:
-opmux faster).
+opmux faster). opmux's CUDA backends (``BACKENDS``) are also timed forced (``backend=``);
+``--select-out DIR`` writes from them the ``select`` tables the dispatcher reads (per (value head
+dim, GQA group) and new tokens: the backend measured fastest; ``--select-from JSON`` writes them
+from a recorded run, without a GPU).
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ sys.path.insert(0, str(HERE))
 from bench_gpu import environment, time_impl  # noqa: E402
 
 OP = "attention.paged_prefill"
+#: opmux's backends on CUDA timed on their own (``backend=``), in the op's declared order: the
+#: select tables name the fastest (``--select-out``)
+BACKENDS = ("triton", "flashinfer")
+#: a backend other than the declared first is named only where it wins by more than this
+SELECT_MARGIN = 0.98
 #: model -> (query heads, KV heads, head dim)
 MODELS = {"Llama-3-8B": (32, 8, 128), "Qwen3-30B-A3B": (32, 4, 128)}
 TOKENS = (1024, 4096, 16384, 32768)
@@ -164,12 +172,15 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     pairs = sum(q * p + q * (q + 1) // 2 for q, p in zip(q_lens, prefix, strict=True))
     flops = 4 * hq * d * pairs
     rec: dict[str, Any] = {"model": model, "mode": mode, "N": n, "q_lens": q_lens[:1], "B": len(q_lens)}
+    rec["shape"], rec["M"] = [max(16, 1 << (d - 1).bit_length()), hq // hkv], sum(q_lens)  # tuned's key
     rec["prefix"], rec["page"] = prefix[0], args.page
     try:
         rec["default_backend"] = explain(OP, *op_args).chosen
     except Exception as exc:
         rec["default_backend"] = f"explain failed: {exc}"
     fns: dict[str, Any] = {"opmux default": lambda _: ops.attention.paged_prefill(*op_args)}
+    for be in BACKENDS:  # each opmux backend forced: the data of the select tables
+        fns[f"opmux {be}"] = lambda _, be=be: ops.attention.paged_prefill(*op_args, backend=be)
     fns["SDPA flash"] = sdpa_fn(torch, c, SDPBackend.FLASH_ATTENTION, hq, hkv)
     fns["SDPA cuDNN"] = sdpa_fn(torch, c, SDPBackend.CUDNN_ATTENTION, hq, hkv)
     try:
@@ -226,9 +237,47 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     return rec
 
 
+def select_tables(record: dict[str, Any]) -> dict[tuple[int, ...], dict[int, dict[str, str]]]:
+    """Per (padded value head dim, GQA group) and new tokens M: the opmux backend the cases of
+    that M (the modes) time fastest, by the geometric mean of each backend's time over the
+    declared first's (triton); another backend only where that mean is under ``SELECT_MARGIN``.
+    Cases where a backend did not run (refused, wrong, failed) count against it."""
+    by_key: dict[tuple[tuple[int, ...], int], list[dict[str, float]]] = {}
+    for c in record["cases"]:
+        times = {be: c.get("impls", {}).get(f"opmux {be}", {}) for be in BACKENDS}  # skipped: none
+        us = {be: r["us"] for be, r in times.items() if r.get("status") == "ok"}
+        if "shape" in c and BACKENDS[0] in us:
+            by_key.setdefault((tuple(c["shape"]), c["M"]), []).append(us)
+    tables: dict[tuple[int, ...], dict[int, dict[str, str]]] = {}
+    for (shape, m), cases in sorted(by_key.items()):
+        best, best_mean = BACKENDS[0], 1.0
+        for be in BACKENDS[1:]:
+            if all(be in us for us in cases):
+                mean = math.exp(sum(math.log(us[be] / us[BACKENDS[0]]) for us in cases) / len(cases))
+                if mean < min(best_mean, SELECT_MARGIN):
+                    best, best_mean = be, mean
+        tables.setdefault(shape, {})[m] = {"backend": best}
+    return tables
+
+
+def write_select_tables(record: dict[str, Any], folder: Path) -> list[Path]:
+    """:func:`select_tables` as the files ``tuned`` reads, named for the record's GPU."""
+    from opmux.kernels import tuned
+
+    folder.mkdir(parents=True, exist_ok=True)
+    device = record["env"].get("device", "unknown").replace(" ", "_")
+    written = []
+    for shape, table in select_tables(record).items():
+        path = folder / tuned.table_key(OP, "select", device, shape).file_name()
+        tuned.write_table(path, table)
+        written.append(path)
+    return written
+
+
 def render(record: dict[str, Any]) -> str:
     env = record["env"]
-    names = ["opmux default", "SDPA flash", "SDPA cuDNN", "FlashInfer"]
+    peers = ["SDPA flash", "SDPA cuDNN", "FlashInfer"]
+    names = ["opmux default", *(f"opmux {be}" for be in BACKENDS), *peers]
     lines = [
         "# Paged prefill / extend attention on the GPU",
         "",
@@ -239,8 +288,8 @@ def render(record: dict[str, Any]) -> str:
         "(below 1: opmux faster).",
         "",
         "| model | mode | N | B | new tokens | default ran | " + " | ".join(names)
-        + " | " + " | ".join(f"opmux/{nm}" for nm in names[1:]) + " |",
-        "|---|---|---:|---:|---:|---|" + "---:|" * (2 * len(names) - 1),
+        + " | " + " | ".join(f"opmux/{nm}" for nm in peers) + " |",
+        "|---|---|---:|---:|---:|---|" + "---:|" * (len(names) + len(peers)),
     ]  # fmt: skip
     for c in record["cases"]:
         if "skipped" in c:
@@ -253,7 +302,7 @@ def render(record: dict[str, Any]) -> str:
                 f"{r['us']:.0f} ({r['TFLOPs']:.0f})" if r.get("status") == "ok" else r.get("status", "-")
             )
         ratios = [
-            f"{c.get('opmux_over', {})[nm]:.2f}" if nm in c.get("opmux_over", {}) else "-" for nm in names[1:]
+            f"{c.get('opmux_over', {})[nm]:.2f}" if nm in c.get("opmux_over", {}) else "-" for nm in peers
         ]
         lines.append(
             f"| {c['model']} | {c['mode']} | {c['N']} | {c['B']} | {c['q_lens'][0]} | {c.get('default_backend', '')} | "
@@ -272,7 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=7)
     ap.add_argument("--target-us", type=float, default=20000.0, help="graph length aimed at")
     ap.add_argument("--budget-s", type=float, default=500.0, help="cases left when it is spent are skipped")
+    ap.add_argument("--select-out", type=Path, help="also write the select tables (write_select_tables) here")
+    ap.add_argument("--select-from", type=Path, help="write --select-out's tables from this record (no GPU)")
     args = ap.parse_args(argv)
+    if args.select_from is not None:
+        if args.select_out is None:
+            ap.error("--select-from needs --select-out")
+        for path in write_select_tables(json.loads(args.select_from.read_text()), args.select_out):
+            log(f"table {path}")
+        return 0
     models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in models if m not in MODELS] + [m for m in modes if m not in MODES]
@@ -297,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
                 (args.out / "attention_prefill.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "attention_prefill.md").write_text(render(record))
     log(f"wrote {args.out / 'attention_prefill.json'} and attention_prefill.md")
+    if args.select_out is not None:
+        for path in write_select_tables(record, args.select_out):
+            log(f"table {path}")
     return 0
 
 

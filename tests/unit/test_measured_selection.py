@@ -89,3 +89,30 @@ def test_native_kernel_takes_the_tuned_config_id(fresh: Path, monkeypatch: pytes
     _write(fresh, "cuda", (4096, 7168), {"1": {"config_id": 4}, "4096": {"config_id": 0}})
     kernel(out, a, b, "sa", "sb", False)  # M=16 is 16x the nearest entry's M: out of reach
     assert calls[-1][-2:] == (tuned.KERNEL_HEURISTIC, False)
+
+
+def test_paged_prefill_takes_flashinfer_where_its_table_says(fresh: Path) -> None:
+    """attention.paged_prefill's select tables (bench_attention_prefill.py --select-out) key on
+    (padded value head dim, GQA group) and the new tokens: FlashInfer goes first where measured
+    faster, the declared order (Triton first) elsewhere."""
+    op = "attention.paged_prefill"
+    name = tuned.table_key(op, "select", DEV, (128, 4)).file_name()
+    (fresh / name).write_text(json.dumps({"1024": {"backend": "flashinfer"}}), encoding="utf-8")
+    tuned.refresh()
+    assert measured.measured_op(op)
+    q, kc = _t(1000, 32, 128), _t(64, 16, 8, 128)
+    pref = measured.preferred(op, None, (q, kc, kc, _t(2, 4), _t(2), _t(3)), {})
+    assert pref is not None and pref[0] == "flashinfer"
+    assert "M=1000, DV=128, G=4" in pref[1]
+    facts = Facts("cuda", "sm_90a", frozenset({"cuda", "triton", "flashinfer"}))
+    assert (
+        select(registry.get(op), facts, dtype="bfloat16", preferred=pref).decisions[0].backend == "flashinfer"
+    )
+    order = [d.backend for d in select(registry.get(op), facts, dtype="bfloat16").decisions]
+    assert order[0] == "triton"  # no measurement: the declared priority
+    # a head dim of 96 pads to 128; another group has no table
+    assert (
+        measured.preferred(op, None, (_t(900, 32, 96), _t(64, 16, 8, 96), _t(64, 16, 8, 96)), {})[0]
+        == "flashinfer"
+    )
+    assert measured.preferred(op, None, (q, _t(64, 16, 4, 128), _t(64, 16, 4, 128)), {}) is None

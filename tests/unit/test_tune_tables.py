@@ -126,3 +126,42 @@ def test_prefill_tables_from_a_record(sweeps: tuple[ModuleType, ModuleType], tmp
     out = _tables_from(prefill, record, tmp_path)
     key = tuned.table_key("attention.paged_prefill", "triton", "NVIDIA_H200", (128, 4))
     assert tuned.read_table(out / key.file_name(), key) == {1024: won, 4096: default}
+
+
+def _pcase(mode: str, m: int, triton: float | None, flashinfer: float | None) -> dict[str, Any]:
+    impls = {}
+    for be, us in (("triton", triton), ("flashinfer", flashinfer)):
+        impls[f"opmux {be}"] = {"status": "ok", "us": us} if us is not None else {"status": "error"}
+    return {"model": "Llama-3-8B", "mode": mode, "N": m, "shape": [128, 4], "M": m, "impls": impls}
+
+
+def test_prefill_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_attention_prefill.py --select-from: per (DV, G) and new tokens the backend its cases
+    favour by more than 2% (geometric mean over the modes), Triton (the declared first) else or
+    where FlashInfer failed a case; the files read back as the dispatcher's select entries."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("bench_attention_prefill", None)
+    bench = importlib.import_module("bench_attention_prefill")
+    record = {
+        "env": ENV,
+        "cases": [
+            _pcase("prefill", 1024, 100.0, 80.0),
+            _pcase("ragged", 1024, 100.0, 99.0),  # geomean 0.89: flashinfer
+            _pcase("prefill", 4096, 100.0, 99.0),  # 0.99: inside the margin
+            _pcase("prefill", 16384, 100.0, 50.0),
+            _pcase("extend", 16384, 100.0, None),  # flashinfer failed one case of this M
+            {"model": "Llama-3-8B", "mode": "prefill", "N": 32768, "skipped": "budget"},
+        ],
+    }
+    src = tmp_path / "attention_prefill.json"
+    src.write_text(json.dumps(record), encoding="utf-8")
+    out = tmp_path / "tables"
+    assert bench.main(["--out", str(tmp_path), "--select-from", str(src), "--select-out", str(out)]) == 0
+    key = tuned.table_key("attention.paged_prefill", "select", "NVIDIA_H200", (128, 4))
+    table = tuned.read_table(out / key.file_name(), key)
+    assert {m: dict(e) for m, e in table.items()} == {
+        1024: {"backend": "flashinfer"},
+        4096: {"backend": "triton"},
+        16384: {"backend": "triton"},
+    }
+    sys.modules.pop("bench_attention_prefill", None)

@@ -478,12 +478,24 @@ def _default_triton_prefill(m: int, shape: tuple[int, ...], tags: Tags = ()) -> 
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "SPLIT": 0}
 
 
+def _attention_problem(query: Any, key_cache: Any, value_cache: Any) -> tuple[tuple[int, ...], int]:
+    """((the value head dim padded to a power of two >= 16, the GQA group), query rows): the
+    caches' logical shape is [blocks, page, Hkv, D] in either memory layout."""
+    dv, g = value_cache.shape[3], query.shape[1] // key_cache.shape[2]
+    return (max(16, 1 << max(dv - 1, 0).bit_length()), g), query.shape[0]
+
+
 def _prefill_kernel_problem(
     out: Any, lse: Any, has_lse: Any, query: Any, key_cache: Any, value_cache: Any, *rest: Any
 ) -> tuple[tuple[int, ...], int]:
-    """((the value head dim padded to a power of two >= 16, the GQA group), query rows)."""
-    dv, g = value_cache.shape[3], query.shape[1] // key_cache.shape[2]
-    return (max(16, 1 << max(dv - 1, 0).bit_length()), g), query.shape[0]
+    return _attention_problem(query, key_cache, value_cache)
+
+
+def _prefill_call_problem(
+    query: Any, key_cache: Any, value_cache: Any, *rest: Any, **kwargs: Any
+) -> tuple[tuple[int, ...], int]:
+    """A call's problem for its ``select`` table (the new tokens are M)."""
+    return _attention_problem(query, key_cache, value_cache)
 
 
 #: a paged-decode Triton launch: key tile rows, warps, stages; PREFETCH (the register double
@@ -556,13 +568,16 @@ SCHEMAS: Mapping[str, Schema] = {
         kernel_tags=_moe_kernel_tags,
         call_tags=_moe_call_tags,
     ),
-    # the Triton launch of 16-bit queries (fp32 ones keep tile_config's correctness tile)
+    # the Triton launch of 16-bit queries (fp32 ones keep tile_config's correctness tile); the
+    # backend measured fastest per (DV, G) and new tokens (benchmarks/bench_attention_prefill.py
+    # --select-out: FlashInfer's batch prefill where it wins)
     "attention.paged_prefill": Schema(
         shape=("DV", "G"),
         tags=(),
-        entries={"triton": _check_triton_prefill},
-        defaults={"triton": _default_triton_prefill},
+        entries={"triton": _check_triton_prefill, "select": _check_select},
+        defaults={"triton": _default_triton_prefill, "select": _no_preference},
         kernel_problem=_prefill_kernel_problem,
+        call_problem=_prefill_call_problem,
     ),
     # the Triton split kernel of 16-bit caches and queries, value head dims <= 128, no key tail
     # (the forms the H200 sweep timed; the others keep tile_config and the wave rule)

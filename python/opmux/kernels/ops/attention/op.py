@@ -136,8 +136,9 @@ paged_prefill = declare(
             ),
         ),
     ),
-    # Triton first until an H200 run of benchmarks/bench_attention_prefill.py measures FlashInfer
-    # faster (it is refused inside graph captures, where serving engines run their steps, anyway)
+    # Triton first; FlashInfer first only where a select table says it was measured faster
+    # (benchmarks/bench_attention_prefill.py --select-out; tuned.SCHEMAS); it is refused inside
+    # graph captures, where serving engines run their decode steps, anyway
     priority=(("cuda", ("triton", paged_prefill_flashinfer.BACKEND, "torch")),),
     # attention over <= a few hundred tokens: one rounding of the output, p in the value dtype
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
