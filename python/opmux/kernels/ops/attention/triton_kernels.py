@@ -317,10 +317,21 @@ def _launch_plan(
     """:func:`launch_config`'s result and the table's entry it came from (None: no table read)."""
     key = (device, batch, heads, capacity, block_dv, group, plain, fp8)
     hit = _LAUNCH_MEMO.get(key)
-    if hit is None:
-        if len(_LAUNCH_MEMO) >= 4096:  # many batch / table widths over a long run: start again
-            _LAUNCH_MEMO.clear()
-        hit = _LAUNCH_MEMO[key] = _launch_config(device, batch, heads, capacity, block_dv, group, plain, fp8)
+    if hit is not None:
+        return hit
+    sms = _sm_count(device)
+    measured = block_dv <= 128 and not fp8
+    waves = wave_target(batch * heads, sms, measured)
+    cfg = None
+    if _tabled(block_dv, plain, fp8):
+        cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)
+        tile = TileConfig(cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], bool(cfg.get("PREFETCH")))
+        waves = cfg.get("WAVES", waves)
+    else:
+        tile = tile_config(block_dv, plain)
+    if len(_LAUNCH_MEMO) >= 4096:  # many batch / table widths over a long run: start again
+        _LAUNCH_MEMO.clear()
+    hit = _LAUNCH_MEMO[key] = (tile, waves, num_splits(batch, heads, capacity, sms, measured, waves), cfg)
     return hit
 
 
@@ -332,29 +343,6 @@ def _tabled(block_dv: int, plain: bool, fp8: bool) -> bool:
 
 #: _launch_plan's results (tuned.memo: emptied by tuned.refresh and tuned.reject)
 _LAUNCH_MEMO: dict[tuple[Any, ...], tuple[TileConfig, int, int, Mapping[str, Any] | None]] = tuned.memo()
-
-
-def _launch_config(
-    device: torch.device,
-    batch: int,
-    heads: int,
-    capacity: int,
-    block_dv: int,
-    group: int,
-    plain: bool,
-    fp8: bool,
-) -> tuple[TileConfig, int, int, Mapping[str, Any] | None]:
-    sms = _sm_count(device)
-    measured = block_dv <= 128 and not fp8
-    waves = wave_target(batch * heads, sms, measured)
-    cfg = None
-    if _tabled(block_dv, plain, fp8):
-        cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)
-        tile = TileConfig(cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], bool(cfg.get("PREFETCH")))
-        waves = cfg.get("WAVES", waves)
-    else:
-        tile = tile_config(block_dv, plain)
-    return tile, waves, num_splits(batch, heads, capacity, sms, measured, waves), cfg
 
 
 def launch(
