@@ -47,7 +47,8 @@
 #          bounds), compute-sanitizer over them, and the 2-8 GPU grid where the kind has the GPUs
 #          (OUT_DIR/comm.log);
 # prefill: attention.paged_prefill's GPU grid, compute-sanitizer over its bad page tables, and
-#          benchmarks/bench_attention_prefill.py (OUT_DIR/prefill*);
+#          benchmarks/bench_attention_prefill.py (OUT_DIR/prefill*) with its select tables
+#          (OUT_DIR/select.tgz: attention.paged_prefill/<table>.json, for python/opmux/kernels/configs/);
 # decode:  attention.paged_decode's GPU grid (Triton, the native cuda unit, torch; forced split
 #          counts, graph replay), its parity cells on cuda, compute-sanitizer over its bad page
 #          tables, and benchmarks/bench_attention_decode.py (triton vs cuda; OUT_DIR/decode*);
@@ -189,8 +190,10 @@ for stage in $STAGES; do
                     python3 -m pytest "$REPO/tests/parity/test_attention_prefill_grid.py" --target cuda "${PARITY_TREE[@]}" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k bad_page_tables 2>&1 \
                     | tee -a "$OUT/prefill_grid.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                timeout 400 python3 "$REPO/benchmarks/bench_attention_prefill.py" --out "$OUT/prefill" --budget-s 300 2>&1 \
-                    | tee "$OUT/prefill_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+                timeout 400 python3 "$REPO/benchmarks/bench_attention_prefill.py" --out "$OUT/prefill" --budget-s 300 \
+                    --select-out "$OUT/select/attention.paged_prefill" 2>&1 \
+                    | tee "$OUT/prefill_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                [[ -d $OUT/select ]] && (cd "$OUT" && tar czf select.tgz select && rm -rf select) ;;
         decode) timeout 420 python3 -m pytest "$REPO/tests/parity/test_attention_decode_grid.py" --target cuda \
                     "${PARITY_TREE[@]}" -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/decode_grid.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
