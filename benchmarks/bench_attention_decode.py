@@ -2,21 +2,25 @@
 side, with FlashInfer's batch decode as the peer, on one GPU.
 
     python benchmarks/bench_attention_decode.py --out DIR [--models Llama-3-8B,Qwen3-30B-A3B]
-        [--batches 1,8,64,256] [--contexts 1024,4096,16384,32768] [--page 16] [--fp8] [--budget-s 300]
+        [--batches 1,16,64,256] [--contexts 512,4096,32768] [--page 16] [--fp8] [--budget-s 300]
+        [--select-out DIR] [--select-from JSON]
 
 Shapes (bf16, D 128): Llama-3-8B (32 query heads, 8 KV heads) and Qwen3-30B-A3B (32 / 4); every
 sequence of a batch has the context's length, its pages shuffled in the cache (``--page`` tokens
 each); ``--fp8`` adds the e4m3 cache form (k_scale / v_scale). Implementations: ``opmux default``
-(what dispatch picks: Triton until this benchmark says otherwise), ``opmux triton``, ``opmux cuda``
-(the native unit, jit/csrc/attention_decode_cuda.cu), ``opmux torch`` (small cases only) and
-FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (bf16 caches, when flashinfer imports; its
-``plan`` outside the timed graph).
+(what dispatch picks: Triton unless a select table says otherwise), ``opmux triton``, ``opmux cuda``
+(the native unit, jit/csrc/attention_decode_cuda.cu), ``opmux torch`` (small cases only), each
+forced through the public op (``backend=``), and FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper``
+(bf16 caches, when flashinfer imports; its ``plan`` outside the timed graph; opmux's own
+``flashinfer`` backend plans on the host, so it is refused inside a graph and not timed here).
 
 Each result is checked once against the op's definition on the first two sequences (atol 1.5e-2,
 rtol 1e-2; fp8 0.15). Timing: R calls in one CUDA graph (bench_gpu.time_impl), median of the
 replays; GB/s counts the K and V bytes read. Writes DIR/attention_decode.json (rewritten after
 every case) and DIR/attention_decode.md with ``cuda/triton`` ratios (below 1: the native unit
-faster): the numbers that decide op.py's CUDA priority for this op.
+faster). ``--select-out DIR`` writes from the bf16 cases the ``select`` tables the dispatcher
+reads (per (value head dim, GQA group) and batch: the backend fastest over the contexts,
+select_tables.py's rule); ``--select-from JSON`` writes them from a recorded run, without a GPU.
 """
 
 from __future__ import annotations
@@ -33,12 +37,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_gpu import environment, time_impl  # noqa: E402
+from select_tables import write_select_tables  # noqa: E402
 
 OP = "attention.paged_decode"
 #: model -> (query heads, KV heads, head dim)
 MODELS = {"Llama-3-8B": (32, 8, 128), "Qwen3-30B-A3B": (32, 4, 128)}
-BATCHES = (1, 8, 64, 256)
-CONTEXTS = (1024, 4096, 16384, 32768)
+#: opmux's backends timed forced (``backend=``) in the op's declared order: the select tables
+#: name the fastest (``--select-out``)
+BACKENDS = ("triton", "cuda")
+#: issue #28's grid: batch x context
+BATCHES = (1, 16, 64, 256)
+CONTEXTS = (512, 4096, 32768)
 #: the most cache bytes (K + V) one case allocates
 MAX_CACHE_BYTES = 24 << 30
 T0 = time.perf_counter()
@@ -84,7 +93,6 @@ def flashinfer_fn(torch: Any, c: dict[str, Any], hq: int, hkv: int, d: int, page
 
 def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> dict[str, Any]:
     from opmux.kernels import explain, ops
-    from opmux.kernels.explain import op_instance
     from opmux.kernels.ops.attention._decode import reference
 
     hq, hkv, d = MODELS[model]
@@ -93,17 +101,16 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     kw = c["kw"]
     cache_bytes = 2 * bsz * n * hkv * d * (1 if fp8 else 2)
     rec: dict[str, Any] = {"model": model, "B": bsz, "N": n, "page": args.page, "fp8": fp8}
+    rec["shape"], rec["M"] = [max(16, 1 << (d - 1).bit_length()), hq // hkv], bsz  # tuned's select key
     try:
         rec["default_backend"] = explain(OP, *op_args, **kw).chosen
     except Exception as exc:
         rec["default_backend"] = f"explain failed: {exc}"
-    op = op_instance(OP)
     fns: dict[str, Any] = {"opmux default": lambda _: ops.attention.paged_decode(*op_args, **kw)}
-    for backend in ("triton", "cuda", "torch"):
-        if backend == "torch" and bsz * n > 64 * 1024:
+    for be in (*BACKENDS, "torch"):  # each forced: the data of the select tables
+        if be == "torch" and bsz * n > 64 * 1024:
             continue
-        impl = op.impl(backend)
-        fns[f"opmux {backend}"] = lambda _, impl=impl: impl(*op_args, **kw)
+        fns[f"opmux {be}"] = lambda _, be=be: ops.attention.paged_decode(*op_args, backend=be, **kw)
     if not fp8:
         try:
             fns["FlashInfer"] = flashinfer_fn(torch, c, hq, hkv, d, args.page)
@@ -195,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=7)
     ap.add_argument("--target-us", type=float, default=5000.0, help="graph length aimed at")
     ap.add_argument("--budget-s", type=float, default=300.0, help="cases left when it is spent are skipped")
+    ap.add_argument("--select-out", type=Path, help="also write the select tables (select_tables.py) here")
+    ap.add_argument("--select-from", type=Path, help="write --select-out's tables from this record (no GPU)")
     args = ap.parse_args(argv)
+    if args.select_from is not None:
+        if args.select_out is None:
+            ap.error("--select-from needs --select-out")
+        write_selects(json.loads(args.select_from.read_text()), args.select_out)
+        return 0
     models = [m for m in args.models.split(",") if m]
     bad = [m for m in models if m not in MODELS]
     if bad:
@@ -225,7 +239,16 @@ def main(argv: list[str] | None = None) -> int:
                     (args.out / "attention_decode.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "attention_decode.md").write_text(render(record))
     log(f"wrote {args.out / 'attention_decode.json'} and attention_decode.md")
+    if args.select_out is not None:
+        write_selects(record, args.select_out)
     return 0
+
+
+def write_selects(record: dict[str, Any], folder: Path) -> None:
+    """The select tables of the record's bf16 cases (fp8 caches are another form: no table)."""
+    cases = [c for c in record["cases"] if not c.get("fp8")]
+    for path in write_select_tables(OP, record, BACKENDS, folder, cases):
+        log(f"table {path}")
 
 
 if __name__ == "__main__":

@@ -42,13 +42,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_gpu import environment, time_impl  # noqa: E402
+from select_tables import write_select_tables  # noqa: E402
 
 OP = "attention.paged_prefill"
 #: opmux's backends on CUDA timed on their own (``backend=``), in the op's declared order: the
-#: select tables name the fastest (``--select-out``)
+#: select tables name the fastest (``--select-out``; select_tables.py's rule)
 BACKENDS = ("triton", "flashinfer")
-#: a backend other than the declared first is named only where it wins by more than this
-SELECT_MARGIN = 0.98
 #: model -> (query heads, KV heads, head dim)
 MODELS = {"Llama-3-8B": (32, 8, 128), "Qwen3-30B-A3B": (32, 4, 128)}
 TOKENS = (1024, 4096, 16384, 32768)
@@ -237,43 +236,6 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     return rec
 
 
-def select_tables(record: dict[str, Any]) -> dict[tuple[int, ...], dict[int, dict[str, str]]]:
-    """Per (padded value head dim, GQA group) and new tokens M: the opmux backend the cases of
-    that M (the modes) time fastest, by the geometric mean of each backend's time over the
-    declared first's (triton); another backend only where that mean is under ``SELECT_MARGIN``.
-    Cases where a backend did not run (refused, wrong, failed) count against it."""
-    by_key: dict[tuple[tuple[int, ...], int], list[dict[str, float]]] = {}
-    for c in record["cases"]:
-        times = {be: c.get("impls", {}).get(f"opmux {be}", {}) for be in BACKENDS}  # skipped: none
-        us = {be: r["us"] for be, r in times.items() if r.get("status") == "ok"}
-        if "shape" in c and BACKENDS[0] in us:
-            by_key.setdefault((tuple(c["shape"]), c["M"]), []).append(us)
-    tables: dict[tuple[int, ...], dict[int, dict[str, str]]] = {}
-    for (shape, m), cases in sorted(by_key.items()):
-        best, best_mean = BACKENDS[0], 1.0
-        for be in BACKENDS[1:]:
-            if all(be in us for us in cases):
-                mean = math.exp(sum(math.log(us[be] / us[BACKENDS[0]]) for us in cases) / len(cases))
-                if mean < min(best_mean, SELECT_MARGIN):
-                    best, best_mean = be, mean
-        tables.setdefault(shape, {})[m] = {"backend": best}
-    return tables
-
-
-def write_select_tables(record: dict[str, Any], folder: Path) -> list[Path]:
-    """:func:`select_tables` as the files ``tuned`` reads, named for the record's GPU."""
-    from opmux.kernels import tuned
-
-    folder.mkdir(parents=True, exist_ok=True)
-    device = record["env"].get("device", "unknown").replace(" ", "_")
-    written = []
-    for shape, table in select_tables(record).items():
-        path = folder / tuned.table_key(OP, "select", device, shape).file_name()
-        tuned.write_table(path, table)
-        written.append(path)
-    return written
-
-
 def render(record: dict[str, Any]) -> str:
     env = record["env"]
     peers = ["SDPA flash", "SDPA cuDNN", "FlashInfer"]
@@ -321,13 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=7)
     ap.add_argument("--target-us", type=float, default=20000.0, help="graph length aimed at")
     ap.add_argument("--budget-s", type=float, default=500.0, help="cases left when it is spent are skipped")
-    ap.add_argument("--select-out", type=Path, help="also write the select tables (write_select_tables) here")
+    ap.add_argument("--select-out", type=Path, help="also write the select tables (select_tables.py) here")
     ap.add_argument("--select-from", type=Path, help="write --select-out's tables from this record (no GPU)")
     args = ap.parse_args(argv)
     if args.select_from is not None:
         if args.select_out is None:
             ap.error("--select-from needs --select-out")
-        for path in write_select_tables(json.loads(args.select_from.read_text()), args.select_out):
+        for path in write_select_tables(
+            OP, json.loads(args.select_from.read_text()), BACKENDS, args.select_out
+        ):
             log(f"table {path}")
         return 0
     models = [m for m in args.models.split(",") if m]
@@ -355,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "attention_prefill.md").write_text(render(record))
     log(f"wrote {args.out / 'attention_prefill.json'} and attention_prefill.md")
     if args.select_out is not None:
-        for path in write_select_tables(record, args.select_out):
+        for path in write_select_tables(OP, record, BACKENDS, args.select_out):
             log(f"table {path}")
     return 0
 

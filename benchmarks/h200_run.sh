@@ -51,7 +51,8 @@
 #          (OUT_DIR/select.tgz: attention.paged_prefill/<table>.json, for python/opmux/kernels/configs/);
 # decode:  attention.paged_decode's GPU grid (Triton, the native cuda unit, torch; forced split
 #          counts, graph replay), its parity cells on cuda, compute-sanitizer over its bad page
-#          tables, and benchmarks/bench_attention_decode.py (triton vs cuda; OUT_DIR/decode*);
+#          tables, and benchmarks/bench_attention_decode.py (triton vs cuda; OUT_DIR/decode*) with
+#          its select tables (OUT_DIR/decode_select.tgz: attention.paged_decode/<table>.json);
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
 #          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda) and benchmarks/bench_sampling.py
 #          (OUT_DIR/sampling*);
@@ -204,8 +205,10 @@ for stage in $STAGES; do
                     python3 -m pytest "$REPO/tests/parity/test_attention_decode_grid.py" --target cuda "${PARITY_TREE[@]}" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k "bad_page_tables or forced_split" 2>&1 \
                     | tee -a "$OUT/decode_grid.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                timeout 400 python3 "$REPO/benchmarks/bench_attention_decode.py" --out "$OUT/decode" --budget-s 300 2>&1 \
-                    | tee "$OUT/decode_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+                timeout 400 python3 "$REPO/benchmarks/bench_attention_decode.py" --out "$OUT/decode" --budget-s 300 \
+                    --select-out "$OUT/decode_select/attention.paged_decode" 2>&1 \
+                    | tee "$OUT/decode_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                [[ -d $OUT/decode_select ]] && (cd "$OUT" && tar czf decode_select.tgz decode_select && rm -rf decode_select) ;;
         sampling) timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" "$REPO/tests/parity/test_lanes.py" \
                     "$REPO/tests/parity/test_contract.py" --target cuda "${PARITY_TREE[@]}" -p no:cacheprovider \
                     --import-mode=importlib -q -ra --rootdir "$REPO" -k "sampling or top_k or top_p or greedy or min_p" \

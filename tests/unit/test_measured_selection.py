@@ -116,3 +116,26 @@ def test_paged_prefill_takes_flashinfer_where_its_table_says(fresh: Path) -> Non
         == "flashinfer"
     )
     assert measured.preferred(op, None, (q, _t(64, 16, 4, 128), _t(64, 16, 4, 128)), {}) is None
+
+
+def test_paged_decode_takes_the_native_unit_where_its_table_says(fresh: Path) -> None:
+    """attention.paged_decode's select tables (bench_attention_decode.py --select-out) key on
+    (padded value head dim, GQA group) and the batch (the contexts are on the GPU: not a key):
+    the native unit goes first at the nearest measured batch, Triton elsewhere."""
+    op = "attention.paged_decode"
+    name = tuned.table_key(op, "select", DEV, (128, 4)).file_name()
+    table = {"1": {"backend": "triton"}, "64": {"backend": "cuda"}}
+    (fresh / name).write_text(json.dumps(table), encoding="utf-8")
+    tuned.refresh()
+    assert measured.measured_op(op)
+    kc = _t(4096, 16, 8, 128)
+    args = (_t(64, 32, 128), kc, kc, _t(64, 256), _t(64))
+    pref = measured.preferred(op, None, args, {"scale": 0.1})
+    assert pref is not None and pref[0] == "cuda" and "M=64, DV=128, G=4" in pref[1]
+    facts = Facts("cuda", "sm_90a", frozenset({"cuda", "triton", "flashinfer"}))
+    assert select(registry.get(op), facts, dtype="bfloat16", preferred=pref).decisions[0].backend == "cuda"
+    assert select(registry.get(op), facts, dtype="bfloat16").decisions[0].backend == "triton"
+    one = measured.preferred(op, None, (_t(1, 32, 128), kc, kc, _t(1, 256), _t(1)), {})
+    assert one is not None and one[0] == "triton"
+    # MQA-like group 8 has no table: the declared priority
+    assert measured.preferred(op, None, (_t(64, 32, 128), _t(64, 16, 4, 128), _t(64, 16, 4, 128)), {}) is None

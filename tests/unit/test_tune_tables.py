@@ -140,7 +140,8 @@ def test_prefill_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest
     favour by more than 2% (geometric mean over the modes), Triton (the declared first) else or
     where FlashInfer failed a case; the files read back as the dispatcher's select entries."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("bench_attention_prefill", None)
+    for name in ("bench_attention_prefill", "select_tables"):
+        sys.modules.pop(name, None)
     bench = importlib.import_module("bench_attention_prefill")
     record = {
         "env": ENV,
@@ -165,3 +166,45 @@ def test_prefill_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest
         16384: {"backend": "triton"},
     }
     sys.modules.pop("bench_attention_prefill", None)
+
+
+def _dcase(bsz: int, n: int, triton: float | None, cuda: float | None, fp8: bool = False) -> dict[str, Any]:
+    impls = {}
+    for be, us in (("triton", triton), ("cuda", cuda)):
+        impls[f"opmux {be}"] = {"status": "ok", "us": us} if us is not None else {"status": "wrong"}
+    return {"model": "Llama-3-8B", "B": bsz, "N": n, "fp8": fp8, "shape": [128, 4], "M": bsz, "impls": impls}
+
+
+def test_decode_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_attention_decode.py --select-from: per (DV, G) and batch the backend its bf16 cases
+    favour by more than 2% (geometric mean over the contexts), Triton else or where the native
+    unit was wrong once; the fp8 cases are another form and decide nothing."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for name in ("bench_attention_decode", "select_tables"):
+        sys.modules.pop(name, None)
+    bench = importlib.import_module("bench_attention_decode")
+    record = {
+        "env": ENV,
+        "cases": [
+            _dcase(1, 512, 10.0, 9.0),
+            _dcase(1, 32768, 50.0, 52.0),  # geomean 0.97: cuda by 3%
+            _dcase(16, 512, 10.0, 9.9),  # 0.99: inside the margin
+            _dcase(64, 4096, 40.0, 20.0),
+            _dcase(64, 32768, 300.0, None),  # the native unit wrong at one context of this batch
+            _dcase(256, 4096, 100.0, 50.0, fp8=True),  # fp8: no table entry
+            {"model": "Llama-3-8B", "B": 256, "N": 512, "fp8": False, "skipped": "budget"},
+        ],
+    }
+    src = tmp_path / "attention_decode.json"
+    src.write_text(json.dumps(record), encoding="utf-8")
+    out = tmp_path / "tables"
+    assert bench.main(["--out", str(tmp_path), "--select-from", str(src), "--select-out", str(out)]) == 0
+    key = tuned.table_key("attention.paged_decode", "select", "NVIDIA_H200", (128, 4))
+    table = tuned.read_table(out / key.file_name(), key)
+    assert {m: dict(e) for m, e in table.items()} == {
+        1: {"backend": "cuda"},
+        16: {"backend": "triton"},
+        64: {"backend": "triton"},
+    }
+    for name in ("bench_attention_decode", "select_tables"):
+        sys.modules.pop(name, None)

@@ -491,10 +491,11 @@ def _prefill_kernel_problem(
     return _attention_problem(query, key_cache, value_cache)
 
 
-def _prefill_call_problem(
+def _attention_call_problem(
     query: Any, key_cache: Any, value_cache: Any, *rest: Any, **kwargs: Any
 ) -> tuple[tuple[int, ...], int]:
-    """A call's problem for its ``select`` table (the new tokens are M)."""
+    """A call's problem for its ``select`` table: M the query rows (prefill: the new tokens;
+    decode: the batch, the one size a CUDA graph fixes: the contexts live on the GPU)."""
     return _attention_problem(query, key_cache, value_cache)
 
 
@@ -577,16 +578,19 @@ SCHEMAS: Mapping[str, Schema] = {
         entries={"triton": _check_triton_prefill, "select": _check_select},
         defaults={"triton": _default_triton_prefill, "select": _no_preference},
         kernel_problem=_prefill_kernel_problem,
-        call_problem=_prefill_call_problem,
+        call_problem=_attention_call_problem,
     ),
     # the Triton split kernel of 16-bit caches and queries, value head dims <= 128, no key tail
-    # (the forms the H200 sweep timed; the others keep tile_config and the wave rule)
+    # (the forms the H200 sweep timed; the others keep tile_config and the wave rule); the backend
+    # measured fastest per (DV, G) and batch (benchmarks/bench_attention_decode.py --select-out:
+    # the native unit where it beats Triton in CUDA graphs)
     "attention.paged_decode": Schema(
         shape=("DV", "G"),
         tags=(),
-        entries={"triton": _check_triton_decode},
-        defaults={"triton": _default_triton_decode},
+        entries={"triton": _check_triton_decode, "select": _check_select},
+        defaults={"triton": _default_triton_decode, "select": _no_preference},
         kernel_problem=_decode_kernel_problem,
+        call_problem=_attention_call_problem,
     ),
 }
 

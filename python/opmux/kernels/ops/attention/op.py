@@ -99,9 +99,8 @@ paged_decode = declare(
             ),
         ),
     ),
-    # Triton first: the native unit has been compiled (sm_90a, sm_80) but has never run on a GPU;
-    # it moves ahead only where an H200 run of benchmarks/bench_attention_decode.py measures it
-    # faster (and the decode grid, tests/parity/test_attention_decode_grid.py, passes there)
+    # Triton first; the native unit (or FlashInfer) first only where a select table says it was
+    # measured faster (benchmarks/bench_attention_decode.py --select-out, in CUDA graphs; tuned.SCHEMAS)
     priority=(("cuda", ("triton", paged_decode_cuda.BACKEND, paged_decode_flashinfer.BACKEND, "torch")),),
     # attention over <= 100 tokens: one rounding of the output, p in the value dtype for the dot
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
