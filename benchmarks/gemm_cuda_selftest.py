@@ -20,6 +20,7 @@ mean |out - ref| / mean |ref|. bf16 output rounding alone gives max ~4e-3, mean 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -68,7 +69,7 @@ def make_inputs(torch, m: int, n: int, k: int, scale_layout: str, gen):
 
 
 def reference(torch, a, b, sa, sb):
-    m, k = a.shape
+    k = a.shape[1]
     n = b.shape[0]
     af = a.float() * sa.float().repeat_interleave(128, dim=1)[:, :k]
     bf = b.float() * sb.float().repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         fn = mod["w8a8_block_fp8_matmul_cuda_cfg"]
         n_cfg = int(mod["w8a8_block_fp8_matmul_cuda_configs"]())
         default_cfg = mod["w8a8_block_fp8_matmul_cuda_default_config"]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         results["errors"].append(f"setup: {type(exc).__name__}: {exc}")
         dump()
         print(results["errors"][-1])
@@ -158,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     dead = False
     fails = 0
     print(f"{results['device']}: {n_cfg} configs, module loaded in {results['load_s']:.1f} s")
-    print(f"{'M':>5} {'N':>6} {'K':>5} {'cfg':>3} {'out':>4} {'scales':>7}  {'max_rel':>8} {'mean_rel':>8}  "
-          f"{'us':>9} {'TFLOP/s':>8}  note")
+    print(
+        f"{'M':>5} {'N':>6} {'K':>5} {'cfg':>3} {'out':>4} {'scales':>7}  {'max_rel':>8} {'mean_rel':>8}  "
+        f"{'us':>9} {'TFLOP/s':>8}  note"
+    )
 
     cases = []
     for n, k in nk_grid:
@@ -179,24 +182,33 @@ def main(argv: list[str] | None = None) -> int:
             a, b, sa, sb = make_inputs(torch, m, n, k, layout, gen)
             ref = reference(torch, a, b, sa, sb)
             heur = int(default_cfg(m, n, k))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             results["errors"].append(f"inputs M={m} N={n} K={k}: {type(exc).__name__}: {exc}")
             dead = "CUDA" in str(exc)
             continue
         for cfg in ids:
-            rec = {"M": m, "N": n, "K": k, "config": cfg, "heuristic": heur, "out": str(dt).split(".")[-1],
-                   "scales": layout}
+            rec = {
+                "M": m,
+                "N": n,
+                "K": k,
+                "config": cfg,
+                "heuristic": heur,
+                "out": str(dt).split(".")[-1],
+                "scales": layout,
+            }
             out = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
             try:
                 fn(out, a, b, sa, sb, cfg, args.pdl)
                 torch.cuda.synchronize()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 msg = f"{type(exc).__name__}: {exc}"
                 rec["status"] = "refused" if isinstance(exc, ValueError) or "needs" in str(exc) else "error"
                 rec["message"] = msg
                 results["runs"].append(rec)
-                print(f"{m:>5} {n:>6} {k:>5} {cfg:>3} {rec['out'][:4]:>4} {layout[:7]:>7}  {rec['status']}: "
-                      f"{msg.splitlines()[0][:110]}")
+                print(
+                    f"{m:>5} {n:>6} {k:>5} {cfg:>3} {rec['out'][:4]:>4} {layout[:7]:>7}  {rec['status']}: "
+                    f"{msg.splitlines()[0][:110]}"
+                )
                 if "illegal" in msg or "unspecified launch failure" in msg:
                     dead = True
                     break
@@ -207,14 +219,17 @@ def main(argv: list[str] | None = None) -> int:
             fails += not ok
             if timed and ok and not args.no_time:
                 try:
-                    rec.update(time_graph(torch, lambda: fn(out, a, b, sa, sb, cfg, args.pdl), 2.0 * m * n * k))
-                except Exception as exc:  # noqa: BLE001
+                    call = functools.partial(fn, out, a, b, sa, sb, cfg, args.pdl)  # this iteration's
+                    rec.update(time_graph(torch, call, 2.0 * m * n * k))
+                except Exception as exc:
                     rec["time_error"] = f"{type(exc).__name__}: {exc}"
             results["runs"].append(rec)
             tflops = f"{rec['tflops']:8.1f}" if "tflops" in rec else " " * 8
             us = f"{rec['us']:9.2f}" if "us" in rec else " " * 9
-            print(f"{m:>5} {n:>6} {k:>5} {cfg:>3} {rec['out'][:4]:>4} {layout[:7]:>7}  {mx:8.2e} {mean:8.2e}  "
-                  f"{us} {tflops}  {rec['status']}{' (heuristic)' if cfg == heur else ''}")
+            print(
+                f"{m:>5} {n:>6} {k:>5} {cfg:>3} {rec['out'][:4]:>4} {layout[:7]:>7}  {mx:8.2e} {mean:8.2e}  "
+                f"{us} {tflops}  {rec['status']}{' (heuristic)' if cfg == heur else ''}"
+            )
         dump()
 
     # best config per shape (timed runs)
@@ -223,14 +238,23 @@ def main(argv: list[str] | None = None) -> int:
         if "tflops" in r and r["config"] >= 0:
             key = f"{r['M']}x{r['N']}x{r['K']}"
             if key not in best or r["tflops"] > best[key]["tflops"]:
-                best[key] = {"config": r["config"], "tflops": r["tflops"], "us": r["us"], "heuristic": r["heuristic"]}
+                best[key] = {
+                    "config": r["config"],
+                    "tflops": r["tflops"],
+                    "us": r["us"],
+                    "heuristic": r["heuristic"],
+                }
     results["best"] = best
     results["fails"] = fails
     dump()
     print("\nbest config per shape (bf16 out, M-major scales):")
     for key, v in best.items():
-        print(f"  {key:>18}: cfg {v['config']} {v['tflops']:7.1f} TFLOP/s {v['us']:9.2f} us (heuristic {v['heuristic']})")
-    print(f"{fails} FAIL, {sum(r.get('status') == 'error' for r in results['runs'])} errors; wrote {out_path}")
+        print(
+            f"  {key:>18}: cfg {v['config']} {v['tflops']:7.1f} TFLOP/s {v['us']:9.2f} us (heuristic {v['heuristic']})"
+        )
+    print(
+        f"{fails} FAIL, {sum(r.get('status') == 'error' for r in results['runs'])} errors; wrote {out_path}"
+    )
     return 1 if fails or dead else 0
 
 
@@ -239,6 +263,6 @@ if __name__ == "__main__":
         sys.exit(main())
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception:  # noqa: BLE001
+    except Exception:
         traceback.print_exc()
         sys.exit(3)
