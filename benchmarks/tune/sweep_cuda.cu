@@ -437,6 +437,19 @@ void sweep_qk(int64_t T) {
              params(i));
     });
   }
+  // fewer lanes per row, more vectors per lane: the per-row work (row address, division,
+  // reduction, rsqrt) over 16 or 32 elements a lane (the prefill cases are SM-bound at 16 lanes)
+  for (int rpb : {16, 32, 64}) {
+    const unsigned blocks = static_cast<unsigned>((rows + rpb - 1) / rpb);
+    timed("subwarp8 per=2 rows/block=" + std::to_string(rpb), [&, rpb, blocks](int i) {
+      launch(ln::norm_reg_kernel<bf16, VEC, 2, false, false, ln::QkParams, true>, dim3(blocks), dim3(8, rpb), 0,
+             params(i));
+    });
+    timed("subwarp4 per=4 rows/block=" + std::to_string(rpb), [&, rpb, blocks](int i) {
+      launch(ln::norm_reg_kernel<bf16, VEC, 4, false, false, ln::QkParams, true>, dim3(blocks), dim3(4, rpb), 0,
+             params(i));
+    });
+  }
   for (int rpb : {4, 8, 16, 32}) {  // a warp per row, 4 bf16 per lane
     const unsigned blocks = static_cast<unsigned>((rows + rpb - 1) / rpb);
     timed("warp(vec4) rows/block=" + std::to_string(rpb), [&, rpb, blocks](int i) {
@@ -456,7 +469,7 @@ void run_all() {
   for (int64_t T : {1, 4096, 32768}) sweep_norm<false>(8192, T);
   for (int64_t T : {128, 4096, 32768}) sweep_norm<true>(4096, T);
   for (int64_t T : {128, 4096, 16384}) sweep_norm<true>(8192, T);
-  for (int64_t T : {1, 128, 4096, 32768}) sweep_qk(T);
+  for (int64_t T : {1, 128, 4096, 16384, 32768}) sweep_qk(T);
 }
 #endif  // SWEEP_NORM
 
