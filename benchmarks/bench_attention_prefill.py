@@ -19,8 +19,11 @@ tokens per page, the pages shuffled); its peers:
 
 Each result is checked once: opmux against the op's definition on the last 128 query rows of the
 first sequence (the extend property: those rows over the same KV), each peer against opmux (atol
-1.5e-2, rtol 1e-2). Timing: R calls in one CUDA graph (bench_gpu.time_impl), median of the
-replays; TFLOP/s count ``4 * Hq * D`` per (query, visible key) pair. Writes DIR/attention_prefill.json
+1.5e-2, rtol 1e-2). Timing (bench_gpu.time_impl), median of the replays: the peers R calls in one
+CUDA graph; opmux's entries R calls between two events (host work included: a serving engine
+runs prefill eagerly, and opmux's FlashInfer backend plans on the host, refused inside a
+capture), forced backends with ``OPMUX_FALLBACK=error`` (one that cannot run fails its case);
+TFLOP/s count ``4 * Hq * D`` per (query, visible key) pair. Writes DIR/attention_prefill.json
 (rewritten after every case) and DIR/attention_prefill.md with ``opmux/peer`` ratios (below 1:
 opmux faster). opmux's CUDA backends (``BACKENDS``) are also timed forced (``backend=``);
 ``--select-out DIR`` writes from them the ``select`` tables the dispatcher reads (per (value head
@@ -178,7 +181,7 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
     except Exception as exc:
         rec["default_backend"] = f"explain failed: {exc}"
     fns: dict[str, Any] = {"opmux default": lambda _: ops.attention.paged_prefill(*op_args)}
-    for be in BACKENDS:  # each opmux backend forced: the data of the select tables
+    for be in BACKENDS:  # each opmux backend forced (no fallback): the data of the select tables
         fns[f"opmux {be}"] = lambda _, be=be: ops.attention.paged_prefill(*op_args, backend=be)
     fns["SDPA flash"] = sdpa_fn(torch, c, SDPBackend.FLASH_ATTENTION, hq, hkv)
     fns["SDPA cuDNN"] = sdpa_fn(torch, c, SDPBackend.CUDNN_ATTENTION, hq, hkv)
@@ -213,7 +216,9 @@ def run_case(torch: Any, model: str, mode: str, n: int, args: Any) -> dict[str, 
                 r["status"] = "wrong"
                 rec["impls"][name] = r
                 continue
-            r.update(time_impl(torch, fn, [None], R, args.replays))
+            # opmux eagerly, as a serving engine runs its prefill (FlashInfer's backend plans on
+            # the host: refused inside a capture); the peers in a graph
+            r.update(time_impl(torch, fn, [None], R, args.replays, graph=not name.startswith("opmux")))
             r["status"] = "ok"
             r["TFLOPs"] = flops / (r["us"] * 1e-6) / 1e12
         except Exception as exc:
@@ -302,8 +307,21 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from opmux.kernels import _env
+
     args.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"env": environment(torch), "page": args.page, "cases": []}
+    with _env.scope(OPMUX_FALLBACK="error"):  # a forced backend that cannot run fails its case
+        run_all(torch, args, models, modes, record)
+    (args.out / "attention_prefill.md").write_text(render(record))
+    log(f"wrote {args.out / 'attention_prefill.json'} and attention_prefill.md")
+    if args.select_out is not None:
+        for path in write_select_tables(OP, record, BACKENDS, args.select_out):
+            log(f"table {path}")
+    return 0
+
+
+def run_all(torch: Any, args: Any, models: list[str], modes: list[str], record: dict[str, Any]) -> None:
     for model in models:
         for mode in modes:
             for n in (int(v) for v in args.tokens.split(",")):
@@ -316,12 +334,6 @@ def main(argv: list[str] | None = None) -> int:
                     record["cases"].append({"model": model, "mode": mode, "N": n, "skipped": f"{type(exc).__name__}: {str(exc)[:200]}"})  # fmt: skip
                     torch.cuda.empty_cache()
                 (args.out / "attention_prefill.json").write_text(json.dumps(record, indent=1) + "\n")
-    (args.out / "attention_prefill.md").write_text(render(record))
-    log(f"wrote {args.out / 'attention_prefill.json'} and attention_prefill.md")
-    if args.select_out is not None:
-        for path in write_select_tables(OP, record, BACKENDS, args.select_out):
-            log(f"table {path}")
-    return 0
 
 
 if __name__ == "__main__":

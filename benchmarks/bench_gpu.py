@@ -272,8 +272,16 @@ def copy_bandwidth(torch: Any, nbytes: int = 2 * 2**30, reps: int = 20) -> dict[
     return {"bytes": 2 * nbytes, "s": med, "GBps": 2 * nbytes / med / 1e9, "checked": ok}
 
 
-def time_impl(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dict[str, Any]:
-    """Median us per call over ``replays`` replays of a graph of R calls cycling over ``sets``."""
+class _Eager(Exception):
+    """time_impl asked for event timing: no capture tried."""
+
+
+def time_impl(
+    torch: Any, fn: Any, sets: list[Any], R: int, replays: int, graph: bool = True
+) -> dict[str, Any]:
+    """Median us per call over ``replays`` replays of a graph of R calls cycling over ``sets``
+    (``graph=False``, or a call the capture refuses: R calls between two events, host work
+    included)."""
     n = len(sets)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -282,7 +290,10 @@ def time_impl(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dic
             fn(sets[i % n])
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+    capture_error = None if graph else "not asked (graph=False)"
     try:
+        if not graph:
+            raise _Eager
         g = torch.cuda.CUDAGraph()
         keep = []
         with torch.cuda.graph(g):
@@ -301,6 +312,8 @@ def time_impl(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dic
             ts.append(a.elapsed_time(b) * 1e3 / R)
         del g
         return {"us": statistics.median(ts), "us_min": min(ts), "us_max": max(ts), "method": "graph", "R": R}
+    except _Eager:
+        pass
     except Exception as exc:
         capture_error = _err(exc, 300)
         try:

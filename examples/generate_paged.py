@@ -257,16 +257,18 @@ def hf_decode_step(
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(1, model.config.vocab_size, (batch, context), generator=g).to(dev)
     out = fwd(ids, use_cache=True)
-    cache, tok = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+    # transformers renamed past_key_values to cache (5.2x); either works here
+    name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    cache, tok = getattr(out, name), out.logits[:, -1].argmax(-1, keepdim=True)
     times = []
     for _ in range(steps):
         _sync(dev)
         t0 = time.perf_counter()
-        out = fwd(tok, cache=cache, use_cache=True)
+        out = fwd(tok, use_cache=True, **{name: cache})
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         _sync(dev)
         times.append(time.perf_counter() - t0)
-        cache = out.cache
+        cache = getattr(out, name)
     return statistics.median(times)
 
 
