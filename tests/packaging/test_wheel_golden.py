@@ -225,14 +225,13 @@ def test_new_kernel_file_in_a_subdirectory_is_required_and_matched(root, tmp_pat
 
 
 def test_a_tuned_table_of_any_op_is_required_and_matched(root, tmp_path):
-    """A table shipped for an op that has none yet (paged decode's, as paged prefill's would be):
-    the golden list requires it and every target's package-data globs bundle it."""
+    """A table in a new file (an op's folder made for it, as a first table's is): the golden list
+    requires it and every target's package-data globs bundle it."""
     tree = _tree_copy(root, tmp_path)
     for t in targets.load().values():
         shutil.copy2(root / t.pyproject, tree / t.pyproject)
-    table = (
-        tree / "python/opmux/kernels/configs/attention.paged_decode/DV=128,G=4,device_name=NVIDIA_H200.json"
-    )
+    table = tree / "python/opmux/kernels/configs/opmux.test_op/DV=128,G=4,device_name=NVIDIA_H200.json"
+    assert not table.parent.exists()
     table.parent.mkdir(parents=True)
     table.write_text('{"1": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "PREFETCH": 1, "WAVES": 4}}\n')
     assert table.relative_to(tree / "python").as_posix() in wheel_check.required_data_files(tree)
