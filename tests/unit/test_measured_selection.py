@@ -139,3 +139,32 @@ def test_paged_decode_takes_the_native_unit_where_its_table_says(fresh: Path) ->
     assert one is not None and one[0] == "triton"
     # MQA-like group 8 has no table: the declared priority
     assert measured.preferred(op, None, (_t(64, 32, 128), _t(64, 16, 4, 128), _t(64, 16, 4, 128)), {}) is None
+
+
+def test_no_select_table_for_the_device_skips_the_call_problem(
+    fresh: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no select table of the op exists for the device (paged decode ships none), the
+    lookup ends before the call's problem is built (the per-call cost of an op without tables);
+    a table written for the device is seen after refresh."""
+    import dataclasses
+
+    op = "attention.paged_decode"
+    calls = []
+    schema = tuned.SCHEMAS[op]
+    assert schema.call_problem is not None
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return schema.call_problem(*args, **kwargs)
+
+    monkeypatch.setitem(tuned.SCHEMAS, op, dataclasses.replace(schema, call_problem=counted))
+    kc = _t(64, 16, 8, 128)
+    args = (_t(4, 32, 128), kc, kc, _t(4, 8), _t(4))
+    assert not tuned.has_tables(op, "select", DEV)
+    assert measured.preferred(op, None, args, {}) is None and calls == []
+    name = tuned.table_key(op, "select", DEV, (128, 4)).file_name()
+    (fresh / name).write_text(json.dumps({"4": {"backend": "cuda"}}), encoding="utf-8")
+    tuned.refresh()
+    assert tuned.has_tables(op, "select", DEV)
+    assert measured.preferred(op, None, args, {})[0] == "cuda" and calls == [1]

@@ -32,10 +32,12 @@ def preferred(op: str, device: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     problem = schema.call_problem
     assert problem is not None  # measured_op
     try:
+        name = tuned.device_name(device)
+        if not tuned.has_tables(op, "select", name):  # none for this device: nothing to key
+            return None
         shape, m = problem(*args, **kwargs)
         # an op with several forms has select tables per form (moe.fused_experts: bf16 / fp8)
         tags = schema.call_tags(*args, **kwargs) if schema.call_tags is not None else None
-        name = tuned.device_name(device)
     except Exception:  # not tensors, a 0-d a, ...: the contract names the problem
         return None
     memo = (op, name, shape, m, tags)

@@ -753,6 +753,24 @@ def _dir_index(op: str, directory: Path) -> dict[TableKey, Path]:
     return index
 
 
+_HAS_TABLES: dict[tuple[str, str, str], bool] = memo()
+
+
+def has_tables(op: str, backend: str, device_name: str) -> bool:
+    """Whether any directory along :func:`search_dirs` holds a ``backend`` table of ``op`` for
+    this device (memoised until :func:`refresh`): the readers' fast exit where none exists."""
+    memo_key = (op, backend, device_name)
+    found = _HAS_TABLES.get(memo_key)
+    if found is None:
+        found = any(
+            k.backend == backend and k.device_name == device_name
+            for directory, _ in search_dirs(op)
+            for k in _dir_index(op, directory)
+        )
+        _HAS_TABLES[memo_key] = found
+    return found
+
+
 def find_table(key: TableKey) -> tuple[Path, dict[int, Config]] | None:
     """The first usable table for ``key`` along :func:`search_dirs` (warning for each skipped
     user file), or None."""
