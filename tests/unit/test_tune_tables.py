@@ -139,10 +139,6 @@ def test_prefill_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest
     """bench_attention_prefill.py --select-from: per (DV, G) and new tokens the backend its cases
     favour by more than 2% (geometric mean over the modes), Triton (the declared first) else or
     where FlashInfer failed a case; the files read back as the dispatcher's select entries."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    for name in ("bench_attention_prefill", "select_tables"):
-        sys.modules.pop(name, None)
-    bench = importlib.import_module("bench_attention_prefill")
     record = {
         "env": ENV,
         "cases": [
@@ -154,18 +150,31 @@ def test_prefill_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest
             {"model": "Llama-3-8B", "mode": "prefill", "N": 32768, "skipped": "budget"},
         ],
     }
-    src = tmp_path / "attention_prefill.json"
-    src.write_text(json.dumps(record), encoding="utf-8")
-    out = tmp_path / "tables"
-    assert bench.main(["--out", str(tmp_path), "--select-from", str(src), "--select-out", str(out)]) == 0
-    key = tuned.table_key("attention.paged_prefill", "select", "NVIDIA_H200", (128, 4))
-    table = tuned.read_table(out / key.file_name(), key)
-    assert {m: dict(e) for m, e in table.items()} == {
+    assert _select_from("bench_attention_prefill", record, tmp_path, monkeypatch) == {
         1024: {"backend": "flashinfer"},
         4096: {"backend": "triton"},
         16384: {"backend": "triton"},
     }
-    sys.modules.pop("bench_attention_prefill", None)
+
+
+def _select_from(
+    bench_name: str, record: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, dict[str, Any]]:
+    """The select table (DV 128, G 4) that ``bench_name --select-from`` writes from ``record``."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for name in (bench_name, "select_tables"):
+        sys.modules.pop(name, None)
+    bench = importlib.import_module(bench_name)
+    src = tmp_path / "record.json"
+    src.write_text(json.dumps(record), encoding="utf-8")
+    out = tmp_path / "tables"
+    try:
+        assert bench.main(["--out", str(tmp_path), "--select-from", str(src), "--select-out", str(out)]) == 0
+    finally:
+        for name in (bench_name, "select_tables"):
+            sys.modules.pop(name, None)
+    key = tuned.table_key(bench.OP, "select", "NVIDIA_H200", (128, 4))
+    return {m: dict(e) for m, e in tuned.read_table(out / key.file_name(), key).items()}
 
 
 def _dcase(bsz: int, n: int, triton: float | None, cuda: float | None, fp8: bool = False) -> dict[str, Any]:
@@ -179,10 +188,6 @@ def test_decode_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest.
     """bench_attention_decode.py --select-from: per (DV, G) and batch the backend its bf16 cases
     favour by more than 2% (geometric mean over the contexts), Triton else or where the native
     unit was wrong once; the fp8 cases are another form and decide nothing."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    for name in ("bench_attention_decode", "select_tables"):
-        sys.modules.pop(name, None)
-    bench = importlib.import_module("bench_attention_decode")
     record = {
         "env": ENV,
         "cases": [
@@ -195,16 +200,8 @@ def test_decode_select_tables_from_a_record(tmp_path: Path, monkeypatch: pytest.
             {"model": "Llama-3-8B", "B": 256, "N": 512, "fp8": False, "skipped": "budget"},
         ],
     }
-    src = tmp_path / "attention_decode.json"
-    src.write_text(json.dumps(record), encoding="utf-8")
-    out = tmp_path / "tables"
-    assert bench.main(["--out", str(tmp_path), "--select-from", str(src), "--select-out", str(out)]) == 0
-    key = tuned.table_key("attention.paged_decode", "select", "NVIDIA_H200", (128, 4))
-    table = tuned.read_table(out / key.file_name(), key)
-    assert {m: dict(e) for m, e in table.items()} == {
+    assert _select_from("bench_attention_decode", record, tmp_path, monkeypatch) == {
         1: {"backend": "cuda"},
         16: {"backend": "triton"},
         64: {"backend": "triton"},
     }
-    for name in ("bench_attention_decode", "select_tables"):
-        sys.modules.pop(name, None)
