@@ -17,8 +17,9 @@ out of bounds. The plan cache's rules (pinned index tensors, inference tensors) 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16, head dims
 64 / 128 / 256 (the value's the key's: no MLA), a cache that is an NHD tensor or the HND view of a contiguous HND one (FlashInfer's
 two layouts), no sinks, no lse (FlashInfer's is base 2), no fp8 cache (its scales are host floats),
-not while a CUDA graph is captured. Declared last but torch on CUDA until an H200 benchmark
-(``benchmarks/bench_attention_decode.py``) shows it faster.
+not while a CUDA graph is captured. Declared last but torch on CUDA: on the H200 Triton took
+0.43-0.87x its time in every case of ``benchmarks/bench_attention_decode.py`` (a select table
+would move it first where it wins).
 """
 
 from __future__ import annotations

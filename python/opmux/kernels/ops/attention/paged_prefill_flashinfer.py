@@ -17,8 +17,9 @@ of bounds; an empty sequence is planned as no pages and no rows.
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16, head dims
 64 / 128 / 256 with the value's the key's (no MLA), NHD caches or HND views of dense HND ones, no
 sinks, no lse (FlashInfer's is base 2), no fp8 cache, not while a CUDA graph is captured. Declared
-after Triton on CUDA until an H200 run of ``benchmarks/bench_attention_prefill.py`` (which times
-FlashInfer's wrapper on the same paged cache) shows where it is faster.
+after Triton on CUDA; the H200's select tables (``benchmarks/bench_attention_prefill.py
+--select-out``, shipped in ``configs/attention.paged_prefill/``) put it first for eager calls:
+0.39-0.77x Triton's time from 2,048 new tokens (docs/benchmarks/attention_prefill_h200.md).
 """
 
 from __future__ import annotations
