@@ -272,8 +272,27 @@ def copy_bandwidth(torch: Any, nbytes: int = 2 * 2**30, reps: int = 20) -> dict[
     return {"bytes": 2 * nbytes, "s": med, "GBps": 2 * nbytes / med / 1e9, "checked": ok}
 
 
-class _Eager(Exception):
-    """time_impl asked for event timing: no capture tried."""
+def _time_graph(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dict[str, Any]:
+    """Median us per call over ``replays`` replays of one captured graph of R calls."""
+    n = len(sets)
+    g = torch.cuda.CUDAGraph()
+    keep = []
+    with torch.cuda.graph(g):
+        for i in range(R):
+            keep.append(fn(sets[i % n]))  # keep outputs alive: each call writes its own memory
+    del keep
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / R)
+    del g
+    return {"us": statistics.median(ts), "us_min": min(ts), "us_max": max(ts), "method": "graph", "R": R}
 
 
 def time_impl(
@@ -290,36 +309,16 @@ def time_impl(
             fn(sets[i % n])
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    capture_error = None if graph else "not asked (graph=False)"
-    try:
-        if not graph:
-            raise _Eager
-        g = torch.cuda.CUDAGraph()
-        keep = []
-        with torch.cuda.graph(g):
-            for i in range(R):
-                keep.append(fn(sets[i % n]))  # keep outputs alive: each call writes its own memory
-        del keep
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3 / R)
-        del g
-        return {"us": statistics.median(ts), "us_min": min(ts), "us_max": max(ts), "method": "graph", "R": R}
-    except _Eager:
-        pass
-    except Exception as exc:
-        capture_error = _err(exc, 300)
+    capture_error = "not asked (graph=False)"
+    if graph:
         try:
-            torch.cuda.synchronize()
-        except Exception:
-            pass
+            return _time_graph(torch, fn, sets, R, replays)
+        except Exception as exc:
+            capture_error = _err(exc, 300)
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                pass
     # eager fallback: R calls between two events (includes CPU launch overhead)
     R2 = min(R, 200)
     ts = []
