@@ -1,7 +1,7 @@
 """The sampling ops (ops/sampling) against vLLM's sort-based sampler and FlashInfer, on one GPU.
 
     python benchmarks/bench_sampling.py --out DIR [--batch 1,16,64,256] [--vocab 32000,128256,151936]
-        [--budget-s 400]
+        [--budget-s 400] [--forced jit,flashinfer]
 
 For every batch B and vocabulary V, with per-row k (20..100) and p (0.7..0.95) tensors (the
 serving form: a CUDA graph replays them):
@@ -14,6 +14,10 @@ serving form: a CUDA graph replays them):
   ``top_k_top_p_sampling_from_probs`` when importable;
 * ``top_k_renorm_probs``, ``top_p_renorm_probs``, ``top_k_mask_logits``: opmux against FlashInfer's
   op of the same name and a sort-based torch version (vLLM's masks).
+
+``--forced`` adds opmux's call forced to each named backend (columns ``opmux[jit]``, ...; under
+``OPMUX_FALLBACK=error``, so a backend that cannot run fails its cell instead of timing another):
+the data that orders the backends (``ops/sampling/op.py``'s ``_CUDA_ORDER``).
 
 Each is timed as R calls in one CUDA graph (bench_gpu.time_impl), median of the replays; ratios are
 the peer's time over opmux's (> 1: opmux is faster). Writes DIR/sampling.json (rewritten after every
@@ -131,6 +135,25 @@ def run_case(torch: Any, b: int, v: int, args: Any) -> dict[str, Any]:
             "vLLM sort (top-k)": lambda s: vllm_apply_top_k_top_p(torch, s["logits"].clone(), s["k"], None),
         },
     }
+    for backend in [x for x in args.forced.split(",") if x]:
+        col = f"opmux[{backend}]"
+        impls["top_k_top_p"][col] = lambda s, b=backend: S.top_k_top_p_sampling_from_probs(
+            s["logits"].softmax(-1),
+            top_k_arr=s["k"],
+            top_p_arr=s["p"],
+            seed_tensor=seed,
+            offset_tensor=offset,
+            backend=b,
+        )
+        impls["top_k_renorm_probs"][col] = lambda s, b=backend: S.top_k_renorm_probs(
+            s["probs"], top_k_arr=s["k"], backend=b
+        )
+        impls["top_p_renorm_probs"][col] = lambda s, b=backend: S.top_p_renorm_probs(
+            s["probs"], top_p_arr=s["p"], backend=b
+        )
+        impls["top_k_mask_logits"][col] = lambda s, b=backend: S.top_k_mask_logits(
+            s["logits"], top_k_arr=s["k"], backend=b
+        )
     if fs is not None:
         impls["top_k_top_p"]["FlashInfer"] = lambda s: fs.top_k_top_p_sampling_from_probs(
             s["logits"].softmax(-1), s["k"], s["p"]
@@ -210,20 +233,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=7)
     ap.add_argument("--target-us", type=float, default=2000.0, help="graph length aimed at")
     ap.add_argument("--budget-s", type=float, default=400.0, help="cases left when it is spent are skipped")
+    ap.add_argument("--forced", default="", help="backends to time opmux's call forced to (comma-separated)")
     args = ap.parse_args(argv)
 
     import torch
 
+    from opmux.kernels import _env
+
     args.out.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"env": environment(torch), "cases": []}
-    for v in (int(x) for x in args.vocab.split(",")):
-        for b in (int(x) for x in args.batch.split(",")):
-            if time.perf_counter() - T0 > args.budget_s:
-                record["cases"].append({"B": b, "V": v, "skipped": "budget"})
-                continue
-            record["cases"].append(run_case(torch, b, v, args))
-            (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
-            torch.cuda.empty_cache()
+    record: dict[str, Any] = {"env": environment(torch), "forced": args.forced, "cases": []}
+    with _env.scope(OPMUX_FALLBACK="error"):  # a forced backend that cannot run fails its cell
+        for v in (int(x) for x in args.vocab.split(",")):
+            for b in (int(x) for x in args.batch.split(",")):
+                if time.perf_counter() - T0 > args.budget_s:
+                    record["cases"].append({"B": b, "V": v, "skipped": "budget"})
+                    continue
+                record["cases"].append(run_case(torch, b, v, args))
+                (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
+                torch.cuda.empty_cache()
     (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "sampling.md").write_text(render(record))
     log(f"wrote {args.out / 'sampling.json'} and sampling.md")

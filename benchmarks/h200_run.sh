@@ -54,8 +54,9 @@
 #          tables, and benchmarks/bench_attention_decode.py (triton vs cuda; OUT_DIR/decode*) with
 #          its select tables (OUT_DIR/decode_select.tgz: attention.paged_decode/<table>.json);
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
-#          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda) and benchmarks/bench_sampling.py
-#          (OUT_DIR/sampling*);
+#          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda; FlashInfer's too where installed) and
+#          benchmarks/bench_sampling.py (OUT_DIR/sampling*), opmux's call also forced to each backend
+#          of $SAMPLING_FORCED (default "jit,flashinfer");
 # tiles:   benchmarks/tune/decode_tiles.py and prefill_tiles.py, the attention kernels' launch
 #          sweeps (OUT_DIR/decode_tiles, OUT_DIR/prefill_tiles) and the tuned tables they write
 #          (OUT_DIR/tables.tgz: <op>/<table>.json, for python/opmux/kernels/configs/);
@@ -217,7 +218,8 @@ for stage in $STAGES; do
                 OPMUX_TEST_DEVICE=cuda timeout 300 python3 -m pytest "$REPO/tests/unit/test_sampling_stats.py" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee -a "$OUT/sampling_parity.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                timeout 300 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 240 2>&1 \
+                timeout 400 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 300 \
+                    --forced "${SAMPLING_FORCED-jit,flashinfer}" 2>&1 \
                     | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         comm) # one GPU: the comm ops' parity cells at one rank (the peer-buffer kernels' arithmetic
               # and bounds: their barriers are no-ops), then compute-sanitizer over them; the 2-8 GPU

@@ -127,6 +127,98 @@ def test_draws_pass_the_seed_offset_and_order(calls: Calls) -> None:
     assert len(calls) == before  # no rows: no call
 
 
+class _Compiled:
+    """A stand-in of FlashInfer's compiled sampling module: each function records its arguments
+    and writes its output tensor (the second argument) in place, as the real ones do."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def fn(*args: Any) -> None:
+            self.calls.append((name, args))
+            x, out = args[0], args[1]
+            if name == "top_k_renorm_probs":
+                k_arr, k = args[2], args[3]
+                out.copy_(
+                    S.top_k_renorm_probs(
+                        x, **_arr(k_arr if k_arr is not None else k, "top_k"), backend="torch"
+                    )
+                )
+            elif out.dtype == torch.int32:
+                out.fill_(5)
+            else:
+                out.fill_(0.25)
+
+        return fn
+
+
+@pytest.fixture
+def compiled(calls: Calls, monkeypatch: pytest.MonkeyPatch) -> _Compiled:
+    mod = _Compiled()
+    rows = types.SimpleNamespace(
+        module=mod, row_states=lambda name, device: torch.zeros(4, dtype=torch.uint8)
+    )
+    monkeypatch.setattr(fib, "_raw", lambda: rows)
+    return mod
+
+
+def test_the_compiled_module_writes_out_in_place(calls: Calls, compiled: _Compiled) -> None:
+    probs, none = _probs(3, 40), torch.empty(0)
+    k = torch.tensor([0, 5, 40], dtype=torch.int32)
+    out = torch.empty_like(probs)
+    fib.top_k_renorm_probs(out, probs, k, True, 0)
+    name, args = compiled.calls[-1]
+    assert (
+        name == "top_k_renorm_probs" and args[1] is out and args[2].tolist() == [40, 5, 40] and args[3] == 0
+    )
+    assert args[4] is False and args[5].dtype == torch.uint8
+    torch.testing.assert_close(out, S.top_k_renorm_probs(probs, top_k_arr=k, backend="torch"))
+    fib.top_p_renorm_probs(out, probs, none, False, 0.5)
+    name, args = compiled.calls[-1]
+    assert name == "top_p_renorm_probs" and args[1] is out and args[2:5] == (None, 0.5, False)
+    assert args[5].numel() >= 3 * 384 and bool((out == 0.25).all())
+    fib.top_k_mask_logits(out, probs.log(), none, False, 7)
+    assert compiled.calls[-1][0] == "top_k_mask_logits" and compiled.calls[-1][1][2:4] == (None, 7)
+    assert calls == []  # the public functions never ran: no copy
+    ids, seed, offset = torch.empty(3, dtype=torch.int32), torch.tensor(11), torch.tensor([2])
+    fib.top_k_top_p_sampling_from_probs(
+        ids, probs, k, True, 0, none, False, 0.9, seed, True, 0, offset, True, 0, "joint"
+    )
+    name, args = compiled.calls[-1]
+    assert name == "top_k_top_p_sampling_from_probs" and args[1] is ids and args[6:9] == (None, 0.9, True)
+    assert args[9].shape == (1,) and int(args[9]) == 11 and args[11].shape == (1,) and ids.tolist() == [5] * 3
+    fib.top_k_top_p_sampling_from_probs(
+        ids, probs, none, False, 4, none, False, 0.9, none, False, 3, none, False, 8, "top_k_first"
+    )
+    (n1, a1), (n2, a2) = compiled.calls[-2:]  # the public composition: top-k renorm, then the top-p draw
+    assert (n1, n2) == ("top_k_renorm_probs", "top_p_sampling_from_probs") and a2[0] is a1[1] and a2[1] is ids
+    assert a1[2:4] == (None, 4) and a2[4:] == (None, 0.9, True, None, 3, None, 8)
+    fib.min_p_sampling_from_probs(ids, probs, none, False, 0.2, none, False, 5, none, False, 9)
+    assert compiled.calls[-1][0] == "min_p_sampling_from_probs" and compiled.calls[-1][1][4:] == (
+        None,
+        0.2,
+        True,
+        None,
+        5,
+        None,
+        9,
+    )
+    assert calls == []
+
+
+def test_strided_rows_and_fast_paths_take_the_public_functions(calls: Calls, compiled: _Compiled) -> None:
+    wide, none = _probs(3, 80), torch.empty(0)
+    out = torch.empty(3, 40)
+    fib.top_k_renorm_probs(out, wide[:, :40], none, False, 4)  # strided rows: the public function, a copy
+    assert calls[-1][0] == "top_k_renorm_probs" and compiled.calls == []
+    probs, ids = _probs(2, fib._FAST_MIN_V), torch.empty(2, dtype=torch.int32)
+    fib.top_k_top_p_sampling_from_probs(
+        ids, probs, none, False, 50, none, False, 0.9, none, False, 1, none, False, 0, "top_k_first"
+    )
+    assert calls[-1][0] == "top_k_top_p" and compiled.calls == []  # FlashInfer's own radix path decides
+
+
 def test_refusals_name_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     _install(monkeypatch, _stand_in([], with_seed=False))
     why = fib.refusal("top_k_top_p_sampling_from_probs")

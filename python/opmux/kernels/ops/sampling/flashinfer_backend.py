@@ -14,20 +14,27 @@ and maps them onto FlashInfer's API:
   gives the same ids on this backend;
 * ``greedy`` has no FlashInfer kernel (argmax is not FlashInfer's): not declared there.
 
+**No copy.** FlashInfer's public functions return new tensors; copying them into the op's ``out``
+would cost a kernel (a whole [B, V] pass for the renorms: 1.1-1.2x FlashInfer's own time on the
+H200). For the FlashInfer series whose compiled module this file was written against
+(:data:`RAW_SERIES`), the ops call that module (``flashinfer.jit.sampling``'s, the functions the
+public ones wrap, which take the output tensor) with ``out`` directly, composing them as the public
+functions do (``top_k_first``: the top-k renorm, then the top-p draw). Any other FlashInfer, or
+rows / outputs that are not contiguous, go through the public API and a copy.
+
 Where it runs: CUDA float32 rows (``top_k_mask_logits``: float32 too) where the package is found
 (the requirement's capability, no import); a FlashInfer that cannot be imported, lacks a
 function, or whose samplers take no ``seed`` / ``offset`` (before 0.5: a ``torch.Generator``
 only, which a graph capture would freeze) raises ``BackendUnavailable`` with :func:`refusal`'s
 reason at the first call, and dispatch falls back under the policy (no per-call predicate: it
-would take the ops' serving lanes away on every device). Declared after opmux's own
-backends on CUDA: FlashInfer runs only when forced, or once an H200 benchmark
-(``benchmarks/bench_sampling.py``, which times both) shows it faster and the order is changed.
+would take the ops' serving lanes away on every device).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import types
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailable
@@ -48,6 +55,11 @@ FUNCTIONS = {
     "min_p_sampling_from_probs": "min_p_sampling_from_probs",
 }
 _DRAWS = ("top_k_top_p_sampling_from_probs", "min_p_sampling_from_probs")
+#: FlashInfer versions (prefixes) whose compiled sampling module's signatures this file calls
+RAW_SERIES = ("0.7.",)
+#: FlashInfer's top-k-first draw takes a radix top-k path for a scalar k up to this over a
+#: vocabulary of at least _FAST_MIN_V (its public function decides; this file defers to it there)
+_FAST_MAX_K, _FAST_MIN_V = 256, 65536
 
 
 @functools.cache
@@ -79,6 +91,53 @@ def refusal(op: str) -> str | None:
     return None
 
 
+@functools.cache
+def _raw() -> Any:
+    """FlashInfer's compiled sampling module and its row-state buffers, for a FlashInfer of
+    :data:`RAW_SERIES` (None otherwise, or when it cannot be loaded: the public API then)."""
+    try:
+        import flashinfer  # vendor library, present only where installed
+
+        if not str(getattr(flashinfer, "__version__", "")).startswith(RAW_SERIES):
+            return None
+        from flashinfer.jit.sampling import gen_sampling_module
+        from flashinfer.topk import _get_row_states_buffer
+
+        module = gen_sampling_module().build_and_load()
+    except Exception:  # not this series' layout: the public functions
+        return None
+    return types.SimpleNamespace(module=module, row_states=_get_row_states_buffer)
+
+
+def _direct(*tensors: Tensor) -> Any:
+    """The compiled module when it can write into these tensors in place (all contiguous)."""
+    if not all(t.is_contiguous() for t in tensors):
+        return None
+    return _raw()
+
+
+def _split(v: Tensor | float | int) -> tuple[Tensor | None, Any]:
+    """FlashInfer's (maybe_arr, val) pair of a per-row parameter."""
+    return (v, 0) if isinstance(v, torch.Tensor) else (None, v)
+
+
+def _philox_pair(v: Tensor | int) -> tuple[Tensor | None, int]:
+    return (v.reshape(1), 0) if isinstance(v, torch.Tensor) else (None, v)
+
+
+def _top_p_workspace(probs: Tensor) -> Tensor:
+    """The scratch of the 0.7 series' top-p renorm (its public function's sizing, non-deterministic
+    histograms)."""
+    b, v = probs.shape
+
+    def align(x: int) -> int:
+        return (x + 255) // 256 * 256
+
+    buf = max(align(v // 32), 256)
+    size = align(384 * b) + align(4 * 2048 * b) + align(4 * 2048 * b) + 2 * align(4 * buf * b)
+    return torch.empty(size, dtype=torch.uint8, device=probs.device)
+
+
 def _fn(op: str) -> Any:
     why = refusal(op)
     if why is not None:
@@ -102,18 +161,40 @@ def _seed(t: Tensor, has: bool, value: int) -> Tensor | int:
 
 
 def top_k_renorm_probs(out: Tensor, probs: Tensor, k_arr: Tensor, has_k: bool, top_k: int) -> None:
-    if probs.shape[0]:
-        out.copy_(_fn("top_k_renorm_probs")(probs, _k(k_arr, has_k, top_k, probs.shape[1])))
+    if not probs.shape[0]:
+        return
+    fn, k = _fn("top_k_renorm_probs"), _k(k_arr, has_k, top_k, probs.shape[1])
+    raw = _direct(out, probs)
+    if raw is None:
+        out.copy_(fn(probs, k))
+        return
+    raw.module.top_k_renorm_probs(
+        probs, out, *_split(k), False, raw.row_states("top_k_renorm_probs_row_states", probs.device)
+    )
 
 
 def top_p_renorm_probs(out: Tensor, probs: Tensor, p_arr: Tensor, has_p: bool, top_p: float) -> None:
-    if probs.shape[0]:
-        out.copy_(_fn("top_p_renorm_probs")(probs, _p(p_arr, has_p, top_p)))
+    if not probs.shape[0]:
+        return
+    fn, p = _fn("top_p_renorm_probs"), _p(p_arr, has_p, top_p)
+    raw = _direct(out, probs)
+    if raw is None:
+        out.copy_(fn(probs, p))
+        return
+    raw.module.top_p_renorm_probs(probs, out, *_split(p), False, _top_p_workspace(probs))
 
 
 def top_k_mask_logits(out: Tensor, logits: Tensor, k_arr: Tensor, has_k: bool, top_k: int) -> None:
-    if logits.shape[0]:
-        out.copy_(_fn("top_k_mask_logits")(logits, _k(k_arr, has_k, top_k, logits.shape[1])))
+    if not logits.shape[0]:
+        return
+    fn, k = _fn("top_k_mask_logits"), _k(k_arr, has_k, top_k, logits.shape[1])
+    raw = _direct(out, logits)
+    if raw is None:
+        out.copy_(fn(logits, k))
+        return
+    raw.module.top_k_mask_logits(
+        logits, out, *_split(k), raw.row_states("top_k_mask_logits_row_states", logits.device)
+    )
 
 
 def top_k_top_p_sampling_from_probs(
@@ -135,16 +216,30 @@ def top_k_top_p_sampling_from_probs(
 ) -> None:
     if not probs.shape[0]:
         return
-    ids = _fn("top_k_top_p_sampling_from_probs")(
-        probs,
-        _k(k_arr, has_k, top_k, probs.shape[1]),
-        _p(p_arr, has_p, top_p),
-        filter_apply_order=filter_apply_order,
-        deterministic=True,
-        seed=_seed(seed_t, has_seed, seed),
-        offset=_seed(offset_t, has_offset, offset),
+    fn, v = _fn("top_k_top_p_sampling_from_probs"), probs.shape[1]
+    k, p = _k(k_arr, has_k, top_k, v), _p(p_arr, has_p, top_p)
+    s, o = _seed(seed_t, has_seed, seed), _seed(offset_t, has_offset, offset)
+    raw = _direct(out, probs)
+    radix = (
+        filter_apply_order == "top_k_first" and not has_k and 0 < top_k <= _FAST_MAX_K and _FAST_MIN_V <= v
     )
-    out.copy_(ids)
+    if raw is None or radix:  # FlashInfer's public function (its radix top-k path included)
+        out.copy_(
+            fn(probs, k, p, filter_apply_order=filter_apply_order, deterministic=True, seed=s, offset=o)
+        )
+        return
+    valid = torch.empty(probs.shape[0], dtype=torch.bool, device=probs.device)
+    draw = (*_philox_pair(s), *_philox_pair(o))
+    if filter_apply_order == "joint":
+        raw.module.top_k_top_p_sampling_from_probs(
+            probs, out, valid, None, *_split(k), *_split(p), True, *draw
+        )
+        return
+    kept = torch.empty_like(probs)  # the public function's composition: top-k renorm, then top-p
+    raw.module.top_k_renorm_probs(
+        probs, kept, *_split(k), False, raw.row_states("top_k_renorm_probs_row_states", probs.device)
+    )
+    raw.module.top_p_sampling_from_probs(kept, out, valid, None, *_split(p), True, *draw)
 
 
 def min_p_sampling_from_probs(
@@ -162,11 +257,13 @@ def min_p_sampling_from_probs(
 ) -> None:
     if not probs.shape[0]:
         return
-    ids = _fn("min_p_sampling_from_probs")(
-        probs,
-        _p(m_arr, has_m, min_p),
-        deterministic=True,
-        seed=_seed(seed_t, has_seed, seed),
-        offset=_seed(offset_t, has_offset, offset),
+    fn, m = _fn("min_p_sampling_from_probs"), _p(m_arr, has_m, min_p)
+    s, o = _seed(seed_t, has_seed, seed), _seed(offset_t, has_offset, offset)
+    raw = _direct(out, probs)
+    if raw is None:
+        out.copy_(fn(probs, m, deterministic=True, seed=s, offset=o))
+        return
+    valid = torch.empty(probs.shape[0], dtype=torch.bool, device=probs.device)
+    raw.module.min_p_sampling_from_probs(
+        probs, out, valid, None, *_split(m), True, *_philox_pair(s), *_philox_pair(o)
     )
-    out.copy_(ids)
