@@ -215,7 +215,7 @@ for stage in $STAGES; do
                     --import-mode=importlib -q -ra --rootdir "$REPO" -k "sampling or top_k or top_p or greedy or min_p" \
                     2>&1 | tee "$OUT/sampling_parity.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 # the statistics (mask, chi-square, determinism) on the GPU's backends, the native unit too
-                OPMUX_TEST_DEVICE=cuda timeout 300 python3 -m pytest "$REPO/tests/unit/test_sampling_stats.py" \
+                OPMUX_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 300 python3 -m pytest "$REPO/tests/unit/test_sampling_stats.py" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee -a "$OUT/sampling_parity.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 timeout 400 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 300 \

@@ -12,15 +12,16 @@ and maps them onto FlashInfer's API:
   int64 device tensors: a CUDA graph replays with fresh draws), ``deterministic=True``. Ids
   differ from opmux's own backends (another stream), the distribution is the same; the same seed
   gives the same ids on this backend;
-* ``greedy`` has no FlashInfer kernel (argmax is not FlashInfer's): not declared there.
+* ``greedy`` has no FlashInfer kernel (argmax is not FlashInfer's): not declared there;
+* rows with a row stride other than V are made contiguous first (FlashInfer refuses them).
 
 **No copy.** FlashInfer's public functions return new tensors; copying them into the op's ``out``
 would cost a kernel (a whole [B, V] pass for the renorms: 1.1-1.2x FlashInfer's own time on the
 H200). For the FlashInfer series whose compiled module this file was written against
 (:data:`RAW_SERIES`), the ops call that module (``flashinfer.jit.sampling``'s, the functions the
 public ones wrap, which take the output tensor) with ``out`` directly, composing them as the public
-functions do (``top_k_first``: the top-k renorm, then the top-p draw). Any other FlashInfer, or
-rows / outputs that are not contiguous, go through the public API and a copy.
+functions do (``top_k_first``: the top-k renorm, then the top-p draw). Any other FlashInfer, or an
+``out`` that is not contiguous, goes through the public API and a copy.
 
 Where it runs: CUDA float32 rows (``top_k_mask_logits``: float32 too) where the package is found
 (the requirement's capability, no import); a FlashInfer that cannot be imported, lacks a
@@ -109,11 +110,14 @@ def _raw() -> Any:
     return types.SimpleNamespace(module=module, row_states=_get_row_states_buffer)
 
 
-def _direct(*tensors: Tensor) -> Any:
-    """The compiled module when it can write into these tensors in place (all contiguous)."""
-    if not all(t.is_contiguous() for t in tensors):
-        return None
-    return _raw()
+def _dense(x: Tensor) -> Tensor:
+    """Rows as FlashInfer reads them (row stride V: its checks refuse strided rows)."""
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def _direct(out: Tensor) -> Any:
+    """The compiled module when it can write ``out`` in place (contiguous), else None."""
+    return _raw() if out.is_contiguous() else None
 
 
 def _split(v: Tensor | float | int) -> tuple[Tensor | None, Any]:
@@ -163,8 +167,8 @@ def _seed(t: Tensor, has: bool, value: int) -> Tensor | int:
 def top_k_renorm_probs(out: Tensor, probs: Tensor, k_arr: Tensor, has_k: bool, top_k: int) -> None:
     if not probs.shape[0]:
         return
-    fn, k = _fn("top_k_renorm_probs"), _k(k_arr, has_k, top_k, probs.shape[1])
-    raw = _direct(out, probs)
+    fn, k, probs = _fn("top_k_renorm_probs"), _k(k_arr, has_k, top_k, probs.shape[1]), _dense(probs)
+    raw = _direct(out)
     if raw is None:
         out.copy_(fn(probs, k))
         return
@@ -176,8 +180,8 @@ def top_k_renorm_probs(out: Tensor, probs: Tensor, k_arr: Tensor, has_k: bool, t
 def top_p_renorm_probs(out: Tensor, probs: Tensor, p_arr: Tensor, has_p: bool, top_p: float) -> None:
     if not probs.shape[0]:
         return
-    fn, p = _fn("top_p_renorm_probs"), _p(p_arr, has_p, top_p)
-    raw = _direct(out, probs)
+    fn, p, probs = _fn("top_p_renorm_probs"), _p(p_arr, has_p, top_p), _dense(probs)
+    raw = _direct(out)
     if raw is None:
         out.copy_(fn(probs, p))
         return
@@ -187,8 +191,8 @@ def top_p_renorm_probs(out: Tensor, probs: Tensor, p_arr: Tensor, has_p: bool, t
 def top_k_mask_logits(out: Tensor, logits: Tensor, k_arr: Tensor, has_k: bool, top_k: int) -> None:
     if not logits.shape[0]:
         return
-    fn, k = _fn("top_k_mask_logits"), _k(k_arr, has_k, top_k, logits.shape[1])
-    raw = _direct(out, logits)
+    fn, k, logits = _fn("top_k_mask_logits"), _k(k_arr, has_k, top_k, logits.shape[1]), _dense(logits)
+    raw = _direct(out)
     if raw is None:
         out.copy_(fn(logits, k))
         return
@@ -216,10 +220,10 @@ def top_k_top_p_sampling_from_probs(
 ) -> None:
     if not probs.shape[0]:
         return
-    fn, v = _fn("top_k_top_p_sampling_from_probs"), probs.shape[1]
+    fn, v, probs = _fn("top_k_top_p_sampling_from_probs"), probs.shape[1], _dense(probs)
     k, p = _k(k_arr, has_k, top_k, v), _p(p_arr, has_p, top_p)
     s, o = _seed(seed_t, has_seed, seed), _seed(offset_t, has_offset, offset)
-    raw = _direct(out, probs)
+    raw = _direct(out)
     radix = (
         filter_apply_order == "top_k_first" and not has_k and 0 < top_k <= _FAST_MAX_K and _FAST_MIN_V <= v
     )
@@ -257,9 +261,9 @@ def min_p_sampling_from_probs(
 ) -> None:
     if not probs.shape[0]:
         return
-    fn, m = _fn("min_p_sampling_from_probs"), _p(m_arr, has_m, min_p)
+    fn, m, probs = _fn("min_p_sampling_from_probs"), _p(m_arr, has_m, min_p), _dense(probs)
     s, o = _seed(seed_t, has_seed, seed), _seed(offset_t, has_offset, offset)
-    raw = _direct(out, probs)
+    raw = _direct(out)
     if raw is None:
         out.copy_(fn(probs, m, deterministic=True, seed=s, offset=o))
         return

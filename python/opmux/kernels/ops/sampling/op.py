@@ -537,15 +537,13 @@ def ref_min_p_sampling(
 # -- the declarations ------------------------------------------------------------------------------
 _PHILOX_SIG = "Tensor? seed_tensor=None, int seed=0, Tensor? offset_tensor=None, int offset=0"
 _IDS_TOL = (*TOLERANCES, INT32_EXACT)
-#: on CUDA, Triton ahead of the native unit: the native CUDA unit has been compile-checked but not
-#: yet run or timed on a GPU; the H200 run (the parity cells and benchmarks/bench_sampling.py)
-#: decides the order there, as measured orders do for the other groups
 #: measured on the H200 (2026-12-05, docs/benchmarks/sampling_h200.md): the native CUDA unit takes
-#: 0.17-0.63x the Triton kernels' time in every case timed (B 1-256, V 32,000-151,936), so the
-#: native unit leads; FlashInfer, not installed there, stays after them until timed
-_CUDA_ORDER = (("cuda", ("aot", "jit", "triton", _fi.BACKEND, "torch")),)
-#: FlashInfer's samplers where installed (``flashinfer_backend.py``): after opmux's own until an
-#: H200 benchmark says otherwise
+#: 0.17-0.63x the Triton kernels' time in every case timed (B 1-256, V 32,000-151,936), so it leads
+#: opmux's own; FlashInfer's samplers, where installed, lead them all: through this backend they
+#: took 0.27-0.76x the native unit's time in all 48 cases of benchmarks/bench_sampling.py (H100,
+#: 2026-12-05, docs/benchmarks/sampling_backends_h100.json), and passed the statistical tests there
+_CUDA_ORDER = (("cuda", (_fi.BACKEND, "aot", "jit", "triton", "torch")),)
+#: FlashInfer's samplers where installed (``flashinfer_backend.py``)
 _FI = Requirement(devices=("cuda",), dtypes=_F32, capabilities=("flashinfer",))
 
 
