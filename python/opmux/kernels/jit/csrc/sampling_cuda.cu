@@ -20,6 +20,10 @@
 // arithmetic regrouped (still no atomics, still independent of timing). The draw scans only in the
 // block whose slice holds the crossing (the running mass over the slices, in rank order, brackets
 // the target); its slice's last kept entry stands in should its own sums not cross it.
+// Every op but greedy first copies each block's slice of the row into dynamic shared memory where
+// one fits (the launch takes enough blocks per row, up to a cluster of 8, to make it fit: 151,936
+// float32 entries over 4 blocks on an H100 / H200), so a row is read from global memory once and
+// every later pass reads shared memory (rows too long for that stay in global memory).
 // Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
 // or ints: nothing is read on the host, so a captured CUDA graph replays with the tensors' values.
 #include <tvm/ffi/function.h>
@@ -65,6 +69,7 @@ struct Params {
   int64_t offset_val;
   bool joint, vec;
   int cluster;  // blocks per row (1: one block, no cluster)
+  bool cached;  // each block copies its slice into dynamic shared memory first (cache_slice)
 };
 
 // The part of the row one block owns: [lo, lo + len) of n, lo a multiple of 8 elements (16-byte
@@ -123,6 +128,31 @@ __device__ __forceinline__ void for_each(const T* x, int64_t n, bool vec, F&& f)
     done = nv * VEC;
   }
   for (int64_t i = done + threadIdx.x; i < n; i += kThreads) f(i, to_float(x[i]));
+}
+
+// Copies this block's slice x[0, n) into shared memory (buf: 16-byte aligned, room for n) and
+// returns it: every later pass over the row (the threshold searches, the kept mass, the draw, the
+// output) then reads shared memory instead of global memory, which a row is read from once.
+template <typename T>
+__device__ __forceinline__ const T* cache_slice(const T* x, int64_t n, bool vec, T* buf) {
+  constexpr int VEC = cuda::kVec16<T>;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t nv = n / VEC;
+    int64_t j = threadIdx.x;
+    for (; j + (kUnroll - 1) * kThreads < nv; j += kUnroll * kThreads) {
+      cuda::Vec<T, VEC> v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = cuda::load_vec<T, VEC>(x + (j + u * kThreads) * VEC);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) cuda::store_vec<T, VEC>(buf + (j + u * kThreads) * VEC, v[u]);
+    }
+    for (; j < nv; j += kThreads) cuda::store_vec<T, VEC>(buf + j * VEC, cuda::load_vec<T, VEC>(x + j * VEC));
+    done = nv * VEC;
+  }
+  for (int64_t i = done + threadIdx.x; i < n; i += kThreads) buf[i] = x[i];
+  __syncthreads();
+  return buf;
 }
 
 // Sums v[0, N) over the block (every thread gets the sums), in a fixed order.
@@ -440,10 +470,16 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
   const T* row = static_cast<const T*>(p.x) + r * p.sx;
   const T* x = row + sl.lo;
   const int64_t len = sl.len;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  bool vec = p.vec;
+  if (p.cached) {  // the slice in shared memory (16-byte aligned: the vector path always holds)
+    x = cache_slice(x, len, vec, reinterpret_cast<T*>(dyn_smem));
+    vec = true;
+  }
   if constexpr (OP == kGreedy) {
     float best = -INFINITY;
     int64_t idx = INT64_MAX;
-    for_each(x, len, p.vec, [&](int64_t i, float v) {
+    for_each(x, len, vec, [&](int64_t i, float v) {
       if (v > best || (v == best && i < idx)) {
         best = v;
         idx = i;
@@ -481,7 +517,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     T* out = static_cast<T*>(p.out) + r * p.so + sl.lo;
     const int64_t k = row_k(p, r);
     const bool on = k > 0 && k < n;
-    const int32_t t = on ? top_k_key(x, len, p.vec, k, true, sm, sl) : INT32_MIN;
+    const int32_t t = on ? top_k_key(x, len, vec, k, true, sm, sl) : INT32_MIN;
     const T ninf = cuda::from_float<T>(-INFINITY);
     for (int64_t i = threadIdx.x; i < len; i += kThreads) {
       const T v = x[i];
@@ -495,11 +531,11 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     if constexpr (OP == kTopKRenorm) {
       const int64_t k = row_k(p, r);
       on = k > 0 && k < n;
-      if (on) t = top_k_key(xf, len, p.vec, k, false, sm, sl);
+      if (on) t = top_k_key(xf, len, vec, k, false, sm, sl);
     } else {
       const float pr = row_p(p, r);
       on = pr < 1.0f;
-      if (on) t = top_p_key(xf, len, p.vec, 0, pr, sm, sl);
+      if (on) t = top_p_key(xf, len, vec, 0, pr, sm, sl);
     }
     if (!on) {
       for (int64_t i = threadIdx.x; i < len; i += kThreads) out[i] = xf[i];
@@ -507,7 +543,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     }
     float mass;
     int64_t last;
-    kept_mass(xf, len, p.vec, t, sm, &mass, &last, sl);
+    kept_mass(xf, len, vec, t, sm, &mass, &last, sl);
     const float inv = 1.0f / mass;
     for (int64_t i = threadIdx.x; i < len; i += kThreads) {
       const float v = xf[i];
@@ -518,17 +554,17 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     const int64_t k = row_k(p, r);
     const float pr = row_p(p, r);
     int32_t t = static_cast<int32_t>(kProbLo);
-    if (k > 0 && k < n) t = top_k_key(xf, len, p.vec, k, false, sm, sl);
+    if (k > 0 && k < n) t = top_k_key(xf, len, vec, k, false, sm, sl);
     if (pr < 1.0f) {
-      const int32_t tp = top_p_key(xf, len, p.vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
+      const int32_t tp = top_p_key(xf, len, vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
       t = p.joint ? (tp > t ? tp : t) : tp;
     }
-    const int32_t id = draw(xf, len, p.vec, t, row_uniform(p, r), sm, sl);
+    const int32_t id = draw(xf, len, vec, t, row_uniform(p, r), sm, sl);
     if (threadIdx.x == 0 && sl.rank == 0) static_cast<int32_t*>(p.out)[r] = id;
   } else {  // kMinPSample
     const float* xf = reinterpret_cast<const float*>(x);
     float top[1] = {0.0f};
-    for_each(xf, len, p.vec, [&](int64_t, float v) { top[0] = v > top[0] ? v : top[0]; });
+    for_each(xf, len, vec, [&](int64_t, float v) { top[0] = v > top[0] ? v : top[0]; });
     for (int o = 16; o > 0; o >>= 1) top[0] = fmaxf(top[0], __shfl_xor_sync(0xffffffffu, top[0], o));
     if ((threadIdx.x & 31) == 0) sm.f[threadIdx.x >> 5] = top[0];
     __syncthreads();
@@ -537,7 +573,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     // a non-negative float orders as its bits: the cluster's max through the int64 exchange
     top[0] = __int_as_float(static_cast<int>(cluster_extreme<false>(__float_as_int(top[0]), sm, sl)));
     const int32_t t0 = ordered_key(row_p(p, r) * top[0]);
-    const int32_t id = draw(xf, len, p.vec, t0 > 0 ? t0 : 0, row_uniform(p, r), sm, sl);
+    const int32_t id = draw(xf, len, vec, t0 > 0 ? t0 : 0, row_uniform(p, r), sm, sl);
     if (threadIdx.x == 0 && sl.rank == 0) static_cast<int32_t*>(p.out)[r] = id;
   }
 }
@@ -559,18 +595,67 @@ int blocks_per_row(const cuda::DeviceProps& props, int64_t rows, int64_t n) {
   return c;
 }
 
+// Elements of a row's slice over `blocks` blocks (row_slice's arithmetic).
+int64_t slice_len(int64_t n, int blocks) { return ((n + blocks - 1) / blocks + 7) / 8 * 8; }
+
+// The fewest blocks per row (a power of two up to kMaxCluster; more than one only with clusters)
+// whose slices fit `room` bytes of shared memory, or 0: the rows are not cached.
+template <typename T>
+int cache_blocks(const cuda::DeviceProps& props, int64_t n, int64_t room) {
+  for (int c = 1; c <= (props.cc_major >= 9 ? kMaxCluster : 1); c *= 2) {
+    if (slice_len(n, c) * static_cast<int64_t>(sizeof(T)) <= room) return c;
+  }
+  return 0;
+}
+
+// Every op but greedy (one pass) reads its row several times: each block caches its slice in
+// shared memory when one fits (the cluster then has at least the blocks that make it fit), so the
+// row is read from global memory once.
 template <Op OP, typename T>
 void launch(const char* op, Params p, int32_t device_id) {
   if (p.rows == 0) return;
   if (p.rows > 2147483647) TVM_FFI_THROW(ValueError) << op << ": " << p.rows << " rows exceed the grid";
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  auto kernel = sampling_kernel<OP, T>;
   p.vec = vec_ok<T>(p.x, p.sx);
-  p.cluster = cuda::cluster_blocks(op, device_id, props, sampling_kernel<OP, T>, dim3(kThreads), 0,
-                                   blocks_per_row(props, p.rows, p.n));
-  cuda::launch_clustered(op, device_id, props, sampling_kernel<OP, T>,
-                         dim3(static_cast<unsigned>(p.rows * p.cluster)), dim3(kThreads), 0,
-                         cuda::current_stream(device_id), static_cast<unsigned>(p.cluster), p);
+  int c = blocks_per_row(props, p.rows, p.n);
+  int cache_c = 0;  // the fewest blocks per row whose slices fit shared memory (0: no caching)
+  if constexpr (OP != kGreedy) {
+    static const int static_smem = [&] {  // the kernel's own shared memory (queried once)
+      cudaFuncAttributes attr;
+      cuda::check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)), op,
+                       "cudaFuncGetAttributes");
+      return static_cast<int>(attr.sharedSizeBytes);
+    }();
+    const int room = props.smem_optin - static_smem;
+    cache_c = room > 0 ? cache_blocks<T>(props, p.n, room) : 0;
+    if (cache_c > 0) {
+      // the opt-in once per device (a query with more dynamic memory than allowed would fail)
+      static int allowed[64] = {};
+      if (device_id < 0 || device_id >= 64 || allowed[device_id] != room) {
+        cuda::check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, room),
+                         op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+        if (device_id >= 0 && device_id < 64) allowed[device_id] = room;
+      }
+      if (cache_c > c) c = cache_c;
+    }
+  }
+  // the cluster the GPU grants for these slices; fewer blocks than asked make bigger slices, so
+  // ask again until the answer stands (without caching once the slices no longer fit)
+  size_t smem = 0;
+  for (;;) {
+    smem = cache_c > 0 ? static_cast<size_t>(slice_len(p.n, c)) * sizeof(T) : 0;
+    const int got = cuda::cluster_blocks(op, device_id, props, kernel, dim3(kThreads), smem, c);
+    if (got == c) break;
+    c = got;
+    if (c < cache_c) cache_c = 0;
+  }
+  p.cluster = c;
+  p.cached = cache_c > 0;
+  cuda::launch_clustered(op, device_id, props, kernel, dim3(static_cast<unsigned>(p.rows * p.cluster)),
+                         dim3(kThreads), smem, cuda::current_stream(device_id), static_cast<unsigned>(p.cluster), p);
 }
 
 Params base_params(const TensorView& x, const SampleRows& r) {

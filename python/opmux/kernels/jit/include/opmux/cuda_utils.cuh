@@ -103,6 +103,7 @@ inline cudaStream_t current_stream(int32_t device_id) {
 struct DeviceProps {
   int sm_count = 0;
   int cc_major = 0;
+  int smem_optin = 0;  // shared memory a block may opt in to (static + dynamic), bytes
 };
 
 // Cached per device id (queried once; attribute queries are cheap but not free).
@@ -117,6 +118,8 @@ inline DeviceProps device_props(const char* op, int32_t device_id) {
              "cudaDeviceGetAttribute(MultiProcessorCount)");
   check_cuda(cudaDeviceGetAttribute(&p.cc_major, cudaDevAttrComputeCapabilityMajor, device_id),
              op, "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  check_cuda(cudaDeviceGetAttribute(&p.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id), op,
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   if (device_id >= 0 && device_id < kMaxDevices) cache[device_id] = p;  // benign race: same value
   return p;
 }
@@ -163,9 +166,9 @@ inline int cluster_blocks(const char* op, int32_t device_id, const DeviceProps& 
                           dim3 block, size_t smem, int want) {
   if (want <= 1 || props.cc_major < 9) return 1;
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int32_t, int>, int> cache;
+  static std::map<std::tuple<const void*, int32_t, int, size_t>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device_id, want);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device_id, want, smem);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   cudaFuncAttributes attr;
