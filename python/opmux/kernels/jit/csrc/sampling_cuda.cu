@@ -46,10 +46,10 @@ using sampling::ordered_key;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBins = 16;   // per pass of a threshold search: a 16-way split of the key interval
+constexpr int kBins = 16;    // per pass of a threshold search: a 16-way split of the key interval
 constexpr int kUnroll = 4;   // 16-byte loads in flight per thread in a pass (a pass is load-latency bound)
 constexpr int kMaxCluster = 8;  // blocks per row (the portable cluster size)
-constexpr int64_t kMinSlice = 8192;  // elements per block of a cluster at least
+constexpr int64_t kMinSlice = 4096;  // elements per block of a cluster at least
 
 enum Op { kTopKRenorm, kTopPRenorm, kTopKMask, kGreedy, kTopKTopPSample, kMinPSample };
 
