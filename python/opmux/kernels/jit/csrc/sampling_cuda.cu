@@ -2,12 +2,15 @@
 // block per row, no sort; every step is a pass over the row (16-byte vector loads when the rows
 // allow, a scalar tail) with block reductions in a fixed order, so a result never depends on
 // timing (no atomics):
-//   * a threshold (the k-th largest value, the top-p boundary value) is found by a pivot search on
-//     the ordered int key of the values (opmux/sampling_philox.h): each pass tests 15 pivots that
-//     split the key interval [lo, hi) in 16, summing per pivot the count (top-k) or the mass (top-p)
-//     of the values >= it, and keeps the sub-interval where the invariant stat(>= lo) >= need >
-//     stat(>= hi) holds. 8 passes end on the exact key of a row value (FlashInfer's pivot search,
-//     16-way instead of 2- or 3-way; the Triton backend runs the same search 2-way);
+//   * a threshold (the k-th largest value, the top-p boundary value) is found by a radix search on
+//     the ordered int key of the values (opmux/sampling_philox.h; a probability's key is its bits):
+//     the key interval [lo, lo + 2^bits) is a radix digit, first [0, 2^31) for probabilities,
+//     [-2^31, 2^31) for logits; a pass histograms the keys in it by their next 4 bits (16 bins, one
+//     more for the keys above it), counting (top-k) or summing the mass (top-p) into per-thread
+//     columns in shared memory (plain read-modify-write, summed in a fixed order), and keeps the
+//     highest bin whose lower end still has stat(>= it) >= need, so stat(>= lo) >= need >
+//     stat(>= lo + 2^bits) holds throughout. 8 passes end on the exact key of a row value (as
+//     FlashInfer's pivot search, 16-way; the Triton backend runs a 2-way search);
 //   * masks keep every value whose key is >= the threshold's (ties kept);
 //   * the draw: u from Philox (seed, counter (offset lo, hi, row, 0): the Triton and CPU backends'
 //     stream, so all three draw the same u), the kept mass, then chunks of the row with a block-wide
@@ -31,6 +34,7 @@
 #include <cooperative_groups.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -47,10 +51,10 @@ using sampling::ordered_key;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kPivots = 15;  // per pass: a 16-way split of the key interval
+constexpr int kBins = 16;    // per pass of a threshold search: a 16-way split of the key interval
 constexpr int kUnroll = 4;   // 16-byte loads in flight per thread in a pass (a pass is load-latency bound)
 constexpr int kMaxCluster = 8;  // blocks per row (the portable cluster size)
-constexpr int64_t kMinSlice = 8192;  // elements per block of a cluster at least
+constexpr int64_t kMinSlice = 4096;  // elements per block of a cluster at least
 
 enum Op { kTopKRenorm, kTopPRenorm, kTopKMask, kGreedy, kTopKTopPSample, kMinPSample };
 
@@ -88,15 +92,18 @@ __device__ __forceinline__ Slice row_slice(int64_t n, int blocks) {
 }
 
 struct Smem {
-  float f[kWarps * (kPivots + 1)];
-  int i[kWarps * (kPivots + 1)];
+  float f[kWarps];
+  int i[kWarps];
   float scan[kWarps];
+  // a search pass's block totals per bin
+  float bin_f[kBins + 1];
+  int bin_i[kBins + 1];
   // the cluster's exchange: this block's partials (read by the others), the totals
-  float part_f[kPivots + 1];
-  int part_i[kPivots + 1];
+  float part_f[kBins + 1];
+  int part_i[kBins + 1];
   int64_t part_l[2];
-  float tot_f[kPivots + 1];
-  int tot_i[kPivots + 1];
+  float tot_f[kBins + 1];
+  int tot_i[kBins + 1];
   int64_t tot_l[2];
 };
 
@@ -261,47 +268,89 @@ __device__ __forceinline__ int64_t cluster_extreme(int64_t v, Smem& sm, const Sl
 #endif
 }
 
-// The largest key in [lo, hi) whose stat (count, or mass when MASS) of values with key >= it is
-// >= need, given stat(>= lo) >= need > stat(>= hi).
-template <bool MASS, typename T>
-__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int64_t hi, double need, Smem& sm,
+// The pass's histograms: one private column per thread, bin-major and thread-minor (thread t's
+// bins at [b][t], all in its own bank: no conflicts, no atomics), counts or mass.
+union Hist {
+  int i[kBins + 1][kThreads];
+  float f[kBins + 1][kThreads];
+};
+
+// One array for every pivot_search of a kernel (a non-template function: its two instantiations
+// share it, and the kernels without a search allocate none).
+__device__ __forceinline__ Hist& hist_smem() {
+  __shared__ Hist h;
+  return h;
+}
+
+// The largest key t with stat(>= t) >= need (stat: the count, or the mass when MASS, of the values
+// with key >= t), given stat(>= lo) >= need > stat(>= lo + 2^bits); lo + 2^bits <= 2^31 and lo a
+// multiple of 2^bits: a radix digit. Each pass histograms the keys of [lo, lo + span) into
+// nb = min(16, span) bins of width 2^shift (keys at or past lo + span in bin 16, counted for every
+// bin's lower end; keys below lo skipped), then keeps the highest bin whose lower end still has
+// stat >= need. Not LOGITS (probabilities, lo >= 0): the key is the value's bits, negative for a
+// negative value (skipped, as its ordered key would be) and for -0 (whose ordered key 0 only ever
+// counts toward stat(>= 0), at lo = 0, the bin-0 end that needs no test).
+template <bool MASS, bool LOGITS, typename T>
+__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int bits, double need, Smem& sm,
                                 const Slice& sl) {
   using S = typename std::conditional<MASS, float, int>::type;
-  while (hi - lo > 1) {
-    const int64_t step = (hi - lo + kPivots) / (kPivots + 1);
-    int32_t piv[kPivots];
+  S(*hist)[kThreads];
+  S *bins, *part, *tot;
+  if constexpr (MASS) {
+    hist = hist_smem().f;
+    bins = sm.bin_f;
+    part = sm.part_f;
+    tot = sm.tot_f;
+  } else {
+    hist = hist_smem().i;
+    bins = sm.bin_i;
+    part = sm.part_i;
+    tot = sm.tot_i;
+  }
+  S* col = &hist[0][threadIdx.x];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  while (bits > 0) {
+    const int shift = bits > 4 ? bits - 4 : 0;
+    const int nb = 1 << (bits - shift);
+    const int32_t lo32 = static_cast<int32_t>(lo);  // lo < 2^31
 #pragma unroll
-    for (int j = 0; j < kPivots; ++j) {
-      const int64_t p = lo + (j + 1) * step;
-      piv[j] = static_cast<int32_t>(p < hi ? p : hi - 1);  // past hi: never chosen (below)
-    }
-    S acc[kPivots];
-#pragma unroll
-    for (int j = 0; j < kPivots; ++j) acc[j] = 0;
+    for (int b = 0; b <= kBins; ++b) col[b * kThreads] = 0;
     for_each(x, n, vec, [&](int64_t, float v) {
-      const int32_t k = ordered_key(v);
-      const S w = MASS ? static_cast<S>(v) : static_cast<S>(1);
-#pragma unroll
-      for (int j = 0; j < kPivots; ++j) acc[j] += k >= piv[j] ? w : static_cast<S>(0);
-    });
-    if constexpr (MASS) {
-      block_sum(acc, sm.f);
-      cluster_sum(acc, sm.part_f, sm.tot_f, sl);
-    } else {
-      block_sum(acc, sm.i);
-      cluster_sum(acc, sm.part_i, sm.tot_i, sl);
-    }
-    int64_t nlo = lo, nhi = lo + step < hi ? lo + step : hi;
-#pragma unroll
-    for (int j = 0; j < kPivots; ++j) {
-      const int64_t p = lo + (j + 1) * step;
-      if (p < hi && static_cast<double>(acc[j]) >= need) {
-        nlo = p;
-        nhi = p + step < hi ? p + step : hi;
+      const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
+      if (k >= lo32) {
+        // k - lo < 2^32: exact in 32-bit unsigned arithmetic; past lo + span: bin 16 (nb = 16) or a
+        // bin in [nb, 16] (span < 16), above every lower end in both cases
+        const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
+        const uint32_t b = min(off >> shift, static_cast<uint32_t>(kBins));
+        col[b * kThreads] += MASS ? static_cast<S>(v) : static_cast<S>(1);
       }
+    });
+    __syncthreads();
+    // the block's bins in a fixed order: warp w sums bin w (warp 0 also bin 16), lanes stride 32
+    for (int b = warp; b <= kBins; b += kWarps) {
+      S a = 0;
+#pragma unroll
+      for (int t = 0; t < kThreads / 32; ++t) a += hist[b][lane + 32 * t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0) bins[b] = a;
     }
-    lo = nlo;
-    hi = nhi;
+    __syncthreads();
+    S v[kBins + 1];
+#pragma unroll
+    for (int b = 0; b <= kBins; ++b) v[b] = bins[b];
+    cluster_sum(v, part, tot, sl);
+    // stat(>= lo + j * width) = the bins from j up; bin 0's lower end is lo (kept by the invariant,
+    // also should the float sums round it below need)
+    S s = v[kBins];
+    int j = 0;
+#pragma unroll
+    for (int b = kBins - 1; b >= 1; --b) {
+      s += v[b];
+      if (j == 0 && b < nb && static_cast<double>(s) >= need) j = b;
+    }
+    lo += static_cast<int64_t>(j) << shift;
+    bits = shift;
   }
   return lo;
 }
@@ -439,14 +488,16 @@ __device__ __forceinline__ float row_uniform(const Params& p, int64_t r) {
   return sampling::uniform(static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), r);
 }
 
-// Keys of probabilities: [0, bits(+inf)] (a negative value's key is below 0: never kept).
-constexpr int64_t kProbLo = 0, kProbHi = 0x7F800001LL;
-constexpr int64_t kLogitLo = -2147483648LL, kLogitHi = 2147483648LL;
+// The searches' first digits: probability keys in [0, 2^31) (a negative value's key is below 0:
+// never counted, never kept), logit keys in [-2^31, 2^31).
+constexpr int64_t kProbLo = 0, kLogitLo = -2147483648LL;
+constexpr int kProbBits = 31, kLogitBits = 32;
 
-template <typename T>
-__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, bool logits, Smem& sm, const Slice& sl) {
-  return static_cast<int32_t>(pivot_search<false>(x, n, vec, logits ? kLogitLo : kProbLo,
-                                                  logits ? kLogitHi : kProbHi, static_cast<double>(k), sm, sl));
+template <bool LOGITS, typename T>
+__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, Smem& sm, const Slice& sl) {
+  return static_cast<int32_t>(pivot_search<false, LOGITS>(x, n, vec, LOGITS ? kLogitLo : kProbLo,
+                                                          LOGITS ? kLogitBits : kProbBits, static_cast<double>(k),
+                                                          sm, sl));
 }
 
 // The top-p boundary key over the values with key >= base.
@@ -457,7 +508,11 @@ __device__ int32_t top_p_key(const float* x, int64_t n, bool vec, int32_t base, 
   // no mass above base (an all-zero row): the whole row is kept, as the definition does (its
   // renorm is then 0 / 0, NaN, as the reference's); NaN mass likewise keeps the row
   if (!(p * mass > 0.0f)) return base;
-  return static_cast<int32_t>(pivot_search<true>(x, n, vec, base, kProbHi, static_cast<double>(p * mass), sm, sl));
+  // the search starts at key 0 (the digit holding base); stat(>= base) >= p * mass, so its answer
+  // is >= base unless the search's float sums round stat(>= base) below p * mass: then base, as a
+  // search started at base ends
+  const int64_t t = pivot_search<true, false>(x, n, vec, kProbLo, kProbBits, static_cast<double>(p * mass), sm, sl);
+  return static_cast<int32_t>(t > base ? t : base);
 }
 
 template <Op OP, typename T>
@@ -517,7 +572,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     T* out = static_cast<T*>(p.out) + r * p.so + sl.lo;
     const int64_t k = row_k(p, r);
     const bool on = k > 0 && k < n;
-    const int32_t t = on ? top_k_key(x, len, vec, k, true, sm, sl) : INT32_MIN;
+    const int32_t t = on ? top_k_key<true>(x, len, vec, k, sm, sl) : INT32_MIN;
     const T ninf = cuda::from_float<T>(-INFINITY);
     for (int64_t i = threadIdx.x; i < len; i += kThreads) {
       const T v = x[i];
@@ -531,7 +586,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     if constexpr (OP == kTopKRenorm) {
       const int64_t k = row_k(p, r);
       on = k > 0 && k < n;
-      if (on) t = top_k_key(xf, len, vec, k, false, sm, sl);
+      if (on) t = top_k_key<false>(xf, len, vec, k, sm, sl);
     } else {
       const float pr = row_p(p, r);
       on = pr < 1.0f;
@@ -554,7 +609,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     const int64_t k = row_k(p, r);
     const float pr = row_p(p, r);
     int32_t t = static_cast<int32_t>(kProbLo);
-    if (k > 0 && k < n) t = top_k_key(xf, len, vec, k, false, sm, sl);
+    if (k > 0 && k < n) t = top_k_key<false>(xf, len, vec, k, sm, sl);
     if (pr < 1.0f) {
       const int32_t tp = top_p_key(xf, len, vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
       t = p.joint ? (tp > t ? tp : t) : tp;
@@ -611,6 +666,41 @@ int cache_blocks(const cuda::DeviceProps& props, int64_t n, int64_t room) {
 // Every op but greedy (one pass) reads its row several times: each block caches its slice in
 // shared memory when one fits (the cluster then has at least the blocks that make it fit), so the
 // row is read from global memory once.
+// Whether blocks cache their slices: on unless OPMUX_SAMPLING_SMEM_CACHE=0 (read once per process;
+// the A/B of benchmarks/bench_sampling.py).
+bool smem_cache_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("OPMUX_SAMPLING_SMEM_CACHE");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  return on;
+}
+
+// The fewest blocks per row whose slices fit the shared memory `kernel` leaves (0: no caching),
+// with the kernel's dynamic shared memory opted in to that room once per device.
+template <typename T, typename K>
+int cache_blocks_for(const char* op, int32_t device_id, const cuda::DeviceProps& props, K kernel, int64_t n) {
+  static const int static_smem = [&] {  // the kernel's own shared memory (queried once)
+    cudaFuncAttributes attr;
+    cuda::check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)), op,
+                     "cudaFuncGetAttributes");
+    return static_cast<int>(attr.sharedSizeBytes);
+  }();
+  const int room = props.smem_optin - static_smem;
+  const int c = room > 0 ? cache_blocks<T>(props, n, room) : 0;
+  static int allowed[64] = {};  // a query with more dynamic memory than allowed would fail
+  if (c > 0 && (device_id < 0 || device_id >= 64 || allowed[device_id] != room)) {
+    cuda::check_cuda(
+        cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, room),
+        op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    if (device_id >= 0 && device_id < 64) allowed[device_id] = room;
+  }
+  return c;
+}
+
+// Every op but greedy (one pass) reads its row several times: each block caches its slice in
+// shared memory when one fits (the cluster then has at least the blocks that make it fit), so the
+// row is read from global memory once.
 template <Op OP, typename T>
 void launch(const char* op, Params p, int32_t device_id) {
   if (p.rows == 0) return;
@@ -620,28 +710,11 @@ void launch(const char* op, Params p, int32_t device_id) {
   auto kernel = sampling_kernel<OP, T>;
   p.vec = vec_ok<T>(p.x, p.sx);
   int c = blocks_per_row(props, p.rows, p.n);
-  int cache_c = 0;  // the fewest blocks per row whose slices fit shared memory (0: no caching)
+  int cache_c = 0;
   if constexpr (OP != kGreedy) {
-    static const int static_smem = [&] {  // the kernel's own shared memory (queried once)
-      cudaFuncAttributes attr;
-      cuda::check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)), op,
-                       "cudaFuncGetAttributes");
-      return static_cast<int>(attr.sharedSizeBytes);
-    }();
-    const int room = props.smem_optin - static_smem;
-    cache_c = room > 0 ? cache_blocks<T>(props, p.n, room) : 0;
-    if (cache_c > 0) {
-      // the opt-in once per device (a query with more dynamic memory than allowed would fail)
-      static int allowed[64] = {};
-      if (device_id < 0 || device_id >= 64 || allowed[device_id] != room) {
-        cuda::check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, room),
-                         op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-        if (device_id >= 0 && device_id < 64) allowed[device_id] = room;
-      }
-      if (cache_c > c) c = cache_c;
-    }
+    if (smem_cache_on()) cache_c = cache_blocks_for<T>(op, device_id, props, kernel, p.n);
   }
+  if (cache_c > c) c = cache_c;
   // the cluster the GPU grants for these slices; fewer blocks than asked make bigger slices, so
   // ask again until the answer stands (without caching once the slices no longer fit)
   size_t smem = 0;
