@@ -25,8 +25,9 @@
 // the target); its slice's last kept entry stands in should its own sums not cross it.
 // Every op but greedy first copies each block's slice of the row into dynamic shared memory where
 // one fits (the launch takes enough blocks per row, up to a cluster of 8, to make it fit: 151,936
-// float32 entries over 4 blocks on an H100 / H200), so a row is read from global memory once and
-// every later pass reads shared memory (rows too long for that stay in global memory).
+// float32 entries over 4 blocks on an H100 / H200) and the blocks still fit one wave, so a row is
+// read from global memory once and every later pass reads shared memory (other rows stay in global
+// memory, re-read from L2 or HBM by each pass).
 // Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
 // or ints: nothing is read on the host, so a captured CUDA graph replays with the tensors' values.
 #include <tvm/ffi/function.h>
@@ -676,10 +677,12 @@ bool smem_cache_on() {
   return on;
 }
 
-// The fewest blocks per row whose slices fit the shared memory `kernel` leaves (0: no caching),
-// with the kernel's dynamic shared memory opted in to that room once per device.
-template <typename T, typename K>
-int cache_blocks_for(const char* op, int32_t device_id, const cuda::DeviceProps& props, K kernel, int64_t n) {
+// The fewest blocks per row whose slices fit the shared memory sampling_kernel<OP, T> leaves (0: no
+// caching), with its dynamic shared memory opted in to that room once per device. The statics are
+// per instantiation: each kernel has its own static shared memory and its own opt-in.
+template <Op OP, typename T>
+int cache_blocks_for(const char* op, int32_t device_id, const cuda::DeviceProps& props, int64_t n) {
+  auto kernel = sampling_kernel<OP, T>;
   static const int static_smem = [&] {  // the kernel's own shared memory (queried once)
     cudaFuncAttributes attr;
     cuda::check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)), op,
@@ -712,8 +715,12 @@ void launch(const char* op, Params p, int32_t device_id) {
   int c = blocks_per_row(props, p.rows, p.n);
   int cache_c = 0;
   if constexpr (OP != kGreedy) {
-    if (smem_cache_on()) cache_c = cache_blocks_for<T>(op, device_id, props, kernel, p.n);
+    if (smem_cache_on()) cache_c = cache_blocks_for<OP, T>(op, device_id, props, p.n);
   }
+  // only where the cached blocks (one an SM: their shared memory fills it) still fit one wave: on
+  // an H100, B = 64 x V = 151,936 over clusters of 4 (two waves) took 1.3-1.5x the uncached time,
+  // B <= 16 0.9x (benchmarks/bench_sampling.py, docs/benchmarks/sampling_h200.md)
+  if (cache_c > 0 && p.rows * cache_c > props.sm_count) cache_c = 0;
   if (cache_c > c) c = cache_c;
   // the cluster the GPU grants for these slices; fewer blocks than asked make bigger slices, so
   // ask again until the answer stands (without caching once the slices no longer fit)
