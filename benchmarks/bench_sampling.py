@@ -1,7 +1,7 @@
 """The sampling ops (ops/sampling) against vLLM's sort-based sampler and FlashInfer, on one GPU.
 
     python benchmarks/bench_sampling.py --out DIR [--batch 1,16,64,256] [--vocab 32000,128256,151936]
-        [--budget-s 400] [--forced jit,flashinfer]
+        [--budget-s 400] [--forced jit,flashinfer] [--select-out DIR] [--select-from JSON]
 
 For every batch B and vocabulary V, with per-row k (20..100) and p (0.7..0.95) tensors (the
 serving form: a CUDA graph replays them):
@@ -18,6 +18,12 @@ serving form: a CUDA graph replays them):
 ``--forced`` adds opmux's call forced to each named backend (columns ``opmux[jit]``, ...; under
 ``OPMUX_FALLBACK=error``, so a backend that cannot run fails its cell instead of timing another):
 the data that orders the backends (``ops/sampling/op.py``'s ``_CUDA_ORDER``).
+
+``--select-out DIR`` writes, from the forced columns, the ops' select tables (``DIR/<op>/``, for
+``python/opmux/kernels/configs/``): per vocabulary and batch the backend timed fastest, the
+declared first (FlashInfer where installed) unless another wins by more than 2%
+(``select_tables.py``'s rule; no file for a vocabulary where the first won at every batch);
+``--select-from JSON`` writes them from a recorded run, no GPU.
 
 Each is timed as R calls in one CUDA graph (bench_gpu.time_impl), median of the replays; ratios are
 the peer's time over opmux's (> 1: opmux is faster). Writes DIR/sampling.json (rewritten after every
@@ -37,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_gpu import environment, time_impl  # noqa: E402
+from select_tables import select_tables, write_select_tables  # noqa: E402
 
 BATCH = (1, 16, 64, 256)
 VOCAB = (32000, 128256, 151936)
@@ -180,6 +187,48 @@ def run_case(torch: Any, b: int, v: int, args: Any) -> dict[str, Any]:
     return case
 
 
+#: the benchmark's op keys -> opmux's ops (their select tables)
+OPS = {
+    "top_k_top_p": "sampling.top_k_top_p_sampling_from_probs",
+    "top_k_renorm_probs": "sampling.top_k_renorm_probs",
+    "top_p_renorm_probs": "sampling.top_p_renorm_probs",
+    "top_k_mask_logits": "sampling.top_k_mask_logits",
+}
+
+
+def write_selects(record: dict[str, Any], folder: Path) -> list[Path]:
+    """The select tables of the record's forced columns (``opmux[<backend>]``), per op: shape
+    (V,), M the batch; backends in the ops' declared CUDA order."""
+    from opmux.kernels import registry
+
+    written: list[Path] = []
+    for key, op in OPS.items():
+        order = dict(registry.get(op).priority)["cuda"]
+        cases = []
+        for c in record["cases"]:
+            res = c.get("ops", {}).get(key, {})
+            impls = {
+                f"opmux {col[6:-1]}": {"status": "ok", "us": r["us"]}
+                for col, r in res.items()
+                if col.startswith("opmux[") and "us" in r
+            }
+            cases.append({"shape": [c["V"]], "M": c["B"], "impls": impls})
+        timed = [be for be in order if any(f"opmux {be}" in c["impls"] for c in cases)]
+        if len(timed) < 2:
+            continue
+        # a table naming the declared first at every batch changes nothing: none is written
+        moved = {
+            s
+            for s, t in select_tables(cases, timed).items()
+            if any(e["backend"] != timed[0] for e in t.values())
+        }
+        cases = [c for c in cases if tuple(c["shape"]) in moved]
+        for path in write_select_tables(op, record, timed, folder / op, cases):
+            log(f"table {path}")
+            written.append(path)
+    return written
+
+
 def render(record: dict[str, Any]) -> str:
     env = record["env"]
     lines = [
@@ -234,7 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-us", type=float, default=2000.0, help="graph length aimed at")
     ap.add_argument("--budget-s", type=float, default=400.0, help="cases left when it is spent are skipped")
     ap.add_argument("--forced", default="", help="backends to time opmux's call forced to (comma-separated)")
+    ap.add_argument("--select-out", type=Path, help="also write the select tables here (needs --forced)")
+    ap.add_argument("--select-from", type=Path, help="write --select-out's tables from this record (no GPU)")
     args = ap.parse_args(argv)
+    if args.select_from is not None:
+        if args.select_out is None:
+            ap.error("--select-from needs --select-out")
+        write_selects(json.loads(args.select_from.read_text()), args.select_out)
+        return 0
 
     import torch
 
@@ -254,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "sampling.md").write_text(render(record))
     log(f"wrote {args.out / 'sampling.json'} and sampling.md")
+    if args.select_out is not None:
+        write_selects(record, args.select_out)
     return 0
 
 

@@ -168,3 +168,27 @@ def test_no_select_table_for_the_device_skips_the_call_problem(
     tuned.refresh()
     assert tuned.has_tables(op, "select", DEV)
     assert measured.preferred(op, None, args, {})[0] == "cuda" and calls == [1]
+
+
+def test_sampling_takes_the_native_unit_where_the_h100_tables_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampling ops' shipped select tables (bench_sampling.py --select-out, an H100 run) key on
+    the vocabulary and the batch: the native unit where it beat FlashInfer's samplers, FlashInfer
+    (declared first) elsewhere; other GPUs and vocabularies keep the declared order."""
+    h100 = "NVIDIA_H100_80GB_HBM3"
+    monkeypatch.setattr(tuned, "device_name", lambda device: h100)
+    op = "sampling.top_p_renorm_probs"
+    assert measured.measured_op(op) and tuned.has_tables(op, "select", h100)
+    pref = measured.preferred(op, None, (_t(16, 151936),), {"top_p": 0.9})
+    assert pref is not None and pref[0] == "jit" and "M=16, V=151936" in pref[1]
+    wide = measured.preferred(op, None, (_t(256, 151936),), {})
+    assert wide is not None and wide[0] == "flashinfer"
+    assert measured.preferred(op, None, (_t(16, 50000),), {}) is None  # no table for this vocabulary
+    facts = Facts("cuda", "sm_90a", frozenset({"cuda", "triton", "cuda_jit", "flashinfer"}))
+    spec = registry.get(op)
+    order = [d.backend for d in select(spec, facts, dtype="float32", preferred=pref).decisions]
+    assert order[:2] == ["aot", "jit"]  # the native unit's deliveries lead
+    assert select(spec, facts, dtype="float32").decisions[0].backend == "flashinfer"
+    assert not tuned.has_tables(
+        "sampling.top_k_top_p_sampling_from_probs", "select", h100
+    )  # FlashInfer at every batch
+    assert not tuned.has_tables(op, "select", "NVIDIA_H200")

@@ -359,6 +359,15 @@ KNOBS: Mapping[str, Knob] = _knobs(
         "Print compiler commands and output for JIT builds.",
         _bool,
     ),
+    Knob(
+        "OPMUX_SAMPLING_SMEM_CACHE",
+        "bool",
+        "1",
+        "`0`: the native CUDA sampling kernels keep every row in global memory instead of caching each "
+        "block's slice in shared memory (read once per process by the kernels' launcher; the A/B of "
+        "`benchmarks/bench_sampling.py`, docs/benchmarks/sampling_h200.md).",
+        _bool,
+    ),
 )
 
 # Python overrides set by scope(); already validated values. A plain dict is enough: scope() is

@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import _dispatch_state, _warn, facts, measured, registry, torch_kernels, tracing
+from . import _dispatch_state, _warn, facts, measured, registry, torch_kernels, tracing, tuned
 from .errors import BackendUnavailable, CallRefused, FallbackError
 from .ops import _entry_codegen
 from .ops._decl import Decl, Param
@@ -548,7 +548,10 @@ class FusedOp(Generic[R]):
             )
         elif (
             not self._predicates
-            and not self._measured  # its choice depends on the call's shape: never cached per dtype
+            # where a select table speaks for this device the choice depends on the call's shape:
+            # never cached per dtype (a device without one keeps the declared order: cached; the
+            # cache is per device type, so of two different GPUs the first call's decides)
+            and not (self._measured and tuned.has_tables(self.op_name, "select", tuned.device_name(x.device)))
             and not refused  # a backend declined this call's data, not calls like it
             and (x.is_cpu or x.is_cuda)
             and (sel.chosen, _native_device(x)) in self._kernels

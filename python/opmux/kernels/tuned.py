@@ -544,6 +544,22 @@ def _decode_kernel_problem(
     return (block_dv, g), programs(query.shape[0], key_cache.shape[2], g, block_dv)
 
 
+def _sampling_call_problem(rows: Any, *rest: Any, **kwargs: Any) -> tuple[tuple[int, ...], int]:
+    """((V,), B) of a sampling call: the vocabulary and the batch (the one size a CUDA graph fixes;
+    the per-row k / p live on the GPU)."""
+    return (rows.shape[1],), rows.shape[0]
+
+
+def _sampling_schema() -> Schema:
+    return Schema(
+        shape=("V",),
+        tags=(),
+        entries={"select": _check_select},
+        defaults={"select": _no_preference},
+        call_problem=_sampling_call_problem,
+    )
+
+
 #: Each op with tuned tables. A new op or backend adds its entry here.
 SCHEMAS: Mapping[str, Schema] = {
     "gemm.w8a8_block_fp8_matmul": Schema(
@@ -592,6 +608,17 @@ SCHEMAS: Mapping[str, Schema] = {
         kernel_problem=_decode_kernel_problem,
         call_problem=_attention_call_problem,
     ),
+    # the backend measured fastest per vocabulary and batch (benchmarks/bench_sampling.py
+    # --select-out: the native unit where it beats FlashInfer's samplers in CUDA graphs)
+    **{
+        f"sampling.{name}": _sampling_schema()
+        for name in (
+            "top_k_renorm_probs",
+            "top_p_renorm_probs",
+            "top_k_mask_logits",
+            "top_k_top_p_sampling_from_probs",
+        )
+    },
 }
 
 

@@ -34,6 +34,7 @@
 
 #include <cooperative_groups.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -670,9 +671,12 @@ int cache_blocks(const cuda::DeviceProps& props, int64_t n, int64_t room) {
 // Whether blocks cache their slices: on unless OPMUX_SAMPLING_SMEM_CACHE=0 (read once per process;
 // the A/B of benchmarks/bench_sampling.py).
 bool smem_cache_on() {
-  static const bool on = [] {
+  static const bool on = [] {  // the registry's false spellings (opmux/kernels/_env.py: _FALSE)
     const char* e = std::getenv("OPMUX_SAMPLING_SMEM_CACHE");
-    return !(e != nullptr && e[0] == '0');
+    if (e == nullptr) return true;
+    std::string v(e);
+    for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return !(v == "0" || v == "false" || v == "no" || v == "off");
   }();
   return on;
 }
