@@ -141,25 +141,11 @@ __device__ __forceinline__ void for_each(const T* x, int64_t n, bool vec, F&& f)
 
 // Copies this block's slice x[0, n) into shared memory (buf: 16-byte aligned, room for n) and
 // returns it: every later pass over the row (the threshold searches, the kept mass, the draw, the
-// output) then reads shared memory instead of global memory, which a row is read from once.
+// output) then reads shared memory instead of global memory, which a row is read from once. The
+// values pass through float, exact for every dtype here.
 template <typename T>
 __device__ __forceinline__ const T* cache_slice(const T* x, int64_t n, bool vec, T* buf) {
-  constexpr int VEC = cuda::kVec16<T>;
-  int64_t done = 0;
-  if (vec) {
-    const int64_t nv = n / VEC;
-    int64_t j = threadIdx.x;
-    for (; j + (kUnroll - 1) * kThreads < nv; j += kUnroll * kThreads) {
-      cuda::Vec<T, VEC> v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = cuda::load_vec<T, VEC>(x + (j + u * kThreads) * VEC);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) cuda::store_vec<T, VEC>(buf + (j + u * kThreads) * VEC, v[u]);
-    }
-    for (; j < nv; j += kThreads) cuda::store_vec<T, VEC>(buf + j * VEC, cuda::load_vec<T, VEC>(x + j * VEC));
-    done = nv * VEC;
-  }
-  for (int64_t i = done + threadIdx.x; i < n; i += kThreads) buf[i] = x[i];
+  for_each(x, n, vec, [&](int64_t i, float v) { buf[i] = cuda::from_float<T>(v); });
   __syncthreads();
   return buf;
 }

@@ -164,41 +164,37 @@ def _seed(t: Tensor, has: bool, value: int) -> Tensor | int:
     return t if has else value
 
 
-def top_k_renorm_probs(out: Tensor, probs: Tensor, k_arr: Tensor, has_k: bool, top_k: int) -> None:
-    if not probs.shape[0]:
+def _row_filter(op: str, out: Tensor, x: Tensor, param: Tensor | float | int, scratch: Any) -> None:
+    """One of the row filters (FlashInfer's function ``op``): the compiled op writing ``out`` in
+    place (``scratch(raw, x)``: its trailing arguments), else the public function and a copy."""
+    if not x.shape[0]:
         return
-    fn, k, probs = _fn("top_k_renorm_probs"), _k(k_arr, has_k, top_k, probs.shape[1]), _dense(probs)
+    fn, x = _fn(op), _dense(x)
     raw = _direct(out)
     if raw is None:
-        out.copy_(fn(probs, k))
+        out.copy_(fn(x, param))
         return
-    raw.module.top_k_renorm_probs(
-        probs, out, *_split(k), False, raw.row_states("top_k_renorm_probs_row_states", probs.device)
-    )
+    getattr(raw.module, op)(x, out, *_split(param), *scratch(raw, x))
+
+
+def _row_states(name: str) -> Any:
+    return lambda raw, x: (raw.row_states(f"{name}_row_states", x.device),)
+
+
+def top_k_renorm_probs(out: Tensor, probs: Tensor, k_arr: Tensor, has_k: bool, top_k: int) -> None:
+    k = _k(k_arr, has_k, top_k, probs.shape[1])
+    states = _row_states("top_k_renorm_probs")
+    _row_filter("top_k_renorm_probs", out, probs, k, lambda raw, x: (False, *states(raw, x)))
 
 
 def top_p_renorm_probs(out: Tensor, probs: Tensor, p_arr: Tensor, has_p: bool, top_p: float) -> None:
-    if not probs.shape[0]:
-        return
-    fn, p, probs = _fn("top_p_renorm_probs"), _p(p_arr, has_p, top_p), _dense(probs)
-    raw = _direct(out)
-    if raw is None:
-        out.copy_(fn(probs, p))
-        return
-    raw.module.top_p_renorm_probs(probs, out, *_split(p), False, _top_p_workspace(probs))
+    p = _p(p_arr, has_p, top_p)
+    _row_filter("top_p_renorm_probs", out, probs, p, lambda raw, x: (False, _top_p_workspace(x)))
 
 
 def top_k_mask_logits(out: Tensor, logits: Tensor, k_arr: Tensor, has_k: bool, top_k: int) -> None:
-    if not logits.shape[0]:
-        return
-    fn, k, logits = _fn("top_k_mask_logits"), _k(k_arr, has_k, top_k, logits.shape[1]), _dense(logits)
-    raw = _direct(out)
-    if raw is None:
-        out.copy_(fn(logits, k))
-        return
-    raw.module.top_k_mask_logits(
-        logits, out, *_split(k), raw.row_states("top_k_mask_logits_row_states", logits.device)
-    )
+    k = _k(k_arr, has_k, top_k, logits.shape[1])
+    _row_filter("top_k_mask_logits", out, logits, k, _row_states("top_k_mask_logits"))
 
 
 def top_k_top_p_sampling_from_probs(
