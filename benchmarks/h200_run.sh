@@ -56,7 +56,8 @@
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
 #          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda; FlashInfer's too where installed) and
 #          benchmarks/bench_sampling.py (OUT_DIR/sampling*), opmux's call also forced to each backend
-#          of $SAMPLING_FORCED (default "jit,flashinfer");
+#          of $SAMPLING_FORCED (default "jit,flashinfer"), with its select tables
+#          (OUT_DIR/sampling_select.tgz: sampling.<op>/<table>.json, for python/opmux/kernels/configs/);
 # tiles:   benchmarks/tune/decode_tiles.py and prefill_tiles.py, the attention kernels' launch
 #          sweeps (OUT_DIR/decode_tiles, OUT_DIR/prefill_tiles) and the tuned tables they write
 #          (OUT_DIR/tables.tgz: <op>/<table>.json, for python/opmux/kernels/configs/);
@@ -219,8 +220,9 @@ for stage in $STAGES; do
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee -a "$OUT/sampling_parity.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 timeout 400 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 300 \
-                    --forced "${SAMPLING_FORCED-jit,flashinfer}" 2>&1 \
-                    | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+                    --forced "${SAMPLING_FORCED-jit,flashinfer}" --select-out "$OUT/sampling_select" 2>&1 \
+                    | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                [[ -d $OUT/sampling_select ]] && (cd "$OUT" && tar czf sampling_select.tgz sampling_select && rm -rf sampling_select) ;;
         comm) # one GPU: the comm ops' parity cells at one rank (the peer-buffer kernels' arithmetic
               # and bounds: their barriers are no-ops), then compute-sanitizer over them; the 2-8 GPU
               # grid and benchmarks/bench_comm.py need a multi-GPU kind
