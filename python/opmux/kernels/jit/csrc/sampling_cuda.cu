@@ -1,16 +1,17 @@
 // The sampling ops for CUDA tensors (the rules: ops/sampling/op.py's docstring). One 512-thread
 // block per row, no sort; every step is a pass over the row (16-byte vector loads when the rows
 // allow, a scalar tail) with block reductions in a fixed order, so a result never depends on
-// timing (no atomics):
+// timing (float sums never use atomics; integer counts may, their sums not depending on order):
 //   * a threshold (the k-th largest value, the top-p boundary value) is found by a radix search on
 //     the ordered int key of the values (opmux/sampling_philox.h; a probability's key is its bits):
 //     the key interval [lo, lo + 2^bits) is a radix digit, first [0, 2^31) for probabilities,
-//     [-2^31, 2^31) for logits; a pass histograms the keys in it by their next 4 bits (16 bins, one
-//     more for the keys above it), counting (top-k) or summing the mass (top-p) into per-thread
-//     columns in shared memory (plain read-modify-write, summed in a fixed order), and keeps the
-//     highest bin whose lower end still has stat(>= it) >= need, so stat(>= lo) >= need >
-//     stat(>= lo + 2^bits) holds throughout. 8 passes end on the exact key of a row value (as
-//     FlashInfer's pivot search, 16-way; the Triton backend runs a 2-way search);
+//     [-2^31, 2^31) for logits; a pass histograms the keys in it by their next digit (one more bin
+//     for the keys above it) and keeps the highest bin whose lower end still has stat(>= it) >=
+//     need, so stat(>= lo) >= need > stat(>= lo + 2^bits) holds throughout, and the passes end on
+//     the exact key of a row value (as FlashInfer's pivot search). Top-k counts 8-bit digits (256
+//     bins, 4 passes) into per-warp histograms with shared-memory atomics; top-p sums the mass of
+//     4-bit digits (16 bins, 8 passes) into per-thread columns (plain read-modify-write, summed in
+//     a fixed order). The Triton backend runs a 2-way search;
 //   * masks keep every value whose key is >= the threshold's (ties kept);
 //   * the draw: u from Philox (seed, counter (offset lo, hi, row, 0): the Triton and CPU backends'
 //     stream, so all three draw the same u), the kept mass, then chunks of the row with a block-wide
@@ -20,9 +21,9 @@
 // row on sm_90 (thread block clusters): each block owns a contiguous slice of the row, and every
 // reduction above ends with the blocks' partial results summed through distributed shared memory in
 // rank order, so every block of the cluster takes the same decisions and the result is the one-block
-// arithmetic regrouped (still no atomics, still independent of timing). The draw scans only in the
-// block whose slice holds the crossing (the running mass over the slices, in rank order, brackets
-// the target); its slice's last kept entry stands in should its own sums not cross it.
+// arithmetic regrouped (still independent of timing). The draw scans only in the block whose slice
+// holds the crossing (the running mass over the slices, in rank order, brackets the target); its
+// slice's last kept entry stands in should its own sums not cross it.
 // Every op but greedy first copies each block's slice of the row into dynamic shared memory where
 // one fits (the launch takes enough blocks per row, up to a cluster of 8, to make it fit: 151,936
 // float32 entries over 4 blocks on an H100 / H200) and the blocks still fit one wave, so a row is
@@ -53,7 +54,8 @@ using sampling::ordered_key;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBins = 16;    // per pass of a threshold search: a 16-way split of the key interval
+constexpr int kBins = 16;    // per pass of the top-p (mass) search: a 16-way split of the key interval
+constexpr int kBins8 = 256;  // per pass of the top-k (count) search: a 256-way split
 constexpr int kUnroll = 4;   // 16-byte loads in flight per thread in a pass (a pass is load-latency bound)
 constexpr int kMaxCluster = 8;  // blocks per row (the portable cluster size)
 constexpr int64_t kMinSlice = 4096;  // elements per block of a cluster at least
@@ -97,15 +99,12 @@ struct Smem {
   float f[kWarps];
   int i[kWarps];
   float scan[kWarps];
-  // a search pass's block totals per bin
+  // a mass search pass's block totals per bin
   float bin_f[kBins + 1];
-  int bin_i[kBins + 1];
   // the cluster's exchange: this block's partials (read by the others), the totals
   float part_f[kBins + 1];
-  int part_i[kBins + 1];
   int64_t part_l[2];
   float tot_f[kBins + 1];
-  int tot_i[kBins + 1];
   int64_t tot_l[2];
 };
 
@@ -256,91 +255,180 @@ __device__ __forceinline__ int64_t cluster_extreme(int64_t v, Smem& sm, const Sl
 #endif
 }
 
-// The pass's histograms: one private column per thread, bin-major and thread-minor (thread t's
-// bins at [b][t], all in its own bank: no conflicts, no atomics), counts or mass.
-union Hist {
-  int i[kBins + 1][kThreads];
-  float f[kBins + 1][kThreads];
+// A count search pass's memory: per-warp histograms (kBins8 digit bins and one for the keys above
+// the digit, shared-memory atomics: integer sums do not depend on their order), the block's totals
+// (16-byte aligned: the choice reads them as int4) and its partials for the cluster's exchange.
+struct Count8 {
+  __align__(16) int tot[kBins8 + 1];
+  int part[kBins8 + 1];
+  int w[kWarps][kBins8 + 1];
 };
 
-// One array for every pivot_search of a kernel (a non-template function: its two instantiations
-// share it, and the kernels without a search allocate none).
+// The passes' histograms, either search's. Mass: one private column per thread, bin-major and
+// thread-minor (thread t's bins at [b][t], all in its own bank: no conflicts, no atomics).
+union Hist {
+  float f[kBins + 1][kThreads];
+  Count8 c8;
+};
+static_assert(sizeof(Count8) <= sizeof(float) * (kBins + 1) * kThreads, "the count search fits the mass columns");
+
+// One array for every pivot_search of a kernel (a non-template function: its instantiations share
+// it, and the kernels without a search allocate none).
 __device__ __forceinline__ Hist& hist_smem() {
   __shared__ Hist h;
   return h;
 }
 
-// The largest key t with stat(>= t) >= need (stat: the count, or the mass when MASS, of the values
-// with key >= t), given stat(>= lo) >= need > stat(>= lo + 2^bits); lo + 2^bits <= 2^31 and lo a
-// multiple of 2^bits: a radix digit. Each pass histograms the keys of [lo, lo + span) into
-// nb = min(16, span) bins of width 2^shift (keys at or past lo + span in bin 16, counted for every
-// bin's lower end; keys below lo skipped), then keeps the highest bin whose lower end still has
-// stat >= need. Not LOGITS (probabilities, lo >= 0): the key is the value's bits, negative for a
-// negative value (skipped, as its ordered key would be) and for -0 (whose ordered key 0 only ever
-// counts toward stat(>= 0), at lo = 0, the bin-0 end that needs no test).
-template <bool MASS, bool LOGITS, typename T>
-__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int bits, double need, Smem& sm,
+// The count search (pivot_search without MASS): passes of 8 bits (31-bit keys: 8, 8, 8, 7; 32-bit:
+// 4 x 8), the keys of [lo, lo + span) counted into nb = min(256, span) bins of width 2^shift (keys at
+// or past lo + span in bin 256, or a bin in [nb, 256], above every lower end), then the largest j in
+// [1, nb) with count(>= lo + j * width) >= need, else 0. Every block of a cluster sums the same
+// totals (rank order) and so takes the same j.
+template <bool LOGITS, typename T>
+__device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int bits, double need,
                                 const Slice& sl) {
-  using S = typename std::conditional<MASS, float, int>::type;
-  S(*hist)[kThreads];
-  S *bins, *part, *tot;
-  if constexpr (MASS) {
-    hist = hist_smem().f;
-    bins = sm.bin_f;
-    part = sm.part_f;
-    tot = sm.tot_f;
-  } else {
-    hist = hist_smem().i;
-    bins = sm.bin_i;
-    part = sm.part_i;
-    tot = sm.tot_i;
-  }
-  S* col = &hist[0][threadIdx.x];
+  Count8& c = hist_smem().c8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int* hw = c.w[warp];
   while (bits > 0) {
-    const int shift = bits > 4 ? bits - 4 : 0;
+    const int shift = bits > 8 ? bits - 8 : 0;
     const int nb = 1 << (bits - shift);
     const int32_t lo32 = static_cast<int32_t>(lo);  // lo < 2^31
-#pragma unroll
-    for (int b = 0; b <= kBins; ++b) col[b * kThreads] = 0;
+    // the warp's own histogram: the previous pass's readers are past its closing barrier
+    for (int b = lane; b <= kBins8; b += 32) hw[b] = 0;
+    __syncwarp();
     for_each(x, n, vec, [&](int64_t, float v) {
       const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
       if (k >= lo32) {
-        // k - lo < 2^32: exact in 32-bit unsigned arithmetic; past lo + span: bin 16 (nb = 16) or a
-        // bin in [nb, 16] (span < 16), above every lower end in both cases
+        // k - lo < 2^32: exact in 32-bit unsigned arithmetic
         const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
-        const uint32_t b = min(off >> shift, static_cast<uint32_t>(kBins));
-        col[b * kThreads] += MASS ? static_cast<S>(v) : static_cast<S>(1);
+        atomicAdd(&hw[min(off >> shift, static_cast<uint32_t>(kBins8))], 1);
       }
     });
     __syncthreads();
-    // the block's bins in a fixed order: warp w sums bin w (warp 0 also bin 16), lanes stride 32
-    for (int b = warp; b <= kBins; b += kWarps) {
-      S a = 0;
+    // the block's totals (thread b sums bin b over the warps), then the cluster's in rank order
+    int a = 0;
+    if (threadIdx.x <= kBins8) {
 #pragma unroll
-      for (int t = 0; t < kThreads / 32; ++t) a += hist[b][lane + 32 * t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0) bins[b] = a;
+      for (int w = 0; w < kWarps; ++w) a += c.w[w][threadIdx.x];
     }
-    __syncthreads();
-    S v[kBins + 1];
+    if (sl.blocks == 1) {
+      if (threadIdx.x <= kBins8) c.tot[threadIdx.x] = a;
+      __syncthreads();
+    } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      namespace cg = cooperative_groups;
+      cg::cluster_group cl = cg::this_cluster();
+      if (threadIdx.x <= kBins8) c.part[threadIdx.x] = a;
+      cl.sync();
+      if (threadIdx.x <= kBins8) {
+        int s = 0;
+        for (int r = 0; r < sl.blocks; ++r) s += cl.map_shared_rank(c.part, r)[threadIdx.x];
+        c.tot[threadIdx.x] = s;
+      }
+      cl.sync();  // also orders the reads of c.part against the next pass's writes
+#else
+      __trap();  // a cluster launch needs the sm_90 code (the host checks the binary)
+#endif
+    }
+    // the choice, in every warp alike: lane l holds bins [8l, 8l + 8); count(>= lo + j * width) is
+    // the bins from j up (bin 0's lower end is lo, kept by the invariant)
+    const int4 q0 = reinterpret_cast<const int4*>(c.tot)[2 * lane];
+    const int4 q1 = reinterpret_cast<const int4*>(c.tot)[2 * lane + 1];
+    const int q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    int own = 0;
 #pragma unroll
-    for (int b = 0; b <= kBins; ++b) v[b] = bins[b];
-    cluster_sum(v, part, tot, sl);
-    // stat(>= lo + j * width) = the bins from j up; bin 0's lower end is lo (kept by the invariant,
-    // also should the float sums round it below need)
-    S s = v[kBins];
+    for (int e = 0; e < 8; ++e) own += q[e];
+    int suf = own;  // the lanes from this one up
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_down_sync(0xffffffffu, suf, o);
+      if (lane + o < 32) suf += y;
+    }
+    int s = suf - own + c.tot[kBins8];
     int j = 0;
 #pragma unroll
-    for (int b = kBins - 1; b >= 1; --b) {
-      s += v[b];
-      if (j == 0 && b < nb && static_cast<double>(s) >= need) j = b;
+    for (int e = 7; e >= 0; --e) {
+      s += q[e];
+      const int b = 8 * lane + e;
+      if (j == 0 && b >= 1 && b < nb && static_cast<double>(s) >= need) j = b;
     }
+    // the lanes' bins ascend with the lane: the highest lane with a j has the largest
+    const unsigned has = __ballot_sync(0xffffffffu, j != 0);
+    j = has != 0 ? __shfl_sync(0xffffffffu, j, 31 - __clz(static_cast<int>(has))) : 0;
     lo += static_cast<int64_t>(j) << shift;
     bits = shift;
   }
   return lo;
+}
+
+// The largest key t with stat(>= t) >= need (stat: the count, or the mass when MASS, of the values
+// with key >= t), given stat(>= lo) >= need > stat(>= lo + 2^bits); lo + 2^bits <= 2^31 and lo a
+// multiple of 2^bits: a radix digit. The count: count_search. The mass: each pass histograms the
+// keys of [lo, lo + span) into nb = min(16, span) bins of width 2^shift (keys at or past lo + span
+// in bin 16, counted for every bin's lower end; keys below lo skipped), then keeps the highest bin
+// whose lower end still has stat >= need. Not LOGITS (probabilities, lo >= 0): the key is the
+// value's bits, negative for a negative value (skipped, as its ordered key would be) and for -0
+// (whose ordered key 0 only ever counts toward stat(>= 0), at lo = 0, the bin-0 end that needs no
+// test).
+template <bool MASS, bool LOGITS, typename T>
+__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int bits, double need, Smem& sm,
+                                const Slice& sl) {
+  if constexpr (!MASS) {
+    return count_search<LOGITS>(x, n, vec, lo, bits, need, sl);
+  } else {
+    using S = float;
+    S(*hist)[kThreads] = hist_smem().f;
+    S* bins = sm.bin_f;
+    S* part = sm.part_f;
+    S* tot = sm.tot_f;
+    S* col = &hist[0][threadIdx.x];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    while (bits > 0) {
+      const int shift = bits > 4 ? bits - 4 : 0;
+      const int nb = 1 << (bits - shift);
+      const int32_t lo32 = static_cast<int32_t>(lo);  // lo < 2^31
+#pragma unroll
+      for (int b = 0; b <= kBins; ++b) col[b * kThreads] = 0;
+      for_each(x, n, vec, [&](int64_t, float v) {
+        const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
+        if (k >= lo32) {
+          // k - lo < 2^32: exact in 32-bit unsigned arithmetic; past lo + span: bin 16 (nb = 16) or
+          // a bin in [nb, 16] (span < 16), above every lower end in both cases
+          const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
+          const uint32_t b = min(off >> shift, static_cast<uint32_t>(kBins));
+          col[b * kThreads] += v;
+        }
+      });
+      __syncthreads();
+      // the block's bins in a fixed order: warp w sums bin w (warp 0 also bin 16), lanes stride 32
+      for (int b = warp; b <= kBins; b += kWarps) {
+        S a = 0;
+#pragma unroll
+        for (int t = 0; t < kThreads / 32; ++t) a += hist[b][lane + 32 * t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0) bins[b] = a;
+      }
+      __syncthreads();
+      S v[kBins + 1];
+#pragma unroll
+      for (int b = 0; b <= kBins; ++b) v[b] = bins[b];
+      cluster_sum(v, part, tot, sl);
+      // stat(>= lo + j * width) = the bins from j up; bin 0's lower end is lo (kept by the
+      // invariant, also should the float sums round it below need)
+      S s = v[kBins];
+      int j = 0;
+#pragma unroll
+      for (int b = kBins - 1; b >= 1; --b) {
+        s += v[b];
+        if (j == 0 && b < nb && static_cast<double>(s) >= need) j = b;
+      }
+      lo += static_cast<int64_t>(j) << shift;
+      bits = shift;
+    }
+    return lo;
+  }
 }
 
 // The kept mass (key >= t) of the row and the last kept positive index of the row (-1: none);
