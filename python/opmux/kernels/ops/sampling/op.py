@@ -538,10 +538,10 @@ def ref_min_p_sampling(
 _PHILOX_SIG = "Tensor? seed_tensor=None, int seed=0, Tensor? offset_tensor=None, int offset=0"
 _IDS_TOL = (*TOLERANCES, INT32_EXACT)
 #: FlashInfer's samplers first where installed, then the native CUDA unit (0.17-0.63x Triton's time on
-#: the H200), Triton, torch: through opmux FlashInfer took 0.27-0.76x the session-23 native unit's
-#: time in all 48 cases of benchmarks/bench_sampling.py on an H100 and passed the statistics there;
-#: the rebuilt unit beats it in 11 (top_p_renorm at B <= 64, ...), which the device's select tables
-#: (tuned.SCHEMAS, configs/sampling.*) put first (docs/benchmarks/sampling_h200.md)
+#: the H200), Triton, torch: on an H100 FlashInfer beat the native unit in 25 of the 48 cases of
+#: benchmarks/bench_sampling.py (B = 256, top_k_top_p) and passed the statistics there; the device's
+#: select tables (tuned.SCHEMAS, configs/sampling.*) put the native unit first in the other 23
+#: (docs/benchmarks/sampling_h200.md)
 _CUDA_ORDER = (("cuda", (_fi.BACKEND, "aot", "jit", "triton", "torch")),)
 #: FlashInfer's samplers where installed (``flashinfer_backend.py``)
 _FI = Requirement(devices=("cuda",), dtypes=_F32, capabilities=("flashinfer",))
