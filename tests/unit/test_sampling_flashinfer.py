@@ -116,7 +116,8 @@ def test_draws_pass_the_seed_offset_and_order(calls: Calls) -> None:
         out, probs, none, False, 3, none, False, 0.9, seed, True, 0, offset, True, 0, "joint"
     )
     got = calls[-1][1]
-    assert got["seed"] is seed and got["offset"] is offset and got["deterministic"] is True
+    assert got["seed"].shape == (1,) and int(got["seed"]) == 11 and int(got["offset"]) == 2
+    assert got["deterministic"] is True
     assert (got["top_k"], got["top_p"], got["order"]) == (3, 0.9, "joint")
     assert out.tolist() == [7] * 4
     fib.min_p_sampling_from_probs(out, probs, none, False, 0.2, none, False, 5, none, False, 9)
@@ -222,6 +223,33 @@ def test_strided_rows_and_outputs_and_the_radix_path(calls: Calls, compiled: _Co
         ids, probs, none, False, 50, none, False, 0.9, none, False, 1, none, False, 0, "top_k_first"
     )
     assert calls[-1][0] == "top_k_top_p" and len(compiled.calls) == 1  # FlashInfer's own radix path decides
+
+
+def test_seed_and_offset_take_flashinfers_one_form(calls: Calls) -> None:
+    """FlashInfer takes both as ints or both as 1-d one-element tensors: a 0-d tensor, a longer one
+    (its first element counts, as on the native unit) and a tensor beside an int are brought to it."""
+    probs, out, none = _probs(2, 16), torch.empty(2, dtype=torch.int32), torch.empty(0)
+    seed0d, offsets = torch.tensor(5), torch.tensor([3, 9, 9])
+    fib.min_p_sampling_from_probs(out, probs, none, False, 0.1, seed0d, True, 0, none, False, 7)
+    got = calls[-1][1]
+    assert isinstance(got["seed"], torch.Tensor) and isinstance(got["offset"], torch.Tensor)
+    assert got["seed"].shape == got["offset"].shape == (1,) and (int(got["seed"]), int(got["offset"])) == (
+        5,
+        7,
+    )
+    fib.min_p_sampling_from_probs(out, probs, none, False, 0.1, none, False, 4, offsets, True, 0)
+    got = calls[-1][1]
+    assert got["seed"].shape == (1,) and (int(got["seed"]), int(got["offset"])) == (4, 3)
+    fib.min_p_sampling_from_probs(out, probs, none, False, 0.1, none, False, 4, none, False, 6)
+    assert (calls[-1][1]["seed"], calls[-1][1]["offset"]) == (4, 6)  # ints stay ints
+
+
+def test_an_output_over_its_own_rows_takes_the_public_function(calls: Calls, compiled: _Compiled) -> None:
+    probs, none = _probs(3, 40), torch.empty(0)
+    want = S.top_k_renorm_probs(probs, top_k=4, backend="torch")
+    fib.top_k_renorm_probs(probs, probs, none, False, 4)  # in place: FlashInfer writes a new tensor
+    assert compiled.calls == [] and calls[-1][0] == "top_k_renorm_probs"
+    torch.testing.assert_close(probs, want)
 
 
 def test_refusals_name_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

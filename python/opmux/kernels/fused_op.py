@@ -39,6 +39,9 @@ from .ops._entry_runtime import ENTRY
 from .ops._native import NativeLoader
 from .selector import REFERENCE, Selection, select
 
+# a refreshed tuned table may change a measured op's choice where none spoke before: drop the cached ones
+tuned.on_refresh(_dispatch_state._bump)
+
 #: select_for's memo bound (cleared when full): shapes classes x dtypes x forced sets per op
 _MAX_SELECTIONS = 1024
 

@@ -72,6 +72,7 @@ __all__ = [
     "find_table",
     "lookup",
     "nearest",
+    "on_refresh",
     "read_table",
     "refresh",
     "reject",
@@ -733,7 +734,8 @@ _MAX_RESULTS = 1 << 16
 
 
 def refresh() -> None:
-    """Forget the user directory, the tables read and the lookups made (reread on next use)."""
+    """Forget the user directory, the tables read and the lookups made (reread on next use), and
+    tell the listeners (dispatch: a choice cached where no select table spoke may be stale)."""
     _State.user_dir = None
     _State.user_dir_read = False
     _State.index = {}
@@ -741,6 +743,16 @@ def refresh() -> None:
     _State.results = {}
     for memo in _State.memos:
         memo.clear()
+    for listener in _REFRESH_LISTENERS:
+        listener()
+
+
+_REFRESH_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_refresh(listener: Callable[[], None]) -> None:
+    """Call ``listener`` after every :func:`refresh`."""
+    _REFRESH_LISTENERS.append(listener)
 
 
 def memo() -> dict[Any, Any]:

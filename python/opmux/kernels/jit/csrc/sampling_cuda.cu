@@ -28,7 +28,9 @@
 // one fits (the launch takes enough blocks per row, up to a cluster of 8, to make it fit: 151,936
 // float32 entries over 4 blocks on an H100 / H200) and the blocks still fit one wave, so a row is
 // read from global memory once and every later pass reads shared memory (other rows stay in global
-// memory, re-read from L2 or HBM by each pass).
+// memory, re-read from L2 or HBM by each pass). The slicing (cluster size, caching, the vector
+// path) follows the batch and the GPU: the top-p mass sums, and so a draw at an exact boundary,
+// may differ between batch sizes; for a given launch they never depend on timing.
 // Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
 // or ints: nothing is read on the host, so a captured CUDA graph replays with the tensors' values.
 #include <tvm/ffi/function.h>
@@ -739,9 +741,6 @@ int cache_blocks(const cuda::DeviceProps& props, int64_t n, int64_t room) {
   return 0;
 }
 
-// Every op but greedy (one pass) reads its row several times: each block caches its slice in
-// shared memory when one fits (the cluster then has at least the blocks that make it fit), so the
-// row is read from global memory once.
 // Whether blocks cache their slices: on unless OPMUX_SAMPLING_SMEM_CACHE=0 (read once per process;
 // the A/B of benchmarks/bench_sampling.py).
 bool smem_cache_on() {
@@ -761,20 +760,28 @@ bool smem_cache_on() {
 template <Op OP, typename T>
 int cache_blocks_for(const char* op, int32_t device_id, const cuda::DeviceProps& props, int64_t n) {
   auto kernel = sampling_kernel<OP, T>;
-  static const int static_smem = [&] {  // the kernel's own shared memory (queried once)
+  // per device (each may run another architecture's binary): the kernel's own shared memory, and
+  // the dynamic room opted in (a query with more dynamic memory than allowed would fail); a
+  // device id past the table asks every launch. Races between threads write the same values.
+  constexpr int kDevices = 64;
+  static int static_smem[kDevices] = {};  // + 1: 0 is "not read yet"
+  static int allowed[kDevices] = {};
+  const bool listed = device_id >= 0 && device_id < kDevices;
+  int own = listed ? static_smem[device_id] - 1 : -1;
+  if (own < 0) {
     cudaFuncAttributes attr;
     cuda::check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)), op,
                      "cudaFuncGetAttributes");
-    return static_cast<int>(attr.sharedSizeBytes);
-  }();
-  const int room = props.smem_optin - static_smem;
+    own = static_cast<int>(attr.sharedSizeBytes);
+    if (listed) static_smem[device_id] = own + 1;
+  }
+  const int room = props.smem_optin - own;
   const int c = room > 0 ? cache_blocks<T>(props, n, room) : 0;
-  static int allowed[64] = {};  // a query with more dynamic memory than allowed would fail
-  if (c > 0 && (device_id < 0 || device_id >= 64 || allowed[device_id] != room)) {
+  if (c > 0 && (!listed || allowed[device_id] != room)) {
     cuda::check_cuda(
         cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, room),
         op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (device_id >= 0 && device_id < 64) allowed[device_id] = room;
+    if (listed) allowed[device_id] = room;
   }
   return c;
 }

@@ -8,10 +8,13 @@ and maps them onto FlashInfer's API:
 * ``top_k = 0`` (opmux: off) is FlashInfer's ``top_k = V`` (every token kept); per-row
   ``top_k_arr`` entries of 0 likewise (``torch.where`` on the device: no sync);
 * per-row tensors pass as they are (int32 k, float32 p / min_p), scalars as numbers;
-* the draw's Philox seed and offset pass as FlashInfer's ``seed`` / ``offset`` (ints, or the
-  int64 device tensors: a CUDA graph replays with fresh draws), ``deterministic=True``. Ids
-  differ from opmux's own backends (another stream), the distribution is the same; the same seed
-  gives the same ids on this backend;
+* the draw's Philox seed and offset pass as FlashInfer's ``seed`` / ``offset`` (ints, or one-element
+  int64 device tensors: a CUDA graph replays with fresh draws; an int beside a tensor becomes one),
+  ``deterministic=True``. Ids differ from opmux's own backends (another stream), the distribution
+  is the same. FlashInfer's top-k renorm (the renorm op, and the first step of the ``top_k_first``
+  draw, as in FlashInfer's own function) runs in its default mode, which sums block masses with
+  atomics: renormalised values may differ in the last bit between runs, and so, rarely, may a
+  draw at a cumulative boundary;
 * ``greedy`` has no FlashInfer kernel (argmax is not FlashInfer's): not declared there;
 * rows with a row stride other than V are made contiguous first (FlashInfer refuses them).
 
@@ -115,9 +118,12 @@ def _dense(x: Tensor) -> Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
-def _direct(out: Tensor) -> Any:
-    """The compiled module when it can write ``out`` in place (contiguous), else None."""
-    return _raw() if out.is_contiguous() else None
+def _direct(out: Tensor, x: Tensor) -> Any:
+    """The compiled module when it can write ``out`` in place (contiguous, not sharing storage with
+    the rows ``x``: FlashInfer's kernels are not written for in-place use), else None."""
+    if not out.is_contiguous() or out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        return None
+    return _raw()
 
 
 def _split(v: Tensor | float | int) -> tuple[Tensor | None, Any]:
@@ -126,7 +132,7 @@ def _split(v: Tensor | float | int) -> tuple[Tensor | None, Any]:
 
 
 def _philox_pair(v: Tensor | int) -> tuple[Tensor | None, int]:
-    return (v.reshape(1), 0) if isinstance(v, torch.Tensor) else (None, v)
+    return (v, 0) if isinstance(v, torch.Tensor) else (None, v)
 
 
 def _top_p_workspace(probs: Tensor) -> Tensor:
@@ -160,8 +166,21 @@ def _p(p_arr: Tensor, has_p: bool, p: float) -> Tensor | float:
     return p_arr if has_p else p
 
 
-def _seed(t: Tensor, has: bool, value: int) -> Tensor | int:
-    return t if has else value
+def _philox(
+    probs: Tensor, seed_t: Tensor, has_seed: bool, seed: int, offset_t: Tensor, has_offset: bool, offset: int
+) -> tuple[Tensor | int, Tensor | int]:
+    """The draw's (seed, offset) as FlashInfer takes them: both ints, or both one-element 1-d int64
+    tensors (its check refuses a mix and 0-d tensors; opmux's tensors may be either, and longer:
+    their first element counts, as on the native unit)."""
+    if not (has_seed or has_offset):
+        return seed, offset
+
+    def word(t: Tensor, has: bool, value: int) -> Tensor:
+        if has:
+            return t.reshape(-1)[:1]
+        return torch.full((1,), value, dtype=torch.int64, device=probs.device)
+
+    return word(seed_t, has_seed, seed), word(offset_t, has_offset, offset)
 
 
 def _row_filter(op: str, out: Tensor, x: Tensor, param: Tensor | float | int, scratch: Any) -> None:
@@ -170,7 +189,7 @@ def _row_filter(op: str, out: Tensor, x: Tensor, param: Tensor | float | int, sc
     if not x.shape[0]:
         return
     fn, x = _fn(op), _dense(x)
-    raw = _direct(out)
+    raw = _direct(out, x)
     if raw is None:
         out.copy_(fn(x, param))
         return
@@ -218,8 +237,8 @@ def top_k_top_p_sampling_from_probs(
         return
     fn, v, probs = _fn("top_k_top_p_sampling_from_probs"), probs.shape[1], _dense(probs)
     k, p = _k(k_arr, has_k, top_k, v), _p(p_arr, has_p, top_p)
-    s, o = _seed(seed_t, has_seed, seed), _seed(offset_t, has_offset, offset)
-    raw = _direct(out)
+    s, o = _philox(probs, seed_t, has_seed, seed, offset_t, has_offset, offset)
+    raw = _direct(out, probs)
     radix = (
         filter_apply_order == "top_k_first" and not has_k and 0 < top_k <= _FAST_MAX_K and _FAST_MIN_V <= v
     )
@@ -258,8 +277,8 @@ def min_p_sampling_from_probs(
     if not probs.shape[0]:
         return
     fn, m, probs = _fn("min_p_sampling_from_probs"), _p(m_arr, has_m, min_p), _dense(probs)
-    s, o = _seed(seed_t, has_seed, seed), _seed(offset_t, has_offset, offset)
-    raw = _direct(out)
+    s, o = _philox(probs, seed_t, has_seed, seed, offset_t, has_offset, offset)
+    raw = _direct(out, probs)
     if raw is None:
         out.copy_(fn(probs, m, deterministic=True, seed=s, offset=o))
         return
