@@ -39,8 +39,9 @@ tensors (``seed_tensor``, ``offset_tensor``) read on the device, so that a captu
 replays with fresh draws when the caller bumps the offset tensor in place (ints are baked into
 the graph). Draws are deterministic per backend: the same seed, offset and rows give the same
 ids on one backend (FlashInfer's: up to its top-k renorm's atomic sums, ``flashinfer_backend.py``);
-backends do not share their uniform numbers. Triton: Philox keyed by the seed, counter ``(offset lo, offset hi, row, 0)``, so each row has its own stream and the offset
-advances by 1 per step. Native (CPU and CUDA units, ``jit/csrc/sampling_*``): the same Philox words
+backends do not share their uniform numbers. Triton: Philox keyed by the seed, counter
+``(offset lo, offset hi, row, 0)``, so each row has its own stream and the offset advances by 1 per
+step. Native (CPU and CUDA units, ``jit/csrc/sampling_*``): the same Philox words
 (``opmux/sampling_philox.h``), so they draw the same u as Triton (the ids agree unless the kept
 mass's rounding differs at a boundary). Torch: a ``torch.Generator`` on the rows' device seeded with a mix of
 seed and offset (a tensor seed / offset is read on the host there: a synchronisation).
