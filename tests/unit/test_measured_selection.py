@@ -192,3 +192,13 @@ def test_sampling_takes_the_native_unit_where_the_h100_tables_say(monkeypatch: p
         "sampling.top_k_top_p_sampling_from_probs", "select", h100
     )  # FlashInfer at every batch
     assert not tuned.has_tables(op, "select", "NVIDIA_H200")
+
+
+def test_a_refresh_drops_the_dispatch_choices_cached_without_a_table() -> None:
+    """Ops with select tables are cached per dtype on a device with none (their serving lanes);
+    tables read after tuned.refresh() must be able to speak: the refresh drops those choices."""
+    from opmux.kernels import _dispatch_state, fused_op  # noqa: F401  (fused_op registers the listener)
+
+    before = _dispatch_state.generation()
+    tuned.refresh()
+    assert _dispatch_state.generation() > before
