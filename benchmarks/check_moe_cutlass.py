@@ -25,13 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gpu import _time_graph
+
 os.environ.setdefault("OPMUX_FALLBACK", "error")
 
 MEAN_TOL, MAX_TOL, VS_TRITON = 0.035, 0.05, 1e-2
@@ -181,6 +183,8 @@ def refusals(torch: Any) -> list[dict[str, Any]]:
 
 
 def time_graph(torch: Any, fn: Any, R: int, replays: int = 7) -> float:
+    """Median us per call of ``fn()`` in a graph of R calls (bench_gpu's timing; two warm-up calls
+    on a side stream first; a capture that fails raises)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -188,22 +192,7 @@ def time_graph(torch: Any, fn: Any, R: int, replays: int = 7) -> float:
         fn()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(R):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / R)
-    del g
-    return statistics.median(ts)
+    return _time_graph(torch, lambda _: fn(), [None], R, replays)["us"]
 
 
 def _impls(
