@@ -274,14 +274,14 @@ union Hist {
 };
 static_assert(sizeof(Count8) <= sizeof(float) * (kBins + 1) * kThreads, "the count search fits the mass columns");
 
-// One array for every pivot_search of a kernel (a non-template function: its instantiations share
+// One array for every search of a kernel (a non-template function: the searches' instantiations share
 // it, and the kernels without a search allocate none).
 __device__ __forceinline__ Hist& hist_smem() {
   __shared__ Hist h;
   return h;
 }
 
-// The count search (pivot_search without MASS): passes of 8 bits (31-bit keys: 8, 8, 8, 7; 32-bit:
+// The count search (top-k: the largest key t with count(>= t) >= need): passes of 8 bits (31-bit keys: 8, 8, 8, 7; 32-bit:
 // 4 x 8), the keys of [lo, lo + span) counted into nb = min(256, span) bins of width 2^shift (keys at
 // or past lo + span in bin 256, or a bin in [nb, 256], above every lower end), then the largest j in
 // [1, nb) with count(>= lo + j * width) >= need, else 0. Every block of a cluster sums the same
@@ -364,73 +364,67 @@ __device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int
   return lo;
 }
 
-// The largest key t with stat(>= t) >= need (stat: the count, or the mass when MASS, of the values
-// with key >= t), given stat(>= lo) >= need > stat(>= lo + 2^bits); lo + 2^bits <= 2^31 and lo a
-// multiple of 2^bits: a radix digit. The count: count_search. The mass: each pass histograms the
-// keys of [lo, lo + span) into nb = min(16, span) bins of width 2^shift (keys at or past lo + span
-// in bin 16, counted for every bin's lower end; keys below lo skipped), then keeps the highest bin
-// whose lower end still has stat >= need. Not LOGITS (probabilities, lo >= 0): the key is the
-// value's bits, negative for a negative value (skipped, as its ordered key would be) and for -0
-// (whose ordered key 0 only ever counts toward stat(>= 0), at lo = 0, the bin-0 end that needs no
-// test).
-template <bool MASS, bool LOGITS, typename T>
-__device__ int64_t pivot_search(const T* x, int64_t n, bool vec, int64_t lo, int bits, double need, Smem& sm,
-                                const Slice& sl) {
-  if constexpr (!MASS) {
-    return count_search<LOGITS>(x, n, vec, lo, bits, need, sl);
-  } else {
-    using S = float;
-    S(*hist)[kThreads] = hist_smem().f;
-    S* bins = sm.bin_f;
-    S* part = sm.part_f;
-    S* tot = sm.tot_f;
-    S* col = &hist[0][threadIdx.x];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    while (bits > 0) {
-      const int shift = bits > 4 ? bits - 4 : 0;
-      const int nb = 1 << (bits - shift);
-      const int32_t lo32 = static_cast<int32_t>(lo);  // lo < 2^31
+// The mass search: the largest probability key t with mass(>= t) >= need, given mass(>= lo) >=
+// need > mass(>= lo + 2^bits); lo + 2^bits <= 2^31 and lo a multiple of 2^bits: a radix digit (as
+// count_search's). Each pass sums the mass of the keys of [lo, lo + span) into nb = min(16, span)
+// bins of width 2^shift (keys at or past lo + span in bin 16, counted for every bin's lower end;
+// keys below lo skipped), then keeps the highest bin whose lower end still has mass >= need. The
+// key is the value's bits, negative for a negative value (skipped, as its ordered key would be) and
+// for -0 (whose ordered key 0 only ever counts toward mass(>= 0), at lo = 0, the bin-0 end that
+// needs no test).
+__device__ int64_t mass_search(const float* x, int64_t n, bool vec, int64_t lo, int bits, double need, Smem& sm,
+                               const Slice& sl) {
+  using S = float;
+  S(*hist)[kThreads] = hist_smem().f;
+  S* bins = sm.bin_f;
+  S* part = sm.part_f;
+  S* tot = sm.tot_f;
+  S* col = &hist[0][threadIdx.x];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  while (bits > 0) {
+    const int shift = bits > 4 ? bits - 4 : 0;
+    const int nb = 1 << (bits - shift);
+    const int32_t lo32 = static_cast<int32_t>(lo);  // lo < 2^31
 #pragma unroll
-      for (int b = 0; b <= kBins; ++b) col[b * kThreads] = 0;
-      for_each(x, n, vec, [&](int64_t, float v) {
-        const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
-        if (k >= lo32) {
-          // k - lo < 2^32: exact in 32-bit unsigned arithmetic; past lo + span: bin 16 (nb = 16) or
-          // a bin in [nb, 16] (span < 16), above every lower end in both cases
-          const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
-          const uint32_t b = min(off >> shift, static_cast<uint32_t>(kBins));
-          col[b * kThreads] += v;
-        }
-      });
-      __syncthreads();
-      // the block's bins in a fixed order: warp w sums bin w (warp 0 also bin 16), lanes stride 32
-      for (int b = warp; b <= kBins; b += kWarps) {
-        S a = 0;
-#pragma unroll
-        for (int t = 0; t < kThreads / 32; ++t) a += hist[b][lane + 32 * t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0) bins[b] = a;
+    for (int b = 0; b <= kBins; ++b) col[b * kThreads] = 0;
+    for_each(x, n, vec, [&](int64_t, float v) {
+      const int32_t k = __float_as_int(v);
+      if (k >= lo32) {
+        // k - lo < 2^32: exact in 32-bit unsigned arithmetic; past lo + span: bin 16 (nb = 16) or
+        // a bin in [nb, 16] (span < 16), above every lower end in both cases
+        const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
+        const uint32_t b = min(off >> shift, static_cast<uint32_t>(kBins));
+        col[b * kThreads] += v;
       }
-      __syncthreads();
-      S v[kBins + 1];
+    });
+    __syncthreads();
+    // the block's bins in a fixed order: warp w sums bin w (warp 0 also bin 16), lanes stride 32
+    for (int b = warp; b <= kBins; b += kWarps) {
+      S a = 0;
 #pragma unroll
-      for (int b = 0; b <= kBins; ++b) v[b] = bins[b];
-      cluster_sum(v, part, tot, sl);
-      // stat(>= lo + j * width) = the bins from j up; bin 0's lower end is lo (kept by the
-      // invariant, also should the float sums round it below need)
-      S s = v[kBins];
-      int j = 0;
+      for (int t = 0; t < kThreads / 32; ++t) a += hist[b][lane + 32 * t];
 #pragma unroll
-      for (int b = kBins - 1; b >= 1; --b) {
-        s += v[b];
-        if (j == 0 && b < nb && static_cast<double>(s) >= need) j = b;
-      }
-      lo += static_cast<int64_t>(j) << shift;
-      bits = shift;
+      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0) bins[b] = a;
     }
-    return lo;
+    __syncthreads();
+    S v[kBins + 1];
+#pragma unroll
+    for (int b = 0; b <= kBins; ++b) v[b] = bins[b];
+    cluster_sum(v, part, tot, sl);
+    // stat(>= lo + j * width) = the bins from j up; bin 0's lower end is lo (kept by the
+    // invariant, also should the float sums round it below need)
+    S s = v[kBins];
+    int j = 0;
+#pragma unroll
+    for (int b = kBins - 1; b >= 1; --b) {
+      s += v[b];
+      if (j == 0 && b < nb && static_cast<double>(s) >= need) j = b;
+    }
+    lo += static_cast<int64_t>(j) << shift;
+    bits = shift;
   }
+  return lo;
 }
 
 // The kept mass (key >= t) of the row and the last kept positive index of the row (-1: none);
@@ -572,10 +566,9 @@ constexpr int64_t kProbLo = 0, kLogitLo = -2147483648LL;
 constexpr int kProbBits = 31, kLogitBits = 32;
 
 template <bool LOGITS, typename T>
-__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, Smem& sm, const Slice& sl) {
-  return static_cast<int32_t>(pivot_search<false, LOGITS>(x, n, vec, LOGITS ? kLogitLo : kProbLo,
-                                                          LOGITS ? kLogitBits : kProbBits, static_cast<double>(k),
-                                                          sm, sl));
+__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, const Slice& sl) {
+  return static_cast<int32_t>(count_search<LOGITS>(x, n, vec, LOGITS ? kLogitLo : kProbLo,
+                                                   LOGITS ? kLogitBits : kProbBits, static_cast<double>(k), sl));
 }
 
 // The top-p boundary key over the values with key >= base.
@@ -589,7 +582,7 @@ __device__ int32_t top_p_key(const float* x, int64_t n, bool vec, int32_t base, 
   // the search starts at key 0 (the digit holding base); stat(>= base) >= p * mass, so its answer
   // is >= base unless the search's float sums round stat(>= base) below p * mass: then base, as a
   // search started at base ends
-  const int64_t t = pivot_search<true, false>(x, n, vec, kProbLo, kProbBits, static_cast<double>(p * mass), sm, sl);
+  const int64_t t = mass_search(x, n, vec, kProbLo, kProbBits, static_cast<double>(p * mass), sm, sl);
   return static_cast<int32_t>(t > base ? t : base);
 }
 
@@ -650,7 +643,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     T* out = static_cast<T*>(p.out) + r * p.so + sl.lo;
     const int64_t k = row_k(p, r);
     const bool on = k > 0 && k < n;
-    const int32_t t = on ? top_k_key<true>(x, len, vec, k, sm, sl) : INT32_MIN;
+    const int32_t t = on ? top_k_key<true>(x, len, vec, k, sl) : INT32_MIN;
     const T ninf = cuda::from_float<T>(-INFINITY);
     for (int64_t i = threadIdx.x; i < len; i += kThreads) {
       const T v = x[i];
@@ -664,7 +657,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     if constexpr (OP == kTopKRenorm) {
       const int64_t k = row_k(p, r);
       on = k > 0 && k < n;
-      if (on) t = top_k_key<false>(xf, len, vec, k, sm, sl);
+      if (on) t = top_k_key<false>(xf, len, vec, k, sl);
     } else {
       const float pr = row_p(p, r);
       on = pr < 1.0f;
@@ -687,7 +680,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     const int64_t k = row_k(p, r);
     const float pr = row_p(p, r);
     int32_t t = static_cast<int32_t>(kProbLo);
-    if (k > 0 && k < n) t = top_k_key<false>(xf, len, vec, k, sm, sl);
+    if (k > 0 && k < n) t = top_k_key<false>(xf, len, vec, k, sl);
     if (pr < 1.0f) {
       const int32_t tp = top_p_key(xf, len, vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
       t = p.joint ? (tp > t ? tp : t) : tp;
