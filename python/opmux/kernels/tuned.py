@@ -551,14 +551,14 @@ def _sampling_call_problem(rows: Any, *rest: Any, **kwargs: Any) -> tuple[tuple[
     return (rows.shape[1],), rows.shape[0]
 
 
-def _sampling_schema() -> Schema:
-    return Schema(
-        shape=("V",),
-        tags=(),
-        entries={"select": _check_select},
-        defaults={"select": _no_preference},
-        call_problem=_sampling_call_problem,
-    )
+#: every sampling op's tables: select only, per vocabulary
+_SAMPLING_SCHEMA = Schema(
+    shape=("V",),
+    tags=(),
+    entries={"select": _check_select},
+    defaults={"select": _no_preference},
+    call_problem=_sampling_call_problem,
+)
 
 
 #: Each op with tuned tables. A new op or backend adds its entry here.
@@ -612,7 +612,7 @@ SCHEMAS: Mapping[str, Schema] = {
     # the backend measured fastest per vocabulary and batch (benchmarks/bench_sampling.py
     # --select-out: the native unit where it beats FlashInfer's samplers in CUDA graphs)
     **{
-        f"sampling.{name}": _sampling_schema()
+        f"sampling.{name}": _SAMPLING_SCHEMA
         for name in (
             "top_k_renorm_probs",
             "top_p_renorm_probs",
