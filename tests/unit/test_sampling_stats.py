@@ -428,6 +428,50 @@ def test_long_rows_few_rows(backend: str) -> None:
         assert keep.gather(1, ids.long()[:, None]).all()
 
 
+def _top_k_first_keep(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The kept mask of top-k then top-p, vectorised (k: int per row, 0 off; p: float per row, 1
+    off): _row_keep's rule over many long rows (p chosen inside a step of the cumulative mass)."""
+    vals = probs.sort(1, descending=True).values
+    kk = torch.where(k > 0, k, probs.shape[1]).long()
+    t_k = vals.gather(1, (kk - 1)[:, None])
+    pool = torch.where(vals >= t_k, vals, 0.0)
+    csum = pool.double().cumsum(1)
+    need = p.double()[:, None] * csum[:, -1:]
+    m = (csum < need).sum(1, keepdim=True).clamp(max=probs.shape[1] - 1)
+    t = torch.maximum(t_k, vals.gather(1, m))
+    return probs >= torch.where(p[:, None] < 1.0, t, t_k)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the native CUDA unit's launch over rows past the L2 cache")
+def test_many_long_rows_past_l2() -> None:
+    """160 rows of 151,936 float32 entries (97 MB, past an H100's or H200's L2): the native unit
+    caches each block's slice over several waves of clusters; renorm and mask equal the
+    reference, draws stay in the mask."""
+    g = torch.Generator().manual_seed(21)
+    rows = 160
+    probs = torch.softmax(torch.randn(rows, LONG_V, generator=g) * 3, -1)
+    k = torch.randint(1, 300, (rows,), generator=g, dtype=torch.int32)
+    k[::7] = 0
+    off = torch.ones(rows)
+    keep = _top_k_first_keep(probs, k, off)
+    got = S.top_k_renorm_probs(probs, top_k_arr=k, backend="jit")
+    torch.testing.assert_close(got, _renormed(probs, keep), atol=1e-6, rtol=1e-6)
+    p = _mid_p(probs, 0.9)
+    keep = _top_k_first_keep(probs, torch.zeros(rows, dtype=torch.int32), p)
+    got = S.top_p_renorm_probs(probs, top_p_arr=p, backend="jit")
+    torch.testing.assert_close(got, _renormed(probs, keep), atol=1e-6, rtol=1e-6)
+    logits = torch.randn(rows, LONG_V, generator=g) * 4
+    keep = _top_k_first_keep(logits, k, off)
+    want = torch.where(keep, logits, -torch.inf)
+    torch.testing.assert_close(S.top_k_mask_logits(logits, top_k_arr=k, backend="jit"), want, atol=0, rtol=0)
+    kept = _top_k_first_keep(probs, k, p)
+    for offset in range(3):
+        ids = S.top_k_top_p_sampling_from_probs(
+            probs, top_k_arr=k, top_p_arr=p, seed=5, offset=offset, backend="jit"
+        )
+        assert kept.gather(1, ids.long()[:, None]).all(), offset
+
+
 def test_long_row_draws_follow_the_renormalised_probs() -> None:
     """8 long rows (a cluster of 8 blocks each on a GPU) over 500 offsets: the draws land on the 16
     heavy tokens in their renormalised proportions, whichever slice holds the crossing."""

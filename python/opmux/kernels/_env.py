@@ -52,6 +52,8 @@ DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "hip", "xpu", "npu", "mps")
 FALLBACK_POLICIES: tuple[str, ...] = ("silent", "warn", "error")
 #: ``OPMUX_TORCH_KERNELS``: the devices whose library-op calls get the C++ kernels
 TORCH_KERNEL_DEVICES: tuple[str, ...] = ("off", "cpu", "all")
+#: ``OPMUX_SAMPLING_SMEM_CACHE``: where the native CUDA sampling kernels cache rows in shared memory
+SAMPLING_SMEM_CACHE: tuple[str, ...] = ("auto", "one-wave", "waves", "off")
 #: The default cache root, written only here.
 DEFAULT_CACHE_DIR = "~/.cache/opmux/jit"
 
@@ -361,12 +363,16 @@ KNOBS: Mapping[str, Knob] = _knobs(
     ),
     Knob(
         "OPMUX_SAMPLING_SMEM_CACHE",
-        "bool",
-        "1",
-        "`0`: the native CUDA sampling kernels keep every row in global memory instead of caching each "
-        "block's slice in shared memory (read once per process by the kernels' launcher; the A/B of "
-        "`benchmarks/bench_sampling.py`, docs/benchmarks/sampling_h200.md).",
-        _bool,
+        "choice",
+        "auto",
+        "Where the native CUDA sampling kernels cache each block's slice of a row in shared memory "
+        "(the row is then read from global memory once): `auto` where the cached blocks fit one "
+        "wave, or over several waves (two blocks an SM) where the rows exceed the L2 cache; "
+        "`one-wave` only the first; `waves` over several waves whatever the rows' size; `off` "
+        "never (every pass reads global memory). Read once per process by the kernels' launcher; "
+        "the A/B of `benchmarks/bench_sampling.py` (docs/benchmarks/sampling_h200.md).",
+        _choice(SAMPLING_SMEM_CACHE),
+        SAMPLING_SMEM_CACHE,
     ),
 )
 

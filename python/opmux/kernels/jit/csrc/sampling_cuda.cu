@@ -61,6 +61,9 @@ constexpr int kBins8 = 256;  // per pass of the top-k (count) search: a 256-way 
 constexpr int kUnroll = 4;   // 16-byte loads in flight per thread in a pass (a pass is load-latency bound)
 constexpr int kMaxCluster = 8;  // blocks per row (the portable cluster size)
 constexpr int64_t kMinSlice = 4096;  // elements per block of a cluster at least
+// The count search's first pass adds each warp's equal bins once (__match_any_sync) instead of one
+// shared-memory atomic a lane (benchmarks/bench_sampling.py measured both: sampling_h200.md).
+constexpr bool kAggregateFirstPass = true;
 
 enum Op { kTopKRenorm, kTopPRenorm, kTopKMask, kGreedy, kTopKTopPSample, kMinPSample };
 
@@ -292,21 +295,33 @@ __device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int
   Count8& c = hist_smem().c8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int* hw = c.w[warp];
-  while (bits > 0) {
+  for (bool first = true; bits > 0; first = false) {
     const int shift = bits > 8 ? bits - 8 : 0;
     const int nb = 1 << (bits - shift);
     const int32_t lo32 = static_cast<int32_t>(lo);  // lo < 2^31
     // the warp's own histogram: the previous pass's readers are past its closing barrier
     for (int b = lane; b <= kBins8; b += 32) hw[b] = 0;
     __syncwarp();
-    for_each(x, n, vec, [&](int64_t, float v) {
-      const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
-      if (k >= lo32) {
-        // k - lo < 2^32: exact in 32-bit unsigned arithmetic
+    if (first && kAggregateFirstPass) {
+      // the first digit is the exponent: a row's values share a few, and the lanes' atomics on one
+      // address serialise; the lanes of a bin add their count once (the lowest lane)
+      for_each(x, n, vec, [&](int64_t, float v) {
+        const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
         const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
-        atomicAdd(&hw[min(off >> shift, static_cast<uint32_t>(kBins8))], 1);
-      }
-    });
+        const uint32_t b = k >= lo32 ? min(off >> shift, static_cast<uint32_t>(kBins8)) : 0xffffffffu;
+        const unsigned peers = __match_any_sync(__activemask(), b);
+        if (b != 0xffffffffu && lane == __ffs(peers) - 1) atomicAdd(&hw[b], __popc(peers));
+      });
+    } else {
+      for_each(x, n, vec, [&](int64_t, float v) {
+        const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
+        if (k >= lo32) {
+          // k - lo < 2^32: exact in 32-bit unsigned arithmetic
+          const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
+          atomicAdd(&hw[min(off >> shift, static_cast<uint32_t>(kBins8))], 1);
+        }
+      });
+    }
     __syncthreads();
     // the block's totals (thread b sums bin b over the warps), then the cluster's in rank order
     int a = 0;
@@ -734,31 +749,37 @@ int cache_blocks(const cuda::DeviceProps& props, int64_t n, int64_t room) {
   return 0;
 }
 
-// Whether blocks cache their slices: on unless OPMUX_SAMPLING_SMEM_CACHE=0 (read once per process;
-// the A/B of benchmarks/bench_sampling.py).
-bool smem_cache_on() {
-  static const bool on = [] {  // the registry's false spellings (opmux/kernels/_env.py: _FALSE)
+// Where blocks cache their slices (OPMUX_SAMPLING_SMEM_CACHE, read once per process; the A/B of
+// benchmarks/bench_sampling.py): kAuto, cached_blocks' rule; kOneWave, only where the cached blocks
+// fit one wave; kWaves, also over several waves whatever the rows' size; kOff, never.
+enum class CachePolicy { kAuto, kOneWave, kWaves, kOff };
+
+CachePolicy cache_policy() {
+  static const CachePolicy policy = [] {  // the registry's spellings (opmux/kernels/_env.py)
     const char* e = std::getenv("OPMUX_SAMPLING_SMEM_CACHE");
-    if (e == nullptr) return true;
+    if (e == nullptr) return CachePolicy::kAuto;
     std::string v(e);
     for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    return !(v == "0" || v == "false" || v == "no" || v == "off");
+    if (v == "off") return CachePolicy::kOff;
+    if (v == "one-wave") return CachePolicy::kOneWave;
+    if (v == "waves") return CachePolicy::kWaves;
+    return CachePolicy::kAuto;
   }();
-  return on;
+  return policy;
 }
 
-// The fewest blocks per row whose slices fit the shared memory sampling_kernel<OP, T> leaves (0: no
-// caching), with its dynamic shared memory opted in to that room once per device. The statics are
-// per instantiation: each kernel has its own static shared memory and its own opt-in.
+// The static shared memory of sampling_kernel<OP, T> (its searches' histograms), with its dynamic
+// shared memory opted in to what the SM leaves once per device (a launch asks for its slices only)
+// and the carveout at its maximum (two cached blocks an SM need most of it). The statics are per
+// instantiation: each kernel has its own static shared memory and its own opt-in.
 template <Op OP, typename T>
-int cache_blocks_for(const char* op, int32_t device_id, const cuda::DeviceProps& props, int64_t n) {
+int static_smem_for(const char* op, int32_t device_id, const cuda::DeviceProps& props) {
   auto kernel = sampling_kernel<OP, T>;
-  // per device (each may run another architecture's binary): the kernel's own shared memory, and
-  // the dynamic room opted in (a query with more dynamic memory than allowed would fail); a
-  // device id past the table asks every launch. Races between threads write the same values.
+  // per device (each may run another architecture's binary); a device id past the table asks
+  // every launch. Races between threads write the same values.
   constexpr int kDevices = 64;
   static int static_smem[kDevices] = {};  // + 1: 0 is "not read yet"
-  static int allowed[kDevices] = {};
+  static bool opted[kDevices] = {};
   const bool listed = device_id >= 0 && device_id < kDevices;
   int own = listed ? static_smem[device_id] - 1 : -1;
   if (own < 0) {
@@ -769,19 +790,41 @@ int cache_blocks_for(const char* op, int32_t device_id, const cuda::DeviceProps&
     if (listed) static_smem[device_id] = own + 1;
   }
   const int room = props.smem_optin - own;
-  const int c = room > 0 ? cache_blocks<T>(props, n, room) : 0;
-  if (c > 0 && (!listed || allowed[device_id] != room)) {
-    cuda::check_cuda(
-        cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, room),
-        op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (listed) allowed[device_id] = room;
+  if (room > 0 && !(listed && opted[device_id])) {
+    const void* f = reinterpret_cast<const void*>(kernel);
+    cuda::check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, room), op,
+                     "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    cuda::check_cuda(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          static_cast<int>(cudaSharedmemCarveoutMaxShared)),
+                     op, "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
+    if (listed) opted[device_id] = true;
   }
-  return c;
+  return own;
 }
 
-// Every op but greedy (one pass) reads its row several times: each block caches its slice in
-// shared memory when one fits (the cluster then has at least the blocks that make it fit), so the
-// row is read from global memory once.
+// Blocks per row of the cached launch (0: no caching). Every op but greedy (one pass) reads its row
+// several times; a block caching its slice in shared memory reads it from global memory once.
+//   * Where the cached blocks fit one wave: the fewest blocks whose slices fit a block's room.
+//   * Else, where the rows exceed the L2 cache (every pass of an uncached launch would read HBM):
+//     the fewest whose slices let two blocks share an SM (one block's copy overlaps the other's
+//     passes). On an H100, one cached block an SM over two waves (B = 64 x V = 151,936, clusters
+//     of 4) took 1.3-1.5x the uncached time, whose passes then read L2 (rows of 39 MB).
+//   * Else none: the passes re-read L2.
+template <Op OP, typename T>
+int cached_blocks(const char* op, int32_t device_id, const cuda::DeviceProps& props, int64_t rows, int64_t n) {
+  const CachePolicy policy = cache_policy();
+  if (OP == kGreedy || policy == CachePolicy::kOff) return 0;
+  const int own = static_smem_for<OP, T>(op, device_id, props);
+  const int room = props.smem_optin - own;
+  int c = room > 0 ? cache_blocks<T>(props, n, room) : 0;
+  if (c == 0 || rows * c <= props.sm_count) return c;
+  if (policy == CachePolicy::kOneWave) return 0;
+  const double bytes = static_cast<double>(rows) * static_cast<double>(n) * sizeof(T);
+  if (policy == CachePolicy::kAuto && bytes <= static_cast<double>(props.l2_bytes)) return 0;
+  const int half = props.smem_per_sm / 2 - props.smem_reserved - own;
+  return half > 0 ? cache_blocks<T>(props, n, half) : 0;
+}
+
 template <Op OP, typename T>
 void launch(const char* op, Params p, int32_t device_id) {
   if (p.rows == 0) return;
@@ -791,14 +834,7 @@ void launch(const char* op, Params p, int32_t device_id) {
   auto kernel = sampling_kernel<OP, T>;
   p.vec = vec_ok<T>(p.x, p.sx);
   int c = blocks_per_row(props, p.rows, p.n);
-  int cache_c = 0;
-  if constexpr (OP != kGreedy) {
-    if (smem_cache_on()) cache_c = cache_blocks_for<OP, T>(op, device_id, props, p.n);
-  }
-  // only where the cached blocks (one an SM: their shared memory fills it) still fit one wave: on
-  // an H100, B = 64 x V = 151,936 over clusters of 4 (two waves) took 1.3-1.5x the uncached time,
-  // B <= 16 0.9x (benchmarks/bench_sampling.py, docs/benchmarks/sampling_h200.md)
-  if (cache_c > 0 && p.rows * cache_c > props.sm_count) cache_c = 0;
+  int cache_c = cached_blocks<OP, T>(op, device_id, props, p.rows, p.n);
   if (cache_c > c) c = cache_c;
   // the cluster the GPU grants for these slices; fewer blocks than asked make bigger slices, so
   // ask again until the answer stands (without caching once the slices no longer fit)

@@ -104,6 +104,9 @@ struct DeviceProps {
   int sm_count = 0;
   int cc_major = 0;
   int smem_optin = 0;  // shared memory a block may opt in to (static + dynamic), bytes
+  int smem_per_sm = 0;  // shared memory of one SM, every resident block's included, bytes
+  int smem_reserved = 0;  // shared memory the system keeps per resident block, bytes
+  int l2_bytes = 0;
 };
 
 // Cached per device id (queried once; attribute queries are cheap but not free).
@@ -120,6 +123,12 @@ inline DeviceProps device_props(const char* op, int32_t device_id) {
              op, "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
   check_cuda(cudaDeviceGetAttribute(&p.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id), op,
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  check_cuda(cudaDeviceGetAttribute(&p.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_id), op,
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+  check_cuda(cudaDeviceGetAttribute(&p.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device_id), op,
+             "cudaDeviceGetAttribute(ReservedSharedMemoryPerBlock)");
+  check_cuda(cudaDeviceGetAttribute(&p.l2_bytes, cudaDevAttrL2CacheSize, device_id), op,
+             "cudaDeviceGetAttribute(L2CacheSize)");
   if (device_id >= 0 && device_id < kMaxDevices) cache[device_id] = p;  // benign race: same value
   return p;
 }
