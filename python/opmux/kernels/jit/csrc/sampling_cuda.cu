@@ -61,9 +61,6 @@ constexpr int kBins8 = 256;  // per pass of the top-k (count) search: a 256-way 
 constexpr int kUnroll = 4;   // 16-byte loads in flight per thread in a pass (a pass is load-latency bound)
 constexpr int kMaxCluster = 8;  // blocks per row (the portable cluster size)
 constexpr int64_t kMinSlice = 4096;  // elements per block of a cluster at least
-// The count search's first pass adds each warp's equal bins once (__match_any_sync) instead of one
-// shared-memory atomic a lane (benchmarks/bench_sampling.py measured both: sampling_h200.md).
-constexpr bool kAggregateFirstPass = true;
 
 enum Op { kTopKRenorm, kTopPRenorm, kTopKMask, kGreedy, kTopKTopPSample, kMinPSample };
 
@@ -295,33 +292,21 @@ __device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int
   Count8& c = hist_smem().c8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int* hw = c.w[warp];
-  for (bool first = true; bits > 0; first = false) {
+  while (bits > 0) {
     const int shift = bits > 8 ? bits - 8 : 0;
     const int nb = 1 << (bits - shift);
     const int32_t lo32 = static_cast<int32_t>(lo);  // lo < 2^31
     // the warp's own histogram: the previous pass's readers are past its closing barrier
     for (int b = lane; b <= kBins8; b += 32) hw[b] = 0;
     __syncwarp();
-    if (first && kAggregateFirstPass) {
-      // the first digit is the exponent: a row's values share a few, and the lanes' atomics on one
-      // address serialise; the lanes of a bin add their count once (the lowest lane)
-      for_each(x, n, vec, [&](int64_t, float v) {
-        const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
+    for_each(x, n, vec, [&](int64_t, float v) {
+      const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
+      if (k >= lo32) {
+        // k - lo < 2^32: exact in 32-bit unsigned arithmetic
         const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
-        const uint32_t b = k >= lo32 ? min(off >> shift, static_cast<uint32_t>(kBins8)) : 0xffffffffu;
-        const unsigned peers = __match_any_sync(__activemask(), b);
-        if (b != 0xffffffffu && lane == __ffs(peers) - 1) atomicAdd(&hw[b], __popc(peers));
-      });
-    } else {
-      for_each(x, n, vec, [&](int64_t, float v) {
-        const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
-        if (k >= lo32) {
-          // k - lo < 2^32: exact in 32-bit unsigned arithmetic
-          const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
-          atomicAdd(&hw[min(off >> shift, static_cast<uint32_t>(kBins8))], 1);
-        }
-      });
-    }
+        atomicAdd(&hw[min(off >> shift, static_cast<uint32_t>(kBins8))], 1);
+      }
+    });
     __syncthreads();
     // the block's totals (thread b sums bin b over the warps), then the cluster's in rank order
     int a = 0;
@@ -450,15 +435,17 @@ struct OwnMass {
   int64_t last;
 };
 
+// x[i] is the slice's entry at (pos ? pos[i] : i) (pos: a kept list's, ascending).
 template <typename T>
 __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, float* mass, int64_t* last,
-                          const Slice& sl, OwnMass* own = nullptr) {
+                          const Slice& sl, OwnMass* own = nullptr, const int32_t* pos = nullptr) {
   float m[1] = {0.0f};
   int64_t l = -1;
   for_each(x, n, vec, [&](int64_t i, float v) {
     if (ordered_key(v) >= t) {
       m[0] += v;
-      if (v > 0.0f && i > l) l = i;
+      const int64_t at = pos != nullptr ? pos[i] : i;
+      if (v > 0.0f && at > l) l = at;
     }
   });
   block_sum(m, sm.f);
@@ -501,12 +488,14 @@ __device__ __forceinline__ float block_exclusive_scan(float v, Smem& sm, float* 
   return before + inc - v;
 }
 
-// Inverse CDF over the entries with key >= t; returns the id (every thread). x: this block's slice.
-__device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u, Smem& sm, const Slice& sl) {
+// Inverse CDF over the entries with key >= t; returns the id (every thread). x: this block's slice,
+// or its kept list (pos: the entries' positions in the slice, ascending).
+__device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u, Smem& sm, const Slice& sl,
+                        const int32_t* pos = nullptr) {
   float mass;
   int64_t last;
   OwnMass own;
-  kept_mass(x, n, vec, t, sm, &mass, &last, sl, &own);
+  kept_mass(x, n, vec, t, sm, &mass, &last, sl, &own, pos);
   const float target = u * mass;
   // the one block whose running-mass interval holds the target scans (all of the row without a
   // cluster); should its own sums not cross it (float rounding), its slice's last kept entry is
@@ -552,7 +541,7 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
     for (int w = 0; w < kWarps; ++w) hit = found_red[w] < hit ? found_red[w] : hit;
     __syncthreads();
     if (hit != INT64_MAX) {
-      found = hit + sl.lo;
+      found = (pos != nullptr ? pos[hit] : hit) + sl.lo;
       break;
     }
     carry += total;
@@ -560,6 +549,75 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
   found = cluster_extreme<true>(found, sm, sl);  // one owner at most
   if (found != INT64_MAX && found >= 0) return static_cast<int32_t>(found);
   return static_cast<int32_t>(last < 0 ? 0 : last);
+}
+
+// The entries of a block's slice kept by the top-k filter, in slice order, for the top-k-first
+// draw: its top-p search and its draw then read these instead of the slice (k + ties entries
+// against V / blocks). Room for kListCap; the top-k-top-p kernel's only extra static shared memory
+// (4 KB: its slices still fit two blocks an SM, V = 151,936 over 8 blocks).
+constexpr int kListCap = 512;
+struct KeptList {
+  __align__(16) float v[kListCap];
+  int32_t pos[kListCap];
+};
+
+// Exclusive prefix sum of an int over the block (threads in order); *total gets the block's sum.
+__device__ __forceinline__ int block_exclusive_scan_int(int v, Smem& sm, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) sm.i[warp] = inc;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += sm.i[w];
+    all += sm.i[w];
+  }
+  __syncthreads();
+  *total = all;
+  return before + inc - v;
+}
+
+// Copies the entries of x[0, n) with key >= t into kl in slice order (chunks of 4 entries a thread,
+// a block scan where a chunk keeps any) and returns their count, or -1 past kListCap (block-uniform).
+__device__ int gather_kept(const float* x, int64_t n, bool vec, int32_t t, KeptList& kl, Smem& sm) {
+  constexpr int VEC = 4;
+  const int64_t chunk = static_cast<int64_t>(kThreads) * VEC;
+  int count = 0;
+  for (int64_t base = 0; base < n; base += chunk) {
+    const int64_t i0 = base + static_cast<int64_t>(threadIdx.x) * VEC;
+    float q[VEC];
+    if (vec && i0 + VEC <= n) {
+      const cuda::Vec<float, VEC> v = cuda::load_vec<float, VEC>(x + i0);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[e] = v.v[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[e] = i0 + e < n ? x[i0 + e] : 0.0f;
+    }
+    int c = 0;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) c += (i0 + e < n && ordered_key(q[e]) >= t) ? 1 : 0;
+    if (__syncthreads_count(c) == 0) continue;  // most chunks keep nothing: one barrier
+    int total;
+    int at = count + block_exclusive_scan_int(c, sm, &total);
+    if (count + total > kListCap) return -1;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      if (i0 + e < n && ordered_key(q[e]) >= t) {
+        kl.v[at] = q[e];
+        kl.pos[at] = static_cast<int32_t>(i0 + e);
+        ++at;
+      }
+    }
+    count += total;
+  }
+  __syncthreads();
+  return count;
 }
 
 __device__ __forceinline__ int64_t row_k(const Params& p, int64_t r) {
@@ -695,12 +753,28 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     const int64_t k = row_k(p, r);
     const float pr = row_p(p, r);
     int32_t t = static_cast<int32_t>(kProbLo);
-    if (k > 0 && k < n) t = top_k_key<false>(xf, len, vec, k, sl);
+    const bool top_k = k > 0 && k < n;
+    if (top_k) t = top_k_key<false>(xf, len, vec, k, sl);
+    // top-k first: what follows reads the block's kept entries where they fit its list
+    const float* y = xf;
+    int64_t m = len;
+    bool yvec = vec;
+    const int32_t* pos = nullptr;
+    __shared__ KeptList kl;
+    if (top_k && !p.joint) {
+      const int got = gather_kept(xf, len, vec, t, kl, sm);
+      if (got >= 0) {
+        y = kl.v;
+        m = got;
+        yvec = true;
+        pos = kl.pos;
+      }
+    }
     if (pr < 1.0f) {
-      const int32_t tp = top_p_key(xf, len, vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
+      const int32_t tp = top_p_key(y, m, yvec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
       t = p.joint ? (tp > t ? tp : t) : tp;
     }
-    const int32_t id = draw(xf, len, vec, t, row_uniform(p, r), sm, sl);
+    const int32_t id = draw(y, m, yvec, t, row_uniform(p, r), sm, sl, pos);
     if (threadIdx.x == 0 && sl.rank == 0) static_cast<int32_t*>(p.out)[r] = id;
   } else {  // kMinPSample
     const float* xf = reinterpret_cast<const float*>(x);
