@@ -268,11 +268,25 @@ struct Count8 {
 
 // The passes' histograms, either search's. Mass: one private column per thread, bin-major and
 // thread-minor (thread t's bins at [b][t], all in its own bank: no conflicts, no atomics).
+// The top-k-first draw's kept entries: a block's own (slice order) and the cluster's union of them
+// (rank order: row order), values and row positions. They replace the histograms (the count
+// search is over when they are written, and the union's path runs no mass search).
+constexpr int kListCap = 1024;
+struct KeptLists {
+  __align__(16) float v[kListCap];
+  int32_t pos[kListCap];
+  __align__(16) float uv[kListCap];
+  int32_t upos[kListCap];
+  int count;  // this block's entries (-1: more than kListCap), read by the cluster
+};
+
 union Hist {
   float f[kBins + 1][kThreads];
   Count8 c8;
+  KeptLists kept;
 };
 static_assert(sizeof(Count8) <= sizeof(float) * (kBins + 1) * kThreads, "the count search fits the mass columns");
+static_assert(sizeof(KeptLists) <= sizeof(float) * (kBins + 1) * kThreads, "the kept lists fit the mass columns");
 
 // One array for every search of a kernel (a non-template function: the searches' instantiations share
 // it, and the kernels without a search allocate none).
@@ -435,7 +449,7 @@ struct OwnMass {
   int64_t last;
 };
 
-// x[i] is the slice's entry at (pos ? pos[i] : i) (pos: a kept list's, ascending).
+// x[i] is the row's entry at sl.lo + (pos ? pos[i] : i) (pos: a kept list's positions, ascending).
 template <typename T>
 __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, float* mass, int64_t* last,
                           const Slice& sl, OwnMass* own = nullptr, const int32_t* pos = nullptr) {
@@ -489,7 +503,7 @@ __device__ __forceinline__ float block_exclusive_scan(float v, Smem& sm, float* 
 }
 
 // Inverse CDF over the entries with key >= t; returns the id (every thread). x: this block's slice,
-// or its kept list (pos: the entries' positions in the slice, ascending).
+// or kept entries (pos: their positions, ascending, as kept_mass's).
 __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u, Smem& sm, const Slice& sl,
                         const int32_t* pos = nullptr) {
   float mass;
@@ -551,16 +565,6 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
   return static_cast<int32_t>(last < 0 ? 0 : last);
 }
 
-// The entries of a block's slice kept by the top-k filter, in slice order, for the top-k-first
-// draw: its top-p search and its draw then read these instead of the slice (k + ties entries
-// against V / blocks). Room for kListCap; the top-k-top-p kernel's only extra static shared memory
-// (4 KB: its slices still fit two blocks an SM, V = 151,936 over 8 blocks).
-constexpr int kListCap = 512;
-struct KeptList {
-  __align__(16) float v[kListCap];
-  int32_t pos[kListCap];
-};
-
 // Exclusive prefix sum of an int over the block (threads in order); *total gets the block's sum.
 __device__ __forceinline__ int block_exclusive_scan_int(int v, Smem& sm, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -582,9 +586,10 @@ __device__ __forceinline__ int block_exclusive_scan_int(int v, Smem& sm, int* to
   return before + inc - v;
 }
 
-// Copies the entries of x[0, n) with key >= t into kl in slice order (chunks of 4 entries a thread,
-// a block scan where a chunk keeps any) and returns their count, or -1 past kListCap (block-uniform).
-__device__ int gather_kept(const float* x, int64_t n, bool vec, int32_t t, KeptList& kl, Smem& sm) {
+// Copies the entries of the slice x[0, n) with key >= t into kl (values, row positions lo + i) in
+// slice order (chunks of 4 entries a thread, a block scan where a chunk keeps any) and returns their
+// count, or -1 past kListCap (block-uniform).
+__device__ int gather_kept(const float* x, int64_t n, bool vec, int32_t t, int64_t lo, KeptLists& kl, Smem& sm) {
   constexpr int VEC = 4;
   const int64_t chunk = static_cast<int64_t>(kThreads) * VEC;
   int count = 0;
@@ -610,7 +615,7 @@ __device__ int gather_kept(const float* x, int64_t n, bool vec, int32_t t, KeptL
     for (int e = 0; e < VEC; ++e) {
       if (i0 + e < n && ordered_key(q[e]) >= t) {
         kl.v[at] = q[e];
-        kl.pos[at] = static_cast<int32_t>(i0 + e);
+        kl.pos[at] = static_cast<int32_t>(lo + i0 + e);
         ++at;
       }
     }
@@ -618,6 +623,74 @@ __device__ int gather_kept(const float* x, int64_t n, bool vec, int32_t t, KeptL
   }
   __syncthreads();
   return count;
+}
+
+// The cluster's kept entries in every block: the blocks' lists (own: this block's count, -1 when
+// its list overflowed) copied in rank order into kl.uv / kl.upos (one block: its own list, in
+// place). Returns their number, or -1 where a list overflowed or the union passes kListCap (the
+// same answer in every block).
+__device__ int kept_union(KeptLists& kl, int own, const Slice& sl) {
+  if (sl.blocks == 1) return own;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) kl.count = own;
+  cl.sync();
+  int total = 0;
+  bool ok = true;
+  for (int b = 0; b < sl.blocks; ++b) {
+    const int c = cl.map_shared_rank(&kl.count, b)[0];
+    ok = ok && c >= 0;
+    total += c > 0 ? c : 0;
+  }
+  ok = ok && total <= kListCap;
+  if (ok) {
+    int at = 0;
+    for (int b = 0; b < sl.blocks; ++b) {
+      const KeptLists* other = cl.map_shared_rank(&kl, b);
+      const int c = other->count;
+      for (int i = threadIdx.x; i < c; i += kThreads) {
+        kl.uv[at + i] = other->v[i];
+        kl.upos[at + i] = other->pos[i];
+      }
+      at += c;
+    }
+  }
+  cl.sync();  // every read of another block's list is done before any block moves on (or exits)
+  return ok ? total : -1;
+#else
+  __trap();  // a cluster launch needs the sm_90 code (the host checks the binary)
+  return -1;
+#endif
+}
+
+// The top-p boundary key over m entries that top-k kept (keys >= base, so values >= 0): the
+// largest key t with mass(>= t) >= p * mass, each entry's mass(>= v_i) summed over the entries in
+// order (m^2 / kThreads steps a thread: fixed order, no search passes), else base (as top_p_key).
+__device__ int32_t top_p_key_kept(const float* v, int m, int32_t base, float p, Smem& sm) {
+  float tot[1] = {0.0f};
+  for (int i = threadIdx.x; i < m; i += kThreads) tot[0] += v[i];
+  block_sum(tot, sm.f);
+  const float need = p * tot[0];
+  if (!(need > 0.0f)) return base;
+  int32_t best = INT32_MIN;
+  for (int i = threadIdx.x; i < m; i += kThreads) {
+    const float vi = v[i];
+    float s = 0.0f;
+    for (int j = 0; j < m; ++j) {
+      const float vj = v[j];
+      s += vj >= vi ? vj : 0.0f;
+    }
+    const int32_t key = ordered_key(vi);
+    if (s >= need && key > best) best = key;
+  }
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+  if ((threadIdx.x & 31) == 0) sm.i[threadIdx.x >> 5] = best;
+  __syncthreads();
+  best = INT32_MIN;
+  for (int w = 0; w < kWarps; ++w) best = max(best, sm.i[w]);
+  __syncthreads();
+  return best > base ? best : base;
 }
 
 __device__ __forceinline__ int64_t row_k(const Params& p, int64_t r) {
@@ -755,26 +828,23 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     int32_t t = static_cast<int32_t>(kProbLo);
     const bool top_k = k > 0 && k < n;
     if (top_k) t = top_k_key<false>(xf, len, vec, k, sl);
-    // top-k first: what follows reads the block's kept entries where they fit its list
-    const float* y = xf;
-    int64_t m = len;
-    bool yvec = vec;
-    const int32_t* pos = nullptr;
-    __shared__ KeptList kl;
-    if (top_k && !p.joint) {
-      const int got = gather_kept(xf, len, vec, t, kl, sm);
-      if (got >= 0) {
-        y = kl.v;
-        m = got;
-        yvec = true;
-        pos = kl.pos;
+    // top-k first: where the cluster's kept entries fit a list, every block holds them all and
+    // finds the top-p boundary and the draw over them alone (no cluster exchange after the union)
+    KeptLists& kl = hist_smem().kept;
+    const int m = top_k && !p.joint ? kept_union(kl, gather_kept(xf, len, vec, t, sl.lo, kl, sm), sl) : -1;
+    int32_t id;
+    if (m >= 0) {
+      const float* v = sl.blocks == 1 ? kl.v : kl.uv;
+      const int32_t* at = sl.blocks == 1 ? kl.pos : kl.upos;
+      if (pr < 1.0f) t = top_p_key_kept(v, m, t, pr, sm);
+      id = draw(v, m, true, t, row_uniform(p, r), sm, Slice{0, m, 0, 1}, at);
+    } else {
+      if (pr < 1.0f) {
+        const int32_t tp = top_p_key(xf, len, vec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
+        t = p.joint ? (tp > t ? tp : t) : tp;
       }
+      id = draw(xf, len, vec, t, row_uniform(p, r), sm, sl);
     }
-    if (pr < 1.0f) {
-      const int32_t tp = top_p_key(y, m, yvec, p.joint ? static_cast<int32_t>(kProbLo) : t, pr, sm, sl);
-      t = p.joint ? (tp > t ? tp : t) : tp;
-    }
-    const int32_t id = draw(y, m, yvec, t, row_uniform(p, r), sm, sl, pos);
     if (threadIdx.x == 0 && sl.rank == 0) static_cast<int32_t*>(p.out)[r] = id;
   } else {  // kMinPSample
     const float* xf = reinterpret_cast<const float*>(x);
