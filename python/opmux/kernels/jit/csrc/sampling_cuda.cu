@@ -61,11 +61,6 @@ constexpr int kBins8 = 256;  // per pass of the top-k (count) search: a 256-way 
 constexpr int kUnroll = 4;   // 16-byte loads in flight per thread in a pass (a pass is load-latency bound)
 constexpr int kMaxCluster = 8;  // blocks per row (the portable cluster size)
 constexpr int64_t kMinSlice = 4096;  // elements per block of a cluster at least
-// The count search's first digit (a value's top exponent bits, which a row's values share: the
-// 8-bit passes' shared-memory atomics on one address serialise) as 4 bits counted into per-thread
-// columns, then 8-bit passes (5 passes for 4); benchmarks/bench_sampling.py measured both
-// (docs/benchmarks/sampling_h200.md).
-constexpr bool kFirstDigitColumns = true;
 
 enum Op { kTopKRenorm, kTopPRenorm, kTopKMask, kGreedy, kTopKTopPSample, kMinPSample };
 
@@ -113,10 +108,6 @@ struct Smem {
   int64_t part_l[2];
   float tot_f[kBins + 1];
   int64_t tot_l[2];
-  // the count search's first pass (kFirstDigitColumns): block totals, the cluster's exchange
-  int bin_i[kBins + 1];
-  int part_i[kBins + 1];
-  int tot_i[kBins + 1];
 };
 
 // Calls f(i, v) for the elements of x[0, n) this thread owns: VEC-wide aligned chunks (when `vec`),
@@ -310,50 +301,10 @@ __device__ __forceinline__ Hist& hist_smem() {
 // [1, nb) with count(>= lo + j * width) >= need, else 0. Every block of a cluster sums the same
 // totals (rank order) and so takes the same j.
 template <bool LOGITS, typename T>
-__device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int bits, double need, Smem& sm,
+__device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int bits, double need,
                                 const Slice& sl) {
   Count8& c = hist_smem().c8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (kFirstDigitColumns) {
-    // 16 bins of the first 4 bits (bits >= 31 here: no key past lo + 2^bits), one private column a
-    // thread (bin-major, thread-minor: no conflicts, no atomics), summed in a fixed order
-    int(*col)[kThreads] = reinterpret_cast<int(*)[kThreads]>(hist_smem().f);
-    int* mine = &col[0][threadIdx.x];
-    const int shift = bits - 4;
-    const int32_t lo32 = static_cast<int32_t>(lo);
-#pragma unroll
-    for (int b = 0; b <= kBins; ++b) mine[b * kThreads] = 0;
-    for_each(x, n, vec, [&](int64_t, float v) {
-      const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
-      if (k >= lo32) {
-        const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
-        mine[min(off >> shift, static_cast<uint32_t>(kBins)) * kThreads] += 1;
-      }
-    });
-    __syncthreads();
-    for (int b = warp; b <= kBins; b += kWarps) {
-      int a = 0;
-#pragma unroll
-      for (int t = 0; t < kThreads / 32; ++t) a += col[b][lane + 32 * t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0) sm.bin_i[b] = a;
-    }
-    __syncthreads();  // also: every column read before the next pass's histograms reuse the memory
-    int v[kBins + 1];
-#pragma unroll
-    for (int b = 0; b <= kBins; ++b) v[b] = sm.bin_i[b];
-    cluster_sum(v, sm.part_i, sm.tot_i, sl);
-    int s = v[kBins];
-    int j = 0;
-#pragma unroll
-    for (int b = kBins - 1; b >= 1; --b) {
-      s += v[b];
-      if (j == 0 && static_cast<double>(s) >= need) j = b;
-    }
-    lo += static_cast<int64_t>(j) << shift;
-    bits = shift;
-  }
   int* hw = c.w[warp];
   while (bits > 0) {
     const int shift = bits > 8 ? bits - 8 : 0;
@@ -761,9 +712,9 @@ constexpr int64_t kProbLo = 0, kLogitLo = -2147483648LL;
 constexpr int kProbBits = 31, kLogitBits = 32;
 
 template <bool LOGITS, typename T>
-__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, Smem& sm, const Slice& sl) {
+__device__ int32_t top_k_key(const T* x, int64_t n, bool vec, int64_t k, const Slice& sl) {
   return static_cast<int32_t>(count_search<LOGITS>(x, n, vec, LOGITS ? kLogitLo : kProbLo,
-                                                   LOGITS ? kLogitBits : kProbBits, static_cast<double>(k), sm, sl));
+                                                   LOGITS ? kLogitBits : kProbBits, static_cast<double>(k), sl));
 }
 
 // The top-p boundary key over the values with key >= base.
@@ -838,7 +789,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     T* out = static_cast<T*>(p.out) + r * p.so + sl.lo;
     const int64_t k = row_k(p, r);
     const bool on = k > 0 && k < n;
-    const int32_t t = on ? top_k_key<true>(x, len, vec, k, sm, sl) : INT32_MIN;
+    const int32_t t = on ? top_k_key<true>(x, len, vec, k, sl) : INT32_MIN;
     const T ninf = cuda::from_float<T>(-INFINITY);
     for (int64_t i = threadIdx.x; i < len; i += kThreads) {
       const T v = x[i];
@@ -852,7 +803,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     if constexpr (OP == kTopKRenorm) {
       const int64_t k = row_k(p, r);
       on = k > 0 && k < n;
-      if (on) t = top_k_key<false>(xf, len, vec, k, sm, sl);
+      if (on) t = top_k_key<false>(xf, len, vec, k, sl);
     } else {
       const float pr = row_p(p, r);
       on = pr < 1.0f;
@@ -876,7 +827,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
     const float pr = row_p(p, r);
     int32_t t = static_cast<int32_t>(kProbLo);
     const bool top_k = k > 0 && k < n;
-    if (top_k) t = top_k_key<false>(xf, len, vec, k, sm, sl);
+    if (top_k) t = top_k_key<false>(xf, len, vec, k, sl);
     // top-k first: where the cluster's kept entries fit a list, every block holds them all and
     // finds the top-p boundary and the draw over them alone (no cluster exchange after the union)
     KeptLists& kl = hist_smem().kept;
