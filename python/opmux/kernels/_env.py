@@ -367,7 +367,8 @@ KNOBS: Mapping[str, Knob] = _knobs(
         "auto",
         "Where the native CUDA sampling kernels cache each block's slice of a row in shared memory "
         "(the row is then read from global memory once): `auto` where the cached blocks fit one "
-        "wave, or over several waves (two blocks an SM) where the rows exceed the L2 cache; "
+        "wave, or over several waves (two blocks an SM) for the top-k filters and, for the other "
+        "ops, where the rows exceed the L2 cache; "
         "`one-wave` only the first; `waves` over several waves whatever the rows' size; `off` "
         "never (every pass reads global memory). Read once per process by the kernels' launcher; "
         "the A/B of `benchmarks/bench_sampling.py` (docs/benchmarks/sampling_h200.md).",

@@ -16,7 +16,10 @@
 //   * the draw: u from Philox (seed, counter (offset lo, hi, row, 0): the Triton and CPU backends'
 //     stream, so all three draw the same u), the kept mass, then chunks of the row with a block-wide
 //     exclusive prefix scan until the first kept positive entry whose cumulative mass exceeds
-//     u * mass (else the last kept positive entry, else 0).
+//     u * mass (else the last kept positive entry, else 0);
+//   * the top-k-first draw, after the top-k search: where the row's kept entries fit a list of
+//     kListCap, every block holds them all (row order) and finds the top-p boundary over them (each
+//     entry's mass above it, summed in order) and the draw, with no mass search over the row.
 // Few rows over a large vocabulary (fewer rows than half the SMs) take a cluster of up to 8 blocks per
 // row on sm_90 (thread block clusters): each block owns a contiguous slice of the row, and every
 // reduction above ends with the blocks' partial results summed through distributed shared memory in
@@ -26,9 +29,9 @@
 // slice's last kept entry stands in should its own sums not cross it.
 // Every op but greedy first copies each block's slice of the row into dynamic shared memory where
 // one fits (the launch takes enough blocks per row, up to a cluster of 8, to make it fit: 151,936
-// float32 entries over 4 blocks on an H100 / H200) and the blocks still fit one wave, so a row is
-// read from global memory once and every later pass reads shared memory (other rows stay in global
-// memory, re-read from L2 or HBM by each pass). The slicing (cluster size, caching, the vector
+// float32 entries over 4 blocks on an H100 / H200, or over 8 where two blocks share an SM over
+// several waves: cached_blocks' rule), so a row is read from global memory once and every later
+// pass reads shared memory (uncached rows are re-read from L2 or HBM by each pass). The slicing (cluster size, caching, the vector
 // path) follows the batch and the GPU: the top-p mass sums, and so a draw at an exact boundary,
 // may differ between batch sizes; for a given launch they never depend on timing.
 // Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
@@ -949,11 +952,14 @@ int static_smem_for(const char* op, int32_t device_id, const cuda::DeviceProps& 
 // Blocks per row of the cached launch (0: no caching). Every op but greedy (one pass) reads its row
 // several times; a block caching its slice in shared memory reads it from global memory once.
 //   * Where the cached blocks fit one wave: the fewest blocks whose slices fit a block's room.
-//   * Else, where the rows exceed the L2 cache (every pass of an uncached launch would read HBM):
-//     the fewest whose slices let two blocks share an SM (one block's copy overlaps the other's
-//     passes). On an H100, one cached block an SM over two waves (B = 64 x V = 151,936, clusters
-//     of 4) took 1.3-1.5x the uncached time, whose passes then read L2 (rows of 39 MB).
+//   * Else, for the top-k filters (a count search, then one pass), and for the others where the
+//     rows exceed the L2 cache (every pass of an uncached launch would read HBM): the fewest whose
+//     slices let two blocks share an SM (one block's copy overlaps the other's passes).
 //   * Else none: the passes re-read L2.
+// Measured on an H100 (docs/benchmarks/sampling_h200.md): over several waves the top-k filters
+// took 0.73-0.92x their uncached time at B = 64 / 256 (rows in L2 or not); the top-p renorm and
+// the draw 1.1-1.3x where the rows fit L2 (B = 64 over 128,256 entries: 39 MB of 50), and
+// 0.71-0.86x past it. (One cached block an SM over two waves had taken 1.3-1.5x.)
 template <Op OP, typename T>
 int cached_blocks(const char* op, int32_t device_id, const cuda::DeviceProps& props, int64_t rows, int64_t n) {
   const CachePolicy policy = cache_policy();
@@ -964,7 +970,8 @@ int cached_blocks(const char* op, int32_t device_id, const cuda::DeviceProps& pr
   if (c == 0 || rows * c <= props.sm_count) return c;
   if (policy == CachePolicy::kOneWave) return 0;
   const double bytes = static_cast<double>(rows) * static_cast<double>(n) * sizeof(T);
-  if (policy == CachePolicy::kAuto && bytes <= static_cast<double>(props.l2_bytes)) return 0;
+  constexpr bool kTopKFilter = OP == kTopKMask || OP == kTopKRenorm;
+  if (policy == CachePolicy::kAuto && !kTopKFilter && bytes <= static_cast<double>(props.l2_bytes)) return 0;
   const int half = props.smem_per_sm / 2 - props.smem_reserved - own;
   return half > 0 ? cache_blocks<T>(props, n, half) : 0;
 }
