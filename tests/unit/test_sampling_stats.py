@@ -222,12 +222,14 @@ def test_ids_stay_in_the_mask(backend: str) -> None:
 @pytest.mark.parametrize("backend", ["torch", "jit"])
 def test_ids_stay_in_the_mask_long_rows(backend: str) -> None:
     probs = torch.softmax(torch.randn(4, 30_000, generator=torch.Generator().manual_seed(5)) * 4, -1)
-    # top-k first: the native CUDA unit's top-p search and draw over a block's kept entries (k 40),
-    # and over its slice where they pass its list (k 6000: about 750 a block of a cluster of 8)
+    # top-k first: the native CUDA unit's top-p search and draw over the cluster's kept entries
+    # (k 40), and over the slices where they pass its list of 1,024 (a cluster of 4 on an H100 /
+    # H200: k 2500 fills no block's list but their union, k 6000 every block's)
     cases = (
         {"top_k": 40},
         {"top_p": 0.3},
         {"top_k": 40, "top_p": 0.5},
+        {"top_k": 2500, "top_p": 0.9},
         {"top_k": 6000, "top_p": 0.9},
         {"top_k": 1000, "top_p": 0.5, "filter_apply_order": "joint"},
     )

@@ -43,6 +43,8 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -484,25 +486,40 @@ __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, 
   if (own != nullptr) *own = OwnMass{before, after, l};
 }
 
-// Exclusive prefix sum of v over the block (threads in order); *total gets the block's sum.
-__device__ __forceinline__ float block_exclusive_scan(float v, Smem& sm, float* total) {
+// Exclusive prefix sum of v over the block (threads in order); *total gets the block's sum. red:
+// kWarps of scratch (Smem's scan or i).
+template <typename S>
+__device__ __forceinline__ S block_exclusive_scan(S v, S* red, S* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float inc = v;
+  S inc = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const float y = __shfl_up_sync(0xffffffffu, inc, o);
+    const S y = __shfl_up_sync(0xffffffffu, inc, o);
     if (lane >= o) inc += y;
   }
-  if (lane == 31) sm.scan[warp] = inc;
+  if (lane == 31) red[warp] = inc;
   __syncthreads();
-  float before = 0.0f, all = 0.0f;
+  S before = 0, all = 0;
   for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += sm.scan[w];
-    all += sm.scan[w];
+    if (w < warp) before += red[w];
+    all += red[w];
   }
   __syncthreads();
   *total = all;
   return before + inc - v;
+}
+
+// x[i0, i0 + 4) into q (a 16-byte load when `vec` and all four are in [0, n); 0 past n): the
+// chunked scans' loads (4 entries a thread).
+__device__ __forceinline__ void load4(const float* x, int64_t i0, int64_t n, bool vec, float (&q)[4]) {
+  if (vec && i0 + 4 <= n) {
+    const cuda::Vec<float, 4> v = cuda::load_vec<float, 4>(x + i0);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q[e] = v.v[e];
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q[e] = i0 + e < n ? x[i0 + e] : 0.0f;
+  }
 }
 
 // Inverse CDF over the entries with key >= t; returns the id (every thread). x: this block's slice,
@@ -526,14 +543,7 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
   for (int64_t base = 0; base < n && mine; base += chunk) {
     const int64_t i0 = base + static_cast<int64_t>(threadIdx.x) * VEC;
     float q[VEC];
-    if (vec && i0 + VEC <= n) {
-      const cuda::Vec<float, VEC> v = cuda::load_vec<float, VEC>(x + i0);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) q[e] = v.v[e];
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) q[e] = i0 + e < n ? x[i0 + e] : 0.0f;
-    }
+    load4(x, i0, n, vec, q);
     float s = 0.0f;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -541,7 +551,7 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
       s += q[e];
     }
     float total;
-    float c = carry + block_exclusive_scan(s, sm, &total);
+    float c = carry + block_exclusive_scan(s, sm.scan, &total);
     int64_t hit = INT64_MAX;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -568,27 +578,6 @@ __device__ int32_t draw(const float* x, int64_t n, bool vec, int32_t t, float u,
   return static_cast<int32_t>(last < 0 ? 0 : last);
 }
 
-// Exclusive prefix sum of an int over the block (threads in order); *total gets the block's sum.
-__device__ __forceinline__ int block_exclusive_scan_int(int v, Smem& sm, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += y;
-  }
-  if (lane == 31) sm.i[warp] = inc;
-  __syncthreads();
-  int before = 0, all = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += sm.i[w];
-    all += sm.i[w];
-  }
-  __syncthreads();
-  *total = all;
-  return before + inc - v;
-}
-
 // Copies the entries of the slice x[0, n) with key >= t into kl (values, row positions lo + i) in
 // slice order (chunks of 4 entries a thread, a block scan where a chunk keeps any) and returns their
 // count, or -1 past kListCap (block-uniform).
@@ -599,20 +588,13 @@ __device__ int gather_kept(const float* x, int64_t n, bool vec, int32_t t, int64
   for (int64_t base = 0; base < n; base += chunk) {
     const int64_t i0 = base + static_cast<int64_t>(threadIdx.x) * VEC;
     float q[VEC];
-    if (vec && i0 + VEC <= n) {
-      const cuda::Vec<float, VEC> v = cuda::load_vec<float, VEC>(x + i0);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) q[e] = v.v[e];
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) q[e] = i0 + e < n ? x[i0 + e] : 0.0f;
-    }
+    load4(x, i0, n, vec, q);
     int c = 0;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) c += (i0 + e < n && ordered_key(q[e]) >= t) ? 1 : 0;
     if (__syncthreads_count(c) == 0) continue;  // most chunks keep nothing: one barrier
     int total;
-    int at = count + block_exclusive_scan_int(c, sm, &total);
+    int at = count + block_exclusive_scan(c, sm.i, &total);
     if (count + total > kListCap) return -1;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -669,7 +651,8 @@ __device__ int kept_union(KeptLists& kl, int own, const Slice& sl) {
 
 // The top-p boundary key over m entries that top-k kept (keys >= base, so values >= 0): the
 // largest key t with mass(>= t) >= p * mass, each entry's mass(>= v_i) summed over the entries in
-// order (m^2 / kThreads steps a thread: fixed order, no search passes), else base (as top_p_key).
+// order (m^2 / kThreads steps a thread, two entries a pass: fixed order, no search passes),
+// else base (as top_p_key).
 __device__ int32_t top_p_key_kept(const float* v, int m, int32_t base, float p, Smem& sm) {
   float tot[1] = {0.0f};
   for (int i = threadIdx.x; i < m; i += kThreads) tot[0] += v[i];
@@ -677,15 +660,18 @@ __device__ int32_t top_p_key_kept(const float* v, int m, int32_t base, float p, 
   const float need = p * tot[0];
   if (!(need > 0.0f)) return base;
   int32_t best = INT32_MIN;
-  for (int i = threadIdx.x; i < m; i += kThreads) {
-    const float vi = v[i];
-    float s = 0.0f;
+  // two entries a thread in one pass over j (two independent chains; each sum's order unchanged)
+  for (int i = threadIdx.x; i < m; i += 2 * kThreads) {
+    const int i2 = i + kThreads;
+    const float v0 = v[i], v1 = i2 < m ? v[i2] : INFINITY;
+    float s0 = 0.0f, s1 = 0.0f;
     for (int j = 0; j < m; ++j) {
       const float vj = v[j];
-      s += vj >= vi ? vj : 0.0f;
+      s0 += vj >= v0 ? vj : 0.0f;
+      s1 += vj >= v1 ? vj : 0.0f;
     }
-    const int32_t key = ordered_key(vi);
-    if (s >= need && key > best) best = key;
+    if (s0 >= need) best = max(best, ordered_key(v0));
+    if (i2 < m && s1 >= need) best = max(best, ordered_key(v1));
   }
   for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
   if ((threadIdx.x & 31) == 0) sm.i[threadIdx.x >> 5] = best;
@@ -901,18 +887,30 @@ int cache_blocks(const cuda::DeviceProps& props, int64_t n, int64_t room) {
 // fit one wave; kWaves, also over several waves whatever the rows' size; kOff, never.
 enum class CachePolicy { kAuto, kOneWave, kWaves, kOff };
 
-CachePolicy cache_policy() {
-  static const CachePolicy policy = [] {  // the registry's spellings (opmux/kernels/_env.py)
-    const char* e = std::getenv("OPMUX_SAMPLING_SMEM_CACHE");
-    if (e == nullptr) return CachePolicy::kAuto;
-    std::string v(e);
-    for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (v == "off") return CachePolicy::kOff;
-    if (v == "one-wave") return CachePolicy::kOneWave;
-    if (v == "waves") return CachePolicy::kWaves;
-    return CachePolicy::kAuto;
-  }();
-  return policy;
+// The knob's value (trimmed, lower case; unset or empty: auto), or -1 for a spelling that is none
+// of the registry's choices (opmux/kernels/_env.py: SAMPLING_SMEM_CACHE).
+int parse_cache_policy(std::string v) {
+  const auto space = [](char ch) { return std::isspace(static_cast<unsigned char>(ch)) != 0; };
+  while (!v.empty() && space(v.back())) v.pop_back();
+  size_t i = 0;
+  while (i < v.size() && space(v[i])) ++i;
+  v = v.substr(i);
+  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (v.empty() || v == "auto") return static_cast<int>(CachePolicy::kAuto);
+  if (v == "one-wave") return static_cast<int>(CachePolicy::kOneWave);
+  if (v == "waves") return static_cast<int>(CachePolicy::kWaves);
+  if (v == "off") return static_cast<int>(CachePolicy::kOff);
+  return -1;
+}
+
+CachePolicy cache_policy(const char* op) {
+  static const char* raw = std::getenv("OPMUX_SAMPLING_SMEM_CACHE");
+  static const int policy = raw == nullptr ? static_cast<int>(CachePolicy::kAuto) : parse_cache_policy(raw);
+  if (policy < 0) {
+    TVM_FFI_THROW(ValueError) << op << ": OPMUX_SAMPLING_SMEM_CACHE must be one of auto, one-wave, waves, off; got '"
+                              << raw << "'";
+  }
+  return static_cast<CachePolicy>(policy);
 }
 
 // The static shared memory of sampling_kernel<OP, T> (its searches' histograms), with its dynamic
@@ -949,6 +947,22 @@ int static_smem_for(const char* op, int32_t device_id, const cuda::DeviceProps& 
   return own;
 }
 
+// Blocks of sampling_kernel<OP, T> an SM holds with `smem` bytes of dynamic shared memory (its
+// registers and shared memory; the carveout as static_smem_for sets it), asked once per device and size.
+template <Op OP, typename T>
+int blocks_per_sm(const char* op, int32_t device_id, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int32_t, size_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(device_id, smem);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  cuda::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, sampling_kernel<OP, T>, kThreads, smem), op,
+                   "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return cache[key] = n;
+}
+
 // Blocks per row of the cached launch (0: no caching). Every op but greedy (one pass) reads its row
 // several times; a block caching its slice in shared memory reads it from global memory once.
 //   * Where the cached blocks fit one wave: the fewest blocks whose slices fit a block's room.
@@ -962,8 +976,9 @@ int static_smem_for(const char* op, int32_t device_id, const cuda::DeviceProps& 
 // 0.71-0.86x past it. (One cached block an SM over two waves had taken 1.3-1.5x.)
 template <Op OP, typename T>
 int cached_blocks(const char* op, int32_t device_id, const cuda::DeviceProps& props, int64_t rows, int64_t n) {
-  const CachePolicy policy = cache_policy();
-  if (OP == kGreedy || policy == CachePolicy::kOff) return 0;
+  if (OP == kGreedy) return 0;
+  const CachePolicy policy = cache_policy(op);
+  if (policy == CachePolicy::kOff) return 0;
   const int own = static_smem_for<OP, T>(op, device_id, props);
   const int room = props.smem_optin - own;
   int c = room > 0 ? cache_blocks<T>(props, n, room) : 0;
@@ -973,7 +988,11 @@ int cached_blocks(const char* op, int32_t device_id, const cuda::DeviceProps& pr
   constexpr bool kTopKFilter = OP == kTopKMask || OP == kTopKRenorm;
   if (policy == CachePolicy::kAuto && !kTopKFilter && bytes <= static_cast<double>(props.l2_bytes)) return 0;
   const int half = props.smem_per_sm / 2 - props.smem_reserved - own;
-  return half > 0 ? cache_blocks<T>(props, n, half) : 0;
+  c = half > 0 ? cache_blocks<T>(props, n, half) : 0;
+  if (c == 0) return 0;
+  // two blocks an SM also need the registers (64 a thread at 512 threads: the draw's kernels use
+  // all of them): else the rule's premise fails, and so does the launch it measured
+  return blocks_per_sm<OP, T>(op, device_id, static_cast<size_t>(slice_len(n, c)) * sizeof(T)) >= 2 ? c : 0;
 }
 
 template <Op OP, typename T>
