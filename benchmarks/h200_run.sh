@@ -54,7 +54,8 @@
 #          tables, and benchmarks/bench_attention_decode.py (triton vs cuda; OUT_DIR/decode*) with
 #          its select tables (OUT_DIR/decode_select.tgz: attention.paged_decode/<table>.json);
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
-#          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda; FlashInfer's too where installed) and
+#          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda; FlashInfer's too where installed),
+#          compute-sanitizer memcheck over the native unit's (OUT_DIR/sampling_sanitize.log) and
 #          benchmarks/bench_sampling.py (OUT_DIR/sampling*), opmux's call also forced to each backend
 #          of $SAMPLING_FORCED (default "jit,flashinfer"), with its select tables
 #          (OUT_DIR/sampling_select.tgz: sampling.<op>/<table>.json, for python/opmux/kernels/configs/);
@@ -219,6 +220,12 @@ for stage in $STAGES; do
                 OPMUX_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 300 python3 -m pytest "$REPO/tests/unit/test_sampling_stats.py" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee -a "$OUT/sampling_parity.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                # compute-sanitizer over the native unit's renorm / mask / long-row / past-L2 / buffer tests
+                OPMUX_TEST_DEVICE=cuda TRITON_INTERPRET=0 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 200 compute-sanitizer \
+                    --tool memcheck --error-exitcode 9 --print-limit 20 python3 -m pytest "$REPO/tests/unit/test_sampling_stats.py" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" \
+                    -k "jit and (long_rows or mask or renorm or past_l2 or caller or per_row)" 2>&1 \
+                    | tee "$OUT/sampling_sanitize.log" | tail -4; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 timeout 400 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 300 \
                     --forced "${SAMPLING_FORCED-jit,flashinfer}" --select-out "$OUT/sampling_select" 2>&1 \
                     | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
