@@ -29,11 +29,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def install_shims(shadow: bool = False) -> list[str]:
+def install_shims(shadow: bool = False, flashinfer: bool = False) -> list[str]:
     """``sgl_kernel`` -> opmux.compat.sgl_kernel, ``vllm._custom_ops`` -> opmux.compat.vllm, and
-    (with the latter) the few other names vLLM's kernel tests import (``_vllm_shims``). Returns
-    what it installed. opmux is the one the interpreter finds (an installed wheel: its artefact
-    under test), else this checkout's ``python/``."""
+    (with the latter) the few other names vLLM's kernel tests import (``_vllm_shims``); with
+    ``flashinfer``, ``flashinfer.sampling`` -> opmux.compat.flashinfer (asked for: the engines'
+    tests take an importable FlashInfer as the real one to compare against). Returns what it
+    installed. opmux is the one the interpreter finds (an installed wheel: its artefact under
+    test), else this checkout's ``python/``."""
     if importlib.util.find_spec("opmux") is None:
         sys.path.insert(0, str(ROOT / "python"))
     import opmux
@@ -56,6 +58,13 @@ def install_shims(shadow: bool = False) -> list[str]:
         sys.modules["vllm._custom_ops"] = ops
         installed.append("vllm._custom_ops -> opmux.compat.vllm")
         installed += _vllm_shims(ops)
+    if flashinfer and (shadow or importlib.util.find_spec("flashinfer") is None):
+        fi = types.ModuleType("flashinfer")
+        fi.__path__ = []  # a package: its other submodules are absent (ImportError names them)
+        sampling = importlib.import_module("opmux.compat.flashinfer")
+        fi.sampling = sampling  # type: ignore[attr-defined]
+        sys.modules["flashinfer"], sys.modules["flashinfer.sampling"] = fi, sampling
+        installed.append("flashinfer.sampling -> opmux.compat.flashinfer")
     return installed
 
 
@@ -667,14 +676,14 @@ def _cpu_device_mode() -> Any:
 
 
 class _Plugin:
-    def __init__(self, device: str, shadow: bool) -> None:
-        self.device, self.shadow = device, shadow
+    def __init__(self, device: str, shadow: bool, flashinfer: bool = False) -> None:
+        self.device, self.shadow, self.flashinfer = device, shadow, flashinfer
         self.mode: Any = None
         self.outcomes: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self.reasons: collections.Counter[str] = collections.Counter()
 
     def pytest_configure(self, config: Any) -> None:
-        for line in install_shims(self.shadow):
+        for line in install_shims(self.shadow, self.flashinfer):
             print(f"engine-compat: {line}")
         if self.device == "cpu":
             self.mode = _cpu_device_mode()
@@ -740,6 +749,10 @@ PRESETS = {
     "sgl-sampling-cpu": (
         "111 or (32000 and not test_top_k_top_p_joint_sampling_from_probs and not test_min_p_sampling)"
     ),
+    # FlashInfer tests/utils/test_sampling.py at fb28d72 (0.6.18), with --flashinfer, on two CPU
+    # cores (about 5 min): every case at vocab 111 but chain_speculative_sampling (not an opmux op);
+    # the 1000-draw cases at 32,000 / 128,256 take minutes each here (a GPU run)
+    "flashinfer-sampling-cpu": "111 and not chain_speculative_sampling",
     # vLLM v0.20.0 tests/v1/sample/test_topk_topp_sampler.py: all of it (89 cases; the one
     # FlashInfer comparison is skipped by the file itself)
     "vllm-topk-topp-sampler": "not test_flashinfer_sampler",
@@ -776,6 +789,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folder", type=Path, help="a folder of upstream test files (or one file)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     p.add_argument("--shadow", action="store_true", help="shim even where sgl_kernel / vllm are installed")
+    p.add_argument(
+        "--flashinfer",
+        action="store_true",
+        help="also resolve flashinfer.sampling to opmux.compat.flashinfer",
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named -k selection (PRESETS)")
     args = p.parse_args(argv)
     if args.preset:
@@ -798,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pytest
 
-    plugin = _Plugin(device, args.shadow)
+    plugin = _Plugin(device, args.shadow, args.flashinfer)
     # rootdir at the folder and an empty ini of our own: the upstream files run under pytest's
     # defaults, not under this repo's conftests or its pyproject settings (warnings as errors,
     # strict markers), also when the folder lies inside the checkout (an ignored `.upstream/`)

@@ -149,3 +149,43 @@ def test_vllm_sampler_forward_and_random_sample() -> None:
     assert r1[3] == r2[3] and r1.dtype == torch.int64
     with pytest.raises(ValueError, match="logprobs_mode"):
         vllm_sampler.TopKTopPSampler("bogus")
+
+
+def test_flashinfer_conventions() -> None:
+    """FlashInfer's own conventions (its tests/utils/test_sampling.py checks them): parameter shapes
+    refused with its messages, renorm in the input's dtype, ids in ``indices``' dtype, NaN rows
+    reported by ``return_valid``, ``softmax`` with a temperature, ``top_p = 0`` keeping the top."""
+    probs = _probs(5, 40, 3)
+    with pytest.raises(ValueError, match=r"Expected a 1D tensor or scalar.*got a 2D tensor"):
+        flashinfer.top_k_renorm_probs(probs, torch.full((5, 40), 3, dtype=torch.int32))
+    with pytest.raises(
+        ValueError, match=r"Expected a 1D tensor of shape \(batch_size,\) or scalar.*0-dimensional"
+    ):
+        flashinfer.top_p_renorm_probs(probs, torch.tensor(0.5))
+    with pytest.raises(ValueError, match="Sampling parameter tensor batch size mismatch"):
+        flashinfer.min_p_sampling_from_probs(probs, torch.tensor([0.1]))
+    for dt in (torch.float16, torch.bfloat16):
+        got = flashinfer.top_k_renorm_probs(probs.to(dt), 4)
+        assert got.dtype == dt
+        torch.testing.assert_close(
+            got.float(), _ref_top_k(probs.to(dt).float(), torch.full((5,), 4)), atol=1e-2, rtol=1e-2
+        )
+        assert flashinfer.top_p_renorm_probs(probs.to(dt), 0.5).dtype == dt
+    top = flashinfer.top_p_renorm_probs(probs, torch.zeros(5, dtype=torch.int32))  # p = 0: the largest
+    assert torch.equal(top > 0, probs == probs.max(-1, keepdim=True).values)
+    idx = torch.tensor([4, 0, 0, 2], dtype=torch.int64)
+    ids = flashinfer.top_k_sampling_from_probs(probs, 5, indices=idx, seed=1, offset=0)
+    assert ids.dtype == torch.int64 and ids.shape == (4,)
+    assert flashinfer.sampling_from_probs(probs, seed=1, offset=0).dtype == torch.int32
+    bad = probs.clone()
+    bad[1] = float("nan")
+    ids, valid = flashinfer.top_p_sampling_from_probs(bad, 0.9, return_valid=True, seed=2, offset=0)
+    assert valid.tolist() == [True, False, True, True, True] and int(ids[1]) == 0
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(4))
+    temp = torch.tensor([1.0, 0.5, 0.1, 2.0, 1.0])
+    torch.testing.assert_close(
+        flashinfer.softmax(logits, temperature=temp), torch.softmax(logits / temp[:, None], -1)
+    )
+    torch.testing.assert_close(flashinfer.softmax(logits, temperature=0.5), torch.softmax(logits / 0.5, -1))
+    a = flashinfer.sampling_from_logits(logits, seed=7, offset=3)
+    assert torch.equal(a, flashinfer.sampling_from_probs(torch.softmax(logits, -1), seed=7, offset=3))
