@@ -972,8 +972,9 @@ int blocks_per_sm(const char* op, int32_t device_id, size_t smem) {
 //   * Else none: the passes re-read L2.
 // Measured on an H100 (docs/benchmarks/sampling_h200.md): over several waves the top-k filters
 // took 0.73-0.92x their uncached time at B = 64 / 256 (rows in L2 or not); the top-p renorm and
-// the draw 1.1-1.3x where the rows fit L2 (B = 64 over 128,256 entries: 39 MB of 50), and
-// 0.71-0.86x past it. (One cached block an SM over two waves had taken 1.3-1.5x.)
+// the draw 1.1-1.3x where the rows fit L2 (B = 64 over 128,256 entries: 33 MB of 50), and past it
+// (B = 256 over 128,256 / 151,936) the top-p renorm 0.93 / 0.82x its one-wave launch's time. (One
+// cached block an SM over two waves had taken 1.3-1.5x.)
 template <Op OP, typename T>
 int cached_blocks(const char* op, int32_t device_id, const cuda::DeviceProps& props, int64_t rows, int64_t n) {
   if (OP == kGreedy) return 0;
