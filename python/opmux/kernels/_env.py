@@ -370,8 +370,9 @@ KNOBS: Mapping[str, Knob] = _knobs(
         "wave, or over several waves (two blocks an SM) for the top-k filters and, for the other "
         "ops, where the rows exceed the L2 cache; "
         "`one-wave` only the first; `waves` over several waves whatever the rows' size; `off` "
-        "never (every pass reads global memory). Read once per process by the kernels' launcher; "
-        "the A/B of `benchmarks/bench_sampling.py` (docs/benchmarks/sampling_h200.md).",
+        "never (every pass reads global memory). Read once per process by the kernels' launcher "
+        "(another value: a ValueError naming these at the first call); the A/B of "
+        "`benchmarks/bench_sampling.py` (docs/benchmarks/sampling_h200.md).",
         _choice(SAMPLING_SMEM_CACHE),
         SAMPLING_SMEM_CACHE,
     ),
