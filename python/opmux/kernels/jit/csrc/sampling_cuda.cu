@@ -31,9 +31,10 @@
 // one fits (the launch takes enough blocks per row, up to a cluster of 8, to make it fit: 151,936
 // float32 entries over 4 blocks on an H100 / H200, or over 8 where two blocks share an SM over
 // several waves: cached_blocks' rule), so a row is read from global memory once and every later
-// pass reads shared memory (uncached rows are re-read from L2 or HBM by each pass). The slicing (cluster size, caching, the vector
-// path) follows the batch and the GPU: the top-p mass sums, and so a draw at an exact boundary,
-// may differ between batch sizes; for a given launch they never depend on timing.
+// pass reads shared memory (uncached rows are re-read from L2 or HBM by each pass). The slicing
+// (cluster size, caching, the vector path) follows the batch and the GPU: the top-p mass sums, and
+// so a draw at an exact boundary, may differ between batch sizes; for a given launch they never
+// depend on timing.
 // Per-row k / p / min_p come from device tensors or scalars, seed / offset from int64 device tensors
 // or ints: nothing is read on the host, so a captured CUDA graph replays with the tensors' values.
 #include <tvm/ffi/function.h>
