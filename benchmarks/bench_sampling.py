@@ -25,6 +25,10 @@ declared first (FlashInfer where installed) unless another wins by more than 2%
 (``select_tables.py``'s rule; no file for a vocabulary where the first won at every batch);
 ``--select-from JSON`` writes them from a recorded run, no GPU.
 
+``--ops`` / ``--columns`` time only some ops / columns (an A/B call, e.g. with
+``benchmarks/ab_sources.sh``: ``--columns 'opmux[jit]' --forced jit``); the id check before timing
+always runs.
+
 Each is timed as R calls in one CUDA graph (bench_gpu.time_impl), median of the replays; ratios are
 the peer's time over opmux's (> 1: opmux is faster). Writes DIR/sampling.json (rewritten after every
 case) and DIR/sampling.md.
@@ -175,8 +179,12 @@ def run_case(torch: Any, b: int, v: int, args: Any) -> dict[str, Any]:
     checked = bool(kept.gather(1, ids[:, None]).all())
     case: dict[str, Any] = {"B": b, "V": v, "R": R, "checked": checked, "ops": {}}
     for op, fns in impls.items():
+        if args.ops and op not in args.ops:
+            continue
         res = {}
         for name, fn in fns.items():
+            if args.columns and name not in args.columns:
+                continue
             try:
                 res[name] = time_impl(torch, fn, sets, R, args.replays)
             except Exception as exc:  # a peer that fails is reported, not fatal
@@ -285,7 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forced", default="", help="backends to time opmux's call forced to (comma-separated)")
     ap.add_argument("--select-out", type=Path, help="also write the select tables here (needs --forced)")
     ap.add_argument("--select-from", type=Path, help="write --select-out's tables from this record (no GPU)")
+    ap.add_argument("--ops", default="", help=f"time only these of {', '.join(OPS)} (comma-separated)")
+    ap.add_argument(
+        "--columns",
+        default="",
+        help="time only these columns, e.g. 'opmux[jit],FlashInfer' (an A/B's cheap call)",
+    )
     args = ap.parse_args(argv)
+    args.ops = [x for x in args.ops.split(",") if x]
+    args.columns = [x for x in args.columns.split(",") if x]
+    if unknown := sorted(set(args.ops) - set(OPS)):
+        ap.error(f"--ops: unknown {', '.join(unknown)}; valid: {', '.join(OPS)}")
     if args.select_from is not None:
         if args.select_out is None:
             ap.error("--select-from needs --select-out")
