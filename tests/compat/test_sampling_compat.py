@@ -189,3 +189,14 @@ def test_flashinfer_conventions() -> None:
     torch.testing.assert_close(flashinfer.softmax(logits, temperature=0.5), torch.softmax(logits / 0.5, -1))
     a = flashinfer.sampling_from_logits(logits, seed=7, offset=3)
     assert torch.equal(a, flashinfer.sampling_from_probs(torch.softmax(logits, -1), seed=7, offset=3))
+
+
+def test_flashinfer_parameters_past_the_range_keep_every_entry() -> None:
+    """``top_k > V`` and ``top_p > 1`` keep the whole row there (opmux's ops refuse them)."""
+    probs = _probs(3, 30, 5)
+    torch.testing.assert_close(flashinfer.top_k_renorm_probs(probs, 99), probs / probs.sum(1, keepdim=True))
+    k = torch.tensor([99, 31, 30], dtype=torch.int32)
+    torch.testing.assert_close(flashinfer.top_k_renorm_probs(probs, k), probs / probs.sum(1, keepdim=True))
+    torch.testing.assert_close(flashinfer.top_p_renorm_probs(probs, 1.5), probs)
+    logits = torch.randn(3, 30, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(flashinfer.top_k_mask_logits(logits, 64), logits)

@@ -5,8 +5,8 @@ so ``deterministic`` changes nothing); ``seed`` / ``offset`` or ``generator`` pi
 FlashInfer's own conventions on top of the shared entries (``_sampling``):
 
 * a per-row parameter is a scalar or a 1-d tensor of one entry per row (FlashInfer's errors
-  otherwise); ``top_p = 0`` keeps the largest entries (where FlashInfer's search ends; opmux's
-  ops take p in (0, 1]);
+  otherwise); ``top_p = 0`` keeps the largest entries (where FlashInfer's search ends) and
+  ``top_p > 1`` / ``top_k > V`` every entry (opmux's ops take p in (0, 1], k in [0, V]);
 * the renorm ops return the input's dtype (computed in float32);
 * ids come in ``indices``' dtype when ``indices`` is given, else int32; ``return_valid=True`` also
   returns a bool per output, False for a NaN row (whose id is 0), as FlashInfer's kernels do;
@@ -63,12 +63,21 @@ def _param(name: str, value: Param, rows: int) -> Param:
 
 
 def _top_p(value: Param, rows: int) -> Param:
-    """A checked top-p; 0 (FlashInfer: the largest entries) as the least positive float32."""
+    """A checked top-p in opmux's (0, 1]: 0 (FlashInfer: the largest entries) as the least positive
+    float32, past 1 (FlashInfer: every entry) as 1."""
     value = _param("top_p", value, rows)
     tiny = torch.finfo(torch.float32).tiny
     if isinstance(value, torch.Tensor):
-        return value.float().clamp(min=tiny)
-    return max(float(value), tiny)
+        return value.float().clamp(tiny, 1.0)
+    return min(max(float(value), tiny), 1.0)
+
+
+def _top_k(value: Param, rows: int, vocab: int) -> Param:
+    """A checked top-k in opmux's [0, V]: past V (FlashInfer: every entry) as V."""
+    value = _param("top_k", value, rows)
+    if isinstance(value, torch.Tensor):
+        return value.clamp(max=vocab)
+    return min(int(value), vocab)
 
 
 def _rows_of(probs: Tensor, indices: Tensor | None) -> int:
@@ -108,7 +117,7 @@ def softmax(
 
 def top_k_renorm_probs(probs: Tensor, top_k: Param) -> Tensor:
     """The k largest probabilities of each row (ties at the k-th kept) renormalised, the rest 0."""
-    k = _param("top_k", top_k, probs.shape[0])
+    k = _top_k(top_k, probs.shape[0], probs.shape[-1])
     return _shared.top_k_renorm_probs(probs, k).to(probs.dtype)
 
 
@@ -119,7 +128,7 @@ def top_p_renorm_probs(probs: Tensor, top_p: Param) -> Tensor:
 
 def top_k_mask_logits(logits: Tensor, top_k: Param) -> Tensor:
     """All but the k largest logits of each row (ties at the k-th kept) set to -inf."""
-    return _shared.top_k_mask_logits(logits, _param("top_k", top_k, logits.shape[0]))
+    return _shared.top_k_mask_logits(logits, _top_k(top_k, logits.shape[0], logits.shape[-1]))
 
 
 def top_k_top_p_sampling_from_probs(
@@ -142,7 +151,7 @@ def top_k_top_p_sampling_from_probs(
         probs,
         indices,
         return_valid,
-        top_k=_param("top_k", top_k, n),
+        top_k=_top_k(top_k, n, probs.shape[-1]),
         top_p=_top_p(top_p, n),
         filter_apply_order=filter_apply_order,
         deterministic=deterministic,
