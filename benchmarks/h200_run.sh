@@ -55,7 +55,8 @@
 #          its select tables (OUT_DIR/decode_select.tgz: attention.paged_decode/<table>.json);
 # sampling: the sampling ops' parity cells on cuda (every backend, the native unit included), their
 #          statistical tests on the GPU (OPMUX_TEST_DEVICE=cuda; FlashInfer's too where installed),
-#          compute-sanitizer memcheck over the native unit's (OUT_DIR/sampling_sanitize.log) and
+#          compute-sanitizer memcheck over the native unit's and racecheck over its clustered draw
+#          (OUT_DIR/sampling_sanitize.log), and
 #          benchmarks/bench_sampling.py (OUT_DIR/sampling*), opmux's call also forced to each backend
 #          of $SAMPLING_FORCED (default "jit,flashinfer"), with its select tables
 #          (OUT_DIR/sampling_select.tgz: sampling.<op>/<table>.json, for python/opmux/kernels/configs/);
@@ -226,6 +227,11 @@ for stage in $STAGES; do
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" \
                     -k "jit and (long_rows or mask or renorm or past_l2 or caller or per_row)" 2>&1 \
                     | tee "$OUT/sampling_sanitize.log" | tail -4; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                # racecheck over the clustered top-k-first draw (distributed shared memory)
+                OPMUX_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 200 compute-sanitizer --tool racecheck \
+                    --error-exitcode 9 --print-limit 20 python3 -m pytest "$REPO/tests/unit/test_sampling_stats.py" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k "clustered_kept_union_small" \
+                    2>&1 | tee -a "$OUT/sampling_sanitize.log" | tail -4; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 timeout 400 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 300 \
                     --forced "${SAMPLING_FORCED-jit,flashinfer}" --select-out "$OUT/sampling_select" 2>&1 \
                     | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1

@@ -453,6 +453,18 @@ def _top_k_first_keep(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> 
     return probs >= torch.where(p[:, None] < 1.0, t, t_k)
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the native CUDA unit's clusters")
+def test_clustered_kept_union_small() -> None:
+    """Two rows over clusters of blocks (20,000 entries: 4 a row on an H100 / H200), the top-k-first
+    draw over the cluster's kept entries exchanged through distributed shared memory, and over its
+    slices past the list: small enough for compute-sanitizer's racecheck (h200_run.sh sampling)."""
+    probs = torch.softmax(torch.randn(2, 20_000, generator=torch.Generator().manual_seed(8)) * 3, -1)
+    for k in (40, 3000):
+        keep = _keep(probs, k, 0.9)
+        ids = S.top_k_top_p_sampling_from_probs(probs, top_k=k, top_p=0.9, seed=3, offset=1, backend="jit")
+        assert keep.gather(1, ids.long()[:, None]).all(), k
+
+
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the native CUDA unit's launch over rows past the L2 cache")
 def test_many_long_rows_past_l2() -> None:
     """160 rows of 151,936 float32 entries (97 MB, past an H100's or H200's L2): the native unit
