@@ -120,8 +120,9 @@ def _run(args: list[torch.Tensor], softcap: float = 0.0, window: int = -1) -> to
     out, e = torch.empty_like(q), torch.empty(0)
     scale = 1 / math.sqrt(q.shape[-1])
     fip.paged_prefill(
-        out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, scale, softcap, window
-    )
+        out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, scale, softcap, window,
+        cu, cu, False, True,
+    )  # fmt: skip
     return out
 
 
@@ -204,6 +205,23 @@ def test_refusals_name_the_op() -> None:
     q, kc, vc, table, lens, cu = _batch([3], [2], 4, 2, 64, 4, False)
     assert "CUDA tensors" in (fip.supports(q, kc, vc, table, lens, cu) or "")
     assert fip.supports(None, kc, vc) is None  # not tensors: the contract speaks
+
+
+def test_a_custom_mask_is_refused_before_any_plan(stand_in: type[_Wrapper]) -> None:
+    """The predicate names the custom mask (the dispatcher then takes Triton), and a forced call
+    with one is CallRefused before FlashInfer plans anything."""
+    args = _batch([3, 2], [2, 0], 4, 2, 64, 4, False)
+    q, kc, vc, table, lens, cu = args
+    mask = torch.ones(3 * 5 + 2 * 2, dtype=torch.bool)
+    indptr = torch.tensor([0, 15, 19], dtype=torch.int64)
+    assert "custom mask" in (fip.supports(q, kc, vc, table, lens, cu, custom_mask=mask, mask_indptr=indptr) or "")
+    out, e = torch.empty_like(q), torch.empty(0)
+    with pytest.raises(CallRefused, match="custom mask"):
+        fip.paged_prefill(
+            out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, 0.125, 0.0, -1,
+            mask, indptr, True, True,
+        )  # fmt: skip
+    assert not stand_in.made  # no wrapper, no plan
 
 
 def test_declared_after_triton_on_cuda() -> None:

@@ -3,6 +3,8 @@ made fresh per call, on the requested device."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from opmux.kernels.ops._common import Sample
@@ -345,6 +347,44 @@ def _prefill_mla(
     return q, kc, kc[..., :dv] if view else vc[..., d - dv :].contiguous(), table, seq, cu
 
 
+def _tree_mask(
+    device: str, cu: torch.Tensor, lens: torch.Tensor, seed: int, indptr_dtype: torch.dtype = torch.int64
+) -> dict[str, torch.Tensor]:
+    """A custom mask for each sequence's ``[q_len, seq_len]``: random (future positions too: the
+    mask replaces the causal rule), each query seeing its own position, and its offsets."""
+    g = torch.Generator().manual_seed(seed)
+    parts, ind = [], [0]
+    for b, n in enumerate(lens.tolist()):
+        q = int(cu[b + 1] - cu[b])
+        m = torch.rand(q, n, generator=g) < 0.4
+        m[torch.arange(q), n - q + torch.arange(q)] = True
+        parts.append(m.flatten())
+        ind.append(ind[-1] + q * n)
+    mask = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
+    return {"custom_mask": mask.to(device), "mask_indptr": torch.tensor(ind, dtype=indptr_dtype, device=device)}
+
+
+def _mask_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    """Custom (tree) masks: with a cached prefix, int32 offsets with the prefix always seen
+    (``mask_prefix=False``) and a window, a row left empty (0 and the sink's lse), MLA."""
+    args = _prefill(device, dtype, 50, [9, 30, 1], [40, 17, 70])
+    out = [Sample("custom-mask", args, _tree_mask(device, args[5].cpu(), args[4].cpu(), 50))]
+    args = _prefill(device, dtype, 51, [7, 12], [20, 0], page=5)
+    kw: dict[str, Any] = {**_tree_mask(device, args[5].cpu(), args[4].cpu(), 51, I32), "mask_prefix": False}
+    out.append(Sample("custom-mask-i32-prefix-seen-window", args, {**kw, "window_left": 6}))
+    args = _prefill(device, dtype, 52, [5, 3], [4, 0])
+    kw = _tree_mask(device, args[5].cpu(), args[4].cpu(), 52)
+    kw["custom_mask"][:9] = False  # sequence 0's first query sees nothing
+    g = torch.Generator().manual_seed(52)
+    kw |= {"lse": torch.empty(8, 4, device=device), "sinks": torch.randn(4, generator=g).to(device)}
+    out.append(Sample("custom-mask-empty-row-lse-sinks", args, kw))
+    args = _prefill_mla(device, dtype, 53, [6, 2], [11, 5])
+    out.append(
+        Sample("mla-custom-mask", args, {**_tree_mask(device, args[5].cpu(), args[4].cpu(), 53), "scale": MLA_SCALE})
+    )
+    return out
+
+
 def paged_prefill_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out = [
         Sample("causal-prefill-gqa-4-2", _prefill(device, dtype, 0, [37, 20], [0, 0])),
@@ -382,7 +422,7 @@ def paged_prefill_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out.append(Sample("fp8-hnd-sinks-lse-window", (q8, kq, vq, t8, s8, cu), kw))
     caller = torch.full((9, 4, 64), 3.0, dtype=dtype, device=device)
     out.append(Sample("caller-out", _prefill(device, dtype, 18, [4, 5], [6, 0]), {"out": caller}))
-    return out + _prefill_mla_samples(device, dtype)
+    return out + _prefill_mla_samples(device, dtype) + _mask_samples(device, dtype)
 
 
 def _prefill_mla_samples(device: str, dtype: torch.dtype) -> list[Sample]:
@@ -488,11 +528,45 @@ def paged_prefill_invalid(device: str) -> Invalid:
             r"value_cache has shape \(3, 16, 2, 32\), expected \[7, 16, 2, Dv\] like key_cache \(Dv <= 64",
         ),
     ]
+    m = _tree_mask(device, cu.cpu(), seq.cpu(), 0)
+    mask, ind = m["custom_mask"], m["mask_indptr"]
+    cases += [  # the custom mask: both or neither, bool, flat, offsets per sequence
+        ("mask-without-indptr", a, {"custom_mask": mask}, ValueError, "custom_mask and mask_indptr come together"),
+        ("indptr-without-mask", a, {"mask_indptr": ind}, ValueError, "custom_mask and mask_indptr come together"),
+        ("mask-uint8", a, {"custom_mask": mask.to(torch.uint8), "mask_indptr": ind}, TypeError, "custom_mask has dtype uint8"),
+        ("indptr-float", a, {"custom_mask": mask, "mask_indptr": ind.float()}, TypeError, "mask_indptr has dtype float32"),
+        (
+            "indptr-length",
+            a,
+            {"custom_mask": mask, "mask_indptr": ind[:2]},
+            ValueError,
+            r"mask_indptr has shape \(2,\), expected \[3\]",
+        ),
+        ("mask-2d", a, {"custom_mask": mask[None], "mask_indptr": ind}, ValueError, "custom_mask has shape"),
+    ]
     if device == "cpu":  # on CUDA the kernels clamp offsets and lengths and skip bad blocks (no sync)
 
         def i32(v: list[int]) -> torch.Tensor:
             return torch.tensor(v, dtype=I32)
 
+        cases += [
+            (
+                "mask-span",
+                a,
+                {"custom_mask": mask, "mask_indptr": torch.tensor([0, 5 * 20, 5 * 20 + 12])},
+                ValueError,
+                r"mask_indptr\[2\] - mask_indptr\[1\] = 12, but sequence 1's custom mask is its \[q_len, "
+                r"seq_len\] = \[3, 7\] matrix: 21 entries",
+            ),
+            (
+                "mask-past-end",
+                a,
+                {"custom_mask": mask[:-1], "mask_indptr": ind},
+                ValueError,
+                r"sequence 1's custom mask, entries \[100, 121\) \(mask_indptr\[1\] = 100\), is outside "
+                r"custom_mask's 120 entries",
+            ),
+        ]
         bad = table.clone()
         bad[1, 0] = kc.shape[0]
         cases += [

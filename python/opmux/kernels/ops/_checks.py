@@ -35,7 +35,7 @@ def protos(device: Any) -> dict[Any, Any]:
     if p is None:
         ints = (torch.int32, torch.int64, torch.uint8, torch.int8)
         fp8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn",) if hasattr(torch, n))
-        dtypes = (torch.float32, torch.float16, torch.bfloat16, *ints, *fp8)
+        dtypes = (torch.float32, torch.float16, torch.bfloat16, *ints, *fp8, torch.bool)
         with torch.inference_mode(False):
             p = {dt: torch.empty(0, dtype=dt, device=device) for dt in dtypes}
         if all(type(t) is torch.Tensor for t in p.values()):

@@ -15,7 +15,9 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_DT_BOOL = torch.bool
 _DT_FLOAT32 = torch.float32
+_DT_INT32 = torch.int32
 _FLOAT32 = (torch.float32,)
 _FLOAT32_FLOAT16_BFLOAT16 = (torch.float32, torch.float16, torch.bfloat16)
 _FLOAT8_E4M3FN = (torch.float8_e4m3fn,)
@@ -383,17 +385,17 @@ def check_decode(op: str, query: Any, key_cache: Any, value_cache: Any, block_ta
     return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
 
 
-def check_paged_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_paged_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     """The form of the call: prefill_fp8, prefill."""
     key_cache_n = key_cache_d = None
     if type(key_cache) is _TENSOR or isinstance(key_cache, _TENSOR):
         key_cache_n, key_cache_d = key_cache.dim(), key_cache.dtype
     if (key_cache_d in _FLOAT8_E4M3FN):
-        return check_prefill_fp8(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-    return check_prefill(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        return check_prefill_fp8(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    return check_prefill(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
 
 
-def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         query_s = query.shape
         key_cache_s = key_cache.shape
@@ -411,6 +413,9 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
             and type(window_left) is int
             and -2147483648 < window_left < 2147483648
             and sinks is None
+            and custom_mask is None
+            and mask_indptr is None
+            and type(mask_prefix) is bool
             and lse is None
             and out is None
             and len(query_s) == 3
@@ -459,12 +464,13 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
             Dv = value_cache_s[3]
             B = block_tables_s[0]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is not None and v_scale is not None) and ((custom_mask is None) == (mask_indptr is None)) and (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
+                mask_prefix_ = mask_prefix
                 out = query.new_empty(T, Hq, Dv)
-                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, k_scale, v_scale, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, k_scale, v_scale, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL], (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32], custom_mask is not None, mask_prefix_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "query", query)
@@ -543,6 +549,26 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
     _checks.same_device(op, "query", query, v_scale=v_scale)
     if not (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
         raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions (at most 1073741824 table positions)")
+    if not ((custom_mask is None) == (mask_indptr is None)):
+        raise ValueError(f"{op}: custom_mask and mask_indptr come together (the flat bool mask and its {B + 1} offsets: sequence b's [q_len, seq_len] matrix starts at mask_indptr[b])")
+    if custom_mask is not None:
+        _checks.tensor(op, "custom_mask", custom_mask)
+        _checks.dtype_in(op, "custom_mask", custom_mask, ('bool',))
+        if custom_mask.dim() != 1:
+            raise ValueError(f"{op}: custom_mask has shape {tuple(custom_mask.shape)}, expected [sum over sequences of q_len * seq_len] (flat, row-major per sequence)")
+        NM = custom_mask.shape[-1]
+        _checks.same_device(op, "query", query, custom_mask=custom_mask)
+    if mask_indptr is not None:
+        _checks.tensor(op, "mask_indptr", mask_indptr)
+        _checks.dtype_in(op, "mask_indptr", mask_indptr, ('int32', 'int64'))
+        if mask_indptr.dim() != 1:
+            raise ValueError(f"{op}: mask_indptr has shape {tuple(mask_indptr.shape)}, expected [{B + 1}] (offsets into custom_mask: sequence b's matrix starts at mask_indptr[b])")
+        if mask_indptr.shape[-1] != B + 1:
+            raise ValueError(f"{op}: mask_indptr has shape {tuple(mask_indptr.shape)}, expected [{B + 1}] (offsets into custom_mask: sequence b's matrix starts at mask_indptr[b])")
+        _checks.same_device(op, "query", query, mask_indptr=mask_indptr)
+    if not isinstance(mask_prefix, bool):
+        raise TypeError(f"{op}: mask_prefix must be a bool, got {mask_prefix!r}")
+    mask_prefix_ = mask_prefix
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))
@@ -581,6 +607,18 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
         sinks_v = sinks
     k_scale_v = _checks.one_element(op, "k_scale", k_scale, ' (a per-tensor scale)')
     v_scale_v = _checks.one_element(op, "v_scale", v_scale, ' (a per-tensor scale)')
+    if custom_mask is None:
+        custom_mask_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL]
+    else:
+        if not _checks.dense_last(custom_mask):
+            raise ValueError(f'{op}: custom_mask has stride {custom_mask.stride(0)}; pass custom_mask.contiguous()')
+        custom_mask_v = custom_mask
+    if mask_indptr is None:
+        mask_indptr_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32]
+    else:
+        if not _checks.dense_last(mask_indptr):
+            raise ValueError(f'{op}: mask_indptr has stride {mask_indptr.stride(0)}; pass mask_indptr.contiguous()')
+        mask_indptr_v = mask_indptr
     if lse is None:
         lse_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32]
     else:
@@ -588,10 +626,10 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
     if not _checks.dense_last(out):
         raise ValueError(f'{op}: out has a non-contiguous last dimension (stride {out.stride(-1)}); pass .contiguous()')
     out_v = out
-    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, k_scale_v, v_scale_v, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, k_scale_v, v_scale_v, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_, custom_mask_v, mask_indptr_v, custom_mask is not None, mask_prefix_,), out
 
 
-def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         query_s = query.shape
         key_cache_s = key_cache.shape
@@ -607,6 +645,9 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
             and type(window_left) is int
             and -2147483648 < window_left < 2147483648
             and sinks is None
+            and custom_mask is None
+            and mask_indptr is None
+            and type(mask_prefix) is bool
             and lse is None
             and out is None
             and len(query_s) == 3
@@ -649,12 +690,13 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
             Dv = value_cache_s[3]
             B = block_tables_s[0]
             MB = block_tables_s[1]
-            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is None and v_scale is None) and (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
+            if (Hq >= 1 and D >= 1) and (PS >= 1 and Hkv >= 1) and (Hq % Hkv == 0) and (Dv >= 1 and Dv <= D) and (window_left >= -1) and (k_scale is None and v_scale is None) and ((custom_mask is None) == (mask_indptr is None)) and (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647 or not query.is_cuda):
                 scale_ = scale
                 softcap_ = softcap
                 window_left_ = window_left
+                mask_prefix_ = mask_prefix
                 out = query.new_empty(T, Hq, Dv)
-                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, seq_lens, seq_lens, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, seq_lens, seq_lens, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL], (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32], custom_mask is not None, mask_prefix_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "query", query)
@@ -726,6 +768,26 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
         raise ValueError(f'{op}: k_scale / v_scale apply to an fp8 cache (float8_e4m3fn); this cache is {str(key_cache.dtype)[6:]}: pass no scales, or an fp8 cache')
     if not (MB * PS <= 1073741824 and T * Hq <= 2147483647 and T + B <= 2147483647) and query.device.type == 'cuda':
         raise ValueError(f"{op}: block_tables [{B}, {MB}] of {PS}-token pages, query {T} x {Hq}: sizes exceed the kernel's 32-bit positions (at most 1073741824 table positions)")
+    if not ((custom_mask is None) == (mask_indptr is None)):
+        raise ValueError(f"{op}: custom_mask and mask_indptr come together (the flat bool mask and its {B + 1} offsets: sequence b's [q_len, seq_len] matrix starts at mask_indptr[b])")
+    if custom_mask is not None:
+        _checks.tensor(op, "custom_mask", custom_mask)
+        _checks.dtype_in(op, "custom_mask", custom_mask, ('bool',))
+        if custom_mask.dim() != 1:
+            raise ValueError(f"{op}: custom_mask has shape {tuple(custom_mask.shape)}, expected [sum over sequences of q_len * seq_len] (flat, row-major per sequence)")
+        NM = custom_mask.shape[-1]
+        _checks.same_device(op, "query", query, custom_mask=custom_mask)
+    if mask_indptr is not None:
+        _checks.tensor(op, "mask_indptr", mask_indptr)
+        _checks.dtype_in(op, "mask_indptr", mask_indptr, ('int32', 'int64'))
+        if mask_indptr.dim() != 1:
+            raise ValueError(f"{op}: mask_indptr has shape {tuple(mask_indptr.shape)}, expected [{B + 1}] (offsets into custom_mask: sequence b's matrix starts at mask_indptr[b])")
+        if mask_indptr.shape[-1] != B + 1:
+            raise ValueError(f"{op}: mask_indptr has shape {tuple(mask_indptr.shape)}, expected [{B + 1}] (offsets into custom_mask: sequence b's matrix starts at mask_indptr[b])")
+        _checks.same_device(op, "query", query, mask_indptr=mask_indptr)
+    if not isinstance(mask_prefix, bool):
+        raise TypeError(f"{op}: mask_prefix must be a bool, got {mask_prefix!r}")
+    mask_prefix_ = mask_prefix
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))
@@ -762,6 +824,18 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
     else:
         _checks.dense_vector(op, "sinks", sinks)
         sinks_v = sinks
+    if custom_mask is None:
+        custom_mask_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL]
+    else:
+        if not _checks.dense_last(custom_mask):
+            raise ValueError(f'{op}: custom_mask has stride {custom_mask.stride(0)}; pass custom_mask.contiguous()')
+        custom_mask_v = custom_mask
+    if mask_indptr is None:
+        mask_indptr_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32]
+    else:
+        if not _checks.dense_last(mask_indptr):
+            raise ValueError(f'{op}: mask_indptr has stride {mask_indptr.stride(0)}; pass mask_indptr.contiguous()')
+        mask_indptr_v = mask_indptr
     if lse is None:
         lse_v = (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32]
     else:
@@ -769,4 +843,4 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
     if not _checks.dense_last(out):
         raise ValueError(f'{op}: out has a non-contiguous last dimension (stride {out.stride(-1)}); pass .contiguous()')
     out_v = out
-    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
+    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_, custom_mask_v, mask_indptr_v, custom_mask is not None, mask_prefix_,), out

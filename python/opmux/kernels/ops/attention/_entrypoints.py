@@ -72,7 +72,7 @@ FLAG: Any
 #: op -> the form of its declaration its functions were generated for (``form``)
 FORMS = {
     'paged_decode': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
-    'paged_prefill': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
+    'paged_prefill': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor? custom_mask=None, Tensor? mask_indptr=None, bool mask_prefix=True, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
 }
 
 
@@ -784,11 +784,11 @@ def reference_paged_decode(query, key_cache, value_cache, block_tables, seq_lens
 
 
 # -- attention.paged_prefill ---------------------------------------------------------------------
-def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, backend=None, enable_pdl=None):
+def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, backend=None, enable_pdl=None):
     if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
-            return LIB['paged_prefill'](query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse)
-        LIB['paged_prefill_out'](out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse)
+            return LIB['paged_prefill'](query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse)
+        LIB['paged_prefill_out'](out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse)
         return out
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -796,12 +796,12 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
         LANE, LFLAG = (LANE_CPU if query.is_cpu else LANE_CUDA if query.is_cuda else NO_LANES)[query.dtype] if backend is None else LANE_FORCED.get((backend, query.is_cpu, query.dtype), NO_LANE)
     except (KeyError, TypeError, AttributeError):
         LANE = None
-    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
+    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (custom_mask is None or isinstance(custom_mask, TENSOR)) and (mask_indptr is None or isinstance(mask_indptr, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
         G = GRAD()
         if G:
-            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
-        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out, LFLAG if enable_pdl is None else bool(enable_pdl))
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out, LFLAG if enable_pdl is None else bool(enable_pdl))
         if R is not None:
             if G:
                 if lse is not None:
@@ -814,11 +814,11 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
         if GRAD():
-            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
             if lse is not None:
                 BUMP((lse,))
             if out is not None:
@@ -849,6 +849,10 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
                 ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
             if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
                 ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+            if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+                ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+            if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+                ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
             if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
                 ALIAS(OP, 'lse', lse, 'out', out, True)
         if out is not None:
@@ -877,6 +881,10 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
                 ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
             if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
                 ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+            if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+                ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+            if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+                ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
         if lse is not None and not lse.is_contiguous():
             SELF(OP, 'lse', lse)
         if out is not None and not out.is_contiguous():
@@ -892,12 +900,12 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out,), {}, backend, enable_pdl)
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out,), {}, backend, enable_pdl)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
     if GRAD():
-        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
         if lse is not None:
             BUMP((lse,))
         if out is not None:
@@ -928,6 +936,10 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
             ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
         if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
             ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+            ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+            ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
         if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
             ALIAS(OP, 'lse', lse, 'out', out, True)
     if out is not None:
@@ -956,6 +968,10 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
             ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
         if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
             ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+            ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+            ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
     if lse is not None and not lse.is_contiguous():
         SELF(OP, 'lse', lse)
     if out is not None and not out.is_contiguous():
@@ -967,7 +983,7 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
     return RESULT
 
 
-def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
+def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
     if BRIDGE_PENDING[0]:
         BRIDGE_POLL()
     out = None
@@ -975,12 +991,12 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
         LANE, LFLAG = (LANE_CPU if query.is_cpu else LANE_CUDA if query.is_cuda else NO_LANES)[query.dtype]
     except (KeyError, TypeError, AttributeError):
         LANE = None
-    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
+    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (custom_mask is None or isinstance(custom_mask, TENSOR)) and (mask_indptr is None or isinstance(mask_indptr, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
         G = GRAD()
         if G:
-            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
-        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out, LFLAG)
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out, LFLAG)
         if R is not None:
             if G:
                 if lse is not None:
@@ -993,11 +1009,11 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
         if GRAD():
-            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
             if lse is not None:
                 BUMP((lse,))
             if out is not None:
@@ -1028,6 +1044,10 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
                 ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
             if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
                 ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+            if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+                ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+            if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+                ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
             if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
                 ALIAS(OP, 'lse', lse, 'out', out, True)
         if out is not None:
@@ -1056,6 +1076,10 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
                 ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
             if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
                 ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+            if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+                ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+            if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+                ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
         if lse is not None and not lse.is_contiguous():
             SELF(OP, 'lse', lse)
         if out is not None and not out.is_contiguous():
@@ -1068,12 +1092,12 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out,), {}, None)
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out,), {}, None)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
     if GRAD():
-        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
         if lse is not None:
             BUMP((lse,))
         if out is not None:
@@ -1104,6 +1128,10 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
             ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
         if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
             ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+            ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+            ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
         if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
             ALIAS(OP, 'lse', lse, 'out', out, True)
     if out is not None:
@@ -1132,6 +1160,10 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
             ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
         if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
             ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+            ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+            ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
     if lse is not None and not lse.is_contiguous():
         SELF(OP, 'lse', lse)
     if out is not None and not out.is_contiguous():
@@ -1143,24 +1175,24 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
     return RESULT
 
 
-def fake_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
-    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, None)[1]
+def fake_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
+    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, None)[1]
     return RESULT
 
 
-def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
+def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
     if BRIDGE_PENDING[0]:
         BRIDGE_POLL()
     try:
         LANE, LFLAG = (LANE_CPU if query.is_cpu else LANE_CUDA if query.is_cuda else NO_LANES)[query.dtype]
     except (KeyError, TypeError, AttributeError):
         LANE = None
-    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
+    if LANE is not None and isinstance(key_cache, TENSOR) and isinstance(value_cache, TENSOR) and isinstance(block_tables, TENSOR) and isinstance(seq_lens, TENSOR) and isinstance(cu_seqlens_q, TENSOR) and (sinks is None or isinstance(sinks, TENSOR)) and (k_scale is None or isinstance(k_scale, TENSOR)) and (v_scale is None or isinstance(v_scale, TENSOR)) and (custom_mask is None or isinstance(custom_mask, TENSOR)) and (mask_indptr is None or isinstance(mask_indptr, TENSOR)) and (lse is None or isinstance(lse, TENSOR)) and (out is None or isinstance(out, TENSOR)) and type(scale) is float and type(softcap) is float and type(window_left) is int:
         G = GRAD()
         if G:
-            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
-        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out, LFLAG)
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out, LFLAG)
         if R is not None:
             if G:
                 if lse is not None:
@@ -1173,11 +1205,11 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
         if GRAD():
-            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+            if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+                NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
             if lse is not None:
                 BUMP((lse,))
             if out is not None:
@@ -1208,6 +1240,10 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
                 ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
             if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
                 ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+            if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+                ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+            if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+                ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
             if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
                 ALIAS(OP, 'lse', lse, 'out', out, True)
         if out is not None:
@@ -1236,6 +1272,10 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
                 ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
             if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
                 ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+            if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+                ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+            if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+                ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
         if lse is not None and not lse.is_contiguous():
             SELF(OP, 'lse', lse)
         if out is not None and not out.is_contiguous():
@@ -1248,13 +1288,13 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out,), {}, None)
+        DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out,), {}, None)
         return None
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
     if GRAD():
-        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
         if lse is not None:
             BUMP((lse,))
         if out is not None:
@@ -1285,6 +1325,10 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
             ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
         if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
             ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+            ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+            ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
         if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
             ALIAS(OP, 'lse', lse, 'out', out, True)
     if out is not None:
@@ -1313,6 +1357,10 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
             ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
         if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
             ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+            ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+            ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
     if lse is not None and not lse.is_contiguous():
         SELF(OP, 'lse', lse)
     if out is not None and not out.is_contiguous():
@@ -1324,17 +1372,17 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
     return None
 
 
-def fake_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None):
-    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)[1]
+def fake_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
+    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)[1]
     return None
 
 
-def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
     if GRAD():
-        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
         if lse is not None:
             BUMP((lse,))
         if out is not None:
@@ -1365,6 +1413,10 @@ def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, c
             ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
         if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
             ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+            ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+            ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
         if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
             ALIAS(OP, 'lse', lse, 'out', out, True)
     if out is not None:
@@ -1393,6 +1445,10 @@ def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, c
             ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
         if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
             ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+            ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+            ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
     if lse is not None and not lse.is_contiguous():
         SELF(OP, 'lse', lse)
     if out is not None and not out.is_contiguous():
@@ -1401,12 +1457,12 @@ def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, c
     return RESULT
 
 
-def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
     if GRAD():
-        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
         if lse is not None:
             BUMP((lse,))
         if out is not None:
@@ -1437,6 +1493,10 @@ def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_len
             ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
         if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
             ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+            ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+            ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
         if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
             ALIAS(OP, 'lse', lse, 'out', out, True)
     if out is not None:
@@ -1465,6 +1525,10 @@ def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_len
             ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
         if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
             ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+            ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+            ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
     if lse is not None and not lse.is_contiguous():
         SELF(OP, 'lse', lse)
     if out is not None and not out.is_contiguous():
@@ -1473,12 +1537,12 @@ def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_len
     return RESULT
 
 
-def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, lse=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
     if GRAD():
-        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
-            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('lse', lse), ('out', out),)
+        if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
+            NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
         if lse is not None:
             BUMP((lse,))
         if out is not None:
@@ -1509,6 +1573,10 @@ def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_len
             ALIAS(OP, 'lse', lse, 'k_scale', k_scale, False)
         if v_scale is not None and S_lse == v_scale.untyped_storage().data_ptr() and OVERLAPS(lse, v_scale):
             ALIAS(OP, 'lse', lse, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_lse == custom_mask.untyped_storage().data_ptr() and OVERLAPS(lse, custom_mask):
+            ALIAS(OP, 'lse', lse, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_lse == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(lse, mask_indptr):
+            ALIAS(OP, 'lse', lse, 'mask_indptr', mask_indptr, False)
         if out is not None and S_lse == out.untyped_storage().data_ptr() and OVERLAPS(lse, out):
             ALIAS(OP, 'lse', lse, 'out', out, True)
     if out is not None:
@@ -1537,8 +1605,12 @@ def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_len
             ALIAS(OP, 'out', out, 'k_scale', k_scale, False)
         if v_scale is not None and S_out == v_scale.untyped_storage().data_ptr() and OVERLAPS(out, v_scale):
             ALIAS(OP, 'out', out, 'v_scale', v_scale, False)
+        if custom_mask is not None and S_out == custom_mask.untyped_storage().data_ptr() and OVERLAPS(out, custom_mask):
+            ALIAS(OP, 'out', out, 'custom_mask', custom_mask, False)
+        if mask_indptr is not None and S_out == mask_indptr.untyped_storage().data_ptr() and OVERLAPS(out, mask_indptr):
+            ALIAS(OP, 'out', out, 'mask_indptr', mask_indptr, False)
     if lse is not None and not lse.is_contiguous():
         SELF(OP, 'lse', lse)
     if out is not None and not out.is_contiguous():
         SELF(OP, 'out', out)
-    return KERNEL(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, lse, out)
+    return KERNEL(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)

@@ -3,9 +3,11 @@ torch backend (the op's description is ``op.py``'s docstring). Shares paged_deco
 conventions (``_decode``): the same cache forms, scale, softcap, window, sinks and fp8 scales.
 
 Kernel arguments: ``(out, lse, has_lse, query, key_cache, value_cache, block_tables, seq_lens,
-cu_seqlens_q, sinks, has_sinks, k_scale, v_scale, fp8, scale, softcap, window_left)``: ``scale``
-resolved (0.0 -> ``1 / sqrt(D)``), an absent ``lse`` / ``sinks`` an empty float32 tensor, and in
-the plain form ``seq_lens`` in the places of the scales (unread), as paged_decode does.
+cu_seqlens_q, sinks, has_sinks, k_scale, v_scale, fp8, scale, softcap, window_left, custom_mask,
+mask_indptr, has_mask, mask_prefix)``: ``scale`` resolved (0.0 -> ``1 / sqrt(D)``), an absent
+``lse`` / ``sinks`` an empty float32 tensor, in the plain form ``seq_lens`` in the places of the
+scales (unread), as paged_decode does, and without a custom mask ``cu_seqlens_q`` in the places of
+``custom_mask`` / ``mask_indptr`` (unread).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import _checks
-from .._contract import FLOATS, Arg, Contract, Forms, Rule, When
+from .._contract import FLOATS, Arg, Contract, Forms, Rule, Scalar, When
 from ._decode import _I32, _POSITIONS, _rows, attend_rows, cache_items, cache_scales, knob_items
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ def _items(fp8: bool) -> tuple[Any, ...]:
             f"32-bit positions (at most {_POSITIONS} table positions)",
             device="cuda",
         ),
+        *_mask_items(),
         Arg("lse", "T, Hq", dtypes=("float32",), device_of="query", layout="strided", expect="[{T}, {Hq}]"),
         Arg(
             "out",
@@ -87,9 +90,42 @@ def _items(fp8: bool) -> tuple[Any, ...]:
     )
 
 
+def _mask_items() -> tuple[Any, ...]:
+    """The custom mask (speculative decoding's tree masks; FlashInfer's ``custom_mask``, SGLang's
+    ``custom_mask`` / ``mask_indptr``): one flat bool vector holding each sequence's
+    ``[q_len, seq_len]`` matrix row-major from its ``mask_indptr`` offset."""
+    return (
+        Rule(
+            "(custom_mask is None) == (mask_indptr is None)",
+            "custom_mask and mask_indptr come together (the flat bool mask and its {B + 1} offsets: sequence "
+            "b's [q_len, seq_len] matrix starts at mask_indptr[b])",
+        ),
+        Arg(
+            "custom_mask",
+            "NM",
+            dtypes=("bool",),
+            device_of="query",
+            layout="dense_last",
+            expect="[sum over sequences of q_len * seq_len] (flat, row-major per sequence)",
+            layout_hint="has stride {{t}.stride(0)}; pass {t}.contiguous()",
+        ),
+        Arg(
+            "mask_indptr",
+            "B + 1",
+            dtypes=("int32", "int64"),
+            device_of="query",
+            layout="dense_last",
+            expect="[{B + 1}] (offsets into custom_mask: sequence b's matrix starts at mask_indptr[b])",
+            layout_hint="has stride {{t}.stride(0)}; pass {t}.contiguous()",
+        ),
+        Scalar("mask_prefix", "bool"),
+    )
+
+
 _ARGS = ("out", "lse", "lse is not None", "query", "key_cache", "value_cache", "block_tables", "seq_lens")
 _ARGS += ("cu_seqlens_q", "sinks", "sinks is not None")
 _TAIL = ("scale if scale > 0 else D ** -0.5", "softcap", "window_left")
+_TAIL += ("custom_mask", "mask_indptr", "custom_mask is not None", "mask_prefix")
 PAGED_PREFILL = Forms(
     "paged_prefill",
     cases=(
@@ -109,11 +145,20 @@ def values(
     block_tables: Tensor,
     seq_lens: Tensor,
     cu_seqlens_q: Tensor,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    window_left: int = -1,
+    sinks: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
+    custom_mask: Tensor | None = None,
+    mask_indptr: Tensor | None = None,
     *_: Any,
 ) -> None:
     """CPU tensors (free there): ``cu_seqlens_q`` from 0 to query's rows, non-decreasing; every
-    length within the table's capacity and at least its sequence's new tokens; every block id a
-    sequence uses a block of the cache. On CUDA the kernels clamp instead (no sync)."""
+    length within the table's capacity and at least its sequence's new tokens; each sequence's
+    custom mask ``q_len * seq_len`` entries inside ``custom_mask``; every block id a sequence uses
+    a block of the cache. On CUDA the kernels clamp instead (no sync)."""
     if not (seq_lens.is_cpu and block_tables.is_cpu and cu_seqlens_q.is_cpu):
         return
     nb, ps = key_cache.shape[0], key_cache.shape[1]
@@ -150,6 +195,8 @@ def values(
                 f"cu_seqlens_q[{b}]) but seq_lens[{b}] = {n}: seq_lens counts the cached prefix plus the new "
                 "tokens, so it is at least q_len"
             )
+    if custom_mask is not None and mask_indptr is not None:
+        _mask_values(custom_mask.shape[0], mask_indptr.tolist(), cu, seq_lens.tolist())
     if not block_tables.numel() or _checks.in_range(block_tables, 0, nb):
         return
     need = (seq_lens.long() + ps - 1) // ps
@@ -161,6 +208,23 @@ def values(
             f"{OP}: block_tables[{r}, {c}] = {int(block_tables[r, c])} is out of range [0, {nb}) (key_cache's "
             f"blocks): sequence {r} (seq_len {int(seq_lens[r])}) uses the first {int(need[r])} entries of its row"
         )
+
+
+def _mask_values(entries: int, ind: list[int], cu: list[int], lens: list[int]) -> None:
+    """Each sequence's ``[q_len, seq_len]`` mask matrix: ``mask_indptr`` steps by exactly its size
+    and the matrix lies inside ``custom_mask``'s ``entries``."""
+    for b, n in enumerate(lens):
+        q = cu[b + 1] - cu[b]
+        if ind[b + 1] - ind[b] != q * n:
+            raise ValueError(
+                f"{OP}: mask_indptr[{b + 1}] - mask_indptr[{b}] = {ind[b + 1] - ind[b]}, but sequence {b}'s "
+                f"custom mask is its [q_len, seq_len] = [{q}, {n}] matrix: {q * n} entries"
+            )
+        if q * n and (ind[b] < 0 or ind[b] + q * n > entries):
+            raise ValueError(
+                f"{OP}: sequence {b}'s custom mask, entries [{ind[b]}, {ind[b] + q * n}) (mask_indptr[{b}] = "
+                f"{ind[b]}), is outside custom_mask's {entries} entries"
+            )
 
 
 # -- the definition --------------------------------------------------------------------------------
@@ -177,12 +241,16 @@ def reference(
     sinks: Tensor | None = None,
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
+    custom_mask: Tensor | None = None,
+    mask_indptr: Tensor | None = None,
+    mask_prefix: bool = True,
     lse: Tensor | None = None,
     out: Tensor | None = None,
 ) -> Tensor:
     """The definition, one sequence at a time: its keys and values gathered through its block
     table, scores in float32 (float64 for a float64 call), the causal mask aligned to the end of
-    the KV (query ``i`` of ``q_len`` sees positions ``<= seq_len - q_len + i``), the window,
+    the KV (query ``i`` of ``q_len`` sees positions ``<= seq_len - q_len + i``) or the sequence's
+    custom mask matrix (the prefix's columns all True with ``mask_prefix=False``), the window,
     softcap, the sinks in the denominator, the weighted sum in float32, one cast. Scores over
     the key head dim ``D``, values over the value cache's ``Dv`` (MLA: ``Dv < D``)."""
     f = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -210,6 +278,11 @@ def reference(
             s = softcap * torch.tanh(s / softcap)
         last = (n - (q1 - q0) + torch.arange(q1 - q0, device=dev))[:, None]  # [q, 1]
         keep = pos[None, :] <= last
+        if custom_mask is not None and mask_indptr is not None:
+            m0 = int(mask_indptr[b])
+            keep = custom_mask[m0 : m0 + (q1 - q0) * n].reshape(q1 - q0, n).to(dev)
+            if not mask_prefix:
+                keep = keep | (pos[None, :] < n - (q1 - q0))
         if window_left >= 0:
             keep &= pos[None, :] >= last - window_left
         s = s.reshape(q1 - q0, hq, n).masked_fill(~keep[:, None, :], float("-inf"))
@@ -217,7 +290,7 @@ def reference(
             torch.cat([s, sinks.to(f)[None, :, None].expand(q1 - q0, hq, 1)], 2) if sinks is not None else s
         )
         lse_b = torch.logsumexp(logits, 2) if logits.shape[2] else lses[q0:q1]
-        p = torch.exp(s - lse_b[:, :, None])
+        p = torch.exp(s - lse_b.clamp_min(torch.finfo(f).min)[:, :, None])  # an empty row: 0
         o[q0:q1] = torch.einsum("ihgn,nhd->ihgd", p.reshape(q1 - q0, hkv, g, n), v).reshape(q1 - q0, hq, dv)
         lses[q0:q1] = lse_b
     if lse is not None:
@@ -248,11 +321,16 @@ def torch_prefill(
     scale: float,
     softcap: float,
     window_left: int,
+    custom_mask: Tensor,
+    mask_indptr: Tensor,
+    has_mask: bool,
+    mask_prefix: bool,
 ) -> None:
     """The definition's arithmetic a chunk of query tokens at a time, each against its
     sequence's whole block-table row: static shapes, the lengths and offsets kept on the device
-    (no sync, CUDA-graph safe), lengths clamped to the table's capacity and bad block ids masked
-    as the Triton kernel does. A fallback (memory ~ tokens x table capacity per chunk)."""
+    (no sync, CUDA-graph safe), lengths clamped to the table's capacity, bad block ids masked and
+    mask entries outside ``custom_mask`` read as False, as the Triton kernel does. A fallback
+    (memory ~ tokens x table capacity per chunk)."""
     rows, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     bsz, width = block_tables.shape
@@ -269,14 +347,26 @@ def torch_prefill(
     tok = torch.arange(rows, device=dev)
     seq = torch.searchsorted(cu[1:].contiguous(), tok, right=True).clamp(0, bsz - 1)  # cu[b] <= t < cu[b+1]
     n_t = seq_lens.long().clamp(0, cap)[seq]
-    last_t = n_t - (cu[seq + 1] - cu[seq]) + (tok - cu[seq])  # the last position token t sees
+    q_len_t = cu[seq + 1] - cu[seq]
+    last_t = n_t - q_len_t + (tok - cu[seq])  # the last position token t sees
     pos = torch.arange(cap, device=dev)
+    entries = custom_mask.shape[0]
+    if has_mask:  # each token's row of its sequence's [q_len, seq_len] mask matrix
+        row_t = mask_indptr.long()[seq] + (tok - cu[seq]) * n_t
     step = max(1, _CHUNK_ELEMENTS // max(1, cap * hkv * d))  # the key rows: Dv <= D
     for t0 in range(0, rows, step):
         t1 = min(rows, t0 + step)
         blocks = block_tables.long()[seq[t0:t1]][:, pos // ps]  # [t, cap]
         last = last_t[t0:t1, None]
-        keep = (pos[None, :] <= last) & (pos[None, :] < n_t[t0:t1, None]) & (blocks >= 0) & (blocks < nb)
+        if has_mask:
+            at = row_t[t0:t1, None] + pos[None, :]
+            seen = (at >= 0) & (at < entries)
+            seen &= custom_mask[at.clamp(0, max(0, entries - 1))] if entries else seen
+            if not mask_prefix:
+                seen |= pos[None, :] < (n_t - q_len_t)[t0:t1, None]
+        else:
+            seen = pos[None, :] <= last
+        keep = seen & (pos[None, :] < n_t[t0:t1, None]) & (blocks >= 0) & (blocks < nb)
         if window_left >= 0:
             keep &= pos[None, :] >= last - window_left
         attend_rows(

@@ -4,7 +4,7 @@ warps and stages for a padded value head dim and a GQA group. Plain Python (no t
 
 from __future__ import annotations
 
-__all__ = ["tile_config"]
+__all__ = ["masked_block_n", "tile_config"]
 
 
 def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int, int, int]:
@@ -30,3 +30,12 @@ def tile_config(block_d: int, group: int, fp32: bool = False) -> tuple[int, int,
     else:
         bm, bn, warps, stages = 64, 32, 8, 2
     return max(bm, 1 << max(group - 1, 0).bit_length()), bn, warps, stages
+
+
+def masked_block_n(block_n: int) -> int:
+    """The key tile of a call with a custom mask: half the unmasked one's, at least 16. The mask
+    tile (a byte and a 64-bit address per score) on top of the scores made every default tile
+    spill on sm_90 (128 x 64 at 128 dims: 264 bytes; 64 x 32 at 256 dims: 60); with half the keys
+    none spills (ptxas sm_90a: 128 x 32 at 180-255 registers, 64 x 16, MLA's 32 x 16 unchanged).
+    Tree masks serve a few query tokens a sequence, so the tile's keys matter more than its rows."""
+    return max(16, block_n // 2)

@@ -49,7 +49,7 @@ from opmux.kernels.ops._triton_tuned import launch_tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
 from ._paged_tiles import _load_tile, _tanh, value_is_key_prefix
-from ._prefill_tile_config import tile_config
+from ._prefill_tile_config import masked_block_n, tile_config
 
 #: Triton's CPU interpreter (tests): bf16 tiles go to the dot as fp32 there (exact); never on a GPU
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -58,14 +58,14 @@ OP = "attention.paged_prefill"
 
 @triton.jit
 def _step(
-    q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left,
+    q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left, seen,
     MASKED: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
-    WINDOW: tl.constexpr, HAS_TAIL: tl.constexpr,
+    WINDOW: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_MASK: tl.constexpr,
 ):  # fmt: skip
     """One key tile's online-softmax update of (acc, m_i, l_i): scores in log2 units, then the
-    causal and window masks per element (``MASKED``) or, for a tile every row sees whole, only
-    the tile's bad block ids as a column bias (one add per score instead of compares and a
-    select)."""
+    causal (or, ``HAS_MASK``, the custom mask's ``seen``) and window masks per element
+    (``MASKED``) or, for a tile every row sees whole, only the tile's bad block ids as a column
+    bias (one add per score instead of compares and a select)."""
     LOG2E: tl.constexpr = 1.4426950408889634
     if DOT_F32:
         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -80,7 +80,10 @@ def _step(
         s = softcap * _tanh(s / softcap) * LOG2E
     if MASKED:
         pos = n0 + tl.arange(0, BLOCK_N)
-        keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
+        if HAS_MASK:
+            keep = ok[None, :] & seen
+        else:
+            keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
         if WINDOW:
             keep = keep & (pos[None, :] >= qpos[:, None] - window_left)
         s = tl.where(keep, s, float("-inf"))
@@ -111,6 +114,8 @@ def _prefill(
     VS,
     OUT,
     LSE,
+    CM,
+    MI,
     sq_t,
     sq_h,
     sk_b,
@@ -135,6 +140,7 @@ def _prefill(
     sm_scale,
     softcap,
     window_left,
+    mask_entries,
     G: tl.constexpr,
     GC: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -152,6 +158,8 @@ def _prefill(
     HAS_TAIL: tl.constexpr,
     V_FROM_K: tl.constexpr,
     SPLIT: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    MASK_PREFIX: tl.constexpr,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -216,6 +224,10 @@ def _prefill(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     kv_end = tl.minimum(n, prefix + tl.minimum(t0 + BLOCK_Q, q_len))  # causal: nothing past the block
+    mrow = tok.to(tl.int64) * 0  # HAS_MASK: each row's start in CM (its row of the sequence's matrix)
+    if HAS_MASK:  # the custom mask replaces the causal rule: every position up to the length
+        kv_end = n
+        mrow = tl.load(MI + b).to(tl.int64) + tok.to(tl.int64) * n
     kv_start = n * 0
     if WINDOW:
         kv_start = tl.maximum(prefix + t0 - window_left, 0)
@@ -227,7 +239,7 @@ def _prefill(
     # bias); the tiles across the diagonal (every tile of a window) take the element masks. Off:
     # one masked loop (fewer registers: the split's two pipelined loops hold 192 -> 255 at the
     # 128 x 64 bf16 tile, ptxas sm_90a; which is faster is the sweep's to say)
-    PHASES: tl.constexpr = 2 if SPLIT and not WINDOW else 1
+    PHASES: tl.constexpr = 2 if SPLIT and not WINDOW and not HAS_MASK else 1
     full_end = kv_start
     if PHASES == 2:
         full_end = tl.maximum(
@@ -241,9 +253,17 @@ def _prefill(
                 kbase, vbase, bt_row, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
                 dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
             )  # fmt: skip
+            seen = rmask[:, None] & ok[None, :]  # HAS_MASK: the custom mask's tile (entries outside CM: False)
+            if HAS_MASK:
+                pos = n0 + tl.arange(0, BLOCK_N)
+                at = mrow[:, None] + pos[None, :]
+                inb = rmask[:, None] & ok[None, :] & (at >= 0) & (at < mask_entries)
+                seen = tl.load(CM + at, mask=inb, other=0) != 0
+                if not MASK_PREFIX:
+                    seen = seen | (pos < prefix)[None, :]
             acc, m_i, l_i = _step(
-                q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left,
-                phase == PHASES - 1, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL,
+                q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left, seen,
+                phase == PHASES - 1, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL, HAS_MASK,
             )  # fmt: skip
 
     if FP8:
@@ -279,6 +299,10 @@ def launch(
     scale: float,
     softcap: float,
     window_left: int,
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    has_mask: bool,
+    mask_prefix: bool,
     block_m: int | None = None,
     block_n: int | None = None,
     warps: int | None = None,
@@ -304,7 +328,7 @@ def launch(
 
     def run(cfg: Mapping[str, Any]) -> None:
         bm = max(block_m or cfg["BLOCK_M"], 16)
-        bn = block_n or cfg["BLOCK_N"]
+        bn = block_n or (masked_block_n(cfg["BLOCK_N"]) if has_mask else cfg["BLOCK_N"])
         nw, ns = warps or cfg["num_warps"], stages or cfg["num_stages"]
         sp = bool(cfg.get("SPLIT")) if split is None else split
         gc = min(g, bm)  # the heads of a program: the whole group, or a chunk of it
@@ -324,6 +348,8 @@ def launch(
             v_scale,
             out,
             lse,
+            custom_mask.view(torch.uint8) if has_mask else cu_seqlens_q,
+            mask_indptr,
             query.stride(0),
             query.stride(1),
             key_cache.stride(0),
@@ -348,6 +374,7 @@ def launch(
             scale,
             softcap,
             window_left,
+            custom_mask.shape[0] if has_mask else 0,
             G=g,
             GC=gc,
             PAGE_SIZE=ps,
@@ -365,6 +392,8 @@ def launch(
             HAS_TAIL=d > dv,
             V_FROM_K=value_is_key_prefix(key_cache, value_cache),
             SPLIT=sp,
+            HAS_MASK=has_mask,
+            MASK_PREFIX=mask_prefix,
             num_warps=nw,
             num_stages=ns,
         )

@@ -46,6 +46,17 @@ cache of its own, e.g. ``D = 192``, ``Dv = 128``), ``out [T, Hq, Dv]``. The valu
 tensors (``cu_seqlens_q`` against query's rows, the lengths, the block ids); on CUDA the kernels
 clamp the offsets to ``[0, T]`` and the lengths to the table's capacity and skip bad block ids.
 
+A custom mask replaces the causal one (speculative decoding's tree verification: FlashInfer's
+``custom_mask``, SGLang's ``custom_mask`` / ``mask_indptr``): ``custom_mask`` bool, flat, holds
+each sequence's ``[q_len, seq_len]`` matrix row-major from offset ``mask_indptr[b]`` (int32 / int64
+``[B + 1]``; ``mask_indptr[b + 1] - mask_indptr[b] = q_len * seq_len``), and query ``i`` of sequence
+``b`` sees position ``j < seq_len`` iff ``custom_mask[mask_indptr[b] + i * seq_len + j]``, within
+the window as above (it is still measured from ``seq_len - q_len + i``); ``mask_prefix=False``
+(SGLang's ``skip_prefix_custom_mask``): every query sees the cached prefix's positions
+``j < seq_len - q_len`` whatever its mask says there. A row the mask leaves empty gets 0 and an lse
+of -inf (or the sink). The values hook checks the offsets of CPU tensors; on CUDA a mask entry
+outside ``[0, len(custom_mask))`` reads as False (never out of bounds).
+
 Other page-table forms convert to the block table without a copy of the cache: FlashInfer's /
 SGLang's CSR form (``kv_indptr [B + 1]``, ``kv_indices``, ``kv_last_page_len [B]``) is
 ``block_tables[b, :kv_indptr[b + 1] - kv_indptr[b]] = kv_indices[kv_indptr[b] : kv_indptr[b + 1]]``
@@ -110,12 +121,14 @@ paged_prefill = declare(
     _prefill.OP,
     "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
     "Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, "
-    "Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
+    "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? custom_mask=None, Tensor? mask_indptr=None, "
+    "bool mask_prefix=True, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
     doc="ragged query [T, Hq, D] (cu_seqlens_q [B + 1]) of new tokens attending causally over their "
     "sequences' paged KV cache [num_blocks, page_size, Hkv, D] (cached prefix + new tokens, NHD or HND "
     "view; the value cache's head dim Dv <= D: MLA's 576 / 512) through block_tables [B, max_blocks] / "
     "seq_lens [B] -> [T, Hq, Dv] (+ lse [T, Hq]); GQA / MQA, "
-    "softcap, sliding window, attention sinks, fp8 e4m3 caches with k_scale / v_scale",
+    "softcap, sliding window, attention sinks, fp8 e4m3 caches with k_scale / v_scale, a custom (tree) mask "
+    "in place of the causal one (custom_mask / mask_indptr)",
     contract=_prefill.PAGED_PREFILL,
     values=_prefill.values,
     reference=_prefill.reference,

@@ -45,6 +45,11 @@ def refusal(**facts: Any) -> str | None:
     return _flashinfer.refusal("prefill", **facts)
 
 
+#: FlashInfer's custom masks are bit-packed per plan and replace its causal flag; opmux's flat
+#: bool form is not wired to them: the next backend (Triton) takes custom masks
+_CUSTOM_MASK = "a custom mask (the backend passes none to FlashInfer's plan)"
+
+
 def supports(
     query: Any,
     key_cache: Any,
@@ -58,10 +63,15 @@ def supports(
     sinks: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    custom_mask: Any = None,
+    mask_indptr: Any = None,
+    mask_prefix: Any = True,
     lse: Any = None,
     out: Any = None,
 ) -> str | None:
     """The backend's predicate (the op's public arguments)."""
+    if custom_mask is not None:
+        return _CUSTOM_MASK
     return _flashinfer.predicate("prefill", query, key_cache, value_cache, sinks, lse)
 
 
@@ -132,8 +142,14 @@ def paged_prefill(
     scale: float,
     softcap: float,
     window_left: int,
+    custom_mask: Tensor,
+    mask_indptr: Tensor,
+    has_mask: bool,
+    mask_prefix: bool,
 ) -> None:
     """``attention.paged_prefill`` per its contract (the kernel arguments, already checked)."""
+    if has_mask:
+        raise CallRefused(BACKEND, _CUSTOM_MASK)
     kv_layout = layout(key_cache)
     why = refusal(**_flashinfer.facts(query, key_cache, value_cache, has_sinks, has_lse))
     if why is not None:  # forced onto a call it cannot run (its facts, this call's)

@@ -530,6 +530,10 @@ def paged_prefill(
     scale: float,
     softcap: float,
     window_left: int,
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    has_mask: bool,
+    mask_prefix: bool,
 ) -> None:
     """``attention.paged_prefill`` per its contract (ops/attention/op.py), the tile from
     :func:`_prefill_triton.tile_config`."""
@@ -551,4 +555,8 @@ def paged_prefill(
         scale,
         softcap,
         window_left,
+        custom_mask,
+        mask_indptr,
+        has_mask,
+        mask_prefix,
     )
