@@ -214,7 +214,9 @@ def test_a_custom_mask_is_refused_before_any_plan(stand_in: type[_Wrapper]) -> N
     q, kc, vc, table, lens, cu = args
     mask = torch.ones(3 * 5 + 2 * 2, dtype=torch.bool)
     indptr = torch.tensor([0, 15, 19], dtype=torch.int64)
-    assert "custom mask" in (fip.supports(q, kc, vc, table, lens, cu, custom_mask=mask, mask_indptr=indptr) or "")
+    assert "custom mask" in (
+        fip.supports(q, kc, vc, table, lens, cu, custom_mask=mask, mask_indptr=indptr) or ""
+    )
     out, e = torch.empty_like(q), torch.empty(0)
     with pytest.raises(CallRefused, match="custom mask"):
         fip.paged_prefill(

@@ -361,7 +361,10 @@ def _tree_mask(
         parts.append(m.flatten())
         ind.append(ind[-1] + q * n)
     mask = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
-    return {"custom_mask": mask.to(device), "mask_indptr": torch.tensor(ind, dtype=indptr_dtype, device=device)}
+    return {
+        "custom_mask": mask.to(device),
+        "mask_indptr": torch.tensor(ind, dtype=indptr_dtype, device=device),
+    }
 
 
 def _mask_samples(device: str, dtype: torch.dtype) -> list[Sample]:
@@ -380,7 +383,11 @@ def _mask_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     out.append(Sample("custom-mask-empty-row-lse-sinks", args, kw))
     args = _prefill_mla(device, dtype, 53, [6, 2], [11, 5])
     out.append(
-        Sample("mla-custom-mask", args, {**_tree_mask(device, args[5].cpu(), args[4].cpu(), 53), "scale": MLA_SCALE})
+        Sample(
+            "mla-custom-mask",
+            args,
+            {**_tree_mask(device, args[5].cpu(), args[4].cpu(), 53), "scale": MLA_SCALE},
+        )
     )
     return out
 
@@ -531,10 +538,34 @@ def paged_prefill_invalid(device: str) -> Invalid:
     m = _tree_mask(device, cu.cpu(), seq.cpu(), 0)
     mask, ind = m["custom_mask"], m["mask_indptr"]
     cases += [  # the custom mask: both or neither, bool, flat, offsets per sequence
-        ("mask-without-indptr", a, {"custom_mask": mask}, ValueError, "custom_mask and mask_indptr come together"),
-        ("indptr-without-mask", a, {"mask_indptr": ind}, ValueError, "custom_mask and mask_indptr come together"),
-        ("mask-uint8", a, {"custom_mask": mask.to(torch.uint8), "mask_indptr": ind}, TypeError, "custom_mask has dtype uint8"),
-        ("indptr-float", a, {"custom_mask": mask, "mask_indptr": ind.float()}, TypeError, "mask_indptr has dtype float32"),
+        (
+            "mask-without-indptr",
+            a,
+            {"custom_mask": mask},
+            ValueError,
+            "custom_mask and mask_indptr come together",
+        ),
+        (
+            "indptr-without-mask",
+            a,
+            {"mask_indptr": ind},
+            ValueError,
+            "custom_mask and mask_indptr come together",
+        ),
+        (
+            "mask-uint8",
+            a,
+            {"custom_mask": mask.to(torch.uint8), "mask_indptr": ind},
+            TypeError,
+            "custom_mask has dtype uint8",
+        ),
+        (
+            "indptr-float",
+            a,
+            {"custom_mask": mask, "mask_indptr": ind.float()},
+            TypeError,
+            "mask_indptr has dtype float32",
+        ),
         (
             "indptr-length",
             a,

@@ -253,7 +253,9 @@ def _prefill(
                 kbase, vbase, bt_row, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
                 dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
             )  # fmt: skip
-            seen = rmask[:, None] & ok[None, :]  # HAS_MASK: the custom mask's tile (entries outside CM: False)
+            seen = (
+                rmask[:, None] & ok[None, :]
+            )  # HAS_MASK: the custom mask's tile (entries outside CM: False)
             if HAS_MASK:
                 pos = n0 + tl.arange(0, BLOCK_N)
                 at = mrow[:, None] + pos[None, :]
