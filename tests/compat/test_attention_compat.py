@@ -38,9 +38,11 @@ def ref_seq(
     softcap: float = 0.0,
     window: int = -1,
     sinks: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One sequence: q [ql, Hq, D] are the last ql positions of k / v [n, Hkv, D]; causal,
-    window (positions >= qpos - window), softcap, sinks in the denominator; float32."""
+    """One sequence: q [ql, Hq, D] are the last ql positions of k / v [n, Hkv, D]; causal (or
+    ``mask [ql, n]`` in its place), window (positions >= qpos - window), softcap, sinks in the
+    denominator; float32."""
     q, k, v = q.float(), k.float(), v.float()
     ql, hq, _ = q.shape
     n, hkv = k.shape[0], k.shape[1]
@@ -50,7 +52,7 @@ def ref_seq(
         s = softcap * torch.tanh(s / softcap)
     qpos = (n - ql + torch.arange(ql))[:, None]
     pos = torch.arange(n)[None, :]
-    keep = pos <= qpos
+    keep = pos <= qpos if mask is None else mask
     if window >= 0:
         keep &= pos >= qpos - window
     s = s.masked_fill(~keep[None], float("-inf"))
@@ -356,8 +358,16 @@ def test_sgl_extend_attention(
 @pytest.mark.parametrize(
     ("kwargs", "names"),
     [
-        ({"custom_mask": torch.ones(8, dtype=torch.bool)}, "custom_mask"),
-        ({"is_causal": False}, "is_causal=False"),
+        (
+            {
+                "custom_mask": torch.ones(12, dtype=torch.bool),
+                "mask_indptr": torch.tensor([0, 12]),
+                "sliding_window_size": 2,
+                "window_kv_offsets": torch.zeros(1, dtype=torch.int32),
+            },
+            "window_kv_offsets",
+        ),
+        ({"is_causal": False, "sliding_window_size": 2}, "is_causal=False with a sliding window"),
         ({"xai_temperature_len": 8}, "xai_temperature_len"),
     ],
 )
@@ -373,6 +383,49 @@ def test_sgl_extend_refusals(kwargs: dict[str, object], names: str) -> None:
     }  # fmt: skip
     with pytest.raises(NotImplementedError, match=names):
         sgl.extend_attention_fwd(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["tree-skip-prefix", "tree-mask-prefix", "non-causal"])
+def test_sgl_extend_attention_custom_mask(attn_backend: str, mode: str) -> None:
+    """SGLang's speculative-decoding verify: each request's ``[extend_len, prefix + extend_len]``
+    mask row-major from ``mask_indptr`` replaces the causal rule; ``skip_prefix_custom_mask``
+    ignores the prefix's columns (random here, so reading them would show); ``is_causal=False``
+    with no mask sees every key of the request."""
+    kb, vb, g = _pool(40, seed=16)
+    pre, ext = [5, 0, 9], [4, 3, 1]
+    kv_indptr, kv_indices = _csr(pre, 40, g)
+    qo = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32)
+    q, ke, ve = (torch.randn(sum(ext), h, D, generator=g) for h in (HQ, HKV, HKV))
+    trees, flat = [], []
+    for p, e in zip(pre, ext, strict=True):
+        m = torch.rand(e, p + e, generator=g) < 0.5
+        m[:, p:] &= torch.ones(e, e, dtype=torch.bool).tril()  # ancestors only: a tree is causal
+        m[torch.arange(e), p + torch.arange(e)] = True
+        trees.append(m)
+        flat.append(m.flatten())
+    mask_indptr = torch.tensor(
+        [0, *torch.tensor([p * e + e * e for p, e in zip(pre, ext, strict=True)]).cumsum(0).tolist()]
+    )
+    skip = mode == "tree-skip-prefix"
+    kw: dict[str, object] = (
+        {"custom_mask": torch.cat(flat), "mask_indptr": mask_indptr, "skip_prefix_custom_mask": skip}
+        if mode != "non-causal"
+        else {}
+    )
+    o = torch.full_like(q, 9.0)
+    sgl.extend_attention_fwd(
+        q, ke, ve, o, kb, vb, qo, kv_indptr, kv_indices, kw.pop("custom_mask", None), mode != "non-causal",
+        kw.pop("mask_indptr", None), max(ext), sm_scale=0.3, **kw,
+    )  # fmt: skip
+    for b, (p, e) in enumerate(zip(pre, ext, strict=True)):
+        idx = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])]
+        r0, r1 = int(qo[b]), int(qo[b + 1])
+        k, v = torch.cat([kb[idx], ke[r0:r1]]), torch.cat([vb[idx], ve[r0:r1]])
+        keep = torch.ones(e, p + e, dtype=torch.bool) if mode == "non-causal" else trees[b].clone()
+        if skip:
+            keep[:, :p] = True
+        want = ref_seq(q[r0:r1], k, v, 0.3, mask=keep)
+        torch.testing.assert_close(o[r0:r1], want, atol=2e-5, rtol=2e-5)
 
 
 def test_sgl_decode_refusals() -> None:

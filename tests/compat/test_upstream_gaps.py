@@ -137,11 +137,20 @@ def test_extend_attention_fwd_unified_matches_the_two_stage_entry() -> None:
         q, o1, k_buf, v_buf, qo_indptr, u_indptr, u_indices, prefix_lens, max(ext), sliding_window_size=4
     )
     torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-5)
-    with pytest.raises(NotImplementedError, match="custom_mask"):
-        sgl_kernel.extend_attention_fwd_unified(
-            q, o1, k_buf, v_buf, qo_indptr, u_indptr, u_indices, prefix_lens, max(ext),
-            custom_mask=torch.ones(1, dtype=torch.bool),
-        )  # fmt: skip
+    # a custom mask over every key (the unified kernel reads the prefix's columns too): the same
+    # as the two-stage entry's with skip_prefix_custom_mask=False
+    sizes = [(p_ + e_) * e_ for p_, e_ in zip(pre, ext, strict=True)]
+    mask = torch.rand(sum(sizes), generator=g) < 0.6
+    mask_indptr = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
+    sgl_kernel.extend_attention_fwd_unified(
+        q, o1, k_buf, v_buf, qo_indptr, u_indptr, u_indices, prefix_lens, max(ext),
+        custom_mask=mask, mask_indptr=mask_indptr,
+    )  # fmt: skip
+    sgl_kernel.extend_attention_fwd(
+        q, k_buf[extend_rows], v_buf[extend_rows], o2, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
+        mask, True, mask_indptr, max(ext), skip_prefix_custom_mask=False,
+    )  # fmt: skip
+    torch.testing.assert_close(o1, o2, rtol=1e-5, atol=1e-5)
     with pytest.raises(NotImplementedError, match="window_start_pos"):
         sgl_kernel.extend_attention_fwd_unified(
             q, o1, k_buf, v_buf, qo_indptr, u_indptr, u_indices, prefix_lens, max(ext),

@@ -97,6 +97,43 @@ def _i32(t: Tensor) -> Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
+def _sgl_mask(
+    name: str,
+    custom_mask: Tensor | None,
+    mask_indptr: Tensor | None,
+    is_causal: bool,
+    window: int,
+    q_lens: Tensor,
+    lens: Tensor,
+) -> dict[str, Any]:
+    """The op's custom-mask arguments for SGLang's extend entries. A ``custom_mask`` (speculative
+    decoding's tree masks: each request's ``[extend_len, seq_len]`` bools row-major from
+    ``mask_indptr[b]``, the op's layout) passes as it is. ``is_causal=False`` without one is an
+    all-True mask (every key of the request), built here: its size, ``sum(extend_len * seq_len)``,
+    is read from the device once (SGLang does not capture extend in graphs; a capture is
+    refused). SGLang's non-causal window is two-sided, which the op's is not: refused."""
+    if custom_mask is None and is_causal:
+        return {}
+    if not is_causal and window >= 0:
+        _refuse(f"{name}: is_causal=False with a sliding window", "a window on both sides of the query")
+    bsz = lens.shape[0]
+    if custom_mask is not None:
+        if mask_indptr is None:
+            raise ValueError(f"{name}: custom_mask needs mask_indptr (its [bs + 1] offsets per request)")
+        mask = custom_mask if custom_mask.dtype == torch.bool else custom_mask.to(torch.bool)
+        return {"custom_mask": mask.reshape(-1), "mask_indptr": mask_indptr[: bsz + 1]}
+    sizes = q_lens.long() * lens.long()
+    indptr = torch.zeros(bsz + 1, dtype=torch.int64, device=lens.device)
+    torch.cumsum(sizes, 0, out=indptr[1:])
+    if _capturing(lens):
+        raise RuntimeError(
+            f"{name}: is_causal=False builds its all-True mask from the requests' lengths, a read that "
+            "a CUDA-graph capture cannot make; run non-causal extend outside graphs, or pass custom_mask"
+        )
+    total = int(indptr[-1]) if bsz else 0
+    return {"custom_mask": torch.ones(total, dtype=torch.bool, device=lens.device), "mask_indptr": indptr}
+
+
 # -- vLLM ------------------------------------------------------------------------------------------
 #: vLLM's ``KVQuantMode`` values this entry computes: NONE, FP8_PER_TENSOR
 _KV_NONE, _KV_FP8_PER_TENSOR = 0, 1
@@ -400,20 +437,29 @@ def extend_attention_fwd(
     static bound ``kv_indices.numel() + max_len_extend`` instead). ``sliding_window_size > 0``:
     query ``i`` sees positions ``>= prefix + i - sliding_window_size`` (the op's ``window_left``);
     ``logit_cap`` is its softcap, ``sinks [Hq]`` its sinks, ``sm_scale`` None or 0: ``1/sqrt(D)``.
-    ``window_kv_offsets`` is only read by SGLang together with a ``custom_mask``. MLA (SGLang's
+    ``custom_mask`` / ``mask_indptr`` (speculative decoding's tree masks, each request's
+    ``[extend_len, prefix + extend_len]`` bools row-major) are the op's custom mask, replacing the
+    causal rule; ``skip_prefix_custom_mask`` (SGLang's default True) is the op's
+    ``mask_prefix=False``: the prefix is seen whatever the mask holds there. ``is_causal=False``:
+    every key of the request (``_sgl_mask``). With a mask and ``is_causal=True`` SGLang's kernel
+    also stops at the end of each 128-query block's causal range, which a tree mask (ancestors
+    only) never passes; opmux follows the mask alone. ``window_kv_offsets`` (SWA pools' mask
+    offsets, read by SGLang together with a mask and a window) is refused. MLA (SGLang's
     Triton MLA backend, absorbed: ``q_extend`` / ``k_extend`` / ``k_buffer`` of head dim 576,
     ``v_extend`` / ``v_buffer`` 512 and ``o_extend [T, Hq, 512]``): the op's value head dim
     ``Dv <= D``; the values gathered apart from the keys.
 
-    Refused (``NotImplementedError``): ``custom_mask`` (speculative-decoding tree masks),
-    ``is_causal=False``, ``xai_temperature_len > 0``. A value head dim above the query's is the
-    op's ValueError.
+    Refused (``NotImplementedError``): ``window_kv_offsets`` with a mask and a window,
+    ``is_causal=False`` with a window (SGLang's is two-sided), ``xai_temperature_len > 0``. A value
+    head dim above the query's is the op's ValueError.
     """
     _sgl_common("extend_attention_fwd", xai_temperature_len)
-    if custom_mask is not None:
-        _refuse("extend_attention_fwd: custom_mask", "arbitrary (tree) masks; the ops' mask is causal")
-    if not is_causal:
-        _refuse("extend_attention_fwd: is_causal=False", "non-causal attention")
+    window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
+    if window_kv_offsets is not None and custom_mask is not None and window >= 0:
+        _refuse(
+            "extend_attention_fwd: window_kv_offsets",
+            "sliding-window pools' custom-mask offsets (mask rows longer than the request)",
+        )
     dtype, dev = q_extend.dtype, q_extend.device
     bsz = qo_indptr.shape[0] - 1
     kv_indptr = kv_indptr[: bsz + 1]
@@ -431,7 +477,9 @@ def extend_attention_fwd(
         j < p, kv_indptr[:-1].long()[:, None] + j, npre + qo_indptr[:-1].long()[:, None] + j - p
     )
     table = table.clamp_(0, max(0, npre + rows - 1)).to(torch.int32)
-    window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
+    mask = _sgl_mask("extend_attention_fwd", custom_mask, mask_indptr, is_causal, window, ext, lens)
+    if custom_mask is not None:
+        mask["mask_prefix"] = not skip_prefix_custom_mask
     _attention().paged_prefill(
         q_extend,
         keys.unsqueeze(1),
@@ -444,6 +492,7 @@ def extend_attention_fwd(
         window_left=window,
         sinks=_sinks(sinks),
         out=o_extend,
+        **mask,
     )
 
 
@@ -515,16 +564,13 @@ def extend_attention_fwd_unified(
     MLA as ``extend_attention_fwd``; ``v_buffer = k_buffer[..., :512]`` (a view) stays one: the
     kernel then reads each pool row once.
 
-    Refused (``NotImplementedError``): ``custom_mask``, ``is_causal=False``, ``window_start_pos``
-    (SWA pools' position offsets), ``xai_temperature_len > 0``.
+    ``custom_mask`` / ``mask_indptr``: the op's custom mask over every key (prefix included, as
+    SGLang's unified kernel reads it); ``is_causal=False``: every key (``_sgl_mask``).
+
+    Refused (``NotImplementedError``): ``window_start_pos`` (SWA pools' position offsets),
+    ``is_causal=False`` with a window, ``xai_temperature_len > 0``.
     """
     _sgl_common("extend_attention_fwd_unified", xai_temperature_len)
-    if custom_mask is not None:
-        _refuse(
-            "extend_attention_fwd_unified: custom_mask", "arbitrary (tree) masks; the ops' mask is causal"
-        )
-    if not is_causal:
-        _refuse("extend_attention_fwd_unified: is_causal=False", "non-causal attention")
     if window_start_pos is not None:
         _refuse("extend_attention_fwd_unified: window_start_pos", "sliding-window pools' position offsets")
     bsz = qo_indptr.shape[0] - 1
@@ -532,6 +578,10 @@ def extend_attention_fwd_unified(
     lens = _i32(kv_indptr[1:] - kv_indptr[:-1])
     table = _csr_table(kv_indptr, kv_indices, _width(lens, kv_indices.numel()))
     window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
+    q_lens = qo_indptr[1:] - qo_indptr[:-1]
+    mask = _sgl_mask(
+        "extend_attention_fwd_unified", custom_mask, mask_indptr, is_causal, window, q_lens, lens
+    )
     _attention().paged_prefill(
         q,
         k_buffer.unsqueeze(1),
@@ -544,4 +594,5 @@ def extend_attention_fwd_unified(
         window_left=window,
         sinks=_sinks(sinks),
         out=o,
+        **mask,
     )
