@@ -147,6 +147,37 @@ def _guarded_out(rows: int, hq: int, d: int, dtype: torch.dtype) -> tuple[torch.
 
 
 @pytest.mark.parametrize("backend", grid.backends(OP))
+def test_bad_page_tables_custom_mask_offsets_touch_nothing(backend: str, device_type: str) -> None:
+    """A custom mask whose offsets point before or past it (no host check on CUDA): those entries
+    read as False (the sequence sees nothing: 0), nothing read outside the mask or the caches,
+    nothing written outside ``out``; a good offset gives the definition's result."""
+    if device_type == "cpu":
+        pytest.skip("on the CPU such offsets raise ValueError (the parity harness's invalid cases)")
+    fn = grid.fn(OP, backend)
+    args, _ = _case([40, 30, 20], [200, 50, 100], 16, 4, 128, 16, "bf16", {}, 61)
+    q, kc, vc, table, lens, cu = args
+    sizes = [40 * 240, 30 * 80, 20 * 120]
+    guard = torch.zeros(sum(sizes) + 2048, dtype=torch.bool, device="cuda")
+    mask = guard[1024 : 1024 + sum(sizes)]  # False on both sides: a read outside would drop keys
+    mask.fill_(True)
+    bad = torch.tensor([0, -(1 << 40), sum(sizes) - 10, sum(sizes)], device="cuda")
+    buf, out = _guarded_out(q.shape[0], 16, 128, q.dtype)
+    try:
+        fn(q, kc, vc, table, lens, cu, custom_mask=mask, mask_indptr=bad, out=out)
+    except BackendUnavailable as exc:  # FlashInfer takes no custom mask
+        pytest.skip(f"{backend} refused the call: {exc}")
+    torch.cuda.synchronize()
+    assert bool((buf[:8] == 12345.0).all() and (buf[-8:] == 12345.0).all()), "a write outside out"
+    assert bool(out.isfinite().all()), "a read outside the cache (NaN) or an unwritten row"
+    good = torch.tensor([0, sizes[0]], device="cuda")
+    want0 = reference(
+        q[:40], kc, vc, table[:1], lens[:1], cu[:2], custom_mask=mask[: sizes[0]], mask_indptr=good
+    )
+    grid.check(out[:40], want0, False, f"{backend} a good mask offset")
+    assert bool((out[40:70] == 0).all()), "an offset before the mask must see nothing"
+
+
+@pytest.mark.parametrize("backend", grid.backends(OP))
 def test_bad_page_tables_touch_nothing(backend: str, device_type: str) -> None:
     """CUDA clamps lengths to the table's capacity, offsets to query's rows, and skips block ids
     outside the cache: the result is the definition's over what remains, nothing read from the

@@ -191,6 +191,29 @@ def test_bad_indices_are_clamped_and_masked_by_the_kernel() -> None:
     assert torch.isfinite(got).all() and torch.isfinite(lse).all()
 
 
+def test_bad_mask_offsets_read_as_false() -> None:
+    """What the CUDA path does with a custom mask's offsets unchecked (no host read), through the
+    launcher and the torch backend: entries outside ``custom_mask`` read as False, so a sequence
+    whose offset points before or past it sees nothing (0, lse -inf); the CPU contract refuses
+    those offsets."""
+    q, kc, vc, table, lens, cu = _problem([5, 6, 4], [35, 10, 20], page=16, seed=7)
+    mask = torch.ones(5 * 40 + 6 * 16 + 4 * 24, dtype=torch.bool)
+    bad = torch.tensor([0, -1000, 1 << 40, mask.numel()])
+    with pytest.raises(ValueError, match="mask_indptr"):
+        ops.attention.paged_prefill(q, kc, vc, table, lens, cu, custom_mask=mask, mask_indptr=bad)
+    args = [q, kc, vc, table, lens, cu]
+    got, lse = _launch(args, custom_mask=mask, mask_indptr=bad, block_m=16, block_n=16)
+    kernel_args, out_torch = decls.paged_prefill.check(OP, *args, custom_mask=mask, mask_indptr=bad)
+    _prefill.torch_prefill(*kernel_args)
+    want0 = _prefill.reference(
+        q[:5], kc, vc, table[:1], lens[:1], cu[:2], custom_mask=mask[:200], mask_indptr=torch.tensor([0, 200])
+    )
+    for out in (got, out_torch):
+        _close(out[:5], want0, torch.float32)
+        assert bool((out[5:] == 0).all())
+    assert bool(torch.isfinite(lse[:5]).all()) and bool((lse[5:] == float("-inf")).all())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "kw",
