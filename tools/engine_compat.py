@@ -70,10 +70,10 @@ def install_shims(shadow: bool = False, flashinfer: bool = False) -> list[str]:
 
 def _sglang_shims(sgl: Any) -> list[str]:
     """SGLang's Triton attention modules (``sglang.srt.layers.attention.triton_ops``) as
-    opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py. Its prefill
-    kernel ``prefill_attention.context_attention_fwd`` and its reference ``redundant_attention``
-    are not opmux entries: stand-ins raising NotImplementedError naming them, so only the cases
-    that use them fail. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
+    opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py (its prefill
+    kernel ``prefill_attention.context_attention_fwd`` too). Its reference ``redundant_attention``
+    is not an opmux entry: a stand-in raising NotImplementedError naming it, so only the case that
+    uses it fails. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
     imports."""
     import unittest
 
@@ -100,7 +100,7 @@ def _sglang_shims(sgl: Any) -> list[str]:
         build_unified_kv_indices=sgl.build_unified_kv_indices,
         redundant_attention=absent("redundant_attention"),
     )
-    _module(f"{ops}.prefill_attention", context_attention_fwd=absent("context_attention_fwd"))
+    _module(f"{ops}.prefill_attention", context_attention_fwd=sgl.context_attention_fwd)
     utils = sys.modules.get("sglang.srt.utils")
     if utils is None or not hasattr(utils, "infer_device"):
         _module(
@@ -115,7 +115,7 @@ def _sglang_shims(sgl: Any) -> list[str]:
     _module(
         "sglang.test.ci.ci_register", **{f"register_{d}_ci": _no_op for d in ("cuda", "amd", "cpu", "npu")}
     )
-    return [f"{ops}.{{decode,extend}}_attention -> opmux.compat.sgl_kernel"]
+    return [f"{ops}.{{decode,extend,prefill}}_attention -> opmux.compat.sgl_kernel"]
 
 
 def _no_op(*args: Any, **kwargs: Any) -> None:

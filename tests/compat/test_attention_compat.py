@@ -428,6 +428,26 @@ def test_sgl_extend_attention_custom_mask(attn_backend: str, mode: str) -> None:
         torch.testing.assert_close(o[r0:r1], want, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "non-causal"])
+@pytest.mark.parametrize("head_dim", [128, 80, 13])
+def test_sgl_context_attention(attn_backend: str, head_dim: int, is_causal: bool) -> None:
+    """SGLang's prefill without a cache (its vision attention: non-causal) on requests packed back
+    to back, against SDPA per request (SGLang's test_context_attention's check), one of them
+    empty."""
+    g = torch.Generator().manual_seed(head_dim)
+    seq_lens = [8, 0, 12]
+    q, k, v = (torch.randn(sum(seq_lens), 4, head_dim, generator=g) for _ in range(3))
+    o = torch.full_like(q, 9.0)
+    starts = torch.tensor([0, 8, 8])
+    sgl.context_attention_fwd(q, k, v, o, starts, torch.tensor(seq_lens), max(seq_lens), is_causal=is_causal)
+    for s0, n in zip(starts.tolist(), seq_lens, strict=True):
+        if n:
+            want = torch.nn.functional.scaled_dot_product_attention(
+                *(t[s0 : s0 + n].permute(1, 0, 2) for t in (q, k, v)), is_causal=is_causal
+            ).permute(1, 0, 2)
+            torch.testing.assert_close(o[s0 : s0 + n], want, atol=2e-5, rtol=2e-5)
+
+
 def test_sgl_decode_refusals() -> None:
     kb, vb, g = _pool(8, seed=8)
     indptr, indices = _csr([3], 8, g)

@@ -496,6 +496,42 @@ def extend_attention_fwd(
     )
 
 
+def context_attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    b_start_loc: Tensor,
+    b_seq_len: Tensor,
+    max_input_len: int,
+    is_causal: bool = True,
+) -> None:
+    """SGLang's prefill without a cache (``triton_ops/prefill_attention.py``; its vision
+    attention calls it with ``is_causal=False``): request ``b``'s rows
+    ``b_start_loc[b] : b_start_loc[b] + b_seq_len[b]`` of ``q`` / ``k`` / ``v [T, H, D]`` attend to
+    each other (causally, or all of them), into ``o``: ``attention.paged_prefill`` over ``k`` / ``v``
+    as a page-size-1 cache, each request's block-table row its own rows (``max_input_len`` wide:
+    no host read), the requests packed back to back as SGLang packs them (``b_start_loc`` the
+    running sum of ``b_seq_len``: the query offsets are ``b_start_loc`` and its last end).
+    ``is_causal=False`` is an all-True custom mask (one device read of its size, ``_sgl_mask``).
+    The scale is ``1 / sqrt(D)``, as SGLang's."""
+    bsz, rows = b_seq_len.shape[0], q.shape[0]
+    lens = _i32(b_seq_len)
+    starts = b_start_loc[:bsz].long()
+    cu = torch.empty(bsz + 1, dtype=torch.int32, device=q.device)
+    cu[:bsz] = starts
+    if bsz:
+        cu[bsz] = starts[-1] + b_seq_len[-1].long()
+    else:
+        cu.zero_()
+    width = max(1, int(max_input_len))
+    table = (starts[:, None] + torch.arange(width, device=q.device)[None, :]).clamp_(0, max(0, rows - 1))
+    mask = _sgl_mask("context_attention_fwd", None, None, is_causal, -1, lens, lens)
+    _attention().paged_prefill(
+        q, k.unsqueeze(1), v.unsqueeze(1), table.to(torch.int32), lens, cu, out=o, **mask
+    )
+
+
 def build_unified_kv_indices(
     prefix_kv_indptr: Tensor,
     prefix_kv_indices: Tensor,

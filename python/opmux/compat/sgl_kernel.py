@@ -19,6 +19,7 @@ from . import _direct, _gemm
 from . import _sgl_sampling as sampling
 from ._attention import (
     build_unified_kv_indices,
+    context_attention_fwd,
     decode_attention_fwd,
     decode_attention_fwd_grouped,
     decode_attention_fwd_normal,
@@ -42,6 +43,7 @@ __all__ = [
     "FusedSetKVBufferArg",
     "apply_rope_with_cos_sin_cache_inplace",
     "build_unified_kv_indices",
+    "context_attention_fwd",
     "decode_attention_fwd",
     "decode_attention_fwd_grouped",
     "decode_attention_fwd_normal",
