@@ -405,8 +405,18 @@ def _vllm_shims(ops: Any) -> list[str]:
     _module("vllm.platforms", current_platform=_Platform())
     _module("vllm.utils", round_up=_round_up, cdiv=lambda a, b: -(-a // b))
     _module("vllm.utils.math_utils", round_up=_round_up, cdiv=lambda a, b: -(-a // b))
+    # vLLM's names of cache dtypes (vllm/utils/torch_utils.py): fp8 caches are bytes
+    str_dtypes = {
+        "float32": torch.float32,
+        "half": torch.half,
+        "bfloat16": torch.bfloat16,
+        "float": torch.float,
+    }
+    str_dtypes |= {n: torch.uint8 for n in ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")}
+    str_dtypes |= {"int8": torch.int8, "fp8_inc": torch.float8_e4m3fn}
     _module(
         "vllm.utils.torch_utils",
+        STR_DTYPE_TO_TORCH_DTYPE=str_dtypes,
         set_random_seed=_set_random_seed,
         get_kv_cache_torch_dtype=get_kv_cache_torch_dtype,
         create_kv_caches_with_random=create_kv_caches_with_random,
@@ -426,8 +436,14 @@ def _vllm_shims(ops: Any) -> list[str]:
     )
     _module("vllm.model_executor.layers.fused_moe.router.fused_topk_router", fused_topk=fused_topk)
     # unified_attention (opmux.compat.vllm's: attention.paged_prefill), at its older and its v1 path
+    # and the legacy-layout prefix prefill / chunked prefill (opmux.compat.vllm's, the same op)
     for path in ("vllm.attention.ops", "vllm.v1.attention.ops"):
         _module(f"{path}.triton_unified_attention", unified_attention=ops.unified_attention)
+        _module(f"{path}.prefix_prefill", context_attention_fwd=ops.context_attention_fwd)
+        _module(
+            f"{path}.chunked_prefill_paged_decode",
+            chunked_prefill_paged_decode=ops.chunked_prefill_paged_decode,
+        )
     _vllm_sampler_shims()
     # fused_moe.py's entry points (opmux.compat.vllm's), also as the package's names; the
     # submodule first: making it sets the package's ``fused_moe`` attribute, the function wins

@@ -448,6 +448,90 @@ def test_sgl_context_attention(attn_backend: str, head_dim: int, is_causal: bool
             torch.testing.assert_close(o[s0 : s0 + n], want, atol=2e-5, rtol=2e-5)
 
 
+def _legacy_cache(
+    ctx: list[int], block: int, nb: int, g: torch.Generator, x: int = 8
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """vLLM's legacy paged caches (keys [nb, Hkv, D/x, block, x], values [nb, Hkv, D, block])
+    holding each request's context through a shuffled block table: (k_cache, v_cache, table, the
+    contexts' keys, their values)."""
+    width = max(-(-n // block) for n in ctx)
+    table = torch.randperm(nb, generator=g)[: len(ctx) * width].view(len(ctx), width).to(torch.int32)
+    flat_k, flat_v = torch.zeros(nb * block, HKV, D), torch.zeros(nb * block, HKV, D)
+    keys, vals = [], []
+    for b, n in enumerate(ctx):
+        kb, vb = torch.randn(n, HKV, D, generator=g), torch.randn(n, HKV, D, generator=g)
+        slots = table[b].long()[torch.arange(n) // block] * block + torch.arange(n) % block
+        flat_k[slots], flat_v[slots] = kb, vb
+        keys.append(kb)
+        vals.append(vb)
+    k_cache = flat_k.view(nb, block, HKV, D // x, x).permute(0, 2, 3, 1, 4).contiguous()
+    v_cache = flat_v.view(nb, block, HKV, D).permute(0, 2, 3, 1).contiguous()
+    return k_cache, v_cache, table, keys, vals
+
+
+@pytest.mark.parametrize("entry", ["context_attention_fwd", "chunked_prefill_paged_decode"])
+@pytest.mark.parametrize("window", [0, 5])
+def test_vllm_prefix_prefill_over_the_legacy_layout(attn_backend: str, entry: str, window: int) -> None:
+    """vLLM's prefix prefill / chunked prefill: contexts in the x-packed key and transposed value
+    caches, the new tokens' K / V apart (one request a decode), sliding_window counting the
+    query's own position."""
+    g = torch.Generator().manual_seed(20 + window)
+    ctx, new = [7, 0, 19, 12], [5, 3, 1, 4]
+    k_cache, v_cache, table, keys, vals = _legacy_cache(ctx, 4, 24, g)
+    starts = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = (torch.randn(sum(new), h, D, generator=g) for h in (HQ, HKV, HKV))
+    o = torch.full_like(q, 9.0)
+    lens = torch.tensor([c + n for c, n in zip(ctx, new, strict=True)], dtype=torch.int32)
+    one = torch.tensor(1.0)
+    getattr(vllm, entry)(
+        q, k, v, o, "auto", k_cache, v_cache, table, starts, lens, max(ctx), max(new), one, one,
+        sliding_window=window, sm_scale=0.3,
+    )  # fmt: skip
+    for b in range(len(ctx)):
+        r0, r1 = int(starts[b]), int(starts[b + 1])
+        kk, vv = torch.cat([keys[b], k[r0:r1]]), torch.cat([vals[b], v[r0:r1]])
+        want = ref_seq(q[r0:r1], kk, vv, 0.3, window=window - 1 if window > 0 else -1)
+        torch.testing.assert_close(o[r0:r1], want, atol=2e-5, rtol=2e-5)
+    if entry == "context_attention_fwd":  # skip_decode: the one-token request's rows kept
+        o2 = torch.full_like(q, 9.0)
+        vllm.context_attention_fwd(
+            q, k, v, o2, "auto", k_cache, v_cache, table, starts, lens, max(ctx), max(new), one, one,
+            sliding_window=window, sm_scale=0.3, skip_decode=True,
+        )  # fmt: skip
+        torch.testing.assert_close(o2[8:9], torch.full((1, HQ, D), 9.0))
+        torch.testing.assert_close(o2[:8], o[:8])
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        getattr(vllm, entry)(
+            q, k, v, o, "auto", k_cache, v_cache, table, starts, lens, max(ctx), max(new), one, one,
+            alibi_slopes=torch.ones(HQ),
+        )  # fmt: skip
+
+
+def test_vllm_prefix_prefill_fp8_caches(attn_backend: str) -> None:
+    """fp8 legacy caches as vLLM allocates them (uint8 bytes, e4m3 or e5m2 by kv_cache_dtype),
+    dequantized by k_scale / v_scale; a name the entry does not know is a ValueError."""
+    g = torch.Generator().manual_seed(30)
+    ctx = [9, 6]  # contexts; 3 and 1 new tokens
+    k_cache, v_cache, table, _, _ = _legacy_cache(ctx, 4, 8, g)
+    starts = torch.tensor([0, 3, 4], dtype=torch.int32)
+    lens = torch.tensor([12, 7], dtype=torch.int32)
+    q, k, v = (torch.randn(4, h, D, generator=g) for h in (HQ, HKV, HKV))
+    ks, vs = torch.tensor(0.5), torch.tensor(2.0)
+    for name, fp8 in (("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)):
+        kq, vq = (k_cache / ks).to(fp8).view(torch.uint8), (v_cache / vs).to(fp8).view(torch.uint8)
+        o = torch.empty_like(q)
+        vllm.chunked_prefill_paged_decode(q, k, v, o, name, kq, vq, table, starts, lens, 9, 3, ks, vs)
+        for b, (r0, r1) in enumerate(((0, 3), (3, 4))):
+            slots = table[b].long()[torch.arange(ctx[b]) // 4]
+            offs = torch.arange(ctx[b]) % 4
+            kd = kq.view(fp8)[slots, :, :, offs, :].reshape(ctx[b], HKV, D).float() * ks
+            vd = vq.view(fp8)[slots, :, :, offs].float() * vs
+            want = ref_seq(q[r0:r1], torch.cat([kd, k[r0:r1]]), torch.cat([vd, v[r0:r1]]), D**-0.5)
+            torch.testing.assert_close(o[r0:r1], want, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="kv_cache_dtype='int4'"):
+        vllm.context_attention_fwd(q, k, v, o, "int4", k_cache, v_cache, table, starts, lens, 9, 3, ks, vs)
+
+
 def test_sgl_decode_refusals() -> None:
     kb, vb, g = _pool(8, seed=8)
     indptr, indices = _csr([3], 8, g)

@@ -253,6 +253,182 @@ def unified_attention(
 
 
 # -- SGLang ----------------------------------------------------------------------------------------
+#: vLLM's ``kv_cache_dtype`` names of fp8 caches, with the dtype their bytes hold
+_VLLM_FP8 = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+def _legacy_rows(cache: Tensor, blocks: Tensor, offsets: Tensor, kv_cache_dtype: str, name: str) -> Tensor:
+    """Rows of vLLM's legacy paged caches as ``[N, Hkv, D]``: the key cache ``[num_blocks, Hkv,
+    D / x, block_size, x]`` or the value cache ``[num_blocks, Hkv, D, block_size]``, at (block,
+    offset) pairs; fp8 bytes (a uint8 cache) read as the dtype ``kv_cache_dtype`` names."""
+    if kv_cache_dtype in _VLLM_FP8:
+        cache = cache.view(getattr(torch, _VLLM_FP8[kv_cache_dtype])) if cache.dtype == torch.uint8 else cache
+    elif kv_cache_dtype != "auto" and not kv_cache_dtype.startswith(("float", "bfloat", "half")):
+        raise ValueError(
+            f"{name}: kv_cache_dtype={kv_cache_dtype!r}; valid: 'auto', a float dtype's name, "
+            f"{', '.join(map(repr, _VLLM_FP8))}"
+        )
+    if cache.dim() == 5:  # keys: [nb, H, D/x, bs, x] -> [N, H, D/x, x]
+        rows = cache[blocks, :, :, offsets, :]
+        return rows.reshape(rows.shape[0], rows.shape[1], -1)
+    if cache.dim() == 4:  # values: [nb, H, D, bs] -> [N, H, D]
+        return cache[blocks, :, :, offsets]
+    raise ValueError(
+        f"{name}: a cache of shape {tuple(cache.shape)}; vLLM's paged layout is [num_blocks, Hkv, D / x, "
+        "block_size, x] for keys and [num_blocks, Hkv, D, block_size] for values"
+    )
+
+
+def vllm_context_attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    kv_cache_dtype: str,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    b_loc: Tensor,
+    b_start_loc: Tensor,
+    b_seq_len: Tensor,
+    max_seq_len: int,
+    max_input_len: int,
+    k_scale: Tensor | float = 1.0,
+    v_scale: Tensor | float = 1.0,
+    alibi_slopes: Tensor | None = None,
+    sliding_window: int | None = None,
+    sm_scale: float | None = None,
+    skip_decode: bool = False,
+    fp8_out_scale: Tensor | None = None,
+    sinks: Tensor | None = None,
+) -> None:
+    """vLLM's prefix prefill ``context_attention_fwd`` (``vllm/v1/attention/ops/prefix_prefill.py``;
+    ``opmux.compat.vllm.context_attention_fwd``): request ``b``'s new
+    tokens ``q / k / v [b_start_loc[b] : b_start_loc[b + 1]]`` attend to its cached context (the
+    first ``b_seq_len[b] - query_len`` positions, through the block table ``b_loc`` in vLLM's
+    legacy paged layout: keys ``[num_blocks, Hkv, D / x, block_size, x]``, values ``[num_blocks,
+    Hkv, D, block_size]``) and causally to each other: ``attention.paged_prefill`` into ``o``.
+
+    The op's cache is built for the call, as SGLang's extend entry builds it: the context rows
+    gathered from the legacy caches (fp8 ones, e4m3 or e5m2 by ``kv_cache_dtype``, times
+    ``k_scale`` / ``v_scale`` into the query's dtype), ``max_context`` rows a request (one device
+    read of the longest context; under CUDA-graph capture the table's capacity), then the new
+    tokens' ``k`` / ``v``; page size 1. That copies the batch's context K / V (what the kernel
+    reads anyway). ``sliding_window > 0``: the ``sliding_window`` positions up to the query's own
+    (the op's ``window_left = sliding_window - 1``); ``sm_scale`` None: ``1 / sqrt(D)``; ``sinks
+    [Hq]`` the op's. ``skip_decode``: rows of one-token requests are left as they are.
+    ``max_seq_len`` / ``max_input_len`` bound the launch (``max_input_len``: the table's new-token
+    columns).
+
+    Refused (``NotImplementedError``): ``alibi_slopes``, ``fp8_out_scale``.
+    """
+    _prefix_prefill(
+        "context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
+        max_input_len, k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks,
+    )  # fmt: skip
+
+
+def chunked_prefill_paged_decode(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    output: Tensor,
+    kv_cache_dtype: str,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    max_seq_len: int,
+    max_query_len: int,
+    k_scale: Tensor | float = 1.0,
+    v_scale: Tensor | float = 1.0,
+    alibi_slopes: Tensor | None = None,
+    sliding_window: int | None = None,
+    sm_scale: float | None = None,
+    output_scale: Tensor | None = None,
+    sinks: Tensor | None = None,
+) -> None:
+    """vLLM's ``chunked_prefill_paged_decode`` (``vllm/v1/attention/ops/``): a mixed batch over the
+    legacy paged caches, prefills through the prefix prefill and one-token requests through a
+    paged decode. Here one :func:`vllm_context_attention_fwd` computes both (a decode is a request of
+    one new token: its key and value are in ``key`` / ``value`` as in the cache vLLM wrote them
+    to). Refused as there, and ``output_scale`` (fp8 output)."""
+    _prefix_prefill(
+        "chunked_prefill_paged_decode", query, key, value, output, kv_cache_dtype, key_cache, value_cache,
+        block_table, query_start_loc, seq_lens, max_query_len, k_scale, v_scale, alibi_slopes, sliding_window,
+        sm_scale, False, output_scale, sinks,
+    )  # fmt: skip
+
+
+def _prefix_prefill(
+    name: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    kv_cache_dtype: str,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    b_loc: Tensor,
+    b_start_loc: Tensor,
+    b_seq_len: Tensor,
+    max_input_len: int,
+    k_scale: Tensor | float,
+    v_scale: Tensor | float,
+    alibi_slopes: Tensor | None,
+    sliding_window: int | None,
+    sm_scale: float | None,
+    skip_decode: bool,
+    out_scale: Tensor | None,
+    sinks: Tensor | None,
+) -> None:
+    """:func:`vllm_context_attention_fwd` / :func:`chunked_prefill_paged_decode` on one code path."""
+    if alibi_slopes is not None:
+        _refuse(f"{name}: alibi_slopes", "ALiBi position biases")
+    if out_scale is not None:
+        _refuse(f"{name}: an fp8 output scale", "fp8 outputs")
+    dtype, dev = q.dtype, q.device
+    bsz, rows = b_seq_len.shape[0], q.shape[0]
+    block = v_cache.shape[-1]
+    starts = b_start_loc[: bsz + 1].long()
+    q_lens = starts[1:] - starts[:-1]
+    ctx = (b_seq_len.long() - q_lens).clamp_(min=0)
+    width = _width(ctx, b_loc.shape[1] * block)  # the longest context (rows per request below)
+    j = torch.arange(width, device=dev)
+    pos = j[None, :].expand(bsz, width)
+    blocks = b_loc.long().gather(1, (pos // block).clamp_(max=max(0, b_loc.shape[1] - 1)))
+    blocks = blocks.clamp_(0, max(0, k_cache.shape[0] - 1)).reshape(-1)
+    offsets = (pos % block).reshape(-1)
+    keys = _dequant(_legacy_rows(k_cache, blocks, offsets, kv_cache_dtype, name), k_scale, dtype)
+    values = _dequant(_legacy_rows(v_cache, blocks, offsets, kv_cache_dtype, name), v_scale, dtype)
+    keys, values = torch.cat([keys, k.to(dtype)]), torch.cat([values, v.to(dtype)])
+    cols = torch.arange(width + max(1, int(max_input_len)), device=dev)[None, :]
+    c = ctx[:, None]
+    table = torch.where(
+        cols < c,
+        torch.arange(bsz, device=dev)[:, None] * width + cols,
+        bsz * width + starts[:-1, None] + cols - c,
+    ).clamp_(0, max(0, keys.shape[0] - 1))
+    window = int(sliding_window) - 1 if sliding_window is not None and sliding_window > 0 else -1
+    target = torch.empty_like(o) if skip_decode else o
+    _attention().paged_prefill(
+        q,
+        keys.unsqueeze(1),
+        values.unsqueeze(1),
+        table.to(torch.int32),
+        _i32(b_seq_len),
+        _i32(starts),
+        scale=float(sm_scale or 0.0),
+        window_left=window,
+        sinks=_sinks(sinks),
+        out=target,
+    )
+    if skip_decode:  # rows of one-token requests keep what o held
+        row_seq = torch.searchsorted(starts[1:].contiguous(), torch.arange(rows, device=dev), right=True)
+        decode = (q_lens == 1)[row_seq.clamp_(max=max(0, bsz - 1))]
+        o.copy_(torch.where(decode[:, None, None], o, target))
+
+
 def _sgl_common(name: str, xai_temperature_len: int) -> None:
     """The refusal SGLang's Triton attention entry points share. Their value head dim may be below
     the query's (MLA's 576 / 512): both ops take it, and refuse a value head dim above the key's."""

@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING, Any
 from opmux.kernels.ops._torch import torch
 
 from . import _direct, _fp8, _gemm
-from ._attention import unified_attention
+from ._attention import chunked_prefill_paged_decode, unified_attention
+from ._attention import vllm_context_attention_fwd as context_attention_fwd
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
     "batched_moe_align_block_size",
+    "chunked_prefill_paged_decode",
     "concat_and_cache_mla",
+    "context_attention_fwd",
     "convert_fp8",
     "copy_blocks",
     "copy_blocks_mla",
