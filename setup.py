@@ -222,7 +222,10 @@ def build_aot(target: _targets.Target, out_dir: Path, *, workdir: Path) -> dict:
             try:
                 _toolchain.find_cutlass()
             except _toolchain.ToolchainNotFound as exc:
-                info["aot_missing"][lib] = {"why": "toolchain", "message": str(exc).removeprefix("opmux: ").strip()}
+                info["aot_missing"][lib] = {
+                    "why": "toolchain",
+                    "message": str(exc).removeprefix("opmux: ").strip(),
+                }
                 continue
         archs = list(target.aot.archs) if lib != "cpu" else []
         ptx = (target.aot.ptx or None) if lib != "cpu" else None

@@ -605,6 +605,7 @@ def install(ops: Any, module: Callable[..., types.ModuleType]) -> list[str]:
         w8a8_triton_block_scaled_mm=ops.w8a8_triton_block_scaled_mm,
         w8a8_block_fp8_matmul=ops.w8a8_block_fp8_matmul,
     )
+
     def cutlass_block_scaled_mm(A: Any, B: Any, As: Any, Bs: Any, block_size: Any, output_dtype: Any) -> Any:
         # vLLM's layer-level wrapper: B [N, K] given as the column-major [K, N] _custom_ops takes
         return ops.cutlass_scaled_mm(A, B.T, As, Bs.T, output_dtype)

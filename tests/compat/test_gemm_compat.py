@@ -18,7 +18,9 @@ def _case(m: int = 5, n: int = 200, k: int = 300) -> tuple[torch.Tensor, ...]:
     return a, b, torch.rand(m, 3, generator=g) + 0.5, torch.rand(2, 3, generator=g) * 0.1 + 0.05
 
 
-@pytest.mark.parametrize("fn", [vllm.w8a8_block_fp8_matmul, vllm.w8a8_triton_block_scaled_mm, sgl_kernel.w8a8_block_fp8_matmul])
+@pytest.mark.parametrize(
+    "fn", [vllm.w8a8_block_fp8_matmul, vllm.w8a8_triton_block_scaled_mm, sgl_kernel.w8a8_block_fp8_matmul]
+)
 def test_triton_entries(fn: object) -> None:
     a, b, sa, sb = _case()
     y = fn(a, b, sa, sb, [128, 128], torch.bfloat16)  # type: ignore[operator]

@@ -14,10 +14,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from opmux.kernels.ops._torch import torch
-
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
+else:
+    from opmux.kernels.ops._torch import torch
 
 __all__ = [
     "build_unified_kv_indices",

@@ -39,7 +39,13 @@ def triton_block_matmul(
 
 
 def column_major_matmul(
-    name: str, a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype, bias: Tensor | None
+    name: str,
+    a: Tensor,
+    b: Tensor,
+    scale_a: Tensor,
+    scale_b: Tensor,
+    out_dtype: torch.dtype,
+    bias: Tensor | None,
 ) -> Tensor:
     """The CUTLASS form: b [K, N] (a column-major view of the [N, K] weight), scale_b [K/128, N/128]."""
     if b.dim() != 2 or scale_b.dim() != 2:

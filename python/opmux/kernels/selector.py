@@ -260,12 +260,12 @@ def select(
         )
     )
     if wanted is not None and wanted != chosen:
-        first = checked[wanted]
-        same = any({wanted, chosen} <= group for group in _SAME_KERNEL)
+        wanted_decision = checked[wanted]
+        one_kernel = any({wanted, chosen} <= group for group in _SAME_KERNEL)
         if (
-            not first.accepted
-            and (forced or (first.reason is not None and first.reason.is_environmental))
-            and not (same and not forced)
+            not wanted_decision.accepted
+            and (forced or (wanted_decision.reason is not None and wanted_decision.reason.is_environmental))
+            and not (one_kernel and not forced)
         ):
-            fallback_from = first
+            fallback_from = wanted_decision
     return Selection(spec.name, chosen, tuple(decisions), forced, fallback_from, basis)

@@ -632,7 +632,7 @@ def _schema_for(op: str) -> Schema:
         ) from None
 
 
-def _entry_check(op: str, backend: str) -> Callable[[Mapping[str, Any]], list[str]]:
+def _entry_check(op: str, backend: str) -> Callable[[Mapping[str, Any], Tags], list[str]]:
     schema = _schema_for(op)
     try:
         return schema.entries[backend]

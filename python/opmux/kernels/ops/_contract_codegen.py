@@ -258,8 +258,8 @@ class _Writer(_ViewWriter):
             tests += [f"({self.fast_expr(r.expr)} or {self._not_on(r.device)})" for r in c.rules if r.device]
             self.emit(3, f"if {' and '.join(tests)}:")
             depth = 4
-        for s in c.scalars:
-            self.emit(depth, f"{s.name}_ = {self.scalar_value(s, fast=True)}")
+        for sc in c.scalars:
+            self.emit(depth, f"{sc.name}_ = {self.scalar_value(sc, fast=True)}")
         for line in allocs:
             self.emit(depth, line)
         kargs = ", ".join(self.fast_view(k) for k in c.kernel)
@@ -554,8 +554,8 @@ class _Writer(_ViewWriter):
         if a.out:  # an output: the whole shape at once (every symbol is bound by the inputs)
             want = _shape_expr(dims)
             self.emit(depth, f"if tuple({n}.shape) != {want}:")
-            hint = f"; {a.shape_hint}" if a.shape_hint else f", expected {a.expect or f'{{{want}}}'}{a.note}"
-            self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{hint}")')
+            tail = f"; {a.shape_hint}" if a.shape_hint else f", expected {a.expect or f'{{{want}}}'}{a.note}"
+            self.emit(depth + 1, f'raise ValueError(f"{{op}}: {n} has shape {{tuple({n}.shape)}}{tail}")')
             return
         rank = len(dims)
         least = rank - 1 if a.batched else rank if a.tail else -1  # *T: any number; E...: one or more

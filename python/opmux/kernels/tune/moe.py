@@ -315,7 +315,7 @@ def tune_moe(
     empty = torch.empty(0, device=device)
     no_map = torch.empty(0, dtype=torch.int32, device=device)
 
-    tables: dict[tuple[int, ...], dict[int, dict[str, Any]]] = {}
+    tables: dict[tuple[int, int, str], dict[int, dict[str, Any]]] = {}
     todo: list[tuple[int, int, int, int, str, int]] = []
     for e, n, k, topk, form in shapes:
         key = tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form))

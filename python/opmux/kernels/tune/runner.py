@@ -111,7 +111,7 @@ def _triton(op: str, torch: Any, device: str) -> Tunable:
         sms["sms"] = torch.cuda.get_device_properties(device).multi_processor_count
     return Tunable(
         lambda m, shape: candidates(op, "triton", m, shape, **sms),
-        lambda args, config: triton_kernels.launch(*args, config),
+        lambda args, config: triton_kernels.launch(args[0], args[1], args[2], args[3], args[4], config),
     )
 
 

@@ -302,7 +302,9 @@ def build_shared_library(
     if device == "cpu" and not _supports_openmp(toolchain.path):
         flags.remove("-fopenmp")
     tvm_includes, libtvm = tvm_ffi_paths()
-    includes = [f"-I{d}" for d in [*include_dirs, *tvm_includes, *_cutlass_includes(device, sources, include_dirs)]]
+    includes = [
+        f"-I{d}" for d in [*include_dirs, *tvm_includes, *_cutlass_includes(device, sources, include_dirs)]
+    ]
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     commands: list[str] = []

@@ -31,7 +31,7 @@ _OUT_HALF = Arg("out", "*T, D2 // 2", like="x", out=True)
 
 def _gated_contract(name: str, *scalars: Scalar) -> Contract:
     """x [*T, 2d] -> out [*T, d]: kernel arguments (out, x, *scalars), rows views."""
-    items = (*scalars, _X_PAIRS, _EVEN, _OUT_HALF)
+    items: tuple[Arg | Scalar | Rule, ...] = (*scalars, _X_PAIRS, _EVEN, _OUT_HALF)
     return Contract(name, items, kernel=("out", "x", *(s.name for s in scalars)), result="out")
 
 
@@ -44,7 +44,7 @@ GATED_OAI = _gated_contract("gated_oai", Scalar("alpha", "finite"), Scalar("limi
 def _elementwise_contract(name: str, *scalars: Scalar) -> Contract:
     """x [*T, n] -> out [*T, n]: kernel arguments (out, x, *scalars), rows views."""
     x = Arg("x", "*T, N", dtypes=FLOATS, shape_hint="expected at least one dim ([..., n])")
-    items = (*scalars, x, Arg("out", "*T, N", like="x", out=True))
+    items: tuple[Arg | Scalar | Rule, ...] = (*scalars, x, Arg("out", "*T, N", like="x", out=True))
     return Contract(name, items, kernel=("out", "x", *(s.name for s in scalars)), result="out")
 
 

@@ -197,8 +197,16 @@ def _items(fp8: bool) -> tuple[Any, ...]:
     )
 
 
-_ARGS = ("out", "lse", "lse is not None", "query", "key_cache", "value_cache", "block_tables", "seq_lens")
-_ARGS += ("sinks", "sinks is not None")
+_ARGS: tuple[str, ...] = (
+    "out",
+    "lse",
+    "lse is not None",
+    "query",
+    "key_cache",
+    "value_cache",
+    "block_tables",
+)
+_ARGS += ("seq_lens", "sinks", "sinks is not None")
 _TAIL = ("scale if scale > 0 else D ** -0.5", "softcap", "window_left")
 PAGED_DECODE = Forms(
     "paged_decode",

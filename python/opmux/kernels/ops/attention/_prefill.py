@@ -122,9 +122,17 @@ def _mask_items() -> tuple[Any, ...]:
     )
 
 
-_ARGS = ("out", "lse", "lse is not None", "query", "key_cache", "value_cache", "block_tables", "seq_lens")
-_ARGS += ("cu_seqlens_q", "sinks", "sinks is not None")
-_TAIL = ("scale if scale > 0 else D ** -0.5", "softcap", "window_left")
+_ARGS: tuple[str, ...] = (
+    "out",
+    "lse",
+    "lse is not None",
+    "query",
+    "key_cache",
+    "value_cache",
+    "block_tables",
+)
+_ARGS += ("seq_lens", "cu_seqlens_q", "sinks", "sinks is not None")
+_TAIL: tuple[str, ...] = ("scale if scale > 0 else D ** -0.5", "softcap", "window_left")
 _TAIL += ("custom_mask", "mask_indptr", "custom_mask is not None", "mask_prefix")
 PAGED_PREFILL = Forms(
     "paged_prefill",

@@ -187,7 +187,7 @@ def _prefill(
         return
     n = tl.minimum(tl.maximum(tl.load(LENS + b), 0), capacity)
     prefix = n - q_len  # < 0 only for a bad length: those rows see fewer keys, none out of bounds
-    b64 = b.to(tl.int64)
+    b64 = tl.cast(b, tl.int64)
 
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_DV)  # the key dims [0, Dv): the value dims too

@@ -31,6 +31,7 @@ from . import _flashinfer
 from ._flashinfer import BACKEND, csr, layout
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 else:
     from .._torch import torch

@@ -220,7 +220,8 @@ def _qdq(x: Tensor, vllm: bool = False) -> Tensor:
     pad = -k % BLOCK
     xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
     q, s = quant.reference(xp, BLOCK, divide_by_scale=vllm)
-    return (q.float() * s.repeat_interleave(BLOCK, dim=-1))[..., :k]
+    out: Tensor = (q.float() * s.repeat_interleave(BLOCK, dim=-1))[..., :k]
+    return out
 
 
 def gated_op(activation: str, vllm: bool = False) -> tuple[str, dict[str, bool]]:
@@ -237,7 +238,8 @@ def gated(h: Tensor, activation: str, vllm: bool = False) -> Tensor:
     from ..activation import op as act
 
     name, kw = gated_op(activation, vllm)
-    return getattr(act, name).reference(h, **kw)
+    out: Tensor = getattr(act, name).reference(h, **kw)
+    return out
 
 
 def _routes(topk_ids: Tensor, expert_map: Tensor | None) -> Tensor:

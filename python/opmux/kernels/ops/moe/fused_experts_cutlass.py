@@ -198,6 +198,12 @@ def _verdict(
 class _Library:
     """The unit's functions, from the AOT library when it has them, else the JIT module."""
 
+    route: Any
+    gather: Any
+    scale: Any
+    gemm: Any
+    reduce: Any
+
     def __init__(self, get: Callable[[str], Any]) -> None:
         for name in _FUNCTIONS:
             setattr(self, name, get(f"moe_grouped_{name}_cuda"))

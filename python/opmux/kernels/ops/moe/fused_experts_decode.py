@@ -335,7 +335,10 @@ def quant_groups(x: torch.Tensor, vllm: bool) -> tuple[torch.Tensor, torch.Tenso
     path quantizes its activations with it too."""
     pad = -x.shape[1] % 128
     xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
-    return ops.quantization.per_token_group_quant_fp8(xp, 128, divide_by_scale=vllm)
+    q: tuple[torch.Tensor, torch.Tensor] = ops.quantization.per_token_group_quant_fp8(
+        xp, 128, divide_by_scale=vllm
+    )
+    return q
 
 
 def _pdl(device: torch.device) -> bool:

@@ -222,8 +222,9 @@ def _grouped_gemm(
     n = w.shape[1]
     fp8 = a_scale is not None
     block_m, block_n, block_k = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
-    scales = (a_scale, w_scale) if fp8 else (topk_weights, topk_weights)  # unused pointers when not fp8
-    a_s, b_s = scales
+    # the scales, or unused pointers when not fp8
+    a_s = a_scale if a_scale is not None else topk_weights
+    b_s = w_scale if fp8 and w_scale is not None else topk_weights
     grid = (triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(n, block_n),)
     _grouped_gemm_kernel[grid](
         a,

@@ -183,7 +183,7 @@ def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
             "ceil(G / 4) packed UE8M0 int32",
         ),
     )
-    items = (
+    items: tuple[Arg | Scalar | Rule, ...] = (
         _X,
         _H,
         _CUDA_ROWS,

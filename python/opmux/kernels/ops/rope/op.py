@@ -11,7 +11,7 @@ token: its rotated q / k elements become NaN.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _checks
 from .._contract import FLOATS, Arg, Contract, Rule, Scalar
@@ -26,7 +26,7 @@ else:
 
 _OP = "rope.rotary_embedding"
 #: query / key: [T, H, head_size] views made by the escape hatch (its C++ counterpart: the lane's)
-_HEADS = {
+_HEADS: dict[str, Any] = {
     "layout": "heads",
     "view": "heads",
     "view_args": ("positions", "head_size"),

@@ -158,7 +158,7 @@ def _ids_out(ref: str) -> Arg:
     return Arg("out", "B", dtypes=("int32",), device_of=ref, layout="vector", out=True)
 
 
-def _nan_refused(name: str) -> dict[str, str]:
+def _nan_refused(name: str) -> dict[str, Any]:
     """The values hook's C++ counterpart for a serving lane: a CPU row holding a NaN is refused."""
     return {
         "values_cpp": f"rows_no_nan_on_cpu(device_type, {name})",
