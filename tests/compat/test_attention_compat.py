@@ -54,7 +54,7 @@ def ref_seq(
     pos = torch.arange(n)[None, :]
     keep = pos <= qpos if mask is None else mask
     if window >= 0:
-        keep &= pos >= qpos - window
+        keep = keep & (pos >= qpos - window)
     s = s.masked_fill(~keep[None], float("-inf"))
     if sinks is not None:
         s = torch.cat([s, sinks.float()[:, None, None].expand(hq, ql, 1)], 2)
@@ -505,6 +505,35 @@ def test_vllm_prefix_prefill_over_the_legacy_layout(attn_backend: str, entry: st
             q, k, v, o, "auto", k_cache, v_cache, table, starts, lens, max(ctx), max(new), one, one,
             alibi_slopes=torch.ones(HQ),
         )  # fmt: skip
+
+
+def test_vllm_prefix_prefill_keywords(attn_backend: str) -> None:
+    """The current vLLM keywords: ``causal=False`` sees every key of its request; a 16-bit cache
+    is not scaled by ``k_scale`` / ``v_scale`` (vLLM scales fp8 loads only); ``skip_decode`` keeps
+    padding rows past the last request; ``is_block_table_ptr`` and a missing key are refused."""
+    g = torch.Generator().manual_seed(40)
+    ctx = [6, 3]  # contexts; 4 and 2 new tokens
+    k_cache, v_cache, table, keys, vals = _legacy_cache(ctx, 4, 8, g)
+    starts = torch.tensor([0, 4, 6], dtype=torch.int32)
+    lens = torch.tensor([10, 5], dtype=torch.int32)
+    q, k, v = (torch.randn(7, h, D, generator=g) for h in (HQ, HKV, HKV))  # row 6: padding
+    two = torch.tensor(2.0)
+    o = torch.full_like(q, 9.0)
+    args = (q, k[:6], v[:6], o, "auto", k_cache, v_cache, table, starts, lens, 6, 4, two, two)
+    vllm.context_attention_fwd(*args, sm_scale=0.3, causal=False, skip_decode=True)
+    for b, (r0, r1) in enumerate(((0, 4), (4, 6))):
+        kk, vv = torch.cat([keys[b], k[r0:r1]]), torch.cat([vals[b], v[r0:r1]])
+        full = torch.ones(r1 - r0, kk.shape[0], dtype=torch.bool)
+        torch.testing.assert_close(o[r0:r1], ref_seq(q[r0:r1], kk, vv, 0.3, mask=full), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(o[6:], torch.full((1, HQ, D), 9.0))  # past the last request: kept
+    with pytest.raises(NotImplementedError, match="is_block_table_ptr"):
+        vllm.chunked_prefill_paged_decode(*args, is_block_table_ptr=True)
+    with pytest.raises(NotImplementedError, match="key / value None"):
+        vllm.chunked_prefill_paged_decode(q, None, None, *args[3:])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"value_cache has shape \(8, 2, 2, 4, 8\); vLLM.s paged value"):
+        vllm.chunked_prefill_paged_decode(*args[:6], k_cache, *args[7:])
+    with pytest.raises(ValueError, match=r"the value cache's rows are \[Hkv, D\] = \[2, 8\]"):
+        vllm.chunked_prefill_paged_decode(*args[:6], v_cache[:, :, :8], *args[7:])
 
 
 def test_vllm_prefix_prefill_fp8_caches(attn_backend: str) -> None:

@@ -157,9 +157,9 @@ def test_bad_page_tables_custom_mask_offsets_touch_nothing(backend: str, device_
     args, _ = _case([40, 30, 20], [200, 50, 100], 16, 4, 128, 16, "bf16", {}, 61)
     q, kc, vc, table, lens, cu = args
     sizes = [40 * 240, 30 * 80, 20 * 120]
-    guard = torch.zeros(sum(sizes) + 2048, dtype=torch.bool, device="cuda")
-    mask = guard[1024 : 1024 + sum(sizes)]  # False on both sides: a read outside would drop keys
-    mask.fill_(True)
+    guard = torch.ones(sum(sizes) + 2048, dtype=torch.bool, device="cuda")
+    mask = guard[1024 : 1024 + sum(sizes)]  # True on both sides: a read outside would add keys
+    # sequence 2's matrix starts 10 entries before the mask's end: the rest of it reads False
     bad = torch.tensor([0, -(1 << 40), sum(sizes) - 10, sum(sizes)], device="cuda")
     buf, out = _guarded_out(q.shape[0], 16, 128, q.dtype)
     try:
@@ -175,6 +175,13 @@ def test_bad_page_tables_custom_mask_offsets_touch_nothing(backend: str, device_
     )
     grid.check(out[:40], want0, False, f"{backend} a good mask offset")
     assert bool((out[40:70] == 0).all()), "an offset before the mask must see nothing"
+    tail = torch.zeros(sizes[2], dtype=torch.bool, device="cuda")
+    tail[:10] = True  # the entries inside the mask: query 0 sees positions 0..9, the others nothing
+    want2 = reference(
+        q[70:], kc, vc, table[2:], lens[2:], torch.tensor([0, 20], dtype=I32, device="cuda"),
+        custom_mask=tail, mask_indptr=torch.tensor([0, sizes[2]], device="cuda"),
+    )  # fmt: skip
+    grid.check(out[70:], want2, False, f"{backend} a mask offset straddling its end")
 
 
 @pytest.mark.parametrize("backend", grid.backends(OP))

@@ -191,6 +191,30 @@ def test_bad_indices_are_clamped_and_masked_by_the_kernel() -> None:
     assert torch.isfinite(got).all() and torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("mask_prefix", [True, False])
+def test_a_custom_mask_is_read_only(mask_prefix: bool) -> None:
+    """The definition and both CPU backends leave the caller's mask as it was (with a window,
+    which narrows each row's keys after the mask is read)."""
+    q, kc, vc, table, lens, cu = _problem([6, 3], [10, 4], page=16, seed=8)
+    g = torch.Generator().manual_seed(8)
+    mask = torch.rand(6 * 16 + 3 * 7, generator=g) < 0.7
+    kw: dict[str, Any] = {
+        "custom_mask": mask,
+        "mask_indptr": torch.tensor([0, 96, 117]),
+        "mask_prefix": mask_prefix,
+    }
+    before = mask.clone()
+    want = _prefill.reference(q, kc, vc, table, lens, cu, window_left=3, **kw)
+    assert torch.equal(mask, before)
+    for backend in ("torch", "triton"):
+        _close(
+            ops.attention.paged_prefill(q, kc, vc, table, lens, cu, window_left=3, backend=backend, **kw),
+            want,
+            q.dtype,
+        )
+        assert torch.equal(mask, before)
+
+
 def test_bad_mask_offsets_read_as_false() -> None:
     """What the CUDA path does with a custom mask's offsets unchecked (no host read), through the
     launcher and the torch backend: entries outside ``custom_mask`` read as False, so a sequence

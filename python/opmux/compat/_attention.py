@@ -98,7 +98,7 @@ def _i32(t: Tensor) -> Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
-def _sgl_mask(
+def _engine_mask(
     name: str,
     custom_mask: Tensor | None,
     mask_indptr: Tensor | None,
@@ -107,7 +107,7 @@ def _sgl_mask(
     q_lens: Tensor,
     lens: Tensor,
 ) -> dict[str, Any]:
-    """The op's custom-mask arguments for SGLang's extend entries. A ``custom_mask`` (speculative
+    """The op's custom-mask arguments for the engines' extend entries. A ``custom_mask`` (speculative
     decoding's tree masks: each request's ``[extend_len, seq_len]`` bools row-major from
     ``mask_indptr[b]``, the op's layout) passes as it is. ``is_causal=False`` without one is an
     all-True mask (every key of the request), built here: its size, ``sum(extend_len * seq_len)``,
@@ -253,14 +253,16 @@ def unified_attention(
     )
 
 
-# -- SGLang ----------------------------------------------------------------------------------------
+# -- vLLM's legacy-layout prefix prefill -----------------------------------------------------------
 #: vLLM's ``kv_cache_dtype`` names of fp8 caches, with the dtype their bytes hold
 _VLLM_FP8 = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
 
-def _legacy_rows(cache: Tensor, blocks: Tensor, offsets: Tensor, kv_cache_dtype: str, name: str) -> Tensor:
-    """Rows of vLLM's legacy paged caches as ``[N, Hkv, D]``: the key cache ``[num_blocks, Hkv,
-    D / x, block_size, x]`` or the value cache ``[num_blocks, Hkv, D, block_size]``, at (block,
+def _legacy_rows(
+    cache: Tensor, blocks: Tensor, offsets: Tensor, kv_cache_dtype: str, name: str, keys: bool
+) -> Tensor:
+    """Rows of vLLM's legacy paged caches as ``[N, Hkv, D]``: the key cache (``keys``) ``[num_blocks,
+    Hkv, D / x, block_size, x]`` or the value cache ``[num_blocks, Hkv, D, block_size]``, at (block,
     offset) pairs; fp8 bytes (a uint8 cache) read as the dtype ``kv_cache_dtype`` names."""
     if kv_cache_dtype in _VLLM_FP8:
         cache = cache.view(getattr(torch, _VLLM_FP8[kv_cache_dtype])) if cache.dtype == torch.uint8 else cache
@@ -269,15 +271,25 @@ def _legacy_rows(cache: Tensor, blocks: Tensor, offsets: Tensor, kv_cache_dtype:
             f"{name}: kv_cache_dtype={kv_cache_dtype!r}; valid: 'auto', a float dtype's name, "
             f"{', '.join(map(repr, _VLLM_FP8))}"
         )
-    if cache.dim() == 5:  # keys: [nb, H, D/x, bs, x] -> [N, H, D/x, x]
+    if keys:  # [nb, H, D/x, bs, x] -> [N, H, D/x, x]
         rows = cache[blocks, :, :, offsets, :]
         return rows.reshape(rows.shape[0], rows.shape[1], -1)
-    if cache.dim() == 4:  # values: [nb, H, D, bs] -> [N, H, D]
-        return cache[blocks, :, :, offsets]
-    raise ValueError(
-        f"{name}: a cache of shape {tuple(cache.shape)}; vLLM's paged layout is [num_blocks, Hkv, D / x, "
-        "block_size, x] for keys and [num_blocks, Hkv, D, block_size] for values"
-    )
+    return cache[blocks, :, :, offsets]  # [nb, H, D, bs] -> [N, H, D]
+
+
+def _legacy_layout(k_cache: Tensor, v_cache: Tensor, name: str) -> None:
+    """The legacy caches' ranks and their one block size and block count (ValueError naming the
+    layout vLLM allocates otherwise), before any row is read."""
+    if k_cache.dim() != 5:
+        raise ValueError(
+            f"{name}: key_cache has shape {tuple(k_cache.shape)}; vLLM's paged key layout is [num_blocks, Hkv, "
+            "D / x, block_size, x]"
+        )
+    if v_cache.dim() != 4 or v_cache.shape[3] != k_cache.shape[3] or v_cache.shape[0] != k_cache.shape[0]:
+        raise ValueError(
+            f"{name}: value_cache has shape {tuple(v_cache.shape)}; vLLM's paged value layout is [num_blocks, "
+            f"Hkv, D, block_size] with the key cache's {k_cache.shape[0]} blocks of {k_cache.shape[3]} tokens"
+        )
 
 
 def vllm_context_attention_fwd(
@@ -301,6 +313,8 @@ def vllm_context_attention_fwd(
     skip_decode: bool = False,
     fp8_out_scale: Tensor | None = None,
     sinks: Tensor | None = None,
+    is_block_table_ptr: bool = False,
+    causal: bool = True,
 ) -> None:
     """vLLM's prefix prefill ``context_attention_fwd`` (``vllm/v1/attention/ops/prefix_prefill.py``;
     ``opmux.compat.vllm.context_attention_fwd``): request ``b``'s new
@@ -316,15 +330,19 @@ def vllm_context_attention_fwd(
     tokens' ``k`` / ``v``; page size 1. That copies the batch's context K / V (what the kernel
     reads anyway). ``sliding_window > 0``: the ``sliding_window`` positions up to the query's own
     (the op's ``window_left = sliding_window - 1``); ``sm_scale`` None: ``1 / sqrt(D)``; ``sinks
-    [Hq]`` the op's. ``skip_decode``: rows of one-token requests are left as they are.
-    ``max_seq_len`` / ``max_input_len`` bound the launch (``max_input_len``: the table's new-token
-    columns).
+    [Hq]`` the op's. ``skip_decode``: rows of one-token requests (and rows past the last request)
+    are left as they are. ``causal=False``: every key of the request (an all-True custom mask, one
+    device read of its size). ``max_seq_len`` / ``max_input_len`` bound the launch
+    (``max_input_len``: the table's new-token columns).
 
-    Refused (``NotImplementedError``): ``alibi_slopes``, ``fp8_out_scale``.
+    Refused (``NotImplementedError``): ``alibi_slopes``, ``fp8_out_scale``, ``is_block_table_ptr``
+    (a table of block addresses), ``k`` / ``v`` None (cross-attention), ``causal=False`` with a
+    window.
     """
     _prefix_prefill(
         "context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
         max_input_len, k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks,
+        is_block_table_ptr, causal,
     )  # fmt: skip
 
 
@@ -348,16 +366,20 @@ def chunked_prefill_paged_decode(
     sm_scale: float | None = None,
     output_scale: Tensor | None = None,
     sinks: Tensor | None = None,
+    is_block_table_ptr: bool = False,
+    causal: bool = True,
 ) -> None:
     """vLLM's ``chunked_prefill_paged_decode`` (``vllm/v1/attention/ops/``): a mixed batch over the
     legacy paged caches, prefills through the prefix prefill and one-token requests through a
-    paged decode. Here one :func:`vllm_context_attention_fwd` computes both (a decode is a request of
-    one new token: its key and value are in ``key`` / ``value`` as in the cache vLLM wrote them
-    to). Refused as there, and ``output_scale`` (fp8 output)."""
+    paged decode. Here one :func:`vllm_context_attention_fwd` computes both: a decode is a request of
+    one new token, its key and value taken from ``key`` / ``value`` (vLLM's decode half reads the
+    token from the cache it was written to: the same values, but for an fp8 cache the quantized
+    ones, so there the two differ by that token's rounding). Refused as there, and
+    ``output_scale`` (fp8 output)."""
     _prefix_prefill(
         "chunked_prefill_paged_decode", query, key, value, output, kv_cache_dtype, key_cache, value_cache,
         block_table, query_start_loc, seq_lens, max_query_len, k_scale, v_scale, alibi_slopes, sliding_window,
-        sm_scale, False, output_scale, sinks,
+        sm_scale, False, output_scale, sinks, is_block_table_ptr, causal,
     )  # fmt: skip
 
 
@@ -382,16 +404,26 @@ def _prefix_prefill(
     skip_decode: bool,
     out_scale: Tensor | None,
     sinks: Tensor | None,
+    is_block_table_ptr: bool,
+    causal: bool,
 ) -> None:
     """:func:`vllm_context_attention_fwd` / :func:`chunked_prefill_paged_decode` on one code path."""
     if alibi_slopes is not None:
         _refuse(f"{name}: alibi_slopes", "ALiBi position biases")
     if out_scale is not None:
         _refuse(f"{name}: an fp8 output scale", "fp8 outputs")
+    if is_block_table_ptr:
+        _refuse(f"{name}: is_block_table_ptr=True", "block tables of addresses (the ops take block ids)")
+    if k is None or v is None:
+        _refuse(f"{name}: key / value None", "cross-attention over the cache alone")
+    _legacy_layout(k_cache, v_cache, name)
     dtype, dev = q.dtype, q.device
-    bsz, rows = b_seq_len.shape[0], q.shape[0]
+    bsz = b_seq_len.shape[0]
     block = v_cache.shape[-1]
     starts = b_start_loc[: bsz + 1].long()
+    if q.is_cpu and bsz:  # free on the CPU: the op's rows are the batch's tokens (CUDA: padding rows
+        q, o = q[: int(starts[-1])], o[: int(starts[-1])]  # past them are clamped away and kept)
+    rows = q.shape[0]
     q_lens = starts[1:] - starts[:-1]
     ctx = (b_seq_len.long() - q_lens).clamp_(min=0)
     width = _width(ctx, b_loc.shape[1] * block)  # the longest context (rows per request below)
@@ -400,8 +432,19 @@ def _prefix_prefill(
     blocks = b_loc.long().gather(1, (pos // block).clamp_(max=max(0, b_loc.shape[1] - 1)))
     blocks = blocks.clamp_(0, max(0, k_cache.shape[0] - 1)).reshape(-1)
     offsets = (pos % block).reshape(-1)
-    keys = _dequant(_legacy_rows(k_cache, blocks, offsets, kv_cache_dtype, name), k_scale, dtype)
-    values = _dequant(_legacy_rows(v_cache, blocks, offsets, kv_cache_dtype, name), v_scale, dtype)
+    fp8 = kv_cache_dtype in _VLLM_FP8  # vLLM scales fp8 loads only
+    keys = _dequant(
+        _legacy_rows(k_cache, blocks, offsets, kv_cache_dtype, name, True), k_scale if fp8 else 1.0, dtype
+    )
+    values = _dequant(
+        _legacy_rows(v_cache, blocks, offsets, kv_cache_dtype, name, False), v_scale if fp8 else 1.0, dtype
+    )
+    for what, cached, new in (("key", keys, k), ("value", values, v)):
+        if cached.shape[1:] != new.shape[1:]:
+            raise ValueError(
+                f"{name}: the {what} cache's rows are [Hkv, D] = {list(cached.shape[1:])} but the new tokens' "
+                f"{what} rows are {list(new.shape[1:])}"
+            )
     keys, values = torch.cat([keys, k.to(dtype)]), torch.cat([values, v.to(dtype)])
     cols = torch.arange(width + max(1, int(max_input_len)), device=dev)[None, :]
     c = ctx[:, None]
@@ -411,6 +454,7 @@ def _prefix_prefill(
         bsz * width + starts[:-1, None] + cols - c,
     ).clamp_(0, max(0, keys.shape[0] - 1))
     window = int(sliding_window) - 1 if sliding_window is not None and sliding_window > 0 else -1
+    mask = _engine_mask(name, None, None, causal, window, q_lens, _i32(b_seq_len))
     target = torch.empty_like(o) if skip_decode else o
     _attention().paged_prefill(
         q,
@@ -423,13 +467,16 @@ def _prefix_prefill(
         window_left=window,
         sinks=_sinks(sinks),
         out=target,
+        **mask,
     )
-    if skip_decode:  # rows of one-token requests keep what o held
-        row_seq = torch.searchsorted(starts[1:].contiguous(), torch.arange(rows, device=dev), right=True)
-        decode = (q_lens == 1)[row_seq.clamp_(max=max(0, bsz - 1))]
-        o.copy_(torch.where(decode[:, None, None], o, target))
+    if skip_decode:  # rows of one-token requests, and rows past the last request, keep what o held
+        row = torch.arange(rows, device=dev)
+        row_seq = torch.searchsorted(starts[1:].contiguous(), row, right=True)
+        keep = (q_lens == 1)[row_seq.clamp_(max=max(0, bsz - 1))] | (row >= starts[-1])
+        o.copy_(torch.where(keep[:, None, None], o, target))
 
 
+# -- SGLang ----------------------------------------------------------------------------------------
 def _sgl_common(name: str, xai_temperature_len: int) -> None:
     """The refusal SGLang's Triton attention entry points share. Their value head dim may be below
     the query's (MLA's 576 / 512): both ops take it, and refuse a value head dim above the key's."""
@@ -618,7 +665,7 @@ def extend_attention_fwd(
     ``[extend_len, prefix + extend_len]`` bools row-major) are the op's custom mask, replacing the
     causal rule; ``skip_prefix_custom_mask`` (SGLang's default True) is the op's
     ``mask_prefix=False``: the prefix is seen whatever the mask holds there. ``is_causal=False``:
-    every key of the request (``_sgl_mask``). With a mask and ``is_causal=True`` SGLang's kernel
+    every key of the request (``_engine_mask``). With a mask and ``is_causal=True`` SGLang's kernel
     also stops at the end of each 128-query block's causal range, which a tree mask (ancestors
     only) never passes; opmux follows the mask alone. ``window_kv_offsets`` (SWA pools' mask
     offsets, read by SGLang together with a mask and a window) is refused. MLA (SGLang's
@@ -654,7 +701,7 @@ def extend_attention_fwd(
         j < p, kv_indptr[:-1].long()[:, None] + j, npre + qo_indptr[:-1].long()[:, None] + j - p
     )
     table = table.clamp_(0, max(0, npre + rows - 1)).to(torch.int32)
-    mask = _sgl_mask("extend_attention_fwd", custom_mask, mask_indptr, is_causal, window, ext, lens)
+    mask = _engine_mask("extend_attention_fwd", custom_mask, mask_indptr, is_causal, window, ext, lens)
     if custom_mask is not None:
         mask["mask_prefix"] = not skip_prefix_custom_mask
     _attention().paged_prefill(
@@ -690,7 +737,7 @@ def context_attention_fwd(
     as a page-size-1 cache, each request's block-table row its own rows (``max_input_len`` wide:
     no host read), the requests packed back to back as SGLang packs them (``b_start_loc`` the
     running sum of ``b_seq_len``: the query offsets are ``b_start_loc`` and its last end).
-    ``is_causal=False`` is an all-True custom mask (one device read of its size, ``_sgl_mask``).
+    ``is_causal=False`` is an all-True custom mask (one device read of its size, ``_engine_mask``).
     The scale is ``1 / sqrt(D)``, as SGLang's."""
     bsz, rows = b_seq_len.shape[0], q.shape[0]
     lens = _i32(b_seq_len)
@@ -703,7 +750,7 @@ def context_attention_fwd(
         cu.zero_()
     width = max(1, int(max_input_len))
     table = (starts[:, None] + torch.arange(width, device=q.device)[None, :]).clamp_(0, max(0, rows - 1))
-    mask = _sgl_mask("context_attention_fwd", None, None, is_causal, -1, lens, lens)
+    mask = _engine_mask("context_attention_fwd", None, None, is_causal, -1, lens, lens)
     _attention().paged_prefill(
         q, k.unsqueeze(1), v.unsqueeze(1), table.to(torch.int32), lens, cu, out=o, **mask
     )
@@ -778,7 +825,7 @@ def extend_attention_fwd_unified(
     kernel then reads each pool row once.
 
     ``custom_mask`` / ``mask_indptr``: the op's custom mask over every key (prefix included, as
-    SGLang's unified kernel reads it); ``is_causal=False``: every key (``_sgl_mask``).
+    SGLang's unified kernel reads it); ``is_causal=False``: every key (``_engine_mask``).
 
     Refused (``NotImplementedError``): ``window_start_pos`` (SWA pools' position offsets),
     ``is_causal=False`` with a window, ``xai_temperature_len > 0``.
@@ -792,7 +839,7 @@ def extend_attention_fwd_unified(
     table = _csr_table(kv_indptr, kv_indices, _width(lens, kv_indices.numel()))
     window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
     q_lens = qo_indptr[1:] - qo_indptr[:-1]
-    mask = _sgl_mask(
+    mask = _engine_mask(
         "extend_attention_fwd_unified", custom_mask, mask_indptr, is_causal, window, q_lens, lens
     )
     _attention().paged_prefill(

@@ -6,8 +6,8 @@ Kernel arguments: ``(out, lse, has_lse, query, key_cache, value_cache, block_tab
 cu_seqlens_q, sinks, has_sinks, k_scale, v_scale, fp8, scale, softcap, window_left, custom_mask,
 mask_indptr, has_mask, mask_prefix)``: ``scale`` resolved (0.0 -> ``1 / sqrt(D)``), an absent
 ``lse`` / ``sinks`` an empty float32 tensor, in the plain form ``seq_lens`` in the places of the
-scales (unread), as paged_decode does, and without a custom mask ``cu_seqlens_q`` in the places of
-``custom_mask`` / ``mask_indptr`` (unread).
+scales (unread), as paged_decode does, and without a custom mask empty bool / int32 tensors in the
+places of ``custom_mask`` / ``mask_indptr`` (unread).
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def reference(
         keep = pos[None, :] <= last
         if custom_mask is not None and mask_indptr is not None:
             m0 = int(mask_indptr[b])
-            keep = custom_mask[m0 : m0 + (q1 - q0) * n].reshape(q1 - q0, n).to(dev)
+            keep = custom_mask[m0 : m0 + (q1 - q0) * n].reshape(q1 - q0, n).to(dev, copy=True)
             if not mask_prefix:
                 keep = keep | (pos[None, :] < n - (q1 - q0))
         if window_left >= 0:
