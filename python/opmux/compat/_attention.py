@@ -729,6 +729,7 @@ def context_attention_fwd(
     b_seq_len: Tensor,
     max_input_len: int,
     is_causal: bool = True,
+    sm_scale: float | None = None,
 ) -> None:
     """SGLang's prefill without a cache (``triton_ops/prefill_attention.py``; its vision
     attention calls it with ``is_causal=False``): request ``b``'s rows
@@ -738,7 +739,7 @@ def context_attention_fwd(
     no host read), the requests packed back to back as SGLang packs them (``b_start_loc`` the
     running sum of ``b_seq_len``: the query offsets are ``b_start_loc`` and its last end).
     ``is_causal=False`` is an all-True custom mask (one device read of its size, ``_engine_mask``).
-    The scale is ``1 / sqrt(D)``, as SGLang's."""
+    ``sm_scale`` None or 0: ``1 / sqrt(D)``, as SGLang's."""
     bsz, rows = b_seq_len.shape[0], q.shape[0]
     lens = _i32(b_seq_len)
     starts = b_start_loc[:bsz].long()
@@ -752,7 +753,15 @@ def context_attention_fwd(
     table = (starts[:, None] + torch.arange(width, device=q.device)[None, :]).clamp_(0, max(0, rows - 1))
     mask = _engine_mask("context_attention_fwd", None, None, is_causal, -1, lens, lens)
     _attention().paged_prefill(
-        q, k.unsqueeze(1), v.unsqueeze(1), table.to(torch.int32), lens, cu, out=o, **mask
+        q,
+        k.unsqueeze(1),
+        v.unsqueeze(1),
+        table.to(torch.int32),
+        lens,
+        cu,
+        scale=float(sm_scale or 0.0),
+        out=o,
+        **mask,
     )
 
 
