@@ -121,7 +121,7 @@ def _run(args: list[torch.Tensor], softcap: float = 0.0, window: int = -1) -> to
     scale = 1 / math.sqrt(q.shape[-1])
     fip.paged_prefill(
         out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, scale, softcap, window,
-        cu, cu, False, True,
+        cu, cu, False, True, True,
     )  # fmt: skip
     return out
 
@@ -221,7 +221,7 @@ def test_a_custom_mask_is_refused_before_any_plan(stand_in: type[_Wrapper]) -> N
     with pytest.raises(CallRefused, match="custom mask"):
         fip.paged_prefill(
             out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, 0.125, 0.0, -1,
-            mask, indptr, True, True,
+            mask, indptr, True, True, True,
         )  # fmt: skip
     assert not stand_in.made  # no wrapper, no plan
 

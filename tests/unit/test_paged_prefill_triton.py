@@ -315,6 +315,7 @@ FORMS = [  # (q dtype, cache dtype, (value) head dim, group, page, flags)
     ("bf16", "fp8e4nv", 128, 4, 16, dict(FP8=True, HAS_MASK=True, **ALL)),
     ("fp16", "fp16", 256, 2, 5, dict(HAS_MASK=True)),
     ("bf16", "bf16", 512, 16, 16, dict(V_FROM_K=True, HAS_MASK=True, **MLA, **ALL)),
+    ("bf16", "bf16", 128, 4, 16, dict(CAUSAL=False, HAS_LSE=True)),  # non-causal (encoder / vision)
 ]
 for qdt, cache, block_d, g, page, flags in FORMS:
     bm, bn, warps, stages = pt.tile_config(block_d, g, qdt == "fp32")
@@ -322,7 +323,7 @@ for qdt, cache, block_d, g, page, flags in FORMS:
     gc = min(g, bm)  # the launcher's head chunk
     const = dict(G=g, GC=gc, PAGE_SIZE=page, BLOCK_M=bm, BLOCK_Q=bm // gc, BLOCK_DV=block_d, BLOCK_DR=16,
                  BLOCK_N=bn, DOT_F32=False, FP8=False, SOFTCAP=False, WINDOW=False, HAS_SINKS=False,
-                 HAS_LSE=False, HAS_TAIL=False, V_FROM_K=False, SPLIT=False, HAS_MASK=False, MASK_PREFIX=True)
+                 HAS_LSE=False, HAS_TAIL=False, V_FROM_K=False, SPLIT=False, HAS_MASK=False, MASK_PREFIX=True, CAUSAL=True)
     const.update(flags)
     sig = {}
     for n in pt._prefill.arg_names:
@@ -358,11 +359,11 @@ print("compiled")
 
 def test_kernel_compiles_for_sm90() -> None:
     """The interpreter runs what the compiler may refuse: the kernel compiled for an H100 / H200
-    (sm_90, no GPU needed) outside the interpreter, at tile_config's tiles, in fifteen forms (fp8 with
+    (sm_90, no GPU needed) outside the interpreter, at tile_config's tiles, in sixteen forms (fp8 with
     every feature, D 256 with an odd page, MQA-like groups of 8 with one-token pages, fp32; MLA's
     512 + 64 with the value view and a value cache of its own, groups of 16 and of 128 (chunks of
     32 heads), bf16 and fp8 caches, D 192 / Dv 128; the split loop at the bf16 128-dim tile; custom masks
-    at 128 / 256 / MLA's dims, with every feature, on the launcher's masked tile), and
+    at 128 / 256 / MLA's dims, with every feature, on the launcher's masked tile; non-causal), and
     where Triton ships ptxas, none of the bf16 / fp16 ones spills (fp32 queries, a correctness
     form, may)."""
     import os

@@ -99,40 +99,22 @@ def _i32(t: Tensor) -> Tensor:
 
 
 def _engine_mask(
-    name: str,
-    custom_mask: Tensor | None,
-    mask_indptr: Tensor | None,
-    is_causal: bool,
-    window: int,
-    q_lens: Tensor,
-    lens: Tensor,
+    name: str, custom_mask: Tensor | None, mask_indptr: Tensor | None, is_causal: bool, window: int, bsz: int
 ) -> dict[str, Any]:
-    """The op's custom-mask arguments for the engines' extend entries. A ``custom_mask`` (speculative
-    decoding's tree masks: each request's ``[extend_len, seq_len]`` bools row-major from
-    ``mask_indptr[b]``, the op's layout) passes as it is. ``is_causal=False`` without one is an
-    all-True mask (every key of the request), built here: its size, ``sum(extend_len * seq_len)``,
-    is read from the device once (SGLang does not capture extend in graphs; a capture is
-    refused). SGLang's non-causal window is two-sided, which the op's is not: refused."""
-    if custom_mask is None and is_causal:
-        return {}
-    if not is_causal and window >= 0:
+    """The op's masking arguments for the engines' extend / prefill entries. A ``custom_mask``
+    (speculative decoding's tree masks: each request's ``[extend_len, seq_len]`` bools row-major
+    from ``mask_indptr[b]``, the op's layout) passes as it is and replaces either rule;
+    ``is_causal=False`` without one is the op's ``causal=False`` (every key of the request). The
+    engines' non-causal window is two-sided (SGLang: ``|k - q| <= window``), which the op's
+    (positions back from the query) is not: refused."""
+    if not is_causal and window >= 0 and custom_mask is None:
         _refuse(f"{name}: is_causal=False with a sliding window", "a window on both sides of the query")
-    bsz = lens.shape[0]
     if custom_mask is not None:
         if mask_indptr is None:
             raise ValueError(f"{name}: custom_mask needs mask_indptr (its [bs + 1] offsets per request)")
         mask = custom_mask if custom_mask.dtype == torch.bool else custom_mask.to(torch.bool)
         return {"custom_mask": mask.reshape(-1), "mask_indptr": mask_indptr[: bsz + 1]}
-    sizes = q_lens.long() * lens.long()
-    indptr = torch.zeros(bsz + 1, dtype=torch.int64, device=lens.device)
-    torch.cumsum(sizes, 0, out=indptr[1:])
-    if _capturing(lens):
-        raise RuntimeError(
-            f"{name}: is_causal=False builds its all-True mask from the requests' lengths, a read that "
-            "a CUDA-graph capture cannot make; run non-causal extend outside graphs, or pass custom_mask"
-        )
-    total = int(indptr[-1]) if bsz else 0
-    return {"custom_mask": torch.ones(total, dtype=torch.bool, device=lens.device), "mask_indptr": indptr}
+    return {} if is_causal else {"causal": False}
 
 
 # -- vLLM ------------------------------------------------------------------------------------------
@@ -331,8 +313,7 @@ def vllm_context_attention_fwd(
     reads anyway). ``sliding_window > 0``: the ``sliding_window`` positions up to the query's own
     (the op's ``window_left = sliding_window - 1``); ``sm_scale`` None: ``1 / sqrt(D)``; ``sinks
     [Hq]`` the op's. ``skip_decode``: rows of one-token requests (and rows past the last request)
-    are left as they are. ``causal=False``: every key of the request (an all-True custom mask, one
-    device read of its size). ``max_seq_len`` / ``max_input_len`` bound the launch
+    are left as they are. ``causal=False``: every key of the request (the op's ``causal=False``). ``max_seq_len`` / ``max_input_len`` bound the launch
     (``max_input_len``: the table's new-token columns).
 
     Refused (``NotImplementedError``): ``alibi_slopes``, ``fp8_out_scale``, ``is_block_table_ptr``
@@ -454,7 +435,7 @@ def _prefix_prefill(
         bsz * width + starts[:-1, None] + cols - c,
     ).clamp_(0, max(0, keys.shape[0] - 1))
     window = int(sliding_window) - 1 if sliding_window is not None and sliding_window > 0 else -1
-    mask = _engine_mask(name, None, None, causal, window, q_lens, _i32(b_seq_len))
+    mask = _engine_mask(name, None, None, causal, window, bsz)
     target = torch.empty_like(o) if skip_decode else o
     _attention().paged_prefill(
         q,
@@ -701,7 +682,7 @@ def extend_attention_fwd(
         j < p, kv_indptr[:-1].long()[:, None] + j, npre + qo_indptr[:-1].long()[:, None] + j - p
     )
     table = table.clamp_(0, max(0, npre + rows - 1)).to(torch.int32)
-    mask = _engine_mask("extend_attention_fwd", custom_mask, mask_indptr, is_causal, window, ext, lens)
+    mask = _engine_mask("extend_attention_fwd", custom_mask, mask_indptr, is_causal, window, bsz)
     if custom_mask is not None:
         mask["mask_prefix"] = not skip_prefix_custom_mask
     _attention().paged_prefill(
@@ -738,7 +719,7 @@ def context_attention_fwd(
     as a page-size-1 cache, each request's block-table row its own rows (``max_input_len`` wide:
     no host read), the requests packed back to back as SGLang packs them (``b_start_loc`` the
     running sum of ``b_seq_len``: the query offsets are ``b_start_loc`` and its last end).
-    ``is_causal=False`` is an all-True custom mask (one device read of its size, ``_engine_mask``).
+    ``is_causal=False`` is the op's ``causal=False``.
     ``sm_scale`` None or 0: ``1 / sqrt(D)``, as SGLang's."""
     bsz, rows = b_seq_len.shape[0], q.shape[0]
     lens = _i32(b_seq_len)
@@ -751,7 +732,7 @@ def context_attention_fwd(
         cu.zero_()
     width = max(1, int(max_input_len))
     table = (starts[:, None] + torch.arange(width, device=q.device)[None, :]).clamp_(0, max(0, rows - 1))
-    mask = _engine_mask("context_attention_fwd", None, None, is_causal, -1, lens, lens)
+    mask = _engine_mask("context_attention_fwd", None, None, is_causal, -1, bsz)
     _attention().paged_prefill(
         q,
         k.unsqueeze(1),
@@ -847,10 +828,7 @@ def extend_attention_fwd_unified(
     lens = _i32(kv_indptr[1:] - kv_indptr[:-1])
     table = _csr_table(kv_indptr, kv_indices, _width(lens, kv_indices.numel()))
     window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
-    q_lens = qo_indptr[1:] - qo_indptr[:-1]
-    mask = _engine_mask(
-        "extend_attention_fwd_unified", custom_mask, mask_indptr, is_causal, window, q_lens, lens
-    )
+    mask = _engine_mask("extend_attention_fwd_unified", custom_mask, mask_indptr, is_causal, window, bsz)
     _attention().paged_prefill(
         q,
         k_buffer.unsqueeze(1),

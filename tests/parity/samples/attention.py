@@ -369,7 +369,8 @@ def _tree_mask(
 
 def _mask_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     """Custom (tree) masks: with a cached prefix, int32 offsets with the prefix always seen
-    (``mask_prefix=False``) and a window, a row left empty (0 and the sink's lse), MLA."""
+    (``mask_prefix=False``) and a window, a row left empty (0 and the sink's lse), MLA; and no
+    mask at all (``causal=False``), with a window, lse and sinks."""
     args = _prefill(device, dtype, 50, [9, 30, 1], [40, 17, 70])
     out = [Sample("custom-mask", args, _tree_mask(device, args[5].cpu(), args[4].cpu(), 50))]
     args = _prefill(device, dtype, 51, [7, 12], [20, 0], page=5)
@@ -381,6 +382,14 @@ def _mask_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator().manual_seed(52)
     kw |= {"lse": torch.empty(8, 4, device=device), "sinks": torch.randn(4, generator=g).to(device)}
     out.append(Sample("custom-mask-empty-row-lse-sinks", args, kw))
+    args = _prefill(device, dtype, 54, [12, 5, 1], [0, 9, 20], page=5)
+    out.append(Sample("non-causal", args, {"causal": False}))
+    args = _prefill(device, dtype, 55, [9, 4], [6, 0])
+    g2 = torch.Generator().manual_seed(55)
+    kw = {"causal": False, "window_left": 3, "lse": torch.empty(13, 4, device=device)}
+    out.append(
+        Sample("non-causal-window-lse-sinks", args, {**kw, "sinks": torch.randn(4, generator=g2).to(device)})
+    )
     args = _prefill_mla(device, dtype, 53, [6, 2], [11, 5])
     out.append(
         Sample(

@@ -385,17 +385,17 @@ def check_decode(op: str, query: Any, key_cache: Any, value_cache: Any, block_ta
     return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_,), out
 
 
-def check_paged_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_paged_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, causal: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     """The form of the call: prefill_fp8, prefill."""
     key_cache_n = key_cache_d = None
     if type(key_cache) is _TENSOR or isinstance(key_cache, _TENSOR):
         key_cache_n, key_cache_d = key_cache.dim(), key_cache.dtype
     if (key_cache_d in _FLOAT8_E4M3FN):
-        return check_prefill_fp8(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-    return check_prefill(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        return check_prefill_fp8(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+    return check_prefill(op, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
 
 
-def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, causal: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         query_s = query.shape
         key_cache_s = key_cache.shape
@@ -416,6 +416,7 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
             and custom_mask is None
             and mask_indptr is None
             and type(mask_prefix) is bool
+            and type(causal) is bool
             and lse is None
             and out is None
             and len(query_s) == 3
@@ -469,8 +470,9 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
                 softcap_ = softcap
                 window_left_ = window_left
                 mask_prefix_ = mask_prefix
+                causal_ = causal
                 out = query.new_empty(T, Hq, Dv)
-                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, k_scale, v_scale, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL], (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32], custom_mask is not None, mask_prefix_,), out
+                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, k_scale, v_scale, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL], (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32], custom_mask is not None, mask_prefix_, causal_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "query", query)
@@ -569,6 +571,9 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
     if not isinstance(mask_prefix, bool):
         raise TypeError(f"{op}: mask_prefix must be a bool, got {mask_prefix!r}")
     mask_prefix_ = mask_prefix
+    if not isinstance(causal, bool):
+        raise TypeError(f"{op}: causal must be a bool, got {causal!r}")
+    causal_ = causal
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))
@@ -626,10 +631,10 @@ def check_prefill_fp8(op: str, query: Any, key_cache: Any, value_cache: Any, blo
     if not _checks.dense_last(out):
         raise ValueError(f'{op}: out has a non-contiguous last dimension (stride {out.stride(-1)}); pass .contiguous()')
     out_v = out
-    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, k_scale_v, v_scale_v, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_, custom_mask_v, mask_indptr_v, custom_mask is not None, mask_prefix_,), out
+    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, k_scale_v, v_scale_v, True, scale if scale > 0 else D ** -0.5, softcap_, window_left_, custom_mask_v, mask_indptr_v, custom_mask is not None, mask_prefix_, causal_,), out
 
 
-def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
+def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, cu_seqlens_q: Any, scale: Any = 0.0, softcap: Any = 0.0, window_left: Any = -1, sinks: Any = None, k_scale: Any = None, v_scale: Any = None, custom_mask: Any = None, mask_indptr: Any = None, mask_prefix: Any = True, causal: Any = True, lse: Any = None, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         query_s = query.shape
         key_cache_s = key_cache.shape
@@ -648,6 +653,7 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
             and custom_mask is None
             and mask_indptr is None
             and type(mask_prefix) is bool
+            and type(causal) is bool
             and lse is None
             and out is None
             and len(query_s) == 3
@@ -695,8 +701,9 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
                 softcap_ = softcap
                 window_left_ = window_left
                 mask_prefix_ = mask_prefix
+                causal_ = causal
                 out = query.new_empty(T, Hq, Dv)
-                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, seq_lens, seq_lens, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL], (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32], custom_mask is not None, mask_prefix_,), out
+                return (out, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], lse is not None, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_FLOAT32], sinks is not None, seq_lens, seq_lens, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_, (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_BOOL], (_checks.PROTOS.get(query.device) or _checks.protos(query.device))[_DT_INT32], custom_mask is not None, mask_prefix_, causal_,), out
     except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
         pass
     _checks.tensor(op, "query", query)
@@ -788,6 +795,9 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
     if not isinstance(mask_prefix, bool):
         raise TypeError(f"{op}: mask_prefix must be a bool, got {mask_prefix!r}")
     mask_prefix_ = mask_prefix
+    if not isinstance(causal, bool):
+        raise TypeError(f"{op}: causal must be a bool, got {causal!r}")
+    causal_ = causal
     if lse is not None:
         _checks.tensor(op, "lse", lse)
         _checks.dtype_in(op, "lse", lse, ('float32',))
@@ -843,4 +853,4 @@ def check_prefill(op: str, query: Any, key_cache: Any, value_cache: Any, block_t
     if not _checks.dense_last(out):
         raise ValueError(f'{op}: out has a non-contiguous last dimension (stride {out.stride(-1)}); pass .contiguous()')
     out_v = out
-    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_, custom_mask_v, mask_indptr_v, custom_mask is not None, mask_prefix_,), out
+    return (out_v, lse_v, lse is not None, query_v, key_cache_v, value_cache_v, block_tables_v, seq_lens_v, cu_seqlens_q_v, sinks_v, sinks is not None, seq_lens_v, seq_lens_v, False, scale if scale > 0 else D ** -0.5, softcap_, window_left_, custom_mask_v, mask_indptr_v, custom_mask is not None, mask_prefix_, causal_,), out

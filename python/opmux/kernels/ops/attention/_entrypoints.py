@@ -72,7 +72,7 @@ FLAG: Any
 #: op -> the form of its declaration its functions were generated for (``form``)
 FORMS = {
     'paged_decode': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
-    'paged_prefill': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor? custom_mask=None, Tensor? mask_indptr=None, bool mask_prefix=True, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
+    'paged_prefill': '(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, Tensor? custom_mask=None, Tensor? mask_indptr=None, bool mask_prefix=True, bool causal=True, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor; key query; values',
 }
 
 
@@ -784,11 +784,11 @@ def reference_paged_decode(query, key_cache, value_cache, block_tables, seq_lens
 
 
 # -- attention.paged_prefill ---------------------------------------------------------------------
-def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, backend=None, enable_pdl=None):
+def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None, out=None, backend=None, enable_pdl=None):
     if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
         if out is None:
-            return LIB['paged_prefill'](query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse)
-        LIB['paged_prefill_out'](out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse)
+            return LIB['paged_prefill'](query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse)
+        LIB['paged_prefill_out'](out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse)
         return out
     if ENTRY_PENDING[0]:
         ENTRY_POLL()
@@ -801,7 +801,7 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
         if G:
             if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
-        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out, LFLAG if enable_pdl is None else bool(enable_pdl))
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out, LFLAG if enable_pdl is None else bool(enable_pdl))
         if R is not None:
             if G:
                 if lse is not None:
@@ -814,8 +814,8 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
         if GRAD():
             if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -900,9 +900,9 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out,), {}, backend, enable_pdl)
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out,), {}, backend, enable_pdl)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
     if GRAD():
         if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -983,7 +983,7 @@ def paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seql
     return RESULT
 
 
-def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
+def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None):
     if BRIDGE_PENDING[0]:
         BRIDGE_POLL()
     out = None
@@ -996,7 +996,7 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
         if G:
             if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
-        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out, LFLAG)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out, LFLAG)
         if R is not None:
             if G:
                 if lse is not None:
@@ -1009,8 +1009,8 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
         if GRAD():
             if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -1092,9 +1092,9 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out,), {}, None)
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        return DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out,), {}, None)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
     if GRAD():
         if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -1175,12 +1175,12 @@ def library_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens,
     return RESULT
 
 
-def fake_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
-    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, None)[1]
+def fake_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None):
+    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, None)[1]
     return RESULT
 
 
-def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
+def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None):
     if BRIDGE_PENDING[0]:
         BRIDGE_POLL()
     try:
@@ -1192,7 +1192,7 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
         if G:
             if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
-        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out, LFLAG)
+        R = LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out) if LFLAG is None else LANE(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out, LFLAG)
         if R is not None:
             if G:
                 if lse is not None:
@@ -1205,8 +1205,8 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is not None:
-        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+        KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+        VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
         if GRAD():
             if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
                 NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -1288,10 +1288,10 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
     except (KeyError, TypeError, AttributeError):
         KERNEL = None
     if KERNEL is None:
-        DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out,), {}, None)
+        DISPATCH((query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out,), {}, None)
         return None
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
     if GRAD():
         if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -1372,14 +1372,14 @@ def library_paged_prefill_out(out, query, key_cache, value_cache, block_tables, 
     return None
 
 
-def fake_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None):
-    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)[1]
+def fake_paged_prefill_out(out, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None):
+    RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)[1]
     return None
 
 
-def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
     if GRAD():
         if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -1457,9 +1457,9 @@ def bound_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, c
     return RESULT
 
 
-def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
     if GRAD():
         if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -1537,9 +1537,9 @@ def bound_paged_prefill_pdl(query, key_cache, value_cache, block_tables, seq_len
     return RESULT
 
 
-def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, lse=None, out=None, enable_pdl=None):
-    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
-    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale=0.0, softcap=0.0, window_left=-1, sinks=None, k_scale=None, v_scale=None, custom_mask=None, mask_indptr=None, mask_prefix=True, causal=True, lse=None, out=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
+    VALUES(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)
     if GRAD():
         if query.requires_grad or key_cache.requires_grad or value_cache.requires_grad or block_tables.requires_grad or seq_lens.requires_grad or cu_seqlens_q.requires_grad or (sinks is not None and sinks.requires_grad) or (k_scale is not None and k_scale.requires_grad) or (v_scale is not None and v_scale.requires_grad) or (custom_mask is not None and custom_mask.requires_grad) or (mask_indptr is not None and mask_indptr.requires_grad) or (lse is not None and lse.requires_grad) or (out is not None and out.requires_grad):
             NO_GRAD(OP, ('query', query), ('key_cache', key_cache), ('value_cache', value_cache), ('block_tables', block_tables), ('seq_lens', seq_lens), ('cu_seqlens_q', cu_seqlens_q), ('sinks', sinks), ('k_scale', k_scale), ('v_scale', v_scale), ('custom_mask', custom_mask), ('mask_indptr', mask_indptr), ('lse', lse), ('out', out),)
@@ -1613,4 +1613,4 @@ def reference_paged_prefill(query, key_cache, value_cache, block_tables, seq_len
         SELF(OP, 'lse', lse)
     if out is not None and not out.is_contiguous():
         SELF(OP, 'out', out)
-    return KERNEL(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, lse, out)
+    return KERNEL(query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale, softcap, window_left, sinks, k_scale, v_scale, custom_mask, mask_indptr, mask_prefix, causal, lse, out)

@@ -4,7 +4,7 @@ conventions (``_decode``): the same cache forms, scale, softcap, window, sinks a
 
 Kernel arguments: ``(out, lse, has_lse, query, key_cache, value_cache, block_tables, seq_lens,
 cu_seqlens_q, sinks, has_sinks, k_scale, v_scale, fp8, scale, softcap, window_left, custom_mask,
-mask_indptr, has_mask, mask_prefix)``: ``scale`` resolved (0.0 -> ``1 / sqrt(D)``), an absent
+mask_indptr, has_mask, mask_prefix, causal)``: ``scale`` resolved (0.0 -> ``1 / sqrt(D)``), an absent
 ``lse`` / ``sinks`` an empty float32 tensor, in the plain form ``seq_lens`` in the places of the
 scales (unread), as paged_decode does, and without a custom mask empty bool / int32 tensors in the
 places of ``custom_mask`` / ``mask_indptr`` (unread).
@@ -119,6 +119,7 @@ def _mask_items() -> tuple[Any, ...]:
             layout_hint="has stride {{t}.stride(0)}; pass {t}.contiguous()",
         ),
         Scalar("mask_prefix", "bool"),
+        Scalar("causal", "bool"),
     )
 
 
@@ -133,7 +134,7 @@ _ARGS: tuple[str, ...] = (
 )
 _ARGS += ("seq_lens", "cu_seqlens_q", "sinks", "sinks is not None")
 _TAIL: tuple[str, ...] = ("scale if scale > 0 else D ** -0.5", "softcap", "window_left")
-_TAIL += ("custom_mask", "mask_indptr", "custom_mask is not None", "mask_prefix")
+_TAIL += ("custom_mask", "mask_indptr", "custom_mask is not None", "mask_prefix", "causal")
 PAGED_PREFILL = Forms(
     "paged_prefill",
     cases=(
@@ -252,13 +253,15 @@ def reference(
     custom_mask: Tensor | None = None,
     mask_indptr: Tensor | None = None,
     mask_prefix: bool = True,
+    causal: bool = True,
     lse: Tensor | None = None,
     out: Tensor | None = None,
 ) -> Tensor:
     """The definition, one sequence at a time: its keys and values gathered through its block
     table, scores in float32 (float64 for a float64 call), the causal mask aligned to the end of
     the KV (query ``i`` of ``q_len`` sees positions ``<= seq_len - q_len + i``) or the sequence's
-    custom mask matrix (the prefix's columns all True with ``mask_prefix=False``), the window,
+    custom mask matrix (the prefix's columns all True with ``mask_prefix=False``), or, not
+    ``causal``, every position; the window,
     softcap, the sinks in the denominator, the weighted sum in float32, one cast. Scores over
     the key head dim ``D``, values over the value cache's ``Dv`` (MLA: ``Dv < D``)."""
     f = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -285,7 +288,7 @@ def reference(
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         last = (n - (q1 - q0) + torch.arange(q1 - q0, device=dev))[:, None]  # [q, 1]
-        keep = pos[None, :] <= last
+        keep = pos[None, :] <= last if causal else torch.ones(q1 - q0, n, dtype=torch.bool, device=dev)
         if custom_mask is not None and mask_indptr is not None:
             m0 = int(mask_indptr[b])
             keep = custom_mask[m0 : m0 + (q1 - q0) * n].reshape(q1 - q0, n).to(dev, copy=True)
@@ -333,6 +336,7 @@ def torch_prefill(
     mask_indptr: Tensor,
     has_mask: bool,
     mask_prefix: bool,
+    causal: bool,
 ) -> None:
     """The definition's arithmetic a chunk of query tokens at a time, each against its
     sequence's whole block-table row: static shapes, the lengths and offsets kept on the device
@@ -372,8 +376,10 @@ def torch_prefill(
             seen &= custom_mask[at.clamp(0, max(0, entries - 1))] if entries else seen
             if not mask_prefix:
                 seen |= pos[None, :] < (n_t - q_len_t)[t0:t1, None]
-        else:
+        elif causal:
             seen = pos[None, :] <= last
+        else:
+            seen = torch.ones(1, cap, dtype=torch.bool, device=dev)
         keep = seen & (pos[None, :] < n_t[t0:t1, None]) & (blocks >= 0) & (blocks < nb)
         if window_left >= 0:
             keep &= pos[None, :] >= last - window_left

@@ -60,10 +60,10 @@ OP = "attention.paged_prefill"
 def _step(
     q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left, seen,
     MASKED: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, SOFTCAP: tl.constexpr,
-    WINDOW: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_MASK: tl.constexpr,
+    WINDOW: tl.constexpr, HAS_TAIL: tl.constexpr, BY_SEEN: tl.constexpr,
 ):  # fmt: skip
     """One key tile's online-softmax update of (acc, m_i, l_i): scores in log2 units, then the
-    causal (or, ``HAS_MASK``, the custom mask's ``seen``) and window masks per element
+    causal (or, ``BY_SEEN``, the custom mask's or the non-causal ``seen``) and window masks per element
     (``MASKED``) or, for a tile every row sees whole, only the tile's bad block ids as a column
     bias (one add per score instead of compares and a select)."""
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -80,7 +80,7 @@ def _step(
         s = softcap * _tanh(s / softcap) * LOG2E
     if MASKED:
         pos = n0 + tl.arange(0, BLOCK_N)
-        if HAS_MASK:
+        if BY_SEEN:
             keep = ok[None, :] & seen
         else:
             keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
@@ -160,6 +160,7 @@ def _prefill(
     SPLIT: tl.constexpr,
     HAS_MASK: tl.constexpr,
     MASK_PREFIX: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     LOG2E: tl.constexpr = 1.4426950408889634
     pid = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -225,8 +226,9 @@ def _prefill(
 
     kv_end = tl.minimum(n, prefix + tl.minimum(t0 + BLOCK_Q, q_len))  # causal: nothing past the block
     mrow = tok.to(tl.int64) * 0  # HAS_MASK: each row's start in CM (its row of the sequence's matrix)
-    if HAS_MASK:  # the custom mask replaces the causal rule: every position up to the length
+    if HAS_MASK or not CAUSAL:  # a custom mask or none: every position up to the length
         kv_end = n
+    if HAS_MASK:
         mrow = tl.load(MI + b).to(tl.int64) + tok.to(tl.int64) * n
     kv_start = n * 0
     if WINDOW:
@@ -239,7 +241,7 @@ def _prefill(
     # bias); the tiles across the diagonal (every tile of a window) take the element masks. Off:
     # one masked loop (fewer registers: the split's two pipelined loops hold 192 -> 255 at the
     # 128 x 64 bf16 tile, ptxas sm_90a; which is faster is the sweep's to say)
-    PHASES: tl.constexpr = 2 if SPLIT and not WINDOW and not HAS_MASK else 1
+    PHASES: tl.constexpr = 2 if SPLIT and not WINDOW and not HAS_MASK and CAUSAL else 1
     full_end = kv_start
     if PHASES == 2:
         full_end = tl.maximum(
@@ -253,9 +255,8 @@ def _prefill(
                 kbase, vbase, bt_row, sbt_m, n0, kv_end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
                 dmask, dr, drmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
             )  # fmt: skip
-            seen = (
-                rmask[:, None] & ok[None, :]
-            )  # HAS_MASK: the custom mask's tile (entries outside CM: False)
+            # the rows' keys: every real one (not CAUSAL), or the custom mask's (HAS_MASK: below)
+            seen = rmask[:, None] & ok[None, :]
             if HAS_MASK:
                 pos = n0 + tl.arange(0, BLOCK_N)
                 at = mrow[:, None] + pos[None, :]
@@ -265,7 +266,7 @@ def _prefill(
                     seen = seen | (pos < prefix)[None, :]
             acc, m_i, l_i = _step(
                 q, qr, k, v, kr, ok, n0, qpos, acc, m_i, l_i, qk_scale, softcap, window_left, seen,
-                phase == PHASES - 1, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL, HAS_MASK,
+                phase == PHASES - 1, BLOCK_N, DOT_F32, SOFTCAP, WINDOW, HAS_TAIL, HAS_MASK or not CAUSAL,
             )  # fmt: skip
 
     if FP8:
@@ -305,6 +306,7 @@ def launch(
     mask_indptr: torch.Tensor,
     has_mask: bool,
     mask_prefix: bool,
+    causal: bool = True,
     block_m: int | None = None,
     block_n: int | None = None,
     warps: int | None = None,
@@ -396,6 +398,7 @@ def launch(
             SPLIT=sp,
             HAS_MASK=has_mask,
             MASK_PREFIX=mask_prefix,
+            CAUSAL=causal,
             num_warps=nw,
             num_stages=ns,
         )

@@ -55,7 +55,10 @@ the window as above (it is still measured from ``seq_len - q_len + i``); ``mask_
 (SGLang's ``skip_prefix_custom_mask``): every query sees the cached prefix's positions
 ``j < seq_len - q_len`` whatever its mask says there. A row the mask leaves empty gets 0 and an lse
 of -inf (or the sink). The values hook checks the offsets of CPU tensors; on CUDA a mask entry
-outside ``[0, len(custom_mask))`` reads as False (never out of bounds).
+outside ``[0, len(custom_mask))`` reads as False (never out of bounds). ``causal=False`` (encoder
+and vision attention, SGLang's ``is_causal=False``): every query sees all ``seq_len`` positions of
+its sequence (within the window, still counted back from ``seq_len - q_len + i``); a custom mask
+takes the place of either rule.
 
 Other page-table forms convert to the block table without a copy of the cache: FlashInfer's /
 SGLang's CSR form (``kv_indptr [B + 1]``, ``kv_indices``, ``kv_last_page_len [B]``) is
@@ -122,13 +125,13 @@ paged_prefill = declare(
     "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, "
     "Tensor cu_seqlens_q, float scale=0.0, float softcap=0.0, int window_left=-1, Tensor? sinks=None, "
     "Tensor? k_scale=None, Tensor? v_scale=None, Tensor? custom_mask=None, Tensor? mask_indptr=None, "
-    "bool mask_prefix=True, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
+    "bool mask_prefix=True, bool causal=True, Tensor(a!)? lse=None, Tensor(a!)? out=None) -> Tensor",
     doc="ragged query [T, Hq, D] (cu_seqlens_q [B + 1]) of new tokens attending causally over their "
     "sequences' paged KV cache [num_blocks, page_size, Hkv, D] (cached prefix + new tokens, NHD or HND "
     "view; the value cache's head dim Dv <= D: MLA's 576 / 512) through block_tables [B, max_blocks] / "
     "seq_lens [B] -> [T, Hq, Dv] (+ lse [T, Hq]); GQA / MQA, "
     "softcap, sliding window, attention sinks, fp8 e4m3 caches with k_scale / v_scale, a custom (tree) mask "
-    "in place of the causal one (custom_mask / mask_indptr)",
+    "in place of the causal one (custom_mask / mask_indptr), or none (causal=False)",
     contract=_prefill.PAGED_PREFILL,
     values=_prefill.values,
     reference=_prefill.reference,

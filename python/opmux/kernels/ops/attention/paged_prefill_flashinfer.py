@@ -49,6 +49,7 @@ def refusal(**facts: Any) -> str | None:
 #: FlashInfer's custom masks are bit-packed per plan and replace its causal flag; opmux's flat
 #: bool form is not wired to them: the next backend (Triton) takes custom masks
 _CUSTOM_MASK = "a custom mask (the backend passes none to FlashInfer's plan)"
+_NON_CAUSAL = "causal=False (the backend plans FlashInfer's causal prefill only)"
 
 
 def supports(
@@ -67,12 +68,15 @@ def supports(
     custom_mask: Any = None,
     mask_indptr: Any = None,
     mask_prefix: Any = True,
+    causal: Any = True,
     lse: Any = None,
     out: Any = None,
 ) -> str | None:
     """The backend's predicate (the op's public arguments)."""
     if custom_mask is not None:
         return _CUSTOM_MASK
+    if causal is False:
+        return _NON_CAUSAL
     return _flashinfer.predicate("prefill", query, key_cache, value_cache, sinks, lse)
 
 
@@ -147,10 +151,13 @@ def paged_prefill(
     mask_indptr: Tensor,
     has_mask: bool,
     mask_prefix: bool,
+    causal: bool,
 ) -> None:
     """``attention.paged_prefill`` per its contract (the kernel arguments, already checked)."""
     if has_mask:
         raise CallRefused(BACKEND, _CUSTOM_MASK)
+    if not causal:
+        raise CallRefused(BACKEND, _NON_CAUSAL)
     kv_layout = layout(key_cache)
     why = refusal(**_flashinfer.facts(query, key_cache, value_cache, has_sinks, has_lse))
     if why is not None:  # forced onto a call it cannot run (its facts, this call's)

@@ -534,6 +534,7 @@ def paged_prefill(
     mask_indptr: torch.Tensor,
     has_mask: bool,
     mask_prefix: bool,
+    causal: bool,
 ) -> None:
     """``attention.paged_prefill`` per its contract (ops/attention/op.py), the tile from
     :func:`_prefill_triton.tile_config`."""
@@ -559,4 +560,5 @@ def paged_prefill(
         mask_indptr,
         has_mask,
         mask_prefix,
+        causal,
     )
