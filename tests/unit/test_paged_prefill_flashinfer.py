@@ -217,6 +217,7 @@ def test_a_custom_mask_is_refused_before_any_plan(stand_in: type[_Wrapper]) -> N
     assert "custom mask" in (
         fip.supports(q, kc, vc, table, lens, cu, custom_mask=mask, mask_indptr=indptr) or ""
     )
+    assert "causal=False" in (fip.supports(q, kc, vc, table, lens, cu, causal=False) or "")
     out, e = torch.empty_like(q), torch.empty(0)
     with pytest.raises(CallRefused, match="custom mask"):
         fip.paged_prefill(
