@@ -71,20 +71,16 @@ def install_shims(shadow: bool = False, flashinfer: bool = False) -> list[str]:
 def _sglang_shims(sgl: Any) -> list[str]:
     """SGLang's Triton attention modules (``sglang.srt.layers.attention.triton_ops``) as
     opmux.compat.sgl_kernel's entries, for SGLang's test_triton_attention_kernels.py (its prefill
-    kernel ``prefill_attention.context_attention_fwd`` too). Its reference ``redundant_attention``
-    is not an opmux entry: a stand-in raising NotImplementedError naming it, so only the case that
-    uses it fails. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
+    kernel ``prefill_attention.context_attention_fwd`` too). Its extend test's reference
+    ``redundant_attention`` is SGLang's composition around its prefill kernel (each request's new
+    queries placed at their rows of the whole sequence, a causal prefill over it, the rows taken
+    back): the same composition here around opmux's ``context_attention_fwd`` (``_redundant``), so
+    that test checks opmux's extend entry against opmux's prefill entry. ``sglang.srt.utils`` / ``sglang.test.test_utils`` get the few names the file
     imports."""
     import unittest
 
     if sgl is None:
         sgl = importlib.import_module("opmux.compat.sgl_kernel")
-
-    def absent(name: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"{name}: SGLang's own kernel or reference, not an opmux entry point")
-
-        return call
 
     ops = "sglang.srt.layers.attention.triton_ops"
     _module(
@@ -98,7 +94,7 @@ def _sglang_shims(sgl: Any) -> list[str]:
         extend_attention_fwd=sgl.extend_attention_fwd,
         extend_attention_fwd_unified=sgl.extend_attention_fwd_unified,
         build_unified_kv_indices=sgl.build_unified_kv_indices,
-        redundant_attention=absent("redundant_attention"),
+        redundant_attention=_redundant(sgl),
     )
     _module(f"{ops}.prefill_attention", context_attention_fwd=sgl.context_attention_fwd)
     utils = sys.modules.get("sglang.srt.utils")
@@ -120,6 +116,35 @@ def _sglang_shims(sgl: Any) -> list[str]:
 
 def _no_op(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _redundant(sgl: Any) -> Any:
+    """SGLang's ``redundant_attention(q_extend, o_extend, k_buffer, v_buffer, b_req_idx,
+    b_start_loc, b_seq_len, b_seq_len_prefix, max_len_in_batch)`` (its extend test's reference): the
+    new queries of request ``i`` at rows ``b_start_loc[i] + prefix .. b_start_loc[i] + seq_len`` of a
+    buffer shaped like the pools, ``context_attention_fwd`` (causal) over every whole sequence, the
+    same rows read back into ``o_extend``."""
+    import torch
+
+    def redundant_attention(
+        q_extend: Any, o_extend: Any, k_buffer: Any, v_buffer: Any, b_req_idx: Any, b_start_loc: Any,
+        b_seq_len: Any, b_seq_len_prefix: Any, max_len_in_batch: int,
+    ) -> None:  # fmt: skip
+        q_buffer = q_extend.new_empty((k_buffer.shape[0], *q_extend.shape[1:]))
+        spans, pt = [], 0
+        for i in range(b_req_idx.shape[0]):
+            lo, hi = int(b_start_loc[i] + b_seq_len_prefix[i]), int(b_start_loc[i] + b_seq_len[i])
+            q_buffer[lo:hi] = q_extend[pt : pt + hi - lo]
+            spans.append((lo, hi, pt))
+            pt += hi - lo
+        o_buffer = torch.empty_like(q_buffer)
+        sgl.context_attention_fwd(
+            q_buffer, k_buffer, v_buffer, o_buffer, b_start_loc, b_seq_len, max_len_in_batch
+        )
+        for lo, hi, at in spans:
+            o_extend[at : at + hi - lo] = o_buffer[lo:hi]
+
+    return redundant_attention
 
 
 # -- what vLLM's kernel tests import besides _custom_ops ----------------------------------------

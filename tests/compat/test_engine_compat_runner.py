@@ -314,6 +314,57 @@ def test_unified_indices():
         torch.tensor([1], dtype=torch.int32), torch.tensor([9]), 1,
     )
     assert indices.tolist() == [7, 8, 9]
+
+
+def test_extend_with_a_causal_custom_mask_against_redundant_attention():
+    # SGLang's _test_extend_attention_once, small: prefixes in the pools, the new tokens apart,
+    # plain and with a causal custom mask, against its reference composition
+    from sglang.srt.layers.attention.triton_ops.extend_attention import (
+        extend_attention_fwd, redundant_attention,
+    )
+
+    torch.manual_seed(0)
+    B, H_Q, H_KV, D = 3, 4, 2, 16
+    pre = torch.tensor([5, 1, 9], dtype=torch.int32)
+    ext = torch.tensor([3, 6, 2], dtype=torch.int32)
+    seq = pre + ext
+    start = torch.zeros(B, dtype=torch.int32)
+    start[1:] = torch.cumsum(seq[:-1], 0)
+    kv_indptr = torch.zeros(B + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(pre, 0)
+    kv_indices = torch.cat([torch.arange(int(start[i]), int(start[i] + pre[i])) for i in range(B)]).int()
+    k_buffer = torch.randn(int(seq.sum()), H_KV, D)
+    v_buffer = torch.randn(int(seq.sum()), H_KV, D)
+    rows = [torch.arange(int(start[i] + pre[i]), int(start[i] + seq[i])) for i in range(B)]
+    k_extend, v_extend = k_buffer[torch.cat(rows)], v_buffer[torch.cat(rows)]
+    q_extend = torch.randn(int(ext.sum()), H_Q, D)
+    qo_indptr = torch.zeros(B + 1, dtype=torch.int32)
+    qo_indptr[1:] = torch.cumsum(ext, 0)
+    o, o_mask, o_ref = (torch.empty_like(q_extend) for _ in range(3))
+    extend_attention_fwd(q_extend, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                         kv_indices, None, True, None, int(ext.max()), 1.0, 1.0)
+    sizes = ext * seq
+    mask_indptr = torch.zeros(B + 1, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum(sizes, 0)
+    custom_mask = torch.cat([
+        torch.cat([torch.ones(int(ext[i]), int(pre[i]), dtype=torch.bool),
+                   torch.ones(int(ext[i]), int(ext[i])).tril() == 1], 1).flatten()
+        for i in range(B)
+    ])
+    extend_attention_fwd(q_extend, k_extend, v_extend, o_mask, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                         kv_indices, custom_mask, True, mask_indptr, int(ext.max()), 1.0, 1.0)
+    redundant_attention(q_extend, o_ref, k_buffer, v_buffer, torch.arange(B), start, seq, pre, int(seq.max()))
+    assert torch.allclose(o, o_ref, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(o_mask, o_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_vllm_legacy_prefix_prefill_imports():
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
+    from vllm.v1.attention.ops.prefix_prefill import context_attention_fwd
+
+    assert STR_DTYPE_TO_TORCH_DTYPE["fp8"] == torch.uint8
+    assert callable(chunked_prefill_paged_decode) and callable(context_attention_fwd)
 """
 
 
@@ -324,5 +375,5 @@ def test_runner_shims_sampler_and_attention_imports(
     (tmp_path / "topk_topp_sampler.py").write_text(UPSTREAM_SAMPLER)
     proc = run_engine_compat(tmp_path, tmp_path)
     out = proc.stdout
-    assert "test_sampler_style.py: 3 passed" in out, out + proc.stderr
+    assert "test_sampler_style.py: 5 passed" in out, out + proc.stderr
     assert proc.returncode == 0, out
