@@ -382,6 +382,10 @@ def _mask_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     g = torch.Generator().manual_seed(52)
     kw |= {"lse": torch.empty(8, 4, device=device), "sinks": torch.randn(4, generator=g).to(device)}
     out.append(Sample("custom-mask-empty-row-lse-sinks", args, kw))
+    q, kc, vc, table, seq, cu = _prefill(device, dtype, 56, [7, 3], [9, 14], hq=8, hkv=2, hnd=True)
+    (q8, kq, vq, t8, s8), kw8 = _fp8((q, kc, vc, table, seq))
+    kw8 |= _tree_mask(device, cu.cpu(), seq.cpu(), 56)
+    out.append(Sample("custom-mask-fp8-hnd", (q8, kq, vq, t8, s8, cu), kw8))
     args = _prefill(device, dtype, 54, [12, 5, 1], [0, 9, 20], page=5)
     out.append(Sample("non-causal", args, {"causal": False}))
     args = _prefill(device, dtype, 55, [9, 4], [6, 0])
