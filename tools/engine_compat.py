@@ -465,6 +465,7 @@ def _vllm_shims(ops: Any) -> list[str]:
     for path in ("vllm.attention.ops", "vllm.v1.attention.ops"):
         _module(f"{path}.triton_unified_attention", unified_attention=ops.unified_attention)
         _module(f"{path}.prefix_prefill", context_attention_fwd=ops.context_attention_fwd)
+        _module(f"{path}.triton_decode_attention", decode_attention_fwd=ops.decode_attention_fwd)
         _module(
             f"{path}.chunked_prefill_paged_decode",
             chunked_prefill_paged_decode=ops.chunked_prefill_paged_decode,

@@ -561,6 +561,37 @@ def test_vllm_prefix_prefill_fp8_caches(attn_backend: str) -> None:
         vllm.context_attention_fwd(q, k, v, o, "int4", k_cache, v_cache, table, starts, lens, 9, 3, ks, vs)
 
 
+@pytest.mark.parametrize("page", [1, 4])
+@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla-view"])
+def test_vllm_triton_decode_attention(attn_backend: str, page: int, mla: bool) -> None:
+    """vLLM's Triton (MLA) decode entry: token ids (page size 1) or page ids ``[B, pages, 1]`` as
+    its tests pass them, the value cache a view of the key cache's first dims (MLA), the lse in
+    the caller's dtype (natural log), softcap."""
+    g = torch.Generator().manual_seed(50 + page)
+    hkv, d, dv = (1, 48, 32) if mla else (HKV, D, D)
+    pool = torch.randn(64, hkv, d, generator=g)
+    vpool = pool[..., :dv] if mla else torch.randn(64, hkv, dv, generator=g)
+    lens = [9, 1, 14]
+    pages = -(-max(lens) // page)
+    req_to_page = torch.stack([torch.randperm(64 // page, generator=g)[:pages] for _ in lens])[:, :, None]
+    q = torch.randn(len(lens), HQ, d, generator=g)
+    o = torch.full((len(lens), HQ, dv), 9.0)
+    lse = torch.zeros(len(lens), HQ, dtype=torch.bfloat16)
+    if page == 1:
+        kb, vb, table = pool, vpool, req_to_page[:, :, 0]
+    else:
+        kb, vb, table = pool.view(-1, page, hkv, d), vpool.view(-1, page, hkv, dv), req_to_page
+    vllm.decode_attention_fwd(q, kb, vb, o, lse, table, torch.tensor(lens), None, 8, 0.2, page, logit_cap=5.0)
+    for b, n in enumerate(lens):
+        rows = (req_to_page[b, :, 0, None] * page + torch.arange(page)).reshape(-1)[:n]
+        want = ref_seq(q[b : b + 1], pool[rows], vpool[rows], 0.2, softcap=5.0)
+        torch.testing.assert_close(o[b : b + 1], want, atol=2e-5, rtol=2e-5)
+        s = torch.einsum("hd,nhd->hn", q[b], pool[rows].repeat_interleave(HQ // hkv, 1)) * 0.2
+        torch.testing.assert_close(
+            lse[b].float(), torch.logsumexp(5.0 * torch.tanh(s / 5.0), -1), atol=2e-2, rtol=1e-2
+        )
+
+
 def test_sgl_decode_refusals() -> None:
     kb, vb, g = _pool(8, seed=8)
     indptr, indices = _csr([3], 8, g)

@@ -235,6 +235,62 @@ def unified_attention(
     )
 
 
+def vllm_decode_attention_fwd(
+    q: Tensor,
+    k_buffer: Tensor,
+    v_buffer: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    req_to_token: Tensor,
+    b_seq_len: Tensor,
+    attn_logits: Tensor,
+    num_kv_splits: int,
+    sm_scale: float,
+    page_size: int = 1,
+    logit_cap: float = 0.0,
+    k_scale: Tensor | float | None = None,
+    v_scale: Tensor | float | None = None,
+) -> None:
+    """vLLM's Triton decode (``vllm/v1/attention/ops/triton_decode_attention.py``, its Triton MLA
+    backend's; ``opmux.compat.vllm.decode_attention_fwd``): ``attention.paged_decode`` into ``o``
+    and ``lse [B, Hq]`` (natural log, written in ``lse``'s dtype). Page size 1: ``k_buffer`` /
+    ``v_buffer [tokens, Hkv, D]`` with token ids ``req_to_token [B, >= seq_len]``; page size > 1:
+    ``[pages, page_size, Hkv, D]`` with page ids ``req_to_token [B, pages(, 1)]``: the op's block
+    table either way (no copy of the cache). The value head dim may be below the key's (MLA's 576 /
+    512, ``v_buffer`` a view of ``k_buffer``). ``attn_logits`` / ``num_kv_splits`` are vLLM's split
+    workspace and count: opmux picks its own split and writes no workspace. ``k_scale`` /
+    ``v_scale`` scale an fp8 cache (e4m3, or uint8 bytes read as e4m3) only, as vLLM's kernel.
+    A value head dim above the key's is the op's ValueError."""
+    if k_buffer.dim() == 3 and page_size == 1:
+        kc, vc = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
+    elif k_buffer.dim() == 4 and k_buffer.shape[1] == page_size and v_buffer.dim() == 4:
+        kc, vc = k_buffer, v_buffer
+    else:
+        raise ValueError(
+            f"decode_attention_fwd: k_buffer of shape {tuple(k_buffer.shape)} with page_size={page_size}; "
+            "vLLM's layouts are [tokens, Hkv, D] (page size 1) and [pages, page_size, Hkv, D]"
+        )
+    if kc.dtype == torch.uint8:  # vLLM's fp8 cache allocated as bytes
+        kc, vc = kc.view(torch.float8_e4m3fn), vc.view(torch.float8_e4m3fn)
+    scales: dict[str, Tensor] = {}
+    if _is_fp8(kc):
+        scales = {
+            "k_scale": _scale_tensor(1.0 if k_scale is None else k_scale, q.device, "k_scale"),
+            "v_scale": _scale_tensor(1.0 if v_scale is None else v_scale, q.device, "v_scale"),
+        }
+    bsz = q.shape[0]
+    table = _i32(req_to_token.reshape(bsz, -1))
+    lse32 = (
+        lse if lse.dtype == torch.float32 else torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
+    )
+    _attention().paged_decode(
+        q, kc, vc, table, _i32(b_seq_len), scale=float(sm_scale), softcap=float(logit_cap or 0.0), lse=lse32,
+        out=o, **scales,
+    )  # fmt: skip
+    if lse32 is not lse:
+        lse.copy_(lse32)
+
+
 # -- vLLM's legacy-layout prefix prefill -----------------------------------------------------------
 #: vLLM's ``kv_cache_dtype`` names of fp8 caches, with the dtype their bytes hold
 _VLLM_FP8 = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}

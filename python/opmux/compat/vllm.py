@@ -20,6 +20,7 @@ from opmux.kernels.ops._torch import torch
 from . import _direct, _fp8, _gemm
 from ._attention import chunked_prefill_paged_decode, unified_attention
 from ._attention import vllm_context_attention_fwd as context_attention_fwd
+from ._attention import vllm_decode_attention_fwd as decode_attention_fwd
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,6 +34,7 @@ __all__ = [
     "copy_blocks",
     "copy_blocks_mla",
     "cutlass_scaled_mm",
+    "decode_attention_fwd",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
     "fatrelu_and_mul",
