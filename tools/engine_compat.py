@@ -775,16 +775,20 @@ PRESETS = {
     # fp8-query cases (q_dtype1) are refused by opmux (fp8 queries / q_descale)
     "vllm-unified-attention": "test_triton_unified_attn and not q_dtype1",
     # SGLang test/registered/attention/test_triton_attention_kernels.py at 0c0c7e76 (docs/compat.md):
-    # test_decode_attention (against the file's own torch reference), test_build_unified_kv_indices
-    # and test_grouped_decode_attention (one function over every config, MLA 576 / 512 among them).
-    # Left out: test_extend_attention (custom_mask refused,
-    # SGLang's redundant_attention reference), test_context_attention (SGLang's prefill kernel,
-    # no opmux entry), test_extend_attention_unified_vs_regular (its unified indices point at other
-    # pool rows than k_extend: passes or not by the data), test_extend_attention_sliding_window
-    # (19 requests of up to 12k tokens: a GPU run)
+    # test_decode_attention (against the file's own torch reference), test_build_unified_kv_indices,
+    # test_grouped_decode_attention (one function over every config, MLA 576 / 512 among them) and
+    # test_context_attention (against SDPA, causal and not). Left out: test_extend_attention and
+    # test_extend_attention_sliding_window (19 requests of up to 12k tokens: a GPU run),
+    # test_extend_attention_unified_vs_regular (its unified indices point at other pool rows than
+    # k_extend: passes or not by the data)
     "sgl-triton-attention": (
-        "test_decode_attention or test_build_unified_kv_indices or test_grouped_decode_attention"
+        "test_decode_attention or test_build_unified_kv_indices or test_grouped_decode_attention "
+        "or test_context_attention"
     ),
+    # vLLM tests/kernels/attention/test_triton_decode_attention.py (16ef2eba): a quarter of its
+    # grid on two CPU cores (about 40 s); its D_QK 128 / 192 with D_V 512 cases are the op's
+    # ValueError (a value head dim above the key's)
+    "vllm-triton-decode-cpu": "1025-3]",
     # sgl-kernel tests/test_sampling.py at 059cddc1 on two CPU cores (78 cases, about 70 s): every
     # case at vocab 111, and at 32000 the alignment (from_logits == from_probs) and renorm cases;
     # the 1000-draw cases at 32000 / 128256 take minutes each here (a GPU run)
