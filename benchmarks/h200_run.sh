@@ -46,7 +46,7 @@
 # comm:    the comm ops' parity cells on one GPU (one rank: the peer-buffer kernels' arithmetic and
 #          bounds), compute-sanitizer over them, and the 2-8 GPU grid where the kind has the GPUs
 #          (OUT_DIR/comm.log);
-# prefill: attention.paged_prefill's GPU grid, compute-sanitizer over its bad page tables, and
+# prefill: attention.paged_prefill's GPU grid and parity samples (custom masks, non-causal), compute-sanitizer over its bad page tables and mask offsets, and
 #          benchmarks/bench_attention_prefill.py (OUT_DIR/prefill*) with its select tables
 #          (OUT_DIR/select.tgz: attention.paged_prefill/<table>.json, for python/opmux/kernels/configs/);
 # decode:  attention.paged_decode's GPU grid (Triton, the native cuda unit, torch; forced split
@@ -191,6 +191,10 @@ for stage in $STAGES; do
         prefill) timeout 300 python3 -m pytest "$REPO/tests/parity/test_attention_prefill_grid.py" --target cuda \
                     "${PARITY_TREE[@]}" -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/prefill_grid.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                # the op's parity samples on the GPU (custom masks, non-causal, fp8, MLA among them)
+                timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" --target cuda "${PARITY_TREE[@]}" \
+                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k paged_prefill 2>&1 \
+                    | tee -a "$OUT/prefill_grid.log" | tail -6; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
                     python3 -m pytest "$REPO/tests/parity/test_attention_prefill_grid.py" --target cuda "${PARITY_TREE[@]}" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" -k bad_page_tables 2>&1 \
