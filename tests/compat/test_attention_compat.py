@@ -592,6 +592,18 @@ def test_vllm_triton_decode_attention(attn_backend: str, page: int, mla: bool) -
         )
 
 
+def test_sgl_context_attention_packing() -> None:
+    """Rows past the batch are left as they are; offsets that are not the running sum of the
+    lengths (which the op's ragged query cannot express) are a ValueError on the CPU."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(14, 4, 16, generator=g) for _ in range(3))
+    o = torch.full_like(q, 9.0)
+    sgl.context_attention_fwd(q, k, v, o, torch.tensor([0, 5]), torch.tensor([5, 6]), 6)
+    assert bool((o[11:] == 9.0).all()) and bool((o[:11] != 9.0).all())
+    with pytest.raises(ValueError, match=r"b_start_loc = \[0, 6\] but b_seq_len = \[5, 6\]"):
+        sgl.context_attention_fwd(q, k, v, o, torch.tensor([0, 6]), torch.tensor([5, 6]), 6)
+
+
 def test_sgl_decode_refusals() -> None:
     kb, vb, g = _pool(8, seed=8)
     indptr, indices = _csr([3], 8, g)

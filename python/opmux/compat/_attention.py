@@ -786,6 +786,14 @@ def context_attention_fwd(
         cu[bsz] = starts[-1] + b_seq_len[-1].long()
     else:
         cu.zero_()
+    if cu.is_cpu and bsz:  # free on the CPU: the packing the offsets assume, and the batch's rows
+        packed = torch.cat([starts.new_zeros(1), torch.cumsum(b_seq_len.long(), 0)[:-1]])
+        if not torch.equal(starts, packed):
+            raise ValueError(
+                f"context_attention_fwd: b_start_loc = {starts.tolist()} but b_seq_len = {b_seq_len.tolist()}: "
+                "the requests must be packed back to back (b_start_loc the running sum of b_seq_len)"
+            )
+        q, o = q[: int(cu[bsz])], o[: int(cu[bsz])]
     width = max(1, int(max_input_len))
     table = (starts[:, None] + torch.arange(width, device=q.device)[None, :]).clamp_(0, max(0, rows - 1))
     mask = _engine_mask("context_attention_fwd", None, None, is_causal, -1, bsz)
