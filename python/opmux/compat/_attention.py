@@ -107,7 +107,7 @@ def _engine_mask(
     ``is_causal=False`` without one is the op's ``causal=False`` (every key of the request). The
     engines' non-causal window is two-sided (SGLang: ``|k - q| <= window``), which the op's
     (positions back from the query) is not: refused."""
-    if not is_causal and window >= 0 and custom_mask is None:
+    if not is_causal and window >= 0:
         _refuse(f"{name}: is_causal=False with a sliding window", "a window on both sides of the query")
     if custom_mask is not None:
         if mask_indptr is None:
