@@ -53,7 +53,7 @@ class _Wrapper:
         self, q: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
     ) -> torch.Tensor:
         p = self.plans[-1]
-        assert p["causal"] is True and p["q_data_type"] == q.dtype and p["kv_data_type"] == caches[0].dtype
+        assert p["q_data_type"] == q.dtype and p["kv_data_type"] == caches[0].dtype
         k, v = caches
         if self.layout == "HND":
             k, v = k.transpose(1, 2), v.transpose(1, 2)
@@ -73,7 +73,7 @@ class _Wrapper:
                 s = p["logits_soft_cap"] * torch.tanh(s / p["logits_soft_cap"])
             qpos = torch.arange(n - (q1 - q0), n)[:, None]  # the new tokens: the last positions
             kpos = torch.arange(n)[None, :]
-            hide = kpos > qpos
+            hide = kpos > qpos if p["causal"] else torch.zeros(1, n, dtype=torch.bool)
             if p["window_left"] >= 0:
                 hide |= kpos < qpos - p["window_left"]
             s = s.masked_fill(hide[:, None, None, :], float("-inf"))
@@ -115,13 +115,15 @@ def _batch(
     return [q, kc, vc, table, torch.tensor(lens, dtype=I32), cu]
 
 
-def _run(args: list[torch.Tensor], softcap: float = 0.0, window: int = -1) -> torch.Tensor:
+def _run(
+    args: list[torch.Tensor], softcap: float = 0.0, window: int = -1, causal: bool = True
+) -> torch.Tensor:
     q, kc, vc, table, lens, cu = args
     out, e = torch.empty_like(q), torch.empty(0)
     scale = 1 / math.sqrt(q.shape[-1])
     fip.paged_prefill(
         out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, scale, softcap, window,
-        cu, cu, False, True, True,
+        cu, cu, False, True, causal,
     )  # fmt: skip
     return out
 
@@ -145,6 +147,9 @@ def test_runs_match_the_op_and_plan_once_per_batch(stand_in: type[_Wrapper], hnd
     want = attention.paged_prefill(*args, softcap=20.0, window_left=9, backend="torch")
     _close(_run(args, 20.0, 9), want)
     assert len(stand_in.made) == 3
+    # non-causal (encoder / vision prefill): its own plan, FlashInfer's causal flag off
+    _close(_run(args, causal=False), attention.paged_prefill(*args, causal=False, backend="torch"))
+    assert len(stand_in.made) == 4 and stand_in.made[-1].plans[-1]["causal"] is False
 
 
 def test_planning_refuses_what_flashinfer_would_read_out_of_bounds(stand_in: type[_Wrapper]) -> None:
@@ -217,7 +222,10 @@ def test_a_custom_mask_is_refused_before_any_plan(stand_in: type[_Wrapper]) -> N
     assert "custom mask" in (
         fip.supports(q, kc, vc, table, lens, cu, custom_mask=mask, mask_indptr=indptr) or ""
     )
-    assert "causal=False" in (fip.supports(q, kc, vc, table, lens, cu, causal=False) or "")
+    assert "causal" not in (fip.supports(q, kc, vc, table, lens, cu, causal=False) or "")
+    assert "causal=False with a window" in (
+        fip.supports(q, kc, vc, table, lens, cu, window_left=3, causal=False) or ""
+    )
     out, e = torch.empty_like(q), torch.empty(0)
     with pytest.raises(CallRefused, match="custom mask"):
         fip.paged_prefill(

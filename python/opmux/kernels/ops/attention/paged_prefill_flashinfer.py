@@ -16,7 +16,9 @@ of bounds; an empty sequence is planned as no pages and no rows.
 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16, head dims
 64 / 128 / 256 with the value's the key's (no MLA), NHD caches or HND views of dense HND ones, no
-sinks, no lse (FlashInfer's is base 2), no fp8 cache, not while a CUDA graph is captured. Declared
+sinks, no lse (FlashInfer's is base 2), no fp8 cache, no custom mask, ``causal=False`` only without a
+window (FlashInfer's plan takes the flag; its non-causal window is not checked against the op's),
+not while a CUDA graph is captured. Declared
 after Triton on CUDA; the H200's select tables (``benchmarks/bench_attention_prefill.py
 --select-out``, shipped in ``configs/attention.paged_prefill/``) put it first for eager calls:
 0.39-0.77x Triton's time from 2,048 new tokens (docs/benchmarks/attention_prefill_h200.md).
@@ -49,7 +51,9 @@ def refusal(**facts: Any) -> str | None:
 #: FlashInfer's custom masks are bit-packed per plan and replace its causal flag; opmux's flat
 #: bool form is not wired to them: the next backend (Triton) takes custom masks
 _CUSTOM_MASK = "a custom mask (the backend passes none to FlashInfer's plan)"
-_NON_CAUSAL = "causal=False (the backend plans FlashInfer's causal prefill only)"
+_NON_CAUSAL_WINDOW = (
+    "causal=False with a window (FlashInfer's non-causal window is not checked against the op's)"
+)
 
 
 def supports(
@@ -75,8 +79,8 @@ def supports(
     """The backend's predicate (the op's public arguments)."""
     if custom_mask is not None:
         return _CUSTOM_MASK
-    if causal is False:
-        return _NON_CAUSAL
+    if causal is False and isinstance(window_left, int) and window_left >= 0:
+        return _NON_CAUSAL_WINDOW
     return _flashinfer.predicate("prefill", query, key_cache, value_cache, sinks, lse)
 
 
@@ -101,7 +105,7 @@ def _prefill_module() -> Any:
 
 def _plan(
     query: Tensor, key_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor,
-    kv_layout: str, scale: float, softcap: float, window_left: int,
+    kv_layout: str, scale: float, softcap: float, window_left: int, causal: bool = True,
 ) -> Any:  # fmt: skip
     """The planned wrapper of this batch (made on its first layer)."""
     rows, hq, d = query.shape
@@ -110,7 +114,7 @@ def _plan(
     key = (
         query.device, block_tables.data_ptr(), version(block_tables), tuple(block_tables.shape),
         seq_lens.data_ptr(), version(seq_lens), cu_seqlens_q.data_ptr(), version(cu_seqlens_q),
-        rows, hq, hkv, d, page, nb, query.dtype, kv_layout, scale, softcap, window_left,
+        rows, hq, hkv, d, page, nb, query.dtype, kv_layout, scale, softcap, window_left, causal,
     )  # fmt: skip
     wrapper = _flashinfer.planned(_PLANS, key)
     if wrapper is None:
@@ -119,7 +123,7 @@ def _plan(
         ws = _flashinfer.workspace(query.device)
         wrapper = _flashinfer.plan(
             _PLANS, query.device, kv_layout, None not in key, lambda: _prefill_module().BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout),
-            qo, indptr, indices, last, hq, hkv, d, page, causal=True,  # host tensors: FlashInfer copies
+            qo, indptr, indices, last, hq, hkv, d, page, causal=causal,  # host tensors: FlashInfer copies
             window_left=window_left, logits_soft_cap=softcap if softcap > 0 else None,
             q_data_type=query.dtype, kv_data_type=key_cache.dtype, sm_scale=scale,
         )  # fmt: skip
@@ -156,8 +160,8 @@ def paged_prefill(
     """``attention.paged_prefill`` per its contract (the kernel arguments, already checked)."""
     if has_mask:
         raise CallRefused(BACKEND, _CUSTOM_MASK)
-    if not causal:
-        raise CallRefused(BACKEND, _NON_CAUSAL)
+    if not causal and window_left >= 0:
+        raise CallRefused(BACKEND, _NON_CAUSAL_WINDOW)
     kv_layout = layout(key_cache)
     why = refusal(**_flashinfer.facts(query, key_cache, value_cache, has_sinks, has_lse))
     if why is not None:  # forced onto a call it cannot run (its facts, this call's)
@@ -166,6 +170,6 @@ def paged_prefill(
         return
     assert kv_layout is not None
     wrapper = _plan(
-        query, key_cache, block_tables, seq_lens, cu_seqlens_q, kv_layout, scale, softcap, window_left
+        query, key_cache, block_tables, seq_lens, cu_seqlens_q, kv_layout, scale, softcap, window_left, causal
     )
     wrapper.run(query, _flashinfer.caches(key_cache, value_cache, kv_layout), out=out)
