@@ -59,12 +59,17 @@ def log(msg: str) -> None:
 
 
 def make_case(
-    torch: Any, bsz: int, n: int, shape: tuple[int, int, int], page: int, fp8: bool
+    torch: Any, bsz: int, n: int, shape: tuple[int, int, int], page: int, fp8: bool, positions: int = 0
 ) -> dict[str, Any]:
+    """One case: ``bsz`` sequences of ``n`` positions over their own shuffled blocks. The block
+    table is as wide as ``positions`` when that is longer (an engine sizes it for the model's
+    longest context, and the split count follows the table's width, not the lengths): its columns
+    past the sequence hold block 0, never read."""
     hq, hkv, d = shape
     g = torch.Generator(device="cuda").manual_seed(0)
-    width = -(-n // page)
-    nb = bsz * width
+    need = -(-n // page)
+    width = max(need, -(-positions // page))
+    nb = bsz * need
     dt = torch.bfloat16
     ks, vs = torch.tensor([0.02], device="cuda"), torch.tensor([0.015], device="cuda")
 
@@ -73,13 +78,15 @@ def make_case(
         return (c.float() / scale).to(torch.float8_e4m3fn) if fp8 else c
 
     case = {"kc": cache(ks), "vc": cache(vs)}
-    case["table"] = torch.randperm(nb, device="cuda", generator=g).reshape(bsz, width).to(torch.int32)
+    used = torch.randperm(nb, device="cuda", generator=g).reshape(bsz, need).to(torch.int32)
+    case["table"] = torch.zeros(bsz, width, dtype=torch.int32, device="cuda")
+    case["table"][:, :need] = used
     case["query"] = torch.randn(bsz, hq, d, device="cuda", dtype=dt, generator=g)
     case["lens"] = torch.full((bsz,), n, dtype=torch.int32, device="cuda")
     case["kw"] = {"k_scale": ks, "v_scale": vs} if fp8 else {}
-    case["kv_indptr"] = torch.arange(0, (bsz + 1) * width, width, dtype=torch.int32, device="cuda")
-    case["kv_indices"] = case["table"].reshape(-1).contiguous()
-    case["kv_last"] = torch.full((bsz,), n - (width - 1) * page, dtype=torch.int32, device="cuda")
+    case["kv_indptr"] = torch.arange(0, (bsz + 1) * need, need, dtype=torch.int32, device="cuda")
+    case["kv_indices"] = used.reshape(-1).contiguous()
+    case["kv_last"] = torch.full((bsz,), n - (need - 1) * page, dtype=torch.int32, device="cuda")
     return case
 
 
@@ -97,11 +104,12 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     from opmux.kernels.ops.attention._decode import reference
 
     hq, hkv, d = MODELS[model]
-    c = make_case(torch, bsz, n, (hq, hkv, d), args.page, fp8)
+    c = make_case(torch, bsz, n, (hq, hkv, d), args.page, fp8, args.table_positions)
     op_args = (c["query"], c["kc"], c["vc"], c["table"], c["lens"])
     kw = c["kw"]
     cache_bytes = 2 * bsz * n * hkv * d * (1 if fp8 else 2)
     rec: dict[str, Any] = {"model": model, "B": bsz, "N": n, "page": args.page, "fp8": fp8}
+    rec["table_positions"] = c["table"].shape[1] * args.page
     rec["shape"], rec["M"] = [max(16, 1 << (d - 1).bit_length()), hq // hkv], bsz  # tuned's select key
     try:
         rec["default_backend"] = explain(OP, *op_args, **kw).chosen
@@ -206,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     ap.add_argument("--page", type=int, default=16, help="tokens per page of the paged cache")
+    ap.add_argument(
+        "--table-positions",
+        type=int,
+        default=0,
+        help="size every block table for this many positions (an engine's max_model_len; the split "
+        "count follows the table's width); default: the context's own",
+    )
     ap.add_argument("--fp8", action="store_true", help="also the fp8 e4m3 cache form")
     ap.add_argument("--replays", type=int, default=7)
     ap.add_argument("--target-us", type=float, default=5000.0, help="graph length aimed at")
@@ -229,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"env": environment(torch), "page": args.page, "cases": []}
+    record["table_positions"] = args.table_positions  # 0: each case's table as long as its context
     record["copy"] = copy_bandwidth(torch)  # the same run's yardstick: the default's %copy
     with _env.scope(OPMUX_FALLBACK="error"):  # a forced backend that cannot run fails its case
         run_all(torch, args, models, record)

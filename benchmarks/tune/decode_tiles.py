@@ -76,7 +76,7 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     from opmux.kernels.ops.attention import triton_kernels as tk
 
     hq, hkv, d = MODELS[model]
-    c = make_case(torch, bsz, n, (hq, hkv, d), args.page, fp8)
+    c = make_case(torch, bsz, n, (hq, hkv, d), args.page, fp8, args.table_positions)
     kernel_args, out = decls.paged_decode.check(
         OP, c["query"], c["kc"], c["vc"], c["table"], c["lens"], **c["kw"]
     )
@@ -199,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,16,64,256")
     p.add_argument("--contexts", default="512,4096,32768")
     p.add_argument("--page", type=int, default=16)
+    p.add_argument(
+        "--table-positions",
+        type=int,
+        default=0,
+        help="block tables sized for this many positions (an engine's max_model_len), as bench_attention_decode",
+    )
     p.add_argument("--fp8", action="store_true", help="also the e4m3 cache")
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--target-us", type=float, default=1500.0, help="graph length per timing")
@@ -213,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "env": environment(torch),
         "tiles": TILES,
         "wave_factors": WAVE_FACTORS,
+        "table_positions": args.table_positions,  # 0: each case's table as long as its context
         "cases": [],
     }
     deadline = time.monotonic() + args.budget_s
