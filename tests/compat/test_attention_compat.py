@@ -526,10 +526,20 @@ def test_vllm_prefix_prefill_keywords(attn_backend: str) -> None:
         full = torch.ones(r1 - r0, kk.shape[0], dtype=torch.bool)
         torch.testing.assert_close(o[r0:r1], ref_seq(q[r0:r1], kk, vv, 0.3, mask=full), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(o[6:], torch.full((1, HQ, D), 9.0))  # past the last request: kept
+    # vLLM's non-causal window is one-sided (q - k < sliding_window): the op's causal=False window
+    o3 = torch.empty_like(q)
+    vllm.context_attention_fwd(*args[:3], o3, *args[4:], sm_scale=0.3, causal=False, sliding_window=3)
+    for b, (r0, r1) in enumerate(((0, 4), (4, 6))):
+        kk, vv = torch.cat([keys[b], k[r0:r1]]), torch.cat([vals[b], v[r0:r1]])
+        full = torch.ones(r1 - r0, kk.shape[0], dtype=torch.bool)
+        want = ref_seq(q[r0:r1], kk, vv, 0.3, window=2, mask=full)
+        torch.testing.assert_close(o3[r0:r1], want, atol=2e-5, rtol=2e-5)
     with pytest.raises(NotImplementedError, match="is_block_table_ptr"):
         vllm.chunked_prefill_paged_decode(*args, is_block_table_ptr=True)
     with pytest.raises(NotImplementedError, match="key / value None"):
         vllm.chunked_prefill_paged_decode(q, None, None, *args[3:])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"v_cache has shape \(8, 2, 2, 4, 8\); vLLM.s paged value"):
+        vllm.context_attention_fwd(*args[:6], k_cache, *args[7:])
     with pytest.raises(ValueError, match=r"value_cache has shape \(8, 2, 2, 4, 8\); vLLM.s paged value"):
         vllm.chunked_prefill_paged_decode(*args[:6], k_cache, *args[7:])
     with pytest.raises(ValueError, match=r"the value cache's rows are \[Hkv, D\] = \[2, 8\]"):
@@ -557,6 +567,12 @@ def test_vllm_prefix_prefill_fp8_caches(attn_backend: str) -> None:
             vd = vq.view(fp8)[slots, :, :, offs].float() * vs
             want = ref_seq(q[r0:r1], torch.cat([kd, k[r0:r1]]), torch.cat([vd, v[r0:r1]]), D**-0.5)
             torch.testing.assert_close(o[r0:r1], want, atol=2e-5, rtol=2e-5)
+        # an fp8-typed cache under "auto": scaled all the same (vLLM decides by the loaded dtype)
+        o_auto = torch.empty_like(q)
+        vllm.chunked_prefill_paged_decode(
+            q, k, v, o_auto, "auto", kq.view(fp8), vq.view(fp8), table, starts, lens, 9, 3, ks, vs
+        )
+        torch.testing.assert_close(o_auto, o)
     with pytest.raises(ValueError, match="kv_cache_dtype='int4'"):
         vllm.context_attention_fwd(q, k, v, o, "int4", k_cache, v_cache, table, starts, lens, 9, 3, ks, vs)
 
@@ -582,6 +598,15 @@ def test_vllm_triton_decode_attention(attn_backend: str, page: int, mla: bool) -
     else:
         kb, vb, table = pool.view(-1, page, hkv, d), vpool.view(-1, page, hkv, dv), req_to_page
     vllm.decode_attention_fwd(q, kb, vb, o, lse, table, torch.tensor(lens), None, 8, 0.2, page, logit_cap=5.0)
+    if page > 1:  # the same pages as token rows [tokens, Hkv, D] (newer vLLM), a table with spare rows
+        o2 = torch.full_like(o, 9.0)
+        spare = torch.cat([req_to_page, torch.zeros_like(req_to_page[:2])])
+        vllm.decode_attention_fwd(
+            q, pool, vpool, o2, lse.clone(), spare, torch.tensor(lens), None, 8, 0.2, page, 5.0
+        )
+        torch.testing.assert_close(o2, o)
+        with pytest.raises(ValueError, match="req_to_token has 2 rows for 3 queries"):
+            vllm.decode_attention_fwd(q, kb, vb, o2, lse, table[:2], torch.tensor(lens), None, 8, 0.2, page)
     for b, n in enumerate(lens):
         rows = (req_to_page[b, :, 0, None] * page + torch.arange(page)).reshape(-1)[:n]
         want = ref_seq(q[b : b + 1], pool[rows], vpool[rows], 0.2, softcap=5.0)

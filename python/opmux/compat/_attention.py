@@ -99,16 +99,24 @@ def _i32(t: Tensor) -> Tensor:
 
 
 def _engine_mask(
-    name: str, custom_mask: Tensor | None, mask_indptr: Tensor | None, is_causal: bool, window: int, bsz: int
+    name: str,
+    custom_mask: Tensor | None,
+    mask_indptr: Tensor | None,
+    is_causal: bool,
+    window: int,
+    bsz: int,
+    two_sided: bool = True,
+    flag: str = "is_causal",
 ) -> dict[str, Any]:
     """The op's masking arguments for the engines' extend / prefill entries. A ``custom_mask``
     (speculative decoding's tree masks: each request's ``[extend_len, seq_len]`` bools row-major
     from ``mask_indptr[b]``, the op's layout) passes as it is and replaces either rule;
-    ``is_causal=False`` without one is the op's ``causal=False`` (every key of the request). The
-    engines' non-causal window is two-sided (SGLang: ``|k - q| <= window``), which the op's
-    (positions back from the query) is not: refused."""
-    if not is_causal and window >= 0:
-        _refuse(f"{name}: is_causal=False with a sliding window", "a window on both sides of the query")
+    ``is_causal=False`` without one is the op's ``causal=False`` (every key of the request).
+    ``two_sided``: the engine's non-causal window bounds later keys too (SGLang: ``|k - q| <=
+    window``), which the op's (positions back from the query) does not: refused, naming the
+    engine's ``flag``; vLLM's non-causal window is one-sided, the op's."""
+    if not is_causal and window >= 0 and two_sided:
+        _refuse(f"{name}: {flag}=False with a sliding window", "a window on both sides of the query")
     if custom_mask is not None:
         if mask_indptr is None:
             raise ValueError(f"{name}: custom_mask needs mask_indptr (its [bs + 1] offsets per request)")
@@ -261,14 +269,25 @@ def vllm_decode_attention_fwd(
     workspace and count: opmux picks its own split and writes no workspace. ``k_scale`` /
     ``v_scale`` scale an fp8 cache (e4m3, or uint8 bytes read as e4m3) only, as vLLM's kernel.
     A value head dim above the key's is the op's ValueError."""
-    if k_buffer.dim() == 3 and page_size == 1:
+    three = k_buffer.dim() == 3 and v_buffer.dim() == 3
+    if three and page_size == 1:
         kc, vc = k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)
-    elif k_buffer.dim() == 4 and k_buffer.shape[1] == page_size and v_buffer.dim() == 4:
+    elif (
+        three
+        and page_size > 1
+        and k_buffer.shape[0] % page_size == 0
+        and v_buffer.shape[0] == k_buffer.shape[0]
+    ):
+        # pages of page_size consecutive token rows (splitting the first dim is always a view)
+        kc = k_buffer.view(-1, page_size, *k_buffer.shape[1:])
+        vc = v_buffer.view(-1, page_size, *v_buffer.shape[1:])
+    elif k_buffer.dim() == 4 and v_buffer.dim() == 4 and k_buffer.shape[1] == page_size == v_buffer.shape[1]:
         kc, vc = k_buffer, v_buffer
     else:
         raise ValueError(
-            f"decode_attention_fwd: k_buffer of shape {tuple(k_buffer.shape)} with page_size={page_size}; "
-            "vLLM's layouts are [tokens, Hkv, D] (page size 1) and [pages, page_size, Hkv, D]"
+            f"decode_attention_fwd: k_buffer {tuple(k_buffer.shape)} and v_buffer {tuple(v_buffer.shape)} with "
+            f"page_size={page_size}; vLLM's layouts are [tokens, Hkv, D] (pages of page_size consecutive "
+            "tokens) and [pages, page_size, Hkv, D]"
         )
     if kc.dtype == torch.uint8:  # vLLM's fp8 cache allocated as bytes
         kc, vc = kc.view(torch.float8_e4m3fn), vc.view(torch.float8_e4m3fn)
@@ -279,7 +298,11 @@ def vllm_decode_attention_fwd(
             "v_scale": _scale_tensor(1.0 if v_scale is None else v_scale, q.device, "v_scale"),
         }
     bsz = q.shape[0]
-    table = _i32(req_to_token.reshape(bsz, -1))
+    if req_to_token.shape[0] < bsz:
+        raise ValueError(
+            f"decode_attention_fwd: req_to_token has {req_to_token.shape[0]} rows for {bsz} queries (one row a request)"
+        )
+    table = _i32(req_to_token.reshape(req_to_token.shape[0], -1)[:bsz])  # rows past the batch: unread
     lse32 = (
         lse if lse.dtype == torch.float32 else torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
     )
@@ -315,17 +338,17 @@ def _legacy_rows(
     return cache[blocks, :, :, offsets]  # [nb, H, D, bs] -> [N, H, D]
 
 
-def _legacy_layout(k_cache: Tensor, v_cache: Tensor, name: str) -> None:
+def _legacy_layout(k_cache: Tensor, v_cache: Tensor, name: str, names: tuple[str, str]) -> None:
     """The legacy caches' ranks and their one block size and block count (ValueError naming the
-    layout vLLM allocates otherwise), before any row is read."""
+    caller's argument, ``names``, and the layout vLLM allocates otherwise), before any row is read."""
     if k_cache.dim() != 5:
         raise ValueError(
-            f"{name}: key_cache has shape {tuple(k_cache.shape)}; vLLM's paged key layout is [num_blocks, Hkv, "
+            f"{name}: {names[0]} has shape {tuple(k_cache.shape)}; vLLM's paged key layout is [num_blocks, Hkv, "
             "D / x, block_size, x]"
         )
     if v_cache.dim() != 4 or v_cache.shape[3] != k_cache.shape[3] or v_cache.shape[0] != k_cache.shape[0]:
         raise ValueError(
-            f"{name}: value_cache has shape {tuple(v_cache.shape)}; vLLM's paged value layout is [num_blocks, "
+            f"{name}: {names[1]} has shape {tuple(v_cache.shape)}; vLLM's paged value layout is [num_blocks, "
             f"Hkv, D, block_size] with the key cache's {k_cache.shape[0]} blocks of {k_cache.shape[3]} tokens"
         )
 
@@ -453,7 +476,12 @@ def _prefix_prefill(
         _refuse(f"{name}: is_block_table_ptr=True", "block tables of addresses (the ops take block ids)")
     if k is None or v is None:
         _refuse(f"{name}: key / value None", "cross-attention over the cache alone")
-    _legacy_layout(k_cache, v_cache, name)
+    _legacy_layout(
+        k_cache,
+        v_cache,
+        name,
+        ("k_cache", "v_cache") if name == "context_attention_fwd" else ("key_cache", "value_cache"),
+    )
     dtype, dev = q.dtype, q.device
     bsz = b_seq_len.shape[0]
     block = v_cache.shape[-1]
@@ -469,13 +497,11 @@ def _prefix_prefill(
     blocks = b_loc.long().gather(1, (pos // block).clamp_(max=max(0, b_loc.shape[1] - 1)))
     blocks = blocks.clamp_(0, max(0, k_cache.shape[0] - 1)).reshape(-1)
     offsets = (pos % block).reshape(-1)
-    fp8 = kv_cache_dtype in _VLLM_FP8  # vLLM scales fp8 loads only
-    keys = _dequant(
-        _legacy_rows(k_cache, blocks, offsets, kv_cache_dtype, name, True), k_scale if fp8 else 1.0, dtype
-    )
-    values = _dequant(
-        _legacy_rows(v_cache, blocks, offsets, kv_cache_dtype, name, False), v_scale if fp8 else 1.0, dtype
-    )
+    k_rows = _legacy_rows(k_cache, blocks, offsets, kv_cache_dtype, name, True)
+    v_rows = _legacy_rows(v_cache, blocks, offsets, kv_cache_dtype, name, False)
+    fp8 = _is_fp8(k_rows)  # vLLM scales fp8 loads only (by the loaded dtype, whatever the name)
+    keys = _dequant(k_rows, k_scale if fp8 else 1.0, dtype)
+    values = _dequant(v_rows, v_scale if fp8 else 1.0, dtype)
     for what, cached, new in (("key", keys, k), ("value", values, v)):
         if cached.shape[1:] != new.shape[1:]:
             raise ValueError(
@@ -491,7 +517,7 @@ def _prefix_prefill(
         bsz * width + starts[:-1, None] + cols - c,
     ).clamp_(0, max(0, keys.shape[0] - 1))
     window = int(sliding_window) - 1 if sliding_window is not None and sliding_window > 0 else -1
-    mask = _engine_mask(name, None, None, causal, window, bsz)
+    mask = _engine_mask(name, None, None, causal, window, bsz, two_sided=False, flag="causal")
     target = torch.empty_like(o) if skip_decode else o
     _attention().paged_prefill(
         q,
