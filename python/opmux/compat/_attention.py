@@ -385,19 +385,19 @@ def vllm_context_attention_fwd(
     Hkv, D, block_size]``) and causally to each other: ``attention.paged_prefill`` into ``o``.
 
     The op's cache is built for the call, as SGLang's extend entry builds it: the context rows
-    gathered from the legacy caches (fp8 ones, e4m3 or e5m2 by ``kv_cache_dtype``, times
-    ``k_scale`` / ``v_scale`` into the query's dtype), ``max_context`` rows a request (one device
+    gathered from the legacy caches (fp8 bytes read as e4m3 or e5m2 by ``kv_cache_dtype``; fp8
+    rows times ``k_scale`` / ``v_scale``, into the query's dtype), ``max_context`` rows a request (one device
     read of the longest context; under CUDA-graph capture the table's capacity), then the new
     tokens' ``k`` / ``v``; page size 1. That copies the batch's context K / V (what the kernel
     reads anyway). ``sliding_window > 0``: the ``sliding_window`` positions up to the query's own
     (the op's ``window_left = sliding_window - 1``); ``sm_scale`` None: ``1 / sqrt(D)``; ``sinks
     [Hq]`` the op's. ``skip_decode``: rows of one-token requests (and rows past the last request)
-    are left as they are. ``causal=False``: every key of the request (the op's ``causal=False``). ``max_seq_len`` / ``max_input_len`` bound the launch
-    (``max_input_len``: the table's new-token columns).
+    are left as they are. ``causal=False``: every key of the request (the op's ``causal=False``;
+    vLLM's window stays one-sided there, as the op's). ``max_seq_len`` / ``max_input_len`` bound
+    the launch (``max_input_len``: the table's new-token columns).
 
     Refused (``NotImplementedError``): ``alibi_slopes``, ``fp8_out_scale``, ``is_block_table_ptr``
-    (a table of block addresses), ``k`` / ``v`` None (cross-attention), ``causal=False`` with a
-    window.
+    (a table of block addresses), ``k`` / ``v`` None (cross-attention).
     """
     _prefix_prefill(
         "context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
