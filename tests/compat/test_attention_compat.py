@@ -385,6 +385,51 @@ def test_sgl_extend_refusals(kwargs: dict[str, object], names: str) -> None:
         sgl.extend_attention_fwd(**args)  # type: ignore[arg-type]
 
 
+def test_sgl_extend_attention_later_keywords(attn_backend: str) -> None:
+    """SGLang's later extend keywords: ``lse_extend`` (natural log, written in its dtype),
+    ``page_size`` with paged pools [pages, page_size, H, D] (token locations), the launch hints;
+    ``score_mod`` and ``skip_prefix`` refused."""
+    kb, vb, g = _pool(40, seed=17)
+    pre, ext = [6, 0, 9], [2, 3, 1]
+    kv_indptr, kv_indices = _csr(pre, 40, g)
+    qo = torch.tensor([0, *torch.tensor(ext).cumsum(0).tolist()], dtype=torch.int32)
+    q, ke, ve = (torch.randn(sum(ext), h, D, generator=g) for h in (HQ, HKV, HKV))
+    o, lse = torch.empty_like(q), torch.empty(sum(ext), HQ, dtype=torch.bfloat16)
+    args = (
+        q,
+        ke,
+        ve,
+        o,
+        kb.view(10, 4, HKV, D),
+        vb.view(10, 4, HKV, D),
+        qo,
+        kv_indptr,
+        kv_indices,
+        None,
+        True,
+    )
+    sgl.extend_attention_fwd(
+        *args, None, max(ext), sm_scale=0.3, lse_extend=lse, page_size=4, extend_seq_lens_cpu=ext,
+        identity_kv_indices=False,
+    )  # fmt: skip
+    for b in range(len(pre)):
+        idx = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])]
+        r0, r1 = int(qo[b]), int(qo[b + 1])
+        k, v = torch.cat([kb[idx], ke[r0:r1]]), torch.cat([vb[idx], ve[r0:r1]])
+        torch.testing.assert_close(o[r0:r1], ref_seq(q[r0:r1], k, v, 0.3), atol=2e-5, rtol=2e-5)
+        s = torch.einsum("qhd,nhd->hqn", q[r0:r1], k.repeat_interleave(HQ // HKV, 1)) * 0.3
+        s = s.masked_fill(
+            torch.arange(len(k))[None, None, :] > (len(idx) + torch.arange(r1 - r0))[None, :, None], -1e30
+        )
+        torch.testing.assert_close(lse[r0:r1].float(), torch.logsumexp(s, -1).t(), atol=2e-2, rtol=1e-2)
+    with pytest.raises(NotImplementedError, match="score_mod"):
+        sgl.extend_attention_fwd(*args, None, max(ext), page_size=4, score_mod=lambda *a: a[0])
+    with pytest.raises(NotImplementedError, match="skip_prefix"):
+        sgl.extend_attention_fwd(*args, None, max(ext), page_size=4, skip_prefix=True)
+    with pytest.raises(ValueError, match=r"k_buffer has shape \(10, 4, 2, 16\) .* page_size=8"):
+        sgl.extend_attention_fwd(*args, None, max(ext), page_size=8)
+
+
 @pytest.mark.parametrize("mode", ["tree-skip-prefix", "tree-mask-prefix", "non-causal"])
 def test_sgl_extend_attention_custom_mask(attn_backend: str, mode: str) -> None:
     """SGLang's speculative-decoding verify: each request's ``[extend_len, prefix + extend_len]``

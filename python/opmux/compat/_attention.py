@@ -708,6 +708,14 @@ def extend_attention_fwd(
     sinks: Tensor | None = None,
     window_kv_offsets: Tensor | None = None,
     xai_temperature_len: int = -1,
+    lse_extend: Tensor | None = None,
+    skip_prefix: bool = False,
+    skip_extend: bool = False,
+    page_size: int = 1,
+    score_mod: Any = None,
+    aux_tensors: Any = None,
+    extend_seq_lens_cpu: Any = None,
+    identity_kv_indices: bool = False,
 ) -> None:
     """SGLang's ``extend_attention_fwd`` (``triton_ops/extend_attention.py``): request ``b``'s new
     tokens ``q_extend / k_extend / v_extend [qo_indptr[b] : qo_indptr[b + 1]]`` attend causally to
@@ -736,9 +744,15 @@ def extend_attention_fwd(
     ``v_extend`` / ``v_buffer`` 512 and ``o_extend [T, Hq, 512]``): the op's value head dim
     ``Dv <= D``; the values gathered apart from the keys.
 
+    SGLang's later keywords: ``lse_extend [T, Hq]`` the op's lse (natural log, the sink included,
+    written in its dtype); ``page_size`` with paged pools ``[pages, page_size, H, D]`` (the
+    locations are tokens: the pools read as token rows); ``extend_seq_lens_cpu`` and
+    ``identity_kv_indices`` are launch hints.
+
     Refused (``NotImplementedError``): ``window_kv_offsets`` with a mask and a window,
-    ``is_causal=False`` with a window (SGLang's is two-sided), ``xai_temperature_len > 0``. A value
-    head dim above the query's is the op's ValueError.
+    ``is_causal=False`` with a window (SGLang's is two-sided), ``xai_temperature_len > 0``,
+    ``score_mod`` / ``aux_tensors``, ``skip_prefix`` / ``skip_extend``. A value head dim above the
+    query's is the op's ValueError.
     """
     _sgl_common("extend_attention_fwd", xai_temperature_len)
     window = int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else -1
@@ -747,6 +761,16 @@ def extend_attention_fwd(
             "extend_attention_fwd: window_kv_offsets",
             "sliding-window pools' custom-mask offsets (mask rows longer than the request)",
         )
+    if score_mod is not None or aux_tensors is not None:
+        _refuse("extend_attention_fwd: score_mod / aux_tensors", "a custom term on the logits")
+    if skip_prefix or skip_extend:
+        _refuse(
+            "extend_attention_fwd: skip_prefix / skip_extend", "one stage alone (DCP's partial attention)"
+        )
+    k_buffer, v_buffer = (
+        _token_rows(k_buffer, page_size, "k_buffer"),
+        _token_rows(v_buffer, page_size, "v_buffer"),
+    )
     dtype, dev = q_extend.dtype, q_extend.device
     bsz = qo_indptr.shape[0] - 1
     kv_indptr = kv_indptr[: bsz + 1]
@@ -767,6 +791,9 @@ def extend_attention_fwd(
     mask = _engine_mask("extend_attention_fwd", custom_mask, mask_indptr, is_causal, window, bsz)
     if custom_mask is not None:
         mask["mask_prefix"] = not skip_prefix_custom_mask
+    lse32 = lse_extend
+    if lse_extend is not None and lse_extend.dtype != torch.float32:
+        lse32 = torch.empty(lse_extend.shape, dtype=torch.float32, device=lse_extend.device)
     _attention().paged_prefill(
         q_extend,
         keys.unsqueeze(1),
@@ -778,8 +805,28 @@ def extend_attention_fwd(
         softcap=float(logit_cap or 0.0),
         window_left=window,
         sinks=_sinks(sinks),
+        lse=lse32,
         out=o_extend,
         **mask,
+    )
+    if lse_extend is not None and lse32 is not None and lse32 is not lse_extend:
+        lse_extend.copy_(lse32)
+
+
+def _token_rows(buffer: Tensor, page_size: int, name: str) -> Tensor:
+    """An SGLang pool as token rows ``[tokens, H, D]``: as it is, or a paged pool ``[pages,
+    page_size, H, D]`` with its first two dims merged (a view; SGLang's locations are tokens)."""
+    if buffer.dim() == 3:
+        return buffer
+    if (
+        buffer.dim() == 4
+        and buffer.shape[1] == page_size
+        and buffer.stride(0) == page_size * buffer.stride(1)
+    ):
+        return buffer.view(-1, *buffer.shape[2:])
+    raise ValueError(
+        f"extend_attention_fwd: {name} has shape {tuple(buffer.shape)} and strides {buffer.stride()} with "
+        f"page_size={page_size}; SGLang's pools are [tokens, H, D] or [pages, page_size, H, D] with whole pages"
     )
 
 
