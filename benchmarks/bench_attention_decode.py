@@ -117,7 +117,7 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
         rec["default_backend"] = f"explain failed: {exc}"
     fns: dict[str, Any] = {"opmux default": lambda _: ops.attention.paged_decode(*op_args, **kw)}
     for be in (*BACKENDS, "torch"):  # each forced: the data of the select tables
-        if be == "torch" and bsz * n > 64 * 1024:
+        if be == "torch" and bsz * c["table"].shape[1] * args.page > 64 * 1024:  # whole table rows
             continue
         fns[f"opmux {be}"] = lambda _, be=be: ops.attention.paged_decode(*op_args, backend=be, **kw)
     if not fp8:
