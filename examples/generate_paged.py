@@ -62,6 +62,12 @@ SIZES: dict[str, dict[str, int]] = {
         vocab_size=512, hidden_size=256, intermediate_size=512,
         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
     ),
+    # Llama-3.2-1B's shape (vocabulary cut to 32,000): a GPU size, where the decode step is the
+    # kernels' time rather than the host's
+    "1b": dict(
+        vocab_size=32000, hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+    ),
 }  # fmt: skip
 
 

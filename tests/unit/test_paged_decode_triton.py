@@ -211,7 +211,7 @@ for form in FORMS:
         else:
             sig[n] = "fp32" if n in FLOATS else "i32"
     triton.compile(ASTSource(tk._decode_split, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-const = dict(HAS_SINKS=True, HAS_LSE=True, BLOCK_S=32, BLOCK_D=128)
+const = dict(HAS_SINKS=True, HAS_LSE=True, WINDOW=True, BLOCK_N=32, BLOCK_S=32, BLOCK_D=128)
 sig = {n: "constexpr" if n in const else ("*" + PTRS.get(n, "fp32") if n[0].isupper() and n not in ("D", "S") and n != "Hq" else "i32") for n in tk._decode_merge.arg_names}
 triton.compile(ASTSource(tk._decode_merge, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 print("compiled")
@@ -231,3 +231,25 @@ def test_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kw", [{}, {"window_left": 20, "sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])}])
+def test_table_wider_than_the_sequences(monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any]) -> None:
+    """An engine's table (sized to the model's maximum length) over short sequences: the split
+    count follows the width, so most splits hold no position. They write nothing and the merge
+    must not read their workspace rows: every float32 workspace is poisoned with NaN here."""
+    args = _problem([0, 5, 40, 300], width=64)  # 1,024 positions a row: 32 splits
+    real_empty = torch.empty
+
+    def poisoned(*a: Any, **k: Any) -> torch.Tensor:
+        t = real_empty(*a, **k)
+        return t.fill_(float("nan")) if t.dtype == torch.float32 else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    got, lse = _launch(args, **kw)
+    monkeypatch.undo()
+    assert triton_kernels.num_splits(4, 2, 64 * 16, 132) == 32
+    lse_want = torch.empty(args[0].shape[:2])
+    want = _decode.reference(*args, lse=lse_want, **kw)
+    _close(got, want, torch.float32)
+    torch.testing.assert_close(lse, lse_want, atol=1e-4, rtol=1e-4)

@@ -8,7 +8,10 @@ read once per group or chunk), walks its share of the sequence's positions (the 
 evenly over the splits, in whole tiles) through the block table one token per row (any page size),
 and keeps an online softmax in fp32: it writes its unnormalised output, its running max and its
 sum to a float32 workspace. ``_decode_merge`` (grid ``(B, Hq)``) rescales the splits to their
-common max, adds the sink to the denominator, and writes ``out`` (one cast) and ``lse``.
+common max, adds the sink to the denominator, and writes ``out`` (one cast) and ``lse``. The split
+count comes from the table's width (the host sees no lengths); a sequence shorter than the table
+leaves its last splits without positions: they exit at once, and the merge reads only the splits
+that hold some (both from the same rule, ``_split_share``).
 
 Value head dim ``Dv <= D`` (absorbed MLA: a 576-dim latent cache, V its first 512 dims): the
 key dims are read as two tiles, ``[0, Dv)`` padded to ``BLOCK_DV`` (the value tile's dims too)
@@ -79,6 +82,14 @@ def _sm_count(device: torch.device) -> int:
 
 
 @triton.jit
+def _split_share(n, lo, S, BLOCK_N: tl.constexpr):
+    """Positions a split takes of the attended range ``[lo, n)``, in whole key tiles: splits
+    ``[0, cdiv(n - lo, share))`` hold them, the rest none (a table wider than the sequence)."""
+    per = (n - lo + S - 1) // S
+    return (per + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+
+
+@triton.jit
 def _decode_split(
     Q,
     KC,
@@ -136,10 +147,11 @@ def _decode_split(
     lo = n * 0
     if WINDOW:
         lo = tl.maximum(n - 1 - window_left, 0)
-    per = (n - lo + S - 1) // S  # the split's share, in whole tiles
-    per = (per + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    per = _split_share(n, lo, S, BLOCK_N)
     start = lo + split * per
     end = tl.minimum(start + per, n)
+    if start >= end:  # past the sequence (short sequences, wide tables): the merge reads no partial
+        return
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_DV)  # the key dims [0, Dv): the value dims too
@@ -245,11 +257,16 @@ def _decode_merge(
     so_h,
     sl_b,
     sl_h,
+    LENS,
+    capacity,
+    window_left,
     Hq,
     D,
     S,
     HAS_SINKS: tl.constexpr,
     HAS_LSE: tl.constexpr,
+    WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -258,7 +275,13 @@ def _decode_merge(
     row = b * Hq + h
     sp = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    smask = sp < S
+    # the splits that hold positions (the split kernel's own rule; the others wrote nothing)
+    n = tl.minimum(tl.maximum(tl.load(LENS + b), 0), capacity)
+    lo = n * 0
+    if WINDOW:
+        lo = tl.maximum(n - 1 - window_left, 0)
+    per = tl.maximum(_split_share(n, lo, S, BLOCK_N), 1)
+    smask = sp < tl.minimum((n - lo + per - 1) // per, S)
     dmask = d < D
     m = tl.load(PM + row * S + sp, mask=smask, other=-1.0e30)
     ls = tl.load(PL + row * S + sp, mask=smask, other=0.0)
@@ -454,11 +477,16 @@ def launch(
             out.stride(1),
             lse.stride(0) if has_lse else 0,
             lse.stride(1) if has_lse else 0,
+            seq_lens,
+            capacity,
+            window_left,
             hq,
             dv,
             n_splits,
             HAS_SINKS=has_sinks,
             HAS_LSE=has_lse,
+            WINDOW=window_left >= 0,
+            BLOCK_N=block_n,
             BLOCK_S=triton.next_power_of_2(n_splits),
             BLOCK_D=triton.next_power_of_2(dv),
             num_warps=4,
