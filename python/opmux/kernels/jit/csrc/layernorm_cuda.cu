@@ -100,13 +100,20 @@ __device__ __forceinline__ RowPtrs<T> row_ptrs(const QkParams& p, int64_t row) {
   const bool is_q = row < p.q.rows;
   const int64_t r = is_q ? row : row - p.q.rows;
   const int64_t heads = is_q ? p.q.heads : p.k.heads;
-  // 32-bit division whenever it fits (a 64-bit one is a long instruction sequence per row)
-  const int64_t t = r <= 0xffffffffLL && heads <= 0xffffffffLL
-                        ? static_cast<int64_t>(static_cast<uint32_t>(r) / static_cast<uint32_t>(heads))
-                        : r / heads;
-  const int64_t h = r - t * heads;
-  T* x = static_cast<T*>(is_q ? p.q.x : p.k.x) + t * (is_q ? p.q.token_stride : p.k.token_stride) +
-         h * (is_q ? p.q.head_stride : p.k.head_stride);
+  const int64_t ts = is_q ? p.q.token_stride : p.k.token_stride;
+  const int64_t hs = is_q ? p.q.head_stride : p.k.head_stride;
+  T* x = static_cast<T*>(is_q ? p.q.x : p.k.x);
+  if (ts == heads * hs) {
+    // each token's heads packed (contiguous q / k): row r = t * heads + h starts at r * head_stride,
+    // no division (qk_norm at prefill sizes was SM-bound on it, at 16 lanes a row)
+    x += r * hs;
+  } else {
+    // 32-bit division whenever it fits (a 64-bit one is a long instruction sequence per row)
+    const int64_t t = r <= 0xffffffffLL && heads <= 0xffffffffLL
+                          ? static_cast<int64_t>(static_cast<uint32_t>(r) / static_cast<uint32_t>(heads))
+                          : r / heads;
+    x += t * ts + (r - t * heads) * hs;
+  }
   return {x, x, static_cast<const T*>(is_q ? p.q.w : p.k.w)};
 }
 
