@@ -195,10 +195,16 @@ for stage in $STAGES; do
                 # compile-bound (each sample a Triton specialisation; one process did two of its
                 # nine cells in 120 s on an H100), so one process per query dtype, side by side
                 pids=()
-                for dt in "float32 or bad_input" float16 bfloat16; do
+                # (-k matches substrings: "float16" alone would take bfloat16's cells too)
+                for dt in float32 float16 bfloat16; do
+                    case $dt in
+                        float32) k="float32 or bad_input" ;;
+                        float16) k="float16 and not bfloat16" ;;
+                        *) k=$dt ;;
+                    esac
                     timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" --target cuda "${PARITY_TREE[@]}" \
                         -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" \
-                        -k "paged_prefill and ($dt)" > "/tmp/prefill_parity_${dt%% *}.log" 2>&1 &
+                        -k "paged_prefill and ($k)" > "/tmp/prefill_parity_$dt.log" 2>&1 &
                     pids+=("$!")
                 done
                 for p in "${pids[@]}"; do wait "$p" || rc=1; done
