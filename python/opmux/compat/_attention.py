@@ -94,6 +94,19 @@ def _csr_table(indptr: Tensor, indices: Tensor, width: int) -> Tensor:
     return indices[pos.clamp_(0, indices.numel() - 1)].to(torch.int32)
 
 
+def _lse_f32(lse: Tensor | None) -> Tensor | None:
+    """The ops' lse is float32: an engine's lse of another dtype is written through a float32
+    copy (:func:`_lse_back` after the call)."""
+    if lse is None or lse.dtype == torch.float32:
+        return lse
+    return torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
+
+
+def _lse_back(lse: Tensor | None, lse32: Tensor | None) -> None:
+    if lse is not None and lse32 is not None and lse32 is not lse:
+        lse.copy_(lse32)
+
+
 def _i32(t: Tensor) -> Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
@@ -303,15 +316,12 @@ def vllm_decode_attention_fwd(
             f"decode_attention_fwd: req_to_token has {req_to_token.shape[0]} rows for {bsz} queries (one row a request)"
         )
     table = _i32(req_to_token.reshape(req_to_token.shape[0], -1)[:bsz])  # rows past the batch: unread
-    lse32 = (
-        lse if lse.dtype == torch.float32 else torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
-    )
+    lse32 = _lse_f32(lse)
     _attention().paged_decode(
         q, kc, vc, table, _i32(b_seq_len), scale=float(sm_scale), softcap=float(logit_cap or 0.0), lse=lse32,
         out=o, **scales,
     )  # fmt: skip
-    if lse32 is not lse:
-        lse.copy_(lse32)
+    _lse_back(lse, lse32)
 
 
 # -- vLLM's legacy-layout prefix prefill -----------------------------------------------------------
@@ -402,7 +412,7 @@ def vllm_context_attention_fwd(
     _prefix_prefill(
         "context_attention_fwd", q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
         max_input_len, k_scale, v_scale, alibi_slopes, sliding_window, sm_scale, skip_decode, fp8_out_scale, sinks,
-        is_block_table_ptr, causal,
+        is_block_table_ptr, causal, ("k_cache", "v_cache"),
     )  # fmt: skip
 
 
@@ -439,7 +449,7 @@ def chunked_prefill_paged_decode(
     _prefix_prefill(
         "chunked_prefill_paged_decode", query, key, value, output, kv_cache_dtype, key_cache, value_cache,
         block_table, query_start_loc, seq_lens, max_query_len, k_scale, v_scale, alibi_slopes, sliding_window,
-        sm_scale, False, output_scale, sinks, is_block_table_ptr, causal,
+        sm_scale, False, output_scale, sinks, is_block_table_ptr, causal, ("key_cache", "value_cache"),
     )  # fmt: skip
 
 
@@ -466,8 +476,10 @@ def _prefix_prefill(
     sinks: Tensor | None,
     is_block_table_ptr: bool,
     causal: bool,
+    cache_names: tuple[str, str],
 ) -> None:
-    """:func:`vllm_context_attention_fwd` / :func:`chunked_prefill_paged_decode` on one code path."""
+    """:func:`vllm_context_attention_fwd` / :func:`chunked_prefill_paged_decode` on one code path
+    (``cache_names``: the caller's names of its two cache arguments, for the layout's errors)."""
     if alibi_slopes is not None:
         _refuse(f"{name}: alibi_slopes", "ALiBi position biases")
     if out_scale is not None:
@@ -476,12 +488,7 @@ def _prefix_prefill(
         _refuse(f"{name}: is_block_table_ptr=True", "block tables of addresses (the ops take block ids)")
     if k is None or v is None:
         _refuse(f"{name}: key / value None", "cross-attention over the cache alone")
-    _legacy_layout(
-        k_cache,
-        v_cache,
-        name,
-        ("k_cache", "v_cache") if name == "context_attention_fwd" else ("key_cache", "value_cache"),
-    )
+    _legacy_layout(k_cache, v_cache, name, cache_names)
     dtype, dev = q.dtype, q.device
     bsz = b_seq_len.shape[0]
     block = v_cache.shape[-1]
@@ -791,9 +798,7 @@ def extend_attention_fwd(
     mask = _engine_mask("extend_attention_fwd", custom_mask, mask_indptr, is_causal, window, bsz)
     if custom_mask is not None:
         mask["mask_prefix"] = not skip_prefix_custom_mask
-    lse32 = lse_extend
-    if lse_extend is not None and lse_extend.dtype != torch.float32:
-        lse32 = torch.empty(lse_extend.shape, dtype=torch.float32, device=lse_extend.device)
+    lse32 = _lse_f32(lse_extend)
     _attention().paged_prefill(
         q_extend,
         keys.unsqueeze(1),
@@ -809,8 +814,7 @@ def extend_attention_fwd(
         out=o_extend,
         **mask,
     )
-    if lse_extend is not None and lse32 is not None and lse32 is not lse_extend:
-        lse_extend.copy_(lse32)
+    _lse_back(lse_extend, lse32)
 
 
 def _token_rows(buffer: Tensor, page_size: int, name: str) -> Tensor:

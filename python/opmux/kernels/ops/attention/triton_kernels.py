@@ -82,6 +82,18 @@ def _sm_count(device: torch.device) -> int:
 
 
 @triton.jit
+def _attended(LENS, b, capacity, window_left, WINDOW: tl.constexpr):
+    """Sequence ``b``'s attended positions ``[lo, n)``: its length clamped to the table's capacity
+    (CUDA: no host check), from the window's start."""
+    n = tl.load(LENS + b)
+    n = tl.minimum(tl.maximum(n, 0), capacity)
+    lo = n * 0
+    if WINDOW:
+        lo = tl.maximum(n - 1 - window_left, 0)
+    return n, lo
+
+
+@triton.jit
 def _split_share(n, lo, S, BLOCK_N: tl.constexpr):
     """Positions a split takes of the attended range ``[lo, n)``, in whole key tiles: splits
     ``[0, cdiv(n - lo, share))`` hold them, the rest none (a table wider than the sequence)."""
@@ -142,11 +154,7 @@ def _decode_split(
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
 
-    n = tl.load(LENS + b)
-    n = tl.minimum(tl.maximum(n, 0), capacity)  # CUDA: no host check, never past the table
-    lo = n * 0
-    if WINDOW:
-        lo = tl.maximum(n - 1 - window_left, 0)
+    n, lo = _attended(LENS, b, capacity, window_left, WINDOW)
     per = _split_share(n, lo, S, BLOCK_N)
     start = lo + split * per
     end = tl.minimum(start + per, n)
@@ -276,10 +284,7 @@ def _decode_merge(
     sp = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     # the splits that hold positions (the split kernel's own rule; the others wrote nothing)
-    n = tl.minimum(tl.maximum(tl.load(LENS + b), 0), capacity)
-    lo = n * 0
-    if WINDOW:
-        lo = tl.maximum(n - 1 - window_left, 0)
+    n, lo = _attended(LENS, b, capacity, window_left, WINDOW)
     per = tl.maximum(_split_share(n, lo, S, BLOCK_N), 1)
     smask = sp < tl.minimum((n - lo + per - 1) // per, S)
     dmask = d < D
