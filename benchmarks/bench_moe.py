@@ -1,7 +1,7 @@
 """The fused MoE experts (moe.fused_experts) against their peers on one GPU, in one run.
 
     python benchmarks/bench_moe.py --out DIR [--models Mixtral-8x7B,DeepSeek-V3] [--m 1,8,64]
-        [--peer-configs DIR] [--budget-s 400]
+        [--peer-configs DIR] [--budget-s 400] [--forced cuda,triton] [--cuda-splits 1x1,2x4,4x8]
 
 For each model's experts (``opmux.kernels.tune.MOE_MODELS``: E, N, K, topk and the weight form)
 and every M (tokens): opmux's default call, and the peers a user would pick:
@@ -21,7 +21,10 @@ graph (bench_gpu.time_impl), median of the replays. Weight-bound decode (M <= 64
 the bytes of the experts the batch touches read per second over the copy bandwidth measured in
 the same run. For DeepSeek-V3 the bf16 form of the same shape is timed too: the fp8 form's time
 over the bf16 one is ``fp8/bf16``. ``--layer``: a whole Qwen3-30B-A3B MoE layer (router GEMM,
-``topk_softmax``, ``fused_experts``) in one graph beside the sum of its parts.
+``topk_softmax``, ``fused_experts``) in one graph beside the sum of its parts. ``--forced``: opmux's
+call forced onto each named backend too (``opmux <backend>``; not peers); ``--cuda-splits``: at
+M <= 64 the native decode kernels with their columns per warp forced (up x down: tuning data for
+the unit's own choice).
 
 Writes DIR/moe.json (rewritten after every case) and DIR/moe.md.
 """
@@ -147,6 +150,22 @@ def error(y: Any, ref: Any) -> float:
     return float((y.float() - ref.float()).abs().mean() / ref.float().abs().mean().clamp_min(1e-30))
 
 
+def cuda_split(
+    torch: Any, w: dict[str, Any], s: dict[str, Any], scales: dict[str, Any], split: tuple[int, int]
+) -> Any:
+    """The native CUDA decode backend with its columns per warp forced (up, down)."""
+    from opmux.kernels.ops.moe.fused_experts_cuda import launch
+
+    out = torch.empty_like(s["hidden"])
+    empty = torch.empty(0, device="cuda")
+    emap = torch.empty(0, dtype=torch.int32, device="cuda")
+    launch(
+        out, s["hidden"], w["w1"], w["w2"], s["tw"], s["ti"], scales.get("w1_scale", empty),
+        scales.get("w2_scale", empty), emap, "silu", False, rows_per_warp=split,
+    )  # fmt: skip
+    return out
+
+
 def run_case(
     torch: Any,
     model: str,
@@ -192,6 +211,14 @@ def run_case(
         return out
 
     fns: dict[str, Any] = {"opmux default": default, f"Triton ({cfg_src.split(' file')[0]})": triton_peer}
+    from opmux.kernels.explain import op_instance
+
+    op = op_instance(OP)
+    for b in args.forced:  # opmux's call forced onto a backend (a refusal is recorded, not timed)
+        forced = op.impl(b)
+        fns[f"opmux {b}"] = lambda s, f=forced: f(s["hidden"], w["w1"], w["w2"], s["tw"], s["ti"], **scales)
+    for split in args.cuda_splits if m <= 64 else ():  # the native decode kernels' columns per warp
+        fns[f"opmux cuda {split[0]}x{split[1]}"] = lambda s, sp=split: cuda_split(torch, w, s, scales, sp)
     if not fp8:
         fns["torch._grouped_mm"] = lambda s: grouped_mm_experts(torch, w, s)
         if m <= args.loop_max_m:
@@ -294,7 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop-max-m", type=int, default=4096, help="the torch.mm loop up to this M")
     ap.add_argument("--layer", action="store_true", help="also the whole Qwen3-30B-A3B layer in one graph")
     ap.add_argument("--budget-s", type=float, default=400.0, help="cases left when it is spent are skipped")
+    ap.add_argument(
+        "--forced", default="", help="also opmux's call forced onto these backends (comma-separated)"
+    )
+    ap.add_argument(
+        "--cuda-splits",
+        default="",
+        help="at M <= 64 also the cuda backend with these columns per warp: UPxDOWN,...",
+    )
     args = ap.parse_args(argv)
+    args.forced = [b for b in args.forced.split(",") if b]
+    args.cuda_splits = [tuple(int(v) for v in sp.split("x")) for sp in args.cuda_splits.split(",") if sp]
 
     import torch
 

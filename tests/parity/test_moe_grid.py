@@ -78,12 +78,17 @@ def _backends() -> list[str]:
 
 def _takes(backend: str, args: tuple[torch.Tensor, ...], kw: dict[str, torch.Tensor]) -> bool:
     """Whether a forced backend takes this call: the CUTLASS one runs the fp8 form with whole
-    128-blocks only (its predicate says why not; dispatch then runs the next backend)."""
-    if backend != "cutlass":
-        return True
-    from opmux.kernels.ops.moe.fused_experts_cutlass import supports
+    128-blocks only, the native CUDA one decode sizes with 16-byte rows (their predicates say why
+    not; dispatch then runs the next backend)."""
+    if backend == "cutlass":
+        from opmux.kernels.ops.moe.fused_experts_cutlass import supports
 
-    return supports(*args[:3], **kw) is None
+        return supports(*args[:3], **kw) is None
+    if backend == "cuda":
+        from opmux.kernels.ops.moe.fused_experts_cuda import supports as takes
+
+        return takes(*args) is None
+    return True
 
 
 @pytest.mark.parametrize("backend", _backends())
@@ -115,8 +120,9 @@ def test_expert_map_and_empty_experts(backend: str, device_type: str) -> None:
     op = op_instance(OP)
     fn = op if backend == "default" else op.impl(backend)
     form = "fp8" if backend == "cutlass" else "bf16"
-    c = _case(300, 8, 256, 512, 2, form, 7)
-    ids = torch.randint(0, 16, (300, 2), device="cuda", dtype=torch.int32)
+    m = 48 if backend == "cuda" else 300  # the native CUDA backend takes decode sizes
+    c = _case(m, 8, 256, 512, 2, form, 7)
+    ids = torch.randint(0, 16, (m, 2), device="cuda", dtype=torch.int32)
     ids[:40] = 3  # global 3 is on another rank: those tokens' outputs are 0
     emap = torch.tensor(
         [0, 1, -1, -1, 2, 3, 4, -1, 5, 6, 7, -1, -1, -1, -1, -1], device="cuda", dtype=torch.int32
@@ -213,5 +219,91 @@ def test_decode_path_bad_ids(form: str, device_type: str) -> None:
     _check(out, want, form == "fp8", f"decode bad ids {form}")
     emap = torch.tensor([0, 1, 2, 3, 4, 5, 6, 99], device="cuda", dtype=torch.int32)  # 99: past E
     _decode(out, c, config, expert_map=emap)
+    torch.cuda.synchronize()
+    assert bool(out.isfinite().all())
+
+
+#: the native CUDA backend's decode kernels with each columns-per-warp choice (up, down; 0: the
+#: unit's own) over the decode grid's shapes it takes, the three activations, the router weight
+#: on the input and vLLM's rounding
+CUDA_SPLITS = ((0, 0), (1, 1), (2, 2), (4, 4), (4, 8))
+
+
+def _cuda_decode(out: torch.Tensor, c: dict[str, torch.Tensor], split: tuple[int, int], **kw: object) -> None:
+    from opmux.kernels.ops.moe.fused_experts_cuda import launch
+
+    empty = torch.empty(0, device="cuda")
+    emap = kw.pop("expert_map", torch.empty(0, device="cuda", dtype=torch.int32))
+    ids = kw.pop("ids", c["topk_ids"])
+    act = str(kw.pop("activation", "silu"))
+    on_input = bool(kw.pop("apply_router_weight_on_input", False))
+    launch(
+        out, c["hidden"], c["w1"], c["w2"], c["topk_weights"], ids, c.get("w1_scale", empty),
+        c.get("w2_scale", empty), emap, act, on_input, rows_per_warp=split, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_cuda_decode_grid(device_type: str) -> None:
+    if device_type == "cpu":
+        pytest.skip(
+            "a GPU case (tests/unit/test_fused_experts_cuda.py checks the backend's rules on the CPU)"
+        )
+    from opmux.kernels.ops.moe.fused_experts_cuda import supports
+
+    ran = 0
+    for i, (m, e, n, k, topk, form, *_) in enumerate(DECODE_GRID):
+        c = _case(m, e, n, k, topk, form, 200 + i)
+        args, kw = _args(c)
+        if supports(*args) is not None:
+            continue
+        want = reference(*args, **kw)
+        for split in CUDA_SPLITS:
+            out = torch.full((m, k), float("nan"), device="cuda", dtype=c["hidden"].dtype)
+            _cuda_decode(out, c, split)
+            _check(out, want, form == "fp8", f"cuda decode {split} M={m} E={e} N={n} K={k} {form}")
+            ran += 1
+    assert ran >= 4 * len(CUDA_SPLITS), ran
+    for form in ("bf16", "fp8"):
+        for act in ("gelu", "swigluoai"):
+            c = _case(3, 16, 256, 512, 4, form, 230)
+            args, kw = _args(c)
+            out = torch.empty((3, 512), device="cuda", dtype=torch.bfloat16)
+            _cuda_decode(out, c, (0, 0), activation=act)
+            _check(out, reference(*args, activation=act, **kw), form == "fp8", f"cuda decode {form} {act}")
+        c = _case(5, 16, 256, 512, 1, form, 231)
+        args, kw = _args(c)
+        out = torch.empty((5, 512), device="cuda", dtype=torch.bfloat16)
+        _cuda_decode(out, c, (2, 4), apply_router_weight_on_input=True)
+        want = reference(*args, apply_router_weight_on_input=True, **kw)
+        _check(out, want, form == "fp8", f"cuda decode {form} weight on input")
+        _cuda_decode(out, c, (1, 2), vllm_rounding=True)
+        _check(
+            out,
+            reference(*args, vllm_rounding=True, **kw),
+            form == "fp8",
+            f"cuda decode {form} vLLM rounding",
+        )
+
+
+@pytest.mark.parametrize("form", ["bf16", "fp8"])
+def test_cuda_decode_bad_ids(form: str, device_type: str) -> None:
+    # ids past E, negative and huge, and an expert_map entry past E: those slots add nothing and
+    # nothing is read through them (compute-sanitizer runs this test)
+    if device_type == "cpu":
+        pytest.skip("a GPU case (on the CPU such ids raise ValueError)")
+    c = _case(2, 8, 256, 512, 4, form, 240)
+    ids = c["topk_ids"].clone()
+    ids[0, 1], ids[1, 0], ids[1, 3] = 8, -1, 1 << 30
+    args, kw = _args(c)
+    valid = (ids >= 0) & (ids < 8)
+    want = reference(args[0], args[1], args[2], c["topk_weights"] * valid, ids.clamp(0, 7), **kw)
+    for split in CUDA_SPLITS:
+        out = torch.empty((2, 512), device="cuda", dtype=torch.bfloat16)
+        _cuda_decode(out, c, split, ids=ids)
+        torch.cuda.synchronize()
+        _check(out, want, form == "fp8", f"cuda decode bad ids {form} {split}")
+    emap = torch.tensor([0, 1, 2, 3, 4, 5, 6, 99], device="cuda", dtype=torch.int32)  # 99: past E
+    out = torch.empty((2, 512), device="cuda", dtype=torch.bfloat16)
+    _cuda_decode(out, c, (0, 0), expert_map=emap)
     torch.cuda.synchronize()
     assert bool(out.isfinite().all())

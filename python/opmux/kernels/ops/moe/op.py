@@ -49,7 +49,7 @@ from ...spec import Requirement
 from .. import _checks
 from .._common import INT32_EXACT, TOLERANCES
 from .._decl import declare
-from . import _experts, fused_experts_cutlass
+from . import _experts, fused_experts_cuda, fused_experts_cutlass
 from ._contract_items import BATCHED_ALIGN, MOE_ALIGN, TOPK_SIGMOID, TOPK_SOFTMAX
 
 if TYPE_CHECKING:
@@ -450,10 +450,22 @@ fused_experts = declare(
                 predicate="opmux.kernels.ops.moe.fused_experts_cutlass:supports",
             ),
         ),
+        # the decode regime (at most MAX_TOKENS tokens): GEMVs on the CUDA cores in opmux's own
+        # unit (jit/csrc/moe_decode_cuda.cu); its predicate refuses what the unit does not take
+        (
+            fused_experts_cuda.BACKEND,
+            fused_experts_cuda.fused_experts,
+            Requirement(
+                devices=("cuda",),
+                sm_min=80,
+                predicate="opmux.kernels.ops.moe.fused_experts_cuda:supports",
+            ),
+        ),
     ),
     # Triton first until measured: an H200 select table per (E, N) and M (configs/moe.fused_experts/
-    # ...,dtype=fp8_w8a8,block_shape=[128,128],backend=select.json) puts cutlass first where it wins
-    priority=(("cuda", ("triton", "cutlass", "torch")),),
+    # ...,dtype=fp8_w8a8,block_shape=[128,128],backend=select.json) puts cutlass or cuda first
+    # where it wins
+    priority=(("cuda", ("triton", "cutlass", fused_experts_cuda.BACKEND, "torch")),),
     # vLLM's tolerance for its fused MoE tests (atol 2e-2); fp8: one e4m3 step of an activation
     # group moves a product by up to 1/16 of a term (vLLM's block-fp8 MoE test: 0.035 relative)
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-2, 2e-2)), ("bfloat16", (2e-2, 2e-2))),

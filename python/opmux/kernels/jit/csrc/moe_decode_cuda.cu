@@ -1,0 +1,730 @@
+// moe.fused_experts' decode-regime CUDA backend `cuda` (ops/moe/fused_experts_cuda.py drives it;
+// the op's rules: ops/moe/op.py and its definition ops/moe/_experts.py's reference). Its own JIT
+// module (moe_decode_cuda), like moe_grouped_cuda; the AOT library includes it like every unit.
+//
+// At decode sizes the op is a read of the touched experts' weights (DeepSeek-V3 fp8, one token:
+// 8 experts, 352 MB). These kernels are GEMVs on the CUDA cores that keep that read streaming:
+// every lane of a warp walks a weight row in 16-byte chunks (ld.global.nc, several rows and
+// chunks in flight), multiplies them against the token's activation staged once per block in
+// shared memory (float32; fp8 e4m3 weights converted exactly, two per instruction), and the
+// warp's row sums are reduced by shuffles. No tensor-core tile is padded around a single column.
+//
+//   up    grid (M * topk slots, N / (8 * RW)): warp w of a block takes RW output columns n of its
+//         slot (token t = s / topk, local expert e); each is the dot of w1[e]'s gate row and up
+//         row with x[t] (fp8: per 128-wide group, the group's product times w1_scale[e, row / 128,
+//         g] * xs[t, g]), each sum rounded to the output dtype (the router weight first when it
+//         applies on the input), the gated activation in fp32, one rounding into act [S, N].
+//         A slot whose expert is outside [0, E) or mapped to -1 writes zeros and reads no weight.
+//   down  grid (M, K / (8 * CW)): warp w takes CW output columns c of token t; for each of the
+//         token's slots j with an expert, the dot of w2[e_j, c] with the slot's act row (fp8: the
+//         row quantized per 1x128 group by the op's per_token_group_quant_fp8, scales as above),
+//         times the routed weight, rounded to the output dtype; the topk terms summed in fp32 in
+//         slot order and rounded once into out [M, K] (0 where no slot has an expert).
+//
+// The arithmetic is the definition's, as the Triton decode path computes it: fp32 sums, the same
+// rounding points; only the order inside each fp32 sum differs. RW / CW are chosen on the host
+// (pick: the grid that fills its waves of resident blocks best).
+//
+// Memory safety whatever the ids hold (no host check: it would synchronise): an id outside [0,
+// num_ids), or mapped outside [0, E), makes its slot absent; nothing is loaded through it.
+// Offsets are int64. The host checks (ValueError naming the argument) guard direct callers:
+// ndim, dtypes, shapes, devices, unit last strides, 16-byte aligned weight rows and activation
+// rows, the shared-memory size.
+//
+// Exports (tvm-ffi; each takes a trailing enable_pdl):
+//   moe_decode_up_cuda(act, x, xs, w1, w1_scale, topk_weights, topk_ids, expert_map, activation,
+//                      mul_weight, vllm_rounding, alpha, limit, rows_per_warp, enable_pdl)
+//   moe_decode_down_cuda(out, a, as, w2, w2_scale, topk_weights, topk_ids, expert_map, mul_weight,
+//                        rows_per_warp, enable_pdl)
+// rows_per_warp: the output columns a warp takes (up: 1, 2, 4; down: 1, 2, 4, 8), 0 to let the
+// unit choose (the grid that fills its waves of resident blocks best: tests and tuning force it).
+// fp8 is the weights' dtype (float8_e4m3fn): x / a are then the quantized rows (e4m3 bytes, whole
+// 128-groups) and xs / as their float32 scales; else x / a have the weights' dtype and xs / as
+// are unused (empty). expert_map: int32 [num_ids] or empty.
+#include <cuda_fp8.h>
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "opmux/cuda_utils.cuh"
+#include "opmux/dtype_checks.h"
+
+namespace opmux {
+namespace moe_decode_cuda {
+
+using cuda::from_float;
+using cuda::to_float;
+
+constexpr const char* kOp = "moe.fused_experts";
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kGroup = 128;
+//: 16-byte loads in flight per lane per step (rows x chunks)
+constexpr int kInFlight = 8;
+//: the activation codes (ops/moe/fused_experts_decode.py's ACT_CODES, the Triton kernels')
+constexpr int kSilu = 0, kGelu = 1, kSwigluOai = 5;
+//: the down kernel's shared memory starts with the slots' experts (int64, up to kThreads)
+constexpr int kExpertBytes = kThreads * 8;
+
+// How a slot finds its local expert.
+struct Slots {
+  const void* ids;
+  int64_t ids_stride;
+  const int32_t* map;  // nullptr: no expert map
+  int64_t num_ids;     // the map's length, else E
+  int64_t experts;     // E (local)
+  int topk;
+  bool ids64;
+};
+
+// The local expert of token t's slot j, or -1 when no expert of this rank computes it.
+__device__ __forceinline__ int64_t local_expert(const Slots& s, int64_t t, int j) {
+  const int64_t i = t * s.ids_stride + j;
+  int64_t e = s.ids64 ? static_cast<const int64_t*>(s.ids)[i] : static_cast<const int32_t*>(s.ids)[i];
+  if (e < 0 || e >= s.num_ids) return -1;
+  if (s.map != nullptr) {
+    e = s.map[e];
+    if (e < 0 || e >= s.experts) return -1;
+  }
+  return e;
+}
+
+__device__ __forceinline__ uint4 load_stream(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+
+// Sum of 16 e4m3 weights (one 16-byte chunk) times 16 float32 activations (shared memory).
+__device__ __forceinline__ float dot_fp8(const uint4& w, const float* x) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 xv = *reinterpret_cast<const float4*>(x + 4 * i);
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] >> 16), __NV_E4M3);
+    const float2 l = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+    const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    a0 = fmaf(l.x, xv.x, a0);
+    a1 = fmaf(l.y, xv.y, a1);
+    a0 = fmaf(h.x, xv.z, a0);
+    a1 = fmaf(h.y, xv.w, a1);
+  }
+  return a0 + a1;
+}
+
+// Sum of one 16-byte chunk of T weights times the same elements of T activations (shared memory).
+template <typename T>
+__device__ __forceinline__ float dot_t(const uint4& w, const T* x) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  const cuda::Vec<T, V> wv = *reinterpret_cast<const cuda::Vec<T, V>*>(&w);
+  const cuda::Vec<T, V> xv = *reinterpret_cast<const cuda::Vec<T, V>*>(x);
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; i += 2) {
+    a0 = fmaf(to_float(wv.v[i]), to_float(xv.v[i]), a0);
+    if (i + 1 < V) a1 = fmaf(to_float(wv.v[i + 1]), to_float(xv.v[i + 1]), a1);
+  }
+  return a0 + a1;
+}
+
+// A row's weights and, for fp8, its block scales along the reduction (one per 128-group).
+struct Row {
+  const uint8_t* w;   // the row's first byte
+  const float* s;     // fp8: &scale[e, row / 128, 0]
+};
+
+// acc[r] += rows[r] . x over C 16-byte chunks: the warp's lanes stride the chunks, kInFlight
+// loads per lane in flight per step. FP8: x is float32 [C * 16] and xs its per-group scales
+// (shared memory); each chunk's sum times row scale[g] * xs[g] (g = chunk / 8). Else x is T.
+template <typename T, bool FP8, int R>
+__device__ __forceinline__ void rows_dot(const Row (&rows)[R], int64_t s_step, const void* x, const float* xs,
+                                         int64_t C, int lane, float (&acc)[R]) {
+  constexpr int U = R >= kInFlight ? 1 : kInFlight / R;
+  constexpr int E = FP8 ? 16 : 16 / static_cast<int>(sizeof(T));  // elements per chunk
+  for (int64_t c0 = lane; c0 < C; c0 += 32 * U) {
+    uint4 b[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (c < C) b[r][u] = load_stream(rows[r].w + c * 16);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= C) break;
+      if constexpr (FP8) {
+        const float* xc = static_cast<const float*>(x) + c * E;
+        const int64_t g = c >> 3;  // 8 chunks of 16 per 128-group
+        const float sx = xs[g];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(dot_fp8(b[r][u], xc), __ldg(rows[r].s + g * s_step) * sx, acc[r]);
+      } else {
+        const T* xc = static_cast<const T*>(x) + c * E;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += dot_t<T>(b[r][u], xc);
+      }
+    }
+  }
+}
+
+// Stages row `src` (n elements) into shared memory: fp8 bytes as float32 values, else as T.
+// n % 16 == 0 (fp8) or n * sizeof(T) % 16 == 0, src 16-byte aligned (checked on the host).
+template <typename T, bool FP8>
+__device__ __forceinline__ void stage_row(void* dst, const void* src, int64_t n) {
+  const int64_t chunks = FP8 ? n / 16 : n * static_cast<int64_t>(sizeof(T)) / 16;
+  for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+    const uint4 v = __ldg(static_cast<const uint4*>(src) + c);
+    if constexpr (FP8) {
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+      float4* d = static_cast<float4*>(dst) + 4 * c;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] & 0xffffu), __NV_E4M3);
+        const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] >> 16), __NV_E4M3);
+        const float2 l = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+        const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+        d[i] = make_float4(l.x, l.y, h.x, h.y);
+      }
+    } else {
+      static_cast<uint4*>(dst)[c] = v;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+
+// The gated activation of (gate a, up b), both already rounded to T, in fp32 (the Triton decode
+// path's: ops/moe/fused_experts_decode.py _up_kernel).
+template <typename T, int ACT, bool VLLM>
+__device__ __forceinline__ float gated(float a, float b, float alpha, float limit) {
+  if constexpr (ACT == kSwigluOai) {
+    const float g = a > limit ? limit : a;
+    const float u = b < -limit ? -limit : (b > limit ? limit : b);
+    return (u + 1.0f) * __fdividef(g, 1.0f + __expf(-alpha * g));
+  } else if constexpr (VLLM) {  // vLLM's rounding: the activation rounded to T before the product
+    const float act = ACT == kSilu ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+    return round_to<T>(act) * b;
+  } else {
+    const float act = ACT == kSilu ? __fdividef(a, 1.0f + __expf(-a))
+                                   : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+    return act * b;
+  }
+}
+
+template <typename T>
+struct UpParams {
+  T* act;
+  int64_t act_stride;
+  const void* x;        // fp8: e4m3 bytes [M, >= K]; else T [M, K]
+  int64_t x_stride;     // elements (bytes for fp8)
+  const float* xs;      // fp8: [M, ceil(K / 128)]
+  int64_t xs_stride;
+  const uint8_t* w1;    // [E, 2N, K] as bytes
+  int64_t w_e, w_n;     // bytes
+  const float* ws;      // fp8: [E, ceil(2N / 128), ceil(K / 128)]
+  int64_t ws_e, ws_n, ws_k;
+  const float* tw;
+  int64_t tw_stride;
+  Slots slots;
+  int64_t n, k;
+  float alpha, limit;
+  bool mul_weight;
+};
+
+template <typename T, bool FP8, int ACT, bool VLLM, int RW>
+__global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t s = blockIdx.x;
+  const int64_t t = s / p.slots.topk;
+  const int j = static_cast<int>(s - t * p.slots.topk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * RW;
+  cuda::pdl_enter();
+  const int64_t e = local_expert(p.slots, t, j);
+  T* act = p.act + s * p.act_stride;
+  if (e < 0) {  // no expert of this rank: a zero row (the down kernel never reads it)
+    if (lane < RW && n0 + lane < p.n) act[n0 + lane] = from_float<T>(0.f);
+    return;
+  }
+  const int64_t xbytes = FP8 ? p.k * 4 : p.k * static_cast<int64_t>(sizeof(T));
+  float* xs = reinterpret_cast<float*>(smem + xbytes);
+  stage_row<T, FP8>(smem, static_cast<const uint8_t*>(p.x) + t * p.x_stride * (FP8 ? 1 : sizeof(T)), p.k);
+  if constexpr (FP8) {
+    const int64_t groups = (p.k + kGroup - 1) / kGroup;
+    for (int64_t g = threadIdx.x; g < groups; g += kThreads) xs[g] = p.xs[t * p.xs_stride + g];
+  }
+  __syncthreads();
+  if (n0 >= p.n) return;
+  // rows 2i / 2i + 1 of the warp's i-th column: gate / up (clamped in bounds; the store drops them)
+  Row rows[2 * RW];
+  const uint8_t* base = p.w1 + e * p.w_e;
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int64_t col = min(n0 + i, p.n - 1);
+    const int64_t g_row = ACT == kSwigluOai ? 2 * col : col;
+    const int64_t u_row = ACT == kSwigluOai ? 2 * col + 1 : col + p.n;
+    rows[2 * i] = {base + g_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (g_row / kGroup) * p.ws_n : nullptr};
+    rows[2 * i + 1] = {base + u_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (u_row / kGroup) * p.ws_n : nullptr};
+  }
+  float acc[2 * RW];
+#pragma unroll
+  for (int r = 0; r < 2 * RW; ++r) acc[r] = 0.f;
+  const int64_t chunks = FP8 ? p.k / 16 : p.k * static_cast<int64_t>(sizeof(T)) / 16;
+  rows_dot<T, FP8, 2 * RW>(rows, p.ws_k, smem, xs, chunks, lane, acc);
+#pragma unroll
+  for (int r = 0; r < 2 * RW; ++r) acc[r] = cuda::warp_sum(acc[r]);
+  const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    if (lane == i && n0 + i < p.n) {
+      // the first product rounded to T (the router weight first when it applies on the input)
+      const float a = round_to<T>(p.mul_weight ? acc[2 * i] * w : acc[2 * i]);
+      const float b = round_to<T>(p.mul_weight ? acc[2 * i + 1] * w : acc[2 * i + 1]);
+      act[n0 + i] = from_float<T>(gated<T, ACT, VLLM>(a, b, p.alpha, p.limit));
+    }
+  }
+}
+
+template <typename T>
+struct DownParams {
+  T* out;
+  int64_t out_stride;
+  const void* a;       // fp8: e4m3 bytes [S, >= N]; else T [S, N]
+  int64_t a_stride;    // elements (bytes for fp8)
+  const float* as;     // fp8: [S, ceil(N / 128)]
+  int64_t as_stride;
+  const uint8_t* w2;   // [E, K, N] as bytes
+  int64_t w_e, w_k;    // bytes
+  const float* ws;     // fp8: [E, ceil(K / 128), ceil(N / 128)]
+  int64_t ws_e, ws_k, ws_n;
+  const float* tw;
+  int64_t tw_stride;
+  Slots slots;
+  int64_t n, k;
+  bool mul_weight;
+};
+
+template <typename T, bool FP8, int CW>
+__global__ void __launch_bounds__(kThreads, 2) down_kernel(const DownParams<T> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int64_t t = blockIdx.x;
+  const int topk = p.slots.topk;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * CW;
+  const int64_t groups = (p.n + kGroup - 1) / kGroup;
+  const int64_t row_bytes = FP8 ? p.n * 4 : p.n * static_cast<int64_t>(sizeof(T));
+  // shared memory: the slots' experts, the token's topk act rows, then (fp8) their group scales
+  int64_t* ex = reinterpret_cast<int64_t*>(smem);
+  unsigned char* rows_s = smem + kExpertBytes;
+  float* as = reinterpret_cast<float*>(rows_s + topk * row_bytes);
+  cuda::pdl_enter();
+  if (threadIdx.x < topk) ex[threadIdx.x] = local_expert(p.slots, t, threadIdx.x);
+  for (int j = 0; j < topk; ++j) {
+    const int64_t s = t * topk + j;
+    stage_row<T, FP8>(rows_s + j * row_bytes,
+                      static_cast<const uint8_t*>(p.a) + s * p.a_stride * (FP8 ? 1 : sizeof(T)), p.n);
+    if constexpr (FP8)
+      for (int64_t g = threadIdx.x; g < groups; g += kThreads) as[j * groups + g] = p.as[s * p.as_stride + g];
+  }
+  __syncthreads();
+  if (c0 >= p.k) return;
+  const int64_t chunks = FP8 ? p.n / 16 : row_bytes / 16;
+  float total[CW];
+#pragma unroll
+  for (int i = 0; i < CW; ++i) total[i] = 0.f;
+  for (int j = 0; j < topk; ++j) {
+    const int64_t e = ex[j];
+    if (e < 0) continue;  // the same for the whole block
+    Row rows[CW];
+    const uint8_t* base = p.w2 + e * p.w_e;
+#pragma unroll
+    for (int i = 0; i < CW; ++i) {
+      const int64_t c = min(c0 + i, p.k - 1);
+      rows[i] = {base + c * p.w_k, FP8 ? p.ws + e * p.ws_e + (c / kGroup) * p.ws_k : nullptr};
+    }
+    float acc[CW];
+#pragma unroll
+    for (int i = 0; i < CW; ++i) acc[i] = 0.f;
+    rows_dot<T, FP8, CW>(rows, p.ws_n, rows_s + j * row_bytes, as + j * groups, chunks, lane, acc);
+    const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
+#pragma unroll
+    for (int i = 0; i < CW; ++i) {
+      const float v = cuda::warp_sum(acc[i]);
+      total[i] += round_to<T>(p.mul_weight ? v * w : v);  // each expert's term rounded to T
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < CW; ++i)
+    if (lane == i && c0 + i < p.k) p.out[t * p.out_stride + c0 + i] = from_float<T>(total[i]);
+}
+
+// ---- host -------------------------------------------------------------------------------------
+
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The widest 16-byte multiple the rows must hold: fp8 rows of 16 elements, else 16 bytes.
+inline void check_rows(const TensorView& t, const char* name, bool fp8, int64_t elem) {
+  check_last_dim_contiguous(kOp, name, t);
+  const int64_t len = t.size(t.ndim() - 1);
+  const bool ok_len = fp8 ? len % 16 == 0 : (len * elem) % 16 == 0;
+  bool ok_stride = cuda::aligned(data_ptr<const void>(t), 16);
+  for (int d = 0; d + 1 < t.ndim(); ++d)
+    if (t.size(d) > 1 && (t.stride(d) * elem) % 16 != 0) ok_stride = false;
+  if (!ok_len || !ok_stride) {
+    TVM_FFI_THROW(ValueError) << kOp << ": the decode kernels read " << name
+                              << " 16 bytes at a time: its rows need a 16-byte aligned start, strides of whole 16-byte "
+                                 "units and a last dimension of whole 16-byte chunks"
+                              << (fp8 ? " (a multiple of 16 fp8 elements)" : "") << "; got shape[-1] " << len;
+  }
+}
+
+inline Slots slots_of(const TensorView& ids, const TensorView& map, int64_t experts) {
+  check_ndim(kOp, "topk_ids", ids, 2);
+  check_last_dim_contiguous(kOp, "topk_ids", ids);
+  const bool ids64 = is_dtype(ids, kDLInt, 64);
+  if (!ids64 && !is_dtype(ids, kDLInt, 32)) {
+    TVM_FFI_THROW(ValueError) << kOp << ": topk_ids has dtype " << dtype_name(ids.dtype()) << ", expected int32 or int64";
+  }
+  const bool has_map = map.numel() > 0;
+  if (has_map) {
+    check_ndim(kOp, "expert_map", map, 1);
+    check_int32(kOp, "expert_map", map);
+    check_last_dim_contiguous(kOp, "expert_map", map);
+  }
+  Slots s;
+  s.ids = data_ptr<const void>(ids);
+  s.ids_stride = row_stride(kOp, "topk_ids", ids);
+  s.map = has_map ? data_ptr<const int32_t>(map) : nullptr;
+  s.num_ids = has_map ? map.size(0) : experts;
+  s.experts = experts;
+  s.topk = static_cast<int>(ids.size(1));
+  s.ids64 = ids64;
+  return s;
+}
+
+// Resident blocks of `fn` per SM with `smem` bytes of dynamic shared memory (cached: the
+// occupancy query is host arithmetic, but a call should not repeat it).
+template <typename Kernel>
+inline int resident_blocks(Kernel* fn, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> cache;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), smem);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  cuda::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kThreads, smem), kOp,
+                   "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return cache[key] = std::max(n, 1);
+}
+
+// Of the candidates (rows or columns per warp, its kernel), the one whose grid fills its waves of
+// resident blocks best (a partial last wave leaves SMs idle at the end of a call that is one
+// read); ties to more work per warp (fewer blocks staging the same activations). `forced`
+// (1, 2, 4, 8; 0: choose) is the tuner's and the tests' override.
+template <typename Kernel, size_t N>
+inline std::pair<Kernel*, int> pick(const std::pair<Kernel*, int> (&cands)[N], int64_t items, int64_t outer,
+                                    size_t smem, const cuda::DeviceProps& props, int64_t forced) {
+  if (forced != 0) {
+    for (const auto& c : cands)
+      if (c.second == forced) return c;
+    TVM_FFI_THROW(ValueError) << kOp << ": rows_per_warp " << forced << " is not one of this kernel's choices (0: auto, "
+                              << cands[0].second << " to " << cands[N - 1].second << ")";
+  }
+  std::pair<Kernel*, int> best = cands[0];
+  double best_eff = -1.0;
+  for (const auto& c : cands) {
+    const int64_t blocks = outer * cdiv(items, static_cast<int64_t>(kWarps) * c.second);
+    const int64_t wave = static_cast<int64_t>(props.sm_count) * resident_blocks(c.first, smem);
+    const double eff = static_cast<double>(blocks) / static_cast<double>(cdiv(blocks, wave) * wave);
+    if (eff >= best_eff - 1e-9) {
+      best = c;
+      best_eff = eff;
+    }
+  }
+  return best;
+}
+
+template <typename Kernel>
+inline void allow_smem(Kernel* fn, size_t smem, const cuda::DeviceProps& props) {
+  if (smem > static_cast<size_t>(props.smem_optin)) {
+    TVM_FFI_THROW(ValueError) << kOp << ": the decode kernels stage the activation rows in shared memory: " << smem
+                              << " bytes are needed, this GPU allows " << props.smem_optin;
+  }
+  if (smem > 48 * 1024) {
+    cuda::check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                     kOp, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  }
+}
+
+template <typename T, bool FP8, int ACT, bool VLLM>
+void launch_up(const UpParams<T>& p, int64_t slots, int64_t forced, int32_t device_id, const cuda::DeviceProps& props,
+               cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(FP8 ? p.k * 4 + cdiv(p.k, kGroup) * 4 : p.k * sizeof(T));
+  using K = void(const UpParams<T>);
+  // up to 4 columns a warp: 8 rows (gate and up), the most loads in flight per lane
+  const std::pair<K*, int> cands[] = {{up_kernel<T, FP8, ACT, VLLM, 1>, 1},
+                                      {up_kernel<T, FP8, ACT, VLLM, 2>, 2},
+                                      {up_kernel<T, FP8, ACT, VLLM, 4>, 4}};
+  for (const auto& c : cands) allow_smem(c.first, smem, props);
+  const auto [fn, w] = pick(cands, p.n, slots, smem, props, forced);
+  cuda::launch(kOp, device_id, props, fn, dim3(static_cast<unsigned>(slots), static_cast<unsigned>(cdiv(p.n, kWarps * w))),
+               dim3(kThreads), smem, stream, p);
+}
+
+template <typename T, bool FP8>
+void launch_down(const DownParams<T>& p, int64_t m, int64_t forced, int32_t device_id, const cuda::DeviceProps& props,
+                 cudaStream_t stream) {
+  const int topk = p.slots.topk;
+  const size_t smem =
+      static_cast<size_t>(kExpertBytes + topk * (FP8 ? p.n * 4 + cdiv(p.n, kGroup) * 4 : p.n * sizeof(T)));
+  using K = void(const DownParams<T>);
+  const std::pair<K*, int> cands[] = {{down_kernel<T, FP8, 1>, 1},
+                                      {down_kernel<T, FP8, 2>, 2},
+                                      {down_kernel<T, FP8, 4>, 4},
+                                      {down_kernel<T, FP8, 8>, 8}};
+  for (const auto& c : cands) allow_smem(c.first, smem, props);
+  const auto [fn, w] = pick(cands, p.k, m, smem, props, forced);
+  cuda::launch(kOp, device_id, props, fn, dim3(static_cast<unsigned>(m), static_cast<unsigned>(cdiv(p.k, kWarps * w))),
+               dim3(kThreads), smem, stream, p);
+}
+
+// The weights' form: fp8 (float8_e4m3fn bytes with block scales) or the activations' dtype.
+inline bool weight_form(const TensorView& w, const char* name, DType dt) {
+  if (is_dtype(w, kDLFloat8_e4m3fn, 8)) return true;
+  if (get_dtype(kOp, name, w) != dt) {
+    TVM_FFI_THROW(ValueError) << kOp << ": " << name << " has dtype " << dtype_name(w.dtype())
+                              << "; expected float8_e4m3fn or the activations' dtype";
+  }
+  return false;
+}
+
+inline void check_scales(const TensorView& s, const char* name, int64_t e, int64_t rows, int64_t cols) {
+  check_ndim(kOp, name, s, 3);
+  check_float32(kOp, name, s);
+  check_size(kOp, name, s, 0, e, "the experts");
+  check_size(kOp, name, s, 1, cdiv(rows, kGroup), "ceil(rows / 128)");
+  check_size(kOp, name, s, 2, cdiv(cols, kGroup), "ceil(columns / 128)");
+  if (s.stride(0) < 0 || s.stride(1) < 0 || s.stride(2) < 0) {
+    TVM_FFI_THROW(ValueError) << kOp << ": " << name << " has a negative stride";
+  }
+}
+
+inline int64_t elem_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
+}  // namespace moe_decode_cuda
+
+void moe_decode_up_cuda(TensorView act, TensorView x, TensorView xs, TensorView w1, TensorView w1_scale,
+                        TensorView topk_weights, TensorView topk_ids, TensorView expert_map, int64_t activation,
+                        bool mul_weight, bool vllm_rounding, double alpha, double limit, int64_t rows_per_warp,
+                        bool enable_pdl) {
+  namespace D = moe_decode_cuda;
+  const char* op = D::kOp;
+  check_ndim(op, "act", act, 2);
+  check_ndim(op, "x", x, 2);
+  check_ndim(op, "w1", w1, 3);
+  check_ndim(op, "topk_weights", topk_weights, 2);
+  const int32_t device_id = check_device(op, kDLCUDA, {{"act", &act}, {"x", &x}, {"w1", &w1},
+                                                       {"topk_weights", &topk_weights}, {"topk_ids", &topk_ids}});
+  const DType dt = get_dtype(op, "act", act);
+  const bool fp8 = D::weight_form(w1, "w1", dt);
+  const int64_t experts = w1.size(0), n2 = w1.size(1), k = w1.size(2), n = n2 / 2;
+  const int64_t m = topk_ids.size(0), topk = topk_ids.size(1), slots = m * topk;
+  if (n2 % 2 != 0 || n < 1 || k < 1 || experts < 1) {
+    TVM_FFI_THROW(ValueError) << op << ": w1 [E, 2N, K] has shape [" << experts << ", " << n2 << ", " << k
+                              << "]: E, N and K must be at least 1 and 2N even";
+  }
+  if (activation != D::kSilu && activation != D::kGelu && activation != D::kSwigluOai) {
+    TVM_FFI_THROW(ValueError) << op << ": activation code " << activation << " is not one of 0 (silu), 1 (gelu), 5 (swigluoai)";
+  }
+  if (topk < 1 || topk > D::kThreads) {
+    TVM_FFI_THROW(ValueError) << op << ": topk is " << topk << "; the decode kernels take 1 to " << D::kThreads;
+  }
+  check_size(op, "act", act, 0, slots, "M * topk");
+  check_size(op, "act", act, 1, n, "N");
+  check_last_dim_contiguous(op, "act", act);
+  check_size(op, "x", x, 0, m, "topk_ids' tokens");
+  check_size(op, "topk_weights", topk_weights, 0, m, "topk_ids' tokens");
+  check_size(op, "topk_weights", topk_weights, 1, topk, "topk_ids' topk");
+  check_float32(op, "topk_weights", topk_weights);
+  check_last_dim_contiguous(op, "topk_weights", topk_weights);
+  D::Slots sl = D::slots_of(topk_ids, expert_map, experts);
+  const int64_t welem = fp8 ? 1 : D::elem_size(dt);
+  D::check_rows(w1, "w1", fp8, welem);
+  if (fp8) {
+    check_fp8_bytes(op, "x", x);
+    if (x.size(1) < k) {
+      TVM_FFI_THROW(ValueError) << op << ": x (the quantized rows) has " << x.size(1) << " columns, fewer than K = " << k;
+    }
+    D::check_rows(x, "x", true, 1);
+    check_ndim(op, "xs", xs, 2);
+    check_float32(op, "xs", xs);
+    check_size(op, "xs", xs, 0, m, "topk_ids' tokens");
+    if (xs.size(1) < D::cdiv(k, D::kGroup)) {
+      TVM_FFI_THROW(ValueError) << op << ": xs has " << xs.size(1) << " group scales a row, fewer than ceil(K / 128)";
+    }
+    check_last_dim_contiguous(op, "xs", xs);
+    D::check_scales(w1_scale, "w1_scale", experts, n2, k);
+    check_device(op, kDLCUDA, {{"act", &act}, {"xs", &xs}, {"w1_scale", &w1_scale}});
+  } else {
+    if (get_dtype(op, "x", x) != dt) {
+      TVM_FFI_THROW(ValueError) << op << ": x has dtype " << dtype_name(x.dtype()) << ", expected act's " << dtype_name(act.dtype());
+    }
+    check_size(op, "x", x, 1, k, "K");
+    D::check_rows(x, "x", false, welem);
+  }
+  if (expert_map.numel() > 0) check_device(op, kDLCUDA, {{"act", &act}, {"expert_map", &expert_map}});
+  if (m == 0) return;
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  cudaStream_t stream = cuda::current_stream(device_id);
+  cuda::PdlScope pdl(enable_pdl);
+  OPMUX_DISPATCH_DTYPE(dt, float, __half, __nv_bfloat16, [&] {
+    using T = scalar_t;
+    D::UpParams<T> p{};
+    p.act = data_ptr<T>(act);
+    p.act_stride = row_stride(op, "act", act);
+    p.x = data_ptr<const void>(x);
+    p.x_stride = row_stride(op, "x", x);
+    p.xs = fp8 ? data_ptr<const float>(xs) : nullptr;
+    p.xs_stride = fp8 ? row_stride(op, "xs", xs) : 0;
+    p.w1 = data_ptr<const uint8_t>(w1);
+    p.w_e = w1.stride(0) * welem;
+    p.w_n = w1.stride(1) * welem;
+    p.ws = fp8 ? data_ptr<const float>(w1_scale) : nullptr;
+    p.ws_e = fp8 ? w1_scale.stride(0) : 0;
+    p.ws_n = fp8 ? w1_scale.stride(1) : 0;
+    p.ws_k = fp8 ? w1_scale.stride(2) : 0;
+    p.tw = data_ptr<const float>(topk_weights);
+    p.tw_stride = row_stride(op, "topk_weights", topk_weights);
+    p.slots = sl;
+    p.n = n;
+    p.k = k;
+    p.alpha = static_cast<float>(alpha);
+    p.limit = static_cast<float>(limit);
+    p.mul_weight = mul_weight;
+    auto run = [&](auto fp8_tag, auto act_tag, auto vllm_tag) {
+      D::launch_up<T, decltype(fp8_tag)::value, decltype(act_tag)::value, decltype(vllm_tag)::value>(p, slots, rows_per_warp,
+                                                                                                      device_id, props, stream);
+    };
+    using F = std::false_type;
+    using Tr = std::true_type;
+    using Silu = std::integral_constant<int, D::kSilu>;
+    using Gelu = std::integral_constant<int, D::kGelu>;
+    using Oai = std::integral_constant<int, D::kSwigluOai>;
+    const bool vllm = vllm_rounding && activation != D::kSwigluOai;
+    if (activation == D::kSwigluOai) {
+      fp8 ? run(Tr{}, Oai{}, F{}) : run(F{}, Oai{}, F{});
+    } else if (activation == D::kSilu) {
+      if (fp8) vllm ? run(Tr{}, Silu{}, Tr{}) : run(Tr{}, Silu{}, F{});
+      else vllm ? run(F{}, Silu{}, Tr{}) : run(F{}, Silu{}, F{});
+    } else {
+      if (fp8) vllm ? run(Tr{}, Gelu{}, Tr{}) : run(Tr{}, Gelu{}, F{});
+      else vllm ? run(F{}, Gelu{}, Tr{}) : run(F{}, Gelu{}, F{});
+    }
+  });
+}
+
+void moe_decode_down_cuda(TensorView out, TensorView a, TensorView as, TensorView w2, TensorView w2_scale,
+                          TensorView topk_weights, TensorView topk_ids, TensorView expert_map, bool mul_weight,
+                          int64_t rows_per_warp, bool enable_pdl) {
+  namespace D = moe_decode_cuda;
+  const char* op = D::kOp;
+  check_ndim(op, "out", out, 2);
+  check_ndim(op, "a", a, 2);
+  check_ndim(op, "w2", w2, 3);
+  check_ndim(op, "topk_weights", topk_weights, 2);
+  const int32_t device_id = check_device(op, kDLCUDA, {{"out", &out}, {"a", &a}, {"w2", &w2},
+                                                       {"topk_weights", &topk_weights}, {"topk_ids", &topk_ids}});
+  const DType dt = get_dtype(op, "out", out);
+  const bool fp8 = D::weight_form(w2, "w2", dt);
+  const int64_t experts = w2.size(0), k = w2.size(1), n = w2.size(2);
+  const int64_t m = topk_ids.size(0), topk = topk_ids.size(1), slots = m * topk;
+  if (n < 1 || k < 1 || experts < 1) {
+    TVM_FFI_THROW(ValueError) << op << ": w2 [E, K, N] has shape [" << experts << ", " << k << ", " << n
+                              << "]: each must be at least 1";
+  }
+  if (topk < 1 || topk > D::kThreads) {
+    TVM_FFI_THROW(ValueError) << op << ": topk is " << topk << "; the decode kernels take 1 to " << D::kThreads;
+  }
+  check_size(op, "out", out, 0, m, "topk_ids' tokens");
+  check_size(op, "out", out, 1, k, "K");
+  check_last_dim_contiguous(op, "out", out);
+  check_size(op, "a", a, 0, slots, "M * topk");
+  check_size(op, "topk_weights", topk_weights, 0, m, "topk_ids' tokens");
+  check_size(op, "topk_weights", topk_weights, 1, topk, "topk_ids' topk");
+  check_float32(op, "topk_weights", topk_weights);
+  check_last_dim_contiguous(op, "topk_weights", topk_weights);
+  D::Slots sl = D::slots_of(topk_ids, expert_map, experts);
+  const int64_t welem = fp8 ? 1 : D::elem_size(dt);
+  D::check_rows(w2, "w2", fp8, welem);
+  if (fp8) {
+    check_fp8_bytes(op, "a", a);
+    if (a.size(1) < n) {
+      TVM_FFI_THROW(ValueError) << op << ": a (the quantized rows) has " << a.size(1) << " columns, fewer than N = " << n;
+    }
+    D::check_rows(a, "a", true, 1);
+    check_ndim(op, "as", as, 2);
+    check_float32(op, "as", as);
+    check_size(op, "as", as, 0, slots, "M * topk");
+    if (as.size(1) < D::cdiv(n, D::kGroup)) {
+      TVM_FFI_THROW(ValueError) << op << ": as has " << as.size(1) << " group scales a row, fewer than ceil(N / 128)";
+    }
+    check_last_dim_contiguous(op, "as", as);
+    D::check_scales(w2_scale, "w2_scale", experts, k, n);
+    check_device(op, kDLCUDA, {{"out", &out}, {"as", &as}, {"w2_scale", &w2_scale}});
+  } else {
+    if (get_dtype(op, "a", a) != dt) {
+      TVM_FFI_THROW(ValueError) << op << ": a has dtype " << dtype_name(a.dtype()) << ", expected out's " << dtype_name(out.dtype());
+    }
+    check_size(op, "a", a, 1, n, "N");
+    D::check_rows(a, "a", false, welem);
+  }
+  if (expert_map.numel() > 0) check_device(op, kDLCUDA, {{"out", &out}, {"expert_map", &expert_map}});
+  if (m == 0) return;
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  cudaStream_t stream = cuda::current_stream(device_id);
+  cuda::PdlScope pdl(enable_pdl);
+  OPMUX_DISPATCH_DTYPE(dt, float, __half, __nv_bfloat16, [&] {
+    using T = scalar_t;
+    D::DownParams<T> p{};
+    p.out = data_ptr<T>(out);
+    p.out_stride = row_stride(op, "out", out);
+    p.a = data_ptr<const void>(a);
+    p.a_stride = row_stride(op, "a", a);
+    p.as = fp8 ? data_ptr<const float>(as) : nullptr;
+    p.as_stride = fp8 ? row_stride(op, "as", as) : 0;
+    p.w2 = data_ptr<const uint8_t>(w2);
+    p.w_e = w2.stride(0) * welem;
+    p.w_k = w2.stride(1) * welem;
+    p.ws = fp8 ? data_ptr<const float>(w2_scale) : nullptr;
+    p.ws_e = fp8 ? w2_scale.stride(0) : 0;
+    p.ws_k = fp8 ? w2_scale.stride(1) : 0;
+    p.ws_n = fp8 ? w2_scale.stride(2) : 0;
+    p.tw = data_ptr<const float>(topk_weights);
+    p.tw_stride = row_stride(op, "topk_weights", topk_weights);
+    p.slots = sl;
+    p.n = n;
+    p.k = k;
+    p.mul_weight = mul_weight;
+    if (fp8) {
+      D::launch_down<T, true>(p, m, rows_per_warp, device_id, props, stream);
+    } else {
+      D::launch_down<T, false>(p, m, rows_per_warp, device_id, props, stream);
+    }
+  });
+}
+
+}  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_decode_up_cuda, opmux::moe_decode_up_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(moe_decode_down_cuda, opmux::moe_decode_down_cuda);
