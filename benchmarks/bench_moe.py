@@ -2,6 +2,7 @@
 
     python benchmarks/bench_moe.py --out DIR [--models Mixtral-8x7B,DeepSeek-V3] [--m 1,8,64]
         [--peer-configs DIR] [--budget-s 400] [--forced cuda,triton] [--cuda-splits 1x1,2x4,4x8]
+        [--select-out DIR]
 
 For each model's experts (``opmux.kernels.tune.MOE_MODELS``: E, N, K, topk and the weight form)
 and every M (tokens): opmux's default call, and the peers a user would pick:
@@ -24,7 +25,8 @@ over the bf16 one is ``fp8/bf16``. ``--layer``: a whole Qwen3-30B-A3B MoE layer 
 ``topk_softmax``, ``fused_experts``) in one graph beside the sum of its parts. ``--forced``: opmux's
 call forced onto each named backend too (``opmux <backend>``; not peers); ``--cuda-splits``: at
 M <= 64 the native decode kernels with their columns per warp forced (up x down: tuning data for
-the unit's own choice).
+the unit's own choice); ``--select-out``: the fastest forced backend per shape and M as opmux
+select tables (merged into the shipped table of the device).
 
 Writes DIR/moe.json (rewritten after every case) and DIR/moe.md.
 """
@@ -329,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="at M <= 64 also the cuda backend with these columns per warp: UPxDOWN,...",
     )
+    ap.add_argument(
+        "--select-out",
+        type=Path,
+        default=None,
+        help="write the fastest --forced backend per shape and M as opmux select tables here",
+    )
     args = ap.parse_args(argv)
     args.forced = [b for b in args.forced.split(",") if b]
     args.cuda_splits = [tuple(int(v) for v in sp.split("x")) for sp in args.cuda_splits.split(",") if sp]
@@ -363,8 +371,45 @@ def main(argv: list[str] | None = None) -> int:
         record["layer"] = layer_case(torch, bw, args)
     (args.out / "moe.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "moe.md").write_text(render(record))
+    if args.select_out is not None:
+        from opmux.kernels import tuned
+
+        for path in write_select(record, args.select_out, tuned.device_name(torch.device("cuda"))):
+            log(f"select table {path}")
     log(f"wrote {args.out / 'moe.json'} and moe.md")
     return 0
+
+
+def write_select(record: dict[str, Any], folder: Path, device_name: str) -> list[Path]:
+    """The measured-fastest of the forced backends (``--forced``) per (E, N, form) and M, merged
+    into the shipped select table of this device where one exists (its other M kept): opmux select
+    tables for ``python/opmux/kernels/configs/moe.fused_experts/``."""
+    from opmux.kernels import tuned
+    from opmux.kernels.tune.moe import form_tags
+
+    picks: dict[tuple[int, int, str], dict[int, str]] = {}
+    for c in record["cases"]:
+        times = {
+            nm.removeprefix("opmux "): r["us"]
+            for nm, r in c.get("impls", {}).items()
+            if nm.startswith("opmux ")
+            and nm != "opmux default"
+            and " " not in nm.removeprefix("opmux ")
+            and r.get("status") == "ok"
+        }
+        if len(times) >= 2:
+            picks.setdefault((c["E"], c["N"], c["form"]), {})[c["M"]] = min(times, key=times.__getitem__)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (e, n, form), entries in picks.items():
+        key = tuned.table_key(OP, "select", device_name, (e, n), form_tags(form))
+        shipped = tuned.shipped_dir(OP) / key.file_name()
+        table = json.loads(shipped.read_text()) if shipped.is_file() else {}
+        table.update({str(m): {"backend": b} for m, b in entries.items()})
+        path = folder / key.file_name()
+        path.write_text(json.dumps(dict(sorted(table.items(), key=lambda kv: int(kv[0]))), indent=1) + "\n")
+        written.append(path)
+    return written
 
 
 def render(record: dict[str, Any]) -> str:

@@ -428,7 +428,9 @@ def fused_experts_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     args, kw = _fp8_kw(_experts(4, 256, 128, 4, 2, device, dtype, 12, fp8=True))
     out.append(Sample("fp8-block", args, kw))
     args, kw = _fp8_kw(_experts(5, 200, 72, 3, 2, device, dtype, 13, fp8=True))
-    out.append(Sample("fp8-block-tails-k200-n72", args, {**kw, "activation": "gelu"}))
+    # the native CUDA decode kernels read whole 16-byte chunks of a row (K, N multiples of 16 here)
+    chunks = (("cuda", "K=200, N=72: not whole 16-byte fp8 chunks"),)
+    out.append(Sample("fp8-block-tails-k200-n72", args, {**kw, "activation": "gelu"}, skip=chunks))
     # vLLM's rounding points (its compat entry's): the activation rounded twice, fp8 scales divided
     out.append(Sample("vllm-rounding", _experts(5, 64, 48, 4, 2, device, dtype, 14), {"vllm_rounding": True}))
     args, kw = _fp8_kw(_experts(3, 256, 128, 4, 2, device, dtype, 15, fp8=True))

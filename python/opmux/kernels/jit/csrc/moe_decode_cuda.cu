@@ -15,8 +15,9 @@
 //         g] * xs[t, g]), each sum rounded to the output dtype (the router weight first when it
 //         applies on the input), the gated activation in fp32, one rounding into act [S, N].
 //         A slot whose expert is outside [0, E) or mapped to -1 writes zeros and reads no weight.
-//   down  grid (M, K / (8 * CW)): warp w takes CW output columns c of token t; for each of the
-//         token's slots j with an expert, the dot of w2[e_j, c] with the slot's act row (fp8: the
+//   down  grid (M, K / (8 * CW)): warp w takes CW output columns c of token t, JB of the token's
+//         slots at a time (their rows in flight together); for each slot j with an expert, the
+//         dot of w2[e_j, c] with the slot's act row (fp8: the
 //         row quantized per 1x128 group by the op's per_token_group_quant_fp8, scales as above),
 //         times the routed weight, rounded to the output dtype; the topk terms summed in fp32 in
 //         slot order and rounded once into out [M, K] (0 where no slot has an expert).
@@ -130,18 +131,21 @@ __device__ __forceinline__ float dot_t(const uint4& w, const T* x) {
   return a0 + a1;
 }
 
-// A row's weights and, for fp8, its block scales along the reduction (one per 128-group).
+// A row's weights, its activation row (shared memory) and, for fp8, its block scales along the
+// reduction and the activation's group scales; an absent row (no expert) loads nothing.
 struct Row {
   const uint8_t* w;   // the row's first byte
   const float* s;     // fp8: &scale[e, row / 128, 0]
+  const void* x;      // fp8: float32 [C * 16]; else T [C * 16 / sizeof(T)]
+  const float* xs;    // fp8: the activation's scale per 128-group
+  bool on;
 };
 
-// acc[r] += rows[r] . x over C 16-byte chunks: the warp's lanes stride the chunks, kInFlight
-// loads per lane in flight per step. FP8: x is float32 [C * 16] and xs its per-group scales
-// (shared memory); each chunk's sum times row scale[g] * xs[g] (g = chunk / 8). Else x is T.
+// acc[r] += rows[r] . rows[r].x over C 16-byte chunks: the warp's lanes stride the chunks, about
+// kInFlight loads per lane in flight per step (U chunks of each of the R rows). FP8: each chunk's
+// sum times the row's scale[g] * xs[g] (g = chunk / 8).
 template <typename T, bool FP8, int R>
-__device__ __forceinline__ void rows_dot(const Row (&rows)[R], int64_t s_step, const void* x, const float* xs,
-                                         int64_t C, int lane, float (&acc)[R]) {
+__device__ __forceinline__ void rows_dot(const Row (&rows)[R], int64_t s_step, int64_t C, int lane, float (&acc)[R]) {
   constexpr int U = R >= kInFlight ? 1 : kInFlight / R;
   constexpr int E = FP8 ? 16 : 16 / static_cast<int>(sizeof(T));  // elements per chunk
   for (int64_t c0 = lane; c0 < C; c0 += 32 * U) {
@@ -151,22 +155,22 @@ __device__ __forceinline__ void rows_dot(const Row (&rows)[R], int64_t s_step, c
       const int64_t c = c0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (c < C) b[r][u] = load_stream(rows[r].w + c * 16);
+        if (rows[r].on && c < C) b[r][u] = load_stream(rows[r].w + c * 16);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
       if (c >= C) break;
-      if constexpr (FP8) {
-        const float* xc = static_cast<const float*>(x) + c * E;
-        const int64_t g = c >> 3;  // 8 chunks of 16 per 128-group
-        const float sx = xs[g];
+      const int64_t g = c >> 3;  // fp8: 8 chunks of 16 per 128-group
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = fmaf(dot_fp8(b[r][u], xc), __ldg(rows[r].s + g * s_step) * sx, acc[r]);
-      } else {
-        const T* xc = static_cast<const T*>(x) + c * E;
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += dot_t<T>(b[r][u], xc);
+      for (int r = 0; r < R; ++r) {
+        if (!rows[r].on) continue;
+        if constexpr (FP8) {
+          const float* xc = static_cast<const float*>(rows[r].x) + c * E;
+          acc[r] = fmaf(dot_fp8(b[r][u], xc), __ldg(rows[r].s + g * s_step) * rows[r].xs[g], acc[r]);
+        } else {
+          acc[r] += dot_t<T>(b[r][u], static_cast<const T*>(rows[r].x) + c * E);
+        }
       }
     }
   }
@@ -271,14 +275,15 @@ __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
     const int64_t col = min(n0 + i, p.n - 1);
     const int64_t g_row = ACT == kSwigluOai ? 2 * col : col;
     const int64_t u_row = ACT == kSwigluOai ? 2 * col + 1 : col + p.n;
-    rows[2 * i] = {base + g_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (g_row / kGroup) * p.ws_n : nullptr};
-    rows[2 * i + 1] = {base + u_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (u_row / kGroup) * p.ws_n : nullptr};
+    rows[2 * i] = {base + g_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (g_row / kGroup) * p.ws_n : nullptr, smem, xs, true};
+    rows[2 * i + 1] = {base + u_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (u_row / kGroup) * p.ws_n : nullptr, smem, xs,
+                       true};
   }
   float acc[2 * RW];
 #pragma unroll
   for (int r = 0; r < 2 * RW; ++r) acc[r] = 0.f;
   const int64_t chunks = FP8 ? p.k / 16 : p.k * static_cast<int64_t>(sizeof(T)) / 16;
-  rows_dot<T, FP8, 2 * RW>(rows, p.ws_k, smem, xs, chunks, lane, acc);
+  rows_dot<T, FP8, 2 * RW>(rows, p.ws_k, chunks, lane, acc);
 #pragma unroll
   for (int r = 0; r < 2 * RW; ++r) acc[r] = cuda::warp_sum(acc[r]);
   const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
@@ -312,7 +317,7 @@ struct DownParams {
   bool mul_weight;
 };
 
-template <typename T, bool FP8, int CW>
+template <typename T, bool FP8, int CW, int JB>
 __global__ void __launch_bounds__(kThreads, 2) down_kernel(const DownParams<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t t = blockIdx.x;
@@ -340,25 +345,36 @@ __global__ void __launch_bounds__(kThreads, 2) down_kernel(const DownParams<T> p
   float total[CW];
 #pragma unroll
   for (int i = 0; i < CW; ++i) total[i] = 0.f;
-  for (int j = 0; j < topk; ++j) {
-    const int64_t e = ex[j];
-    if (e < 0) continue;  // the same for the whole block
-    Row rows[CW];
-    const uint8_t* base = p.w2 + e * p.w_e;
+  // JB slots at a time, their CW rows each in flight together (few columns, many slots: the loads
+  // of a token's experts overlap instead of following one another)
+  for (int j0 = 0; j0 < topk; j0 += JB) {
+    Row rows[JB * CW];
 #pragma unroll
-    for (int i = 0; i < CW; ++i) {
-      const int64_t c = min(c0 + i, p.k - 1);
-      rows[i] = {base + c * p.w_k, FP8 ? p.ws + e * p.ws_e + (c / kGroup) * p.ws_k : nullptr};
+    for (int jj = 0; jj < JB; ++jj) {
+      const int j = j0 + jj;
+      const int64_t e = j < topk ? ex[j] : -1;  // the same for the whole block
+      const uint8_t* base = p.w2 + (e < 0 ? 0 : e) * p.w_e;
+#pragma unroll
+      for (int i = 0; i < CW; ++i) {
+        const int64_t c = min(c0 + i, p.k - 1);
+        rows[jj * CW + i] = {base + c * p.w_k, FP8 ? p.ws + (e < 0 ? 0 : e) * p.ws_e + (c / kGroup) * p.ws_k : nullptr,
+                             rows_s + (j < topk ? j : 0) * row_bytes, as + (j < topk ? j : 0) * groups, e >= 0};
+      }
     }
-    float acc[CW];
+    float acc[JB * CW];
 #pragma unroll
-    for (int i = 0; i < CW; ++i) acc[i] = 0.f;
-    rows_dot<T, FP8, CW>(rows, p.ws_n, rows_s + j * row_bytes, as + j * groups, chunks, lane, acc);
-    const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
+    for (int r = 0; r < JB * CW; ++r) acc[r] = 0.f;
+    rows_dot<T, FP8, JB * CW>(rows, p.ws_n, chunks, lane, acc);
 #pragma unroll
-    for (int i = 0; i < CW; ++i) {
-      const float v = cuda::warp_sum(acc[i]);
-      total[i] += round_to<T>(p.mul_weight ? v * w : v);  // each expert's term rounded to T
+    for (int jj = 0; jj < JB; ++jj) {
+      const int j = j0 + jj;
+      if (!rows[jj * CW].on) continue;
+      const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
+#pragma unroll
+      for (int i = 0; i < CW; ++i) {
+        const float v = cuda::warp_sum(acc[jj * CW + i]);
+        total[i] += round_to<T>(p.mul_weight ? v * w : v);  // each expert's term rounded to T, in slot order
+      }
     }
   }
 #pragma unroll
@@ -480,17 +496,36 @@ void launch_up(const UpParams<T>& p, int64_t slots, int64_t forced, int32_t devi
                dim3(kThreads), smem, stream, p);
 }
 
+// The down kernel with CW columns a warp and JB slots in flight together (CW * JB <= 8).
+template <typename T, bool FP8, int CW>
+inline auto down_for(int jb) -> void (*)(const DownParams<T>) {
+  if constexpr (CW == 1) {
+    return jb >= 8 ? down_kernel<T, FP8, 1, 8> : jb >= 4 ? down_kernel<T, FP8, 1, 4> : jb >= 2 ? down_kernel<T, FP8, 1, 2>
+                                                                                          : down_kernel<T, FP8, 1, 1>;
+  } else if constexpr (CW == 2) {
+    return jb >= 4 ? down_kernel<T, FP8, 2, 4> : jb >= 2 ? down_kernel<T, FP8, 2, 2> : down_kernel<T, FP8, 2, 1>;
+  } else if constexpr (CW == 4) {
+    return jb >= 2 ? down_kernel<T, FP8, 4, 2> : down_kernel<T, FP8, 4, 1>;
+  } else {
+    return down_kernel<T, FP8, 8, 1>;
+  }
+}
+
 template <typename T, bool FP8>
 void launch_down(const DownParams<T>& p, int64_t m, int64_t forced, int32_t device_id, const cuda::DeviceProps& props,
                  cudaStream_t stream) {
   const int topk = p.slots.topk;
   const size_t smem =
       static_cast<size_t>(kExpertBytes + topk * (FP8 ? p.n * 4 + cdiv(p.n, kGroup) * 4 : p.n * sizeof(T)));
+  int slots_pow2 = 1;
+  while (slots_pow2 < topk && slots_pow2 < 8) slots_pow2 *= 2;
+  // slots in flight: as many as the token has, up to 8 rows a warp
+  auto jb = [&](int cw) { return std::min(slots_pow2, 8 / cw); };
   using K = void(const DownParams<T>);
-  const std::pair<K*, int> cands[] = {{down_kernel<T, FP8, 1>, 1},
-                                      {down_kernel<T, FP8, 2>, 2},
-                                      {down_kernel<T, FP8, 4>, 4},
-                                      {down_kernel<T, FP8, 8>, 8}};
+  const std::pair<K*, int> cands[] = {{down_for<T, FP8, 1>(jb(1)), 1},
+                                      {down_for<T, FP8, 2>(jb(2)), 2},
+                                      {down_for<T, FP8, 4>(jb(4)), 4},
+                                      {down_for<T, FP8, 8>(jb(8)), 8}};
   for (const auto& c : cands) allow_smem(c.first, smem, props);
   const auto [fn, w] = pick(cands, p.k, m, smem, props, forced);
   cuda::launch(kOp, device_id, props, fn, dim3(static_cast<unsigned>(m), static_cast<unsigned>(cdiv(p.k, kWarps * w))),
