@@ -97,57 +97,78 @@ __device__ __forceinline__ int64_t local_expert(const Slots& s, int64_t t, int j
 
 __device__ __forceinline__ uint4 load_stream(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
-// Sum of 16 e4m3 weights (one 16-byte chunk) times 16 float32 activations (shared memory).
-__device__ __forceinline__ float dot_fp8(const uint4& w, const float* x) {
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-  float a0 = 0.f, a1 = 0.f;
+// 16 e4m3 values (one 16-byte chunk) as float32, exactly (two per conversion instruction).
+__device__ __forceinline__ void fp8x16_to_float(const uint4& v, float (&f)[16]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float4 xv = *reinterpret_cast<const float4*>(x + 4 * i);
     const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] & 0xffffu), __NV_E4M3);
     const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] >> 16), __NV_E4M3);
     const float2 l = __half22float2(*reinterpret_cast<const __half2*>(&lo));
     const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&hi));
-    a0 = fmaf(l.x, xv.x, a0);
-    a1 = fmaf(l.y, xv.y, a1);
-    a0 = fmaf(h.x, xv.z, a0);
-    a1 = fmaf(h.y, xv.w, a1);
+    f[4 * i] = l.x;
+    f[4 * i + 1] = l.y;
+    f[4 * i + 2] = h.x;
+    f[4 * i + 3] = h.y;
   }
-  return a0 + a1;
 }
 
-// Sum of one 16-byte chunk of T weights times the same elements of T activations (shared memory).
-template <typename T>
-__device__ __forceinline__ float dot_t(const uint4& w, const T* x) {
-  constexpr int V = 16 / static_cast<int>(sizeof(T));
-  const cuda::Vec<T, V> wv = *reinterpret_cast<const cuda::Vec<T, V>*>(&w);
-  const cuda::Vec<T, V> xv = *reinterpret_cast<const cuda::Vec<T, V>*>(x);
+// The activation elements of one 16-byte weight chunk, in registers: 16 float32 (fp8 weights)
+// or 16 / sizeof(T) values of T.
+template <typename T, bool FP8>
+struct XChunk {
+  static constexpr int kElems = FP8 ? 16 : 16 / static_cast<int>(sizeof(T));
+  using Vals = typename std::conditional<FP8, float[16], cuda::Vec<T, kElems>>::type;
+};
+
+// Sum of one 16-byte chunk of weights times the chunk's activations (registers).
+template <typename T, bool FP8>
+__device__ __forceinline__ float dot_chunk(const uint4& w, const typename XChunk<T, FP8>::Vals& x) {
   float a0 = 0.f, a1 = 0.f;
+  if constexpr (FP8) {
+    float f[16];
+    fp8x16_to_float(w, f);
 #pragma unroll
-  for (int i = 0; i < V; i += 2) {
-    a0 = fmaf(to_float(wv.v[i]), to_float(xv.v[i]), a0);
-    if (i + 1 < V) a1 = fmaf(to_float(wv.v[i + 1]), to_float(xv.v[i + 1]), a1);
+    for (int i = 0; i < 16; i += 2) {
+      a0 = fmaf(f[i], x[i], a0);
+      a1 = fmaf(f[i + 1], x[i + 1], a1);
+    }
+  } else {
+    constexpr int V = XChunk<T, FP8>::kElems;
+    const cuda::Vec<T, V> wv = *reinterpret_cast<const cuda::Vec<T, V>*>(&w);
+#pragma unroll
+    for (int i = 0; i < V; i += 2) {
+      a0 = fmaf(to_float(wv.v[i]), to_float(x.v[i]), a0);
+      if (i + 1 < V) a1 = fmaf(to_float(wv.v[i + 1]), to_float(x.v[i + 1]), a1);
+    }
   }
   return a0 + a1;
 }
 
-// A row's weights, its activation row (shared memory) and, for fp8, its block scales along the
-// reduction and the activation's group scales; an absent row (no expert) loads nothing.
+// A weight row and, for fp8, its block scales along the reduction (one per 128-group).
 struct Row {
   const uint8_t* w;   // the row's first byte
   const float* s;     // fp8: &scale[e, row / 128, 0]
+};
+
+// The activation row a group of weight rows multiplies (shared memory), or none (no expert: the
+// group's rows load nothing).
+struct Act {
   const void* x;      // fp8: float32 [C * 16]; else T [C * 16 / sizeof(T)]
-  const float* xs;    // fp8: the activation's scale per 128-group
+  const float* xs;    // fp8: its scale per 128-group
   bool on;
 };
 
-// acc[r] += rows[r] . rows[r].x over C 16-byte chunks: the warp's lanes stride the chunks, about
-// kInFlight loads per lane in flight per step (U chunks of each of the R rows). FP8: each chunk's
-// sum times the row's scale[g] * xs[g] (g = chunk / 8).
-template <typename T, bool FP8, int R>
-__device__ __forceinline__ void rows_dot(const Row (&rows)[R], int64_t s_step, int64_t C, int lane, float (&acc)[R]) {
+// acc[g * RPG + r] += rows[g * RPG + r] . acts[g].x over C 16-byte chunks: the warp's lanes
+// stride the chunks, about kInFlight loads per lane in flight per step (U chunks of each of the
+// G * RPG rows); each chunk of an activation row is read from shared memory once for its RPG
+// rows. FP8: each chunk's sum times the row's scale[g] * xs[g] (g = chunk / 8).
+template <typename T, bool FP8, int G, int RPG>
+__device__ __forceinline__ void rows_dot(const Row (&rows)[G * RPG], const Act (&acts)[G], int64_t s_step, int64_t C,
+                                         int lane, float (&acc)[G * RPG]) {
+  constexpr int R = G * RPG;
   constexpr int U = R >= kInFlight ? 1 : kInFlight / R;
-  constexpr int E = FP8 ? 16 : 16 / static_cast<int>(sizeof(T));  // elements per chunk
+  constexpr int E = XChunk<T, FP8>::kElems;
   for (int64_t c0 = lane; c0 < C; c0 += 32 * U) {
     uint4 b[R][U];
 #pragma unroll
@@ -155,21 +176,35 @@ __device__ __forceinline__ void rows_dot(const Row (&rows)[R], int64_t s_step, i
       const int64_t c = c0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (rows[r].on && c < C) b[r][u] = load_stream(rows[r].w + c * 16);
+        if (acts[r / RPG].on && c < C) b[r][u] = load_stream(rows[r].w + c * 16);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
       if (c >= C) break;
-      const int64_t g = c >> 3;  // fp8: 8 chunks of 16 per 128-group
+      const int64_t grp = c >> 3;  // fp8: 8 chunks of 16 per 128-group
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (!rows[r].on) continue;
+      for (int g = 0; g < G; ++g) {
+        if (!acts[g].on) continue;
+        typename XChunk<T, FP8>::Vals x;
         if constexpr (FP8) {
-          const float* xc = static_cast<const float*>(rows[r].x) + c * E;
-          acc[r] = fmaf(dot_fp8(b[r][u], xc), __ldg(rows[r].s + g * s_step) * rows[r].xs[g], acc[r]);
+          const float4* xp = reinterpret_cast<const float4*>(static_cast<const float*>(acts[g].x) + c * E);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float4 v = xp[i];
+            x[4 * i] = v.x;
+            x[4 * i + 1] = v.y;
+            x[4 * i + 2] = v.z;
+            x[4 * i + 3] = v.w;
+          }
+          const float sx = acts[g].xs[grp];
+#pragma unroll
+          for (int r = g * RPG; r < (g + 1) * RPG; ++r)
+            acc[r] = fmaf(dot_chunk<T, true>(b[r][u], x), __ldg(rows[r].s + grp * s_step) * sx, acc[r]);
         } else {
-          acc[r] += dot_t<T>(b[r][u], static_cast<const T*>(rows[r].x) + c * E);
+          x = *reinterpret_cast<const cuda::Vec<T, E>*>(static_cast<const T*>(acts[g].x) + c * E);
+#pragma unroll
+          for (int r = g * RPG; r < (g + 1) * RPG; ++r) acc[r] += dot_chunk<T, false>(b[r][u], x);
         }
       }
     }
@@ -275,15 +310,15 @@ __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
     const int64_t col = min(n0 + i, p.n - 1);
     const int64_t g_row = ACT == kSwigluOai ? 2 * col : col;
     const int64_t u_row = ACT == kSwigluOai ? 2 * col + 1 : col + p.n;
-    rows[2 * i] = {base + g_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (g_row / kGroup) * p.ws_n : nullptr, smem, xs, true};
-    rows[2 * i + 1] = {base + u_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (u_row / kGroup) * p.ws_n : nullptr, smem, xs,
-                       true};
+    rows[2 * i] = {base + g_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (g_row / kGroup) * p.ws_n : nullptr};
+    rows[2 * i + 1] = {base + u_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (u_row / kGroup) * p.ws_n : nullptr};
   }
   float acc[2 * RW];
 #pragma unroll
   for (int r = 0; r < 2 * RW; ++r) acc[r] = 0.f;
   const int64_t chunks = FP8 ? p.k / 16 : p.k * static_cast<int64_t>(sizeof(T)) / 16;
-  rows_dot<T, FP8, 2 * RW>(rows, p.ws_k, chunks, lane, acc);
+  const Act acts[1] = {{smem, xs, true}};
+  rows_dot<T, FP8, 1, 2 * RW>(rows, acts, p.ws_k, chunks, lane, acc);
 #pragma unroll
   for (int r = 0; r < 2 * RW; ++r) acc[r] = cuda::warp_sum(acc[r]);
   const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
@@ -349,26 +384,27 @@ __global__ void __launch_bounds__(kThreads, 2) down_kernel(const DownParams<T> p
   // of a token's experts overlap instead of following one another)
   for (int j0 = 0; j0 < topk; j0 += JB) {
     Row rows[JB * CW];
+    Act acts[JB];
 #pragma unroll
     for (int jj = 0; jj < JB; ++jj) {
       const int j = j0 + jj;
       const int64_t e = j < topk ? ex[j] : -1;  // the same for the whole block
-      const uint8_t* base = p.w2 + (e < 0 ? 0 : e) * p.w_e;
+      const int64_t eo = e < 0 ? 0 : e;
+      acts[jj] = {rows_s + (j < topk ? j : 0) * row_bytes, as + (j < topk ? j : 0) * groups, e >= 0};
 #pragma unroll
       for (int i = 0; i < CW; ++i) {
         const int64_t c = min(c0 + i, p.k - 1);
-        rows[jj * CW + i] = {base + c * p.w_k, FP8 ? p.ws + (e < 0 ? 0 : e) * p.ws_e + (c / kGroup) * p.ws_k : nullptr,
-                             rows_s + (j < topk ? j : 0) * row_bytes, as + (j < topk ? j : 0) * groups, e >= 0};
+        rows[jj * CW + i] = {p.w2 + eo * p.w_e + c * p.w_k, FP8 ? p.ws + eo * p.ws_e + (c / kGroup) * p.ws_k : nullptr};
       }
     }
     float acc[JB * CW];
 #pragma unroll
     for (int r = 0; r < JB * CW; ++r) acc[r] = 0.f;
-    rows_dot<T, FP8, JB * CW>(rows, p.ws_n, chunks, lane, acc);
+    rows_dot<T, FP8, JB, CW>(rows, acts, p.ws_n, chunks, lane, acc);
 #pragma unroll
     for (int jj = 0; jj < JB; ++jj) {
       const int j = j0 + jj;
-      if (!rows[jj * CW].on) continue;
+      if (!acts[jj].on) continue;
       const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
 #pragma unroll
       for (int i = 0; i < CW; ++i) {
