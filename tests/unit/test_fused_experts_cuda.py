@@ -44,6 +44,7 @@ def test_refusal_reasons() -> None:
         ({"capability": (7, 5)}, "sm_75"),
         ({"capability": None}, "unknown"),
         ({"hidden_dtype": "float64", "w1_dtype": "float64"}, "not float64"),
+        ({"hidden_dtype": "float32", "w1_dtype": "float32"}, "Triton backend runs float32"),
         ({"w1_dtype": "float16"}, "not float16"),
         ({"tokens": fc.MAX_TOKENS + 1}, f"at most {fc.MAX_TOKENS} tokens"),
         ({"topk": fc.MAX_TOPK + 1}, f"topk up to {fc.MAX_TOPK}"),
@@ -101,6 +102,7 @@ def test_declared_after_triton_and_cutlass_on_cuda_only() -> None:
     spec = registry.get(OP)
     backend = spec.backend(fc.BACKEND)
     assert backend.requires.devices == ("cuda",) and backend.requires.sm_min == 80
+    assert backend.requires.dtypes == ("float16", "bfloat16")
     assert backend.requires.predicate == "opmux.kernels.ops.moe.fused_experts_cuda:supports"
     order = dict(spec.priority)
     assert order["cuda"] == ("triton", "cutlass", "cuda", "torch")  # first only where a select table says
@@ -119,7 +121,8 @@ def test_default_on_an_h200_stays_triton_unless_forced() -> None:
 
 
 def test_parity_harness_has_its_cuda_cells() -> None:
-    """tests/parity/test_parity.py's cells: the backend on every float dtype, run on CUDA only."""
+    """tests/parity/test_parity.py's cells: the backend on every float dtype, run on CUDA only
+    (float32 reported as not supported)."""
     path = Path(__file__).resolve().parents[1] / "parity" / "test_parity.py"
     sys.path.insert(0, str(path.parent))
     try:
@@ -176,3 +179,5 @@ def test_unit_compiles_and_checks_its_arguments(nvcc_unit: Any) -> None:
         call_down(w2=w2[0])
     with pytest.raises(ValueError, match="out must be 2-D"):
         call_down(out=out[0])
+    with pytest.raises(ValueError, match="act is float32; the decode kernels take float16 or bfloat16"):
+        call_up(act=act.float())

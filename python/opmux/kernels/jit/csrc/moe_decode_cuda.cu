@@ -242,20 +242,19 @@ __device__ __forceinline__ float round_to(float v) {
 
 // The gated activation of (gate a, up b), both already rounded to T, in fp32 (the Triton decode
 // path's: ops/moe/fused_experts_decode.py _up_kernel).
-template <typename T, int ACT, bool VLLM>
-__device__ __forceinline__ float gated(float a, float b, float alpha, float limit) {
-  if constexpr (ACT == kSwigluOai) {
+template <typename T>
+__device__ __forceinline__ float gated(int act, bool vllm, float a, float b, float alpha, float limit) {
+  if (act == kSwigluOai) {
     const float g = a > limit ? limit : a;
     const float u = b < -limit ? -limit : (b > limit ? limit : b);
     return (u + 1.0f) * __fdividef(g, 1.0f + __expf(-alpha * g));
-  } else if constexpr (VLLM) {  // vLLM's rounding: the activation rounded to T before the product
-    const float act = ACT == kSilu ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
-    return round_to<T>(act) * b;
-  } else {
-    const float act = ACT == kSilu ? __fdividef(a, 1.0f + __expf(-a))
-                                   : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
-    return act * b;
   }
+  if (vllm) {  // vLLM's rounding: the activation rounded to T before the product
+    const float v = act == kSilu ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+    return round_to<T>(v) * b;
+  }
+  const float v = act == kSilu ? __fdividef(a, 1.0f + __expf(-a)) : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+  return v * b;
 }
 
 template <typename T>
@@ -275,10 +274,12 @@ struct UpParams {
   Slots slots;
   int64_t n, k;
   float alpha, limit;
+  int act_code;  // kSilu, kGelu or kSwigluOai (a runtime branch once per output: one kernel for all)
+  bool vllm;   // vLLM's rounding of the activation (not swigluoai)
   bool mul_weight;
 };
 
-template <typename T, bool FP8, int ACT, bool VLLM, int RW>
+template <typename T, bool FP8, int RW>
 __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t s = blockIdx.x;
@@ -308,8 +309,8 @@ __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
     const int64_t col = min(n0 + i, p.n - 1);
-    const int64_t g_row = ACT == kSwigluOai ? 2 * col : col;
-    const int64_t u_row = ACT == kSwigluOai ? 2 * col + 1 : col + p.n;
+    const int64_t g_row = p.act_code == kSwigluOai ? 2 * col : col;
+    const int64_t u_row = p.act_code == kSwigluOai ? 2 * col + 1 : col + p.n;
     rows[2 * i] = {base + g_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (g_row / kGroup) * p.ws_n : nullptr};
     rows[2 * i + 1] = {base + u_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (u_row / kGroup) * p.ws_n : nullptr};
   }
@@ -328,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
       // the first product rounded to T (the router weight first when it applies on the input)
       const float a = round_to<T>(p.mul_weight ? acc[2 * i] * w : acc[2 * i]);
       const float b = round_to<T>(p.mul_weight ? acc[2 * i + 1] * w : acc[2 * i + 1]);
-      act[n0 + i] = from_float<T>(gated<T, ACT, VLLM>(a, b, p.alpha, p.limit));
+      act[n0 + i] = from_float<T>(gated<T>(p.act_code, p.vllm, a, b, p.alpha, p.limit));
     }
   }
 }
@@ -517,15 +518,13 @@ inline void allow_smem(Kernel* fn, size_t smem, const cuda::DeviceProps& props) 
   }
 }
 
-template <typename T, bool FP8, int ACT, bool VLLM>
+template <typename T, bool FP8>
 void launch_up(const UpParams<T>& p, int64_t slots, int64_t forced, int32_t device_id, const cuda::DeviceProps& props,
                cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(FP8 ? p.k * 4 + cdiv(p.k, kGroup) * 4 : p.k * sizeof(T));
   using K = void(const UpParams<T>);
   // up to 4 columns a warp: 8 rows (gate and up), the most loads in flight per lane
-  const std::pair<K*, int> cands[] = {{up_kernel<T, FP8, ACT, VLLM, 1>, 1},
-                                      {up_kernel<T, FP8, ACT, VLLM, 2>, 2},
-                                      {up_kernel<T, FP8, ACT, VLLM, 4>, 4}};
+  const std::pair<K*, int> cands[] = {{up_kernel<T, FP8, 1>, 1}, {up_kernel<T, FP8, 2>, 2}, {up_kernel<T, FP8, 4>, 4}};
   for (const auto& c : cands) allow_smem(c.first, smem, props);
   const auto [fn, w] = pick(cands, p.n, slots, smem, props, forced);
   cuda::launch(kOp, device_id, props, fn, dim3(static_cast<unsigned>(slots), static_cast<unsigned>(cdiv(p.n, kWarps * w))),
@@ -589,7 +588,27 @@ inline void check_scales(const TensorView& s, const char* name, int64_t e, int64
   }
 }
 
-inline int64_t elem_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+inline int64_t elem_size(DType) { return 2; }
+
+// The output's dtype: float16 or bfloat16 (float32 calls run on the Triton backend; the unit keeps
+// its instantiations to the serving dtypes).
+inline DType dtype_16bit(const char* name, const TensorView& t) {
+  const DType d = get_dtype(kOp, name, t);
+  if (d == DType::kFloat32) {
+    TVM_FFI_THROW(ValueError) << kOp << ": " << name
+                              << " is float32; the decode kernels take float16 or bfloat16 (the Triton backend runs float32)";
+  }
+  return d;
+}
+
+template <typename F>
+inline void dispatch_16bit(DType d, F&& f) {
+  if (d == DType::kFloat16) {
+    f(__half{});
+  } else {
+    f(__nv_bfloat16{});
+  }
+}
 
 }  // namespace moe_decode_cuda
 
@@ -603,9 +622,9 @@ void moe_decode_up_cuda(TensorView act, TensorView x, TensorView xs, TensorView 
   check_ndim(op, "x", x, 2);
   check_ndim(op, "w1", w1, 3);
   check_ndim(op, "topk_weights", topk_weights, 2);
+  const DType dt = D::dtype_16bit("act", act);
   const int32_t device_id = check_device(op, kDLCUDA, {{"act", &act}, {"x", &x}, {"w1", &w1},
                                                        {"topk_weights", &topk_weights}, {"topk_ids", &topk_ids}});
-  const DType dt = get_dtype(op, "act", act);
   const bool fp8 = D::weight_form(w1, "w1", dt);
   const int64_t experts = w1.size(0), n2 = w1.size(1), k = w1.size(2), n = n2 / 2;
   const int64_t m = topk_ids.size(0), topk = topk_ids.size(1), slots = m * topk;
@@ -658,7 +677,8 @@ void moe_decode_up_cuda(TensorView act, TensorView x, TensorView xs, TensorView 
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
   cudaStream_t stream = cuda::current_stream(device_id);
   cuda::PdlScope pdl(enable_pdl);
-  OPMUX_DISPATCH_DTYPE(dt, float, __half, __nv_bfloat16, [&] {
+  D::dispatch_16bit(dt, [&](auto tag) {
+    using scalar_t = decltype(tag);
     using T = scalar_t;
     D::UpParams<T> p{};
     p.act = data_ptr<T>(act);
@@ -682,24 +702,12 @@ void moe_decode_up_cuda(TensorView act, TensorView x, TensorView xs, TensorView 
     p.alpha = static_cast<float>(alpha);
     p.limit = static_cast<float>(limit);
     p.mul_weight = mul_weight;
-    auto run = [&](auto fp8_tag, auto act_tag, auto vllm_tag) {
-      D::launch_up<T, decltype(fp8_tag)::value, decltype(act_tag)::value, decltype(vllm_tag)::value>(p, slots, rows_per_warp,
-                                                                                                      device_id, props, stream);
-    };
-    using F = std::false_type;
-    using Tr = std::true_type;
-    using Silu = std::integral_constant<int, D::kSilu>;
-    using Gelu = std::integral_constant<int, D::kGelu>;
-    using Oai = std::integral_constant<int, D::kSwigluOai>;
-    const bool vllm = vllm_rounding && activation != D::kSwigluOai;
-    if (activation == D::kSwigluOai) {
-      fp8 ? run(Tr{}, Oai{}, F{}) : run(F{}, Oai{}, F{});
-    } else if (activation == D::kSilu) {
-      if (fp8) vllm ? run(Tr{}, Silu{}, Tr{}) : run(Tr{}, Silu{}, F{});
-      else vllm ? run(F{}, Silu{}, Tr{}) : run(F{}, Silu{}, F{});
+    p.act_code = static_cast<int>(activation);
+    p.vllm = vllm_rounding && activation != D::kSwigluOai;
+    if (fp8) {
+      D::launch_up<T, true>(p, slots, rows_per_warp, device_id, props, stream);
     } else {
-      if (fp8) vllm ? run(Tr{}, Gelu{}, Tr{}) : run(Tr{}, Gelu{}, F{});
-      else vllm ? run(F{}, Gelu{}, Tr{}) : run(F{}, Gelu{}, F{});
+      D::launch_up<T, false>(p, slots, rows_per_warp, device_id, props, stream);
     }
   });
 }
@@ -713,9 +721,9 @@ void moe_decode_down_cuda(TensorView out, TensorView a, TensorView as, TensorVie
   check_ndim(op, "a", a, 2);
   check_ndim(op, "w2", w2, 3);
   check_ndim(op, "topk_weights", topk_weights, 2);
+  const DType dt = D::dtype_16bit("out", out);
   const int32_t device_id = check_device(op, kDLCUDA, {{"out", &out}, {"a", &a}, {"w2", &w2},
                                                        {"topk_weights", &topk_weights}, {"topk_ids", &topk_ids}});
-  const DType dt = get_dtype(op, "out", out);
   const bool fp8 = D::weight_form(w2, "w2", dt);
   const int64_t experts = w2.size(0), k = w2.size(1), n = w2.size(2);
   const int64_t m = topk_ids.size(0), topk = topk_ids.size(1), slots = m * topk;
@@ -765,7 +773,8 @@ void moe_decode_down_cuda(TensorView out, TensorView a, TensorView as, TensorVie
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
   cudaStream_t stream = cuda::current_stream(device_id);
   cuda::PdlScope pdl(enable_pdl);
-  OPMUX_DISPATCH_DTYPE(dt, float, __half, __nv_bfloat16, [&] {
+  D::dispatch_16bit(dt, [&](auto tag) {
+    using scalar_t = decltype(tag);
     using T = scalar_t;
     D::DownParams<T> p{};
     p.out = data_ptr<T>(out);

@@ -24,7 +24,8 @@ Allocated per call: ``act`` (``M * topk * N`` elements of ``hidden``'s dtype), a
 quantizations (``M * K`` and ``M * topk * N`` bytes plus one float32 per 128). A slot whose expert
 is outside ``[0, E)`` or mapped to -1 contributes nothing and nothing is read through its id.
 
-Where it runs (``supports``, the predicate, says why not otherwise): CUDA sm_80+, at most
+Where it runs (``supports``, the predicate, says why not otherwise): CUDA sm_80+, float16 or
+bfloat16 hidden states (the unit instantiates the serving dtypes; Triton runs float32), at most
 ``MAX_TOKENS`` tokens (each slot reads its expert's weights: beyond a few tokens the grouped
 backends share those reads), ``w1`` / ``w2`` float8_e4m3fn with block scales or ``hidden``'s
 dtype, rows of whole 16-byte chunks (K and N multiples of 16 elements for fp8, 16 bytes
@@ -97,8 +98,11 @@ def refusal(
     if capability is None or capability < (8, 0):
         got = "unknown" if capability is None else f"sm_{capability[0]}{capability[1]}"
         return f"the native CUDA decode kernels need sm_80 or newer; this GPU is {got}"
-    if hidden_dtype not in ("float32", "float16", "bfloat16"):
-        return f"the native CUDA decode kernels take float32, float16 or bfloat16 hidden states, not {hidden_dtype}"
+    if hidden_dtype not in ("float16", "bfloat16"):
+        return (
+            f"the native CUDA decode kernels take float16 or bfloat16 hidden states, not {hidden_dtype} "
+            "(the Triton backend runs float32)"
+        )
     fp8 = w1_dtype == "float8_e4m3fn"
     if not fp8 and w1_dtype != hidden_dtype:
         return f"the native CUDA decode kernels take float8_e4m3fn weights or hidden's dtype {hidden_dtype}, not {w1_dtype}"
@@ -109,7 +113,7 @@ def refusal(
         )
     if topk > MAX_TOPK:
         return f"the native CUDA decode kernels take topk up to {MAX_TOPK}, got {topk}"
-    elem = 1 if fp8 else {"float32": 4}.get(hidden_dtype, 2)
+    elem = 1 if fp8 else 2
     unit = 16 // elem
     if k % unit or n % unit:
         return (

@@ -457,6 +457,7 @@ fused_experts = declare(
             fused_experts_cuda.fused_experts,
             Requirement(
                 devices=("cuda",),
+                dtypes=("float16", "bfloat16"),
                 sm_min=80,
                 predicate="opmux.kernels.ops.moe.fused_experts_cuda:supports",
             ),
