@@ -59,12 +59,12 @@ def test_refusal_reasons() -> None:
 
 
 def test_shared_memory_sizes() -> None:
-    # the unit's: up stages K floats + a scale per 128 (fp8), down 256 expert ids and topk rows
+    # the unit's: up stages K floats + a scale per 128 (fp8), down the token's topk rows
     assert fc.smem_bytes(fp8=True, elem=1, k=7168, n=2048, topk=8) == (
         7168 * 4 + 56 * 4,
-        2048 + 8 * (2048 * 4 + 64),
+        8 * (2048 * 4 + 64),
     )
-    assert fc.smem_bytes(fp8=False, elem=2, k=2048, n=768, topk=8) == (4096, 2048 + 8 * 768 * 2)
+    assert fc.smem_bytes(fp8=False, elem=2, k=2048, n=768, topk=8) == (4096, 8 * 768 * 2)
     # Mixtral bf16 (topk 2 x 14336) fits an H100 / H200's 227 KB
     assert fc.refusal(**{**_OK, "w1_dtype": "bfloat16", "n": 14336, "k": 4096, "topk": 2}) is None
 

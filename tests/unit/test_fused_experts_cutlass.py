@@ -137,7 +137,9 @@ def test_declared_after_triton_on_cuda_only() -> None:
     )
     assert backend.requires.predicate == "opmux.kernels.ops.moe.fused_experts_cutlass:supports"
     order = dict(spec.priority)
-    assert order["cuda"][:2] == ("triton", "cutlass") and order["cuda"][-1] == "torch"  # Triton first until measured
+    assert (
+        order["cuda"][:2] == ("triton", "cutlass") and order["cuda"][-1] == "torch"
+    )  # Triton first until measured
     assert "cutlass" not in order["cpu"]
 
 

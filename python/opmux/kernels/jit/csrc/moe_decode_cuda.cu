@@ -26,6 +26,11 @@
 // rounding points; only the order inside each fp32 sum differs. RW / CW are chosen on the host
 // (pick: the grid that fills its waves of resident blocks best).
 //
+// Latency: each warp issues its first weight loads before the activation is staged and the block
+// synchronises; the down kernel issues them even before waiting on the previous kernel (PDL:
+// that kernel, the up kernel or the activation's quantization, never writes w2 or topk_ids),
+// the up kernel only after (whatever precedes it may have written w1).
+//
 // Memory safety whatever the ids hold (no host check: it would synchronise): an id outside [0,
 // num_ids), or mapped outside [0, E), makes its slot absent; nothing is loaded through it.
 // Offsets are int64. The host checks (ValueError naming the argument) guard direct callers:
@@ -69,8 +74,6 @@ constexpr int kGroup = 128;
 constexpr int kInFlight = 8;
 //: the activation codes (ops/moe/fused_experts_decode.py's ACT_CODES, the Triton kernels')
 constexpr int kSilu = 0, kGelu = 1, kSwigluOai = 5;
-//: the down kernel's shared memory starts with the slots' experts (int64, up to kThreads)
-constexpr int kExpertBytes = kThreads * 8;
 
 // How a slot finds its local expert.
 struct Slots {
@@ -159,25 +162,34 @@ struct Act {
   bool on;
 };
 
+// Chunks of each row a lane has in flight per step: about kInFlight loads for R rows.
+template <int R>
+constexpr int kSteps = R >= kInFlight ? 1 : kInFlight / R;
+
+// One step's loads: chunks c0, c0 + 32, ... (U of them) of every row whose slot has an expert.
+template <int G, int RPG, int U>
+__device__ __forceinline__ void load_step(uint4 (&b)[G * RPG][U], const Row (&rows)[G * RPG], const Act (&acts)[G],
+                                          int64_t c0, int64_t C) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t c = c0 + 32 * u;
+#pragma unroll
+    for (int r = 0; r < G * RPG; ++r)
+      if (acts[r / RPG].on && c < C) b[r][u] = load_stream(rows[r].w + c * 16);
+  }
+}
+
 // acc[g * RPG + r] += rows[g * RPG + r] . acts[g].x over C 16-byte chunks: the warp's lanes
-// stride the chunks, about kInFlight loads per lane in flight per step (U chunks of each of the
-// G * RPG rows); each chunk of an activation row is read from shared memory once for its RPG
-// rows. FP8: each chunk's sum times the row's scale[g] * xs[g] (g = chunk / 8).
-template <typename T, bool FP8, int G, int RPG>
-__device__ __forceinline__ void rows_dot(const Row (&rows)[G * RPG], const Act (&acts)[G], int64_t s_step, int64_t C,
-                                         int lane, float (&acc)[G * RPG]) {
-  constexpr int R = G * RPG;
-  constexpr int U = R >= kInFlight ? 1 : kInFlight / R;
+// stride the chunks, U chunks of each of the G * RPG rows in flight per step; `b` holds the first
+// step's loads (issued by the caller: before the activation is staged, so the two latencies
+// overlap), each next step is loaded once a step is used. Each chunk of an activation row is
+// read from shared memory once for its RPG rows. FP8: each chunk's sum times the row's
+// scale[g] * xs[g] (g = chunk / 8).
+template <typename T, bool FP8, int G, int RPG, int U>
+__device__ __forceinline__ void rows_dot(uint4 (&b)[G * RPG][U], const Row (&rows)[G * RPG], const Act (&acts)[G],
+                                         int64_t s_step, int64_t C, int lane, float (&acc)[G * RPG]) {
   constexpr int E = XChunk<T, FP8>::kElems;
   for (int64_t c0 = lane; c0 < C; c0 += 32 * U) {
-    uint4 b[R][U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = c0 + 32 * u;
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (acts[r / RPG].on && c < C) b[r][u] = load_stream(rows[r].w + c * 16);
-    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
@@ -208,6 +220,7 @@ __device__ __forceinline__ void rows_dot(const Row (&rows)[G * RPG], const Act (
         }
       }
     }
+    if (c0 + 32 * U < C) load_step<G, RPG, U>(b, rows, acts, c0 + 32 * U, C);
   }
 }
 
@@ -296,13 +309,6 @@ __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
   }
   const int64_t xbytes = FP8 ? p.k * 4 : p.k * static_cast<int64_t>(sizeof(T));
   float* xs = reinterpret_cast<float*>(smem + xbytes);
-  stage_row<T, FP8>(smem, static_cast<const uint8_t*>(p.x) + t * p.x_stride * (FP8 ? 1 : sizeof(T)), p.k);
-  if constexpr (FP8) {
-    const int64_t groups = (p.k + kGroup - 1) / kGroup;
-    for (int64_t g = threadIdx.x; g < groups; g += kThreads) xs[g] = p.xs[t * p.xs_stride + g];
-  }
-  __syncthreads();
-  if (n0 >= p.n) return;
   // rows 2i / 2i + 1 of the warp's i-th column: gate / up (clamped in bounds; the store drops them)
   Row rows[2 * RW];
   const uint8_t* base = p.w1 + e * p.w_e;
@@ -314,12 +320,22 @@ __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
     rows[2 * i] = {base + g_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (g_row / kGroup) * p.ws_n : nullptr};
     rows[2 * i + 1] = {base + u_row * p.w_n, FP8 ? p.ws + e * p.ws_e + (u_row / kGroup) * p.ws_n : nullptr};
   }
+  const int64_t chunks = FP8 ? p.k / 16 : p.k * static_cast<int64_t>(sizeof(T)) / 16;
+  const Act acts[1] = {{smem, xs, n0 < p.n}};  // a warp past N loads nothing
+  constexpr int U = kSteps<2 * RW>;
+  uint4 b[2 * RW][U];
+  load_step<1, 2 * RW, U>(b, rows, acts, lane, chunks);  // in flight while the token row is staged
+  stage_row<T, FP8>(smem, static_cast<const uint8_t*>(p.x) + t * p.x_stride * (FP8 ? 1 : sizeof(T)), p.k);
+  if constexpr (FP8) {
+    const int64_t groups = (p.k + kGroup - 1) / kGroup;
+    for (int64_t g = threadIdx.x; g < groups; g += kThreads) xs[g] = p.xs[t * p.xs_stride + g];
+  }
+  __syncthreads();
+  if (n0 >= p.n) return;
   float acc[2 * RW];
 #pragma unroll
   for (int r = 0; r < 2 * RW; ++r) acc[r] = 0.f;
-  const int64_t chunks = FP8 ? p.k / 16 : p.k * static_cast<int64_t>(sizeof(T)) / 16;
-  const Act acts[1] = {{smem, xs, true}};
-  rows_dot<T, FP8, 1, 2 * RW>(rows, acts, p.ws_k, chunks, lane, acc);
+  rows_dot<T, FP8, 1, 2 * RW, U>(b, rows, acts, p.ws_k, chunks, lane, acc);
 #pragma unroll
   for (int r = 0; r < 2 * RW; ++r) acc[r] = cuda::warp_sum(acc[r]);
   const float w = p.mul_weight ? p.tw[t * p.tw_stride + j] : 1.0f;
@@ -362,12 +378,35 @@ __global__ void __launch_bounds__(kThreads, 2) down_kernel(const DownParams<T> p
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * CW;
   const int64_t groups = (p.n + kGroup - 1) / kGroup;
   const int64_t row_bytes = FP8 ? p.n * 4 : p.n * static_cast<int64_t>(sizeof(T));
-  // shared memory: the slots' experts, the token's topk act rows, then (fp8) their group scales
-  int64_t* ex = reinterpret_cast<int64_t*>(smem);
-  unsigned char* rows_s = smem + kExpertBytes;
+  // shared memory: the token's topk act rows, then (fp8) their group scales
+  unsigned char* rows_s = smem;
   float* as = reinterpret_cast<float*>(rows_s + topk * row_bytes);
-  cuda::pdl_enter();
-  if (threadIdx.x < topk) ex[threadIdx.x] = local_expert(p.slots, t, threadIdx.x);
+  const int64_t chunks = FP8 ? p.n / 16 : row_bytes / 16;
+  // the rows of JB slots starting at j0: the slot's expert read from topk_ids (no expert: none)
+  Row rows[JB * CW];
+  Act acts[JB];
+  auto group = [&](int j0) {
+#pragma unroll
+    for (int jj = 0; jj < JB; ++jj) {
+      const int j = j0 + jj;
+      const int64_t e = j < topk ? local_expert(p.slots, t, j) : -1;  // the same for the whole warp
+      const int64_t eo = e < 0 ? 0 : e;
+      acts[jj] = {rows_s + (j < topk ? j : 0) * row_bytes, as + (j < topk ? j : 0) * groups, e >= 0 && c0 < p.k};
+#pragma unroll
+      for (int i = 0; i < CW; ++i) {
+        const int64_t c = min(c0 + i, p.k - 1);
+        rows[jj * CW + i] = {p.w2 + eo * p.w_e + c * p.w_k, FP8 ? p.ws + eo * p.ws_e + (c / kGroup) * p.ws_k : nullptr};
+      }
+    }
+  };
+  constexpr int U = kSteps<JB * CW>;
+  uint4 b[JB * CW][U];
+  // the first weights are read before waiting for the previous kernel (it never writes w2 or the
+  // ids; with PDL this overlaps its tail), then the act rows it wrote are staged
+  cuda::pdl_launch_dependents();
+  group(0);
+  load_step<JB, CW, U>(b, rows, acts, lane, chunks);
+  cuda::pdl_wait();
   for (int j = 0; j < topk; ++j) {
     const int64_t s = t * topk + j;
     stage_row<T, FP8>(rows_s + j * row_bytes,
@@ -377,31 +416,20 @@ __global__ void __launch_bounds__(kThreads, 2) down_kernel(const DownParams<T> p
   }
   __syncthreads();
   if (c0 >= p.k) return;
-  const int64_t chunks = FP8 ? p.n / 16 : row_bytes / 16;
   float total[CW];
 #pragma unroll
   for (int i = 0; i < CW; ++i) total[i] = 0.f;
   // JB slots at a time, their CW rows each in flight together (few columns, many slots: the loads
   // of a token's experts overlap instead of following one another)
   for (int j0 = 0; j0 < topk; j0 += JB) {
-    Row rows[JB * CW];
-    Act acts[JB];
-#pragma unroll
-    for (int jj = 0; jj < JB; ++jj) {
-      const int j = j0 + jj;
-      const int64_t e = j < topk ? ex[j] : -1;  // the same for the whole block
-      const int64_t eo = e < 0 ? 0 : e;
-      acts[jj] = {rows_s + (j < topk ? j : 0) * row_bytes, as + (j < topk ? j : 0) * groups, e >= 0};
-#pragma unroll
-      for (int i = 0; i < CW; ++i) {
-        const int64_t c = min(c0 + i, p.k - 1);
-        rows[jj * CW + i] = {p.w2 + eo * p.w_e + c * p.w_k, FP8 ? p.ws + eo * p.ws_e + (c / kGroup) * p.ws_k : nullptr};
-      }
+    if (j0 > 0) {
+      group(j0);
+      load_step<JB, CW, U>(b, rows, acts, lane, chunks);
     }
     float acc[JB * CW];
 #pragma unroll
     for (int r = 0; r < JB * CW; ++r) acc[r] = 0.f;
-    rows_dot<T, FP8, JB, CW>(rows, acts, p.ws_n, chunks, lane, acc);
+    rows_dot<T, FP8, JB, CW, U>(b, rows, acts, p.ws_n, chunks, lane, acc);
 #pragma unroll
     for (int jj = 0; jj < JB; ++jj) {
       const int j = j0 + jj;
@@ -551,7 +579,7 @@ void launch_down(const DownParams<T>& p, int64_t m, int64_t forced, int32_t devi
                  cudaStream_t stream) {
   const int topk = p.slots.topk;
   const size_t smem =
-      static_cast<size_t>(kExpertBytes + topk * (FP8 ? p.n * 4 + cdiv(p.n, kGroup) * 4 : p.n * sizeof(T)));
+      static_cast<size_t>(topk * (FP8 ? p.n * 4 + cdiv(p.n, kGroup) * 4 : p.n * sizeof(T)));
   int slots_pow2 = 1;
   while (slots_pow2 < topk && slots_pow2 < 8) slots_pow2 *= 2;
   // slots in flight: as many as the token has, up to 8 rows a warp

@@ -60,8 +60,6 @@ BACKEND = "cuda"
 MAX_TOKENS = 64
 #: the most slots per token (the down kernel stages one expert id per thread)
 MAX_TOPK = 256
-#: the unit's shared memory before the staged rows (the down kernel's expert ids)
-_EXPERT_BYTES = 256 * 8
 #: the activations' codes in the unit (the Triton kernels' ACT_CODES)
 ACT_CODES = {"silu": 0, "gelu": 1, "swigluoai": 5}
 #: swigluoai's alpha and limit (gpt-oss's, as the Triton decode path passes them)
@@ -74,7 +72,7 @@ def smem_bytes(*, fp8: bool, elem: int, k: int, n: int, topk: int) -> tuple[int,
     token's ``topk`` activation rows (N each), float32 for fp8 (plus a scale per 128)."""
     groups_k, groups_n = -(-k // 128), -(-n // 128)
     up = k * 4 + groups_k * 4 if fp8 else k * elem
-    down = _EXPERT_BYTES + topk * (n * 4 + groups_n * 4 if fp8 else n * elem)
+    down = topk * (n * 4 + groups_n * 4 if fp8 else n * elem)
     return up, down
 
 
