@@ -60,6 +60,11 @@ BACKEND = "cuda"
 MAX_TOKENS = 64
 #: the most slots per token (the down kernel stages one expert id per thread)
 MAX_TOPK = 256
+#: from this many tokens the kernels take 4 columns a warp each (up, down) instead of the unit's
+#: own choice (whole waves of resident blocks): fewer blocks staging the same rows. On an H100
+#: (docs/benchmarks/moe_decode_cuda_h100.md) that was faster at M = 4 to 64 on the four models'
+#: shapes but for Qwen3-235B-A22B at M = 4 to 16 (within 3%), and slower at M = 1.
+MULTI_TOKEN, MULTI_TOKEN_SPLIT = 4, (4, 4)
 #: the activations' codes in the unit (the Triton kernels' ACT_CODES)
 ACT_CODES = {"silu": 0, "gelu": 1, "swigluoai": 5}
 #: swigluoai's alpha and limit (gpt-oss's, as the Triton decode path passes them)
@@ -237,7 +242,8 @@ def launch(
     rows_per_warp: tuple[int, int] = (0, 0),
 ) -> None:
     """The unit's two kernels (and, fp8, the two quantizations) on the checked kernel arguments;
-    ``rows_per_warp`` forces the up / down kernels' columns per warp (0: the unit's choice)."""
+    ``rows_per_warp`` forces the up / down kernels' columns per warp (0: the unit's choice; by
+    default ``MULTI_TOKEN_SPLIT`` from ``MULTI_TOKEN`` tokens)."""
     from .fused_experts_decode import quant_groups
 
     m = hidden.shape[0]
@@ -249,6 +255,8 @@ def launch(
         return
     n = w1.shape[1] // 2
     fp8 = w1_scale.numel() > 0
+    if rows_per_warp == (0, 0) and m >= MULTI_TOKEN:
+        rows_per_warp = MULTI_TOKEN_SPLIT
     lib = library()
     index = hidden.device.index if hidden.device.index is not None else torch.cuda.current_device()
     pdl = _device_facts(index)[0][0] >= 9  # the unit also checks the binary has griddepcontrol
