@@ -181,3 +181,27 @@ def test_unit_compiles_and_checks_its_arguments(nvcc_unit: Any) -> None:
         call_down(out=out[0])
     with pytest.raises(ValueError, match="act is float32; the decode kernels take float16 or bfloat16"):
         call_up(act=act.float())
+
+
+def test_the_h100_tables_take_it_at_decode_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped H100 select tables (bench_moe.py, docs/benchmarks/moe_decode_cuda_h100.md) put
+    the native decode backend first where it beat Triton: DeepSeek-V3 fp8 at 1 to 8 tokens, the
+    bf16 shapes at 4 to 8 (Qwen3-30B-A3B to 16); Triton elsewhere; other GPUs keep the declared
+    order (Triton first)."""
+    from types import SimpleNamespace
+
+    from opmux.kernels import measured, tuned
+
+    def t(*shape: int, dtype: str = "torch.bfloat16") -> Any:
+        return SimpleNamespace(shape=shape, dtype=dtype)
+
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA_H100_80GB_HBM3")
+    fp8_w1, w2 = t(256, 4096, 7168, dtype="torch.float8_e4m3fn"), t(256, 7168, 2048)
+    for m, want in ((1, "cuda"), (8, "cuda"), (16, "triton"), (64, "triton")):
+        pref = measured.preferred(OP, None, (t(m, 7168), fp8_w1, w2), {})
+        assert pref is not None and pref[0] == want, (m, pref)
+    qwen = (t(128, 1536, 2048), t(128, 2048, 768))  # Qwen3-30B-A3B: E=128, N=768
+    assert measured.preferred(OP, None, (t(1, 2048), *qwen), {})[0] == "triton"  # type: ignore[index]
+    assert measured.preferred(OP, None, (t(8, 2048), *qwen), {})[0] == "cuda"  # type: ignore[index]
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA_A100-SXM4-80GB")
+    assert measured.preferred(OP, None, (t(1, 7168), fp8_w1, w2), {}) is None
