@@ -243,6 +243,20 @@ def _cuda_decode(out: torch.Tensor, c: dict[str, torch.Tensor], split: tuple[int
     )  # fmt: skip
 
 
+def _fp8_spread_scales(m: int, e: int, n: int, k: int, topk: int, seed: int) -> dict[str, torch.Tensor]:
+    """An fp8 case whose block scales are powers of two from 2^-14 to 2^-5 (each block its own)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    case = {"hidden": torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)}
+    for name, (r, cols) in (("w1", (2 * n, k)), ("w2", (k, n))):
+        q = (torch.randn(e, r, cols, device="cuda", generator=g) * 64).clamp(-448, 448)
+        blocks = (e, -(-r // 128), -(-cols // 128))
+        scale = torch.exp2(torch.randint(-14, -4, blocks, device="cuda", generator=g).float())
+        case[name], case[name + "_scale"] = q.to(torch.float8_e4m3fn), scale
+    logits = torch.randn(m, e, device="cuda", generator=g)
+    tw, ti = torch.topk(torch.softmax(logits, -1), topk, -1)
+    return case | {"topk_weights": tw.contiguous(), "topk_ids": ti.to(torch.int32).contiguous()}
+
+
 def test_cuda_decode_grid(device_type: str) -> None:
     if device_type == "cpu":
         pytest.skip(
@@ -263,6 +277,17 @@ def test_cuda_decode_grid(device_type: str) -> None:
             _check(out, want, form == "fp8", f"cuda decode {split} M={m} E={e} N={n} K={k} {form}")
             ran += 1
     assert ran >= 4 * len(CUDA_SPLITS), ran
+    # fp8 with partial 128-groups (K, N multiples of 16, not of 128) and block scales spread over
+    # ten octaves, so a scale read from the wrong block or group cannot hide
+    for i, (m, e, n, k, topk) in enumerate(((2, 8, 80, 208, 4), (5, 16, 144, 400, 2))):
+        c = _fp8_spread_scales(m, e, n, k, topk, 260 + i)
+        args, kw = _args(c)
+        assert supports(*args) is None
+        want = reference(*args, **kw)
+        for split in ((0, 0), (1, 8), (4, 2)):
+            out = torch.full((m, k), float("nan"), device="cuda", dtype=torch.bfloat16)
+            _cuda_decode(out, c, split)
+            _check(out, want, True, f"cuda decode fp8 spread scales {split} M={m} N={n} K={k}")
     for form in ("bf16", "fp8"):
         for act in ("gelu", "swigluoai"):
             c = _case(3, 16, 256, 512, 4, form, 230)
@@ -302,6 +327,15 @@ def test_cuda_decode_bad_ids(form: str, device_type: str) -> None:
         _cuda_decode(out, c, split, ids=ids)
         torch.cuda.synchronize()
         _check(out, want, form == "fp8", f"cuda decode bad ids {form} {split}")
+    # int64 ids read as 64-bit: 2^32 + 1 is past E (its low word, 1, would be a valid expert)
+    ids64 = ids.to(torch.int64)
+    ids64[0, 2] = (1 << 32) + 1
+    valid64 = (ids64 >= 0) & (ids64 < 8)
+    want64 = reference(args[0], args[1], args[2], c["topk_weights"] * valid64, ids64.clamp(0, 7), **kw)
+    out = torch.empty((2, 512), device="cuda", dtype=torch.bfloat16)
+    _cuda_decode(out, c, (1, 2), ids=ids64)
+    torch.cuda.synchronize()
+    _check(out, want64, form == "fp8", f"cuda decode int64 ids past 2^32 {form}")
     emap = torch.tensor([0, 1, 2, 3, 4, 5, 6, 99], device="cuda", dtype=torch.int32)  # 99: past E
     out = torch.empty((2, 512), device="cuda", dtype=torch.bfloat16)
     _cuda_decode(out, c, (0, 0), expert_map=emap)

@@ -186,8 +186,8 @@ def test_unit_compiles_and_checks_its_arguments(nvcc_unit: Any) -> None:
 def test_the_h100_tables_take_it_at_decode_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The shipped H100 select tables (bench_moe.py, docs/benchmarks/moe_decode_cuda_h100.md) put
     the native decode backend first where it beat Triton: DeepSeek-V3 fp8 at 1 to 8 tokens, the
-    bf16 shapes at 4 to 8 (Qwen3-30B-A3B to 16); Triton elsewhere; other GPUs keep the declared
-    order (Triton first)."""
+    bf16 shapes at 4 to 8, Mixtral-8x7B at 1 and 4; Triton elsewhere (Qwen3-30B-A3B's 16 held
+    back: its entry also serves 17 to 32); other GPUs keep the declared order (Triton first)."""
     from types import SimpleNamespace
 
     from opmux.kernels import measured, tuned
@@ -203,5 +203,6 @@ def test_the_h100_tables_take_it_at_decode_sizes(monkeypatch: pytest.MonkeyPatch
     qwen = (t(128, 1536, 2048), t(128, 2048, 768))  # Qwen3-30B-A3B: E=128, N=768
     assert measured.preferred(OP, None, (t(1, 2048), *qwen), {})[0] == "triton"  # type: ignore[index]
     assert measured.preferred(OP, None, (t(8, 2048), *qwen), {})[0] == "cuda"  # type: ignore[index]
+    assert measured.preferred(OP, None, (t(24, 2048), *qwen), {})[0] == "triton"  # type: ignore[index]
     monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA_A100-SXM4-80GB")
     assert measured.preferred(OP, None, (t(1, 7168), fp8_w1, w2), {}) is None

@@ -29,7 +29,11 @@
 // Latency: each warp issues its first weight loads before the activation is staged and the block
 // synchronises; the down kernel issues them even before waiting on the previous kernel (PDL:
 // that kernel, the up kernel or the activation's quantization, never writes w2 or topk_ids),
-// the up kernel only after (whatever precedes it may have written w1).
+// the up kernel only after (whatever precedes it may have written w1). A direct caller of
+// moe_decode_down_cuda with enable_pdl must likewise launch it right behind a kernel that waits
+// for its own predecessors (griddepcontrol.wait, as every opmux kernel does first) and writes
+// neither w2, w2_scale, topk_ids nor expert_map; otherwise those reads may see older values (the
+// ids stay bounds-checked: never an out-of-bounds access, possibly the wrong experts).
 //
 // Memory safety whatever the ids hold (no host check: it would synchronise): an id outside [0,
 // num_ids), or mapped outside [0, E), makes its slot absent; nothing is loaded through it.
@@ -54,6 +58,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -230,7 +235,7 @@ template <typename T, bool FP8>
 __device__ __forceinline__ void stage_row(void* dst, const void* src, int64_t n) {
   const int64_t chunks = FP8 ? n / 16 : n * static_cast<int64_t>(sizeof(T)) / 16;
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
-    const uint4 v = __ldg(static_cast<const uint4*>(src) + c);
+    const uint4 v = __ldcg(static_cast<const uint4*>(src) + c);  // written by the previous kernel: L2, not nc
     if constexpr (FP8) {
       const uint32_t u[4] = {v.x, v.y, v.z, v.w};
       float4* d = static_cast<float4*>(dst) + 4 * c;
@@ -266,7 +271,8 @@ __device__ __forceinline__ float gated(int act, bool vllm, float a, float b, flo
     const float v = act == kSilu ? a / (1.0f + expf(-a)) : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
     return round_to<T>(v) * b;
   }
-  const float v = act == kSilu ? __fdividef(a, 1.0f + __expf(-a)) : 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+  // gelu through erfc (no cancellation in the negative tail, as the Triton path); once per output
+  const float v = act == kSilu ? __fdividef(a, 1.0f + __expf(-a)) : 0.5f * a * erfcf(a * -0.70710678118654752f);
   return v * b;
 }
 
@@ -303,7 +309,8 @@ __global__ void __launch_bounds__(kThreads, 2) up_kernel(const UpParams<T> p) {
   cuda::pdl_enter();
   const int64_t e = local_expert(p.slots, t, j);
   T* act = p.act + s * p.act_stride;
-  if (e < 0) {  // no expert of this rank: a zero row (the down kernel never reads it)
+  if (e < 0) {  // no expert of this rank: a zero row (the down kernel skips the slot; zeros keep
+                // the row's fp8 quantization, which reads every row, finite)
     if (lane < RW && n0 + lane < p.n) act[n0 + lane] = from_float<T>(0.f);
     return;
   }
@@ -389,7 +396,10 @@ __global__ void __launch_bounds__(kThreads, 2) down_kernel(const DownParams<T> p
 #pragma unroll
     for (int jj = 0; jj < JB; ++jj) {
       const int j = j0 + jj;
-      const int64_t e = j < topk ? local_expert(p.slots, t, j) : -1;  // the same for the whole warp
+      // lane 0 reads the id and the warp takes its value: one expert per slot for the whole warp
+      // (the warp sums below mix its lanes) whatever another kernel does to topk_ids meanwhile
+      const int64_t e0 = lane == 0 && j < topk ? local_expert(p.slots, t, j) : -1;
+      const int64_t e = __shfl_sync(0xffffffffu, e0, 0);
       const int64_t eo = e < 0 ? 0 : e;
       acts[jj] = {rows_s + (j < topk ? j : 0) * row_bytes, as + (j < topk ? j : 0) * groups, e >= 0 && c0 < p.k};
 #pragma unroll
@@ -494,10 +504,10 @@ inline Slots slots_of(const TensorView& ids, const TensorView& map, int64_t expe
 // Resident blocks of `fn` per SM with `smem` bytes of dynamic shared memory (cached: the
 // occupancy query is host arithmetic, but a call should not repeat it).
 template <typename Kernel>
-inline int resident_blocks(Kernel* fn, size_t smem) {
+inline int resident_blocks(Kernel* fn, size_t smem, int32_t device_id) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, int> cache;
-  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), smem);
+  static std::map<std::tuple<const void*, size_t, int32_t>, int> cache;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(fn), smem, device_id);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -513,7 +523,7 @@ inline int resident_blocks(Kernel* fn, size_t smem) {
 // (1, 2, 4, 8; 0: choose) is the tuner's and the tests' override.
 template <typename Kernel, size_t N>
 inline std::pair<Kernel*, int> pick(const std::pair<Kernel*, int> (&cands)[N], int64_t items, int64_t outer,
-                                    size_t smem, const cuda::DeviceProps& props, int64_t forced) {
+                                    size_t smem, const cuda::DeviceProps& props, int32_t device_id, int64_t forced) {
   if (forced != 0) {
     for (const auto& c : cands)
       if (c.second == forced) return c;
@@ -524,7 +534,7 @@ inline std::pair<Kernel*, int> pick(const std::pair<Kernel*, int> (&cands)[N], i
   double best_eff = -1.0;
   for (const auto& c : cands) {
     const int64_t blocks = outer * cdiv(items, static_cast<int64_t>(kWarps) * c.second);
-    const int64_t wave = static_cast<int64_t>(props.sm_count) * resident_blocks(c.first, smem);
+    const int64_t wave = static_cast<int64_t>(props.sm_count) * resident_blocks(c.first, smem, device_id);
     const double eff = static_cast<double>(blocks) / static_cast<double>(cdiv(blocks, wave) * wave);
     if (eff >= best_eff - 1e-9) {
       best = c;
@@ -534,16 +544,24 @@ inline std::pair<Kernel*, int> pick(const std::pair<Kernel*, int> (&cands)[N], i
   return best;
 }
 
+// Lets `fn` take `smem` bytes of dynamic shared memory on the current device (an attribute set
+// once per kernel, device and larger size: not a driver call per launch).
 template <typename Kernel>
-inline void allow_smem(Kernel* fn, size_t smem, const cuda::DeviceProps& props) {
+inline void allow_smem(Kernel* fn, size_t smem, const cuda::DeviceProps& props, int32_t device_id) {
   if (smem > static_cast<size_t>(props.smem_optin)) {
     TVM_FFI_THROW(ValueError) << kOp << ": the decode kernels stage the activation rows in shared memory: " << smem
                               << " bytes are needed, this GPU allows " << props.smem_optin;
   }
-  if (smem > 48 * 1024) {
-    cuda::check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-                     kOp, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  }
+  if (smem <= 48 * 1024) return;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int32_t>, size_t> allowed;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), device_id);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = allowed.find(key);
+  if (it != allowed.end() && it->second >= smem) return;
+  cuda::check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), kOp,
+                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  allowed[key] = smem;
 }
 
 template <typename T, bool FP8>
@@ -553,8 +571,8 @@ void launch_up(const UpParams<T>& p, int64_t slots, int64_t forced, int32_t devi
   using K = void(const UpParams<T>);
   // up to 4 columns a warp: 8 rows (gate and up), the most loads in flight per lane
   const std::pair<K*, int> cands[] = {{up_kernel<T, FP8, 1>, 1}, {up_kernel<T, FP8, 2>, 2}, {up_kernel<T, FP8, 4>, 4}};
-  for (const auto& c : cands) allow_smem(c.first, smem, props);
-  const auto [fn, w] = pick(cands, p.n, slots, smem, props, forced);
+  for (const auto& c : cands) allow_smem(c.first, smem, props, device_id);
+  const auto [fn, w] = pick(cands, p.n, slots, smem, props, device_id, forced);
   cuda::launch(kOp, device_id, props, fn, dim3(static_cast<unsigned>(slots), static_cast<unsigned>(cdiv(p.n, kWarps * w))),
                dim3(kThreads), smem, stream, p);
 }
@@ -589,8 +607,8 @@ void launch_down(const DownParams<T>& p, int64_t m, int64_t forced, int32_t devi
                                       {down_for<T, FP8, 2>(jb(2)), 2},
                                       {down_for<T, FP8, 4>(jb(4)), 4},
                                       {down_for<T, FP8, 8>(jb(8)), 8}};
-  for (const auto& c : cands) allow_smem(c.first, smem, props);
-  const auto [fn, w] = pick(cands, p.k, m, smem, props, forced);
+  for (const auto& c : cands) allow_smem(c.first, smem, props, device_id);
+  const auto [fn, w] = pick(cands, p.k, m, smem, props, device_id, forced);
   cuda::launch(kOp, device_id, props, fn, dim3(static_cast<unsigned>(m), static_cast<unsigned>(cdiv(p.k, kWarps * w))),
                dim3(kThreads), smem, stream, p);
 }

@@ -41,9 +41,10 @@ table (``benchmarks/bench_moe.py --forced cuda,triton,cutlass --select-out``) pu
 was measured faster.
 
 Measured (``docs/benchmarks/moe_decode_cuda_h100.md``, an H100, CUDA graphs): DeepSeek-V3 fp8 at
-one token 132.4 us against the Triton path's 222.1 (0.88 of the copy bandwidth against 0.53); the
-bf16 shapes at 4 to 8 tokens 0.77-0.96x Triton's time; Triton ahead at one token on Qwen3's bf16
-shapes and from 16 tokens on. The H100 select tables in the wheel encode that.
+one token 132.4 us against the Triton path's 222.1 (0.88 of the copy bandwidth against 0.53), at
+4 and 8 tokens 0.96 / 0.98x; the bf16 shapes at 4 to 8 tokens 0.81-0.96x the Triton path's time
+(Mixtral-8x7B at 8: 1.01x); Triton ahead at one token on Qwen3's and DeepSeek-V3's bf16 shapes and
+from 16 tokens on. The H100 select tables in the wheel encode that.
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ else:
 BACKEND = "cuda"
 #: the most tokens the decode kernels take (each slot streams its expert's weights)
 MAX_TOKENS = 64
-#: the most slots per token (the down kernel stages one expert id per thread)
+#: the most slots per token the unit takes (a bound of its host checks; the token's topk rows must
+#: also fit the shared memory, which refuses most calls far below it)
 MAX_TOPK = 256
 #: from this many tokens the kernels take 4 columns a warp each (up, down) instead of the unit's
 #: own choice (whole waves of resident blocks): fewer blocks staging the same rows. On an H100
-#: (docs/benchmarks/moe_decode_cuda_h100.md) that was faster at M = 4 to 64 on the four models'
-#: shapes but for Qwen3-235B-A22B at M = 4 to 16 (within 3%), and slower at M = 1.
+#: (docs/benchmarks/moe_decode_cuda_h100.md), against the unit's choice at M = 4 to 16: 0.59-0.94x
+#: the time on DeepSeek-V3 fp8 and 0.86-0.98x on Mixtral-8x7B, 0.98-1.03x on the other bf16 shapes;
+#: at M = 64 (where the tables choose Triton) 0.70-1.23x; at M = 1 slower (not taken there).
 MULTI_TOKEN, MULTI_TOKEN_SPLIT = 4, (4, 4)
 #: the activations' codes in the unit (the Triton kernels' ACT_CODES)
 ACT_CODES = {"silu": 0, "gelu": 1, "swigluoai": 5}
@@ -166,10 +169,16 @@ def supports(
     verdict once per set of facts."""
     try:
         device = hidden.device
-        capability, optin = None, 0
-        if device.type == "cuda":
+    except AttributeError:  # not tensors: the contract names the problem
+        return None
+    capability, optin = None, 0
+    if device.type == "cuda":
+        try:
             index = device.index if device.index is not None else torch.cuda.current_device()
             capability, optin = _device_facts(index)
+        except Exception as exc:  # a GPU whose properties cannot be read: say so, run nothing
+            return f"the native CUDA decode kernels could not read the GPU's properties: {type(exc).__name__}: {exc}"
+    try:
         fp8 = w1.dtype == torch.float8_e4m3fn
         aligned = _aligned(w1) and _aligned(w2) and (fp8 or _aligned(hidden))
         topk = int(topk_ids.shape[-1]) if topk_ids is not None else 1
