@@ -656,6 +656,47 @@ inline void dispatch_16bit(DType d, F&& f) {
   }
 }
 
+// The routing arguments of both entries: topk in [1, kThreads], topk_weights [M, topk] float32.
+inline void check_routing(const TensorView& topk_weights, int64_t m, int64_t topk) {
+  if (topk < 1 || topk > kThreads) {
+    TVM_FFI_THROW(ValueError) << kOp << ": topk is " << topk << "; the decode kernels take 1 to " << kThreads;
+  }
+  check_size(kOp, "topk_weights", topk_weights, 0, m, "topk_ids' tokens");
+  check_size(kOp, "topk_weights", topk_weights, 1, topk, "topk_ids' topk");
+  check_float32(kOp, "topk_weights", topk_weights);
+  check_last_dim_contiguous(kOp, "topk_weights", topk_weights);
+}
+
+// The activation rows a product reads, `rows` of them with `cols` columns: fp8 e4m3 rows (at least
+// `cols` columns, whole 16-byte chunks) with their float32 group scales, else rows of dtype `dt`.
+inline void check_activation(const TensorView& x, const char* x_name, const TensorView& xs, const char* xs_name,
+                             int64_t rows, int64_t cols, bool fp8, DType dt) {
+  check_size(kOp, x_name, x, 0, rows, "its rows");
+  if (fp8) {
+    check_fp8_bytes(kOp, x_name, x);
+    if (x.size(1) < cols) {
+      TVM_FFI_THROW(ValueError) << kOp << ": " << x_name << " (the quantized rows) has " << x.size(1)
+                                << " columns, fewer than " << cols;
+    }
+    check_rows(x, x_name, true, 1);
+    check_ndim(kOp, xs_name, xs, 2);
+    check_float32(kOp, xs_name, xs);
+    check_size(kOp, xs_name, xs, 0, rows, "its rows");
+    if (xs.size(1) < cdiv(cols, kGroup)) {
+      TVM_FFI_THROW(ValueError) << kOp << ": " << xs_name << " has " << xs.size(1)
+                                << " group scales a row, fewer than ceil(" << cols << " / 128)";
+    }
+    check_last_dim_contiguous(kOp, xs_name, xs);
+  } else {
+    if (get_dtype(kOp, x_name, x) != dt) {
+      TVM_FFI_THROW(ValueError) << kOp << ": " << x_name << " has dtype " << dtype_name(x.dtype())
+                                << ", expected the output's";
+    }
+    check_size(kOp, x_name, x, 1, cols, "the weights' columns");
+    check_rows(x, x_name, false, elem_size(dt));
+  }
+}
+
 }  // namespace moe_decode_cuda
 
 void moe_decode_up_cuda(TensorView act, TensorView x, TensorView xs, TensorView w1, TensorView w1_scale,
@@ -681,41 +722,17 @@ void moe_decode_up_cuda(TensorView act, TensorView x, TensorView xs, TensorView 
   if (activation != D::kSilu && activation != D::kGelu && activation != D::kSwigluOai) {
     TVM_FFI_THROW(ValueError) << op << ": activation code " << activation << " is not one of 0 (silu), 1 (gelu), 5 (swigluoai)";
   }
-  if (topk < 1 || topk > D::kThreads) {
-    TVM_FFI_THROW(ValueError) << op << ": topk is " << topk << "; the decode kernels take 1 to " << D::kThreads;
-  }
+  D::check_routing(topk_weights, m, topk);
   check_size(op, "act", act, 0, slots, "M * topk");
   check_size(op, "act", act, 1, n, "N");
   check_last_dim_contiguous(op, "act", act);
-  check_size(op, "x", x, 0, m, "topk_ids' tokens");
-  check_size(op, "topk_weights", topk_weights, 0, m, "topk_ids' tokens");
-  check_size(op, "topk_weights", topk_weights, 1, topk, "topk_ids' topk");
-  check_float32(op, "topk_weights", topk_weights);
-  check_last_dim_contiguous(op, "topk_weights", topk_weights);
   D::Slots sl = D::slots_of(topk_ids, expert_map, experts);
   const int64_t welem = fp8 ? 1 : D::elem_size(dt);
   D::check_rows(w1, "w1", fp8, welem);
+  D::check_activation(x, "x", xs, "xs", m, k, fp8, dt);
   if (fp8) {
-    check_fp8_bytes(op, "x", x);
-    if (x.size(1) < k) {
-      TVM_FFI_THROW(ValueError) << op << ": x (the quantized rows) has " << x.size(1) << " columns, fewer than K = " << k;
-    }
-    D::check_rows(x, "x", true, 1);
-    check_ndim(op, "xs", xs, 2);
-    check_float32(op, "xs", xs);
-    check_size(op, "xs", xs, 0, m, "topk_ids' tokens");
-    if (xs.size(1) < D::cdiv(k, D::kGroup)) {
-      TVM_FFI_THROW(ValueError) << op << ": xs has " << xs.size(1) << " group scales a row, fewer than ceil(K / 128)";
-    }
-    check_last_dim_contiguous(op, "xs", xs);
     D::check_scales(w1_scale, "w1_scale", experts, n2, k);
     check_device(op, kDLCUDA, {{"act", &act}, {"xs", &xs}, {"w1_scale", &w1_scale}});
-  } else {
-    if (get_dtype(op, "x", x) != dt) {
-      TVM_FFI_THROW(ValueError) << op << ": x has dtype " << dtype_name(x.dtype()) << ", expected act's " << dtype_name(act.dtype());
-    }
-    check_size(op, "x", x, 1, k, "K");
-    D::check_rows(x, "x", false, welem);
   }
   if (expert_map.numel() > 0) check_device(op, kDLCUDA, {{"act", &act}, {"expert_map", &expert_map}});
   if (m == 0) return;
@@ -777,41 +794,17 @@ void moe_decode_down_cuda(TensorView out, TensorView a, TensorView as, TensorVie
     TVM_FFI_THROW(ValueError) << op << ": w2 [E, K, N] has shape [" << experts << ", " << k << ", " << n
                               << "]: each must be at least 1";
   }
-  if (topk < 1 || topk > D::kThreads) {
-    TVM_FFI_THROW(ValueError) << op << ": topk is " << topk << "; the decode kernels take 1 to " << D::kThreads;
-  }
+  D::check_routing(topk_weights, m, topk);
   check_size(op, "out", out, 0, m, "topk_ids' tokens");
   check_size(op, "out", out, 1, k, "K");
   check_last_dim_contiguous(op, "out", out);
-  check_size(op, "a", a, 0, slots, "M * topk");
-  check_size(op, "topk_weights", topk_weights, 0, m, "topk_ids' tokens");
-  check_size(op, "topk_weights", topk_weights, 1, topk, "topk_ids' topk");
-  check_float32(op, "topk_weights", topk_weights);
-  check_last_dim_contiguous(op, "topk_weights", topk_weights);
   D::Slots sl = D::slots_of(topk_ids, expert_map, experts);
   const int64_t welem = fp8 ? 1 : D::elem_size(dt);
   D::check_rows(w2, "w2", fp8, welem);
+  D::check_activation(a, "a", as, "as", slots, n, fp8, dt);
   if (fp8) {
-    check_fp8_bytes(op, "a", a);
-    if (a.size(1) < n) {
-      TVM_FFI_THROW(ValueError) << op << ": a (the quantized rows) has " << a.size(1) << " columns, fewer than N = " << n;
-    }
-    D::check_rows(a, "a", true, 1);
-    check_ndim(op, "as", as, 2);
-    check_float32(op, "as", as);
-    check_size(op, "as", as, 0, slots, "M * topk");
-    if (as.size(1) < D::cdiv(n, D::kGroup)) {
-      TVM_FFI_THROW(ValueError) << op << ": as has " << as.size(1) << " group scales a row, fewer than ceil(N / 128)";
-    }
-    check_last_dim_contiguous(op, "as", as);
     D::check_scales(w2_scale, "w2_scale", experts, k, n);
     check_device(op, kDLCUDA, {{"out", &out}, {"as", &as}, {"w2_scale", &w2_scale}});
-  } else {
-    if (get_dtype(op, "a", a) != dt) {
-      TVM_FFI_THROW(ValueError) << op << ": a has dtype " << dtype_name(a.dtype()) << ", expected out's " << dtype_name(out.dtype());
-    }
-    check_size(op, "a", a, 1, n, "N");
-    D::check_rows(a, "a", false, welem);
   }
   if (expert_map.numel() > 0) check_device(op, kDLCUDA, {{"out", &out}, {"expert_map", &expert_map}});
   if (m == 0) return;
