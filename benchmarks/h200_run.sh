@@ -41,6 +41,10 @@
 #          $MOE_PEER_CONFIGS (a folder) are read as the user's, so a retune times their entries first;
 # moe-bench: benchmarks/bench_moe.py, the four models with --layer, on $OUT/moe_configs when a
 #          moe-tune stage wrote it (OUT_DIR/moe_bench.*), vLLM's files as the peer's ($MOE_PEER_CONFIGS);
+# moe-decode: benchmarks/bench_moe.py at decode sizes (M 1, 4, 8, 16, 64), opmux's call forced onto
+#          each backend (cuda, triton, cutlass) and the fastest written as select tables per shape
+#          and M (OUT_DIR/moe_decode.{json,md}, OUT_DIR/moe_select.tgz: moe.fused_experts/<table>.json
+#          for python/opmux/kernels/configs/; $MOE_DECODE_ARGS replaces the default budget);
 # moe-grid: tests/parity/test_moe_grid.py on every backend (decode path included), then
 #          compute-sanitizer over its bad-id, expert_map and decode bad-id cases (OUT_DIR/moe_grid.log);
 # comm:    the comm ops' parity cells on one GPU (one rank: the peer-buffer kernels' arithmetic and
@@ -180,6 +184,16 @@ for stage in $STAGES; do
                     ${MOE_PEER_CONFIGS:+--peer-configs "$REPO/$MOE_PEER_CONFIGS"} --layer \
                     --models Mixtral-8x7B,Qwen3-30B-A3B,Qwen3-235B-A22B,DeepSeek-V3 ${MOE_BENCH_ARGS:---budget-s 180} \
                     2>&1 | tee "$OUT/moe_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        moe-decode) rm -rf "$OUT/moe_select" "$OUT/moe_decode"
+                # shellcheck disable=SC2086  # MOE_DECODE_ARGS: words on purpose
+                timeout "${MOE_DECODE_TIMEOUT:-240}" python3 "$REPO/benchmarks/bench_moe.py" --out "$OUT/moe_decode" \
+                    --models Mixtral-8x7B,Qwen3-30B-A3B,Qwen3-235B-A22B,DeepSeek-V3 --m 1,4,8,16,64 \
+                    --forced cuda,triton,cutlass --select-out "$OUT/moe_select" ${MOE_DECODE_ARGS:---budget-s 200} \
+                    2>&1 | tee "$OUT/moe_decode.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                for f in moe.json moe.md; do [[ -f $OUT/moe_decode/$f ]] && mv "$OUT/moe_decode/$f" "$OUT/moe_decode.${f#moe.}"; done
+                rm -rf "$OUT/moe_decode"
+                # the tables' names hold characters the lent machine does not return: one archive
+                [[ -d $OUT/moe_select ]] && (cd "$OUT" && tar czf moe_select.tgz moe_select && rm -rf moe_select) ;;
         moe-grid) timeout 300 python3 -m pytest "$REPO/tests/parity/test_moe_grid.py" --target cuda "${PARITY_TREE[@]}" \
                     -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/moe_grid.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
