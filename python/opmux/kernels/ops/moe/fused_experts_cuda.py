@@ -274,16 +274,16 @@ def launch(
     lib = library()
     index = hidden.device.index if hidden.device.index is not None else torch.cuda.current_device()
     pdl = _device_facts(index)[0][0] >= 9  # the unit also checks the binary has griddepcontrol
-    none = torch.empty(0, dtype=torch.float32, device=hidden.device)
-    x, xs = quant_groups(hidden, vllm_rounding) if fp8 else (hidden, none)
+    # unquantized: the unit reads no scales, the (empty) scale arguments stand in (no allocation)
+    x, xs = quant_groups(hidden, vllm_rounding) if fp8 else (hidden, w1_scale)
     act = torch.empty((m * topk, n), dtype=hidden.dtype, device=hidden.device)
     lib.up(
-        act, x, xs, w1, w1_scale if fp8 else none, topk_weights, topk_ids, expert_map, ACT_CODES[activation],
+        act, x, xs, w1, w1_scale, topk_weights, topk_ids, expert_map, ACT_CODES[activation],
         apply_router_weight_on_input, vllm_rounding, OAI_ALPHA, OAI_LIMIT, rows_per_warp[0], pdl,
     )  # fmt: skip
-    a, as_ = quant_groups(act, vllm_rounding) if fp8 else (act, none)
+    a, as_ = quant_groups(act, vllm_rounding) if fp8 else (act, w2_scale)
     lib.down(
-        out, a, as_, w2, w2_scale if fp8 else none, topk_weights, topk_ids, expert_map,
+        out, a, as_, w2, w2_scale, topk_weights, topk_ids, expert_map,
         not apply_router_weight_on_input, rows_per_warp[1], pdl,
     )  # fmt: skip
 
