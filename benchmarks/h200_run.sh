@@ -44,7 +44,9 @@
 # moe-decode: benchmarks/bench_moe.py at decode sizes (M 1, 4, 8, 16, 64), opmux's call forced onto
 #          each backend (cuda, triton, cutlass) and the fastest written as select tables per shape
 #          and M (OUT_DIR/moe_decode.{json,md}, OUT_DIR/moe_select.tgz: moe.fused_experts/<table>.json
-#          for python/opmux/kernels/configs/; $MOE_DECODE_ARGS replaces the default budget);
+#          for python/opmux/kernels/configs/; $MOE_DECODE_ARGS replaces the default budget); after a
+#          moe-tune stage on its tables, whose native decode tables (MOE_TUNE="--backend cuda ...")
+#          go into the archive too;
 # moe-grid: tests/parity/test_moe_grid.py on every backend (decode path included), then
 #          compute-sanitizer over its bad-id, expert_map and decode bad-id cases (OUT_DIR/moe_grid.log);
 # comm:    the comm ops' parity cells on one GPU (one rank: the peer-buffer kernels' arithmetic and
@@ -185,13 +187,18 @@ for stage in $STAGES; do
                     --models Mixtral-8x7B,Qwen3-30B-A3B,Qwen3-235B-A22B,DeepSeek-V3 ${MOE_BENCH_ARGS:---budget-s 180} \
                     2>&1 | tee "$OUT/moe_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         moe-decode) rm -rf "$OUT/moe_select" "$OUT/moe_decode"
+                cfg=(); [[ -d $OUT/moe_configs ]] && cfg=(env "OPMUX_TUNED_CONFIG_DIR=$OUT/moe_configs")
                 # shellcheck disable=SC2086  # MOE_DECODE_ARGS: words on purpose
-                timeout "${MOE_DECODE_TIMEOUT:-240}" python3 "$REPO/benchmarks/bench_moe.py" --out "$OUT/moe_decode" \
+                "${cfg[@]}" timeout "${MOE_DECODE_TIMEOUT:-240}" python3 "$REPO/benchmarks/bench_moe.py" --out "$OUT/moe_decode" \
                     --models Mixtral-8x7B,Qwen3-30B-A3B,Qwen3-235B-A22B,DeepSeek-V3 --m 1,4,8,16,64 \
                     --forced cuda,triton,cutlass --select-out "$OUT/moe_select" ${MOE_DECODE_ARGS:---budget-s 200} \
                     2>&1 | tee "$OUT/moe_decode.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 for f in moe.json moe.md; do [[ -f $OUT/moe_decode/$f ]] && mv "$OUT/moe_decode/$f" "$OUT/moe_decode.${f#moe.}"; done
                 rm -rf "$OUT/moe_decode"
+                # the native decode kernels' tables a moe-tune stage wrote (--backend cuda) go with them
+                if [[ -d $OUT/moe_configs ]] && compgen -G "$OUT/moe_configs/*backend=cuda.json" > /dev/null; then
+                    mkdir -p "$OUT/moe_select/moe.fused_experts" && cp "$OUT"/moe_configs/*backend=cuda.json "$OUT/moe_select/moe.fused_experts/"
+                fi
                 # the tables' names hold characters the lent machine does not return: one archive
                 [[ -d $OUT/moe_select ]] && (cd "$OUT" && tar czf moe_select.tgz moe_select && rm -rf moe_select) ;;
         moe-grid) timeout 300 python3 -m pytest "$REPO/tests/parity/test_moe_grid.py" --target cuda "${PARITY_TREE[@]}" \

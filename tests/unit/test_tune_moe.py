@@ -11,7 +11,7 @@ import pytest
 from opmux.kernels import tuned
 from opmux.kernels.tune.__main__ import main
 from opmux.kernels.tune.models import moe_shapes
-from opmux.kernels.tune.moe import moe_candidates
+from opmux.kernels.tune.moe import cuda_candidates, moe_candidates
 
 OP = "moe.fused_experts"
 
@@ -61,14 +61,29 @@ def test_candidates_and_presets() -> None:
         moe_shapes("GPT-5")
 
 
+def test_native_decode_candidates() -> None:
+    """The native decode kernels' candidates: the default for M first, every instantiated
+    (up, down) pair and the unit's own choice once each, all valid table entries."""
+    for m in (1, 4, 64):
+        cands = cuda_candidates(m)
+        assert cands[0] == dict(tuned.default_config(OP, "cuda", m, (8, 14336)))
+        assert len(cands) == 1 + 3 * 4 and len({json.dumps(c) for c in cands}) == len(cands)
+        assert all(tuned.validate_entry(OP, "cuda", c, ()) == [] for c in cands)
+        assert {"UP_ROWS": 0, "DOWN_ROWS": 0} in cands and {"UP_ROWS": 4, "DOWN_ROWS": 8} in cands
+
+
 def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([OP, "--shapes", "4,64,128", "--budget-s", "5", "--out", str(tmp_path)])
     assert info.value.code == 2 and "E,N,K,topk" in capsys.readouterr().err
     assert main([OP, "--budget-s", "5", "--out", str(tmp_path)]) == 1
     assert "nothing to tune" in capsys.readouterr().err
-    assert main([OP, "--models", "Mixtral-8x7B", "--backend", "cuda", "--budget-s", "5", "--out", "x"]) == 1
-    assert "Triton kernel only" in capsys.readouterr().err
+    assert main([OP, "--models", "Mixtral-8x7B", "--backend", "select", "--budget-s", "5", "--out", "x"]) == 1
+    assert "tunes triton and cuda launches" in capsys.readouterr().err
+    cpu = ["--device", "cpu", "--budget-s", "5", "--out", str(tmp_path)]
+    assert main([OP, "--models", "Mixtral-8x7B", "--backend", "cuda", *cpu]) == 1
+    assert "native decode kernels: it needs a CUDA GPU" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_unfinished_keeps_the_entries_no_config_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -244,3 +244,50 @@ def test_deepseek_fp8_decode_takes_the_tensor_core_decode_entry(
     shape, rows = fe._PROBLEM(*args)
     config = tuned.lookup(OP, "triton", "NVIDIA_H200", shape, rows, fe._TAGS(*args))
     assert (shape, rows) == ((e, n), m) and config.get("DECODE") == 1, dict(config)
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ({"UP_ROWS": 4, "DOWN_ROWS": 8}, None),
+        ({"UP_ROWS": 0, "DOWN_ROWS": 0}, None),
+        ({"UP_ROWS": 8, "DOWN_ROWS": 4}, "UP_ROWS=8 (one of 0, 1, 2, 4"),
+        ({"UP_ROWS": 2, "DOWN_ROWS": 3}, "DOWN_ROWS=3 (one of 0, 1, 2, 4, 8"),
+        ({"UP_ROWS": True, "DOWN_ROWS": 1}, "UP_ROWS=True"),
+        ({"UP_ROWS": 1}, "missing DOWN_ROWS"),
+        ({"UP_ROWS": 1, "DOWN_ROWS": 1, "num_warps": 4}, "unknown key(s) num_warps"),
+    ],
+)
+def test_the_native_decode_entries(entry: dict[str, Any], problem: str | None) -> None:
+    """``backend=cuda`` tables hold the native decode kernels' columns per warp (up, down): the
+    unit's instantiations or 0 (its own choice); anything else is named."""
+    found = tuned.validate_entry(OP, "cuda", entry, FP8)
+    assert found == [] if problem is None else any(problem in p for p in found), found
+
+
+@pytest.mark.parametrize(("m", "split"), [(1, (0, 0)), (3, (0, 0)), (4, (4, 4)), (64, (4, 4))])
+def test_the_native_decode_default(m: int, split: tuple[int, int]) -> None:
+    config = tuned.default_config(OP, "cuda", m, (256, 2048), FP8)
+    assert (config["UP_ROWS"], config["DOWN_ROWS"]) == split
+    assert tuned.validate_entry(OP, "cuda", config, FP8) == []
+
+
+def test_the_native_decode_backend_takes_its_table(
+    tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend's launch reads its form's ``backend=cuda`` table of the device (nearest M) and
+    the default where none speaks."""
+    torch = pytest.importorskip("torch")
+    from opmux.kernels.ops.moe import fused_experts_cuda as fc
+
+    monkeypatch.setattr(tuned, "device_name", lambda device: DEV)
+    name = f"E=256,N=2048,device_name={DEV},dtype=fp8_w8a8,block_shape=[128,128],backend=cuda.json"
+    _write(tuned_user_dir, name, {"1": {"UP_ROWS": 2, "DOWN_ROWS": 8}, "8": {"UP_ROWS": 1, "DOWN_ROWS": 2}})
+    meta = {"device": "meta"}
+    w1 = torch.empty(256, 4096, 7168, dtype=torch.float8_e4m3fn, **meta)
+    w2 = torch.empty(256, 7168, 2048, dtype=torch.float8_e4m3fn, **meta)
+    for m, want in ((1, (2, 8)), (2, (2, 8)), (6, (1, 2)), (32, (1, 2)), (64, (4, 4))):
+        hidden = torch.empty(m, 7168, dtype=torch.bfloat16, **meta)
+        assert fc.tuned_split(hidden, w1, w2) == want, m
+    hidden = torch.empty(1, 7168, dtype=torch.bfloat16, **meta)  # the bf16 form has no table here
+    assert fc.tuned_split(hidden, w1.bfloat16(), w2.bfloat16()) == (0, 0)

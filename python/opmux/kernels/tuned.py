@@ -18,7 +18,8 @@ block fp8 (N = ``w2.shape[2]``, E the local experts); the caller passes its form
 
 The Triton backend's files carry no backend component (so they stay vLLM's files); every
 other backend adds one, e.g. ``...,backend=cuda.json`` holding ``{"<M>": {"config_id": 3}}``
-(the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu`` lists them), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
+(the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu`` lists them; ``moe.fused_experts``'
+native decode kernels: ``{"<M>": {"UP_ROWS": 4, "DOWN_ROWS": 8}}``, ``ops/moe/_decode_split``), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
 measured fastest for that shape and M on that device (``python -m opmux.kernels.tune ...
 --backend select`` writes it), which dispatch tries first. A select table with ``N=0,K=0``
 holds the size classes by M measured over all the tuned shapes: it applies to a shape with no
@@ -421,6 +422,20 @@ def _default_triton_moe(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict
     }
 
 
+def _check_cuda_moe(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
+    """Problems with one entry of the native decode kernels' table (``ops/moe/_decode_split``)."""
+    from .ops.moe._decode_split import problems  # plain Python
+
+    return problems(entry)
+
+
+def _default_cuda_moe(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
+    """The native decode kernels' columns per warp without a table (``_decode_split.default_split``)."""
+    from .ops.moe._decode_split import KEYS, default_split  # plain Python
+
+    return dict(zip(KEYS, default_split(m), strict=True))
+
+
 def _moe_kernel_problem(out: Any, hidden: Any, w1: Any, w2: Any, *rest: Any) -> tuple[tuple[int, ...], int]:
     """(E, N) and M: E the local experts, N = w2.shape[2] (the intermediate size per shard)."""
     return (w1.shape[0], w2.shape[2]), hidden.shape[0]
@@ -578,8 +593,8 @@ SCHEMAS: Mapping[str, Schema] = {
     "moe.fused_experts": Schema(
         shape=("E", "N"),
         tags=(),
-        entries={"triton": _check_triton_moe, "select": _check_select},
-        defaults={"triton": _default_triton_moe, "select": _no_preference},
+        entries={"triton": _check_triton_moe, "cuda": _check_cuda_moe, "select": _check_select},
+        defaults={"triton": _default_triton_moe, "cuda": _default_cuda_moe, "select": _no_preference},
         kernel_problem=_moe_kernel_problem,
         call_problem=_moe_call_problem,
         form_tags=("dtype", "block_shape"),

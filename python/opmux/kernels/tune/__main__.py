@@ -68,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
         "--backend",
         choices=list(BACKENDS),
         default="triton",
-        help="triton: launch configs; cuda: the CUTLASS instantiation; select: the backend tried first (tune it last)",
+        help="triton: launch configs; cuda: the CUTLASS instantiation (gemm), the native decode kernels' "
+        "columns per warp (moe); select: the backend tried first (gemm; tune it last)",
     )
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
     p.add_argument("--max-configs", type=int, default=None, help="at most this many configs per entry")
@@ -96,6 +97,7 @@ def _moe_shapes(text: str) -> list[tuple[int, int, int, int, str]]:
 
 
 def _tune_moe(args: argparse.Namespace) -> Any:
+    from opmux.kernels.tune.moe import BACKENDS as MOE_BACKENDS
     from opmux.kernels.tune.moe import MOE_MS, tune_moe
 
     shapes = list(args.shapes)
@@ -106,8 +108,11 @@ def _tune_moe(args: argparse.Namespace) -> Any:
             "nothing to tune: give --shapes 'E,N,K,topk[,fp8];...' or --models " + ",".join(MOE_MODELS)
         )
     _check_budget(args)
-    if args.backend != "triton":
-        raise ValueError(f"{MOE_OP} tunes its Triton kernel only (--backend triton)")
+    if args.backend not in MOE_BACKENDS:
+        raise ValueError(
+            f"{MOE_OP} tunes {' and '.join(MOE_BACKENDS)} launches (--backend {' or '.join(MOE_BACKENDS)}); "
+            "its select tables come from benchmarks/bench_moe.py --select-out"
+        )
     return tune_moe(
         shapes,
         args.m or list(MOE_MS),
@@ -116,6 +121,7 @@ def _tune_moe(args: argparse.Namespace) -> Any:
         device=args.device,
         max_configs=args.max_configs,
         retune=args.retune,
+        backend=args.backend,
     )
 
 

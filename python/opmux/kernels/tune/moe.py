@@ -1,5 +1,7 @@
-"""The tuning loop of ``moe.fused_experts``'s Triton kernel: per (E, N, K, topk, form) and M
-(tokens), time candidate launch configurations, keep the fastest, write vLLM-named tables.
+"""The tuning loop of ``moe.fused_experts``: per (E, N, K, topk, form) and M (tokens), time
+candidate launch configurations, keep the fastest, write the tables: the Triton kernel's
+(vLLM-named files) or, with ``backend="cuda"``, the native decode kernels' columns per warp
+(``...,backend=cuda.json``, ``{"<M>": {"UP_ROWS": u, "DOWN_ROWS": d}}``: ``ops/moe/_decode_split``).
 
 The same discipline as the GEMM's loop (:mod:`.runner`): resumable (each table in the output
 directory is reread and its finished M entries kept; a table is rewritten atomically after each
@@ -28,9 +30,11 @@ from typing import IO, Any
 from opmux.kernels import tuned
 from opmux.kernels.tune.runner import Report, _label, _setup, _timer
 
-__all__ = ["MoeEntry", "make_weights", "moe_candidates", "tune_moe"]
+__all__ = ["BACKENDS", "MoeEntry", "cuda_candidates", "make_weights", "moe_candidates", "tune_moe"]
 
 OP = "moe.fused_experts"
+#: the backends with launch tables: the Triton kernel, the native decode kernels
+BACKENDS = ("triton", "cuda")
 #: vLLM's token counts for its fused-MoE tables (benchmark_moe.py), so files line up
 MOE_MS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 _BLOCK_M = (16, 32, 64, 128)
@@ -156,6 +160,24 @@ def moe_candidates(
     ordered += [c for c in space if c not in ordered]
     assert all(not tuned.validate_entry(OP, "triton", c, tags) for c in ordered)  # internal invariant
     return ordered
+
+
+def cuda_candidates(m: int) -> list[dict[str, int]]:
+    """The native decode kernels' (up, down) columns per warp: the default for ``m`` first, then
+    the unit's own choice, then every instantiated pair (small to large)."""
+    from opmux.kernels.ops.moe import _decode_split as split
+
+    first = dict(zip(split.KEYS, split.default_split(m), strict=True))
+    pairs = [(split.AUTO, split.AUTO)] + [(u, d) for u in split.UP_ROWS for d in split.DOWN_ROWS]
+    ordered = [first] + [dict(zip(split.KEYS, p, strict=True)) for p in pairs]
+    return [c for i, c in enumerate(ordered) if c not in ordered[:i]]
+
+
+def _launch_cuda(*args: Any, config: dict[str, Any]) -> None:
+    """The native decode backend's kernels with the candidate's columns per warp."""
+    from opmux.kernels.ops.moe.fused_experts_cuda import launch
+
+    launch(*args, rows_per_warp=(config["UP_ROWS"], config["DOWN_ROWS"]))
 
 
 def _decode_space(form: str, topk: int, seed: int) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
@@ -291,17 +313,38 @@ def tune_moe(
     max_configs: int | None = None,
     progress: IO[str] | None = None,
     retune: bool = False,
+    backend: str = "triton",
 ) -> Report:
-    """Tune the Triton kernel for every (E, N, K, topk, form) in ``shapes`` and M in ``ms``;
-    tables (``E=..,N=..,device_name=..[,dtype=fp8_w8a8,block_shape=[128,128]].json``) go to
-    ``out``. Entries already there are kept, or with ``retune`` timed again, theirs first."""
+    """Tune ``backend``'s launch for every (E, N, K, topk, form) in ``shapes`` and M in ``ms``;
+    tables (``E=..,N=..,device_name=..[,dtype=fp8_w8a8,block_shape=[128,128]][,backend=cuda].json``)
+    go to ``out``. Entries already there are kept, or with ``retune`` timed again, theirs first.
+    The native decode kernels (``cuda``) need a CUDA GPU and take M up to their ``MAX_TOKENS``
+    (larger M are left out, said on ``progress``)."""
     progress = sys.stderr if progress is None else progress
     for shape in shapes:
         if shape[4] not in ("bf16", "fp8"):
             raise ValueError(f"weight form {shape[4]!r}; valid: bf16, fp8")
+    if backend not in BACKENDS:
+        raise ValueError(f"{OP} has no tuned launch for backend {backend!r}; valid: {', '.join(BACKENDS)}")
     torch, device = _setup(device)
     from opmux.kernels.ops.moe import _experts
     from opmux.kernels.ops.moe.fused_experts_triton import launch_fused_experts
+
+    launch: Any = launch_fused_experts
+    if backend == "cuda":
+        from opmux.kernels.ops.moe import fused_experts_cuda
+
+        if device == "cpu":
+            raise ValueError(f"{OP} --backend cuda tunes the native decode kernels: it needs a CUDA GPU")
+        launch = _launch_cuda
+        dropped = [m for m in ms if m > fused_experts_cuda.MAX_TOKENS]
+        if dropped:
+            print(
+                f"M {', '.join(map(str, dropped))} left out: the native decode kernels take at most "
+                f"{fused_experts_cuda.MAX_TOKENS} tokens",
+                file=progress,
+            )
+        ms = [m for m in ms if m <= fused_experts_cuda.MAX_TOKENS]
 
     dev_name = tuned.device_name(torch.device(device))
     timing = (
@@ -318,7 +361,7 @@ def tune_moe(
     tables: dict[tuple[int, int, str], dict[int, dict[str, Any]]] = {}
     todo: list[tuple[int, int, int, int, str, int]] = []
     for e, n, k, topk, form in shapes:
-        key = tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form))
+        key = tuned.table_key(OP, backend, dev_name, (e, n), form_tags(form))
         path = out / key.file_name()
         table = {m: dict(c) for m, c in tuned.read_table(path, key).items()} if path.exists() else {}
         tables[(e, n, form)] = table
@@ -349,7 +392,13 @@ def tune_moe(
         y = torch.empty_like(s["hidden"])
         args = (y, s["hidden"], w["w1"], w["w2"], s["tw"], s["ti"], s1, s2, no_map, "silu", False)
         other = (torch.empty_like(y), s_other["hidden"], *args[2:4], s_other["tw"], s_other["ti"], *args[6:])
-        timed = _Alternating(launch_fused_experts, (args, other))
+        if backend == "cuda":
+            why = fused_experts_cuda.supports(s["hidden"], w["w1"], w["w2"], s["tw"], s["ti"])
+            if why:
+                print(f"  E={e} N={n} K={k} {form} M={m} not tuned: {why}", file=progress)
+                report.unfinished.append((e, n, k, topk, form, m))
+                continue
+        timed = _Alternating(launch, (args, other))
         mr = min(m, 256)  # the definition on the first rows (its per-expert loop is slow)
         exact = _experts.reference(
             s["hidden"][:mr],
@@ -363,7 +412,8 @@ def tune_moe(
         previous = tables[(e, n, form)].get(m)
         # this table's entry first, then those of the tables the op reads (the user's, the
         # wheel's), then the space
-        key = tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form))
+        key = tuned.table_key(OP, backend, dev_name, (e, n), form_tags(form))
+        path = out / key.file_name()
         known = [
             {k: v for k, v in c.items() if k not in tuned.IGNORED_MOE_KEYS}
             for c in tuned.table_entries(key, m)
@@ -371,10 +421,10 @@ def tune_moe(
         first = [
             c
             for c in ([previous] if previous else []) + known
-            if not tuned.validate_entry(OP, "triton", c, key.tags)
+            if not tuned.validate_entry(OP, backend, c, key.tags)
         ]
         first = [c for i, c in enumerate(first) if c not in first[:i]]
-        space = moe_candidates(m, (e, n, k, topk), form)
+        space = cuda_candidates(m) if backend == "cuda" else moe_candidates(m, (e, n, k, topk), form)
         best: tuple[float, dict[str, Any]] | None = None
         tried = 0
         timings: dict[str, float] = {}
@@ -387,7 +437,7 @@ def tune_moe(
             tried += 1
             try:
                 y.fill_(math.nan)
-                launch_fused_experts(*args, config=config)
+                launch(*args, config=config)
                 got = y[:mr].float()
                 if not bool(got.isfinite().all()):
                     print(f"  wrong {config}: elements not written or not finite", file=progress)
@@ -409,7 +459,6 @@ def tune_moe(
             continue
         best = _confirm(bench, timed, (), measured, best)
         tables[(e, n, form)][m] = best[1]
-        path = out / tuned.table_key(OP, "triton", dev_name, (e, n), form_tags(form)).file_name()
         tuned.write_table(path, tables[(e, n, form)])
         report.entries.append(MoeEntry(e, n, k, topk, form, m, best[1], best[0], tried, timings=timings))
         print(

@@ -53,6 +53,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ... import tuned
 from ...errors import BackendUnavailable
 
 if TYPE_CHECKING:
@@ -61,18 +62,12 @@ if TYPE_CHECKING:
 else:
     from .._torch import torch
 
-BACKEND = "cuda"
+OP, BACKEND = "moe.fused_experts", "cuda"
 #: the most tokens the decode kernels take (each slot streams its expert's weights)
 MAX_TOKENS = 64
 #: the most slots per token the unit takes (a bound of its host checks; the token's topk rows must
 #: also fit the shared memory, which refuses most calls far below it)
 MAX_TOPK = 256
-#: from this many tokens the kernels take 4 columns a warp each (up, down) instead of the unit's
-#: own choice (whole waves of resident blocks): fewer blocks staging the same rows. On an H100
-#: (docs/benchmarks/moe_decode_cuda_h100.md), against the unit's choice at M = 4 to 16: 0.59-0.94x
-#: the time on DeepSeek-V3 fp8 and 0.86-0.98x on Mixtral-8x7B, 0.98-1.03x on the other bf16 shapes;
-#: at M = 64 (where the tables choose Triton) 0.70-1.23x; at M = 1 slower (not taken there).
-MULTI_TOKEN, MULTI_TOKEN_SPLIT = 4, (4, 4)
 #: the activations' codes in the unit (the Triton kernels' ACT_CODES)
 ACT_CODES = {"silu": 0, "gelu": 1, "swigluoai": 5}
 #: swigluoai's alpha and limit (gpt-oss's, as the Triton decode path passes them)
@@ -239,6 +234,16 @@ def library() -> _Library:
     return _Library(unit_functions("moe_decode_cuda", _FUNCTIONS, BACKEND).__getitem__)
 
 
+def tuned_split(hidden: Tensor, w1: Tensor, w2: Tensor) -> tuple[int, int]:
+    """(up, down) columns per warp for this call from the tuned table of its device, shape
+    (E, N), M and form (a dict lookup after the first call of a key)."""
+    tags = tuned.FP8_BLOCK_TAGS if w1.dtype == torch.float8_e4m3fn else ()
+    config = tuned.lookup(
+        OP, BACKEND, tuned.device_name(hidden.device), (w1.shape[0], w2.shape[2]), hidden.shape[0], tags
+    )
+    return config["UP_ROWS"], config["DOWN_ROWS"]
+
+
 def launch(
     out: Tensor,
     hidden: Tensor,
@@ -253,11 +258,13 @@ def launch(
     apply_router_weight_on_input: bool,
     *,
     vllm_rounding: bool = False,
-    rows_per_warp: tuple[int, int] = (0, 0),
+    rows_per_warp: tuple[int, int] | None = None,
 ) -> None:
-    """The unit's two kernels (and, fp8, the two quantizations) on the checked kernel arguments;
-    ``rows_per_warp`` forces the up / down kernels' columns per warp (0: the unit's choice; by
-    default ``MULTI_TOKEN_SPLIT`` from ``MULTI_TOKEN`` tokens)."""
+    """The unit's two kernels (and, fp8, the two quantizations) on the checked kernel arguments.
+    The up / down kernels' columns per warp: ``rows_per_warp`` when given (0: the unit's own
+    choice), else the device's tuned table for the shape and M (``UP_ROWS`` / ``DOWN_ROWS``:
+    ``python -m opmux.kernels.tune moe.fused_experts --backend cuda`` writes it), else
+    ``_decode_split.default_split``."""
     from .fused_experts_decode import quant_groups
 
     m = hidden.shape[0]
@@ -269,8 +276,8 @@ def launch(
         return
     n = w1.shape[1] // 2
     fp8 = w1_scale.numel() > 0
-    if rows_per_warp == (0, 0) and m >= MULTI_TOKEN:
-        rows_per_warp = MULTI_TOKEN_SPLIT
+    if rows_per_warp is None:
+        rows_per_warp = tuned_split(hidden, w1, w2)
     lib = library()
     index = hidden.device.index if hidden.device.index is not None else torch.cuda.current_device()
     pdl = _device_facts(index)[0][0] >= 9  # the unit also checks the binary has griddepcontrol
