@@ -282,6 +282,21 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
                    dim3(256), 0, stream, p);
       return;
     }
+    // Less than a block per SM (decode sizes: T <= 16 at I = 14336): each thread's erff chain
+    // over VEC elements is the kernel's latency, so the same work goes to 4x the threads, a
+    // quarter vector each (torch.compile's kernel spreads it so: 1.6x less kernel time at T = 1
+    // on the H200, ../shared/h200/ncu_gaps_3f43f53.md).
+    constexpr int kSpread = VEC >= 4 ? VEC / 4 : 1;
+    if (vec_ok && kSpread < VEC && blocks < props.sm_count) {
+      const int64_t dvs = p.d / kSpread, totals = rows * dvs;
+      const int64_t blocks_s = (totals + threads - 1) / threads;
+      if (totals + blocks_s * threads <= static_cast<int64_t>(UINT32_MAX)) {
+        cuda::launch(op, device_id, props, gated_kernel<Act, T, kSpread, uint32_t, L>,
+                     dim3(static_cast<unsigned>(blocks_s)), dim3(threads), 0, stream, p, static_cast<uint32_t>(dvs),
+                     static_cast<uint32_t>(totals));
+        return;
+      }
+    }
   }
   const dim3 grid(static_cast<unsigned>(blocks)), block(threads);
   // Largest index formed in the loop is < total + stride.
