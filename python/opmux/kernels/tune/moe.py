@@ -162,13 +162,19 @@ def moe_candidates(
     return ordered
 
 
+#: the native decode kernels' (up, down) pairs that won somewhere on an H100 (session 29's
+#: bench_moe --cuda-splits over the four models at 1-32 tokens), timed right after the default
+_SEEDS_CUDA = ((2, 4), (4, 8), (4, 4), (2, 2), (1, 2), (1, 1))
+
+
 def cuda_candidates(m: int) -> list[dict[str, int]]:
     """The native decode kernels' (up, down) columns per warp: the default for ``m`` first, then
-    the unit's own choice, then every instantiated pair (small to large)."""
+    the unit's own choice and the seeds, then every other instantiated pair."""
     from opmux.kernels.ops.moe import _decode_split as split
 
     first = dict(zip(split.KEYS, split.default_split(m), strict=True))
-    pairs = [(split.AUTO, split.AUTO)] + [(u, d) for u in split.UP_ROWS for d in split.DOWN_ROWS]
+    pairs = [(split.AUTO, split.AUTO), *_SEEDS_CUDA]
+    pairs += [(u, d) for u in split.UP_ROWS for d in split.DOWN_ROWS]
     ordered = [first] + [dict(zip(split.KEYS, p, strict=True)) for p in pairs]
     return [c for i, c in enumerate(ordered) if c not in ordered[:i]]
 
