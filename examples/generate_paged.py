@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -292,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-blocks", type=int, default=24, help="pages per layer (small: requests wait)")
     p.add_argument("--token-budget", type=int, default=32, help="tokens per step (prompts are chunked)")
     p.add_argument("--compile", action="store_true", help="also time HF under torch.compile")
+    p.add_argument(
+        "--hf-sdpa",
+        action="store_true",
+        help="also generate with HF's SDPA attention and check it against HF eager the same way "
+        "(how far HF's own two attention implementations agree at this dtype)",
+    )
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
 
@@ -309,6 +315,15 @@ def main(argv: list[str] | None = None) -> int:
             f"steps {q.admitted:2d}-{q.finished:2d}, pages {q.pages}: {how}"
         )
     ok = all(v for v, _ in verdicts)
+    if args.hf_sdpa:  # the reference's own spread: a second HF attention implementation, same weights
+        sdpa = copy.deepcopy(model)
+        sdpa.set_attn_implementation("sdpa")
+        alt = reference_tokens(sdpa, requests)
+        for q in requests:
+            print(
+                f"  HF sdpa, request {q.rid}: {agreement(model, replace(q, out=alt[q.rid]), ref[q.rid])[1]}"
+            )
+        del sdpa
     if decode_times:
         bs = round(statistics.mean(b for b, _ in decode_times))
         ctx = round(statistics.mean(len(q.prompt) + q.max_new_tokens // 2 for q in requests))
