@@ -144,16 +144,17 @@ def agreement(model: Any, q: Request, ref: list[int]) -> tuple[bool, str]:
         return True, "identical"
     i = next(j for j, (a, b) in enumerate(zip(q.out, ref, strict=True)) if a != b)
     dtype = next(model.parameters()).dtype
-    if dtype != torch.float32:
-        ids = torch.tensor([q.prompt + ref[:i]], device=next(model.parameters()).device)
-        logits = model(ids, logits_to_keep=1).logits[0, -1].float()
-        want, got = float(logits[ref[i]]), float(logits[q.out[i]])
-        top = max(abs(want), abs(got), 2.0**-126)
-        ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
-        if abs(want - got) <= ulp:
-            kind = str(dtype).removeprefix("torch.")
-            return True, f"identical to token {i}, then a {kind} tie (HF's logits {want:.6g} / {got:.6g})"
-    return False, f"DIFFERENT from token {i}\n    opmux {q.out}\n    HF    {ref}"
+    ids = torch.tensor([q.prompt + ref[:i]], device=next(model.parameters()).device)
+    logits = model(ids, logits_to_keep=1).logits[0, -1].float()
+    want, got = float(logits[ref[i]]), float(logits[q.out[i]])
+    top = max(abs(want), abs(got), 2.0**-126)
+    ulp = torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top))
+    kind = str(dtype).removeprefix("torch.")
+    if dtype != torch.float32 and abs(want - got) <= ulp:
+        return True, f"identical to token {i}, then a {kind} tie (HF's logits {want:.6g} / {got:.6g})"
+    # how far apart HF's own logits of the two tokens are says whether a split is a near-tie
+    apart = f"HF's logits {want:.6g} / {got:.6g}: {abs(want - got) / ulp:.1f} {kind} ulp apart"
+    return False, f"DIFFERENT from token {i} ({apart})\n    opmux {q.out}\n    HF    {ref}"
 
 
 def _sync(device: torch.device) -> None:
