@@ -206,3 +206,21 @@ def test_the_h100_tables_take_it_at_decode_sizes(monkeypatch: pytest.MonkeyPatch
     assert measured.preferred(OP, None, (t(24, 2048), *qwen), {})[0] == "triton"  # type: ignore[index]
     monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA_A100-SXM4-80GB")
     assert measured.preferred(OP, None, (t(1, 7168), fp8_w1, w2), {}) is None
+
+
+def test_the_h100_split_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped H100 ``backend=cuda`` tables (the tuner's, docs/benchmarks/moe_decode_cuda_h100.md)
+    give the native kernels their measured columns per warp, per form: DeepSeek-V3 fp8 at two
+    tokens 4 x 8 (the unit's own choice there ran 1.41x its time); a GPU without tables gets the
+    default rule."""
+    from opmux.kernels import tuned
+
+    meta = {"device": "meta"}
+    w1 = torch.empty(256, 4096, 7168, dtype=torch.float8_e4m3fn, **meta)
+    w2 = torch.empty(256, 7168, 2048, dtype=torch.float8_e4m3fn, **meta)
+    x = {m: torch.empty(m, 7168, dtype=torch.bfloat16, **meta) for m in (1, 2, 64)}
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA_H100_80GB_HBM3")
+    assert fc.tuned_split(x[2], w1, w2) == (4, 8)
+    assert fc.tuned_split(x[2], w1.bfloat16(), w2.bfloat16()) == (1, 8)  # the bf16 form's own table
+    monkeypatch.setattr(tuned, "device_name", lambda device: "NVIDIA_A100-SXM4-80GB")
+    assert fc.tuned_split(x[1], w1, w2) == (0, 0) and fc.tuned_split(x[64], w1, w2) == (4, 4)

@@ -41,10 +41,11 @@ table (``benchmarks/bench_moe.py --forced cuda,triton,cutlass --select-out``) pu
 was measured faster.
 
 Measured (``docs/benchmarks/moe_decode_cuda_h100.md``, an H100, CUDA graphs): DeepSeek-V3 fp8 at
-one token 132.4 us against the Triton path's 222.1 (0.88 of the copy bandwidth against 0.53), at
-4 and 8 tokens 0.96 / 0.98x; the bf16 shapes at 4 to 8 tokens 0.81-0.96x the Triton path's time
-(Mixtral-8x7B at 8: 1.01x); Triton ahead at one token on Qwen3's and DeepSeek-V3's bf16 shapes and
-from 16 tokens on. The H100 select tables in the wheel encode that.
+one token 130 us against the Triton path's 222 (0.90 of the copy bandwidth against 0.53), at two
+tokens 243 against 283 with the tuned split (the unit's own choice ran 344); the bf16 shapes at 2
+to 8 tokens 0.75-0.97x the Triton path's time; Triton ahead at one token on Qwen3's and
+DeepSeek-V3's bf16 shapes and from 16 tokens on. The H100 select and split tables in the wheel
+encode that.
 """
 
 from __future__ import annotations
