@@ -170,3 +170,30 @@ def test_attention_forward_takes_gpt_oss_sinks(tokens: list[tuple[str, int]]) ->
         sinks=sinks.float(),
     )
     torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_agreement_rules() -> None:
+    """The lower-precision check: a split at one of the reference's own bf16 ulps is a tie; a
+    wider split is accepted only within twice the largest logit difference between HF's eager and
+    SDPA attention on that prefix (the reference's own spread), and says both figures; with no
+    spread model it stays DIFFERENT; fp32 accepts identical tokens only."""
+    import copy
+
+    gp = _example()
+    model = gp.build_model("llama", "tiny", torch.bfloat16, "cpu")
+    q = gp.make_requests(1, model.config.vocab_size, max_prompt=8, max_new=2)[0]
+    logits = model(torch.tensor([q.prompt]), logits_to_keep=1).logits[0, -1].float()
+    order = logits.argsort(descending=True).tolist()
+    ref = [order[0], order[0]]
+    q.out = [order[-1], order[-1]]  # the least likely token: far outside any spread
+    ok, how = gp.agreement(model, q, ref)
+    assert not ok and how.startswith("DIFFERENT from token 0") and "ulp apart" in how
+    sdpa = copy.deepcopy(model)
+    sdpa.set_attn_implementation("sdpa")
+    ok, how = gp.agreement(model, q, ref, sdpa)
+    assert not ok and "attention implementations' logits differ by up to" in how
+    q.out = [order[0], order[0]]
+    assert gp.agreement(model, q, ref, sdpa) == (True, "identical")
+    fp32 = gp.build_model("llama", "tiny", torch.float32, "cpu")
+    q.out = [order[1], order[1]]
+    assert not gp.agreement(fp32, q, ref, sdpa)[0]
