@@ -16,7 +16,7 @@ implementation: ``kvcache.reshape_and_cache`` writes, ``attention.paged_prefill`
 
 It prints each request's agreement with the reference (fp32: identical tokens; bf16: identical
 up to a split where the reference's own logits cannot tell the two tokens apart: one bf16 ulp,
-or twice the largest difference between HF eager's and HF SDPA's logits on that prefix, where
+or the largest difference between HF eager's and HF SDPA's logits on that prefix, where
 HF's rounding and opmux's fp32 accumulation may go either way) and the median decode-step time
 beside HF's
 eager decode step at the same batch and context (timing is printed, never checked).
@@ -141,7 +141,7 @@ def agreement(model: Any, q: Request, ref: list[int], spread: Any = None) -> tup
     """Whether ``q``'s tokens agree with the reference, and how. fp32: identical. A lower precision
     also accepts a split where the reference's own logits cannot tell the two tokens apart: within
     one rounding (one ulp of the dtype), or, given ``spread`` (the same weights under another HF
-    attention implementation), within twice the largest difference between the two HF
+    attention implementation), within the largest difference between the two HF
     implementations' logits on that prefix: a margin HF's own rounding moves by that much can go
     either way (the run goes its own way after that)."""
     if q.out == ref:
@@ -162,7 +162,7 @@ def agreement(model: Any, q: Request, ref: list[int], spread: Any = None) -> tup
         other = spread(ids, logits_to_keep=1).logits[0, -1].float()
         noise = float((other - logits).abs().max())
         how = f"{apart}; HF's two attention implementations' logits differ by up to {noise:.3g} here"
-        if margin <= 2 * noise:
+        if margin <= noise:
             return True, f"identical to token {i}, then within HF's own {kind} spread ({how})"
         apart = how
     return False, f"DIFFERENT from token {i} ({apart})\n    opmux {q.out}\n    HF    {ref}"
