@@ -38,7 +38,13 @@ def _gelu_samples(device: str, dtype: torch.dtype) -> list[Sample]:
     gate = torch.linspace(-8.0, 8.0, 96)  # both tails and the knee of erf / tanh
     up = torch.randn(96, generator=torch.Generator(device="cpu").manual_seed(11))
     sweep = torch.stack([torch.cat([gate, up]), torch.cat([gate.flip(0), up])]).to(dtype=dtype, device=device)
-    return [*_samples(device, dtype), Sample("gate-sweep", (sweep,))]
+    # more 16-byte vectors than 256-thread blocks on any serving GPU's SMs: the CUDA unit's exact
+    # GELU takes its full-vector launch here (below a block per SM it spreads each vector over
+    # four threads, which every sample above takes)
+    wave = (torch.randn((24, 2 * 14336), generator=torch.Generator(device="cpu").manual_seed(13)) * 2).to(
+        dtype=dtype, device=device
+    )
+    return [*_samples(device, dtype), Sample("gate-sweep", (sweep,)), Sample("past-one-wave", (wave,))]
 
 
 def silu_and_mul_samples(device: str, dtype: torch.dtype) -> list[Sample]:
