@@ -310,6 +310,43 @@ def test_cuda_decode_grid(device_type: str) -> None:
         )
 
 
+def test_cuda_decode_every_split_and_the_tuner(device_type: str, tmp_path: object) -> None:
+    """Every (up, down) columns-per-warp value the tables may name (``_decode_split``: the
+    unit's instantiations) launches and matches the definition; a value the unit does not
+    instantiate is its ValueError; the tuner's ``--backend cuda`` writes a valid table for a small
+    shape and keeps its entries on a rerun."""
+    if device_type == "cpu":
+        pytest.skip("a GPU case (tests/unit/test_tuned_moe.py checks the tables' rules on the CPU)")
+    from pathlib import Path
+
+    from opmux.kernels import tuned
+    from opmux.kernels.ops.moe import _decode_split as split
+    from opmux.kernels.tune.moe import tune_moe
+
+    c = _case(3, 16, 256, 512, 4, "fp8", 240)
+    args, kw = _args(c)
+    want = reference(*args, **kw)
+    for up in (split.AUTO, *split.UP_ROWS):
+        for down in (split.AUTO, *split.DOWN_ROWS):
+            out = torch.full((3, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+            _cuda_decode(out, c, (up, down))
+            _check(out, want, True, f"cuda decode split {up}x{down}")
+    for bad in ((3, 1), (1, 16)):
+        with pytest.raises(ValueError, match="rows_per_warp"):
+            _cuda_decode(torch.empty((3, 512), device="cuda", dtype=torch.bfloat16), c, bad)
+    out_dir = Path(str(tmp_path))
+    report = tune_moe([(16, 256, 512, 4, "bf16")], [1, 2], out=out_dir, budget_s=20.0, backend="cuda")
+    assert not report.unfinished and not report.refused and len(report.entries) == 2
+    (path,) = out_dir.iterdir()
+    key = tuned.TableKey.parse("moe.fused_experts", path.name)
+    table = tuned.read_table(path, key)
+    assert set(table) == {1, 2} and all(
+        tuned.validate_entry("moe.fused_experts", "cuda", e, ()) == [] for e in table.values()
+    )
+    again = tune_moe([(16, 256, 512, 4, "bf16")], [1, 2], out=out_dir, budget_s=5.0, backend="cuda")
+    assert all(e.skipped for e in again.entries) and tuned.read_table(path, key) == table
+
+
 @pytest.mark.parametrize("form", ["bf16", "fp8"])
 def test_cuda_decode_bad_ids(form: str, device_type: str) -> None:
     # ids past E, negative and huge, and an expert_map entry past E: those slots add nothing and

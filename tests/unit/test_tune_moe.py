@@ -72,6 +72,23 @@ def test_native_decode_candidates() -> None:
         assert {"UP_ROWS": 0, "DOWN_ROWS": 0} in cands and {"UP_ROWS": 4, "DOWN_ROWS": 8} in cands
 
 
+def test_native_decode_refusal_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner asks the backend's rule before making weights; a GPU that cannot be read is a
+    reason, and on a GPU's facts the rule refuses by shape (too many tokens, a dtype)."""
+    from opmux.kernels.ops.moe import fused_experts_cuda as fc
+    from opmux.kernels.tune.moe import cuda_refusal
+
+    def unreadable(index: int) -> None:
+        raise RuntimeError("no GPU")
+
+    monkeypatch.setattr(fc, "_device_facts", unreadable)
+    assert "cannot be read" in (cuda_refusal(256, 2048, 7168, 8, "fp8", 1) or "")
+    monkeypatch.setattr(fc, "_device_facts", lambda index: ((9, 0), 227 * 1024))
+    monkeypatch.setattr("torch.cuda.current_device", lambda: 0)
+    assert cuda_refusal(256, 2048, 7168, 8, "fp8", 1) is None
+    assert "tokens" in (cuda_refusal(256, 2048, 7168, 8, "fp8", fc.MAX_TOKENS + 1) or "")
+
+
 def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([OP, "--shapes", "4,64,128", "--budget-s", "5", "--out", str(tmp_path)])

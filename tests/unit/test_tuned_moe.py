@@ -254,6 +254,7 @@ def test_deepseek_fp8_decode_takes_the_tensor_core_decode_entry(
         ({"UP_ROWS": 8, "DOWN_ROWS": 4}, "UP_ROWS=8 (one of 0, 1, 2, 4"),
         ({"UP_ROWS": 2, "DOWN_ROWS": 3}, "DOWN_ROWS=3 (one of 0, 1, 2, 4, 8"),
         ({"UP_ROWS": True, "DOWN_ROWS": 1}, "UP_ROWS=True"),
+        ({"UP_ROWS": 4.0, "DOWN_ROWS": 8}, "UP_ROWS=4.0"),
         ({"UP_ROWS": 1}, "missing DOWN_ROWS"),
         ({"UP_ROWS": 1, "DOWN_ROWS": 1, "num_warps": 4}, "unknown key(s) num_warps"),
     ],

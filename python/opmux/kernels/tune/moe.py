@@ -167,16 +167,33 @@ def moe_candidates(
 _SEEDS_CUDA = ((2, 4), (4, 8), (4, 4), (2, 2), (1, 2), (1, 1))
 
 
-def cuda_candidates(m: int) -> list[dict[str, int]]:
-    """The native decode kernels' (up, down) columns per warp: the default for ``m`` first, then
-    the unit's own choice and the seeds, then every other instantiated pair."""
+def cuda_candidates(m: int, shape: tuple[int, int] = (0, 0)) -> list[dict[str, int]]:
+    """The native decode kernels' (up, down) columns per warp for ``shape`` (E, N): the default
+    for ``m`` first, then the unit's own choice and the seeds, then every other instantiated pair."""
     from opmux.kernels.ops.moe import _decode_split as split
 
-    first = dict(zip(split.KEYS, split.default_split(m), strict=True))
+    first = dict(tuned.default_config(OP, "cuda", m, shape))
     pairs = [(split.AUTO, split.AUTO), *_SEEDS_CUDA]
     pairs += [(u, d) for u in split.UP_ROWS for d in split.DOWN_ROWS]
     ordered = [first] + [dict(zip(split.KEYS, p, strict=True)) for p in pairs]
     return [c for i, c in enumerate(ordered) if c not in ordered[:i]]
+
+
+def cuda_refusal(e: int, n: int, k: int, topk: int, form: str, m: int) -> str | None:
+    """Why the native decode kernels cannot run (E, N, K, topk, form) at M tokens on the current
+    GPU (None: they can), from the shape alone: the tuner asks before making the weights."""
+    import torch
+
+    from opmux.kernels.ops.moe import fused_experts_cuda as fc
+
+    try:
+        capability, optin = fc._device_facts(torch.cuda.current_device())
+    except Exception as exc:  # no GPU to read
+        return f"the GPU's properties cannot be read: {type(exc).__name__}: {exc}"
+    return fc.refusal(
+        device="cuda", capability=capability, w1_dtype="float8_e4m3fn" if form == "fp8" else "bfloat16",
+        hidden_dtype="bfloat16", tokens=m, topk=topk, n=n, k=k, aligned=True, smem_optin=optin,
+    )  # fmt: skip
 
 
 def _launch_cuda(*args: Any, config: dict[str, Any]) -> None:
@@ -388,6 +405,11 @@ def tune_moe(
             report.unfinished += todo[done:]  # after those no config ran for
             break
         entry_deadline = time.monotonic() + share
+        why = cuda_refusal(e, n, k, topk, form, m) if backend == "cuda" else None
+        if why:  # before its weights are made: the unit cannot run this shape here at all
+            print(f"  E={e} N={n} K={k} {form} M={m} not tuned: {why}", file=progress)
+            report.refused.append((e, n, k, topk, form, m))
+            continue
         if (e, n, k, form) not in weights:
             weights.clear()  # one model's weights at a time (DeepSeek-V3's are 11 GB in fp8)
             weights[(e, n, k, form)] = make_weights(torch, e, n, k, form, device)
@@ -398,12 +420,6 @@ def tune_moe(
         y = torch.empty_like(s["hidden"])
         args = (y, s["hidden"], w["w1"], w["w2"], s["tw"], s["ti"], s1, s2, no_map, "silu", False)
         other = (torch.empty_like(y), s_other["hidden"], *args[2:4], s_other["tw"], s_other["ti"], *args[6:])
-        if backend == "cuda":
-            why = fused_experts_cuda.supports(s["hidden"], w["w1"], w["w2"], s["tw"], s["ti"])
-            if why:
-                print(f"  E={e} N={n} K={k} {form} M={m} not tuned: {why}", file=progress)
-                report.unfinished.append((e, n, k, topk, form, m))
-                continue
         timed = _Alternating(launch, (args, other))
         mr = min(m, 256)  # the definition on the first rows (its per-expert loop is slow)
         exact = _experts.reference(
@@ -430,7 +446,7 @@ def tune_moe(
             if not tuned.validate_entry(OP, backend, c, key.tags)
         ]
         first = [c for i, c in enumerate(first) if c not in first[:i]]
-        space = cuda_candidates(m) if backend == "cuda" else moe_candidates(m, (e, n, k, topk), form)
+        space = cuda_candidates(m, (e, n)) if backend == "cuda" else moe_candidates(m, (e, n, k, topk), form)
         best: tuple[float, dict[str, Any]] | None = None
         tried = 0
         timings: dict[str, float] = {}
@@ -469,6 +485,11 @@ def tune_moe(
         report.entries.append(MoeEntry(e, n, k, topk, form, m, best[1], best[0], tried, timings=timings))
         print(
             f"[{done + 1}/{len(todo)}] E={e} N={n} K={k} {form} M={m} best {best[0]:.1f} us ({tried} configs)",
+            file=progress,
+        )
+    if report.refused:
+        print(
+            f"{len(report.refused)} entries refused by the backend on this GPU (a rerun refuses them too)",
             file=progress,
         )
     if report.unfinished:

@@ -70,6 +70,8 @@ class Report:
     out: str
     entries: list[Any] = field(default_factory=list)
     unfinished: list[tuple[Any, ...]] = field(default_factory=list)
+    #: problems the backend cannot run on this device (not budget: a rerun refuses them too)
+    refused: list[tuple[Any, ...]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,7 @@ class Report:
             "out": self.out,
             "entries": [e.__dict__ for e in self.entries],
             "unfinished": [list(x) for x in self.unfinished],
+            "refused": [list(x) for x in self.refused],
         }
 
 

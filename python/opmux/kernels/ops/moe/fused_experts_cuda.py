@@ -238,9 +238,11 @@ def library() -> _Library:
 def tuned_split(hidden: Tensor, w1: Tensor, w2: Tensor) -> tuple[int, int]:
     """(up, down) columns per warp for this call from the tuned table of its device, shape
     (E, N), M and form (a dict lookup after the first call of a key)."""
-    tags = tuned.FP8_BLOCK_TAGS if w1.dtype == torch.float8_e4m3fn else ()
+    schema = tuned.SCHEMAS[OP]  # the op's one statement of a call's table key (shape, M, form)
+    assert schema.kernel_problem is not None and schema.kernel_tags is not None
+    shape, m = schema.kernel_problem(None, hidden, w1, w2)
     config = tuned.lookup(
-        OP, BACKEND, tuned.device_name(hidden.device), (w1.shape[0], w2.shape[2]), hidden.shape[0], tags
+        OP, BACKEND, tuned.device_name(hidden.device), shape, m, schema.kernel_tags(None, hidden, w1)
     )
     return config["UP_ROWS"], config["DOWN_ROWS"]
 
