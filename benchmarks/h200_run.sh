@@ -45,8 +45,8 @@
 #          each backend (cuda, triton, cutlass) and the fastest written as select tables per shape
 #          and M (OUT_DIR/moe_decode.{json,md}, OUT_DIR/moe_select.tgz: moe.fused_experts/<table>.json
 #          for python/opmux/kernels/configs/; $MOE_DECODE_ARGS replaces the default budget); after a
-#          moe-tune stage on its tables, whose native decode tables (MOE_TUNE="--backend cuda ...")
-#          go into the archive too;
+#          moe-tune stage on its native decode tables only (MOE_TUNE="--backend cuda ..."), which go
+#          into the archive too;
 # moe-grid: tests/parity/test_moe_grid.py on every backend (decode path included), then
 #          compute-sanitizer over its bad-id, expert_map and decode bad-id cases (OUT_DIR/moe_grid.log);
 # comm:    the comm ops' parity cells on one GPU (one rank: the peer-buffer kernels' arithmetic and
@@ -186,8 +186,14 @@ for stage in $STAGES; do
                     ${MOE_PEER_CONFIGS:+--peer-configs "$REPO/$MOE_PEER_CONFIGS"} --layer \
                     --models Mixtral-8x7B,Qwen3-30B-A3B,Qwen3-235B-A22B,DeepSeek-V3 ${MOE_BENCH_ARGS:---budget-s 180} \
                     2>&1 | tee "$OUT/moe_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
-        moe-decode) rm -rf "$OUT/moe_select" "$OUT/moe_decode"
-                cfg=(); [[ -d $OUT/moe_configs ]] && cfg=(env "OPMUX_TUNED_CONFIG_DIR=$OUT/moe_configs")
+        moe-decode) rm -rf "$OUT/moe_select" "$OUT/moe_decode" "$OUT/moe_cuda_tables"
+                # only a moe-tune stage's native decode tables (--backend cuda): the select tables
+                # must compare them against the Triton tables that ship, not a retune's
+                cfg=()
+                if [[ -d $OUT/moe_configs ]] && compgen -G "$OUT/moe_configs/*backend=cuda.json" > /dev/null; then
+                    mkdir -p "$OUT/moe_cuda_tables" && cp "$OUT"/moe_configs/*backend=cuda.json "$OUT/moe_cuda_tables/"
+                    cfg=(env "OPMUX_TUNED_CONFIG_DIR=$OUT/moe_cuda_tables")
+                fi
                 # shellcheck disable=SC2086  # MOE_DECODE_ARGS: words on purpose
                 "${cfg[@]}" timeout "${MOE_DECODE_TIMEOUT:-240}" python3 "$REPO/benchmarks/bench_moe.py" --out "$OUT/moe_decode" \
                     --models Mixtral-8x7B,Qwen3-30B-A3B,Qwen3-235B-A22B,DeepSeek-V3 --m 1,4,8,16,64 \
@@ -195,9 +201,11 @@ for stage in $STAGES; do
                     2>&1 | tee "$OUT/moe_decode.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 for f in moe.json moe.md; do [[ -f $OUT/moe_decode/$f ]] && mv "$OUT/moe_decode/$f" "$OUT/moe_decode.${f#moe.}"; done
                 rm -rf "$OUT/moe_decode"
-                # the native decode kernels' tables a moe-tune stage wrote (--backend cuda) go with them
-                if [[ -d $OUT/moe_configs ]] && compgen -G "$OUT/moe_configs/*backend=cuda.json" > /dev/null; then
-                    mkdir -p "$OUT/moe_select/moe.fused_experts" && cp "$OUT"/moe_configs/*backend=cuda.json "$OUT/moe_select/moe.fused_experts/"
+                # the native decode tables the select tables were measured on go with them (a moe-tune
+                # stage seeds its folder with the shipped ones: those come back unchanged unless retuned)
+                if [[ -d $OUT/moe_cuda_tables ]]; then
+                    mkdir -p "$OUT/moe_select/moe.fused_experts" && cp "$OUT"/moe_cuda_tables/*.json "$OUT/moe_select/moe.fused_experts/"
+                    rm -rf "$OUT/moe_cuda_tables"
                 fi
                 # the tables' names hold characters the lent machine does not return: one archive
                 [[ -d $OUT/moe_select ]] && (cd "$OUT" && tar czf moe_select.tgz moe_select && rm -rf moe_select) ;;

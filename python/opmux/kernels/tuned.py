@@ -19,7 +19,8 @@ block fp8 (N = ``w2.shape[2]``, E the local experts); the caller passes its form
 The Triton backend's files carry no backend component (so they stay vLLM's files); every
 other backend adds one, e.g. ``...,backend=cuda.json`` holding ``{"<M>": {"config_id": 3}}``
 (the CUDA kernel's instantiation: ``jit/csrc/gemm_cuda.cu`` lists them; ``moe.fused_experts``'
-native decode kernels: ``{"<M>": {"UP_ROWS": 4, "DOWN_ROWS": 8}}``, ``ops/moe/_decode_split``), and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
+native decode kernels: ``{"<M>": {"UP_ROWS": 4, "DOWN_ROWS": 8}}``, ``ops/moe/_decode_split``),
+and ``...,backend=select.json`` holds ``{"<M>": {"backend": "triton"}}``: the backend
 measured fastest for that shape and M on that device (``python -m opmux.kernels.tune ...
 --backend select`` writes it), which dispatch tries first. A select table with ``N=0,K=0``
 holds the size classes by M measured over all the tuned shapes: it applies to a shape with no

@@ -32,6 +32,9 @@ class NativeLoader:
         choices are invalidated (so a JIT ``reset`` or a new cache dir is seen)."""
         group, _, name = op.partition(".")
         schema = tuned.SCHEMAS.get(op)
+        # a native kernel with a tuned table of the device's name (gemm's ``cuda``: a config_id)
+        # takes its entry as a leading argument; an op whose ``cuda`` tables serve a vendor-style
+        # backend instead (moe.fused_experts' decode unit) must stay non-native (``native=False``)
         if schema is not None and device in schema.entries and schema.kernel_problem is not None:
             cfg = self._load(group, device, f"{name}_{device}_cfg")
             return _with_tuned_config(op, device, cfg, schema.kernel_problem)

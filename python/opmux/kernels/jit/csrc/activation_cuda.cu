@@ -282,10 +282,11 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
                    dim3(256), 0, stream, p);
       return;
     }
-    // Less than a block per SM (decode sizes: T <= 16 at I = 14336): each thread's erff chain
-    // over VEC elements is the kernel's latency, so the same work goes to 4x the threads, a
-    // quarter vector each (torch.compile's kernel spreads it so: 1.6x less kernel time at T = 1
-    // on the H200, ../shared/h200/ncu_gaps_3f43f53.md).
+    // Less than a block per SM (decode sizes: T <= 18 at I = 14336 bf16 on 132 SMs): each
+    // thread's erff chain over VEC elements is the kernel's latency, so the same work goes to 4x
+    // the threads, a quarter vector each, as torch.compile's kernel spreads it (on an H100: T = 1 /
+    // 16 1.22 / 1.87 us against 1.35 / 2.49, docs/benchmarks/h200.md and
+    // gelu_and_mul_spread_h100.json). vLLM's rounding (GeluVllm) keeps the full-vector launch.
     constexpr int kSpread = VEC >= 4 ? VEC / 4 : 1;
     if (vec_ok && kSpread < VEC && blocks < props.sm_count) {
       const int64_t dvs = p.d / kSpread, totals = rows * dvs;
