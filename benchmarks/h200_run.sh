@@ -33,7 +33,7 @@
 # gemm-grid / gemm-tune / gemm-bench: gemm.w8a8_block_fp8_matmul's vLLM grid (OUT_DIR/gemm_grid.log), its
 #          tuner over the models' linear shapes into $GEMM_TUNE_OUT (default OUT_DIR/configs; the shipped
 #          folder resumes from the shipped tables), one run per backend of $GEMM_TUNE_BACKENDS (default
-#          triton; "triton cuda select": select last), arguments $GEMM_TUNE_ARGS, its benchmark
+#          triton; "triton cuda skinny select": select last; skinny takes M <= 16), arguments $GEMM_TUNE_ARGS, its benchmark
 #          (OUT_DIR/gemm.{json,md}, $GEMM_BENCH_ARGS) with those tables in OPMUX_TUNED_CONFIG_DIR;
 # moe-tune: moe.fused_experts's tuner, one --retune run per ";"-separated argument string of
 #          $MOE_TUNE (e.g. "--models DeepSeek-V3 --m 1,8 --budget-s 70; --models Qwen3-30B-A3B --m 1

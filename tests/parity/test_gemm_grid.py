@@ -70,8 +70,57 @@ def test_vllm_grid(backend: str, device_type: str) -> None:
         except BackendUnavailable as exc:
             if backend == "scaled_mm" and "cuBLASLt" in str(exc):
                 continue  # a shape or dtype cuBLASLt would compute wrong: refused, by design
+            if backend == "skinny" and "skinny kernel" in str(exc) and "sm_" not in str(exc):
+                continue  # past 16 rows or K not a multiple of 16: refused, by design
             pytest.skip(f"{backend}: {exc}")
         err = float((got - want).abs().mean() / want.abs().mean())
         if not err < 1e-3:
             failures.append(f"M={m} N={n} K={k} {dtype}: mean relative error {err:.2e}")
     assert not failures, "\n".join(failures)
+
+
+def test_skinny_every_launch_and_layout(device_type: str) -> None:
+    """The skinny-M kernel (ops/gemm/skinny_cuda.py) at every launch choice it is built for, on
+    tails (N not a multiple of 8 or 128, K of 16 but not 128), both halves of the MMA's rows
+    (M <= 8 and 9-16), strided rows, M-major activation scales and every output dtype: each
+    element written, at vLLM's criterion. An unlisted launch is refused."""
+    if device_type == "cpu":
+        pytest.skip("the skinny kernel runs on a GPU (sm_89+)")
+    from opmux.kernels.ops.gemm import _skinny_launch, skinny_cuda
+
+    if why := skinny_cuda.refusal(
+        device="cuda", capability=torch.cuda.get_device_capability(), m=1, k=16, aligned=True
+    ):
+        pytest.skip(why)
+    launches = [(0, 0), *itertools.product(_skinny_launch.TILES, _skinny_launch.K_WARPS)]
+    failures = []
+    for m, (n, k) in itertools.product((1, 5, 8, 9, 16), ((7748, 4096), (576, 640), (24, 272), (130, 16))):
+        a, b, sa, sb = _inputs(m, n, k, "cuda")
+        want = reference(a, b, sa, sb, torch.float32)
+        for config in launches:
+            out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+            skinny_cuda.launch(out, a, b, sa, sb, config=config)
+            err = float((out - want).abs().mean() / want.abs().mean())
+            if not err < 1e-3:  # a NaN (an element never written) fails too
+                failures.append(f"M={m} N={n} K={k} launch {config}: mean relative error {err:.2e}")
+    # strided rows of a and out, M-major a_scale, the half-precision outputs
+    m, n, k = 11, 1000, 2048
+    a, b, sa, sb = _inputs(m, n, k, "cuda")
+    a_wide = torch.zeros(m, k + 64, dtype=a.dtype, device="cuda")
+    a_wide[:, :k] = a
+    sa_mmajor = sa.t().contiguous().t()
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        want = reference(a, b, sa, sb, dtype).float()
+        out_wide = torch.full((m, n + 8), float("nan"), dtype=dtype, device="cuda")
+        skinny_cuda.launch(out_wide[:, :n], a_wide[:, :k], b, sa_mmajor, sb, config=(2, 4))
+        got = out_wide[:, :n].float()
+        err = float((got - want).abs().mean() / want.abs().mean())
+        if not err < 1e-3:
+            failures.append(f"strided {dtype}: mean relative error {err:.2e}")
+        if not bool(out_wide[:, n:].float().isnan().all()):
+            failures.append(f"strided {dtype}: wrote past the row's N columns")
+    assert not failures, "\n".join(failures)
+    with pytest.raises(ValueError, match="tiles in"):
+        skinny_cuda.launch(torch.empty(1, 128, device="cuda"), *_inputs(1, 128, 256, "cuda"), config=(3, 1))
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        skinny_cuda.launch(torch.empty(17, 128, device="cuda"), *_inputs(17, 128, 256, "cuda"), config=(0, 0))

@@ -306,6 +306,20 @@ def _check_select(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
     return []
 
 
+def _check_skinny(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]:
+    """Problems with one entry of the skinny-M GEMM kernel's table (``ops/gemm/_skinny_launch``)."""
+    from .ops.gemm._skinny_launch import problems  # plain Python
+
+    return problems(entry)
+
+
+def _default_skinny(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
+    """The skinny-M kernel's launch without a table (``_skinny_launch.default_launch``)."""
+    from .ops.gemm._skinny_launch import default_launch  # plain Python
+
+    return default_launch(m)
+
+
 def _no_preference(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, Any]:
     """No measurement for this shape: the device's declared priority decides."""
     return {}
@@ -582,10 +596,16 @@ SCHEMAS: Mapping[str, Schema] = {
     "gemm.w8a8_block_fp8_matmul": Schema(
         shape=("N", "K"),
         tags=FP8_BLOCK_TAGS,
-        entries={"triton": _check_triton_block_fp8, "cuda": _check_config_id, "select": _check_select},
+        entries={
+            "triton": _check_triton_block_fp8,
+            "cuda": _check_config_id,
+            "skinny": _check_skinny,
+            "select": _check_select,
+        },
         defaults={
             "triton": _default_triton_block_fp8,
             "cuda": _cuda_kernel_heuristic,
+            "skinny": _default_skinny,
             "select": _no_preference,
         },
         kernel_problem=_gemm_kernel_problem,

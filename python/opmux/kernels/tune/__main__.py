@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
         choices=list(BACKENDS),
         default="triton",
         help="triton: launch configs; cuda: the CUTLASS instantiation (gemm), the native decode kernels' "
-        "columns per warp (moe); select: the backend tried first (gemm; tune it last)",
+        "columns per warp (moe); skinny: the skinny-M kernel's tiles and warps along K (gemm, M <= 16); "
+        "select: the backend tried first (gemm; tune it last)",
     )
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
     p.add_argument("--max-configs", type=int, default=None, help="at most this many configs per entry")

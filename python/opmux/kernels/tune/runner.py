@@ -1,8 +1,9 @@
 """The tuning loop: time candidate configs per (N, K, M), keep the fastest, write tables.
 
-Three backends of the GEMM are tuned the same way (:class:`Tunable`): ``triton`` (launch
+Four backends of the GEMM are tuned the same way (:class:`Tunable`): ``triton`` (launch
 configurations: tiles, warps, stages, split-K), ``cuda`` (which instantiation of the CUTLASS
-kernel: ``config_id``) and ``select`` (which backend the dispatcher tries first for the shape
+kernel: ``config_id``), ``skinny`` (the skinny-M kernel's tiles per warp and warps along K, at
+most 16 rows) and ``select`` (which backend the dispatcher tries first for the shape
 and M: each accepted backend timed through the public function with ``backend=`` forced). Tune
 ``select`` last: it times the other backends with the tables they have then. After the
 per-shape select tables, the run writes the size classes by M over every shape it timed
@@ -40,7 +41,7 @@ from opmux.kernels.tune.space import candidates
 __all__ = ["BACKENDS", "Entry", "Report", "tune"]
 
 OP = "gemm.w8a8_block_fp8_matmul"
-BACKENDS = ("triton", "cuda", "select")
+BACKENDS = ("triton", "cuda", "skinny", "select")
 
 
 def _label(config: dict[str, Any]) -> str:
@@ -154,6 +155,34 @@ def _cuda(op: str, device: str) -> Tunable:
         return [{"config_id": first}] + [{"config_id": i} for i in range(count) if i != first]
 
     return Tunable(cands, lambda args, config: cfg(*args, config["config_id"], False))
+
+
+def _skinny(op: str, device: str) -> Tunable:
+    if device != "cuda":
+        raise ValueError("--backend skinny tunes the skinny-M CUDA kernel: it needs a GPU")
+    import itertools
+
+    from opmux.kernels.errors import BackendUnavailable
+    from opmux.kernels.ops.gemm import _skinny_launch, skinny_cuda
+
+    try:
+        lib = skinny_cuda.library()
+    except BackendUnavailable as err:
+        raise ValueError(f"the skinny kernel is unavailable: {err}") from err
+    unit_default = lib["w8a8_block_fp8_matmul_skinny_cuda_default"]
+
+    def cands(m: int, shape: tuple[int, int]) -> list[dict[str, Any]]:
+        packed = int(unit_default(m, shape[0], shape[1]))  # tiles * 16 + warps along K
+        first = dict(zip(_skinny_launch.KEYS, divmod(packed, 16), strict=True))
+        pairs = itertools.product(_skinny_launch.TILES, _skinny_launch.K_WARPS)
+        rest = [dict(zip(_skinny_launch.KEYS, p, strict=True)) for p in pairs]
+        return [first] + [c for c in rest if c != first]
+
+    def run(args: tuple[Any, ...], config: dict[str, Any]) -> None:
+        out, a, b, sa, sb = args
+        skinny_cuda.launch(out, a, b, sa, sb, config=(config["TILES"], config["K_WARPS"]))
+
+    return Tunable(cands, run)
 
 
 def _select(op: str, device: str) -> Tunable:
@@ -287,6 +316,12 @@ def _timer(torch: Any, device: str) -> Callable[[Callable[[], None]], float]:
     return bench_cpu
 
 
+def _skinny_rows() -> int:
+    from opmux.kernels.ops.gemm._skinny_launch import MAX_ROWS  # plain Python
+
+    return MAX_ROWS
+
+
 def tune(
     shapes: Sequence[tuple[int, int]],
     ms: Sequence[int],
@@ -307,14 +342,14 @@ def tune(
     progress = sys.stderr if progress is None else progress
     if op != OP or backend not in BACKENDS:
         raise ValueError(f"cannot tune {op} on {backend!r}; tunable: {OP} on {', '.join(BACKENDS)}")
+    if backend == "skinny" and max(ms, default=0) > _skinny_rows():
+        raise ValueError(
+            f"--backend skinny tunes M up to {_skinny_rows()} (the kernel's rows); got M={max(ms)}"
+        )
     torch, device = _setup(device)
-    tunable = (
-        _triton(op, torch, device)
-        if backend == "triton"
-        else _cuda(op, device)
-        if backend == "cuda"
-        else _select(op, device)
-    )
+    makers = {"triton": lambda: _triton(op, torch, device), "cuda": lambda: _cuda(op, device)}
+    makers |= {"skinny": lambda: _skinny(op, device), "select": lambda: _select(op, device)}
+    tunable = makers[backend]()
     dev_name = tuned.device_name(torch.device(device))
     timing = (
         "CUDA graphs (triton.testing.do_bench_cudagraph)"

@@ -19,6 +19,7 @@ from ...errors import BackendUnavailable
 from ...spec import Requirement
 from .._contract import FP8, Arg, Contract, Rule, Scalar
 from .._decl import declare
+from . import skinny_cuda
 
 if TYPE_CHECKING:
     import torch
@@ -206,12 +207,25 @@ w8a8_block_fp8_matmul = declare(
                 predicate="opmux.kernels.ops.gemm.op:scaled_mm_supports",
             ),
         ),
+        (
+            # at most 16 rows: opmux's own unit (jit/csrc/gemm_skinny_cuda.cu); its predicate
+            # refuses what the unit does not take
+            skinny_cuda.BACKEND,
+            skinny_cuda.matmul,
+            Requirement(
+                devices=("cuda",),
+                dtypes=FP8,
+                sm_min=89,
+                predicate="opmux.kernels.ops.gemm.skinny_cuda:supports",
+            ),
+        ),
     ),
     dtypes=FP8,
     native_predicate="opmux.kernels.ops.gemm.op:native_supports",
     # H200 (docs/benchmarks/gemm_h200.md): cuBLASLt first where it computes the call right, then
-    # the CUTLASS kernel (TMA-aligned layouts on sm_90a), then Triton (every layout, every GPU)
-    priority=(("cuda", ("scaled_mm", "aot", "jit", "triton", "torch")),),
+    # the CUTLASS kernel (TMA-aligned layouts on sm_90a), then Triton (every layout, every GPU),
+    # then the skinny-M kernel (a select table puts it first where it was measured faster)
+    priority=(("cuda", ("scaled_mm", "aot", "jit", "triton", skinny_cuda.BACKEND, "torch")),),
     tolerances=(
         # float32 results: Hopper's fp8 tensor-core MMA (the CUTLASS kernel's WGMMA) sums each
         # 128-wide block at reduced precision before the fp32 promotion: up to 6e-4 relative

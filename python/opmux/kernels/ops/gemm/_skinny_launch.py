@@ -1,0 +1,49 @@
+"""The launch choice of the skinny-M GEMM kernel (``jit/csrc/gemm_skinny_cuda.cu``): the 8-column
+tiles each warp takes and the warps of a block that split K. Plain Python, so the tuned tables'
+checks (``kernels/tuned.py``), the tuner and the backend read one rule without importing torch.
+
+A tuned table entry is ``{"TILES": t, "K_WARPS": w}`` in
+``N=..,K=..,device_name=..,dtype=fp8_w8a8,block_shape=[128,128],backend=skinny.json``: ``t`` one of
+:data:`TILES`, ``w`` one of :data:`K_WARPS` (the unit's instantiations; its host check refuses
+others), or :data:`AUTO` (0) for the unit's own choice (``default_launch`` in the unit: one tile a warp,
+and as many warps along K as keep four K blocks each and at most 32 warps per SM in all). The
+kernel's time hardly changes with M up to 8 (the MMA's first 8 rows) and again from 9 to 16: tables
+hold M = 1 and 16, and vLLM's nearest-M lookup maps 2-8 to the first and 9-16 to the second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["AUTO", "KEYS", "K_WARPS", "MAX_ROWS", "TILES", "default_launch", "problems"]
+
+#: 8-column tiles per warp, as instantiated
+TILES = (1, 2, 4)
+#: warps of a block (of 8) along K, as the unit takes them
+K_WARPS = (1, 2, 4, 8)
+#: "the unit chooses"
+AUTO = 0
+#: a table entry's keys
+KEYS = ("TILES", "K_WARPS")
+#: the most rows of ``a`` the kernel takes (the MMA's M)
+MAX_ROWS = 16
+
+
+def default_launch(m: int) -> dict[str, int]:
+    """The launch with no tuned table for the shape and M: the unit's own choice."""
+    return dict.fromkeys(KEYS, AUTO)
+
+
+def problems(entry: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a table entry (empty: usable)."""
+    found = [f"missing {key}" for key in KEYS if key not in entry]
+    unknown = sorted(set(entry) - set(KEYS))
+    if unknown:
+        found.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(KEYS)})")
+    for key, choices in zip(KEYS, (TILES, K_WARPS), strict=True):
+        value = entry.get(key, AUTO)
+        if type(value) is not int or value not in (AUTO, *choices):  # 4.0 and True are not 4 and 1
+            valid = ", ".join(map(str, (AUTO, *choices)))
+            found.append(f"{key}={value!r} (one of {valid}; {AUTO}: the unit's own choice)")
+    return found
