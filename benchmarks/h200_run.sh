@@ -29,6 +29,9 @@
 #          expression of $SHARDS_K (";"-separated), side by side, each stopped after
 #          $COMPAT_TIMEOUT s, the cores shared out among them (OMP_NUM_THREADS) (OUT_DIR/shard_<n>.log):
 #          long upstream grids such as vLLM's swap_blocks;
+# gemm-decode: the skinny-M kernel's tuner (M 1, 8, 16) and the select race at M 1, 4, 16 over every
+#          backend, on top of the shipped tables, then bench_gemm.py at those M (OUT_DIR/gemm_decode/);
+#          this GPU's tables in OUT_DIR/gemm_decode_tables.tgz (for python/opmux/kernels/configs/);
 # gemm-jit: JIT-build gemm_cuda (a cache carried in OPMUX_CACHE_DIR is used when its key matches);
 # gemm-grid / gemm-tune / gemm-bench: gemm.w8a8_block_fp8_matmul's vLLM grid (OUT_DIR/gemm_grid.log), its
 #          tuner over the models' linear shapes into $GEMM_TUNE_OUT (default OUT_DIR/configs; the shipped
@@ -171,6 +174,25 @@ for stage in $STAGES; do
         gemm-bench) OPMUX_TUNED_CONFIG_DIR=${OPMUX_TUNED_CONFIG_DIR:-$OUT/configs} timeout "${GEMM_BENCH_TIMEOUT:-400}" python3 "$REPO/benchmarks/bench_gemm.py" \
                     --out "$OUT" ${GEMM_BENCH_ARGS:---budget-s 300} 2>&1 | tee "$OUT/gemm_bench.log" | tail -60; \
                     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+        gemm-decode) # the skinny kernel's tables and the select race at decode sizes (M <= 16) on top of
+                # the shipped tables, then the benchmark on them; the CUTLASS unit builds meanwhile
+                cfgd=$OUT/gemm_configs; rm -rf "$cfgd"; mkdir -p "$cfgd"
+                cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('gemm.w8a8_block_fp8_matmul'))")"/*.json "$cfgd/"
+                (python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 300 --modules gemm_cuda > "$OUT/gemm_prewarm.log" 2>&1) &
+                pre=$!
+                models="--models DeepSeek-V3,Qwen3-235B-A22B,Qwen3-32B,Llama-3.1-70B,Llama-3.1-8B --shapes 24576,7168"
+                # shellcheck disable=SC2086  # $models: words on purpose
+                timeout 200 python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --backend skinny $models --m 1,8,16 \
+                    --budget-s "${GEMM_DECODE_TUNE_S:-150}" --out "$cfgd" 2>&1 | tee "$OUT/gemm_decode.log" | tail -2
+                wait "$pre"; tail -1 "$OUT/gemm_prewarm.log"
+                # shellcheck disable=SC2086
+                OPMUX_TUNED_CONFIG_DIR=$cfgd timeout 300 python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --backend select \
+                    $models --m 1,4,16 --retune --budget-s "${GEMM_DECODE_RACE_S:-220}" --out "$cfgd" 2>&1 | tee -a "$OUT/gemm_decode.log" | tail -2
+                OPMUX_TUNED_CONFIG_DIR=$cfgd timeout 200 python3 "$REPO/benchmarks/bench_gemm.py" --out "$OUT/gemm_decode" --m 1,4,16 \
+                    --budget-s 150 2>&1 | tail -1
+                # this GPU's tables only (the shipped ones of other GPUs come back unchanged), one archive
+                dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))")
+                (cd "$OUT" && tar czf gemm_decode_tables.tgz gemm_configs/*"device_name=${dev},"* && rm -rf gemm_configs) ;;
         moe-tune) mkdir -p "$OUT/moe_configs"
                 cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('moe.fused_experts'))")"/*.json "$OUT/moe_configs/"
                 IFS=';' read -ra runs <<< "${MOE_TUNE:?MOE_TUNE: tuner arguments separated by ;}"

@@ -70,7 +70,9 @@ def test_vllm_grid(backend: str, device_type: str) -> None:
         except BackendUnavailable as exc:
             if backend == "scaled_mm" and "cuBLASLt" in str(exc):
                 continue  # a shape or dtype cuBLASLt would compute wrong: refused, by design
-            if backend == "skinny" and "skinny kernel" in str(exc) and "sm_" not in str(exc):
+            if backend == "skinny" and (
+                "at most 16 rows" in str(exc) or "K must be a multiple of 16" in str(exc)
+            ):
                 continue  # past 16 rows or K not a multiple of 16: refused, by design
             pytest.skip(f"{backend}: {exc}")
         err = float((got - want).abs().mean() / want.abs().mean())
@@ -101,8 +103,11 @@ def test_skinny_every_launch_and_layout(device_type: str) -> None:
             out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
             skinny_cuda.launch(out, a, b, sa, sb, config=config)
             err = float((out - want).abs().mean() / want.abs().mean())
-            if not err < 1e-3:  # a NaN (an element never written) fails too
-                failures.append(f"M={m} N={n} K={k} launch {config}: mean relative error {err:.2e}")
+            worst = float((out - want).abs().max() / want.abs().max())  # one wrong tail column shows
+            if not (err < 1e-3 and worst < 1e-2):  # a NaN (an element never written) fails too
+                failures.append(
+                    f"M={m} N={n} K={k} launch {config}: mean / max relative error {err:.2e} / {worst:.2e}"
+                )
     # strided rows of a and out, M-major a_scale, the half-precision outputs
     m, n, k = 11, 1000, 2048
     a, b, sa, sb = _inputs(m, n, k, "cuda")
@@ -124,3 +129,11 @@ def test_skinny_every_launch_and_layout(device_type: str) -> None:
         skinny_cuda.launch(torch.empty(1, 128, device="cuda"), *_inputs(1, 128, 256, "cuda"), config=(3, 1))
     with pytest.raises(ValueError, match="at most 16 rows"):
         skinny_cuda.launch(torch.empty(17, 128, device="cuda"), *_inputs(17, 128, 256, "cuda"), config=(0, 0))
+    # the unit's own limits, for direct callers: K in whole 16-byte chunks, 16-byte aligned rows
+    with pytest.raises(ValueError, match="multiple of 16"):
+        skinny_cuda.launch(torch.empty(1, 128, device="cuda"), *_inputs(1, 128, 3884, "cuda"), config=(0, 0))
+    a, b, sa, sb = _inputs(2, 128, 272, "cuda")
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        skinny_cuda.launch(
+            torch.empty(2, 128, device="cuda"), a[:, 8:264], b[:, :256], sa[:, :2], sb[:, :2], config=(0, 0)
+        )

@@ -108,11 +108,21 @@ def test_tuned_table_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_tuner_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = [OP, "--backend", "skinny", "--shapes", "4096,7168", "--budget-s", "5", "--out", str(tmp_path)]
-    assert tune_cli.main([*common, "--m", "1,32"]) == 1
+    assert tune_cli.main([*common, "--m", "32,64"]) == 1
     assert "M up to 16" in capsys.readouterr().err
-    assert tune_cli.main([*common, "--m", "1", "--device", "cpu"]) == 1
-    assert "needs a GPU" in capsys.readouterr().err
+    assert tune_cli.main([*common, "--m", "1,32", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "M 32 left out" in err and "needs a GPU" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_tuned_entries_reach() -> None:
+    """A table's entry speaks for M within 4x of its own (vLLM's nearest M): M = 5-8 between
+    entries at 1 and 16 has none, and runs the unit's choice."""
+    table = ([1, 16], [{"TILES": 4, "K_WARPS": 2}, {"TILES": 1, "K_WARPS": 8}])
+    assert tuned._config_entry(table, 4) == {"TILES": 4, "K_WARPS": 2}
+    assert tuned._config_entry(table, 6) is None
+    assert tuned._config_entry(table, 9) == {"TILES": 1, "K_WARPS": 8}
 
 
 @pytest.mark.slow

@@ -162,11 +162,13 @@ def _skinny(op: str, device: str) -> Tunable:
         raise ValueError("--backend skinny tunes the skinny-M CUDA kernel: it needs a GPU")
     import itertools
 
+    import torch
+
     from opmux.kernels.errors import BackendUnavailable
     from opmux.kernels.ops.gemm import _skinny_launch, skinny_cuda
 
     try:
-        lib = skinny_cuda.library()
+        lib = skinny_cuda.library(torch.cuda.current_device())
     except BackendUnavailable as err:
         raise ValueError(f"the skinny kernel is unavailable: {err}") from err
     unit_default = lib["w8a8_block_fp8_matmul_skinny_cuda_default"]
@@ -342,10 +344,25 @@ def tune(
     progress = sys.stderr if progress is None else progress
     if op != OP or backend not in BACKENDS:
         raise ValueError(f"cannot tune {op} on {backend!r}; tunable: {OP} on {', '.join(BACKENDS)}")
-    if backend == "skinny" and max(ms, default=0) > _skinny_rows():
-        raise ValueError(
-            f"--backend skinny tunes M up to {_skinny_rows()} (the kernel's rows); got M={max(ms)}"
-        )
+    refused: list[tuple[int, int, int]] = []
+    if backend == "skinny":  # the kernel's own limits: M (its rows) and K (16-byte chunks)
+        rows = _skinny_rows()
+        if dropped := [m for m in ms if m > rows]:
+            print(
+                f"M {', '.join(map(str, dropped))} left out: the skinny kernel takes at most {rows} rows",
+                file=progress,
+            )
+        ms = [m for m in ms if m <= rows]
+        if not ms:
+            raise ValueError(f"--backend skinny tunes M up to {rows} (the kernel's rows); none given")
+        refused = [(n, k, m) for n, k in shapes if k % 16 for m in ms]
+        shapes = [(n, k) for n, k in shapes if not k % 16]
+        if refused:
+            ks = sorted({k for _, k, _ in refused})
+            print(
+                f"K {', '.join(map(str, ks))} left out: the skinny kernel needs K a multiple of 16",
+                file=progress,
+            )
     torch, device = _setup(device)
     makers = {"triton": lambda: _triton(op, torch, device), "cuda": lambda: _cuda(op, device)}
     makers |= {"skinny": lambda: _skinny(op, device), "select": lambda: _select(op, device)}
@@ -356,7 +373,7 @@ def tune(
         if device != "cpu"
         else "time.perf_counter in the Triton interpreter: NOT meaningful, a test of the tuner only"
     )
-    report = Report(dev_name, timing, str(out))
+    report = Report(dev_name, timing, str(out), refused=list(refused))
     bench = _timer(torch, device)
     deadline = time.monotonic() + budget_s
 

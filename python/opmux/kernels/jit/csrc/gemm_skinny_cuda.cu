@@ -32,6 +32,9 @@
 //     four K blocks each and at most 32 warps per SM in all).
 //   w8a8_block_fp8_matmul_skinny_cuda_default(m, n, k) -> NT * 16 + WK, the unit's choice on
 //     the current device.
+//   w8a8_block_fp8_matmul_skinny_cuda_ready(device_id) -> whether this library's code for that
+//     GPU holds the kernel (an AOT library without sm_89+ code on an sm_89 GPU: no; the backend
+//     then builds the unit for the GPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <tvm/ffi/function.h>
@@ -105,8 +108,9 @@ __device__ __forceinline__ void store(void* out, int64_t i, float v) {
 template <typename T, int NT, bool HI>
 __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const Params p) {
   // K blocks whose loads a warp issues together: 4 KB of weights in flight per warp (NT x
-  // kUnroll 1 KB tiles) where the registers allow, 2 KB for narrow tiles over 16 rows (a's
-  // second half of the rows takes the room)
+  // kUnroll 1 KB tiles), 1-2 KB over 16 rows (a's second half of the rows takes the registers;
+  // under two blocks an SM ptxas still spills 16-32 bytes in the NT = 4 and the 16-row NT = 2
+  // instantiations)
   constexpr int kUnroll = HI ? (NT >= 4 ? 1 : 2) : 4 / NT;
   __shared__ float partial[kWarps][NT][4][32];
   cuda::pdl_enter();
@@ -157,7 +161,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const Params p) {
       const int64_t sblk = live ? blk : kb_begin;
       sa_lo[u] = lo_valid ? __ldg(p.sa + g * p.sa_m + sblk * p.sa_k) : 0.f;
       sa_hi[u] = hi_valid ? __ldg(p.sa + (g + 8) * p.sa_m + sblk * p.sa_k) : 0.f;
-#pragma unroll
       sbv[u] = __ldg(sbrow + sblk);
     }
 #pragma unroll
@@ -254,31 +257,32 @@ void launch_typed(const Params& p, int nt, bool hi, int32_t device_id, const cud
   }
 }
 
-// The image the driver picked must hold the e4m3 MMA (PTX of sm_89 or newer): an sm_80 build
-// run on a newer GPU would run the kernel's empty body.
-inline void check_image(int32_t device_id) {
+// Whether the image the driver picked for this device holds the e4m3 MMA (PTX of sm_89 or newer;
+// a cubin records its virtual arch too): an sm_80 build run on a newer GPU would run the kernel's
+// empty body. Cached per device.
+inline bool image_has_mma(int32_t device_id) {
   static std::mutex mu;
-  static int cached[64];  // 0 unknown, 1 ok, -1 not
-  int state = 0;
+  static int cached[64];  // 0 unknown, 1 yes, -1 no
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (device_id >= 0 && device_id < 64) state = cached[device_id];
+    if (device_id >= 0 && device_id < 64 && cached[device_id] != 0) return cached[device_id] > 0;
   }
   int major = 0, minor = 0;
-  if (state == 0) {
-    cuda::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id), kOp,
-                     "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
-    cuda::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id), kOp,
-                     "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
-    cudaFuncAttributes attr;
-    cuda::check_cuda(
-        cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(skinny_kernel<__nv_bfloat16, 1, false>)), kOp,
-        "cudaFuncGetAttributes");
-    state = (major * 10 + minor >= 89 && attr.ptxVersion >= 89) ? 1 : -1;
-    std::lock_guard<std::mutex> lock(mu);
-    if (device_id >= 0 && device_id < 64) cached[device_id] = state;
-  }
-  if (state < 0) {
+  cuda::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id), kOp,
+                   "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  cuda::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id), kOp,
+                   "cudaDeviceGetAttribute(ComputeCapabilityMinor)");
+  cudaFuncAttributes attr;
+  cuda::check_cuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(skinny_kernel<__nv_bfloat16, 1, false>)),
+                   kOp, "cudaFuncGetAttributes");
+  const bool ok = major * 10 + minor >= 89 && attr.ptxVersion >= 89;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device_id >= 0 && device_id < 64) cached[device_id] = ok ? 1 : -1;
+  return ok;
+}
+
+inline void check_image(int32_t device_id) {
+  if (!image_has_mma(device_id)) {
     TVM_FFI_THROW(RuntimeError) << kOp << ": the skinny kernel needs the fp8 (e4m3) MMA of sm_89 or newer, in "
                                 << "the library's code for this GPU; this GPU or this build has none "
                                 << "(compile for its arch, e.g. sm_90a)";
@@ -350,6 +354,11 @@ void w8a8_block_fp8_matmul_skinny_cuda(TensorView out, TensorView a, TensorView 
   gemm_skinny_cuda::run(out, a, b, a_scale, b_scale, tiles, k_warps, enable_pdl);
 }
 
+bool w8a8_block_fp8_matmul_skinny_cuda_ready(int64_t device_id) {
+  cuda::DeviceScope scope(gemm_skinny_cuda::kOp, static_cast<int32_t>(device_id));
+  return gemm_skinny_cuda::image_has_mma(static_cast<int32_t>(device_id));
+}
+
 int64_t w8a8_block_fp8_matmul_skinny_cuda_default(int64_t m, int64_t n, int64_t k) {
   (void)m;
   int device = 0;
@@ -361,5 +370,6 @@ int64_t w8a8_block_fp8_matmul_skinny_cuda_default(int64_t m, int64_t n, int64_t 
 }  // namespace opmux
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(w8a8_block_fp8_matmul_skinny_cuda, opmux::w8a8_block_fp8_matmul_skinny_cuda);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(w8a8_block_fp8_matmul_skinny_cuda_ready, opmux::w8a8_block_fp8_matmul_skinny_cuda_ready);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(w8a8_block_fp8_matmul_skinny_cuda_default,
                               opmux::w8a8_block_fp8_matmul_skinny_cuda_default);

@@ -39,7 +39,9 @@ else:
     from .._torch import torch
 
 OP, BACKEND = "gemm.w8a8_block_fp8_matmul", "skinny"
-_FUNCTIONS = ("w8a8_block_fp8_matmul_skinny_cuda", "w8a8_block_fp8_matmul_skinny_cuda_default")
+UNIT = "gemm_skinny_cuda"
+_RUN, _DEFAULT, _READY = (f"w8a8_block_fp8_matmul_skinny_cuda{s}" for s in ("", "_default", "_ready"))
+_FUNCTIONS = (_RUN, _DEFAULT, _READY)
 
 
 def refusal(*, device: str, capability: tuple[int, int] | None, m: int, k: int, aligned: bool) -> str | None:
@@ -50,8 +52,8 @@ def refusal(*, device: str, capability: tuple[int, int] | None, m: int, k: int, 
     if capability is None or capability < (8, 9):
         got = "unknown" if capability is None else f"sm_{capability[0]}{capability[1]}"
         return f"the skinny kernel needs the fp8 MMA of sm_89 or newer; this GPU is {got}"
-    if m > MAX_ROWS:
-        return f"the skinny kernel takes at most {MAX_ROWS} rows of a (decode sizes); this call has {m}"
+    if m > MAX_ROWS:  # the text names no M: dispatch caches verdicts by their reasons
+        return f"the skinny kernel takes at most {MAX_ROWS} rows of a (decode sizes)"
     if k % 16:
         return f"the skinny kernel reads rows 16 bytes at a time: K must be a multiple of 16 (K={k})"
     if not aligned:
@@ -71,40 +73,62 @@ def _capability(index: int) -> tuple[int, int]:
 def supports(
     a: Any, b: Any, a_scale: Any = None, b_scale: Any = None, out_dtype: Any = None, out: Any = None
 ) -> str | None:
-    """The backend's predicate (the op's public arguments): None to run, else the reason."""
+    """The backend's predicate (the op's public arguments): None to run, else the reason. Reads
+    facts only (no copy, no device work): it runs on every call the dispatch considers."""
     try:
         device = a.device
         k = int(a.shape[-1])
         m = a.numel() // max(k, 1)
-        rows = a.reshape(m, k) if a.dim() != 2 else a
+        if m > MAX_ROWS or device.type != "cuda":
+            return refusal(device=device.type, capability=(9, 0), m=m, k=k, aligned=True)
+        rows = a if a.dim() == 2 else a.view(m, k)  # the contract's rows view, when one exists
         aligned = _aligned(rows) and _aligned(b)
     except Exception:  # not tensors, wrong ranks, rows that are no view: the contract names it
         return None
-    capability = None
-    if device.type == "cuda":
-        try:
-            capability = _capability(
-                device.index if device.index is not None else torch.cuda.current_device()
-            )
-        except Exception as exc:  # a GPU whose properties cannot be read: say so, run nothing
-            return f"the skinny kernel could not read the GPU's properties: {type(exc).__name__}: {exc}"
+    try:
+        capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    except Exception as exc:  # a GPU whose properties cannot be read: say so, run nothing
+        return f"the skinny kernel could not read the GPU's properties: {type(exc).__name__}: {exc}"
     return refusal(device=device.type, capability=capability, m=m, k=k, aligned=aligned)
 
 
 @functools.cache
-def library() -> dict[str, Any]:
-    """Load ``gemm_skinny_cuda`` once per process (``BackendUnavailable`` if it cannot be)."""
+def library(index: int) -> dict[str, Any]:
+    """The unit's functions for GPU ``index``, loaded once: the AOT library's when its code for
+    that GPU holds the kernel, else the unit JIT-built for it (an AOT library without sm_89 code
+    runs its sm_80 image on an sm_89 GPU, where the kernel is absent). ``BackendUnavailable``
+    with the reason when neither can be had."""
+    from ...jit import load_module
     from .._native import unit_functions
 
-    return unit_functions("gemm_skinny_cuda", _FUNCTIONS, BACKEND)
+    functions = unit_functions(UNIT, _FUNCTIONS, BACKEND)
+    if functions[_READY](index):
+        return functions
+    try:
+        module = load_module(UNIT)
+        functions = {name: module[name] for name in _FUNCTIONS}
+    except Exception as exc:  # no toolchain, a failed build, JIT off: dispatch falls back
+        raise BackendUnavailable(
+            BACKEND, f"the unit could not be built for this GPU: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not functions[_READY](index):
+        raise BackendUnavailable(BACKEND, "the unit's code for this GPU lacks the fp8 MMA of sm_89 or newer")
+    return functions
 
 
 def tuned_launch(a: Tensor, b: Tensor) -> tuple[int, int]:
-    """(tiles per warp, warps along K) for this call from the device's tuned table (nearest M),
-    else 0, 0: the unit's own choice."""
-    config = tuned.lookup(OP, BACKEND, tuned.device_name(a.device), (b.shape[0], a.shape[1]), a.shape[0])
+    """(tiles per warp, warps along K) for this call from the device's tuned table (the op's
+    schema states its key: (N, K) and M), else 0, 0: the unit's own choice."""
+    schema = tuned.SCHEMAS[OP]
+    assert schema.kernel_problem is not None
+    shape, m = schema.kernel_problem(None, a, b)
+    config = tuned.lookup(OP, BACKEND, tuned.device_name(a.device), shape, m)
     tiles, k_warps = (config[key] for key in KEYS)
     return tiles, k_warps
+
+
+def _index(t: Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
 def launch(
@@ -119,9 +143,9 @@ def launch(
     """The unit's kernel on the checked kernel arguments; ``config`` (tiles, warps along K; 0: the
     unit's choice) overrides the tuned table (the tuner and tests)."""
     tiles, k_warps = tuned_launch(a, b) if config is None else config
-    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    index = _index(a)
     pdl = _capability(index)[0] >= 9  # the unit's launch also checks the binary has griddepcontrol
-    library()["w8a8_block_fp8_matmul_skinny_cuda"](out, a, b, a_scale, b_scale, tiles, k_warps, pdl)
+    library(index)[_RUN](out, a, b, a_scale, b_scale, tiles, k_warps, pdl)
 
 
 def matmul(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor) -> None:
