@@ -175,24 +175,34 @@ for stage in $STAGES; do
                     --out "$OUT" ${GEMM_BENCH_ARGS:---budget-s 300} 2>&1 | tee "$OUT/gemm_bench.log" | tail -60; \
                     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         gemm-decode) # the skinny kernel's tables and the select race at decode sizes (M <= 16) on top of
-                # the shipped tables, then the benchmark on them; the CUTLASS unit builds meanwhile
+                # the shipped tables (entries already there are kept: GEMM_DECODE_TUNE_ARGS="--retune"
+                # times them again), then the benchmark on them; the CUTLASS unit builds meanwhile
                 cfgd=$OUT/gemm_configs; rm -rf "$cfgd"; mkdir -p "$cfgd"
                 cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('gemm.w8a8_block_fp8_matmul'))")"/*.json "$cfgd/"
                 (python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 300 --modules gemm_cuda > "$OUT/gemm_prewarm.log" 2>&1) &
                 pre=$!
                 models="--models DeepSeek-V3,Qwen3-235B-A22B,Qwen3-32B,Llama-3.1-70B,Llama-3.1-8B --shapes 24576,7168"
-                # shellcheck disable=SC2086  # $models: words on purpose
-                timeout 200 python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --backend skinny $models --m 1,8,16 \
-                    --budget-s "${GEMM_DECODE_TUNE_S:-150}" --out "$cfgd" 2>&1 | tee "$OUT/gemm_decode.log" | tail -2
-                wait "$pre"; tail -1 "$OUT/gemm_prewarm.log"
+                tune_s=${GEMM_DECODE_TUNE_S:-150}; race_s=${GEMM_DECODE_RACE_S:-220}
+                # shellcheck disable=SC2086  # $models, GEMM_DECODE_TUNE_ARGS: words on purpose
+                timeout $((tune_s + 60)) python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --backend skinny $models \
+                    --m 1,8,16 --budget-s "$tune_s" --out "$cfgd" ${GEMM_DECODE_TUNE_ARGS:-} 2>&1 | tee "$OUT/gemm_decode.log" | tail -2
+                [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                wait "$pre" || rc=1; tail -1 "$OUT/gemm_prewarm.log"
                 # shellcheck disable=SC2086
-                OPMUX_TUNED_CONFIG_DIR=$cfgd timeout 300 python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --backend select \
-                    $models --m 1,4,16 --retune --budget-s "${GEMM_DECODE_RACE_S:-220}" --out "$cfgd" 2>&1 | tee -a "$OUT/gemm_decode.log" | tail -2
+                OPMUX_TUNED_CONFIG_DIR=$cfgd timeout $((race_s + 80)) python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul \
+                    --backend select $models --m 1,4,16 --retune --budget-s "$race_s" --out "$cfgd" 2>&1 | tee -a "$OUT/gemm_decode.log" | tail -2
+                [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 OPMUX_TUNED_CONFIG_DIR=$cfgd timeout 200 python3 "$REPO/benchmarks/bench_gemm.py" --out "$OUT/gemm_decode" --m 1,4,16 \
-                    --budget-s 150 2>&1 | tail -1
+                    --budget-s 150 2>&1 | tee "$OUT/gemm_decode_bench.log" | tail -1
+                [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 # this GPU's tables only (the shipped ones of other GPUs come back unchanged), one archive
                 dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))")
-                (cd "$OUT" && tar czf gemm_decode_tables.tgz gemm_configs/*"device_name=${dev},"* && rm -rf gemm_configs) ;;
+                if compgen -G "$cfgd/*device_name=${dev},*" > /dev/null; then
+                    (cd "$OUT" && tar czf gemm_decode_tables.tgz gemm_configs/*"device_name=${dev},"*) || rc=1
+                else
+                    echo "gemm-decode: no tables for $dev"; rc=1
+                fi
+                rm -rf "$cfgd" ;;
         moe-tune) mkdir -p "$OUT/moe_configs"
                 cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('moe.fused_experts'))")"/*.json "$OUT/moe_configs/"
                 IFS=';' read -ra runs <<< "${MOE_TUNE:?MOE_TUNE: tuner arguments separated by ;}"

@@ -108,7 +108,7 @@ __device__ __forceinline__ void store(void* out, int64_t i, float v) {
 template <typename T, int NT, bool HI>
 __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const Params p) {
   // K blocks whose loads a warp issues together: 4 KB of weights in flight per warp (NT x
-  // kUnroll 1 KB tiles), 1-2 KB over 16 rows (a's second half of the rows takes the registers;
+  // kUnroll 1 KB tiles) up to 8 rows, 2-4 KB above (a's second half of the rows takes the registers;
   // under two blocks an SM ptxas still spills 16-32 bytes in the NT = 4 and the 16-row NT = 2
   // instantiations)
   constexpr int kUnroll = HI ? (NT >= 4 ? 1 : 2) : 4 / NT;
@@ -215,12 +215,12 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const Params p) {
 
 // ---- host side --------------------------------------------------------------------------------
 
-//: the launch choices the unit is compiled for (ops/gemm/skinny_cuda.py's TILES / K_WARPS)
+//: the launch choices the unit is compiled for (ops/gemm/_skinny_launch.py's TILES / K_WARPS)
 inline bool valid_tiles(int64_t v) { return v == 1 || v == 2 || v == 4; }
 inline bool valid_k_warps(int64_t v) { return v == 1 || v == 2 || v == 4 || v == 8; }
 
-// The unit's own choice (an H100's tuner runs at M = 1: one tile a warp won on 19 of 24 shapes,
-// and as many warps along K as the column warps leave room for): one 8-column tile a warp, and
+// The unit's own choice (an H100's tuner at M = 1: one tile a warp on 21 of 22 shapes,
+// docs/benchmarks/gemm_skinny_h100_tuning.json): one 8-column tile a warp, and
 // the most warps along K (up to 8) that keep four K blocks each and at most 32 warps per SM in
 // all (more only queue behind the first waves).
 inline std::pair<int, int> default_launch(int64_t n, int64_t k, int sm_count) {

@@ -7,9 +7,9 @@ A tuned table entry is ``{"TILES": t, "K_WARPS": w}`` in
 :data:`TILES`, ``w`` one of :data:`K_WARPS` (the unit's instantiations; its host check refuses
 others), or :data:`AUTO` (0) for the unit's own choice (``default_launch`` in the unit: one tile a warp,
 and as many warps along K as keep four K blocks each and at most 32 warps per SM in all). The
-kernel's time hardly changes with M up to 8 (the MMA's first 8 rows) and again from 9 to 16 (an
-H100's tuner: the same winner at M = 1, 2, 4 and 8 on every shape it finished); an M with no entry
-within 4x (``tuned``'s reach) runs the unit's own choice.
+kernel runs one instantiation for M up to 8 (the MMA's first 8 rows) and another for 9 to 16;
+tables hold M = 1, 8 and 16, and an M with no entry within 4x (``tuned``'s reach) runs the unit's
+own choice.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def library(index: int) -> dict[str, Any]:
     from .._native import unit_functions
 
     functions = unit_functions(UNIT, _FUNCTIONS, BACKEND)
-    if functions[_READY](index):
+    if _ready(functions, index):
         return functions
     try:
         module = load_module(UNIT)
@@ -111,9 +111,18 @@ def library(index: int) -> dict[str, Any]:
         raise BackendUnavailable(
             BACKEND, f"the unit could not be built for this GPU: {type(exc).__name__}: {exc}"
         ) from exc
-    if not functions[_READY](index):
+    if not _ready(functions, index):
         raise BackendUnavailable(BACKEND, "the unit's code for this GPU lacks the fp8 MMA of sm_89 or newer")
     return functions
+
+
+def _ready(functions: dict[str, Any], index: int) -> bool:
+    """Whether these functions' code for GPU ``index`` holds the kernel (a library with no code
+    for the GPU at all fails the query: not ready either)."""
+    try:
+        return bool(functions[_READY](index))
+    except Exception:
+        return False
 
 
 def tuned_launch(a: Tensor, b: Tensor) -> tuple[int, int]:
