@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import _launch_choices
+
 __all__ = ["AUTO", "KEYS", "K_WARPS", "MAX_ROWS", "TILES", "default_launch", "problems"]
 
 #: 8-column tiles per warp, as instantiated
@@ -24,7 +26,7 @@ TILES = (1, 2, 4)
 #: warps of a block (of 8) along K, as the unit takes them
 K_WARPS = (1, 2, 4, 8)
 #: "the unit chooses"
-AUTO = 0
+AUTO = _launch_choices.AUTO
 #: a table entry's keys
 KEYS = ("TILES", "K_WARPS")
 #: the most rows of ``a`` the kernel takes (the MMA's M)
@@ -38,13 +40,4 @@ def default_launch(m: int) -> dict[str, int]:
 
 def problems(entry: Mapping[str, Any]) -> list[str]:
     """What is wrong with a table entry (empty: usable)."""
-    found = [f"missing {key}" for key in KEYS if key not in entry]
-    unknown = sorted(set(entry) - set(KEYS))
-    if unknown:
-        found.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(KEYS)})")
-    for key, choices in zip(KEYS, (TILES, K_WARPS), strict=True):
-        value = entry.get(key, AUTO)
-        if type(value) is not int or value not in (AUTO, *choices):  # 4.0 and True are not 4 and 1
-            valid = ", ".join(map(str, (AUTO, *choices)))
-            found.append(f"{key}={value!r} (one of {valid}; {AUTO}: the unit's own choice)")
-    return found
+    return _launch_choices.problems(entry, dict(zip(KEYS, (TILES, K_WARPS), strict=True)))

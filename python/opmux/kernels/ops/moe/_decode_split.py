@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import _launch_choices
+
 __all__ = ["AUTO", "DOWN_ROWS", "KEYS", "MULTI_TOKEN", "UP_ROWS", "default_split", "problems"]
 
 #: the up kernel's columns per warp (gate and up rows of each column), as instantiated
@@ -22,7 +24,7 @@ UP_ROWS = (1, 2, 4)
 #: the down kernel's columns per warp, as instantiated
 DOWN_ROWS = (1, 2, 4, 8)
 #: "the unit chooses" (whole waves of resident blocks)
-AUTO = 0
+AUTO = _launch_choices.AUTO
 #: a table entry's keys: (up, down)
 KEYS = ("UP_ROWS", "DOWN_ROWS")
 #: with no table, from this many tokens 4 columns a warp each (fewer blocks staging the same
@@ -40,13 +42,4 @@ def default_split(m: int) -> tuple[int, int]:
 
 def problems(entry: Mapping[str, Any]) -> list[str]:
     """What is wrong with a table entry (empty: usable)."""
-    found = [f"missing {key}" for key in KEYS if key not in entry]
-    unknown = sorted(set(entry) - set(KEYS))
-    if unknown:
-        found.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(KEYS)})")
-    for key, choices in zip(KEYS, (UP_ROWS, DOWN_ROWS), strict=True):
-        value = entry.get(key, AUTO)
-        if type(value) is not int or value not in (AUTO, *choices):  # 4.0 and True are not 4 and 1
-            valid = ", ".join(map(str, (AUTO, *choices)))
-            found.append(f"{key}={value!r} (one of {valid}; {AUTO}: the unit's own choice)")
-    return found
+    return _launch_choices.problems(entry, dict(zip(KEYS, (UP_ROWS, DOWN_ROWS), strict=True)))
