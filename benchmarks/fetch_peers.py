@@ -31,7 +31,8 @@ top of ``data/csrc`` before finding the built file), so those top-level files ar
 
 The RECORD is regenerated, and a ``TRIMMED`` note is added to the dist-info. Wheels fetched:
 liger-kernel (pure Python), apache-tvm-ffi (cp312 manylinux; opmux's compiled code binds through
-it, and the device image lacks it) and flashinfer-python. Their other requirements are already in
+it, and the device image lacks it), flashinfer-python, and nvidia-cutlass at ``targets.toml``'s pin
+(:func:`cutlass_pin`). Their other requirements are already in
 the device image (see benchmarks/README.md).
 """
 
@@ -49,6 +50,25 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 PEERS = ("liger-kernel==0.8.5", "apache-tvm-ffi==0.1.15.post2", "flashinfer-python==0.7.4")
+
+
+def cutlass_pin() -> str:
+    """The CUTLASS headers package the CUDA wheels build with (``targets.toml``'s pin, stated
+    there once): a tree run on the device machine JIT-builds opmux's CUTLASS units (``gemm_cuda``,
+    ``moe_grouped_cuda``) from it, and fails with ``ToolchainNotFound`` without it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    try:
+        import targets  # the repository's target table reader (tools/targets.py)
+    finally:
+        sys.path.pop(0)
+    pins = {r for t in targets.load().values() for r in t.build_requires if r.startswith("nvidia-cutlass")}
+    if len(pins) != 1:
+        raise SystemExit(
+            f"fetch_peers: expected one nvidia-cutlass pin in targets.toml, found {sorted(pins)}"
+        )
+    return pins.pop()
+
+
 PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -104,7 +124,7 @@ INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
 
 def download(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    for req in PEERS:
+    for req in (*PEERS, cutlass_pin()):
         cmd = [
             sys.executable,
             "-m",
