@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from opmux.kernels import _env, tuned
+from opmux.kernels.ops.gemm._skinny_launch import MAX_ROWS as SKINNY_ROWS  # plain Python
 from opmux.kernels.tune.space import candidates
 
 __all__ = ["BACKENDS", "Entry", "Report", "tune"]
@@ -318,12 +319,6 @@ def _timer(torch: Any, device: str) -> Callable[[Callable[[], None]], float]:
     return bench_cpu
 
 
-def _skinny_rows() -> int:
-    from opmux.kernels.ops.gemm._skinny_launch import MAX_ROWS  # plain Python
-
-    return MAX_ROWS
-
-
 def tune(
     shapes: Sequence[tuple[int, int]],
     ms: Sequence[int],
@@ -346,7 +341,7 @@ def tune(
         raise ValueError(f"cannot tune {op} on {backend!r}; tunable: {OP} on {', '.join(BACKENDS)}")
     refused: list[tuple[int, int, int]] = []
     if backend == "skinny":  # the kernel's own limits: M (its rows) and K (16-byte chunks)
-        rows = _skinny_rows()
+        rows = SKINNY_ROWS
         if dropped := [m for m in ms if m > rows]:
             print(
                 f"M {', '.join(map(str, dropped))} left out: the skinny kernel takes at most {rows} rows",
