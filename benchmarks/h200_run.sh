@@ -32,6 +32,8 @@
 # gemm-decode: the skinny-M kernel's tuner (M 1, 8, 16) and the select race at M 1, 4, 16 over every
 #          backend, on top of the shipped tables, then bench_gemm.py at those M (OUT_DIR/gemm_decode/);
 #          this GPU's tables in OUT_DIR/gemm_decode_tables.tgz (for python/opmux/kernels/configs/);
+# gemm-prefill: the same for the CUTLASS kernel's configs (--backend cuda) and the race at
+#          $GEMM_PREFILL_M (default 128,512,2048,8192): OUT_DIR/gemm_prefill/, gemm_prefill_tables.tgz;
 # gemm-jit: JIT-build gemm_cuda (a cache carried in OPMUX_CACHE_DIR is used when its key matches);
 # gemm-grid / gemm-tune / gemm-bench: gemm.w8a8_block_fp8_matmul's vLLM grid (OUT_DIR/gemm_grid.log), its
 #          tuner over the models' linear shapes into $GEMM_TUNE_OUT (default OUT_DIR/configs; the shipped
@@ -105,6 +107,46 @@ import opmux, torch, triton
 print("opmux", opmux.__version__, opmux.__file__, opmux.build_info()["archs"], opmux.build_info()["aot"])
 print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())
 PY
+# gemm_tables NAME BACKEND TUNE_M RACE_M TUNE_S RACE_S EXTRA: one kernel's tuner (--backend BACKEND at
+# TUNE_M) and the select race over every backend at RACE_M, on top of the shipped tables (entries
+# already there are kept: EXTRA="--retune" times them again), then bench_gemm.py at RACE_M on them
+# (OUT/gemm_NAME/; GEMM_TABLES_BENCH_S seconds, default 200, 0: none); the CUTLASS unit builds meanwhile. This GPU's tables come back as one archive,
+# OUT/gemm_NAME_tables.tgz (the shipped ones of other GPUs unchanged, left out).
+gemm_tables() {
+    local name=$1 backend=$2 tune_m=$3 race_m=$4 tune_s=$5 race_s=$6 extra=$7 fail=0 pre dev
+    local cfgd=$OUT/gemm_configs
+    local models="--models DeepSeek-V3,Qwen3-235B-A22B,Qwen3-32B,Llama-3.1-70B,Llama-3.1-8B --shapes 24576,7168"
+    rm -rf "$cfgd"; mkdir -p "$cfgd"
+    cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('gemm.w8a8_block_fp8_matmul'))")"/*.json "$cfgd/"
+    (python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 300 --modules gemm_cuda > "$OUT/gemm_prewarm.log" 2>&1) &
+    pre=$!
+    # the CUDA kernel's own tuner needs the unit built
+    [[ $backend == cuda ]] && { wait "$pre" || fail=1; tail -1 "$OUT/gemm_prewarm.log"; }
+    # shellcheck disable=SC2086  # $models, $extra: words on purpose
+    timeout $((tune_s + 60)) python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --backend "$backend" $models \
+        --m "$tune_m" --budget-s "$tune_s" --out "$cfgd" $extra 2>&1 | tee "$OUT/gemm_$name.log" | tail -2
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || fail=1
+    [[ $backend == cuda ]] || { wait "$pre" || fail=1; tail -1 "$OUT/gemm_prewarm.log"; }
+    # shellcheck disable=SC2086
+    OPMUX_TUNED_CONFIG_DIR=$cfgd timeout $((race_s + 80)) python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul \
+        --backend select $models --m "$race_m" --retune --budget-s "$race_s" --out "$cfgd" 2>&1 | tee -a "$OUT/gemm_$name.log" | tail -2
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || fail=1
+    local bench_s=${GEMM_TABLES_BENCH_S:-200}  # 0: no benchmark
+    if (( bench_s > 0 )); then
+        OPMUX_TUNED_CONFIG_DIR=$cfgd timeout "$bench_s" python3 "$REPO/benchmarks/bench_gemm.py" --out "$OUT/gemm_$name" \
+            --m "$race_m" --budget-s $(( bench_s * 3 / 4 )) 2>&1 | tee "$OUT/gemm_${name}_bench.log" | tail -1
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || fail=1
+    fi
+    dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))")
+    if compgen -G "$cfgd/*device_name=${dev},*" > /dev/null; then
+        (cd "$OUT" && tar czf "gemm_${name}_tables.tgz" gemm_configs/*"device_name=${dev},"*) || fail=1
+    else
+        echo "gemm-$name: no tables for $dev"; fail=1
+    fi
+    rm -rf "$cfgd"
+    return $fail
+}
+
 rc=0
 for stage in $STAGES; do
     start=$(date +%s)
@@ -174,35 +216,12 @@ for stage in $STAGES; do
         gemm-bench) OPMUX_TUNED_CONFIG_DIR=${OPMUX_TUNED_CONFIG_DIR:-$OUT/configs} timeout "${GEMM_BENCH_TIMEOUT:-400}" python3 "$REPO/benchmarks/bench_gemm.py" \
                     --out "$OUT" ${GEMM_BENCH_ARGS:---budget-s 300} 2>&1 | tee "$OUT/gemm_bench.log" | tail -60; \
                     [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
-        gemm-decode) # the skinny kernel's tables and the select race at decode sizes (M <= 16) on top of
-                # the shipped tables (entries already there are kept: GEMM_DECODE_TUNE_ARGS="--retune"
-                # times them again), then the benchmark on them; the CUTLASS unit builds meanwhile
-                cfgd=$OUT/gemm_configs; rm -rf "$cfgd"; mkdir -p "$cfgd"
-                cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('gemm.w8a8_block_fp8_matmul'))")"/*.json "$cfgd/"
-                (python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 300 --modules gemm_cuda > "$OUT/gemm_prewarm.log" 2>&1) &
-                pre=$!
-                models="--models DeepSeek-V3,Qwen3-235B-A22B,Qwen3-32B,Llama-3.1-70B,Llama-3.1-8B --shapes 24576,7168"
-                tune_s=${GEMM_DECODE_TUNE_S:-150}; race_s=${GEMM_DECODE_RACE_S:-220}
-                # shellcheck disable=SC2086  # $models, GEMM_DECODE_TUNE_ARGS: words on purpose
-                timeout $((tune_s + 60)) python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul --backend skinny $models \
-                    --m 1,8,16 --budget-s "$tune_s" --out "$cfgd" ${GEMM_DECODE_TUNE_ARGS:-} 2>&1 | tee "$OUT/gemm_decode.log" | tail -2
-                [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                wait "$pre" || rc=1; tail -1 "$OUT/gemm_prewarm.log"
-                # shellcheck disable=SC2086
-                OPMUX_TUNED_CONFIG_DIR=$cfgd timeout $((race_s + 80)) python3 -m opmux.kernels.tune gemm.w8a8_block_fp8_matmul \
-                    --backend select $models --m 1,4,16 --retune --budget-s "$race_s" --out "$cfgd" 2>&1 | tee -a "$OUT/gemm_decode.log" | tail -2
-                [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                OPMUX_TUNED_CONFIG_DIR=$cfgd timeout 200 python3 "$REPO/benchmarks/bench_gemm.py" --out "$OUT/gemm_decode" --m 1,4,16 \
-                    --budget-s 150 2>&1 | tee "$OUT/gemm_decode_bench.log" | tail -1
-                [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                # this GPU's tables only (the shipped ones of other GPUs come back unchanged), one archive
-                dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))")
-                if compgen -G "$cfgd/*device_name=${dev},*" > /dev/null; then
-                    (cd "$OUT" && tar czf gemm_decode_tables.tgz gemm_configs/*"device_name=${dev},"*) || rc=1
-                else
-                    echo "gemm-decode: no tables for $dev"; rc=1
-                fi
-                rm -rf "$cfgd" ;;
+        gemm-decode) # the skinny kernel's tables and the select race at decode sizes (M <= 16)
+                gemm_tables decode skinny 1,8,16 1,4,16 "${GEMM_DECODE_TUNE_S:-150}" "${GEMM_DECODE_RACE_S:-220}" \
+                    "${GEMM_DECODE_TUNE_ARGS:-}" || rc=1 ;;
+        gemm-prefill) # the CUTLASS kernel's configs and the select race at prefill sizes
+                gemm_tables prefill cuda "${GEMM_PREFILL_M:-128,512,2048,8192}" "${GEMM_PREFILL_M:-128,512,2048,8192}" \
+                    "${GEMM_PREFILL_TUNE_S:-150}" "${GEMM_PREFILL_RACE_S:-150}" "${GEMM_PREFILL_TUNE_ARGS:-}" || rc=1 ;;
         moe-tune) mkdir -p "$OUT/moe_configs"
                 cp "$(python3 -c "from opmux.kernels import tuned; print(tuned.shipped_dir('moe.fused_experts'))")"/*.json "$OUT/moe_configs/"
                 IFS=';' read -ra runs <<< "${MOE_TUNE:?MOE_TUNE: tuner arguments separated by ;}"

@@ -15,14 +15,19 @@
 //   w8a8_block_fp8_matmul_cuda_configs() -> int64       number of configs
 //   w8a8_block_fp8_matmul_cuda_default_config(M, N, K) -> int64   the heuristic's choice
 //
-// Configs (every one instantiated for bf16, fp16 and fp32 output):
-//   id  schedule     swap-AB  CTA tile (kernel M x N x K)  cluster  meant for
+// Kernels (every one instantiated for bf16, fp16 and fp32 output):
+//   k   schedule     swap-AB  CTA tile (kernel M x N x K)  cluster  meant for
 //   0   cooperative  no       128 x 128 x 128              1x2x1    large M (A multicast along N)
 //   1   cooperative  no       128 x 128 x 128              1x1x1    large M, few N tiles
 //   2   ping-pong    no        64 x 128 x 128              1x1x1    mid M (tuner only so far)
 //   3   ping-pong    yes      128 x  16 x 128              1x1x1    M <= 16   (decode)
 //   4   ping-pong    yes      128 x  32 x 128              1x1x1    M <= 32   (tuner only so far)
 //   5   cooperative  yes      128 x  64 x 128              1x1x1    M <= 64, and few 128x128 tiles
+//   6   cooperative  no       128 x 128 x 128              2x1x1    M around 512 (B multicast along M)
+// Configs (the config_id of the entries and the tables): kernel k with the persistent tile
+// scheduler's CTA swizzle and raster order: ids 0-5 are kernels 0-5 with CUTLASS's defaults
+// (no swizzle, raster along the shorter side), 6 = kernel 6 swizzle 2, 7 = kernel 0 swizzle 8
+// along M, 8 = kernel 1 swizzle 4 (kConfigs below).
 // Swap-AB computes out^T = b * a^T: N fills the 128-row wgmma side, the tokens are the kernel's
 // N (16 / 32 / 64 columns), the activation scales become per-column (granularity 1) scales
 // and out^T is stored column-major, i.e. out row-major. All use CUTLASS's persistent tile
@@ -175,6 +180,8 @@ struct Problem {
   int sm_count;
   cudaStream_t stream;
   bool pdl;
+  int swizzle;  // the persistent scheduler's CTA swizzle: 1, 2, 4 or 8
+  int raster;   // 0: CUTLASS's heuristic (along the shorter side), 1: along M, 2: along N
 };
 
 inline void check_arch(int32_t device_id) {
@@ -298,6 +305,11 @@ void run_gemm(const Problem& p) {
   args.epilogue.ptr_D = static_cast<ElementD*>(p.out);
   args.epilogue.dD = stride_d;
   args.hw_info = hw_info;
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
 
   if (Kernel::get_workspace_size(args) != 0) {
     TVM_FFI_THROW(RuntimeError) << kOp << ": internal error: the CUTLASS kernel asks for a workspace";
@@ -330,39 +342,67 @@ void run_gemm(const Problem& p) {
 }
 
 template <class ElementD>
-struct Configs {
-  using C0 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>, true, false>;
-  using C1 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_1, _1, _1>, true, false>;
-  using C2 = BlockFp8Gemm<ElementD, Shape<_64, _128, _128>, Shape<_1, _1, _1>, false, false>;
-  using C3 = BlockFp8Gemm<ElementD, Shape<_128, _16, _128>, Shape<_1, _1, _1>, false, true>;
-  using C4 = BlockFp8Gemm<ElementD, Shape<_128, _32, _128>, Shape<_1, _1, _1>, false, true>;
-  using C5 = BlockFp8Gemm<ElementD, Shape<_128, _64, _128>, Shape<_1, _1, _1>, true, true>;
+struct Kernels {
+  using K0 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>, true, false>;
+  using K1 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_1, _1, _1>, true, false>;
+  using K2 = BlockFp8Gemm<ElementD, Shape<_64, _128, _128>, Shape<_1, _1, _1>, false, false>;
+  using K3 = BlockFp8Gemm<ElementD, Shape<_128, _16, _128>, Shape<_1, _1, _1>, false, true>;
+  using K4 = BlockFp8Gemm<ElementD, Shape<_128, _32, _128>, Shape<_1, _1, _1>, false, true>;
+  using K5 = BlockFp8Gemm<ElementD, Shape<_128, _64, _128>, Shape<_1, _1, _1>, true, true>;
+  using K6 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_2, _1, _1>, true, false>;
 
-  static void run(int id, const Problem& p) {
-    switch (id) {
-      case 0: return run_gemm<C0>(p);
-      case 1: return run_gemm<C1>(p);
-      case 2: return run_gemm<C2>(p);
-      case 3: return run_gemm<C3>(p);
-      case 4: return run_gemm<C4>(p);
-      default: return run_gemm<C5>(p);
+  static void run(int kernel, const Problem& p) {
+    switch (kernel) {
+      case 0: return run_gemm<K0>(p);
+      case 1: return run_gemm<K1>(p);
+      case 2: return run_gemm<K2>(p);
+      case 3: return run_gemm<K3>(p);
+      case 4: return run_gemm<K4>(p);
+      case 5: return run_gemm<K5>(p);
+      default: return run_gemm<K6>(p);
     }
   }
 };
 
-constexpr int64_t kNumConfigs = 6;
+// A config: one of the kernels above with the persistent scheduler's CTA order (swizzle, raster).
+// Ids 0-5 keep their meaning (tables name them); 6-8 won cases in an H100 sweep of every kernel x
+// swizzle {1, 2, 4, 8} x raster (session 31, 20 candidates, M 512-8192 on six model shapes).
+struct LaunchConfig {
+  int kernel;
+  int swizzle;
+  int raster;
+};
+constexpr LaunchConfig kConfigs[] = {
+    {0, 1, 0}, {1, 1, 0}, {2, 1, 0}, {3, 1, 0}, {4, 1, 0}, {5, 1, 0},
+    {6, 2, 0},  // 6: 2x1 cluster (B multicast along M), swizzle 2: M around 512
+    {0, 8, 1},  // 7: 1x2 cluster, swizzle 8 along M: the largest M
+    {1, 4, 0},  // 8: no cluster, swizzle 4: few N tiles
+};
+constexpr int64_t kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
-// The default choice on (M, N, K), from an H200 sweep (benchmarks/gemm_cuda_selftest.py; us per
-// call in CUDA graphs): swap-AB 128x16 for decode (M <= 16: 55.7 us for N=24576 K=7168, 3.2 TB/s
-// of weights), swap-AB 128x64 up to M = 64 and wherever 128x128 tiles would not fill the GPU
-// (M=128 N=7168: 9.4 us vs 11.7), else cooperative 128x128 with a 1x2 cluster. The ping-pong
-// 64x128 and swap-AB 128x32 configs never won the sweep; they stay for the tuner.
+template <class ElementD>
+void run_config(int64_t id, Problem p) {
+  const LaunchConfig c = kConfigs[id];
+  p.swizzle = c.swizzle;
+  p.raster = c.raster;
+  Kernels<ElementD>::run(c.kernel, p);
+}
+
+// The default choice on (M, N, K) where no tuned table speaks. Decode sizes from an H200 sweep
+// (benchmarks/gemm_cuda_selftest.py): swap-AB 128x16 for M <= 16 (55.7 us for N=24576 K=7168,
+// 3.2 TB/s of weights), swap-AB 128x64 up to M = 64 and, up to M = 256, wherever 128x128 tiles
+// would not fill the GPU (M=128 N=7168: 9.4 us vs 11.7). From M = 257, from an H100 sweep of every config (session
+// 31, CUDA graphs, M 512-8192 on six model shapes): cooperative 128x128 with a 1x2 cluster (id 0)
+// was fastest or within 2% in 16 of 24 cases; the 2x1 cluster with swizzle 2 (id 6) won 5 of
+// the 6 cases at M = 512 (up to 1.14x id 0; swap-AB 128x64, the old rule's choice for N = 4096
+// there, 0.6x id 0).
 inline int64_t default_config(int64_t m, int64_t n, int64_t k, int sm_count) {
   (void)k;
   if (m <= 16) return 3;
   if (m <= 64) return 5;
   const int64_t tiles128 = ::opmux::gemm::cdiv(m, 128) * ::opmux::gemm::cdiv(n, 128);
-  if (tiles128 < sm_count) return 5;
+  if (m <= 256) return tiles128 < sm_count ? 5 : 0;
+  if (m <= 1024) return 6;
   return 0;
 }
 
@@ -448,9 +488,9 @@ void run(TensorView out, TensorView a, TensorView b, TensorView a_scale, TensorV
 
   const int id = static_cast<int>(config_id < 0 ? default_config(r.m, r.n, r.k, props.sm_count) : config_id);
   switch (r.out_type) {
-    case gemm::OutType::kBFloat16: Configs<cutlass::bfloat16_t>::run(id, p); break;
-    case gemm::OutType::kFloat16: Configs<cutlass::half_t>::run(id, p); break;
-    default: Configs<float>::run(id, p); break;
+    case gemm::OutType::kBFloat16: run_config<cutlass::bfloat16_t>(id, p); break;
+    case gemm::OutType::kFloat16: run_config<cutlass::half_t>(id, p); break;
+    default: run_config<float>(id, p); break;
   }
 }
 
