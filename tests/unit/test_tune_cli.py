@@ -181,6 +181,10 @@ def test_select_times_each_backend_and_writes_size_classes(
     assert "size classes by M over 4 entries" in capsys.readouterr().err
     with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(tmp_path)):
         assert tuned.lookup(OP, "select", "cpu", (999, 999), 1) == table[1]  # any shape: the classes
+    # a later race at other M adds its classes and keeps these (a prefill race keeps the decode sizes)
+    tune([(200, 300)], [64], out=tmp_path, budget_s=120, device="cpu", backend="select")
+    merged = tuned.read_table(tmp_path / classes.file_name(), classes)
+    assert sorted(merged) == [1, 5, 64] and merged[1] == table[1] and merged[5] == table[5]
 
 
 def test_select_races_every_backend_however_short_the_budget(tmp_path: Path) -> None:

@@ -450,7 +450,8 @@ def tune(
 
 def _write_size_classes(report: Report, out: Path, op: str, dev_name: str, progress: IO[str]) -> None:
     """The ``N=0,K=0`` select table: per M, the backend whose summed time over this run's
-    shapes is least (only shapes where every summed backend was timed count)."""
+    shapes is least (only shapes where every summed backend was timed count). The M this run
+    did not time keep the entries the table already has (a prefill race keeps the decode sizes)."""
     by_m: dict[int, list[dict[str, float]]] = {}
     for e in report.entries:
         if e.timings:
@@ -461,6 +462,8 @@ def _write_size_classes(report: Report, out: Path, op: str, dev_name: str, progr
         if common:
             table[m] = {"backend": min(common, key=lambda b: sum(r[b] for r in rows))}
     if table:
-        path = out / tuned.table_key(op, "select", dev_name, (tuned.ANY_SHAPE, tuned.ANY_SHAPE)).file_name()
-        tuned.write_table(path, table)
+        key = tuned.table_key(op, "select", dev_name, (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
+        path = out / key.file_name()
+        kept = {m: dict(c) for m, c in tuned.read_table(path, key).items()} if path.is_file() else {}
+        tuned.write_table(path, {**kept, **table})
         print(f"size classes by M over {len(report.entries)} entries: {path.name}", file=progress)
