@@ -9,8 +9,8 @@ would pick: ``torch._scaled_mm`` with 1x128 / 128x128 blockwise scales (cuBLASLt
 and bf16 ``torch.mm`` of the same shape. Each is checked once against the fp32 dequantized
 product (vLLM's criterion: mean |out - ref| / mean |ref| < 1e-3; bf16 mm is not fp8 and is only
 timed) and timed as R calls in one CUDA graph cycling over enough input sets to defeat L2
-(bench_gpu.time_impl), median of the replays, twice (every column in order, then reversed; the
-faster kept: clocks drift under fp8 load). TFLOP/s = 2MNK / t; ``B/copy`` is the weight
+(bench_gpu.time_impls: every column's graph replayed in turn, rotated each round, the median per
+column, so that clock drift under fp8 load treats them alike). TFLOP/s = 2MNK / t; ``B/copy`` is the weight
 bytes (N*K) read per second over the copy bandwidth measured in the same run.
 
 Writes DIR/gemm.json (rewritten after every shape) and DIR/gemm.md.
@@ -29,7 +29,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import copy_bandwidth, environment, time_impl  # noqa: E402
+from bench_gpu import copy_bandwidth, environment, time_impls  # noqa: E402
 
 OP = "gemm.w8a8_block_fp8_matmul"
 #: shapes benchmarked beside the models' layers: SGLang's and DeepGEMM's published N=24576, K=7168
@@ -204,20 +204,16 @@ def run_case(
         except Exception as exc:
             rec = {"status": "error", "why": f"{type(exc).__name__}: {str(exc)[:300]}"}
         case["impls"][name] = rec
-    # Timed in two passes, in order and then reversed, the faster kept: under fp8 load the
-    # clocks drift within a case (the same kernel 10% apart as the first and a late column on an
-    # H100), and one fixed order would favour the first columns.
+    # timed together, replays interleaved (bench_gpu.time_impls: clocks drift under fp8 load)
     timed = [nm for nm, r in case["impls"].items() if r["status"] == "checked"]
-    for order in (timed, timed[::-1]):
-        for name in order:
-            rec = case["impls"][name]
-            try:
-                t = time_impl(torch, fns[name], sets, R, args.replays)
-            except Exception as exc:
-                rec.update(status="error", why=f"{type(exc).__name__}: {str(exc)[:300]}")
-                continue
-            if "us" not in rec or t["us"] < rec["us"]:
-                rec.update(t)
+    try:
+        times = time_impls(torch, {nm: fns[nm] for nm in timed}, sets, R, args.replays)
+    except Exception as exc:
+        times = {}
+        for nm in timed:
+            case["impls"][nm].update(status="error", why=f"{type(exc).__name__}: {str(exc)[:300]}")
+    for nm, t in times.items():
+        case["impls"][nm].update(t)
     for name in timed:
         rec = case["impls"][name]
         if rec["status"] == "checked" and "us" in rec:

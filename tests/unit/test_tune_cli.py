@@ -185,6 +185,11 @@ def test_select_times_each_backend_and_writes_size_classes(
     tune([(200, 300)], [64], out=tmp_path, budget_s=120, device="cpu", backend="select")
     merged = tuned.read_table(tmp_path / classes.file_name(), classes)
     assert sorted(merged) == [1, 5, 64] and merged[1] == table[1] and merged[5] == table[5]
+    # an unusable file is replaced by this run's classes, with a line saying so, not a failed run
+    (tmp_path / classes.file_name()).write_text("{}")
+    tune([(200, 300)], [32], out=tmp_path, budget_s=120, device="cpu", backend="select")
+    assert sorted(tuned.read_table(tmp_path / classes.file_name(), classes)) == [32]
+    assert "rewritten with this run's M only" in capsys.readouterr().err
 
 
 def test_select_races_every_backend_however_short_the_budget(tmp_path: Path) -> None:

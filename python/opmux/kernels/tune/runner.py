@@ -1,13 +1,14 @@
 """The tuning loop: time candidate configs per (N, K, M), keep the fastest, write tables.
 
 Four backends of the GEMM are tuned the same way (:class:`Tunable`): ``triton`` (launch
-configurations: tiles, warps, stages, split-K), ``cuda`` (which instantiation of the CUTLASS
-kernel: ``config_id``), ``skinny`` (the skinny-M kernel's tiles per warp and warps along K, at
+configurations: tiles, warps, stages, split-K), ``cuda`` (which launch config of the CUTLASS
+kernel, an instantiation with its CTA swizzle and raster order: ``config_id``), ``skinny`` (the skinny-M kernel's tiles per warp and warps along K, at
 most 16 rows) and ``select`` (which backend the dispatcher tries first for the shape
 and M: each accepted backend timed through the public function with ``backend=`` forced). Tune
 ``select`` last: it times the other backends with the tables they have then. After the
 per-shape select tables, the run writes the size classes by M over every shape it timed
-(``N=0,K=0``: the backend with the least total time at each M), for shapes without a table.
+(``N=0,K=0``: the backend with the least total time at each M), for shapes without a table;
+the M it did not time keep the classes the table has.
 
 Resumable: each table in the output directory is reread first and its finished M entries are
 skipped; a table is rewritten atomically after every M, so a stopped run loses at most the M
@@ -464,6 +465,11 @@ def _write_size_classes(report: Report, out: Path, op: str, dev_name: str, progr
     if table:
         key = tuned.table_key(op, "select", dev_name, (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
         path = out / key.file_name()
-        kept = {m: dict(c) for m, c in tuned.read_table(path, key).items()} if path.is_file() else {}
+        kept: dict[int, dict[str, Any]] = {}
+        if path.is_file():
+            try:
+                kept = {m: dict(c) for m, c in tuned.read_table(path, key).items()}
+            except tuned.TableError as err:  # this run's classes replace an unusable file
+                print(f"size classes: {err}; rewritten with this run's M only", file=progress)
         tuned.write_table(path, {**kept, **table})
         print(f"size classes by M over {len(report.entries)} entries: {path.name}", file=progress)

@@ -73,6 +73,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
 #include "opmux/cuda_utils.cuh"
+#include "opmux/gemm/cta_grid.h"
 #include "opmux/gemm/w8a8_block_checks.h"
 
 namespace opmux {
@@ -359,7 +360,8 @@ struct Kernels {
       case 3: return run_gemm<K3>(p);
       case 4: return run_gemm<K4>(p);
       case 5: return run_gemm<K5>(p);
-      default: return run_gemm<K6>(p);
+      case 6: return run_gemm<K6>(p);
+      default: TVM_FFI_THROW(RuntimeError) << kOp << ": internal error: no kernel " << kernel;
     }
   }
 };
@@ -380,12 +382,25 @@ constexpr LaunchConfig kConfigs[] = {
 };
 constexpr int64_t kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
+// The 128x128 non-swapped kernels' cluster shapes (the others run 1x1 clusters, swizzle 1).
+constexpr gemm::CtaGrid kGrid0{0, 1, 1, 2}, kGrid1{1, 1, 1, 1}, kGrid6{6, 1, 2, 1};
+
 template <class ElementD>
 void run_config(int64_t id, Problem p) {
   const LaunchConfig c = kConfigs[id];
+  int kernel = c.kernel;
   p.swizzle = c.swizzle;
   p.raster = c.raster;
-  Kernels<ElementD>::run(c.kernel, p);
+  if (kernel == 0 || kernel == 1 || kernel == 6) {
+    // fitted to this M x N: a swizzle or cluster that would pad the tile grid is reduced
+    // (opmux/gemm/cta_grid.h)
+    gemm::CtaGrid g = kernel == 0 ? kGrid0 : kernel == 1 ? kGrid1 : kGrid6;
+    g.swizzle = c.swizzle;
+    g = gemm::fit_cta_grid(g, p.m, p.n, kGrid0);
+    kernel = g.kernel;
+    p.swizzle = g.swizzle;
+  }
+  Kernels<ElementD>::run(kernel, p);
 }
 
 // The default choice on (M, N, K) where no tuned table speaks. Decode sizes from an H200 sweep
