@@ -34,6 +34,8 @@
 #          this GPU's tables in OUT_DIR/gemm_decode_tables.tgz (for python/opmux/kernels/configs/);
 # gemm-prefill: the same for the CUTLASS kernel's configs (--backend cuda) and the race at
 #          $GEMM_PREFILL_M (default 128,512,2048,8192): OUT_DIR/gemm_prefill/, gemm_prefill_tables.tgz;
+#          budgets $GEMM_PREFILL_TUNE_S / $GEMM_PREFILL_RACE_S (150 s each; gemm-decode: $GEMM_DECODE_*),
+#          extra tuner arguments $GEMM_PREFILL_TUNE_ARGS, the benchmark's $GEMM_TABLES_BENCH_S (0: none);
 # gemm-jit: JIT-build gemm_cuda (a cache carried in OPMUX_CACHE_DIR is used when its key matches);
 # gemm-grid / gemm-tune / gemm-bench: gemm.w8a8_block_fp8_matmul's vLLM grid (OUT_DIR/gemm_grid.log), its
 #          tuner over the models' linear shapes into $GEMM_TUNE_OUT (default OUT_DIR/configs; the shipped
@@ -110,7 +112,8 @@ PY
 # gemm_tables NAME BACKEND TUNE_M RACE_M TUNE_S RACE_S EXTRA: one kernel's tuner (--backend BACKEND at
 # TUNE_M) and the select race over every backend at RACE_M, on top of the shipped tables (entries
 # already there are kept: EXTRA="--retune" times them again), then bench_gemm.py at RACE_M on them
-# (OUT/gemm_NAME/; GEMM_TABLES_BENCH_S seconds, default 200, 0: none); the CUTLASS unit builds meanwhile. This GPU's tables come back as one archive,
+# (OUT/gemm_NAME/; GEMM_TABLES_BENCH_S seconds, default 200, 0: none); the CUTLASS unit builds
+# during the first tuner (before it, when that tuner is the CUTLASS kernel's own). This GPU's tables come back as one archive,
 # OUT/gemm_NAME_tables.tgz (the shipped ones of other GPUs unchanged, left out).
 gemm_tables() {
     local name=$1 backend=$2 tune_m=$3 race_m=$4 tune_s=$5 race_s=$6 extra=$7 fail=0 pre dev

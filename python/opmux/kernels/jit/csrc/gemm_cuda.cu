@@ -23,11 +23,9 @@
 //   3   ping-pong    yes      128 x  16 x 128              1x1x1    M <= 16   (decode)
 //   4   ping-pong    yes      128 x  32 x 128              1x1x1    M <= 32   (tuner only so far)
 //   5   cooperative  yes      128 x  64 x 128              1x1x1    M <= 64, and few 128x128 tiles
-//   6   cooperative  no       128 x 128 x 128              2x1x1    M around 512 (B multicast along M)
-// Configs (the config_id of the entries and the tables): kernel k with the persistent tile
-// scheduler's CTA swizzle and raster order: ids 0-5 are kernels 0-5 with CUTLASS's defaults
-// (no swizzle, raster along the shorter side), 6 = kernel 6 swizzle 2, 7 = kernel 0 swizzle 8
-// along M, 8 = kernel 1 swizzle 4 (kConfigs below).
+//   6   cooperative  no       128 x 128 x 128              2x1x1    B multicast along M
+// A config (the config_id of the entries and the tables) is a kernel with the persistent tile
+// scheduler's CTA swizzle and raster order: `kConfigs` below.
 // Swap-AB computes out^T = b * a^T: N fills the 128-row wgmma side, the tokens are the kernel's
 // N (16 / 32 / 64 columns), the activation scales become per-column (granularity 1) scales
 // and out^T is stored column-major, i.e. out row-major. All use CUTLASS's persistent tile
@@ -366,9 +364,11 @@ struct Kernels {
   }
 };
 
-// A config: one of the kernels above with the persistent scheduler's CTA order (swizzle, raster).
-// Ids 0-5 keep their meaning (tables name them); 6-8 won cases in an H100 sweep of every kernel x
-// swizzle {1, 2, 4, 8} x raster (session 31, 20 candidates, M 512-8192 on six model shapes).
+// A config: one of the kernels above with the persistent scheduler's CTA order (swizzle, raster;
+// the raster is along the kernel's own M, the user's N on the swap-AB kernels, which keep CUTLASS's
+// defaults). Ids 0-5 keep their meaning (tables name them); 6-8 are the three that won cases in an
+// H100 sweep of 16 (kernels 0, 1 and 6 x swizzle 1-8 x raster, M 512-8192 on six model shapes).
+// At launch a config is fitted to the M it runs on (opmux/gemm/cta_grid.h).
 struct LaunchConfig {
   int kernel;
   int swizzle;
@@ -376,9 +376,9 @@ struct LaunchConfig {
 };
 constexpr LaunchConfig kConfigs[] = {
     {0, 1, 0}, {1, 1, 0}, {2, 1, 0}, {3, 1, 0}, {4, 1, 0}, {5, 1, 0},
-    {6, 2, 0},  // 6: 2x1 cluster (B multicast along M), swizzle 2: M around 512
-    {0, 8, 1},  // 7: 1x2 cluster, swizzle 8 along M: the largest M
-    {1, 4, 0},  // 8: no cluster, swizzle 4: few N tiles
+    {6, 2, 0},  // 6: 2x1 cluster (B multicast along M), swizzle 2
+    {0, 8, 1},  // 7: 1x2 cluster, swizzle 8 along M: M >= 4096 on wide N
+    {1, 4, 0},  // 8: no cluster, swizzle 4: M around 512
 };
 constexpr int64_t kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -406,18 +406,21 @@ void run_config(int64_t id, Problem p) {
 // The default choice on (M, N, K) where no tuned table speaks. Decode sizes from an H200 sweep
 // (benchmarks/gemm_cuda_selftest.py): swap-AB 128x16 for M <= 16 (55.7 us for N=24576 K=7168,
 // 3.2 TB/s of weights), swap-AB 128x64 up to M = 64 and, up to M = 256, wherever 128x128 tiles
-// would not fill the GPU (M=128 N=7168: 9.4 us vs 11.7). From M = 257, from an H100 sweep of every config (session
-// 31, CUDA graphs, M 512-8192 on six model shapes): cooperative 128x128 with a 1x2 cluster (id 0)
-// was fastest or within 2% in 16 of 24 cases; the 2x1 cluster with swizzle 2 (id 6) won 5 of
-// the 6 cases at M = 512 (up to 1.14x id 0; swap-AB 128x64, the old rule's choice for N = 4096
-// there, 0.6x id 0).
+// would not fill the GPU (M=128 N=7168: 9.4 us vs 11.7). From M = 257, an H100 sweep of the nine
+// configs with their replays interleaved (benchmarks/gemm_cuda_configs.py, session 31; six
+// model shapes at M 512-8192, docs/benchmarks/gemm_cutlass_h100.md): id 8 (no cluster, swizzle
+// 4) at M = 512 was the fastest of ids 0, 6 and 8 on 5 of 6 shapes (up to 1.04x id 0); id 7
+// (swizzle 8 along M) at M >= 4096 on N >= 10240 in whole groups of 16 tiles, 1.00-1.13x id 0
+// on those 6 cases (on N = 7168, 56 tiles, its padding to 64 costs up to 0.85x); id 0 elsewhere.
 inline int64_t default_config(int64_t m, int64_t n, int64_t k, int sm_count) {
   (void)k;
   if (m <= 16) return 3;
   if (m <= 64) return 5;
-  const int64_t tiles128 = ::opmux::gemm::cdiv(m, 128) * ::opmux::gemm::cdiv(n, 128);
+  const int64_t nb = ::opmux::gemm::cdiv(n, 128);
+  const int64_t tiles128 = ::opmux::gemm::cdiv(m, 128) * nb;
   if (m <= 256) return tiles128 < sm_count ? 5 : 0;
-  if (m <= 1024) return 6;
+  if (m <= 1024) return 8;
+  if (m >= 4096 && n >= 10240 && nb % 16 == 0) return 7;
   return 0;
 }
 
