@@ -213,7 +213,10 @@ def run_case(
         for nm in timed:
             case["impls"][nm].update(status="error", why=f"{type(exc).__name__}: {str(exc)[:300]}")
     for nm, t in times.items():
-        case["impls"][nm].update(t)
+        if "error" in t:
+            case["impls"][nm].update(status="error", why=t["error"])
+        else:
+            case["impls"][nm].update(t)
     for name in timed:
         rec = case["impls"][name]
         if rec["status"] == "checked" and "us" in rec:

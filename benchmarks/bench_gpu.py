@@ -303,7 +303,9 @@ def time_impls(
     a rotated order; the median per implementation. Under fp8 load the clocks drift within
     seconds, and timing the implementations one after another hands the first ones the cooler
     GPU (on an H100 the same GEMM 10% apart as the first and a late column); interleaved, each
-    sees the same conditions. One whose capture fails is timed alone (:func:`time_impl`)."""
+    sees the same conditions. One whose capture fails is timed alone (:func:`time_impl`); one that
+    fails that too gets ``{"error": ...}``. Every graph, with the outputs of its R calls, is held
+    until the last round: the memory of all the columns at once."""
     out: dict[str, dict[str, Any]] = {}
     graphs: dict[str, Any] = {}
     n = len(sets)
@@ -330,7 +332,10 @@ def time_impls(
                 torch.cuda.synchronize()
             except Exception:
                 pass
-            out[name] = time_impl(torch, fn, sets, R, replays)
+            try:
+                out[name] = time_impl(torch, fn, sets, R, replays)
+            except Exception as exc:  # this column only: the others are still timed
+                out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     names = list(graphs)
     ts: dict[str, list[float]] = {name: [] for name in names}
     for r in range(replays):

@@ -396,7 +396,7 @@ void run_config(int64_t id, Problem p) {
     // (opmux/gemm/cta_grid.h)
     gemm::CtaGrid g = kernel == 0 ? kGrid0 : kernel == 1 ? kGrid1 : kGrid6;
     g.swizzle = c.swizzle;
-    g = gemm::fit_cta_grid(g, p.m, p.n, kGrid0);
+    g = gemm::fit_cta_grid(g, p.m, p.n, kGrid0, kGrid1);
     kernel = g.kernel;
     p.swizzle = g.swizzle;
   }
