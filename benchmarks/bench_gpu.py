@@ -272,8 +272,20 @@ def copy_bandwidth(torch: Any, nbytes: int = 2 * 2**30, reps: int = 20) -> dict[
     return {"bytes": 2 * nbytes, "s": med, "GBps": 2 * nbytes / med / 1e9, "checked": ok}
 
 
-def _time_graph(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dict[str, Any]:
-    """Median us per call over ``replays`` replays of one captured graph of R calls."""
+def _warm_up(torch: Any, fn: Any, sets: list[Any]) -> None:
+    """A few calls on a side stream before capture (compiles, allocator pools, lazy init)."""
+    n = len(sets)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(min(3, n) if n > 1 else 2):
+            fn(sets[i % n])
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+
+
+def _capture(torch: Any, fn: Any, sets: list[Any], R: int) -> Any:
+    """One CUDA graph of R calls cycling over ``sets``, replayed once."""
     n = len(sets)
     g = torch.cuda.CUDAGraph()
     keep = []
@@ -283,6 +295,12 @@ def _time_graph(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> d
     del keep
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def _time_graph(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> dict[str, Any]:
+    """Median us per call over ``replays`` replays of one captured graph of R calls."""
+    g = _capture(torch, fn, sets, R)
     ts = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -308,25 +326,10 @@ def time_impls(
     until the last round: the memory of all the columns at once."""
     out: dict[str, dict[str, Any]] = {}
     graphs: dict[str, Any] = {}
-    n = len(sets)
     for name, fn in fns.items():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for i in range(min(3, n) if n > 1 else 2):
-                fn(sets[i % n])
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
         try:
-            g = torch.cuda.CUDAGraph()
-            keep = []
-            with torch.cuda.graph(g):
-                for i in range(R):
-                    keep.append(fn(sets[i % n]))
-            del keep
-            g.replay()
-            torch.cuda.synchronize()
-            graphs[name] = g
+            _warm_up(torch, fn, sets)
+            graphs[name] = _capture(torch, fn, sets, R)
         except Exception:
             try:
                 torch.cuda.synchronize()
@@ -367,13 +370,7 @@ def time_impl(
     (``graph=False``, or a call the capture refuses: R calls between two events, host work
     included)."""
     n = len(sets)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(min(3, n) if n > 1 else 2):
-            fn(sets[i % n])
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    _warm_up(torch, fn, sets)
     capture_error = "not asked (graph=False)"
     if graph:
         try:
