@@ -113,8 +113,9 @@ PY
 # TUNE_M) and the select race over every backend at RACE_M, on top of the shipped tables (entries
 # already there are kept: EXTRA="--retune" times them again), then bench_gemm.py at RACE_M on them
 # (OUT/gemm_NAME/; GEMM_TABLES_BENCH_S seconds, default 200, 0: none); the CUTLASS unit builds
-# during the first tuner (before it, when that tuner is the CUTLASS kernel's own). This GPU's tables come back as one archive,
-# OUT/gemm_NAME_tables.tgz (the shipped ones of other GPUs unchanged, left out).
+# during the first tuner (before it, when that tuner is the CUTLASS kernel's own). This GPU's
+# tables come back as one archive, OUT/gemm_NAME_tables.tgz (the shipped ones of other GPUs
+# unchanged, left out).
 gemm_tables() {
     local name=$1 backend=$2 tune_m=$3 race_m=$4 tune_s=$5 race_s=$6 extra=$7 fail=0 pre dev
     local cfgd=$OUT/gemm_configs

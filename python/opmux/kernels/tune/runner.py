@@ -2,8 +2,8 @@
 
 Four backends of the GEMM are tuned the same way (:class:`Tunable`): ``triton`` (launch
 configurations: tiles, warps, stages, split-K), ``cuda`` (which launch config of the CUTLASS
-kernel, an instantiation with its CTA swizzle and raster order: ``config_id``), ``skinny`` (the skinny-M kernel's tiles per warp and warps along K, at
-most 16 rows) and ``select`` (which backend the dispatcher tries first for the shape
+kernel, an instantiation with its CTA swizzle and raster order: ``config_id``), ``skinny`` (the
+skinny-M kernel's tiles per warp and warps along K, at most 16 rows) and ``select`` (which backend the dispatcher tries first for the shape
 and M: each accepted backend timed through the public function with ``backend=`` forced). Tune
 ``select`` last: it times the other backends with the tables they have then. After the
 per-shape select tables, the run writes the size classes by M over every shape it timed

@@ -382,23 +382,29 @@ constexpr LaunchConfig kConfigs[] = {
 };
 constexpr int64_t kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
-// The 128x128 non-swapped kernels' cluster shapes (the others run 1x1 clusters, swizzle 1).
-constexpr gemm::CtaGrid kGrid0{0, 1, 1, 2}, kGrid1{1, 1, 1, 1}, kGrid6{6, 1, 2, 1};
+// Kernel `kernel`'s grid as cta_grid.h sees it: its cluster shape, read from the kernel type.
+template <class Gemm>
+constexpr gemm::CtaGrid grid_of(int kernel, int swizzle) {
+  using ClusterShape = typename Gemm::Kernel::DispatchPolicy::ClusterShape;
+  return {kernel, swizzle, static_cast<int>(cute::size<0>(ClusterShape{})),
+          static_cast<int>(cute::size<1>(ClusterShape{}))};
+}
 
 template <class ElementD>
 void run_config(int64_t id, Problem p) {
+  using K = Kernels<ElementD>;
   const LaunchConfig c = kConfigs[id];
   int kernel = c.kernel;
   p.swizzle = c.swizzle;
   p.raster = c.raster;
   if (kernel == 0 || kernel == 1 || kernel == 6) {
-    // fitted to this M x N: a swizzle or cluster that would pad the tile grid is reduced
-    // (opmux/gemm/cta_grid.h)
-    gemm::CtaGrid g = kernel == 0 ? kGrid0 : kernel == 1 ? kGrid1 : kGrid6;
-    g.swizzle = c.swizzle;
-    g = gemm::fit_cta_grid(g, p.m, p.n, kGrid0, kGrid1);
-    kernel = g.kernel;
-    p.swizzle = g.swizzle;
+    // the 128x128 non-swapped kernels (the others keep CUTLASS's defaults), fitted to this
+    // M x N: a swizzle or cluster that would pad the tile grid is reduced (opmux/gemm/cta_grid.h)
+    const gemm::CtaGrid g0 = grid_of<typename K::K0>(0, 1), g1 = grid_of<typename K::K1>(1, 1);
+    const gemm::CtaGrid g = kernel == 0 ? g0 : kernel == 1 ? g1 : grid_of<typename K::K6>(6, 1);
+    const gemm::CtaGrid fitted = gemm::fit_cta_grid({g.kernel, c.swizzle, g.cm, g.cn}, p.m, p.n, g0, g1);
+    kernel = fitted.kernel;
+    p.swizzle = fitted.swizzle;
   }
   Kernels<ElementD>::run(kernel, p);
 }
