@@ -2,6 +2,7 @@
 ``torch._scaled_mm`` (cuBLASLt, blockwise scales) at prefill sizes, on one Hopper GPU.
 
     python benchmarks/gemm_cuda_configs.py --out gemm_cuda_configs.json [--m 8192,4096,2048,512] [--budget-s 300]
+        [--ids 0,7,8]    # only these config ids (default: all of them)
 
 Each case checks every config against the float32 reference once (mean relative error; a wrong
 one is recorded and not timed), then times the right ones and cuBLASLt in CUDA graphs (L2-defeating
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--m", default="8192,4096,2048,512")
     ap.add_argument("--budget-s", type=float, default=300.0, help="cases left when it is spent are skipped")
+    ap.add_argument("--ids", default="", help="comma-separated config ids (default: every config)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
 
@@ -45,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
 
     mod = jit.load_module("gemm_cuda")
     cfg = mod["w8a8_block_fp8_matmul_cuda_cfg"]
-    ids = list(range(int(mod["w8a8_block_fp8_matmul_cuda_configs"]())))
+    count = int(mod["w8a8_block_fp8_matmul_cuda_configs"]())
+    ids = [int(v) for v in args.ids.split(",")] if args.ids else list(range(count))
+    if any(not 0 <= i < count for i in ids):
+        ap.error(f"--ids: the unit has configs 0..{count - 1}; got {args.ids}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     a, b, sa, sb = make_inputs(torch, 4096, 8192, 8192, "mmajor", gen)
     warm = torch.empty(4096, 8192, dtype=torch.bfloat16, device="cuda")

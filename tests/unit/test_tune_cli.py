@@ -3,6 +3,7 @@ vLLM's format, the budget, resume, the model presets and the CLI both ways."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from opmux.kernels import _env, tuned
-from opmux.kernels.tune import MODELS, candidates, model_shapes, tune
+from opmux.kernels.tune import MODELS, candidates, model_shapes, runner, tune
 from opmux.kernels.tune.__main__ import main
+from opmux.kernels.tune.interleaved import FINALISTS, time_interleaved
 from opmux.kernels.tune.runner import _label
 
 OP = "gemm.w8a8_block_fp8_matmul"
@@ -174,7 +176,9 @@ def test_select_times_each_backend_and_writes_size_classes(
     assert not report.unfinished
     for e in report.entries:
         assert e.config["backend"] in e.timings and len(e.timings) >= 2  # at least two backends raced
-        assert e.timings[e.config["backend"]] == min(e.timings.values())
+        # the pick is the fastest of the final round (the first pass's fastest few, interleaved)
+        assert set(e.final) <= set(e.timings) and len(e.final) == min(FINALISTS, len(e.timings))
+        assert e.final[e.config["backend"]] == min(e.final.values()) == e.us
     classes = tuned.table_key(OP, "select", "cpu", (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
     table = tuned.read_table(tmp_path / classes.file_name(), classes)
     assert sorted(table) == [1, 5]
@@ -265,3 +269,47 @@ def test_a_nan_never_agrees() -> None:
     assert runner._relative_error(torch.full((4, 4), float("nan")), exact) == float("inf")
     assert runner._disagreement(exact.clone(), exact) is None
     assert "not written" in (runner._disagreement(exact.clone().fill_(float("nan")), exact) or "")
+
+
+def test_interleaved_round_alternates_and_takes_medians() -> None:
+    calls: list[str] = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    us = time_interleaved(None, fns, "cpu", rounds=4)
+    assert set(us) == {"a", "b", "c"} and all(v >= 0 for v in us.values())
+    # one warm call each, then each round every function once, the order rotated a place a round
+    assert calls[:3] == ["a", "b", "c"]
+    rounds = [calls[3 + 3 * r : 6 + 3 * r] for r in range(4)]
+    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def test_final_round_failure_keeps_the_first_pass_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> dict[str, float]:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(runner, "time_interleaved", broken)
+    tunable = runner.Tunable(lambda m, shape: [], lambda args, config: None)
+    timed = [(5.0, {"config_id": 2}), (3.0, {"config_id": 0}), (4.0, {"config_id": 1})]
+    log = io.StringIO()
+    best, final = runner._final_round(None, "cuda", tunable, [()], timed, log)
+    assert best == (3.0, {"config_id": 0}) and final == {}
+    assert "final round skipped: RuntimeError" in log.getvalue()
+
+
+def test_final_round_picks_the_fastest_finalist(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def fake(torch: object, fns: dict[str, object], device: str, *, rounds: int) -> dict[str, float]:
+        seen.extend(fns)
+        return {"0": 8.0, "1": 6.0, "2": 7.0}  # us per replay over both input sets
+
+    monkeypatch.setattr(runner, "time_interleaved", fake)
+    tunable = runner.Tunable(lambda m, shape: [], lambda args, config: None)
+    timed = [
+        (3.0, {"config_id": 0}),
+        (3.5, {"config_id": 1}),
+        (3.2, {"config_id": 2}),
+        (9.0, {"config_id": 3}),
+    ]
+    best, final = runner._final_round(None, "cuda", tunable, [(), ()], timed, io.StringIO())
+    assert sorted(seen) == ["0", "1", "2"]  # the three fastest of the first pass, not config 3
+    assert best == (3.0, {"config_id": 1}) and final == {"0": 4.0, "1": 3.0, "2": 3.5}

@@ -17,7 +17,9 @@ of what is left, so an early entry cannot starve the rest); each entry times at 
 default config and the next candidate.
 
 On a GPU each candidate is timed in a CUDA graph (``triton.testing.do_bench_cudagraph``),
-after a check that it matches the default config's output. Without one the kernels run in the
+after a check that it matches the default config's output; then the fastest few are timed again
+with their replays interleaved and the fastest of that round is written (``interleaved.py``:
+one after another, the GPU's clock drift favours some positions). Without one the kernels run in the
 Triton interpreter and are timed with ``time.perf_counter``: that exercises the loop, the files
 and the resume, and the numbers mean nothing (the report says so).
 
@@ -38,6 +40,7 @@ from typing import IO, Any
 
 from opmux.kernels import _env, tuned
 from opmux.kernels.ops.gemm._skinny_launch import MAX_ROWS as SKINNY_ROWS  # plain Python
+from opmux.kernels.tune.interleaved import FINALISTS, time_interleaved
 from opmux.kernels.tune.space import candidates
 
 __all__ = ["BACKENDS", "Entry", "Report", "tune"]
@@ -61,6 +64,8 @@ class Entry:
     skipped: bool = False
     #: us per candidate timed (its label: the config's values)
     timings: dict[str, float] = field(default_factory=dict)
+    #: the final round: the fastest candidates' us with their replays interleaved (the pick)
+    final: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -320,6 +325,32 @@ def _timer(torch: Any, device: str) -> Callable[[Callable[[], None]], float]:
     return bench_cpu
 
 
+def _final_round(
+    torch: Any,
+    device: str,
+    tunable: Tunable,
+    sets: list[tuple[Any, ...]],
+    timed: list[tuple[float, dict[str, Any]]],
+    progress: IO[str],
+) -> tuple[tuple[float, dict[str, Any]], dict[str, float]]:
+    """The first pass's fastest candidates timed again side by side: (best, us per finalist).
+    A failure there (a config that cannot be captured) keeps the first pass's pick."""
+    ranked = sorted(timed, key=lambda t: t[0])
+    finalists = {_label(c): c for _, c in ranked[:FINALISTS]}
+    fns = {label: functools.partial(_run_all, tunable.run, sets, c) for label, c in finalists.items()}
+    # about 0.3 s of replays on a GPU (5-40 rounds); the interpreter's calls: 2 rounds
+    per_round = sum(us for us, _ in ranked[:FINALISTS]) * len(sets)
+    rounds = 2 if device == "cpu" else max(5, min(40, math.ceil(3e5 / max(per_round, 1.0))))
+    try:
+        us = time_interleaved(torch, fns, device, rounds=rounds)
+    except Exception as err:  # a finalist that cannot be captured: the first pass's pick stands
+        print(f"  final round skipped: {type(err).__name__}: {err}".splitlines()[0], file=progress)
+        return ranked[0], {}
+    final = {label: t / len(sets) for label, t in us.items()}
+    label = min(final, key=final.__getitem__)
+    return (final[label], finalists[label]), final
+
+
 def tune(
     shapes: Sequence[tuple[int, int]],
     ms: Sequence[int],
@@ -408,6 +439,7 @@ def tune(
         best: tuple[float, dict[str, Any]] | None = None
         tried = 0
         timings: dict[str, float] = {}
+        timed: list[tuple[float, dict[str, Any]]] = []
         previous = tables[(n, k)].get(m)
         space = tunable.candidates(m, (n, k))
         for config in [previous, *(c for c in space if c != previous)] if previous else space:
@@ -424,6 +456,7 @@ def tune(
                     continue  # a wrong config is never written
                 us = bench(functools.partial(_run_all, tunable.run, sets, config)) / len(sets)
                 timings[_label(config)] = us
+                timed.append((us, config))
             except Exception as err:  # out of resources, a compile failure: skip the config
                 print(f"  skipped {config}: {type(err).__name__}: {err}".splitlines()[0], file=progress)
                 continue
@@ -432,10 +465,13 @@ def tune(
         if best is None:
             report.unfinished.append((n, k, m))
             continue
+        final: dict[str, float] = {}
+        if len(timed) > 1:
+            best, final = _final_round(torch, device, tunable, sets, timed, progress)
         tables[(n, k)][m] = best[1]
         path = out / tuned.table_key(op, backend, dev_name, (n, k)).file_name()
         tuned.write_table(path, tables[(n, k)])
-        report.entries.append(Entry(n, k, m, best[1], best[0], tried, timings=timings))
+        report.entries.append(Entry(n, k, m, best[1], best[0], tried, timings=timings, final=final))
         print(
             f"[{done + 1}/{total}] N={n} K={k} M={m} best {best[0]:.1f} us ({tried} configs)", file=progress
         )
@@ -455,8 +491,8 @@ def _write_size_classes(report: Report, out: Path, op: str, dev_name: str, progr
     did not time keep the entries the table already has (a prefill race keeps the decode sizes)."""
     by_m: dict[int, list[dict[str, float]]] = {}
     for e in report.entries:
-        if e.timings:
-            by_m.setdefault(e.m, []).append(e.timings)
+        if e.timings:  # the final round's times where it ran (interleaved), else the first pass's
+            by_m.setdefault(e.m, []).append({**e.timings, **e.final})
     table: dict[int, dict[str, Any]] = {}
     for m, rows in sorted(by_m.items()):
         common = set.intersection(*(set(r) for r in rows))
