@@ -28,7 +28,12 @@ def test_tables_resume_and_forms(tmp_path: Path, capsys: pytest.CaptureFixture[s
         "--out",
         str(tmp_path),
     ]
-    assert main([*argv, "--max-configs", "2", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-configs", "2", "--device", "cpu", "--json"]) == 0
+    for e in json.loads(capsys.readouterr().out)["entries"]:
+        # two candidates timed: the pick is the faster of the interleaved final round
+        assert len(e["timings"]) == 2 and set(e["final"]) == set(e["timings"])
+        assert e["us"] == min(e["final"].values()) == e["final"][",".join(map(str, e["config"].values()))]
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
         "E=4,N=64,device_name=cpu,dtype=fp8_w8a8,block_shape=[128,128].json",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from opmux.kernels import tuned
+from opmux.kernels.tune.interleaved import FINALISTS, time_interleaved
 from opmux.kernels.tune.runner import Report, _label, _setup, _timer
 
 __all__ = ["BACKENDS", "MoeEntry", "cuda_candidates", "make_weights", "moe_candidates", "tune_moe"]
@@ -110,6 +111,8 @@ class MoeEntry:
     tried: int
     skipped: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    #: the final round: the fastest candidates' us with their replays interleaved (the pick)
+    final: dict[str, float] = field(default_factory=dict)
 
 
 def form_tags(form: str) -> tuple[tuple[str, str], ...]:
@@ -302,28 +305,44 @@ class _Alternating:
         self.launch(*self.sets[self.calls % len(self.sets)], config=config)
 
 
-#: the fastest few of an entry's candidates, timed again this many times each before one is kept
-_CONFIRM_TOP, _CONFIRM_RUNS = 3, 2
-
-
 def _confirm(
-    bench: Any,
-    launch: Any,
-    args: tuple[Any, ...],
+    torch: Any,
+    device: str,
+    timed: _Alternating,
     measured: list[tuple[float, dict[str, Any]]],
     best: tuple[float, dict[str, Any]],
-) -> tuple[float, dict[str, Any]]:
-    """The fastest of the ``_CONFIRM_TOP`` first-timed candidates by the median of three timings:
-    a minimum over many noisy single timings favours a lucky one (on the H200 a config timed
-    185 us in the loop and 206 us in the benchmark); timed again, the pick stands on its median."""
-    top = sorted(measured, key=lambda x: x[0])[:_CONFIRM_TOP]
+    progress: IO[str],
+) -> tuple[tuple[float, dict[str, Any]], dict[str, float]]:
+    """The first pass's fastest few timed again with their replays interleaved, each replay one
+    call per routing set (``interleaved.py``): a minimum over many noisy single timings favours a
+    lucky one (on the H200 a config timed 185 us in the loop and 206 us in the benchmark), and
+    timed one after another the GPU's clock drift favours some positions. (best, us per finalist);
+    a failure there keeps the first pass's pick."""
+    top = sorted(measured, key=lambda x: x[0])[:FINALISTS]
     if len(top) < 2:
-        return best
-    again = []
-    for us, config in top:
-        runs = [us] + [bench(functools.partial(launch, *args, config=config)) for _ in range(_CONFIRM_RUNS)]
-        again.append((sorted(runs)[len(runs) // 2], config))
-    return min(again, key=lambda x: x[0])
+        return best, {}
+    calls = len(timed.sets)
+
+    def replay(config: dict[str, Any]) -> None:
+        for _ in range(calls):
+            timed(config=config)
+
+    finalists = {_label(c): c for _, c in top}
+    per_round = sum(us for us, _ in top) * calls
+    rounds = 2 if device == "cpu" else max(5, min(40, math.ceil(3e5 / max(per_round, 1.0))))
+    try:
+        us = time_interleaved(
+            torch,
+            {label: functools.partial(replay, c) for label, c in finalists.items()},
+            device,
+            rounds=rounds,
+        )
+    except Exception as err:  # a finalist that cannot be captured: the first pass's pick stands
+        print(f"  final round skipped: {type(err).__name__}: {err}".splitlines()[0], file=progress)
+        return best, {}
+    final = {label: t / calls for label, t in us.items()}
+    label = min(final, key=final.__getitem__)
+    return (final[label], finalists[label]), final
 
 
 def tune_moe(
@@ -479,10 +498,12 @@ def tune_moe(
         if best is None:
             report.unfinished.append((e, n, k, topk, form, m))
             continue
-        best = _confirm(bench, timed, (), measured, best)
+        best, final = _confirm(torch, device, timed, measured, best, progress)
         tables[(e, n, form)][m] = best[1]
         tuned.write_table(path, tables[(e, n, form)])
-        report.entries.append(MoeEntry(e, n, k, topk, form, m, best[1], best[0], tried, timings=timings))
+        report.entries.append(
+            MoeEntry(e, n, k, topk, form, m, best[1], best[0], tried, timings=timings, final=final)
+        )
         print(
             f"[{done + 1}/{len(todo)}] E={e} N={n} K={k} {form} M={m} best {best[0]:.1f} us ({tried} configs)",
             file=progress,
