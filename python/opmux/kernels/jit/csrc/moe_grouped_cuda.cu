@@ -95,6 +95,7 @@
 #include "cutlass/kernel_hardware_info.h"
 #include "opmux/cuda_utils.cuh"
 #include "opmux/dtype_checks.h"
+#include "opmux/gemm/overlapped_promotion.h"
 
 namespace opmux {
 namespace moe_grouped_cuda {
@@ -282,13 +283,16 @@ struct GroupedFp8Gemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD,
       LayoutD*, kAlignD, EpilogueSchedule, Identity>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB,
       cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>, 16, ElementAB,
       cute::tuple<cutlass::layout::ColumnMajor*, LayoutSFB*>, 16, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
+  // CUTLASS's loads, pipeline and shared memory with a consumer loop that promotes each k-tile's
+  // partial sums under the next k-tile's wgmma batch (opmux/gemm/overlapped_promotion.h).
+  using CollectiveMainloop = gemm::OverlappedPromotionMma<BuiltMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using StrideA = typename Kernel::InternalStrideA;
