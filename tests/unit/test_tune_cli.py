@@ -9,13 +9,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from opmux.kernels import _env, tuned
-from opmux.kernels.tune import MODELS, candidates, model_shapes, runner, tune
+from opmux.kernels.tune import MODELS, candidates, interleaved, model_shapes, runner, tune
 from opmux.kernels.tune.__main__ import main
-from opmux.kernels.tune.interleaved import FINALISTS, time_interleaved
+from opmux.kernels.tune.interleaved import time_interleaved
 from opmux.kernels.tune.runner import _label
 
 OP = "gemm.w8a8_block_fp8_matmul"
@@ -176,8 +177,8 @@ def test_select_times_each_backend_and_writes_size_classes(
     assert not report.unfinished
     for e in report.entries:
         assert e.config["backend"] in e.timings and len(e.timings) >= 2  # at least two backends raced
-        # the pick is the fastest of the final round (the first pass's fastest few, interleaved)
-        assert set(e.final) <= set(e.timings) and len(e.final) == min(FINALISTS, len(e.timings))
+        # the pick is the fastest of the final round, which a race runs over every backend it timed
+        assert set(e.final) == set(e.timings)
         assert e.final[e.config["backend"]] == min(e.final.values()) == e.us
     classes = tuned.table_key(OP, "select", "cpu", (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
     table = tuned.read_table(tmp_path / classes.file_name(), classes)
@@ -286,7 +287,7 @@ def test_final_round_failure_keeps_the_first_pass_pick(monkeypatch: pytest.Monke
     def broken(*args: object, **kwargs: object) -> dict[str, float]:
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(runner, "time_interleaved", broken)
+    monkeypatch.setattr(interleaved, "time_interleaved", broken)
     tunable = runner.Tunable(lambda m, shape: [], lambda args, config: None)
     timed = [(5.0, {"config_id": 2}), (3.0, {"config_id": 0}), (4.0, {"config_id": 1})]
     log = io.StringIO()
@@ -296,14 +297,19 @@ def test_final_round_failure_keeps_the_first_pass_pick(monkeypatch: pytest.Monke
 
 
 def test_final_round_picks_the_fastest_finalist(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[str] = []
+    calls: list[int] = []
+    seen: dict[str, int] = {}
 
-    def fake(torch: object, fns: dict[str, object], device: str, *, rounds: int) -> dict[str, float]:
-        seen.extend(fns)
-        return {"0": 8.0, "1": 6.0, "2": 7.0}  # us per replay over both input sets
+    def fake(torch: object, fns: dict[str, Any], device: str, *, rounds: int) -> dict[str, float]:
+        assert rounds % len(fns) == 0  # every finalist first in its turn equally often
+        for label, fn in fns.items():  # one replay each: how many calls it makes
+            calls.clear()
+            fn()
+            seen[label] = len(calls)
+        return {"0": 8.0 * seen["0"], "1": 6.0 * seen["1"], "2": 7.0 * seen["2"]}  # us per call 8 / 6 / 7
 
-    monkeypatch.setattr(runner, "time_interleaved", fake)
-    tunable = runner.Tunable(lambda m, shape: [], lambda args, config: None)
+    monkeypatch.setattr(interleaved, "time_interleaved", fake)
+    tunable = runner.Tunable(lambda m, shape: [], lambda args, config: calls.append(config["config_id"]))
     timed = [
         (3.0, {"config_id": 0}),
         (3.5, {"config_id": 1}),
@@ -312,4 +318,37 @@ def test_final_round_picks_the_fastest_finalist(monkeypatch: pytest.MonkeyPatch)
     ]
     best, final = runner._final_round(None, "cuda", tunable, [(), ()], timed, io.StringIO())
     assert sorted(seen) == ["0", "1", "2"]  # the three fastest of the first pass, not config 3
-    assert best == (3.0, {"config_id": 1}) and final == {"0": 4.0, "1": 3.0, "2": 3.5}
+    # a replay repeats both input sets until it lasts about 200 us: 34 x 2 calls of 3 us
+    assert set(seen.values()) == {68}
+    assert best == (6.0, {"config_id": 1}) and final == {"0": 8.0, "1": 6.0, "2": 7.0}
+
+
+def test_a_race_takes_every_backend_into_the_final_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def fake(torch: object, fns: dict[str, Any], device: str, *, rounds: int) -> dict[str, float]:
+        seen.extend(fns)
+        return dict.fromkeys(fns, 1.0)
+
+    monkeypatch.setattr(interleaved, "time_interleaved", fake)
+    race = runner.Tunable(lambda m, shape: [], lambda args, config: None, exhaustive=True)
+    timed = [
+        (float(i), {"backend": b}) for i, b in enumerate(["jit", "triton", "scaled_mm", "skinny", "torch"])
+    ]
+    runner._final_round(None, "cuda", race, [()], timed, io.StringIO())
+    assert sorted(seen) == sorted(["jit", "triton", "scaled_mm", "skinny", "torch"])
+
+
+def test_size_classes_sum_the_final_round_where_it_ran(tmp_path: Path) -> None:
+    # the first pass has scaled_mm ahead on both shapes; the interleaved round reverses one shape
+    # by more than the other's margin: the class follows the final round's times
+    report = runner.Report("dev", "t", str(tmp_path))
+    report.entries = [
+        runner.Entry(1, 1, 64, {"backend": "jit"}, 8.0, 2, timings={"jit": 10.0, "scaled_mm": 9.0},
+                     final={"jit": 8.0, "scaled_mm": 9.5}),
+        runner.Entry(2, 2, 64, {"backend": "scaled_mm"}, 9.0, 2, timings={"jit": 9.4, "scaled_mm": 9.2},
+                     final={"jit": 9.4, "scaled_mm": 9.0}),
+    ]  # fmt: skip
+    runner._write_size_classes(report, tmp_path, runner.OP, "dev", io.StringIO())
+    key = tuned.table_key(runner.OP, "select", "dev", (tuned.ANY_SHAPE, tuned.ANY_SHAPE))
+    assert tuned.read_table(tmp_path / key.file_name(), key)[64] == {"backend": "jit"}

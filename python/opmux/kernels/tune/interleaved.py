@@ -11,15 +11,22 @@ way, timed with ``time.perf_counter``.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, TypeVar
 
-__all__ = ["FINALISTS", "time_interleaved"]
+__all__ = ["FINALISTS", "final_round", "time_interleaved"]
 
 #: how many of the first pass's fastest candidates the final round times again
 FINALISTS = 3
+#: a replay at least this long (us): the graph's launch cost spread over its calls
+_REPLAY_US = 200.0
+#: the round's length on a GPU (us of replays, all finalists together)
+_ROUND_US = 3e5
+
+C = TypeVar("C")
 
 
 def _rotations(labels: list[str], rounds: int) -> list[list[str]]:
@@ -65,3 +72,36 @@ def time_interleaved(
     for label, start, end in events:
         samples[label].append(start.elapsed_time(end) * 1e3)
     return {label: statistics.median(v) for label, v in samples.items()}
+
+
+def final_round(
+    torch: Any,
+    device: str,
+    timed: Sequence[tuple[float, C]],
+    label: Callable[[C], str],
+    make: Callable[[C, int], Callable[[], None]],
+    calls: int,
+    progress: IO[str],
+    finalists: int = FINALISTS,
+) -> tuple[tuple[float, C], dict[str, float]]:
+    """The first pass's ``finalists`` fastest of ``timed`` (us per call, candidate) timed again
+    side by side: (the fastest, us per call of each finalist). ``make(candidate, reps)`` gives a
+    function of ``reps`` repetitions of ``calls`` calls; one replay repeats enough for about
+    200 us. A failure (a candidate that cannot be captured) keeps the first pass's pick."""
+    ranked = sorted(timed, key=lambda t: t[0])[:finalists]
+    picked = {label(c): c for _, c in ranked}
+    if device == "cpu":
+        reps, rounds = 1, 2
+    else:
+        reps = max(1, min(64, math.ceil(_REPLAY_US / max(ranked[0][0] * calls, 1e-3))))
+        per_round = sum(us for us, _ in ranked) * calls * reps
+        rounds = max(5, min(40, math.ceil(_ROUND_US / max(per_round, 1.0))))
+        rounds = math.ceil(rounds / len(picked)) * len(picked)  # each one first equally often
+    try:
+        us = time_interleaved(torch, {lb: make(c, reps) for lb, c in picked.items()}, device, rounds=rounds)
+    except Exception as err:  # a finalist that cannot be captured: the first pass's pick stands
+        print(f"  final round skipped: {type(err).__name__}: {err}".splitlines()[0], file=progress)
+        return ranked[0], {}
+    final = {lb: t / (reps * calls) for lb, t in us.items()}
+    best = min(final, key=final.__getitem__)
+    return (final[best], picked[best]), final

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from opmux.kernels import tuned
-from opmux.kernels.tune.interleaved import FINALISTS, time_interleaved
+from opmux.kernels.tune.interleaved import final_round
 from opmux.kernels.tune.runner import Report, _label, _setup, _timer
 
 __all__ = ["BACKENDS", "MoeEntry", "cuda_candidates", "make_weights", "moe_candidates", "tune_moe"]
@@ -313,36 +313,23 @@ def _confirm(
     best: tuple[float, dict[str, Any]],
     progress: IO[str],
 ) -> tuple[tuple[float, dict[str, Any]], dict[str, float]]:
-    """The first pass's fastest few timed again with their replays interleaved, each replay one
-    call per routing set (``interleaved.py``): a minimum over many noisy single timings favours a
-    lucky one (on the H200 a config timed 185 us in the loop and 206 us in the benchmark), and
-    timed one after another the GPU's clock drift favours some positions. (best, us per finalist);
-    a failure there keeps the first pass's pick."""
-    top = sorted(measured, key=lambda x: x[0])[:FINALISTS]
-    if len(top) < 2:
+    """The first pass's fastest few timed again with their replays interleaved, each repetition
+    one call per routing set (``interleaved.final_round``): a minimum over many noisy single
+    timings favours a lucky one (on the H200 a config timed 185 us in the loop and 206 us in the
+    benchmark), and timed one after another the GPU's clock drift favours some positions.
+    (best, us per finalist); a failure there keeps the first pass's pick."""
+    if len(measured) < 2:
         return best, {}
     calls = len(timed.sets)
 
-    def replay(config: dict[str, Any]) -> None:
-        for _ in range(calls):
-            timed(config=config)
+    def make(config: dict[str, Any], reps: int) -> Any:
+        def run() -> None:
+            for _ in range(reps * calls):
+                timed(config=config)
 
-    finalists = {_label(c): c for _, c in top}
-    per_round = sum(us for us, _ in top) * calls
-    rounds = 2 if device == "cpu" else max(5, min(40, math.ceil(3e5 / max(per_round, 1.0))))
-    try:
-        us = time_interleaved(
-            torch,
-            {label: functools.partial(replay, c) for label, c in finalists.items()},
-            device,
-            rounds=rounds,
-        )
-    except Exception as err:  # a finalist that cannot be captured: the first pass's pick stands
-        print(f"  final round skipped: {type(err).__name__}: {err}".splitlines()[0], file=progress)
-        return best, {}
-    final = {label: t / calls for label, t in us.items()}
-    label = min(final, key=final.__getitem__)
-    return (final[label], finalists[label]), final
+        return run
+
+    return final_round(torch, device, measured, _label, make, calls, progress)
 
 
 def tune_moe(

@@ -40,7 +40,7 @@ from typing import IO, Any
 
 from opmux.kernels import _env, tuned
 from opmux.kernels.ops.gemm._skinny_launch import MAX_ROWS as SKINNY_ROWS  # plain Python
-from opmux.kernels.tune.interleaved import FINALISTS, time_interleaved
+from opmux.kernels.tune.interleaved import FINALISTS, final_round
 from opmux.kernels.tune.space import candidates
 
 __all__ = ["BACKENDS", "Entry", "Report", "tune"]
@@ -333,22 +333,19 @@ def _final_round(
     timed: list[tuple[float, dict[str, Any]]],
     progress: IO[str],
 ) -> tuple[tuple[float, dict[str, Any]], dict[str, float]]:
-    """The first pass's fastest candidates timed again side by side: (best, us per finalist).
-    A failure there (a config that cannot be captured) keeps the first pass's pick."""
-    ranked = sorted(timed, key=lambda t: t[0])
-    finalists = {_label(c): c for _, c in ranked[:FINALISTS]}
-    fns = {label: functools.partial(_run_all, tunable.run, sets, c) for label, c in finalists.items()}
-    # about 0.3 s of replays on a GPU (5-40 rounds); the interpreter's calls: 2 rounds
-    per_round = sum(us for us, _ in ranked[:FINALISTS]) * len(sets)
-    rounds = 2 if device == "cpu" else max(5, min(40, math.ceil(3e5 / max(per_round, 1.0))))
-    try:
-        us = time_interleaved(torch, fns, device, rounds=rounds)
-    except Exception as err:  # a finalist that cannot be captured: the first pass's pick stands
-        print(f"  final round skipped: {type(err).__name__}: {err}".splitlines()[0], file=progress)
-        return ranked[0], {}
-    final = {label: t / len(sets) for label, t in us.items()}
-    label = min(final, key=final.__getitem__)
-    return (final[label], finalists[label]), final
+    """The first pass's fastest candidates timed again side by side (``interleaved.final_round``):
+    (best, us per finalist). A race of backends (``exhaustive``) takes every backend it timed, so
+    its size classes compare times of one method."""
+
+    def make(config: dict[str, Any], reps: int) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(reps):
+                _run_all(tunable.run, sets, config)
+
+        return run
+
+    n = len(timed) if tunable.exhaustive else FINALISTS
+    return final_round(torch, device, timed, _label, make, len(sets), progress, finalists=n)
 
 
 def tune(

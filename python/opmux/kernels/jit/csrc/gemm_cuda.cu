@@ -419,12 +419,14 @@ void run_config(int64_t id, Problem p) {
 // The default choice on (M, N, K) where no tuned table speaks. Decode sizes from an H200 sweep
 // (benchmarks/gemm_cuda_selftest.py): swap-AB 128x16 for M <= 16 (55.7 us for N=24576 K=7168,
 // 3.2 TB/s of weights), swap-AB 128x64 up to M = 64 and, up to M = 256, wherever 128x128 tiles
-// would not fill the GPU (M=128 N=7168: 9.4 us vs 11.7). From M = 257, an H100 sweep of the nine
-// configs with their replays interleaved (benchmarks/gemm_cuda_configs.py, session 31; six
-// model shapes at M 512-8192, docs/benchmarks/gemm_cutlass_h100.md): id 8 (no cluster, swizzle
-// 4) at M = 512 was the fastest of ids 0, 6 and 8 on 5 of 6 shapes (up to 1.04x id 0); id 7
-// (swizzle 8 along M) at M >= 4096 on N >= 10240 in whole groups of 16 tiles, 1.00-1.13x id 0
-// on those 6 cases (on N = 7168, 56 tiles, its padding to 64 costs up to 0.85x); id 0 elsewhere.
+// would not fill the GPU (M=128 N=7168: 9.4 us vs 11.7). From M = 257, H100 sweeps with the
+// replays interleaved (benchmarks/gemm_cuda_configs.py; six model shapes,
+// docs/benchmarks/gemm_cutlass_h100.md): with the overlapped consumer loop (session 32) id 6 (2x1
+// cluster, swizzle 2; the fit turns its cluster along N on odd tile rows) at M = 512 ran at or
+// above id 8 on 4 of 6 shapes and within 1.1% on the other two, and at or above CUTLASS's own loop's
+// best id 8 on 5 of 6; id 7 (swizzle 8 along M) at M >= 4096 on N >= 10240 in whole groups of 16
+// tiles, 1.00-1.13x id 0 on those 6 cases in session 31 (on N = 7168, 56 tiles, its padding to 64
+// costs up to 0.85x); id 0 elsewhere.
 inline int64_t default_config(int64_t m, int64_t n, int64_t k, int sm_count) {
   (void)k;
   if (m <= 16) return 3;
@@ -432,7 +434,7 @@ inline int64_t default_config(int64_t m, int64_t n, int64_t k, int sm_count) {
   const int64_t nb = ::opmux::gemm::cdiv(n, 128);
   const int64_t tiles128 = ::opmux::gemm::cdiv(m, 128) * nb;
   if (m <= 256) return tiles128 < sm_count ? 5 : 0;
-  if (m <= 1024) return 8;
+  if (m <= 1024) return 6;
   if (m >= 4096 && n >= 10240 && nb % 16 == 0) return 7;
   return 0;
 }

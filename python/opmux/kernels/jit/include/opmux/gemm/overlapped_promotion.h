@@ -39,6 +39,9 @@ struct OverlappedPromotionMma : Collective {
   using typename Collective::ElementBlockScale;
   static constexpr int kScaleMs = Collective::ScaleMsPerTile;  // a_scale values along the tile's M
   static constexpr int kScaleNs = Collective::ScaleNsPerTile;  // b_scale values along its N
+  // One promotion a k-tile: the loop below ignores the collective's ScalePromotionInterval.
+  static_assert(cute::size<2>(TileShape{}) == Collective::ScaleGranularityK,
+                "OverlappedPromotionMma: the k-tile must be one scale block along K");
 
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
@@ -149,12 +152,15 @@ struct OverlappedPromotionMma : Collective {
       promote(part, sfa, sfb);
     };
 
-    // Two k-tiles a trip. Every exit waits for everything, so no batch in flight crosses a merge
-    // of control flow other than the loop's back edge (ptxas would copy its registers there and
-    // insert a wait for it, C7517). The last k-tile's stage is released by the collective's
-    // mma_tail, as after its own loop.
+    // Two k-tiles a trip. A batch in flight reaches a merge of control flow only where both sides
+    // hold it in the same registers (the back edge, the skip of the first trip's retire); every
+    // exit waits for everything. (A first version issued k-tile 0 before the loop: ptxas copied
+    // its registers into the loop's and injected a full wait there, C7517.) The last k-tile's
+    // stage is released by the collective's mma_tail, as after its own loop.
     clear(accum);
-    if (k_tile_count <= 0) return;  // an empty K (a grouped GEMM's group): nothing to wait for
+    // No k-tile: nothing to wait for or release. The ptr-array collective's mma_tail skips an empty
+    // K too; the plain one's would not, and its callers never pass one (K >= 1 is checked).
+    if (k_tile_count <= 0) return;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int t = 0;; t += 2) {
       start(part0, sfa0, sfb0);
