@@ -30,10 +30,11 @@ from pathlib import Path
 
 M_GRID = (1, 7, 64, 83, 128, 1024, 4096)
 # (N, K): DeepSeek-V3 shapes, tails in N and K (7752 % 128 = 72, 3888 % 128 = 48, both
-# 16-byte aligned), and 7748 x 3884 (rows not 16-byte multiples: refused by design).
-NK_GRID = ((24576, 7168), (576, 7168), (7168, 2048), (7752, 3888), (7748, 3884), (7748, 4096))
+# 16-byte aligned), 7748 x 3884 (rows not 16-byte multiples: refused by design), and K = 128.
+NK_GRID = ((24576, 7168), (576, 7168), (7168, 2048), (7752, 3888), (7748, 3884), (7748, 4096), (2112, 128))
 QUICK_M = (1, 7, 83, 1024)
-QUICK_NK = ((576, 7168), (7752, 3888), (7748, 3884))
+# one k-tile (K = 128: the consumer loop's first exit), an odd count (3888: 31) and an even one
+QUICK_NK = ((576, 7168), (7752, 3888), (7748, 3884), (2112, 128))
 
 
 def _cdiv(a: int, b: int) -> int:
