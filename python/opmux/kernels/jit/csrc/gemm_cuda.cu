@@ -4,7 +4,8 @@
 // partial sums are promoted into the fp32 accumulator times a_scale[m,kb] * b_scale[n/128,kb]),
 // its consumer loop replaced by opmux/gemm/overlapped_promotion.h's, which promotes each 128-K
 // block under the next block's wgmma batch (0.99-1.05x CUTLASS's loop, median 1.025x, best
-// config against best config on an H100: docs/benchmarks/gemm_cutlass_h100.md).
+// config against best config on an H100: docs/benchmarks/gemm_cutlass_h100.md), on every kernel
+// but the cluster-less 128x128 one (kernel 1), which measured slower with it.
 //
 //   out[m, n] = sum_kb a_scale[m, kb] * b_scale[n / 128, kb] * sum_{k in kb} a[m, k] * b[n, k]
 //
@@ -87,7 +88,8 @@ constexpr const char* kOp = "opmux.gemm.w8a8_block_fp8_matmul";
 
 // ---- the CUTLASS instantiations --------------------------------------------------------------
 
-template <class ElementD, class TileShape, class ClusterShape, bool kCooperative, bool kSwap>
+template <class ElementD, class TileShape, class ClusterShape, bool kCooperative, bool kSwap,
+          bool kOverlap = true>
 struct BlockFp8Gemm {
   using ElementAB = cutlass::float_e4m3_t;
   // Scale granularity along the kernel's M and N: a_scale is per row (1), b_scale per 128 rows
@@ -123,8 +125,10 @@ struct BlockFp8Gemm {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
   // CUTLASS's loads, pipeline and shared memory with a consumer loop that promotes each k-tile's
-  // partial sums under the next k-tile's wgmma batch (opmux/gemm/overlapped_promotion.h).
-  using CollectiveMainloop = gemm::OverlappedPromotionMma<BuiltMainloop>;
+  // partial sums under the next k-tile's wgmma batch (opmux/gemm/overlapped_promotion.h), or
+  // CUTLASS's own loop (kOverlap = false).
+  using CollectiveMainloop =
+      cute::conditional_t<kOverlap, gemm::OverlappedPromotionMma<BuiltMainloop>, BuiltMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue>;
@@ -350,7 +354,10 @@ void run_gemm(const Problem& p) {
 template <class ElementD>
 struct Kernels {
   using K0 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_1, _2, _1>, true, false>;
-  using K1 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_1, _1, _1>, true, false>;
+  // CUTLASS's own consumer loop: without a cluster's multicast, the stage the overlapped loop
+  // holds longer was worth more (session 32's H100 A/B: id 8 0.93-1.02x with the overlapped loop,
+  // slower on 14 of 24 cases; every clustered kernel faster on 20-21 of 24)
+  using K1 = BlockFp8Gemm<ElementD, Shape<_128, _128, _128>, Shape<_1, _1, _1>, true, false, false>;
   using K2 = BlockFp8Gemm<ElementD, Shape<_64, _128, _128>, Shape<_1, _1, _1>, false, false>;
   using K3 = BlockFp8Gemm<ElementD, Shape<_128, _16, _128>, Shape<_1, _1, _1>, false, true>;
   using K4 = BlockFp8Gemm<ElementD, Shape<_128, _32, _128>, Shape<_1, _1, _1>, false, true>;
