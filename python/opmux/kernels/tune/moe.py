@@ -22,7 +22,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -310,7 +310,6 @@ def _confirm(
     device: str,
     timed: _Alternating,
     measured: list[tuple[float, dict[str, Any]]],
-    best: tuple[float, dict[str, Any]],
     progress: IO[str],
 ) -> tuple[tuple[float, dict[str, Any]], dict[str, float]]:
     """The first pass's fastest few timed again with their replays interleaved, each repetition
@@ -319,10 +318,10 @@ def _confirm(
     benchmark), and timed one after another the GPU's clock drift favours some positions.
     (best, us per finalist); a failure there keeps the first pass's pick."""
     if len(measured) < 2:
-        return best, {}
+        return min(measured, key=lambda x: x[0]), {}
     calls = len(timed.sets)
 
-    def make(config: dict[str, Any], reps: int) -> Any:
+    def make(config: dict[str, Any], reps: int) -> Callable[[], None]:
         def run() -> None:
             for _ in range(reps * calls):
                 timed(config=config)
@@ -485,7 +484,7 @@ def tune_moe(
         if best is None:
             report.unfinished.append((e, n, k, topk, form, m))
             continue
-        best, final = _confirm(torch, device, timed, measured, best, progress)
+        best, final = _confirm(torch, device, timed, measured, progress)
         tables[(e, n, form)][m] = best[1]
         tuned.write_table(path, tables[(e, n, form)])
         report.entries.append(

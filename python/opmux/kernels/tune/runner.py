@@ -3,8 +3,9 @@
 Four backends of the GEMM are tuned the same way (:class:`Tunable`): ``triton`` (launch
 configurations: tiles, warps, stages, split-K), ``cuda`` (which launch config of the CUTLASS
 kernel, an instantiation with its CTA swizzle and raster order: ``config_id``), ``skinny`` (the
-skinny-M kernel's tiles per warp and warps along K, at most 16 rows) and ``select`` (which backend the dispatcher tries first for the shape
-and M: each accepted backend timed through the public function with ``backend=`` forced). Tune
+skinny-M kernel's tiles per warp and warps along K, at most 16 rows) and ``select`` (which
+backend the dispatcher tries first for the shape and M: each accepted backend timed through the
+public function with ``backend=`` forced). Tune
 ``select`` last: it times the other backends with the tables they have then. After the
 per-shape select tables, the run writes the size classes by M over every shape it timed
 (``N=0,K=0``: the backend with the least total time at each M), for shapes without a table;
@@ -18,8 +19,8 @@ default config and the next candidate.
 
 On a GPU each candidate is timed in a CUDA graph (``triton.testing.do_bench_cudagraph``),
 after a check that it matches the default config's output; then the fastest few are timed again
-with their replays interleaved and the fastest of that round is written (``interleaved.py``:
-one after another, the GPU's clock drift favours some positions). Without one the kernels run in the
+with their replays interleaved and the fastest of that round is written (``interleaved.py``: one
+after another, the GPU's clock drift favours some positions). Without one the kernels run in the
 Triton interpreter and are timed with ``time.perf_counter``: that exercises the loop, the files
 and the resume, and the numbers mean nothing (the report says so).
 
