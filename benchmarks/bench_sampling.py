@@ -29,7 +29,8 @@ declared first (FlashInfer where installed) unless another wins by more than 2%
 ``benchmarks/ab_sources.sh``: ``--columns 'opmux[jit]' --forced jit``); the id check before timing
 always runs.
 
-Each is timed as R calls in one CUDA graph (bench_gpu.time_impl), median of the replays; ratios are
+Each is timed as R calls in one CUDA graph, the columns of one op's case replayed in turn
+(bench_gpu.time_impls: rotated each round), median of the replays; ratios are
 the peer's time over opmux's (> 1: opmux is faster). Writes DIR/sampling.json (rewritten after every
 case) and DIR/sampling.md.
 """
@@ -46,7 +47,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_gpu import environment, time_impl  # noqa: E402
+from bench_gpu import environment, time_impls  # noqa: E402
 from select_tables import select_tables, write_select_tables  # noqa: E402
 
 BATCH = (1, 16, 64, 256)
@@ -181,14 +182,10 @@ def run_case(torch: Any, b: int, v: int, args: Any) -> dict[str, Any]:
     for op, fns in impls.items():
         if args.ops and op not in args.ops:
             continue
-        res = {}
-        for name, fn in fns.items():
-            if args.columns and name not in args.columns:
-                continue
-            try:
-                res[name] = time_impl(torch, fn, sets, R, args.replays)
-            except Exception as exc:  # a peer that fails is reported, not fatal
-                res[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        # replays interleaved (bench_gpu.time_impls): each column sees the same clocks; a column
+        # that fails is reported ({"error": ...}), not fatal
+        timed = {n: fn for n, fn in fns.items() if not args.columns or n in args.columns}
+        res = time_impls(torch, timed, sets, R, args.replays)
         case["ops"][op] = res
         us = {n: r["us"] for n, r in res.items() if "us" in r}
         log(f"B={b} V={v} {op}: " + ", ".join(f"{n} {u:.1f} us" for n, u in us.items()))
