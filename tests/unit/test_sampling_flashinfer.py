@@ -99,7 +99,10 @@ def test_k_zero_is_every_token_and_rows_map_through(calls: Calls) -> None:
     out = torch.empty_like(probs)
     fib.top_k_renorm_probs(out, probs, k, True, 0)
     assert calls[-1][1]["top_k"].tolist() == [40, 5, 40]  # 0 (off) became V
+    assert calls[-1][1]["top_k"].dtype == torch.int32 and k.tolist() == [0, 5, 40]  # a new tensor
     torch.testing.assert_close(out, S.top_k_renorm_probs(probs, top_k_arr=k, backend="torch"))
+    fib.top_k_renorm_probs(out, probs, k.long(), True, 0)  # int64 rows: FlashInfer takes int32
+    assert calls[-1][1]["top_k"].dtype == torch.int32 and calls[-1][1]["top_k"].tolist() == [40, 5, 40]
     fib.top_k_mask_logits(out, probs.log(), k, False, 0)
     assert calls[-1][1]["top_k"] == 40
     fib.top_p_renorm_probs(out, probs, torch.empty(0), False, 0.5)
