@@ -7,9 +7,11 @@ torch eager (the plain reference as users write it, in the input dtype), ``torch
 (default mode, warmed up), Liger-Kernel and FlashInfer when importable. Each implementation is
 checked once against a float32 reference (relative L2 error; bf16 tolerance) before it is timed;
 a wrong one is recorded as ``wrong`` and not timed. Timing: R back-to-back calls captured in one
-CUDA graph, cycling over up to 64 input sets so the working set exceeds L2; median over
-``--replays`` replays, in microseconds per call (plain CUDA-event timing of R eager calls where a
-capture fails, recorded as such). Bytes: each input read once, each output written once. Copy
+CUDA graph, cycling over up to 64 input sets so the working set exceeds L2, one graph per
+implementation and the graphs of a case replayed in turn (the order rotated every round:
+``time_impls``, so that clock drift favours no column); median over ``--replays`` replays, in
+microseconds per call (plain CUDA-event timing of R eager calls where a capture fails, recorded
+as such). Bytes: each input read once, each output written once. Copy
 bandwidth (device-to-device copy of 2 GiB, read + write) is measured in the same run.
 
 Writes DIR/bench.json (raw numbers and metadata; rewritten after every op, so a run cut short
@@ -314,29 +316,36 @@ def _time_graph(torch: Any, fn: Any, sets: list[Any], R: int, replays: int) -> d
 
 
 def time_impls(
-    torch: Any, fns: dict[str, Any], sets: list[Any], R: int, replays: int
+    torch: Any,
+    fns: dict[str, Any],
+    sets: list[Any],
+    R: int,
+    replays: int,
+    sets_of: dict[str, list[Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`time_impl` for several implementations of one case, their replays interleaved:
     one graph of R calls each, then ``replays`` rounds that replay every graph once, each round in
     a rotated order; the median per implementation. Under fp8 load the clocks drift within
     seconds, and timing the implementations one after another hands the first ones the cooler
     GPU (on an H100 the same GEMM 10% apart as the first and a late column); interleaved, each
-    sees the same conditions. One whose capture fails is timed alone (:func:`time_impl`); one that
+    sees the same conditions. ``sets_of``: an implementation's own input sets (a peer's layout of
+    them), else ``sets``. One whose capture fails is timed alone (:func:`time_impl`); one that
     fails that too gets ``{"error": ...}``. Every graph, with the outputs of its R calls, is held
     until the last round: the memory of all the columns at once."""
     out: dict[str, dict[str, Any]] = {}
     graphs: dict[str, Any] = {}
     for name, fn in fns.items():
+        its_sets = (sets_of or {}).get(name, sets)
         try:
-            _warm_up(torch, fn, sets)
-            graphs[name] = _capture(torch, fn, sets, R)
+            _warm_up(torch, fn, its_sets)
+            graphs[name] = _capture(torch, fn, its_sets, R)
         except Exception:
             try:
                 torch.cuda.synchronize()
             except Exception:
                 pass
             try:
-                out[name] = time_impl(torch, fn, sets, R, replays)
+                out[name] = time_impl(torch, fn, its_sets, R, replays)
             except Exception as exc:  # this column only: the others are still timed
                 out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     names = list(graphs)
@@ -602,6 +611,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 crec["error"] = f"inputs/reference: {_err(exc, 400)}"
                 log(f"  {shape.label}: ERROR {crec['error']}")
                 continue
+            timed: dict[str, tuple[Any, list[Any]]] = {}  # checked columns: (call, its input sets)
             for name, kind, what in impls:
                 ir: dict[str, Any] = {"kind": kind}
                 crec["impls"][name] = ir
@@ -660,11 +670,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if not ok:
                         ir["status"] = "wrong"
                         continue
-                    t = time_impl(torch, call, set_list, R, args.replays)
-                    ir.update(t)
-                    ir["status"] = "ok"
-                    ir["GBps"] = crec["bytes"] / (t["us"] * 1e-6) / 1e9
-                    ir["frac_copy"] = ir["GBps"] / cb["GBps"]
+                    timed[name] = (call, set_list)  # timed with the case's other columns below
                 except Exception as exc:
                     ir["status"] = "failed"
                     ir["error"] = _err(exc)
@@ -674,6 +680,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         ir["error"] += f" | then: {_err(exc2, 200)}"
                         save()
                         raise
+            # the checked columns' replays interleaved (time_impls): each sees the same clocks
+            times = time_impls(
+                torch,
+                {n: c for n, (c, _) in timed.items()},
+                sets,
+                R,
+                args.replays,
+                sets_of={n: s for n, (_, s) in timed.items()},
+            )
+            for name, t in times.items():
+                ir = crec["impls"][name]
+                if "us" in t:
+                    ir.update(t, status="ok")
+                    ir["GBps"] = crec["bytes"] / (t["us"] * 1e-6) / 1e9
+                    ir["frac_copy"] = ir["GBps"] / cb["GBps"]
+                else:
+                    ir.update(status="failed", error=t["error"])
+            del timed, times
+            if any(r.get("status") == "failed" for r in crec["impls"].values()):
+                try:  # a fault that outlives its column ends the run here, its record saved
+                    torch.cuda.synchronize()
+                except Exception:
+                    save()
+                    raise
             summarize_case(crec)
             del sets, ref
             torch.cuda.empty_cache()
