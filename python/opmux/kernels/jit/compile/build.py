@@ -126,14 +126,24 @@ def compile_flags(device: Device, *, archs: Sequence[str] = (), ptx_arch: str | 
     finite-math assumption); only floating-point exception flags, which nothing reads.
     CUDA: ``-std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -shared -DNDEBUG
     --threads=0 --split-compile=0``, then one ``-gencode`` per arch plus PTX.
+
+    Both hide every symbol but the exported FFI functions (``-fvisibility=hidden``,
+    ``-fvisibility-inlines-hidden``; tvm-ffi's export macro marks those default). A unit's JIT
+    module and the AOT library hold the same source: with default visibility the static locals
+    of their templates and inline functions (a kernel's "shared memory opted in" flag, occupancy
+    caches) are GNU-unique symbols, which the dynamic linker makes one object for the whole
+    process. Then a kernel of one copy launched on the other copy's flag without its own opt-in:
+    ``cudaErrorInvalidValue`` (sampling_cuda on an H100 once both copies had run, session 33).
     """
+    hidden = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
     if device == "cpu":
-        return ["-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fopenmp"]
+        return ["-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", *hidden, "-shared", "-fopenmp"]
     if device == "cuda":
         _check_archs(archs, ptx_arch)
         # --expt-relaxed-constexpr: CUTLASS / CuTe call constexpr host functions from
         # host-device code (CUTLASS's own builds pass it); it changes nothing for other units.
         flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-shared"]
+        flags += [f for h in hidden for f in ("-Xcompiler", h)]
         # -DNDEBUG: CUTLASS's device asserts are calls; a call in a wgmma mainloop makes ptxas
         # serialize the pipeline (C7510, seen on moe_grouped_cuda's grouped GEMMs without it).
         # CUTLASS's own release builds pass it; no opmux unit uses assert().
