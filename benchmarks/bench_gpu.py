@@ -347,18 +347,23 @@ def time_impls(
             try:
                 out[name] = time_impl(torch, fn, its_sets, R, replays)
             except Exception as exc:  # this column only: the others are still timed
-                out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                out[name] = {"error": _err(exc, 300)}
     names = list(graphs)
     ts: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(replays):
-        k = r % len(names) if names else 0
-        for name in names[k:] + names[:k]:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graphs[name].replay()
-            b.record()
-            b.synchronize()
-            ts[name].append(a.elapsed_time(b) * 1e3 / R)
+    try:
+        for r in range(replays):
+            k = r % len(names) if names else 0
+            for name in names[k:] + names[:k]:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graphs[name].replay()
+                b.record()
+                b.synchronize()
+                ts[name].append(a.elapsed_time(b) * 1e3 / R)
+    except Exception as exc:  # a fault in a replay: every graphed column is reported, none timed
+        why = _err(exc, 300)
+        graphs.clear()
+        return {n: out.get(n, {"error": f"replays: {why}"}) for n in fns}
     for name in names:
         t = ts[name]
         out[name] = {
@@ -369,7 +374,7 @@ def time_impls(
             "R": R,
         }
     graphs.clear()
-    return out
+    return {n: out[n] for n in fns}  # the columns in the caller's order
 
 
 def time_impl(
@@ -745,7 +750,7 @@ def case_line(crec: dict[str, Any]) -> str:
     for n, r in crec["impls"].items():
         st = r.get("status")
         if st == "ok":
-            parts.append(f"{n} {r['us']:.2f}" + ("*" if r.get("method") != "graph" else ""))
+            parts.append(f"{n} {r['us']:.2f}" + ("*" if r.get("method") == "events" else ""))
         elif st in ("wrong", "failed"):
             parts.append(f"{n} {st.upper()}")
     tail = ""

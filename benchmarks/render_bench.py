@@ -31,7 +31,7 @@ def _cell(r: dict[str, Any] | None) -> str:
         return ""
     st = r.get("status")
     if st == "ok":
-        return _fmt_us(r["us"]) + ("*" if r.get("method") != "graph" else "")
+        return _fmt_us(r["us"]) + ("*" if r.get("method") == "events" else "")
     return {"wrong": "wrong", "failed": "fail", "unavailable": "n/a", "skipped": "skip"}.get(
         st or "", st or ""
     )

@@ -128,7 +128,8 @@ def compile_flags(device: Device, *, archs: Sequence[str] = (), ptx_arch: str | 
     --threads=0 --split-compile=0``, then one ``-gencode`` per arch plus PTX.
 
     Both hide every symbol but the exported FFI functions (``-fvisibility=hidden``,
-    ``-fvisibility-inlines-hidden``; tvm-ffi's export macro marks those default). A unit's JIT
+    ``-fvisibility-inlines-hidden``; tvm-ffi's export macro marks those default; GCC still exports
+    the CPU units' ``target_clones`` resolvers, functions without state). A unit's JIT
     module and the AOT library hold the same source: with default visibility the static locals
     of their templates and inline functions (a kernel's "shared memory opted in" flag, occupancy
     caches) are GNU-unique symbols, which the dynamic linker makes one object for the whole
