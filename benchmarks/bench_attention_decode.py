@@ -18,9 +18,10 @@ Each result is checked once against the op's definition on the first two sequenc
 rtol 1e-2; fp8 0.15). Timing: R calls in one CUDA graph per column, the columns' replays
 interleaved (bench_gpu.time_impls), median of the replays; GB/s counts the K and V bytes read.
 Writes DIR/attention_decode.json (rewritten after every case) and DIR/attention_decode.md with
-``cuda/triton`` ratios (below 1: the native unit faster). ``--select-out DIR`` writes from the bf16 cases the ``select`` tables the dispatcher
-reads (per (value head dim, GQA group) and batch: the backend fastest over the contexts,
-select_tables.py's rule); ``--select-from JSON`` writes them from a recorded run, without a GPU.
+``cuda/triton`` ratios (below 1: the native unit faster). ``--select-out DIR`` writes from the
+bf16 cases the ``select`` tables the dispatcher reads (per (value head dim, GQA group) and batch:
+the backend fastest over the contexts, select_tables.py's rule); ``--select-from JSON`` writes them
+from a recorded run, without a GPU.
 """
 
 from __future__ import annotations
