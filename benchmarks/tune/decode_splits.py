@@ -11,7 +11,8 @@ Every candidate is checked against the default launch's output (atol 2e-2) befor
 all candidates of a case are timed together (``bench_gpu.time_impls``: interleaved replays).
 Writes DIR/decode_splits.json after every case (``--resume`` skips the cases it holds) and
 DIR/decode_splits.md: per case the default's split count and time, the best candidate, and the
-fraction of the copy bandwidth each reaches.
+fraction of the copy bandwidth each reaches, and the default launch without PDL between its two
+kernels (the merge launched plainly) beside it.
 """
 
 from __future__ import annotations
@@ -87,7 +88,12 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
         tk.launch(o, *kernel_args[1:], splits=splits, tile=tile)
         return o
 
-    fns: dict[str, Any] = {"default": lambda _: fn(None, None)}
+    def plain(_: Any) -> Any:  # the default launch with the merge launched plainly (no PDL)
+        o = torch.empty_like(out)
+        tk.launch(o, *kernel_args[1:], pdl=False)
+        return o
+
+    fns: dict[str, Any] = {"default": lambda _: fn(None, None), "default, no PDL": plain}
     rec: dict[str, Any] = {"model": model, "B": bsz, "N": n, "M": bsz * heads, "sms": sms, "R": R}
     rec.update(default={"tile": list(tile0), "waves": waves0, "splits": splits0}, cands={})
     most = max(1, min(dtc.MAX_SPLITS, -(-capacity // dtc.MIN_SPLIT_TOKENS), MAX_WAVES * sms // (bsz * heads)))
@@ -111,7 +117,13 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
     times = time_impls(torch, fns, [None], R, args.replays)
     copy = args.copy_GBps
     for name, t in times.items():
-        slot = rec["default"] if name == "default" else rec["cands"][name]
+        slot = (
+            rec["default"]
+            if name == "default"
+            else rec.setdefault("no_pdl", {})
+            if name == "default, no PDL"
+            else rec["cands"][name]
+        )
         slot.update(t)
         if "us" in t:
             gbs = cache_bytes / (t["us"] * 1e-6) / 1e9
@@ -136,14 +148,15 @@ def render(record: dict[str, Any]) -> str:
         f"bandwidth {record['copy']['GBps']:.0f} GB/s in the same run. us per call in CUDA graphs "
         "(fraction of the copy bandwidth).",
         "",
-        "| model | B | N | M | default | default us | best | best us | best/default |",
-        "|---|---:|---:|---:|---|---:|---|---:|---:|",
+        "| model | B | N | M | default | default us | no PDL us | best | best us | best/default |",
+        "|---|---:|---:|---:|---|---:|---:|---|---:|---:|",
     ]
     for r in record["cases"]:
         dfl = r["default"]
         lines.append(
             f"| {r['model']} | {r['B']} | {r['N']} | {r['M']} | S{dfl['splits']} | "
-            f"{dfl.get('us', float('nan')):.1f} ({dfl.get('copy_frac', 0):.2f}) | {r.get('best', '-')} | "
+            f"{dfl.get('us', float('nan')):.1f} ({dfl.get('copy_frac', 0):.2f}) | "
+            f"{r.get('no_pdl', {}).get('us', float('nan')):.1f} | {r.get('best', '-')} | "
             f"{r.get('best_us', float('nan')):.1f} ({r['cands'].get(r.get('best', ''), {}).get('copy_frac', 0):.2f}) | "
             f"{r.get('best_over_default', float('nan')):.3f} |"
         )

@@ -8,7 +8,9 @@ read once per group or chunk), walks its share of the sequence's positions (the 
 evenly over the splits, in whole tiles) through the block table one token per row (any page size),
 and keeps an online softmax in fp32: it writes its unnormalised output, its running max and its
 sum to a float32 workspace. ``_decode_merge`` (grid ``(B, Hq)``) rescales the splits to their
-common max, adds the sink to the denominator, and writes ``out`` (one cast) and ``lse``. The split
+common max, adds the sink to the denominator, and writes ``out`` (one cast) and ``lse``; on sm_90+
+it is launched programmatically (PDL) behind the split kernel and waits for it before reading the
+workspace, so its launch and prologue overlap the split kernel's tail. The split
 count comes from the table's width (the host sees no lengths); a sequence shorter than the table
 leaves its last splits without positions: they exit at once, and the merge reads only the splits
 that hold some (both from the same rule, ``_split_share``).
@@ -81,6 +83,15 @@ def _sm_count(device: torch.device) -> int:
     return 132  # the CPU interpreter: an H200's count, so tests take the GPU's split counts
 
 
+@functools.cache
+def _pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch of the merge behind the split kernel: CUDA sm_90+ only (never
+    in the interpreter, whose launches run in order anyway)."""
+    if _INTERPRETED or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 @triton.jit
 def _attended(LENS, b, capacity, window_left, WINDOW: tl.constexpr):
     """Sequence ``b``'s attended positions ``[lo, n)``: its length clamped to the table's capacity
@@ -147,7 +158,10 @@ def _decode_split(
     HAS_TAIL: tl.constexpr,
     V_FROM_K: tl.constexpr,
     PREFETCH: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the merge may launch now (its programs wait for this grid before reading)
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     hk = tl.program_id(1) // CHUNKS  # the KV head; its group in chunks of BLOCK_G heads
     c0 = (tl.program_id(1) % CHUNKS) * BLOCK_G
@@ -277,6 +291,7 @@ def _decode_merge(
     BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -288,6 +303,8 @@ def _decode_merge(
     per = tl.maximum(_split_share(n, lo, S, BLOCK_N), 1)
     smask = sp < tl.minimum((n - lo + per - 1) // per, S)
     dmask = d < D
+    if USE_PDL:  # launched behind the split kernel: its partials are complete after this wait
+        tl.extra.cuda.gdc_wait()
     m = tl.load(PM + row * S + sp, mask=smask, other=-1.0e30)
     ls = tl.load(PL + row * S + sp, mask=smask, other=0.0)
     mx = tl.max(m, 0)
@@ -392,9 +409,11 @@ def launch(
     window_left: int,
     splits: int | None = None,
     tile: TileConfig | None = None,
+    pdl: bool | None = None,
 ) -> None:
     """Both kernels on the checked arguments. The tile and the split count's wave target are
-    :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning). A table's
+    :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning), ``pdl=False``
+    launches the merge plainly where PDL would be on (benchmarks: the same launch without it). A table's
     entry the compiler refuses here runs the default instead, with a warning (``launch_tuned``)."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
@@ -410,6 +429,10 @@ def launch(
     block_g = group_tile(g, block_dv)
     chunks = triton.cdiv(g, block_g)
     plain = query.dtype != torch.float32 and d == dv
+    # the merge launched programmatically (PDL) behind the split kernel where the GPU has it: its
+    # launch and prologue overlap the split kernel's tail (the split kernel itself waits as any)
+    pdl = _pdl(query.device) and pdl is not False
+    extra = {"launch_pdl": True} if pdl else {}
 
     def run(_: object = None) -> None:
         auto_tile, _, auto_splits, _ = _launch_plan(
@@ -468,6 +491,7 @@ def launch(
             HAS_TAIL=d > dv,
             V_FROM_K=value_is_key_prefix(key_cache, value_cache),
             PREFETCH=prefetch,
+            USE_PDL=pdl,
             num_warps=warps,
             num_stages=stages,
         )
@@ -494,7 +518,9 @@ def launch(
             BLOCK_N=block_n,
             BLOCK_S=triton.next_power_of_2(n_splits),
             BLOCK_D=triton.next_power_of_2(dv),
+            USE_PDL=pdl,
             num_warps=4,
+            **extra,
         )
 
     cfg = _launch_plan(query.device, bsz, hkv * chunks, capacity, block_dv, g, plain, fp8)[3]
