@@ -98,9 +98,11 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
     rec: dict[str, Any] = {"model": model, "B": bsz, "N": n, "M": bsz * heads, "sms": sms, "R": R}
     rec.update(default={"tile": list(tile0), "waves": waves0, "splits": splits0}, cands={})
     most = max(1, min(dtc.MAX_SPLITS, -(-capacity // dtc.MIN_SPLIT_TOKENS), MAX_WAVES * sms // (bsz * heads)))
+    # the counts the ladder lacks: this default's, and an earlier record's default for the case
+    extra = {splits0, *args.previous.get((model, bsz, n), ())}
     for text in tiles:
         tile = tk.TileConfig(*parse_tile(text))
-        for s in (x for x in LADDER if x <= most):
+        for s in sorted({x for x in LADDER if x <= most} | extra):
             name = f"{text} S{s}"
             try:
                 o = fn(tile, s)
@@ -185,7 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-us", type=float, default=1500.0, help="graph length per timing")
     p.add_argument("--replays", type=int, default=7)
     p.add_argument("--resume", action="store_true", help="keep the cases DIR/decode_splits.json holds")
+    p.add_argument(
+        "--previous",
+        type=Path,
+        help="an earlier record (decode_splits.json): its default's split count per case is raced too",
+    )
     args = p.parse_args(argv)
+    previous: dict[tuple[str, int, int], tuple[int, ...]] = {}
+    if args.previous is not None:
+        for r in json.loads(args.previous.read_text())["cases"]:
+            previous[(r["model"], r["B"], r["N"])] = (r["default"]["splits"],)
+    args.previous = previous
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,10 @@ data behind ``triton_kernels.tile_config`` and ``num_splits``, and the tuned tab
         [--batches 1,16,64,256] [--contexts 512,4096,32768] [--fp8] [--budget-s 240] [--table-out DIR]
     python benchmarks/tune/decode_tiles.py --tables-from DIR/decode_tiles.json --table-out DIR
 
-Every candidate is a table entry: a tile and a wave target ``WAVES`` 1, 2 and 4 times the rule's
-(``wave_target``: 1-4x its split count where the table's length does not bound it; the split count
-follows from the waves as the launch derives it, so a table entry measured at one batch carries to
-its neighbours). Each is checked against the default launch's output on the same case (atol 2e-2:
+Every candidate is a table entry: a tile and a wave target ``WAVES`` of 2, 3, 4 or 8 programs per
+SM (one round of a tile that fits 2, 3 or 4 programs on an SM, two rounds of one that fits 4; the
+split count follows from the waves as the launch derives it, rounded down to whole rounds, so a
+table entry measured at one batch carries to its neighbours). Each is checked against the default launch's output on the same case (atol 2e-2:
 the same arithmetic in another order) before it is timed; a wave target whose split count equals
 one already timed for the tile (bounded by the length or MAX_SPLITS) reuses that time. Timing is
 bench_gpu.time_impl (R calls in one CUDA graph, median of the replays). Writes DIR/decode_tiles.json
@@ -55,9 +55,8 @@ TILES = [
     (16, 2, 3, True),
     (64, 4, 3, False),
 ]
-#: the wave target times these (1: the rule's), at most MAX_WAVES (tuned's bound on WAVES)
-WAVE_FACTORS = (1, 2, 4)
-MAX_WAVES = 16
+#: the wave targets raced (programs per SM: ``_decode_tile_config.num_splits``)
+WAVES = (2, 3, 4, 8)
 T0 = time.perf_counter()
 
 
@@ -85,7 +84,6 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     block_dv, g = max(16, 1 << (d - 1).bit_length()), hq // hkv
     heads = dtc.programs(1, hkv, g, block_dv)  # KV head chunks a sequence
     capacity = c["table"].shape[1] * c["kc"].shape[1]
-    rule = dtc.wave_target(bsz * heads, sms, not fp8)
     cache_bytes = 2 * bsz * n * hkv * d * (1 if fp8 else 2)
     R = max(1, min(200, math.ceil(args.target_us / max(5.0, cache_bytes / 4e12 * 1e6))))
 
@@ -106,8 +104,7 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
     rec["heuristic_us"] = t["us"]
     for tile in TILES:
         seen: dict[int, str] = {}
-        for f in WAVE_FACTORS:
-            waves = min(MAX_WAVES, rule * f)
+        for waves in WAVES:
             splits = dtc.num_splits(bsz, heads, capacity, sms, not fp8, waves)
             name = f"{tile[0]}x{tile[1]}w s{tile[2]}{' pf' if tile[3] else ''} waves{waves}"
             if splits in seen:  # bounded to a split count already timed: the same launch
@@ -152,12 +149,18 @@ def run_case(torch: Any, model: str, bsz: int, n: int, fp8: bool, args: Any) -> 
 def tables(record: dict[str, Any]) -> dict[tuple[int, ...], dict[int, dict[str, int]]]:
     """The tuned tables the sweep supports (``_sweep.table_rows``): per (DV, G) and programs of a
     split (M), the candidate that M's cases favour (their contexts, bf16 caches only: fp8 ones
-    read no table), else the default as timed. ValueError for a record of the sweep before wave
-    targets (``split_factors``: raw split counts, no table's terms)."""
-    if "wave_factors" not in record:
+    read no table), else the default as timed. ValueError for a record of an earlier sweep: raw
+    split counts (``split_factors``: no table's terms), or wave targets of the rule that rounded
+    the split count up (``wave_factors``: the same WAVES now gives other counts)."""
+    if "split_factors" in record:
         raise ValueError(
             "a record of the earlier decode sweep (raw split counts, no wave targets): its candidates "
             "are no table entries; rerun benchmarks/tune/decode_tiles.py"
+        )
+    if record.get("split_rule") != "floor":
+        raise ValueError(
+            "a record of the decode sweep under the earlier split rule (split counts rounded up): its "
+            "WAVES give other split counts now; rerun benchmarks/tune/decode_tiles.py"
         )
     cases = [r for r in record["cases"] if not r["fp8"]]
     return table_rows(
@@ -218,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {
         "env": environment(torch),
         "tiles": TILES,
-        "wave_factors": WAVE_FACTORS,
+        "waves": WAVES,
+        "split_rule": "floor",  # the split count rounded down to whole rounds (num_splits)
         "table_positions": args.table_positions,  # 0: each case's table as long as its context
         "cases": [],
     }

@@ -170,14 +170,16 @@ def test_cuda_skips_bad_blocks_without_a_sync() -> None:
 def test_split_heuristic() -> None:
     ns = triton_kernels.num_splits
     assert ns(1, 1, 10, 132) == 1  # a short table: one split
-    assert ns(1, 8, 32768, 132) == 66  # 8 pairs: four waves' worth of programs
+    assert ns(1, 8, 32768, 132) == 66  # 8 pairs: one round of four programs an SM (528)
     assert ns(1, 8, 512, 132) == 16  # ... but no split under 32 positions
-    assert ns(16, 4, 32768, 132) == 9  # 64 pairs fill half the SMs: still four
-    assert ns(16, 8, 32768, 132) == 3  # 128 pairs: two waves
+    assert ns(16, 4, 32768, 132) == 8  # 64 pairs: 512 programs, not 9 splits' 576 (past the round)
+    assert ns(16, 8, 32768, 132) == 4  # 128 pairs: 512 programs
+    assert ns(64, 4, 32768, 132) == 2  # 256 pairs: 512
+    assert ns(64, 8, 32768, 132) == 1  # 512 pairs: one program a pair
     assert ns(256, 8, 32768, 132) == 1  # a full batch: no split
     assert ns(1, 1, 1 << 20, 132) == triton_kernels.MAX_SPLITS
     assert ns(0, 8, 0, 132) == 1
-    # fp8 caches and wide (MLA) value tiles: two waves, the wider bounds (untimed forms)
+    # fp8 caches and wide (MLA) value tiles: two programs an SM, the wider bounds (untimed forms)
     assert ns(1, 8, 32768, 132, measured=False) == 33
     assert ns(1, 8, 512, 132, measured=False) == 8
     assert ns(1, 1, 1 << 20, 132, measured=False) == triton_kernels.WIDE_MAX_SPLITS

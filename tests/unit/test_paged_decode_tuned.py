@@ -37,15 +37,16 @@ def _pow2(n: int) -> int:
 def _before_tables(
     bsz: int, hkv: int, g: int, capacity: int, d: int, dv: int, dtype: torch.dtype, fp8: bool
 ) -> tuple[tuple[int, int, int, bool], int, int]:
-    """(tile, splits, BLOCK_G) as the launch chose them before the tables (its code as it was)."""
+    """(tile, splits, BLOCK_G) as the launch chooses them without a table (its rule spelled out
+    again: one round of four programs an SM for the measured forms, two otherwise, rounded down)."""
     block_dv = max(16, _pow2(dv))
     block_g = 1 if g <= 1 else max(16, min(_pow2(g), 16 * 512 // block_dv))
     programs = max(1, bsz * hkv * _cdiv(g, block_g))
     if block_dv <= 128 and not fp8:
-        waves, least, most = (4 if 2 * programs <= SMS else 2), 32, 128
+        waves, least, most = 4, 32, 128
     else:
         waves, least, most = 2, 64, 64
-    splits = max(1, min(_cdiv(waves * SMS, programs), _cdiv(max(1, capacity), least), most))
+    splits = max(1, min(waves * SMS // programs, _cdiv(max(1, capacity), least), most))
     plain = dtype != torch.float32 and d == dv
     if block_dv <= 128:
         tile = (32, 4, 3, True) if plain else (32, 8, 3, False)
@@ -153,7 +154,7 @@ ENTRY = {"BLOCK_N": 16, "num_warps": 2, "num_stages": 1, "PREFETCH": 0, "WAVES":
 def test_a_user_table_picks_the_launch(tuned_user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A table for (padded value head dim, group) on this device: its entry nearest the programs
     of a split (3 sequences x 2 KV heads = 6: the M = 4 entry) sets the tile and the wave target
-    (one wave: 22 splits where the rule's four waves hit the length bound, 32), and the result is
+    (one program an SM: 22 splits where the rule's four hit the length bound, 32), and the result is
     the reference's; an entry without WAVES keeps the rule's; explicit arguments win; fp32 queries,
     fp8 caches, a key tail and wider heads read no table."""
     spy = _Spy(tk._decode_split)
@@ -170,8 +171,8 @@ def test_a_user_table_picks_the_launch(tuned_user_dir: Path, monkeypatch: pytest
     torch.testing.assert_close(got.float(), _decode.reference(*args).float(), atol=1.6e-2, rtol=1.6e-2)
     assert _chosen(spy) == ((16, 2, 1, False), 22, 16)
     assert _before_tables(3, 2, 2, 1024, 64, 64, torch.bfloat16, False)[1] == 32
-    # 40 sequences: the M = 64 entry, no WAVES: the rule's two waves (80 programs > 66)
-    assert tk.launch_config(CPU, 40, 2, 1024, 64, 2, True, False) == (tk.TileConfig(64, 2, 1, False), 2, 4)
+    # 40 sequences: the M = 64 entry, no WAVES: the rule's four programs an SM (6 x 80 = 480 <= 528)
+    assert tk.launch_config(CPU, 40, 2, 1024, 64, 2, True, False) == (tk.TileConfig(64, 2, 1, 0), 4, 6)
     _launch(args, splits=5, tile=tk.TileConfig(32, 4, 2, True))
     assert _chosen(spy) == ((32, 4, 2, True), 5, 16)
     for dtype, fp8 in ((torch.float32, False), (torch.bfloat16, True)):  # (a key tail: as fp32)
@@ -234,7 +235,7 @@ def test_default_is_the_plain_tile_and_the_wave_rule(block_dv: int) -> None:
     assert tuned.validate_entry(OP, "triton", config) == []
     block_n, warps, stages, prefetch = tk.tile_config(block_dv)
     assert config == {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "PREFETCH": int(prefetch)}
-    assert tk.wave_target(8, SMS) == 4 and tk.wave_target(67, SMS) == 2 and tk.wave_target(8, SMS, False) == 2
+    assert tk.wave_target() == 4 and tk.wave_target(False) == 2
 
 
 def test_kernel_problem_is_what_the_launch_looks_up(monkeypatch: pytest.MonkeyPatch) -> None:

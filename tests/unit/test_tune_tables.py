@@ -73,7 +73,7 @@ def test_decode_tables_from_a_record(
     the tie to the smaller one."""
     decode, _ = sweeps
     record = {
-        "env": ENV, "tiles": [], "wave_factors": [1, 2, 4],
+        "env": ENV, "tiles": [], "waves": [2, 3, 4, 8], "split_rule": "floor",
         "cases": [
             _decode_case(8, 512, 10.0, 9.0), _decode_case(8, 32768, 100.0, 97.0),
             _decode_case(512, 512, 10.0, 9.0), _decode_case(512, 32768, 100.0, 110.0),
@@ -88,6 +88,18 @@ def test_decode_tables_from_a_record(
     assert key.file_name() == name and tuned.read_table(out / name, key) == {8: WIDE, 512: DEFAULT}
     with _env.scope(OPMUX_TUNED_CONFIG_DIR=str(out)):  # (the scope rereads the tables, in and out)
         assert dict(tuned.lookup("attention.paged_decode", "triton", "NVIDIA_H200", (128, 4), 16)) == WIDE
+
+
+def test_decode_record_of_the_rounded_up_rule_is_refused(
+    tmp_path: Path, sweeps: tuple[ModuleType, ModuleType]
+) -> None:
+    """A record whose WAVES meant split counts rounded up (docs/benchmarks/attention_decode_tiles_tables_h200.json):
+    the same entries now give other counts, so no table is written from it."""
+    decode, _ = sweeps
+    old = json.loads((ROOT / "docs" / "benchmarks" / "attention_decode_tiles_tables_h200.json").read_text())
+    assert "wave_factors" in old
+    with pytest.raises(ValueError, match="rounded up"):
+        decode.tables(old)
 
 
 def test_decode_record_before_wave_targets_is_refused(

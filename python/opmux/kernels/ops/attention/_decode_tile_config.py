@@ -80,13 +80,18 @@ def programs(batch: int, kv_heads: int, group: int, block_dv: int) -> int:
     return batch * kv_heads * _cdiv(group, group_tile(group, block_dv))
 
 
-def wave_target(programs: int, sm_count: int, measured: bool = True) -> int:
-    """The split rule's waves of programs over the SMs. ``measured`` (16-bit caches, value head
-    dims <= 128): four when the (sequence, KV head) pairs fill at most half the SMs (2x the
-    two-wave count took 0.78-0.91x the time at batch 1 and 0.93-1.01x at Qwen3's 16 x 4 pairs on
-    the H200, 1.0-1.25x once the pairs fill the SMs), else two; a tuned table's ``WAVES``
-    replaces it. Otherwise two (fp8 caches: 2x was 1.03-1.16x at batch 1; MLA: untimed)."""
-    return 4 if measured and 2 * max(1, programs) <= sm_count else 2
+def wave_target(measured: bool = True) -> int:
+    """The split rule's programs per SM: one round of the programs an SM holds at once.
+    ``measured`` (16-bit caches, value head dims <= 128, the plain 32-row 4-warp tile): four
+    (125 registers a thread under Triton 3.6 for sm_90: four 128-thread programs fill the register
+    file). On an H100 (``benchmarks/tune/decode_splits.py``,
+    docs/benchmarks/attention_decode_h200.md) a split count whose programs pass a whole round by a
+    little took up to 1.33x the time of one that fills the round (Qwen3-30B-A3B B 16 x 32k: 9
+    splits of 64 programs, 576 over the 528 an H100 holds, 491 us; 8 splits 370 us), and
+    counts that fill one round were within 2% of the best of 14 counts in all 9 cases. A tuned
+    table's ``WAVES`` replaces it (a tile of other registers fills another number). Otherwise two
+    (fp8 caches, MLA's 8-warp tiles: fewer programs an SM; untimed as a round)."""
+    return 4 if measured else 2
 
 
 def num_splits(
@@ -97,14 +102,15 @@ def num_splits(
     measured: bool = True,
     waves: int | None = None,
 ) -> int:
-    """How many splits per (sequence, KV head): enough programs for ``waves`` waves of the SMs
-    (None: :func:`wave_target`'s), none shorter than ``MIN_SPLIT_TOKENS`` positions of the table,
-    at most ``MAX_SPLITS``. From the shapes only (no sync: CUDA-graph safe). ``measured``: 16-bit
+    """How many splits per (sequence, KV head): as many programs as ``waves`` per SM hold (None:
+    :func:`wave_target`'s), rounded down (programs past a round wait for a whole program's time
+    while the rest of the GPU idles), at least one, none shorter than ``MIN_SPLIT_TOKENS``
+    positions of the table, at most ``MAX_SPLITS``. From the shapes only (no sync: CUDA-graph safe). ``measured``: 16-bit
     caches, value head dims <= 128, what the H200 sweep timed (``benchmarks/tune/decode_tiles.py``,
     docs/benchmarks/attention_decode_h200.md); the other forms (fp8 caches, MLA's wide partial
     outputs) take the ``WIDE_*`` bounds."""
     count = max(1, batch * kv_heads)
     least, most = (MIN_SPLIT_TOKENS, MAX_SPLITS) if measured else (WIDE_MIN_SPLIT_TOKENS, WIDE_MAX_SPLITS)
-    want = _cdiv((waves or wave_target(count, sm_count, measured)) * sm_count, count)
+    want = (waves or wave_target(measured)) * sm_count // count
     by_len = _cdiv(max(1, max_context), least)
     return max(1, min(want, by_len, most))

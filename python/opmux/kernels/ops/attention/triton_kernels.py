@@ -378,7 +378,7 @@ def _launch_plan(
         return hit
     sms = _sm_count(device)
     measured = block_dv <= 128 and not fp8
-    waves = wave_target(batch * heads, sms, measured)
+    waves = wave_target(measured)
     cfg = None
     if _tabled(block_dv, plain, fp8):
         cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)
