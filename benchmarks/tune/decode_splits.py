@@ -48,17 +48,16 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
 
 
-def parse_tile(text: str) -> tuple[int, int, int, int]:
-    """``32x4pf`` -> (32 key rows, 4 warps, 3 stages, 1 tile loaded ahead); ``32x4pf2``: 2 ahead;
-    ``64x8s1``: 1 stage, none ahead."""
-    body, _, ahead = text.partition("pf")
-    prefetch = (int(ahead) if ahead else 1) if "pf" in text else 0
+def parse_tile(text: str) -> tuple[int, int, int, bool]:
+    """``32x4pf`` -> (32 key rows, 4 warps, 3 stages, prefetch); ``64x8s1``: 1 stage."""
+    pf = text.endswith("pf")
+    body = text[:-2] if pf else text
     stages = 3
     if "s" in body:
         body, st = body.split("s")
         stages = int(st)
     rows, warps = body.split("x")
-    return int(rows), int(warps), stages, prefetch
+    return int(rows), int(warps), stages, pf
 
 
 def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: Any) -> dict[str, Any]:
@@ -180,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cases", default=DEFAULT_CASES, help="model:batch:context, comma-separated")
-    p.add_argument("--tiles", default="32x4pf,32x4pf2,16x4pf2,16x4pf", help="rows x warps [sN] [pf[2]]")
+    p.add_argument("--tiles", default="32x4pf,16x4pf,64x4", help="rows x warps [sN] [pf]")
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--table-positions", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=300.0)

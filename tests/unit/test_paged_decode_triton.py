@@ -76,17 +76,16 @@ def test_one_split_or_many_agree(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("block_n", [16, 64])
 def test_prefetched_tiles_agree(block_n: int) -> None:
-    """The register double and triple buffers (each step loads the next tile, or the one after,
-    first) and other key tiles give the plain loop's result: a ragged batch whose sequences end
-    mid-tile and mid-page, a window, a bad block id masked, one split and several."""
+    """The register double buffer (each step loads the next tile first) and other key tiles give
+    the plain loop's result: a ragged batch whose sequences end mid-tile and mid-page, a window, a
+    bad block id masked, one split and several."""
     args = _problem([300, 130, 1, 0], hq=8, hkv=2, page=16, dtype=torch.float32, seed=11)
     args[3][1, 2] = args[1].shape[0] + 5  # masked by the kernel (the launcher: no values hook)
     kw = {"window_left": 200}
     plain, lse_plain = _launch(args, 3, triton_kernels.TileConfig(32, 4, 1, False), **kw)
     for tile in (
-        triton_kernels.TileConfig(block_n, 4, 2, 1),
-        triton_kernels.TileConfig(block_n, 4, 2, 2),
-        triton_kernels.TileConfig(block_n, 4, 1, 0),
+        triton_kernels.TileConfig(block_n, 4, 2, True),
+        triton_kernels.TileConfig(block_n, 4, 1, False),
     ):
         for splits in (1, 3):
             got, lse = _launch(args, splits, tile, **kw)

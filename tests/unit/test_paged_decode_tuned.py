@@ -192,14 +192,14 @@ def test_a_bad_table_entry_is_named_and_skipped(
     monkeypatch.setattr(tk, "_decode_split", split)
     monkeypatch.setattr(tk, "_decode_merge", _Recorder())
     name = tuned.table_key(OP, "triton", "cpu", (64, 2)).file_name()
-    (tuned_user_dir / name).write_text(json.dumps({"4": {**ENTRY, "PREFETCH": 3}}), encoding="utf-8")
+    (tuned_user_dir / name).write_text(json.dumps({"4": {**ENTRY, "PREFETCH": 2}}), encoding="utf-8")
     tuned.refresh()
     args = _problem([300, 130, 1], width=64, dtype=torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _launch(args)
     messages = [str(w.message) for w in caught]
-    assert any(name in m and "M=4: PREFETCH=3 (0, 1 or 2 tiles ahead)" in m for m in messages), messages
+    assert any(name in m and "M=4: PREFETCH=2 (0 or 1)" in m for m in messages), messages
     tile, splits, block_g = _before_tables(3, 2, 2, 1024, 64, 64, torch.bfloat16, False)
     assert _chosen(split) == (tile, splits, block_g)
 
@@ -217,8 +217,7 @@ def test_a_bad_table_entry_is_named_and_skipped(
         ({**ENTRY, "BLOCK_N": 24}, ["BLOCK_N=24 (a power of two in 16..256)"]),
         ({**ENTRY, "num_warps": 3}, ["num_warps=3 (1, 2, 4, 8 or 16)"]),
         ({**ENTRY, "num_stages": 0}, ["num_stages=0 (1..8)"]),
-        ({**ENTRY, "PREFETCH": 3}, ["PREFETCH=3 (0, 1 or 2 tiles ahead)"]),
-        ({**ENTRY, "PREFETCH": 2}, []),
+        ({**ENTRY, "PREFETCH": 2}, ["PREFETCH=2 (0 or 1)"]),
         ({**ENTRY, "WAVES": 0}, ["WAVES=0 (1..16 waves of programs over the SMs)"]),
         ({**ENTRY, "WAVES": 17}, ["WAVES=17 (1..16 waves of programs over the SMs)"]),
         ({"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}, []),

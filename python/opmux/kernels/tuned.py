@@ -530,8 +530,8 @@ def _attention_call_problem(
     return _attention_problem(query, key_cache, value_cache)
 
 
-#: a paged-decode Triton launch: key tile rows, warps, stages; PREFETCH (tiles loaded ahead: 0,
-#: 1 the register double buffer, 2 a triple one) and WAVES (the split count's wave target: ``_decode_tile_config.num_splits``)
+#: a paged-decode Triton launch: key tile rows, warps, stages; PREFETCH (the register double
+#: buffer, 0 / 1) and WAVES (the split count's wave target: ``_decode_tile_config.num_splits``)
 _DECODE_KEYS = ("BLOCK_N", "num_warps", "num_stages")
 _DECODE_OPTIONAL = ("PREFETCH", "WAVES")
 
@@ -542,8 +542,8 @@ def _check_triton_decode(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]
     if problems:
         return problems
     problems = _tile_problems(entry, ("BLOCK_N",))
-    if entry.get("PREFETCH", 0) not in (0, 1, 2):
-        problems.append(f"PREFETCH={entry['PREFETCH']} (0, 1 or 2 tiles ahead)")
+    if entry.get("PREFETCH", 0) not in (0, 1):
+        problems.append(f"PREFETCH={entry['PREFETCH']} (0 or 1)")
     if not 1 <= entry.get("WAVES", 1) <= 16:
         problems.append(f"WAVES={entry['WAVES']} (1..16 waves of programs over the SMs)")
     return problems

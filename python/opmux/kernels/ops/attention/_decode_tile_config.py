@@ -39,15 +39,14 @@ def _next_pow2(n: int) -> int:
 
 
 class TileConfig(NamedTuple):
-    """The split kernel's launch: key tile rows, warps, software-pipeline stages, and how many
-    tiles ahead each step issues its loads before its own math (0, 1: a register double buffer,
-    2: a triple one; the cache rows come through a block table, so Triton's pipeliner stages only
-    the table's entries). ``True`` / ``False`` read as 1 / 0."""
+    """The split kernel's launch: key tile rows, warps, software-pipeline stages, and whether each
+    step issues the next tile's loads before its own math (a register double buffer: the cache
+    rows come through a block table, so Triton's pipeliner stages only the table's entries)."""
 
     block_n: int
     num_warps: int
     num_stages: int = 3
-    prefetch: int = 0
+    prefetch: bool = False
 
 
 def tile_config(block_d: int, plain: bool = True) -> TileConfig:
@@ -62,7 +61,7 @@ def tile_config(block_d: int, plain: bool = True) -> TileConfig:
     of the keys) takes 8 warps: at 4 the fp32 / fp8 / separate-value forms spilled. The default
     where no tuned table matches (``tuned.SCHEMAS``: plain 16-bit forms up to 128 dims)."""
     if block_d <= 128:
-        return TileConfig(32, 4, 3, 1) if plain else TileConfig(32, 8)
+        return TileConfig(32, 4, 3, True) if plain else TileConfig(32, 8)
     return TileConfig(16, 8) if block_d >= 512 else TileConfig(16, 4)
 
 

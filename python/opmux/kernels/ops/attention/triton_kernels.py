@@ -199,25 +199,13 @@ def _decode_split(
     acc = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
     kbase = KC + hk.to(tl.int64) * sk_h
     vbase = VC + hk.to(tl.int64) * sv_h
-    if PREFETCH >= 1:  # the first tile's rows; each step then issues a later tile's before its math
+    if PREFETCH:  # the first tile's rows; each step then issues the next tile's before its math
         k_nx, v_nx, kr_nx, ok_nx = _load_tile(
             kbase, vbase, BT + b64 * sbt_b, sbt_m, start, end, num_blocks, sk_b, sk_p, sv_b, sv_p, d,
             dmask, dr, rmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
         )  # fmt: skip
-    if PREFETCH == 2:  # two tiles ahead: twice the loads in flight, for SMs with few programs
-        k_n2, v_n2, kr_n2, ok_n2 = _load_tile(
-            kbase, vbase, BT + b64 * sbt_b, sbt_m, start + BLOCK_N, end, num_blocks, sk_b, sk_p, sv_b,
-            sv_p, d, dmask, dr, rmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
-        )  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
-        if PREFETCH == 2:
-            k, v, kr, ok = k_nx, v_nx, kr_nx, ok_nx
-            k_nx, v_nx, kr_nx, ok_nx = k_n2, v_n2, kr_n2, ok_n2
-            k_n2, v_n2, kr_n2, ok_n2 = _load_tile(
-                kbase, vbase, BT + b64 * sbt_b, sbt_m, n0 + 2 * BLOCK_N, end, num_blocks, sk_b, sk_p,
-                sv_b, sv_p, d, dmask, dr, rmask, PAGE_SIZE, BLOCK_N, HAS_TAIL, V_FROM_K,
-            )  # fmt: skip
-        elif PREFETCH == 1:
+        if PREFETCH:
             k, v, kr, ok = k_nx, v_nx, kr_nx, ok_nx
             k_nx, v_nx, kr_nx, ok_nx = _load_tile(
                 kbase, vbase, BT + b64 * sbt_b, sbt_m, n0 + BLOCK_N, end, num_blocks, sk_b, sk_p, sv_b,
@@ -382,7 +370,7 @@ def _launch_plan(
     cfg = None
     if _tabled(block_dv, plain, fp8):
         cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)
-        tile = TileConfig(cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], int(cfg.get("PREFETCH", 0)))
+        tile = TileConfig(cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], bool(cfg.get("PREFETCH")))
         waves = cfg.get("WAVES", waves)
     else:
         tile = tile_config(block_dv, plain)
@@ -502,7 +490,7 @@ def launch(
             WINDOW=window_left >= 0,
             HAS_TAIL=d > dv,
             V_FROM_K=value_is_key_prefix(key_cache, value_cache),
-            PREFETCH=int(prefetch),
+            PREFETCH=prefetch,
             USE_PDL=pdl,
             num_warps=warps,
             num_stages=stages,
