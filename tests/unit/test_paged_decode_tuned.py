@@ -218,8 +218,8 @@ def test_a_bad_table_entry_is_named_and_skipped(
         ({**ENTRY, "num_warps": 3}, ["num_warps=3 (1, 2, 4, 8 or 16)"]),
         ({**ENTRY, "num_stages": 0}, ["num_stages=0 (1..8)"]),
         ({**ENTRY, "PREFETCH": 2}, ["PREFETCH=2 (0 or 1)"]),
-        ({**ENTRY, "WAVES": 0}, ["WAVES=0 (1..16 waves of programs over the SMs)"]),
-        ({**ENTRY, "WAVES": 17}, ["WAVES=17 (1..16 waves of programs over the SMs)"]),
+        ({**ENTRY, "WAVES": 0}, ["WAVES=0 (1..16 programs an SM)"]),
+        ({**ENTRY, "WAVES": 17}, ["WAVES=17 (1..16 programs an SM)"]),
         ({"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}, []),
     ],
 )

@@ -545,7 +545,7 @@ def _check_triton_decode(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]
     if entry.get("PREFETCH", 0) not in (0, 1):
         problems.append(f"PREFETCH={entry['PREFETCH']} (0 or 1)")
     if not 1 <= entry.get("WAVES", 1) <= 16:
-        problems.append(f"WAVES={entry['WAVES']} (1..16 waves of programs over the SMs)")
+        problems.append(f"WAVES={entry['WAVES']} (1..16 programs an SM)")
     return problems
 
 
@@ -563,11 +563,11 @@ def _decode_kernel_problem(
     out: Any, lse: Any, has_lse: Any, query: Any, key_cache: Any, value_cache: Any, *rest: Any
 ) -> tuple[tuple[int, ...], int]:
     """((the value head dim padded to a power of two >= 16, the GQA group), the programs of one
-    split: sequences x KV head chunks). M is the split rule's own input (waves of programs over
-    the SMs), and the H200 sweep's best split count followed it (docs/benchmarks/
-    attention_decode_tiles_h200.json: about four waves at 4-64 pairs, two from 256 pairs on); the
-    context, which M leaves out, moved it less (at 128 pairs 4x the rule's splits took 1.11x the
-    time at 512 positions, 0.91x at 32k)."""
+    split: sequences x KV head chunks). M is the split rule's own input (the programs an SM
+    holds, split by M), and the best split count followed it: on an H100 the count that fills one
+    round of resident programs was within 2.1% of the best in 9 cases from 512 to 32k positions
+    (docs/benchmarks/attention_decode_splits_h100_s34.json); the context, which M leaves out,
+    moved it less."""
     from .ops.attention._decode_tile_config import programs  # plain Python
 
     dv, g = value_cache.shape[3], query.shape[1] // key_cache.shape[2]
