@@ -87,7 +87,7 @@ def wave_target(measured: bool = True) -> int:
     docs/benchmarks/attention_decode_h200.md) a split count whose programs pass a whole round by a
     little took up to 1.33x the time of one that fills the round (Qwen3-30B-A3B B 16 x 32k: 9
     splits of 64 programs, 576 over the 528 an H100 holds, 491 us; 8 splits 370 us), and
-    counts that fill one round were within 2% of the best of 14 counts in all 9 cases. A tuned
+    the count that fills one round was within 2.1% of the best count or tile in all 9 cases. A tuned
     table's ``WAVES`` replaces it (a tile of other registers fills another number). Otherwise two
     (fp8 caches, MLA's 8-warp tiles: fewer programs an SM; untimed as a round)."""
     return 4 if measured else 2
