@@ -18,9 +18,10 @@ candidate and its ratio, and each candidate's time relative to the default's ove
 ``--table-out DIR`` also writes the tuned tables (``write_tables``: per (DV, G) and programs of a
 split, the candidate that M's bf16 cases favour by more than 2%, else the default as timed), named
 for this GPU; ``--tables-from JSON --table-out DIR`` writes those of an earlier run's record,
-without a GPU (records of the sweep before wave targets, e.g.
-docs/benchmarks/attention_decode_tiles_h200.json, are refused: their raw split counts are no
-table's terms).
+without a GPU. Records of earlier sweeps are refused: raw split counts
+(docs/benchmarks/attention_decode_tiles_h200.json: no table's terms) and wave targets of the rule
+that rounded the split count up (docs/benchmarks/attention_decode_tiles_tables_h200.json: the same
+WAVES give other counts now).
 """
 
 from __future__ import annotations

@@ -166,6 +166,20 @@ def test_cuda_skips_bad_blocks_without_a_sync() -> None:
     _close(got.cpu(), want, torch.float32)
 
 
+def test_pdl_only_on_cuda_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merge goes behind PDL on CUDA sm_90+ alone: never on the CPU (the interpreter), never on
+    ROCm (its torch device is ``cuda`` too, its compiler has no griddepcontrol), never below sm_90."""
+    assert not triton_kernels._pdl(torch.device("cpu"))
+    monkeypatch.setattr(triton_kernels, "_INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for hip, cap, want in ((None, (9, 0), True), ("6.2", (9, 0), False), (None, (8, 0), False)):
+        monkeypatch.setattr(torch.version, "hip", hip)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        triton_kernels._pdl.cache_clear()
+        assert triton_kernels._pdl(torch.device("cuda", 0)) is want, (hip, cap)
+    triton_kernels._pdl.cache_clear()
+
+
 def test_split_heuristic() -> None:
     ns = triton_kernels.num_splits
     assert ns(1, 1, 10, 132) == 1  # a short table: one split
@@ -202,7 +216,7 @@ FORMS = [
 ]
 for form in FORMS:
     block_n, warps, stages, _ = tk.tile_config(form["BLOCK_DV"])
-    const = dict(form, PAGE_SIZE=16, BLOCK_N=block_n, PREFETCH=form["BLOCK_DV"] <= 128)
+    const = dict(form, PAGE_SIZE=16, BLOCK_N=block_n, PREFETCH=form["BLOCK_DV"] <= 128, USE_PDL=True)
     cache = "fp8e4nv" if form["FP8"] else "bf16"
     sig = {}
     for n in tk._decode_split.arg_names:
@@ -213,7 +227,7 @@ for form in FORMS:
         else:
             sig[n] = "fp32" if n in FLOATS else "i32"
     triton.compile(ASTSource(tk._decode_split, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-const = dict(HAS_SINKS=True, HAS_LSE=True, WINDOW=True, BLOCK_N=32, BLOCK_S=32, BLOCK_D=128)
+const = dict(HAS_SINKS=True, HAS_LSE=True, WINDOW=True, BLOCK_N=32, BLOCK_S=32, BLOCK_D=128, USE_PDL=True)
 sig = {n: "constexpr" if n in const else ("*" + PTRS.get(n, "fp32") if n[0].isupper() and n not in ("D", "S") and n != "Hq" else "i32") for n in tk._decode_merge.arg_names}
 triton.compile(ASTSource(tk._decode_merge, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 print("compiled")

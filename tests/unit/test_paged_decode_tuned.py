@@ -38,16 +38,16 @@ def _before_tables(
     bsz: int, hkv: int, g: int, capacity: int, d: int, dv: int, dtype: torch.dtype, fp8: bool
 ) -> tuple[tuple[int, int, int, bool], int, int]:
     """(tile, splits, BLOCK_G) as the launch chooses them without a table (its rule spelled out
-    again: one round of four programs an SM for the measured forms, two otherwise, rounded down)."""
+    again: one round of four programs an SM for the plain 16-bit tile, two otherwise, rounded down)."""
     block_dv = max(16, _pow2(dv))
     block_g = 1 if g <= 1 else max(16, min(_pow2(g), 16 * 512 // block_dv))
     programs = max(1, bsz * hkv * _cdiv(g, block_g))
+    plain = dtype != torch.float32 and d == dv
     if block_dv <= 128 and not fp8:
-        waves, least, most = 4, 32, 128
+        waves, least, most = (4 if plain else 2), 32, 128
     else:
         waves, least, most = 2, 64, 64
     splits = max(1, min(waves * SMS // programs, _cdiv(max(1, capacity), least), most))
-    plain = dtype != torch.float32 and d == dv
     if block_dv <= 128:
         tile = (32, 4, 3, True) if plain else (32, 8, 3, False)
     else:
@@ -172,7 +172,7 @@ def test_a_user_table_picks_the_launch(tuned_user_dir: Path, monkeypatch: pytest
     assert _chosen(spy) == ((16, 2, 1, False), 22, 16)
     assert _before_tables(3, 2, 2, 1024, 64, 64, torch.bfloat16, False)[1] == 32
     # 40 sequences: the M = 64 entry, no WAVES: the rule's four programs an SM (6 x 80 = 480 <= 528)
-    assert tk.launch_config(CPU, 40, 2, 1024, 64, 2, True, False) == (tk.TileConfig(64, 2, 1, 0), 4, 6)
+    assert tk.launch_config(CPU, 40, 2, 1024, 64, 2, True, False) == (tk.TileConfig(64, 2, 1, False), 4, 6)
     _launch(args, splits=5, tile=tk.TileConfig(32, 4, 2, True))
     assert _chosen(spy) == ((32, 4, 2, True), 5, 16)
     for dtype, fp8 in ((torch.float32, False), (torch.bfloat16, True)):  # (a key tail: as fp32)

@@ -551,8 +551,8 @@ def _check_triton_decode(entry: Mapping[str, Any], tags: Tags = ()) -> list[str]
 
 def _default_triton_decode(m: int, shape: tuple[int, ...], tags: Tags = ()) -> dict[str, int]:
     """``triton_kernels.tile_config``'s plain tile for the padded value head dim; no ``WAVES``:
-    the launch's wave rule then (``wave_target``: it needs the device's SM count, which a
-    torch-free default cannot know), as without a table."""
+    the launch's split rule then (``wave_target``'s programs an SM, over the device's SM count,
+    which a torch-free default cannot know), as without a table."""
     from .ops.attention._decode_tile_config import tile_config  # plain Python
 
     block_n, warps, stages, prefetch = tile_config(shape[0])
@@ -565,7 +565,7 @@ def _decode_kernel_problem(
     """((the value head dim padded to a power of two >= 16, the GQA group), the programs of one
     split: sequences x KV head chunks). M is the split rule's own input (the programs an SM
     holds, split by M), and the best split count followed it: on an H100 the count that fills one
-    round of resident programs was within 2.1% of the best in 9 cases from 512 to 32k positions
+    round of resident programs was within 2.2% of the best in 9 cases from 512 to 32k positions
     (docs/benchmarks/attention_decode_splits_h100_s34.json); the context, which M leaves out,
     moved it less."""
     from .ops.attention._decode_tile_config import programs  # plain Python

@@ -81,15 +81,17 @@ def programs(batch: int, kv_heads: int, group: int, block_dv: int) -> int:
 
 def wave_target(measured: bool = True) -> int:
     """The split rule's programs per SM: one round of the programs an SM holds at once.
-    ``measured`` (16-bit caches, value head dims <= 128, the plain 32-row 4-warp tile): four
-    (125 registers a thread under Triton 3.6 for sm_90: four 128-thread programs fill the register
-    file). On an H100 (``benchmarks/tune/decode_splits.py``,
+    ``measured`` (16-bit caches and queries, value head dims <= 128, no key tail: the plain 32-row
+    4-warp tile): four (125 registers a thread under Triton 3.6 for sm_90, the compiler the H100
+    and H200 runs used: four 128-thread programs fill the register file; another Triton version
+    may allocate otherwise). On an H100 (``benchmarks/tune/decode_splits.py``,
     docs/benchmarks/attention_decode_h200.md) a split count whose programs pass a whole round by a
     little took up to 1.33x the time of one that fills the round (Qwen3-30B-A3B B 16 x 32k: 9
     splits of 64 programs, 576 over the 528 an H100 holds, 491 us; 8 splits 370 us), and
-    the count that fills one round was within 2.1% of the best count or tile in all 9 cases. A tuned
+    the count that fills one round was within 2.2% of the best count or tile in all 9 cases. A tuned
     table's ``WAVES`` replaces it (a tile of other registers fills another number). Otherwise two
-    (fp8 caches, MLA's 8-warp tiles: fewer programs an SM; untimed as a round)."""
+    (fp8 caches, fp32 queries, key tails, MLA: 8-warp or wider tiles, fewer programs an SM;
+    untimed as a round)."""
     return 4 if measured else 2
 
 

@@ -86,8 +86,9 @@ def _sm_count(device: torch.device) -> int:
 @functools.cache
 def _pdl(device: torch.device) -> bool:
     """Programmatic dependent launch of the merge behind the split kernel: CUDA sm_90+ only (never
-    in the interpreter, whose launches run in order anyway)."""
-    if _INTERPRETED or device.type != "cuda":
+    in the interpreter, whose launches run in order anyway; never on ROCm, whose torch device is
+    also ``cuda`` and whose compiler has no ``griddepcontrol``)."""
+    if _INTERPRETED or device.type != "cuda" or torch.version.hip:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
@@ -366,7 +367,7 @@ def _launch_plan(
         return hit
     sms = _sm_count(device)
     measured = block_dv <= 128 and not fp8
-    waves = wave_target(measured)
+    waves = wave_target(measured and plain)  # the round of the plain tile (fp32 / tail: 8 warps)
     cfg = None
     if _tabled(block_dv, plain, fp8):
         cfg = tuned.lookup(OP, "triton", tuned.device_name(device), (block_dv, group), batch * heads)

@@ -343,8 +343,9 @@ def quant_groups(x: torch.Tensor, vllm: bool) -> tuple[torch.Tensor, torch.Tenso
 
 def _pdl(device: torch.device) -> bool:
     """Programmatic dependent launch between the two kernels: CUDA sm_90+ only (never in the
-    interpreter, whose launches run in order anyway)."""
-    if _INTERPRETED or device.type != "cuda":
+    interpreter, whose launches run in order anyway; never on ROCm, whose torch device is also
+    ``cuda`` and whose compiler has no ``griddepcontrol``)."""
+    if _INTERPRETED or device.type != "cuda" or torch.version.hip:
         return False
     return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
