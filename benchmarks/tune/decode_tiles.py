@@ -9,9 +9,10 @@ data behind ``triton_kernels.tile_config`` and ``num_splits``, and the tuned tab
 Every candidate is a table entry: a tile and a wave target ``WAVES`` of 2, 3, 4 or 8 programs per
 SM (one round of a tile that fits 2, 3 or 4 programs on an SM, two rounds of one that fits 4; the
 split count follows from the waves as the launch derives it, rounded down to whole rounds, so a
-table entry measured at one batch carries to its neighbours). Each is checked against the default launch's output on the same case (atol 2e-2:
-the same arithmetic in another order) before it is timed; a wave target whose split count equals
-one already timed for the tile (bounded by the length or MAX_SPLITS) reuses that time. Timing is
+table entry measured at one batch carries to its neighbours). Each is checked against the default
+launch's output on the same case (atol 2e-2: the same arithmetic in another order) before it is
+timed; a wave target whose split count equals one already timed for the tile (bounded by the
+length or MAX_SPLITS) reuses that time. Timing is
 bench_gpu.time_impl (R calls in one CUDA graph, median of the replays). Writes DIR/decode_tiles.json
 (rewritten after every case) and DIR/decode_tiles.md: per case the default's time, the best
 candidate and its ratio, and each candidate's time relative to the default's over the cases.

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from opmux.kernels import ops
+from opmux.kernels.ops import _triton_pdl
 from opmux.kernels.ops.attention import _decode
 from opmux.kernels.ops.attention import op as decls
 
@@ -170,7 +171,7 @@ def test_pdl_only_on_cuda_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     """The merge goes behind PDL on CUDA sm_90+ alone: never on the CPU (the interpreter), never on
     ROCm (its torch device is ``cuda`` too, its compiler has no griddepcontrol), never below sm_90."""
     assert not triton_kernels._pdl(torch.device("cpu"))
-    monkeypatch.setattr(triton_kernels, "_INTERPRETED", False)
+    monkeypatch.setattr(_triton_pdl, "_INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     for hip, cap, want in ((None, (9, 0), True), ("6.2", (9, 0), False), (None, (8, 0), False)):
         monkeypatch.setattr(torch.version, "hip", hip)

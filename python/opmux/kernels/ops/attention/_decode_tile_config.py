@@ -106,9 +106,9 @@ def num_splits(
     """How many splits per (sequence, KV head): as many programs as ``waves`` per SM hold (None:
     :func:`wave_target`'s), rounded down (programs past a round wait for a whole program's time
     while the rest of the GPU idles), at least one, none shorter than ``MIN_SPLIT_TOKENS``
-    positions of the table, at most ``MAX_SPLITS``. From the shapes only (no sync: CUDA-graph safe). ``measured``: 16-bit
-    caches, value head dims <= 128, what the H200 sweep timed (``benchmarks/tune/decode_tiles.py``,
-    docs/benchmarks/attention_decode_h200.md); the other forms (fp8 caches, MLA's wide partial
+    positions of the table, at most ``MAX_SPLITS``. From the shapes only (no sync: CUDA-graph
+    safe). ``measured``: 16-bit caches, value head dims <= 128, what the H200 sweep timed
+    (``benchmarks/tune/decode_tiles.py``, docs/benchmarks/attention_decode_h200.md); the other forms (fp8 caches, MLA's wide partial
     outputs) take the ``WIDE_*`` bounds."""
     count = max(1, batch * kv_heads)
     least, most = (MIN_SPLIT_TOKENS, MAX_SPLITS) if measured else (WIDE_MIN_SPLIT_TOKENS, WIDE_MAX_SPLITS)

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from opmux.kernels import tuned
+from opmux.kernels.ops._triton_pdl import triton_pdl as _pdl
 from opmux.kernels.ops._triton_tuned import launch_tuned
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 
@@ -81,16 +82,6 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the CPU interpreter: an H200's count, so tests take the GPU's split counts
-
-
-@functools.cache
-def _pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch of the merge behind the split kernel: CUDA sm_90+ only (never
-    in the interpreter, whose launches run in order anyway; never on ROCm, whose torch device is
-    also ``cuda`` and whose compiler has no ``griddepcontrol``)."""
-    if _INTERPRETED or device.type != "cuda" or torch.version.hip:
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @triton.jit
@@ -414,8 +405,9 @@ def launch(
 ) -> None:
     """Both kernels on the checked arguments. The tile and the split count's wave target are
     :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning), ``pdl=False``
-    launches the merge plainly where PDL would be on (benchmarks: the same launch without it). A table's
-    entry the compiler refuses here runs the default instead, with a warning (``launch_tuned``)."""
+    launches the merge plainly where PDL would be on (benchmarks: the same launch without it). A
+    table's entry the compiler refuses here runs the default instead, with a warning
+    (``launch_tuned``)."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     dv = value_cache.shape[3]  # <= d (MLA: 512 of 576)
@@ -432,8 +424,8 @@ def launch(
     plain = query.dtype != torch.float32 and d == dv
     # the merge launched programmatically (PDL) behind the split kernel where the GPU has it: its
     # launch and prologue overlap the split kernel's tail (the split kernel itself waits as any)
-    pdl = _pdl(query.device) and pdl is not False
-    extra = {"launch_pdl": True} if pdl else {}
+    use_pdl = _pdl(query.device) and pdl is not False
+    extra = {"launch_pdl": True} if use_pdl else {}
 
     def run(_: object = None) -> None:
         auto_tile, _, auto_splits, _ = _launch_plan(
@@ -492,7 +484,7 @@ def launch(
             HAS_TAIL=d > dv,
             V_FROM_K=value_is_key_prefix(key_cache, value_cache),
             PREFETCH=prefetch,
-            USE_PDL=pdl,
+            USE_PDL=use_pdl,
             num_warps=warps,
             num_stages=stages,
         )
@@ -519,7 +511,7 @@ def launch(
             BLOCK_N=block_n,
             BLOCK_S=triton.next_power_of_2(n_splits),
             BLOCK_D=triton.next_power_of_2(dv),
-            USE_PDL=pdl,
+            USE_PDL=use_pdl,
             num_warps=4,
             **extra,
         )

@@ -40,8 +40,6 @@ of the copy bandwidth, the grouped path ahead of this one).
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +48,7 @@ import triton
 import triton.language as tl
 
 from opmux.kernels import ops
+from opmux.kernels.ops._triton_pdl import triton_pdl as _pdl
 from opmux.kernels.ops.activation.triton_kernels import _ACTS, _act, _clamp_hi, _sig_div
 from opmux.kernels.ops.gemm.triton_kernels import _cast
 from opmux.kernels.ops.quantization.triton_kernels import _amax, _keep_nan, _quantize_by
@@ -60,7 +59,6 @@ __all__ = ["ACT_CODES", "launch_decode", "quant_groups"]
 ACT_CODES = {name: _ACTS[name] for name in ("silu", "gelu", "swigluoai")}
 #: swigluoai's alpha and limit (gpt-oss's, as ``activation.swigluoai_and_mul`` defaults them)
 _OAI_ALPHA, _OAI_LIMIT = 1.702, 7.0
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -339,20 +337,6 @@ def quant_groups(x: torch.Tensor, vllm: bool) -> tuple[torch.Tensor, torch.Tenso
         xp, 128, divide_by_scale=vllm
     )
     return q
-
-
-def _pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch between the two kernels: CUDA sm_90+ only (never in the
-    interpreter, whose launches run in order anyway; never on ROCm, whose torch device is also
-    ``cuda`` and whose compiler has no ``griddepcontrol``)."""
-    if _INTERPRETED or device.type != "cuda" or torch.version.hip:
-        return False
-    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _sm90_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def launch_decode(
