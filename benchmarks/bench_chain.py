@@ -28,10 +28,13 @@ reference chain (static shapes); ``PIECES`` and the rendered table say which.
 
 Each chain is checked once against a float32 reference (the tolerances of bench_cases.py) before
 it is timed; a wrong one is recorded ``wrong`` and not timed, one that raises ``failed`` with its
-error (the run goes on). Timing (bench_gpu.time_impl): warm-up, R chains captured in one CUDA
-graph cycling over up to ``--max-sets`` input sets, R chosen so a replay lasts >= ``--target-us``;
-median of ``--replays`` replays, us per chain. Each opmux op is also timed alone the same way,
-so the table shows the sum of the ops next to the chain (what PDL overlaps).
+error (the run goes on). Timing (bench_gpu.time_impls): warm-up, R chains captured in one CUDA
+graph per chain cycling over up to ``--max-sets`` input sets, R chosen so a replay lasts >=
+``--target-us``; the checked chains of a case timed together, ``--replays`` rounds that replay
+each graph once in a rotated order (the GPU's clocks drift within seconds: one after another, the
+first column got the cooler GPU); the median per chain, us per chain. Each opmux op is also timed
+alone the same way (its PDL on / off columns together), so the table shows the sum of the ops
+next to the chain (what PDL overlaps).
 
 opmux must have the ``enable_pdl`` keyword on every op used: without it the opmux chains are
 recorded ``failed`` with that message and the script exits 3 after writing its results.
@@ -961,6 +964,7 @@ def run_case(
         crec["error"] = f"inputs/reference: {_err(exc, 400)}"
         log(f"  T={T}: ERROR {crec['error']}")
         return crec
+    ready: dict[str, Callable[[Bufs], State]] = {}
     for imp in impls:
         ir: dict[str, Any] = {"kind": imp.kind}
         crec["impls"][imp.name] = ir
@@ -982,7 +986,7 @@ def run_case(
                 if why:
                     ir.update(status="failed", error=why)
                     continue
-            if imp.prepare is not None:
+            if imp.prepare is not None:  # its own per-set arguments, beside the shared tensors
                 for b in sets:
                     imp.prepare(b)
             chain = imp.chain(layer)
@@ -997,35 +1001,45 @@ def run_case(
             if imp.kind == "opmux" and imp.name == "opmux (PDL)" and "backends" not in crec:
                 crec["backends"] = opmux_backends(layer, pristine)
             del probe, st
-            if not ok:
-                ir["status"] = "wrong"
-            elif not timing:
-                ir["status"] = "ok"
-            else:
-                ir.update(bg.time_impl(torch, chain, sets, R, args.replays))
-                ir["status"] = "ok"
-                ir["GBps"] = nbytes / (ir["us"] * 1e-6) / 1e9
+            ir["status"] = "ok" if ok else "wrong"
+            if ok and timing:
+                ready[imp.name] = chain
         except Exception as exc:
             ir.update(status="failed", error=_err(exc))
-            if dev == "cuda":
-                try:
-                    torch.cuda.synchronize()
-                except Exception as exc2:  # a sticky CUDA error: nothing later can run
-                    ir["error"] += f" | then: {_err(exc2, 200)}"
-                    raise
+            _sync_after_failure(dev, ir)
         ir["s"] = round(time.perf_counter() - t_impl, 1)
+    if ready and time.perf_counter() > deadline:
+        for name in ready:
+            crec["impls"][name].update(status="skipped", why="time budget spent (checked, not timed)")
+        ready = {}
+    if ready:
+        t_time = time.perf_counter()
+        try:
+            timed = bg.time_impls(torch, ready, sets, R, args.replays)
+        except Exception as exc:
+            timed = {name: {"error": _err(exc)} for name in ready}
+            _sync_after_failure(dev, crec["impls"][next(iter(ready))])
+        for name, t in timed.items():
+            ir = crec["impls"][name]
+            if "error" in t:
+                ir.update(status="failed", error=t["error"])
+                continue
+            ir.update(t)
+            ir["GBps"] = nbytes / (ir["us"] * 1e-6) / 1e9
+        crec["timing_s"] = round(time.perf_counter() - t_time, 1)
+    for imp in impls:
+        ir = crec["impls"][imp.name]
         if "us" in ir:
             what = f"{ir['us']:.2f} us/chain ({ir.get('method')}, R={ir.get('R')})"
         elif ir["status"] == "ok":
             what = f"checked (worst rel. L2 {ir.get('rel_err') or 0:.1e})"
         else:
             what = str(ir.get("error") or ir.get("check") or ir.get("why", ""))[:300]
-        log(f"    {layer.name} T={T} {imp.name}: {ir['status']} {what}  [{ir['s']}s]")
+        log(f"    {layer.name} T={T} {imp.name}: {ir['status']} {what}  [{ir.get('s', 0)}s]")
     if timing and not args.no_op_times:
-        for imp in impls:
-            if imp.kind != "opmux" or crec["impls"][imp.name].get("status") != "ok":
-                continue
-            crec["ops"][imp.name] = time_ops(layer, T, imp, sets, args, l2, deadline)
+        mine = [i for i in impls if i.kind == "opmux" and crec["impls"][i.name].get("status") == "ok"]
+        if mine:
+            crec["ops"].update(time_ops(layer, T, mine, sets, args, l2, deadline))
     summarize(crec)
     del sets
     if dev == "cuda":
@@ -1035,27 +1049,53 @@ def run_case(
 
 
 def time_ops(
-    layer: Layer, T: int, imp: Impl, sets: list[Bufs], args: argparse.Namespace, l2: int, deadline: float
-) -> dict[str, Any]:
-    """Each op of an opmux chain alone, the same graph setup (its own R)."""
-    out: dict[str, Any] = {}
-    for name, f in imp.steps:
+    layer: Layer,
+    T: int,
+    imps: list[Impl],
+    sets: list[Bufs],
+    args: argparse.Namespace,
+    l2: int,
+    deadline: float,
+) -> dict[str, dict[str, Any]]:
+    """Each op of the opmux chains alone, the same graph setup (its own R); an op's columns (PDL on
+    and off) timed together, their replays interleaved (``bench_gpu.time_impls``)."""
+    out: dict[str, dict[str, Any]] = {i.name: {} for i in imps}
+    for k, (name, _) in enumerate(imps[0].steps):
         if time.perf_counter() > deadline:
-            out[name] = {"status": "skipped", "why": "time budget spent"}
+            for i in imps:
+                out[i.name][name] = {"status": "skipped", "why": "time budget spent"}
             continue
 
-        def one(b: Bufs, f: StepFn = f) -> State:
-            st = init_state(layer, b)
-            f(b, st)
-            return st
+        def one_of(f: StepFn) -> Callable[[Bufs], State]:
+            def one(b: Bufs) -> State:
+                st = init_state(layer, b)
+                f(b, st)
+                return st
 
+            return one
+
+        fns = {i.name: one_of(i.steps[k][1]) for i in imps}
         try:
             _, R = plan(step_bytes(layer, T, name), 1, l2, args.max_sets, args.target_us)
-            out[name] = {**bg.time_impl(torch, one, sets, R, args.replays), "status": "ok"}
+            timed = bg.time_impls(torch, fns, sets, R, args.replays)
         except Exception as exc:
-            out[name] = {"status": "failed", "error": _err(exc, 300)}
+            timed = {n: {"error": _err(exc, 300)} for n in fns}
             torch.cuda.synchronize()
+        for n, t in timed.items():
+            out[n][name] = {"status": "failed", **t} if "error" in t else {**t, "status": "ok"}
     return out
+
+
+def _sync_after_failure(dev: str, ir: dict[str, Any]) -> None:
+    """After a column raised: a sticky CUDA error ends the run (nothing later can run), with the
+    error kept in the column's record."""
+    if dev != "cuda":
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc2:
+        ir["error"] = f"{ir.get('error', '')} | then: {_err(exc2, 200)}"
+        raise
 
 
 def opmux_backends(layer: Layer, b: Bufs) -> dict[str, str]:
@@ -1109,7 +1149,9 @@ def case_line(crec: dict[str, Any]) -> str:
         st = r.get("status")
         if st == "ok":
             parts.append(
-                f"{n} {r['us']:.2f}" + ("*" if r.get("method") != "graph" else "") if "us" in r else f"{n} ok"
+                f"{n} {r['us']:.2f}" + ("*" if r.get("method") == "events" else "")
+                if "us" in r
+                else f"{n} ok"
             )
         elif st in ("wrong", "failed"):
             parts.append(f"{n} {st.upper()}")
@@ -1134,7 +1176,7 @@ def _cell(r: dict[str, Any] | None) -> str:
         return "-"
     st = r.get("status")
     if st == "ok" and "us" in r:
-        return f"{r['us']:.2f}" + ("*" if r.get("method") != "graph" else "")
+        return f"{r['us']:.2f}" + ("*" if r.get("method") == "events" else "")
     return {"ok": "ok", "wrong": "wrong", "failed": "fail", "unavailable": "n/a", "skipped": "skip"}.get(
         str(st), str(st)
     )
@@ -1157,7 +1199,8 @@ def render(result: dict[str, Any]) -> str:
         "align reads topk's ids). Each chain was checked against a float32 reference first (`wrong`: "
         "failed it, not timed). Timing: R chains per graph cycling over up to "
         f"{args.get('max_sets', '?')} input sets, replay >= {args.get('target_us', '?')} us; median of "
-        f"{args.get('replays', '?')} replays; **us per chain**. *PDL / best peer* = opmux (PDL) over the "
+        f"{args.get('replays', '?')} replays, a case's chains interleaved (each round replays every "
+        "chain's graph once, in a rotated order); **us per chain**. *PDL / best peer* = opmux (PDL) over the "
         "fastest peer chain (below 1: opmux faster); *PDL on/off* = opmux (PDL) over opmux (no PDL); "
         "*sum of ops* = each opmux op timed alone in the same setup, summed (PDL off / on). "
         "FlashInfer runs at its defaults (PDL on sm_90+ wherever its API has the switch). "

@@ -122,3 +122,72 @@ def test_static_align_matches_loop_reference(bench_chain: ModuleType) -> None:
         assert torch.equal(expert_ids[: n // block].long(), e_ref)
         assert bool((sorted_ids[n:] == T * k).all()) and bool((expert_ids[n // block :] == -1).all())
         assert sorted_ids.numel() == T * k + E * (block - 1)
+
+
+def test_checked_chains_timed_together(bench_chain: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case's checked chains go to one ``time_impls`` call (their replays interleaved), and each
+    op alone times its PDL on / off columns together; a chain that fails the check is not timed,
+    and a column the timer could not time is recorded failed with its error."""
+    calls: list[tuple[list[str], int]] = []
+
+    def fake_time_impls(
+        torch: Any, fns: dict[str, Any], sets: list[Any], R: int, replays: int
+    ) -> dict[str, Any]:
+        calls.append((list(fns), len(sets)))
+        for fn in fns.values():  # each column runs on the case's sets, as a capture would
+            for b in sets:
+                fn(b)
+        out: dict[str, Any] = {}
+        for k, name in enumerate(fns):
+            if name == "opmux (no PDL)" and len(calls) == 3:  # the second op's no-PDL column
+                out[name] = {"error": "replays: stand-in fault"}
+            else:
+                out[name] = {
+                    "us": 10.0 + k,
+                    "us_min": 9.0,
+                    "us_max": 12.0,
+                    "method": "graph, interleaved",
+                    "R": R,
+                }
+        return out
+
+    monkeypatch.setattr(bench_chain.bg, "time_impls", fake_time_impls)
+    real_check, seen = bench_chain.check, []
+
+    def check(layer: Any, b: Any, st: Any, ref: Any) -> tuple[bool, float, str]:
+        seen.append(1)
+        if len(seen) == 3:  # the third chain (torch eager) fails its check: recorded, never timed
+            return False, 1.0, "stand-in: wrong"
+        return real_check(layer, b, st, ref)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(bench_chain, "check", check)
+    args = bench_chain.parse_args(["--device", "cpu", "--dry-run", "--tokens", "2"])
+    layer = bench_chain.TINY["llama3-8b"]
+    impls = [i for i in bench_chain.build_impls(layer, args) if not i.unavailable]
+    assert [i.name for i in impls] == ["opmux (PDL)", "opmux (no PDL)", "torch eager"]
+    args.dry_run = False  # time on the CPU through the stand-in timer
+    consts = bench_chain.make_consts(layer, 0, "cpu")
+    fib = bench_chain.bg.FlashInferBuild(None, None, 0.0)
+    crec = bench_chain.run_case(layer, 2, impls, consts, args, 1 << 20, float("inf"), fib)
+    chain_call = calls[0]
+    assert chain_call[0] == ["opmux (PDL)", "opmux (no PDL)"]  # the checked chains in one call, in order
+    assert timed_status(crec, "torch eager") == ("wrong", False)
+    timed = crec["impls"]
+    assert timed["opmux (PDL)"]["status"] == "ok" and timed["opmux (PDL)"]["us"] == 10.0
+    assert timed["opmux (PDL)"]["GBps"] > 0 and timed["opmux (PDL)"]["method"] == "graph, interleaved"
+    assert timed["opmux (no PDL)"]["status"] == "ok" and timed["opmux (no PDL)"]["us"] == 11.0
+    op_calls = calls[1:]
+    assert len(op_calls) == len(layer.steps())
+    assert all(names == ["opmux (PDL)", "opmux (no PDL)"] for names, _ in op_calls)
+    assert set(crec["ops"]) == {"opmux (PDL)", "opmux (no PDL)"}
+    assert all(r["status"] == "ok" for r in crec["ops"]["opmux (PDL)"].values())
+    second = layer.steps()[1]
+    no_pdl = crec["ops"]["opmux (no PDL)"]
+    assert no_pdl[second]["status"] == "failed" and "stand-in fault" in no_pdl[second]["error"]
+    assert all(r["status"] == "ok" for op, r in no_pdl.items() if op != second)
+    assert "*" not in bench_chain.case_line(crec).split("|")[0]  # graph timing: no event mark
+
+
+def timed_status(crec: dict[str, Any], name: str) -> tuple[str, bool]:
+    r = crec["impls"][name]
+    return r["status"], "us" in r
