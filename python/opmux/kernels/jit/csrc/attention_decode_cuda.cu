@@ -57,6 +57,11 @@ inline int64_t heads_per_cta(int64_t g) { return g <= 1 ? 1 : g <= 2 ? 2 : g <= 
 // Splits per (sequence, KV head chunk): enough CTAs for two waves of the SMs, each split at least
 // kMinSplitTokens positions of the bound, at most kRuleMaxSplits. From host values only: `bound`
 // is the longest attended range the shapes allow (the table's capacity, or window_left + 1).
+// Rounded up, yet never into a second round of resident CTAs (the tail the Triton launch's rule
+// rounds down to avoid): a 128-thread split CTA takes 63-80 registers (128 with an fp8 cache at
+// 8 heads a CTA) and 18-34 KB of shared memory (sm_90a, nvcc 13, cuobjdump), so an SM holds 4-6,
+// and P programs x ceil(2 SMs / P) CTAs < 2 SMs + P stay under 4 CTAs an SM whenever a second
+// split is asked for (P < 2 SMs); past that it is one split, P CTAs.
 inline int64_t num_splits(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t bound, int64_t sm_count) {
   const int64_t g = kv_heads > 0 ? q_heads / kv_heads : 1;
   const int64_t hc = heads_per_cta(g);
