@@ -11,8 +11,11 @@ Every candidate is checked against the default launch's output (atol 2e-2) befor
 all candidates of a case are timed together (``bench_gpu.time_impls``: interleaved replays).
 Writes DIR/decode_splits.json after every case (``--resume`` skips the cases it holds) and
 DIR/decode_splits.md: per case the default's split count and time, the best candidate, and the
-fraction of the copy bandwidth each reaches, and the default launch without PDL between its two
-kernels (the merge launched plainly) beside it.
+fraction of the copy bandwidth each reaches, and beside it the default launch with the merge
+behind each other PDL trigger (``off``: launched plainly; ``start`` / ``end``: the split kernel
+lets it launch at its programs' first instruction / after their stores; checked bit-identical),
+the data of ``triton_kernels.pdl_trigger``. The ladder's candidates take the default's trigger
+rule at their own split count.
 """
 
 from __future__ import annotations
@@ -87,20 +90,29 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
         tk.launch(o, *kernel_args[1:], splits=splits, tile=tile)
         return o
 
-    def plain(_: Any) -> Any:  # the default launch with the merge launched plainly (no PDL)
-        o = torch.empty_like(out)
-        tk.launch(o, *kernel_args[1:], pdl=False)
-        return o
+    def triggered(mode: str) -> Any:  # the default launch with the merge behind another trigger
+        def f(_: Any) -> Any:
+            o = torch.empty_like(out)
+            tk.launch(o, *kernel_args[1:], pdl=mode)
+            return o
+
+        return f
 
     fns: dict[str, Any] = {"default": lambda _: fn(None, None)}
     rec: dict[str, Any] = {"model": model, "B": bsz, "N": n, "M": bsz * heads, "sms": sms, "R": R}
-    rec.update(default={"tile": list(tile0), "waves": waves0, "splits": splits0}, cands={})
-    o = plain(None)
-    torch.cuda.synchronize()
-    if (o.float() - want).abs().max().item() == 0.0:  # the same launch: the same bits
-        fns["default, no PDL"] = plain
-    else:
-        rec["no_pdl"] = {"status": "wrong", "err": (o.float() - want).abs().max().item()}
+    mode0 = tk.pdl_trigger(splits0) if pdl_ok(c["query"].device) else "off"
+    rec.update(
+        default={"tile": list(tile0), "waves": waves0, "splits": splits0, "pdl": mode0}, cands={}, pdl={}
+    )
+    for mode in ("off", "start", "end") if pdl_ok(c["query"].device) else ():
+        if mode == mode0:
+            continue
+        o = triggered(mode)(None)
+        torch.cuda.synchronize()
+        if (o.float() - want).abs().max().item() == 0.0:  # the same launch: the same bits
+            fns[f"default, PDL {mode}"] = triggered(mode)
+        else:
+            rec["pdl"][mode] = {"status": "wrong", "err": (o.float() - want).abs().max().item()}
     most = max(1, min(dtc.MAX_SPLITS, -(-capacity // dtc.MIN_SPLIT_TOKENS), MAX_WAVES * sms // (bsz * heads)))
     # the counts the ladder lacks: this default's, and an earlier record's default for the case
     extra = {splits0, *args.previous.get((model, bsz, n), ())}
@@ -126,8 +138,8 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
         slot = (
             rec["default"]
             if name == "default"
-            else rec.setdefault("no_pdl", {})
-            if name == "default, no PDL"
+            else rec["pdl"].setdefault(name.rsplit(" ", 1)[1], {})
+            if name.startswith("default, PDL ")
             else rec["cands"][name]
         )
         slot.update(t)
@@ -150,21 +162,41 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
     return rec
 
 
+def pdl_ok(device: Any) -> bool:
+    from opmux.kernels.ops._triton_pdl import triton_pdl
+
+    return triton_pdl(device)
+
+
+def _pdl_of(r: dict[str, Any]) -> dict[str, Any]:
+    """A case's other-trigger columns; a record of session 34 (the merge always from the start)
+    kept its one plain column as ``no_pdl``."""
+    return r.get("pdl") or ({"off": r["no_pdl"]} if "no_pdl" in r else {})
+
+
 def render(record: dict[str, Any]) -> str:
     lines = [
         f"Split counts of attention.paged_decode (Triton) on {record['env'].get('device', '?')}; copy "
         f"bandwidth {record['copy']['GBps']:.0f} GB/s in the same run. us per call in CUDA graphs "
         "(fraction of the copy bandwidth).",
         "",
-        "| model | B | N | M | default | default us | no PDL us | best | best us | best/default |",
+        "The default's split count with the merge behind each PDL trigger (off: a plain launch; start /"
+        " end: the split kernel lets it launch at its programs' start / after their stores), the"
+        " default's own trigger first.",
+        "",
+        "| model | B | N | M | default | default us | PDL off / start / end us | best | best us | best/default |",
         "|---|---:|---:|---:|---|---:|---:|---|---:|---:|",
     ]
     for r in record["cases"]:
         dfl = r["default"]
+        pdl = {**_pdl_of(r), dfl.get("pdl", "start"): dfl}
+        trig = " / ".join(
+            f"{pdl[m]['us']:.1f}" if "us" in pdl.get(m, {}) else "-" for m in ("off", "start", "end")
+        )
         lines.append(
-            f"| {r['model']} | {r['B']} | {r['N']} | {r['M']} | S{dfl['splits']} | "
+            f"| {r['model']} | {r['B']} | {r['N']} | {r['M']} | S{dfl['splits']} {dfl.get('pdl', 'start')} | "
             f"{dfl.get('us', float('nan')):.1f} ({dfl.get('copy_frac', 0):.2f}) | "
-            f"{r.get('no_pdl', {}).get('us', float('nan')):.1f} | {r.get('best', '-')} | "
+            f"{trig} | {r.get('best', '-')} | "
             f"{r.get('best_us', float('nan')):.1f} ({r['cands'].get(r.get('best', ''), {}).get('copy_frac', 0):.2f}) | "
             f"{r.get('best_over_default', float('nan')):.3f} |"
         )

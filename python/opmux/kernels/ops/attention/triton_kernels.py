@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import triton
@@ -150,9 +150,9 @@ def _decode_split(
     HAS_TAIL: tl.constexpr,
     V_FROM_K: tl.constexpr,
     PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):
-    if USE_PDL:  # the merge may launch now (its programs wait for this grid before reading)
+    if PDL_TRIGGER == 1:  # the merge may launch now (its programs wait for this grid before reading)
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     hk = tl.program_id(1) // CHUNKS  # the KV head; its group in chunks of BLOCK_G heads
@@ -257,6 +257,8 @@ def _decode_split(
     tl.store(PM + row, m_i, mask=gmask)
     tl.store(PL + row, l_i, mask=gmask)
     tl.store(PO + row[:, None] * DV + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
+    if PDL_TRIGGER == 2:  # the merge may launch once every program has stored (or exited)
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -318,6 +320,26 @@ def _decode_merge(
     if HAS_LSE:
         lse = tl.where(has, tl.log(safe) + mx, float("-inf"))
         tl.store(LSE + b * sl_b + h * sl_h, lse)
+
+
+#: where the split kernel lets the merge launch behind it (PDL): ``off`` (a plain launch after
+#: it), ``start`` (each program's first instruction: the merge's launch overlaps the whole split),
+#: ``end`` (after each program's stores)
+PdlTrigger = Literal["off", "start", "end"]
+_TRIGGERS: dict[str, int] = {"off": 0, "start": 1, "end": 2}
+#: the most splits the merge still goes behind PDL (from the start) by default
+PDL_MAX_SPLITS = 2
+
+
+def pdl_trigger(splits: int) -> PdlTrigger:
+    """The merge's launch on a GPU with PDL, by the split count. On an H100 (Triton 3.6, the
+    default tile; ``benchmarks/tune/decode_splits.py``, 27 cases, docs/benchmarks/
+    attention_decode_h200.md) PDL from the split's start was 0.2-2.3% faster at one or two splits
+    (the many-round grids of large batches: B 64 / 256) and up to 1.33x slower from four splits
+    on (one round of programs: Qwen3-30B-A3B B 16 x 512 14.9 us against 11.3 plain, Llama-3-8B
+    B 4 x 2048 18.0 against 14.6); at 16-128 splits of one or four sequences within 1% either
+    way, worse at moderate lengths (Llama-3-8B B 1 x 4096: 11.6 against 10.8)."""
+    return "start" if splits <= PDL_MAX_SPLITS else "off"
 
 
 def launch_config(
@@ -401,12 +423,12 @@ def launch(
     window_left: int,
     splits: int | None = None,
     tile: TileConfig | None = None,
-    pdl: bool | None = None,
+    pdl: PdlTrigger | None = None,
 ) -> None:
     """Both kernels on the checked arguments. The tile and the split count's wave target are
-    :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning), ``pdl=False``
-    launches the merge plainly where PDL would be on (benchmarks: the same launch without it). A
-    table's entry the compiler refuses here runs the default instead, with a warning
+    :func:`launch_config`'s; ``splits`` and ``tile`` override them (tests, tuning), ``pdl`` the
+    merge's launch where the GPU has PDL (:func:`pdl_trigger`'s otherwise; benchmarks race the
+    three). A table's entry the compiler refuses here runs the default instead, with a warning
     (``launch_tuned``)."""
     bsz, hq, d = query.shape
     nb, ps, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
@@ -422,16 +444,17 @@ def launch(
     block_g = group_tile(g, block_dv)
     chunks = triton.cdiv(g, block_g)
     plain = query.dtype != torch.float32 and d == dv
-    # the merge launched programmatically (PDL) behind the split kernel where the GPU has it: its
-    # launch and prologue overlap the split kernel's tail (the split kernel itself waits as any)
-    use_pdl = _pdl(query.device) and pdl is not False
-    extra = {"launch_pdl": True} if use_pdl else {}
+    has_pdl = _pdl(query.device)
 
     def run(_: object = None) -> None:
         auto_tile, _, auto_splits, _ = _launch_plan(
             query.device, bsz, hkv * chunks, capacity, block_dv, g, plain, fp8
         )
         n_splits = auto_splits if splits is None else splits
+        # the merge behind the split kernel (PDL) where the GPU has it and the rule or caller says
+        trigger = (pdl or pdl_trigger(n_splits)) if has_pdl else "off"
+        use_pdl = trigger != "off"
+        extra = {"launch_pdl": True} if use_pdl else {}
         block_n, warps, stages, prefetch = tile or auto_tile
         dot_f32 = query.dtype == torch.float32 or (_INTERPRETED and query.dtype == torch.bfloat16)
         ws = torch.empty((bsz, hq, n_splits, dv), dtype=torch.float32, device=query.device)
@@ -484,7 +507,7 @@ def launch(
             HAS_TAIL=d > dv,
             V_FROM_K=value_is_key_prefix(key_cache, value_cache),
             PREFETCH=prefetch,
-            USE_PDL=use_pdl,
+            PDL_TRIGGER=_TRIGGERS[trigger],
             num_warps=warps,
             num_stages=stages,
         )
