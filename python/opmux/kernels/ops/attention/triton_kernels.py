@@ -334,11 +334,11 @@ PDL_MAX_SPLITS = 2
 def pdl_trigger(splits: int) -> PdlTrigger:
     """The merge's launch on a GPU with PDL, by the split count. On an H100 (Triton 3.6, the
     default tile; ``benchmarks/tune/decode_splits.py``, 27 cases, docs/benchmarks/
-    attention_decode_h200.md) PDL from the split's start was 0.2-2.3% faster at one or two splits
-    (the many-round grids of large batches: B 64 / 256) and up to 1.33x slower from four splits
-    on (one round of programs: Qwen3-30B-A3B B 16 x 512 14.9 us against 11.3 plain, Llama-3-8B
-    B 4 x 2048 18.0 against 14.6); at 16-128 splits of one or four sequences within 1% either
-    way, worse at moderate lengths (Llama-3-8B B 1 x 4096: 11.6 against 10.8)."""
+    attention_decode_h200.md) PDL from the split's start was up to 3.0% faster at one or two
+    splits (8 of 9 cases: the many-round grids of large batches, B 64 / 256; one 0.2% slower) and
+    slower in 14 of 18 cases from four splits on (one round of programs), by up to 1.33x: Qwen3-30B-A3B
+    B 16 x 512 14.9 us against 11.3 plain, Llama-3-8B B 4 x 2048 18.0 against 14.6; the other four,
+    16-128 splits of one sequence, from 1.9% faster to 0.1% slower."""
     return "start" if splits <= PDL_MAX_SPLITS else "off"
 
 
