@@ -354,8 +354,11 @@ def launch_decode(
     config: Mapping[str, Any],
     *,
     vllm_rounding: bool = False,
+    pdl: bool | None = None,
 ) -> None:
-    """The two launches (kernel arguments as the contract's, already checked; ``M >= 1``)."""
+    """The two launches (kernel arguments as the contract's, already checked; ``M >= 1``).
+    ``pdl=False`` launches the down kernel plainly where PDL would be on (benchmarks: the same
+    launch without it)."""
     m, k = hidden.shape
     experts, n2, _ = w1.shape
     n = n2 // 2
@@ -375,7 +378,7 @@ def launch_decode(
     warps, stages = config["num_warps"], config["num_stages"]
     groups = bk // 128 if fp8 else 1
     # the down kernel launched programmatically (PDL) behind the up kernel, on GPUs that have it
-    pdl = _pdl(hidden.device)
+    pdl = _pdl(hidden.device) and pdl is not False
     extra = {"launch_pdl": True} if pdl else {}
     if fp8:  # the token rows quantized once (not by every program): one launch
         x, xs = quant_groups(hidden, vllm_rounding)
