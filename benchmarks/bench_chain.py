@@ -1021,8 +1021,9 @@ def run_case(
             _sync_after_failure(dev, crec["impls"][next(iter(ready))])
         for name, t in timed.items():
             ir = crec["impls"][name]
-            if "error" in t:
+            if "error" in t:  # the timer keeps the error per column: a sticky one still ends the run
                 ir.update(status="failed", error=t["error"])
+                _sync_after_failure(dev, ir)
                 continue
             ir.update(t)
             ir["GBps"] = nbytes / (ir["us"] * 1e-6) / 1e9
@@ -1080,15 +1081,16 @@ def time_ops(
             timed = bg.time_impls(torch, fns, sets, R, args.replays)
         except Exception as exc:
             timed = {n: {"error": _err(exc, 300)} for n in fns}
-            torch.cuda.synchronize()
         for n, t in timed.items():
             out[n][name] = {"status": "failed", **t} if "error" in t else {**t, "status": "ok"}
+            if "error" in t:  # a sticky CUDA error ends the run
+                _sync_after_failure(args.device, out[n][name])
     return out
 
 
 def _sync_after_failure(dev: str, ir: dict[str, Any]) -> None:
-    """After a column raised: a sticky CUDA error ends the run (nothing later can run), with the
-    error kept in the column's record."""
+    """After a column failed: a sticky CUDA error ends the run (nothing later can run; the
+    caller records the case as aborted with it), any other leaves the next columns to run."""
     if dev != "cuda":
         return
     try:

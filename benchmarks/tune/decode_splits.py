@@ -90,7 +90,7 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
         tk.launch(o, *kernel_args[1:], splits=splits, tile=tile)
         return o
 
-    def triggered(mode: str) -> Any:  # the default launch with the merge behind another trigger
+    def triggered(mode: tk.PdlTrigger) -> Any:  # the default launch with the merge behind another trigger
         def f(_: Any) -> Any:
             o = torch.empty_like(out)
             tk.launch(o, *kernel_args[1:], pdl=mode)
@@ -104,7 +104,8 @@ def run_case(torch: Any, model: str, bsz: int, n: int, tiles: list[str], args: A
     rec.update(
         default={"tile": list(tile0), "waves": waves0, "splits": splits0, "pdl": mode0}, cands={}, pdl={}
     )
-    for mode in ("off", "start", "end") if pdl_ok(c["query"].device) else ():
+    modes: tuple[tk.PdlTrigger, ...] = ("off", "start", "end")
+    for mode in modes if pdl_ok(c["query"].device) else ():
         if mode == mode0:
             continue
         o = triggered(mode)(None)
@@ -181,8 +182,8 @@ def render(record: dict[str, Any]) -> str:
         "(fraction of the copy bandwidth).",
         "",
         "The default's split count with the merge behind each PDL trigger (off: a plain launch; start /"
-        " end: the split kernel lets it launch at its programs' start / after their stores), the"
-        " default's own trigger first.",
+        " end: the split kernel lets it launch at its programs' start / after their stores); the"
+        " default column names its own.",
         "",
         "| model | B | N | M | default | default us | PDL off / start / end us | best | best us | best/default |",
         "|---|---:|---:|---:|---|---:|---:|---|---:|---:|",

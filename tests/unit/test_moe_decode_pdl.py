@@ -50,3 +50,35 @@ def test_pdl_and_plain_timed_together(script: ModuleType, monkeypatch: pytest.Mo
     assert case["impls"]["plain"]["copy_frac"] > 0
     md = script.render({"env": {"device": "cpu"}, "copy": {"GBps": 3000.0}, "cases": [case]})
     assert "| Tiny | bf16 | 2 |" in md and "0.833" in md
+
+
+class _Recorder:
+    """A stand-in kernel: ``kernel[grid](*args, **kw)`` records the launch's keywords."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *a, **kw: self.calls.append(kw)
+
+
+def test_pdl_false_launches_the_down_kernel_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the device has PDL the up kernel triggers and the down kernel waits and launches
+    programmatically; ``pdl=False`` turns all three off together."""
+    from opmux.kernels.ops.moe import fused_experts_decode as fed
+
+    up, down = _Recorder(), _Recorder()
+    monkeypatch.setattr(fed, "_up_kernel", up)
+    monkeypatch.setattr(fed, "_down_kernel", down)
+    monkeypatch.setattr(fed, "_pdl", lambda device: True)
+    e, n, k, m, topk = 4, 64, 128, 2, 2
+    w1, w2 = torch.randn(e, 2 * n, k).bfloat16(), torch.randn(e, k, n).bfloat16()
+    hidden, out = torch.randn(m, k).bfloat16(), torch.empty(m, k).bfloat16()
+    tw, ti = torch.rand(m, topk), torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    empty, emap = torch.empty(0), torch.empty(0, dtype=torch.int32)
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 2, "DECODE": 1}  # fmt: skip
+    for pdl, on in ((None, True), (False, False)):
+        fed.launch_decode(out, hidden, w1, w2, tw, ti, empty, empty, emap, "silu", False, cfg, pdl=pdl)
+        assert up.calls[-1]["USE_PDL"] is on and down.calls[-1]["USE_PDL"] is on
+        assert down.calls[-1].get("launch_pdl", False) is on

@@ -184,7 +184,47 @@ def test_pdl_only_on_cuda_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_pdl_trigger_by_split_count() -> None:
     """The merge goes behind PDL (from the split's start) at one or two splits only: from four
     splits on the H100 timed it up to 1.33x slower than a plain launch."""
-    assert [triton_kernels.pdl_trigger(s) for s in (1, 2, 3, 4, 66)] == ["start", "start", "off", "off", "off"]
+    assert [triton_kernels.pdl_trigger(s) for s in (1, 2, 3, 4, 66)] == [
+        "start",
+        "start",
+        "off",
+        "off",
+        "off",
+    ]
+
+
+class _Recorder:
+    """A stand-in kernel: ``kernel[grid](*args, **kw)`` records the launch's keywords."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *a, **kw: self.calls.append(kw)
+
+
+@pytest.mark.parametrize("has_pdl", [True, False])
+def test_pdl_trigger_reaches_both_kernels(monkeypatch: pytest.MonkeyPatch, has_pdl: bool) -> None:
+    """The split kernel's trigger, the merge's wait and its programmatic launch come from one
+    choice: the rule's by split count, or the caller's; none of the three without PDL on the
+    device; a trigger that is not one of the three is refused by name."""
+    split, merge = _Recorder(), _Recorder()
+    monkeypatch.setattr(triton_kernels, "_decode_split", split)
+    monkeypatch.setattr(triton_kernels, "_decode_merge", merge)
+    monkeypatch.setattr(triton_kernels, "_pdl", lambda device: has_pdl)
+    args = _problem([300, 40], width=32)
+    lse = torch.empty(args[0].shape[:2])
+    kernel_args, _ = decls.paged_decode.check(OP, *args, lse=lse)
+    codes = {"off": 0, "start": 1, "end": 2}
+    for splits, pdl, want in ((1, None, "start"), (2, None, "start"), (3, None, "off"), (8, None, "off"),
+                              (8, "start", "start"), (1, "off", "off"), (4, "end", "end")):  # fmt: skip
+        triton_kernels.launch(*kernel_args, splits=splits, pdl=pdl)
+        got = want if has_pdl else "off"
+        assert split.calls[-1]["PDL_TRIGGER"] == codes[got], (splits, pdl)
+        assert merge.calls[-1]["USE_PDL"] is (got != "off"), (splits, pdl)
+        assert merge.calls[-1].get("launch_pdl", False) is (got != "off"), (splits, pdl)
+    with pytest.raises(ValueError, match="one of off, start, end"):
+        triton_kernels.launch(*kernel_args, pdl=True)
 
 
 def test_split_heuristic() -> None:

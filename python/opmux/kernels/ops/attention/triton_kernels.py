@@ -9,8 +9,9 @@ evenly over the splits, in whole tiles) through the block table one token per ro
 and keeps an online softmax in fp32: it writes its unnormalised output, its running max and its
 sum to a float32 workspace. ``_decode_merge`` (grid ``(B, Hq)``) rescales the splits to their
 common max, adds the sink to the denominator, and writes ``out`` (one cast) and ``lse``; on sm_90+
-it is launched programmatically (PDL) behind the split kernel and waits for it before reading the
-workspace, so its launch and prologue overlap the split kernel's tail. The split
+at one or two splits (:func:`pdl_trigger`) it is launched programmatically (PDL) behind the split
+kernel and waits for it before reading the workspace, so its launch and prologue overlap the
+split kernel's run (from four splits that cost time on an H100: a plain launch there). The split
 count comes from the table's width (the host sees no lengths); a sequence shorter than the table
 leaves its last splits without positions: they exit at once, and the merge reads only the splits
 that hold some (both from the same rule, ``_split_share``).
@@ -333,12 +334,12 @@ PDL_MAX_SPLITS = 2
 
 def pdl_trigger(splits: int) -> PdlTrigger:
     """The merge's launch on a GPU with PDL, by the split count. On an H100 (Triton 3.6, the
-    default tile; ``benchmarks/tune/decode_splits.py``, 27 cases, docs/benchmarks/
-    attention_decode_h200.md) PDL from the split's start was up to 3.0% faster at one or two
-    splits (8 of 9 cases: the many-round grids of large batches, B 64 / 256; one 0.2% slower) and
-    slower in 14 of 18 cases from four splits on (one round of programs), by up to 1.33x: Qwen3-30B-A3B
-    B 16 x 512 14.9 us against 11.3 plain, Llama-3-8B B 4 x 2048 18.0 against 14.6; the other four,
-    16-128 splits of one sequence, from 1.9% faster to 0.1% slower."""
+    default tile; ``benchmarks/tune/decode_splits.py``, 24 cases, docs/benchmarks/
+    attention_decode_h200.md) PDL from the split's start was 0.2-3.0% faster in 6 of 7 cases of
+    one or two splits (0.2% slower in one) and slower in 14 of 17 from four splits on, by up to
+    1.33x (Qwen3-30B-A3B B 16 x 512: 14.9 us against 11.3 plain; Llama-3-8B B 4 x 2048: 18.0
+    against 14.6); the other three, 32-128 splits of one sequence, a tie or 0.8-1.9% faster. Not
+    the grid's rounds: every grid of two or more splits fills at most one round, and two gained."""
     return "start" if splits <= PDL_MAX_SPLITS else "off"
 
 
@@ -444,6 +445,10 @@ def launch(
     block_g = group_tile(g, block_dv)
     chunks = triton.cdiv(g, block_g)
     plain = query.dtype != torch.float32 and d == dv
+    if pdl is not None and pdl not in _TRIGGERS:
+        raise ValueError(
+            f"{OP}: pdl={pdl!r}: the merge's trigger is one of {', '.join(_TRIGGERS)} (None: the rule's)"
+        )
     has_pdl = _pdl(query.device)
 
     def run(_: object = None) -> None:
@@ -452,7 +457,7 @@ def launch(
         )
         n_splits = auto_splits if splits is None else splits
         # the merge behind the split kernel (PDL) where the GPU has it and the rule or caller says
-        trigger = (pdl or pdl_trigger(n_splits)) if has_pdl else "off"
+        trigger = (pdl_trigger(n_splits) if pdl is None else pdl) if has_pdl else "off"
         use_pdl = trigger != "off"
         extra = {"launch_pdl": True} if use_pdl else {}
         block_n, warps, stages, prefetch = tile or auto_tile
