@@ -76,6 +76,11 @@
 # tiles:   benchmarks/tune/decode_tiles.py and prefill_tiles.py, the attention kernels' launch
 #          sweeps (OUT_DIR/decode_tiles, OUT_DIR/prefill_tiles) and the tuned tables they write
 #          (OUT_DIR/tables.tgz: <op>/<table>.json, for python/opmux/kernels/configs/);
+# pdl:     the two-kernel Triton launches with and without PDL between their kernels, side by side:
+#          benchmarks/tune/decode_splits.py over $PDL_CASES (default: its own cases and short ones;
+#          the merge off / from the split's start / after its stores beside the default, tile 32x4pf,
+#          OUT_DIR/pdl_decode) and benchmarks/tune/moe_decode_pdl.py (OUT_DIR/pdl_moe; the group
+#          quant on Triton: no JIT build in the stage); $PDL_BUDGET_S seconds for the first (140);
 # "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
@@ -318,6 +323,12 @@ for stage in $STAGES; do
                     --select-out "$OUT/decode_select/attention.paged_decode" 2>&1 \
                     | tee "$OUT/decode_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
                 [[ -d $OUT/decode_select ]] && (cd "$OUT" && tar czf decode_select.tgz decode_select && rm -rf decode_select) ;;
+        pdl) cases=${PDL_CASES:-Llama-3-8B:16:512,Qwen3-30B-A3B:16:512,Llama-3-8B:4:2048,Llama-3-8B:4:512,Qwen3-30B-A3B:16:1024,Llama-3-8B:16:4096,Llama-3-8B:1:4096,Llama-3-8B:1:32768,Qwen3-30B-A3B:16:32768,Llama-3-8B:64:512,Qwen3-30B-A3B:64:512,Llama-3-8B:256:512,Qwen3-30B-A3B:1:1024,Qwen3-30B-A3B:64:32768}
+             timeout $(( ${PDL_BUDGET_S:-140} + 40 )) python3 "$REPO/benchmarks/tune/decode_splits.py" --out "$OUT/pdl_decode" \
+                 --cases "$cases" --tiles 32x4pf --budget-s "${PDL_BUDGET_S:-140}" 2>&1 | tee "$OUT/pdl.log" \
+                 | sed -n '/^|/p'; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+             OPMUX_KERNEL_BACKEND="quantization.*=triton" timeout 200 python3 "$REPO/benchmarks/tune/moe_decode_pdl.py" \
+                 --out "$OUT/pdl_moe" 2>&1 | tee -a "$OUT/pdl.log" | tail -12; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         sampling) timeout 300 python3 -m pytest "$REPO/tests/parity/test_parity.py" "$REPO/tests/parity/test_lanes.py" \
                     "$REPO/tests/parity/test_contract.py" --target cuda "${PARITY_TREE[@]}" -p no:cacheprovider \
                     --import-mode=importlib -q -ra --rootdir "$REPO" -k "sampling or top_k or top_p or greedy or min_p" \
