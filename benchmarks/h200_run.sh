@@ -81,6 +81,7 @@
 #          the merge off / from the split's start / after its stores beside the default, tile 32x4pf,
 #          OUT_DIR/pdl_decode) and benchmarks/tune/moe_decode_pdl.py (OUT_DIR/pdl_moe; the group
 #          quant on Triton: no JIT build in the stage); $PDL_BUDGET_S seconds for the first (140);
+#          both take the `pdl` knobs of session 35's launches: a wheel of that tree, or OPMUX_FROM_TREE=1;
 # "" (no stage): install only, into $SITE (a later command of the same call runs a script itself).
 # OPMUX_FROM_TREE=1: test the tree's python/ (JIT only) instead of dist/cuda's wheel.
 # chain:   benchmarks/bench_chain.py, the decoder-layer chains (OUT_DIR/bench_chain.{json,md},
