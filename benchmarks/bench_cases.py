@@ -483,6 +483,33 @@ def _ptgq_peers() -> list[Peer | tuple[str, str]]:
     ]
 
 
+def _silu_quant_bytes(s: Shape) -> int:
+    return s.T * s.get("I") * (2 * 2 + 1) + s.T * (s.get("I") // GROUP) * 4
+
+
+def eager_silu_and_mul_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What an engine runs without the fused op: silu_and_mul in x's dtype, then the group quant."""
+    return eager_per_token_group_quant_fp8(eager_silu_and_mul(x))
+
+
+def _silu_quant_ref(a: Args) -> Outputs:
+    x = a[0].float()
+    d = x.shape[-1] // 2
+    q, s = eager_per_token_group_quant_fp8(F.silu(x[..., :d]) * x[..., d:])
+    return q, s
+
+
+def _silu_quant_peers() -> list[Peer | tuple[str, str]]:
+    def fi(a: Args) -> Any:
+        act = _fi("activation", "silu_and_mul")(a[0])
+        return _fi("quantization", "per_token_group_quant_8bit")(act, GROUP, eps=1e-10, backend="cuda")
+
+    return [
+        ("Liger", "no fp8 quantization op in Liger-Kernel"),
+        Peer("FlashInfer", fi, _ret, fi_module="quantization"),
+    ]
+
+
 # --------------------------------------------------------------------------------------------
 # moe.topk_softmax
 
@@ -735,6 +762,25 @@ def cases(extra: bool = False) -> list[OpCase]:
             _ptgq_peers,
             kinds=("fp8", "float"),
             notes="group 128, row-major float32 scales",
+        ),
+        OpCase(
+            "quantization.silu_and_mul_per_token_group_quant_fp8",
+            "quant",
+            "opmux.kernels.ops.quantization:silu_and_mul_per_token_group_quant_fp8",
+            _act_shapes(),
+            _q(_act_shapes(), (128, 4096)),
+            _make_act,
+            _silu_quant_bytes,
+            _silu_quant_ref,
+            lambda a: ((a[0], GROUP), {}),
+            _ret,
+            eager_silu_and_mul_quant_fp8,
+            _ret,
+            _silu_quant_peers,
+            kinds=("fp8", "float"),
+            notes=f"x [T, 2 x {INTER}] -> fp8 [T, {INTER}], group 128, row-major float32 scales; the peers run "
+            "silu_and_mul then the group quantization (FlashInfer: its two kernels; torch.compile: the two "
+            "eager functions compiled as one)",
         ),
         OpCase(
             "layernorm.gemma_rmsnorm",

@@ -22,7 +22,10 @@ The GEMMs between the ops are left out: every op reads its own pre-made input bu
 data); only rope -> KV write (the same qkv buffer) and topk -> align (its ids) pass data along,
 as an engine does. Implementations, each a full chain in its own graph, in one run:
 ``opmux (PDL)`` (``enable_pdl=True`` on every op), ``opmux (no PDL)`` (``enable_pdl=False``),
-``FlashInfer``, ``Liger`` and ``torch.compile`` (the whole bf16 reference chain compiled as one
+``opmux fused (PDL)`` (the same, with silu_and_mul -> per_token_group_quant_fp8 as the one op
+``silu_and_mul_per_token_group_quant_fp8`` on the gate/up buffer: the activation is neither written
+nor read back, as an engine would call it; checked against the float32 quantization of
+silu(gate) * up), ``FlashInfer``, ``Liger`` and ``torch.compile`` (the whole bf16 reference chain compiled as one
 function). Where a peer lacks an op its chain runs ``torch.compile`` of that op's piece of the
 reference chain (static shapes); ``PIECES`` and the rendered table say which.
 
@@ -103,9 +106,11 @@ class Layer:
         """Rows of the MLP activation: T, or T * top-k for an MoE layer."""
         return T * self.topk if self.moe else T
 
-    def steps(self) -> list[str]:
+    def steps(self, fused: bool = False) -> list[str]:
+        """The chain's ops in order; ``fused``: the activation and its quantization as one op."""
         s = ["add_norm1"] + (["qk_norm"] if self.qk_norm else []) + ["rope", "kv_write", "add_norm2"]
-        return s + (["topk_softmax", "moe_align"] if self.moe else []) + ["silu_and_mul", "quant_fp8"]
+        s += ["topk_softmax", "moe_align"] if self.moe else []
+        return s + (["silu_quant"] if fused else ["silu_and_mul", "quant_fp8"])
 
     def config(self) -> dict[str, Any]:
         return {
@@ -137,6 +142,11 @@ OPMUX_OPS = {  # step -> (registry name, public function)
         "opmux.kernels.ops.quantization:per_token_group_quant_fp8",
     ),
 }
+#: the fused chain's one op for silu_and_mul -> quant_fp8 (an opmux without it: that chain is n/a)
+FUSED_OP = (
+    "quantization.silu_and_mul_per_token_group_quant_fp8",
+    "opmux.kernels.ops.quantization:silu_and_mul_per_token_group_quant_fp8",
+)
 TC = "torch.compile piece"
 #: what each peer chain runs per step (the rendered substitution table)
 PIECES: dict[str, dict[str, str]] = {
@@ -256,6 +266,8 @@ def step_bytes(layer: Layer, T: int, step: str) -> int:
         return 3 * M * inter * 2
     if step == "quant_fp8":
         return M * inter * 3 + M * (inter // GROUP) * 4
+    if step == "silu_quant":
+        return M * inter * 5 + M * (inter // GROUP) * 4
     raise KeyError(step)
 
 
@@ -283,6 +295,9 @@ def reference(layer: Layer, b: Bufs) -> dict[str, torch.Tensor]:
         out["topk.w"], out["topk.ids"], out["topk.p"] = w / w.sum(-1, keepdim=True), ids, p
     (out["silu"],) = bc._act_ref("silu")((b["gate_up"],))
     out["quant.q"], out["quant.s"] = bc._ptgq_ref((b["act"],))
+    out["silu_quant.q"], out["silu_quant.s"] = bc._ptgq_ref(
+        (out["silu"],)
+    )  # the fused op: no bf16 rounding between
     return out
 
 
@@ -311,10 +326,19 @@ def check(layer: Layer, b: Bufs, st: State, ref: dict[str, torch.Tensor]) -> tup
         "kv.v": ("exact", b["vc"].view(-1, Hk, D)[b["slots"]]),
         "add_norm2.x": ("float", st["add_norm2.x"]),
         "add_norm2.res": ("float", st["add_norm2.res"]),
-        "silu": ("float", st["silu"]),
-        "quant.q": ("fp8", st["quant.q"]),
-        "quant.s": ("float", st["quant.s"]),
     }
+    if "silu_quant.q" in st:  # the fused chain
+        got.update(
+            {"silu_quant.q": ("fp8", st["silu_quant.q"]), "silu_quant.s": ("float", st["silu_quant.s"])}
+        )
+    else:
+        got.update(
+            {
+                "silu": ("float", st["silu"]),
+                "quant.q": ("fp8", st["quant.q"]),
+                "quant.s": ("float", st["quant.s"]),
+            }
+        )
     worst, bad, parts = 0.0, [], []
     for name, (kind, o) in got.items():
         r = ref[name]
@@ -535,6 +559,7 @@ class Impl:
     failed: str | None = None  # set up failed (e.g. the opmux API lacks enable_pdl)
     prepare: Callable[[Bufs], None] | None = None  # adds its own per-set arguments, before timing
     fi: bool = False  # waits for FlashInfer's JIT modules
+    fused: bool = False  # runs Layer.steps(fused=True)
 
     def chain(self, layer: Layer) -> Callable[[Bufs], State]:
         steps = [f for _, f in self.steps]
@@ -574,11 +599,23 @@ def opmux_api() -> dict[str, Callable[..., Any]]:
     return fns
 
 
-def opmux_impl(layer: Layer, pdl: bool) -> Impl:
-    name = "opmux (PDL)" if pdl else "opmux (no PDL)"
-    imp = Impl(name, "opmux", pieces={"*": f"opmux default backends, enable_pdl={pdl}"})
+def opmux_impl(layer: Layer, pdl: bool, fused: bool = False) -> Impl:
+    name = "opmux fused (PDL)" if fused else "opmux (PDL)" if pdl else "opmux (no PDL)"
+    what = f"opmux default backends, enable_pdl={pdl}"
+    if fused:
+        what += f"; silu_and_mul -> quant_fp8 as {FUSED_OP[0]}"
+    imp = Impl(name, "opmux", pieces={"*": what}, fused=fused)
     try:
         api = opmux_api()
+        if fused:
+            import importlib
+
+            mod, attr = FUSED_OP[1].split(":")
+            fn = getattr(importlib.import_module(mod), attr, None)
+            if fn is None:
+                imp.unavailable = f"this opmux has no {FUSED_OP[0]}"
+                return imp
+            api["silu_quant"] = fn
     except Exception as exc:
         imp.failed = _err(exc, 800)
         return imp
@@ -619,6 +656,9 @@ def opmux_impl(layer: Layer, pdl: bool) -> Impl:
     def s_quant(b: Bufs, st: State) -> None:
         st["quant.q"], st["quant.s"] = api["quant_fp8"](b["act"], group_size=GROUP, **kw)
 
+    def s_silu_quant(b: Bufs, st: State) -> None:
+        st["silu_quant.q"], st["silu_quant.s"] = api["silu_quant"](b["gate_up"], group_size=GROUP, **kw)
+
     fns: dict[str, StepFn] = {
         "add_norm1": norm_step("1"),
         "add_norm2": norm_step("2"),
@@ -629,8 +669,9 @@ def opmux_impl(layer: Layer, pdl: bool) -> Impl:
         "moe_align": s_align,
         "silu_and_mul": s_silu,
         "quant_fp8": s_quant,
+        "silu_quant": s_silu_quant,
     }
-    imp.steps = [(s, fns[s]) for s in layer.steps()]
+    imp.steps = [(s, fns[s]) for s in layer.steps(fused)]
     return imp
 
 
@@ -747,7 +788,7 @@ def torch_impl(layer: Layer, compile_: bool) -> Impl:
 def build_impls(layer: Layer, args: argparse.Namespace) -> list[Impl]:
     """Every implementation of ``layer``'s chain; one that cannot be built is recorded, not raised."""
     # run order: opmux first, FlashInfer last (its JIT modules build in the background meanwhile)
-    impls = [opmux_impl(layer, True), opmux_impl(layer, False)]
+    impls = [opmux_impl(layer, True), opmux_impl(layer, False), opmux_impl(layer, True, fused=True)]
     if args.no_compile and not args.dry_run:
         impls.append(Impl("torch.compile", "peer", unavailable="left out (--no-compile)"))
     else:
@@ -965,6 +1006,7 @@ def run_case(
         log(f"  T={T}: ERROR {crec['error']}")
         return crec
     ready: dict[str, Callable[[Bufs], State]] = {}
+    fused_names = {i.name for i in impls if i.fused}
     for imp in impls:
         ir: dict[str, Any] = {"kind": imp.kind}
         crec["impls"][imp.name] = ir
@@ -1026,7 +1068,8 @@ def run_case(
                 _sync_after_failure(dev, ir)
                 continue
             ir.update(t)
-            ir["GBps"] = nbytes / (ir["us"] * 1e-6) / 1e9
+            imp_bytes = sum(step_bytes(layer, T, s) for s in layer.steps(name in fused_names))
+            ir["GBps"] = imp_bytes / (ir["us"] * 1e-6) / 1e9
         crec["timing_s"] = round(time.perf_counter() - t_time, 1)
     for imp in impls:
         ir = crec["impls"][imp.name]
@@ -1038,7 +1081,12 @@ def run_case(
             what = str(ir.get("error") or ir.get("check") or ir.get("why", ""))[:300]
         log(f"    {layer.name} T={T} {imp.name}: {ir['status']} {what}  [{ir.get('s', 0)}s]")
     if timing and not args.no_op_times:
-        mine = [i for i in impls if i.kind == "opmux" and crec["impls"][i.name].get("status") == "ok"]
+        # the op columns pair the chains' steps: the unfused chains (the fused one's op is its own row)
+        mine = [
+            i
+            for i in impls
+            if i.kind == "opmux" and not i.fused and crec["impls"][i.name].get("status") == "ok"
+        ]
         if mine:
             crec["ops"].update(time_ops(layer, T, mine, sets, args, l2, deadline))
     summarize(crec)
@@ -1114,6 +1162,7 @@ def opmux_backends(layer: Layer, b: Bufs) -> dict[str, str]:
         "kv_write": (k3, st["v"].view(T, layer.Hk, layer.D), b["kc"], b["vc"], b["slots"]),
         "silu_and_mul": (b["gate_up"],),
         "quant_fp8": (b["act"], GROUP),
+        "silu_quant": (b["gate_up"], GROUP),
     }
     if layer.qk_norm:
         calls["qk_norm"] = (q3, k3, b["qw"], b["kw"], EPS)
@@ -1123,7 +1172,7 @@ def opmux_backends(layer: Layer, b: Bufs) -> dict[str, str]:
     out: dict[str, str] = {}
     for step, a in calls.items():
         try:
-            out[step] = str(explain(OPMUX_OPS[step][0], *a).chosen)
+            out[step] = str(explain(FUSED_OP[0] if step == "silu_quant" else OPMUX_OPS[step][0], *a).chosen)
         except Exception as exc:
             out[step] = f"? ({_err(exc, 120)})"
     return out
@@ -1135,9 +1184,11 @@ def summarize(crec: dict[str, Any]) -> None:
     if peers:
         crec["best_peer"] = min(peers, key=lambda n: peers[n])
         crec["best_peer_us"] = peers[crec["best_peer"]]
-    on, off = ok.get("opmux (PDL)"), ok.get("opmux (no PDL)")
+    on, off, fused = ok.get("opmux (PDL)"), ok.get("opmux (no PDL)"), ok.get("opmux fused (PDL)")
     if on is not None and peers:
         crec["ratio_pdl_best_peer"] = on / crec["best_peer_us"]
+    if fused is not None and peers:
+        crec["ratio_fused_best_peer"] = fused / crec["best_peer_us"]
     if on is not None and off is not None:
         crec["ratio_pdl_on_off"] = on / off
     for name, ops in crec.get("ops", {}).items():
@@ -1160,6 +1211,8 @@ def case_line(crec: dict[str, Any]) -> str:
     tail = ""
     if "ratio_pdl_best_peer" in crec:
         tail += f" | PDL / {crec['best_peer']} = {crec['ratio_pdl_best_peer']:.3f}"
+    if "ratio_fused_best_peer" in crec:
+        tail += f" | fused / {crec['best_peer']} = {crec['ratio_fused_best_peer']:.3f}"
     if "ratio_pdl_on_off" in crec:
         tail += f" | PDL on/off = {crec['ratio_pdl_on_off']:.3f}"
     for n, s in crec.get("sum_ops_us", {}).items():
@@ -1170,7 +1223,15 @@ def case_line(crec: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------
 # rendering
 
-IMPL_ORDER = ("opmux (PDL)", "opmux (no PDL)", "FlashInfer", "Liger", "torch.compile", "torch eager")
+IMPL_ORDER = (
+    "opmux (PDL)",
+    "opmux (no PDL)",
+    "opmux fused (PDL)",
+    "FlashInfer",
+    "Liger",
+    "torch.compile",
+    "torch eager",
+)
 
 
 def _cell(r: dict[str, Any] | None) -> str:
@@ -1203,7 +1264,9 @@ def render(result: dict[str, Any]) -> str:
         f"{args.get('max_sets', '?')} input sets, replay >= {args.get('target_us', '?')} us; median of "
         f"{args.get('replays', '?')} replays, a case's chains interleaved (each round replays every "
         "chain's graph once, in a rotated order); **us per chain**. *PDL / best peer* = opmux (PDL) over the "
-        "fastest peer chain (below 1: opmux faster); *PDL on/off* = opmux (PDL) over opmux (no PDL); "
+        "fastest peer chain (below 1: opmux faster); *fused / best peer* the same for opmux fused (PDL), "
+        "whose chain runs silu_and_mul -> quant_fp8 as one op (the activation never written: fewer "
+        "bytes and one launch less, as an engine calling that op); *PDL on/off* = opmux (PDL) over opmux (no PDL); "
         "*sum of ops* = each opmux op timed alone in the same setup, summed (PDL off / on). "
         "FlashInfer runs at its defaults (PDL on sm_90+ wherever its API has the switch). "
         "`n/a`: not available, `fail`: raised (see bench_chain.json), `*`: event timing (capture failed).",
@@ -1224,7 +1287,9 @@ def render(result: dict[str, Any]) -> str:
         if cfg.get("experts"):
             desc += f", {cfg['experts']} experts top-{cfg.get('topk')}"
         lines += [f"## {lrec['layer']}", "", f"{desc}: {' -> '.join(lrec.get('steps', []))}", ""]
-        head = ["T", *names, "sum of ops (PDL off / on)", "PDL / best peer", "PDL on/off"]
+        has_fused = any("ratio_fused_best_peer" in c for c in lrec.get("cases", []))
+        head = ["T", *names, "sum of ops (PDL off / on)", "PDL / best peer"]
+        head += ["fused / best peer"] * has_fused + ["PDL on/off"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
         for c in lrec.get("cases", []):
             if "skipped" in c or "error" in c:
@@ -1237,6 +1302,9 @@ def render(result: dict[str, Any]) -> str:
             ratio_cell = f"{ratio:.3f} ({c.get('best_peer')})" if ratio is not None else "-"
             onoff = c.get("ratio_pdl_on_off")
             row = [str(c["T"]), *(_cell(c["impls"].get(n)) for n in names), sum_cell, ratio_cell]
+            if has_fused:
+                fr = c.get("ratio_fused_best_peer")
+                row.append(f"{fr:.3f} ({c.get('best_peer')})" if fr is not None else "-")
             row.append(f"{onoff:.3f}" if onoff is not None else "-")
             lines.append("| " + " | ".join(row) + " |")
         steps = lrec.get("steps", [])

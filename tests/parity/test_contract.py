@@ -69,6 +69,7 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         "moe.topk_softmax",
     )
     ptt, pgi = "quantization.per_tensor_quant_fp8", "quantization.per_token_group_quant_int8"
+    sg = "quantization.silu_and_mul_per_token_group_quant_fp8"
     kv = "kvcache.reshape_and_cache"
     nq, aq = "layernorm.rmsnorm_static_quant_fp8", "layernorm.fused_add_rmsnorm_static_quant_fp8"
 
@@ -170,6 +171,9 @@ def _corpus(dev: str) -> list[tuple[str, str, Callable[[], Args]]]:
         ("quant-nan-row", pt, lambda: ((_nan_rows(x()),), {})),
         ("group-quant-nan-row", pg, lambda: ((_nan_rows(_r(4, 256, dev=dev)),), {})),
         ("group-quant-eps-zero", pg, lambda: ((_r(4, 256, dev=dev),), {"eps": 0.0})),
+        ("silu-group-nan-row", sg, lambda: ((_nan_rows(_r(4, 512, dev=dev)),), {})),
+        ("silu-group-eps-zero", sg, lambda: ((_r(4, 512, dev=dev),), {"eps": 0.0})),
+        ("silu-group-odd-width", sg, lambda: ((_r(4, 257, dev=dev),), {})),
         ("group-size-not-dividing", pg, lambda: ((_r(4, 200, dev=dev),), {"group_size": 128})),
         (
             "quant-out-q-strided-rows",

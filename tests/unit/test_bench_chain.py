@@ -1,5 +1,5 @@
 """benchmarks/bench_chain.py on the CPU: ``--device cpu --dry-run`` builds every chain (opmux with
-PDL on and off, the bf16 torch chain; peers skipped) on tiny shapes, runs each once and checks it
+PDL on and off, opmux with the fused activation + quantization op, the bf16 torch chain; peers skipped) on tiny shapes, runs each once and checks it
 against the float32 reference; ``--render`` turns its json into the markdown table."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_dry_run(bench_chain: ModuleType, tmp_path: Path) -> None:
     result = json.loads((tmp_path / "bench_chain.json").read_text())
     st = _statuses(result)
     assert {lrec["layer"] for lrec in result["layers"]} == {"llama3-8b", "qwen3-moe"}
-    assert len(st) == 2 * 2 * 5  # layers x T x (opmux PDL, no PDL, FlashInfer, Liger, torch)
+    assert len(st) == 2 * 2 * 6  # layers x T x (opmux PDL, no PDL, fused, FlashInfer, Liger, torch)
     for (layer, T, name), r in st.items():
         if name in ("FlashInfer", "Liger"):
             assert r["status"] == "unavailable" and "dry-run" in r["why"]
@@ -92,17 +92,22 @@ def test_opmux_chains_match_reference(
             out[step] = call
         return out
 
+    fused = bench_chain.FUSED_OP[1].split(":")
+    assert hasattr(importlib.import_module(fused[0]), fused[1])  # this tree has the fused op
+
     monkeypatch.setattr(bench_chain, "opmux_api", api)
     argv = ["--device", "cpu", "--dry-run", "--tokens", TOKENS, "--impls", "opmux", "--out", str(tmp_path)]
     assert bench_chain.main(argv) == 0
     result = json.loads((tmp_path / "bench_chain.json").read_text())
     st = _statuses(result)
-    assert len(st) == 2 * 2 * 2
+    assert len(st) == 2 * 2 * 3
     for key, r in st.items():
         assert r["status"] == "ok", (key, r)
         assert r["rel_err"] < 1e-2, (key, r)
     qwen = next(lrec for lrec in result["layers"] if lrec["layer"] == "qwen3-moe")
     assert "align exact" in qwen["cases"][0]["impls"]["opmux (PDL)"]["check"]
+    fused_check = qwen["cases"][0]["impls"]["opmux fused (PDL)"]["check"]
+    assert "silu_quant.q" in fused_check and "quant.q" not in fused_check.replace("silu_quant.q", "")
     md = tmp_path / "h200_chain.md"
     assert bench_chain.main(["--render", str(tmp_path / "bench_chain.json"), "--md", str(md)]) == 0
     assert "| T | opmux (PDL) | opmux (no PDL) |" in md.read_text()
@@ -156,7 +161,7 @@ def test_checked_chains_timed_together(bench_chain: ModuleType, monkeypatch: pyt
 
     def check(layer: Any, b: Any, st: Any, ref: Any) -> tuple[bool, float, str]:
         seen.append(1)
-        if len(seen) == 3:  # the third chain (torch eager) fails its check: recorded, never timed
+        if len(seen) == 4:  # the fourth chain (torch eager) fails its check: recorded, never timed
             return False, 1.0, "stand-in: wrong"
         return real_check(layer, b, st, ref)  # type: ignore[no-any-return]
 
@@ -164,18 +169,21 @@ def test_checked_chains_timed_together(bench_chain: ModuleType, monkeypatch: pyt
     args = bench_chain.parse_args(["--device", "cpu", "--dry-run", "--tokens", "2"])
     layer = bench_chain.TINY["llama3-8b"]
     impls = [i for i in bench_chain.build_impls(layer, args) if not i.unavailable]
-    assert [i.name for i in impls] == ["opmux (PDL)", "opmux (no PDL)", "torch eager"]
+    assert [i.name for i in impls] == ["opmux (PDL)", "opmux (no PDL)", "opmux fused (PDL)", "torch eager"]
     args.dry_run = False  # time on the CPU through the stand-in timer
     consts = bench_chain.make_consts(layer, 0, "cpu")
     fib = bench_chain.bg.FlashInferBuild(None, None, 0.0)
     crec = bench_chain.run_case(layer, 2, impls, consts, args, 1 << 20, float("inf"), fib)
     chain_call = calls[0]
-    assert chain_call[0] == ["opmux (PDL)", "opmux (no PDL)"]  # the checked chains in one call, in order
+    # the checked chains in one call, in order
+    assert chain_call[0] == ["opmux (PDL)", "opmux (no PDL)", "opmux fused (PDL)"]
     assert timed_status(crec, "torch eager") == ("wrong", False)
     timed = crec["impls"]
     assert timed["opmux (PDL)"]["status"] == "ok" and timed["opmux (PDL)"]["us"] == 10.0
     assert timed["opmux (PDL)"]["GBps"] > 0 and timed["opmux (PDL)"]["method"] == "graph, interleaved"
     assert timed["opmux (no PDL)"]["status"] == "ok" and timed["opmux (no PDL)"]["us"] == 11.0
+    fused = timed["opmux fused (PDL)"]  # its GB/s from the bytes its own ops move (fewer)
+    assert fused["us"] == 12.0 and fused["GBps"] < timed["opmux (PDL)"]["GBps"] * 10.0 / 12.0
     op_calls = calls[1:]
     assert len(op_calls) == len(layer.steps())
     assert all(names == ["opmux (PDL)", "opmux (no PDL)"] for names, _ in op_calls)

@@ -263,6 +263,92 @@ def per_token_group_quant_int8_samples(device: str, dtype: torch.dtype) -> list[
     return out
 
 
+def silu_and_mul_per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[Sample]:
+    g = torch.Generator(device="cpu").manual_seed(16)
+
+    def pairs(rows: int | tuple[int, ...], d: int, scale: float = 2.0) -> torch.Tensor:
+        shape = (rows,) if isinstance(rows, int) else rows
+        return _randn((*shape, 2 * d), dtype, device, g, scale)
+
+    big = pairs(6, 512)
+    return [
+        Sample("1-token", (pairs(1, 128),), {}),
+        Sample("serving-4-tokens", (pairs(4, 1024),), {"group_size": 128}),
+        Sample("group-64", (pairs(3, 256),), {"group_size": 64}),
+        Sample("group-256", (pairs(2, 512),), {"group_size": 256}),
+        Sample("group-512", (pairs(2, 1024),), {"group_size": 512}),
+        Sample("odd-group-7", (pairs(3, 21),), {"group_size": 7}),
+        Sample("odd-half-width-3", (pairs(5, 3),), {"group_size": 1}),
+        Sample("3d-leading", (pairs((2, 3), 128),), {"group_size": 64}),
+        Sample("empty-batch", (pairs(0, 256),), {}),
+        Sample("large-magnitude", (pairs(4, 256, 1e2),), {}),
+        Sample("eps-zero-group", (torch.zeros((2, 512), dtype=dtype, device=device),), {"eps": 1e-4}),
+        Sample("strided-rows", (big[:, :512],), {"group_size": 128}),
+        Sample("column-major", (pairs(5, 384),), {"column_major_scales": True}),
+        Sample(
+            "tma-aligned",
+            (pairs(5, 256),),
+            {"group_size": 64, "column_major_scales": True, "scale_tma_aligned": True},
+        ),
+        Sample("ue8m0", (pairs(4, 256, 5.0),), {"group_size": 64, "scale_ue8m0": True}),
+        Sample(
+            "ue8m0-tma",
+            (pairs(6, 512),),
+            {"column_major_scales": True, "scale_tma_aligned": True, "scale_ue8m0": True},
+        ),
+        Sample(
+            "out-packed-ue8m0",
+            (pairs(5, 1024, 4.0),),
+            {"scale_ue8m0": True, "out_scale": _tma_scales(5, 2, device, torch.int32)},
+        ),
+        Sample(
+            "out-q-strided",
+            (pairs(3, 64),),
+            {"group_size": 16, "out_q": torch.zeros((3, 128), dtype=FP8, device=device)[:, :64]},
+        ),
+    ]
+
+
+def silu_and_mul_per_token_group_quant_fp8_invalid(device: str) -> Invalid:
+    x = torch.randn(4, 512, device=device)
+    return [
+        ("odd-last-dim", (torch.randn(4, 255, device=device),), {}, ValueError, "must be even"),
+        (
+            "half-not-multiple",
+            (torch.randn(4, 200, device=device),),
+            {"group_size": 64},
+            ValueError,
+            "not a multiple",
+        ),
+        ("int-dtype", (torch.ones(4, 256, dtype=torch.int64, device=device),), {}, TypeError, "dtype"),
+        ("bad-group-size", (x,), {"group_size": 0}, ValueError, "group_size must be a positive int"),
+        ("negative-eps", (x,), {"eps": -1.0}, ValueError, "eps must be"),
+        ("non-contiguous", (torch.randn(512, 4, device=device).t(),), {}, ValueError, "non-contiguous"),
+        ("tma-row-major", (x,), {"scale_tma_aligned": True}, ValueError, "needs column_major_scales"),
+        (
+            "out-q-full-width",
+            (x,),
+            {"out_q": torch.empty(4, 512, dtype=FP8, device=device)},
+            ValueError,
+            "out_q has shape",
+        ),
+        (
+            "out-scale-shape",
+            (x,),
+            {"out_scale": torch.empty(4, 4, device=device)},
+            ValueError,
+            "out_scale has shape",
+        ),
+        (
+            "packed-without-ue8m0",
+            (x,),
+            {"out_scale": torch.empty(4, 1, dtype=torch.int32, device=device)},
+            TypeError,
+            "needs scale_ue8m0",
+        ),
+    ]
+
+
 def per_token_quant_fp8_invalid(device: str) -> Invalid:
     x = torch.randn(4, 16, device=device)
     return [

@@ -5,6 +5,8 @@
 //     (float32 scales with any strides, or sgl-kernel's packed int32 UE8M0 exponents)
 //   per_token_group_quant_int8_cpu(q, scales, x, group_size, eps): int8, truncated
 //   static_quant_fp8_cpu(q, x, scale, group_m, group_n): static scales of [group_m, group_n] blocks
+//   silu_and_mul_per_token_group_quant_fp8_cpu(q, scales, x, group_size, eps, ue8m0): x [rows, 2d],
+//     y = silu(x[:, :d]) * x[:, d:] in float (never rounded to x's dtype), then group quant of y
 // Same fp32 arithmetic as the torch reference (amax, IEEE division, q = x * (1 / scale), or
 // x / scale with `divide`), so scales match bit for bit and q matches up to the fp8 rounding,
 // which is exact here.
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "opmux/cpu_math.h"
 #include "opmux/cpu_types.h"
@@ -291,6 +294,25 @@ void per_group_row(Q* q, const ScaleOut& so, int64_t r, const T* x, int64_t grou
 #pragma GCC pop_options
 #endif  // OPMUX_CPU_VEC512
 
+// y[i] = silu(g[i]) * u[i] in float: the activation group's CPU silu (cpu::exp_f, branch-free: the
+// loop vectorizes), chunk by chunk for float16 (F16C, as the quantize loops).
+template <typename T>
+OPMUX_CPU_CLONES void silu_mul_row(float* y, const T* g, const T* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gf = to_float(g[i]);
+    y[i] = gf / (1.0f + cpu::exp_f(-gf)) * to_float(u[i]);
+  }
+}
+OPMUX_CPU_CLONES void silu_mul_row(float* y, const cpu::half_t* g, const cpu::half_t* u, int64_t n) {
+  float gb[cpu::kChunk], ub[cpu::kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += cpu::kChunk) {
+    const int64_t c = chunk_at(i0, n);
+    cpu::half_chunk_to_float(gb, g + i0, c);
+    cpu::half_chunk_to_float(ub, u + i0, c);
+    silu_mul_row(y + i0, gb, ub, c);
+  }
+}
+
 // q [rows, hidden] fp8 bytes (row stride q_stride), x [rows, hidden] (row stride x_stride).
 struct QuantRows {
   int64_t rows, hidden, x_stride, q_stride;
@@ -418,6 +440,37 @@ void per_group_impl(Q* q, const ScaleOut& so, const T* x, const QuantRows& a, in
   }
 }
 
+// The fused form: a.hidden is d (x's rows hold 2d); each row's product goes through a float
+// buffer of d (one per thread, allocated once) into the float32 group quantization above.
+template <typename T>
+void silu_group_impl(uint8_t* q, const ScaleOut& so, const T* x, const QuantRows& a, int64_t gs, float eps,
+                     bool ue8m0) {
+  const int64_t d = a.hidden, groups = d / gs;
+  const int nt = cpu::threads_for(a.rows * d * static_cast<int64_t>(2 * sizeof(T) + 1), kParallelMinBytes, a.rows);
+  const int level = cpu::vec_level();
+  (void)level;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1)
+#endif
+  {
+    std::vector<float> y(static_cast<size_t>(d));
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t r = 0; r < a.rows; ++r) {
+      const T* xr = x + r * a.x_stride;
+      silu_mul_row(y.data(), xr, xr + d, d);
+#if OPMUX_CPU_VEC512
+      if (level >= 1) {
+        v512::per_group_row(q + r * a.q_stride, so, r, y.data(), groups, gs, eps, kFp8Max, ue8m0, false);
+        continue;
+      }
+#endif
+      per_group_row(q + r * a.q_stride, so, r, y.data(), groups, gs, eps, kFp8Max, ue8m0, false);
+    }
+  }
+}
+
 }  // namespace quantization_cpu
 }  // namespace opmux
 
@@ -516,9 +569,28 @@ void per_token_group_quant_int8_cpu(TensorView q, TensorView scales, TensorView 
   group_entry<int8_t>("opmux.per_token_group_quant_int8", q, scales, x, group_size, eps, false, false);
 }
 
+void silu_and_mul_per_token_group_quant_fp8_cpu(TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                                                double eps, bool ue8m0) {
+  const char* op = "opmux.silu_and_mul_per_token_group_quant_fp8";
+  check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  QuantArgs a = check_silu_quant_args(op, q, x);
+  check_positive_int(op, "group_size", group_size);
+  lane::contract::rule_half_group_multiple(op, 2 * a.hidden, group_size);  // the contract's words
+  check_eps(op, eps);
+  const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
+  if (a.rows == 0) return;
+  const ScaleOut so{data_ptr<void>(scales), gsc.s_row, gsc.s_col, gsc.packed};
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, cpu::half_t, cpu::bf16_t, [&] {
+    silu_group_impl<scalar_t>(data_ptr<uint8_t>(q), so, data_ptr<const scalar_t>(x), rows_of(a), group_size,
+                              static_cast<float>(eps), ue8m0);
+  });
+}
+
 }  // namespace quantization_cpu
 }  // namespace opmux
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_per_token_group_quant_fp8_cpu,
+                              opmux::quantization_cpu::silu_and_mul_per_token_group_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cpu, opmux::quantization_cpu::per_token_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cpu, opmux::quantization_cpu::per_tensor_quant_fp8_cpu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_group_quant_fp8_cpu,

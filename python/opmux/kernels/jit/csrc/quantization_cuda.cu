@@ -18,6 +18,12 @@
 // issues all their first loads before any use: 2 x 16 bytes in flight per thread. Group index
 // math is 32-bit whenever rows * groups fits (a 64-bit division costs ~70 instructions).
 //
+// silu_and_mul_per_token_group_quant_fp8_cuda(q, scales, x, group_size, eps, ue8m0): x [rows, 2d];
+// y = silu(x[:, :d]) * x[:, d:] in float (the activation group's silu: __expf, __fdividef), never
+// rounded to x's dtype, then the group quantization of y. One pass: `lanes` threads per group,
+// each thread's first gate / up vector pair in registers (group 128 of 16-bit inputs: the whole
+// group, one pair per thread; the same launch shape as silu_and_mul's flat kernel).
+//
 // Group scales go to float32 [rows, groups] with any strides, or (ue8m0 with int32 scales) to
 // sgl-kernel's packed layout: the UE8M0 exponent byte g % 4 of int32 element [row, g / 4].
 //
@@ -529,6 +535,96 @@ void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
   cuda::launch(op, device_id, props, kernel, grid, block, 0, stream, p);
 }
 
+// y[k] = silu(gate[k]) * up[k] for one vector pair, in float.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<float, VEC> silu_mul(const Vec<T, VEC>& g, const Vec<T, VEC>& u) {
+  Vec<float, VEC> y;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float gf = to_float(g.v[k]);
+    y.v[k] = __fdividef(gf, 1.0f + __expf(-gf)) * to_float(u.v[k]);
+  }
+  return y;
+}
+
+template <int VEC>
+__device__ __forceinline__ float float_abs_max(const Vec<float, VEC>& y, float m) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) m = cuda::nan_max(m, fabsf(y.v[k]));
+  return m;
+}
+
+// Thread i serves group i / lanes of the flattened [rows, groups] index space as lane i % lanes
+// (lanes: a power of two <= 32 dividing the group's vector count, so a group's lanes are
+// consecutive threads of one warp); p.x_stride / p.q_stride as GroupParams, `d` the half width.
+template <typename T, int VEC, typename IndexT>
+__global__ void __launch_bounds__(256) silu_group_kernel(GroupParams p, int64_t d) {
+  const int lanes = p.lanes;
+  const IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const IndexT gid = i / static_cast<IndexT>(lanes);
+  const int lane = static_cast<int>(i & static_cast<IndexT>(lanes - 1));
+  const bool valid = gid < static_cast<IndexT>(p.total);
+  const IndexT row = valid ? gid / static_cast<IndexT>(p.groups) : 0;
+  const IndexT g = valid ? gid - row * static_cast<IndexT>(p.groups) : 0;
+  const int64_t goff = static_cast<int64_t>(g) * p.group_size;
+  const T* gate = static_cast<const T*>(p.x) + static_cast<int64_t>(row) * p.x_stride + goff;
+  const T* up = gate + d;
+  uint8_t* q = static_cast<uint8_t*>(p.q) + static_cast<int64_t>(row) * p.q_stride + goff;
+  const int nvec = p.group_size / VEC;
+
+  cuda::pdl_enter();
+  Vec<float, VEC> first;
+  float m = 0.f;
+  if (valid) {  // lanes <= nvec: every lane has a first vector
+    first = silu_mul<T, VEC>(load_vec<T, VEC>(gate + lane * VEC), load_vec<T, VEC>(up + lane * VEC));
+    m = float_abs_max<VEC>(first, m);
+    for (int j = lane + lanes; j < nvec; j += lanes)
+      m = float_abs_max<VEC>(silu_mul<T, VEC>(load_vec<T, VEC>(gate + j * VEC), load_vec<T, VEC>(up + j * VEC)), m);
+  }
+  // max over the group's lanes (every thread of the warp shuffles, the invalid ones with 0)
+  for (int o = lanes >> 1; o > 0; o >>= 1) m = cuda::nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (!valid) return;
+  float scale = __fdiv_rn(cuda::nan_max(m, p.eps), kFp8Max);
+  if (p.ue8m0) scale = cuda::ue8m0_round(scale);
+  if (lane == 0) {
+    if (p.packed) {
+      static_cast<uint8_t*>(p.s)[4 * (static_cast<int64_t>(row) * p.s_row + static_cast<int64_t>(g >> 2) * p.s_col) +
+                                 static_cast<int>(g & 3)] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+    } else {
+      static_cast<float*>(p.s)[static_cast<int64_t>(row) * p.s_row + static_cast<int64_t>(g) * p.s_col] = scale;
+    }
+  }
+  const float inv = 1.0f / scale;
+  store_fp8<float, VEC>(q + lane * VEC, first, inv);
+  for (int j = lane + lanes; j < nvec; j += lanes)
+    store_fp8<float, VEC>(q + j * VEC, silu_mul<T, VEC>(load_vec<T, VEC>(gate + j * VEC), load_vec<T, VEC>(up + j * VEC)), inv);
+}
+
+template <typename T>
+void launch_silu_group(const char* op, GroupParams p, int64_t d, int32_t device_id) {
+  constexpr int VEC = cuda::kVec16<T>;
+  // 16-byte gate and up loads need d (the up half's offset) and the group in whole vectors
+  const bool vec_ok = p.group_size % VEC == 0 && d % VEC == 0 && cuda::aligned(p.x, 16) &&
+                      (p.x_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 && cuda::aligned(p.q, VEC) &&
+                      p.q_stride % VEC == 0;
+  const int nvec = vec_ok ? p.group_size / VEC : p.group_size;
+  int lanes = 1;
+  while (lanes < 32 && nvec % (lanes * 2) == 0) lanes *= 2;
+  p.lanes = lanes;
+  cuda::DeviceScope scope(op, device_id);
+  const cuda::DeviceProps props = cuda::device_props(op, device_id);
+  const cudaStream_t stream = cuda::current_stream(device_id);
+  constexpr int kThreads = 256;
+  const int64_t threads = p.total * lanes;
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  if (blocks > INT32_MAX) TVM_FFI_THROW(ValueError) << op << ": " << p.total << " groups are too many for one launch";
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);
+  const bool small = blocks * kThreads <= static_cast<int64_t>(UINT32_MAX);  // every thread index formed fits
+  auto kernel = vec_ok ? (small ? silu_group_kernel<T, VEC, uint32_t> : silu_group_kernel<T, VEC, int64_t>)
+                       : (small ? silu_group_kernel<T, 1, uint32_t> : silu_group_kernel<T, 1, int64_t>);
+  cuda::launch(op, device_id, props, kernel, grid, block, 0, stream, p, d);
+}
+
 // The shared checks, plus the 32-bit index limits of these kernels (the contract's CUDA rules).
 inline QuantArgs check_cuda_quant_args(const char* op, const TensorView& q, const TensorView& x,
                                        bool int8_q = false) {
@@ -661,8 +757,45 @@ void per_token_group_quant_int8_cuda(TensorView q, TensorView scales, TensorView
   group_entry<int8_t>("opmux.per_token_group_quant_int8", q, scales, x, group_size, eps, false, false);
 }
 
+void silu_and_mul_per_token_group_quant_fp8_cuda(TensorView q, TensorView scales, TensorView x, int64_t group_size,
+                                                 double eps, bool ue8m0, bool enable_pdl) {
+  cuda::PdlScope pdl(enable_pdl);
+  const char* op = "opmux.silu_and_mul_per_token_group_quant_fp8";
+  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  QuantArgs a = check_silu_quant_args(op, q, x);
+  lane::contract::rule_cuda_rows(op, a.rows);
+  lane::contract::rule_cuda_pairs(op, 2 * a.hidden);
+  check_positive_int(op, "group_size", group_size);
+  lane::contract::rule_half_group_multiple(op, 2 * a.hidden, group_size);  // the contract's words
+  check_eps(op, eps);
+  const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
+  if (a.rows == 0) return;
+  GroupParams p;
+  p.q = data_ptr<void>(q);
+  p.s = data_ptr<void>(scales);
+  p.x = data_ptr<const void>(x);
+  p.x_stride = a.x_stride;
+  p.q_stride = a.q_stride;
+  p.s_row = gsc.s_row;
+  p.s_col = gsc.s_col;
+  p.groups = static_cast<int>(a.hidden / group_size);
+  p.group_size = static_cast<int>(group_size);
+  p.total = a.rows * p.groups;
+  p.lanes = 1;
+  p.eps = static_cast<float>(eps);
+  p.qmax = kFp8Max;
+  p.packed = gsc.packed;
+  p.ue8m0 = ue8m0;
+  p.divide = false;
+  OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
+                       [&] { launch_silu_group<scalar_t>(op, p, a.hidden, dev); });
+}
+
 }  // namespace quantization_cuda
 }  // namespace opmux
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul_per_token_group_quant_fp8_cuda,
+                              opmux::quantization_cuda::silu_and_mul_per_token_group_quant_fp8_cuda);
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_token_quant_fp8_cuda, opmux::quantization_cuda::per_token_quant_fp8_cuda);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(per_tensor_quant_fp8_cuda, opmux::quantization_cuda::per_tensor_quant_fp8_cuda);

@@ -375,6 +375,109 @@ def outputs_per_token(x: Any, scale_ub: Any = None, divide_by_scale: Any = False
     return (out_q, out_scale,), (out_q, out_scale)
 
 
+def check_silu_group(op: str, x: Any, group_size: Any = 128, eps: Any = 1e-10, column_major_scales: Any = False, scale_tma_aligned: Any = False, scale_ue8m0: Any = False, out_q: Any = None, out_scale: Any = None) -> tuple[tuple[Any, ...], Any]:
+    try:  # the serving form, each attribute read once; anything else: the full checks
+        x_s = x.shape
+        if (
+            type(group_size) is int
+            and group_size > 0
+            and type(eps) is float
+            and 0.0 < eps < _checks.INF
+            and column_major_scales is False
+            and scale_tma_aligned is False
+            and type(scale_ue8m0) is bool
+            and out_q is None
+            and out_scale is None
+            and len(x_s) == 2
+            and x.dtype in _FLOAT32_FLOAT16_BFLOAT16
+            and (x_s[1] <= 1 or x.stride()[1] == 1)
+            and type(x) is _TENSOR
+        ):
+            T = x_s[0]
+            D2 = x_s[1]
+            if (D2 >= 2 and D2 % 2 == 0) and ((D2 // 2) % group_size == 0) and (column_major_scales or not scale_tma_aligned) and (T <= 2**31 - 1 or not x.is_cuda) and (D2 <= 2**31 - 1 or not x.is_cuda):
+                group_size_ = group_size
+                eps_ = eps
+                column_major_scales_ = column_major_scales
+                scale_tma_aligned_ = scale_tma_aligned
+                scale_ue8m0_ = scale_ue8m0
+                out_q = x.new_empty(T, D2 // 2, dtype=_DT_FLOAT8_E4M3FN)
+                out_scale = x.new_empty(T, D2 // 2 // group_size, dtype=_DT_FLOAT32)
+                return (out_q.view(_UINT8), out_scale, x, group_size_, eps_, scale_ue8m0_,), (out_q, out_scale)
+    except Exception:  # not tensors, other layouts, ...: the full checks say what is wrong
+        pass
+    _checks.tensor(op, "x", x)
+    _checks.float_dtype(op, "x", x)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: x has shape {tuple(x.shape)}; its last dim must be even ([..., 2*d]) and at least 2")
+    T = tuple(x.shape[:-1])
+    D2 = x.shape[-1]
+    if not (D2 >= 2 and D2 % 2 == 0):
+        raise ValueError(f'{op}: x has shape {tuple(x.shape)}; its last dim must be even ([..., 2*d]) and at least 2')
+    if not (prod(T) <= 2**31 - 1) and x.device.type == 'cuda':
+        raise ValueError(f'{op}: x has {prod(T)} rows; at most 2^31 - 1 on CUDA')
+    if not (D2 <= 2**31 - 1) and x.device.type == 'cuda':
+        raise ValueError(f"{op}: x's last dim {D2} is too large; at most 2^31 - 1 on CUDA")
+    _checks.positive_int(op, "group_size", group_size)
+    group_size_ = group_size
+    if not ((D2 // 2) % group_size == 0):
+        raise ValueError(f"{op}: x's half width {D2 // 2} (its last dim / 2) is not a multiple of group_size {group_size}")
+    _checks.positive_float(op, "eps", eps)
+    eps_ = float(eps)
+    if not isinstance(column_major_scales, bool):
+        raise TypeError(f"{op}: column_major_scales must be a bool, got {column_major_scales!r}")
+    column_major_scales_ = column_major_scales
+    if not isinstance(scale_tma_aligned, bool):
+        raise TypeError(f"{op}: scale_tma_aligned must be a bool, got {scale_tma_aligned!r}")
+    scale_tma_aligned_ = scale_tma_aligned
+    if not (column_major_scales or not scale_tma_aligned):
+        raise ValueError(f'{op}: scale_tma_aligned needs column_major_scales=True (TMA-aligned column-major scales)')
+    if not isinstance(scale_ue8m0, bool):
+        raise TypeError(f"{op}: scale_ue8m0 must be a bool, got {scale_ue8m0!r}")
+    scale_ue8m0_ = scale_ue8m0
+    if out_q is not None or out_scale is not None:
+        _checks.no_caller_outputs_when_compiling(op, "out_q / out_scale", out_q, out_scale)
+    if out_q is None:
+        out_q = torch.empty((*T, D2 // 2), dtype=_DT_FLOAT8_E4M3FN, device=x.device)
+    else:
+        _checks.tensor(op, "out_q", out_q)
+        _checks.dtype_in(op, "out_q", out_q, ('float8_e4m3fn',))
+        if tuple(out_q.shape) != (*T, D2 // 2):
+            raise ValueError(f"{op}: out_q has shape {tuple(out_q.shape)}, expected {(*T, D2 // 2)} ([..., d]: x's half width)")
+        _checks.same_device(op, "x", x, out_q=out_q)
+    out_scale_p = False
+    if out_scale is None:
+        if scale_tma_aligned:
+            out_scale = _checks.column_major(prod(T), D2 // 2 // group_size, 4, _DT_FLOAT32, x.device).view(*T, D2 // 2 // group_size)
+        elif column_major_scales:
+            out_scale = _checks.column_major(prod(T), D2 // 2 // group_size, 1, _DT_FLOAT32, x.device).view(*T, D2 // 2 // group_size)
+        else:
+            out_scale = torch.empty((*T, D2 // 2 // group_size), dtype=_DT_FLOAT32, device=x.device)
+    else:
+        _checks.tensor(op, "out_scale", out_scale)
+        out_scale_p = _checks.packed_dtype(op, "out_scale", out_scale, ('float32',), "int32", scale_ue8m0, "scale_ue8m0", 'packed UE8M0')
+        _checks.same_device(op, "x", x, out_scale=out_scale)
+    x_v = _checks.rows(op, "x", x, D2)
+    out_q_v = _checks.rows(op, "out_q", out_q, D2 // 2)
+    out_q_v = out_q_v.view(_UINT8)
+    out_scale_v = _checks.scale_rows(op, "out_scale", out_scale, prod(T), cdiv(D2 // 2 // group_size, 4) if out_scale_p else D2 // 2 // group_size, ' (ceil(G / 4) packed UE8M0 int32)' if out_scale_p else ' (one per group)')
+    return (out_q_v, out_scale_v, x_v, group_size_, eps_, scale_ue8m0_,), (out_q, out_scale)
+
+
+def outputs_silu_group(x: Any, group_size: Any = 128, eps: Any = 1e-10, column_major_scales: Any = False, scale_tma_aligned: Any = False, scale_ue8m0: Any = False, out_q: Any = None, out_scale: Any = None) -> tuple[tuple[Any, ...], Any]:
+    T, D2 = x.shape  # its serving rank, else raises
+    if not ((D2 >= 2 and D2 % 2 == 0) and ((D2 // 2) % group_size == 0) and (column_major_scales or not scale_tma_aligned)):
+        raise ValueError("not the serving form")  # the contract speaks
+    out_q = x.new_empty(T, D2 // 2, dtype=_DT_FLOAT8_E4M3FN)
+    if scale_tma_aligned:
+        out_scale = _checks.column_major(T, D2 // 2 // group_size, 4, _DT_FLOAT32, x.device).view(T, D2 // 2 // group_size)
+    elif column_major_scales:
+        out_scale = _checks.column_major(T, D2 // 2 // group_size, 1, _DT_FLOAT32, x.device).view(T, D2 // 2 // group_size)
+    else:
+        out_scale = x.new_empty(T, D2 // 2 // group_size, dtype=_DT_FLOAT32)
+    return (out_q, out_scale,), (out_q, out_scale)
+
+
 def check_static_blocks(op: str, x: Any, scale: Any, out: Any = None) -> tuple[tuple[Any, ...], Any]:
     try:  # the serving form, each attribute read once; anything else: the full checks
         x_s = x.shape

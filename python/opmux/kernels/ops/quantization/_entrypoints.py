@@ -75,6 +75,7 @@ FORMS = {
     'per_token_group_quant_fp8': '(Tensor x, int group_size=128, float eps=1e-10, bool column_major_scales=False, bool scale_tma_aligned=False, bool scale_ue8m0=False, bool divide_by_scale=False, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor); key x; outputs',
     'per_token_group_quant_int8': '(Tensor x, int group_size=128, float eps=1e-10, bool column_major_scales=False, bool scale_tma_aligned=False, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor); key x; outputs',
     'per_token_quant_fp8': '(Tensor x, Tensor? scale_ub=None, bool divide_by_scale=False, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor); key x; outputs',
+    'silu_and_mul_per_token_group_quant_fp8': '(Tensor x, int group_size=128, float eps=1e-10, bool column_major_scales=False, bool scale_tma_aligned=False, bool scale_ue8m0=False, Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor); key x; outputs',
     'static_quant_fp8': '(Tensor x, Tensor scale, Tensor(a!)? out=None) -> Tensor; key x',
 }
 
@@ -1281,6 +1282,293 @@ def reference_per_token_quant_fp8(x, scale_ub=None, divide_by_scale=False, out_q
     if out_scale is not None and not out_scale.is_contiguous():
         SELF(OP, 'out_scale', out_scale)
     return KERNEL(x, scale_ub, divide_by_scale, out_q, out_scale)
+
+
+# -- quantization.silu_and_mul_per_token_group_quant_fp8 -----------------------------------------
+def silu_and_mul_per_token_group_quant_fp8(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, scale_ue8m0=False, out_q=None, out_scale=None, backend=None, enable_pdl=None):
+    if DYNAMO_ON[0] and DYNAMO() or COMPILER._is_compiling_flag:
+        return LIB['silu_and_mul_per_token_group_quant_fp8'](x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+    if ENTRY_PENDING[0]:
+        ENTRY_POLL()
+    try:
+        LANE, LFLAG = (LANE_CPU if x.is_cpu else LANE_CUDA if x.is_cuda else NO_LANES)[x.dtype] if backend is None else LANE_FORCED.get((backend, x.is_cpu, x.dtype), NO_LANE)
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and out_q is None and out_scale is None and type(group_size) is int and type(eps) is float:
+        G = GRAD()
+        if G:
+            if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+                NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+        if type(LANE) is ENTRY:
+            R = LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale) if LFLAG is None else LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale, LFLAG if enable_pdl is None else bool(enable_pdl))
+            if R is not None:
+                return R
+            LOUT = None
+        else:
+            try:
+                LOUT, LRES = OUTPUTS(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+            except Exception:
+                LOUT = None
+        if LOUT is not None:
+            R = LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, LOUT[0], LOUT[1]) if LFLAG is None else LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, LOUT[0], LOUT[1], LFLAG if enable_pdl is None else bool(enable_pdl))
+            if R is not None:
+                return LRES
+    try:
+        KERNEL = CPU[x.dtype] if backend is None and x.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+        if GRAD():
+            if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+                NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+            if out_q is not None:
+                BUMP((out_q,))
+            if out_scale is not None:
+                BUMP((out_scale,))
+        if out_q is not None:
+            S_out_q = out_q.untyped_storage().data_ptr()
+            S_x = x.untyped_storage().data_ptr()
+            if S_out_q == S_x and OVERLAPS(out_q, x):
+                ALIAS(OP, 'out_q', out_q, 'x', x, False)
+            if out_scale is not None and S_out_q == out_scale.untyped_storage().data_ptr() and OVERLAPS(out_q, out_scale):
+                ALIAS(OP, 'out_q', out_q, 'out_scale', out_scale, True)
+        if out_scale is not None:
+            S_out_scale = out_scale.untyped_storage().data_ptr()
+            S_x = x.untyped_storage().data_ptr()
+            if S_out_scale == S_x and OVERLAPS(out_scale, x):
+                ALIAS(OP, 'out_scale', out_scale, 'x', x, False)
+        if out_q is not None and not out_q.is_contiguous():
+            SELF(OP, 'out_q', out_q)
+        if out_scale is not None and not out_scale.is_contiguous():
+            SELF(OP, 'out_scale', out_scale)
+        KERNEL(*KARGS)
+        return RESULT
+    try:
+        if backend is None:
+            if x.is_cuda:
+                KERNEL, FLAG = CUDA[x.dtype]
+        elif x.is_cpu or x.is_cuda:
+            KERNEL, FLAG = FORCED[backend, x.is_cpu, x.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        return DISPATCH((x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale,), {}, backend, enable_pdl)
+    KARGS, RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+    if GRAD():
+        if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+            NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+        if out_q is not None:
+            BUMP((out_q,))
+        if out_scale is not None:
+            BUMP((out_scale,))
+    if out_q is not None:
+        S_out_q = out_q.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_q == S_x and OVERLAPS(out_q, x):
+            ALIAS(OP, 'out_q', out_q, 'x', x, False)
+        if out_scale is not None and S_out_q == out_scale.untyped_storage().data_ptr() and OVERLAPS(out_q, out_scale):
+            ALIAS(OP, 'out_q', out_q, 'out_scale', out_scale, True)
+    if out_scale is not None:
+        S_out_scale = out_scale.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_scale == S_x and OVERLAPS(out_scale, x):
+            ALIAS(OP, 'out_scale', out_scale, 'x', x, False)
+    if out_q is not None and not out_q.is_contiguous():
+        SELF(OP, 'out_q', out_q)
+    if out_scale is not None and not out_scale.is_contiguous():
+        SELF(OP, 'out_scale', out_scale)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))
+    return RESULT
+
+
+def library_silu_and_mul_per_token_group_quant_fp8(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, scale_ue8m0=False, out_q=None, out_scale=None):
+    if BRIDGE_PENDING[0]:
+        BRIDGE_POLL()
+    try:
+        LANE, LFLAG = (LANE_CPU if x.is_cpu else LANE_CUDA if x.is_cuda else NO_LANES)[x.dtype]
+    except (KeyError, TypeError, AttributeError):
+        LANE = None
+    if LANE is not None and out_q is None and out_scale is None and type(group_size) is int and type(eps) is float:
+        G = GRAD()
+        if G:
+            if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+                NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+        if type(LANE) is ENTRY:
+            R = LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale) if LFLAG is None else LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale, LFLAG)
+            if R is not None:
+                return R
+            LOUT = None
+        else:
+            try:
+                LOUT, LRES = OUTPUTS(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+            except Exception:
+                LOUT = None
+        if LOUT is not None:
+            R = LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, LOUT[0], LOUT[1]) if LFLAG is None else LANE(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, LOUT[0], LOUT[1], LFLAG)
+            if R is not None:
+                return LRES
+    try:
+        KERNEL = CPU[x.dtype] if x.is_cpu else None
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is not None:
+        KARGS, RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+        if GRAD():
+            if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+                NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+            if out_q is not None:
+                BUMP((out_q,))
+            if out_scale is not None:
+                BUMP((out_scale,))
+        if out_q is not None:
+            S_out_q = out_q.untyped_storage().data_ptr()
+            S_x = x.untyped_storage().data_ptr()
+            if S_out_q == S_x and OVERLAPS(out_q, x):
+                ALIAS(OP, 'out_q', out_q, 'x', x, False)
+            if out_scale is not None and S_out_q == out_scale.untyped_storage().data_ptr() and OVERLAPS(out_q, out_scale):
+                ALIAS(OP, 'out_q', out_q, 'out_scale', out_scale, True)
+        if out_scale is not None:
+            S_out_scale = out_scale.untyped_storage().data_ptr()
+            S_x = x.untyped_storage().data_ptr()
+            if S_out_scale == S_x and OVERLAPS(out_scale, x):
+                ALIAS(OP, 'out_scale', out_scale, 'x', x, False)
+        if out_q is not None and not out_q.is_contiguous():
+            SELF(OP, 'out_q', out_q)
+        if out_scale is not None and not out_scale.is_contiguous():
+            SELF(OP, 'out_scale', out_scale)
+        KERNEL(*KARGS)
+        return RESULT
+    try:
+        if x.is_cuda:
+            KERNEL, FLAG = CUDA[x.dtype]
+    except (KeyError, TypeError, AttributeError):
+        KERNEL = None
+    if KERNEL is None:
+        return DISPATCH((x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale,), {}, None)
+    KARGS, RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+    if GRAD():
+        if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+            NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+        if out_q is not None:
+            BUMP((out_q,))
+        if out_scale is not None:
+            BUMP((out_scale,))
+    if out_q is not None:
+        S_out_q = out_q.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_q == S_x and OVERLAPS(out_q, x):
+            ALIAS(OP, 'out_q', out_q, 'x', x, False)
+        if out_scale is not None and S_out_q == out_scale.untyped_storage().data_ptr() and OVERLAPS(out_q, out_scale):
+            ALIAS(OP, 'out_q', out_q, 'out_scale', out_scale, True)
+    if out_scale is not None:
+        S_out_scale = out_scale.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_scale == S_x and OVERLAPS(out_scale, x):
+            ALIAS(OP, 'out_scale', out_scale, 'x', x, False)
+    if out_q is not None and not out_q.is_contiguous():
+        SELF(OP, 'out_q', out_q)
+    if out_scale is not None and not out_scale.is_contiguous():
+        SELF(OP, 'out_scale', out_scale)
+    if FLAG is None:
+        KERNEL(*KARGS)
+    else:
+        KERNEL(*KARGS, FLAG)
+    return RESULT
+
+
+def fake_silu_and_mul_per_token_group_quant_fp8(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, scale_ue8m0=False, out_q=None, out_scale=None):
+    RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)[1]
+    return RESULT
+
+
+def bound_silu_and_mul_per_token_group_quant_fp8(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, scale_ue8m0=False, out_q=None, out_scale=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+    if GRAD():
+        if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+            NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+        if out_q is not None:
+            BUMP((out_q,))
+        if out_scale is not None:
+            BUMP((out_scale,))
+    if out_q is not None:
+        S_out_q = out_q.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_q == S_x and OVERLAPS(out_q, x):
+            ALIAS(OP, 'out_q', out_q, 'x', x, False)
+        if out_scale is not None and S_out_q == out_scale.untyped_storage().data_ptr() and OVERLAPS(out_q, out_scale):
+            ALIAS(OP, 'out_q', out_q, 'out_scale', out_scale, True)
+    if out_scale is not None:
+        S_out_scale = out_scale.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_scale == S_x and OVERLAPS(out_scale, x):
+            ALIAS(OP, 'out_scale', out_scale, 'x', x, False)
+    if out_q is not None and not out_q.is_contiguous():
+        SELF(OP, 'out_q', out_q)
+    if out_scale is not None and not out_scale.is_contiguous():
+        SELF(OP, 'out_scale', out_scale)
+    KERNEL(*KARGS)
+    return RESULT
+
+
+def bound_silu_and_mul_per_token_group_quant_fp8_pdl(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, scale_ue8m0=False, out_q=None, out_scale=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+    if GRAD():
+        if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+            NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+        if out_q is not None:
+            BUMP((out_q,))
+        if out_scale is not None:
+            BUMP((out_scale,))
+    if out_q is not None:
+        S_out_q = out_q.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_q == S_x and OVERLAPS(out_q, x):
+            ALIAS(OP, 'out_q', out_q, 'x', x, False)
+        if out_scale is not None and S_out_q == out_scale.untyped_storage().data_ptr() and OVERLAPS(out_q, out_scale):
+            ALIAS(OP, 'out_q', out_q, 'out_scale', out_scale, True)
+    if out_scale is not None:
+        S_out_scale = out_scale.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_scale == S_x and OVERLAPS(out_scale, x):
+            ALIAS(OP, 'out_scale', out_scale, 'x', x, False)
+    if out_q is not None and not out_q.is_contiguous():
+        SELF(OP, 'out_q', out_q)
+    if out_scale is not None and not out_scale.is_contiguous():
+        SELF(OP, 'out_scale', out_scale)
+    KERNEL(*KARGS, FLAG if enable_pdl is None else bool(enable_pdl))
+    return RESULT
+
+
+def reference_silu_and_mul_per_token_group_quant_fp8(x, group_size=128, eps=1e-10, column_major_scales=False, scale_tma_aligned=False, scale_ue8m0=False, out_q=None, out_scale=None, enable_pdl=None):
+    KARGS, RESULT = CHECK(OP, x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
+    if GRAD():
+        if x.requires_grad or (out_q is not None and out_q.requires_grad) or (out_scale is not None and out_scale.requires_grad):
+            NO_GRAD(OP, ('x', x), ('out_q', out_q), ('out_scale', out_scale),)
+        if out_q is not None:
+            BUMP((out_q,))
+        if out_scale is not None:
+            BUMP((out_scale,))
+    if out_q is not None:
+        S_out_q = out_q.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_q == S_x and OVERLAPS(out_q, x):
+            ALIAS(OP, 'out_q', out_q, 'x', x, False)
+        if out_scale is not None and S_out_q == out_scale.untyped_storage().data_ptr() and OVERLAPS(out_q, out_scale):
+            ALIAS(OP, 'out_q', out_q, 'out_scale', out_scale, True)
+    if out_scale is not None:
+        S_out_scale = out_scale.untyped_storage().data_ptr()
+        S_x = x.untyped_storage().data_ptr()
+        if S_out_scale == S_x and OVERLAPS(out_scale, x):
+            ALIAS(OP, 'out_scale', out_scale, 'x', x, False)
+    if out_q is not None and not out_q.is_contiguous():
+        SELF(OP, 'out_q', out_q)
+    if out_scale is not None and not out_scale.is_contiguous():
+        SELF(OP, 'out_scale', out_scale)
+    return KERNEL(x, group_size, eps, column_major_scales, scale_tma_aligned, scale_ue8m0, out_q, out_scale)
 
 
 # -- quantization.static_quant_fp8 ---------------------------------------------------------------

@@ -91,15 +91,15 @@ _CUDA_H = Rule(
 )
 
 
-def _q(dtypes: tuple[str, ...] = FP8, name: str = "out_q") -> Arg:
+def _q(dtypes: tuple[str, ...] = FP8, name: str = "out_q", width: str = "H") -> Arg:
     """The quantized output, x's shape (fp8 crosses into the kernels as its bytes)."""
     return Arg(
         name,
-        "*T, H",
+        f"*T, {width}",
         dtypes=dtypes,
         device_of="x",
         out=True,
-        note=" like x",
+        note=" like x" if width == "H" else " ([..., d]: x's half width)",
         kernel_dtype="uint8" if dtypes == FP8 else "",
     )
 
@@ -163,12 +163,30 @@ STATIC = Contract(
 )
 
 
-def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
+#: x [*T, 2 * d] gate / up halves (the fused silu_and_mul forms): the width quantized is d
+_X_PAIRS = Arg(
+    "x", "*T, D2", dtypes=FLOATS, shape_hint="its last dim must be even ([..., 2*d]) and at least 2"
+)
+_PAIRS = Rule(
+    "D2 >= 2 and D2 % 2 == 0",
+    "x has shape {tuple(x.shape)}; its last dim must be even ([..., 2*d]) and at least 2",
+)
+_CUDA_D2 = Rule(
+    "D2 <= 2**31 - 1",
+    "x's last dim {D2} is too large; at most 2^31 - 1 on CUDA",
+    device="cuda",
+    name="cuda_pairs",
+)
+
+
+def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar, fused: bool = False) -> Contract:
     """x [*T, H] -> (q, a scale per group of ``group_size``): kernel arguments (q, scales
-    [rows, G] of any strides, x, group_size, eps, *flags)."""
+    [rows, G] of any strides, x, group_size, eps, *flags). ``fused``: x [*T, 2 * d] and the
+    groups over d (``silu(x[..., :d]) * x[..., d:]``, quantized)."""
+    width = "D2 // 2" if fused else "H"
     scales = Arg(
         "out_scale",
-        "*T, H // group_size",
+        f"*T, {width} // group_size",
         dtypes=_F32,
         device_of="x",
         out=True,
@@ -178,22 +196,31 @@ def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
         packed=Packed(
             "int32",
             "scale_ue8m0",
-            "cdiv(H // group_size, 4)",
+            f"cdiv({width} // group_size, 4)",
             "packed UE8M0",
             "ceil(G / 4) packed UE8M0 int32",
         ),
     )
-    items: tuple[Arg | Scalar | Rule, ...] = (
-        _X,
-        _H,
-        _CUDA_ROWS,
-        _CUDA_H,
-        Scalar("group_size", "positive_int"),
+    multiple = (
         Rule(
+            "(D2 // 2) % group_size == 0",
+            "x's half width {D2 // 2} (its last dim / 2) is not a multiple of group_size {group_size}",
+            name="half_group_multiple",
+        )
+        if fused
+        else Rule(
             "H % group_size == 0",
             "x's last dim {H} is not a multiple of group_size {group_size}",
             name="group_multiple",
-        ),
+        )
+    )
+    shape: tuple[Arg | Rule, ...] = (
+        (_X_PAIRS, _PAIRS, _CUDA_ROWS, _CUDA_D2) if fused else (_X, _H, _CUDA_ROWS, _CUDA_H)
+    )
+    items: tuple[Arg | Scalar | Rule, ...] = (
+        *shape,
+        Scalar("group_size", "positive_int"),
+        multiple,
         Scalar("eps", "positive"),
         Scalar("column_major_scales", "bool"),
         Scalar("scale_tma_aligned", "bool"),
@@ -202,7 +229,7 @@ def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
             "scale_tma_aligned needs column_major_scales=True (TMA-aligned column-major scales)",
         ),
         *flags,
-        _q(q),
+        _q(q, width=width),
         scales,
     )
     kernel = ("out_q", "out_scale", "x", "group_size", "eps", *(f.name for f in flags))
@@ -211,6 +238,7 @@ def _group_contract(name: str, q: tuple[str, ...], *flags: Scalar) -> Contract:
 
 GROUP = _group_contract("group", FP8, Scalar("scale_ue8m0", "bool"), Scalar("divide_by_scale", "bool"))
 GROUP_INT8 = _group_contract("group_int8", ("int8",))
+SILU_GROUP = _group_contract("silu_group", FP8, Scalar("scale_ue8m0", "bool"), fused=True)
 
 
 # -- references (the oracle calls them with float64 tensors, out buffers included) -------------
@@ -338,6 +366,37 @@ def ref_group(
     return _write(out_q, q), _write(out_scale, _layout(scale, column_major_scales, scale_tma_aligned))
 
 
+def _silu_mul(x: Tensor) -> Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` in float32 (float64 stays float64), not rounded to x's dtype."""
+    d = x.shape[-1] // 2
+    xf = x if x.dtype == torch.float64 else x.float()
+    g = xf[..., :d]
+    return g * torch.sigmoid(g) * xf[..., d:]
+
+
+def ref_silu_group(
+    x: Tensor,
+    group_size: int = 128,
+    eps: float = 1e-10,
+    column_major_scales: bool = False,
+    scale_tma_aligned: bool = False,
+    scale_ue8m0: bool = False,
+    out_q: Tensor | None = None,
+    out_scale: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    return ref_group(
+        _silu_mul(x),
+        group_size,
+        eps,
+        column_major_scales,
+        scale_tma_aligned,
+        scale_ue8m0,
+        False,
+        out_q,
+        out_scale,
+    )
+
+
 def ref_group_int8(
     x: Tensor,
     group_size: int = 128,
@@ -402,6 +461,10 @@ def torch_group(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float, ue: bool, 
         s.copy_(scale.squeeze(-1))
 
 
+def torch_silu_group(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float, ue: bool) -> None:
+    torch_group(q, s, _silu_mul(x), gs, eps, ue, False)
+
+
 def torch_group_int8(q: Tensor, s: Tensor, x: Tensor, gs: int, eps: float) -> None:
     xg, scale = _torch_group_scale(x, gs, eps, INT8_MAX, False)
     q.copy_(_to_int8(xg * scale.reciprocal()).view(q.shape))
@@ -462,6 +525,18 @@ per_token_group_quant_int8 = declare(
     contract=GROUP_INT8,
     reference=ref_group_int8,
     torch=torch_group_int8,
+    tolerances=_TOLERANCES,
+)
+silu_and_mul_per_token_group_quant_fp8 = declare(
+    "quantization.silu_and_mul_per_token_group_quant_fp8",
+    "(Tensor x, int group_size=128, float eps=1e-10, bool column_major_scales=False, "
+    "bool scale_tma_aligned=False, bool scale_ue8m0=False, "
+    "Tensor(a!)? out_q=None, Tensor(a!)? out_scale=None) -> (Tensor, Tensor)",
+    doc="x: [..., 2d] -> per_token_group_quant_fp8(silu(x[..., :d]) * x[..., d:]) in one pass: q fp8 "
+    "[..., d], scale fp32 [..., d/g]; the product stays in fp32 (never rounded to x's dtype)",
+    contract=SILU_GROUP,
+    reference=ref_silu_group,
+    torch=torch_silu_group,
     tolerances=_TOLERANCES,
 )
 static_quant_fp8 = declare(

@@ -176,15 +176,22 @@ def _per_group(
     RECIP: tl.constexpr,
     GPP: tl.constexpr,
     BLOCK: tl.constexpr,
+    SILU: tl.constexpr = False,
+    D=0,
 ):
     """GPP groups of one row per program: a [GPP, BLOCK] tile. Scales: float32 at
-    S[row * sst + grp * ssg], or (PACKED) the UE8M0 byte grp % 4 of int32 S[row * sst + grp // 4 * ssg]."""
+    S[row * sst + grp * ssg], or (PACKED) the UE8M0 byte grp % 4 of int32 S[row * sst + grp // 4 * ssg].
+    SILU: the values quantized are silu(X[row, c]) * X[row, D + c] in fp32 (the fused form)."""
     row = tl.program_id(0).to(tl.int64)
     grp = tl.program_id(1) * GPP + tl.arange(0, GPP)
     cols = tl.arange(0, BLOCK)
     mask = (grp[:, None] < G) & (cols[None, :] < GS)
     off = grp[:, None] * GS + cols[None, :]
     x = tl.load(X + row * sx + off, mask=mask, other=0.0).to(tl.float32)
+    if SILU:
+        up = tl.load(X + row * sx + D + off, mask=mask, other=0.0).to(tl.float32)
+        e = tl.exp(-tl.abs(x))  # sigmoid without an overflowing exp (the interpreter raises on one)
+        x = x * tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)) * up
     amax = _amax(x, 1)
     amax = _keep_nan(amax, tl.maximum(amax, eps))
     if RECIP:  # vLLM's form on CUDA: max(amax, eps) * (1 / qmax), the reciprocal a float first
@@ -269,13 +276,17 @@ def per_token_group_quant(
     ue8m0: bool = False,
     divide: bool = False,
     recip: bool | None = None,
+    silu: bool = False,
 ) -> None:
     """x, q: [rows, G * gs] with unit last stride (q fp8 or int8); s: [rows, G] float32 or
     [rows, ceil(G / 4)] int32 (packed UE8M0), any strides. ``recip``: the scale's reciprocal
-    form (op.py's ``group_scale_of``); None: ``divide and x.is_cuda``, as the op wants."""
+    form (op.py's ``group_scale_of``); None: ``divide and x.is_cuda``, as the op wants.
+    ``silu``: x is [rows, 2 * G * gs] and ``silu(x[:, :d]) * x[:, d:]`` is quantized."""
     rows, n = x.shape
     if rows == 0:
         return
+    if silu:
+        n //= 2
     g = n // gs
     block = triton.next_power_of_2(gs)
     gpp = max(1, min(triton.next_power_of_2(g), 4096 // block))
@@ -300,6 +311,8 @@ def per_token_group_quant(
         RECIP=divide and x.is_cuda if recip is None else recip,  # op.py's group_scale_of
         GPP=gpp,
         BLOCK=block,
+        SILU=silu,
+        D=n,
         num_warps=4,
     )
 
@@ -319,6 +332,12 @@ def per_token_group_quant_fp8(
     q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, gs: int, eps: float, ue8m0: bool, divide: bool
 ) -> None:
     per_token_group_quant(x, q.view(torch.float8_e4m3fn), s, gs, eps, ue8m0, divide)
+
+
+def silu_and_mul_per_token_group_quant_fp8(
+    q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, gs: int, eps: float, ue8m0: bool
+) -> None:
+    per_token_group_quant(x, q.view(torch.float8_e4m3fn), s, gs, eps, ue8m0, silu=True)
 
 
 def per_token_group_quant_int8(

@@ -35,6 +35,27 @@ inline QuantArgs check_quant_args(const char* op, const TensorView& q, const Ten
   return a;
 }
 
+// The fused silu_and_mul forms: x [rows, 2d] (float), q [rows, d] fp8 bytes. QuantArgs.hidden is d.
+inline QuantArgs check_silu_quant_args(const char* op, const TensorView& q, const TensorView& x) {
+  check_ndim(op, "x", x, 2);
+  check_ndim(op, "q", q, 2);
+  QuantArgs a;
+  a.dtype = get_dtype(op, "x", x);
+  check_fp8_bytes(op, "q", q);
+  a.rows = x.size(0);
+  if (x.size(1) < 2 || x.size(1) % 2 != 0) {
+    TVM_FFI_THROW(ValueError) << op << ": x has last dim " << x.size(1) << "; it must be even ([..., 2*d]) and at least 2";
+  }
+  a.hidden = x.size(1) / 2;
+  check_size(op, "q", q, 0, a.rows, "rows of x");
+  check_size(op, "q", q, 1, a.hidden, "half width of x");
+  check_last_dim_contiguous(op, "x", x);
+  check_last_dim_contiguous(op, "q", q);
+  a.x_stride = row_stride(op, "x", x);
+  a.q_stride = row_stride(op, "q", q);
+  return a;
+}
+
 // Static block scales: float32 [Gm, Gn] covering x [rows, hidden] in blocks of group_m x
 // group_n (group_n divides hidden). -> the element strides (stride 0 along a size-1 dim).
 struct StaticScales {

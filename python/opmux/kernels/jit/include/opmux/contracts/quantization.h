@@ -177,6 +177,53 @@ inline Any per_token(int32_t device_type, const TensorView& x, const AnyView& sc
   return ran_all({&out_q_fresh, &out_scale_fresh});
 }
 
+// silu_group: quantization.silu_and_mul_per_token_group_quant_fp8's contract (ops/quantization/op.py)
+template <typename Kernel>
+inline Any silu_group(int32_t device_type, const TensorView& x, const AnyView& group_size_arg, const AnyView& eps_arg, const AnyView& column_major_scales_arg, const AnyView& scale_tma_aligned_arg, const AnyView& scale_ue8m0_arg, const AnyView& out_q_arg, const AnyView& out_scale_arg, Kernel&& kernel) {
+  int64_t group_size;
+  if (!(int_arg(group_size_arg, &group_size) && group_size > 0)) return refused();
+  double eps;
+  if (!(positive_float(eps_arg, &eps))) return refused();
+  bool column_major_scales;
+  if (!(bool_arg(column_major_scales_arg, &column_major_scales))) return refused();
+  bool scale_tma_aligned;
+  if (!(bool_arg(scale_tma_aligned_arg, &scale_tma_aligned))) return refused();
+  bool scale_ue8m0;
+  if (!(bool_arg(scale_ue8m0_arg, &scale_ue8m0))) return refused();
+  std::optional<TensorView> out_q;
+  if (!(opt_tensor(out_q_arg, &out_q))) return refused();
+  std::optional<TensorView> out_scale;
+  if (!(opt_tensor(out_scale_arg, &out_scale))) return refused();
+  if (!(x.ndim() == 2 && is_float(x.dtype()))) return refused();
+  const int64_t T = x.size(0);
+  const int64_t D2 = x.size(1);
+  if (!(x.size(1) <= 1 || x.stride(1) == 1)) return refused();
+  if (!(x.device().device_type == device_type)) return refused();
+  if (!(D2 >= 2 && D2 % 2 == 0)) return refused();
+  if (!(device_type != kDLCUDA || (T <= 2147483648LL - 1))) return refused();
+  if (!(device_type != kDLCUDA || (D2 <= 2147483648LL - 1))) return refused();
+  if (!((D2 / 2) % group_size == 0)) return refused();
+  if (!(column_major_scales || !scale_tma_aligned)) return refused();
+  if (out_q) {
+    if (!((*out_q).ndim() == 2 && is_dtype((*out_q), kDLFloat8_e4m3fn, 8) && same_device((*out_q), x))) return refused();
+    if (!((*out_q).size(0) == T && (*out_q).size(1) == D2 / 2)) return refused();
+    if (!((*out_q).size(1) <= 1 || (*out_q).stride(1) == 1)) return refused();
+  }
+  if (out_scale) {
+    if (!(is_dtype((*out_scale), kDLFloat, 32) && same_device((*out_scale), x) && (*out_scale).ndim() == 2 && (*out_scale).size(0) == T && (*out_scale).size(1) == D2 / 2 / group_size && distinct((*out_scale)))) return refused();
+  }
+  if (!out_scale && scale_tma_aligned) return refused();
+  if (!out_scale && column_major_scales) return refused();
+  if (out_q && !(distinct(*out_q) && may_share(*out_q, x, false) && (!out_scale || may_share(*out_q, *out_scale, true)))) return refused();
+  if (out_scale && !(distinct(*out_scale) && may_share(*out_scale, x, false))) return refused();
+  Tensor out_q_fresh = out_q ? Tensor() : empty({T, D2 / 2}, DLDataType{kDLFloat8_e4m3fn, 8, 1}, x.device());
+  const TensorView out_q_t = out_q ? *out_q : TensorView(out_q_fresh);
+  Tensor out_scale_fresh = out_scale ? Tensor() : empty({T, D2 / 2 / group_size}, DLDataType{kDLFloat, 32, 1}, x.device());
+  const TensorView out_scale_t = out_scale ? *out_scale : TensorView(out_scale_fresh);
+  kernel(out_q_t, out_scale_t, x, group_size, eps, scale_ue8m0);
+  return ran_all({&out_q_fresh, &out_scale_fresh});
+}
+
 // static_blocks: quantization.static_quant_fp8's contract (ops/quantization/op.py)
 template <typename Kernel>
 inline Any static_blocks(int32_t device_type, const TensorView& x, const TensorView& scale, const AnyView& out_arg, Kernel&& kernel) {
@@ -223,6 +270,16 @@ inline void rule_cuda_hidden(const char* op, int64_t H) {
 // x's last dim {H} is not a multiple of group_size {group_size}
 inline void rule_group_multiple(const char* op, int64_t H, int64_t group_size) {
   if (!(H % group_size == 0)) TVM_FFI_THROW(ValueError) << op << ": " << "x's last dim " << H << " is not a multiple of group_size " << group_size;
+}
+
+// x's last dim {D2} is too large; at most 2^31 - 1 on CUDA (cuda only)
+inline void rule_cuda_pairs(const char* op, int64_t D2) {
+  if (!(D2 <= 2147483648LL - 1)) TVM_FFI_THROW(ValueError) << op << ": " << "x's last dim " << D2 << " is too large; at most 2^31 - 1 on CUDA";
+}
+
+// x's half width {D2 // 2} (its last dim / 2) is not a multiple of group_size {group_size}
+inline void rule_half_group_multiple(const char* op, int64_t D2, int64_t group_size) {
+  if (!((D2 / 2) % group_size == 0)) TVM_FFI_THROW(ValueError) << op << ": " << "x's half width " << D2 / 2 << " (its last dim / 2) is not a multiple of group_size " << group_size;
 }
 
 }  // namespace contract
