@@ -284,6 +284,8 @@ def silu_and_mul_per_token_group_quant_fp8_samples(device: str, dtype: torch.dty
         Sample("large-magnitude", (pairs(4, 256, 1e2),), {}),
         Sample("eps-zero-group", (torch.zeros((2, 512), dtype=dtype, device=device),), {"eps": 1e-4}),
         Sample("strided-rows", (big[:, :512],), {"group_size": 128}),
+        # rows that start one element off a 16-byte boundary: the CUDA kernel's scalar path
+        Sample("unaligned-rows", (pairs(3, 129)[:, 1:257],), {"group_size": 64}),
         Sample("column-major", (pairs(5, 384),), {"column_major_scales": True}),
         Sample(
             "tma-aligned",
