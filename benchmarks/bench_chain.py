@@ -46,6 +46,7 @@ recorded ``failed`` with that message and the script exits 3 after writing its r
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import math
@@ -575,8 +576,6 @@ class Impl:
 
 def opmux_api() -> dict[str, Callable[..., Any]]:
     """The public opmux functions of the chain; MissingPDL when one lacks ``enable_pdl``."""
-    import importlib
-
     fns: dict[str, Callable[..., Any]] = {}
     missing = []
     for step, (_, public) in OPMUX_OPS.items():
@@ -608,13 +607,13 @@ def opmux_impl(layer: Layer, pdl: bool, fused: bool = False) -> Impl:
     try:
         api = opmux_api()
         if fused:
-            import importlib
-
             mod, attr = FUSED_OP[1].split(":")
             fn = getattr(importlib.import_module(mod), attr, None)
             if fn is None:
                 imp.unavailable = f"this opmux has no {FUSED_OP[0]}"
                 return imp
+            if "enable_pdl" not in inspect.signature(fn).parameters:
+                raise MissingPDL(f"opmux ops without the enable_pdl keyword: {FUSED_OP[1].replace(':', '.')}")
             api["silu_quant"] = fn
     except Exception as exc:
         imp.failed = _err(exc, 800)
@@ -1081,7 +1080,8 @@ def run_case(
             what = str(ir.get("error") or ir.get("check") or ir.get("why", ""))[:300]
         log(f"    {layer.name} T={T} {imp.name}: {ir['status']} {what}  [{ir.get('s', 0)}s]")
     if timing and not args.no_op_times:
-        # the op columns pair the chains' steps: the unfused chains (the fused one's op is its own row)
+        # the op columns pair the chains' steps: the unfused chains only (the fused chain has no
+        # per-op row and no sum of ops)
         mine = [
             i
             for i in impls
@@ -1162,8 +1162,10 @@ def opmux_backends(layer: Layer, b: Bufs) -> dict[str, str]:
         "kv_write": (k3, st["v"].view(T, layer.Hk, layer.D), b["kc"], b["vc"], b["slots"]),
         "silu_and_mul": (b["gate_up"],),
         "quant_fp8": (b["act"], GROUP),
-        "silu_quant": (b["gate_up"], GROUP),
     }
+    mod, attr = FUSED_OP[1].split(":")
+    if hasattr(importlib.import_module(mod), attr):  # an opmux without the fused op: no entry
+        calls["silu_quant"] = (b["gate_up"], GROUP)
     if layer.qk_norm:
         calls["qk_norm"] = (q3, k3, b["qw"], b["kw"], EPS)
     if layer.moe:
@@ -1266,7 +1268,8 @@ def render(result: dict[str, Any]) -> str:
         "chain's graph once, in a rotated order); **us per chain**. *PDL / best peer* = opmux (PDL) over the "
         "fastest peer chain (below 1: opmux faster); *fused / best peer* the same for opmux fused (PDL), "
         "whose chain runs silu_and_mul -> quant_fp8 as one op (the activation never written: fewer "
-        "bytes and one launch less, as an engine calling that op); *PDL on/off* = opmux (PDL) over opmux (no PDL); "
+        "bytes and one launch less, as an engine calling that op; the peers have no such op, so their "
+        "chains keep the two steps); *PDL on/off* = opmux (PDL) over opmux (no PDL); "
         "*sum of ops* = each opmux op timed alone in the same setup, summed (PDL off / on). "
         "FlashInfer runs at its defaults (PDL on sm_90+ wherever its API has the switch). "
         "`n/a`: not available, `fail`: raised (see bench_chain.json), `*`: event timing (capture failed).",

@@ -218,6 +218,11 @@ def per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[S
             {"group_size": 128, "scale_ue8m0": True, "out_scale": _tma_scales(5, 2, device, torch.int32)},
         ),
         Sample(
+            "out-packed-ue8m0-one-column",
+            (_randn((5, 512), dtype, device, g),),
+            {"group_size": 128, "scale_ue8m0": True, "out_scale": _tma_scales(5, 1, device, torch.int32)},
+        ),
+        Sample(
             "out-packed-ue8m0-g6",
             (_randn((3, 96), dtype, device, g),),
             {
@@ -302,6 +307,13 @@ def silu_and_mul_per_token_group_quant_fp8_samples(device: str, dtype: torch.dty
             "out-packed-ue8m0",
             (pairs(5, 1024, 4.0),),
             {"scale_ue8m0": True, "out_scale": _tma_scales(5, 2, device, torch.int32)},
+        ),
+        # one packed int32 column (<= 4 groups), column-major: the view the reference must not
+        # take of a [T, 1] tensor whose stride(-1) is T
+        Sample(
+            "out-packed-ue8m0-one-column",
+            (pairs(5, 512),),
+            {"scale_ue8m0": True, "out_scale": _tma_scales(5, 1, device, torch.int32)},
         ),
         Sample(
             "out-q-strided",

@@ -561,7 +561,7 @@ template <typename T, int VEC, typename IndexT>
 __global__ void __launch_bounds__(256) silu_group_kernel(GroupParams p, int64_t d) {
   const int lanes = p.lanes;
   const IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const IndexT gid = i / static_cast<IndexT>(lanes);
+  const IndexT gid = i >> (__ffs(lanes) - 1);  // lanes: a power of two
   const int lane = static_cast<int>(i & static_cast<IndexT>(lanes - 1));
   const bool valid = gid < static_cast<IndexT>(p.total);
   const IndexT row = valid ? gid / static_cast<IndexT>(p.groups) : 0;

@@ -261,7 +261,14 @@ def pack_ue8m0(scale: Tensor, into: Tensor) -> Tensor:
     (byte g % 4 of element [t, g // 4]); its padding bytes are kept."""
     t, g = scale.shape
     exps = ((scale.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
-    cur = into.contiguous().view(torch.uint8).view(t, -1).clone()
+    # a dense copy first: a column-major [t, 1] ``into`` is already "contiguous" (its stride(-1)
+    # is not 1), and its byte view would fail
+    cur = (
+        torch.empty(into.shape, dtype=torch.int32, device=into.device)
+        .copy_(into)
+        .view(torch.uint8)
+        .view(t, -1)
+    )
     cur[:, :g] = exps
     return into.copy_(cur.view(torch.int32).view(into.shape))
 

@@ -189,9 +189,9 @@ def _per_group(
     off = grp[:, None] * GS + cols[None, :]
     x = tl.load(X + row * sx + off, mask=mask, other=0.0).to(tl.float32)
     if SILU:
-        up = tl.load(X + row * sx + D + off, mask=mask, other=0.0).to(tl.float32)
-        e = tl.exp(-tl.abs(x))  # sigmoid without an overflowing exp (the interpreter raises on one)
-        x = x * tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)) * up
+        u = tl.load(X + row * sx + D + off, mask=mask, other=0.0).to(tl.float32)
+        en = tl.exp(-tl.abs(x))  # sigmoid without an overflowing exp (the interpreter raises on one)
+        x = x * tl.where(x >= 0, 1.0 / (1.0 + en), en / (1.0 + en)) * u
     amax = _amax(x, 1)
     amax = _keep_nan(amax, tl.maximum(amax, eps))
     if RECIP:  # vLLM's form on CUDA: max(amax, eps) * (1 / qmax), the reciprocal a float first
@@ -312,7 +312,7 @@ def per_token_group_quant(
         GPP=gpp,
         BLOCK=block,
         SILU=silu,
-        D=n,
+        D=n if silu else 0,
         num_warps=4,
     )
 
