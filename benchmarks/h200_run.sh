@@ -162,9 +162,11 @@ for stage in $STAGES; do
     start=$(date +%s)
     case $stage in
         prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 150 || rc=1 ;;
+        # -v: every test's outcome by name in parity.log, so a run the call's limit cuts short still
+        # says which failed (session 36: a -q log stopped at 26% showed seven F and no names)
         parity) python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" \
-                    -p no:cacheprovider --import-mode=importlib -q -ra --rootdir "$REPO" 2>&1 \
-                    | tee "$OUT/parity.log" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
+                    -p no:cacheprovider --import-mode=importlib -v -ra --rootdir "$REPO" 2>&1 \
+                    | tee "$OUT/parity.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         bridge) python3 -m pytest "$REPO/tests/parity/test_torch_kernels.py" "$REPO/tests/parity/test_lanes.py" --target cuda \
                     "${PARITY_TREE[@]}" -p no:cacheprovider --import-mode=importlib -q -rA --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/bridge.log" | grep -v '^PASSED' | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
