@@ -573,7 +573,7 @@ void silu_and_mul_per_token_group_quant_fp8_cpu(TensorView q, TensorView scales,
                                                 double eps, bool ue8m0) {
   const char* op = "opmux.silu_and_mul_per_token_group_quant_fp8";
   check_device(op, kDLCPU, {{"q", &q}, {"scales", &scales}, {"x", &x}});
-  QuantArgs a = check_silu_quant_args(op, q, x);
+  QuantArgs a = check_quant_args(op, q, x, false, true);
   check_positive_int(op, "group_size", group_size);
   lane::contract::rule_half_group_multiple(op, 2 * a.hidden, group_size);  // the contract's words
   check_eps(op, eps);

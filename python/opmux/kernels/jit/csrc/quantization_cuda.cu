@@ -713,17 +713,10 @@ void static_quant_fp8_cuda(TensorView q, TensorView x, TensorView scale, int64_t
                        [&] { launch_static<scalar_t>(op, p, a.rows, static_cast<int>(a.hidden), dev); });
 }
 
-template <typename Q>
-void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, int64_t group_size, double eps,
-                 bool ue8m0, bool divide) {
-  constexpr bool kInt8 = std::is_same<Q, int8_t>::value;
-  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
-  QuantArgs a = check_cuda_quant_args(op, q, x, kInt8);
-  check_positive_int(op, "group_size", group_size);
-  lane::contract::rule_group_multiple(op, a.hidden, group_size);  // the contract's words
-  check_eps(op, eps);
-  const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
-  if (a.rows == 0) return;
+// The kernels' parameters of a checked group call (a.hidden: the width quantized).
+inline GroupParams group_params(const TensorView& q, const TensorView& scales, const TensorView& x, const QuantArgs& a,
+                                const GroupScales& gsc, int64_t group_size, double eps, float qmax, bool ue8m0,
+                                bool divide) {
   GroupParams p;
   p.q = data_ptr<void>(q);
   p.s = data_ptr<void>(scales);
@@ -737,10 +730,26 @@ void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, 
   p.total = a.rows * p.groups;
   p.lanes = 1;
   p.eps = static_cast<float>(eps);
-  p.qmax = kInt8 ? 127.0f : 448.0f;
+  p.qmax = qmax;
   p.packed = gsc.packed;
   p.ue8m0 = ue8m0;
   p.divide = divide;
+  return p;
+}
+
+template <typename Q>
+void group_entry(const char* op, TensorView q, TensorView scales, TensorView x, int64_t group_size, double eps,
+                 bool ue8m0, bool divide) {
+  constexpr bool kInt8 = std::is_same<Q, int8_t>::value;
+  const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
+  QuantArgs a = check_cuda_quant_args(op, q, x, kInt8);
+  check_positive_int(op, "group_size", group_size);
+  lane::contract::rule_group_multiple(op, a.hidden, group_size);  // the contract's words
+  check_eps(op, eps);
+  const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
+  if (a.rows == 0) return;
+  const GroupParams p =
+      group_params(q, scales, x, a, gsc, group_size, eps, kInt8 ? 127.0f : kFp8Max, ue8m0, divide);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
                        [&] { launch_per_group<scalar_t, Q>(op, p, dev); });
 }
@@ -762,7 +771,7 @@ void silu_and_mul_per_token_group_quant_fp8_cuda(TensorView q, TensorView scales
   cuda::PdlScope pdl(enable_pdl);
   const char* op = "opmux.silu_and_mul_per_token_group_quant_fp8";
   const int32_t dev = check_device(op, kDLCUDA, {{"q", &q}, {"scales", &scales}, {"x", &x}});
-  QuantArgs a = check_silu_quant_args(op, q, x);
+  QuantArgs a = check_quant_args(op, q, x, false, true);
   lane::contract::rule_cuda_rows(op, a.rows);
   lane::contract::rule_cuda_pairs(op, 2 * a.hidden);
   check_positive_int(op, "group_size", group_size);
@@ -770,23 +779,7 @@ void silu_and_mul_per_token_group_quant_fp8_cuda(TensorView q, TensorView scales
   check_eps(op, eps);
   const GroupScales gsc = check_group_scales(op, scales, a.rows, a.hidden / group_size, ue8m0);
   if (a.rows == 0) return;
-  GroupParams p;
-  p.q = data_ptr<void>(q);
-  p.s = data_ptr<void>(scales);
-  p.x = data_ptr<const void>(x);
-  p.x_stride = a.x_stride;
-  p.q_stride = a.q_stride;
-  p.s_row = gsc.s_row;
-  p.s_col = gsc.s_col;
-  p.groups = static_cast<int>(a.hidden / group_size);
-  p.group_size = static_cast<int>(group_size);
-  p.total = a.rows * p.groups;
-  p.lanes = 1;
-  p.eps = static_cast<float>(eps);
-  p.qmax = kFp8Max;
-  p.packed = gsc.packed;
-  p.ue8m0 = ue8m0;
-  p.divide = false;
+  const GroupParams p = group_params(q, scales, x, a, gsc, group_size, eps, kFp8Max, ue8m0, false);
   OPMUX_DISPATCH_DTYPE(a.dtype, float, __half, __nv_bfloat16,
                        [&] { launch_silu_group<scalar_t>(op, p, a.hidden, dev); });
 }

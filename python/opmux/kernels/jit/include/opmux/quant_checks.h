@@ -12,9 +12,10 @@ struct QuantArgs {
 };
 
 // q [rows, hidden] fp8 bytes (int8 with `int8_q`), x [rows, hidden]; last dims dense, row
-// strides >= 0.
+// strides >= 0. `pairs` (the fused silu_and_mul forms): x [rows, 2 * hidden] gate / up halves,
+// q [rows, hidden]; QuantArgs.hidden is the half width.
 inline QuantArgs check_quant_args(const char* op, const TensorView& q, const TensorView& x,
-                                  bool int8_q = false) {
+                                  bool int8_q = false, bool pairs = false) {
   check_ndim(op, "x", x, 2);
   check_ndim(op, "q", q, 2);
   QuantArgs a;
@@ -26,29 +27,15 @@ inline QuantArgs check_quant_args(const char* op, const TensorView& q, const Ten
   }
   a.rows = x.size(0);
   a.hidden = x.size(1);
-  check_size(op, "q", q, 0, a.rows, "rows of x");
-  check_size(op, "q", q, 1, a.hidden, "hidden size of x");
-  check_last_dim_contiguous(op, "x", x);
-  check_last_dim_contiguous(op, "q", q);
-  a.x_stride = row_stride(op, "x", x);
-  a.q_stride = row_stride(op, "q", q);
-  return a;
-}
-
-// The fused silu_and_mul forms: x [rows, 2d] (float), q [rows, d] fp8 bytes. QuantArgs.hidden is d.
-inline QuantArgs check_silu_quant_args(const char* op, const TensorView& q, const TensorView& x) {
-  check_ndim(op, "x", x, 2);
-  check_ndim(op, "q", q, 2);
-  QuantArgs a;
-  a.dtype = get_dtype(op, "x", x);
-  check_fp8_bytes(op, "q", q);
-  a.rows = x.size(0);
-  if (x.size(1) < 2 || x.size(1) % 2 != 0) {
-    TVM_FFI_THROW(ValueError) << op << ": x has last dim " << x.size(1) << "; it must be even ([..., 2*d]) and at least 2";
+  if (pairs) {
+    if (a.hidden < 2 || a.hidden % 2 != 0) {
+      TVM_FFI_THROW(ValueError) << op << ": x has last dim " << a.hidden
+                                << "; it must be even ([..., 2*d]) and at least 2";
+    }
+    a.hidden /= 2;
   }
-  a.hidden = x.size(1) / 2;
   check_size(op, "q", q, 0, a.rows, "rows of x");
-  check_size(op, "q", q, 1, a.hidden, "half width of x");
+  check_size(op, "q", q, 1, a.hidden, pairs ? "half width of x" : "hidden size of x");
   check_last_dim_contiguous(op, "x", x);
   check_last_dim_contiguous(op, "q", q);
   a.x_stride = row_stride(op, "x", x);
