@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from opmux.kernels import registry
-from opmux.kernels.errors import BackendUnavailable
+from opmux.kernels.errors import BackendUnavailable, CallRefused
 from opmux.kernels.explain import op_instance
 
 Args = tuple[tuple[Any, ...], dict[str, Any]]
@@ -324,6 +324,10 @@ def test_every_backend_has_the_same_outcome(
         args, kwargs = make()
         try:
             outcomes[backend] = _outcome(op.impl(backend), args, kwargs)
+        except CallRefused:
+            # after the contract let the call through, the backend declined it (FlashInfer's
+            # head dims, say): the dispatch runs such a call elsewhere, so it has no outcome here
+            continue
         except BackendUnavailable:
             if not request.config.getoption("--allow-tree"):
                 raise
