@@ -476,8 +476,8 @@ void run_all() {
 #if defined(SWEEP_QUANT)
 namespace qz = opmux::quantization_cuda;
 
-void sweep_group(int64_t T) {
-  constexpr int VEC = 8, H = 4096, G = 128;
+void sweep_group(int64_t T, int H = 4096) {
+  constexpr int VEC = 8, G = 128;
   const size_t xb = T * H * 2, qb = T * H, sb = T * (H / G) * 4, bytes = xb + qb + sb;
   const int sets = sets_for(bytes), reps = reps_for(bytes);
   std::vector<void*> xs(sets), qs(sets), ss(sets);
@@ -515,7 +515,7 @@ void sweep_group(int64_t T) {
     launch(qz::per_group_kernel<bf16, VEC, uint32_t, uint8_t>, dim3(blocks), dim3(256), 0, p);
     CK(cudaStreamSynchronize(g_stream));
   }
-  const std::string cs = "group_quant H=4096 g=128 T=" + std::to_string(T);
+  const std::string cs = "group_quant H=" + std::to_string(H) + " g=128 T=" + std::to_string(T);
   auto check_and_time = [&](const std::string& variant, const std::function<void(int)>& fn) {
     CK(cudaMemsetAsync(qs[0], 0xff, qb, g_stream));
     CK(cudaMemsetAsync(ss[0], 0xff, sb, g_stream));
@@ -529,19 +529,31 @@ void sweep_group(int64_t T) {
   };
   check_and_time("library", [&](int i) { qz::launch_per_group<bf16, uint8_t>("sweep", params(i), 0); });
   check_and_time("group-strided 256 x 2 groups", [&](int i) {
-    launch(qz::per_group_kernel<bf16, VEC, uint32_t, uint8_t>, dim3(static_cast<unsigned>((T * 32 + 31) / 32)),
-           dim3(256), 0, params(i));
+    launch(qz::per_group_kernel<bf16, VEC, uint32_t, uint8_t>,
+           dim3(static_cast<unsigned>((T * (H / G) + 31) / 32)), dim3(256), 0, params(i));
   });
   const int nvec = H / VEC;
+  auto row_kernel = [](int per) -> void (*)(qz::GroupParams) {
+    return per == 1   ? qz::per_group_row_kernel<bf16, VEC, 1, uint8_t>
+           : per == 2 ? qz::per_group_row_kernel<bf16, VEC, 2, uint8_t>
+           : per == 4 ? qz::per_group_row_kernel<bf16, VEC, 4, uint8_t>
+                      : qz::per_group_row_kernel<bf16, VEC, 8, uint8_t>;
+  };
+  // whole rows a block (splits 1), and rows split over blocks of `threads` x `per` vectors
   for (int per : {1, 2, 4, 8}) {
-    const int threads = nvec / per;
-    void (*k)(qz::GroupParams) = per == 1   ? qz::per_group_row_kernel<bf16, VEC, 1, uint8_t>
-                                 : per == 2 ? qz::per_group_row_kernel<bf16, VEC, 2, uint8_t>
-                                 : per == 4 ? qz::per_group_row_kernel<bf16, VEC, 4, uint8_t>
-                                            : qz::per_group_row_kernel<bf16, VEC, 8, uint8_t>;
-    check_and_time("row per=" + std::to_string(per) + " threads=" + std::to_string(threads), [&, k, threads](int i) {
-      launch(k, dim3(static_cast<unsigned>(T)), dim3(threads), 0, params(i));
-    });
+    for (int threads : {64, 128, 224, 256, 448, 512}) {
+      if (nvec % (threads * per) != 0) continue;
+      const int splits = nvec / (threads * per);
+      if (splits > 1 && T > 128) continue;  // many rows fill the GPU by themselves
+      if (splits == 1 && threads != nvec / per) continue;
+      auto k = row_kernel(per);
+      check_and_time("row per=" + std::to_string(per) + " threads=" + std::to_string(threads) +
+                         " splits=" + std::to_string(splits),
+                     [&, k, threads, splits](int i) {
+                       launch(k, dim3(static_cast<unsigned>(T), static_cast<unsigned>(splits)), dim3(threads), 0,
+                              params(i));
+                     });
+    }
   }
   for (int s = 0; s < sets; ++s) {
     CK(cudaFree(xs[s]));
@@ -554,6 +566,9 @@ void sweep_group(int64_t T) {
 
 void run_all() {
   for (int64_t T : {1, 16, 128, 1024, 4096, 16384, 32768}) sweep_group(T);
+  // wide rows at decode sizes: DeepSeek-V3's hidden 7168, Llama-3-8B's MLP-down input 14336
+  for (int H : {7168, 14336})
+    for (int64_t T : {1, 4, 16, 32, 64, 128}) sweep_group(T, H);
 }
 #endif  // SWEEP_QUANT
 

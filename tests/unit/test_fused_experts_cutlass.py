@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from opmux.kernels import _env, measured, registry, tuned
-from opmux.kernels.errors import BackendUnavailable
+from opmux.kernels.errors import BackendUnavailable, CallRefused
 from opmux.kernels.ops.moe import fused_experts_cutlass as fc
 from opmux.kernels.selector import Facts, select
 
@@ -122,7 +122,7 @@ def test_forced_kernel_call_refuses_with_the_reason() -> None:
     hidden, w1, w2, tw, ids, s1, s2 = _fp8_call()
     out = torch.empty_like(hidden)
     empty = torch.empty(0, dtype=torch.int32)
-    with pytest.raises(BackendUnavailable, match="not cpu"):
+    with pytest.raises(CallRefused, match="not cpu"):
         fc.fused_experts(out, hidden, w1, w2, tw, ids, s1, s2, empty, "silu", False, False)
     bf16 = torch.randn(4, 256, 256, dtype=torch.bfloat16)
     assert fc.refusal(**{**_OK, "w1_dtype": str(bf16.dtype).removeprefix("torch.")}) is not None

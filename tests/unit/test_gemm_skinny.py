@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from opmux.kernels import registry, tuned
-from opmux.kernels.errors import BackendUnavailable
+from opmux.kernels.errors import CallRefused
 from opmux.kernels.ops.gemm import _skinny_launch as launch
 from opmux.kernels.ops.gemm import skinny_cuda as sk
 from opmux.kernels.selector import Facts, select
@@ -57,7 +57,7 @@ def test_supports_facts_on_cpu_tensors() -> None:
 
 def test_forced_kernel_call_refuses_with_the_reason() -> None:
     a, b, sa, sb = _args()
-    with pytest.raises(BackendUnavailable, match="not cpu"):
+    with pytest.raises(CallRefused, match="not cpu"):
         sk.matmul(torch.empty(2, 256, dtype=torch.bfloat16), a, b, sa, sb)
 
 

@@ -440,14 +440,16 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
 // (launch: lanes == group_size / VEC, blockDim a multiple of 32, PER * blockDim == the row's
 // vectors). Same arithmetic as per_group_kernel, bit for bit; no division per group, and the
 // PER loads of a thread are independent (H200 sweep, H 4096, group 128, bf16: 20.2 us vs 22.4
-// at T = 4096, 71.7 vs 84.0 at T = 16384, 128 threads x 4).
+// at T = 4096, 71.7 vs 84.0 at T = 16384, 128 threads x 4). A row may be split over gridDim.y
+// blocks, block y holding the row's vectors from y * PER * blockDim.x on (a multiple of the
+// warp, so groups never straddle blocks): few wide rows spread over several SMs.
 template <typename T, int VEC, int PER, typename Q>
 __global__ void __launch_bounds__(512) per_group_row_kernel(GroupParams p) {
   const int64_t row = blockIdx.x;
   const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_stride;
   Q* __restrict__ q = static_cast<Q*>(p.q) + row * p.q_stride;
   const int lanes = p.lanes;
-  const int tid = threadIdx.x;
+  const int tid = static_cast<int>(blockIdx.y * PER * blockDim.x + threadIdx.x);
   cuda::pdl_enter();
   Vec<T, VEC> v[PER];
   float m[PER];
@@ -483,6 +485,50 @@ __global__ void __launch_bounds__(512) per_group_row_kernel(GroupParams p) {
   }
 }
 
+// The row kernel's layout for `rows` rows of `row_vecs` vectors: PER vectors a thread, the row
+// split over `splits` blocks (0 PER: the row kernel does not apply). Up to 512 threads with one
+// vector each below 16384 rows, 128 threads x PER from there (H200 sweep, H 4096, group 128,
+// bf16, against the group-strided kernel: 1.35 vs 1.47 us at T = 1, 1.68 vs 1.88 at T = 128,
+// 6.83 vs 7.19 at T = 1024, 21.4 vs 23.3 at T = 4096; 78.5 vs 87.0 at T = 16384, 153.3 vs 171.8
+// at T = 32768). Up to 128 rows of 512 vectors or more (decode and small prefill steps: the
+// MLP-down or MoE input) split each row over blocks of 256 (224, 128) threads with one vector
+// each, so that a row streams through several SMs (H100 sweep, group 128, bf16, whole rows ->
+// split: H 14336 2.43 -> 1.28 us at T = 1, 2.58 -> 1.42 at T = 16, 3.53 -> 2.59 at T = 64,
+// 4.35 -> 3.65 at T = 128; H 7168 1.59 -> 1.16 at T = 1, 2.80 -> 2.57 at T = 128; H 4096
+// 1.24 -> 1.18 at T = 1, 1.65 -> 1.62 at T = 128; benchmarks/tune/sweep_cuda.cu, quant family).
+struct RowLayout {
+  int per = 0;
+  int splits = 1;
+  int threads = 0;
+};
+
+inline RowLayout row_layout(int64_t rows, int64_t row_vecs) {
+  RowLayout l;
+  if (rows < 16384) {
+    if (row_vecs >= 512 && rows <= 128) {
+      for (int t : {256, 224, 128}) {
+        if (row_vecs % t == 0 && row_vecs / t <= 65535) {  // gridDim.y's limit
+          l.per = 1;
+          l.splits = static_cast<int>(row_vecs / t);
+          l.threads = t;
+          return l;
+        }
+      }
+    }
+    for (int c : {1, 2, 4, 8}) {
+      if (row_vecs % c == 0 && row_vecs / c <= 512 && (row_vecs / c) % 32 == 0) {  // whole warps
+        l.per = c;
+        l.threads = static_cast<int>(row_vecs / c);
+        return l;
+      }
+    }
+  } else if (row_vecs % 128 == 0 && row_vecs / 128 <= 8) {
+    l.per = static_cast<int>(row_vecs / 128);
+    l.threads = 128;
+  }
+  return l;
+}
+
 template <typename T, typename Q>
 void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
   constexpr int VEC = cuda::kVec16<T>;
@@ -496,28 +542,14 @@ void launch_per_group(const char* op, GroupParams p, int32_t device_id) {
   cuda::DeviceScope scope(op, device_id);
   const cuda::DeviceProps props = cuda::device_props(op, device_id);
   const cudaStream_t stream = cuda::current_stream(device_id);
-  // Groups of exactly `lanes` vectors: a row per block. Up to 512 threads with one vector each
-  // below 16384 rows, 128 threads x PER from there (H200 sweep, H 4096, group 128, bf16, against
-  // the group-strided kernel: 1.35 vs 1.47 us at T = 1, 1.68 vs 1.88 at T = 128, 6.83 vs 7.19 at
-  // T = 1024, 21.4 vs 23.3 at T = 4096; 78.5 vs 87.0 at T = 16384, 153.3 vs 171.8 at T = 32768).
+  // Groups of exactly `lanes` vectors: the row kernel (row_layout's shapes)
   const int64_t rows = p.groups > 0 ? p.total / p.groups : 0;
-  const int64_t row_vecs = static_cast<int64_t>(p.groups) * nvec;
-  int per = 0;
-  if (vec_ok && lanes == nvec && rows <= INT32_MAX) {
-    if (rows < 16384) {
-      for (int c : {1, 2, 4, 8}) {
-        if (row_vecs % c == 0 && row_vecs / c <= 512 && (row_vecs / c) % 32 == 0) {  // whole warps
-          per = c;
-          break;
-        }
-      }
-    } else if (row_vecs % 128 == 0 && row_vecs / 128 <= 8) {
-      per = static_cast<int>(row_vecs / 128);
-    }
-  }
-  if (per > 0) {
-    const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(row_vecs / per));
-    switch (per) {
+  const RowLayout l = vec_ok && lanes == nvec && rows <= INT32_MAX
+                          ? row_layout(rows, static_cast<int64_t>(p.groups) * nvec)
+                          : RowLayout{};
+  if (l.per > 0) {
+    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(l.splits)), block(static_cast<unsigned>(l.threads));
+    switch (l.per) {
       case 1: cuda::launch(op, device_id, props, per_group_row_kernel<T, VEC, 1, Q>, grid, block, 0, stream, p); return;
       case 2: cuda::launch(op, device_id, props, per_group_row_kernel<T, VEC, 2, Q>, grid, block, 0, stream, p); return;
       case 4: cuda::launch(op, device_id, props, per_group_row_kernel<T, VEC, 4, Q>, grid, block, 0, stream, p); return;

@@ -34,7 +34,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable
+from ...errors import CallRefused
 
 if TYPE_CHECKING:
     import torch
@@ -263,11 +263,11 @@ def paged_decode(
     window_left: int,
 ) -> None:
     """``attention.paged_decode`` per its contract (the kernel arguments, already checked). A
-    call the backend cannot run (forced onto it) raises ``BackendUnavailable`` with the reason
+    call the backend cannot run (forced onto it) raises ``CallRefused`` with the reason
     and computes nothing."""
     why = supports(query, key_cache, value_cache)
     if why:
-        raise BackendUnavailable(BACKEND, why)
+        raise CallRefused(BACKEND, why)
     launch(
         out, lse, has_lse, query, key_cache, value_cache, block_tables, seq_lens, sinks, has_sinks,
         k_scale, v_scale, fp8, scale, softcap, window_left,

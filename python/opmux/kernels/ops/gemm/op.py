@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable
+from ...errors import CallRefused
 from ...spec import Requirement
 from .._contract import FP8, Arg, Contract, Rule, Scalar
 from .._decl import declare
@@ -164,7 +164,7 @@ def scaled_mm(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tenso
         return
     why = scaled_mm_supports(a, b, a_scale, b_scale, out_dtype=out.dtype)
     if why:  # forced onto a call it would compute wrong or refuse: say so, compute nothing
-        raise BackendUnavailable("scaled_mm", why)
+        raise CallRefused("scaled_mm", why)
     mp = -(-m // 4) * 4
     a_in = a
     if mp != m or a.stride(0) != k:  # one pad kernel (on the bytes: fp8 has no pad of its own)

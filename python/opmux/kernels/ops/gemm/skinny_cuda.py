@@ -29,7 +29,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ... import tuned
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, CallRefused
 from ._skinny_launch import KEYS, MAX_ROWS
 
 if TYPE_CHECKING:
@@ -159,11 +159,11 @@ def launch(
 
 def matmul(out: Tensor, a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor) -> None:
     """``out = a @ b.T`` per the op's definition at decode sizes (the kernel arguments, already
-    checked). A call the kernel cannot take (forced onto it) raises ``BackendUnavailable`` with
+    checked). A call the kernel cannot take (forced onto it) raises ``CallRefused`` with
     the reason and computes nothing."""
     why = supports(a, b)
     if why:
-        raise BackendUnavailable(BACKEND, why)
+        raise CallRefused(BACKEND, why)
     if not a.shape[0] or not b.shape[0]:
         return
     launch(out, a, b, a_scale, b_scale)

@@ -55,7 +55,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ... import tuned
-from ...errors import BackendUnavailable
+from ...errors import CallRefused
 
 if TYPE_CHECKING:
     import torch
@@ -314,10 +314,10 @@ def fused_experts(
 ) -> None:
     """``out = sum_j w_j * W2[e_j] act(W1[e_j] hidden)`` per the op's contract at decode sizes
     (the kernel arguments, already checked). A call the backend cannot run (forced onto it)
-    raises ``BackendUnavailable`` with the reason and computes nothing."""
+    raises ``CallRefused`` with the reason and computes nothing."""
     why = supports(hidden, w1, w2, topk_weights, topk_ids)
     if why:
-        raise BackendUnavailable(BACKEND, why)
+        raise CallRefused(BACKEND, why)
     launch(
         out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, expert_map, activation,
         apply_router_weight_on_input, vllm_rounding=vllm_rounding,

@@ -51,7 +51,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, CallRefused
 
 if TYPE_CHECKING:
     import torch
@@ -305,10 +305,10 @@ def fused_experts(
 ) -> None:
     """``out = sum_j w_j * W2[e_j] act(W1[e_j] hidden)`` per the op's contract, fp8 form on
     sm_90a (the kernel arguments, already checked). A call the backend cannot run (forced onto
-    it) raises ``BackendUnavailable`` with the reason and computes nothing."""
+    it) raises ``CallRefused`` with the reason and computes nothing."""
     why = supports(hidden, w1, w2, w1_scale=w1_scale, w2_scale=w2_scale)
     if why:
-        raise BackendUnavailable(BACKEND, why)
+        raise CallRefused(BACKEND, why)
     try:
         launch_fused_experts(
             out, hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, expert_map,
