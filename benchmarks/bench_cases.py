@@ -744,7 +744,8 @@ def cases(extra: bool = False) -> list[OpCase]:
             "quantization.per_token_group_quant_fp8",
             "quant",
             "opmux.kernels.ops.quantization:per_token_group_quant_fp8",
-            _quant_shapes(),
+            # and decode-size wide rows: the MLP-down input of a Llama-3-8B step (split rows)
+            [*_quant_shapes(), *(Shape(t, (("H", INTER),)) for t in (1, 16, 128))],
             _q(_quant_shapes(), (128, 4096)),
             _make_quant,
             _ptgq_bytes,
