@@ -10,7 +10,8 @@
 #   OPMUX_FROM_TREE=1 bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-grid prefill decode sampling"
 #
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
-# parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*);
+# parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*),
+#          in $PARITY_WORKERS pytest-xdist processes (default 8) where the image has pytest-xdist;
 # bridge:  the torch-linked bridge and the serving lanes alone (test_torch_kernels, test_lanes), every
 #          test's outcome listed (OUT_DIR/bridge.log);
 # bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*);
@@ -164,7 +165,11 @@ for stage in $STAGES; do
         prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 150 || rc=1 ;;
         # -v: every test's outcome by name in parity.log, so a run the call's limit cuts short still
         # says which failed (session 36: a -q log stopped at 26% showed seven F and no names)
-        parity) python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" \
+        # -n: pytest-xdist's workers ($PARITY_WORKERS, default 8) where the image has it: the run is
+        # mostly Triton compiling each cell's kernels on the CPU (session 37: one process reached 33%
+        # of the suite in 530 s on an H100); the workers' matrix cells merge in the controller
+        parity) xd=(); python3 -c "import xdist" 2>/dev/null && xd=(-n "${PARITY_WORKERS:-8}")
+                python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" "${xd[@]}" \
                     -p no:cacheprovider --import-mode=importlib -v -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/parity.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         bridge) python3 -m pytest "$REPO/tests/parity/test_torch_kernels.py" "$REPO/tests/parity/test_lanes.py" --target cuda \

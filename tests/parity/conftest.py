@@ -146,7 +146,28 @@ def device_type(matrix: Matrix) -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    out = session.config.getoption("--matrix-out")
-    m = session.config.stash.get(MATRIX, None)
-    if out and m is not None and m.cells:
+    config = session.config
+    m = config.stash.get(MATRIX, None)
+    if m is None:
+        return
+    worker_output = getattr(config, "workeroutput", None)
+    if worker_output is not None:  # a pytest-xdist worker: its cells go to the controller
+        worker_output[_WORKER_KEY] = [[*key, cell] for key, cell in m.cells.items()]
+        return
+    out = config.getoption("--matrix-out")
+    if out and m.cells:
         m.write(Path(out))
+
+
+#: where a pytest-xdist worker hands its matrix cells to the controller (``-n N``: the GPU runs
+#: spread the Triton compilations of the parity cells over the machine's cores)
+_WORKER_KEY = "opmux_parity_matrix"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller: merge a finished worker's cells into the one matrix."""
+    m = node.config.stash.get(MATRIX, None)
+    if m is not None:
+        for op, backend, dtype, cell in getattr(node, "workeroutput", {}).get(_WORKER_KEY, []):
+            m.cells[(op, backend, dtype)] = cell
