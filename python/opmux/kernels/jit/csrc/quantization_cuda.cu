@@ -437,8 +437,8 @@ __global__ void __launch_bounds__(kGroupThreads) per_group_kernel(GroupParams p)
 
 // Large T: one row per block, as the per-token kernel. Thread t holds vectors t, t + blockDim, ...
 // of the row, a group being `lanes` consecutive vectors, i.e. `lanes` consecutive threads
-// (launch: lanes == group_size / VEC, blockDim a multiple of 32, PER * blockDim == the row's
-// vectors). Same arithmetic as per_group_kernel, bit for bit; no division per group, and the
+// (launch: lanes == group_size / VEC, blockDim a multiple of 32, PER * blockDim * gridDim.y ==
+// the row's vectors). Same arithmetic as per_group_kernel, bit for bit; no division per group, and the
 // PER loads of a thread are independent (H200 sweep, H 4096, group 128, bf16: 20.2 us vs 22.4
 // at T = 4096, 71.7 vs 84.0 at T = 16384, 128 threads x 4). A row may be split over gridDim.y
 // blocks, block y holding the row's vectors from y * PER * blockDim.x on (a multiple of the
