@@ -180,6 +180,16 @@ def _group_cases(device: str, dtype: torch.dtype, g: torch.Generator) -> list[Sa
     ]
     big = _randn((6, 512), dtype, device, g)
     out.append(Sample("strided-rows", (big[:, :256],), {"group_size": 128}))
+    # decode-size wide rows: the CUDA kernel splits each row over several blocks (224 threads x 4
+    # for 16-bit 7168, 256 x 7 for fp32; 256 x 2 / x 4 at 4096), groups never across blocks
+    out.append(Sample("wide-rows-split", (_randn((3, 7168), dtype, device, g),), {"group_size": 128}))
+    out.append(
+        Sample(
+            "wide-rows-split-column-major",
+            (_randn((2, 4096), dtype, device, g, 3.0),),
+            {"group_size": 128, "column_major_scales": True},
+        )
+    )
     return out
 
 
@@ -216,6 +226,11 @@ def per_token_group_quant_fp8_samples(device: str, dtype: torch.dtype) -> list[S
             "out-packed-ue8m0",
             (_randn((5, 1024), dtype, device, g, 4.0),),
             {"group_size": 128, "scale_ue8m0": True, "out_scale": _tma_scales(5, 2, device, torch.int32)},
+        ),
+        Sample(
+            "out-packed-ue8m0-wide-rows-split",
+            (_randn((2, 4096), dtype, device, g, 4.0),),
+            {"group_size": 128, "scale_ue8m0": True, "out_scale": _tma_scales(2, 8, device, torch.int32)},
         ),
         Sample(
             "out-packed-ue8m0-one-column",
@@ -307,6 +322,11 @@ def silu_and_mul_per_token_group_quant_fp8_samples(device: str, dtype: torch.dty
             "out-packed-ue8m0",
             (pairs(5, 1024, 4.0),),
             {"scale_ue8m0": True, "out_scale": _tma_scales(5, 2, device, torch.int32)},
+        ),
+        Sample(
+            "out-packed-ue8m0-wide-rows",
+            (pairs(2, 4096, 4.0),),
+            {"scale_ue8m0": True, "out_scale": _tma_scales(2, 8, device, torch.int32)},
         ),
         # one packed int32 column (<= 4 groups), column-major: the view the reference must not
         # take of a [T, 1] tensor whose stride(-1) is T
