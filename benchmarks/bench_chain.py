@@ -12,6 +12,9 @@ Layers (bf16, T = 1, 16, 128, 4096 tokens; ``--quick``: 1 and 4096):
   rotary_embedding (neox) on the q/k views of a [T, 48*128] qkv buffer -> reshape_and_cache of
   those k/v views (flash layout, block 16) -> fused_add_rmsnorm -> silu_and_mul [T, 2*14336] ->
   per_token_group_quant_fp8 [T, 14336] (group 128).
+* ``decode-mlp`` (issue 30's decode chain, Llama-3-8B's sizes: H 4096, intermediate 14336):
+  fused_add_rmsnorm -> silu_and_mul -> fused_add_rmsnorm, the MLP's ops between its GEMMs and the
+  next layer's first norm; R chains per graph stand for R layers (us per chain = per layer).
 * ``qwen3-moe`` (Qwen3-30B-A3B: H 2048, 32 q / 4 kv heads of 128, 128 experts, top-8, moe
   intermediate 768): fused_add_rmsnorm -> qk_norm of the q/k views -> rope -> KV write ->
   fused_add_rmsnorm -> topk_softmax (fp32 router logits [T, 128], renormalized as Qwen3's
@@ -98,10 +101,17 @@ class Layer:
     topk: int = 0
     qk_norm: bool = False
     max_pos: int = bc.MAX_POS
+    #: the steps when the chain is a fixed pattern rather than the whole layer's memory-bound ops
+    pattern: tuple[str, ...] = ()
 
     @property
     def moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def quantizes(self) -> bool:
+        """The chain has silu_and_mul -> quant_fp8 (what the fused chain runs as one op)."""
+        return "quant_fp8" in self.steps()
 
     def rows(self, T: int) -> int:
         """Rows of the MLP activation: T, or T * top-k for an MoE layer."""
@@ -109,25 +119,43 @@ class Layer:
 
     def steps(self, fused: bool = False) -> list[str]:
         """The chain's ops in order; ``fused``: the activation and its quantization as one op."""
+        if self.pattern:
+            return list(self.pattern)
         s = ["add_norm1"] + (["qk_norm"] if self.qk_norm else []) + ["rope", "kv_write", "add_norm2"]
         s += ["topk_softmax", "moe_align"] if self.moe else []
         return s + (["silu_quant"] if fused else ["silu_and_mul", "quant_fp8"])
 
     def config(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in ("H", "Hq", "Hk", "D", "inter", "experts", "topk", "qk_norm", "max_pos")
-        }
+        keys = ("H", "Hq", "Hk", "D", "inter", "experts", "topk", "qk_norm", "max_pos")
+        return {k: getattr(self, k) for k in keys} | ({"pattern": list(self.pattern)} if self.pattern else {})
 
 
 LAYERS = {
     "llama3-8b": Layer("llama3-8b", 4096, 32, 8, 128, 14336),
     "qwen3-moe": Layer("qwen3-moe", 2048, 32, 4, 128, 768, experts=128, topk=8, qk_norm=True),
+    # issue 30's decode chain: the MLP's norm -> activation -> next layer's norm, Llama-3-8B sizes
+    "decode-mlp": Layer(
+        "decode-mlp", 4096, 32, 8, 128, 14336, pattern=("add_norm1", "silu_and_mul", "add_norm2")
+    ),
 }
 #: --dry-run shapes (CPU): same structure, small enough for a unit test
 TINY = {
     "llama3-8b": replace(LAYERS["llama3-8b"], H=256, Hq=4, Hk=2, inter=256, max_pos=64),
     "qwen3-moe": replace(LAYERS["qwen3-moe"], H=256, Hq=4, Hk=2, inter=128, experts=16, topk=4, max_pos=64),
+    "decode-mlp": replace(LAYERS["decode-mlp"], H=256, Hq=4, Hk=2, inter=256, max_pos=64),
+}
+#: what each step writes that the check compares with the float32 reference (name -> tolerance kind)
+STEP_OUTPUTS: dict[str, dict[str, str]] = {
+    "add_norm1": {"add_norm1.x": "float", "add_norm1.res": "float"},
+    "qk_norm": {},  # checked through rope's q / k, which read its output
+    "rope": {"q": "float", "k": "float"},
+    "kv_write": {"kv.k": "float", "kv.v": "exact"},
+    "add_norm2": {"add_norm2.x": "float", "add_norm2.res": "float"},
+    "topk_softmax": {},  # checked by its own rule (ties may reorder), with moe_align
+    "moe_align": {},
+    "silu_and_mul": {"silu": "float"},
+    "quant_fp8": {"quant.q": "fp8", "quant.s": "float"},
+    "silu_quant": {"silu_quant.q": "fp8", "silu_quant.s": "float"},
 }
 OPMUX_OPS = {  # step -> (registry name, public function)
     "add_norm1": ("layernorm.fused_add_rmsnorm", "opmux.kernels.ops.layernorm:fused_add_rmsnorm"),
@@ -318,28 +346,18 @@ def align_reference(ids: torch.Tensor, block: int, E: int) -> tuple[torch.Tensor
 def check(layer: Layer, b: Bufs, st: State, ref: dict[str, torch.Tensor]) -> tuple[bool, float, str]:
     """(ok, worst relative error, detail) of one chain run (``b`` its buffers after the run)."""
     T, Hk, D = b["x1"].shape[0], layer.Hk, layer.D
-    got: dict[str, tuple[str, torch.Tensor]] = {
-        "add_norm1.x": ("float", st["add_norm1.x"]),
-        "add_norm1.res": ("float", st["add_norm1.res"]),
-        "q": ("float", st["q"].reshape(T, -1)),
-        "k": ("float", st["k"].reshape(T, -1)),
-        "kv.k": ("float", b["kc"].view(-1, Hk, D)[b["slots"]]),
-        "kv.v": ("exact", b["vc"].view(-1, Hk, D)[b["slots"]]),
-        "add_norm2.x": ("float", st["add_norm2.x"]),
-        "add_norm2.res": ("float", st["add_norm2.res"]),
+    fused = "silu_quant.q" in st  # the fused chain
+    where: dict[str, Callable[[], torch.Tensor]] = {
+        "q": lambda: st["q"].reshape(T, -1),
+        "k": lambda: st["k"].reshape(T, -1),
+        "kv.k": lambda: b["kc"].view(-1, Hk, D)[b["slots"]],
+        "kv.v": lambda: b["vc"].view(-1, Hk, D)[b["slots"]],
     }
-    if "silu_quant.q" in st:  # the fused chain
-        got.update(
-            {"silu_quant.q": ("fp8", st["silu_quant.q"]), "silu_quant.s": ("float", st["silu_quant.s"])}
-        )
-    else:
-        got.update(
-            {
-                "silu": ("float", st["silu"]),
-                "quant.q": ("fp8", st["quant.q"]),
-                "quant.s": ("float", st["quant.s"]),
-            }
-        )
+    got: dict[str, tuple[str, torch.Tensor]] = {
+        name: (kind, where[name]() if name in where else st[name])
+        for step in layer.steps(fused)
+        for name, kind in STEP_OUTPUTS[step].items()
+    }
     worst, bad, parts = 0.0, [], []
     for name, (kind, o) in got.items():
         r = ref[name]
@@ -442,30 +460,40 @@ def t_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return bc.eager_per_token_group_quant_fp8(x)
 
 
-def torch_chain_fn(layer: Layer) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """The whole bf16 reference chain as one function of tensors (what torch.compile compiles)."""
+def torch_chain_fn(layer: Layer) -> Callable[..., dict[str, Any]]:
+    """The whole bf16 reference chain as one function of tensors (what torch.compile compiles):
+    the chain's steps only, each output under its check name (``STEP_OUTPUTS``)."""
     Hq, Hk, D, E, k = layer.Hq, layer.Hk, layer.D, layer.experts, layer.topk
+    steps = set(layer.steps())
 
-    def chain(*a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def chain(*a: torch.Tensor) -> dict[str, Any]:
         x1, r1, w1, qkv, pos, cache, kc, vc, slots, x2, r2, w2, gate_up, act = a[:14]
-        y1, s1 = t_add_norm(x1, r1, w1)
-        q, kk, v = qkv[:, : Hq * D], qkv[:, Hq * D : (Hq + Hk) * D], qkv[:, (Hq + Hk) * D :]
-        if layer.qk_norm:
-            q, kk = t_qk_norm(q, kk, a[14], a[15], Hq, Hk, D)
-        q, kk = t_rope(pos, q, kk, D, cache)
-        t_kv_write(kk, v, kc, vc, slots, Hk, D)
-        y2, s2 = t_add_norm(x2, r2, w2)
-        extra: tuple[torch.Tensor, ...] = ()
-        if layer.moe:
-            tw, tid = t_topk(a[16], k)
-            extra = (tw, tid, *t_align(tid, ALIGN_BLOCK, E))
-        qa, sa = t_quant(act)
-        return (y1, s1, q, kk, y2, s2, t_silu(gate_up), qa, sa, *extra)
+        out: dict[str, Any] = {}
+        if "add_norm1" in steps:
+            out["add_norm1.x"], out["add_norm1.res"] = t_add_norm(x1, r1, w1)
+        if "rope" in steps:
+            q, kk, v = qkv[:, : Hq * D], qkv[:, Hq * D : (Hq + Hk) * D], qkv[:, (Hq + Hk) * D :]
+            if "qk_norm" in steps:
+                q, kk = t_qk_norm(q, kk, a[14], a[15], Hq, Hk, D)
+            out["q"], out["k"] = t_rope(pos, q, kk, D, cache)
+            if "kv_write" in steps:
+                t_kv_write(out["k"], v, kc, vc, slots, Hk, D)
+        if "add_norm2" in steps:
+            out["add_norm2.x"], out["add_norm2.res"] = t_add_norm(x2, r2, w2)
+        if "topk_softmax" in steps:
+            out["topk.w"], out["topk.ids"] = t_topk(a[16], k)
+            if "moe_align" in steps:
+                out["align"] = t_align(out["topk.ids"], ALIGN_BLOCK, E)
+        if "quant_fp8" in steps:
+            out["quant.q"], out["quant.s"] = t_quant(act)
+        if "silu_and_mul" in steps:
+            out["silu"] = t_silu(gate_up)
+        return out
 
     return chain
 
 
-def torch_chain_step(layer: Layer, fn: Callable[..., tuple[torch.Tensor, ...]]) -> StepFn:
+def torch_chain_step(layer: Layer, fn: Callable[..., dict[str, Any]]) -> StepFn:
     names = [
         "x1",
         "r1",
@@ -485,13 +513,7 @@ def torch_chain_step(layer: Layer, fn: Callable[..., tuple[torch.Tensor, ...]]) 
     names += (["qw", "kw"] if layer.qk_norm else ["w1", "w1"]) + (["logits"] if layer.moe else [])
 
     def step(b: Bufs, st: State) -> None:
-        out = fn(*(b[n] for n in names))
-        keys = ["add_norm1.x", "add_norm1.res", "q", "k", "add_norm2.x", "add_norm2.res", "silu"]
-        st.update(zip(keys, out[:7], strict=True))
-        st["quant.q"], st["quant.s"] = out[7], out[8]
-        if layer.moe:
-            st["topk.w"], st["topk.ids"] = out[9], out[10]
-            st["align"] = tuple(out[11:14])
+        st.update(fn(*(b[n] for n in names)))
 
     return step
 
@@ -604,6 +626,9 @@ def opmux_impl(layer: Layer, pdl: bool, fused: bool = False) -> Impl:
     if fused:
         what += f"; silu_and_mul -> quant_fp8 as {FUSED_OP[0]}"
     imp = Impl(name, "opmux", pieces={"*": what}, fused=fused)
+    if fused and not layer.quantizes:
+        imp.unavailable = "the chain has no silu_and_mul -> quant_fp8 to fuse"
+        return imp
     try:
         api = opmux_api()
         if fused:
@@ -695,7 +720,7 @@ def flashinfer_impl(layer: Layer, pieces: dict[str, StepFn]) -> Impl:
     Hq, Hk, D = layer.Hq, layer.Hk, layer.D
 
     def prepare(b: Bufs) -> None:  # FlashInfer's paged-append metadata: one page entry per token
-        if "fi_kv" not in b:
+        if "fi_kv" not in b and "kv_write" in layer.steps():
             T = b["slots"].shape[0]
             dummy = torch.empty(T, Hk, D, device=b["kc"].device, dtype=b["kc"].dtype)
             assert kv.prepare is not None
@@ -787,7 +812,8 @@ def torch_impl(layer: Layer, compile_: bool) -> Impl:
 def build_impls(layer: Layer, args: argparse.Namespace) -> list[Impl]:
     """Every implementation of ``layer``'s chain; one that cannot be built is recorded, not raised."""
     # run order: opmux first, FlashInfer last (its JIT modules build in the background meanwhile)
-    impls = [opmux_impl(layer, True), opmux_impl(layer, False), opmux_impl(layer, True, fused=True)]
+    impls = [opmux_impl(layer, True), opmux_impl(layer, False)]
+    impls += [opmux_impl(layer, True, fused=True)] if layer.quantizes else []
     if args.no_compile and not args.dry_run:
         impls.append(Impl("torch.compile", "peer", unavailable="left out (--no-compile)"))
     else:
@@ -1172,7 +1198,10 @@ def opmux_backends(layer: Layer, b: Bufs) -> dict[str, str]:
         calls["topk_softmax"] = (b["logits"], layer.topk, True)
         calls["moe_align"] = (b["ids0"], ALIGN_BLOCK, layer.experts)
     out: dict[str, str] = {}
+    wanted = set(layer.steps()) | ({"silu_quant"} if layer.quantizes else set())
     for step, a in calls.items():
+        if step not in wanted:
+            continue
         try:
             out[step] = str(explain(FUSED_OP[0] if step == "silu_quant" else OPMUX_OPS[step][0], *a).chosen)
         except Exception as exc:
@@ -1285,7 +1314,9 @@ def render(result: dict[str, Any]) -> str:
         cfg = lrec.get("config", {})
         names = [n for n in IMPL_ORDER if n in lrec.get("impls", {})]
         names += [n for n in lrec.get("impls", {}) if n not in names]
-        desc = f"H {cfg.get('H')}, {cfg.get('Hq')} q / {cfg.get('Hk')} kv heads x {cfg.get('D')}, "
+        desc = f"H {cfg.get('H')}, "
+        if "rope" in lrec.get("steps", ["rope"]):
+            desc += f"{cfg.get('Hq')} q / {cfg.get('Hk')} kv heads x {cfg.get('D')}, "
         desc += f"{'expert ' if cfg.get('experts') else ''}intermediate {cfg.get('inter')}"
         if cfg.get("experts"):
             desc += f", {cfg['experts']} experts top-{cfg.get('topk')}"

@@ -56,8 +56,13 @@ def test_dry_run(bench_chain: ModuleType, tmp_path: Path) -> None:
     rc = bench_chain.main(["--device", "cpu", "--dry-run", "--tokens", TOKENS, "--out", str(tmp_path)])
     result = json.loads((tmp_path / "bench_chain.json").read_text())
     st = _statuses(result)
-    assert {lrec["layer"] for lrec in result["layers"]} == {"llama3-8b", "qwen3-moe"}
-    assert len(st) == 2 * 2 * 6  # layers x T x (opmux PDL, no PDL, fused, FlashInfer, Liger, torch)
+    assert {lrec["layer"] for lrec in result["layers"]} == {"llama3-8b", "qwen3-moe", "decode-mlp"}
+    # T x (opmux PDL, no PDL, fused, FlashInfer, Liger, torch) per layer; decode-mlp has no fused chain
+    assert len(st) == 2 * (6 + 6 + 5)
+    mlp = next(lrec for lrec in result["layers"] if lrec["layer"] == "decode-mlp")
+    assert mlp["steps"] == ["add_norm1", "silu_and_mul", "add_norm2"]
+    check = mlp["cases"][0]["impls"]["opmux (PDL)"].get("check", "")
+    assert "silu" in check and "add_norm2.res" in check and "quant" not in check and " q " not in check
     for (layer, T, name), r in st.items():
         if name in ("FlashInfer", "Liger"):
             assert r["status"] == "unavailable" and "dry-run" in r["why"]
@@ -100,7 +105,7 @@ def test_opmux_chains_match_reference(
     assert bench_chain.main(argv) == 0
     result = json.loads((tmp_path / "bench_chain.json").read_text())
     st = _statuses(result)
-    assert len(st) == 2 * 2 * 3
+    assert len(st) == 2 * (3 + 3 + 2)  # decode-mlp: no fused chain
     for key, r in st.items():
         assert r["status"] == "ok", (key, r)
         assert r["rel_err"] < 1e-2, (key, r)
