@@ -12,8 +12,8 @@ benchmark), so it is rewritten into a trimmed wheel of the same name and version
   (``VERBATIM_PY``) verbatim, the others as ``ast.unparse`` writes them without docstrings
   (checked to parse to the same code; comments, docstrings and layout go, which takes 24 MiB of
   compressed Python down to about 14);
-* the ``.cu`` sources of the JIT modules the benchmark builds (norm, activation, rope,
-  quantization, page) and the transitive ``#include`` closure of those sources over FlashInfer's
+* the ``.cu`` sources of the JIT modules the benchmarks build (norm, activation, rope,
+  quantization, page; parity-cuda's samplers, batch decode and prefill) and the transitive ``#include`` closure of those sources over FlashInfer's
   bundled include trees (include, csrc, cutlass, spdlog; every match, a superset of what the
   compiler picks); headers that do not resolve there come from the CUDA toolkit, exactly as they
   would with the full wheel;
@@ -79,7 +79,8 @@ PLATFORMS = (
     "any",
 )
 
-# JIT modules the benchmark builds: their translation units (relative to flashinfer/data/csrc)
+# JIT modules the benchmarks and parity-cuda build: their translation units (relative to
+# flashinfer/data/csrc)
 CSRC_UNITS = (
     "norm.cu",
     "flashinfer_norm_binding.cu",
@@ -90,6 +91,30 @@ CSRC_UNITS = (
     "flashinfer_quantization_binding.cu",
     "page.cu",
     "flashinfer_page_binding.cu",
+    # parity-cuda's FlashInfer backends: the samplers and the batch decode (its generated unit
+    # comes from the two templates, read for their includes like a source)
+    "sampling.cu",
+    "renorm.cu",
+    "flashinfer_sampling_binding.cu",
+    "batch_decode.cu",
+    "batch_decode_jit_binding.cu",
+    "batch_decode_customize_config.jinja",
+    "batch_decode_kernel_inst.jinja",
+    "batch_prefill.cu",
+    "batch_prefill_jit_binding.cu",
+    "batch_prefill_paged.cu",
+    "batch_prefill_paged_jit_binding.cu",
+    "batch_prefill_fp8_sm90.cu",
+    "batch_prefill_fp8_paged_sm90_kernel_inst.jinja",
+    "batch_prefill_fp8_ragged_sm90_kernel_inst.jinja",
+    "batch_prefill_customize_config.jinja",
+    "batch_prefill_paged_kernel_inst.jinja",
+    "batch_prefill_ragged_kernel_inst.jinja",
+    "batch_prefill_sm90.cu",
+    "batch_prefill_sm90_jit_binding.cu",
+    "batch_prefill_sm90_customize_config.jinja",
+    "batch_prefill_paged_sm90_kernel_inst.jinja",
+    "batch_prefill_ragged_sm90_kernel_inst.jinja",
 )
 # headers the generated activation source includes
 EXTRA_ROOT_HEADERS = ("flashinfer/activation.cuh", "tvm_ffi_utils.h")
@@ -234,9 +259,10 @@ def trim_flashinfer(wheel: Path, aot: dict[str, Path] | None = None) -> Path:
                 keep.append(
                     i
                 )  # whole: the CUDA toolkit's own headers include the vendored CCCL (it is -I first)
+            elif n in headers:  # the units (templates too) and their include closure
+                keep.append(i)
             elif n.endswith(SOURCE_EXT) or ("/data/" in n and Path(n).suffix == ""):
-                if n in headers:
-                    keep.append(i)
+                continue
             elif "/data/" in n:
                 continue  # build scripts, licences of dropped trees, ...
             elif "/csrc/" in n or "/kernel_src/" in n:

@@ -168,7 +168,8 @@ for stage in $STAGES; do
         # -n: pytest-xdist's workers ($PARITY_WORKERS, default 8) where the image has it: the run is
         # mostly Triton compiling each cell's kernels on the CPU (session 37: one process reached 33%
         # of the suite in 530 s on an H100); the workers' matrix cells merge in the controller
-        parity) xd=(); python3 -c "import xdist" 2>/dev/null && xd=(-n "${PARITY_WORKERS:-8}")
+        # (-p no:benchmark: the image's pytest-benchmark warns under xdist, an error in our config)
+        parity) xd=(); python3 -c "import xdist" 2>/dev/null && xd=(-n "${PARITY_WORKERS:-8}" -p no:benchmark)
                 python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" "${xd[@]}" \
                     -p no:cacheprovider --import-mode=importlib -v -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/parity.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;

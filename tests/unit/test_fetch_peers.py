@@ -41,7 +41,9 @@ def _wheel(path: Path) -> Path:
         "flashinfer/data/csrc/norm.cu": '#include "flashinfer/norm.cuh"\n',
         "flashinfer/data/csrc/flashinfer_norm_binding.cu": "",
         "flashinfer/data/include/flashinfer/norm.cuh": "// norm\n",
-        "flashinfer/data/csrc/batch_decode_customize_config.jinja": "{{ x }}\n",
+        "flashinfer/data/csrc/batch_decode_customize_config.jinja": '#include "flashinfer/decode.cuh"\n{{ x }}\n',
+        "flashinfer/data/include/flashinfer/decode.cuh": "",
+        "flashinfer/data/csrc/batch_pod_customize_config.jinja": "{{ y }}\n",
         "flashinfer/data/csrc/trtllm_big/kernel.cu": "// a kernel nobody benchmarks\n",
         "flashinfer/data/include/flashinfer/unused.cuh": "// not included by any kept unit\n",
         f"{DIST}/METADATA": "Name: flashinfer-python\n",
@@ -70,8 +72,11 @@ def test_trim_keeps_the_benchmarked_sources_and_drops_the_rest(fp: ModuleType, t
         assert "flashinfer/data/include/flashinfer/norm.cuh" in names  # the include closure
         assert "flashinfer/data/include/flashinfer/unused.cuh" not in names
         assert "flashinfer/data/csrc/trtllm_big/kernel.cu" not in names
-        # no AOT modules: their templates are not needed
-        assert "flashinfer/data/csrc/batch_decode_customize_config.jinja" not in names
+        # parity-cuda's FlashInfer decode renders this template: kept with its includes, while a
+        # template of a module nothing builds goes (no AOT modules: the top of csrc is not kept)
+        assert "flashinfer/data/csrc/batch_decode_customize_config.jinja" in names
+        assert "flashinfer/data/include/flashinfer/decode.cuh" in names
+        assert "flashinfer/data/csrc/batch_pod_customize_config.jinja" not in names
         assert not any("/data/aot/" in n for n in names)
         assert b"0 modules built ahead of time" in zf.read(f"{DIST}/TRIMMED")
         assert zf.read("flashinfer/norm/__init__.py") == b"x = 1  # kept verbatim\n"
