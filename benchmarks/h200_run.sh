@@ -9,7 +9,7 @@
 #       --models Qwen3-30B-A3B --m 1,256,1024 --budget-s 80" bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-tune moe-bench"
 #   OPMUX_FROM_TREE=1 bash benchmarks/h200_run.sh OUT_DIR "prewarm moe-grid prefill decode sampling"
 #
-# prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache);
+# prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache; $PREWARM_BUDGET_S s);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*),
 #          in $PARITY_WORKERS pytest-xdist processes (default 8) where the image has pytest-xdist;
 # bridge:  the torch-linked bridge and the serving lanes alone (test_torch_kernels, test_lanes), every
@@ -162,7 +162,10 @@ rc=0
 for stage in $STAGES; do
     start=$(date +%s)
     case $stage in
-        prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget 150 || rc=1 ;;
+        # $PREWARM_BUDGET_S (default 240): gemm_cuda, the CUTLASS unit, takes ~146 s alone on an
+        # H100 and was cut at 150 (session 38), and its parity cell, building it under 8 workers'
+        # load, failed there (it passed once the unit was built)
+        prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget "${PREWARM_BUDGET_S:-240}" || rc=1 ;;
         # -v: every test's outcome by name in parity.log, so a run the call's limit cuts short still
         # says which failed (session 36: a -q log stopped at 26% showed seven F and no names)
         # -n: pytest-xdist's workers ($PARITY_WORKERS, default 8) where the image has it: the run is
