@@ -11,7 +11,9 @@
 #
 # prewarm: JIT-compile every CUDA module for this GPU in parallel (the jit backend's cache; $PREWARM_BUDGET_S s);
 # parity:  the parity-cuda harness against the installed wheel (coverage matrix -> OUT_DIR/cuda.*),
-#          in $PARITY_WORKERS pytest-xdist processes (default 8) where the image has pytest-xdist;
+#          in $PARITY_WORKERS pytest-xdist processes (default 12) where the image has pytest-xdist,
+#          $PARITY_K a pytest -k filter (a run split over calls: 8 workers on an H100 took 580 s for
+#          1,064 of its 1,071 tests, session 38);
 # bridge:  the torch-linked bridge and the serving lanes alone (test_torch_kernels, test_lanes), every
 #          test's outcome listed (OUT_DIR/bridge.log);
 # bench:   benchmarks/bench_gpu.py (OUT_DIR/bench.*);
@@ -168,12 +170,13 @@ for stage in $STAGES; do
         prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget "${PREWARM_BUDGET_S:-240}" || rc=1 ;;
         # -v: every test's outcome by name in parity.log, so a run the call's limit cuts short still
         # says which failed (session 36: a -q log stopped at 26% showed seven F and no names)
-        # -n: pytest-xdist's workers ($PARITY_WORKERS, default 8) where the image has it: the run is
+        # -n: pytest-xdist's workers ($PARITY_WORKERS, default 12) where the image has it: the run is
         # mostly Triton compiling each cell's kernels on the CPU (session 37: one process reached 33%
         # of the suite in 530 s on an H100); the workers' matrix cells merge in the controller
         # (-p no:benchmark: the image's pytest-benchmark warns under xdist, an error in our config)
-        parity) xd=(); python3 -c "import xdist" 2>/dev/null && xd=(-n "${PARITY_WORKERS:-8}" -p no:benchmark)
-                python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" "${xd[@]}" \
+        parity) xd=(); python3 -c "import xdist" 2>/dev/null && xd=(-n "${PARITY_WORKERS:-12}" -p no:benchmark)
+                pk=(); [[ -n ${PARITY_K:-} ]] && pk=(-k "$PARITY_K")
+                python3 -m pytest "$REPO/tests/parity" --target cuda --matrix-out "$OUT/cuda.json" "${PARITY_TREE[@]}" "${xd[@]}" "${pk[@]}" \
                     -p no:cacheprovider --import-mode=importlib -v -ra --rootdir "$REPO" 2>&1 \
                     | tee "$OUT/parity.log" | grep -E "FAILED|ERROR|passed|failed" | tail -40; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1 ;;
         bridge) python3 -m pytest "$REPO/tests/parity/test_torch_kernels.py" "$REPO/tests/parity/test_lanes.py" --target cuda \
