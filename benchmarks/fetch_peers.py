@@ -12,8 +12,9 @@ benchmark), so it is rewritten into a trimmed wheel of the same name and version
   (``VERBATIM_PY``) verbatim, the others as ``ast.unparse`` writes them without docstrings
   (checked to parse to the same code; comments, docstrings and layout go, which takes 24 MiB of
   compressed Python down to about 14);
-* the ``.cu`` sources of the JIT modules the benchmarks build (norm, activation, rope,
-  quantization, page; parity-cuda's samplers, batch decode and prefill) and the transitive ``#include`` closure of those sources over FlashInfer's
+* the sources of the JIT modules the benchmarks and parity-cuda build (norm, activation, rope,
+  quantization, page; the samplers, batch decode and prefill, their jinja templates read for
+  includes like a source) and the transitive ``#include`` closure of those over FlashInfer's
   bundled include trees (include, csrc, cutlass, spdlog; every match, a superset of what the
   compiler picks); headers that do not resolve there come from the CUDA toolkit, exactly as they
   would with the full wheel;
@@ -91,8 +92,8 @@ CSRC_UNITS = (
     "flashinfer_quantization_binding.cu",
     "page.cu",
     "flashinfer_page_binding.cu",
-    # parity-cuda's FlashInfer backends: the samplers and the batch decode (its generated unit
-    # comes from the two templates, read for their includes like a source)
+    # parity-cuda's FlashInfer backends: the samplers, batch decode and batch prefill (their
+    # generated units come from the templates, read for their includes like a source)
     "sampling.cu",
     "renorm.cu",
     "flashinfer_sampling_binding.cu",
@@ -262,7 +263,7 @@ def trim_flashinfer(wheel: Path, aot: dict[str, Path] | None = None) -> Path:
             elif n in headers:  # the units (templates too) and their include closure
                 keep.append(i)
             elif n.endswith(SOURCE_EXT) or ("/data/" in n and Path(n).suffix == ""):
-                continue
+                continue  # sources and extensionless headers outside the closure
             elif "/data/" in n:
                 continue  # build scripts, licences of dropped trees, ...
             elif "/csrc/" in n or "/kernel_src/" in n:

@@ -170,7 +170,7 @@ for stage in $STAGES; do
         prewarm) python3 -m opmux.kernels.jit prewarm --device cuda -j 8 --budget "${PREWARM_BUDGET_S:-240}" || rc=1 ;;
         # -v: every test's outcome by name in parity.log, so a run the call's limit cuts short still
         # says which failed (session 36: a -q log stopped at 26% showed seven F and no names)
-        # -n: pytest-xdist's workers ($PARITY_WORKERS, default 12) where the image has it: the run is
+        # -n: pytest-xdist's workers ($PARITY_WORKERS) where the image has it: the run is
         # mostly Triton compiling each cell's kernels on the CPU (session 37: one process reached 33%
         # of the suite in 530 s on an H100); the workers' matrix cells merge in the controller
         # (-p no:benchmark: the image's pytest-benchmark warns under xdist, an error in our config)
