@@ -118,6 +118,7 @@ IMPORT_DEPS = {
     "tvm_ffi": "apache-tvm-ffi",
     "packaging": "packaging",
     "filelock": "filelock",
+    "tqdm": "tqdm",
 }
 
 
