@@ -22,7 +22,8 @@ the data that orders the backends (``ops/sampling/op.py``'s ``_CUDA_ORDER``).
 ``--select-out DIR`` writes, from the forced columns, the ops' select tables (``DIR/<op>/``, for
 ``python/opmux/kernels/configs/``): per vocabulary and batch the backend timed fastest, the
 declared first (FlashInfer where installed) unless another wins by more than 2%
-(``select_tables.py``'s rule; no file for a vocabulary where the first won at every batch);
+(``select_tables.py``'s rule; a file for every vocabulary timed, also where the first won at every
+batch, so that it replaces an older table and, as ``OPMUX_TUNED_CONFIG_DIR``, alone decides the default);
 ``--select-from JSON`` writes them from a recorded run, no GPU.
 
 ``--ops`` / ``--columns`` time only some ops / columns (an A/B call, e.g. with
@@ -48,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_gpu import environment, time_impls  # noqa: E402
-from select_tables import select_tables, write_select_tables  # noqa: E402
+from select_tables import write_select_tables  # noqa: E402
 
 BATCH = (1, 16, 64, 256)
 VOCAB = (32000, 128256, 151936)
@@ -221,13 +222,9 @@ def write_selects(record: dict[str, Any], folder: Path) -> list[Path]:
         timed = [be for be in order if any(f"opmux {be}" in c["impls"] for c in cases)]
         if len(timed) < 2:
             continue
-        # a table naming the declared first at every batch changes nothing: none is written
-        moved = {
-            s
-            for s, t in select_tables(cases, timed).items()
-            if any(e["backend"] != timed[0] for e in t.values())
-        }
-        cases = [c for c in cases if tuple(c["shape"]) in moved]
+        # every vocabulary's table, also one naming the declared first at every batch: copied into
+        # configs/ it replaces an older table of that GPU, and as OPMUX_TUNED_CONFIG_DIR it is what
+        # the default runs (a missing file would let the shipped table speak instead)
         for path in write_select_tables(op, record, timed, folder / op, cases):
             log(f"table {path}")
             written.append(path)

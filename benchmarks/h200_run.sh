@@ -75,7 +75,9 @@
 #          (OUT_DIR/sampling_sanitize.log), and
 #          benchmarks/bench_sampling.py (OUT_DIR/sampling*), opmux's call also forced to each backend
 #          of $SAMPLING_FORCED (default "jit,flashinfer"), with its select tables
-#          (OUT_DIR/sampling_select.tgz: sampling.<op>/<table>.json, for python/opmux/kernels/configs/);
+#          (OUT_DIR/sampling_select.tgz: sampling.<op>/<table>.json, for python/opmux/kernels/configs/),
+#          then bench_sampling.py again with those tables as OPMUX_TUNED_CONFIG_DIR: opmux's default
+#          on them beside the peers (OUT_DIR/sampling_default*, #29's bar);
 # tiles:   benchmarks/tune/decode_tiles.py and prefill_tiles.py, the attention kernels' launch
 #          sweeps (OUT_DIR/decode_tiles, OUT_DIR/prefill_tiles) and the tuned tables they write
 #          (OUT_DIR/tables.tgz: <op>/<table>.json, for python/opmux/kernels/configs/);
@@ -366,7 +368,14 @@ for stage in $STAGES; do
                 timeout 400 python3 "$REPO/benchmarks/bench_sampling.py" --out "$OUT/sampling" --budget-s 300 \
                     --forced "${SAMPLING_FORCED-jit,flashinfer}" --select-out "$OUT/sampling_select" 2>&1 \
                     | tee "$OUT/sampling_bench.log" | tail -8; [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-                [[ -d $OUT/sampling_select ]] && (cd "$OUT" && tar czf sampling_select.tgz sampling_select && rm -rf sampling_select) ;;
+                # the default on the tables just written (they alone decide it: one per vocabulary),
+                # beside the peers: the bar's own table (OUT_DIR/sampling_default*)
+                if [[ -d $OUT/sampling_select ]]; then
+                    OPMUX_TUNED_CONFIG_DIR=$OUT/sampling_select timeout 400 python3 "$REPO/benchmarks/bench_sampling.py" \
+                        --out "$OUT/sampling_default" --budget-s 300 2>&1 | tee "$OUT/sampling_default.log" | tail -4
+                    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+                    (cd "$OUT" && tar czf sampling_select.tgz sampling_select && rm -rf sampling_select)
+                fi ;;
         comm) # one GPU: the comm ops' parity cells at one rank (the peer-buffer kernels' arithmetic
               # and bounds: their barriers are no-ops), then compute-sanitizer over them; the 2-8 GPU
               # grid and benchmarks/bench_comm.py need a multi-GPU kind
