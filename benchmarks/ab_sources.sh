@@ -5,11 +5,14 @@
 #
 #   # here, before the call: the base revision's copies of the files under .ab/<rev>/ (git-ignored)
 #   bash benchmarks/ab_sources.sh prepare 202bead python/opmux/kernels/jit/csrc/sampling_cuda.cu
-#   # on the GPU machine (run's carry: [".ab", ...]); {side} in the command becomes "tree" or "base"
+#   # on the GPU machine (run's carry: [".ab", ...]); {side} in the command becomes "tree", then each
+#   # base folder's name (a revision's slashes become '_': .ab/wip_x for wip/x)
 #   bash benchmarks/ab_sources.sh run .ab/202bead -- python3 benchmarks/bench_sampling.py --out OUT/{side} --forced jit
+#   bash benchmarks/ab_sources.sh run .ab/main .ab/wip_x -- COMMAND   # the tree and two bases, in that order
 #
-# `run` swaps the base copies in for the second run and always puts the tree's files back (a trap),
-# so a JIT cache keyed on the sources rebuilds for each side. Exit status: the first failure's.
+# `run` swaps each base's copies in for its run (files a base lacks stay the tree's) and always puts
+# the tree's files back (a trap), so a JIT cache keyed on the sources rebuilds for each side. Exit
+# status: the first failure's.
 set -uo pipefail
 cmd=${1:-}
 shift || true
@@ -18,31 +21,42 @@ case $cmd in
         rev=${1:?usage: ab_sources.sh prepare REV FILE...}
         shift
         [[ $# -gt 0 ]] || { echo "ab_sources.sh prepare: name the files to take from $rev" >&2; exit 2; }
-        out=.ab/$rev
+        out=.ab/${rev//\//_}
         rm -rf "$out" && mkdir -p "$out" || exit 1
         git archive "$rev" -- "$@" | tar -x -C "$out" || { echo "ab_sources.sh: git archive $rev failed" >&2; exit 1; }
         (cd "$out" && find . -type f ! -name .files | sed "s|^\./||" | sort) > "$out/.files"
         echo "ab_sources.sh: $(wc -l < "$out/.files") file(s) of $rev in $out" ;;
     run)
-        base=${1:?usage: ab_sources.sh run BASE_DIR -- COMMAND...}
-        shift
+        bases=()
+        while [[ $# -gt 0 && $1 != -- ]]; do bases+=("$1"); shift; done
         [[ ${1:-} == -- ]] && shift
-        [[ $# -gt 0 && -f $base/.files ]] || { echo "ab_sources.sh run: $base/.files missing (prepare first)" >&2; exit 2; }
+        [[ ${#bases[@]} -gt 0 && $# -gt 0 ]] || { echo "usage: ab_sources.sh run BASE_DIR... -- COMMAND..." >&2; exit 2; }
+        for b in "${bases[@]}"; do
+            [[ -f $b/.files ]] || { echo "ab_sources.sh run: $b/.files missing (prepare first)" >&2; exit 2; }
+        done
         keep=$(mktemp -d)
-        mapfile -t files < "$base/.files"
+        files=()
+        for b in "${bases[@]}"; do mapfile -t -O "${#files[@]}" files < "$b/.files"; done
         restore() { for f in "${files[@]}"; do [[ -f $keep/$f ]] && cp "$keep/$f" "$f"; done; rm -rf "$keep"; }
         trap restore EXIT
-        for f in "${files[@]}"; do mkdir -p "$keep/$(dirname "$f")" && cp "$f" "$keep/$f" || exit 1; done
+        for f in "${files[@]}"; do
+            [[ -f $f ]] || { echo "ab_sources.sh run: $f is not in the tree (a base may only replace files)" >&2; exit 2; }
+            [[ -f $keep/$f ]] || { mkdir -p "$keep/$(dirname "$f")" && cp "$f" "$keep/$f"; } || exit 1
+        done
         rc=0
-        for side in tree base; do
-            if [[ $side == base ]]; then
-                for f in "${files[@]}"; do cp "$base/$f" "$f" || exit 1; done
+        for side in tree "${bases[@]}"; do
+            for f in "${files[@]}"; do cp "$keep/$f" "$f" || exit 1; done  # the tree's, then this side's
+            name=tree
+            if [[ $side != tree ]]; then
+                name=$(basename "$side")
+                mapfile -t own < "$side/.files"
+                for f in "${own[@]}"; do cp "$side/$f" "$f" || exit 1; done
             fi
-            echo "== ab_sources.sh: $side"
-            "${@//\{side\}/$side}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }
+            echo "== ab_sources.sh: $name"
+            "${@//\{side\}/$name}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }
         done
         exit $rc ;;
     *)
-        echo "usage: ab_sources.sh prepare REV FILE... | run BASE_DIR -- COMMAND..." >&2
+        echo "usage: ab_sources.sh prepare REV FILE... | run BASE_DIR... -- COMMAND..." >&2
         exit 2 ;;
 esac
