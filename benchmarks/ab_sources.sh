@@ -31,8 +31,13 @@ case $cmd in
         while [[ $# -gt 0 && $1 != -- ]]; do bases+=("$1"); shift; done
         [[ ${1:-} == -- ]] && shift
         [[ ${#bases[@]} -gt 0 && $# -gt 0 ]] || { echo "usage: ab_sources.sh run BASE_DIR... -- COMMAND..." >&2; exit 2; }
+        seen=" tree "
         for b in "${bases[@]}"; do
             [[ -f $b/.files ]] || { echo "ab_sources.sh run: $b/.files missing (prepare first)" >&2; exit 2; }
+            n=$(basename "$b")
+            # each side's name ({side}) must be its own: two alike would write one output twice
+            [[ $seen != *" $n "* ]] || { echo "ab_sources.sh run: two sides would be named '$n' (bases' folder names must differ, and not be 'tree')" >&2; exit 2; }
+            seen+="$n "
         done
         keep=$(mktemp -d)
         files=()
@@ -53,7 +58,7 @@ case $cmd in
                 for f in "${own[@]}"; do cp "$side/$f" "$f" || exit 1; done
             fi
             echo "== ab_sources.sh: $name"
-            "${@//\{side\}/$name}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }
+            "${@//\{side\}/"$name"}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }  # quoted: '&' stays itself
         done
         exit $rc ;;
     *)

@@ -84,3 +84,32 @@ def test_misuse_is_refused_with_the_usage(repo: tuple[Path, str, str]) -> None:
     assert no_cmd.returncode == 2 and "usage" in no_cmd.stderr
     no_files = _ab(r, "prepare", first)
     assert no_files.returncode == 2 and "name the files" in no_files.stderr
+
+
+def test_sides_named_alike_are_refused_before_anything_runs(
+    repo: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    r, first, _ = repo
+    assert _ab(r, "prepare", first, "src/k.cu").returncode == 0
+    other = tmp_path / "elsewhere" / first  # another folder of the same name
+    shutil.copytree(r / ".ab" / first, other)
+    ran = tmp_path / "ran"
+    twice = _ab(r, "run", f".ab/{first}", str(other), "--", "touch", str(ran))
+    assert twice.returncode == 2 and "two sides would be named" in twice.stderr
+    tree = tmp_path / "tree"
+    shutil.copytree(r / ".ab" / first, tree)
+    as_tree = _ab(r, "run", str(tree), "--", "touch", str(ran))
+    assert as_tree.returncode == 2 and "'tree'" in as_tree.stderr
+    assert not ran.exists()
+
+
+def test_a_side_name_with_an_ampersand_stays_itself(repo: tuple[Path, str, str]) -> None:
+    r, _, _ = repo
+    _git(r, "branch", "a&b", "wip/two")
+    assert _ab(r, "prepare", "a&b", "src/k.cu").returncode == 0
+    out = r / "out"
+    done = _ab(
+        r, "run", ".ab/a&b", "--", "bash", "-c", f"mkdir -p {out} && cat src/k.cu > '{out}/{{side}}.txt'"
+    )
+    assert done.returncode == 0, done.stderr
+    assert (out / "a&b.txt").read_text() == "v2\n"
