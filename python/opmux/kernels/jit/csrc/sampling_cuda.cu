@@ -497,7 +497,9 @@ struct OwnMass {
 };
 
 // x[i] is the row's entry at sl.lo + (pos ? pos[i] : i) (pos: a kept list's positions, ascending).
-template <typename T>
+// LAST = false: the mass alone (the renorms: no index tracking, one cluster exchange fewer; `last`
+// and `own` unused).
+template <bool LAST = true, typename T>
 __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, float* mass, int64_t* last,
                           const Slice& sl, OwnMass* own = nullptr, const int32_t* pos = nullptr) {
   float m[1] = {0.0f};
@@ -505,40 +507,31 @@ __device__ void kept_mass(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, 
   for_each(x, n, vec, [&](int64_t i, float v) {
     if (ordered_key(v) >= t) {
       m[0] += v;
-      const int64_t at = pos != nullptr ? pos[i] : i;
-      if (v > 0.0f && at > l) l = at;
+      if constexpr (LAST) {
+        const int64_t at = pos != nullptr ? pos[i] : i;
+        if (v > 0.0f && at > l) l = at;
+      }
     }
   });
   block_sum(m, sm.f);
   float before, after;
   m[0] = cluster_prefix(m[0], &before, &after, sm, sl);
-  for (int o = 16; o > 0; o >>= 1) {
-    const int64_t other = __shfl_xor_sync(0xffffffffu, l, o);
-    l = other > l ? other : l;
-  }
-  __shared__ int64_t lred[kWarps];
-  if ((threadIdx.x & 31) == 0) lred[threadIdx.x >> 5] = l;
-  __syncthreads();
-  l = -1;
-  for (int w = 0; w < kWarps; ++w) l = lred[w] > l ? lred[w] : l;
-  __syncthreads();
-  l = l < 0 ? -1 : l + sl.lo;
   *mass = m[0];
-  *last = cluster_extreme<false>(l, sm, sl);
-  if (own != nullptr) *own = OwnMass{before, after, l};
-}
-
-// The kept mass (key >= t) of the row alone: kept_mass's sum, in its order, without the last kept
-// index (the renorms need none: one cluster exchange and the index tracking fewer).
-template <typename T>
-__device__ float kept_mass_only(const T* x, int64_t n, bool vec, int32_t t, Smem& sm, const Slice& sl) {
-  float m[1] = {0.0f};
-  for_each(x, n, vec, [&](int64_t, float v) {
-    if (ordered_key(v) >= t) m[0] += v;
-  });
-  block_sum(m, sm.f);
-  float before, after;
-  return cluster_prefix(m[0], &before, &after, sm, sl);
+  if constexpr (LAST) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const int64_t other = __shfl_xor_sync(0xffffffffu, l, o);
+      l = other > l ? other : l;
+    }
+    __shared__ int64_t lred[kWarps];
+    if ((threadIdx.x & 31) == 0) lred[threadIdx.x >> 5] = l;
+    __syncthreads();
+    l = -1;
+    for (int w = 0; w < kWarps; ++w) l = lred[w] > l ? lred[w] : l;
+    __syncthreads();
+    l = l < 0 ? -1 : l + sl.lo;
+    *last = cluster_extreme<false>(l, sm, sl);
+    if (own != nullptr) *own = OwnMass{before, after, l};
+  }
 }
 
 // Exclusive prefix sum of v over the block (threads in order); *total gets the block's sum. red:
@@ -854,7 +847,9 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
       map_slice(xf, out, len, vec && p.out_vec, [](float v) { return v; });
       return;
     }
-    const float inv = 1.0f / kept_mass_only(xf, len, vec, t, sm, sl);
+    float mass;
+    kept_mass<false>(xf, len, vec, t, sm, &mass, nullptr, sl);
+    const float inv = 1.0f / mass;
     map_slice(xf, out, len, vec && p.out_vec, [&](float v) { return ordered_key(v) >= t ? v * inv : 0.0f; });
   } else if constexpr (OP == kTopKTopPSample) {
     const float* xf = reinterpret_cast<const float*>(x);
