@@ -104,7 +104,8 @@ def _unit_source(unit: str) -> Path:
 def compile_unit(src: Path, arch: str) -> list[Kernel]:
     """``src`` compiled as the JIT compiles it (its flags and includes) for ``arch``, to an object
     in a temporary folder; ptxas's report of its kernels."""
-    sys.path.insert(0, str(ROOT / "python"))
+    if str(ROOT / "python") not in sys.path:
+        sys.path.insert(0, str(ROOT / "python"))  # the tree's JIT flags, not an installed wheel's
     from opmux.kernels.jit.compile import build, toolchain
 
     nvcc = toolchain.find_nvcc()
