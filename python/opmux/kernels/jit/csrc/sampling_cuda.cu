@@ -44,6 +44,7 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -117,32 +118,63 @@ struct Smem {
   int64_t tot_l[2];
 };
 
-// Calls f(i, v) for the elements of x[0, n) this thread owns: VEC-wide aligned chunks (when `vec`),
-// then the tail one by one.
-template <typename T, typename F>
+// A 16-byte vector of shared memory at a shared-window address: `ld.shared`, where a generic
+// pointer's load goes through the L1TEX path (a long-scoreboard wait each pass over a cached slice).
+template <typename T, int VEC>
+__device__ __forceinline__ cuda::Vec<T, VEC> load_vec_shared(uint32_t addr) {
+  static_assert(sizeof(T) * VEC == 16, "16-byte vectors");
+  uint4 u;
+  // the clobber keeps it after the writes that filled the slice (cache_slice, the kept lists)
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+               : "r"(addr)
+               : "memory");
+  cuda::Vec<T, VEC> v;
+  memcpy(&v, &u, 16);
+  return v;
+}
+
+// f(i, v) for the VEC-wide vectors [0, n / VEC) this thread owns, `load(j)` giving vector j;
+// kUnroll loads issued before any is used, each thread still visiting its vectors in order.
+// Returns the elements covered.
+template <typename T, typename L, typename F>
+__device__ __forceinline__ int64_t for_each_vecs(int64_t n, L&& load, F&& f) {
+  constexpr int VEC = cuda::kVec16<T>;
+  const int64_t nv = n / VEC;
+  int64_t j = threadIdx.x;
+  for (; j + (kUnroll - 1) * kThreads < nv; j += kUnroll * kThreads) {
+    cuda::Vec<T, VEC> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load(j + u * kThreads);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) f((j + u * kThreads) * VEC + e, to_float(v[u].v[e]));
+    }
+  }
+  for (; j < nv; j += kThreads) {
+    const cuda::Vec<T, VEC> v = load(j);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) f(j * VEC + e, to_float(v.v[e]));
+  }
+  return nv * VEC;
+}
+
+// Calls f(i, v) for the elements of x[0, n) this thread owns: VEC-wide aligned chunks (when `vec`;
+// through `ld.shared` where x is a cached slice or a kept list), then the tail one by one.
+// SHARED = false: x is never in shared memory (greedy: no second loop, its registers as before).
+template <bool SHARED = true, typename T, typename F>
 __device__ __forceinline__ void for_each(const T* x, int64_t n, bool vec, F&& f) {
   constexpr int VEC = cuda::kVec16<T>;
   int64_t done = 0;
   if (vec) {
-    const int64_t nv = n / VEC;
-    int64_t j = threadIdx.x;
-    // kUnroll loads issued before any is used; each thread still visits its vectors in order
-    for (; j + (kUnroll - 1) * kThreads < nv; j += kUnroll * kThreads) {
-      cuda::Vec<T, VEC> v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = cuda::load_vec<T, VEC>(x + (j + u * kThreads) * VEC);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) f((j + u * kThreads) * VEC + e, to_float(v[u].v[e]));
-      }
+    if (SHARED && __isShared(x)) {
+      const uint32_t xs = static_cast<uint32_t>(__cvta_generic_to_shared(x));
+      done = for_each_vecs<T>(
+          n, [&](int64_t j) { return load_vec_shared<T, VEC>(xs + static_cast<uint32_t>(j) * 16u); }, f);
+    } else {
+      done = for_each_vecs<T>(n, [&](int64_t j) { return cuda::load_vec<T, VEC>(x + j * VEC); }, f);
     }
-    for (; j < nv; j += kThreads) {
-      const cuda::Vec<T, VEC> v = cuda::load_vec<T, VEC>(x + j * VEC);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) f(j * VEC + e, to_float(v.v[e]));
-    }
-    done = nv * VEC;
   }
   for (int64_t i = done + threadIdx.x; i < n; i += kThreads) f(i, to_float(x[i]));
 }
@@ -309,7 +341,7 @@ __device__ __forceinline__ int64_t cluster_extreme(int64_t v, Smem& sm, const Sl
 // (16-byte aligned: the choice reads them as int4) and its partials for the cluster's exchange.
 struct Count8 {
   __align__(16) int tot[kBins8 + 1];
-  int part[kBins8 + 1];
+  int part[2][kBins8 + 1];  // alternate passes' (one cluster barrier a pass: count_search)
   int w[kWarps][kBins8 + 1];
 };
 
@@ -342,6 +374,17 @@ __device__ __forceinline__ Hist& hist_smem() {
   return h;
 }
 
+// One more in the shared-memory counter at `addr` (a shared-window address) where `on`: a
+// predicated reduction, no branch. Through a generic pointer the compiler re-derived the address
+// (the cluster's shared window: a special-register read) and branched around each atomic, about
+// 12 instructions an entry of the count search's first pass.
+__device__ __forceinline__ void count_in(uint32_t addr, bool on) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t@p red.shared.add.u32 [%0], 1;\n\t}" ::"r"(addr),
+      "r"(static_cast<uint32_t>(on))
+      : "memory");
+}
+
 // The count search (top-k: the largest key t with count(>= t) >= need): passes of 8 bits (31-bit keys: 8, 8, 8, 7; 32-bit:
 // 4 x 8), the keys of [lo, lo + span) counted into nb = min(256, span) bins of width 2^shift (keys at
 // or past lo + span in bin 256, or a bin in [nb, 256], above every lower end), then the largest j in
@@ -353,6 +396,8 @@ __device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int
   Count8& c = hist_smem().c8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int* hw = c.w[warp];
+  const uint32_t hw_s = static_cast<uint32_t>(__cvta_generic_to_shared(hw));
+  int pass = 0;
   while (bits > 0) {
     const int shift = bits > 8 ? bits - 8 : 0;
     const int nb = 1 << (bits - shift);
@@ -362,11 +407,9 @@ __device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int
     __syncwarp();
     for_each(x, n, vec, [&](int64_t, float v) {
       const int32_t k = LOGITS ? ordered_key(v) : __float_as_int(v);
-      if (k >= lo32) {
-        // k - lo < 2^32: exact in 32-bit unsigned arithmetic
-        const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
-        atomicAdd(&hw[min(off >> shift, static_cast<uint32_t>(kBins8))], 1);
-      }
+      // k - lo < 2^32: exact in 32-bit unsigned arithmetic
+      const uint32_t off = static_cast<uint32_t>(k) - static_cast<uint32_t>(lo32);
+      count_in(hw_s + 4u * min(off >> shift, static_cast<uint32_t>(kBins8)), k >= lo32);
     });
     __syncthreads();
     // the block's totals (thread b sums bin b over the warps), then the cluster's in rank order
@@ -380,16 +423,20 @@ __device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int
       __syncthreads();
     } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      // one cluster barrier a pass: the partials alternate buffers, so a block writes this pass's
+      // while another may still read the last pass's; the buffer it wrote two passes ago was read
+      // by every block before that block arrived at the last pass's barrier
       namespace cg = cooperative_groups;
       cg::cluster_group cl = cg::this_cluster();
-      if (threadIdx.x <= kBins8) c.part[threadIdx.x] = a;
+      int* part = c.part[pass & 1];
+      if (threadIdx.x <= kBins8) part[threadIdx.x] = a;
       cl.sync();
       if (threadIdx.x <= kBins8) {
         int s = 0;
-        for (int r = 0; r < sl.blocks; ++r) s += cl.map_shared_rank(c.part, r)[threadIdx.x];
+        for (int r = 0; r < sl.blocks; ++r) s += cl.map_shared_rank(part, r)[threadIdx.x];
         c.tot[threadIdx.x] = s;
       }
-      cl.sync();  // also orders the reads of c.part against the next pass's writes
+      __syncthreads();
 #else
       __trap();  // a cluster launch needs the sm_90 code (the host checks the binary)
 #endif
@@ -421,7 +468,13 @@ __device__ int64_t count_search(const T* x, int64_t n, bool vec, int64_t lo, int
     j = has != 0 ? __shfl_sync(0xffffffffu, j, 31 - __clz(static_cast<int>(has))) : 0;
     lo += static_cast<int64_t>(j) << shift;
     bits = shift;
+    ++pass;
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // the other blocks' reads of this block's last partials end before it goes on (its shared memory
+  // is reused, or the block exits)
+  if (sl.blocks > 1) cooperative_groups::this_cluster().sync();
+#endif
   return lo;
 }
 
@@ -788,7 +841,7 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(Params p) {
   if constexpr (OP == kGreedy) {
     float best = -INFINITY;
     int64_t idx = INT64_MAX;
-    for_each(x, len, vec, [&](int64_t i, float v) {
+    for_each<false>(x, len, vec, [&](int64_t i, float v) {
       if (v > best || (v == best && i < idx)) {
         best = v;
         idx = i;
