@@ -213,6 +213,27 @@ __global__ void __launch_bounds__(256) gated_early_kernel(act::SiluParams p, uin
   }
 }
 
+// The library's flat kernel (one vector per thread) in blocks of up to 1024 threads: fewer, larger
+// blocks for the one-wave sizes, where FlashInfer's 1024-thread rows beat 256-thread blocks on an
+// H100 at T = 128 (docs/benchmarks/act_sweep_h100_s41.txt): is it the block count or the layout?
+template <typename Act, typename T, int VEC>
+__global__ void __launch_bounds__(1024) gated_wide_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  opmux::cuda::pdl_wait();
+  if (i < total) {
+    const uint32_t r = i / dv, c = i - r * dv;
+    const T* row = static_cast<const T*>(p.x) + static_cast<int64_t>(r) * p.x_stride + static_cast<int64_t>(c) * VEC;
+    const auto va = opmux::cuda::load_vec<T, VEC>(row);
+    const auto vb = opmux::cuda::load_vec<T, VEC>(row + p.d);
+    opmux::cuda::Vec<T, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      o.v[k] = opmux::cuda::from_float<T>(Act::apply(opmux::cuda::to_float(va.v[k])) * opmux::cuda::to_float(vb.v[k]));
+    opmux::cuda::store_vec(static_cast<T*>(p.out) + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
+  }
+  opmux::cuda::pdl_launch_dependents();
+}
+
 // Flattened, U vectors per thread (U independent load pairs in flight), no loop.
 template <typename Act, typename T, int VEC, int U>
 __global__ void __launch_bounds__(256) gated_multi_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
@@ -249,7 +270,8 @@ template <typename Act>
 void sweep_act(const char* name) {
   constexpr int VEC = 8;
   const int64_t d = 14336;
-  for (int64_t T : {1, 16, 128, 4096}) {
+  // 32-512: where the flat layout's lead at T = 16 turns into the row layout's at T = 128 (H100)
+  for (int64_t T : {1, 16, 32, 64, 128, 256, 512, 4096}) {
     const size_t in_bytes = T * 2 * d * 2, out_bytes = T * d * 2;
     const int sets = sets_for(in_bytes + out_bytes), reps = reps_for(in_bytes + out_bytes);
     std::vector<void*> xs(sets), outs(sets);
@@ -298,6 +320,12 @@ void sweep_act(const char* name) {
       const unsigned blocks = (total + 255) / 256;
       check_and_time("flat threads=256 early trigger", [&, blocks](int i) {
         launch(gated_early_kernel<Act, bf16, VEC>, dim3(blocks), dim3(256), 0, params(i), dv, total);
+      });
+    }
+    for (int threads : {512, 1024}) {
+      const unsigned blocks = (total + threads - 1) / threads;
+      check_and_time("flat wide threads=" + std::to_string(threads), [&, threads, blocks](int i) {
+        launch(gated_wide_kernel<Act, bf16, VEC>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
       });
     }
     for (int threads : {128, 256}) {
