@@ -13,6 +13,15 @@
 # `run` swaps each base's copies in for its run (files a base lacks stay the tree's) and always puts
 # the tree's files back (a trap), so a JIT cache keyed on the sources rebuilds for each side. Exit
 # status: the first failure's.
+#
+# AB_PREWARM="sampling_cuda ..." builds those JIT modules for every side at once before the runs,
+# instead of one side after the other inside them: each side's python/ (the tree's, with the side's
+# files over it) is copied under a scratch folder and prewarmed into its own cache,
+# $AB_CACHE_ROOT/<side> (default ${TMPDIR:-/tmp}/ab_cache, kept: a later call with the same sources
+# builds nothing), the cores shared out (-j); each side's command then runs with OPMUX_CACHE_DIR set
+# to its cache. The cache key is the sources' content, so the swapped tree finds the copy's build.
+# AB_PREWARM_CMD replaces the prewarm command ("python3 -m opmux.kernels.jit prewarm --device cuda";
+# "-j N --modules ..." follow it).
 set -uo pipefail
 cmd=${1:-}
 shift || true
@@ -48,6 +57,38 @@ case $cmd in
             [[ -f $f ]] || { echo "ab_sources.sh run: $f is not in the tree (a base may only replace files)" >&2; exit 2; }
             [[ -f $keep/$f ]] || { mkdir -p "$keep/$(dirname "$f")" && cp "$f" "$keep/$f"; } || exit 1
         done
+        cache_root=${AB_CACHE_ROOT:-${TMPDIR:-/tmp}/ab_cache}
+        if [[ -n ${AB_PREWARM:-} ]]; then
+            read -ra modules <<< "$AB_PREWARM"
+            read -ra prewarm <<< "${AB_PREWARM_CMD:-python3 -m opmux.kernels.jit prewarm --device cuda}"
+            [[ -d python ]] || { echo "ab_sources.sh run: AB_PREWARM needs the tree's python/" >&2; exit 2; }
+            sides=(tree "${bases[@]}")
+            jobs=$(( $(nproc) / ${#sides[@]} )); (( jobs > 0 )) || jobs=1
+            pids=()
+            for side in "${sides[@]}"; do
+                name=tree; [[ $side == tree ]] || name=$(basename "$side")
+                copy=$keep/sides/$name
+                # the tree is still its own here (the swaps come later): its python/, the side's files over it
+                mkdir -p "$copy" "$cache_root/$name" && cp -r python "$copy/" || exit 1
+                if [[ $side != tree ]]; then
+                    mapfile -t own < "$side/.files"
+                    for f in "${own[@]}"; do [[ $f == python/* ]] && cp "$side/$f" "$copy/$f"; done
+                fi
+                (OPMUX_CACHE_DIR=$cache_root/$name PYTHONPATH=$copy/python${PYTHONPATH:+:$PYTHONPATH} \
+                    "${prewarm[@]}" -j "$jobs" --modules "${modules[@]}" > "$copy.log" 2>&1) &
+                pids+=($!)
+            done
+            i=0
+            for side in "${sides[@]}"; do
+                name=tree; [[ $side == tree ]] || name=$(basename "$side")
+                if wait "${pids[$i]}"; then
+                    echo "== ab_sources.sh: prewarm $name: $(tail -1 "$keep/sides/$name.log")"
+                else
+                    echo "== ab_sources.sh: prewarm $name failed:" >&2; tail -5 "$keep/sides/$name.log" >&2; exit 1
+                fi
+                i=$((i + 1))
+            done
+        fi
         rc=0
         for side in tree "${bases[@]}"; do
             for f in "${files[@]}"; do cp "$keep/$f" "$f" || exit 1; done  # the tree's, then this side's
@@ -58,7 +99,11 @@ case $cmd in
                 for f in "${own[@]}"; do cp "$side/$f" "$f" || exit 1; done
             fi
             echo "== ab_sources.sh: $name"
-            "${@//\{side\}/"$name"}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }  # quoted: '&' stays itself
+            if [[ -n ${AB_PREWARM:-} ]]; then
+                OPMUX_CACHE_DIR=$cache_root/$name "${@//\{side\}/"$name"}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }
+            else
+                "${@//\{side\}/"$name"}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }  # quoted: '&' stays itself
+            fi
         done
         exit $rc ;;
     *)
