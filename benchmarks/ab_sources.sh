@@ -58,9 +58,11 @@ case $cmd in
             [[ -f $keep/$f ]] || { mkdir -p "$keep/$(dirname "$f")" && cp "$f" "$keep/$f"; } || exit 1
         done
         cache_root=${AB_CACHE_ROOT:-${TMPDIR:-/tmp}/ab_cache}
+        [[ $cache_root == /* ]] || cache_root=$PWD/$cache_root  # opmux refuses a relative cache
         if [[ -n ${AB_PREWARM:-} ]]; then
             read -ra modules <<< "$AB_PREWARM"
             read -ra prewarm <<< "${AB_PREWARM_CMD:-python3 -m opmux.kernels.jit prewarm --device cuda}"
+            [[ ${#modules[@]} -gt 0 ]] || { echo "ab_sources.sh run: AB_PREWARM names no module" >&2; exit 2; }
             [[ -d python ]] || { echo "ab_sources.sh run: AB_PREWARM needs the tree's python/" >&2; exit 2; }
             sides=(tree "${bases[@]}")
             jobs=$(( $(nproc) / ${#sides[@]} )); (( jobs > 0 )) || jobs=1
@@ -69,25 +71,30 @@ case $cmd in
                 name=tree; [[ $side == tree ]] || name=$(basename "$side")
                 copy=$keep/sides/$name
                 # the tree is still its own here (the swaps come later): its python/, the side's files over it
-                mkdir -p "$copy" "$cache_root/$name" && cp -r python "$copy/" || exit 1
+                # (a cache folder only its owner may write: opmux refuses a group-writable one)
+                mkdir -p "$copy" && mkdir -p -m 700 "$cache_root" "$cache_root/$name" && cp -r python "$copy/" || exit 1
                 if [[ $side != tree ]]; then
                     mapfile -t own < "$side/.files"
-                    for f in "${own[@]}"; do [[ $f == python/* ]] && cp "$side/$f" "$copy/$f"; done
+                    for f in "${own[@]}"; do
+                        [[ $f != python/* ]] || cp "$side/$f" "$copy/$f" || exit 1
+                    done
                 fi
                 (OPMUX_CACHE_DIR=$cache_root/$name PYTHONPATH=$copy/python${PYTHONPATH:+:$PYTHONPATH} \
                     "${prewarm[@]}" -j "$jobs" --modules "${modules[@]}" > "$copy.log" 2>&1) &
                 pids+=($!)
             done
-            i=0
+            # every build waited for, failed or not (none left running over the copies the trap removes)
+            i=0 failed=0
             for side in "${sides[@]}"; do
                 name=tree; [[ $side == tree ]] || name=$(basename "$side")
                 if wait "${pids[$i]}"; then
                     echo "== ab_sources.sh: prewarm $name: $(tail -1 "$keep/sides/$name.log")"
                 else
-                    echo "== ab_sources.sh: prewarm $name failed:" >&2; tail -5 "$keep/sides/$name.log" >&2; exit 1
+                    echo "== ab_sources.sh: prewarm $name failed:" >&2; tail -5 "$keep/sides/$name.log" >&2; failed=1
                 fi
                 i=$((i + 1))
             done
+            [[ $failed -eq 0 ]] || exit 1
         fi
         rc=0
         for side in tree "${bases[@]}"; do

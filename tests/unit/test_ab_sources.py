@@ -116,45 +116,52 @@ def test_a_side_name_with_an_ampersand_stays_itself(repo: tuple[Path, str, str])
     assert (out / "a&b.txt").read_text() == "v2\n"
 
 
-def test_prewarm_builds_every_side_at_once_into_its_own_cache(tmp_path: Path) -> None:
-    """AB_PREWARM: each side's python/ (the side's files over the tree's) is prewarmed into
-    AB_CACHE_ROOT/<side> before the runs, and each side's command runs with that cache."""
+@pytest.fixture
+def pyrepo(tmp_path: Path) -> tuple[Path, str]:
+    """A repository whose python/k.cu reads v1 at its commit (prepared as a base) and v2 in the tree."""
     r = tmp_path / "repo"
     (r / "python").mkdir(parents=True)
     _git(r, "init", "-q")
     _git(r, "config", "user.email", "t@example.com")
     _git(r, "config", "user.name", "t")
-    kernel = r / "python" / "k.cu"
-    kernel.write_text("v1\n")
+    (r / "python" / "k.cu").write_text("v1\n")
     (r / "python" / "other.txt").write_text("same\n")
     _git(r, "add", ".")
     _git(r, "commit", "-qm", "one")
     first = _git(r, "rev-parse", "--short", "HEAD")
-    kernel.write_text("v2\n")
+    (r / "python" / "k.cu").write_text("v2\n")
     assert _ab(r, "prepare", first, "python/k.cu").returncode == 0
+    return r, first
+
+
+def _run_prewarmed(
+    r: Path, base: str, prewarm: str, caches: Path, *cmd: str
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "AB_PREWARM": "k_cuda other_cuda",
+        "AB_PREWARM_CMD": prewarm,
+        "AB_CACHE_ROOT": str(caches),
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT), "run", base, "--", *cmd], cwd=r, capture_output=True, text=True, env=env
+    )
+
+
+def test_prewarm_builds_every_side_into_its_own_cache(pyrepo: tuple[Path, str], tmp_path: Path) -> None:
+    """AB_PREWARM: each side's python/ (the side's files over the tree's) is prewarmed into
+    AB_CACHE_ROOT/<side> before the runs, and each side's command runs with that cache."""
+    r, first = pyrepo
     # a stand-in for `python -m opmux.kernels.jit prewarm`: "builds" the first PYTHONPATH entry's
-    # kernel into the cache, and records its arguments
+    # sources into the cache, and records its arguments
     fake = tmp_path / "prewarm.sh"
     fake.write_text(
         'src=${PYTHONPATH%%:*}\ncat "$src/k.cu" "$src/other.txt" > "$OPMUX_CACHE_DIR/built"\n'
         'echo "$*" > "$OPMUX_CACHE_DIR/args"\necho "built $(head -1 "$src/k.cu")"\n'
     )
-    caches = tmp_path / "caches"
-    env = {
-        **os.environ,
-        "AB_PREWARM": "k_cuda other_cuda",
-        "AB_PREWARM_CMD": f"bash {fake}",
-        "AB_CACHE_ROOT": str(caches),
-    }
-    out = tmp_path / "out"
+    caches, out = tmp_path / "caches", tmp_path / "out"
     cmd = f'mkdir -p {out} && cat "$OPMUX_CACHE_DIR/built" python/k.cu > {out}/{{side}}.txt'
-    done = subprocess.run(
-        ["bash", str(SCRIPT), "run", f".ab/{first}", "--", "bash", "-c", cmd],
-        cwd=r,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    done = _run_prewarmed(r, f".ab/{first}", f"bash {fake}", caches, "bash", "-c", cmd)
     assert done.returncode == 0, done.stderr
     assert f"== ab_sources.sh: prewarm {first}: built v1" in done.stdout
     assert "== ab_sources.sh: prewarm tree: built v2" in done.stdout
@@ -162,22 +169,24 @@ def test_prewarm_builds_every_side_at_once_into_its_own_cache(tmp_path: Path) ->
     assert (out / "tree.txt").read_text() == "v2\nsame\nv2\n"
     assert (out / f"{first}.txt").read_text() == "v1\nsame\nv1\n"
     assert (caches / "tree" / "args").read_text().split()[-3:] == ["--modules", "k_cuda", "other_cuda"]
-    assert kernel.read_text() == "v2\n"
+    assert (caches / "tree").stat().st_mode & 0o077 == 0  # opmux refuses a group-writable cache
+    assert (r / "python" / "k.cu").read_text() == "v2\n"
 
 
-def test_a_failed_prewarm_stops_before_any_side_runs(repo: tuple[Path, str, str], tmp_path: Path) -> None:
-    r, first, _ = repo
-    (r / "python").mkdir()
-    assert _ab(r, "prepare", first, "src/k.cu").returncode == 0
-    ran = tmp_path / "ran"
-    env = {**os.environ, "AB_PREWARM": "k", "AB_PREWARM_CMD": "false", "AB_CACHE_ROOT": str(tmp_path / "c")}
-    done = subprocess.run(
-        ["bash", str(SCRIPT), "run", f".ab/{first}", "--", "touch", str(ran)],
-        cwd=r,
-        capture_output=True,
-        text=True,
-        env=env,
+def test_a_failed_prewarm_waits_for_the_others_and_runs_no_side(
+    pyrepo: tuple[Path, str], tmp_path: Path
+) -> None:
+    r, first = pyrepo
+    # the tree's build fails at once; the base's takes a moment, and must finish (not be left
+    # running over source copies the script removes on exit)
+    fake = tmp_path / "prewarm.sh"
+    fake.write_text(
+        'src=${PYTHONPATH%%:*}\ngrep -q v2 "$src/k.cu" && { echo broken; exit 3; }\n'
+        'sleep 1; cat "$src/k.cu" > "$OPMUX_CACHE_DIR/built"\n'
     )
-    assert done.returncode == 1 and "prewarm tree failed" in done.stderr
+    caches, ran = tmp_path / "caches", tmp_path / "ran"
+    done = _run_prewarmed(r, f".ab/{first}", f"bash {fake}", caches, "touch", str(ran))
+    assert done.returncode == 1 and "prewarm tree failed" in done.stderr and "broken" in done.stderr
+    assert (caches / first / "built").read_text() == "v1\n"
     assert not ran.exists()
-    assert (r / "src" / "k.cu").read_text() == "v3\n"
+    assert (r / "python" / "k.cu").read_text() == "v2\n"
