@@ -213,13 +213,14 @@ __global__ void __launch_bounds__(256) gated_early_kernel(act::SiluParams p, uin
   }
 }
 
-// The library's flat kernel (one vector per thread) in blocks of up to 1024 threads: fewer, larger
-// blocks for the one-wave sizes, where FlashInfer's 1024-thread rows beat 256-thread blocks on an
-// H100 at T = 128 (docs/benchmarks/act_sweep_h100_s41.txt): is it the block count or the layout?
+// The library's flat kernel (one vector per thread, its PDL entry: wait, then trigger the
+// dependents) in blocks of up to 1024 threads: fewer, larger blocks for the one-wave sizes, where
+// FlashInfer's 1024-thread rows beat 256-thread blocks on an H100 at T = 128
+// (docs/benchmarks/act_sweep_h100_s41.txt): is it the block count or the layout?
 template <typename Act, typename T, int VEC>
 __global__ void __launch_bounds__(1024) gated_wide_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  opmux::cuda::pdl_wait();
+  opmux::cuda::pdl_enter();
   if (i < total) {
     const uint32_t r = i / dv, c = i - r * dv;
     const T* row = static_cast<const T*>(p.x) + static_cast<int64_t>(r) * p.x_stride + static_cast<int64_t>(c) * VEC;
@@ -231,7 +232,6 @@ __global__ void __launch_bounds__(1024) gated_wide_kernel(act::SiluParams p, uin
       o.v[k] = opmux::cuda::from_float<T>(Act::apply(opmux::cuda::to_float(va.v[k])) * opmux::cuda::to_float(vb.v[k]));
     opmux::cuda::store_vec(static_cast<T*>(p.out) + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
   }
-  opmux::cuda::pdl_launch_dependents();
 }
 
 // Flattened, U vectors per thread (U independent load pairs in flight), no loop.
