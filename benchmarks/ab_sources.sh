@@ -40,6 +40,7 @@ case $cmd in
         while [[ $# -gt 0 && $1 != -- ]]; do bases+=("$1"); shift; done
         [[ ${1:-} == -- ]] && shift
         [[ ${#bases[@]} -gt 0 && $# -gt 0 ]] || { echo "usage: ab_sources.sh run BASE_DIR... -- COMMAND..." >&2; exit 2; }
+        sides=(tree "${bases[@]}") names=(tree)  # names[i]: side i's {side}
         seen=" tree "
         for b in "${bases[@]}"; do
             [[ -f $b/.files ]] || { echo "ab_sources.sh run: $b/.files missing (prepare first)" >&2; exit 2; }
@@ -47,6 +48,7 @@ case $cmd in
             # each side's name ({side}) must be its own: two alike would write one output twice
             [[ $seen != *" $n "* ]] || { echo "ab_sources.sh run: two sides would be named '$n' (bases' folder names must differ, and not be 'tree')" >&2; exit 2; }
             seen+="$n "
+            names+=("$n")
         done
         keep=$(mktemp -d)
         files=()
@@ -64,11 +66,10 @@ case $cmd in
             read -ra prewarm <<< "${AB_PREWARM_CMD:-python3 -m opmux.kernels.jit prewarm --device cuda}"
             [[ ${#modules[@]} -gt 0 ]] || { echo "ab_sources.sh run: AB_PREWARM names no module" >&2; exit 2; }
             [[ -d python ]] || { echo "ab_sources.sh run: AB_PREWARM needs the tree's python/" >&2; exit 2; }
-            sides=(tree "${bases[@]}")
             jobs=$(( $(nproc) / ${#sides[@]} )); (( jobs > 0 )) || jobs=1
             pids=()
-            for side in "${sides[@]}"; do
-                name=tree; [[ $side == tree ]] || name=$(basename "$side")
+            for i in "${!sides[@]}"; do
+                side=${sides[$i]} name=${names[$i]}
                 copy=$keep/sides/$name
                 # the tree is still its own here (the swaps come later): its python/, the side's files over it
                 # (a cache folder only its owner may write: opmux refuses a group-writable one)
@@ -84,33 +85,29 @@ case $cmd in
                 pids+=($!)
             done
             # every build waited for, failed or not (none left running over the copies the trap removes)
-            i=0 failed=0
-            for side in "${sides[@]}"; do
-                name=tree; [[ $side == tree ]] || name=$(basename "$side")
+            failed=0
+            for i in "${!sides[@]}"; do
+                name=${names[$i]}
                 if wait "${pids[$i]}"; then
                     echo "== ab_sources.sh: prewarm $name: $(tail -1 "$keep/sides/$name.log")"
                 else
                     echo "== ab_sources.sh: prewarm $name failed:" >&2; tail -5 "$keep/sides/$name.log" >&2; failed=1
                 fi
-                i=$((i + 1))
             done
             [[ $failed -eq 0 ]] || exit 1
         fi
         rc=0
-        for side in tree "${bases[@]}"; do
+        for i in "${!sides[@]}"; do
+            side=${sides[$i]} name=${names[$i]}
             for f in "${files[@]}"; do cp "$keep/$f" "$f" || exit 1; done  # the tree's, then this side's
-            name=tree
             if [[ $side != tree ]]; then
-                name=$(basename "$side")
                 mapfile -t own < "$side/.files"
                 for f in "${own[@]}"; do cp "$side/$f" "$f" || exit 1; done
             fi
             echo "== ab_sources.sh: $name"
-            if [[ -n ${AB_PREWARM:-} ]]; then
-                OPMUX_CACHE_DIR=$cache_root/$name "${@//\{side\}/"$name"}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }
-            else
-                "${@//\{side\}/"$name"}" || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }  # quoted: '&' stays itself
-            fi
+            # (a subshell: the side's cache, when prewarmed, for this side only; quoted: '&' stays itself)
+            ( [[ -z ${AB_PREWARM:-} ]] || export OPMUX_CACHE_DIR=$cache_root/$name
+              "${@//\{side\}/"$name"}" ) || { r=$?; [[ $rc -eq 0 ]] && rc=$r; }
         done
         exit $rc ;;
     *)

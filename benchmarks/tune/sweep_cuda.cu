@@ -193,32 +193,13 @@ __global__ void __launch_bounds__(1024) fi_row_kernel(act::SiluParams p) {
   opmux::cuda::pdl_launch_dependents();
 }
 
-// The library's flat kernel with launch_dependents right after the wait (the dependent grid
-// may then start as soon as every block of this one has begun).
-template <typename Act, typename T, int VEC>
-__global__ void __launch_bounds__(256) gated_early_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  opmux::cuda::pdl_wait();
-  opmux::cuda::pdl_launch_dependents();
-  if (i < total) {
-    const uint32_t r = i / dv, c = i - r * dv;
-    const T* row = static_cast<const T*>(p.x) + static_cast<int64_t>(r) * p.x_stride + static_cast<int64_t>(c) * VEC;
-    const auto va = opmux::cuda::load_vec<T, VEC>(row);
-    const auto vb = opmux::cuda::load_vec<T, VEC>(row + p.d);
-    opmux::cuda::Vec<T, VEC> o;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      o.v[k] = opmux::cuda::from_float<T>(Act::apply(opmux::cuda::to_float(va.v[k])) * opmux::cuda::to_float(vb.v[k]));
-    opmux::cuda::store_vec(static_cast<T*>(p.out) + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
-  }
-}
-
-// The library's flat kernel (one vector per thread, its PDL entry: wait, then trigger the
-// dependents) in blocks of up to 1024 threads: fewer, larger blocks for the one-wave sizes, where
+// The library's flat kernel without its loop (one vector per thread) and with its PDL entry (wait,
+// then trigger the dependents at once), in blocks of up to MaxThreads: 256 ("early trigger", a label
+// older than the library's own early trigger), and 512 / 1024 ("wide") for the one-wave sizes, where
 // FlashInfer's 1024-thread rows beat 256-thread blocks on an H100 at T = 128
 // (docs/benchmarks/act_sweep_h100_s41.txt): is it the block count or the layout?
-template <typename Act, typename T, int VEC>
-__global__ void __launch_bounds__(1024) gated_wide_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
+template <typename Act, typename T, int VEC, int MaxThreads = 256>
+__global__ void __launch_bounds__(MaxThreads) gated_early_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   opmux::cuda::pdl_enter();
   if (i < total) {
@@ -325,7 +306,7 @@ void sweep_act(const char* name) {
     for (int threads : {512, 1024}) {
       const unsigned blocks = (total + threads - 1) / threads;
       check_and_time("flat wide threads=" + std::to_string(threads), [&, threads, blocks](int i) {
-        launch(gated_wide_kernel<Act, bf16, VEC>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
+        launch(gated_early_kernel<Act, bf16, VEC, 1024>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
       });
     }
     for (int threads : {128, 256}) {
