@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(1024) fi_row_kernel(act::SiluParams p) {
 
 // The library's flat kernel without its loop (one vector per thread) and with its PDL entry (wait,
 // then trigger the dependents at once), in blocks of up to MaxThreads: 256 ("early trigger", a label
-// older than the library's own early trigger), and 512 / 1024 ("wide") for the one-wave sizes, where
+// older than the library's own early trigger; since session 42 the library's flat kernel has this
+// form, after act_sweep_h100_s42.txt), and 512 / 1024 ("wide") for the one-wave sizes, where
 // FlashInfer's 1024-thread rows beat 256-thread blocks on an H100 at T = 128
 // (docs/benchmarks/act_sweep_h100_s41.txt): is it the block count or the layout?
 template <typename Act, typename T, int VEC, int MaxThreads = 256>

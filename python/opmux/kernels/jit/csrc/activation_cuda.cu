@@ -191,14 +191,28 @@ __device__ __forceinline__ void pair_offsets(int64_t c, int64_t d, int64_t& oa, 
 }
 
 // IndexT is uint32_t when total + (grid stride) cannot overflow it (checked on the host), which
-// makes the division by dv cheap; int64_t otherwise.
+// makes the division by dv cheap; int64_t otherwise. The uint32_t grids cover every vector (the
+// host launches cdiv(total, threads) blocks), so each thread takes its one vector with no loop:
+// on an H100 (benchmarks/tune/sweep_cuda.cu, I = 14336 bf16) that took 0.95-0.99x the time of the
+// same kernel's grid-stride loop at T = 16 to 512 for silu and gelu_tanh, 0.97-0.99x for gelu
+// from T = 32 (docs/benchmarks/act_sweep_h100_s42.txt). The int64_t form keeps the loop: its grid is capped.
+template <typename IndexT, typename Body>
+__device__ __forceinline__ void for_each_vector(IndexT total, Body body) {
+  const IndexT first = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (std::is_same_v<IndexT, uint32_t>) {
+    if (first < total) body(first);
+  } else {
+    const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
+    for (IndexT i = first; i < total; i += stride) body(i);
+  }
+}
+
 template <typename Act, typename T, int VEC, typename IndexT, Layout L = kHalves>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) gated_kernel(SiluParams p, IndexT dv, IndexT total) {
   T* __restrict__ out = static_cast<T*>(p.out);
   const T* __restrict__ x = static_cast<const T*>(p.x);
-  const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
   cuda::pdl_enter();
-  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+  for_each_vector(total, [&](IndexT i) {
     const IndexT r = i / dv;
     const IndexT c = i - r * dv;
     const T* row = x + static_cast<int64_t>(r) * p.x_stride;
@@ -211,7 +225,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) gated_kernel(
     for (int k = 0; k < VEC; ++k)
       o.v[k] = from_float<T>(Act::gated(pair_out<L, T, VEC>(va, vb, k, false), pair_out<L, T, VEC>(va, vb, k, true), p));
     store_vec(out + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
-  }
+  });
 }
 
 // Element-wise: out[r, c] = act(x[r, c]), the flat layout of gated_kernel (p.d: the row width).
@@ -219,9 +233,8 @@ template <typename Act, typename T, int VEC, typename IndexT>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) act_kernel(SiluParams p, IndexT dv, IndexT total) {
   T* __restrict__ out = static_cast<T*>(p.out);
   const T* __restrict__ x = static_cast<const T*>(p.x);
-  const IndexT stride = static_cast<IndexT>(gridDim.x) * blockDim.x;
   cuda::pdl_enter();
-  for (IndexT i = static_cast<IndexT>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+  for_each_vector(total, [&](IndexT i) {
     const IndexT r = i / dv;
     const IndexT c = i - r * dv;
     const Vec<T, VEC> va =
@@ -230,7 +243,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks<IndexT>) act_kernel(Si
 #pragma unroll
     for (int k = 0; k < VEC; ++k) o.v[k] = from_float<T>(Act::apply(to_float(va.v[k])));
     store_vec(out + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(c) * VEC, o);
-  }
+  });
 }
 
 // Rows of a compute-heavy activation (exact-erf GELU) at prefill: a block per row, 256 threads
