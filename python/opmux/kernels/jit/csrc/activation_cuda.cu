@@ -8,8 +8,9 @@
 // it: each thread owns one output vector, so its gate and up loads (two independent 16-byte
 // loads) are issued back to back with no loop-carried state. Index i maps to row r = i / dv and
 // vector column c = i - r * dv; the gate vector is at x + r * x_stride + c * VEC and the up
-// vector d elements further. A grid-stride loop remains only as a guard for grids the launch
-// could not cover (more than 2^31 - 1 blocks); it runs once otherwise.
+// vector d elements further. A grid-stride loop remains only in the 64-bit index form, as a
+// guard for grids the launch could not cover (more than 2^31 - 1 blocks); the 32-bit form's grid
+// always covers its vectors and has no loop (for_each_vector).
 #include <tvm/ffi/function.h>
 
 #include <algorithm>
@@ -313,7 +314,7 @@ void launch_gated(const char* op, const SiluParams& p, int64_t rows, int32_t dev
     }
   }
   const dim3 grid(static_cast<unsigned>(blocks)), block(threads);
-  // Largest index formed in the loop is < total + stride.
+  // Largest index formed (the 64-bit form's loop) is < total + stride.
   if (total + stride <= static_cast<int64_t>(UINT32_MAX)) {
     void (*kernel)(SiluParams, uint32_t, uint32_t);
     if constexpr (Elementwise) {
