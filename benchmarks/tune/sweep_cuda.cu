@@ -193,14 +193,14 @@ __global__ void __launch_bounds__(1024) fi_row_kernel(act::SiluParams p) {
   opmux::cuda::pdl_launch_dependents();
 }
 
-// The library's flat kernel without its loop (one vector per thread) and with its PDL entry (wait,
-// then trigger the dependents at once), in blocks of up to MaxThreads: 256 ("early trigger", a label
-// older than the library's own early trigger; since session 42 the library's flat kernel has this
-// form, after act_sweep_h100_s42.txt), and 512 / 1024 ("wide") for the one-wave sizes, where
-// FlashInfer's 1024-thread rows beat 256-thread blocks on an H100 at T = 128
-// (docs/benchmarks/act_sweep_h100_s41.txt): is it the block count or the layout?
-template <typename Act, typename T, int VEC, int MaxThreads = 256>
-__global__ void __launch_bounds__(MaxThreads) gated_early_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
+// The library's loop-free flat kernel (one vector per thread, its PDL entry) in 512- / 1024-thread
+// blocks ("wide"), which the library's 256-thread launch bounds refuse: for the one-wave sizes,
+// where FlashInfer's 1024-thread rows beat 256-thread blocks on an H100 at T = 128
+// (docs/benchmarks/act_sweep_h100_s41.txt): is it the block count or the layout? (The 256-thread
+// form, "flat threads=256 early trigger" in act_sweep_h100_s41/s42.txt, is the library's own
+// kernel since session 42: "flat threads=256".)
+template <typename Act, typename T, int VEC>
+__global__ void __launch_bounds__(1024) gated_wide_kernel(act::SiluParams p, uint32_t dv, uint32_t total) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   opmux::cuda::pdl_enter();
   if (i < total) {
@@ -298,16 +298,10 @@ void sweep_act(const char* name) {
         launch(act::gated_kernel<Act, bf16, VEC, uint32_t>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
       });
     }
-    {
-      const unsigned blocks = (total + 255) / 256;
-      check_and_time("flat threads=256 early trigger", [&, blocks](int i) {
-        launch(gated_early_kernel<Act, bf16, VEC>, dim3(blocks), dim3(256), 0, params(i), dv, total);
-      });
-    }
     for (int threads : {512, 1024}) {
       const unsigned blocks = (total + threads - 1) / threads;
       check_and_time("flat wide threads=" + std::to_string(threads), [&, threads, blocks](int i) {
-        launch(gated_early_kernel<Act, bf16, VEC, 1024>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
+        launch(gated_wide_kernel<Act, bf16, VEC>, dim3(blocks), dim3(threads), 0, params(i), dv, total);
       });
     }
     for (int threads : {128, 256}) {
