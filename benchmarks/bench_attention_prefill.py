@@ -50,7 +50,7 @@ from select_tables import write_select_tables  # noqa: E402
 OP = "attention.paged_prefill"
 #: opmux's backends on CUDA timed on their own (``backend=``), in the op's declared order: the
 #: select tables name the fastest (``--select-out``; select_tables.py's rule)
-BACKENDS = ("triton", "flashinfer")
+BACKENDS = ("triton", "flashinfer", "cudnn")
 #: model -> (query heads, KV heads, head dim)
 MODELS = {"Llama-3-8B": (32, 8, 128), "Qwen3-30B-A3B": (32, 4, 128)}
 TOKENS = (1024, 4096, 16384, 32768)

@@ -113,11 +113,10 @@ def test_serving_grid(backend: str, device_type: str) -> None:
                 kw["lse"], lse_want, atol=1e-2, rtol=1e-3, msg=lambda m, w=lse_what: f"{w}: {m}"
             )
         ran += 1
-    if backend == "flashinfer" and not ran:
-        pytest.skip(f"flashinfer ran none of the grid's cases: {refused[:1]}")
-    assert ran >= (3 if backend == "flashinfer" else 8), (
-        f"{backend} took {ran} of the grid's cases: {refused}"
-    )
+    vendor = backend in ("flashinfer", "cudnn")  # the few cases their predicates take
+    if vendor and not ran:
+        pytest.skip(f"{backend} ran none of the grid's cases: {refused[:1]}")
+    assert ran >= (3 if vendor else 8), f"{backend} took {ran} of the grid's cases: {refused}"
 
 
 def test_cuda_graph_replay_takes_new_lengths(device_type: str) -> None:

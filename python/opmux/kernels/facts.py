@@ -111,6 +111,13 @@ def detect_facts(device_type: str, arch: str | None) -> Facts:
                 Reason.MISSING_CAPABILITY,
                 "flashinfer is not installed (pip install flashinfer-python)",
             )
+        if importlib.util.find_spec("cudnn") is not None:
+            caps.add("cudnn")
+        else:
+            missing["cudnn"] = (
+                Reason.MISSING_CAPABILITY,
+                "the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)",
+            )
     if device_type == "npu":
         if importlib.util.find_spec("torch_npu") is not None:
             caps.add("torch_npu")

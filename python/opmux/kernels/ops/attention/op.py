@@ -72,7 +72,14 @@ from __future__ import annotations
 
 from ...spec import Requirement
 from .._decl import declare
-from . import _decode, _prefill, paged_decode_cuda, paged_decode_flashinfer, paged_prefill_flashinfer
+from . import (
+    _decode,
+    _prefill,
+    paged_decode_cuda,
+    paged_decode_flashinfer,
+    paged_prefill_cudnn,
+    paged_prefill_flashinfer,
+)
 
 paged_decode = declare(
     _decode.OP,
@@ -150,11 +157,24 @@ paged_prefill = declare(
                 predicate="opmux.kernels.ops.attention.paged_prefill_flashinfer:supports",
             ),
         ),
+        # cuDNN's fused attention over the paged cache where its frontend is installed (a plan
+        # per batch, a graph per shape class)
+        (
+            paged_prefill_cudnn.BACKEND,
+            paged_prefill_cudnn.paged_prefill,
+            Requirement(
+                devices=("cuda",),
+                dtypes=("float16", "bfloat16"),
+                sm_min=80,
+                capabilities=("cudnn",),
+                predicate="opmux.kernels.ops.attention.paged_prefill_cudnn:supports",
+            ),
+        ),
     ),
-    # Triton first; FlashInfer first only where a select table says it was measured faster
-    # (benchmarks/bench_attention_prefill.py --select-out; tuned.SCHEMAS); it is refused inside
-    # graph captures, where serving engines run their decode steps, anyway
-    priority=(("cuda", ("triton", paged_prefill_flashinfer.BACKEND, "torch")),),
+    # Triton first; FlashInfer or cuDNN first only where a select table says it was measured
+    # faster (benchmarks/bench_attention_prefill.py --select-out; tuned.SCHEMAS); both are refused
+    # inside graph captures, where serving engines run their decode steps, anyway
+    priority=(("cuda", ("triton", paged_prefill_flashinfer.BACKEND, paged_prefill_cudnn.BACKEND, "torch")),),
     # attention over <= a few hundred tokens: one rounding of the output, p in the value dtype
     tolerances=(("float32", (1e-4, 1e-4)), ("float16", (2e-3, 2e-3)), ("bfloat16", (1.6e-2, 1.6e-2))),
 )

@@ -1,0 +1,405 @@
+"""The ``cudnn`` backend of ``attention.paged_prefill``: cuDNN's fused attention (its SDPA graph
+over paged K / V: the block table as cuDNN's page table, the query and output rows ragged, the
+causal mask aligned to the end of each sequence's keys as the op aligns it) through the cuDNN
+frontend's graph API, where ``nvidia-cudnn-frontend`` is installed (the ``cudnn`` capability).
+
+A batch is planned once, on its first layer (as the ``flashinfer`` backend; keyed by the block
+table's, the lengths' and ``cu_seqlens_q``'s storage and version counters, the shapes and the
+knobs): one host read of the three checks what the contract checks on the CPU and the kernels
+otherwise clamp (offsets that do not rise from 0 to the query's rows, more new tokens than
+positions, a used block id outside the cache send the call to the next backend: ``CallRefused``,
+so cuDNN never reads out of bounds; lengths past the table's capacity are clamped, as the kernels
+clamp them), and derives the device tensors cuDNN reads (per-sequence query lengths, row offsets,
+clamped lengths). Later layers run with no host work but the graph's launch. Graphs are built per
+shape class (batch, table width, the longest query and key run rounded up to a power of two) and
+kept, so a serving engine's steps reuse a few; a build cuDNN refuses (no engine for a page size or
+head dim) is remembered and declined at once next time.
+
+Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16 with caches
+of that dtype, head dims 64 / 128 with the value's the key's, NHD caches or HND views of dense
+HND ones, a dense query and output, no softcap, no window, no sinks, no lse, no custom mask, no
+fp8 cache, not while a CUDA graph is captured (the plan reads the host). Declared after FlashInfer
+on CUDA; select tables (``benchmarks/bench_attention_prefill.py --select-out``) put it first where
+it was measured fastest.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...errors import BackendUnavailable, CallRefused
+from ._flashinfer import capturing, layout, version
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    from .._torch import torch
+
+__all__ = ["BACKEND", "HEAD_DIMS", "paged_prefill", "refusal", "supports"]
+
+BACKEND = "cudnn"
+HEAD_DIMS = (64, 128)
+#: the cuDNN release whose SDPA takes paged K / V with ragged query rows
+MIN_CUDNN = 90500
+#: batches planned and graphs built kept (a few engines' steps; a graph per shape class)
+MAX_PLANS = 8
+MAX_GRAPHS = 32
+#: the shortest run a graph is built for (shorter batches share its graph)
+MIN_RUN = 128
+
+_PLANS: dict[Any, _Plan] = {}
+_GRAPHS: dict[Any, _Graph] = {}
+_REFUSED: dict[Any, str] = {}
+_HANDLES: dict[Any, Any] = {}
+_WORKSPACES: dict[Any, Any] = {}
+
+
+def refusal(
+    *,
+    device: str,
+    dtype: str,
+    cache_dtype: str,
+    head_dim: int,
+    value_dim: int,
+    layouts: tuple[str | None, str | None],
+    dense: bool,
+    softcap: bool,
+    window: bool,
+    sinks: bool,
+    lse: bool,
+    mask: bool,
+    capturing: bool,
+) -> str | None:
+    """Why cuDNN's paged prefill cannot run a call with these facts (None: it can). Pure."""
+    if device != "cuda":
+        return "cuDNN's attention runs on CUDA tensors"
+    if dtype not in ("bfloat16", "float16") or cache_dtype != dtype:
+        return f"cuDNN's paged attention here takes bf16 / fp16 queries and caches of that dtype ({dtype}, {cache_dtype})"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim}: the cudnn backend is wired for {HEAD_DIMS}"
+    if value_dim != head_dim:
+        return f"value head dim {value_dim} != key head dim {head_dim} (MLA): the Triton backend takes it"
+    if layouts[0] is None or layouts[0] != layouts[1]:
+        return "the cudnn backend takes NHD caches or HND views of dense HND ones, the same for K and V"
+    if not dense:
+        return "the cudnn backend takes a dense query and output ([T, Hq, D], row-major)"
+    for on, what in ((softcap, "softcap"), (window, "a sliding window"), (sinks, "attention sinks"),
+                     (lse, "lse"), (mask, "a custom mask")):  # fmt: skip
+        if on:
+            return f"{what}: not wired to cuDNN's graph; the next backend runs it"
+    if capturing:
+        return "the cudnn backend plans a batch on the host: not inside a CUDA-graph capture"
+    return None
+
+
+def facts(
+    query: Any, key_cache: Any, value_cache: Any, out: Any, *, softcap: bool, window: bool, sinks: bool,
+    lse: bool, mask: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The facts ``refusal`` weighs, read from a call's tensors."""
+    return dict(
+        device=query.device.type,
+        dtype=str(query.dtype).removeprefix("torch."),
+        cache_dtype=str(key_cache.dtype).removeprefix("torch."),
+        head_dim=int(query.shape[-1]),
+        value_dim=int(value_cache.shape[-1]),
+        layouts=(layout(key_cache), layout(value_cache)),
+        dense=bool(query.is_contiguous() and (out is None or out.is_contiguous())),
+        softcap=softcap,
+        window=window,
+        sinks=sinks,
+        lse=lse,
+        mask=mask,
+        capturing=capturing(query),
+    )
+
+
+def supports(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_tables: Any = None,
+    seq_lens: Any = None,
+    cu_seqlens_q: Any = None,
+    scale: Any = 0.0,
+    softcap: Any = 0.0,
+    window_left: Any = -1,
+    sinks: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    custom_mask: Any = None,
+    mask_indptr: Any = None,
+    mask_prefix: Any = True,
+    causal: Any = True,
+    lse: Any = None,
+    out: Any = None,
+) -> str | None:
+    """The backend's predicate (the op's public arguments); None where they are not tensors of
+    the expected ranks (the contract names that problem)."""
+    try:
+        return refusal(
+            **facts(
+                query, key_cache, value_cache, out, softcap=bool(softcap and softcap > 0),
+                window=bool(isinstance(window_left, int) and window_left >= 0), sinks=sinks is not None,
+                lse=lse is not None, mask=custom_mask is not None,
+            )
+        )  # fmt: skip
+    except Exception:
+        return None
+
+
+@functools.cache
+def _cudnn() -> Any:
+    """The cuDNN frontend, imported on first use (after torch, whose libcudnn it then shares)."""
+    try:
+        module = importlib.import_module("cudnn")  # vendor library, present only where installed
+        found = int(module.backend_version())
+    except Exception as exc:  # not installed, or a build that cannot load libcudnn here
+        raise BackendUnavailable(BACKEND, f"the cuDNN frontend cannot be loaded: {exc}") from exc
+    if found < MIN_CUDNN:
+        raise BackendUnavailable(BACKEND, f"cuDNN {found} is older than {MIN_CUDNN} (paged SDPA)")
+    return module
+
+
+def _handle(device: Any) -> Any:
+    """The device's cuDNN handle, on the current stream."""
+    cudnn = _cudnn()
+    handle = _HANDLES.get(device)
+    if handle is None:
+        with torch.cuda.device(device):
+            handle = _HANDLES[device] = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(device).cuda_stream)
+    return handle
+
+
+def _workspace(device: Any, nbytes: int) -> Tensor:
+    """A device workspace of at least ``nbytes`` (one per device, grown to the largest graph's)."""
+    ws = _WORKSPACES.get(device)
+    if ws is None or ws.numel() < nbytes:
+        ws = _WORKSPACES[device] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    return ws
+
+
+def run_length(n: int, cap: int | None = None) -> int:
+    """The run a graph is built for: ``n`` rounded up to a power of two, at least MIN_RUN, at most
+    ``cap``. Pure."""
+    r = max(MIN_RUN, 1 << max(0, n - 1).bit_length())
+    return r if cap is None else max(1, min(r, cap))
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """A built graph and its tensors' handles (what ``execute``'s variant pack maps)."""
+
+    graph: Any
+    q: Any
+    k: Any
+    v: Any
+    k_table: Any
+    v_table: Any
+    q_lens: Any
+    kv_lens: Any
+    q_rows: Any
+    o_rows: Any
+    o: Any
+    workspace: int
+
+
+def _build(
+    device: Any, dtype: Any, hq: int, d: int, batch: int, table: Tensor, kv: Tensor, s_q: int, s_kv: int,
+    scale: float, causal: bool,
+) -> _Graph:  # fmt: skip
+    """cuDNN's SDPA over the paged cache [nb, Hkv, page, D] (``kv``: the cache's logical view),
+    the query and output rows at ragged offsets, lengths from tensors."""
+    cudnn = _cudnn()
+    dt = cudnn.data_type
+    io = dt.BFLOAT16 if dtype == torch.bfloat16 else dt.HALF
+    g = cudnn.pygraph(io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
+                      handle=_handle(device))  # fmt: skip
+    row = hq * d
+    rows = dict(dim=(batch, hq, s_q, d), stride=(s_q * row, d, row, 1))
+    one = dict(dim=(batch, 1, 1, 1), stride=(1, 1, 1, 1), data_type=dt.INT32)
+    offsets = dict(dim=(batch + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=dt.INT32)
+    t0, t1 = table.stride()
+    pages = dict(dim=(batch, 1, table.shape[1], 1), stride=(t0, t0, t1, t1), data_type=dt.INT32)
+    q = g.tensor(name="q", data_type=io, **rows)
+    q_rows = g.tensor(name="q_rows", **offsets)
+    q.set_ragged_offset(q_rows)
+    k = g.tensor(name="k", dim=tuple(kv.shape), stride=tuple(kv.stride()), data_type=io)
+    v = g.tensor(name="v", dim=tuple(kv.shape), stride=tuple(kv.stride()), data_type=io)
+    k_table, v_table = g.tensor(name="k_table", **pages), g.tensor(name="v_table", **pages)
+    q_lens, kv_lens = g.tensor(name="q_lens", **one), g.tensor(name="kv_lens", **one)
+    o, _ = g.sdpa(
+        name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=scale, use_padding_mask=True,
+        seq_len_q=q_lens, seq_len_kv=kv_lens, use_causal_mask_bottom_right=causal,
+        paged_attention_k_table=k_table, paged_attention_v_table=v_table,
+        paged_attention_max_seq_len_kv=s_kv,
+    )  # fmt: skip
+    o_rows = g.tensor(name="o_rows", **offsets)
+    o.set_ragged_offset(o_rows)
+    o.set_output(True).set_dim(rows["dim"]).set_stride(rows["stride"]).set_data_type(io)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    return _Graph(
+        g, q, k, v, k_table, v_table, q_lens, kv_lens, q_rows, o_rows, o, int(g.get_workspace_size())
+    )
+
+
+def _graph(key: Any, build: Callable[[], _Graph]) -> _Graph:
+    """The graph built under ``key`` (``build()`` on first use; a refusal of cuDNN's remembered:
+    CallRefused with its words, at once on later calls of the class; a failure to load cuDNN is
+    BackendUnavailable, a CUDA error or out of memory propagates)."""
+    found = _GRAPHS.get(key)
+    if found is not None:
+        return found
+    if key in _REFUSED:
+        raise CallRefused(BACKEND, _REFUSED[key])
+    try:
+        found = build()
+    except (BackendUnavailable, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        if "CUDA error" in text:
+            raise
+        _REFUSED[key] = f"cuDNN built no graph for this shape class: {text[:400]}"
+        raise CallRefused(BACKEND, _REFUSED[key]) from exc
+    while len(_GRAPHS) >= MAX_GRAPHS:
+        _GRAPHS.pop(next(iter(_GRAPHS)))
+    _GRAPHS[key] = found
+    return found
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One batch: its graph and the device tensors cuDNN reads, and the index tensors the key
+    names (held: no new tensor takes their addresses while the plan lives)."""
+
+    graph: _Graph
+    table: Tensor
+    q_lens: Tensor
+    kv_lens: Tensor
+    rows: Tensor
+    pinned: tuple[Any, ...]
+
+
+def check_batch(
+    cu: Tensor, lens: Tensor, table: Tensor, rows: int, page: int, num_blocks: int
+) -> tuple[Tensor, int, int]:
+    """Host copies of ``cu_seqlens_q``, ``seq_lens`` and the block table, checked as the contract
+    checks CPU tensors: (the lengths clamped to the table's capacity, the longest query run, the
+    longest key run). Offsets that do not rise from 0 to ``rows``, more new tokens than a
+    sequence's clamped length, a used block id outside ``[0, num_blocks)``: CallRefused."""
+    cu64 = cu.to("cpu", torch.int64)
+    lens64 = lens.to("cpu", torch.int64).clamp(0, table.shape[1] * page)
+    new = cu64[1:] - cu64[:-1]
+    if int(cu64[0]) != 0 or int(cu64[-1]) != rows or bool((new < 0).any()):
+        raise CallRefused(BACKEND, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
+    if bool((new > lens64).any()):
+        raise CallRefused(BACKEND, "a sequence has more new tokens than its length")
+    used = torch.arange(table.shape[1])[None, :] < ((lens64 + page - 1) // page)[:, None]
+    ids = table.to("cpu", torch.int64)[used]
+    if ids.numel() and bool(((ids < 0) | (ids >= num_blocks)).any()):
+        raise CallRefused(BACKEND, f"a block table names a block outside [0, {num_blocks})")
+    return lens64, int(new.max()) if len(new) else 0, int(lens64.max()) if len(lens64) else 0
+
+
+def _plan(
+    query: Tensor, kv: Tensor, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor,
+    scale: float, causal: bool,
+) -> _Plan:  # fmt: skip
+    """The plan of this batch (made on its first layer)."""
+    rows, hq, d = query.shape
+    nb, _, page, _ = kv.shape
+    key = (
+        query.device, block_tables.data_ptr(), version(block_tables), tuple(block_tables.shape),
+        tuple(block_tables.stride()), seq_lens.data_ptr(), version(seq_lens), cu_seqlens_q.data_ptr(),
+        version(cu_seqlens_q), rows, hq, d, query.dtype, tuple(kv.shape), tuple(kv.stride()), scale, causal,
+    )  # fmt: skip
+    found = _PLANS.get(key)
+    if found is not None:
+        return found
+    if rows * hq * d >= 2**31:
+        raise CallRefused(BACKEND, f"{rows} rows x {hq} heads x {d}: row offsets past int32")
+    batch, width = block_tables.shape
+    lens, s_q, s_kv = check_batch(cu_seqlens_q, seq_lens, block_tables, rows, page, nb)
+    s_q, s_kv = run_length(s_q), run_length(s_kv, width * page)
+    gkey = (query.device, query.dtype, hq, d, batch, tuple(block_tables.stride()), width,
+            tuple(kv.shape), tuple(kv.stride()), s_q, s_kv, scale, causal)  # fmt: skip
+    graph = _graph(
+        gkey,
+        lambda: _build(query.device, query.dtype, hq, d, batch, block_tables, kv, s_q, s_kv, scale, causal),
+    )
+    dev = query.device
+    cu = cu_seqlens_q.to(torch.int32)
+    plan = _Plan(
+        graph=graph,
+        table=block_tables.reshape(batch, 1, width, 1)
+        if block_tables.is_contiguous()
+        else block_tables[:, None, :, None],
+        q_lens=(cu[1:] - cu[:-1]).reshape(batch, 1, 1, 1).contiguous(),
+        kv_lens=lens.to(dev, torch.int32).reshape(batch, 1, 1, 1),
+        rows=(cu * (hq * d)).reshape(batch + 1, 1, 1, 1).contiguous(),
+        pinned=(block_tables, seq_lens, cu_seqlens_q),
+    )
+    if None not in key:  # inference tensors (no version counter): planned on every call
+        while len(_PLANS) >= MAX_PLANS:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = plan
+    return plan
+
+
+def paged_prefill(
+    out: Tensor,
+    lse: Tensor,
+    has_lse: bool,
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    sinks: Tensor,
+    has_sinks: bool,
+    k_scale: Tensor,
+    v_scale: Tensor,
+    fp8: bool,
+    scale: float,
+    softcap: float,
+    window_left: int,
+    custom_mask: Tensor,
+    mask_indptr: Tensor,
+    has_mask: bool,
+    mask_prefix: bool,
+    causal: bool,
+) -> None:
+    """``attention.paged_prefill`` per its contract (the kernel arguments, already checked)."""
+    why = refusal(
+        **facts(
+            query, key_cache, value_cache, out, softcap=softcap > 0, window=window_left >= 0,
+            sinks=has_sinks, lse=has_lse, mask=has_mask,
+        )
+    )  # fmt: skip
+    if why is not None:  # forced onto a call it cannot run
+        raise CallRefused(BACKEND, why)
+    if query.shape[0] == 0 or block_tables.shape[0] == 0:
+        return
+    k, v = key_cache.transpose(1, 2), value_cache.transpose(1, 2)  # cuDNN's [nb, Hkv, page, D]
+    if k.stride() != v.stride():
+        raise CallRefused(BACKEND, "the key and value caches' strides differ")
+    plan = _plan(query, k, block_tables, seq_lens, cu_seqlens_q, scale, causal)
+    g = plan.graph
+    pack = {
+        g.q: query, g.k: k, g.v: v, g.k_table: plan.table, g.v_table: plan.table, g.q_lens: plan.q_lens,
+        g.kv_lens: plan.kv_lens, g.q_rows: plan.rows, g.o_rows: plan.rows, g.o: out,
+    }  # fmt: skip
+    handle = _handle(query.device)
+    g.graph.execute(pack, _workspace(query.device, g.workspace), handle=handle)

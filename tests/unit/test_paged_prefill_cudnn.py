@@ -1,0 +1,293 @@
+"""attention.paged_prefill's ``cudnn`` backend: the block table as cuDNN's page table, the query
+and output rows at ragged offsets, one plan per batch (made again when an index tensor changes in
+place), one graph per shape class, what planning refuses, and the predicate. cuDNN needs a GPU: a
+stand-in ``cudnn`` module (a graph that records what is declared and, on execute, reads the pack
+through the declared dims, strides and offsets as cuDNN does, then attends in torch) runs the
+backend's calls on the CPU here; the real library's results are the GPU parity grid's."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from opmux.kernels.errors import CallRefused
+from opmux.kernels.ops import attention
+from opmux.kernels.ops.attention import paged_prefill_cudnn as cdp
+
+I32 = torch.int32
+
+
+class _T:
+    """A graph tensor: its declared dims, strides and ragged offset."""
+
+    def __init__(self, name: str, dim: Any = None, stride: Any = None, **_: Any) -> None:
+        self.name, self.dim, self.stride, self.ragged = name, tuple(dim or ()), tuple(stride or ()), None
+
+    def set_ragged_offset(self, t: _T) -> _T:
+        self.ragged = t
+        return self
+
+    def set_output(self, _: bool) -> _T:
+        return self
+
+    def set_dim(self, dim: Any) -> _T:
+        self.dim = tuple(dim)
+        return self
+
+    def set_stride(self, stride: Any) -> _T:
+        self.stride = tuple(stride)
+        return self
+
+    def set_data_type(self, _: Any) -> _T:
+        return self
+
+
+class _Graph:
+    made: ClassVar[list[_Graph]] = []
+    executed: ClassVar[int] = 0
+
+    def __init__(self, **kw: Any) -> None:
+        self.kw, self.sdpa_kw = kw, {}
+        _Graph.made.append(self)
+
+    def tensor(self, name: str, **kw: Any) -> _T:
+        return _T(name, **kw)
+
+    def sdpa(self, **kw: Any) -> tuple[_T, None]:
+        self.sdpa_kw = kw
+        self.o = _T("o")
+        return self.o, None
+
+    def validate(self) -> None: ...
+    def build_operation_graph(self) -> None: ...
+    def create_execution_plans(self, _: Any) -> None: ...
+    def check_support(self) -> None: ...
+    def build_plans(self) -> None: ...
+
+    def get_workspace_size(self) -> int:
+        return 64
+
+    def execute(self, pack: dict[_T, torch.Tensor], ws: torch.Tensor, handle: Any = None) -> None:
+        """cuDNN's semantics: Q / O rows at their ragged element offsets through the declared
+        strides, K / V blocks [nb, Hkv, page, D] through the page table, lengths from tensors, the
+        causal mask aligned bottom-right."""
+        _Graph.executed += 1
+        kw = self.sdpa_kw
+        q_t, k_t, v_t = kw["q"], kw["k"], kw["v"]
+        for t in (q_t, k_t, v_t, kw["paged_attention_k_table"], self.o):
+            if t in (k_t, v_t, kw["paged_attention_k_table"]):
+                assert tuple(pack[t].shape) == t.dim and tuple(pack[t].stride()) == t.stride, t.name
+        b, hq, s_q, d = q_t.dim
+        q_flat, o_flat = pack[q_t].reshape(-1), pack[self.o].view(-1)
+        k, v = pack[k_t], pack[v_t]
+        table = pack[kw["paged_attention_k_table"]][:, 0, :, 0]
+        assert torch.equal(table, pack[kw["paged_attention_v_table"]][:, 0, :, 0])
+        q_lens, kv_lens = pack[kw["seq_len_q"]].flatten(), pack[kw["seq_len_kv"]].flatten()
+        q_rows, o_rows = pack[q_t.ragged].flatten(), pack[self.o.ragged].flatten()
+        page, hkv = k.shape[2], k.shape[1]
+        assert int(kv_lens.max()) <= kw["paged_attention_max_seq_len_kv"] <= table.shape[1] * page
+        assert int(q_lens.max()) <= s_q
+        for i in range(b):
+            n, m = int(kv_lens[i]), int(q_lens[i])
+            if m == 0:
+                continue
+            qs = q_flat[int(q_rows[i]) :].as_strided((m, hq, d), (q_t.stride[2], q_t.stride[1], 1)).float()
+            pos = torch.arange(n)
+            blk = table[i].long()[pos // page]
+            keys, vals = k[blk, :, pos % page].float(), v[blk, :, pos % page].float()  # [n, Hkv, D]
+            g = hq // hkv
+            s = torch.einsum("thgd,nhd->thgn", qs.view(m, hkv, g, d), keys) * kw["attn_scale"]
+            if kw["use_causal_mask_bottom_right"]:
+                hide = pos[None, :] > (n - m + torch.arange(m))[:, None]
+                s = s.masked_fill(hide[:, None, None, :], float("-inf"))
+            o = torch.einsum("thgn,nhd->thgd", s.softmax(-1), vals).reshape(m, hq, d)
+            dst = o_flat[int(o_rows[i]) :].as_strided((m, hq, d), (self.o.stride[2], self.o.stride[1], 1))
+            dst.copy_(o.to(dst.dtype))
+
+
+def _stand_in_module() -> types.ModuleType:
+    mod = types.ModuleType("cudnn")
+    mod.backend_version = lambda: 92400  # type: ignore[attr-defined]
+    mod.data_type = types.SimpleNamespace(BFLOAT16="bf16", HALF="fp16", FLOAT="fp32", INT32="i32")  # type: ignore[attr-defined]
+    mod.heur_mode = types.SimpleNamespace(A="A", FALLBACK="FALLBACK")  # type: ignore[attr-defined]
+    mod.pygraph = _Graph  # type: ignore[attr-defined]
+    mod.create_handle = lambda: object()  # type: ignore[attr-defined]
+    mod.set_stream = lambda handle, stream: None  # type: ignore[attr-defined]
+    return mod
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Graph]]:
+    monkeypatch.setitem(sys.modules, "cudnn", _stand_in_module())
+    monkeypatch.setattr(cdp, "refusal", lambda **kw: None)  # CPU tensors: the device check aside
+    monkeypatch.setattr(cdp, "_handle", lambda device: None)
+    cdp._cudnn.cache_clear()
+    for d in (cdp._PLANS, cdp._GRAPHS, cdp._REFUSED):
+        d.clear()
+    _Graph.made.clear()
+    _Graph.executed = 0
+    yield _Graph
+    cdp._cudnn.cache_clear()
+    for d in (cdp._PLANS, cdp._GRAPHS, cdp._REFUSED):
+        d.clear()
+
+
+def _batch(
+    q_lens: list[int], prefix: list[int], hq: int, hkv: int, d: int, page: int, hnd: bool
+) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(sum(q_lens) + page)
+    lens = [a + b for a, b in zip(q_lens, prefix, strict=True)]
+    width = max(1, max(-(-n // page) for n in lens)) + 1  # a spare column: lengths below capacity
+    nb = len(lens) * width + 2
+    shape = (nb, hkv, page, d) if hnd else (nb, page, hkv, d)
+    kc, vc = (torch.randn(shape, generator=g).to(torch.bfloat16) for _ in range(2))
+    if hnd:
+        kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)
+    table = torch.randperm(nb, generator=g)[: len(lens) * width].view(len(lens), width).to(I32)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=I32)
+    return [q, kc, vc, table, torch.tensor(lens, dtype=I32), cu]
+
+
+def _run(args: list[torch.Tensor], causal: bool = True) -> torch.Tensor:
+    q, kc, vc, table, lens, cu = args
+    out, e = torch.empty_like(q), torch.empty(0)
+    scale = 1 / math.sqrt(q.shape[-1])
+    cdp.paged_prefill(
+        out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, scale, 0.0, -1,
+        cu, cu, False, True, causal,
+    )  # fmt: skip
+    return out
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got.float(), want.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("hnd", [False, True], ids=["nhd", "hnd"])
+def test_runs_match_the_op_plan_once_per_batch_and_share_graphs(stand_in: type[_Graph], hnd: bool) -> None:
+    """A ragged batch: a plain prefill, an extend over a prefix, a sequence with no new token, one
+    new token over a long prefix."""
+    args = _batch([13, 6, 0, 1], [0, 21, 9, 40], 8, 2, 64, 16, hnd)
+    _close(_run(args), attention.paged_prefill(*args, backend="torch"))
+    assert len(stand_in.made) == 1 and len(cdp._PLANS) == 1
+    _run(args)  # the next layer of the same step: no new plan, no new graph
+    assert len(stand_in.made) == 1 and len(cdp._PLANS) == 1 and stand_in.executed == 2
+    args[4].add_(1)  # the engine's next step, in place (each prefix one longer): planned again
+    _close(_run(args), attention.paged_prefill(*args, backend="torch"))
+    assert len(cdp._PLANS) == 2 and len(stand_in.made) == 1  # the same shape class: its graph
+    _close(_run(args, causal=False), attention.paged_prefill(*args, causal=False, backend="torch"))
+    assert len(stand_in.made) == 2 and stand_in.made[-1].sdpa_kw["use_causal_mask_bottom_right"] is False
+
+
+def test_lengths_past_the_capacity_are_clamped_as_the_kernels_clamp(stand_in: type[_Graph]) -> None:
+    args = _batch([5, 3], [4, 0], 4, 2, 64, 4, False)
+    cap = args[3].shape[1] * 4
+    want = attention.paged_prefill(*args[:4], torch.tensor([cap, 3], dtype=I32), args[5], backend="torch")
+    args[4] = torch.tensor([1 << 20, 3], dtype=I32)
+    _close(_run(args), want)
+
+
+def test_planning_refuses_what_cudnn_would_read_out_of_bounds(stand_in: type[_Graph]) -> None:
+    """Each refusal declines that call only (CallRefused: dispatch keeps the backend)."""
+    q, kc, vc, table, lens, cu = _batch([5, 3], [4, 0], 4, 2, 64, 4, False)
+    bad_table = table.clone()
+    bad_table[1, 0] = kc.shape[0]
+    negative = table.clone()
+    negative[0, 1] = -1
+    cases = [
+        ([q, kc, vc, bad_table, lens, cu], r"outside \[0, "),
+        ([q, kc, vc, negative, lens, cu], r"outside \[0, "),
+        ([q, kc, vc, table, torch.tensor([9, 2], dtype=I32), cu], "more new tokens than its length"),
+        ([q, kc, vc, table, lens, torch.tensor([0, 5, 7], dtype=I32)], "query's 8 rows"),
+        ([q, kc, vc, table, lens, torch.tensor([0, 9, 8], dtype=I32)], "does not rise"),
+    ]
+    for args, words in cases:
+        with pytest.raises(CallRefused, match=words):
+            _run(args)
+    assert not stand_in.made  # refused before any graph was built
+    # an id past a sequence's used pages is never read: not refused
+    unused = table.clone()
+    unused[1, -1] = 1 << 30
+    _close(
+        _run([q, kc, vc, unused, lens, cu]),
+        attention.paged_prefill(q, kc, vc, table, lens, cu, backend="torch"),
+    )
+
+
+def test_a_build_cudnn_refuses_is_remembered(stand_in: type[_Graph], monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = []
+
+    def refuse(*a: Any, **k: Any) -> None:
+        builds.append(1)
+        raise RuntimeError("cudnnGraphNotSupportedError: no engine for page size 5")
+
+    monkeypatch.setattr(cdp, "_build", refuse)
+    args = _batch([5, 3], [4, 0], 4, 2, 64, 5, False)
+    for _ in range(2):
+        with pytest.raises(CallRefused, match="no engine for page size 5"):
+            _run(args)
+        args[4].add_(0)  # a new plan each time (version bumped): the class is declined unbuilt
+    assert len(builds) == 1
+
+
+def test_inference_tensors_plan_every_call(stand_in: type[_Graph]) -> None:
+    args = _batch([4, 3], [2, 5], 4, 2, 64, 4, False)
+    _run(args)
+    ((pinned),) = [p.pinned for p in cdp._PLANS.values()]
+    assert [t is a for t, a in zip(pinned, (args[3], args[4], args[5]), strict=True)] == [True] * 3
+    with torch.inference_mode():
+        inf = [t.clone() for t in args]
+        want = attention.paged_prefill(*inf, backend="torch")
+        for _ in range(2):
+            _close(_run(inf), want)
+    assert len(cdp._PLANS) == 1 and len(stand_in.made) == 1  # no plan kept; the class's graph reused
+
+
+def test_run_length() -> None:
+    assert [cdp.run_length(n) for n in (0, 1, 128, 129, 4096, 4097)] == [128, 128, 128, 256, 4096, 8192]
+    assert cdp.run_length(5000, 4112) == 4112 and cdp.run_length(3, 64) == 64
+
+
+def _facts(**kw: Any) -> dict[str, Any]:
+    base = dict(device="cuda", dtype="bfloat16", cache_dtype="bfloat16", head_dim=128, value_dim=128,
+                layouts=("NHD", "NHD"), dense=True, softcap=False, window=False, sinks=False, lse=False,
+                mask=False, capturing=False)  # fmt: skip
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"device": "cpu"}, "CUDA tensors"),
+        ({"dtype": "float32", "cache_dtype": "float32"}, "bf16 / fp16"),
+        ({"cache_dtype": "float8_e4m3fn"}, "bf16 / fp16"),
+        ({"head_dim": 96, "value_dim": 96}, "head dim 96"),
+        ({"value_dim": 64}, "MLA"),
+        ({"layouts": ("NHD", "HND")}, "NHD caches or HND views"),
+        ({"layouts": (None, None)}, "NHD caches or HND views"),
+        ({"dense": False}, "dense query"),
+        ({"softcap": True}, "softcap"),
+        ({"window": True}, "sliding window"),
+        ({"sinks": True}, "sinks"),
+        ({"lse": True}, "lse"),
+        ({"mask": True}, "custom mask"),
+        ({"capturing": True}, "CUDA-graph capture"),
+    ],
+)
+def test_refusal_names_the_reason(change: dict[str, Any], words: str) -> None:
+    assert cdp.refusal(**_facts()) is None
+    why = cdp.refusal(**_facts(**change))
+    assert why is not None and words in why
+
+
+def test_the_predicate_reads_the_public_arguments() -> None:
+    q, kc, vc, table, lens, cu = _batch([5, 3], [4, 0], 4, 2, 64, 4, False)
+    assert "CUDA tensors" in cdp.supports(q, kc, vc, table, lens, cu)
+    assert cdp.supports("not a tensor", kc, vc) is None  # the contract names that problem
