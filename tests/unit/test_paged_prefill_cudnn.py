@@ -59,10 +59,10 @@ class _Graph:
     def tensor(self, name: str, **kw: Any) -> _T:
         return _T(name, **kw)
 
-    def sdpa(self, **kw: Any) -> tuple[_T, None]:
+    def sdpa(self, **kw: Any) -> tuple[_T, _T | None]:
         self.sdpa_kw = kw
-        self.o = _T("o")
-        return self.o, None
+        self.o, self.stats = _T("o"), _T("stats") if kw["generate_stats"] else None
+        return self.o, self.stats
 
     def validate(self) -> None: ...
     def build_operation_graph(self) -> None: ...
@@ -107,6 +107,11 @@ class _Graph:
                 hide = pos[None, :] > (n - m + torch.arange(m))[:, None]
                 s = s.masked_fill(hide[:, None, None, :], float("-inf"))
             o = torch.einsum("thgn,nhd->thgd", s.softmax(-1), vals).reshape(m, hq, d)
+            if self.stats is not None:  # the natural log of each row's softmax denominator
+                st = pack[self.stats].view(-1)[int(pack[self.stats.ragged].flatten()[i]) :]
+                st.as_strided((m, hq), (self.stats.stride[2], self.stats.stride[1])).copy_(
+                    s.logsumexp(-1).reshape(m, hq)
+                )
             dst = o_flat[int(o_rows[i]) :].as_strided((m, hq, d), (self.o.stride[2], self.o.stride[1], 1))
             dst.copy_(o.to(dst.dtype))
 
@@ -155,13 +160,13 @@ def _batch(
     return [q, kc, vc, table, torch.tensor(lens, dtype=I32), cu]
 
 
-def _run(args: list[torch.Tensor], causal: bool = True) -> torch.Tensor:
+def _run(args: list[torch.Tensor], causal: bool = True, lse: torch.Tensor | None = None) -> torch.Tensor:
     q, kc, vc, table, lens, cu = args
     out, e = torch.empty_like(q), torch.empty(0)
     scale = 1 / math.sqrt(q.shape[-1])
     cdp.paged_prefill(
-        out, e, False, q, kc, vc, table, lens, cu, e, False, lens, lens, False, scale, 0.0, -1,
-        cu, cu, False, True, causal,
+        out, e if lse is None else lse, lse is not None, q, kc, vc, table, lens, cu, e, False, lens, lens,
+        False, scale, 0.0, -1, cu, cu, False, True, causal,
     )  # fmt: skip
     return out
 
@@ -184,6 +189,18 @@ def test_runs_match_the_op_plan_once_per_batch_and_share_graphs(stand_in: type[_
     assert len(cdp._PLANS) == 2 and len(stand_in.made) == 1  # the same shape class: its graph
     _close(_run(args, causal=False), attention.paged_prefill(*args, causal=False, backend="torch"))
     assert len(stand_in.made) == 2 and stand_in.made[-1].sdpa_kw["use_causal_mask_bottom_right"] is False
+
+
+def test_lse_is_cudnns_statistics_at_the_rows_offsets(stand_in: type[_Graph]) -> None:
+    args = _batch([13, 6, 0, 1], [0, 21, 9, 40], 8, 2, 64, 16, False)
+    want_lse = torch.empty(args[0].shape[:2])
+    want = attention.paged_prefill(*args, lse=want_lse, backend="torch")
+    got_lse = torch.full_like(want_lse, float("nan"))
+    _close(_run(args, lse=got_lse), want)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-3, rtol=1e-3)
+    assert len(stand_in.made) == 1 and stand_in.made[0].sdpa_kw["generate_stats"] is True
+    _run(args)  # without lse: its own graph (no statistics)
+    assert len(stand_in.made) == 2 and stand_in.made[1].sdpa_kw["generate_stats"] is False
 
 
 def test_lengths_past_the_capacity_are_clamped_as_the_kernels_clamp(stand_in: type[_Graph]) -> None:
@@ -276,7 +293,6 @@ def _facts(**kw: Any) -> dict[str, Any]:
         ({"softcap": True}, "softcap"),
         ({"window": True}, "sliding window"),
         ({"sinks": True}, "sinks"),
-        ({"lse": True}, "lse"),
         ({"mask": True}, "custom mask"),
         ({"capturing": True}, "CUDA-graph capture"),
     ],

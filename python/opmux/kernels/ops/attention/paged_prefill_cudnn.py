@@ -17,8 +17,8 @@ head dim) is remembered and declined at once next time.
 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16 with caches
 of that dtype, head dims 64 / 128 with the value's the key's, NHD caches or HND views of dense
-HND ones, a dense query and output, no softcap, no window, no sinks, no lse, no custom mask, no
-fp8 cache, not while a CUDA graph is captured (the plan reads the host). Declared after FlashInfer
+HND ones, a dense query, output and lse (cuDNN's statistics: the natural log of each row's
+softmax denominator, the op's lse), no softcap, no window, no sinks, no custom mask, no fp8 cache, not while a CUDA graph is captured (the plan reads the host). Declared after FlashInfer
 on CUDA; select tables (``benchmarks/bench_attention_prefill.py --select-out``) put it first where
 it was measured fastest.
 """
@@ -87,9 +87,9 @@ def refusal(
     if layouts[0] is None or layouts[0] != layouts[1]:
         return "the cudnn backend takes NHD caches or HND views of dense HND ones, the same for K and V"
     if not dense:
-        return "the cudnn backend takes a dense query and output ([T, Hq, D], row-major)"
+        return "the cudnn backend takes a dense query, output and lse ([T, Hq, D] / [T, Hq], row-major)"
     for on, what in ((softcap, "softcap"), (window, "a sliding window"), (sinks, "attention sinks"),
-                     (lse, "lse"), (mask, "a custom mask")):  # fmt: skip
+                     (mask, "a custom mask")):  # fmt: skip
         if on:
             return f"{what}: not wired to cuDNN's graph; the next backend runs it"
     if capturing:
@@ -99,9 +99,9 @@ def refusal(
 
 def facts(
     query: Any, key_cache: Any, value_cache: Any, out: Any, *, softcap: bool, window: bool, sinks: bool,
-    lse: bool, mask: bool,
+    lse: Any, mask: bool,
 ) -> dict[str, Any]:  # fmt: skip
-    """The facts ``refusal`` weighs, read from a call's tensors."""
+    """The facts ``refusal`` weighs, read from a call's tensors (``lse``: the tensor, or None)."""
     return dict(
         device=query.device.type,
         dtype=str(query.dtype).removeprefix("torch."),
@@ -109,11 +109,11 @@ def facts(
         head_dim=int(query.shape[-1]),
         value_dim=int(value_cache.shape[-1]),
         layouts=(layout(key_cache), layout(value_cache)),
-        dense=bool(query.is_contiguous() and (out is None or out.is_contiguous())),
+        dense=all(t is None or t.is_contiguous() for t in (query, out, lse)),
         softcap=softcap,
         window=window,
         sinks=sinks,
-        lse=lse,
+        lse=lse is not None,
         mask=mask,
         capturing=capturing(query),
     )
@@ -146,7 +146,7 @@ def supports(
             **facts(
                 query, key_cache, value_cache, out, softcap=bool(softcap and softcap > 0),
                 window=bool(isinstance(window_left, int) and window_left >= 0), sinks=sinks is not None,
-                lse=lse is not None, mask=custom_mask is not None,
+                lse=lse, mask=custom_mask is not None,
             )
         )  # fmt: skip
     except Exception:
@@ -207,15 +207,18 @@ class _Graph:
     q_rows: Any
     o_rows: Any
     o: Any
+    stats: Any
+    stats_rows: Any
     workspace: int
 
 
 def _build(
     device: Any, dtype: Any, hq: int, d: int, batch: int, table: Tensor, kv: Tensor, s_q: int, s_kv: int,
-    scale: float, causal: bool,
+    scale: float, causal: bool, lse: bool,
 ) -> _Graph:  # fmt: skip
     """cuDNN's SDPA over the paged cache [nb, Hkv, page, D] (``kv``: the cache's logical view),
-    the query and output rows at ragged offsets, lengths from tensors."""
+    the query and output rows (and the statistics, ``lse``) at ragged offsets, lengths from
+    tensors."""
     cudnn = _cudnn()
     dt = cudnn.data_type
     io = dt.BFLOAT16 if dtype == torch.bfloat16 else dt.HALF
@@ -234,8 +237,8 @@ def _build(
     v = g.tensor(name="v", dim=tuple(kv.shape), stride=tuple(kv.stride()), data_type=io)
     k_table, v_table = g.tensor(name="k_table", **pages), g.tensor(name="v_table", **pages)
     q_lens, kv_lens = g.tensor(name="q_lens", **one), g.tensor(name="kv_lens", **one)
-    o, _ = g.sdpa(
-        name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=scale, use_padding_mask=True,
+    o, stats = g.sdpa(
+        name="sdpa", q=q, k=k, v=v, generate_stats=lse, attn_scale=scale, use_padding_mask=True,
         seq_len_q=q_lens, seq_len_kv=kv_lens, use_causal_mask_bottom_right=causal,
         paged_attention_k_table=k_table, paged_attention_v_table=v_table,
         paged_attention_max_seq_len_kv=s_kv,
@@ -243,14 +246,21 @@ def _build(
     o_rows = g.tensor(name="o_rows", **offsets)
     o.set_ragged_offset(o_rows)
     o.set_output(True).set_dim(rows["dim"]).set_stride(rows["stride"]).set_data_type(io)
+    stats_rows = None
+    if lse:  # [T, Hq] float32: token stride Hq, head stride 1
+        stats_rows = g.tensor(name="stats_rows", **offsets)
+        stats.set_ragged_offset(stats_rows)
+        stats.set_output(True).set_dim((batch, hq, s_q, 1)).set_stride((s_q * hq, 1, hq, 1))
+        stats.set_data_type(dt.FLOAT)
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     g.check_support()
     g.build_plans()
     return _Graph(
-        g, q, k, v, k_table, v_table, q_lens, kv_lens, q_rows, o_rows, o, int(g.get_workspace_size())
-    )
+        g, q, k, v, k_table, v_table, q_lens, kv_lens, q_rows, o_rows, o, stats if lse else None,
+        stats_rows, int(g.get_workspace_size()),
+    )  # fmt: skip
 
 
 def _graph(key: Any, build: Callable[[], _Graph]) -> _Graph:
@@ -288,6 +298,7 @@ class _Plan:
     q_lens: Tensor
     kv_lens: Tensor
     rows: Tensor
+    stats_rows: Tensor
     pinned: tuple[Any, ...]
 
 
@@ -314,7 +325,7 @@ def check_batch(
 
 def _plan(
     query: Tensor, kv: Tensor, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor,
-    scale: float, causal: bool,
+    scale: float, causal: bool, lse: bool,
 ) -> _Plan:  # fmt: skip
     """The plan of this batch (made on its first layer)."""
     rows, hq, d = query.shape
@@ -322,7 +333,7 @@ def _plan(
     key = (
         query.device, block_tables.data_ptr(), version(block_tables), tuple(block_tables.shape),
         tuple(block_tables.stride()), seq_lens.data_ptr(), version(seq_lens), cu_seqlens_q.data_ptr(),
-        version(cu_seqlens_q), rows, hq, d, query.dtype, tuple(kv.shape), tuple(kv.stride()), scale, causal,
+        version(cu_seqlens_q), rows, hq, d, query.dtype, tuple(kv.shape), tuple(kv.stride()), scale, causal, lse,
     )  # fmt: skip
     found = _PLANS.get(key)
     if found is not None:
@@ -333,10 +344,12 @@ def _plan(
     lens, s_q, s_kv = check_batch(cu_seqlens_q, seq_lens, block_tables, rows, page, nb)
     s_q, s_kv = run_length(s_q), run_length(s_kv, width * page)
     gkey = (query.device, query.dtype, hq, d, batch, tuple(block_tables.stride()), width,
-            tuple(kv.shape), tuple(kv.stride()), s_q, s_kv, scale, causal)  # fmt: skip
+            tuple(kv.shape), tuple(kv.stride()), s_q, s_kv, scale, causal, lse)  # fmt: skip
     graph = _graph(
         gkey,
-        lambda: _build(query.device, query.dtype, hq, d, batch, block_tables, kv, s_q, s_kv, scale, causal),
+        lambda: _build(
+            query.device, query.dtype, hq, d, batch, block_tables, kv, s_q, s_kv, scale, causal, lse
+        ),
     )
     dev = query.device
     cu = cu_seqlens_q.to(torch.int32)
@@ -348,6 +361,7 @@ def _plan(
         q_lens=(cu[1:] - cu[:-1]).reshape(batch, 1, 1, 1).contiguous(),
         kv_lens=lens.to(dev, torch.int32).reshape(batch, 1, 1, 1),
         rows=(cu * (hq * d)).reshape(batch + 1, 1, 1, 1).contiguous(),
+        stats_rows=(cu * hq).reshape(batch + 1, 1, 1, 1).contiguous(),
         pinned=(block_tables, seq_lens, cu_seqlens_q),
     )
     if None not in key:  # inference tensors (no version counter): planned on every call
@@ -385,7 +399,7 @@ def paged_prefill(
     why = refusal(
         **facts(
             query, key_cache, value_cache, out, softcap=softcap > 0, window=window_left >= 0,
-            sinks=has_sinks, lse=has_lse, mask=has_mask,
+            sinks=has_sinks, lse=lse if has_lse else None, mask=has_mask,
         )
     )  # fmt: skip
     if why is not None:  # forced onto a call it cannot run
@@ -395,11 +409,13 @@ def paged_prefill(
     k, v = key_cache.transpose(1, 2), value_cache.transpose(1, 2)  # cuDNN's [nb, Hkv, page, D]
     if k.stride() != v.stride():
         raise CallRefused(BACKEND, "the key and value caches' strides differ")
-    plan = _plan(query, k, block_tables, seq_lens, cu_seqlens_q, scale, causal)
+    plan = _plan(query, k, block_tables, seq_lens, cu_seqlens_q, scale, causal, has_lse)
     g = plan.graph
     pack = {
         g.q: query, g.k: k, g.v: v, g.k_table: plan.table, g.v_table: plan.table, g.q_lens: plan.q_lens,
         g.kv_lens: plan.kv_lens, g.q_rows: plan.rows, g.o_rows: plan.rows, g.o: out,
     }  # fmt: skip
+    if has_lse:
+        pack[g.stats], pack[g.stats_rows] = lse, plan.stats_rows
     handle = _handle(query.device)
     g.graph.execute(pack, _workspace(query.device, g.workspace), handle=handle)
