@@ -74,45 +74,39 @@ class _Graph:
         return 64
 
     def execute(self, pack: dict[_T, torch.Tensor], ws: torch.Tensor, handle: Any = None) -> None:
-        """cuDNN's semantics: Q / O rows at their ragged element offsets through the declared
-        strides, K / V blocks [nb, Hkv, page, D] through the page table, lengths from tensors, the
-        causal mask aligned bottom-right."""
+        """cuDNN's semantics: Q / K / V / O rows at their ragged element offsets through the declared
+        strides, lengths from tensors, the causal mask aligned bottom-right."""
         _Graph.executed += 1
         kw = self.sdpa_kw
         q_t, k_t, v_t = kw["q"], kw["k"], kw["v"]
-        for t in (q_t, k_t, v_t, kw["paged_attention_k_table"], self.o):
-            if t in (k_t, v_t, kw["paged_attention_k_table"]):
-                assert tuple(pack[t].shape) == t.dim and tuple(pack[t].stride()) == t.stride, t.name
+        assert "paged_attention_k_table" not in kw  # dense ragged keys (the gathered positions)
         b, hq, s_q, d = q_t.dim
-        q_flat, o_flat = pack[q_t].reshape(-1), pack[self.o].view(-1)
-        k, v = pack[k_t], pack[v_t]
-        table = pack[kw["paged_attention_k_table"]][:, 0, :, 0]
-        assert torch.equal(table, pack[kw["paged_attention_v_table"]][:, 0, :, 0])
+        hkv, s_kv = k_t.dim[1], k_t.dim[2]
         q_lens, kv_lens = pack[kw["seq_len_q"]].flatten(), pack[kw["seq_len_kv"]].flatten()
-        q_rows, o_rows = pack[q_t.ragged].flatten(), pack[self.o.ragged].flatten()
-        page, hkv = k.shape[2], k.shape[1]
-        assert int(kv_lens.max()) <= kw["paged_attention_max_seq_len_kv"] <= table.shape[1] * page
-        assert int(q_lens.max()) <= s_q
+        assert int(q_lens.max()) <= s_q and int(kv_lens.max()) <= s_kv
+
+        def rows(t: _T, i: int, n: int, heads: int, dim: int) -> torch.Tensor:
+            start = int(pack[t.ragged].flatten()[i])
+            flat = pack[t].view(-1)
+            assert start + (n - 1) * t.stride[2] + (heads - 1) * t.stride[1] + dim <= flat.numel(), t.name
+            return flat[start:].as_strided((n, heads, dim), (t.stride[2], t.stride[1], 1))
+
         for i in range(b):
             n, m = int(kv_lens[i]), int(q_lens[i])
             if m == 0:
                 continue
-            qs = q_flat[int(q_rows[i]) :].as_strided((m, hq, d), (q_t.stride[2], q_t.stride[1], 1)).float()
-            pos = torch.arange(n)
-            blk = table[i].long()[pos // page]
-            keys, vals = k[blk, :, pos % page].float(), v[blk, :, pos % page].float()  # [n, Hkv, D]
+            qs = rows(q_t, i, m, hq, d).float()
+            keys, vals = rows(k_t, i, n, hkv, d).float(), rows(v_t, i, n, hkv, d).float()
             g = hq // hkv
             s = torch.einsum("thgd,nhd->thgn", qs.view(m, hkv, g, d), keys) * kw["attn_scale"]
             if kw["use_causal_mask_bottom_right"]:
+                pos = torch.arange(n)
                 hide = pos[None, :] > (n - m + torch.arange(m))[:, None]
                 s = s.masked_fill(hide[:, None, None, :], float("-inf"))
             o = torch.einsum("thgn,nhd->thgd", s.softmax(-1), vals).reshape(m, hq, d)
             if self.stats is not None:  # the natural log of each row's softmax denominator
-                st = pack[self.stats].view(-1)[int(pack[self.stats.ragged].flatten()[i]) :]
-                st.as_strided((m, hq), (self.stats.stride[2], self.stats.stride[1])).copy_(
-                    s.logsumexp(-1).reshape(m, hq)
-                )
-            dst = o_flat[int(o_rows[i]) :].as_strided((m, hq, d), (self.o.stride[2], self.o.stride[1], 1))
+                rows(self.stats, i, m, hq, 1).copy_(s.logsumexp(-1).reshape(m, hq, 1))
+            dst = rows(self.o, i, m, hq, d)
             dst.copy_(o.to(dst.dtype))
 
 
@@ -189,6 +183,14 @@ def test_runs_match_the_op_plan_once_per_batch_and_share_graphs(stand_in: type[_
     assert len(cdp._PLANS) == 2 and len(stand_in.made) == 1  # the same shape class: its graph
     _close(_run(args, causal=False), attention.paged_prefill(*args, causal=False, backend="torch"))
     assert len(stand_in.made) == 2 and stand_in.made[-1].sdpa_kw["use_causal_mask_bottom_right"] is False
+
+
+def test_a_chunk_over_a_long_prefix_is_declined(stand_in: type[_Graph]) -> None:
+    """Past GATHER_PER_ROW cached positions a new token, the copy is declined (the paged readers)."""
+    args = _batch([4, 3], [2000, 1500], 4, 2, 64, 16, False)
+    with pytest.raises(CallRefused, match="the gather would copy more than"):
+        _run(args)
+    assert not stand_in.made
 
 
 def test_lse_is_cudnns_statistics_at_the_rows_offsets(stand_in: type[_Graph]) -> None:

@@ -1,26 +1,34 @@
-"""The ``cudnn`` backend of ``attention.paged_prefill``: cuDNN's fused attention (its SDPA graph
-over paged K / V: the block table as cuDNN's page table, the query and output rows ragged, the
-causal mask aligned to the end of each sequence's keys as the op aligns it) through the cuDNN
+"""The ``cudnn`` backend of ``attention.paged_prefill``: cuDNN's fused attention (its SDPA graph,
+the causal mask aligned to the end of each sequence's keys as the op aligns it) through the cuDNN
 frontend's graph API, where ``nvidia-cudnn-frontend`` is installed (the ``cudnn`` capability).
+
+cuDNN's kernel over dense ragged rows is faster than its paged one: on an H100 (session 43,
+docs/benchmarks/attention_prefill_h200.md) its paged graph took 1.18-1.27x its dense time on a
+plain prefill of 4k-32k tokens, behind FlashInfer's paged kernel, so the backend gathers the
+positions a batch reads into dense [total, Hkv, D] keys and values (one index copy per layer, about
+1% of the kernel's time at 4k tokens) and runs the ragged graph over them. Batches whose cached
+prefix dwarfs their new tokens (more than ``GATHER_PER_ROW`` positions a row) are declined: the
+copy would cost more than it saves.
 
 A batch is planned once, on its first layer (as the ``flashinfer`` backend; keyed by the block
 table's, the lengths' and ``cu_seqlens_q``'s storage and version counters, the shapes and the
 knobs): one host read of the three checks what the contract checks on the CPU and the kernels
 otherwise clamp (offsets that do not rise from 0 to the query's rows, more new tokens than
 positions, a used block id outside the cache send the call to the next backend: ``CallRefused``,
-so cuDNN never reads out of bounds; lengths past the table's capacity are clamped, as the kernels
-clamp them), and derives the device tensors cuDNN reads (per-sequence query lengths, row offsets,
-clamped lengths). Later layers run with no host work but the graph's launch. Graphs are built per
-shape class (batch, table width, the longest query and key run rounded up to a power of two) and
-kept, so a serving engine's steps reuse a few; a build cuDNN refuses (no engine for a page size or
-head dim) is remembered and declined at once next time.
+so nothing is read out of bounds; lengths past the table's capacity are clamped, as the kernels
+clamp them), and derives the device tensors the gather and cuDNN read (each position's block and
+offset, per-sequence lengths, row offsets). Later layers run with no host work but the gather's
+and the graph's launches. Graphs are built per shape class (batch size, the longest query and key
+runs rounded up to a power of two) and kept, so a serving engine's steps reuse a few; a build
+cuDNN refuses is remembered and declined at once next time.
 
 Where it runs (``supports``, the predicate, says why not otherwise): CUDA bf16 / fp16 with caches
 of that dtype, head dims 64 / 128 with the value's the key's, NHD caches or HND views of dense
 HND ones, a dense query, output and lse (cuDNN's statistics: the natural log of each row's
-softmax denominator, the op's lse), no softcap, no window, no sinks, no custom mask, no fp8 cache, not while a CUDA graph is captured (the plan reads the host). Declared after FlashInfer
-on CUDA; select tables (``benchmarks/bench_attention_prefill.py --select-out``) put it first where
-it was measured fastest.
+softmax denominator, the op's lse), no softcap, no window, no sinks, no custom mask, no fp8 cache,
+not while a CUDA graph is captured (the plan reads the host). Declared after FlashInfer on CUDA;
+select tables (``benchmarks/bench_attention_prefill.py --select-out``) put it first where it was
+measured fastest.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ MAX_PLANS = 8
 MAX_GRAPHS = 32
 #: the shortest run a graph is built for (shorter batches share its graph)
 MIN_RUN = 128
+#: cached positions gathered per new token at most (past it a chunk over a long prefix: the copy
+#: would cost more than cuDNN's kernel saves over the paged readers)
+GATHER_PER_ROW = 8
 
 _PLANS: dict[Any, _Plan] = {}
 _GRAPHS: dict[Any, _Graph] = {}
@@ -200,11 +211,11 @@ class _Graph:
     q: Any
     k: Any
     v: Any
-    k_table: Any
-    v_table: Any
     q_lens: Any
     kv_lens: Any
     q_rows: Any
+    k_rows: Any
+    v_rows: Any
     o_rows: Any
     o: Any
     stats: Any
@@ -213,35 +224,31 @@ class _Graph:
 
 
 def _build(
-    device: Any, dtype: Any, hq: int, d: int, batch: int, table: Tensor, kv: Tensor, s_q: int, s_kv: int,
-    scale: float, causal: bool, lse: bool,
+    device: Any, dtype: Any, hq: int, hkv: int, d: int, batch: int, s_q: int, s_kv: int, scale: float,
+    causal: bool, lse: bool,
 ) -> _Graph:  # fmt: skip
-    """cuDNN's SDPA over the paged cache [nb, Hkv, page, D] (``kv``: the cache's logical view),
-    the query and output rows (and the statistics, ``lse``) at ragged offsets, lengths from
-    tensors."""
+    """cuDNN's SDPA over ragged rows: the query / output [T, Hq, D], the gathered keys and values
+    [total, Hkv, D] and the statistics (``lse``, [T, Hq]) of sequence ``b`` at its offsets, lengths
+    from tensors."""
     cudnn = _cudnn()
     dt = cudnn.data_type
     io = dt.BFLOAT16 if dtype == torch.bfloat16 else dt.HALF
     g = cudnn.pygraph(io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
                       handle=_handle(device))  # fmt: skip
-    row = hq * d
-    rows = dict(dim=(batch, hq, s_q, d), stride=(s_q * row, d, row, 1))
+    rows = dict(dim=(batch, hq, s_q, d), stride=(s_q * hq * d, d, hq * d, 1))
+    keys = dict(dim=(batch, hkv, s_kv, d), stride=(s_kv * hkv * d, d, hkv * d, 1), data_type=io)
     one = dict(dim=(batch, 1, 1, 1), stride=(1, 1, 1, 1), data_type=dt.INT32)
     offsets = dict(dim=(batch + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=dt.INT32)
-    t0, t1 = table.stride()
-    pages = dict(dim=(batch, 1, table.shape[1], 1), stride=(t0, t0, t1, t1), data_type=dt.INT32)
     q = g.tensor(name="q", data_type=io, **rows)
-    q_rows = g.tensor(name="q_rows", **offsets)
+    k, v = g.tensor(name="k", **keys), g.tensor(name="v", **keys)
+    q_rows, k_rows, v_rows = (g.tensor(name=n, **offsets) for n in ("q_rows", "k_rows", "v_rows"))
     q.set_ragged_offset(q_rows)
-    k = g.tensor(name="k", dim=tuple(kv.shape), stride=tuple(kv.stride()), data_type=io)
-    v = g.tensor(name="v", dim=tuple(kv.shape), stride=tuple(kv.stride()), data_type=io)
-    k_table, v_table = g.tensor(name="k_table", **pages), g.tensor(name="v_table", **pages)
+    k.set_ragged_offset(k_rows)
+    v.set_ragged_offset(v_rows)
     q_lens, kv_lens = g.tensor(name="q_lens", **one), g.tensor(name="kv_lens", **one)
     o, stats = g.sdpa(
         name="sdpa", q=q, k=k, v=v, generate_stats=lse, attn_scale=scale, use_padding_mask=True,
         seq_len_q=q_lens, seq_len_kv=kv_lens, use_causal_mask_bottom_right=causal,
-        paged_attention_k_table=k_table, paged_attention_v_table=v_table,
-        paged_attention_max_seq_len_kv=s_kv,
     )  # fmt: skip
     o_rows = g.tensor(name="o_rows", **offsets)
     o.set_ragged_offset(o_rows)
@@ -258,8 +265,8 @@ def _build(
     g.check_support()
     g.build_plans()
     return _Graph(
-        g, q, k, v, k_table, v_table, q_lens, kv_lens, q_rows, o_rows, o, stats if lse else None,
-        stats_rows, int(g.get_workspace_size()),
+        g, q, k, v, q_lens, kv_lens, q_rows, k_rows, v_rows, o_rows, o, stats if lse else None, stats_rows,
+        int(g.get_workspace_size()),
     )  # fmt: skip
 
 
@@ -290,25 +297,39 @@ def _graph(key: Any, build: Callable[[], _Graph]) -> _Graph:
 
 @dataclass(frozen=True)
 class _Plan:
-    """One batch: its graph and the device tensors cuDNN reads, and the index tensors the key
-    names (held: no new tensor takes their addresses while the plan lives)."""
+    """One batch: its graph, the cache entries to gather (block and offset of every position of
+    every sequence, in order), the device tensors cuDNN reads, and the index tensors the key names
+    (held: no new tensor takes their addresses while the plan lives)."""
 
     graph: _Graph
-    table: Tensor
+    blocks: Tensor
+    offsets: Tensor
+    slots: Tensor
     q_lens: Tensor
     kv_lens: Tensor
     rows: Tensor
+    kv_rows: Tensor
     stats_rows: Tensor
     pinned: tuple[Any, ...]
 
 
-def check_batch(
-    cu: Tensor, lens: Tensor, table: Tensor, rows: int, page: int, num_blocks: int
-) -> tuple[Tensor, int, int]:
+@dataclass(frozen=True)
+class Batch:
+    """A batch's index data, read on the host and checked (``check_batch``)."""
+
+    lens: Tensor  #: int64, clamped to the table's capacity
+    longest_q: int
+    longest_kv: int
+    blocks: Tensor  #: int64 [sum(lens)]: each position's block, sequence by sequence
+    offsets: Tensor  #: int64 [sum(lens)]: its offset in the block
+
+
+def check_batch(cu: Tensor, lens: Tensor, table: Tensor, rows: int, page: int, num_blocks: int) -> Batch:
     """Host copies of ``cu_seqlens_q``, ``seq_lens`` and the block table, checked as the contract
-    checks CPU tensors: (the lengths clamped to the table's capacity, the longest query run, the
-    longest key run). Offsets that do not rise from 0 to ``rows``, more new tokens than a
-    sequence's clamped length, a used block id outside ``[0, num_blocks)``: CallRefused."""
+    checks CPU tensors, and the cache entries each sequence reads. Lengths are clamped to the
+    table's capacity (as the kernels clamp them); offsets that do not rise from 0 to ``rows``, more
+    new tokens than a sequence's clamped length, a used block id outside ``[0, num_blocks)``:
+    CallRefused (the call goes to the next backend)."""
     cu64 = cu.to("cpu", torch.int64)
     lens64 = lens.to("cpu", torch.int64).clamp(0, table.shape[1] * page)
     new = cu64[1:] - cu64[:-1]
@@ -316,52 +337,60 @@ def check_batch(
         raise CallRefused(BACKEND, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
     if bool((new > lens64).any()):
         raise CallRefused(BACKEND, "a sequence has more new tokens than its length")
-    used = torch.arange(table.shape[1])[None, :] < ((lens64 + page - 1) // page)[:, None]
-    ids = table.to("cpu", torch.int64)[used]
-    if ids.numel() and bool(((ids < 0) | (ids >= num_blocks)).any()):
+    seq = torch.repeat_interleave(torch.arange(len(lens64)), lens64)
+    starts = torch.cumsum(lens64, 0) - lens64
+    pos = torch.arange(int(lens64.sum())) - starts[seq]
+    blocks = table.to("cpu", torch.int64)[seq, pos // page]
+    if blocks.numel() and bool(((blocks < 0) | (blocks >= num_blocks)).any()):
         raise CallRefused(BACKEND, f"a block table names a block outside [0, {num_blocks})")
-    return lens64, int(new.max()) if len(new) else 0, int(lens64.max()) if len(lens64) else 0
+    longest_q = int(new.max()) if len(new) else 0
+    return Batch(lens64, longest_q, int(lens64.max()) if len(lens64) else 0, blocks, pos % page)
 
 
 def _plan(
-    query: Tensor, kv: Tensor, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor,
+    query: Tensor, key_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor,
     scale: float, causal: bool, lse: bool,
 ) -> _Plan:  # fmt: skip
     """The plan of this batch (made on its first layer)."""
     rows, hq, d = query.shape
-    nb, _, page, _ = kv.shape
+    nb, page, hkv, _ = key_cache.shape
     key = (
         query.device, block_tables.data_ptr(), version(block_tables), tuple(block_tables.shape),
         tuple(block_tables.stride()), seq_lens.data_ptr(), version(seq_lens), cu_seqlens_q.data_ptr(),
-        version(cu_seqlens_q), rows, hq, d, query.dtype, tuple(kv.shape), tuple(kv.stride()), scale, causal, lse,
+        version(cu_seqlens_q), rows, hq, hkv, d, query.dtype, nb, page, scale, causal, lse,
     )  # fmt: skip
     found = _PLANS.get(key)
     if found is not None:
         return found
-    if rows * hq * d >= 2**31:
-        raise CallRefused(BACKEND, f"{rows} rows x {hq} heads x {d}: row offsets past int32")
-    batch, width = block_tables.shape
-    lens, s_q, s_kv = check_batch(cu_seqlens_q, seq_lens, block_tables, rows, page, nb)
-    s_q, s_kv = run_length(s_q), run_length(s_kv, width * page)
-    gkey = (query.device, query.dtype, hq, d, batch, tuple(block_tables.stride()), width,
-            tuple(kv.shape), tuple(kv.stride()), s_q, s_kv, scale, causal, lse)  # fmt: skip
+    batch = check_batch(cu_seqlens_q, seq_lens, block_tables, rows, page, nb)
+    total = int(batch.lens.sum())
+    if total > GATHER_PER_ROW * max(rows, MIN_RUN):
+        raise CallRefused(
+            BACKEND, f"{total} cached positions for {rows} new tokens: the gather would copy more than "
+            f"{GATHER_PER_ROW} positions a row (FlashInfer's or Triton's paged reads take it)",
+        )  # fmt: skip
+    if max(rows * hq, total * hkv) * d >= 2**31:
+        raise CallRefused(BACKEND, f"{rows} rows, {total} positions: offsets past int32")
+    n = len(batch.lens)
+    s_q, s_kv = run_length(batch.longest_q), run_length(batch.longest_kv)
+    gkey = (query.device, query.dtype, hq, hkv, d, n, s_q, s_kv, scale, causal, lse)
     graph = _graph(
-        gkey,
-        lambda: _build(
-            query.device, query.dtype, hq, d, batch, block_tables, kv, s_q, s_kv, scale, causal, lse
-        ),
+        gkey, lambda: _build(query.device, query.dtype, hq, hkv, d, n, s_q, s_kv, scale, causal, lse)
     )
     dev = query.device
     cu = cu_seqlens_q.to(torch.int32)
+    kv_cu = torch.zeros(n + 1, dtype=torch.int64)
+    kv_cu[1:] = torch.cumsum(batch.lens, 0)
     plan = _Plan(
         graph=graph,
-        table=block_tables.reshape(batch, 1, width, 1)
-        if block_tables.is_contiguous()
-        else block_tables[:, None, :, None],
-        q_lens=(cu[1:] - cu[:-1]).reshape(batch, 1, 1, 1).contiguous(),
-        kv_lens=lens.to(dev, torch.int32).reshape(batch, 1, 1, 1),
-        rows=(cu * (hq * d)).reshape(batch + 1, 1, 1, 1).contiguous(),
-        stats_rows=(cu * hq).reshape(batch + 1, 1, 1, 1).contiguous(),
+        blocks=batch.blocks.to(dev),
+        offsets=batch.offsets.to(dev),
+        slots=(batch.blocks * page + batch.offsets).to(dev),
+        q_lens=(cu[1:] - cu[:-1]).reshape(n, 1, 1, 1).contiguous(),
+        kv_lens=batch.lens.to(dev, torch.int32).reshape(n, 1, 1, 1),
+        rows=(cu * (hq * d)).reshape(n + 1, 1, 1, 1).contiguous(),
+        kv_rows=(kv_cu * (hkv * d)).to(dev, torch.int32).reshape(n + 1, 1, 1, 1),
+        stats_rows=(cu * hq).reshape(n + 1, 1, 1, 1).contiguous(),
         pinned=(block_tables, seq_lens, cu_seqlens_q),
     )
     if None not in key:  # inference tensors (no version counter): planned on every call
@@ -369,6 +398,14 @@ def _plan(
             _PLANS.pop(next(iter(_PLANS)))
         _PLANS[key] = plan
     return plan
+
+
+def gather(cache: Tensor, plan: _Plan) -> Tensor:
+    """The positions the batch reads, sequence by sequence: [total, Hkv, D], dense (an NHD cache
+    as rows of its flat [num_blocks * page, Hkv, D] view, any other by block and offset)."""
+    if cache.is_contiguous():
+        return cache.flatten(0, 1).index_select(0, plan.slots)
+    return cache[plan.blocks, plan.offsets]
 
 
 def paged_prefill(
@@ -406,14 +443,12 @@ def paged_prefill(
         raise CallRefused(BACKEND, why)
     if query.shape[0] == 0 or block_tables.shape[0] == 0:
         return
-    k, v = key_cache.transpose(1, 2), value_cache.transpose(1, 2)  # cuDNN's [nb, Hkv, page, D]
-    if k.stride() != v.stride():
-        raise CallRefused(BACKEND, "the key and value caches' strides differ")
-    plan = _plan(query, k, block_tables, seq_lens, cu_seqlens_q, scale, causal, has_lse)
+    plan = _plan(query, key_cache, block_tables, seq_lens, cu_seqlens_q, scale, causal, has_lse)
     g = plan.graph
     pack = {
-        g.q: query, g.k: k, g.v: v, g.k_table: plan.table, g.v_table: plan.table, g.q_lens: plan.q_lens,
-        g.kv_lens: plan.kv_lens, g.q_rows: plan.rows, g.o_rows: plan.rows, g.o: out,
+        g.q: query, g.k: gather(key_cache, plan), g.v: gather(value_cache, plan), g.q_lens: plan.q_lens,
+        g.kv_lens: plan.kv_lens, g.q_rows: plan.rows, g.k_rows: plan.kv_rows, g.v_rows: plan.kv_rows,
+        g.o_rows: plan.rows, g.o: out,
     }  # fmt: skip
     if has_lse:
         pack[g.stats], pack[g.stats_rows] = lse, plan.stats_rows
