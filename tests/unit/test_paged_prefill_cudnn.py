@@ -309,3 +309,11 @@ def test_the_predicate_reads_the_public_arguments() -> None:
     q, kc, vc, table, lens, cu = _batch([5, 3], [4, 0], 4, 2, 64, 4, False)
     assert "CUDA tensors" in cdp.supports(q, kc, vc, table, lens, cu)
     assert cdp.supports("not a tensor", kc, vc) is None  # the contract names that problem
+
+
+def test_release_drops_what_the_backend_keeps(stand_in: type[_Graph]) -> None:
+    """What runs at exit: no plan or graph left alive for the frontend's bindings to report."""
+    _run(_batch([4, 3], [2, 5], 4, 2, 64, 4, False))
+    assert cdp._PLANS and cdp._GRAPHS
+    cdp.release()
+    assert not cdp._PLANS and not cdp._GRAPHS and not cdp._HANDLES and not cdp._WORKSPACES
