@@ -1,6 +1,7 @@
-"""attention.paged_prefill's ``cudnn`` backend: the block table as cuDNN's page table, the query
-and output rows at ragged offsets, one plan per batch (made again when an index tensor changes in
-place), one graph per shape class, what planning refuses, and the predicate. cuDNN needs a GPU: a
+"""attention.paged_prefill's ``cudnn`` backend: the batch's positions gathered through the block
+table into dense keys / values, the query, key, value, output and lse rows at ragged offsets, one
+plan per batch (made again when an index tensor changes in place), one graph per shape class,
+what planning refuses (and remembers), and the predicate. cuDNN needs a GPU: a
 stand-in ``cudnn`` module (a graph that records what is declared and, on execute, reads the pack
 through the declared dims, strides and offsets as cuDNN does, then attends in torch) runs the
 backend's calls on the CPU here; the real library's results are the GPU parity grid's."""
@@ -26,8 +27,9 @@ I32 = torch.int32
 class _T:
     """A graph tensor: its declared dims, strides and ragged offset."""
 
-    def __init__(self, name: str, dim: Any = None, stride: Any = None, **_: Any) -> None:
+    def __init__(self, name: str, dim: Any = None, stride: Any = None, data_type: Any = None) -> None:
         self.name, self.dim, self.stride, self.ragged = name, tuple(dim or ()), tuple(stride or ()), None
+        self.data_type = data_type
 
     def set_ragged_offset(self, t: _T) -> _T:
         self.ragged = t
@@ -80,6 +82,13 @@ class _Graph:
         kw = self.sdpa_kw
         q_t, k_t, v_t = kw["q"], kw["k"], kw["v"]
         assert "paged_attention_k_table" not in kw  # dense ragged keys (the gathered positions)
+        assert kw["use_padding_mask"] is True  # the lengths from tensors bound every sequence
+        assert ws.numel() >= self.get_workspace_size()
+        for t, x in pack.items():  # what is declared int32 (lengths, offsets) is given as int32
+            if t.data_type == "i32":
+                assert x.dtype == torch.int32, (t.name, x.dtype)
+            if t.ragged is not None:
+                assert pack[t.ragged].dtype == torch.int32, t.ragged.name
         b, hq, s_q, d = q_t.dim
         hkv, s_kv = k_t.dim[1], k_t.dim[2]
         q_lens, kv_lens = pack[kw["seq_len_q"]].flatten(), pack[kw["seq_len_kv"]].flatten()
@@ -317,3 +326,49 @@ def test_release_drops_what_the_backend_keeps(stand_in: type[_Graph]) -> None:
     assert cdp._PLANS and cdp._GRAPHS
     cdp.release()
     assert not cdp._PLANS and not cdp._GRAPHS and not cdp._HANDLES and not cdp._WORKSPACES
+
+
+def test_an_empty_batch_builds_nothing(stand_in: type[_Graph]) -> None:
+    q, kc, vc, table, lens, cu = _batch([3], [2], 4, 2, 64, 4, False)
+    empty = [q[:0], kc, vc, table[:0], lens[:0], cu[:1]]
+    assert _run(empty).shape == (0, 4, 64)
+    assert not stand_in.made and not cdp._PLANS
+
+
+def test_the_gather_limit_and_a_declined_batch_are_remembered(
+    stand_in: type[_Graph], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to GATHER_PER_ROW positions a new token (at least MIN_RUN tokens counted) run; one more is
+    declined, and the batch's later layers are declined without reading the host again."""
+    limit = cdp.GATHER_PER_ROW * cdp.MIN_RUN
+    at = _batch([2, 2], [limit // 2 - 2, limit // 2 - 2], 4, 2, 64, 16, False)
+    _close(_run(at), attention.paged_prefill(*at, backend="torch"))
+    over = _batch([2, 2], [limit // 2 - 2, limit // 2 - 1], 4, 2, 64, 16, False)
+    reads = []
+    real = cdp.check_batch
+    monkeypatch.setattr(cdp, "check_batch", lambda *a: (reads.append(1), real(*a))[1])
+    for _ in range(3):
+        with pytest.raises(CallRefused, match="the gather would copy more than"):
+            _run(over)
+    assert len(reads) == 1
+    cdp.release()
+    assert not cdp._DECLINED
+
+
+def test_offsets_past_int32_are_declined(stand_in: type[_Graph], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cdp, "OFFSET_LIMIT", 8 * 4 * 64)  # 8 rows of 4 heads x 64
+    with pytest.raises(CallRefused, match="offsets past int32"):
+        _run(_batch([5, 3], [4, 0], 4, 2, 64, 4, False))
+    _run(_batch([4, 3], [0, 0], 4, 2, 64, 4, False))  # 7 rows: under the limit
+    assert len(stand_in.made) == 1
+
+
+def test_a_cache_of_another_size_is_planned_again(stand_in: type[_Graph]) -> None:
+    """The plan holds block ids checked against one cache: another cache (another number of
+    blocks) under the same index tensors is checked again."""
+    q, kc, vc, table, lens, cu = _batch([5, 3], [4, 0], 4, 2, 64, 4, False)
+    _run([q, kc, vc, table, lens, cu])
+    bad = int(torch.cat([table[0, :3], table[1, :1]]).max())  # the largest id a sequence uses
+    with pytest.raises(CallRefused, match=r"outside \[0, "):
+        _run([q, kc[:bad], vc[:bad], table, lens, cu])
+    assert len(cdp._PLANS) == 1

@@ -2,14 +2,15 @@
 the causal mask aligned to the end of each sequence's keys as the op aligns it) through the cuDNN
 frontend's graph API, where ``nvidia-cudnn-frontend`` is installed (the ``cudnn`` capability).
 
-cuDNN's kernel over dense ragged rows is faster than its paged one: on an H100 (session 43,
-docs/benchmarks/attention_prefill_h200.md) its paged graph took 1.18-1.27x its dense time on a
-plain prefill of 4k-32k tokens, behind FlashInfer's paged kernel, so the backend gathers the
-positions a batch reads into dense [total, Hkv, D] keys and values (one index copy of each per
-layer: 0.4-0.7% of the backend's time at 32k tokens, 15% at 4k, where torch's two index_select
-calls take 47 us) and runs the ragged graph over them. Batches whose cached
-prefix dwarfs their new tokens (more than ``GATHER_PER_ROW`` positions a row) are declined: the
-copy would cost more than it saves.
+cuDNN's paged graph is slower than its kernel over dense rows: on an H100 (session 43,
+docs/benchmarks/attention_prefill_h200.md; not side by side with the dense graph over gathered
+rows) the paged graph took 1.18-1.27x SDPA cuDNN's dense time on a plain prefill of 4k-32k tokens,
+behind FlashInfer's paged kernel. So the backend gathers the positions a batch reads into dense
+[total, Hkv, D] keys and values (one index copy of each per layer: 0.4-0.7% of the backend's time
+at 32k tokens, timed eagerly; at 1k-4k tokens the eager figures, about 50 us, are host time) and
+runs cuDNN's ragged graph over them. A batch with more than ``GATHER_PER_ROW`` cached positions per
+new token (counting at least ``MIN_RUN`` tokens, so small batches may gather up to
+``GATHER_PER_ROW * MIN_RUN`` positions) is declined: the copy would cost more than it saves.
 
 A batch is planned once, on its first layer (as the ``flashinfer`` backend; keyed by the block
 table's, the lengths' and ``cu_seqlens_q``'s storage and version counters, the shapes and the
@@ -19,7 +20,9 @@ positions, a used block id outside the cache send the call to the next backend: 
 so nothing is read out of bounds; lengths past the table's capacity are clamped, as the kernels
 clamp them), and derives the device tensors the gather and cuDNN read (each position's block and
 offset, per-sequence lengths, row offsets). Later layers run with no host work but the gather's
-and the graph's launches. Graphs are built per shape class (batch size, the longest query and key
+and the graph's launches; a declined batch is remembered under its key too, so its later layers
+are declined without a host read. Inference tensors (``torch.inference_mode``) have no version
+counter: their batches are planned, with a host read, on every call. Graphs are built per shape class (batch size, the longest query and key
 runs rounded up to a power of two) and kept, so a serving engine's steps reuse a few; a build
 cuDNN refuses is remembered and declined at once next time.
 
@@ -54,7 +57,8 @@ __all__ = ["BACKEND", "HEAD_DIMS", "paged_prefill", "refusal", "supports"]
 
 BACKEND = "cudnn"
 HEAD_DIMS = (64, 128)
-#: the cuDNN release whose SDPA takes paged K / V with ragged query rows
+#: the oldest cuDNN the backend asks for: ragged Q / K / V / statistics offsets with a padding
+#: mask and bottom-right causal alignment (the GPU runs so far: 9.19)
 MIN_CUDNN = 90500
 #: batches planned and graphs built kept (a few engines' steps; a graph per shape class)
 MAX_PLANS = 8
@@ -64,10 +68,13 @@ MIN_RUN = 128
 #: cached positions gathered per new token at most (past it a chunk over a long prefix: the copy
 #: would cost more than cuDNN's kernel saves over the paged readers)
 GATHER_PER_ROW = 8
+#: cuDNN's ragged offsets are int32 element offsets
+OFFSET_LIMIT = 2**31
 
 _PLANS: dict[Any, _Plan] = {}
 _GRAPHS: dict[Any, _Graph] = {}
 _REFUSED: dict[Any, str] = {}
+_DECLINED: dict[Any, str] = {}
 _HANDLES: dict[Any, Any] = {}
 _WORKSPACES: dict[Any, Any] = {}
 
@@ -76,7 +83,7 @@ _WORKSPACES: dict[Any, Any] = {}
 def release() -> None:
     """Drop the plans, graphs and handles (at exit, before the frontend's bindings go: graphs still
     alive then make nanobind report them as leaked)."""
-    for kept in (_PLANS, _GRAPHS, _HANDLES, _WORKSPACES):
+    for kept in (_PLANS, _GRAPHS, _REFUSED, _DECLINED, _HANDLES, _WORKSPACES):
         kept.clear()
 
 
@@ -183,7 +190,7 @@ def _cudnn() -> Any:
     except Exception as exc:  # not installed, or a build that cannot load libcudnn here
         raise BackendUnavailable(BACKEND, f"the cuDNN frontend cannot be loaded: {exc}") from exc
     if found < MIN_CUDNN:
-        raise BackendUnavailable(BACKEND, f"cuDNN {found} is older than {MIN_CUDNN} (paged SDPA)")
+        raise BackendUnavailable(BACKEND, f"cuDNN {found} is older than {MIN_CUDNN} (ragged SDPA)")
     return module
 
 
@@ -334,12 +341,15 @@ class Batch:
     offsets: Tensor  #: int64 [sum(lens)]: its offset in the block
 
 
-def check_batch(cu: Tensor, lens: Tensor, table: Tensor, rows: int, page: int, num_blocks: int) -> Batch:
+def check_batch(
+    cu: Tensor, lens: Tensor, table: Tensor, rows: int, page: int, num_blocks: int, max_positions: int
+) -> Batch:
     """Host copies of ``cu_seqlens_q``, ``seq_lens`` and the block table, checked as the contract
     checks CPU tensors, and the cache entries each sequence reads. Lengths are clamped to the
     table's capacity (as the kernels clamp them); offsets that do not rise from 0 to ``rows``, more
-    new tokens than a sequence's clamped length, a used block id outside ``[0, num_blocks)``:
-    CallRefused (the call goes to the next backend)."""
+    new tokens than a sequence's clamped length, more than ``max_positions`` positions in all
+    (checked before any per-position array is made), a used block id outside
+    ``[0, num_blocks)``: CallRefused (the call goes to the next backend)."""
     cu64 = cu.to("cpu", torch.int64)
     lens64 = lens.to("cpu", torch.int64).clamp(0, table.shape[1] * page)
     new = cu64[1:] - cu64[:-1]
@@ -347,9 +357,15 @@ def check_batch(cu: Tensor, lens: Tensor, table: Tensor, rows: int, page: int, n
         raise CallRefused(BACKEND, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
     if bool((new > lens64).any()):
         raise CallRefused(BACKEND, "a sequence has more new tokens than its length")
+    total = int(lens64.sum())
+    if total > max_positions:
+        raise CallRefused(
+            BACKEND, f"{total} cached positions for {rows} new tokens: the gather would copy more than "
+            f"{GATHER_PER_ROW} positions a row (FlashInfer's or Triton's paged reads take it)",
+        )  # fmt: skip
     seq = torch.repeat_interleave(torch.arange(len(lens64)), lens64)
     starts = torch.cumsum(lens64, 0) - lens64
-    pos = torch.arange(int(lens64.sum())) - starts[seq]
+    pos = torch.arange(total) - starts[seq]
     blocks = table.to("cpu", torch.int64)[seq, pos // page]
     if blocks.numel() and bool(((blocks < 0) | (blocks >= num_blocks)).any()):
         raise CallRefused(BACKEND, f"a block table names a block outside [0, {num_blocks})")
@@ -372,14 +388,34 @@ def _plan(
     found = _PLANS.get(key)
     if found is not None:
         return found
-    batch = check_batch(cu_seqlens_q, seq_lens, block_tables, rows, page, nb)
+    if key in _DECLINED:  # a later layer of a declined batch: no host read again
+        raise CallRefused(BACKEND, _DECLINED[key])
+    try:
+        plan = _make_plan(query, key_cache, block_tables, seq_lens, cu_seqlens_q, scale, causal, lse)
+    except CallRefused as exc:
+        if None not in key:
+            while len(_DECLINED) >= MAX_PLANS:
+                _DECLINED.pop(next(iter(_DECLINED)))
+            _DECLINED[key] = exc.detail
+        raise
+    if None not in key:  # inference tensors (no version counter): planned on every call
+        while len(_PLANS) >= MAX_PLANS:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = plan
+    return plan
+
+
+def _make_plan(
+    query: Tensor, key_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, cu_seqlens_q: Tensor,
+    scale: float, causal: bool, lse: bool,
+) -> _Plan:  # fmt: skip
+    """Read, check and plan a batch (``_plan``'s miss)."""
+    rows, hq, d = query.shape
+    nb, page, hkv, _ = key_cache.shape
+    limit = GATHER_PER_ROW * max(rows, MIN_RUN)
+    batch = check_batch(cu_seqlens_q, seq_lens, block_tables, rows, page, nb, limit)
     total = int(batch.lens.sum())
-    if total > GATHER_PER_ROW * max(rows, MIN_RUN):
-        raise CallRefused(
-            BACKEND, f"{total} cached positions for {rows} new tokens: the gather would copy more than "
-            f"{GATHER_PER_ROW} positions a row (FlashInfer's or Triton's paged reads take it)",
-        )  # fmt: skip
-    if max(rows * hq, total * hkv) * d >= 2**31:
+    if max(rows * hq, total * hkv) * d >= OFFSET_LIMIT:
         raise CallRefused(BACKEND, f"{rows} rows, {total} positions: offsets past int32")
     n = len(batch.lens)
     s_q, s_kv = run_length(batch.longest_q), run_length(batch.longest_kv)
@@ -391,7 +427,7 @@ def _plan(
     cu = cu_seqlens_q.to(torch.int32)
     kv_cu = torch.zeros(n + 1, dtype=torch.int64)
     kv_cu[1:] = torch.cumsum(batch.lens, 0)
-    plan = _Plan(
+    return _Plan(
         graph=graph,
         blocks=batch.blocks.to(dev),
         offsets=batch.offsets.to(dev),
@@ -403,11 +439,6 @@ def _plan(
         stats_rows=(cu * hq).reshape(n + 1, 1, 1, 1).contiguous(),
         pinned=(block_tables, seq_lens, cu_seqlens_q),
     )
-    if None not in key:  # inference tensors (no version counter): planned on every call
-        while len(_PLANS) >= MAX_PLANS:
-            _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = plan
-    return plan
 
 
 def gather(cache: Tensor, plan: _Plan) -> Tensor:
