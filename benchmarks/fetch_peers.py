@@ -32,7 +32,9 @@ top of ``data/csrc`` before finding the built file), so those top-level files ar
 
 The RECORD is regenerated, and a ``TRIMMED`` note is added to the dist-info. Wheels fetched:
 liger-kernel (pure Python), apache-tvm-ffi (cp312 manylinux; opmux's compiled code binds through
-it, and the device image lacks it), flashinfer-python, and nvidia-cutlass at ``targets.toml``'s pin
+it, and the device image lacks it), flashinfer-python, nvidia-cudnn-frontend (cp312 manylinux: the
+``cudnn`` backend of attention.paged_prefill; it loads the image's libcudnn, torch's), and
+nvidia-cutlass at ``targets.toml``'s pin
 (:func:`cutlass_pin`). Their other requirements are already in
 the device image (see benchmarks/README.md).
 """
@@ -50,7 +52,12 @@ import sys
 import zipfile
 from pathlib import Path, PurePosixPath
 
-PEERS = ("liger-kernel==0.8.5", "apache-tvm-ffi==0.1.15.post2", "flashinfer-python==0.7.4")
+PEERS = (
+    "liger-kernel==0.8.5",
+    "apache-tvm-ffi==0.1.15.post2",
+    "flashinfer-python==0.7.4",
+    "nvidia-cudnn-frontend==1.32.0",
+)
 
 
 def cutlass_pin() -> str:
