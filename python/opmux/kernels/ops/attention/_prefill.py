@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...errors import CallRefused
 from .. import _checks
 from .._contract import FLOATS, Arg, Contract, Forms, Rule, Scalar, When
 from ._decode import _I32, _POSITIONS, _rows, attend_rows, cache_items, cache_scales, knob_items
@@ -388,3 +389,21 @@ def torch_prefill(
             blocks.clamp(0, nb - 1), keep, sinks if has_sinks else None,
             k_scale if fp8 else None, v_scale if fp8 else None, scale, softcap,
         )  # fmt: skip
+
+
+def host_offsets(
+    backend: str, cu_seqlens_q: Tensor, seq_lens: Tensor, rows: int, capacity: int
+) -> tuple[Tensor, Tensor]:
+    """Host copies (int64) of ``cu_seqlens_q`` and of ``seq_lens`` clamped to the table's
+    ``capacity`` (as the kernels clamp them), checked as the contract checks CPU tensors, for the
+    vendor backends that plan a batch on the host: offsets that do not rise from 0 to the query's
+    ``rows``, or a sequence with more new tokens than its length, are CallRefused (the call goes
+    to the next backend, whose kernels clamp)."""
+    cu = cu_seqlens_q.to("cpu", torch.int64)
+    lens = seq_lens.to("cpu", torch.int64).clamp(0, capacity)
+    new = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0 or int(cu[-1]) != rows or bool((new < 0).any()):
+        raise CallRefused(backend, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
+    if bool((new > lens).any()):
+        raise CallRefused(backend, "a sequence has more new tokens than its length")
+    return cu, lens

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailable, CallRefused
 from ._flashinfer import capturing, layout, version
+from ._prefill import host_offsets
 
 if TYPE_CHECKING:
     import torch
@@ -350,13 +351,8 @@ def check_batch(
     new tokens than a sequence's clamped length, more than ``max_positions`` positions in all
     (checked before any per-position array is made), a used block id outside
     ``[0, num_blocks)``: CallRefused (the call goes to the next backend)."""
-    cu64 = cu.to("cpu", torch.int64)
-    lens64 = lens.to("cpu", torch.int64).clamp(0, table.shape[1] * page)
+    cu64, lens64 = host_offsets(BACKEND, cu, lens, rows, table.shape[1] * page)
     new = cu64[1:] - cu64[:-1]
-    if int(cu64[0]) != 0 or int(cu64[-1]) != rows or bool((new < 0).any()):
-        raise CallRefused(BACKEND, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
-    if bool((new > lens64).any()):
-        raise CallRefused(BACKEND, "a sequence has more new tokens than its length")
     total = int(lens64.sum())
     if total > max_positions:
         raise CallRefused(

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import CallRefused
 from . import _flashinfer
 from ._flashinfer import BACKEND, csr, layout
+from ._prefill import host_offsets
 
 if TYPE_CHECKING:
     import torch
@@ -86,17 +87,8 @@ def supports(
 
 def query_indptr(cu_seqlens_q: Tensor, seq_lens: Tensor, rows: int, capacity: int) -> Tensor:
     """``cu_seqlens_q`` as FlashInfer's ``qo_indptr`` (int32, host), checked as the contract
-    checks it on the CPU: it starts at 0, never falls, ends at the query's ``rows``, and no
-    sequence has more new tokens than its length (clamped to the table's ``capacity``, as the
-    kernels clamp it). Else CallRefused: this call goes to the next backend, whose kernels clamp."""
-    cu = cu_seqlens_q.to("cpu", torch.int64)
-    lens = seq_lens.to("cpu", torch.int64).clamp(0, capacity)
-    new = cu[1:] - cu[:-1]
-    if int(cu[0]) != 0 or int(cu[-1]) != rows or bool((new < 0).any()):
-        raise CallRefused(BACKEND, f"cu_seqlens_q does not rise from 0 to the query's {rows} rows")
-    if bool((new > lens).any()):
-        raise CallRefused(BACKEND, "a sequence has more new tokens than its length")
-    return cu.to(torch.int32)
+    checks it on the CPU (``_prefill.host_offsets``: CallRefused otherwise)."""
+    return host_offsets(BACKEND, cu_seqlens_q, seq_lens, rows, capacity)[0].to(torch.int32)
 
 
 def _prefill_module() -> Any:
